@@ -1,0 +1,32 @@
+#include "bench/bench.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/cli.h"
+
+/* One row per `kvpage bench KIND`; each kind's function lives in bench/bench_KIND.c. */
+static const struct {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} kinds[] = {
+    {NULL, NULL, NULL},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: kvpage bench KIND [options]   (kvpage bench KIND --help for its options)\n\nkinds:\n");
+    for (int i = 0; kinds[i].name; i++) fprintf(f, "  %-10s %s\n", kinds[i].name, kinds[i].summary);
+}
+
+int kvp_cmd_bench(int argc, char **argv)
+{
+    if (argc < 2 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? KVP_EXIT_USAGE : KVP_EXIT_OK;
+    }
+    for (int i = 0; kinds[i].name; i++)
+        if (strcmp(argv[1], kinds[i].name) == 0) return kinds[i].run(argc - 1, argv + 1);
+    return kvp_cli_usage_error("bench", "unknown benchmark '%s'", argv[1]);
+}

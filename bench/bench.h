@@ -1,0 +1,8 @@
+/* bench/bench.h — `kvpage bench KIND`: each kind is one function with the subcommand calling convention
+ * (argv[0] is the kind's name; returns a process exit code, see common/cli.h). */
+#ifndef KVP_BENCH_BENCH_H
+#define KVP_BENCH_BENCH_H
+
+int kvp_cmd_bench(int argc, char **argv);
+
+#endif

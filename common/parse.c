@@ -1,0 +1,65 @@
+#include "common/parse.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+kvp_status kvp_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out)
+{
+    if (s == NULL || *s == '\0') return KVP_ERR(KVP_EINVAL, "empty value where an integer is expected");
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*end != '\0' || end == s) return KVP_ERR(KVP_EINVAL, "'%s' is not an integer", s);
+    if (errno == ERANGE || v < min || v > max)
+        return KVP_ERR(KVP_EINVAL, "%s is out of range [%lld, %lld]", s, (long long)min, (long long)max);
+    *out = v;
+    return KVP_OK;
+}
+
+kvp_status kvp_parse_i32(const char *s, int32_t min, int32_t max, int32_t *out)
+{
+    int64_t v = 0;
+    KVP_TRY(kvp_parse_i64(s, min, max, &v));
+    *out = (int32_t)v;
+    return KVP_OK;
+}
+
+kvp_status kvp_parse_f64(const char *s, double min, double max, double *out)
+{
+    if (s == NULL || *s == '\0') return KVP_ERR(KVP_EINVAL, "empty value where a number is expected");
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*end != '\0' || end == s || !isfinite(v)) return KVP_ERR(KVP_EINVAL, "'%s' is not a number", s);
+    if (v < min || v > max) return KVP_ERR(KVP_EINVAL, "%s is out of range [%g, %g]", s, min, max);
+    *out = v;
+    return KVP_OK;
+}
+
+kvp_status kvp_parse_bytes(const char *s, int64_t *out)
+{
+    if (s == NULL || *s == '\0') return KVP_ERR(KVP_EINVAL, "empty value where a byte size is expected");
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (end == s || !isfinite(v) || v < 0) return KVP_ERR(KVP_EINVAL, "'%s' is not a byte size", s);
+    static const struct { const char *suffix; double mult; } units[] = {
+        {"", 1},          {"B", 1},
+        {"KB", 1e3},      {"MB", 1e6},      {"GB", 1e9},      {"TB", 1e12},
+        {"K", 1024.0},    {"M", 1048576.0}, {"G", 1073741824.0}, {"T", 1099511627776.0},
+        {"KiB", 1024.0},  {"MiB", 1048576.0}, {"GiB", 1073741824.0}, {"TiB", 1099511627776.0},
+    };
+    for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
+        if (strcasecmp(end, units[i].suffix) == 0 && strlen(end) == strlen(units[i].suffix)) {
+            double b = v * units[i].mult;
+            if (b > 9.0e18) return KVP_ERR(KVP_EINVAL, "byte size '%s' is too large", s);
+            if (b != floor(b)) return KVP_ERR(KVP_EINVAL, "byte size '%s' is not a whole number of bytes", s);
+            *out = (int64_t)b;
+            return KVP_OK;
+        }
+    }
+    return KVP_ERR(KVP_EINVAL, "'%s': unknown size unit (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", s);
+}

@@ -1,0 +1,17 @@
+/* common/parse.h — strict parsing of command-line values. Each rejects trailing junk, empty strings and
+ * out-of-range values with KVP_EINVAL and a detail naming the value and the allowed range. */
+#ifndef KVP_COMMON_PARSE_H
+#define KVP_COMMON_PARSE_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+kvp_status kvp_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out);
+kvp_status kvp_parse_i32(const char *s, int32_t min, int32_t max, int32_t *out);
+kvp_status kvp_parse_f64(const char *s, double min, double max, double *out);
+/* Byte sizes: "1024", "80GiB", "141GB", "512MiB", "1.5TB". Decimal units KB/MB/GB/TB (1000^k), binary
+ * units KiB/MiB/GiB/TiB and the bare letters K/M/G/T (1024^k); case-insensitive. */
+kvp_status kvp_parse_bytes(const char *s, int64_t *out);
+
+#endif

@@ -1,0 +1,7 @@
+/* runtime/commands.h — the subcommands implemented in runtime/ (calling convention: common/cli.h). */
+#ifndef KVP_RUNTIME_COMMANDS_H
+#define KVP_RUNTIME_COMMANDS_H
+
+int kvp_cmd_plan(int argc, char **argv);
+
+#endif

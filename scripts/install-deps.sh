@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvpage needs, only those that are missing.
+# Does nothing when all are present. Run as a non-root user, it prints the exact command instead.
+set -eu
+
+pkgs=(
+  build-essential cmake pkg-config
+  libcjson-dev libjemalloc-dev libcriterion-dev libopenblas-dev
+  libopenmpi-dev openmpi-bin libxxhash-dev
+  python3 python3-matplotlib
+)
+
+missing=()
+for p in "${pkgs[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+cmd="apt-get install -y --no-install-recommends ${missing[*]}"
+if [ "$(id -u)" -ne 0 ]; then
+  echo "kvpage: missing Debian packages: ${missing[*]}" >&2
+  echo "kvpage: run as root:  apt-get update && $cmd" >&2
+  exit 1
+fi
+echo "kvpage: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq >&2
+$cmd >&2
