@@ -1,0 +1,101 @@
+/* runtime/model_config.h — a model's architecture, read from a Hugging Face config.json (or filled from
+ * GGUF metadata by the GGUF loader), in one struct.
+ *
+ * Every integer is the value after defaults and derivations:
+ *   head_dim      = config "head_dim" when present, else hidden_size / num_attention_heads
+ *   num_kv_heads  = "num_key_value_heads" when present, else num_attention_heads (MHA)
+ *   nested "text_config" (multimodal wrappers) is read in place of the top level.
+ * Families: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3,
+ * opt, deepseek_v2, deepseek_v3. Unknown model_type: accepted only when the KV-formula fields
+ * (num_hidden_layers, num_attention_heads, hidden_size, and num_key_value_heads or head_dim) are present;
+ * such configs get family KVP_FAMILY_GENERIC and a llama-like parameter count.
+ */
+#ifndef KVP_RUNTIME_MODEL_CONFIG_H
+#define KVP_RUNTIME_MODEL_CONFIG_H
+
+#include <cjson/cJSON.h>
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef enum {
+    KVP_FAMILY_GENERIC = 0,
+    KVP_FAMILY_LLAMA,    /* llama, mistral, qwen2, qwen3: RMSNorm, RoPE, GQA, SwiGLU */
+    KVP_FAMILY_MIXTRAL,  /* llama-like with MoE FFN (mixtral, qwen2_moe, qwen3_moe) */
+    KVP_FAMILY_GEMMA2,   /* gemma/gemma2/gemma3: extra post-norms, alternating sliding window */
+    KVP_FAMILY_PHI3,     /* fused qkv and gate_up */
+    KVP_FAMILY_OPT,      /* LayerNorm with bias, learned positions, two-matrix ReLU FFN */
+    KVP_FAMILY_DEEPSEEK, /* MLA attention (latent KV cache), MoE with shared experts */
+} kvp_model_family;
+
+enum { KVP_MAX_LAYERS = 1024 };
+
+typedef struct {
+    char model_type[64];
+    kvp_model_family family;
+
+    int32_t num_layers;       /* num_hidden_layers */
+    int32_t hidden_size;
+    int32_t num_q_heads;      /* num_attention_heads */
+    int32_t num_kv_heads;     /* num_key_value_heads (after defaults) */
+    int32_t head_dim;         /* per-head dim of Q/K (for MLA: qk_nope_head_dim + qk_rope_head_dim) */
+    int32_t v_head_dim;       /* per-head dim of V (== head_dim except MLA) */
+    int64_t intermediate_size; /* dense FFN width (OPT: ffn_dim) */
+    int64_t vocab_size;
+    int64_t max_position_embeddings;
+
+    double rms_norm_eps;      /* or layer_norm_eps */
+    double rope_theta;
+    /* rope_scaling: type "" when absent; llama3 uses factor, low/high_freq_factor, original_max */
+    char rope_scaling_type[32];
+    double rope_scaling_factor;
+    double rope_low_freq_factor;
+    double rope_high_freq_factor;
+    int64_t rope_original_max_position;
+
+    int tie_word_embeddings;  /* 1: LM head shares the embedding matrix */
+    int attention_bias;       /* q/k/v projections carry a bias (qwen2: 1) */
+    int qk_norm;              /* per-head RMSNorm on q and k (qwen3) */
+
+    /* Sliding window: sliding_window > 0 applies to the layers with layer_is_sliding[i] = 1.
+     * From "layer_types" when present, else every layer (mistral/phi3 style) unless the family
+     * alternates (gemma2: even layers slide). 0 = no window. */
+    int64_t sliding_window;
+    uint8_t layer_is_sliding[KVP_MAX_LAYERS];
+
+    /* MoE: num_experts 0 for dense models. */
+    int32_t num_experts;           /* num_local_experts / num_experts / n_routed_experts */
+    int32_t num_experts_per_tok;
+    int32_t num_shared_experts;    /* deepseek n_shared_experts */
+    int64_t moe_intermediate_size; /* per-expert FFN width (mixtral: intermediate_size) */
+    int32_t first_dense_layers;    /* deepseek first_k_dense_replace: leading layers with a dense FFN */
+    int32_t moe_layer_step;        /* qwen decoder_sparse_step / deepseek moe_layer_freq (1 = every layer) */
+
+    /* MLA (deepseek_v2/v3): kv_lora_rank > 0 means the cache stores kv_lora_rank + qk_rope_head_dim
+     * elements per token per layer, shared by all heads. */
+    int32_t kv_lora_rank;
+    int32_t q_lora_rank;           /* 0: q projected directly */
+    int32_t qk_rope_head_dim;
+    int32_t qk_nope_head_dim;
+
+    int64_t bos_token_id;          /* -1 when absent */
+    int64_t eos_token_id;          /* first one when a list; -1 when absent */
+} kvp_model_config;
+
+/* Reads `path` (a config.json). Errors (KVP_EIO, KVP_EPARSE, KVP_EUNSUPPORTED, KVP_EINVAL) name the file
+ * and the field. *cfg is written only on success. */
+kvp_status kvp_model_config_load(const char *path, kvp_model_config *cfg);
+/* The same from a parsed object; `what` names the source in errors. */
+kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_model_config *cfg);
+
+/* KV-cache elements stored per token for layer `layer` (K and V together): 2*kv_heads*head_dim, or for
+ * MLA kv_lora_rank + qk_rope_head_dim. */
+int64_t kvp_model_kv_elems_per_token_layer(const kvp_model_config *cfg, int32_t layer);
+/* The sum over all layers (full attention; the seed article's formula without the element size). */
+int64_t kvp_model_kv_elems_per_token(const kvp_model_config *cfg);
+/* Total parameter count (embeddings, LM head unless tied, attention, FFN incl. every MoE expert, norms). */
+int64_t kvp_model_num_params(const kvp_model_config *cfg);
+/* Parameters touched per token (MoE: only the routed top-k + shared experts). For the cost model. */
+int64_t kvp_model_active_params(const kvp_model_config *cfg);
+
+#endif
