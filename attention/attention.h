@@ -1,0 +1,108 @@
+/* attention/attention.h — paged attention kernels on the CPU (`*_cpu`) and their dense references (`*_ref`).
+ *
+ * Call pattern of a forward pass, per layer (f32 activations):
+ *
+ *     kvp_paged_kv kv = layer_descriptor;            // this layer's K/V pools + the step's page table
+ *     kvp_attn_append_kv_cpu(&kv, k, v, slot_mapping, num_tokens);   // new tokens' K/V into the pools
+ *     kvp_attn_params p = kvp_attn_default_params(num_q_heads);
+ *     kvp_attn_prefill_cpu(&kv, q, qo_indptr, out, &p);   // or kvp_attn_decode_cpu(&kv, q, out, &p)
+ *
+ * The page table must already include the new tokens (append first, then attend): sequence s has
+ * seq_len(s) tokens in the cache, the last n_q(s) of which are its query tokens.
+ *
+ * Shapes (all f32, row-major, contiguous, borrowed for the duration of the call):
+ *   q, out  decode:  (num_seqs, num_q_heads, head_dim)
+ *           prefill: (qo_indptr[num_seqs], num_q_heads, head_dim), tokens of sequence s are rows
+ *                    qo_indptr[s] .. qo_indptr[s+1]-1 (qo_indptr[0] == 0, non-decreasing)
+ *   k, v for append: (num_tokens, num_kv_heads, head_dim)
+ *
+ * Masking: query token i of sequence s (0-based among its n_q new tokens) sits at position
+ * pos = seq_len(s) - n_q(s) + i and attends to keys j with lo <= j <= pos, where lo = 0, or
+ * lo = max(0, pos - window_left) with a sliding window (window_left >= 0; a window of W tokens including
+ * the query itself is window_left = W - 1). Decode is the case n_q = 1.
+ *
+ * GQA: num_q_heads must be a multiple of num_kv_heads; query head h reads KV head h / (num_q_heads/num_kv_heads).
+ *
+ * Errors: KVP_EINVAL (bad sizes, page table or slot, n_q > seq_len; the detail names the problem),
+ * KVP_EUNSUPPORTED (a dtype/head_dim pair no kernel handles), KVP_ENOMEM (workspace). On any error
+ * nothing has been written (outputs and pools are unchanged). Thread-safe: calls share no mutable state
+ * besides the thread count.
+ */
+#ifndef KVP_ATTENTION_ATTENTION_H
+#define KVP_ATTENTION_ATTENTION_H
+
+#include <stdint.h>
+
+#include "attention/paged_kv.h"
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+    int32_t num_q_heads;   /* multiple of kv->num_kv_heads */
+    float sm_scale;        /* softmax scale applied to q.k; 0 means 1/sqrt(head_dim) */
+    int32_t window_left;   /* -1: no sliding window; >= 0: keys [pos - window_left, pos] */
+    int32_t kv_chunk_size; /* split-KV chunk (tokens): 0 automatic (split only when the batch is too small
+                              to use every thread), > 0 exactly this chunk size (results equal up to
+                              rounding for any value) */
+    float *lse;            /* optional output (num_q_tokens, num_q_heads): natural log of sum exp(scaled
+                              scores), -inf for a row with no key; borrowed, may be NULL */
+} kvp_attn_params;
+
+/* num_q_heads as given, sm_scale 0, window_left -1, kv_chunk_size 0, lse NULL. */
+kvp_attn_params kvp_attn_default_params(int32_t num_q_heads);
+
+/* Nonzero when the CPU kernels handle this pair. head_dim in {8, 16, 32, 64, 80, 96, 128, 256} and every
+ * dtype of kvp_dtype. */
+int kvp_attn_supported(kvp_dtype dtype, int32_t head_dim);
+
+/* Threads used by the *_cpu kernels: n >= 1, or 0 for the number of online CPUs (the default). Process-wide. */
+void kvp_attn_set_threads(int n);
+int kvp_attn_get_threads(void);
+
+/* ---- append_kv: pools[slot_mapping[t]] = k[t], v[t] (converted to kv->dtype, fp8 divided by its scale).
+ * slot_mapping (num_tokens): block * block_size + offset, or -1 to skip the token. Page table not read. */
+kvp_status kvp_attn_append_kv_cpu(const kvp_paged_kv *kv, const float *k, const float *v,
+                                  const int64_t *slot_mapping, int32_t num_tokens);
+kvp_status kvp_attn_append_kv_ref(const kvp_paged_kv *kv, const float *k, const float *v,
+                                  const int64_t *slot_mapping, int32_t num_tokens);
+
+/* ---- decode: one query token per sequence (kv->num_seqs sequences, each seq_len >= 1). */
+kvp_status kvp_attn_decode_cpu(const kvp_paged_kv *kv, const float *q, float *out, const kvp_attn_params *p);
+
+/* ---- prefill: n_q(s) = qo_indptr[s+1] - qo_indptr[s] query tokens per sequence (0 <= n_q <= seq_len),
+ * causal over the cached prefix and the new tokens; a chunk of a longer prompt is just a call whose page
+ * table holds the earlier chunks too (chunked prefill). */
+kvp_status kvp_attn_prefill_cpu(const kvp_paged_kv *kv, const float *q, const int32_t *qo_indptr, float *out,
+                                const kvp_attn_params *p);
+
+/* ---- copy_blocks: for i < n, block block_pairs[2i+1] := block block_pairs[2i] in both pools (CoW batch).
+ * Pairs are applied as if all sources were read before any destination is written only when no block is
+ * both a source and a destination; a block id out of range -> KVP_EINVAL, nothing copied. */
+kvp_status kvp_attn_copy_blocks_cpu(const kvp_paged_kv *kv, const int32_t *block_pairs, int32_t n);
+/* ---- swap_blocks: dst block block_pairs[2i+1] := src block block_pairs[2i], between two pools of the same
+ * dtype, num_kv_heads, block_size and head_dim (e.g. device-side -> host-side pool, or back). */
+kvp_status kvp_attn_swap_blocks_cpu(const kvp_paged_kv *dst, const kvp_paged_kv *src, const int32_t *block_pairs,
+                                    int32_t n);
+
+/* ---- dense references: contiguous f32 K/V, float64 accumulation, single thread.
+ * k, v: (kv_seq_indptr[num_seqs], num_kv_heads, head_dim); sequence s owns rows
+ * kv_seq_indptr[s] .. kv_seq_indptr[s+1]-1 (its seq_len is their count). Same masking and params. */
+kvp_status kvp_attn_prefill_ref(const float *k, const float *v, const int32_t *kv_seq_indptr, int32_t num_seqs,
+                                int32_t num_kv_heads, int32_t head_dim, const float *q, const int32_t *qo_indptr,
+                                float *out, const kvp_attn_params *p);
+kvp_status kvp_attn_decode_ref(const float *k, const float *v, const int32_t *kv_seq_indptr, int32_t num_seqs,
+                               int32_t num_kv_heads, int32_t head_dim, const float *q, float *out,
+                               const kvp_attn_params *p);
+
+/* Gathers the paged K/V of every sequence into dense f32 (kv_seq_indptr layout above, computed from the
+ * page table: k and v must hold sum(seq_len) * num_kv_heads * head_dim floats), scales applied. */
+kvp_status kvp_paged_kv_gather(const kvp_paged_kv *kv, float *k, float *v);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
