@@ -1,0 +1,178 @@
+/* prefix_cache/prefix_cache.h — reuse of KV blocks across requests that share a prompt prefix.
+ *
+ * One interface, three implementations (kvp_pc_kind):
+ *
+ *   radix  a radix tree whose edges are whole blocks of token ids (SGLang RadixAttention with pages).
+ *          A match that ends inside an edge splits the node, so every node's blocks share one history.
+ *
+ *              root
+ *             /    \
+ *        [A B]      [F]            each [..] is one node: a run of full blocks (block ids + their tokens)
+ *        /    \       \
+ *     [C]    [D E]    [G H I]      evictable = unlocked leaves; eviction trims a leaf from its tail,
+ *                                  one block at a time, so the cached set stays prefix-closed
+ *
+ *   hash   a chain hash per full block, h_i = XXH3(h_{i-1}, tokens of block i, extra_key), in a hash map
+ *          hash -> block (vLLM automatic prefix caching). Any unlocked cached block is evictable (a
+ *          middle block may go first, orphaning later ones, exactly as in vLLM); ties in the policy's
+ *          order evict deeper blocks first.
+ *
+ *   none   caches nothing: every match returns 0 blocks, insert keeps nothing.
+ *
+ * Ownership of blocks (agreed with blockmgr/): the cache holds ITS OWN reference (kvp_pool_incref) on
+ * every cached block. A request that uses cached blocks takes its own references (kvp_pool_incref, or the
+ * block manager's prefixed allocation) and locks them in the cache while it runs. Eviction drops the
+ * cache's reference (kvp_pool_decref): a block held by nobody else goes back to the free list. The pool is
+ * borrowed: it must outlive the cache.
+ *
+ * Rules shared by radix and hash:
+ *   - Only full blocks are cached (tokens beyond n_tokens / block_size * block_size are ignored).
+ *   - A match never covers a prompt's last token (it must be computed to produce logits, as in vLLM):
+ *     match considers at most (n_tokens - 1) / block_size blocks.
+ *   - Eviction policy (kvp_evict_policy) orders the evictable units (radix: leaves; hash: blocks):
+ *       lru       least recently accessed first (default)
+ *       lfu       fewest accesses first, ties by lru
+ *       fifo      first inserted first
+ *       priority  lowest priority first, ties by lru; a block's priority is the HIGHEST priority of any
+ *                 access that touched it (sticky), so a system prompt inserted once with a high priority
+ *                 is pinned: it is evicted only after every lower-priority block
+ *       belady    the offline optimum: the block whose next use is furthest in the future first; needs
+ *                 kvp_pc_hint.next_use on every access (see kvp_pc_next_use)
+ *   - Every call that fails leaves the cache and the pool exactly as they were (allocations are made
+ *     before anything is changed).
+ *
+ * Access protocol of a request (scheduler or bench):
+ *     kvp_pc_match(pc, toks, n, &hint, 1, hit, cap, &n_hit);     // lock the hit prefix
+ *     ... take own refs on hit[0..n_hit), allocate the rest, prefill ...
+ *     kvp_pc_insert(pc, toks, n, blocks, n_full, &hint, 0, NULL); // cache the full blocks
+ *     ... decode ...
+ *     kvp_pc_unlock(pc, hit, n_hit);                             // at finish
+ * Every locking call (match with lock=1 that returned n_hit > 0, insert with lock=1) must be paired with
+ * exactly one kvp_pc_unlock with the blocks that call reported. When blocks run out: kvp_pc_evict.
+ *
+ * Not thread-safe: one owner (the scheduler thread) at a time.
+ */
+#ifndef KVP_PREFIX_CACHE_PREFIX_CACHE_H
+#define KVP_PREFIX_CACHE_PREFIX_CACHE_H
+
+#include <stdint.h>
+
+#include "blockmgr/block_pool.h"
+#include "common/status.h"
+
+typedef enum { KVP_PC_NONE = 0, KVP_PC_RADIX, KVP_PC_HASH } kvp_pc_kind;
+
+typedef enum {
+    KVP_EVICT_LRU = 0,
+    KVP_EVICT_LFU,
+    KVP_EVICT_FIFO,
+    KVP_EVICT_PRIORITY,
+    KVP_EVICT_BELADY,
+} kvp_evict_policy;
+
+/* "radix" | "hash" | "none" and "lru" | "lfu" | "fifo" | "priority" | "belady"; KVP_EINVAL naming the
+ * value otherwise. The _name functions return a static string ("?" for an unknown value). */
+kvp_status kvp_pc_kind_parse(const char *s, kvp_pc_kind *out);
+kvp_status kvp_evict_policy_parse(const char *s, kvp_evict_policy *out);
+const char *kvp_pc_kind_name(kvp_pc_kind k);
+const char *kvp_evict_policy_name(kvp_evict_policy p);
+
+/* "Never used again" for kvp_pc_hint.next_use. */
+#define KVP_PC_NEVER INT64_MAX
+
+/* Per-access hints. A NULL hint means priority 0, extra_key 0, no next-use information. */
+typedef struct {
+    int32_t priority;        /* priority policy: higher is kept longer (sticky maximum per block) */
+    uint64_t extra_key;      /* salt of the first block (LoRA id, multimodal hash...): different keys
+                                never share blocks (both radix and hash) */
+    const int64_t *next_use; /* [n_tokens / block_size] or NULL. For block i of this prompt: the logical
+                                time (e.g. request index) of the next access that will need it, or
+                                KVP_PC_NEVER. Borrowed for the duration of the call. Required by belady
+                                (KVP_EINVAL without it), ignored by the other policies. */
+} kvp_pc_hint;
+
+typedef struct {
+    int64_t lookups;            /* kvp_pc_match calls */
+    int64_t queried_tokens;     /* sum of n_tokens over matches */
+    int64_t hit_tokens;         /* sum of n_hit * block_size over matches */
+    int64_t inserted_blocks;    /* blocks that became cached */
+    int64_t evicted_blocks;     /* blocks dropped by eviction */
+    int64_t cached_blocks;      /* blocks cached now */
+    int64_t peak_cached_blocks; /* maximum of cached_blocks over time */
+    int64_t evictable_blocks;   /* blocks that kvp_pc_evict could drop now */
+    int64_t nodes;              /* radix: tree nodes without the root; hash: map entries */
+} kvp_pc_stats;
+
+typedef struct kvp_prefix_cache kvp_prefix_cache;
+
+/* block_size must equal kvp_pool_block_size(pool) (KVP_EINVAL otherwise). The pool is borrowed and must
+ * outlive the cache. *out is owned by the caller (kvp_pc_destroy). */
+kvp_status kvp_pc_create(kvp_pc_kind kind, kvp_evict_policy policy, kvp_block_pool *pool, int32_t block_size,
+                         kvp_prefix_cache **out);
+/* Drops the cache's reference on every cached block (locked or not) and frees the cache. NULL: no-op. */
+void kvp_pc_destroy(kvp_prefix_cache *pc);
+
+kvp_pc_kind kvp_pc_get_kind(const kvp_prefix_cache *pc);
+kvp_evict_policy kvp_pc_get_policy(const kvp_prefix_cache *pc);
+int32_t kvp_pc_block_size(const kvp_prefix_cache *pc);
+
+/* Longest cached prefix of tokens[0..n_tokens) in whole blocks, never covering the last token.
+ * blocks_out[0..*n_hit) receive the cached block ids in order (blocks_out may hold max_blocks entries;
+ * a hit is cut at max_blocks). Counts a lookup, n_tokens queried and *n_hit * block_size hit tokens, and
+ * records an access (policy metadata) on the hit blocks. With lock = 1 the hit blocks become
+ * unevictable until kvp_pc_unlock(pc, blocks_out, *n_hit). Radix may split a node (KVP_ENOMEM possible,
+ * cache unchanged). n_tokens >= 0; tokens may be NULL only when n_tokens == 0. */
+kvp_status kvp_pc_match(kvp_prefix_cache *pc, const int32_t *tokens, int32_t n_tokens, const kvp_pc_hint *hint,
+                        int lock, int32_t *blocks_out, int32_t max_blocks, int32_t *n_hit);
+
+/* Caches the first n_blocks full blocks of tokens (n_blocks <= n_tokens / block_size), block i being
+ * blocks[i] (a block id held by the caller). A position already cached keeps the cache's block: the
+ * caller's block is not referenced and the caller should use the cached one (cached_out). New entries take
+ * a cache reference (incref). Records an access on every block of the path. With lock = 1 the whole path
+ * (n_blocks blocks) is locked until kvp_pc_unlock(pc, cached_out, n_blocks). cached_out (may be NULL unless
+ * lock = 1) receives the cache's block for each position (for hash: the block cached at that chain hash).
+ * Does not evict: with a bounded pool the caller evicts first. KVP_EINVAL for a block id out of the pool
+ * or a free block; KVP_ENOMEM with nothing changed. Not counted as a lookup. */
+kvp_status kvp_pc_insert(kvp_prefix_cache *pc, const int32_t *tokens, int32_t n_tokens, const int32_t *blocks,
+                         int32_t n_blocks, const kvp_pc_hint *hint, int lock, int32_t *cached_out);
+
+/* Releases one lock taken by a match or an insert on blocks[0..n) (the ids that call reported, in order).
+ * KVP_ESTATE (nothing changed) when those blocks are not cached or not locked. n == 0 is a no-op. */
+kvp_status kvp_pc_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n);
+
+/* Drops exactly n evictable blocks in policy order (their cache references are decref'ed; blocks held by
+ * nobody else return to the free list). KVP_ENOBLOCKS with nothing evicted when fewer than n blocks are
+ * evictable (never loops). *n_freed (may be NULL) = how many of them reached the free list. */
+kvp_status kvp_pc_evict(kvp_prefix_cache *pc, int32_t n, int32_t *n_freed);
+
+int64_t kvp_pc_num_cached(const kvp_prefix_cache *pc);
+int64_t kvp_pc_num_evictable(const kvp_prefix_cache *pc);
+void kvp_pc_get_stats(const kvp_prefix_cache *pc, kvp_pc_stats *out);
+/* hit_tokens / queried_tokens, 0 when nothing was queried. */
+double kvp_pc_hit_rate(const kvp_pc_stats *s);
+
+/* Invariant walker (tests): radix: parent/child links, edge lengths, lock counts (a node's lock >= each
+ * child's), the evictable set = unlocked leaves, block -> node index; hash: map <-> entries, evictable
+ * set = unlocked entries; both: counters, every cached block has pool refcount >= 1 + (locks? 0 : 0),
+ * no block cached twice. KVP_OK or KVP_ESTATE naming the first violation. O(cached blocks). */
+kvp_status kvp_pc_check(const kvp_prefix_cache *pc);
+
+/* Cached token sequences for tests: calls fn once per cached block with the token prefix it completes
+ * (tokens[0..(depth+1)*block_size)) and its block id; the tokens pointer is valid during the call only. */
+typedef void (*kvp_pc_visit_fn)(void *ctx, const int32_t *tokens, int32_t n_tokens, int32_t block,
+                                uint64_t extra_key);
+kvp_status kvp_pc_visit(const kvp_prefix_cache *pc, kvp_pc_visit_fn fn, void *ctx);
+
+/* Belady support: given a sequence of accesses (prompt a = tokens[a][0..lens[a]), in the order they will
+ * be made), fills next_use[a][i] for each full block i < lens[a] / block_size of each access with the
+ * index of the next access a' > a whose matchable prefix ((lens[a'] - 1) / block_size blocks, extra keys
+ * equal) contains the same prefix block, or KVP_PC_NEVER. next_use[a] arrays are caller-owned and
+ * hold lens[a] / block_size entries. extra_keys may be NULL (all 0). KVP_ENOMEM with nothing written. */
+kvp_status kvp_pc_next_use(const int32_t *const *tokens, const int32_t *lens, const uint64_t *extra_keys,
+                           int64_t n_accesses, int32_t block_size, int64_t *const *next_use);
+
+/* The chain hash of block i given the previous block's hash (h_{-1} = 0 for block 0; extra_key mixes into
+ * block 0 only): the function used by the hash cache and kvp_pc_next_use. */
+uint64_t kvp_pc_block_hash(uint64_t prev, const int32_t *block_tokens, int32_t block_size, uint64_t extra_key);
+
+#endif
