@@ -1,0 +1,597 @@
+/* runtime/gguf.c — GGUF reader. Parsing walks a cursor that checks every read against the file size. */
+#include "runtime/gguf.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "runtime/mapfile.h"
+
+typedef struct {
+    char *key; /* owned, NUL-terminated */
+    kvp_gguf_type type;
+    union {
+        uint64_t u;
+        int64_t i;
+        double f;
+    } v;
+    kvp_gguf_str s;          /* STRING */
+    kvp_gguf_type arr_type;  /* ARRAY */
+    uint64_t arr_n;
+    const unsigned char *arr_data; /* numeric arrays: first element in the map */
+    kvp_gguf_str *arr_strs;        /* string arrays: owned */
+} gguf_kv;
+
+typedef struct {
+    char *name; /* owned */
+    uint32_t ggml_type;
+    kvp_wtype dtype;
+    int32_t ndim;
+    int64_t shape[KVP_TENSOR_MAX_DIMS]; /* row-major */
+    int64_t numel;
+    uint64_t offset;
+    size_t nbytes;
+} gguf_tensor;
+
+struct kvp_gguf {
+    kvp_mapfile map;
+    uint32_t version;
+    uint64_t n_kv, n_tensors;
+    gguf_kv *kv;
+    gguf_tensor *tensors;
+    uint64_t alignment;
+    uint64_t data_start;
+};
+
+typedef struct {
+    const unsigned char *p;
+    uint64_t size, pos;
+    const char *path;
+} cursor;
+
+static kvp_status need(cursor *c, uint64_t n, const char *what)
+{
+    if (n > c->size - c->pos)
+        return KVP_ERR(KVP_EPARSE, "%s: truncated or corrupt: %s at byte %" PRIu64 " needs %" PRIu64
+                                   " bytes but the file has %" PRIu64 " left",
+                       c->path, what, c->pos, n, c->size - c->pos);
+    return KVP_OK;
+}
+
+static kvp_status rd_u32(cursor *c, uint32_t *v, const char *what)
+{
+    KVP_TRY(need(c, 4, what));
+    memcpy(v, c->p + c->pos, 4);
+    c->pos += 4;
+    return KVP_OK;
+}
+
+static kvp_status rd_u64(cursor *c, uint64_t *v, const char *what)
+{
+    KVP_TRY(need(c, 8, what));
+    memcpy(v, c->p + c->pos, 8);
+    c->pos += 8;
+    return KVP_OK;
+}
+
+static kvp_status rd_str(cursor *c, kvp_gguf_str *s, const char *what)
+{
+    uint64_t len;
+    KVP_TRY(rd_u64(c, &len, what));
+    KVP_TRY(need(c, len, what));
+    s->ptr = (const char *)c->p + c->pos;
+    s->len = len;
+    c->pos += len;
+    return KVP_OK;
+}
+
+static char *dup_str(kvp_gguf_str s)
+{
+    char *d = kvp_malloc(s.len + 1);
+    if (!d) return NULL;
+    memcpy(d, s.ptr, s.len);
+    d[s.len] = '\0';
+    return d;
+}
+
+static const char *type_name(uint32_t t)
+{
+    static const char *const names[] = {"uint8", "int8",   "uint16", "int16", "uint32", "int32",  "float32",
+                                        "bool",  "string", "array",  "uint64", "int64", "float64"};
+    return t < KVP_GGUF_TYPE_COUNT ? names[t] : "unknown";
+}
+
+static uint64_t scalar_size(uint32_t t)
+{
+    switch (t) {
+    case KVP_GGUF_UINT8:
+    case KVP_GGUF_INT8:
+    case KVP_GGUF_BOOL: return 1;
+    case KVP_GGUF_UINT16:
+    case KVP_GGUF_INT16: return 2;
+    case KVP_GGUF_UINT32:
+    case KVP_GGUF_INT32:
+    case KVP_GGUF_FLOAT32: return 4;
+    case KVP_GGUF_UINT64:
+    case KVP_GGUF_INT64:
+    case KVP_GGUF_FLOAT64: return 8;
+    default: return 0;
+    }
+}
+
+/* Reads a scalar of type t at p into the union (integers sign- or zero-extended, floats widened). */
+static void load_scalar(gguf_kv *kv, uint32_t t, const unsigned char *p)
+{
+    switch (t) {
+    case KVP_GGUF_UINT8:
+    case KVP_GGUF_BOOL: kv->v.u = p[0]; break;
+    case KVP_GGUF_INT8: kv->v.i = (int8_t)p[0]; break;
+    case KVP_GGUF_UINT16: { uint16_t x; memcpy(&x, p, 2); kv->v.u = x; } break;
+    case KVP_GGUF_INT16: { int16_t x; memcpy(&x, p, 2); kv->v.i = x; } break;
+    case KVP_GGUF_UINT32: { uint32_t x; memcpy(&x, p, 4); kv->v.u = x; } break;
+    case KVP_GGUF_INT32: { int32_t x; memcpy(&x, p, 4); kv->v.i = x; } break;
+    case KVP_GGUF_FLOAT32: { float x; memcpy(&x, p, 4); kv->v.f = x; } break;
+    case KVP_GGUF_UINT64: memcpy(&kv->v.u, p, 8); break;
+    case KVP_GGUF_INT64: memcpy(&kv->v.i, p, 8); break;
+    case KVP_GGUF_FLOAT64: memcpy(&kv->v.f, p, 8); break;
+    default: break;
+    }
+}
+
+static kvp_status parse_kv(cursor *c, gguf_kv *kv, uint64_t idx)
+{
+    char what[96];
+    snprintf(what, sizeof what, "metadata key %" PRIu64, idx);
+    kvp_gguf_str key;
+    KVP_TRY(rd_str(c, &key, what));
+    if (key.len == 0 || key.len > 65536 || memchr(key.ptr, '\0', key.len))
+        return KVP_ERR(KVP_EPARSE, "%s: corrupt metadata key %" PRIu64 " (length %" PRIu64 ") at byte %" PRIu64,
+                       c->path, idx, key.len, c->pos - key.len);
+    uint32_t t;
+    KVP_TRY(rd_u32(c, &t, what));
+    kv->key = dup_str(key);
+    if (!kv->key) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", c->path);
+    kv->type = (kvp_gguf_type)t;
+    if (t == KVP_GGUF_STRING) return rd_str(c, &kv->s, kv->key);
+    if (t == KVP_GGUF_ARRAY) {
+        uint32_t at;
+        uint64_t n;
+        KVP_TRY(rd_u32(c, &at, kv->key));
+        KVP_TRY(rd_u64(c, &n, kv->key));
+        kv->arr_type = (kvp_gguf_type)at;
+        kv->arr_n = n;
+        if (at == KVP_GGUF_STRING) {
+            if (n > (c->size - c->pos) / 8)
+                return KVP_ERR(KVP_EPARSE, "%s: array '%s' claims %" PRIu64 " strings, more than the file can hold",
+                               c->path, kv->key, n);
+            kv->arr_strs = kvp_malloc((size_t)(n ? n : 1) * sizeof(kvp_gguf_str));
+            if (!kv->arr_strs) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", c->path);
+            for (uint64_t i = 0; i < n; i++) KVP_TRY(rd_str(c, &kv->arr_strs[i], kv->key));
+            return KVP_OK;
+        }
+        uint64_t es = scalar_size(at);
+        if (es == 0)
+            return KVP_ERR(KVP_EPARSE, "%s: array '%s' has unsupported element type %u (%s)", c->path, kv->key, at,
+                           type_name(at));
+        if (n > (c->size - c->pos) / es)
+            return KVP_ERR(KVP_EPARSE, "%s: truncated or corrupt: array '%s' of %" PRIu64 " x %s at byte %" PRIu64
+                                       " runs past the end of the file",
+                           c->path, kv->key, n, type_name(at), c->pos);
+        kv->arr_data = c->p + c->pos;
+        c->pos += n * es;
+        return KVP_OK;
+    }
+    uint64_t es = scalar_size(t);
+    if (es == 0) return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' has unknown value type %u", c->path, kv->key, t);
+    KVP_TRY(need(c, es, kv->key));
+    load_scalar(kv, t, c->p + c->pos);
+    c->pos += es;
+    return KVP_OK;
+}
+
+static int ggml_to_wtype(uint32_t t, kvp_wtype *dt)
+{
+    switch (t) {
+    case 0: *dt = KVP_WT_F32; return 1;
+    case 1: *dt = KVP_WT_F16; return 1;
+    case 8: *dt = KVP_WT_Q8_0; return 1;
+    case 30: *dt = KVP_WT_BF16; return 1;
+    default: return 0;
+    }
+}
+
+static const char *ggml_type_name(uint32_t t)
+{
+    static const char *const n[] = {"F32",  "F16",  "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1",
+                                    "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
+    if (t < sizeof n / sizeof n[0]) return n[t];
+    if (t == 30) return "BF16";
+    return "an unknown type";
+}
+
+static kvp_status parse_tensor(cursor *c, gguf_tensor *t, uint64_t idx)
+{
+    char what[64];
+    snprintf(what, sizeof what, "tensor info %" PRIu64, idx);
+    kvp_gguf_str name;
+    KVP_TRY(rd_str(c, &name, what));
+    if (name.len == 0 || name.len > 4096 || memchr(name.ptr, '\0', name.len))
+        return KVP_ERR(KVP_EPARSE, "%s: corrupt name of tensor %" PRIu64, c->path, idx);
+    t->name = dup_str(name);
+    if (!t->name) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", c->path);
+    uint32_t nd;
+    KVP_TRY(rd_u32(c, &nd, t->name));
+    if (nd < 1 || nd > KVP_TENSOR_MAX_DIMS)
+        return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has %u dimensions (1..%d supported)", c->path, t->name, nd,
+                       KVP_TENSOR_MAX_DIMS);
+    t->ndim = (int32_t)nd;
+    uint64_t numel = 1;
+    for (uint32_t d = 0; d < nd; d++) {
+        uint64_t ne;
+        KVP_TRY(rd_u64(c, &ne, t->name));
+        if (ne == 0 || ne > ((uint64_t)1 << 40) || numel > ((uint64_t)1 << 50) / ne)
+            return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has an impossible dimension %u: %" PRIu64, c->path, t->name, d,
+                           ne);
+        numel *= ne;
+        t->shape[nd - 1 - d] = (int64_t)ne; /* GGUF lists the innermost dimension first */
+    }
+    t->numel = (int64_t)numel;
+    KVP_TRY(rd_u32(c, &t->ggml_type, t->name));
+    KVP_TRY(rd_u64(c, &t->offset, t->name));
+    if (!ggml_to_wtype(t->ggml_type, &t->dtype))
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: tensor '%s' has type %u (%s); supported: F32, F16, BF16, Q8_0", c->path,
+                       t->name, t->ggml_type, ggml_type_name(t->ggml_type));
+    if (t->dtype == KVP_WT_Q8_0 && t->shape[nd - 1] % KVP_Q8_0_BLOCK)
+        return KVP_ERR(KVP_EPARSE, "%s: Q8_0 tensor '%s' has a row of %" PRId64 " elements, not a multiple of 32",
+                       c->path, t->name, t->shape[nd - 1]);
+    t->nbytes = kvp_wtype_nbytes(t->dtype, t->numel);
+    return KVP_OK;
+}
+
+static void gguf_free(kvp_gguf *g)
+{
+    if (!g) return;
+    if (g->kv)
+        for (uint64_t i = 0; i < g->n_kv; i++) {
+            kvp_free(g->kv[i].key);
+            kvp_free(g->kv[i].arr_strs);
+        }
+    if (g->tensors)
+        for (uint64_t i = 0; i < g->n_tensors; i++) kvp_free(g->tensors[i].name);
+    kvp_free(g->kv);
+    kvp_free(g->tensors);
+    kvp_mapfile_close(&g->map);
+    kvp_free(g);
+}
+
+void kvp_gguf_close(kvp_gguf *g) { gguf_free(g); }
+
+static const gguf_kv *find_kv(const kvp_gguf *g, const char *key)
+{
+    for (uint64_t i = 0; i < g->n_kv; i++)
+        if (strcmp(g->kv[i].key, key) == 0) return &g->kv[i];
+    return NULL;
+}
+
+static kvp_status parse(kvp_gguf *g)
+{
+    cursor c = {g->map.data, g->map.size, 0, g->map.path};
+    uint32_t magic;
+    KVP_TRY(rd_u32(&c, &magic, "the magic number"));
+    if (magic != 0x46554747u) return KVP_ERR(KVP_EPARSE, "%s: not a GGUF file (bad magic number)", c.path);
+    KVP_TRY(rd_u32(&c, &g->version, "the version"));
+    if (g->version != 2 && g->version != 3)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: GGUF version %u is not supported (2 and 3 are)", c.path, g->version);
+    uint64_t nt, nkv;
+    KVP_TRY(rd_u64(&c, &nt, "the tensor count"));
+    KVP_TRY(rd_u64(&c, &nkv, "the metadata count"));
+    /* Each key/value takes at least 13 bytes and each tensor info at least 29: bound counts by the size. */
+    if (nkv > c.size / 13 || nt > c.size / 29)
+        return KVP_ERR(KVP_EPARSE, "%s: corrupt header: %" PRIu64 " tensors and %" PRIu64
+                                   " metadata entries cannot fit in %" PRIu64 " bytes",
+                       c.path, nt, nkv, c.size);
+    g->kv = kvp_calloc(nkv ? nkv : 1, sizeof *g->kv);
+    g->tensors = kvp_calloc(nt ? nt : 1, sizeof *g->tensors);
+    if (!g->kv || !g->tensors) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", c.path);
+    for (uint64_t i = 0; i < nkv; i++) {
+        g->n_kv = i + 1;
+        KVP_TRY(parse_kv(&c, &g->kv[i], i));
+    }
+    g->n_kv = nkv;
+    g->alignment = 32;
+    const gguf_kv *al = find_kv(g, "general.alignment");
+    if (al) {
+        if (al->type != KVP_GGUF_UINT32 || al->v.u == 0 || (al->v.u & (al->v.u - 1)) || al->v.u > 65536)
+            return KVP_ERR(KVP_EPARSE, "%s: general.alignment must be a uint32 power of two", c.path);
+        g->alignment = al->v.u;
+    }
+    for (uint64_t i = 0; i < nt; i++) {
+        g->n_tensors = i + 1;
+        KVP_TRY(parse_tensor(&c, &g->tensors[i], i));
+    }
+    g->n_tensors = nt;
+    uint64_t ds = (c.pos + g->alignment - 1) / g->alignment * g->alignment;
+    g->data_start = ds;
+    uint64_t data_size = ds <= c.size ? c.size - ds : 0;
+    for (uint64_t i = 0; i < nt; i++) {
+        const gguf_tensor *t = &g->tensors[i];
+        if (t->offset % g->alignment)
+            return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' offset %" PRIu64 " is not aligned to %" PRIu64, c.path,
+                           t->name, t->offset, g->alignment);
+        if (ds > c.size || t->offset > data_size || t->nbytes > data_size - t->offset)
+            return KVP_ERR(KVP_EPARSE, "%s: truncated or corrupt: tensor '%s' (%zu bytes at data offset %" PRIu64
+                                       ") runs past the end of the file (%" PRIu64 " data bytes)",
+                           c.path, t->name, t->nbytes, t->offset, data_size);
+        for (uint64_t j = 0; j < i; j++)
+            if (strcmp(g->tensors[j].name, t->name) == 0)
+                return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' appears twice", c.path, t->name);
+    }
+    return KVP_OK;
+}
+
+kvp_status kvp_gguf_open(const char *path, kvp_gguf **out)
+{
+    if (!path || !out) return KVP_ERR(KVP_EINVAL, "kvp_gguf_open: NULL argument");
+    kvp_gguf *g = kvp_calloc(1, sizeof *g);
+    if (!g) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
+    kvp_status st = kvp_mapfile_open(path, &g->map);
+    if (st == KVP_OK) st = parse(g);
+    if (st != KVP_OK) {
+        gguf_free(g);
+        return st;
+    }
+    *out = g;
+    return KVP_OK;
+}
+
+const char *kvp_gguf_path(const kvp_gguf *g) { return g->map.path; }
+uint32_t kvp_gguf_version(const kvp_gguf *g) { return g->version; }
+int64_t kvp_gguf_num_tensors(const kvp_gguf *g) { return (int64_t)g->n_tensors; }
+
+void kvp_gguf_tensor_at(const kvp_gguf *g, int64_t i, kvp_tensor_view *v)
+{
+    const gguf_tensor *t = &g->tensors[i];
+    memset(v, 0, sizeof *v);
+    v->name = t->name;
+    v->file = g->map.path;
+    v->dtype = t->dtype;
+    v->ndim = t->ndim;
+    memcpy(v->shape, t->shape, sizeof v->shape);
+    v->numel = t->numel;
+    v->nbytes = t->nbytes;
+    v->data = g->map.data + g->data_start + t->offset;
+}
+
+kvp_status kvp_gguf_tensor(const kvp_gguf *g, const char *name, kvp_tensor_view *out)
+{
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        if (strcmp(g->tensors[i].name, name) == 0) {
+            kvp_gguf_tensor_at(g, (int64_t)i, out);
+            return KVP_OK;
+        }
+    return KVP_ERR(KVP_ENOTFOUND, "%s: tensor '%s' is missing", g->map.path, name);
+}
+
+static kvp_status lookup(const kvp_gguf *g, const char *key, int *present, const gguf_kv **kv)
+{
+    *kv = find_kv(g, key);
+    if (present) *present = *kv != NULL;
+    if (!*kv && !present) return KVP_ERR(KVP_ENOTFOUND, "%s: metadata key '%s' is missing", g->map.path, key);
+    return KVP_OK;
+}
+
+static int is_int_type(kvp_gguf_type t)
+{
+    return t == KVP_GGUF_UINT8 || t == KVP_GGUF_INT8 || t == KVP_GGUF_UINT16 || t == KVP_GGUF_INT16 ||
+           t == KVP_GGUF_UINT32 || t == KVP_GGUF_INT32 || t == KVP_GGUF_UINT64 || t == KVP_GGUF_INT64 ||
+           t == KVP_GGUF_BOOL;
+}
+
+static int is_signed(kvp_gguf_type t)
+{
+    return t == KVP_GGUF_INT8 || t == KVP_GGUF_INT16 || t == KVP_GGUF_INT32 || t == KVP_GGUF_INT64;
+}
+
+static kvp_status wrong_type(const kvp_gguf *g, const gguf_kv *kv, const char *want)
+{
+    return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' is a %s, expected %s", g->map.path, kv->key, type_name(kv->type),
+                   want);
+}
+
+kvp_status kvp_gguf_get_int(const kvp_gguf *g, const char *key, int64_t *out, int *present)
+{
+    const gguf_kv *kv;
+    KVP_TRY(lookup(g, key, present, &kv));
+    if (!kv) return KVP_OK;
+    if (!is_int_type(kv->type)) return wrong_type(g, kv, "an integer");
+    if (!is_signed(kv->type) && kv->v.u > (uint64_t)INT64_MAX)
+        return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %" PRIu64 " is out of range", g->map.path, key, kv->v.u);
+    *out = is_signed(kv->type) ? kv->v.i : (int64_t)kv->v.u;
+    return KVP_OK;
+}
+
+kvp_status kvp_gguf_get_float(const kvp_gguf *g, const char *key, double *out, int *present)
+{
+    const gguf_kv *kv;
+    KVP_TRY(lookup(g, key, present, &kv));
+    if (!kv) return KVP_OK;
+    if (kv->type == KVP_GGUF_FLOAT32 || kv->type == KVP_GGUF_FLOAT64)
+        *out = kv->v.f;
+    else if (is_int_type(kv->type))
+        *out = is_signed(kv->type) ? (double)kv->v.i : (double)kv->v.u;
+    else
+        return wrong_type(g, kv, "a number");
+    return KVP_OK;
+}
+
+kvp_status kvp_gguf_get_str(const kvp_gguf *g, const char *key, kvp_gguf_str *out, int *present)
+{
+    const gguf_kv *kv;
+    KVP_TRY(lookup(g, key, present, &kv));
+    if (!kv) return KVP_OK;
+    if (kv->type != KVP_GGUF_STRING) return wrong_type(g, kv, "a string");
+    *out = kv->s;
+    return KVP_OK;
+}
+
+kvp_status kvp_gguf_get_arr(const kvp_gguf *g, const char *key, kvp_gguf_type *elem, uint64_t *n, int *present)
+{
+    const gguf_kv *kv;
+    KVP_TRY(lookup(g, key, present, &kv));
+    if (!kv) return KVP_OK;
+    if (kv->type != KVP_GGUF_ARRAY) return wrong_type(g, kv, "an array");
+    *elem = kv->arr_type;
+    *n = kv->arr_n;
+    return KVP_OK;
+}
+
+kvp_status kvp_gguf_arr_str(const kvp_gguf *g, const char *key, const kvp_gguf_str **strs, uint64_t *n)
+{
+    const gguf_kv *kv;
+    KVP_TRY(lookup(g, key, NULL, &kv));
+    if (kv->type != KVP_GGUF_ARRAY || kv->arr_type != KVP_GGUF_STRING) return wrong_type(g, kv, "an array of strings");
+    *strs = kv->arr_strs;
+    *n = kv->arr_n;
+    return KVP_OK;
+}
+
+static kvp_status numeric_array(const kvp_gguf *g, const char *key, uint64_t n, const gguf_kv **kv)
+{
+    KVP_TRY(lookup(g, key, NULL, kv));
+    if ((*kv)->type != KVP_GGUF_ARRAY || scalar_size((*kv)->arr_type) == 0)
+        return wrong_type(g, *kv, "a numeric array");
+    if ((*kv)->arr_n != n)
+        return KVP_ERR(KVP_EPARSE, "%s: metadata array '%s' has %" PRIu64 " entries, expected %" PRIu64, g->map.path,
+                       key, (*kv)->arr_n, n);
+    return KVP_OK;
+}
+
+kvp_status kvp_gguf_arr_f32(const kvp_gguf *g, const char *key, float *out, uint64_t n)
+{
+    const gguf_kv *kv;
+    KVP_TRY(numeric_array(g, key, n, &kv));
+    uint64_t es = scalar_size(kv->arr_type);
+    for (uint64_t i = 0; i < n; i++) {
+        gguf_kv tmp = {0};
+        load_scalar(&tmp, kv->arr_type, kv->arr_data + i * es);
+        if (kv->arr_type == KVP_GGUF_FLOAT32 || kv->arr_type == KVP_GGUF_FLOAT64)
+            out[i] = (float)tmp.v.f;
+        else
+            out[i] = is_signed(kv->arr_type) ? (float)tmp.v.i : (float)tmp.v.u;
+    }
+    return KVP_OK;
+}
+
+kvp_status kvp_gguf_arr_i32(const kvp_gguf *g, const char *key, int32_t *out, uint64_t n)
+{
+    const gguf_kv *kv;
+    KVP_TRY(numeric_array(g, key, n, &kv));
+    if (!is_int_type(kv->arr_type)) return wrong_type(g, kv, "an integer array");
+    uint64_t es = scalar_size(kv->arr_type);
+    for (uint64_t i = 0; i < n; i++) {
+        gguf_kv tmp = {0};
+        load_scalar(&tmp, kv->arr_type, kv->arr_data + i * es);
+        int64_t v = is_signed(kv->arr_type) ? tmp.v.i : (int64_t)tmp.v.u;
+        if (v < INT32_MIN || v > INT32_MAX)
+            return KVP_ERR(KVP_EPARSE, "%s: metadata array '%s'[%" PRIu64 "] = %" PRId64 " is out of int32 range",
+                           g->map.path, key, i, v);
+        out[i] = (int32_t)v;
+    }
+    return KVP_OK;
+}
+
+static kvp_status get_pos_int(const kvp_gguf *g, const char *arch, const char *suffix, int required, int64_t max,
+                              int64_t *out)
+{
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int present = 0;
+    KVP_TRY(kvp_gguf_get_int(g, key, out, &present));
+    if (!present) {
+        if (required) return KVP_ERR(KVP_EPARSE, "%s: metadata key '%s' is missing", g->map.path, key);
+        return KVP_OK;
+    }
+    if (*out < 1 || *out > max)
+        return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %" PRId64 " is out of range (1..%" PRId64 ")", g->map.path,
+                       key, *out, max);
+    return KVP_OK;
+}
+
+kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
+{
+    kvp_gguf_str arch_s = {0};
+    int present = 0;
+    KVP_TRY(kvp_gguf_get_str(g, "general.architecture", &arch_s, &present));
+    if (!present) return KVP_ERR(KVP_EPARSE, "%s: metadata 'general.architecture' is missing", g->map.path);
+    char arch[64];
+    if (arch_s.len >= sizeof arch) return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture name too long", g->map.path);
+    memcpy(arch, arch_s.ptr, arch_s.len);
+    arch[arch_s.len] = '\0';
+    int qwen2 = strcmp(arch, "qwen2") == 0, qwen3 = strcmp(arch, "qwen3") == 0;
+    if (strcmp(arch, "llama") != 0 && strcmp(arch, "mistral") != 0 && !qwen2 && !qwen3)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3 are)",
+                       g->map.path, arch);
+    kvp_model_config c;
+    memset(&c, 0, sizeof c);
+    snprintf(c.model_type, sizeof c.model_type, "%s", arch);
+    c.family = KVP_FAMILY_LLAMA;
+    int64_t v = 0;
+    KVP_TRY(get_pos_int(g, arch, "block_count", 1, KVP_MAX_LAYERS, &v));
+    c.num_layers = (int32_t)v;
+    KVP_TRY(get_pos_int(g, arch, "embedding_length", 1, 1 << 20, &v));
+    c.hidden_size = (int32_t)v;
+    KVP_TRY(get_pos_int(g, arch, "feed_forward_length", 1, 1 << 24, &v));
+    c.intermediate_size = v;
+    KVP_TRY(get_pos_int(g, arch, "attention.head_count", 1, 1 << 16, &v));
+    c.num_q_heads = (int32_t)v;
+    v = c.num_q_heads;
+    KVP_TRY(get_pos_int(g, arch, "attention.head_count_kv", 0, 1 << 16, &v));
+    c.num_kv_heads = (int32_t)v;
+    if (c.hidden_size % c.num_q_heads != 0 && !qwen3)
+        return KVP_ERR(KVP_EPARSE, "%s: embedding_length %d is not a multiple of head_count %d", g->map.path,
+                       c.hidden_size, c.num_q_heads);
+    v = c.hidden_size / c.num_q_heads;
+    KVP_TRY(get_pos_int(g, arch, "attention.key_length", 0, 1 << 16, &v));
+    c.head_dim = (int32_t)v;
+    c.v_head_dim = c.head_dim;
+    if (c.num_q_heads % c.num_kv_heads)
+        return KVP_ERR(KVP_EPARSE, "%s: head_count %d is not a multiple of head_count_kv %d", g->map.path,
+                       c.num_q_heads, c.num_kv_heads);
+    v = 2048;
+    KVP_TRY(get_pos_int(g, arch, "context_length", 0, INT32_MAX, &v));
+    c.max_position_embeddings = v;
+    char key[160];
+    double f = 10000.0;
+    snprintf(key, sizeof key, "%s.rope.freq_base", arch);
+    KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
+    c.rope_theta = f;
+    f = 1e-5;
+    snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
+    KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
+    c.rms_norm_eps = f;
+    if (!(c.rope_theta > 0) || !(c.rms_norm_eps > 0) || c.rms_norm_eps > 1)
+        return KVP_ERR(KVP_EPARSE, "%s: rope.freq_base or layer_norm_rms_epsilon out of range", g->map.path);
+    kvp_tensor_view emb;
+    KVP_TRY(kvp_gguf_tensor(g, "token_embd.weight", &emb));
+    if (emb.ndim != 2 || emb.shape[1] != c.hidden_size)
+        return KVP_ERR(KVP_EPARSE, "%s: tensor 'token_embd.weight' has the wrong shape (want [vocab, %d])",
+                       g->map.path, c.hidden_size);
+    c.vocab_size = emb.shape[0];
+    kvp_tensor_view outw;
+    c.tie_word_embeddings = kvp_gguf_tensor(g, "output.weight", &outw) != KVP_OK;
+    kvp_error_clear();
+    kvp_tensor_view qb;
+    c.attention_bias = kvp_gguf_tensor(g, "blk.0.attn_q.bias", &qb) == KVP_OK;
+    c.qk_norm = kvp_gguf_tensor(g, "blk.0.attn_q_norm.weight", &qb) == KVP_OK;
+    kvp_error_clear();
+    c.bos_token_id = -1;
+    c.eos_token_id = -1;
+    KVP_TRY(kvp_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &c.bos_token_id, &present));
+    KVP_TRY(kvp_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &c.eos_token_id, &present));
+    if (c.bos_token_id >= c.vocab_size || c.bos_token_id > UINT32_MAX / 2) c.bos_token_id = -1;
+    if (c.eos_token_id >= c.vocab_size || c.eos_token_id > UINT32_MAX / 2) c.eos_token_id = -1;
+    c.moe_layer_step = 1;
+    *cfg = c;
+    return KVP_OK;
+}

@@ -1,0 +1,103 @@
+/* tests/runtime/model_testutil.h — helpers shared by the model/loader tests (static, header-only):
+ * paths of the stories260K files, a temp dir, file copies with edits, a tiny GGUF writer. */
+#ifndef KVP_TESTS_RUNTIME_MODEL_TESTUTIL_H
+#define KVP_TESTS_RUNTIME_MODEL_TESTUTIL_H
+
+#include <criterion/criterion.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define S260_DIR "../shared/models/stories260K"
+#define S260_GGUF S260_DIR "/stories260K.gguf"
+#define S260_HF S260_DIR "/hf"
+#define S260_TOKBIN S260_DIR "/llama2c/tok512.bin"
+#define S260_GOLDEN S260_DIR "/golden.json"
+
+static inline void tu_require_shared(void)
+{
+    cr_assert(access(S260_GGUF, R_OK) == 0 && access(S260_HF "/model.safetensors", R_OK) == 0,
+              "test data missing: %s (run from the project root with ../shared present)", S260_DIR);
+}
+
+/* Makes a fresh temp dir; returns a static path. */
+static inline const char *tu_tmpdir(void)
+{
+    static char buf[256];
+    snprintf(buf, sizeof buf, "/tmp/kvp_test_XXXXXX");
+    cr_assert_not_null(mkdtemp(buf));
+    return buf;
+}
+
+static inline unsigned char *tu_read_all(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *b = malloc((size_t)n + 1);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+static inline void tu_write_all(const char *path, const void *data, size_t len)
+{
+    FILE *f = fopen(path, "wb");
+    cr_assert_not_null(f, "cannot write %s", path);
+    if (len) cr_assert_eq(fwrite(data, 1, len, f), len);
+    fclose(f);
+}
+
+/* ---- a growable byte buffer and a minimal GGUF writer ---- */
+typedef struct {
+    unsigned char *p;
+    size_t n, cap;
+} tu_buf;
+
+static inline void tu_put(tu_buf *b, const void *d, size_t n)
+{
+    if (b->n + n > b->cap) {
+        b->cap = (b->n + n) * 2 + 64;
+        b->p = realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, d, n);
+    b->n += n;
+}
+static inline void tu_u32(tu_buf *b, uint32_t v) { tu_put(b, &v, 4); }
+static inline void tu_u64(tu_buf *b, uint64_t v) { tu_put(b, &v, 8); }
+static inline void tu_f32(tu_buf *b, float v) { tu_put(b, &v, 4); }
+static inline void tu_str(tu_buf *b, const char *s)
+{
+    tu_u64(b, strlen(s));
+    tu_put(b, s, strlen(s));
+}
+static inline void tu_kv_u32(tu_buf *b, const char *k, uint32_t v)
+{
+    tu_str(b, k);
+    tu_u32(b, 4);
+    tu_u32(b, v);
+}
+static inline void tu_kv_f32(tu_buf *b, const char *k, float v)
+{
+    tu_str(b, k);
+    tu_u32(b, 6);
+    tu_f32(b, v);
+}
+static inline void tu_kv_str(tu_buf *b, const char *k, const char *v)
+{
+    tu_str(b, k);
+    tu_u32(b, 8);
+    tu_str(b, v);
+}
+static inline void tu_pad(tu_buf *b, size_t align)
+{
+    static const unsigned char z[64] = {0};
+    while (b->n % align) tu_put(b, z, 1);
+}
+
+#endif
