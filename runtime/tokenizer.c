@@ -1,0 +1,396 @@
+/* runtime/tokenizer.c — sentencepiece-style BPE (scores + byte fallback), run.c semantics.
+ *
+ * Lookup of a byte string -> id is an open-addressing hash table (xxHash) over the pieces that may match
+ * text (normal and user-defined pieces).
+ */
+#include "runtime/tokenizer.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <xxhash.h>
+
+#include "common/alloc.h"
+#include "runtime/mapfile.h"
+
+struct kvp_tokenizer {
+    int32_t n;
+    char **pieces;    /* [n] owned, NUL-terminated */
+    uint32_t *lens;   /* [n] */
+    float *scores;    /* [n] */
+    uint8_t *types;   /* [n] kvp_tok_type */
+    int32_t byte_id[256];
+    int32_t bos, eos;
+    uint32_t max_len;
+    int32_t *table; /* [cap] ids, -1 empty */
+    uint64_t mask;
+};
+
+void kvp_tok_destroy(kvp_tokenizer *t)
+{
+    if (!t) return;
+    if (t->pieces)
+        for (int32_t i = 0; i < t->n; i++) kvp_free(t->pieces[i]);
+    kvp_free(t->pieces);
+    kvp_free(t->lens);
+    kvp_free(t->scores);
+    kvp_free(t->types);
+    kvp_free(t->table);
+    kvp_free(t);
+}
+
+static kvp_tokenizer *tok_alloc(int32_t n)
+{
+    kvp_tokenizer *t = kvp_calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->n = n;
+    t->pieces = kvp_calloc((size_t)n, sizeof *t->pieces);
+    t->lens = kvp_calloc((size_t)n, sizeof *t->lens);
+    t->scores = kvp_calloc((size_t)n, sizeof *t->scores);
+    t->types = kvp_calloc((size_t)n, sizeof *t->types);
+    if (!t->pieces || !t->lens || !t->scores || !t->types) {
+        kvp_tok_destroy(t);
+        return NULL;
+    }
+    return t;
+}
+
+static int32_t lookup(const kvp_tokenizer *t, const char *s, size_t len)
+{
+    uint64_t h = XXH3_64bits(s, len) & t->mask;
+    for (;;) {
+        int32_t id = t->table[h];
+        if (id < 0) return -1;
+        if (t->lens[id] == len && memcmp(t->pieces[id], s, len) == 0) return id;
+        h = (h + 1) & t->mask;
+    }
+}
+
+static int hex_byte(const char *p, size_t len, int *out)
+{
+    /* "<0xNN>" */
+    if (len != 6 || p[0] != '<' || p[1] != '0' || p[2] != 'x' || p[5] != '>') return 0;
+    int v = 0;
+    for (int i = 3; i < 5; i++) {
+        char c = p[i];
+        int d = c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        v = v * 16 + d;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Byte ids, types defaults and the lookup table; called once the pieces are in. */
+static kvp_status finish(kvp_tokenizer *t, const char *what)
+{
+    for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
+    uint64_t cap = 16;
+    while (cap < (uint64_t)t->n * 2) cap <<= 1;
+    t->table = kvp_malloc(cap * sizeof *t->table);
+    if (!t->table) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", what);
+    memset(t->table, 0xff, cap * sizeof *t->table);
+    t->mask = cap - 1;
+    for (int32_t i = 0; i < t->n; i++) {
+        int b;
+        if (hex_byte(t->pieces[i], t->lens[i], &b) && (t->types[i] == KVP_TOK_BYTE || t->types[i] == 0)) {
+            t->types[i] = KVP_TOK_BYTE;
+            if (t->byte_id[b] < 0) t->byte_id[b] = i;
+        }
+        if (t->types[i] == 0) t->types[i] = KVP_TOK_NORMAL;
+        if (t->lens[i] > t->max_len) t->max_len = t->lens[i];
+        if (t->types[i] != KVP_TOK_NORMAL && t->types[i] != KVP_TOK_USER) continue;
+        if (t->lens[i] == 0 || lookup(t, t->pieces[i], t->lens[i]) >= 0) continue; /* first one wins */
+        uint64_t h = XXH3_64bits(t->pieces[i], t->lens[i]) & t->mask;
+        while (t->table[h] >= 0) h = (h + 1) & t->mask;
+        t->table[h] = i;
+    }
+    return KVP_OK;
+}
+
+/* Copies a piece replacing U+2581 (e2 96 81) with ' '. */
+static char *copy_piece(const char *s, size_t len, uint32_t *out_len)
+{
+    char *d = kvp_malloc(len + 1);
+    if (!d) return NULL;
+    size_t j = 0;
+    for (size_t i = 0; i < len; i++) {
+        if (i + 2 < len && (unsigned char)s[i] == 0xe2 && (unsigned char)s[i + 1] == 0x96 &&
+            (unsigned char)s[i + 2] == 0x81) {
+            d[j++] = ' ';
+            i += 2;
+        } else {
+            d[j++] = s[i];
+        }
+    }
+    d[j] = '\0';
+    *out_len = (uint32_t)j;
+    return d;
+}
+
+kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out)
+{
+    const char *path = kvp_gguf_path(g);
+    kvp_gguf_str model = {0};
+    int present = 0;
+    KVP_TRY(kvp_gguf_get_str(g, "tokenizer.ggml.model", &model, &present));
+    if (!present) return KVP_ERR(KVP_EPARSE, "%s: no tokenizer (tokenizer.ggml.model is missing)", path);
+    if (model.len != 5 || memcmp(model.ptr, "llama", 5) != 0)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: tokenizer model '%.*s' is not supported (llama/sentencepiece is)", path,
+                       (int)(model.len > 64 ? 64 : model.len), model.ptr);
+    const kvp_gguf_str *toks;
+    uint64_t n;
+    KVP_TRY(kvp_gguf_arr_str(g, "tokenizer.ggml.tokens", &toks, &n));
+    if (n == 0 || n > (1u << 24)) return KVP_ERR(KVP_EPARSE, "%s: tokenizer.ggml.tokens has %llu entries", path, (unsigned long long)n);
+    kvp_tokenizer *t = tok_alloc((int32_t)n);
+    if (!t) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
+    kvp_status st = KVP_OK;
+    kvp_gguf_type et;
+    uint64_t m;
+    for (uint64_t i = 0; i < n; i++) {
+        t->pieces[i] = copy_piece(toks[i].ptr, toks[i].len, &t->lens[i]);
+        if (!t->pieces[i]) {
+            st = KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+    }
+    if ((st = kvp_gguf_get_arr(g, "tokenizer.ggml.scores", &et, &m, &present)) != KVP_OK) goto fail;
+    if (present && (st = kvp_gguf_arr_f32(g, "tokenizer.ggml.scores", t->scores, n)) != KVP_OK) goto fail;
+    if ((st = kvp_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &m, &present)) != KVP_OK) goto fail;
+    if (present) {
+        int32_t *ty = kvp_malloc(n * sizeof *ty);
+        if (!ty) {
+            st = KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+        st = kvp_gguf_arr_i32(g, "tokenizer.ggml.token_type", ty, n);
+        for (uint64_t i = 0; st == KVP_OK && i < n; i++) {
+            if (ty[i] < 1 || ty[i] > 6) {
+                st = KVP_ERR(KVP_EPARSE, "%s: tokenizer.ggml.token_type[%llu] = %d is not a known type", path,
+                             (unsigned long long)i, ty[i]);
+                break;
+            }
+            t->types[i] = (uint8_t)ty[i];
+        }
+        kvp_free(ty);
+        if (st != KVP_OK) goto fail;
+    }
+    int64_t bos = -1, eos = -1;
+    if ((st = kvp_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &bos, &present)) != KVP_OK) goto fail;
+    if ((st = kvp_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &eos, &present)) != KVP_OK) goto fail;
+    t->bos = bos >= 0 && bos < (int64_t)n ? (int32_t)bos : -1;
+    t->eos = eos >= 0 && eos < (int64_t)n ? (int32_t)eos : -1;
+    if ((st = finish(t, path)) != KVP_OK) goto fail;
+    *out = t;
+    return KVP_OK;
+fail:
+    kvp_tok_destroy(t);
+    return st;
+}
+
+kvp_status kvp_tok_load_llama2c(const char *path, int32_t vocab_size, kvp_tokenizer **out)
+{
+    if (vocab_size < 0) return KVP_ERR(KVP_EINVAL, "%s: vocab_size %d < 0", path, vocab_size);
+    kvp_mapfile m;
+    KVP_TRY(kvp_mapfile_open(path, &m));
+    kvp_status st = KVP_OK;
+    kvp_tokenizer *t = NULL;
+    /* First pass: count and validate. */
+    size_t pos = 4;
+    int32_t count = 0;
+    if (m.size < 4) {
+        st = KVP_ERR(KVP_EPARSE, "%s: truncated: no max_token_length header", path);
+        goto out;
+    }
+    while (pos < m.size && (vocab_size == 0 || count < vocab_size)) {
+        int32_t len;
+        if (m.size - pos < 8) {
+            st = KVP_ERR(KVP_EPARSE, "%s: truncated inside token %d (byte %zu)", path, count, pos);
+            goto out;
+        }
+        memcpy(&len, m.data + pos + 4, 4);
+        if (len < 0 || (size_t)len > m.size - pos - 8) {
+            st = KVP_ERR(KVP_EPARSE, "%s: token %d has length %d, past the end of the file (byte %zu)", path, count,
+                         len, pos);
+            goto out;
+        }
+        pos += 8 + (size_t)len;
+        count++;
+    }
+    if (count == 0 || (vocab_size > 0 && count < vocab_size)) {
+        st = KVP_ERR(KVP_EPARSE, "%s: truncated: %d tokens, expected %d", path, count, vocab_size);
+        goto out;
+    }
+    t = tok_alloc(count);
+    if (!t) {
+        st = KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    pos = 4;
+    for (int32_t i = 0; i < count; i++) {
+        int32_t len;
+        memcpy(&t->scores[i], m.data + pos, 4);
+        memcpy(&len, m.data + pos + 4, 4);
+        t->pieces[i] = kvp_malloc((size_t)len + 1);
+        if (!t->pieces[i]) {
+            st = KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
+            goto out;
+        }
+        memcpy(t->pieces[i], m.data + pos + 8, (size_t)len);
+        t->pieces[i][len] = '\0';
+        t->lens[i] = (uint32_t)len;
+        pos += 8 + (size_t)len;
+    }
+    /* llama2.c convention: 0 <unk>, 1 BOS, 2 EOS. */
+    if (count > 0) t->types[0] = KVP_TOK_UNKNOWN;
+    if (count > 1) t->types[1] = KVP_TOK_CONTROL;
+    if (count > 2) t->types[2] = KVP_TOK_CONTROL;
+    t->bos = count > 1 ? 1 : -1;
+    t->eos = count > 2 ? 2 : -1;
+    st = finish(t, path);
+out:
+    kvp_mapfile_close(&m);
+    if (st != KVP_OK) {
+        kvp_tok_destroy(t);
+        return st;
+    }
+    *out = t;
+    return KVP_OK;
+}
+
+int32_t kvp_tok_vocab_size(const kvp_tokenizer *t) { return t->n; }
+int32_t kvp_tok_bos(const kvp_tokenizer *t) { return t->bos; }
+int32_t kvp_tok_eos(const kvp_tokenizer *t) { return t->eos; }
+
+const char *kvp_tok_piece(const kvp_tokenizer *t, int32_t id, size_t *len)
+{
+    if (id < 0 || id >= t->n) return NULL;
+    if (len) *len = t->lens[id];
+    return t->pieces[id];
+}
+
+float kvp_tok_score(const kvp_tokenizer *t, int32_t id) { return id >= 0 && id < t->n ? t->scores[id] : 0.0f; }
+kvp_tok_type kvp_tok_type_of(const kvp_tokenizer *t, int32_t id)
+{
+    return id >= 0 && id < t->n ? (kvp_tok_type)t->types[id] : KVP_TOK_UNUSED;
+}
+
+static size_t utf8_len(unsigned char c)
+{
+    if (c < 0x80) return 1;
+    if ((c & 0xe0) == 0xc0) return 2;
+    if ((c & 0xf0) == 0xe0) return 3;
+    if ((c & 0xf8) == 0xf0) return 4;
+    return 1; /* stray continuation or invalid byte: on its own */
+}
+
+kvp_status kvp_tok_encode(const kvp_tokenizer *t, const char *text, size_t len, int add_bos, int32_t **ids_out,
+                          int32_t *n_out)
+{
+    if (len > (size_t)INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "text of %zu bytes is too long to encode", len);
+    int32_t *ids = kvp_malloc((len + 2) * sizeof *ids);
+    char *buf = kvp_malloc((size_t)t->max_len * 2 + 8);
+    if (!ids || !buf) {
+        kvp_free(ids);
+        kvp_free(buf);
+        return KVP_ERR(KVP_ENOMEM, "tokenizer: out of memory encoding %zu bytes", len);
+    }
+    int32_t n = 0;
+    if (add_bos && t->bos >= 0) ids[n++] = t->bos;
+    int32_t first = n;
+    if (len > 0) {
+        int32_t sp = lookup(t, " ", 1);
+        if (sp >= 0) ids[n++] = sp;
+        else if (t->byte_id[' '] >= 0) ids[n++] = t->byte_id[' '];
+    }
+    for (size_t i = 0; i < len;) {
+        size_t cl = utf8_len((unsigned char)text[i]);
+        if (cl > len - i) cl = 1;
+        for (size_t j = 1; j < cl; j++)
+            if (((unsigned char)text[i + j] & 0xc0) != 0x80) cl = 1;
+        int32_t id = lookup(t, text + i, cl);
+        if (id >= 0) {
+            ids[n++] = id;
+        } else {
+            for (size_t j = 0; j < cl; j++) {
+                int32_t b = t->byte_id[(unsigned char)text[i + j]];
+                if (b < 0) {
+                    kvp_free(ids);
+                    kvp_free(buf);
+                    return KVP_ERR(KVP_EINVAL, "tokenizer: byte 0x%02x at offset %zu has no piece and no <0x%02X> "
+                                               "byte-fallback token",
+                                   (unsigned char)text[i + j], i + j, (unsigned char)text[i + j]);
+                }
+                ids[n++] = b;
+            }
+        }
+        i += cl;
+    }
+    /* Merge the best-scoring adjacent pair until none merges (quadratic, as run.c; prompts are short). */
+    for (;;) {
+        float best = -1e30f;
+        int32_t best_id = -1, best_i = -1;
+        for (int32_t i = first; i + 1 < n; i++) {
+            uint32_t a = t->lens[ids[i]], b = t->lens[ids[i + 1]];
+            if (a + b > t->max_len) continue;
+            memcpy(buf, t->pieces[ids[i]], a);
+            memcpy(buf + a, t->pieces[ids[i + 1]], b);
+            int32_t id = lookup(t, buf, a + b);
+            if (id >= 0 && t->scores[id] > best) {
+                best = t->scores[id];
+                best_id = id;
+                best_i = i;
+            }
+        }
+        if (best_i < 0) break;
+        ids[best_i] = best_id;
+        memmove(ids + best_i + 1, ids + best_i + 2, (size_t)(n - best_i - 2) * sizeof *ids);
+        n--;
+    }
+    kvp_free(buf);
+    *ids_out = ids;
+    *n_out = n;
+    return KVP_OK;
+}
+
+int kvp_tok_decode_piece(const kvp_tokenizer *t, int32_t prev, int32_t id, char *buf, size_t cap)
+{
+    if (id < 0 || id >= t->n) return -1;
+    uint8_t ty = t->types[id];
+    if (ty == KVP_TOK_CONTROL || ty == KVP_TOK_UNKNOWN || ty == KVP_TOK_UNUSED) return 0;
+    const char *p = t->pieces[id];
+    size_t len = t->lens[id];
+    int b;
+    if (ty == KVP_TOK_BYTE && hex_byte(p, len, &b)) {
+        if (cap < 1) return -1;
+        buf[0] = (char)b;
+        return 1;
+    }
+    if (prev >= 0 && prev == t->bos && len > 0 && p[0] == ' ') {
+        p++;
+        len--;
+    }
+    if (len > cap) return -1;
+    memcpy(buf, p, len);
+    return (int)len;
+}
+
+kvp_status kvp_tok_decode(const kvp_tokenizer *t, int32_t prev, const int32_t *ids, int32_t n, char **text)
+{
+    size_t cap = 1;
+    for (int32_t i = 0; i < n; i++) {
+        if (ids[i] < 0 || ids[i] >= t->n)
+            return KVP_ERR(KVP_EINVAL, "tokenizer: token id %d at index %d is out of range (vocab %d)", ids[i], i, t->n);
+        cap += t->lens[ids[i]] + 1;
+    }
+    char *s = kvp_malloc(cap);
+    if (!s) return KVP_ERR(KVP_ENOMEM, "tokenizer: out of memory decoding %d tokens", n);
+    size_t at = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int k = kvp_tok_decode_piece(t, prev, ids[i], s + at, cap - at);
+        if (k > 0) at += (size_t)k;
+        prev = ids[i];
+    }
+    s[at] = '\0';
+    *text = s;
+    return KVP_OK;
+}

@@ -1,0 +1,61 @@
+/* runtime/tokenizer.h — sentencepiece-style BPE with scores and byte fallback (llama / llama2.c vocabularies).
+ *
+ * Encoding follows llama2.c run.c (and llama.cpp's SPM tokenizer): an optional BOS, a dummy-prefix space
+ * when the text is not empty, one piece per UTF-8 code point (or its bytes as <0xNN> pieces when the code
+ * point is not in the vocabulary), then repeatedly merge the adjacent pair whose concatenation is a
+ * vocabulary piece with the highest score (the leftmost on ties) until no pair merges.
+ * Control, unknown and byte pieces never match text. GGUF pieces spell spaces as U+2581 ("▁"); they are
+ * stored with plain spaces.
+ *
+ * Decoding: a piece that follows BOS drops its leading space; <0xNN> pieces are the raw byte; control
+ * pieces (BOS, EOS, ...) decode to nothing.
+ *
+ * Ownership: kvp_tok_* loaders return an owned handle (kvp_tok_destroy; NULL is a no-op). The tokenizer is
+ * immutable after loading: concurrent encode/decode calls are safe.
+ */
+#ifndef KVP_RUNTIME_TOKENIZER_H
+#define KVP_RUNTIME_TOKENIZER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/status.h"
+#include "runtime/gguf.h"
+
+typedef struct kvp_tokenizer kvp_tokenizer;
+
+typedef enum { KVP_TOK_NORMAL = 1, KVP_TOK_UNKNOWN = 2, KVP_TOK_CONTROL = 3, KVP_TOK_USER = 4,
+               KVP_TOK_UNUSED = 5, KVP_TOK_BYTE = 6 } kvp_tok_type;
+
+/* From GGUF metadata tokenizer.ggml.{model="llama", tokens, scores, token_type, bos/eos_token_id}.
+ * KVP_EUNSUPPORTED for another tokenizer model (e.g. "gpt2"); KVP_EPARSE naming the key otherwise. */
+kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out);
+/* A llama2.c tokenizer file (int32 max_token_length, then per token: f32 score, int32 len, bytes).
+ * vocab_size > 0: exactly that many tokens are read; 0: every token up to the end of the file.
+ * BOS = 1, EOS = 2 (llama2.c convention). Errors name the file and the token index. */
+kvp_status kvp_tok_load_llama2c(const char *path, int32_t vocab_size, kvp_tokenizer **out);
+void kvp_tok_destroy(kvp_tokenizer *t);
+
+int32_t kvp_tok_vocab_size(const kvp_tokenizer *t);
+int32_t kvp_tok_bos(const kvp_tokenizer *t); /* -1 when none */
+int32_t kvp_tok_eos(const kvp_tokenizer *t); /* -1 when none */
+/* The piece of a token (spaces as ' ', NUL-terminated) and its length; NULL for an id out of range. */
+const char *kvp_tok_piece(const kvp_tokenizer *t, int32_t id, size_t *len);
+float kvp_tok_score(const kvp_tokenizer *t, int32_t id);
+kvp_tok_type kvp_tok_type_of(const kvp_tokenizer *t, int32_t id);
+
+/* Encodes text[0..len) (any bytes; invalid UTF-8 falls back to bytes). *ids (owned by the caller, kvp_free)
+ * receives *n ids: BOS first when add_bos (and the tokenizer has one). KVP_EINVAL if a byte has no <0xNN>
+ * piece and no other piece covers it; KVP_ENOMEM. */
+kvp_status kvp_tok_encode(const kvp_tokenizer *t, const char *text, size_t len, int add_bos, int32_t **ids,
+                          int32_t *n);
+
+/* The bytes of token `id` as it follows token `prev` (-1 at the start): writes at most 4 + max piece
+ * length bytes into buf (size cap) and returns the count, or -1 for an id out of range or a buffer too small.
+ * No NUL is added. */
+int kvp_tok_decode_piece(const kvp_tokenizer *t, int32_t prev, int32_t id, char *buf, size_t cap);
+/* Decodes ids[0..n) (prev of ids[0] is `prev`) into a NUL-terminated string owned by the caller
+ * (kvp_free). KVP_EINVAL naming the first id out of range; KVP_ENOMEM. */
+kvp_status kvp_tok_decode(const kvp_tokenizer *t, int32_t prev, const int32_t *ids, int32_t n, char **text);
+
+#endif
