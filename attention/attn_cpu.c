@@ -1,0 +1,443 @@
+/* attention/attn_cpu.c — paged decode and prefill on the CPU (OpenMP threads, 8-lane vector inner loops).
+ *
+ * Work split: one item = (sequence, KV head, tile of query tokens, group of query heads, KV chunk).
+ * Its rows are the (query token, query head) pairs sharing one KV head (GQA: each K/V row is loaded and
+ * converted once for all of them). An item walks its KV range in tiles of TILE tokens:
+ *
+ *     offsets of the tile's K/V rows (page table walk)  ->  S[row][i] = q_row . k_i   (log2 units)
+ *     -> online softmax per row (running max m, sum l)  ->  acc[row] += p[row][i] * v_i
+ *
+ * When a sequence's KV range is split into chunks (flash-decoding), each chunk writes a normalized partial
+ * output and its log-sum-exp; a merge pass combines them: out = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M).
+ * Everything is specialized at compile time on (dtype, head_dim) and dispatched through one table.
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdatomic.h>
+
+#include "attention/attention.h"
+#include "attention/attn_simd.h"
+#include "common/alloc.h"
+
+enum { TILE = 32, MAXROWS = 32, MAXD = 256 };
+
+static const int32_t k_head_dims[] = {8, 16, 32, 64, 80, 96, 128, 256};
+#define NUM_HEAD_DIMS ((int)(sizeof k_head_dims / sizeof k_head_dims[0]))
+
+static atomic_int g_threads;
+
+void kvp_attn_set_threads(int n) { atomic_store(&g_threads, n < 0 ? 0 : n); }
+
+int kvp_attn_get_threads(void)
+{
+    int n = atomic_load(&g_threads);
+    return n > 0 ? n : omp_get_num_procs();
+}
+
+kvp_attn_params kvp_attn_default_params(int32_t num_q_heads)
+{
+    kvp_attn_params p = {.num_q_heads = num_q_heads, .sm_scale = 0.0f, .window_left = -1, .kv_chunk_size = 0, .lse = NULL};
+    return p;
+}
+
+static int head_dim_index(int32_t head_dim)
+{
+    for (int i = 0; i < NUM_HEAD_DIMS; i++)
+        if (k_head_dims[i] == head_dim) return i;
+    return -1;
+}
+
+int kvp_attn_supported(kvp_dtype dtype, int32_t head_dim)
+{
+    return (unsigned)dtype < KVP_DTYPE_COUNT && head_dim_index(head_dim) >= 0;
+}
+
+/* One work item. part < 0: rows are written straight to out; else partial results go to rows
+ * part .. part + rows-1 of the workspace (chunk c of a split at part_base + c * rows). */
+typedef struct {
+    int32_t seq, kvh, q0, nq, g0, ng, c0, c1;
+    int64_t part;
+} item_t;
+
+/* A split row group: nchunks partial results to merge into rows of out. */
+typedef struct {
+    int32_t seq, kvh, q0, nq, g0, ng, nchunks;
+    int64_t part;
+} merge_t;
+
+typedef struct {
+    const kvp_paged_kv *kv;
+    const float *q;
+    float *out;
+    const int32_t *qo_indptr; /* NULL: decode (one token per sequence) */
+    int32_t hq, group, window_left;
+    float qscale; /* sm_scale * log2(e) * k_scale: scores come out in log2 units */
+    float oscale; /* v_scale */
+    float *lse;   /* optional user output */
+    float *part_o, *part_lse;
+    const float *lut; /* fp8 code -> value */
+} job_t;
+
+/* 2^x for x <= 0 (and -inf -> 0), relative error ~2e-7; plain arithmetic so loops over it vectorize. */
+static inline float exp2_fast(float x)
+{
+    float xc = x < -126.0f ? -126.0f : x;
+    float n = rintf(xc), f = xc - n; /* f in [-0.5, 0.5] */
+    float p = 1.5403530393381606e-4f;
+    p = p * f + 1.3333558146428443e-3f;
+    p = p * f + 9.6181291076284772e-3f;
+    p = p * f + 5.5504108664821580e-2f;
+    p = p * f + 2.4022650695910071e-1f;
+    p = p * f + 6.9314718055994531e-1f;
+    p = p * f + 1.0f;
+    int32_t bits = ((int32_t)n + 127) << 23;
+    float s;
+    memcpy(&s, &bits, sizeof s);
+    return x < -126.0f ? 0.0f : p * s;
+}
+
+static inline int64_t q_row(const job_t *j, int32_t seq, int32_t tok)
+{
+    return (j->qo_indptr ? (int64_t)j->qo_indptr[seq] : (int64_t)seq) + tok;
+}
+
+static inline int32_t num_q(const job_t *j, int32_t seq)
+{
+    return j->qo_indptr ? j->qo_indptr[seq + 1] - j->qo_indptr[seq] : 1;
+}
+
+/* S[r][i] = qs[r] . k_i for RB rows. */
+KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
+                          const int D, const kvp_dtype T, const float *lut)
+{
+    for (int i = 0; i < n; i++) {
+        kvp_v8 a[RB], b[RB];
+        for (int r = 0; r < RB; r++) a[r] = b[r] = v8_zero();
+        int d = 0;
+        for (; d + 16 <= D; d += 16) {
+            kvp_v8 k0 = v8_load_elem(kbase, off[i] + d, T, lut), k1 = v8_load_elem(kbase, off[i] + d + 8, T, lut);
+            for (int r = 0; r < RB; r++) {
+                a[r] = v8_fma(v8_loadf(qs + r * D + d), k0, a[r]);
+                b[r] = v8_fma(v8_loadf(qs + r * D + d + 8), k1, b[r]);
+            }
+        }
+        for (; d < D; d += 8) {
+            kvp_v8 k0 = v8_load_elem(kbase, off[i] + d, T, lut);
+            for (int r = 0; r < RB; r++) a[r] = v8_fma(v8_loadf(qs + r * D + d), k0, a[r]);
+        }
+        for (int r = 0; r < RB; r++) S[r * TILE + i] = v8_hsum(v8_add(a[r], b[r]));
+    }
+}
+
+/* acc[r] += sum_i P[r][i] * v_i for RB rows, two 8-lane strips at a time kept in registers. */
+KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
+                          const int D, const kvp_dtype T, const float *lut)
+{
+    int d = 0;
+    for (; d + 16 <= D; d += 16) {
+        kvp_v8 a[RB], b[RB];
+        for (int r = 0; r < RB; r++) {
+            a[r] = v8_loadf(acc + r * D + d);
+            b[r] = v8_loadf(acc + r * D + d + 8);
+        }
+        for (int i = 0; i < n; i++) {
+            kvp_v8 v0 = v8_load_elem(vbase, off[i] + d, T, lut), v1 = v8_load_elem(vbase, off[i] + d + 8, T, lut);
+            for (int r = 0; r < RB; r++) {
+                kvp_v8 p = v8_set1(P[r * TILE + i]);
+                a[r] = v8_fma(p, v0, a[r]);
+                b[r] = v8_fma(p, v1, b[r]);
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            v8_storef(acc + r * D + d, a[r]);
+            v8_storef(acc + r * D + d + 8, b[r]);
+        }
+    }
+    for (; d < D; d += 8) {
+        kvp_v8 a[RB];
+        for (int r = 0; r < RB; r++) a[r] = v8_loadf(acc + r * D + d);
+        for (int i = 0; i < n; i++) {
+            kvp_v8 v0 = v8_load_elem(vbase, off[i] + d, T, lut);
+            for (int r = 0; r < RB; r++) a[r] = v8_fma(v8_set1(P[r * TILE + i]), v0, a[r]);
+        }
+        for (int r = 0; r < RB; r++) v8_storef(acc + r * D + d, a[r]);
+    }
+}
+
+KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kvp_dtype T)
+{
+    const kvp_paged_kv *kv = j->kv;
+    const int rows = it->nq * it->ng;
+    const int32_t L = kvp_paged_kv_seq_len(kv, it->seq), nqs = num_q(j, it->seq);
+    float qs[MAXROWS * MAXD], acc[MAXROWS * MAXD], S[MAXROWS * TILE], m[MAXROWS], l[MAXROWS];
+    int32_t lo[MAXROWS], hi[MAXROWS];
+    int64_t off[TILE];
+
+    /* Row r = (query token it->q0 + r / ng, query head kvh * group + g0 + r % ng); its keys [lo, hi). */
+    int32_t lo_min = INT32_MAX, lo_max = 0, hi_min = INT32_MAX, hi_max = 0;
+    for (int r = 0; r < rows; r++) {
+        int32_t tok = it->q0 + r / it->ng, head = it->kvh * j->group + it->g0 + r % it->ng;
+        const float *q = j->q + (q_row(j, it->seq, tok) * j->hq + head) * (int64_t)D;
+        for (int d = 0; d < D; d++) qs[r * D + d] = q[d] * j->qscale;
+        for (int d = 0; d < D; d++) acc[r * D + d] = 0.0f;
+        int32_t pos = L - nqs + tok;
+        int32_t a = j->window_left >= 0 && pos - j->window_left > 0 ? pos - j->window_left : 0, b = pos + 1;
+        a = a > it->c0 ? a : it->c0;
+        b = b < it->c1 ? b : it->c1;
+        if (b < a) b = a;
+        lo[r] = a;
+        hi[r] = b;
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+        lo_min = a < lo_min ? a : lo_min;
+        lo_max = a > lo_max ? a : lo_max;
+        hi_min = b < hi_min ? b : hi_min;
+        hi_max = b > hi_max ? b : hi_max;
+    }
+    const int32_t hoff = it->kvh;
+    const int32_t *pages = kv->kv_indices + kv->kv_indptr[it->seq];
+    for (int32_t ts = lo_min; ts < hi_max; ts += TILE) {
+        int n = hi_max - ts < TILE ? hi_max - ts : TILE;
+        /* page-table walk: one division per tile, then increments */
+        int32_t pg = ts / kv->block_size, slot = ts % kv->block_size;
+        for (int i = 0; i < n; i++) {
+            off[i] = kvp_paged_kv_elem_offset(kv, pages[pg], hoff, slot);
+            if (++slot == kv->block_size) {
+                slot = 0;
+                pg++;
+            }
+        }
+        int r = 0;
+        for (; r + 4 <= rows; r += 4) scores_rb(qs + r * D, kv->k, off, n, S + r * TILE, 4, D, T, j->lut);
+        for (; r + 2 <= rows; r += 2) scores_rb(qs + r * D, kv->k, off, n, S + r * TILE, 2, D, T, j->lut);
+        for (; r < rows; r++) scores_rb(qs + r * D, kv->k, off, n, S + r * TILE, 1, D, T, j->lut);
+        const int masked = !(ts >= lo_max && ts + n <= hi_min);
+        for (r = 0; r < rows; r++) {
+            float *s = S + r * TILE;
+            if (masked)
+                for (int i = 0; i < n; i++)
+                    if (ts + i < lo[r] || ts + i >= hi[r]) s[i] = -INFINITY;
+            float mt = -INFINITY;
+            for (int i = 0; i < n; i++) mt = s[i] > mt ? s[i] : mt;
+            if (mt == -INFINITY) {
+                for (int i = 0; i < n; i++) s[i] = 0.0f;
+                continue;
+            }
+            float mn = mt > m[r] ? mt : m[r], sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+            for (int i = 0; i < n; i++) {
+                s[i] = exp2_fast(s[i] - mn);
+                sum += s[i];
+            }
+            if (mn != m[r]) {
+                float alpha = exp2_fast(m[r] - mn);
+                l[r] *= alpha;
+                for (int d = 0; d < D; d++) acc[r * D + d] *= alpha;
+                m[r] = mn;
+            }
+            l[r] += sum;
+        }
+        r = 0;
+        for (; r + 4 <= rows; r += 4) values_rb(acc + r * D, S + r * TILE, kv->v, off, n, 4, D, T, j->lut);
+        for (; r + 2 <= rows; r += 2) values_rb(acc + r * D, S + r * TILE, kv->v, off, n, 2, D, T, j->lut);
+        for (; r < rows; r++) values_rb(acc + r * D, S + r * TILE, kv->v, off, n, 1, D, T, j->lut);
+    }
+    for (int r = 0; r < rows; r++) {
+        int32_t tok = it->q0 + r / it->ng, head = it->kvh * j->group + it->g0 + r % it->ng;
+        float inv = l[r] > 0.0f ? j->oscale / l[r] : 0.0f;
+        float lse2 = l[r] > 0.0f ? m[r] + log2f(l[r]) : -INFINITY;
+        float *o;
+        if (it->part < 0) {
+            int64_t row = q_row(j, it->seq, tok) * j->hq + head;
+            o = j->out + row * D;
+            if (j->lse) j->lse[row] = lse2 * 0.6931471805599453f;
+        } else {
+            o = j->part_o + (it->part + r) * D;
+            j->part_lse[it->part + r] = lse2;
+        }
+        for (int d = 0; d < D; d++) o[d] = acc[r * D + d] * inv;
+    }
+}
+
+static void merge_rows(const job_t *j, const merge_t *mg, int D)
+{
+    const int rows = mg->nq * mg->ng;
+    for (int r = 0; r < rows; r++) {
+        int32_t tok = mg->q0 + r / mg->ng, head = mg->kvh * j->group + mg->g0 + r % mg->ng;
+        int64_t row = q_row(j, mg->seq, tok) * j->hq + head;
+        float M = -INFINITY;
+        for (int c = 0; c < mg->nchunks; c++) {
+            float x = j->part_lse[mg->part + (int64_t)c * rows + r];
+            M = x > M ? x : M;
+        }
+        float *o = j->out + row * D;
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
+        if (M == -INFINITY) {
+            if (j->lse) j->lse[row] = -INFINITY;
+            continue;
+        }
+        float wsum = 0.0f;
+        for (int c = 0; c < mg->nchunks; c++) {
+            int64_t pr = mg->part + (int64_t)c * rows + r;
+            float w = exp2f(j->part_lse[pr] - M);
+            if (w == 0.0f) continue;
+            wsum += w;
+            const float *po = j->part_o + pr * D;
+            for (int d = 0; d < D; d++) o[d] += w * po[d];
+        }
+        for (int d = 0; d < D; d++) o[d] /= wsum;
+        if (j->lse) j->lse[row] = (M + log2f(wsum)) * 0.6931471805599453f;
+    }
+}
+
+typedef void (*item_fn)(const job_t *, const item_t *);
+
+#define KVP_ITEM_FN(T, TN, D) \
+    static void item_##TN##_##D(const job_t *j, const item_t *it) { run_item(j, it, D, T); }
+#define KVP_ITEM_FNS(T, TN) \
+    KVP_ITEM_FN(T, TN, 8)   \
+    KVP_ITEM_FN(T, TN, 16)  \
+    KVP_ITEM_FN(T, TN, 32)  \
+    KVP_ITEM_FN(T, TN, 64)  \
+    KVP_ITEM_FN(T, TN, 80)  \
+    KVP_ITEM_FN(T, TN, 96)  \
+    KVP_ITEM_FN(T, TN, 128) \
+    KVP_ITEM_FN(T, TN, 256)
+KVP_ITEM_FNS(KVP_DTYPE_F32, f32)
+KVP_ITEM_FNS(KVP_DTYPE_F16, f16)
+KVP_ITEM_FNS(KVP_DTYPE_BF16, bf16)
+KVP_ITEM_FNS(KVP_DTYPE_FP8_E4M3, fp8)
+
+#define KVP_ITEM_ROW(TN)                                                                                     \
+    {item_##TN##_8, item_##TN##_16, item_##TN##_32, item_##TN##_64, item_##TN##_80, item_##TN##_96,          \
+     item_##TN##_128, item_##TN##_256}
+static const item_fn k_dispatch[KVP_DTYPE_COUNT][NUM_HEAD_DIMS] = {KVP_ITEM_ROW(f32), KVP_ITEM_ROW(f16),
+                                                                   KVP_ITEM_ROW(bf16), KVP_ITEM_ROW(fp8)};
+
+/* Validates, plans items (and splits), runs them on the thread pool, merges split rows. */
+static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *qo_indptr, float *out,
+                         const kvp_attn_params *p, const char *what)
+{
+    KVP_TRY(kvp_paged_kv_check(kv, 1));
+    if (q == NULL || out == NULL || p == NULL) return KVP_ERR(KVP_EINVAL, "%s: q, out or params is NULL", what);
+    const int32_t D = kv->head_dim, hkv = kv->num_kv_heads, hq = p->num_q_heads;
+    if (!kvp_attn_supported(kv->dtype, D))
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: head_dim %d with dtype %s is not supported (head_dim 8, 16, 32, 64, "
+                       "80, 96, 128 or 256)", what, D, kvp_dtype_name(kv->dtype));
+    if (hq < 1 || hq % hkv != 0)
+        return KVP_ERR(KVP_EINVAL, "%s: num_q_heads %d is not a positive multiple of num_kv_heads %d", what, hq, hkv);
+    if (!(p->sm_scale >= 0.0f) || isinf(p->sm_scale))
+        return KVP_ERR(KVP_EINVAL, "%s: sm_scale %g must be finite and >= 0", what, (double)p->sm_scale);
+    if (p->window_left < -1) return KVP_ERR(KVP_EINVAL, "%s: window_left %d < -1", what, p->window_left);
+    if (p->kv_chunk_size < 0) return KVP_ERR(KVP_EINVAL, "%s: kv_chunk_size %d < 0", what, p->kv_chunk_size);
+    if (qo_indptr && kv->num_seqs > 0 && qo_indptr[0] != 0)
+        return KVP_ERR(KVP_EINVAL, "%s: qo_indptr[0] = %d, must be 0", what, qo_indptr[0]);
+    const int32_t group = hq / hkv;
+    const int32_t ng = group < MAXROWS ? group : MAXROWS, qt = MAXROWS / ng;
+    const int nt = kvp_attn_get_threads();
+
+    /* Count base items (without splits) and find the longest sequence. */
+    int64_t base = 0;
+    int32_t maxlen = 0;
+    for (int32_t s = 0; s < kv->num_seqs; s++) {
+        int32_t L = kvp_paged_kv_seq_len(kv, s), nq = qo_indptr ? qo_indptr[s + 1] - qo_indptr[s] : 1;
+        if (nq < 0) return KVP_ERR(KVP_EINVAL, "%s: qo_indptr decreases at sequence %d", what, s);
+        if (nq > L)
+            return KVP_ERR(KVP_EINVAL, "%s: sequence %d has %d query tokens but only %d tokens in the cache "
+                           "(append the new tokens' K/V first)", what, s, nq, L);
+        base += (int64_t)((nq + qt - 1) / qt) * hkv * ((group + ng - 1) / ng);
+        maxlen = L > maxlen ? L : maxlen;
+    }
+    int64_t chunk = p->kv_chunk_size;
+    if (chunk == 0) {
+        /* split only when there are too few items to keep every thread busy */
+        chunk = INT32_MAX;
+        if (nt > 1 && base > 0 && base < 8 * (int64_t)nt) {
+            int64_t nsplit = (8 * (int64_t)nt + base - 1) / base;
+            chunk = (maxlen + nsplit - 1) / nsplit;
+            if (chunk < 256) chunk = 256;
+        }
+    }
+    /* Plan: items, merges, partial rows. */
+    int64_t nitems = 0, nmerges = 0, nparts = 0;
+    for (int32_t s = 0; s < kv->num_seqs; s++) {
+        int32_t L = kvp_paged_kv_seq_len(kv, s), nq = qo_indptr ? qo_indptr[s + 1] - qo_indptr[s] : 1;
+        int64_t groups = (int64_t)((nq + qt - 1) / qt) * hkv * ((group + ng - 1) / ng);
+        int64_t nc = L > chunk ? (L + chunk - 1) / chunk : 1;
+        nitems += groups * nc;
+        if (nc > 1) {
+            nmerges += groups;
+            nparts += nc * (int64_t)nq * hq; /* every row of the sequence, nc times */
+        }
+    }
+    item_t *items = kvp_malloc((size_t)(nitems + 1) * sizeof *items);
+    merge_t *merges = kvp_malloc((size_t)(nmerges + 1) * sizeof *merges);
+    float *part_o = kvp_malloc((size_t)(nparts + 1) * (size_t)D * sizeof(float));
+    float *part_lse = kvp_malloc((size_t)(nparts + 1) * sizeof(float));
+    if (!items || !merges || !part_o || !part_lse) {
+        kvp_free(items);
+        kvp_free(merges);
+        kvp_free(part_o);
+        kvp_free(part_lse);
+        return KVP_ERR(KVP_ENOMEM, "%s: out of memory for the work plan (%lld items, %lld partial rows)", what,
+                       (long long)nitems, (long long)nparts);
+    }
+    int64_t ni = 0, nm = 0, np = 0;
+    for (int32_t s = 0; s < kv->num_seqs; s++) {
+        int32_t L = kvp_paged_kv_seq_len(kv, s), nq = qo_indptr ? qo_indptr[s + 1] - qo_indptr[s] : 1;
+        int64_t nc = L > chunk ? (L + chunk - 1) / chunk : 1;
+        for (int32_t q0 = 0; q0 < nq; q0 += qt)
+            for (int32_t h = 0; h < hkv; h++)
+                for (int32_t g0 = 0; g0 < group; g0 += ng) {
+                    int32_t tq = nq - q0 < qt ? nq - q0 : qt, tg = group - g0 < ng ? group - g0 : ng;
+                    int64_t part = -1;
+                    if (nc > 1) {
+                        part = np;
+                        merges[nm++] = (merge_t){s, h, q0, tq, g0, tg, (int32_t)nc, np};
+                        np += nc * tq * tg;
+                    }
+                    for (int64_t c = 0; c < nc; c++) {
+                        int32_t c0 = (int32_t)(c * chunk), c1 = (int32_t)((c + 1) * chunk < L ? (c + 1) * chunk : L);
+                        if (nc == 1) c0 = 0, c1 = L;
+                        items[ni++] = (item_t){s, h, q0, tq, g0, tg, c0, c1, part < 0 ? -1 : part + c * tq * tg};
+                    }
+                }
+    }
+    float lut[256];
+    for (int c = 0; c < 256; c++) lut[c] = kvp_fp8e4m3_to_f32((uint8_t)c);
+    const int fp8 = kv->dtype == KVP_DTYPE_FP8_E4M3;
+    float sm = p->sm_scale > 0.0f ? p->sm_scale : 1.0f / sqrtf((float)D);
+    job_t j = {.kv = kv, .q = q, .out = out, .qo_indptr = qo_indptr, .hq = hq, .group = group,
+               .window_left = p->window_left, .qscale = sm * 1.4426950408889634f * (fp8 ? kv->k_scale : 1.0f),
+               .oscale = fp8 ? kv->v_scale : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse, .lut = lut};
+    item_fn fn = k_dispatch[kv->dtype][head_dim_index(D)];
+    int threads = nitems < nt ? (int)(nitems > 0 ? nitems : 1) : nt;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < nitems; i++) fn(&j, &items[i]);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t i = 0; i < nmerges; i++) merge_rows(&j, &merges[i], D);
+    }
+    kvp_free(items);
+    kvp_free(merges);
+    kvp_free(part_o);
+    kvp_free(part_lse);
+    return KVP_OK;
+}
+
+kvp_status kvp_attn_decode_cpu(const kvp_paged_kv *kv, const float *q, float *out, const kvp_attn_params *p)
+{
+    if (kv != NULL)
+        for (int32_t s = 0; s < kv->num_seqs && kv->kv_indptr; s++)
+            if (kv->kv_indptr[s + 1] <= kv->kv_indptr[s])
+                return KVP_ERR(KVP_EINVAL, "decode: sequence %d is empty (decode needs seq_len >= 1)", s);
+    return attend(kv, q, NULL, out, p, "decode");
+}
+
+kvp_status kvp_attn_prefill_cpu(const kvp_paged_kv *kv, const float *q, const int32_t *qo_indptr, float *out,
+                                const kvp_attn_params *p)
+{
+    if (qo_indptr == NULL) return KVP_ERR(KVP_EINVAL, "prefill: qo_indptr is NULL");
+    return attend(kv, q, qo_indptr, out, p, "prefill");
+}

@@ -1,0 +1,118 @@
+/* attention/attn_simd.h — private: an 8-lane float vector for the CPU kernels, with loads that convert
+ * the pool's element type in registers (f16 by F16C, bf16 by a shift, fp8 by a 256-entry table).
+ * AVX2+FMA+F16C when the build targets them (Release: -march=x86-64-v3), portable C otherwise. */
+#ifndef KVP_ATTENTION_ATTN_SIMD_H
+#define KVP_ATTENTION_ATTN_SIMD_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "attention/paged_kv.h"
+
+#define KVP_INLINE static inline __attribute__((always_inline))
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#define KVP_ATTN_SIMD "avx2"
+typedef __m256 kvp_v8;
+KVP_INLINE kvp_v8 v8_zero(void) { return _mm256_setzero_ps(); }
+KVP_INLINE kvp_v8 v8_set1(float x) { return _mm256_set1_ps(x); }
+KVP_INLINE kvp_v8 v8_loadf(const float *p) { return _mm256_loadu_ps(p); }
+KVP_INLINE void v8_storef(float *p, kvp_v8 a) { _mm256_storeu_ps(p, a); }
+KVP_INLINE kvp_v8 v8_fma(kvp_v8 a, kvp_v8 b, kvp_v8 c) { return _mm256_fmadd_ps(a, b, c); }
+KVP_INLINE kvp_v8 v8_add(kvp_v8 a, kvp_v8 b) { return _mm256_add_ps(a, b); }
+KVP_INLINE kvp_v8 v8_mul(kvp_v8 a, kvp_v8 b) { return _mm256_mul_ps(a, b); }
+KVP_INLINE float v8_hsum(kvp_v8 a)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+KVP_INLINE kvp_v8 v8_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+KVP_INLINE kvp_v8 v8_load_bf16(const uint16_t *p)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p, const float *lut)
+{
+    return _mm256_i32gather_ps(lut, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), 4);
+}
+#else
+#define KVP_ATTN_SIMD "portable"
+typedef struct {
+    float x[8];
+} kvp_v8;
+KVP_INLINE kvp_v8 v8_zero(void)
+{
+    kvp_v8 r;
+    for (int i = 0; i < 8; i++) r.x[i] = 0.0f;
+    return r;
+}
+KVP_INLINE kvp_v8 v8_set1(float x)
+{
+    kvp_v8 r;
+    for (int i = 0; i < 8; i++) r.x[i] = x;
+    return r;
+}
+KVP_INLINE kvp_v8 v8_loadf(const float *p)
+{
+    kvp_v8 r;
+    memcpy(r.x, p, sizeof r.x);
+    return r;
+}
+KVP_INLINE void v8_storef(float *p, kvp_v8 a) { memcpy(p, a.x, sizeof a.x); }
+KVP_INLINE kvp_v8 v8_fma(kvp_v8 a, kvp_v8 b, kvp_v8 c)
+{
+    for (int i = 0; i < 8; i++) c.x[i] += a.x[i] * b.x[i];
+    return c;
+}
+KVP_INLINE kvp_v8 v8_add(kvp_v8 a, kvp_v8 b)
+{
+    for (int i = 0; i < 8; i++) a.x[i] += b.x[i];
+    return a;
+}
+KVP_INLINE kvp_v8 v8_mul(kvp_v8 a, kvp_v8 b)
+{
+    for (int i = 0; i < 8; i++) a.x[i] *= b.x[i];
+    return a;
+}
+KVP_INLINE float v8_hsum(kvp_v8 a)
+{
+    return ((a.x[0] + a.x[4]) + (a.x[2] + a.x[6])) + ((a.x[1] + a.x[5]) + (a.x[3] + a.x[7]));
+}
+KVP_INLINE kvp_v8 v8_load_f16(const uint16_t *p)
+{
+    kvp_v8 r;
+    for (int i = 0; i < 8; i++) r.x[i] = kvp_f16_to_f32(p[i]);
+    return r;
+}
+KVP_INLINE kvp_v8 v8_load_bf16(const uint16_t *p)
+{
+    kvp_v8 r;
+    for (int i = 0; i < 8; i++) {
+        uint32_t u = (uint32_t)p[i] << 16;
+        memcpy(&r.x[i], &u, 4);
+    }
+    return r;
+}
+KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p, const float *lut)
+{
+    kvp_v8 r;
+    for (int i = 0; i < 8; i++) r.x[i] = lut[p[i]];
+    return r;
+}
+#endif
+
+/* 8 elements of type T at element offset off of pool base, as floats (fp8: unscaled code values). */
+KVP_INLINE kvp_v8 v8_load_elem(const void *base, int64_t off, const kvp_dtype T, const float *lut)
+{
+    switch (T) {
+    case KVP_DTYPE_F16: return v8_load_f16((const uint16_t *)base + off);
+    case KVP_DTYPE_BF16: return v8_load_bf16((const uint16_t *)base + off);
+    case KVP_DTYPE_FP8_E4M3: return v8_load_fp8((const uint8_t *)base + off, lut);
+    default: return v8_loadf((const float *)base + off);
+    }
+}
+
+#endif

@@ -1,0 +1,547 @@
+/* Paged attention kernels (CPU) against the dense float64 references.
+ *
+ * Every case builds a random, non-identity page table over a pool with spare blocks, pours NaN into every
+ * slot of both pools first, then writes the sequences' K/V through append_kv (with -1 padding tokens that
+ * must be skipped). A kernel that reads any slot it should not (spare block, tail of a partly filled last
+ * block, another head) produces NaN and fails the comparison.
+ *
+ * Error measure: err = max|out - ref| / max|ref| over the whole output tensor.
+ *  - against the reference on the values the pool actually holds (dequantized): err < 1e-5 for every dtype
+ *    (the kernels compute in f32 on exactly those values);
+ *  - against the reference on the original f32 inputs (quantization included): err < 1e-2 for f16/bf16,
+ *    < 6e-2 for fp8-e4m3 (3 mantissa bits: half an ulp is 6.25 % of an element before averaging).
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "attention/attention.h"
+#include "common/alloc.h"
+
+typedef struct {
+    uint64_t s;
+} rng_t;
+
+static uint32_t rnd(rng_t *r)
+{
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (uint32_t)(r->s >> 11);
+}
+static float rndf(rng_t *r) { return (float)(rnd(r) % 2000001) / 1000000.0f - 1.0f; } /* [-1, 1] */
+
+typedef struct {
+    kvp_paged_kv kv;
+    int32_t num_seqs, hkv, D, bs, total;
+    int32_t *indptr, *indices, *last, *seq_indptr; /* page table; dense token offsets per sequence */
+    float *kd, *vd;                                /* (total, hkv, D) values the pool holds */
+    float *kraw, *vraw;                            /* (total, hkv, D) original inputs */
+} kcase;
+
+static float dequant(float x, kvp_dtype t, float scale)
+{
+    switch (t) {
+    case KVP_DTYPE_F16: return kvp_f16_to_f32(kvp_f32_to_f16(x));
+    case KVP_DTYPE_BF16: return kvp_bf16_to_f32(kvp_f32_to_bf16(x));
+    case KVP_DTYPE_FP8_E4M3: return kvp_fp8e4m3_to_f32(kvp_f32_to_fp8e4m3(x / scale)) * scale;
+    default: return x;
+    }
+}
+
+static void pour_nan(kvp_paged_kv *kv)
+{
+    size_t n = kvp_paged_kv_pool_bytes(kv) / kvp_dtype_size(kv->dtype);
+    for (int pool = 0; pool < 2; pool++) {
+        void *p = pool ? kv->v : kv->k;
+        for (size_t i = 0; i < n; i++) switch (kv->dtype) {
+            case KVP_DTYPE_F32: ((float *)p)[i] = NAN; break;
+            case KVP_DTYPE_F16: ((uint16_t *)p)[i] = 0x7e00; break;
+            case KVP_DTYPE_BF16: ((uint16_t *)p)[i] = 0x7fc0; break;
+            default: ((uint8_t *)p)[i] = 0x7f; break;
+            }
+    }
+}
+
+/* Builds sequences of the given lengths; spare blocks and unused slots hold NaN. */
+static void case_build(kcase *c, kvp_dtype t, int32_t D, int32_t hkv, int32_t bs, int32_t num_seqs,
+                       const int32_t *lens, uint64_t seed)
+{
+    memset(c, 0, sizeof *c);
+    rng_t r = {seed * 2654435761u + 1};
+    c->num_seqs = num_seqs, c->hkv = hkv, c->D = D, c->bs = bs;
+    c->indptr = kvp_calloc((size_t)num_seqs + 1, sizeof(int32_t));
+    c->seq_indptr = kvp_calloc((size_t)num_seqs + 1, sizeof(int32_t));
+    c->last = kvp_calloc((size_t)num_seqs + 1, sizeof(int32_t));
+    for (int32_t s = 0; s < num_seqs; s++) {
+        int32_t pages = (lens[s] + bs - 1) / bs;
+        c->indptr[s + 1] = c->indptr[s] + pages;
+        c->seq_indptr[s + 1] = c->seq_indptr[s] + lens[s];
+        c->last[s] = pages ? lens[s] - (pages - 1) * bs : 0;
+    }
+    c->total = c->seq_indptr[num_seqs];
+    int32_t npages = c->indptr[num_seqs], nblocks = npages + 5;
+    int32_t *perm = kvp_malloc(sizeof(int32_t) * (size_t)nblocks);
+    for (int32_t i = 0; i < nblocks; i++) perm[i] = i;
+    for (int32_t i = nblocks - 1; i > 0; i--) {
+        int32_t j = (int32_t)(rnd(&r) % (uint32_t)(i + 1)), x = perm[i];
+        perm[i] = perm[j], perm[j] = x;
+    }
+    if (perm[0] == 0) perm[0] = perm[nblocks - 1], perm[nblocks - 1] = 0; /* never the identity */
+    c->indices = perm;
+    cr_assert_eq(kvp_paged_kv_init(&c->kv, t, nblocks, hkv, bs, D), KVP_OK, "%s", kvp_error_detail());
+    if (t == KVP_DTYPE_FP8_E4M3) c->kv.k_scale = 0.01f, c->kv.v_scale = 0.004f;
+    cr_assert_eq(kvp_paged_kv_alloc_pools(&c->kv), KVP_OK);
+    kvp_paged_kv_set_pages(&c->kv, num_seqs, c->indptr, c->indices, c->last);
+    pour_nan(&c->kv);
+
+    /* tokens in a shuffled order, with -1 padding tokens of garbage between them */
+    size_t row = (size_t)hkv * D;
+    int32_t ntok = c->total + c->total / 4 + 1;
+    float *k = kvp_malloc(sizeof(float) * row * (size_t)ntok), *v = kvp_malloc(sizeof(float) * row * (size_t)ntok);
+    int64_t *slots = kvp_malloc(sizeof(int64_t) * (size_t)ntok);
+    c->kd = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
+    c->vd = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
+    c->kraw = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
+    c->vraw = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
+    for (int32_t i = 0; i < ntok; i++) {
+        slots[i] = -1;
+        for (size_t e = 0; e < row; e++) k[i * row + e] = v[i * row + e] = 1e30f;
+    }
+    int32_t next = 0;
+    for (int32_t s = 0; s < num_seqs; s++)
+        for (int32_t j = 0; j < lens[s]; j++, next++) {
+            int32_t tok = c->seq_indptr[s] + j, at = next + next / 4; /* every 5th input row is padding */
+            slots[at] = (int64_t)c->indices[c->indptr[s] + j / bs] * bs + j % bs;
+            for (size_t e = 0; e < row; e++) {
+                float kx = rndf(&r), vx = rndf(&r);
+                k[at * row + e] = c->kraw[tok * row + e] = kx;
+                v[at * row + e] = c->vraw[tok * row + e] = vx;
+                c->kd[tok * row + e] = dequant(kx, t, c->kv.k_scale);
+                c->vd[tok * row + e] = dequant(vx, t, c->kv.v_scale);
+            }
+        }
+    cr_assert_eq(kvp_attn_append_kv_cpu(&c->kv, k, v, slots, ntok), KVP_OK, "%s", kvp_error_detail());
+    kvp_free(k);
+    kvp_free(v);
+    kvp_free(slots);
+}
+
+static void case_free(kcase *c)
+{
+    kvp_paged_kv_free_pools(&c->kv);
+    kvp_free(c->indptr);
+    kvp_free(c->indices);
+    kvp_free(c->last);
+    kvp_free(c->seq_indptr);
+    kvp_free(c->kd);
+    kvp_free(c->vd);
+    kvp_free(c->kraw);
+    kvp_free(c->vraw);
+}
+
+static float *randv(size_t n, uint64_t seed)
+{
+    rng_t r = {seed * 7919u + 3};
+    float *x = kvp_malloc(sizeof(float) * (n + 1));
+    for (size_t i = 0; i < n; i++) x[i] = rndf(&r) * 2.0f;
+    return x;
+}
+
+static double rel_err(const float *a, const float *ref, size_t n)
+{
+    double num = 0, den = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)ref[i]);
+        if (!(d <= num)) num = d; /* NaN propagates */
+        if (fabs((double)ref[i]) > den) den = fabs((double)ref[i]);
+    }
+    return den > 0 ? num / den : num;
+}
+
+static const kvp_dtype k_dtypes[] = {KVP_DTYPE_F32, KVP_DTYPE_F16, KVP_DTYPE_BF16, KVP_DTYPE_FP8_E4M3};
+static const int32_t k_dims[] = {8, 16, 32, 64, 80, 96, 128, 256};
+static const int32_t k_groups[] = {1, 2, 4, 8};
+static const int32_t k_block_sizes[] = {1, 5, 16, 32};
+
+static double quant_bound(kvp_dtype t) { return t == KVP_DTYPE_F32 ? 1e-5 : t == KVP_DTYPE_FP8_E4M3 ? 6e-2 : 1e-2; }
+
+Test(attention, decode_matches_reference_every_dtype_head_dim_gqa)
+{
+    int n = 0;
+    for (int ti = 0; ti < 4; ti++)
+        for (int di = 0; di < 8; di++)
+            for (int gi = 0; gi < 4; gi++, n++) {
+                kvp_dtype t = k_dtypes[ti];
+                int32_t D = k_dims[di], G = k_groups[gi], bs = k_block_sizes[n % 4], hkv = 2, hq = hkv * G;
+                uint64_t seed = 1000 + (uint64_t)n;
+                /* one sequence at the maximum length (full pages), others partly filled, one of length 1 */
+                int32_t maxlen = 6 * bs > 96 ? 6 * bs : 96;
+                int32_t lens[4] = {maxlen, 1, 1 + (int32_t)(seed * 37 % (uint64_t)maxlen), bs + 1};
+                kcase c;
+                case_build(&c, t, D, hkv, bs, 4, lens, seed);
+                size_t nout = (size_t)4 * hq * D;
+                float *q = randv(nout, seed), *out = kvp_malloc(sizeof(float) * nout);
+                float *ref = kvp_malloc(sizeof(float) * nout), *raw = kvp_malloc(sizeof(float) * nout);
+                kvp_attn_params p = kvp_attn_default_params(hq);
+                cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
+                cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 4, hkv, D, q, ref, &p), KVP_OK);
+                cr_assert_eq(kvp_attn_decode_ref(c.kraw, c.vraw, c.seq_indptr, 4, hkv, D, q, raw, &p), KVP_OK);
+                double e = rel_err(out, ref, nout), eq = rel_err(out, raw, nout);
+                cr_assert(e < 1e-5, "decode %s D=%d G=%d bs=%d seed=%llu: err %g", kvp_dtype_name(t), D, G, bs,
+                          (unsigned long long)seed, e);
+                cr_assert(eq < quant_bound(t), "decode vs unquantized %s D=%d G=%d: err %g", kvp_dtype_name(t), D, G, eq);
+                kvp_free(q), kvp_free(out), kvp_free(ref), kvp_free(raw);
+                case_free(&c);
+            }
+}
+
+/* Prefill with a cached prefix: sequence s has lens[s] tokens of which nq[s] are new. */
+static void check_prefill(kvp_dtype t, int32_t D, int32_t G, int32_t bs, int32_t window, uint64_t seed)
+{
+    int32_t hkv = 2, hq = hkv * G;
+    int32_t lens[4] = {70, 33, 9, 100}, nq[4] = {70, 5, 0, 37};
+    int32_t qo[5] = {0};
+    for (int s = 0; s < 4; s++) qo[s + 1] = qo[s] + nq[s];
+    kcase c;
+    case_build(&c, t, D, hkv, bs, 4, lens, seed);
+    size_t nout = (size_t)qo[4] * hq * D;
+    float *q = randv(nout, seed), *out = kvp_malloc(sizeof(float) * nout), *ref = kvp_malloc(sizeof(float) * nout);
+    float *lse = kvp_malloc(sizeof(float) * (size_t)qo[4] * hq), *lse_ref = kvp_malloc(sizeof(float) * (size_t)qo[4] * hq);
+    kvp_attn_params p = kvp_attn_default_params(hq);
+    p.window_left = window;
+    p.sm_scale = 0.3f;
+    p.lse = lse;
+    cr_assert_eq(kvp_attn_prefill_cpu(&c.kv, q, qo, out, &p), KVP_OK, "%s", kvp_error_detail());
+    p.lse = lse_ref;
+    cr_assert_eq(kvp_attn_prefill_ref(c.kd, c.vd, c.seq_indptr, 4, hkv, D, q, qo, ref, &p), KVP_OK);
+    double e = rel_err(out, ref, nout), el = rel_err(lse, lse_ref, (size_t)qo[4] * hq);
+    cr_assert(e < 1e-5, "prefill %s D=%d G=%d bs=%d window=%d seed=%llu: err %g", kvp_dtype_name(t), D, G, bs, window,
+              (unsigned long long)seed, e);
+    cr_assert(el < 1e-5, "prefill lse %s D=%d G=%d: err %g", kvp_dtype_name(t), D, G, el);
+    kvp_free(q), kvp_free(out), kvp_free(ref), kvp_free(lse), kvp_free(lse_ref);
+    case_free(&c);
+}
+
+Test(attention, prefill_matches_reference_causal_over_prefix)
+{
+    int n = 0;
+    for (int ti = 0; ti < 4; ti++)
+        for (int di = 0; di < 8; di += 1)
+            for (int gi = 0; gi < 4; gi++, n++)
+                if ((n % 3) == 0 || k_dims[di] == 128) check_prefill(k_dtypes[ti], k_dims[di], k_groups[gi], k_block_sizes[n % 4], -1, 2000 + n);
+}
+
+Test(attention, sliding_window_matches_reference)
+{
+    int32_t windows[] = {0, 1, 7, 16, 50};
+    for (int w = 0; w < 5; w++) check_prefill(KVP_DTYPE_F32, 64, 4, 16, windows[w], 3000 + w);
+    check_prefill(KVP_DTYPE_F16, 128, 8, 1, 31, 3100);
+    /* decode with a window */
+    int32_t lens[3] = {300, 17, 64};
+    kcase c;
+    case_build(&c, KVP_DTYPE_BF16, 128, 2, 16, 3, lens, 3200);
+    size_t nout = (size_t)3 * 8 * 128;
+    float *q = randv(nout, 5), *out = kvp_malloc(sizeof(float) * nout), *ref = kvp_malloc(sizeof(float) * nout);
+    kvp_attn_params p = kvp_attn_default_params(8);
+    p.window_left = 40;
+    p.kv_chunk_size = 32; /* chunks wholly outside the window must contribute nothing */
+    cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 3, 2, 128, q, ref, &p), KVP_OK);
+    cr_assert(rel_err(out, ref, nout) < 1e-5, "windowed decode err %g", rel_err(out, ref, nout));
+    kvp_free(q), kvp_free(out), kvp_free(ref);
+    case_free(&c);
+}
+
+Test(attention, chunked_prefill_equals_one_shot)
+{
+    const int32_t L = 150, D = 64, G = 4, hkv = 2, hq = hkv * G, bs = 16;
+    int32_t lens[1] = {L};
+    kcase c;
+    case_build(&c, KVP_DTYPE_F16, D, hkv, bs, 1, lens, 4000);
+    size_t nout = (size_t)L * hq * D;
+    float *q = randv(nout, 4001), *one = kvp_malloc(sizeof(float) * nout), *chunked = kvp_malloc(sizeof(float) * nout);
+    kvp_attn_params p = kvp_attn_default_params(hq);
+    int32_t qo[2] = {0, L};
+    cr_assert_eq(kvp_attn_prefill_cpu(&c.kv, q, qo, one, &p), KVP_OK, "%s", kvp_error_detail());
+    /* the same prompt in chunks of 40, 1, 64, 45 tokens: the page table grows with each chunk */
+    int32_t cuts[] = {0, 40, 41, 105, 150};
+    for (int i = 0; i < 4; i++) {
+        int32_t len = cuts[i + 1], pages = (len + bs - 1) / bs;
+        int32_t indptr[2] = {0, pages}, last[1] = {len - (pages - 1) * bs}, cq[2] = {0, cuts[i + 1] - cuts[i]};
+        kvp_paged_kv kv = c.kv;
+        kvp_paged_kv_set_pages(&kv, 1, indptr, c.indices, last);
+        cr_assert_eq(kvp_attn_prefill_cpu(&kv, q + (size_t)cuts[i] * hq * D, cq, chunked + (size_t)cuts[i] * hq * D, &p),
+                     KVP_OK, "%s", kvp_error_detail());
+    }
+    double e = rel_err(chunked, one, nout);
+    cr_assert(e < 1e-6, "chunked vs one-shot prefill: err %g", e);
+    kvp_free(q), kvp_free(one), kvp_free(chunked);
+    case_free(&c);
+}
+
+Test(attention, split_decode_equals_unsplit_any_chunk_and_threads)
+{
+    int32_t lens[5] = {1000, 1, 257, 64, 700};
+    const int32_t D = 128, hkv = 2, G = 4, hq = hkv * G;
+    kcase c;
+    case_build(&c, KVP_DTYPE_F32, D, hkv, 16, 5, lens, 5000);
+    size_t nout = (size_t)5 * hq * D, nl = (size_t)5 * hq;
+    float *q = randv(nout, 5001), *base = kvp_malloc(sizeof(float) * nout), *out = kvp_malloc(sizeof(float) * nout);
+    float *lse0 = kvp_malloc(sizeof(float) * nl), *lse = kvp_malloc(sizeof(float) * nl);
+    kvp_attn_params p = kvp_attn_default_params(hq);
+    p.kv_chunk_size = INT32_MAX; /* never split */
+    p.lse = lse0;
+    kvp_attn_set_threads(1);
+    cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, base, &p), KVP_OK);
+    int32_t chunks[] = {1, 3, 16, 100, 256, 999, 0};
+    for (int th = 1; th <= 2; th++)
+        for (int i = 0; i < 7; i++) {
+            kvp_attn_set_threads(th);
+            p.kv_chunk_size = chunks[i];
+            p.lse = lse;
+            cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK);
+            double e = rel_err(out, base, nout), el = rel_err(lse, lse0, nl);
+            cr_assert(e < 1e-6 && el < 1e-6, "chunk %d threads %d: err %g lse err %g", chunks[i], th, e, el);
+        }
+    kvp_attn_set_threads(0);
+    cr_assert_geq(kvp_attn_get_threads(), 1);
+    kvp_free(q), kvp_free(base), kvp_free(out), kvp_free(lse0), kvp_free(lse);
+    case_free(&c);
+}
+
+Test(attention, one_long_sequence_auto_split_matches_reference)
+{
+    int32_t lens[1] = {6000};
+    kcase c;
+    case_build(&c, KVP_DTYPE_F16, 128, 1, 16, 1, lens, 6000); /* MQA: 1 KV head, 8 query heads */
+    size_t nout = (size_t)8 * 128;
+    float *q = randv(nout, 6001), *out = kvp_malloc(sizeof(float) * nout), *ref = kvp_malloc(sizeof(float) * nout);
+    kvp_attn_params p = kvp_attn_default_params(8);
+    kvp_attn_set_threads(2);
+    cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK);
+    kvp_attn_set_threads(0);
+    cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 1, 1, 128, q, ref, &p), KVP_OK);
+    cr_assert(rel_err(out, ref, nout) < 1e-5, "err %g", rel_err(out, ref, nout));
+    kvp_free(q), kvp_free(out), kvp_free(ref);
+    case_free(&c);
+}
+
+Test(attention, large_group_mqa_and_single_thread)
+{
+    /* 48 query heads on one KV head: more rows than one work item holds */
+    int32_t lens[2] = {90, 45};
+    kcase c;
+    case_build(&c, KVP_DTYPE_BF16, 64, 1, 8, 2, lens, 7000);
+    int32_t qo[3] = {0, 3, 4};
+    size_t nout = (size_t)4 * 48 * 64;
+    float *q = randv(nout, 7001), *out = kvp_malloc(sizeof(float) * nout), *ref = kvp_malloc(sizeof(float) * nout);
+    kvp_attn_params p = kvp_attn_default_params(48);
+    kvp_attn_set_threads(1);
+    cr_assert_eq(kvp_attn_prefill_cpu(&c.kv, q, qo, out, &p), KVP_OK, "%s", kvp_error_detail());
+    kvp_attn_set_threads(0);
+    cr_assert_eq(kvp_attn_prefill_ref(c.kd, c.vd, c.seq_indptr, 2, 1, 64, q, qo, ref, &p), KVP_OK);
+    cr_assert(rel_err(out, ref, nout) < 1e-5, "err %g", rel_err(out, ref, nout));
+    kvp_free(q), kvp_free(out), kvp_free(ref);
+    case_free(&c);
+}
+
+Test(attention, unsupported_head_dims_and_dtypes_rejected)
+{
+    kvp_paged_kv kv;
+    int32_t bad[] = {4, 12, 48, 100, 112, 160, 192, 512};
+    for (int i = 0; i < 8; i++) {
+        cr_assert(!kvp_attn_supported(KVP_DTYPE_F16, bad[i]));
+        cr_assert_eq(kvp_paged_kv_init(&kv, KVP_DTYPE_F16, 4, 1, 16, bad[i]), KVP_EUNSUPPORTED, "head_dim %d", bad[i]);
+    }
+    for (int i = 0; i < 8; i++)
+        for (int t = 0; t < 4; t++) cr_assert(kvp_attn_supported((kvp_dtype)t, k_dims[i]));
+    cr_assert_eq(kvp_paged_kv_init(&kv, (kvp_dtype)9, 4, 1, 16, 64), KVP_EINVAL);
+    /* a hand-made descriptor with an unsupported head_dim reaches the kernel: rejected, out untouched */
+    cr_assert_eq(kvp_paged_kv_init(&kv, KVP_DTYPE_F32, 4, 1, 16, 64), KVP_OK);
+    kv.head_dim = 100;
+    kv.stride_token = 100, kv.stride_head = 1600, kv.stride_block = 1600;
+    cr_assert_eq(kvp_paged_kv_alloc_pools(&kv), KVP_OK);
+    int32_t indptr[2] = {0, 1}, idx[1] = {2}, last[1] = {3};
+    kvp_paged_kv_set_pages(&kv, 1, indptr, idx, last);
+    float q[100] = {0}, out[100];
+    for (int i = 0; i < 100; i++) out[i] = 42.0f;
+    kvp_attn_params p = kvp_attn_default_params(1);
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EUNSUPPORTED);
+    cr_assert(strstr(kvp_error_message(), "head_dim 100") != NULL, "%s", kvp_error_message());
+    int32_t qo[2] = {0, 1};
+    cr_assert_eq(kvp_attn_prefill_cpu(&kv, q, qo, out, &p), KVP_EUNSUPPORTED);
+    for (int i = 0; i < 100; i++) cr_assert_eq(out[i], 42.0f);
+    kvp_paged_kv_free_pools(&kv);
+}
+
+Test(attention, bad_inputs_rejected_and_outputs_unchanged)
+{
+    int32_t lens[2] = {20, 7};
+    kcase c;
+    case_build(&c, KVP_DTYPE_F32, 32, 2, 4, 2, lens, 8000);
+    size_t nout = (size_t)2 * 4 * 32;
+    float *q = randv(nout, 1), *out = kvp_malloc(sizeof(float) * nout);
+    for (size_t i = 0; i < nout; i++) out[i] = 7.0f;
+    kvp_attn_params p = kvp_attn_default_params(4);
+    kvp_paged_kv kv = c.kv;
+    int32_t idx[16];
+    memcpy(idx, c.indices, sizeof(int32_t) * (size_t)c.indptr[2]);
+    kv.kv_indices = idx;
+    idx[3] = kv.num_blocks; /* block id out of range */
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "kv_indices[3]") != NULL, "%s", kvp_error_message());
+    idx[3] = -1;
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
+    kv.kv_indices = c.indices;
+    int32_t last[2] = {5, 3}; /* > block_size */
+    kv.kv_last_page_len = last;
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
+    kv.kv_last_page_len = c.last;
+    p.num_q_heads = 3; /* not a multiple of 2 KV heads */
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
+    p.num_q_heads = 4;
+    p.window_left = -2;
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
+    p.window_left = -1;
+    p.sm_scale = -1.0f;
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
+    p.sm_scale = 0.0f;
+    int32_t qo[3] = {0, 21, 22}; /* 21 new tokens in a sequence of 20 */
+    cr_assert_eq(kvp_attn_prefill_cpu(&kv, q, qo, out, &p), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "append") != NULL, "%s", kvp_error_message());
+    int32_t qo2[3] = {1, 2, 3};
+    cr_assert_eq(kvp_attn_prefill_cpu(&kv, q, qo2, out, &p), KVP_EINVAL);
+    int32_t indptr[3] = {0, 5, 5}, last2[2] = {4, 0}; /* an empty sequence cannot decode */
+    kvp_paged_kv_set_pages(&kv, 2, indptr, c.indices, last2);
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
+    for (size_t i = 0; i < nout; i++) cr_assert_eq(out[i], 7.0f, "output changed by a failed call");
+    kvp_free(q), kvp_free(out);
+    case_free(&c);
+}
+
+Test(attention, allocation_failure_leaves_output_unchanged)
+{
+    int32_t lens[2] = {40, 9};
+    kcase c;
+    case_build(&c, KVP_DTYPE_F16, 64, 2, 8, 2, lens, 9000);
+    size_t nout = (size_t)2 * 4 * 64;
+    float *q = randv(nout, 2), *out = kvp_malloc(sizeof(float) * nout), *good = kvp_malloc(sizeof(float) * nout);
+    kvp_attn_params p = kvp_attn_default_params(4);
+    p.kv_chunk_size = 8;
+    cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, good, &p), KVP_OK);
+    int failed = 0;
+    for (int64_t n = 1;; n++) {
+        for (size_t i = 0; i < nout; i++) out[i] = -3.0f;
+        kvp_alloc_fail_at(n);
+        kvp_status st = kvp_attn_decode_cpu(&c.kv, q, out, &p);
+        int64_t made = kvp_alloc_count();
+        kvp_alloc_fail_at(0);
+        if (made < n) {
+            cr_assert_eq(st, KVP_OK);
+            cr_assert_eq(memcmp(out, good, sizeof(float) * nout), 0);
+            break;
+        }
+        cr_assert_eq(st, KVP_ENOMEM, "allocation %lld failed but status %d", (long long)n, st);
+        for (size_t i = 0; i < nout; i++) cr_assert_eq(out[i], -3.0f);
+        failed++;
+    }
+    cr_assert_geq(failed, 1);
+    kvp_free(q), kvp_free(out), kvp_free(good);
+    case_free(&c);
+}
+
+Test(attention, append_cpu_matches_ref_and_rejects_bad_slots)
+{
+    for (int ti = 0; ti < 4; ti++) {
+        kvp_paged_kv a, b;
+        cr_assert_eq(kvp_paged_kv_init(&a, k_dtypes[ti], 6, 3, 4, 32), KVP_OK);
+        a.k_scale = 0.05f, a.v_scale = 0.02f;
+        b = a;
+        cr_assert_eq(kvp_paged_kv_alloc_pools(&a), KVP_OK);
+        cr_assert_eq(kvp_paged_kv_alloc_pools(&b), KVP_OK);
+        size_t bytes = kvp_paged_kv_pool_bytes(&a);
+        memset(a.k, 0x55, bytes), memset(a.v, 0x55, bytes), memset(b.k, 0x55, bytes), memset(b.v, 0x55, bytes);
+        int64_t slots[7] = {23, -1, 0, 5, 17, -1, 11};
+        float *k = randv(7 * 3 * 32, 11), *v = randv(7 * 3 * 32, 12);
+        k[5] = 1e6f; /* saturates in fp8, infinity in f16 */
+        cr_assert_eq(kvp_attn_append_kv_cpu(&a, k, v, slots, 7), KVP_OK);
+        cr_assert_eq(kvp_attn_append_kv_ref(&b, k, v, slots, 7), KVP_OK);
+        cr_assert_eq(memcmp(a.k, b.k, bytes), 0, "dtype %s", kvp_dtype_name(k_dtypes[ti]));
+        cr_assert_eq(memcmp(a.v, b.v, bytes), 0, "dtype %s", kvp_dtype_name(k_dtypes[ti]));
+        slots[3] = 24; /* 6 blocks * 4 slots */
+        cr_assert_eq(kvp_attn_append_kv_cpu(&a, v, k, slots, 7), KVP_EINVAL);
+        slots[3] = -2;
+        cr_assert_eq(kvp_attn_append_kv_cpu(&a, v, k, slots, 7), KVP_EINVAL);
+        cr_assert_eq(memcmp(a.k, b.k, bytes), 0, "pool changed by a failed append");
+        kvp_free(k), kvp_free(v);
+        kvp_paged_kv_free_pools(&a);
+        kvp_paged_kv_free_pools(&b);
+    }
+}
+
+Test(attention, copy_blocks_and_swap_round_trip_exactly)
+{
+    for (int ti = 0; ti < 4; ti++) {
+        int32_t lens[2] = {40, 21};
+        kcase c;
+        case_build(&c, k_dtypes[ti], 64, 2, 8, 2, lens, 10000 + ti);
+        size_t blk = (size_t)c.kv.stride_block * kvp_dtype_size(c.kv.dtype);
+        /* CoW: copy the last block of sequence 1 into a spare block */
+        int32_t src = c.indices[c.indptr[2] - 1], dst = c.indices[c.indptr[2]]; /* indices past the table are spare */
+        int32_t pairs[2] = {src, dst};
+        cr_assert_eq(kvp_attn_copy_blocks_cpu(&c.kv, pairs, 1), KVP_OK);
+        cr_assert_eq(memcmp((char *)c.kv.k + dst * blk, (char *)c.kv.k + src * blk, blk), 0);
+        cr_assert_eq(memcmp((char *)c.kv.v + dst * blk, (char *)c.kv.v + src * blk, blk), 0);
+        int32_t badp[2] = {src, c.kv.num_blocks};
+        cr_assert_eq(kvp_attn_copy_blocks_cpu(&c.kv, badp, 1), KVP_EINVAL);
+        /* swap every used block out to a host pool (in reverse), back into a fresh device pool, compare */
+        kvp_paged_kv host, dev2;
+        cr_assert_eq(kvp_paged_kv_init(&host, c.kv.dtype, c.kv.num_blocks + 3, 2, 8, 64), KVP_OK);
+        cr_assert_eq(kvp_paged_kv_alloc_pools(&host), KVP_OK);
+        dev2 = c.kv;
+        cr_assert_eq(kvp_paged_kv_alloc_pools(&dev2), KVP_OK);
+        int32_t np = c.indptr[2], out_pairs[64], in_pairs[64];
+        for (int32_t i = 0; i < np; i++) {
+            out_pairs[2 * i] = c.indices[i], out_pairs[2 * i + 1] = host.num_blocks - 1 - i;
+            in_pairs[2 * i] = host.num_blocks - 1 - i, in_pairs[2 * i + 1] = c.indices[i];
+        }
+        cr_assert_eq(kvp_attn_swap_blocks_cpu(&host, &c.kv, out_pairs, np), KVP_OK);
+        cr_assert_eq(kvp_attn_swap_blocks_cpu(&dev2, &host, in_pairs, np), KVP_OK);
+        for (int32_t i = 0; i < np; i++) {
+            size_t o = (size_t)c.indices[i] * blk;
+            cr_assert_eq(memcmp((char *)dev2.k + o, (char *)c.kv.k + o, blk), 0, "K block %d", c.indices[i]);
+            cr_assert_eq(memcmp((char *)dev2.v + o, (char *)c.kv.v + o, blk), 0, "V block %d", c.indices[i]);
+        }
+        kvp_paged_kv other;
+        cr_assert_eq(kvp_paged_kv_init(&other, c.kv.dtype, 4, 2, 16, 64), KVP_OK);
+        other.k = other.v = host.k;
+        cr_assert_eq(kvp_attn_swap_blocks_cpu(&other, &c.kv, out_pairs, 1), KVP_EINVAL, "block sizes differ");
+        /* the swapped-back pool answers attention exactly like the original */
+        size_t nout = (size_t)2 * 4 * 64;
+        float *q = randv(nout, 3), *o1 = kvp_malloc(sizeof(float) * nout), *o2 = kvp_malloc(sizeof(float) * nout);
+        kvp_attn_params p = kvp_attn_default_params(4);
+        cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, o1, &p), KVP_OK);
+        cr_assert_eq(kvp_attn_decode_cpu(&dev2, q, o2, &p), KVP_OK);
+        cr_assert_eq(memcmp(o1, o2, sizeof(float) * nout), 0);
+        kvp_free(q), kvp_free(o1), kvp_free(o2);
+        kvp_paged_kv_free_pools(&host);
+        kvp_paged_kv_free_pools(&dev2);
+        case_free(&c);
+    }
+}
+
+Test(attention, gather_returns_the_stored_values)
+{
+    int32_t lens[3] = {13, 1, 32};
+    kcase c;
+    case_build(&c, KVP_DTYPE_FP8_E4M3, 16, 2, 8, 3, lens, 11000);
+    size_t n = (size_t)c.total * 2 * 16;
+    float *k = kvp_malloc(sizeof(float) * n), *v = kvp_malloc(sizeof(float) * n);
+    cr_assert_eq(kvp_paged_kv_gather(&c.kv, k, v), KVP_OK);
+    cr_assert_eq(memcmp(k, c.kd, sizeof(float) * n), 0);
+    cr_assert_eq(memcmp(v, c.vd, sizeof(float) * n), 0);
+    kvp_free(k), kvp_free(v);
+    case_free(&c);
+}
