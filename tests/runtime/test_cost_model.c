@@ -1,0 +1,145 @@
+/* Cost model against step times computed by hand (see the comments next to each expected value). */
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "runtime/cost_model.h"
+
+static kvp_cost_model toy(void)
+{
+    kvp_cost_model cm = {
+        .num_layers = 2,
+        .hidden_size = 4,
+        .num_kv_heads = 2,
+        .matmul_flops_per_token = 1e12,
+        .lm_head_flops_per_seq = 1e11,
+        .attn_flops_per_pair = 1e9,
+        .dense_weight_bytes = 8e9,
+        .kv_bytes_per_token = 1e6,
+        .act_bytes = 2,
+        .peak_flops = 1e15,
+        .mem_bw = 1e12,
+        .link_bw = 1e11,
+        .tp = 1,
+        .flops_efficiency = 1,
+        .bw_efficiency = 1,
+        .step_overhead_s = 1e-3,
+        .allreduce_latency_s = 1e-5,
+    };
+    return cm;
+}
+
+#define NEAR(a, b) cr_assert(fabs((a) - (b)) <= 1e-9 * fmax(1.0, fabs(b)), "%s = %.12g, expected %.12g", #a, (a), (b))
+
+Test(cost_model, decode_is_memory_bound_by_hand)
+{
+    kvp_cost_model cm = toy();
+    cr_assert_eq(kvp_cost_model_validate(&cm), KVP_OK);
+    kvp_step_shape s = {0};
+    for (int i = 0; i < 4; i++) kvp_step_shape_add(&s, 1000, 1, 1);
+    cr_assert_eq(s.new_tokens, 4);
+    cr_assert_eq(s.kv_read_tokens, 4000);
+    NEAR(s.attn_pairs, 4004.0); /* each decode token attends to 1000 + 1 keys */
+    kvp_step_cost c;
+    double t = kvp_cost_step_time(&cm, &s, &c);
+    /* flops = 4 x 1e12 + 4 x 1e11 + 4004 x 1e9 = 8.404e12 -> 8.404 ms at 1e15 */
+    NEAR(c.flops, 8.404e12);
+    NEAR(c.compute_s, 8.404e-3);
+    /* bytes = 8e9 weights + 1e6 x (4000 read + 4 written) = 12.004e9 -> 12.004 ms at 1e12 B/s */
+    NEAR(c.bytes, 12.004e9);
+    NEAR(c.memory_s, 12.004e-3);
+    NEAR(c.comm_s, 0.0);
+    NEAR(t, 12.004e-3 + 1e-3);
+}
+
+Test(cost_model, prefill_is_compute_bound_by_hand)
+{
+    kvp_cost_model cm = toy();
+    kvp_step_shape s = {0};
+    kvp_step_shape_add(&s, 0, 2000, 1);
+    NEAR(s.attn_pairs, 2001000.0); /* 2000 x 2001 / 2 causal pairs */
+    kvp_step_cost c;
+    double t = kvp_cost_step_time(&cm, &s, &c);
+    /* 2000 x 1e12 + 1e11 + 2.001e6 x 1e9 = 4.0011e15 flops -> 4.0011 s */
+    NEAR(c.compute_s, 4.0011);
+    NEAR(c.memory_s, (8e9 + 2000 * 1e6) / 1e12);
+    NEAR(t, 4.0011 + 1e-3);
+
+    /* A chunk after 500 cached tokens: 100 x 500 + 100 x 101 / 2 = 55050 pairs, not sampled */
+    kvp_step_shape s2 = {0};
+    kvp_step_shape_add(&s2, 500, 100, 0);
+    NEAR(s2.attn_pairs, 55050.0);
+    kvp_cost_step_time(&cm, &s2, &c);
+    NEAR(c.flops, 100 * 1e12 + 55050 * 1e9);
+}
+
+Test(cost_model, tensor_parallel_divides_work_and_adds_allreduce)
+{
+    kvp_cost_model cm = toy();
+    cm.tp = 2;
+    kvp_step_shape s = {0};
+    for (int i = 0; i < 4; i++) kvp_step_shape_add(&s, 1000, 1, 1);
+    kvp_step_cost c;
+    double t = kvp_cost_step_time(&cm, &s, &c);
+    NEAR(c.compute_s, 8.404e-3 / 2);
+    /* 2 KV heads over 2 ranks: one each, half the KV bytes per rank */
+    NEAR(c.memory_s, (8e9 / 2 + 4.004e9 / 2) / 1e12);
+    /* 2 all-reduces x 2 layers, each: 2 x (1/2) x (4 tokens x 4 hidden x 2 B) / 1e11 + 1e-5 */
+    double one = 2.0 * 0.5 * 32.0 / 1e11 + 1e-5;
+    NEAR(c.comm_s, 4 * one);
+    NEAR(t, c.memory_s + 4 * one + 1e-3);
+
+    /* tp = 4 > 2 KV heads: each rank keeps a whole head, so KV per rank is still half */
+    cm.tp = 4;
+    kvp_cost_step_time(&cm, &s, &c);
+    NEAR(c.memory_s, (8e9 / 4 + 4.004e9 / 2) / 1e12);
+    NEAR(kvp_cost_kv_bytes_per_token_per_rank(&cm), 0.5e6);
+    NEAR(kvp_cost_weight_bytes_per_rank(&cm), 2e9);
+}
+
+Test(cost_model, moe_reads_only_touched_experts)
+{
+    kvp_cost_model cm = toy();
+    cm.num_experts = 8;
+    cm.experts_per_tok = 2;
+    cm.expert_weight_bytes = 1e9;
+    kvp_step_shape s = {0};
+    kvp_step_shape_add(&s, 0, 1, 1); /* one token: 2 experts */
+    kvp_step_cost c;
+    kvp_cost_step_time(&cm, &s, &c);
+    NEAR(c.bytes, 8e9 + 2e9 + 1e6);
+    kvp_step_shape big = {0};
+    for (int i = 0; i < 10; i++) kvp_step_shape_add(&big, 0, 1, 1); /* 20 > 8: every expert */
+    kvp_cost_step_time(&cm, &big, &c);
+    NEAR(c.bytes, 8e9 + 8e9 + 10e6);
+    NEAR(kvp_cost_weight_bytes_per_rank(&cm), 16e9);
+}
+
+Test(cost_model, efficiency_and_empty_step)
+{
+    kvp_cost_model cm = toy();
+    cm.bw_efficiency = 0.5;
+    kvp_step_shape s = {0};
+    kvp_step_cost c;
+    NEAR(kvp_cost_step_time(&cm, &s, &c), 1e-3); /* empty: overhead only */
+    kvp_step_shape_add(&s, 0, 1, 1);
+    kvp_cost_step_time(&cm, &s, &c);
+    NEAR(c.memory_s, (8e9 + 1e6) / 0.5e12);
+}
+
+Test(cost_model, validate_rejects_bad_numbers)
+{
+    kvp_cost_model cm = toy();
+    cm.mem_bw = 0;
+    cr_assert_eq(kvp_cost_model_validate(&cm), KVP_EINVAL);
+    cm = toy();
+    cm.flops_efficiency = 1.5;
+    cr_assert_eq(kvp_cost_model_validate(&cm), KVP_EINVAL);
+    cm = toy();
+    cm.tp = 2;
+    cm.link_bw = 0;
+    cr_assert_eq(kvp_cost_model_validate(&cm), KVP_EINVAL);
+    cm = toy();
+    cm.num_experts = 2;
+    cm.experts_per_tok = 4;
+    cr_assert_eq(kvp_cost_model_validate(&cm), KVP_EINVAL);
+}
