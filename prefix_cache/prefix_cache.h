@@ -157,17 +157,20 @@ double kvp_pc_hit_rate(const kvp_pc_stats *s);
  * no block cached twice. KVP_OK or KVP_ESTATE naming the first violation. O(cached blocks). */
 kvp_status kvp_pc_check(const kvp_prefix_cache *pc);
 
-/* Cached token sequences for tests: calls fn once per cached block with the token prefix it completes
- * (tokens[0..(depth+1)*block_size)) and its block id; the tokens pointer is valid during the call only. */
-typedef void (*kvp_pc_visit_fn)(void *ctx, const int32_t *tokens, int32_t n_tokens, int32_t block,
-                                uint64_t extra_key);
+/* Cached blocks for tests: calls fn once per cached block with the chain hash of the prefix it completes
+ * (kvp_pc_block_hash applied from block 0 to this block, extra key included), its depth (0 for a first
+ * block), its block id, its lock count and its tokens (radix only: block_size tokens, borrowed during the
+ * call; NULL for hash, which does not keep tokens). */
+typedef void (*kvp_pc_visit_fn)(void *ctx, uint64_t chain_hash, int32_t depth, int32_t block, int32_t locks,
+                                const int32_t *block_tokens);
 kvp_status kvp_pc_visit(const kvp_prefix_cache *pc, kvp_pc_visit_fn fn, void *ctx);
 
 /* Belady support: given a sequence of accesses (prompt a = tokens[a][0..lens[a]), in the order they will
  * be made), fills next_use[a][i] for each full block i < lens[a] / block_size of each access with the
  * index of the next access a' > a whose matchable prefix ((lens[a'] - 1) / block_size blocks, extra keys
  * equal) contains the same prefix block, or KVP_PC_NEVER. next_use[a] arrays are caller-owned and
- * hold lens[a] / block_size entries. extra_keys may be NULL (all 0). KVP_ENOMEM with nothing written. */
+ * hold lens[a] / block_size entries. extra_keys may be NULL (all 0). On KVP_ENOMEM the arrays' contents are
+ * unspecified. */
 kvp_status kvp_pc_next_use(const int32_t *const *tokens, const int32_t *lens, const uint64_t *extra_keys,
                            int64_t n_accesses, int32_t block_size, int64_t *const *next_use);
 

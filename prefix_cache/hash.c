@@ -1,0 +1,218 @@
+/* prefix_cache/hash.c — the hash prefix cache (vLLM automatic prefix caching).
+ *
+ *   block i of a prompt  --h_i = XXH3(h_{i-1}, tokens of block i [, extra key for i = 0])-->  pc->map
+ *                                                                                              |
+ *   ents[e] { hash, block, depth, lock, meta, next_use }  <------------------------------------+
+ *
+ * One entry per cached block. Matching walks the chain until the first hash that is not cached. Any
+ * unlocked entry is evictable (ties in the policy key evict deeper blocks first), so a middle block can go
+ * before the later blocks of its chain, which then stay cached but unreachable until evicted or re-reached
+ * by re-inserting the missing block, exactly as in vLLM. Entries keep no tokens: a 64-bit chain-hash
+ * collision would alias two prefixes (probability ~ n^2 / 2^64).
+ *
+ * Failure atomicity: insert computes all hashes and reserves entries, map room and heap room before it
+ * creates any entry.
+ */
+#include <string.h>
+
+#include "common/alloc.h"
+#include "prefix_cache/pc_internal.h"
+
+#define ENT(i) (&pc->ents[(i)])
+#define IN_USE (-2)
+
+static int32_t find(const kvp_prefix_cache *pc, uint64_t h)
+{
+    for (int64_t s = pc_map_first(&pc->map, h); s >= 0; s = pc_map_next(&pc->map, h, s))
+        if (ENT(pc->map.slots[s].val)->hash == h) return pc->map.slots[s].val;
+    return -1;
+}
+
+static pc_key ent_key(const kvp_prefix_cache *pc, const pc_entry *e)
+{
+    return pc_policy_key(pc, &e->m, e->next_use, e->depth + 1);
+}
+
+kvp_status pc_hash_init(kvp_prefix_cache *pc)
+{
+    return pc_map_reserve(&pc->map, 16);
+}
+
+void pc_hash_fini(kvp_prefix_cache *pc)
+{
+    kvp_free(pc->ents);
+    kvp_free(pc->scr_h);
+    kvp_free(pc->scr_e);
+}
+
+static void touch_entry(kvp_prefix_cache *pc, int32_t u, const kvp_pc_hint *hint, int lock)
+{
+    pc_entry *e = ENT(u);
+    pc_touch(pc, &e->m, hint);
+    if (pc->policy == KVP_EVICT_BELADY) e->next_use = hint->next_use[e->depth];
+    if (lock) {
+        if (e->lock++ == 0) {
+            pc->st.evictable_blocks--;
+            if (pc_heap_has(&pc->heap, u)) pc_heap_remove(&pc->heap, u);
+        }
+    } else if (pc_heap_has(&pc->heap, u)) {
+        pc_heap_update(&pc->heap, u, ent_key(pc, e));
+    }
+}
+
+kvp_status pc_hash_match(kvp_prefix_cache *pc, const int32_t *tokens, int32_t maxb, const kvp_pc_hint *hint, int lock,
+                         int32_t *blocks_out, int32_t *n_hit)
+{
+    uint64_t extra = hint ? hint->extra_key : 0, h = 0;
+    int32_t got = 0;
+    for (int32_t i = 0; i < maxb; i++) {
+        h = kvp_pc_block_hash(h, tokens + (size_t)i * pc->bs, pc->bs, i == 0 ? extra : 0);
+        int32_t e = find(pc, h);
+        if (e < 0) break;
+        blocks_out[got++] = ENT(e)->block;
+    }
+    for (int32_t i = 0; i < got; i++) touch_entry(pc, pc->block_unit[blocks_out[i]], hint, lock);
+    *n_hit = got;
+    return KVP_OK;
+}
+
+kvp_status pc_hash_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int32_t *blocks, int32_t n_blocks,
+                          const kvp_pc_hint *hint, int lock, int32_t *cached_out)
+{
+    uint64_t extra = hint ? hint->extra_key : 0, h = 0;
+    if (kvp_grow((void **)&pc->scr_h, &pc->scr_h_cap, (size_t)n_blocks, sizeof *pc->scr_h) != KVP_OK ||
+        kvp_grow((void **)&pc->scr_e, &pc->scr_e_cap, (size_t)n_blocks, sizeof *pc->scr_e) != KVP_OK)
+        return KVP_ERR(KVP_ENOMEM, "out of memory inserting %d blocks", n_blocks);
+    int32_t nnew = 0, i;
+    kvp_status st = KVP_OK;
+    for (i = 0; i < n_blocks; i++) {
+        h = pc->scr_h[i] = kvp_pc_block_hash(h, tokens + (size_t)i * pc->bs, pc->bs, i == 0 ? extra : 0);
+        pc->scr_e[i] = find(pc, h);
+        if (pc->scr_e[i] >= 0) continue;
+        int32_t b = blocks[i];
+        if (pc->block_unit[b] != -1) {
+            st = pc->block_unit[b] == -3
+                     ? KVP_ERR(KVP_EINVAL, "kvp_pc_insert: block %d appears twice (position %d)", b, i)
+                     : KVP_ERR(KVP_EINVAL, "kvp_pc_insert: block %d (position %d) is already cached elsewhere", b, i);
+            break;
+        }
+        pc->block_unit[b] = -3;
+        nnew++;
+    }
+    for (int32_t j = 0; j < i; j++)
+        if (pc->scr_e[j] < 0) pc->block_unit[blocks[j]] = -1;
+    if (st != KVP_OK) return st;
+
+    size_t need = (size_t)pc->ents_used + (size_t)nnew;
+    if (need > pc->ents_cap && kvp_grow((void **)&pc->ents, &pc->ents_cap, need, sizeof *pc->ents) != KVP_OK)
+        return KVP_ERR(KVP_ENOMEM, "out of memory growing the hash cache to %zu entries", need);
+    KVP_TRY(pc_heap_reserve(&pc->heap, pc->ents_cap));
+    KVP_TRY(pc_map_reserve(&pc->map, (size_t)nnew));
+
+    for (i = 0; i < n_blocks; i++) {
+        if (pc->scr_e[i] < 0) {
+            int32_t u;
+            if (pc->ent_free >= 0) {
+                u = pc->ent_free;
+                pc->ent_free = ENT(u)->free_next;
+            } else {
+                u = pc->ents_used++;
+            }
+            pc_entry *e = ENT(u);
+            memset(e, 0, sizeof *e);
+            e->hash = pc->scr_h[i];
+            e->block = blocks[i];
+            e->depth = i;
+            e->free_next = IN_USE;
+            e->m.insert_time = pc->clock;
+            e->m.priority = INT32_MIN;
+            pc_map_put(&pc->map, e->hash, u);
+            pc->block_unit[e->block] = u;
+            kvp_pool_incref(pc->pool, e->block);
+            pc->st.inserted_blocks++;
+            pc->st.cached_blocks++;
+            pc->st.evictable_blocks++;
+            pc->st.nodes++;
+            pc->heap.pos[u] = -1;
+            pc_heap_push(&pc->heap, u, (pc_key){0, 0, 0}); /* the real key is set by touch_entry */
+            pc->scr_e[i] = u;
+        }
+        touch_entry(pc, pc->scr_e[i], hint, lock);
+        if (cached_out) cached_out[i] = ENT(pc->scr_e[i])->block;
+    }
+    return KVP_OK;
+}
+
+kvp_status pc_hash_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n)
+{
+    for (int32_t i = 0; i < n; i++)
+        if (ENT(pc->block_unit[blocks[i]])->lock <= 0)
+            return KVP_ERR(KVP_ESTATE, "kvp_pc_unlock: block %d (position %d) is not locked", blocks[i], i);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t u = pc->block_unit[blocks[i]];
+        pc_entry *e = ENT(u);
+        if (--e->lock == 0) {
+            pc->st.evictable_blocks++;
+            pc_heap_push(&pc->heap, u, ent_key(pc, e));
+        }
+    }
+    return KVP_OK;
+}
+
+void pc_hash_evict_one(kvp_prefix_cache *pc, int32_t *freed)
+{
+    int32_t u = pc_heap_top(&pc->heap);
+    pc_entry *e = ENT(u);
+    pc_heap_remove(&pc->heap, u);
+    pc_map_del(&pc->map, e->hash, u);
+    pc->block_unit[e->block] = -1;
+    kvp_pool_decref(pc->pool, e->block);
+    if (kvp_pool_refcount(pc->pool, e->block) == 0) (*freed)++;
+    pc->st.evicted_blocks++;
+    pc->st.cached_blocks--;
+    pc->st.evictable_blocks--;
+    pc->st.nodes--;
+    e->free_next = pc->ent_free;
+    pc->ent_free = u;
+}
+
+kvp_status pc_hash_check(const kvp_prefix_cache *pc)
+{
+    int64_t used = 0, evictable = 0;
+    for (int32_t u = 0; u < pc->ents_used; u++) {
+        const pc_entry *e = ENT(u);
+        if (e->free_next != IN_USE) {
+            if (pc_heap_has(&pc->heap, u)) return KVP_ERR(KVP_ESTATE, "hash: free entry %d is in the heap", u);
+            continue;
+        }
+        used++;
+        if (e->block < 0 || e->block >= pc->nblock_ids || pc->block_unit[e->block] != u)
+            return KVP_ERR(KVP_ESTATE, "hash: entry %d's block %d is not indexed to it", u, e->block);
+        if (e->lock < 0) return KVP_ERR(KVP_ESTATE, "hash: entry %d has lock %d", u, e->lock);
+        if (find(pc, e->hash) != u) return KVP_ERR(KVP_ESTATE, "hash: entry %d not found by its hash (or duplicated)", u);
+        if (e->lock == 0) evictable++;
+        if ((e->lock == 0) != pc_heap_has(&pc->heap, u))
+            return KVP_ERR(KVP_ESTATE, "hash: entry %d (lock %d) %s the evictable heap", u, e->lock,
+                           e->lock == 0 ? "missing from" : "wrongly in");
+        if (e->lock == 0) {
+            pc_key k = ent_key(pc, e), h = pc->heap.key[u];
+            if (k.a != h.a || k.b != h.b || k.c != h.c) return KVP_ERR(KVP_ESTATE, "hash: entry %d heap key is stale", u);
+        }
+    }
+    if (used != pc->st.cached_blocks || used != pc->st.nodes || (int64_t)pc->map.n != used)
+        return KVP_ERR(KVP_ESTATE, "hash: %lld entries, cached counter %lld, node counter %lld, map %zu", (long long)used,
+                       (long long)pc->st.cached_blocks, (long long)pc->st.nodes, pc->map.n);
+    if (evictable != pc->st.evictable_blocks)
+        return KVP_ERR(KVP_ESTATE, "hash: %lld unlocked entries, evictable counter %lld", (long long)evictable,
+                       (long long)pc->st.evictable_blocks);
+    return KVP_OK;
+}
+
+kvp_status pc_hash_visit(const kvp_prefix_cache *pc, kvp_pc_visit_fn fn, void *ctx)
+{
+    for (int32_t u = 0; u < pc->ents_used; u++) {
+        const pc_entry *e = ENT(u);
+        if (e->free_next == IN_USE) fn(ctx, e->hash, e->depth, e->block, e->lock, NULL);
+    }
+    return KVP_OK;
+}

@@ -1,0 +1,138 @@
+/* prefix_cache/pc_internal.h — private parts shared by the radix and hash caches: the eviction heap, the
+ * multimap from 64-bit keys to unit indices, and the cache struct. Not for use outside prefix_cache/. */
+#ifndef KVP_PREFIX_CACHE_PC_INTERNAL_H
+#define KVP_PREFIX_CACHE_PC_INTERNAL_H
+
+#include <stdint.h>
+
+#include "prefix_cache/prefix_cache.h"
+
+/* ---- eviction heap: a binary min-heap of units (radix nodes or hash entries) keyed by (a, b, c, unit).
+ * pos[unit] is the unit's heap position or -1. Capacity is reserved before any change (pc_heap_reserve),
+ * so push/remove/fix never allocate. */
+typedef struct {
+    int64_t a, b, c;
+} pc_key;
+
+typedef struct {
+    int32_t *heap; /* [n] unit ids */
+    pc_key *key;   /* [cap] by unit id */
+    int32_t *pos;  /* [cap] by unit id, -1 when not in the heap */
+    int32_t n;
+    size_t cap;    /* units addressable */
+} pc_heap;
+
+kvp_status pc_heap_reserve(pc_heap *h, size_t units);
+void pc_heap_fini(pc_heap *h);
+void pc_heap_push(pc_heap *h, int32_t unit, pc_key k);
+void pc_heap_remove(pc_heap *h, int32_t unit);
+void pc_heap_update(pc_heap *h, int32_t unit, pc_key k); /* unit must be in the heap */
+static inline int pc_heap_has(const pc_heap *h, int32_t unit) { return h->pos[unit] >= 0; }
+static inline int32_t pc_heap_top(const pc_heap *h) { return h->n ? h->heap[0] : -1; }
+/* Heap order holds and pos[] agrees with heap[]; returns 0 if fine. */
+int pc_heap_broken(const pc_heap *h);
+
+/* ---- multimap uint64 key -> int32 value, open addressing with linear probing and backward-shift
+ * deletion; several values may share a key (the caller checks candidates). val == -1 marks empty. */
+typedef struct {
+    uint64_t key;
+    int32_t val;
+} pc_slot;
+
+typedef struct {
+    pc_slot *slots; /* [cap], cap a power of two */
+    size_t cap, n;
+} pc_map;
+
+/* Makes room for `extra` more entries at load <= 1/2 (rehash). */
+kvp_status pc_map_reserve(pc_map *m, size_t extra);
+void pc_map_fini(pc_map *m);
+void pc_map_put(pc_map *m, uint64_t key, int32_t val); /* room must be reserved */
+void pc_map_del(pc_map *m, uint64_t key, int32_t val); /* the pair must be present */
+/* Iteration over the values stored under key: slot = pc_map_first(m, key); while (slot >= 0) { ...
+ * m->slots[slot].val ...; slot = pc_map_next(m, key, slot); } */
+int64_t pc_map_first(const pc_map *m, uint64_t key);
+int64_t pc_map_next(const pc_map *m, uint64_t key, int64_t slot);
+void pc_map_set(pc_map *m, uint64_t key, int32_t old_val, int32_t new_val);
+
+/* ---- per-unit policy metadata */
+typedef struct {
+    int64_t last_access, freq, insert_time;
+    int32_t priority;
+} pc_meta;
+
+/* ---- radix node: a run of nblocks full blocks under its parent. */
+typedef struct {
+    int32_t parent, first_child, next_sib, prev_sib; /* node indices, -1 for none; node 0 is the root */
+    int32_t nblocks, nchildren, lock, depth_end;     /* depth_end: blocks from the root to this node's end */
+    int32_t *blocks;                                 /* [nblocks] block ids */
+    int32_t *tokens;                                 /* [nblocks * block_size] */
+    int64_t *next_use;                               /* [nblocks], belady only (else NULL) */
+    uint64_t extra_key;                              /* of the first block under the root */
+    uint64_t mapkey;                                 /* this node's key in pc->map */
+    pc_meta m;
+    int32_t free_next; /* free-list link of unused node slots; -2 while in use */
+} pc_node;
+
+/* ---- hash entry: one cached block. */
+typedef struct {
+    uint64_t hash;
+    int32_t block, lock, depth; /* depth: block index in its chain */
+    int32_t free_next;          /* -2 while in use */
+    int64_t next_use;
+    pc_meta m;
+} pc_entry;
+
+struct kvp_prefix_cache {
+    kvp_pc_kind kind;
+    kvp_evict_policy policy;
+    kvp_block_pool *pool; /* borrowed */
+    int32_t bs;
+    int64_t clock;        /* one tick per access */
+    kvp_pc_stats st;
+    int32_t *block_unit;  /* [num_blocks of the pool]: node (radix) / entry (hash) caching the block, or -1 */
+    int32_t nblock_ids;
+    pc_heap heap;
+    pc_map map;           /* radix: (parent, first block) -> child; hash: chain hash -> entry */
+    /* radix */
+    pc_node *nodes;
+    size_t nodes_cap;
+    int32_t nodes_used, node_free;
+    /* hash */
+    pc_entry *ents;
+    size_t ents_cap;
+    int32_t ents_used, ent_free;
+    uint64_t *scr_h; /* insert scratch: chain hashes and entries of the positions */
+    int32_t *scr_e;
+    size_t scr_h_cap, scr_e_cap;
+};
+
+/* prefix_cache.c */
+pc_key pc_policy_key(const kvp_prefix_cache *pc, const pc_meta *m, int64_t next_use, int32_t depth);
+void pc_touch(kvp_prefix_cache *pc, pc_meta *m, const kvp_pc_hint *hint);
+kvp_status pc_check_blocks(const kvp_prefix_cache *pc, const int32_t *blocks, int32_t n);
+
+/* radix.c / hash.c: the kind-specific halves of the public calls (arguments already validated). */
+kvp_status pc_radix_init(kvp_prefix_cache *pc);
+void pc_radix_fini(kvp_prefix_cache *pc);
+kvp_status pc_radix_match(kvp_prefix_cache *pc, const int32_t *tokens, int32_t maxb, const kvp_pc_hint *hint, int lock,
+                          int32_t *blocks_out, int32_t *n_hit);
+kvp_status pc_radix_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int32_t *blocks, int32_t n_blocks,
+                           const kvp_pc_hint *hint, int lock, int32_t *cached_out);
+kvp_status pc_radix_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n);
+void pc_radix_evict_one(kvp_prefix_cache *pc, int32_t *freed);
+kvp_status pc_radix_check(const kvp_prefix_cache *pc);
+kvp_status pc_radix_visit(const kvp_prefix_cache *pc, kvp_pc_visit_fn fn, void *ctx);
+
+kvp_status pc_hash_init(kvp_prefix_cache *pc);
+void pc_hash_fini(kvp_prefix_cache *pc);
+kvp_status pc_hash_match(kvp_prefix_cache *pc, const int32_t *tokens, int32_t maxb, const kvp_pc_hint *hint, int lock,
+                         int32_t *blocks_out, int32_t *n_hit);
+kvp_status pc_hash_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int32_t *blocks, int32_t n_blocks,
+                          const kvp_pc_hint *hint, int lock, int32_t *cached_out);
+kvp_status pc_hash_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n);
+void pc_hash_evict_one(kvp_prefix_cache *pc, int32_t *freed);
+kvp_status pc_hash_check(const kvp_prefix_cache *pc);
+kvp_status pc_hash_visit(const kvp_prefix_cache *pc, kvp_pc_visit_fn fn, void *ctx);
+
+#endif
