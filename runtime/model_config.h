@@ -5,8 +5,8 @@
  *   head_dim      = config "head_dim" when present, else hidden_size / num_attention_heads
  *   num_kv_heads  = "num_key_value_heads" when present, else num_attention_heads (MHA)
  *   nested "text_config" (multimodal wrappers) is read in place of the top level.
- * Families: llama, mistral, mixtral, qwen2, qwen2_moe, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3,
- * opt, deepseek_v2, deepseek_v3. Unknown model_type: accepted only when the KV-formula fields
+ * Families: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, phi3, opt, deepseek_v2,
+ * deepseek_v3. Unknown model_type: accepted only when the KV-formula fields
  * (num_hidden_layers, num_attention_heads, hidden_size, and num_key_value_heads or head_dim) are present;
  * such configs get family KVP_FAMILY_GENERIC and a llama-like parameter count.
  */
@@ -21,8 +21,8 @@
 typedef enum {
     KVP_FAMILY_GENERIC = 0,
     KVP_FAMILY_LLAMA,    /* llama, mistral, qwen2, qwen3: RMSNorm, RoPE, GQA, SwiGLU */
-    KVP_FAMILY_MIXTRAL,  /* llama-like with MoE FFN (mixtral, qwen2_moe, qwen3_moe) */
-    KVP_FAMILY_GEMMA2,   /* gemma/gemma2/gemma3: extra post-norms, alternating sliding window */
+    KVP_FAMILY_MIXTRAL,  /* llama-like with MoE FFN (mixtral, qwen3_moe) */
+    KVP_FAMILY_GEMMA2,   /* gemma, gemma2: extra post-norms (gemma2), alternating sliding window */
     KVP_FAMILY_PHI3,     /* fused qkv and gate_up */
     KVP_FAMILY_OPT,      /* LayerNorm with bias, learned positions, two-matrix ReLU FFN */
     KVP_FAMILY_DEEPSEEK, /* MLA attention (latent KV cache), MoE with shared experts */
@@ -70,6 +70,8 @@ typedef struct {
     int64_t moe_intermediate_size; /* per-expert FFN width (mixtral: intermediate_size) */
     int32_t first_dense_layers;    /* deepseek first_k_dense_replace: leading layers with a dense FFN */
     int32_t moe_layer_step;        /* qwen decoder_sparse_step / deepseek moe_layer_freq (1 = every layer) */
+    uint8_t layer_is_moe[KVP_MAX_LAYERS]; /* 1: layer i has the MoE FFN, 0: dense FFN (deepseek
+                                           * first_k_dense_replace, qwen mlp_only_layers/decoder_sparse_step) */
 
     /* MLA (deepseek_v2/v3): kv_lora_rank > 0 means the cache stores kv_lora_rank + qk_rope_head_dim
      * elements per token per layer, shared by all heads. */

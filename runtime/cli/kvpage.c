@@ -13,6 +13,7 @@ static const struct {
     int (*run)(int argc, char **argv);
     const char *summary;
 } commands[] = {
+    {"plan", kvp_cmd_plan, "memory planner: weights, KV cache, blocks and sequences that fit on a GPU"},
     {"bench", kvp_cmd_bench, "benchmarks and sweeps: blockmgr, prefix, attention, memory"},
     {NULL, NULL, NULL},
 };

@@ -1,0 +1,337 @@
+#include "runtime/model_config.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "common/json.h"
+
+/* Hugging Face defaults differ per family; this table is the one place that knows them. */
+static const struct {
+    const char *model_type;
+    kvp_model_family family;
+    int tie_default;    /* PretrainedConfig subclasses' default for tie_word_embeddings */
+    int qkv_bias;       /* q/k/v projections always carry a bias */
+    int qk_norm;
+} families[] = {
+    {"llama", KVP_FAMILY_LLAMA, 0, 0, 0},      {"mistral", KVP_FAMILY_LLAMA, 0, 0, 0},
+    {"qwen2", KVP_FAMILY_LLAMA, 0, 1, 0},      {"qwen3", KVP_FAMILY_LLAMA, 0, 0, 1},
+    {"mixtral", KVP_FAMILY_MIXTRAL, 0, 0, 0},  {"qwen3_moe", KVP_FAMILY_MIXTRAL, 0, 0, 1},
+    {"gemma", KVP_FAMILY_GEMMA2, 1, 0, 0},     {"gemma2", KVP_FAMILY_GEMMA2, 1, 0, 0},
+    {"phi3", KVP_FAMILY_PHI3, 0, 0, 0},        {"opt", KVP_FAMILY_OPT, 1, 1, 0},
+    {"deepseek_v2", KVP_FAMILY_DEEPSEEK, 0, 0, 0}, {"deepseek_v3", KVP_FAMILY_DEEPSEEK, 0, 0, 0},
+};
+
+/* Reads an integer field that must be present and >= min. */
+static kvp_status need_int(const cJSON *o, const char *what, const char *key, int64_t min, int64_t *out)
+{
+    int present = 0;
+    if (kvp_json_int(o, key, out, &present) != KVP_OK)
+        return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be an integer", what, key);
+    if (!present) return KVP_ERR(KVP_EPARSE, "%s: missing \"%s\"", what, key);
+    if (*out < min) return KVP_ERR(KVP_EINVAL, "%s: \"%s\" is %lld, must be >= %lld", what, key,
+                                   (long long)*out, (long long)min);
+    return KVP_OK;
+}
+
+/* Optional integer: *out keeps `dflt` when absent. */
+static kvp_status opt_int(const cJSON *o, const char *what, const char *key, int64_t min, int64_t dflt,
+                          int64_t *out)
+{
+    int present = 0;
+    *out = dflt;
+    if (kvp_json_int(o, key, out, &present) != KVP_OK)
+        return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be an integer", what, key);
+    if (present && *out < min)
+        return KVP_ERR(KVP_EINVAL, "%s: \"%s\" is %lld, must be >= %lld", what, key, (long long)*out,
+                       (long long)min);
+    return KVP_OK;
+}
+
+static kvp_status opt_num(const cJSON *o, const char *what, const char *key, double dflt, double *out)
+{
+    *out = dflt;
+    if (kvp_json_num(o, key, out, NULL) != KVP_OK)
+        return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be a number", what, key);
+    return KVP_OK;
+}
+
+static kvp_status opt_bool(const cJSON *o, const char *what, const char *key, int dflt, int *out)
+{
+    *out = dflt;
+    if (kvp_json_bool(o, key, out, NULL) != KVP_OK)
+        return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be true or false", what, key);
+    return KVP_OK;
+}
+
+/* bos/eos ids: an integer or a list of integers (the first one is kept). */
+static kvp_status token_id(const cJSON *o, const char *what, const char *key, int64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    *out = -1;
+    if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0);
+    if (v == NULL || cJSON_IsNull(v)) return KVP_OK;
+    if (!cJSON_IsNumber(v) || v->valuedouble < 0)
+        return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be a token id or a list of them", what, key);
+    *out = (int64_t)v->valuedouble;
+    return KVP_OK;
+}
+
+static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_config *c)
+{
+    const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
+    if (rs == NULL || cJSON_IsNull(rs)) return KVP_OK;
+    if (!cJSON_IsObject(rs)) return KVP_ERR(KVP_EPARSE, "%s: \"rope_scaling\" must be an object", what);
+    const char *type = NULL;
+    int present = 0;
+    if (kvp_json_str(rs, "rope_type", &type, &present) != KVP_OK ||
+        (!present && kvp_json_str(rs, "type", &type, NULL) != KVP_OK))
+        return KVP_ERR(KVP_EPARSE, "%s: rope_scaling \"rope_type\" must be a string", what);
+    snprintf(c->rope_scaling_type, sizeof c->rope_scaling_type, "%s", type ? type : "");
+    KVP_TRY(opt_num(rs, what, "factor", 1.0, &c->rope_scaling_factor));
+    KVP_TRY(opt_num(rs, what, "low_freq_factor", 1.0, &c->rope_low_freq_factor));
+    KVP_TRY(opt_num(rs, what, "high_freq_factor", 4.0, &c->rope_high_freq_factor));
+    KVP_TRY(opt_int(rs, what, "original_max_position_embeddings", 1, 0, &c->rope_original_max_position));
+    return KVP_OK;
+}
+
+/* Which layers slide: "layer_types" when present, else the family's rule. */
+static kvp_status read_sliding(const cJSON *o, const char *what, kvp_model_config *c)
+{
+    int64_t w = 0;
+    KVP_TRY(opt_int(o, what, "sliding_window", 0, 0, &w));
+    if (w == 0) KVP_TRY(opt_int(o, what, "sliding_window_size", 0, 0, &w)); /* MLC's name, gemma2 has both */
+    int use = 1;
+    KVP_TRY(opt_bool(o, what, "use_sliding_window", 1, &use));
+    int64_t max_window_layers = 0;
+    KVP_TRY(opt_int(o, what, "max_window_layers", 0, 0, &max_window_layers));
+    const cJSON *types = cJSON_GetObjectItemCaseSensitive(o, "layer_types");
+    if (cJSON_IsArray(types)) {
+        if (cJSON_GetArraySize(types) != c->num_layers)
+            return KVP_ERR(KVP_EPARSE, "%s: \"layer_types\" has %d entries for %d layers", what,
+                           cJSON_GetArraySize(types), c->num_layers);
+        int i = 0, any = 0;
+        const cJSON *t;
+        cJSON_ArrayForEach(t, types)
+        {
+            if (!cJSON_IsString(t)) return KVP_ERR(KVP_EPARSE, "%s: \"layer_types\" must hold strings", what);
+            c->layer_is_sliding[i] = strcmp(t->valuestring, "sliding_attention") == 0;
+            any |= c->layer_is_sliding[i++];
+        }
+        if (any && w == 0) return KVP_ERR(KVP_EPARSE, "%s: sliding layers but no \"sliding_window\"", what);
+        c->sliding_window = any ? w : 0;
+        return KVP_OK;
+    }
+    if (w == 0 || !use) return KVP_OK;
+    c->sliding_window = w;
+    for (int i = 0; i < c->num_layers; i++) {
+        if (c->family == KVP_FAMILY_GEMMA2) c->layer_is_sliding[i] = (i % 2) == 0;
+        else if (strcmp(c->model_type, "qwen2") == 0 || strncmp(c->model_type, "qwen3", 5) == 0)
+            c->layer_is_sliding[i] = i >= max_window_layers; /* Qwen: SWA from max_window_layers on */
+        else c->layer_is_sliding[i] = 1;
+    }
+    return KVP_OK;
+}
+
+static kvp_status read_moe(const cJSON *o, const char *what, kvp_model_config *c)
+{
+    int64_t e = 0, k = 0, shared = 0, moe_i = 0, first_dense = 0, step = 1;
+    KVP_TRY(opt_int(o, what, "num_local_experts", 0, 0, &e));
+    if (e == 0) KVP_TRY(opt_int(o, what, "num_experts", 0, 0, &e));
+    if (e == 0) KVP_TRY(opt_int(o, what, "n_routed_experts", 0, 0, &e));
+    if (e == 0) return KVP_OK;
+    KVP_TRY(need_int(o, what, "num_experts_per_tok", 1, &k));
+    if (k > e) return KVP_ERR(KVP_EINVAL, "%s: num_experts_per_tok %lld exceeds %lld experts", what,
+                              (long long)k, (long long)e);
+    KVP_TRY(opt_int(o, what, "n_shared_experts", 0, 0, &shared));
+    KVP_TRY(opt_int(o, what, "moe_intermediate_size", 1, c->intermediate_size, &moe_i));
+    KVP_TRY(opt_int(o, what, "first_k_dense_replace", 0, 0, &first_dense));
+    KVP_TRY(opt_int(o, what, "moe_layer_freq", 1, 1, &step));
+    if (step == 1) KVP_TRY(opt_int(o, what, "decoder_sparse_step", 1, 1, &step));
+    c->num_experts = (int32_t)e;
+    c->num_experts_per_tok = (int32_t)k;
+    c->num_shared_experts = (int32_t)shared;
+    c->moe_intermediate_size = moe_i;
+    c->first_dense_layers = (int32_t)first_dense;
+    c->moe_layer_step = (int32_t)step;
+    for (int i = 0; i < c->num_layers; i++) {
+        if (c->family == KVP_FAMILY_DEEPSEEK) c->layer_is_moe[i] = i >= first_dense && i % step == 0;
+        else c->layer_is_moe[i] = (i + 1) % step == 0;
+    }
+    const cJSON *only = cJSON_GetObjectItemCaseSensitive(o, "mlp_only_layers");
+    const cJSON *l;
+    cJSON_ArrayForEach(l, only)
+    {
+        if (!cJSON_IsNumber(l) || l->valuedouble < 0 || l->valuedouble >= c->num_layers)
+            return KVP_ERR(KVP_EPARSE, "%s: \"mlp_only_layers\" holds an invalid layer index", what);
+        c->layer_is_moe[(int)l->valuedouble] = 0;
+    }
+    return KVP_OK;
+}
+
+kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_model_config *out)
+{
+    if (!cJSON_IsObject(root)) return KVP_ERR(KVP_EPARSE, "%s: not a JSON object", what);
+    const cJSON *o = root;
+    const cJSON *text = cJSON_GetObjectItemCaseSensitive(root, "text_config");
+    if (cJSON_IsObject(text)) o = text; /* multimodal wrappers keep the language model here */
+
+    kvp_model_config c;
+    memset(&c, 0, sizeof c);
+    const char *type = NULL;
+    if (kvp_json_str(o, "model_type", &type, NULL) != KVP_OK ||
+        (type == NULL && kvp_json_str(root, "model_type", &type, NULL) != KVP_OK))
+        return KVP_ERR(KVP_EPARSE, "%s: \"model_type\" must be a string", what);
+    snprintf(c.model_type, sizeof c.model_type, "%s", type ? type : "");
+    int known = -1;
+    for (size_t i = 0; i < sizeof families / sizeof families[0]; i++)
+        if (strcmp(c.model_type, families[i].model_type) == 0) known = (int)i;
+    c.family = known >= 0 ? families[known].family : KVP_FAMILY_GENERIC;
+    if (known < 0 && !cJSON_HasObjectItem(o, "num_key_value_heads") && !cJSON_HasObjectItem(o, "head_dim"))
+        return KVP_ERR(KVP_EUNSUPPORTED,
+                       "%s: unknown model_type \"%s\" and no num_key_value_heads/head_dim to compute the KV size",
+                       what, c.model_type[0] ? c.model_type : "(none)");
+
+    int64_t v;
+    KVP_TRY(need_int(o, what, "num_hidden_layers", 1, &v));
+    if (v > KVP_MAX_LAYERS) return KVP_ERR(KVP_EINVAL, "%s: %lld layers exceed the limit of %d", what, (long long)v, KVP_MAX_LAYERS);
+    c.num_layers = (int32_t)v;
+    KVP_TRY(need_int(o, what, "hidden_size", 1, &v));
+    if (v > (1 << 20)) return KVP_ERR(KVP_EINVAL, "%s: hidden_size %lld is absurd", what, (long long)v);
+    c.hidden_size = (int32_t)v;
+    KVP_TRY(need_int(o, what, "num_attention_heads", 1, &v));
+    if (v > 65536) return KVP_ERR(KVP_EINVAL, "%s: num_attention_heads %lld is absurd", what, (long long)v);
+    c.num_q_heads = (int32_t)v;
+    KVP_TRY(opt_int(o, what, "num_key_value_heads", 1, c.num_q_heads, &v));
+    if (v > c.num_q_heads || c.num_q_heads % v != 0)
+        return KVP_ERR(KVP_EINVAL, "%s: num_key_value_heads %lld does not divide num_attention_heads %d", what,
+                       (long long)v, c.num_q_heads);
+    c.num_kv_heads = (int32_t)v;
+    int has_head_dim = cJSON_HasObjectItem(o, "head_dim") && !cJSON_IsNull(cJSON_GetObjectItem(o, "head_dim"));
+    if (!has_head_dim && c.hidden_size % c.num_q_heads != 0)
+        return KVP_ERR(KVP_EINVAL, "%s: hidden_size %d is not a multiple of num_attention_heads %d and no head_dim",
+                       what, c.hidden_size, c.num_q_heads);
+    KVP_TRY(opt_int(o, what, "head_dim", 1, c.hidden_size / c.num_q_heads, &v));
+    if (v > 65536) return KVP_ERR(KVP_EINVAL, "%s: head_dim %lld is absurd", what, (long long)v);
+    c.head_dim = c.v_head_dim = (int32_t)v;
+
+    int64_t ffn = 0;
+    KVP_TRY(opt_int(o, what, "intermediate_size", 1, 0, &ffn));
+    if (ffn == 0) KVP_TRY(opt_int(o, what, "ffn_dim", 1, 0, &ffn)); /* OPT */
+    if (ffn == 0 && c.family != KVP_FAMILY_GENERIC)
+        return KVP_ERR(KVP_EPARSE, "%s: missing \"intermediate_size\"", what);
+    c.intermediate_size = ffn;
+    KVP_TRY(opt_int(o, what, "vocab_size", 1, 0, &c.vocab_size));
+    if (c.vocab_size == 0 && c.family != KVP_FAMILY_GENERIC)
+        return KVP_ERR(KVP_EPARSE, "%s: missing \"vocab_size\"", what);
+    KVP_TRY(opt_int(o, what, "max_position_embeddings", 1, 0, &c.max_position_embeddings));
+
+    KVP_TRY(opt_num(o, what, "rms_norm_eps", 1e-5, &c.rms_norm_eps));
+    if (!cJSON_HasObjectItem(o, "rms_norm_eps")) KVP_TRY(opt_num(o, what, "layer_norm_eps", 1e-5, &c.rms_norm_eps));
+    KVP_TRY(opt_num(o, what, "rope_theta", 10000.0, &c.rope_theta));
+    KVP_TRY(read_rope_scaling(o, what, &c));
+
+    int tie_default = known >= 0 ? families[known].tie_default : 0;
+    KVP_TRY(opt_bool(o, what, "tie_word_embeddings", tie_default, &c.tie_word_embeddings));
+    if (!cJSON_HasObjectItem(o, "tie_word_embeddings") && o != root)
+        KVP_TRY(opt_bool(root, what, "tie_word_embeddings", tie_default, &c.tie_word_embeddings));
+    KVP_TRY(opt_bool(o, what, "attention_bias", known >= 0 ? families[known].qkv_bias : 0, &c.attention_bias));
+    c.qk_norm = known >= 0 ? families[known].qk_norm : 0;
+
+    if (c.family == KVP_FAMILY_DEEPSEEK) {
+        int64_t lora = 0, qlora = 0, rope = 0, nope = 0, vhd = 0;
+        KVP_TRY(need_int(o, what, "kv_lora_rank", 1, &lora));
+        KVP_TRY(need_int(o, what, "qk_rope_head_dim", 1, &rope));
+        KVP_TRY(need_int(o, what, "qk_nope_head_dim", 1, &nope));
+        KVP_TRY(need_int(o, what, "v_head_dim", 1, &vhd));
+        KVP_TRY(opt_int(o, what, "q_lora_rank", 0, 0, &qlora));
+        c.kv_lora_rank = (int32_t)lora;
+        c.q_lora_rank = (int32_t)qlora;
+        c.qk_rope_head_dim = (int32_t)rope;
+        c.qk_nope_head_dim = (int32_t)nope;
+        c.head_dim = (int32_t)(nope + rope);
+        c.v_head_dim = (int32_t)vhd;
+    }
+    KVP_TRY(read_sliding(o, what, &c));
+    KVP_TRY(read_moe(o, what, &c));
+    KVP_TRY(token_id(o, what, "bos_token_id", &c.bos_token_id));
+    KVP_TRY(token_id(o, what, "eos_token_id", &c.eos_token_id));
+    *out = c;
+    return KVP_OK;
+}
+
+kvp_status kvp_model_config_load(const char *path, kvp_model_config *cfg)
+{
+    cJSON *root = NULL;
+    KVP_TRY(kvp_json_parse_file(path, &root));
+    kvp_status st = kvp_model_config_from_json(root, path, cfg);
+    cJSON_Delete(root);
+    return st;
+}
+
+int64_t kvp_model_kv_elems_per_token_layer(const kvp_model_config *c, int32_t layer)
+{
+    (void)layer; /* every layer caches the same width; sliding layers cache fewer tokens, not narrower ones */
+    if (c->kv_lora_rank > 0) return (int64_t)c->kv_lora_rank + c->qk_rope_head_dim;
+    return 2LL * c->num_kv_heads * c->head_dim;
+}
+
+int64_t kvp_model_kv_elems_per_token(const kvp_model_config *c)
+{
+    int64_t sum = 0;
+    for (int32_t l = 0; l < c->num_layers; l++) sum += kvp_model_kv_elems_per_token_layer(c, l);
+    return sum;
+}
+
+/* Attention parameters of one layer (projections, biases, q/k norms). */
+static int64_t attn_params(const kvp_model_config *c)
+{
+    int64_t h = c->hidden_size, nq = c->num_q_heads, nkv = c->num_kv_heads, hd = c->head_dim;
+    if (c->kv_lora_rank > 0) { /* MLA */
+        int64_t qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
+        int64_t q = c->q_lora_rank > 0 ? h * c->q_lora_rank + c->q_lora_rank + (int64_t)c->q_lora_rank * nq * qk
+                                       : h * nq * qk;
+        int64_t kv = h * (c->kv_lora_rank + c->qk_rope_head_dim) + c->kv_lora_rank +
+                     (int64_t)c->kv_lora_rank * nq * (c->qk_nope_head_dim + c->v_head_dim);
+        return q + kv + nq * c->v_head_dim * h;
+    }
+    int64_t p = h * nq * hd + 2 * h * nkv * hd + nq * hd * h;
+    if (c->attention_bias) p += nq * hd + 2 * nkv * hd;
+    if (c->family == KVP_FAMILY_OPT || (c->attention_bias && strcmp(c->model_type, "llama") == 0)) p += h;
+    if (c->qk_norm) p += 2 * hd;
+    return p;
+}
+
+/* FFN parameters of layer l; `active` counts only the experts a token uses. */
+static int64_t ffn_params(const kvp_model_config *c, int32_t l, int active)
+{
+    int64_t h = c->hidden_size;
+    if (c->family == KVP_FAMILY_OPT) return 2 * h * c->intermediate_size + c->intermediate_size + h;
+    if (c->num_experts == 0 || !c->layer_is_moe[l]) return 3 * h * c->intermediate_size;
+    int64_t expert = 3 * h * c->moe_intermediate_size;
+    int64_t routed = active ? c->num_experts_per_tok : c->num_experts;
+    int64_t p = routed * expert + (int64_t)c->num_shared_experts * expert + h * c->num_experts; /* + router */
+    if (strcmp(c->model_type, "deepseek_v3") == 0) p += c->num_experts; /* e_score_correction_bias */
+    return p;
+}
+
+static int64_t norm_params(const kvp_model_config *c)
+{
+    int64_t h = c->hidden_size;
+    if (c->family == KVP_FAMILY_OPT) return 4 * h;                                   /* 2 LayerNorms, w + b */
+    if (c->family == KVP_FAMILY_GEMMA2 && strcmp(c->model_type, "gemma2") == 0) return 4 * h; /* pre+post */
+    return 2 * h;
+}
+
+static int64_t count_params(const kvp_model_config *c, int active)
+{
+    int64_t h = c->hidden_size;
+    int64_t p = c->vocab_size * h;                           /* token embedding */
+    if (!c->tie_word_embeddings) p += c->vocab_size * h;     /* LM head */
+    if (c->family == KVP_FAMILY_OPT) p += (c->max_position_embeddings + 2) * h + 2 * h; /* positions, final LN */
+    else p += h;                                             /* final norm */
+    for (int32_t l = 0; l < c->num_layers; l++) p += attn_params(c) + ffn_params(c, l, active) + norm_params(c);
+    return p;
+}
+
+int64_t kvp_model_num_params(const kvp_model_config *c) { return count_params(c, 0); }
+int64_t kvp_model_active_params(const kvp_model_config *c) { return count_params(c, 1); }

@@ -1,0 +1,187 @@
+/* The config reader on every real config in ../shared/data/configs/ and on broken ones. */
+#include <criterion/criterion.h>
+#include <dirent.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "runtime/model_config.h"
+
+#define CONFIGS "../shared/data/configs"
+
+static kvp_model_config load(const char *rel)
+{
+    char path[512];
+    snprintf(path, sizeof path, CONFIGS "/%s", rel);
+    kvp_model_config c;
+    kvp_status st = kvp_model_config_load(path, &c);
+    cr_assert_eq(st, KVP_OK, "%s: %s", path, kvp_error_detail());
+    return c;
+}
+
+/* Every *.json in the folder and derived/ loads, with sane, self-consistent fields. */
+static int load_dir(const char *sub)
+{
+    char dir[256];
+    snprintf(dir, sizeof dir, CONFIGS "%s", sub);
+    DIR *d = opendir(dir);
+    cr_assert_not_null(d, "cannot open %s: the shared data must be present", dir);
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".json") != 0) continue;
+        char rel[300];
+        snprintf(rel, sizeof rel, "%s%s%s", sub[0] ? sub + 1 : "", sub[0] ? "/" : "", e->d_name);
+        kvp_model_config c = load(rel);
+        cr_assert_gt(c.num_layers, 0, "%s", rel);
+        cr_assert_eq(c.num_q_heads % c.num_kv_heads, 0, "%s", rel);
+        cr_assert_gt(c.head_dim, 0, "%s", rel);
+        cr_assert_gt(c.vocab_size, 0, "%s", rel);
+        cr_assert_gt(kvp_model_num_params(&c), 100000000LL, "%s", rel);
+        cr_assert_leq(kvp_model_active_params(&c), kvp_model_num_params(&c), "%s", rel);
+        n++;
+    }
+    closedir(d);
+    return n;
+}
+
+Test(model_config, every_shared_config_loads)
+{
+    cr_assert_geq(load_dir(""), 11);
+    cr_assert_geq(load_dir("/derived"), 16);
+}
+
+/* Published parameter totals (Hugging Face model cards / safetensors metadata). */
+Test(model_config, parameter_counts_match_published_totals)
+{
+    static const struct { const char *file; long long params; } cases[] = {
+        {"Meta-Llama-3.1-8B.json", 8030261248LL},   {"Meta-Llama-3.1-70B.json", 70553706496LL},
+        {"Meta-Llama-3.1-405B.json", 405853388800LL}, {"Mixtral-8x7B-v0.1.json", 46702792704LL},
+        {"Qwen3-8B.json", 8190735360LL},            {"Qwen3-0.6B.json", 596049920LL},
+        {"Qwen3-30B-A3B.json", 30532122624LL},      {"derived/qwen2_7b.json", 7615616512LL},
+        {"derived/qwen2_0_5b.json", 494032768LL},   {"derived/gemma2_9b.json", 9241705984LL},
+        {"derived/phi-3_5.json", 3821079552LL},     {"derived/mistral_7b.json", 7241732096LL},
+        {"derived/llama2_7b.json", 6738415616LL},   {"derived/tinyllama_1b_chat_v1.0.json", 1100048384LL},
+        {"derived/deepseek_v2_lite.json", 15706484224LL},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvp_model_config c = load(cases[i].file);
+        cr_expect_eq(kvp_model_num_params(&c), cases[i].params, "%s: %lld != %lld", cases[i].file,
+                     (long long)kvp_model_num_params(&c), cases[i].params);
+    }
+}
+
+Test(model_config, family_specific_fields)
+{
+    kvp_model_config c = load("Meta-Llama-3.1-8B.json");
+    cr_assert_eq(c.family, KVP_FAMILY_LLAMA);
+    cr_assert_eq(c.head_dim, 128);
+    cr_assert_str_eq(c.rope_scaling_type, "llama3");
+    cr_assert_float_eq(c.rope_scaling_factor, 8.0, 0);
+    cr_assert_eq(c.rope_original_max_position, 8192);
+    cr_assert_eq(c.tie_word_embeddings, 0);
+    cr_assert_eq(c.sliding_window, 0);
+
+    c = load("derived/gemma2_9b.json");
+    cr_assert_eq(c.tie_word_embeddings, 1, "gemma ties by default");
+    cr_assert_eq(c.head_dim, 256, "explicit head_dim, not 3584/16");
+    cr_assert_eq(c.sliding_window, 4096);
+    cr_assert(c.layer_is_sliding[0] && !c.layer_is_sliding[1] && c.layer_is_sliding[40] && !c.layer_is_sliding[41]);
+
+    c = load("derived/mistral_7b.json");
+    cr_assert_eq(c.sliding_window, 4096, "sliding_window_size (MLC name) is read");
+    cr_assert(c.layer_is_sliding[0] && c.layer_is_sliding[31]);
+
+    c = load("derived/qwen2_7b.json");
+    cr_assert_eq(c.attention_bias, 1, "qwen2 has q/k/v biases");
+    cr_assert_eq(c.sliding_window, 0, "use_sliding_window false");
+
+    c = load("Qwen3-8B.json");
+    cr_assert_eq(c.qk_norm, 1);
+
+    c = load("derived/opt-13b.json");
+    cr_assert_eq(c.family, KVP_FAMILY_OPT);
+    cr_assert_eq(c.intermediate_size, 20480, "ffn_dim");
+    cr_assert_eq(c.tie_word_embeddings, 1);
+    cr_assert_eq(kvp_model_kv_elems_per_token(&c) * 2, 819200, "800 KB per token, as the paper says");
+
+    c = load("DeepSeek-V3.json");
+    cr_assert_eq(c.family, KVP_FAMILY_DEEPSEEK);
+    cr_assert_eq(kvp_model_kv_elems_per_token_layer(&c, 0), 576, "MLA caches kv_lora_rank + qk_rope_head_dim");
+    cr_assert_eq(c.head_dim, 192);
+    cr_assert_eq(c.num_experts, 256);
+    cr_assert(!c.layer_is_moe[2] && c.layer_is_moe[3], "first_k_dense_replace = 3");
+    cr_assert_str_eq(c.rope_scaling_type, "yarn");
+
+    c = load("Qwen3-30B-A3B.json");
+    cr_assert_eq(c.num_experts, 128);
+    cr_assert_eq(c.num_experts_per_tok, 8);
+    cr_assert_eq(c.moe_intermediate_size, 768);
+    long long active = kvp_model_active_params(&c);
+    cr_assert(active > 3000000000LL && active < 3500000000LL, "A3B: about 3.3B active, got %lld", active);
+
+    c = load("derived/llama3_1_8b.json");
+    cr_assert_eq(c.eos_token_id, 128001, "first of an eos list");
+}
+
+static kvp_status from_text(const char *text, kvp_model_config *c)
+{
+    cJSON *o = cJSON_Parse(text);
+    cr_assert_not_null(o, "test JSON must parse: %s", text);
+    kvp_status st = kvp_model_config_from_json(o, "t.json", c);
+    cJSON_Delete(o);
+    return st;
+}
+
+Test(model_config, nested_text_config_layer_types_and_unknown_types)
+{
+    kvp_model_config c;
+    cr_assert_eq(from_text("{\"model_type\":\"llava\",\"text_config\":{\"model_type\":\"llama\",\"num_hidden_layers\":4,"
+                           "\"hidden_size\":256,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                           "\"intermediate_size\":512,\"vocab_size\":1000,\"sliding_window\":128,"
+                           "\"layer_types\":[\"sliding_attention\",\"full_attention\",\"sliding_attention\",\"full_attention\"]}}",
+                           &c),
+                 KVP_OK, "%s", kvp_error_detail());
+    cr_assert_str_eq(c.model_type, "llama");
+    cr_assert_eq(c.head_dim, 64);
+    cr_assert_eq(c.sliding_window, 128);
+    cr_assert(c.layer_is_sliding[0] && !c.layer_is_sliding[1]);
+
+    /* Unknown type with the KV fields: accepted as generic. */
+    cr_assert_eq(from_text("{\"model_type\":\"newthing\",\"num_hidden_layers\":2,\"hidden_size\":64,"
+                           "\"num_attention_heads\":4,\"num_key_value_heads\":1}", &c), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(c.family, KVP_FAMILY_GENERIC);
+    cr_assert_eq(kvp_model_kv_elems_per_token(&c), 2 * 2 * 1 * 16);
+    /* Unknown type without them: a clear error naming the type. */
+    cr_assert_eq(from_text("{\"model_type\":\"newthing\",\"num_hidden_layers\":2,\"hidden_size\":64,\"num_attention_heads\":4}", &c),
+                 KVP_EUNSUPPORTED);
+    cr_assert(strstr(kvp_error_message(), "newthing") != NULL);
+}
+
+Test(model_config, bad_configs_get_named_errors)
+{
+    static const struct { const char *json; kvp_status st; const char *needle; } cases[] = {
+        {"[1,2]", KVP_EPARSE, "not a JSON object"},
+        {"{\"model_type\":\"llama\",\"hidden_size\":64,\"num_attention_heads\":4}", KVP_EPARSE, "num_hidden_layers"},
+        {"{\"model_type\":\"llama\",\"num_hidden_layers\":-2,\"hidden_size\":64,\"num_attention_heads\":4}", KVP_EINVAL, "num_hidden_layers"},
+        {"{\"model_type\":\"llama\",\"num_hidden_layers\":\"x\",\"hidden_size\":64,\"num_attention_heads\":4}", KVP_EPARSE, "num_hidden_layers"},
+        {"{\"model_type\":\"llama\",\"num_hidden_layers\":2,\"hidden_size\":64,\"num_attention_heads\":4,\"num_key_value_heads\":3,"
+         "\"intermediate_size\":8,\"vocab_size\":8}", KVP_EINVAL, "num_key_value_heads"},
+        {"{\"model_type\":\"llama\",\"num_hidden_layers\":2,\"hidden_size\":65,\"num_attention_heads\":4,"
+         "\"intermediate_size\":8,\"vocab_size\":8}", KVP_EINVAL, "multiple"},
+        {"{\"model_type\":\"llama\",\"num_hidden_layers\":2000000,\"hidden_size\":64,\"num_attention_heads\":4}", KVP_EINVAL, "layers"},
+        {"{\"model_type\":\"deepseek_v3\",\"num_hidden_layers\":2,\"hidden_size\":64,\"num_attention_heads\":4,"
+         "\"intermediate_size\":8,\"vocab_size\":8}", KVP_EPARSE, "kv_lora_rank"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvp_model_config c;
+        kvp_status st = from_text(cases[i].json, &c);
+        cr_expect_eq(st, cases[i].st, "case %zu: got %s (%s)", i, kvp_status_str(st), kvp_error_detail());
+        cr_expect(strstr(kvp_error_message(), cases[i].needle) != NULL, "case %zu: '%s' lacks '%s'", i,
+                  kvp_error_message(), cases[i].needle);
+        cr_expect(strstr(kvp_error_message(), "t.json") != NULL, "case %zu names the file", i);
+    }
+    kvp_model_config c;
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/INDEX.md", &c), KVP_EPARSE);
+    cr_assert(strstr(kvp_error_message(), "INDEX.md") != NULL);
+}

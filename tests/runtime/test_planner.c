@@ -1,0 +1,198 @@
+/* The planner's formulas against the seed article's examples and hand-computed figures. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "runtime/planner.h"
+
+#define GiB (1LL << 30)
+
+/* The seed article's model: 32 layers, 8 KV heads, head_dim 128. */
+static kvp_model_config seed_model(int kv_heads)
+{
+    char text[512];
+    snprintf(text, sizeof text,
+             "{\"model_type\":\"llama\",\"num_hidden_layers\":32,\"hidden_size\":4096,\"num_attention_heads\":32,"
+             "\"num_key_value_heads\":%d,\"intermediate_size\":14336,\"vocab_size\":128256,"
+             "\"max_position_embeddings\":131072}", kv_heads);
+    cJSON *o = cJSON_Parse(text);
+    kvp_model_config c;
+    cr_assert_eq(kvp_model_config_from_json(o, "seed", &c), KVP_OK, "%s", kvp_error_detail());
+    cJSON_Delete(o);
+    return c;
+}
+
+static kvp_plan plan(const kvp_model_config *c, kvp_plan_params *p)
+{
+    kvp_plan r;
+    cr_assert_eq(kvp_plan_compute(c, p, &r), KVP_OK, "%s", kvp_error_detail());
+    return r;
+}
+
+Test(planner, seed_article_kv_examples)
+{
+    kvp_model_config c = seed_model(8);
+    kvp_plan_params p;
+    kvp_plan_params_default(&c, &p);
+    p.gpu_mem_bytes = 80 * GiB;
+    static const struct { long long seq; long long bytes; } ex[] = {
+        {4096, 536870912LL}, {8192, 1 * GiB}, {32768, 4 * GiB}, {131072, 16 * GiB},
+    };
+    for (size_t i = 0; i < 4; i++) {
+        p.seq_len = ex[i].seq;
+        kvp_plan r = plan(&c, &p);
+        cr_expect_eq(r.total.kv_bytes_per_seq, ex[i].bytes, "%lld tokens", ex[i].seq);
+    }
+    p.seq_len = 4096;
+    p.num_seqs = 32;
+    cr_expect_eq(plan(&c, &p).total.kv_bytes_total, 16 * GiB, "32 sequences x 4096 tokens");
+    cr_expect_eq(plan(&c, &p).total.kv_bytes_per_token, 131072);
+
+    kvp_model_config half = seed_model(4);
+    cr_expect_eq(plan(&half, &p).total.kv_bytes_total, 8 * GiB, "4 KV heads: half");
+
+    /* 32 requests sharing a 2048-token system prompt store those tokens once. */
+    p.shared_prefix = 2048;
+    long long per_tok = 131072;
+    cr_expect_eq(plan(&c, &p).total.kv_bytes_total, 32LL * 4096 * per_tok - 31LL * 2048 * per_tok);
+}
+
+Test(planner, weights_and_training_examples)
+{
+    /* A 7B model: 7e9 x 2 bytes = 14 GB of weights, x 16 = 112 GB to train with AdamW. The planner takes the
+     * parameter count from the config, so build one whose count is known and scale. */
+    kvp_model_config c = seed_model(8);
+    kvp_plan_params p;
+    kvp_plan_params_default(&c, &p);
+    p.gpu_mem_bytes = 80 * GiB;
+    kvp_plan r = plan(&c, &p);
+    cr_assert_eq(r.params, 8030261248LL, "Llama-3.1-8B shape");
+    cr_assert_eq(r.total.weights_bytes, 2 * r.params);
+    cr_assert_eq(r.train_bytes, 16 * r.params);
+    double b;
+    cr_assert_eq(kvp_dtype_bytes("bf16", &b), KVP_OK);
+    cr_assert_eq((long long)(7e9 * b), 14000000000LL, "7B in BF16 -> 14 GB");
+    cr_assert_eq((long long)(7e9 * 16), 112000000000LL, "7B AdamW -> 112 GB");
+    p.weight_bytes = 1;
+    cr_assert_eq(plan(&c, &p).total.weights_bytes, r.params, "fp8 weights: one byte each");
+    cr_assert_eq(kvp_dtype_bytes("fp4", &b), KVP_EINVAL);
+}
+
+/* Hand-computed blocks and sequences for real models. */
+Test(planner, blocks_and_sequences_for_real_models)
+{
+    static const struct { const char *file; const char *gpu_note; long long mem; int tp; long long seq; } cases[] = {
+        {"Meta-Llama-3.1-8B.json", "H200", 143771LL << 20, 1, 8192},
+        {"derived/opt-13b.json", "A100-40G", 40960LL << 20, 1, 2048},
+        {"Meta-Llama-3.1-70B.json", "4xH100", 81559LL << 20, 4, 32768},
+        {"derived/qwen2_7b.json", "A100-80G", 81920LL << 20, 2, 4096},
+        {"derived/gemma2_9b.json", "H100", 81559LL << 20, 1, 8192},
+        {"DeepSeek-V3.json", "8xH200", 143771LL << 20, 8, 16384},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[256];
+        snprintf(path, sizeof path, "../shared/data/configs/%s", cases[i].file);
+        kvp_model_config c;
+        cr_assert_eq(kvp_model_config_load(path, &c), KVP_OK, "%s", kvp_error_detail());
+        kvp_plan_params p;
+        kvp_plan_params_default(&c, &p);
+        p.gpu_mem_bytes = cases[i].mem;
+        p.tp = cases[i].tp;
+        p.seq_len = cases[i].seq;
+        p.activation_reserve = 1 * GiB;
+        kvp_plan r = plan(&c, &p);
+        long long params = kvp_model_num_params(&c);
+        long long weights_rank = 2 * params / cases[i].tp;
+        long long kv_heads_rank = c.kv_lora_rank ? 0 : (c.num_kv_heads >= cases[i].tp ? c.num_kv_heads / cases[i].tp : 1);
+        long long per_tok_rank = c.kv_lora_rank ? 2LL * c.num_layers * (c.kv_lora_rank + c.qk_rope_head_dim)
+                                                : 2LL * c.num_layers * 2 * kv_heads_rank * c.head_dim;
+        long long budget = (long long)((double)cases[i].mem * 0.9) - weights_rank - GiB;
+        cr_expect_eq(r.per_rank.weights_bytes, weights_rank, "%s", cases[i].file);
+        cr_expect_eq(r.per_rank.kv_bytes_per_token, per_tok_rank, "%s", cases[i].file);
+        cr_expect_eq(r.per_rank.kv_budget_bytes, budget, "%s", cases[i].file);
+        cr_expect_eq(r.total.num_blocks, budget > 0 ? budget / (16 * per_tok_rank) : 0, "%s", cases[i].file);
+        if (c.sliding_window == 0)
+            cr_expect_eq(r.total.max_concurrent_seqs, budget > 0 ? budget / (cases[i].seq * per_tok_rank) : 0, "%s",
+                         cases[i].file);
+    }
+}
+
+Test(planner, sliding_windows_and_mla_per_sequence)
+{
+    kvp_model_config c;
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/derived/gemma2_9b.json", &c), KVP_OK);
+    /* 42 layers, 21 sliding at 4096: at 8192 tokens the sliding half stores 4096 tokens. */
+    long long per_layer_tok = 2LL * 8 * 256 * 2;
+    cr_assert_eq(kvp_plan_kv_bytes_for_tokens(&c, 8192, 2), 21 * 8192 * per_layer_tok + 21 * 4096 * per_layer_tok);
+    cr_assert_eq(kvp_plan_kv_bytes_for_tokens(&c, 1000, 2), 42 * 1000 * per_layer_tok);
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/DeepSeek-V3.json", &c), KVP_OK);
+    cr_assert_eq(kvp_plan_kv_bytes_for_tokens(&c, 1000, 2), 61LL * 576 * 2 * 1000, "MLA latent: 576 elements");
+}
+
+Test(planner, impossible_parameters_rejected)
+{
+    kvp_model_config c = seed_model(8);
+    kvp_plan_params p;
+    kvp_plan r;
+    kvp_plan_params_default(&c, &p);
+    p.gpu_mem_bytes = 80 * GiB;
+    p.tp = 3;
+    cr_assert_eq(kvp_plan_compute(&c, &p, &r), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "--tp 3") != NULL);
+    p.tp = 16; /* 16 > 8 KV heads: replicated, allowed */
+    cr_assert_eq(kvp_plan_compute(&c, &p, &r), KVP_OK);
+    cr_assert_eq(r.per_rank.kv_bytes_per_token, 2LL * 32 * 1 * 128 * 2);
+    p.tp = 1;
+    p.shared_prefix = p.seq_len + 1;
+    cr_assert_eq(kvp_plan_compute(&c, &p, &r), KVP_EINVAL);
+    p.shared_prefix = 0;
+    p.gpu_util = 1.5;
+    cr_assert_eq(kvp_plan_compute(&c, &p, &r), KVP_EINVAL);
+    p.gpu_util = 0.9;
+    p.gpu_mem_bytes = 1 * GiB; /* weights do not fit: a plan with a negative budget and no blocks */
+    cr_assert_eq(kvp_plan_compute(&c, &p, &r), KVP_OK);
+    cr_assert_lt(r.per_rank.kv_budget_bytes, 0);
+    cr_assert_eq(r.total.num_blocks, 0);
+}
+
+/* The CLI: exit codes and one-line errors (kvpage binary from the build, via KVPAGE_BIN). */
+static int run(const char *args, char *err, size_t n)
+{
+    const char *bin = getenv("KVPAGE_BIN");
+    cr_assert_not_null(bin, "KVPAGE_BIN must point at the kvpage binary (set by CTest)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s plan %s 2>&1 >/dev/null", bin, args);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t got = fread(err, 1, n - 1, f);
+    err[got] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(planner, cli_bad_input_exits_2_with_one_line)
+{
+    static const struct { const char *args; const char *needle; } cases[] = {
+        {"", "--config PATH is required"},
+        {"--config /nonexistent.json", "/nonexistent.json"},
+        {"--config ../shared/data/configs/INDEX.md", "malformed JSON"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --gpu B200", "unknown GPU"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --kv-dtype fp4", "unknown dtype 'fp4'"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --tp 3", "does not divide"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --seq-len -5", "out of range"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --gpu-mem 80XB", "unknown size unit"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --block-size 0", "out of range"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --frobnicate", "unknown option"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --gpu-util 2", "out of range"},
+    };
+    char err[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int code = run(cases[i].args, err, sizeof err);
+        cr_expect_eq(code, 2, "'%s' exited %d", cases[i].args, code);
+        cr_expect(strstr(err, cases[i].needle) != NULL, "'%s': '%s' lacks '%s'", cases[i].args, err, cases[i].needle);
+        cr_expect(strchr(err, '\n') == err + strlen(err) - 1, "'%s': one line, got '%s'", cases[i].args, err);
+    }
+    cr_expect_eq(run("--config ../shared/data/configs/Meta-Llama-3.1-8B.json --gpu H200 --json", err, sizeof err), 0);
+}
