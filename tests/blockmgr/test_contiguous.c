@@ -212,7 +212,8 @@ Test(contiguous, allocation_failures_change_nothing)
     for (int pre = 0; pre < 40; pre++) {
         kvp_contig *c = mk(10000);
         for (int i = 0; i < pre; i++) cr_assert_eq(kvp_contig_reserve(c, 100 + i, 7, 0, NULL), KVP_OK);
-        for (int i = 0; i < pre; i += 3) cr_assert_eq(kvp_contig_free(c, 100 + i), KVP_OK);
+        /* a hole in the middle when there is room for one; the arrays are still at their growth points */
+        if (pre >= 3 && pre % 2) cr_assert_eq(kvp_contig_free(c, 101), KVP_OK);
         for (int64_t n = 1;; n++) {
             int32_t nr = kvp_contig_num_reqs(c), nh = kvp_contig_num_holes(c);
             kvp_kv_accounting a0 = acc(c, 5);
