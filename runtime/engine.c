@@ -1,0 +1,1118 @@
+/* runtime/engine.c — scheduler + KV memory + executor, stepped in simulated time (contract: engine.h).
+ *
+ * Data layout (all arrays preallocated so that a step allocates only when a prefix hit is recorded or a
+ * generated-token array grows):
+ *
+ *   seqs[0..n)          one per added request, index = order of addition = block-manager sequence id
+ *   waiting  wq[head .. head+n)   seq indices sorted by rank key (ties: index)
+ *   running  rq[0..n)             sorted by rank key; the last one is the first preemption victim
+ *   swapped  sq[0..n)             sorted by rank key
+ *
+ * Time accounting: every interval of simulated time (a step, or an idle jump to the next arrival) adds
+ * (memory accounting of that interval) x (its length) to running sums; metrics divide by the total time.
+ */
+#include "runtime/engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "blockmgr/block_mgr.h"
+#include "blockmgr/contiguous.h"
+#include "common/alloc.h"
+#include "common/log.h"
+
+typedef struct {
+    const kvp_request *req;
+    kvp_req_state state;
+    int32_t prompt_len;
+    int32_t output_len;    /* clamped */
+    int32_t num_computed;  /* tokens whose KV is in memory */
+    int32_t num_generated;
+    int32_t preemptions;
+    int32_t sched_new;     /* tokens scheduled in the current step */
+    int32_t n_hit;         /* prefix-cache blocks locked by this sequence */
+    int32_t *hit;          /* [n_hit] */
+    int32_t *gen;          /* [gen_cap] generated token ids */
+    size_t gen_cap;
+    int64_t reserve_len;   /* contiguous: reservation length */
+    int32_t lpm_score;
+    bool admitted_once;
+    bool inserted;         /* prompt blocks inserted in the prefix cache */
+    double admit_s, first_token_s, finish_s;
+} seq_t;
+
+struct kvp_engine {
+    kvp_engine_config cfg;
+    kvp_executor *ex;
+    kvp_block_mgr *bm;
+    kvp_prefix_cache *pc;
+    kvp_contig *arena;
+    kvp_contig_policy contig_policy;
+    int32_t num_blocks;
+
+    seq_t *seqs;
+    int64_t n_seqs, cap_seqs;
+    int64_t next_arrival; /* first seq not yet moved to waiting */
+
+    int64_t *wq;
+    int64_t wq_head, wq_n, wq_cap;
+    int64_t *rq;
+    int32_t rq_n;
+    int64_t *sq;
+    int64_t sq_n, sq_cap;
+
+    /* per step scratch (max_num_seqs + 1 entries) */
+    int64_t *sched;
+    int32_t sched_n;
+    kvp_exec_seq *xs;
+    int32_t *sampled;
+    int64_t *admitted;
+    int32_t admitted_n;
+    int32_t *hit_scratch;
+    int32_t hit_scratch_cap;
+    int64_t *lpm_order;
+
+    double now;
+    int32_t step_preempted;
+
+    /* counters */
+    int64_t steps, finished, rejected, clamped, preemptions, swap_outs, swap_ins, recomputes;
+    int64_t prompt_tokens_first, hit_tokens_first, computed_tokens, batch_tokens_sum, max_running;
+    double last_finish_s;
+    /* time integrals */
+    double t_total, t_running;
+    double a_token, a_reserved, a_internal, a_external, a_cached, a_free, a_shared, a_in_use, a_cap;
+};
+
+/* ---------------------------------------------------------------- names */
+
+static const char *const alloc_names[] = {"paged", "orca-max", "orca-pow2", "orca-oracle"};
+static const char *const sched_names[] = {"fcfs", "lpm", "priority"};
+static const char *const preempt_names[] = {"recompute", "swap"};
+
+static kvp_status parse_name(const char *s, const char *const *names, int n, const char *what, int *out)
+{
+    if (s)
+        for (int i = 0; i < n; i++)
+            if (strcmp(s, names[i]) == 0) {
+                *out = i;
+                return KVP_OK;
+            }
+    char list[128] = "";
+    size_t off = 0;
+    for (int i = 0; i < n && off < sizeof list; i++) {
+        int w = snprintf(list + off, sizeof list - off, "%s%s", i ? ", " : "", names[i]);
+        if (w < 0) break;
+        off += (size_t)w;
+    }
+    return KVP_ERR(KVP_EINVAL, "unknown %s '%s' (use %s)", what, s ? s : "(null)", list);
+}
+
+kvp_status kvp_alloc_kind_parse(const char *s, kvp_alloc_kind *out)
+{
+    int v = 0;
+    KVP_TRY(parse_name(s, alloc_names, 4, "allocation strategy", &v));
+    *out = (kvp_alloc_kind)v;
+    return KVP_OK;
+}
+kvp_status kvp_sched_policy_parse(const char *s, kvp_sched_policy *out)
+{
+    int v = 0;
+    KVP_TRY(parse_name(s, sched_names, 3, "scheduling policy", &v));
+    *out = (kvp_sched_policy)v;
+    return KVP_OK;
+}
+kvp_status kvp_preempt_mode_parse(const char *s, kvp_preempt_mode *out)
+{
+    int v = 0;
+    KVP_TRY(parse_name(s, preempt_names, 2, "preemption mode", &v));
+    *out = (kvp_preempt_mode)v;
+    return KVP_OK;
+}
+const char *kvp_alloc_kind_name(kvp_alloc_kind k) { return (unsigned)k < 4 ? alloc_names[k] : "?"; }
+const char *kvp_sched_policy_name(kvp_sched_policy p) { return (unsigned)p < 3 ? sched_names[p] : "?"; }
+const char *kvp_preempt_mode_name(kvp_preempt_mode m) { return (unsigned)m < 2 ? preempt_names[m] : "?"; }
+
+void kvp_engine_config_default(kvp_engine_config *c)
+{
+    memset(c, 0, sizeof *c);
+    c->alloc = KVP_ALLOC_PAGED;
+    c->block_size = 16;
+    c->max_num_seqs = 256;
+    c->max_batched_tokens = 8192;
+    c->max_model_len = 4096;
+    c->chunked_prefill = true;
+    c->sched = KVP_SCHED_FCFS;
+    c->preempt = KVP_PREEMPT_RECOMPUTE;
+    c->cache = KVP_PC_NONE;
+    c->evict = KVP_EVICT_LRU;
+}
+
+/* ---------------------------------------------------------------- ordering */
+
+/* Rank: smaller ranks first. fcfs/lpm: addition order (= arrival order); priority: higher priority first. */
+static inline bool rank_less(const kvp_engine *e, int64_t a, int64_t b)
+{
+    if (e->cfg.sched == KVP_SCHED_PRIORITY) {
+        int32_t pa = e->seqs[a].req->priority, pb = e->seqs[b].req->priority;
+        if (pa != pb) return pa > pb;
+    }
+    return a < b;
+}
+
+/* Insert idx into the sorted array arr[0..*n) (capacity guaranteed by the caller). */
+static void sorted_insert(const kvp_engine *e, int64_t *arr, int64_t *n, int64_t idx)
+{
+    int64_t lo = 0, hi = *n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (rank_less(e, arr[mid], idx)) lo = mid + 1;
+        else hi = mid;
+    }
+    memmove(arr + lo + 1, arr + lo, (size_t)(*n - lo) * sizeof *arr);
+    arr[lo] = idx;
+    (*n)++;
+}
+
+static void waiting_insert(kvp_engine *e, int64_t idx)
+{
+    /* Common case (fcfs arrivals): append at the tail. Room for the tail is guaranteed by wq_cap >= n_seqs
+     * after compaction to the front when needed. */
+    if (e->wq_n == 0 || rank_less(e, e->wq[e->wq_head + e->wq_n - 1], idx)) {
+        if (e->wq_head + e->wq_n == e->wq_cap) {
+            memmove(e->wq, e->wq + e->wq_head, (size_t)e->wq_n * sizeof *e->wq);
+            e->wq_head = 0;
+        }
+        e->wq[e->wq_head + e->wq_n++] = idx;
+        return;
+    }
+    if (e->wq_head > 0 && rank_less(e, idx, e->wq[e->wq_head])) {
+        e->wq[--e->wq_head] = idx;
+        e->wq_n++;
+        return;
+    }
+    if (e->wq_head + e->wq_n == e->wq_cap) {
+        memmove(e->wq, e->wq + e->wq_head, (size_t)e->wq_n * sizeof *e->wq);
+        e->wq_head = 0;
+    }
+    sorted_insert(e, e->wq + e->wq_head, &e->wq_n, idx);
+}
+
+static void running_insert(kvp_engine *e, int64_t idx)
+{
+    int64_t n = e->rq_n;
+    sorted_insert(e, e->rq, &n, idx);
+    e->rq_n = (int32_t)n;
+}
+
+/* ---------------------------------------------------------------- memory helpers */
+
+static bool paged(const kvp_engine *e) { return e->cfg.alloc == KVP_ALLOC_PAGED; }
+
+static int32_t num_free_blocks(const kvp_engine *e) { return kvp_bm_num_free(e->bm); }
+
+/* Evicts cached prefix blocks until `need` blocks are free or nothing is evictable. */
+static kvp_status evict_until(kvp_engine *e, int32_t need)
+{
+    if (e->pc == NULL) return KVP_OK;
+    while (num_free_blocks(e) < need) {
+        int64_t ev = kvp_pc_num_evictable(e->pc);
+        if (ev <= 0) break;
+        int64_t k = need - num_free_blocks(e);
+        if (k > ev) k = ev;
+        KVP_TRY(kvp_pc_evict(e->pc, (int32_t)k, NULL));
+    }
+    return KVP_OK;
+}
+
+static kvp_status unlock_hits(kvp_engine *e, seq_t *s)
+{
+    kvp_status st = KVP_OK;
+    if (s->n_hit > 0 && e->pc) st = kvp_pc_unlock(e->pc, s->hit, s->n_hit);
+    kvp_free(s->hit);
+    s->hit = NULL;
+    s->n_hit = 0;
+    return st;
+}
+
+static int32_t total_known(const seq_t *s) { return s->prompt_len + s->num_generated; }
+
+/* ---------------------------------------------------------------- create / destroy */
+
+kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp_engine **out)
+{
+    if (cfg == NULL || ex == NULL || out == NULL || ex->step == NULL)
+        return KVP_ERR(KVP_EINVAL, "engine: NULL argument or executor without a step function");
+    const kvp_engine_config *c = cfg;
+    if ((unsigned)c->alloc > KVP_ALLOC_ORCA_ORACLE) return KVP_ERR(KVP_EINVAL, "engine: unknown allocation strategy");
+    if ((unsigned)c->sched > KVP_SCHED_PRIORITY) return KVP_ERR(KVP_EINVAL, "engine: unknown scheduling policy");
+    if ((unsigned)c->preempt > KVP_PREEMPT_SWAP) return KVP_ERR(KVP_EINVAL, "engine: unknown preemption mode");
+    if (c->block_size < 1) return KVP_ERR(KVP_EINVAL, "block size must be >= 1 (got %d)", (int)c->block_size);
+    if (c->max_num_seqs < 1) return KVP_ERR(KVP_EINVAL, "max_num_seqs must be >= 1 (got %d)", (int)c->max_num_seqs);
+    if (c->max_batched_tokens < 1)
+        return KVP_ERR(KVP_EINVAL, "max_batched_tokens must be >= 1 (got %d)", (int)c->max_batched_tokens);
+    if (c->max_model_len < 2) return KVP_ERR(KVP_EINVAL, "max_model_len must be >= 2 (got %d)", (int)c->max_model_len);
+    if (!c->chunked_prefill && c->max_batched_tokens < c->max_model_len)
+        return KVP_ERR(KVP_EINVAL,
+                       "without chunked prefill max_batched_tokens (%d) must be >= max_model_len (%d)",
+                       (int)c->max_batched_tokens, (int)c->max_model_len);
+    if (c->watermark_blocks < 0) return KVP_ERR(KVP_EINVAL, "watermark_blocks must be >= 0");
+    if (c->host_slots < 0) return KVP_ERR(KVP_EINVAL, "host_slots must be >= 0");
+    if (c->alloc != KVP_ALLOC_PAGED && c->cache != KVP_PC_NONE)
+        return KVP_ERR(KVP_EINVAL, "prefix caching needs paged allocation (got %s)", kvp_alloc_kind_name(c->alloc));
+    int64_t nb = c->alloc == KVP_ALLOC_PAGED ? c->kv_slots / c->block_size : c->kv_slots;
+    if (nb < 1)
+        return KVP_ERR(KVP_EINVAL, "KV memory of %lld token slots holds no block of %d tokens",
+                       (long long)c->kv_slots, (int)c->block_size);
+    if (c->alloc == KVP_ALLOC_PAGED && nb > INT32_MAX - 1)
+        return KVP_ERR(KVP_EINVAL, "too many KV blocks (%lld): use a larger block size", (long long)nb);
+    int64_t nhost = c->host_slots / c->block_size;
+    if (nhost > INT32_MAX - 1) nhost = INT32_MAX - 1;
+
+    kvp_engine *e = kvp_calloc(1, sizeof *e);
+    if (e == NULL) return KVP_ERR(KVP_ENOMEM, "engine: out of memory");
+    e->cfg = *c;
+    e->ex = ex;
+    kvp_status st = KVP_OK;
+    if (paged(e)) {
+        kvp_bm_config bc = {.num_blocks = (int32_t)nb,
+                            .block_size = c->block_size,
+                            .num_host_blocks = c->preempt == KVP_PREEMPT_SWAP ? (int32_t)nhost : 0,
+                            .max_seq_len = c->max_model_len,
+                            .watermark_blocks = c->watermark_blocks};
+        e->num_blocks = (int32_t)nb;
+        st = kvp_bm_create(&bc, &e->bm);
+        if (st == KVP_OK && c->cache != KVP_PC_NONE)
+            st = kvp_pc_create(c->cache, c->evict, kvp_bm_pool(e->bm), c->block_size, &e->pc);
+    } else {
+        e->contig_policy = c->alloc == KVP_ALLOC_ORCA_MAX    ? KVP_CONTIG_MAX
+                           : c->alloc == KVP_ALLOC_ORCA_POW2 ? KVP_CONTIG_POW2
+                                                             : KVP_CONTIG_ORACLE;
+        st = kvp_contig_create(c->kv_slots, &e->arena);
+    }
+    size_t m = (size_t)c->max_num_seqs + 1;
+    if (st == KVP_OK) {
+        e->rq = kvp_malloc(m * sizeof *e->rq);
+        e->sched = kvp_malloc(m * sizeof *e->sched);
+        e->xs = kvp_malloc(m * sizeof *e->xs);
+        e->sampled = kvp_malloc(m * sizeof *e->sampled);
+        e->admitted = kvp_malloc(m * sizeof *e->admitted);
+        e->lpm_order = kvp_malloc((size_t)KVP_LPM_WINDOW * sizeof *e->lpm_order);
+        if (!e->rq || !e->sched || !e->xs || !e->sampled || !e->admitted || !e->lpm_order)
+            st = KVP_ERR(KVP_ENOMEM, "engine: out of memory");
+    }
+    if (st != KVP_OK) {
+        kvp_engine_destroy(e);
+        return st;
+    }
+    *out = e;
+    return KVP_OK;
+}
+
+void kvp_engine_destroy(kvp_engine *e)
+{
+    if (e == NULL) return;
+    for (int64_t i = 0; i < e->n_seqs; i++) {
+        kvp_free(e->seqs[i].hit);
+        kvp_free(e->seqs[i].gen);
+    }
+    kvp_pc_destroy(e->pc); /* before the block manager: it holds references on its pool */
+    kvp_bm_destroy(e->bm);
+    kvp_contig_destroy(e->arena);
+    kvp_free(e->seqs);
+    kvp_free(e->wq);
+    kvp_free(e->rq);
+    kvp_free(e->sq);
+    kvp_free(e->sched);
+    kvp_free(e->xs);
+    kvp_free(e->sampled);
+    kvp_free(e->admitted);
+    kvp_free(e->hit_scratch);
+    kvp_free(e->lpm_order);
+    kvp_free(e);
+}
+
+/* ---------------------------------------------------------------- requests */
+
+kvp_status kvp_engine_add_request(kvp_engine *e, const kvp_request *r)
+{
+    if (e == NULL || r == NULL) return KVP_ERR(KVP_EINVAL, "engine: NULL argument");
+    if (r->prompt_len < 1 || r->output_len < 0 || (r->tokens == NULL && e->pc != NULL))
+        return KVP_ERR(KVP_EINVAL, "request %lld: prompt_len must be >= 1, output_len >= 0, tokens given",
+                       (long long)r->id);
+    if (!(r->arrival_s >= 0) || !isfinite(r->arrival_s))
+        return KVP_ERR(KVP_EINVAL, "request %lld: arrival time must be a finite number >= 0", (long long)r->id);
+    if (e->n_seqs > 0 && r->arrival_s < e->seqs[e->n_seqs - 1].req->arrival_s)
+        return KVP_ERR(KVP_EINVAL, "request %lld arrives before the previous one: add requests in arrival order",
+                       (long long)r->id);
+    size_t cap = (size_t)e->cap_seqs;
+    if ((size_t)e->n_seqs + 1 > cap) {
+        size_t c1 = cap, c2 = (size_t)e->wq_cap, c3 = (size_t)e->sq_cap;
+        KVP_TRY(kvp_grow((void **)&e->seqs, &c1, (size_t)e->n_seqs + 1, sizeof *e->seqs));
+        e->cap_seqs = (int64_t)c1;
+        /* waiting and swapped can hold every request at once: never grow during a step */
+        KVP_TRY(kvp_grow((void **)&e->wq, &c2, c1, sizeof *e->wq));
+        e->wq_cap = (int64_t)c2;
+        KVP_TRY(kvp_grow((void **)&e->sq, &c3, c1, sizeof *e->sq));
+        e->sq_cap = (int64_t)c3;
+    }
+    seq_t *s = &e->seqs[e->n_seqs];
+    memset(s, 0, sizeof *s);
+    s->req = r;
+    s->state = KVP_REQ_PENDING;
+    s->prompt_len = r->prompt_len;
+    s->admit_s = s->first_token_s = s->finish_s = -1;
+    const int32_t L = e->cfg.max_model_len;
+    int32_t out = r->output_len;
+    if (out < 1) out = 1;
+    if (r->prompt_len < L && out > L - r->prompt_len) out = L - r->prompt_len;
+    if (out != r->output_len) e->clamped++;
+    s->output_len = out;
+    int64_t final_len = (int64_t)r->prompt_len + out;
+    bool reject = r->prompt_len >= L;
+    if (!reject && paged(e)) {
+        int64_t blocks = (final_len + e->cfg.block_size - 1) / e->cfg.block_size;
+        reject = blocks > (int64_t)e->num_blocks - e->cfg.watermark_blocks;
+    } else if (!reject) {
+        if (kvp_contig_reserve_len(e->contig_policy, L, final_len, &s->reserve_len) != KVP_OK) reject = true;
+        else reject = s->reserve_len > e->cfg.kv_slots;
+    }
+    if (reject) {
+        s->state = KVP_REQ_REJECTED;
+        e->rejected++;
+        KVP_LOG_I("engine: request %lld (prompt %d, output %d) can never run: rejected", (long long)r->id,
+                  (int)r->prompt_len, (int)out);
+    }
+    e->n_seqs++;
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- preemption */
+
+static kvp_status preempt(kvp_engine *e, int64_t idx)
+{
+    seq_t *s = &e->seqs[idx];
+    e->preemptions++;
+    e->step_preempted++;
+    s->preemptions++;
+    if (e->cfg.preempt == KVP_PREEMPT_SWAP && e->bm && kvp_bm_host_pool(e->bm)) {
+        kvp_bm_table_view v;
+        KVP_TRY(kvp_bm_table(e->bm, idx, &v));
+        if (kvp_pool_num_free(kvp_bm_host_pool(e->bm)) >= v.num_blocks) {
+            KVP_TRY(unlock_hits(e, s));
+            kvp_status st = kvp_bm_swap_out(e->bm, &idx, 1);
+            if (st == KVP_OK) {
+                e->swap_outs++;
+                s->state = KVP_REQ_SWAPPED;
+                sorted_insert(e, e->sq, &e->sq_n, idx);
+                return KVP_OK;
+            }
+            if (st != KVP_ENOBLOCKS) return st;
+        }
+    }
+    /* recompute: drop the KV, prefill prompt + generated tokens again later */
+    e->recomputes++;
+    KVP_TRY(unlock_hits(e, s));
+    KVP_TRY(kvp_bm_free(e->bm, idx));
+    s->num_computed = 0;
+    s->state = KVP_REQ_WAITING;
+    waiting_insert(e, idx);
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- scheduling */
+
+/* Tokens to compute for a running sequence this step given the budget. */
+static int32_t want_tokens(const seq_t *s, int32_t budget)
+{
+    int32_t need = total_known(s) - s->num_computed;
+    return need < budget ? need : budget;
+}
+
+/* Schedules running sequences in rank order; preempts from the bottom when blocks run out. */
+static kvp_status schedule_running(kvp_engine *e, int32_t *budget)
+{
+    int32_t n = e->rq_n; /* effective length: victims are cut from the end */
+    for (int32_t i = 0; i < n && *budget > 0; i++) {
+        int64_t idx = e->rq[i];
+        seq_t *s = &e->seqs[idx];
+        int32_t k = want_tokens(s, *budget);
+        if (k <= 0) continue;
+        if (paged(e)) {
+            int32_t need;
+            KVP_TRY(kvp_bm_append_blocks_needed(e->bm, idx, k, &need));
+            bool self = false;
+            while (num_free_blocks(e) < need) {
+                KVP_TRY(evict_until(e, need));
+                if (num_free_blocks(e) >= need) break;
+                int64_t victim = e->rq[n - 1];
+                n--;
+                KVP_TRY(preempt(e, victim));
+                if (victim == idx) {
+                    self = true;
+                    break;
+                }
+            }
+            if (self) break;
+            KVP_TRY(kvp_bm_append(e->bm, idx, k, NULL));
+        } else {
+            KVP_TRY(kvp_contig_grow(e->arena, idx, k));
+        }
+        s->sched_new = k;
+        e->sched[e->sched_n++] = idx;
+        *budget -= k;
+    }
+    if (n < e->rq_n) e->rq_n = n; /* victims were the tail, already moved to waiting/swapped */
+    return KVP_OK;
+}
+
+/* Brings swapped sequences back (rank order) while memory and max_num_seqs allow; schedules them. */
+static kvp_status swap_in(kvp_engine *e, int32_t *budget)
+{
+    int64_t done = 0;
+    while (done < e->sq_n && *budget > 0 && e->rq_n + e->admitted_n < e->cfg.max_num_seqs) {
+        int64_t idx = e->sq[done];
+        seq_t *s = &e->seqs[idx];
+        int32_t need_in;
+        KVP_TRY(kvp_bm_swap_in_blocks_needed(e->bm, &idx, 1, &need_in));
+        int32_t k = want_tokens(s, *budget);
+        /* blocks appending k tokens will add once the sequence is back (its blocks are unshared then) */
+        const int32_t bs = e->cfg.block_size;
+        int32_t extra = (s->num_computed + k + bs - 1) / bs - (s->num_computed + bs - 1) / bs;
+        KVP_TRY(evict_until(e, need_in + extra + e->cfg.watermark_blocks));
+        if (num_free_blocks(e) < need_in + extra + e->cfg.watermark_blocks) break;
+        KVP_TRY(kvp_bm_swap_in(e->bm, &idx, 1));
+        e->swap_ins++;
+        KVP_TRY(kvp_bm_append(e->bm, idx, k, NULL));
+        s->state = KVP_REQ_RUNNING;
+        s->sched_new = k;
+        e->sched[e->sched_n++] = idx;
+        e->admitted[e->admitted_n++] = idx;
+        *budget -= k;
+        done++;
+    }
+    if (done > 0) {
+        memmove(e->sq, e->sq + done, (size_t)(e->sq_n - done) * sizeof *e->sq);
+        e->sq_n -= done;
+    }
+    return KVP_OK;
+}
+
+/* Tries to admit waiting sequence idx with the budget left. *ok = false when it does not fit (nothing
+ * changed then). */
+static kvp_status try_admit(kvp_engine *e, int64_t idx, int32_t *budget, bool *ok)
+{
+    seq_t *s = &e->seqs[idx];
+    const int32_t bs = e->cfg.block_size;
+    *ok = false;
+    int32_t total = total_known(s);
+    if (!paged(e)) {
+        int32_t k = total < *budget ? total : *budget;
+        if (!e->cfg.chunked_prefill && k < total) return KVP_OK;
+        if (k <= 0 || !kvp_contig_can_reserve(e->arena, s->reserve_len)) return KVP_OK;
+        KVP_TRY(kvp_contig_reserve(e->arena, idx, s->reserve_len, (int64_t)s->prompt_len + s->output_len, NULL));
+        kvp_status st = kvp_contig_grow(e->arena, idx, k);
+        if (st != KVP_OK) {
+            kvp_contig_free(e->arena, idx);
+            return st;
+        }
+        s->num_computed = 0;
+        s->sched_new = k;
+        *budget -= k;
+        *ok = true;
+        return KVP_OK;
+    }
+    int32_t n_hit = 0;
+    if (e->pc) {
+        int32_t maxb = s->prompt_len / bs + 1;
+        if (maxb > e->hit_scratch_cap) {
+            size_t cap = (size_t)e->hit_scratch_cap;
+            KVP_TRY(kvp_grow((void **)&e->hit_scratch, &cap, (size_t)maxb, sizeof(int32_t)));
+            e->hit_scratch_cap = (int32_t)cap;
+        }
+        kvp_pc_hint hint = {.priority = s->req->priority};
+        KVP_TRY(kvp_pc_match(e->pc, s->req->tokens, s->prompt_len, &hint, 1, e->hit_scratch, maxb, &n_hit));
+    }
+    int32_t hit_tok = n_hit * bs;
+    int32_t remaining = total - hit_tok;
+    int32_t k = remaining < *budget ? remaining : *budget;
+    bool fits = k > 0 && (e->cfg.chunked_prefill || k == remaining);
+    int32_t need = 0;
+    if (fits) {
+        need = (hit_tok + k + bs - 1) / bs - n_hit;
+        kvp_status st = evict_until(e, need + e->cfg.watermark_blocks);
+        if (st != KVP_OK) {
+            if (n_hit) kvp_pc_unlock(e->pc, e->hit_scratch, n_hit);
+            return st;
+        }
+        fits = num_free_blocks(e) >= need + e->cfg.watermark_blocks;
+    }
+    int32_t *hits = NULL;
+    kvp_status st = KVP_OK;
+    if (fits && n_hit > 0) {
+        hits = kvp_malloc((size_t)n_hit * sizeof *hits);
+        if (hits == NULL) st = KVP_ERR(KVP_ENOMEM, "engine: out of memory recording a prefix hit");
+        else memcpy(hits, e->hit_scratch, (size_t)n_hit * sizeof *hits);
+    }
+    if (fits && st == KVP_OK) st = kvp_bm_allocate_prefixed(e->bm, idx, hit_tok + k, hits, n_hit);
+    if (!fits || st != KVP_OK) {
+        if (n_hit) kvp_pc_unlock(e->pc, e->hit_scratch, n_hit);
+        kvp_free(hits);
+        return st;
+    }
+    s->hit = hits;
+    s->n_hit = n_hit;
+    if (!s->admitted_once) {
+        e->prompt_tokens_first += s->prompt_len;
+        e->hit_tokens_first += hit_tok;
+    }
+    s->num_computed = hit_tok;
+    s->sched_new = k;
+    *budget -= k;
+    *ok = true;
+    return KVP_OK;
+}
+
+static void mark_admitted(kvp_engine *e, int64_t idx)
+{
+    seq_t *s = &e->seqs[idx];
+    s->state = KVP_REQ_RUNNING;
+    if (!s->admitted_once) {
+        s->admitted_once = true;
+        s->admit_s = e->now;
+    }
+    e->sched[e->sched_n++] = idx;
+    e->admitted[e->admitted_n++] = idx;
+}
+
+static int cmp_lpm(const void *a, const void *b, void *ctx)
+{
+    const kvp_engine *e = ctx;
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    if (e->seqs[x].lpm_score != e->seqs[y].lpm_score) return e->seqs[x].lpm_score > e->seqs[y].lpm_score ? -1 : 1;
+    return x < y ? -1 : (x > y);
+}
+
+/* Admits waiting requests in policy order; stops at the first that does not fit. */
+static kvp_status admit_waiting(kvp_engine *e, int32_t *budget)
+{
+    if (e->wq_n == 0) return KVP_OK;
+    if (e->cfg.sched == KVP_SCHED_LPM && e->pc) {
+        int64_t w = e->wq_n < KVP_LPM_WINDOW ? e->wq_n : KVP_LPM_WINDOW;
+        for (int64_t i = 0; i < w; i++) {
+            int64_t idx = e->wq[e->wq_head + i];
+            seq_t *s = &e->seqs[idx];
+            int32_t maxb = s->prompt_len / e->cfg.block_size + 1, n_hit = 0;
+            if (maxb > e->hit_scratch_cap) {
+                size_t cap = (size_t)e->hit_scratch_cap;
+                KVP_TRY(kvp_grow((void **)&e->hit_scratch, &cap, (size_t)maxb, sizeof(int32_t)));
+                e->hit_scratch_cap = (int32_t)cap;
+            }
+            KVP_TRY(kvp_pc_match(e->pc, s->req->tokens, s->prompt_len, NULL, 0, e->hit_scratch, maxb, &n_hit));
+            s->lpm_score = n_hit;
+            e->lpm_order[i] = idx;
+        }
+        qsort_r(e->lpm_order, (size_t)w, sizeof *e->lpm_order, cmp_lpm, e);
+        int64_t taken = 0;
+        for (int64_t i = 0; i < w && *budget > 0 && e->rq_n + e->admitted_n < e->cfg.max_num_seqs; i++) {
+            bool ok;
+            KVP_TRY(try_admit(e, e->lpm_order[i], budget, &ok));
+            if (!ok) break;
+            mark_admitted(e, e->lpm_order[i]);
+            taken++;
+        }
+        if (taken > 0) { /* drop the admitted ones from the window, keep the rank order of the rest */
+            int64_t k = 0;
+            for (int64_t i = 0; i < e->wq_n; i++) {
+                int64_t idx = e->wq[e->wq_head + i];
+                if (e->seqs[idx].state == KVP_REQ_WAITING) e->wq[e->wq_head + k++] = idx;
+            }
+            e->wq_n = k;
+        }
+        return KVP_OK;
+    }
+    while (e->wq_n > 0 && *budget > 0 && e->rq_n + e->admitted_n < e->cfg.max_num_seqs) {
+        int64_t idx = e->wq[e->wq_head];
+        bool ok;
+        KVP_TRY(try_admit(e, idx, budget, &ok));
+        if (!ok) break;
+        e->wq_head++;
+        e->wq_n--;
+        mark_admitted(e, idx);
+    }
+    if (e->wq_n == 0) e->wq_head = 0;
+    return KVP_OK;
+}
+
+static kvp_status schedule(kvp_engine *e)
+{
+    int32_t budget = e->cfg.max_batched_tokens;
+    e->sched_n = 0;
+    e->admitted_n = 0;
+    e->step_preempted = 0;
+    if (!e->cfg.chunked_prefill) {
+        /* vLLM v0 order: a prefill-only step whenever new requests can be admitted (none swapped) */
+        if (e->sq_n == 0) {
+            KVP_TRY(admit_waiting(e, &budget));
+            if (e->admitted_n > 0) goto done;
+        }
+        KVP_TRY(schedule_running(e, &budget));
+        if (e->step_preempted == 0) KVP_TRY(swap_in(e, &budget));
+    } else {
+        KVP_TRY(schedule_running(e, &budget));
+        if (e->step_preempted == 0) {
+            KVP_TRY(swap_in(e, &budget));
+            if (e->sq_n == 0) KVP_TRY(admit_waiting(e, &budget));
+        }
+    }
+done:
+    for (int32_t i = 0; i < e->admitted_n; i++) running_insert(e, e->admitted[i]);
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- accounting */
+
+void kvp_engine_account(const kvp_engine *e, kvp_kv_accounting *a)
+{
+    if (paged(e)) {
+        kvp_bm_account(e->bm, false, a);
+        return;
+    }
+    int64_t pending = 0;
+    if (e->wq_n > 0) pending = e->seqs[e->wq[e->wq_head]].reserve_len;
+    kvp_contig_account(e->arena, pending, a);
+}
+
+static void integrate(kvp_engine *e, double dt)
+{
+    if (!(dt > 0)) return;
+    kvp_kv_accounting a;
+    kvp_engine_account(e, &a);
+    e->t_total += dt;
+    e->t_running += dt * e->rq_n;
+    e->a_token += dt * (double)a.token_states;
+    e->a_reserved += dt * (double)a.reserved;
+    e->a_internal += dt * (double)a.internal_frag;
+    e->a_external += dt * (double)a.external_frag;
+    e->a_cached += dt * (double)a.cached;
+    e->a_free += dt * (double)a.free;
+    e->a_shared += dt * (double)a.shared_savings;
+    e->a_in_use += dt * (double)(a.capacity - a.free - a.cached);
+    e->a_cap += dt * (double)a.capacity;
+}
+
+/* ---------------------------------------------------------------- step */
+
+static void arrivals(kvp_engine *e)
+{
+    while (e->next_arrival < e->n_seqs && e->seqs[e->next_arrival].req->arrival_s <= e->now) {
+        int64_t idx = e->next_arrival++;
+        if (e->seqs[idx].state == KVP_REQ_REJECTED) continue;
+        e->seqs[idx].state = KVP_REQ_WAITING;
+        waiting_insert(e, idx);
+    }
+}
+
+static const int32_t *chunk_tokens(const seq_t *s)
+{
+    int32_t a = s->num_computed, b = s->num_computed + s->sched_new;
+    if (b <= s->prompt_len) return s->req->tokens ? s->req->tokens + a : NULL;
+    if (a >= s->prompt_len && s->gen) return s->gen + (a - s->prompt_len);
+    return NULL; /* a recompute chunk across the prompt's end: not provided (see executor.h) */
+}
+
+static kvp_status finish(kvp_engine *e, int64_t idx)
+{
+    seq_t *s = &e->seqs[idx];
+    KVP_TRY(unlock_hits(e, s));
+    if (paged(e)) KVP_TRY(kvp_bm_free(e->bm, idx));
+    else KVP_TRY(kvp_contig_free(e->arena, idx));
+    s->state = KVP_REQ_FINISHED;
+    s->finish_s = e->now;
+    kvp_free(s->gen);
+    s->gen = NULL;
+    s->gen_cap = 0;
+    e->finished++;
+    e->last_finish_s = e->now;
+    return KVP_OK;
+}
+
+kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
+{
+    kvp_step_info inf = {0};
+    arrivals(e);
+    if (e->rq_n == 0 && e->wq_n == 0 && e->sq_n == 0) {
+        if (e->next_arrival >= e->n_seqs) {
+            inf.idle = true;
+            inf.time_s = e->now;
+            if (info) *info = inf;
+            return KVP_OK;
+        }
+        double t = e->seqs[e->next_arrival].req->arrival_s;
+        integrate(e, t - e->now);
+        e->now = t;
+        arrivals(e);
+    }
+    KVP_TRY(schedule(e));
+    inf.num_preempted = e->step_preempted;
+    if (e->sched_n == 0) {
+        if (e->step_preempted == 0) {
+            /* nothing could be scheduled and nothing changed: only an arrival could change that, and
+             * arrivals never free memory, so this is a state the engine cannot leave */
+            int64_t head = e->wq_n > 0 ? e->wq[e->wq_head] : -1;
+            return KVP_ERR(KVP_ESTATE, "engine stalled: request %lld cannot be admitted into empty memory",
+                           head >= 0 ? (long long)e->seqs[head].req->id : -1LL);
+        }
+        inf.time_s = e->now;
+        if (info) *info = inf;
+        return KVP_OK;
+    }
+    int32_t ntok = 0;
+    for (int32_t i = 0; i < e->sched_n; i++) {
+        seq_t *s = &e->seqs[e->sched[i]];
+        kvp_exec_seq *x = &e->xs[i];
+        x->req_id = s->req->id;
+        x->context_len = s->num_computed;
+        x->num_new = s->sched_new;
+        x->sample = s->num_computed + s->sched_new == total_known(s);
+        x->tokens = chunk_tokens(s);
+        x->block_table = NULL;
+        x->num_blocks = 0;
+        if (paged(e)) {
+            kvp_bm_table_view v;
+            KVP_TRY(kvp_bm_table(e->bm, e->sched[i], &v));
+            x->block_table = v.blocks;
+            x->num_blocks = v.num_blocks;
+        }
+        ntok += s->sched_new;
+    }
+    kvp_exec_batch batch = {.seqs = e->xs, .n = e->sched_n, .block_size = paged(e) ? e->cfg.block_size : 0};
+    if (paged(e)) kvp_bm_step_ops_get(e->bm, &batch.ops);
+    kvp_exec_result res = {.time_s = 0, .sampled = e->sampled};
+    KVP_TRY(e->ex->step(e->ex->ctx, &batch, &res));
+    if (paged(e)) kvp_bm_step_ops_clear(e->bm);
+    if (!(res.time_s > 0) || !isfinite(res.time_s))
+        return KVP_ERR(KVP_ESTATE, "executor %s returned a step time of %g s", e->ex->name ? e->ex->name : "?",
+                       res.time_s);
+    integrate(e, res.time_s);
+    e->now += res.time_s;
+    e->steps++;
+    e->computed_tokens += ntok;
+    e->batch_tokens_sum += ntok;
+    if (e->rq_n > e->max_running) e->max_running = e->rq_n;
+
+    int32_t nfin = 0;
+    for (int32_t i = 0; i < e->sched_n; i++) {
+        int64_t idx = e->sched[i];
+        seq_t *s = &e->seqs[idx];
+        bool was_prefill = s->num_computed < s->prompt_len;
+        s->num_computed += s->sched_new;
+        s->sched_new = 0;
+        if (was_prefill && s->num_computed >= s->prompt_len && e->pc && !s->inserted) {
+            int32_t n_full = s->prompt_len / e->cfg.block_size;
+            if (n_full > 0) {
+                kvp_bm_table_view v;
+                KVP_TRY(kvp_bm_table(e->bm, idx, &v));
+                kvp_pc_hint hint = {.priority = s->req->priority};
+                KVP_TRY(kvp_pc_insert(e->pc, s->req->tokens, s->prompt_len, v.blocks, n_full, &hint, 0, NULL));
+            }
+            s->inserted = true;
+        }
+        if (!e->xs[i].sample) continue;
+        if ((size_t)s->num_generated + 1 > s->gen_cap)
+            KVP_TRY(kvp_grow((void **)&s->gen, &s->gen_cap, (size_t)s->num_generated + 1, sizeof(int32_t)));
+        s->gen[s->num_generated++] = e->sampled[i];
+        if (s->num_generated == 1) s->first_token_s = e->now;
+        if (s->num_generated >= s->output_len) {
+            KVP_TRY(finish(e, idx));
+            nfin++;
+        }
+    }
+    if (nfin > 0) { /* finished sequences leave the running queue at once */
+        int32_t k = 0;
+        for (int32_t i = 0; i < e->rq_n; i++)
+            if (e->seqs[e->rq[i]].state == KVP_REQ_RUNNING) e->rq[k++] = e->rq[i];
+        e->rq_n = k;
+    }
+    inf.time_s = e->now;
+    inf.step_s = res.time_s;
+    inf.num_scheduled = e->sched_n;
+    inf.num_tokens = ntok;
+    inf.num_finished = nfin;
+    if (e->cfg.check_every_step) KVP_TRY(kvp_engine_check(e));
+    if (info) *info = inf;
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- run */
+
+static int cmp_arrival(const void *a, const void *b)
+{
+    const kvp_request *x = *(const kvp_request *const *)a, *y = *(const kvp_request *const *)b;
+    if (x->arrival_s != y->arrival_s) return x->arrival_s < y->arrival_s ? -1 : 1;
+    return x < y ? -1 : (x > y);
+}
+
+static kvp_status check_empty(kvp_engine *e)
+{
+    if (paged(e)) {
+        if (kvp_bm_num_seqs(e->bm) != 0)
+            return KVP_ERR(KVP_ESTATE, "after the run %d sequences still hold blocks", (int)kvp_bm_num_seqs(e->bm));
+        if (e->pc && kvp_pc_num_evictable(e->pc) != kvp_pc_num_cached(e->pc))
+            return KVP_ERR(KVP_ESTATE, "after the run %lld cached blocks are still locked",
+                           (long long)(kvp_pc_num_cached(e->pc) - kvp_pc_num_evictable(e->pc)));
+        if (e->pc && kvp_pc_num_cached(e->pc) > 0)
+            KVP_TRY(kvp_pc_evict(e->pc, (int32_t)kvp_pc_num_cached(e->pc), NULL));
+        int32_t nfree = kvp_bm_num_free(e->bm);
+        if (nfree != e->num_blocks)
+            return KVP_ERR(KVP_ESTATE, "after the run %d of %d blocks are not back in the pool",
+                           (int)(e->num_blocks - nfree), (int)e->num_blocks);
+        kvp_block_pool *hp = kvp_bm_host_pool(e->bm);
+        if (hp && kvp_pool_num_free(hp) != kvp_pool_num_blocks(hp))
+            return KVP_ERR(KVP_ESTATE, "after the run %d host blocks are not back in the pool",
+                           (int)(kvp_pool_num_blocks(hp) - kvp_pool_num_free(hp)));
+        return kvp_bm_check(e->bm);
+    }
+    if (kvp_contig_num_reqs(e->arena) != 0 || kvp_contig_largest_hole(e->arena) != e->cfg.kv_slots)
+        return KVP_ERR(KVP_ESTATE, "after the run %d reservations remain, largest hole %lld of %lld slots",
+                       (int)kvp_contig_num_reqs(e->arena), (long long)kvp_contig_largest_hole(e->arena),
+                       (long long)e->cfg.kv_slots);
+    return kvp_contig_check(e->arena);
+}
+
+kvp_status kvp_engine_run(kvp_engine *e, const kvp_workload *w, kvp_progress_fn progress, void *pctx)
+{
+    if (e == NULL || w == NULL) return KVP_ERR(KVP_EINVAL, "engine run: NULL argument");
+    const kvp_request **order = kvp_malloc((size_t)(w->n > 0 ? w->n : 1) * sizeof *order);
+    if (order == NULL) return KVP_ERR(KVP_ENOMEM, "engine run: out of memory");
+    bool sorted = true;
+    for (int64_t i = 0; i < w->n; i++) {
+        order[i] = &w->reqs[i];
+        if (i > 0 && w->reqs[i].arrival_s < w->reqs[i - 1].arrival_s) sorted = false;
+    }
+    if (!sorted) qsort(order, (size_t)w->n, sizeof *order, cmp_arrival);
+    kvp_status st = KVP_OK;
+    for (int64_t i = 0; i < w->n && st == KVP_OK; i++) st = kvp_engine_add_request(e, order[i]);
+    kvp_free(order);
+    KVP_TRY(st);
+    int64_t total = e->n_seqs;
+    for (;;) {
+        kvp_step_info inf;
+        KVP_TRY(kvp_engine_step(e, &inf));
+        if (inf.idle) break;
+        if (progress && (e->steps & 4095) == 0) progress(pctx, e->finished + e->rejected, total, e->now);
+    }
+    if (progress) progress(pctx, e->finished + e->rejected, total, e->now);
+    return check_empty(e);
+}
+
+/* ---------------------------------------------------------------- metrics */
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Linear interpolation between closest ranks (numpy's default); 0 for an empty set. */
+static double percentile(const double *v, int64_t n, double p)
+{
+    if (n <= 0) return 0;
+    double pos = p / 100.0 * (double)(n - 1);
+    int64_t lo = (int64_t)floor(pos);
+    if (lo >= n - 1) return v[n - 1];
+    double f = pos - (double)lo;
+    return v[lo] + f * (v[lo + 1] - v[lo]);
+}
+
+static double mean_of(const double *v, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i++) s += v[i];
+    return n > 0 ? s / (double)n : 0;
+}
+
+kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
+{
+    if (e == NULL || m == NULL) return KVP_ERR(KVP_EINVAL, "engine metrics: NULL argument");
+    memset(m, 0, sizeof *m);
+    size_t n = (size_t)(e->finished > 0 ? e->finished : 1);
+    double *ttft = kvp_malloc(n * sizeof *ttft), *tpot = kvp_malloc(n * sizeof *tpot),
+           *e2e = kvp_malloc(n * sizeof *e2e);
+    if (!ttft || !tpot || !e2e) {
+        kvp_free(ttft);
+        kvp_free(tpot);
+        kvp_free(e2e);
+        return KVP_ERR(KVP_ENOMEM, "engine metrics: out of memory");
+    }
+    int64_t nt = 0, np = 0;
+    for (int64_t i = 0; i < e->n_seqs; i++) {
+        const seq_t *s = &e->seqs[i];
+        if (s->state != KVP_REQ_FINISHED) continue;
+        double arr = s->req->arrival_s;
+        ttft[nt] = s->first_token_s - arr;
+        e2e[nt] = s->finish_s - arr;
+        nt++;
+        m->prompt_tokens += s->prompt_len;
+        m->output_tokens += s->num_generated;
+        if (s->num_generated >= 2) tpot[np++] = (s->finish_s - s->first_token_s) / (s->num_generated - 1);
+    }
+    qsort(ttft, (size_t)nt, sizeof *ttft, cmp_double);
+    qsort(tpot, (size_t)np, sizeof *tpot, cmp_double);
+    qsort(e2e, (size_t)nt, sizeof *e2e, cmp_double);
+    m->requests = e->n_seqs;
+    m->finished = e->finished;
+    m->rejected = e->rejected;
+    m->clamped = e->clamped;
+    m->steps = e->steps;
+    m->sim_duration_s = e->last_finish_s;
+    m->computed_tokens = e->computed_tokens;
+    double d = m->sim_duration_s;
+    m->throughput_tok_s = d > 0 ? (double)m->output_tokens / d : 0;
+    m->total_tok_s = d > 0 ? (double)(m->output_tokens + m->prompt_tokens) / d : 0;
+    m->req_per_s = d > 0 ? (double)m->finished / d : 0;
+    m->ttft_p50_s = percentile(ttft, nt, 50);
+    m->ttft_p99_s = percentile(ttft, nt, 99);
+    m->ttft_mean_s = mean_of(ttft, nt);
+    m->tpot_p50_s = percentile(tpot, np, 50);
+    m->tpot_p99_s = percentile(tpot, np, 99);
+    m->tpot_mean_s = mean_of(tpot, np);
+    m->e2e_p50_s = percentile(e2e, nt, 50);
+    m->e2e_p99_s = percentile(e2e, nt, 99);
+    kvp_free(ttft);
+    kvp_free(tpot);
+    kvp_free(e2e);
+    double T = e->t_total;
+    m->mean_running = T > 0 ? e->t_running / T : 0;
+    m->mean_batch_tokens = e->steps > 0 ? (double)e->batch_tokens_sum / (double)e->steps : 0;
+    m->max_running = e->max_running;
+    m->preemptions = e->preemptions;
+    m->swap_outs = e->swap_outs;
+    m->swap_ins = e->swap_ins;
+    m->recomputes = e->recomputes;
+    m->prefix_hit_tokens = e->hit_tokens_first;
+    m->prefix_hit_rate = e->prompt_tokens_first > 0 ? (double)e->hit_tokens_first / (double)e->prompt_tokens_first : 0;
+    if (e->pc) {
+        kvp_pc_stats ps;
+        kvp_pc_get_stats(e->pc, &ps);
+        m->evicted_blocks = ps.evicted_blocks;
+    }
+    if (e->a_cap > 0) {
+        m->kv_token_states = e->a_token / e->a_cap;
+        m->kv_reserved = e->a_reserved / e->a_cap;
+        m->kv_internal_frag = e->a_internal / e->a_cap;
+        m->kv_external_frag = e->a_external / e->a_cap;
+        m->kv_cached = e->a_cached / e->a_cap;
+        m->kv_free = e->a_free / e->a_cap;
+        m->kv_shared_savings = e->a_shared / e->a_cap;
+    } else {
+        m->kv_free = 1;
+    }
+    m->kv_util_in_use = e->a_in_use > 0 ? e->a_token / e->a_in_use : 0;
+    m->kv_capacity_slots = paged(e) ? (int64_t)e->num_blocks * e->cfg.block_size : e->cfg.kv_slots;
+    if (paged(e)) {
+        int32_t held = e->num_blocks - kvp_bm_num_free(e->bm);
+        if (e->pc) held -= (int32_t)kvp_pc_num_evictable(e->pc); /* cached and unused: reclaimable */
+        m->leaked_blocks = e->rq_n + e->wq_n + e->sq_n == 0 && e->next_arrival >= e->n_seqs ? held : 0;
+    } else {
+        m->leaked_blocks = e->rq_n + e->wq_n + e->sq_n == 0 && e->next_arrival >= e->n_seqs
+                               ? e->cfg.kv_slots - kvp_contig_largest_hole(e->arena)
+                               : 0;
+    }
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- checks and getters */
+
+kvp_status kvp_engine_check(const kvp_engine *e)
+{
+    if (paged(e)) {
+        KVP_TRY(kvp_bm_check(e->bm));
+        if (e->pc) KVP_TRY(kvp_pc_check(e->pc));
+    } else {
+        KVP_TRY(kvp_contig_check(e->arena));
+    }
+    kvp_kv_accounting a;
+    kvp_engine_account(e, &a);
+    if (kvp_kv_accounting_residual(&a) != 0)
+        return KVP_ERR(KVP_ESTATE, "accounting identity broken by %lld slots", (long long)kvp_kv_accounting_residual(&a));
+    int64_t cnt[KVP_REQ_REJECTED + 1] = {0};
+    int64_t logical = 0;
+    for (int64_t i = 0; i < e->n_seqs; i++) {
+        const seq_t *s = &e->seqs[i];
+        cnt[s->state]++;
+        if (s->num_computed < 0 || s->num_computed > total_known(s) || s->num_generated > s->output_len)
+            return KVP_ERR(KVP_ESTATE, "request %lld: computed %d, generated %d of %d out of range", (long long)i,
+                           (int)s->num_computed, (int)s->num_generated, (int)s->output_len);
+        bool holds = s->state == KVP_REQ_RUNNING || s->state == KVP_REQ_SWAPPED;
+        if (paged(e)) {
+            if (kvp_bm_has_seq(e->bm, i) != holds)
+                return KVP_ERR(KVP_ESTATE, "request %lld in state %d %s blocks", (long long)i, (int)s->state,
+                               holds ? "holds no" : "still holds");
+            if (holds) {
+                kvp_bm_table_view v;
+                KVP_TRY(kvp_bm_table(e->bm, i, &v));
+                if (v.num_tokens != s->num_computed)
+                    return KVP_ERR(KVP_ESTATE, "request %lld: block table holds %d tokens, %d computed", (long long)i,
+                                   (int)v.num_tokens, (int)s->num_computed);
+                if (v.on_host != (s->state == KVP_REQ_SWAPPED))
+                    return KVP_ERR(KVP_ESTATE, "request %lld: swapped state disagrees with its table", (long long)i);
+                if (!v.on_host) logical += v.num_tokens;
+            }
+        } else {
+            int64_t used;
+            kvp_status st = kvp_contig_get(e->arena, i, NULL, NULL, &used);
+            if ((st == KVP_OK) != holds)
+                return KVP_ERR(KVP_ESTATE, "request %lld in state %d: reservation %s", (long long)i, (int)s->state,
+                               holds ? "missing" : "still held");
+            if (holds && used != s->num_computed)
+                return KVP_ERR(KVP_ESTATE, "request %lld: %lld slots used, %d computed", (long long)i, (long long)used,
+                               (int)s->num_computed);
+            if (holds) logical += used;
+        }
+        if (s->state == KVP_REQ_FINISHED && s->num_generated != s->output_len)
+            return KVP_ERR(KVP_ESTATE, "request %lld finished with %d of %d tokens", (long long)i,
+                           (int)s->num_generated, (int)s->output_len);
+    }
+    if (cnt[KVP_REQ_RUNNING] != e->rq_n || cnt[KVP_REQ_WAITING] != e->wq_n || cnt[KVP_REQ_SWAPPED] != e->sq_n)
+        return KVP_ERR(KVP_ESTATE, "queue sizes (running %d, waiting %lld, swapped %lld) disagree with states",
+                       (int)e->rq_n, (long long)e->wq_n, (long long)e->sq_n);
+    if (a.logical_tokens != logical)
+        return KVP_ERR(KVP_ESTATE, "accounting counts %lld logical tokens, sequences hold %lld",
+                       (long long)a.logical_tokens, (long long)logical);
+    if (a.token_states > logical)
+        return KVP_ERR(KVP_ESTATE, "more token states (%lld) than tokens held (%lld)", (long long)a.token_states,
+                       (long long)logical);
+    for (int32_t i = 1; i < e->rq_n; i++)
+        if (!rank_less(e, e->rq[i - 1], e->rq[i])) return KVP_ERR(KVP_ESTATE, "running queue out of rank order");
+    for (int64_t i = 1; i < e->wq_n; i++)
+        if (!rank_less(e, e->wq[e->wq_head + i - 1], e->wq[e->wq_head + i]))
+            return KVP_ERR(KVP_ESTATE, "waiting queue out of rank order");
+    for (int64_t i = 0; i < e->wq_n; i++)
+        if (e->seqs[e->wq[e->wq_head + i]].state != KVP_REQ_WAITING)
+            return KVP_ERR(KVP_ESTATE, "waiting queue holds a request in another state");
+    return KVP_OK;
+}
+
+int32_t kvp_engine_num_running(const kvp_engine *e) { return e->rq_n; }
+int32_t kvp_engine_num_waiting(const kvp_engine *e) { return (int32_t)e->wq_n; }
+int32_t kvp_engine_num_swapped(const kvp_engine *e) { return (int32_t)e->sq_n; }
+double kvp_engine_now(const kvp_engine *e) { return e->now; }
+
+kvp_status kvp_engine_request(const kvp_engine *e, int64_t index, kvp_req_result *out)
+{
+    if (e == NULL || out == NULL || index < 0 || index >= e->n_seqs)
+        return KVP_ERR(KVP_EINVAL, "engine: no request with index %lld", (long long)index);
+    const seq_t *s = &e->seqs[index];
+    out->state = s->state;
+    out->num_computed = s->num_computed;
+    out->num_generated = s->num_generated;
+    out->output_len = s->output_len;
+    out->preemptions = s->preemptions;
+    out->admit_s = s->admit_s;
+    out->first_token_s = s->first_token_s;
+    out->finish_s = s->finish_s;
+    return KVP_OK;
+}

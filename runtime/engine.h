@@ -1,0 +1,191 @@
+/* runtime/engine.h — the serving engine: requests, the scheduler (continuous batching, chunked prefill,
+ * FCFS / longest-prefix-match / priority, preemption by recompute or swap), the KV memory (paged block
+ * manager with an optional prefix cache, or a contiguous Orca baseline) and an executor, advanced one step
+ * at a time in simulated (or measured) time.
+ *
+ *   arrivals ---> waiting ---admit---> running ---finish---> done (blocks freed at once)
+ *                  ^   ^                 |  |
+ *                  |   +---recompute-----+  |   preemption when blocks run out: the lowest-ranked running
+ *                  |                        |   sequence gives up its blocks (recompute: back to waiting,
+ *                  +--- swapped <--swap-----+   prefill again later; swap: its blocks move to host memory)
+ *                          |
+ *                          +---swap in---> running     (before any new admission)
+ *
+ * One step (kvp_engine_step):
+ *   1. requests whose arrival time has come join `waiting` (in policy order);
+ *   2. token budget B = max_batched_tokens. Running sequences, in rank order, each get
+ *      min(tokens still to compute, what is left of B): 1 for a decode, a chunk of the prompt for a
+ *      sequence in chunked prefill. Their KV slots are allocated now; when blocks run out, cached prefix
+ *      blocks are evicted first, then the lowest-ranked running sequence is preempted (possibly the one
+ *      asking);
+ *   3. when nothing was preempted in this step: swapped sequences come back first (rank order), then
+ *      waiting requests are admitted in policy order while B, max_num_seqs and free memory allow. The first
+ *      one that cannot be admitted stops admission (head-of-line: no request is overtaken, so none
+ *      starves);
+ *   4. the executor runs the batch; time advances by its step time; every sequence that reached the end
+ *      of its known tokens samples one; a request that has its output_len tokens finishes and frees its
+ *      memory at once; the accounting of the step (memory shares x step time) is accumulated.
+ * When nothing runs and nothing waits, time jumps to the next arrival (no busy stepping).
+ *
+ * Ranking: fcfs = (arrival, id); priority = (higher priority first, then arrival, id); lpm = waiting requests
+ * ordered by the longest cached prefix among the first KVP_LPM_WINDOW of them (SGLang's cache-aware policy),
+ * ties by arrival; running/preemption order is arrival for lpm.
+ *
+ * Allocation: paged (block manager + prefix cache; any block size) or contiguous Orca-Max / Orca-Pow2 /
+ * Orca-Oracle (one reservation per request, at admission, of a length fixed by the policy; first fit in an
+ * arena of the same number of slots; never preempted because the reservation covers the whole request;
+ * prefix caching needs paged allocation).
+ *
+ * Requests: output_len is clamped to >= 1 (a request always yields a token) and so that prompt + output <=
+ * max_model_len; a request whose prompt alone reaches max_model_len, or whose whole length can never fit
+ * in the KV memory, is rejected (counted, never run).
+ *
+ * Ownership: the engine borrows the executor and the requests (their token arrays must outlive it); it owns
+ * its block manager / arena, prefix cache and per-request state. Not thread-safe.
+ * Errors: KVP_EINVAL for a bad configuration (naming the field), KVP_ENOMEM; an executor failure is returned
+ * as is. A failed step leaves the simulation in an undefined but destroyable state.
+ */
+#ifndef KVP_RUNTIME_ENGINE_H
+#define KVP_RUNTIME_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "blockmgr/accounting.h"
+#include "common/status.h"
+#include "prefix_cache/prefix_cache.h"
+#include "runtime/executor.h"
+#include "runtime/workload.h"
+
+typedef enum { KVP_ALLOC_PAGED = 0, KVP_ALLOC_ORCA_MAX, KVP_ALLOC_ORCA_POW2, KVP_ALLOC_ORCA_ORACLE } kvp_alloc_kind;
+typedef enum { KVP_SCHED_FCFS = 0, KVP_SCHED_LPM, KVP_SCHED_PRIORITY } kvp_sched_policy;
+typedef enum { KVP_PREEMPT_RECOMPUTE = 0, KVP_PREEMPT_SWAP } kvp_preempt_mode;
+
+/* "paged" | "orca-max" | "orca-pow2" | "orca-oracle"; "fcfs" | "lpm" | "priority"; "recompute" | "swap".
+ * KVP_EINVAL naming the value and the choices. _name: static strings. */
+kvp_status kvp_alloc_kind_parse(const char *s, kvp_alloc_kind *out);
+kvp_status kvp_sched_policy_parse(const char *s, kvp_sched_policy *out);
+kvp_status kvp_preempt_mode_parse(const char *s, kvp_preempt_mode *out);
+const char *kvp_alloc_kind_name(kvp_alloc_kind k);
+const char *kvp_sched_policy_name(kvp_sched_policy p);
+const char *kvp_preempt_mode_name(kvp_preempt_mode m);
+
+enum { KVP_LPM_WINDOW = 32 };
+
+typedef struct {
+    kvp_alloc_kind alloc;
+    int32_t block_size;         /* tokens per block (paged), >= 1 */
+    int64_t kv_slots;           /* KV capacity in tokens (per rank); paged: kv_slots / block_size blocks */
+    int64_t host_slots;         /* swap space in tokens (paged + swap only); 0 = no swap space */
+    int32_t max_num_seqs;       /* running sequences at most, >= 1 */
+    int32_t max_batched_tokens; /* token budget per step, >= 1 */
+    int32_t max_model_len;      /* prompt + output at most, >= 2 */
+    bool chunked_prefill;       /* false: a prompt is computed in one step (needs max_batched_tokens >=
+                                   max_model_len) */
+    kvp_sched_policy sched;
+    kvp_preempt_mode preempt;
+    kvp_pc_kind cache;          /* KVP_PC_NONE unless paged */
+    kvp_evict_policy evict;
+    int32_t watermark_blocks;   /* free blocks admission keeps back (paged), >= 0 */
+    bool check_every_step;      /* run every invariant walker after each step (tests; slow) */
+} kvp_engine_config;
+
+/* Defaults: paged, block 16, fcfs, recompute, no cache, lru, 256 seqs, 8192 tokens, max_model_len 4096,
+ * chunked prefill on, watermark 0, kv_slots and host_slots 0 (must be set). */
+void kvp_engine_config_default(kvp_engine_config *cfg);
+
+typedef struct kvp_engine kvp_engine;
+
+/* Result of one step. */
+typedef struct {
+    double time_s;          /* simulated time at the end of the step */
+    double step_s;          /* its duration (0 when the engine only jumped to an arrival or was idle) */
+    int32_t num_scheduled;  /* sequences in the batch */
+    int32_t num_tokens;     /* tokens computed */
+    int32_t num_preempted;  /* preemptions during scheduling */
+    int32_t num_finished;
+    bool idle;              /* nothing left: every request added so far finished or was rejected */
+} kvp_step_info;
+
+typedef struct {
+    int64_t requests;       /* added */
+    int64_t finished;
+    int64_t rejected;       /* never runnable (too long for max_model_len or the KV memory) */
+    int64_t clamped;        /* output_len clamped to fit max_model_len (or raised to 1) */
+    int64_t steps;
+    double sim_duration_s;  /* simulated time at the last finish (time 0 = workload start) */
+    int64_t prompt_tokens, output_tokens; /* of finished requests */
+    int64_t computed_tokens; /* every token the executor computed (recomputation included) */
+    double throughput_tok_s; /* output tokens / sim_duration_s */
+    double total_tok_s;      /* (prompt + output) tokens / sim_duration_s */
+    double req_per_s;
+    double ttft_p50_s, ttft_p99_s, ttft_mean_s;
+    double tpot_p50_s, tpot_p99_s, tpot_mean_s; /* over requests with >= 2 output tokens */
+    double e2e_p50_s, e2e_p99_s;
+    double mean_running;     /* time-averaged running sequences (over sim_duration_s) */
+    double mean_batch_tokens;/* tokens per step */
+    int64_t max_running;
+    int64_t preemptions, swap_outs, swap_ins, recomputes;
+    double prefix_hit_rate;  /* prompt tokens served by the prefix cache / prompt tokens, first admissions */
+    int64_t prefix_hit_tokens;
+    int64_t evicted_blocks;
+    /* Time-averaged shares of the KV memory (sum to 1): */
+    double kv_token_states, kv_reserved, kv_internal_frag, kv_external_frag, kv_cached, kv_free;
+    double kv_shared_savings; /* share of capacity that sharing saved (outside the sum) */
+    double kv_util_in_use;    /* token_states / (capacity - free - cached): time-averaged ratio of sums */
+    int64_t kv_capacity_slots;
+    int64_t leaked_blocks;    /* blocks (or slots) not back in the pool at the end: must be 0 */
+} kvp_engine_metrics;
+
+kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp_engine **out);
+void kvp_engine_destroy(kvp_engine *e); /* NULL: no-op */
+
+/* Adds a request (borrowed: r and r->tokens must outlive the engine). Requests must be added in
+ * non-decreasing arrival order (KVP_EINVAL otherwise) and ids must be unique (not checked).
+ * A request arriving before the current time joins at the next step. KVP_ENOMEM. */
+kvp_status kvp_engine_add_request(kvp_engine *e, const kvp_request *r);
+
+/* One step (see the top of this file). */
+kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info);
+
+/* Progress callback for kvp_engine_run: done and total requests, simulated time. */
+typedef void (*kvp_progress_fn)(void *ctx, int64_t done, int64_t total, double sim_time_s);
+
+/* Adds every request of w (sorted by arrival internally when it is not; w must outlive the engine), then
+ * steps until all finished, then checks that every block / slot is back in the pool (prefix cache
+ * emptied first): KVP_ESTATE naming the leak otherwise. progress may be NULL; it is called every 4096
+ * steps. */
+kvp_status kvp_engine_run(kvp_engine *e, const kvp_workload *w, kvp_progress_fn progress, void *pctx);
+
+/* Metrics so far (percentiles over finished requests). */
+kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *out);
+
+/* Memory accounting right now, in slots (accounting.h). */
+void kvp_engine_account(const kvp_engine *e, kvp_kv_accounting *out);
+
+/* Invariant walker: block manager / arena and prefix cache walkers; every request in exactly one state;
+ * running sequences hold exactly their computed tokens (block table token count / contiguous used);
+ * the accounting identity; queue orders. KVP_OK or KVP_ESTATE naming the first violation. */
+kvp_status kvp_engine_check(const kvp_engine *e);
+
+/* Counts for tests. */
+int32_t kvp_engine_num_running(const kvp_engine *e);
+int32_t kvp_engine_num_waiting(const kvp_engine *e);
+int32_t kvp_engine_num_swapped(const kvp_engine *e);
+double kvp_engine_now(const kvp_engine *e);
+
+/* Per-request results (tests, reports): state and times of request index i (in order of addition). */
+typedef enum { KVP_REQ_PENDING = 0, KVP_REQ_WAITING, KVP_REQ_RUNNING, KVP_REQ_SWAPPED, KVP_REQ_FINISHED, KVP_REQ_REJECTED } kvp_req_state;
+typedef struct {
+    kvp_req_state state;
+    int32_t num_computed;   /* tokens in the KV cache */
+    int32_t num_generated;
+    int32_t output_len;     /* after clamping */
+    int32_t preemptions;
+    double admit_s;         /* first admission (-1 before) */
+    double first_token_s;   /* -1 before */
+    double finish_s;        /* -1 before */
+} kvp_req_result;
+kvp_status kvp_engine_request(const kvp_engine *e, int64_t index, kvp_req_result *out);
+
+#endif

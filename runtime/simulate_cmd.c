@@ -1,0 +1,264 @@
+/* runtime/simulate_cmd.c — `kvpage simulate`: replay a trace or a synthetic workload through the scheduler,
+ * the block manager and the prefix cache on the `sim` executor (no GPU, simulated time). */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <strings.h>
+
+#include "common/cli.h"
+#include "common/json.h"
+#include "common/parse.h"
+#include "common/timer.h"
+#include "runtime/commands.h"
+#include "runtime/simulate.h"
+#include "runtime/workload_synth.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvpage simulate --model CONFIG (--trace FILE | --workload SPEC) [options]\n"
+            "\n"
+            "Replays requests through the serving engine (continuous batching, chunked prefill, preemption,\n"
+            "block manager, prefix cache) while a roofline cost model replaces the model's execution:\n"
+            "step time = max(FLOPs / peak FLOP/s, bytes of weights + KV / memory bandwidth) + all-reduce\n"
+            "+ a fixed per-step overhead (runtime/cost_model.h). Simulated time only; no GPU needed.\n"
+            "\n"
+            "workload:\n"
+            "  --trace FILE              Azure LLM trace CSV (*.csv) or Mooncake JSONL\n"
+            "  --workload SPEC           sharegpt[:n=N,seed=S] | alpaca[:n=N,seed=S] (log-normal lengths with the\n"
+            "                            PagedAttention paper's means, Poisson arrivals), or a prefix workload:\n"
+            "                            system:... chat:... fewshot:... branch:... (runtime/workload.h)\n"
+            "  --rate R                  requests/s (> 0, or inf: all at once); traces are rescaled to it\n"
+            "  --num-requests N          keep the first N requests\n"
+            "  --duration S              keep the requests arriving in the first S seconds\n"
+            "model and hardware:\n"
+            "  --model CONFIG            Hugging Face config.json\n"
+            "  --gpu NAME                A100-40G | A100-80G | H100-SXM | H200 (default H200)\n"
+            "  --tp N                    tensor-parallel GPUs (default 1)\n"
+            "  --gpu-util F              share of GPU memory the runtime may use (default 0.9)\n"
+            "  --kv-mem BYTES            KV memory per GPU instead of what is left after weights (e.g. 12GB)\n"
+            "  --swap-space BYTES        host swap space per GPU (default 4GiB)\n"
+            "memory management:\n"
+            "  --block-size B            tokens per KV block (default 16)\n"
+            "  --alloc KIND              paged | orca-max | orca-pow2 | orca-oracle (default paged)\n"
+            "  --cache KIND              none | hash | radix (default none)\n"
+            "  --evict POLICY            lru | lfu | fifo | priority (default lru)\n"
+            "scheduler:\n"
+            "  --sched POLICY            fcfs | lpm | priority (default fcfs)\n"
+            "  --preempt MODE            recompute | swap (default recompute)\n"
+            "  --max-num-seqs N          running sequences at most (default 256)\n"
+            "  --max-batched-tokens N    token budget per step (default 8192)\n"
+            "  --max-model-len N         prompt + output at most (default: the model's, at most 32768)\n"
+            "  --no-chunked-prefill      prefill whole prompts in prefill-only steps (vLLM v0)\n"
+            "  --watermark-blocks N      free blocks kept back at admission (default 0)\n"
+            "output:\n"
+            "  --json                    one JSON object on stdout\n"
+            "  --check                   run every invariant walker after each step (slow)\n"
+            "  -h, --help\n");
+}
+
+enum {
+    O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_BLOCK, O_ALLOC, O_CACHE, O_EVICT,
+    O_SCHED, O_PREEMPT, O_TP, O_MAXSEQS, O_MAXTOK, O_MAXLEN, O_NOCHUNK, O_JSON, O_GPUUTIL, O_KVMEM, O_SWAP,
+    O_WATERMARK, O_CHECK,
+};
+
+/* "inf" or a positive number. */
+static kvp_status parse_rate(const char *s, double *out)
+{
+    if (strcasecmp(s, "inf") == 0 || strcasecmp(s, "infinity") == 0) {
+        *out = INFINITY;
+        return KVP_OK;
+    }
+    KVP_TRY(kvp_parse_f64(s, 0, 1e12, out));
+    if (!(*out > 0)) return KVP_ERR(KVP_EINVAL, "request rate must be > 0 (got %s)", s);
+    return KVP_OK;
+}
+
+int kvp_cmd_simulate(int argc, char **argv)
+{
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, O_MODEL},
+        {"gpu", required_argument, NULL, O_GPU},
+        {"trace", required_argument, NULL, O_TRACE},
+        {"workload", required_argument, NULL, O_WORKLOAD},
+        {"rate", required_argument, NULL, O_RATE},
+        {"num-requests", required_argument, NULL, O_NUMREQ},
+        {"duration", required_argument, NULL, O_DURATION},
+        {"block-size", required_argument, NULL, O_BLOCK},
+        {"alloc", required_argument, NULL, O_ALLOC},
+        {"cache", required_argument, NULL, O_CACHE},
+        {"evict", required_argument, NULL, O_EVICT},
+        {"sched", required_argument, NULL, O_SCHED},
+        {"preempt", required_argument, NULL, O_PREEMPT},
+        {"tp", required_argument, NULL, O_TP},
+        {"max-num-seqs", required_argument, NULL, O_MAXSEQS},
+        {"max-batched-tokens", required_argument, NULL, O_MAXTOK},
+        {"max-model-len", required_argument, NULL, O_MAXLEN},
+        {"no-chunked-prefill", no_argument, NULL, O_NOCHUNK},
+        {"gpu-util", required_argument, NULL, O_GPUUTIL},
+        {"kv-mem", required_argument, NULL, O_KVMEM},
+        {"swap-space", required_argument, NULL, O_SWAP},
+        {"watermark-blocks", required_argument, NULL, O_WATERMARK},
+        {"json", no_argument, NULL, O_JSON},
+        {"check", no_argument, NULL, O_CHECK},
+        {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
+    };
+    const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL;
+    double rate = 0, duration = 0;
+    int64_t num_req = 0;
+    int json = 0, max_len_set = 0;
+    kvp_engine_config ec;
+    kvp_engine_config_default(&ec);
+    kvp_sim_hw hw;
+    kvp_sim_hw_default(&hw);
+    kvp_status st = KVP_OK;
+    int c;
+    optind = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+        switch (c) {
+        case O_MODEL: model = optarg; break;
+        case O_GPU: gpu_name = optarg; break;
+        case O_TRACE: trace = optarg; break;
+        case O_WORKLOAD: spec = optarg; break;
+        case O_RATE: st = parse_rate(optarg, &rate); break;
+        case O_NUMREQ: st = kvp_parse_i64(optarg, 1, INT32_MAX, &num_req); break;
+        case O_DURATION:
+            st = kvp_parse_f64(optarg, 0, 1e9, &duration);
+            if (st == KVP_OK && !(duration > 0)) st = KVP_ERR(KVP_EINVAL, "--duration must be > 0");
+            break;
+        case O_BLOCK: st = kvp_parse_i32(optarg, 1, 1 << 20, &ec.block_size); break;
+        case O_ALLOC: st = kvp_alloc_kind_parse(optarg, &ec.alloc); break;
+        case O_CACHE: st = kvp_pc_kind_parse(optarg, &ec.cache); break;
+        case O_EVICT: st = kvp_evict_policy_parse(optarg, &ec.evict); break;
+        case O_SCHED: st = kvp_sched_policy_parse(optarg, &ec.sched); break;
+        case O_PREEMPT: st = kvp_preempt_mode_parse(optarg, &ec.preempt); break;
+        case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &hw.tp); break;
+        case O_MAXSEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &ec.max_num_seqs); break;
+        case O_MAXTOK: st = kvp_parse_i32(optarg, 1, 1 << 30, &ec.max_batched_tokens); break;
+        case O_MAXLEN:
+            st = kvp_parse_i32(optarg, 2, INT32_MAX / 2, &ec.max_model_len);
+            max_len_set = 1;
+            break;
+        case O_NOCHUNK: ec.chunked_prefill = false; break;
+        case O_GPUUTIL:
+            st = kvp_parse_f64(optarg, 0, 1, &hw.gpu_util);
+            if (st == KVP_OK && !(hw.gpu_util > 0)) st = KVP_ERR(KVP_EINVAL, "--gpu-util must be in (0, 1]");
+            break;
+        case O_KVMEM:
+            st = kvp_parse_bytes(optarg, &hw.kv_mem_bytes);
+            if (st == KVP_OK && hw.kv_mem_bytes <= 0) st = KVP_ERR(KVP_EINVAL, "--kv-mem must be > 0");
+            break;
+        case O_SWAP: st = kvp_parse_bytes(optarg, &hw.swap_bytes); break;
+        case O_WATERMARK: st = kvp_parse_i32(optarg, 0, INT32_MAX, &ec.watermark_blocks); break;
+        case O_JSON: json = 1; break;
+        case O_CHECK: ec.check_every_step = true; break;
+        case 'h': usage(stdout); return KVP_EXIT_OK;
+        default: return kvp_cli_getopt_error(cmd, c, argv);
+        }
+        if (st != KVP_OK) return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
+    }
+    if (optind < argc) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (model == NULL) return kvp_cli_usage_error(cmd, "--model CONFIG is required");
+    if ((trace == NULL) == (spec == NULL)) return kvp_cli_usage_error(cmd, "give exactly one of --trace and --workload");
+
+    const kvp_gpu_profile *gpu = NULL;
+    if ((st = kvp_gpu_profile_find(gpu_name, &gpu)) != KVP_OK) return kvp_cli_fail(cmd, st);
+    kvp_model_config cfg;
+    if ((st = kvp_model_config_load(model, &cfg)) != KVP_OK) return kvp_cli_fail(cmd, st);
+    if (!max_len_set) {
+        int64_t ml = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096;
+        ec.max_model_len = (int32_t)(ml < 32768 ? ml : 32768);
+    }
+    if (!ec.chunked_prefill && ec.max_batched_tokens < ec.max_model_len) ec.max_batched_tokens = ec.max_model_len;
+    kvp_cost_model cm;
+    kvp_sim_memory mem;
+    if ((st = kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem)) != KVP_OK) return kvp_cli_fail(cmd, st);
+
+    double t0 = kvp_now_s();
+    kvp_workload *w = NULL;
+    if ((st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, &w)) != KVP_OK)
+        return kvp_cli_fail(cmd, st);
+    kvp_progress_bar bar;
+    kvp_progress_bar_init(&bar, "simulate");
+    kvp_engine_metrics m;
+    st = kvp_simulate(&ec, &cm, w, kvp_progress_bar_fn, &bar, &m);
+    kvp_progress_bar_end(&bar);
+    double wall = kvp_now_s() - t0;
+    char wname[64];
+    snprintf(wname, sizeof wname, "%s", w->name);
+    kvp_workload_destroy(w);
+    if (st != KVP_OK) return kvp_cli_fail(cmd, st);
+
+    cJSON *o = cJSON_CreateObject();
+    if (o == NULL) return kvp_cli_fail(cmd, KVP_ERR(KVP_ENOMEM, "out of memory"));
+    cJSON_AddStringToObject(o, "workload", wname);
+    cJSON_AddStringToObject(o, "model", cfg.model_type);
+    cJSON_AddStringToObject(o, "gpu", gpu->name);
+    cJSON_AddNumberToObject(o, "tp", hw.tp);
+    cJSON_AddStringToObject(o, "alloc", kvp_alloc_kind_name(ec.alloc));
+    cJSON_AddNumberToObject(o, "block_size", ec.block_size);
+    cJSON_AddStringToObject(o, "cache", kvp_pc_kind_name(ec.cache));
+    cJSON_AddStringToObject(o, "sched", kvp_sched_policy_name(ec.sched));
+    cJSON_AddStringToObject(o, "preempt", kvp_preempt_mode_name(ec.preempt));
+    cJSON_AddNumberToObject(o, "kv_capacity_tokens", (double)m.kv_capacity_slots);
+    cJSON_AddNumberToObject(o, "kv_bytes_per_token", mem.kv_bytes_per_token);
+    cJSON_AddNumberToObject(o, "kv_mem_bytes", mem.kv_bytes);
+    cJSON_AddNumberToObject(o, "weight_bytes_per_gpu", mem.weight_bytes);
+    cJSON_AddNumberToObject(o, "requests", (double)m.requests);
+    cJSON_AddNumberToObject(o, "finished", (double)m.finished);
+    cJSON_AddNumberToObject(o, "rejected", (double)m.rejected);
+    cJSON_AddNumberToObject(o, "steps", (double)m.steps);
+    cJSON_AddNumberToObject(o, "sim_duration_s", m.sim_duration_s);
+    cJSON_AddNumberToObject(o, "throughput_tok_s", m.throughput_tok_s);
+    cJSON_AddNumberToObject(o, "total_tok_s", m.total_tok_s);
+    cJSON_AddNumberToObject(o, "req_per_s", m.req_per_s);
+    cJSON_AddNumberToObject(o, "ttft_p50_s", m.ttft_p50_s);
+    cJSON_AddNumberToObject(o, "ttft_p99_s", m.ttft_p99_s);
+    cJSON_AddNumberToObject(o, "tpot_p50_s", m.tpot_p50_s);
+    cJSON_AddNumberToObject(o, "tpot_p99_s", m.tpot_p99_s);
+    cJSON_AddNumberToObject(o, "e2e_p50_s", m.e2e_p50_s);
+    cJSON_AddNumberToObject(o, "e2e_p99_s", m.e2e_p99_s);
+    cJSON_AddNumberToObject(o, "mean_running", m.mean_running);
+    cJSON_AddNumberToObject(o, "max_running", (double)m.max_running);
+    cJSON_AddNumberToObject(o, "preemptions", (double)m.preemptions);
+    cJSON_AddNumberToObject(o, "swap_outs", (double)m.swap_outs);
+    cJSON_AddNumberToObject(o, "prefix_hit_rate", m.prefix_hit_rate);
+    cJSON_AddNumberToObject(o, "evicted_blocks", (double)m.evicted_blocks);
+    cJSON_AddNumberToObject(o, "kv_token_states", m.kv_token_states);
+    cJSON_AddNumberToObject(o, "kv_reserved", m.kv_reserved);
+    cJSON_AddNumberToObject(o, "kv_internal_frag", m.kv_internal_frag);
+    cJSON_AddNumberToObject(o, "kv_external_frag", m.kv_external_frag);
+    cJSON_AddNumberToObject(o, "kv_cached", m.kv_cached);
+    cJSON_AddNumberToObject(o, "kv_free", m.kv_free);
+    cJSON_AddNumberToObject(o, "kv_util_in_use", m.kv_util_in_use);
+    cJSON_AddNumberToObject(o, "leaked_blocks", (double)m.leaked_blocks);
+    cJSON_AddNumberToObject(o, "wall_s", wall);
+    if (json) {
+        kvp_json_print(stdout, o);
+    } else {
+        printf("workload           %s (%lld requests, %lld finished, %lld rejected)\n", wname, (long long)m.requests,
+               (long long)m.finished, (long long)m.rejected);
+        printf("model / gpu        %s on %d x %s; KV %.2f GB = %lld tokens of %.0f bytes\n", model, (int)hw.tp,
+               gpu->name, mem.kv_bytes / 1e9, (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
+        printf("memory manager     %s, block %d, cache %s, sched %s, preempt %s\n", kvp_alloc_kind_name(ec.alloc),
+               (int)ec.block_size, kvp_pc_kind_name(ec.cache), kvp_sched_policy_name(ec.sched),
+               kvp_preempt_mode_name(ec.preempt));
+        printf("simulated time     %.2f s in %lld steps (wall %.2f s)\n", m.sim_duration_s, (long long)m.steps, wall);
+        printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f req/s\n", m.throughput_tok_s,
+               m.total_tok_s, m.req_per_s);
+        printf("TTFT p50 / p99     %.4f / %.4f s\n", m.ttft_p50_s, m.ttft_p99_s);
+        printf("TPOT p50 / p99     %.5f / %.5f s\n", m.tpot_p50_s, m.tpot_p99_s);
+        printf("running            mean %.2f, max %lld; preemptions %lld (swap-outs %lld)\n", m.mean_running,
+               (long long)m.max_running, (long long)m.preemptions, (long long)m.swap_outs);
+        printf("prefix hit rate    %.2f %%\n", m.prefix_hit_rate * 100);
+        printf("KV memory (time-averaged share): tokens %.1f %%, reserved %.1f %%, internal frag %.1f %%, "
+               "external frag %.1f %%, cached %.1f %%, free %.1f %%; tokens / memory in use %.1f %%\n",
+               m.kv_token_states * 100, m.kv_reserved * 100, m.kv_internal_frag * 100, m.kv_external_frag * 100,
+               m.kv_cached * 100, m.kv_free * 100, m.kv_util_in_use * 100);
+    }
+    cJSON_Delete(o);
+    return KVP_EXIT_OK;
+}
