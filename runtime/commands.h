@@ -3,5 +3,6 @@
 #define KVP_RUNTIME_COMMANDS_H
 
 int kvp_cmd_plan(int argc, char **argv);
+int kvp_cmd_simulate(int argc, char **argv);
 
 #endif

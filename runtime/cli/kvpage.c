@@ -14,6 +14,7 @@ static const struct {
     const char *summary;
 } commands[] = {
     {"plan", kvp_cmd_plan, "memory planner: weights, KV cache, blocks and sequences that fit on a GPU"},
+    {"simulate", kvp_cmd_simulate, "serving simulator: a trace through scheduler + block manager on a cost model"},
     {"bench", kvp_cmd_bench, "benchmarks and sweeps: blockmgr, prefix, attention, memory"},
     {NULL, NULL, NULL},
 };
