@@ -1,0 +1,492 @@
+/* runtime/model.c — Llama-family weights and the batched CPU forward pass over the paged KV cache. */
+#include "runtime/model.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "attention/attention.h"
+#include "common/alloc.h"
+#include "runtime/gguf.h"
+#include "runtime/safetensors.h"
+
+typedef struct {
+    float *attn_norm;     /* (hidden) */
+    float *wq, *wk, *wv;  /* (nq*hd, hidden), (nkv*hd, hidden), (nkv*hd, hidden) */
+    float *bq, *bk, *bv;  /* (nq*hd), (nkv*hd), (nkv*hd) or NULL */
+    float *q_norm, *k_norm; /* (hd) qwen3, or NULL */
+    float *wo;            /* (hidden, nq*hd) */
+    float *ffn_norm;      /* (hidden) */
+    float *w_gate, *w_up; /* (inter, hidden) */
+    float *w_down;        /* (hidden, inter) */
+    int32_t window_left;  /* -1: full attention */
+} layer_w;
+
+struct kvp_model {
+    kvp_model_config cfg;
+    kvp_rope_style rope;
+    kvp_matmul_kind matmul;
+    int threads;
+    int is_gguf;
+    char path[1024];
+    float *embed;    /* (vocab, hidden) */
+    float *out_norm; /* (hidden) */
+    float *lm_head;  /* (vocab, hidden); == embed when tied */
+    layer_w *layers; /* (num_layers) */
+    double *inv_freq; /* (head_dim / 2) */
+    /* workspace, grown on demand */
+    float *ws;
+    size_t ws_cap;
+};
+
+/* ---------------------------------------------------------------- loading */
+
+typedef struct {
+    const kvp_gguf *g;
+    const kvp_st *s;
+    const char *what; /* file or folder for messages */
+} source;
+
+static kvp_status src_get(const source *src, const char *name, kvp_tensor_view *v)
+{
+    return src->g ? kvp_gguf_tensor(src->g, name, v) : kvp_st_tensor(src->s, name, v);
+}
+
+static int src_has(const source *src, const char *name)
+{
+    kvp_tensor_view v;
+    if (src->g) {
+        kvp_status st = kvp_gguf_tensor(src->g, name, &v);
+        kvp_error_clear();
+        return st == KVP_OK;
+    }
+    return kvp_st_has(src->s, name);
+}
+
+/* Loads tensor `name` of exactly shape (d0[, d1]) as freshly allocated f32. */
+static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_t d1, float **out)
+{
+    kvp_tensor_view v;
+    KVP_TRY(src_get(src, name, &v));
+    int want_nd = d1 > 0 ? 2 : 1;
+    int ok = v.ndim == want_nd && v.shape[0] == d0 && (want_nd == 1 || v.shape[1] == d1);
+    /* A 1-D weight stored as [1, n] or an [n] matrix row is still accepted only when exact; keep strict. */
+    if (!ok) {
+        char got[96] = "";
+        int at = 0;
+        for (int i = 0; i < v.ndim; i++)
+            at += snprintf(got + at, sizeof got - (size_t)at, "%s%lld", i ? ", " : "", (long long)v.shape[i]);
+        if (want_nd == 2)
+            return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has shape [%s], the config needs [%lld, %lld]", v.file, name,
+                           got, (long long)d0, (long long)d1);
+        return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has shape [%s], the config needs [%lld]", v.file, name, got,
+                       (long long)d0);
+    }
+    float *p = kvp_aligned_alloc(64, (size_t)v.numel * sizeof(float));
+    if (!p) return KVP_ERR(KVP_ENOMEM, "%s: out of memory for tensor '%s'", v.file, name);
+    kvp_tensor_to_f32(&v, p);
+    *out = p;
+    return KVP_OK;
+}
+
+static void free_weights(kvp_model *m)
+{
+    if (m->layers)
+        for (int32_t l = 0; l < m->cfg.num_layers; l++) {
+            layer_w *w = &m->layers[l];
+            float *ps[] = {w->attn_norm, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->q_norm, w->k_norm,
+                           w->wo, w->ffn_norm, w->w_gate, w->w_up, w->w_down};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_free(ps[i]);
+        }
+    kvp_free(m->layers);
+    if (m->lm_head != m->embed) kvp_free(m->lm_head);
+    kvp_free(m->embed);
+    kvp_free(m->out_norm);
+    kvp_free(m->inv_freq);
+    kvp_free(m->ws);
+}
+
+void kvp_model_destroy(kvp_model *m)
+{
+    if (!m) return;
+    free_weights(m);
+    kvp_free(m);
+}
+
+static kvp_status load_weights(kvp_model *m, const source *src)
+{
+    const kvp_model_config *c = &m->cfg;
+    const int64_t H = c->hidden_size, hd = c->head_dim, nq = c->num_q_heads, nkv = c->num_kv_heads;
+    const int64_t FF = c->intermediate_size, V = c->vocab_size;
+    const int g = src->g != NULL;
+    char n[256];
+    KVP_TRY(load_t(src, g ? "token_embd.weight" : "model.embed_tokens.weight", V, H, &m->embed));
+    KVP_TRY(load_t(src, g ? "output_norm.weight" : "model.norm.weight", H, 0, &m->out_norm));
+    const char *lm = g ? "output.weight" : "lm_head.weight";
+    if (c->tie_word_embeddings && !src_has(src, lm)) {
+        m->lm_head = m->embed;
+    } else {
+        KVP_TRY(load_t(src, lm, V, H, &m->lm_head));
+    }
+    m->layers = kvp_calloc((size_t)c->num_layers, sizeof *m->layers);
+    if (!m->layers) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", src->what);
+    for (int32_t l = 0; l < c->num_layers; l++) {
+        layer_w *w = &m->layers[l];
+#define NAME(gg, hf) (snprintf(n, sizeof n, g ? "blk.%d." gg : "model.layers.%d." hf, l), n)
+        KVP_TRY(load_t(src, NAME("attn_norm.weight", "input_layernorm.weight"), H, 0, &w->attn_norm));
+        KVP_TRY(load_t(src, NAME("attn_q.weight", "self_attn.q_proj.weight"), nq * hd, H, &w->wq));
+        KVP_TRY(load_t(src, NAME("attn_k.weight", "self_attn.k_proj.weight"), nkv * hd, H, &w->wk));
+        KVP_TRY(load_t(src, NAME("attn_v.weight", "self_attn.v_proj.weight"), nkv * hd, H, &w->wv));
+        KVP_TRY(load_t(src, NAME("attn_output.weight", "self_attn.o_proj.weight"), H, nq * hd, &w->wo));
+        if (c->attention_bias) {
+            KVP_TRY(load_t(src, NAME("attn_q.bias", "self_attn.q_proj.bias"), nq * hd, 0, &w->bq));
+            KVP_TRY(load_t(src, NAME("attn_k.bias", "self_attn.k_proj.bias"), nkv * hd, 0, &w->bk));
+            KVP_TRY(load_t(src, NAME("attn_v.bias", "self_attn.v_proj.bias"), nkv * hd, 0, &w->bv));
+        }
+        if (c->qk_norm) {
+            KVP_TRY(load_t(src, NAME("attn_q_norm.weight", "self_attn.q_norm.weight"), hd, 0, &w->q_norm));
+            KVP_TRY(load_t(src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, 0, &w->k_norm));
+        }
+        KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
+        KVP_TRY(load_t(src, NAME("ffn_gate.weight", "mlp.gate_proj.weight"), FF, H, &w->w_gate));
+        KVP_TRY(load_t(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, &w->w_up));
+        KVP_TRY(load_t(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, &w->w_down));
+#undef NAME
+        w->window_left = -1;
+        if (c->sliding_window > 0 && c->layer_is_sliding[l])
+            w->window_left = (int32_t)(c->sliding_window > INT32_MAX ? INT32_MAX : c->sliding_window - 1);
+    }
+    return KVP_OK;
+}
+
+/* Checks the config describes a model this forward pass computes. */
+static kvp_status check_config(const kvp_model_config *c, const char *what)
+{
+    const char *mt = c->model_type;
+    if (c->family != KVP_FAMILY_LLAMA ||
+        (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3")))
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: model type '%s' is not supported by the CPU forward pass "
+                                         "(llama, mistral, qwen2, qwen3 are)",
+                       what, mt);
+    if (c->num_layers < 1 || c->hidden_size < 1 || c->num_q_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 2 ||
+        c->head_dim % 2 || c->intermediate_size < 1 || c->vocab_size < 1 || c->num_q_heads % c->num_kv_heads ||
+        c->vocab_size > INT32_MAX)
+        return KVP_ERR(KVP_EPARSE, "%s: inconsistent sizes (layers %d, hidden %d, heads %d/%d, head_dim %d, "
+                                   "intermediate %lld, vocab %lld)",
+                       what, c->num_layers, c->hidden_size, c->num_q_heads, c->num_kv_heads, c->head_dim,
+                       (long long)c->intermediate_size, (long long)c->vocab_size);
+    if (!kvp_attn_supported(KVP_DTYPE_F32, c->head_dim))
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: head_dim %d is not supported by the attention kernels", what,
+                       c->head_dim);
+    if (c->rope_scaling_type[0] && strcmp(c->rope_scaling_type, "llama3") && strcmp(c->rope_scaling_type, "default"))
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (llama3 is)", what,
+                       c->rope_scaling_type);
+    if (c->num_experts > 0) return KVP_ERR(KVP_EUNSUPPORTED, "%s: mixture-of-experts models are not supported", what);
+    return KVP_OK;
+}
+
+static kvp_status init_rope(kvp_model *m)
+{
+    const kvp_model_config *c = &m->cfg;
+    int32_t half = c->head_dim / 2;
+    m->inv_freq = kvp_malloc((size_t)half * sizeof(double));
+    if (!m->inv_freq) return KVP_ERR(KVP_ENOMEM, "out of memory");
+    double theta = c->rope_theta > 0 ? c->rope_theta : 10000.0;
+    for (int32_t i = 0; i < half; i++) {
+        double f = 1.0 / pow(theta, (2.0 * i) / c->head_dim);
+        if (strcmp(c->rope_scaling_type, "llama3") == 0 && c->rope_scaling_factor > 0) {
+            double old = (double)c->rope_original_max_position, lo = c->rope_low_freq_factor,
+                   hi = c->rope_high_freq_factor, factor = c->rope_scaling_factor;
+            double low_wl = old / lo, high_wl = old / hi, wl = 2.0 * M_PI / f;
+            if (wl > low_wl) {
+                f = f / factor;
+            } else if (wl >= high_wl && hi != lo) {
+                double smooth = (old / wl - lo) / (hi - lo);
+                f = (1.0 - smooth) * f / factor + smooth * f;
+            }
+        }
+        m->inv_freq[i] = f;
+    }
+    return KVP_OK;
+}
+
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int ends_with(const char *s, const char *suf)
+{
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+kvp_status kvp_model_load(const char *path, kvp_model **out)
+{
+    if (!path || !out) return KVP_ERR(KVP_EINVAL, "kvp_model_load: NULL argument");
+    if (strlen(path) >= 900) return KVP_ERR(KVP_EINVAL, "model path too long");
+    kvp_model *m = kvp_calloc(1, sizeof *m);
+    if (!m) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
+    snprintf(m->path, sizeof m->path, "%s", path);
+    m->threads = 1;
+    kvp_status st = KVP_OK;
+    kvp_gguf *g = NULL;
+    kvp_st *s = NULL;
+    source src = {0};
+    src.what = path;
+    if (!is_dir(path) && !ends_with(path, ".safetensors")) {
+        m->is_gguf = 1;
+        if ((st = kvp_gguf_open(path, &g)) != KVP_OK) goto fail;
+        if ((st = kvp_gguf_model_config(g, &m->cfg)) != KVP_OK) goto fail;
+        /* llama.cpp permutes llama/mistral Q/K rows for paired RoPE; qwen GGUFs keep HF's rotate-half. */
+        m->rope = strncmp(m->cfg.model_type, "qwen", 4) == 0 ? KVP_ROPE_HALF : KVP_ROPE_PAIRS;
+        src.g = g;
+    } else {
+        char cfgpath[1100];
+        if (is_dir(path)) {
+            snprintf(cfgpath, sizeof cfgpath, "%s/config.json", path);
+        } else {
+            const char *slash = strrchr(path, '/');
+            int dl = slash ? (int)(slash - path) : 1;
+            snprintf(cfgpath, sizeof cfgpath, "%.*s/config.json", dl, slash ? path : ".");
+        }
+        if ((st = kvp_model_config_load(cfgpath, &m->cfg)) != KVP_OK) goto fail;
+        m->rope = KVP_ROPE_HALF;
+        if ((st = kvp_st_open(path, &s)) != KVP_OK) goto fail;
+        src.s = s;
+    }
+    if ((st = check_config(&m->cfg, path)) != KVP_OK) goto fail;
+    if ((st = init_rope(m)) != KVP_OK) goto fail;
+    if ((st = load_weights(m, &src)) != KVP_OK) goto fail;
+    kvp_gguf_close(g);
+    kvp_st_close(s);
+    *out = m;
+    return KVP_OK;
+fail:
+    kvp_gguf_close(g);
+    kvp_st_close(s);
+    kvp_model_destroy(m);
+    return st;
+}
+
+const kvp_model_config *kvp_model_cfg(const kvp_model *m) { return &m->cfg; }
+kvp_rope_style kvp_model_rope_style(const kvp_model *m) { return m->rope; }
+const char *kvp_model_path(const kvp_model *m) { return m->path; }
+int kvp_model_is_gguf(const kvp_model *m) { return m->is_gguf; }
+int32_t kvp_model_max_len(const kvp_model *m)
+{
+    int64_t n = m->cfg.max_position_embeddings;
+    return n > 0 && n < INT32_MAX ? (int32_t)n : INT32_MAX;
+}
+
+void kvp_model_set_threads(kvp_model *m, int n)
+{
+    if (n < 1) n = 1;
+    m->threads = n;
+    kvp_attn_set_threads(n);
+    openblas_set_num_threads(n);
+}
+
+void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k) { m->matmul = k; }
+
+/* ---------------------------------------------------------------- KV cache */
+
+void kvp_kv_cache_destroy(kvp_kv_cache *kv)
+{
+    if (!kv) return;
+    if (kv->layers)
+        for (int32_t l = 0; l < kv->num_layers; l++) kvp_paged_kv_free_pools(&kv->layers[l]);
+    kvp_free(kv->layers);
+    kvp_free(kv);
+}
+
+kvp_status kvp_kv_cache_create(const kvp_model *m, int32_t num_blocks, int32_t block_size, kvp_kv_cache **out)
+{
+    if (num_blocks < 1 || block_size < 1)
+        return KVP_ERR(KVP_EINVAL, "KV cache: num_blocks %d and block_size %d must be >= 1", num_blocks, block_size);
+    kvp_kv_cache *kv = kvp_calloc(1, sizeof *kv);
+    if (!kv) return KVP_ERR(KVP_ENOMEM, "KV cache: out of memory");
+    kv->num_layers = m->cfg.num_layers;
+    kv->num_blocks = num_blocks;
+    kv->block_size = block_size;
+    kv->layers = kvp_calloc((size_t)kv->num_layers, sizeof *kv->layers);
+    kvp_status st = kv->layers ? KVP_OK : KVP_ERR(KVP_ENOMEM, "KV cache: out of memory");
+    for (int32_t l = 0; st == KVP_OK && l < kv->num_layers; l++) {
+        st = kvp_paged_kv_init(&kv->layers[l], KVP_DTYPE_F32, num_blocks, m->cfg.num_kv_heads, block_size,
+                               m->cfg.head_dim);
+        if (st == KVP_OK) st = kvp_paged_kv_alloc_pools(&kv->layers[l]);
+        if (st == KVP_OK) {
+            /* Unused slots hold NaN so a kernel that reads past a sequence's length poisons its output. */
+            float *k = kv->layers[l].k, *v = kv->layers[l].v;
+            size_t n = kvp_paged_kv_pool_bytes(&kv->layers[l]) / sizeof(float);
+            for (size_t i = 0; i < n; i++) k[i] = v[i] = NAN;
+        }
+    }
+    if (st != KVP_OK) {
+        kvp_kv_cache_destroy(kv);
+        return st;
+    }
+    *out = kv;
+    return KVP_OK;
+}
+
+kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *pairs, int32_t n)
+{
+    if (n == 0) return KVP_OK;
+    for (int32_t l = 0; l < kv->num_layers; l++) KVP_TRY(kvp_attn_copy_blocks_cpu(&kv->layers[l], pairs, n));
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- kernels */
+
+/* y (T, N) = x (T, K) . w (N, K)^T. The invariant kernel computes every y[t][o] with the same sequence of
+ * operations whatever T and the thread split are: 16 lane-wise partial sums over K in order, the tail, and a
+ * fixed reduction tree. Tiles of 4 rows x 1 output reuse the weight row from L1. */
+static inline float dot_fixed(const float *restrict a, const float *restrict b, int64_t K)
+{
+    float acc[16] = {0};
+    int64_t k = 0;
+    for (; k + 16 <= K; k += 16)
+        for (int j = 0; j < 16; j++) acc[j] += a[k + j] * b[k + j];
+    for (int j = 0; k < K; k++, j++) acc[j] += a[k] * b[k];
+    for (int w = 8; w >= 1; w /= 2)
+        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
+    return acc[0];
+}
+
+static void matmul(const kvp_model *m, float *y, const float *x, const float *w, int64_t T, int64_t N, int64_t K)
+{
+    if (m->matmul == KVP_MATMUL_BLAS) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)N, (int)K, 1.0f, x, (int)K, w, (int)K, 0.0f,
+                    y, (int)N);
+        return;
+    }
+    const int64_t OB = 16;
+    int64_t nob = (N + OB - 1) / OB;
+    int64_t work = T * N * K;
+    int nt = work > 200000 ? m->threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+    for (int64_t ob = 0; ob < nob; ob++) {
+        int64_t o1 = (ob + 1) * OB < N ? (ob + 1) * OB : N;
+        for (int64_t t = 0; t < T; t++) {
+            const float *xr = x + t * K;
+            for (int64_t o = ob * OB; o < o1; o++) y[t * N + o] = dot_fixed(xr, w + o * K, K);
+        }
+    }
+}
+
+static void rmsnorm(float *out, const float *x, const float *w, int64_t n, double eps)
+{
+    float ss = 0.0f;
+    for (int64_t i = 0; i < n; i++) ss += x[i] * x[i];
+    ss = ss / (float)n + (float)eps;
+    ss = 1.0f / sqrtf(ss);
+    for (int64_t i = 0; i < n; i++) out[i] = w[i] * (ss * x[i]);
+}
+
+static void rope(const kvp_model *m, float *v, int32_t nheads, int32_t pos)
+{
+    const int32_t hd = m->cfg.head_dim, half = hd / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double a = (double)pos * m->inv_freq[i];
+        float c = (float)cos(a), s = (float)sin(a);
+        for (int32_t h = 0; h < nheads; h++) {
+            float *p = v + (int64_t)h * hd;
+            int32_t i0 = m->rope == KVP_ROPE_PAIRS ? 2 * i : i, i1 = m->rope == KVP_ROPE_PAIRS ? 2 * i + 1 : i + half;
+            float x0 = p[i0], x1 = p[i1];
+            p[i0] = x0 * c - x1 * s;
+            p[i1] = x0 * s + x1 * c;
+        }
+    }
+}
+
+/* ---------------------------------------------------------------- forward */
+
+kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch *b, float *logits)
+{
+    const kvp_model_config *c = &m->cfg;
+    const int64_t H = c->hidden_size, hd = c->head_dim, nq = c->num_q_heads, nkv = c->num_kv_heads;
+    const int64_t FF = c->intermediate_size, V = c->vocab_size, T = b->num_tokens;
+    const int64_t QD = nq * hd, KD = nkv * hd;
+    if (b->num_seqs < 1 || T < 1 || !b->qo_indptr || b->qo_indptr[0] != 0 || b->qo_indptr[b->num_seqs] != T)
+        return KVP_ERR(KVP_EINVAL, "forward: inconsistent batch (%d sequences, %lld tokens)", b->num_seqs,
+                       (long long)T);
+    if (kv->num_layers != c->num_layers || kv->layers[0].num_kv_heads != nkv || kv->layers[0].head_dim != hd)
+        return KVP_ERR(KVP_EINVAL, "forward: the KV cache was made for another model");
+    int32_t maxlen = kvp_model_max_len(m);
+    for (int64_t t = 0; t < T; t++) {
+        if (b->tokens[t] < 0 || b->tokens[t] >= V)
+            return KVP_ERR(KVP_EINVAL, "forward: token id %d at row %lld is outside the vocabulary (%lld)", b->tokens[t],
+                           (long long)t, (long long)V);
+        if (b->positions[t] < 0 || b->positions[t] >= maxlen)
+            return KVP_ERR(KVP_EINVAL, "forward: position %d is past the model's context of %d tokens",
+                           b->positions[t], maxlen);
+        if (b->slot_mapping[t] < 0 || b->slot_mapping[t] >= (int64_t)kv->num_blocks * kv->block_size)
+            return KVP_ERR(KVP_EINVAL, "forward: slot %lld of row %lld is outside the KV cache",
+                           (long long)b->slot_mapping[t], (long long)t);
+    }
+    for (int32_t s = 0; s < b->num_seqs; s++)
+        if (b->qo_indptr[s + 1] <= b->qo_indptr[s])
+            return KVP_ERR(KVP_EINVAL, "forward: sequence %d has no new token", s);
+    /* Workspace: x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H). */
+    const int64_t S = b->all_logits ? T : b->num_seqs;
+    size_t need = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H) * sizeof(float);
+    if (need > m->ws_cap) {
+        float *nw = kvp_aligned_alloc(64, need);
+        if (!nw) return KVP_ERR(KVP_ENOMEM, "forward: out of memory for a %lld-token workspace", (long long)T);
+        kvp_free(m->ws);
+        m->ws = nw;
+        m->ws_cap = need;
+    }
+    float *x = m->ws, *h = x + T * H, *q = h + T * H, *o = q + T * QD, *k = o + T * QD, *v = k + T * KD;
+    float *gt = v + T * KD, *up = gt + T * FF, *fin = up + T * FF;
+    for (int64_t t = 0; t < T; t++) memcpy(x + t * H, m->embed + (int64_t)b->tokens[t] * H, (size_t)H * sizeof(float));
+    for (int32_t l = 0; l < c->num_layers; l++) {
+        const layer_w *w = &m->layers[l];
+        for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->attn_norm, H, c->rms_norm_eps);
+        matmul(m, q, h, w->wq, T, QD, H);
+        matmul(m, k, h, w->wk, T, KD, H);
+        matmul(m, v, h, w->wv, T, KD, H);
+        for (int64_t t = 0; t < T; t++) {
+            if (w->bq)
+                for (int64_t i = 0; i < QD; i++) q[t * QD + i] += w->bq[i];
+            if (w->bk)
+                for (int64_t i = 0; i < KD; i++) k[t * KD + i] += w->bk[i];
+            if (w->bv)
+                for (int64_t i = 0; i < KD; i++) v[t * KD + i] += w->bv[i];
+            if (w->q_norm) {
+                for (int64_t i = 0; i < nq; i++) rmsnorm(q + t * QD + i * hd, q + t * QD + i * hd, w->q_norm, hd, c->rms_norm_eps);
+                for (int64_t i = 0; i < nkv; i++) rmsnorm(k + t * KD + i * hd, k + t * KD + i * hd, w->k_norm, hd, c->rms_norm_eps);
+            }
+            rope(m, q + t * QD, (int32_t)nq, b->positions[t]);
+            rope(m, k + t * KD, (int32_t)nkv, b->positions[t]);
+        }
+        kvp_paged_kv lkv = kv->layers[l];
+        kvp_paged_kv_set_pages(&lkv, b->num_seqs, b->kv_indptr, b->kv_indices, b->kv_last_page_len);
+        KVP_TRY(kvp_attn_append_kv_cpu(&lkv, k, v, b->slot_mapping, (int32_t)T));
+        kvp_attn_params p = kvp_attn_default_params((int32_t)nq);
+        p.window_left = w->window_left;
+        p.kv_chunk_size = 1 << 30; /* no split: a row's result must not depend on the batch */
+        KVP_TRY(kvp_attn_prefill_cpu(&lkv, q, b->qo_indptr, o, &p));
+        matmul(m, h, o, w->wo, T, H, QD);
+        for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
+        for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->ffn_norm, H, c->rms_norm_eps);
+        matmul(m, gt, h, w->w_gate, T, FF, H);
+        matmul(m, up, h, w->w_up, T, FF, H);
+        for (int64_t i = 0; i < T * FF; i++) {
+            float a = gt[i];
+            gt[i] = a / (1.0f + expf(-a)) * up[i];
+        }
+        matmul(m, h, gt, w->w_down, T, H, FF);
+        for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
+    }
+    for (int64_t r = 0; r < S; r++) {
+        int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
+        rmsnorm(fin + r * H, x + t * H, m->out_norm, H, c->rms_norm_eps);
+    }
+    matmul(m, logits, fin, m->lm_head, S, V, H);
+    return KVP_OK;
+}

@@ -1,0 +1,93 @@
+/* runtime/model.h — Llama-family models on the CPU (llama, mistral, qwen2 with QKV bias, qwen3 with q/k
+ * norm): weights (f32, converted at load), the paged KV cache of every layer, and the batched forward pass.
+ *
+ * Forward pass of one token row (x: [hidden]):
+ *   x = embed[token]
+ *   per layer:  h = rmsnorm(x) * attn_norm
+ *               q = h Wq^T (+bq)  [n_q_heads, head_dim]     k, v = h Wk^T, h Wv^T (+b)  [n_kv_heads, head_dim]
+ *               (qwen3: per-head rmsnorm of q and k)        RoPE(q, k, position)
+ *               append k, v to the paged cache (slot mapping); o = attention(q, cached K/V) (attention/)
+ *               x += o Wo^T
+ *               h = rmsnorm(x) * ffn_norm;  x += (silu(h Wg^T) * (h Wu^T)) Wd^T
+ *   logits = (rmsnorm(x) * out_norm) Wlm^T         (Wlm = embed when tied)
+ *
+ * RoPE conventions: KVP_ROPE_PAIRS rotates (2i, 2i+1) (GGUF llama/mistral, Meta, llama2.c), KVP_ROPE_HALF
+ * rotates (i, i + head_dim/2) (Hugging Face, and GGUF qwen2/qwen3). Frequencies theta^(-2i/head_dim), with
+ * llama3 rope_scaling applied when the config has it; angles are computed in double precision.
+ *
+ * Matmuls: KVP_MATMUL_BLAS (OpenBLAS sgemm) or KVP_MATMUL_INVARIANT (a fixed-order dot-product kernel whose
+ * result for a row does not depend on the other rows of the batch: the same prompt gives bit-identical
+ * logits alone, batched, chunked or after a prefix-cache hit). The default is INVARIANT; OpenBLAS's sgemm
+ * rounds a row differently depending on the batch size and on its thread split.
+ *
+ * Ownership: kvp_model_load returns an owned model (kvp_model_destroy; NULL is a no-op); it keeps no file
+ * open. The KV cache (kvp_kv_cache) is owned by its creator. A model is immutable during forward passes
+ * except for its internal workspace: one forward pass at a time per model.
+ */
+#ifndef KVP_RUNTIME_MODEL_H
+#define KVP_RUNTIME_MODEL_H
+
+#include <stdint.h>
+
+#include "attention/paged_kv.h"
+#include "common/status.h"
+#include "runtime/model_config.h"
+
+typedef enum { KVP_ROPE_PAIRS = 0, KVP_ROPE_HALF } kvp_rope_style;
+typedef enum { KVP_MATMUL_INVARIANT = 0, KVP_MATMUL_BLAS } kvp_matmul_kind;
+
+typedef struct kvp_model kvp_model;
+
+/* path: a .gguf file, an HF folder (config.json + safetensors), or a .safetensors file (config.json beside
+ * it). Errors name the file and the problem: KVP_EIO (unreadable), KVP_EPARSE (corrupt header, a tensor
+ * missing or of the wrong shape), KVP_EUNSUPPORTED (architecture, dtype, rope scaling type). */
+kvp_status kvp_model_load(const char *path, kvp_model **out);
+void kvp_model_destroy(kvp_model *m);
+
+const kvp_model_config *kvp_model_cfg(const kvp_model *m);
+kvp_rope_style kvp_model_rope_style(const kvp_model *m);
+const char *kvp_model_path(const kvp_model *m); /* as given to load */
+int kvp_model_is_gguf(const kvp_model *m);
+/* Maximum positions (max_position_embeddings / GGUF context_length). */
+int32_t kvp_model_max_len(const kvp_model *m);
+
+/* Threads for matmuls and attention (>= 1). Process-wide for attention and OpenBLAS. */
+void kvp_model_set_threads(kvp_model *m, int n);
+void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k);
+
+/* ---- paged KV cache: one f32 pool pair per layer, [num_blocks, num_kv_heads, block_size, head_dim]. */
+typedef struct {
+    int32_t num_layers;
+    int32_t num_blocks;
+    int32_t block_size;
+    kvp_paged_kv *layers; /* [num_layers], pools owned by the cache */
+} kvp_kv_cache;
+
+/* KVP_EINVAL for sizes < 1, KVP_EUNSUPPORTED for a head_dim attention/ does not handle, KVP_ENOMEM. */
+kvp_status kvp_kv_cache_create(const kvp_model *m, int32_t num_blocks, int32_t block_size, kvp_kv_cache **out);
+void kvp_kv_cache_destroy(kvp_kv_cache *kv);
+/* Copy-on-write batch: block pairs[i].dst := pairs[i].src in every layer. */
+kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *src_dst_pairs, int32_t n);
+
+/* One batched step: num_seqs sequences, each with n_q(s) = qo_indptr[s+1] - qo_indptr[s] >= 1 new tokens.
+ * The page table (CSR, attention/paged_kv.h) already covers the new tokens; slot_mapping gives each new
+ * token's slot. All arrays borrowed for the call. */
+typedef struct {
+    int32_t num_seqs;
+    int32_t num_tokens;              /* qo_indptr[num_seqs] */
+    const int32_t *tokens;           /* (num_tokens) */
+    const int32_t *positions;        /* (num_tokens) RoPE positions (= index in the sequence) */
+    const int64_t *slot_mapping;     /* (num_tokens) */
+    const int32_t *qo_indptr;        /* (num_seqs + 1) */
+    const int32_t *kv_indptr;        /* (num_seqs + 1) */
+    const int32_t *kv_indices;       /* (kv_indptr[num_seqs]) */
+    const int32_t *kv_last_page_len; /* (num_seqs) */
+    int all_logits; /* 0: logits of each sequence's last new token, (num_seqs, vocab); 1: (num_tokens, vocab) */
+} kvp_fwd_batch;
+
+/* Runs the batch; writes logits. KVP_EINVAL naming the problem for a token id out of the vocabulary, a
+ * position past the model's maximum, or an inconsistent batch (nothing written to logits then; the K/V of
+ * the batch's tokens may have been appended). KVP_ENOMEM for the workspace. */
+kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch *b, float *logits);
+
+#endif
