@@ -1,0 +1,170 @@
+/* runtime/sampler.c — greedy / temperature / top-k / top-p sampling with per-sequence generators. */
+#include "runtime/sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+
+#include "common/alloc.h"
+
+struct kvp_sampler_ws {
+    int32_t vocab;
+    int32_t *idx;  /* (vocab) */
+    double *prob;  /* (vocab) */
+};
+
+kvp_sampler_params kvp_sampler_default(void)
+{
+    kvp_sampler_params p = {.temperature = 0.0, .top_k = 0, .top_p = 1.0, .seed = 0};
+    return p;
+}
+
+kvp_status kvp_sampler_check(const kvp_sampler_params *p)
+{
+    if (!(p->temperature >= 0.0) || isinf(p->temperature))
+        return KVP_ERR(KVP_EINVAL, "sampler: temperature %g must be finite and >= 0", p->temperature);
+    if (p->top_k < 0) return KVP_ERR(KVP_EINVAL, "sampler: top_k %d must be >= 0", p->top_k);
+    if (!(p->top_p > 0.0 && p->top_p <= 1.0))
+        return KVP_ERR(KVP_EINVAL, "sampler: top_p %g must be in (0, 1]", p->top_p);
+    return KVP_OK;
+}
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+void kvp_rng_seed(kvp_rng *r, uint64_t seed, uint64_t stream)
+{
+    uint64_t x = seed ^ (stream * 0xd1342543de82ef95ull + 0x2545f4914f6cdd1dull);
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+uint64_t kvp_rng_next(kvp_rng *r)
+{
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double kvp_rng_uniform(kvp_rng *r) { return (double)(kvp_rng_next(r) >> 11) * 0x1.0p-53; }
+
+kvp_status kvp_sampler_ws_create(int32_t vocab, kvp_sampler_ws **out)
+{
+    if (vocab < 1) return KVP_ERR(KVP_EINVAL, "sampler: vocab %d < 1", vocab);
+    kvp_sampler_ws *w = kvp_calloc(1, sizeof *w);
+    if (w) {
+        w->idx = kvp_malloc((size_t)vocab * sizeof *w->idx);
+        w->prob = kvp_malloc((size_t)vocab * sizeof *w->prob);
+    }
+    if (!w || !w->idx || !w->prob) {
+        kvp_sampler_ws_destroy(w);
+        return KVP_ERR(KVP_ENOMEM, "sampler: out of memory");
+    }
+    w->vocab = vocab;
+    *out = w;
+    return KVP_OK;
+}
+
+void kvp_sampler_ws_destroy(kvp_sampler_ws *w)
+{
+    if (!w) return;
+    kvp_free(w->idx);
+    kvp_free(w->prob);
+    kvp_free(w);
+}
+
+int32_t kvp_argmax(const float *logits, int32_t vocab)
+{
+    int32_t best = 0;
+    for (int32_t i = 1; i < vocab; i++)
+        if (logits[i] > logits[best]) best = i;
+    return best;
+}
+
+void kvp_log_softmax(const float *logits, int32_t vocab, float *out)
+{
+    float mx = logits[kvp_argmax(logits, vocab)];
+    double sum = 0.0;
+    for (int32_t i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    double lse = mx + log(sum);
+    for (int32_t i = 0; i < vocab; i++) out[i] = (float)((double)logits[i] - lse);
+}
+
+static _Thread_local const float *g_sort_logits; /* qsort has no context argument */
+
+static int by_logit_desc(const void *a, const void *b)
+{
+    int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+    float lx = g_sort_logits[x], ly = g_sort_logits[y];
+    if (lx > ly) return -1;
+    if (lx < ly) return 1;
+    return (x > y) - (x < y);
+}
+
+/* Moves the k largest logits (ties: lower id) to idx[0..k), sorted descending. */
+static void top_sorted(const float *logits, int32_t vocab, int32_t k, int32_t *idx)
+{
+    for (int32_t i = 0; i < vocab; i++) idx[i] = i;
+    /* Full sort when k is a large share of the vocabulary, else insertion into a sorted top-k list. */
+    if ((int64_t)k * 8 >= vocab) {
+        g_sort_logits = logits;
+        qsort(idx, (size_t)vocab, sizeof *idx, by_logit_desc);
+        return;
+    }
+    /* Maintain idx[0..k) sorted descending by insertion. */
+    int32_t n = 0;
+    for (int32_t i = 0; i < vocab; i++) {
+        float l = logits[i];
+        if (n == k && !(l > logits[idx[k - 1]])) continue;
+        int32_t j = n < k ? n++ : k - 1;
+        while (j > 0 && l > logits[idx[j - 1]]) {
+            idx[j] = idx[j - 1];
+            j--;
+        }
+        idx[j] = i;
+    }
+}
+
+int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab, kvp_sampler_ws *ws)
+{
+    if (p->temperature <= 0.0 || p->top_k == 1) return kvp_argmax(logits, vocab);
+    int32_t k = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
+    int32_t *idx = ws->idx;
+    double *prob = ws->prob;
+    top_sorted(logits, vocab, k, idx);
+    double mx = logits[idx[0]], sum = 0.0;
+    for (int32_t i = 0; i < k; i++) {
+        prob[i] = exp(((double)logits[idx[i]] - mx) / p->temperature);
+        sum += prob[i];
+    }
+    int32_t n = k;
+    if (p->top_p < 1.0) {
+        double cum = 0.0;
+        for (int32_t i = 0; i < k; i++) {
+            cum += prob[i] / sum;
+            if (cum >= p->top_p) {
+                n = i + 1;
+                break;
+            }
+        }
+        sum = 0.0;
+        for (int32_t i = 0; i < n; i++) sum += prob[i];
+    }
+    double u = kvp_rng_uniform(rng) * sum, acc = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        acc += prob[i];
+        if (u < acc) return idx[i];
+    }
+    return idx[n - 1];
+}

@@ -1,0 +1,48 @@
+/* runtime/sampler.h — next-token choice from logits: greedy, temperature, top-k, top-p, seeded.
+ *
+ * Order of operations (as vLLM / llama.cpp): logits / temperature -> keep the top_k largest -> keep the
+ * smallest prefix (by probability, descending) whose mass reaches top_p -> renormalise -> draw one token
+ * with the sequence's own generator. temperature 0 means greedy (argmax, lowest id on ties; top_k/top_p
+ * ignored). Each sequence owns a kvp_rng, so a sequence's draws do not depend on the rest of the batch.
+ */
+#ifndef KVP_RUNTIME_SAMPLER_H
+#define KVP_RUNTIME_SAMPLER_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct {
+    double temperature; /* >= 0; 0 = greedy */
+    int32_t top_k;      /* >= 0; 0 = no limit */
+    double top_p;       /* (0, 1]; 1 = no limit */
+    uint64_t seed;
+} kvp_sampler_params;
+
+/* temperature 0 (greedy), top_k 0, top_p 1, seed 0. */
+kvp_sampler_params kvp_sampler_default(void);
+/* KVP_EINVAL naming the bad field (temperature < 0 or not finite, top_k < 0, top_p outside (0, 1]). */
+kvp_status kvp_sampler_check(const kvp_sampler_params *p);
+
+/* splitmix64-seeded xoshiro256** generator. */
+typedef struct {
+    uint64_t s[4];
+} kvp_rng;
+void kvp_rng_seed(kvp_rng *r, uint64_t seed, uint64_t stream); /* distinct streams for n > 1 samples */
+uint64_t kvp_rng_next(kvp_rng *r);
+double kvp_rng_uniform(kvp_rng *r); /* [0, 1), 53 random bits */
+
+/* Workspace for kvp_sample over a vocabulary of `vocab` ids. Owned by the caller (kvp_sampler_ws_destroy). */
+typedef struct kvp_sampler_ws kvp_sampler_ws;
+kvp_status kvp_sampler_ws_create(int32_t vocab, kvp_sampler_ws **out);
+void kvp_sampler_ws_destroy(kvp_sampler_ws *ws);
+
+/* Index of the largest logit (lowest id on ties). */
+int32_t kvp_argmax(const float *logits, int32_t vocab);
+/* The chosen token for logits[0..vocab) (borrowed, not modified). Draws from rng unless greedy. */
+int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab,
+                   kvp_sampler_ws *ws);
+/* out[i] = log softmax(logits)[i] (double accumulation); out may alias nothing. */
+void kvp_log_softmax(const float *logits, int32_t vocab, float *out);
+
+#endif

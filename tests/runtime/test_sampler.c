@@ -1,0 +1,162 @@
+/* Sampler tests: greedy, and the statistics of temperature / top-k / top-p sampling with fixed seeds
+ * against the exact distributions. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "runtime/sampler.h"
+
+static const float logits8[8] = {1.0f, 2.5f, 0.0f, 2.0f, -1.0f, 2.5f, 0.5f, 1.5f};
+
+/* Exact probabilities after temperature, top-k, top-p (the reference, written independently: sort by value
+ * with a stable rule, then cut). */
+static void reference(const float *l, int n, double temp, int top_k, double top_p, double *out)
+{
+    int order[64];
+    for (int i = 0; i < n; i++) order[i] = i;
+    for (int i = 0; i < n; i++)
+        for (int j = i + 1; j < n; j++)
+            if (l[order[j]] > l[order[i]] || (l[order[j]] == l[order[i]] && order[j] < order[i])) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    int k = top_k > 0 && top_k < n ? top_k : n;
+    double p[64], s = 0;
+    for (int i = 0; i < k; i++) s += p[i] = exp(l[order[i]] / temp);
+    int keep = k;
+    double cum = 0;
+    for (int i = 0; i < k && top_p < 1.0; i++) {
+        cum += p[i] / s;
+        if (cum >= top_p) {
+            keep = i + 1;
+            break;
+        }
+    }
+    double s2 = 0;
+    for (int i = 0; i < keep; i++) s2 += p[i];
+    for (int i = 0; i < n; i++) out[i] = 0;
+    for (int i = 0; i < keep; i++) out[order[i]] = p[i] / s2;
+}
+
+static void check_stats(double temp, int top_k, double top_p, uint64_t seed)
+{
+    kvp_sampler_ws *ws;
+    cr_assert_eq(kvp_sampler_ws_create(8, &ws), KVP_OK);
+    kvp_sampler_params p = {.temperature = temp, .top_k = top_k, .top_p = top_p, .seed = seed};
+    cr_assert_eq(kvp_sampler_check(&p), KVP_OK);
+    kvp_rng rng;
+    kvp_rng_seed(&rng, seed, 0);
+    const int N = 40000;
+    int count[8] = {0};
+    for (int i = 0; i < N; i++) {
+        int32_t t = kvp_sample(&p, &rng, logits8, 8, ws);
+        cr_assert(t >= 0 && t < 8);
+        count[t]++;
+    }
+    double want[8];
+    reference(logits8, 8, temp, top_k, top_p, want);
+    for (int i = 0; i < 8; i++) {
+        double f = (double)count[i] / N, sd = sqrt(want[i] * (1 - want[i]) / N);
+        if (want[i] == 0)
+            cr_assert_eq(count[i], 0, "seed %llu temp %g k %d p %g: token %d is outside the allowed set",
+                         (unsigned long long)seed, temp, top_k, top_p, i);
+        else
+            cr_assert_leq(fabs(f - want[i]), 5 * sd + 1e-9, "seed %llu temp %g k %d p %g: token %d freq %g want %g",
+                          (unsigned long long)seed, temp, top_k, top_p, i, f, want[i]);
+    }
+    kvp_sampler_ws_destroy(ws);
+}
+
+Test(sampler, greedy_picks_first_maximum)
+{
+    kvp_sampler_params p = kvp_sampler_default();
+    kvp_rng rng;
+    kvp_rng_seed(&rng, 1, 0);
+    kvp_sampler_ws *ws;
+    cr_assert_eq(kvp_sampler_ws_create(8, &ws), KVP_OK);
+    cr_assert_eq(kvp_sample(&p, &rng, logits8, 8, ws), 1); /* 1 and 5 tie: lowest id */
+    p.temperature = 0.8;
+    p.top_k = 1;
+    cr_assert_eq(kvp_sample(&p, &rng, logits8, 8, ws), 1);
+    kvp_sampler_ws_destroy(ws);
+}
+
+Test(sampler, temperature_top_k_top_p_statistics)
+{
+    check_stats(1.0, 0, 1.0, 42);
+    check_stats(0.5, 0, 1.0, 43);
+    check_stats(2.0, 0, 1.0, 44);
+    check_stats(1.0, 3, 1.0, 45);  /* ids 1, 5, 3 */
+    check_stats(1.0, 0, 0.5, 46);
+    check_stats(0.7, 4, 0.8, 47);
+    check_stats(1.0, 7, 0.95, 48);
+}
+
+Test(sampler, seeds_reproduce_and_streams_differ)
+{
+    kvp_sampler_ws *ws;
+    cr_assert_eq(kvp_sampler_ws_create(8, &ws), KVP_OK);
+    kvp_sampler_params p = {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 9};
+    int32_t a[64], b[64], c[64];
+    kvp_rng r1, r2, r3;
+    kvp_rng_seed(&r1, 9, 0);
+    kvp_rng_seed(&r2, 9, 0);
+    kvp_rng_seed(&r3, 9, 1);
+    for (int i = 0; i < 64; i++) {
+        a[i] = kvp_sample(&p, &r1, logits8, 8, ws);
+        b[i] = kvp_sample(&p, &r2, logits8, 8, ws);
+        c[i] = kvp_sample(&p, &r3, logits8, 8, ws);
+    }
+    cr_assert(memcmp(a, b, sizeof a) == 0);
+    cr_assert(memcmp(a, c, sizeof a) != 0);
+    kvp_sampler_ws_destroy(ws);
+}
+
+Test(sampler, large_vocab_top_k_matches_full_sort)
+{
+    enum { V = 5000 };
+    static float l[V];
+    kvp_rng g;
+    kvp_rng_seed(&g, 3, 0);
+    for (int i = 0; i < V; i++) l[i] = (float)(kvp_rng_uniform(&g) * 10.0);
+    l[17] = l[4000] = 11.0f;
+    kvp_sampler_ws *ws;
+    cr_assert_eq(kvp_sampler_ws_create(V, &ws), KVP_OK);
+    /* With a tiny temperature the draw is the top token; top-k 2 keeps exactly {17, 4000}. */
+    kvp_sampler_params p = {.temperature = 1.0, .top_k = 2, .top_p = 1.0, .seed = 5};
+    kvp_rng r;
+    kvp_rng_seed(&r, 5, 0);
+    int n17 = 0, n4000 = 0;
+    for (int i = 0; i < 2000; i++) {
+        int32_t t = kvp_sample(&p, &r, l, V, ws);
+        cr_assert(t == 17 || t == 4000, "got %d", t);
+        n17 += t == 17;
+        n4000 += t == 4000;
+    }
+    cr_assert(n17 > 850 && n4000 > 850, "%d %d", n17, n4000);
+    float ls[V];
+    kvp_log_softmax(l, V, ls);
+    double s = 0;
+    for (int i = 0; i < V; i++) s += exp(ls[i]);
+    cr_assert_float_eq(s, 1.0, 1e-5);
+    kvp_sampler_ws_destroy(ws);
+}
+
+Test(sampler, rejects_bad_parameters)
+{
+    kvp_sampler_params p = kvp_sampler_default();
+    p.temperature = -1;
+    cr_assert_eq(kvp_sampler_check(&p), KVP_EINVAL);
+    p = kvp_sampler_default();
+    p.top_p = 0;
+    cr_assert_eq(kvp_sampler_check(&p), KVP_EINVAL);
+    p.top_p = 1.5;
+    cr_assert_eq(kvp_sampler_check(&p), KVP_EINVAL);
+    p = kvp_sampler_default();
+    p.top_k = -2;
+    cr_assert_eq(kvp_sampler_check(&p), KVP_EINVAL);
+    p.temperature = NAN;
+    p.top_k = 0;
+    cr_assert_eq(kvp_sampler_check(&p), KVP_EINVAL);
+}
