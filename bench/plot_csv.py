@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""bench/plot_csv.py - turn a benchmark CSV (common/report.h layout) into a PNG. Called by `kvpage bench ...`.
+
+  plot_csv.py stacked CSV PNG --label COL --stack A,B,C [--line COL] [--title T] [--ylabel Y]
+      one stacked bar per row (labelled by COL) of the share columns A, B, C (values in [0, 1], shown in %),
+      in the style of the PagedAttention paper's Figure 2; --line adds a second axis with one more column
+      (e.g. the mean number of running requests) as markers.
+  plot_csv.py lines CSV PNG --x COL --y COL [--series COL] [--logx] [--title T] [--ylabel Y]
+      one line per distinct value of --series.
+"""
+import argparse
+import csv
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def num(v):
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
+
+
+def stacked(a, rows):
+    cols = a.stack.split(",")
+    for c in cols + [a.label] + ([a.line] if a.line else []):
+        if rows and c not in rows[0]:
+            sys.exit(f"plot_csv.py: no column '{c}' in {a.csv}")
+    labels = [r[a.label] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows) + 2), 4.5))
+    bottom = [0.0] * len(rows)
+    colors = ["#2b6cb0", "#f6ad55", "#e53e3e", "#805ad5", "#a0aec0", "#68d391", "#d69e2e"]
+    for i, c in enumerate(cols):
+        vals = [100.0 * num(r[c]) for r in rows]
+        ax.bar(labels, vals, bottom=bottom, label=c.replace("_", " "), color=colors[i % len(colors)],
+               edgecolor="white", linewidth=0.5)
+        if i == 0:
+            for x, v in enumerate(vals):
+                ax.text(x, v / 2, f"{v:.1f}", ha="center", va="center", fontsize=7, color="white")
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylim(0, 100)
+    ax.set_ylabel(a.ylabel or "KV cache memory (%)")
+    ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+    handles, names = ax.get_legend_handles_labels()
+    if a.line:
+        ax2 = ax.twinx()
+        ax2.plot(labels, [num(r[a.line]) for r in rows], "ko--", markersize=4, linewidth=1)
+        ax2.set_ylabel(a.line.replace("_", " "))
+        ax2.set_ylim(bottom=0)
+        handles.append(plt.Line2D([], [], color="k", marker="o", linestyle="--"))
+        names.append(a.line.replace("_", " "))
+    ax.legend(handles, names, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=4)
+    if a.title:
+        ax.set_title(a.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(a.png, dpi=130)
+
+
+def lines(a, rows):
+    series = {}
+    for r in rows:
+        series.setdefault(r[a.series] if a.series else "", []).append((num(r[a.x]), num(r[a.y])))
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for name, pts in series.items():
+        pts.sort()
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "o-", label=name or a.y, markersize=3)
+    if a.logx:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(a.x.replace("_", " "))
+    ax.set_ylabel(a.ylabel or a.y.replace("_", " "))
+    ax.grid(alpha=0.3)
+    if a.series:
+        ax.legend(fontsize=8)
+    if a.title:
+        ax.set_title(a.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(a.png, dpi=130)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kind", choices=["stacked", "lines"])
+    p.add_argument("csv")
+    p.add_argument("png")
+    p.add_argument("--label")
+    p.add_argument("--stack")
+    p.add_argument("--line")
+    p.add_argument("--x")
+    p.add_argument("--y")
+    p.add_argument("--series")
+    p.add_argument("--logx", action="store_true")
+    p.add_argument("--title")
+    p.add_argument("--ylabel")
+    a = p.parse_args()
+    rows = read_rows(a.csv)
+    if not rows:
+        sys.exit(f"plot_csv.py: {a.csv} has no rows")
+    if a.kind == "stacked":
+        if not a.label or not a.stack:
+            sys.exit("plot_csv.py stacked: --label and --stack are required")
+        stacked(a, rows)
+    else:
+        if not a.x or not a.y:
+            sys.exit("plot_csv.py lines: --x and --y are required")
+        lines(a, rows)
+
+
+if __name__ == "__main__":
+    main()
