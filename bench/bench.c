@@ -12,6 +12,7 @@ static const struct {
     const char *summary;
 } kinds[] = {
     {"memory", kvp_bench_memory, "KV memory use per allocation strategy and block size (paper Fig. 2)"},
+    {"blockmgr", kvp_bench_blockmgr, "ns per block-manager operation (alloc, append, fork, free, mixed)"},
     {NULL, NULL, NULL},
 };
 

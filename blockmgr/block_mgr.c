@@ -456,7 +456,9 @@ static kvp_status check_append(const kvp_block_mgr *bm, const seq_t *s, int32_t 
     return KVP_OK;
 }
 
-kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *slots_out)
+/* The general append (new blocks, copy-on-write, reserved blocks); kvp_bm_append handles the common case
+ * inline and falls back here, which also produces every error. */
+static __attribute__((noinline)) kvp_status append_slow(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *slots_out)
 {
     seq_t *s;
     KVP_TRY(device_seq(bm, seq_id, "append", &s));
@@ -465,18 +467,6 @@ kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *
     kvp_block_pool *p = d->pool;
     const int32_t bs = bm->bs, ntok = s->ntok, newtok = ntok + k;
     const int32_t li = blk_of(bm, ntok);
-
-    /* Fast path: the tokens stay inside the existing, unshared block li. */
-    if (li < s->nblocks && blocks_for(bm, newtok) <= li + 1 && p->refcnt[s->blocks[li]] == 1) {
-        const int32_t b = s->blocks[li], off = ntok - li * bs;
-        grow_view(d, b, off, off + k);
-        if (slots_out)
-            for (int32_t j = 0; j < k; j++) slots_out[j] = b * bs + off + j;
-        s->ntok = newtok;
-        d->logical += k;
-        return KVP_OK;
-    }
-
     int32_t ncow, nnew, need;
     append_needs(bm, s, k, &ncow, &nnew, &need);
     if (ncow + nnew > p->num_free)
@@ -520,6 +510,28 @@ kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *
     d->logical += k;
     fix_dirty(bm, DEV);
     return KVP_OK;
+}
+
+kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *slots_out)
+{
+    /* Fast path: a device-resident sequence whose tokens stay inside its existing, unshared block li. */
+    seq_t *s = lookup(bm, seq_id);
+    if (__builtin_expect(s != NULL && !s->host && k >= 0, 1)) {
+        const int32_t ntok = s->ntok, bs = bm->bs, li = blk_of(bm, ntok), off = ntok - li * bs;
+        if (li < s->nblocks && (int64_t)off + k <= bs && (int64_t)ntok + k <= bm->max_len) {
+            side_t *d = &bm->side[DEV];
+            const int32_t b = s->blocks[li];
+            if (d->pool->refcnt[b] == 1) {
+                grow_view(d, b, off, off + k);
+                if (slots_out)
+                    for (int32_t j = 0; j < k; j++) slots_out[j] = b * bs + off + j;
+                s->ntok = ntok + k;
+                d->logical += k;
+                return KVP_OK;
+            }
+        }
+    }
+    return append_slow(bm, seq_id, k, slots_out);
 }
 
 kvp_status kvp_bm_append_blocks_needed(const kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *out)
@@ -577,13 +589,21 @@ kvp_status kvp_bm_fork(kvp_block_mgr *bm, int64_t parent_id, int64_t child_id)
         return st;
     }
     ps = lookup(bm, parent_id);
-    const int32_t ntok = ps->ntok, *pb = ps->blocks;
-    int32_t *rc = d->pool->refcnt;
-    for (int32_t i = 0; i < n; i++) {
+    const int32_t ntok = ps->ntok, *pb = ps->blocks, bs = bm->bs;
+    int32_t *rc = d->pool->refcnt, *sr = d->seqref, *fl = d->fill, *fc = d->fillcnt;
+    /* Every block but the last is full in the parent, so its fill is block_size: add_view reduces to counts. */
+    for (int32_t i = 0; i < n - 1; i++) {
         const int32_t b = pb[i];
         blocks[i] = b;
         rc[b]++;
-        add_view(d, b, view_of(bm, ntok, i));
+        sr[b]++;
+        fc[b] += fl[b] == bs;
+    }
+    if (n > 0) {
+        const int32_t b = pb[n - 1];
+        blocks[n - 1] = b;
+        rc[b]++;
+        add_view(d, b, view_of(bm, ntok, n - 1));
     }
     seq_t *c = push_seq(bm, child_id, blocks, cap, DEV);
     c->nblocks = n;
