@@ -1,0 +1,517 @@
+/* Scheduler behaviour on small hand-made workloads, with a recording executor (1 ms per step) so that
+ * every batch can be inspected. Every step also runs the engine's invariant walker (check_every_step). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "runtime/engine.h"
+#include "runtime/workload.h"
+
+enum { MAXSTEPS = 4096, MAXB = 16 };
+
+typedef struct {
+    int64_t id;
+    int32_t ctx, nn, sample;
+} rec_seq;
+
+typedef struct {
+    int nsteps;
+    int n[MAXSTEPS];
+    rec_seq s[MAXSTEPS][MAXB];
+    int swapped_ops;
+} recorder;
+
+static recorder R;
+
+static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
+{
+    recorder *r = ctx;
+    cr_assert_lt(r->nsteps, MAXSTEPS);
+    cr_assert_leq(b->n, MAXB);
+    for (int i = 0; i < b->n; i++) {
+        r->s[r->nsteps][i] = (rec_seq){b->seqs[i].req_id, b->seqs[i].context_len, b->seqs[i].num_new, b->seqs[i].sample};
+        cr_assert_geq(b->seqs[i].num_new, 1);
+        if (b->seqs[i].sample) out->sampled[i] = 7;
+    }
+    r->swapped_ops += b->ops.n_swap_out + b->ops.n_swap_in;
+    r->n[r->nsteps++] = b->n;
+    out->time_s = 1e-3;
+    return KVP_OK;
+}
+
+static kvp_executor rec_executor(void)
+{
+    memset(&R, 0, sizeof R);
+    kvp_executor ex = {.name = "recorder", .ctx = &R, .step = rec_step, .destroy = NULL};
+    return ex;
+}
+
+/* Finds request id in step s; returns the index in the batch or -1. */
+static int in_step(int s, int64_t id)
+{
+    for (int i = 0; i < R.n[s]; i++)
+        if (R.s[s][i].id == id) return i;
+    return -1;
+}
+
+static int first_step_of(int64_t id)
+{
+    for (int s = 0; s < R.nsteps; s++)
+        if (in_step(s, id) >= 0) return s;
+    return -1;
+}
+
+static int last_step_of(int64_t id)
+{
+    for (int s = R.nsteps - 1; s >= 0; s--)
+        if (in_step(s, id) >= 0) return s;
+    return -1;
+}
+
+static kvp_workload *make_wl(int n, const int32_t *prompt, const int32_t *out, const double *arr, const int32_t *prio)
+{
+    kvp_workload *w = NULL;
+    cr_assert_eq(kvp_workload_create("test", &w), KVP_OK);
+    for (int i = 0; i < n; i++) {
+        int32_t tok[4096];
+        cr_assert_leq(prompt[i], 4096);
+        for (int j = 0; j < prompt[i]; j++) tok[j] = (int32_t)(i * 10000 + j); /* unique per request */
+        kvp_request r = {.id = i, .arrival_s = arr ? arr[i] : 0, .prompt_len = prompt[i], .output_len = out[i],
+                         .priority = prio ? prio[i] : 0};
+        cr_assert_eq(kvp_workload_add(w, &r, tok), KVP_OK);
+    }
+    return w;
+}
+
+static kvp_engine_config base_cfg(int32_t bs, int64_t slots)
+{
+    kvp_engine_config c;
+    kvp_engine_config_default(&c);
+    c.block_size = bs;
+    c.kv_slots = slots;
+    c.max_model_len = 1024;
+    c.max_batched_tokens = 1024;
+    c.max_num_seqs = 8;
+    c.check_every_step = true;
+    return c;
+}
+
+static void run_all(kvp_engine *e, const kvp_workload *w)
+{
+    kvp_status st = kvp_engine_run(e, w, NULL, NULL);
+    cr_assert_eq(st, KVP_OK, "run: %s", kvp_error_detail());
+    for (int64_t i = 0; i < w->n; i++) {
+        kvp_req_result rr;
+        cr_assert_eq(kvp_engine_request(e, i, &rr), KVP_OK);
+        if (rr.state == KVP_REQ_REJECTED) continue;
+        cr_assert_eq(rr.state, KVP_REQ_FINISHED, "request %lld not finished", (long long)i);
+        cr_assert_eq(rr.num_generated, rr.output_len);
+    }
+}
+
+Test(scheduler, admission_respects_max_num_seqs_and_continuous_batching_order)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 1024);
+    c.max_num_seqs = 2;
+    int32_t p[] = {4, 4, 4}, o[] = {3, 10, 2};
+    kvp_workload *w = make_wl(3, p, o, NULL, NULL);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    /* step 0: A and B prefill (both sample their first token), C waits */
+    cr_assert_eq(R.n[0], 2);
+    cr_assert_geq(in_step(0, 0), 0);
+    cr_assert_geq(in_step(0, 1), 0);
+    cr_assert_eq(in_step(0, 2), -1);
+    cr_assert_eq(R.s[0][in_step(0, 0)].nn, 4);
+    cr_assert_eq(R.s[0][in_step(0, 0)].sample, 1);
+    /* A yields 3 tokens: prefill + 2 decodes -> last step 2; C joins in the very next step, next to B */
+    int a_last = last_step_of(0);
+    cr_assert_eq(a_last, 2);
+    cr_assert_eq(first_step_of(2), a_last + 1, "C must join the step right after A finished");
+    cr_assert_geq(in_step(a_last + 1, 1), 0, "B keeps running next to C");
+    kvp_req_result ra, rc;
+    kvp_engine_request(e, 0, &ra);
+    kvp_engine_request(e, 2, &rc);
+    cr_assert_float_eq(rc.admit_s, ra.finish_s, 1e-12, "C admitted at A's finish time");
+    /* decodes: context grows by one per step */
+    int bi = in_step(1, 1);
+    cr_assert_eq(R.s[1][bi].ctx, 4);
+    cr_assert_eq(R.s[1][bi].nn, 1);
+    kvp_engine_metrics m;
+    cr_assert_eq(kvp_engine_metrics_get(e, &m), KVP_OK);
+    cr_assert_eq(m.finished, 3);
+    cr_assert_eq(m.output_tokens, 15);
+    cr_assert_eq(m.max_running, 2);
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}
+
+Test(scheduler, chunked_prefill_splits_prompts_within_the_token_budget)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 1024);
+    c.max_batched_tokens = 32;
+    int32_t p[] = {100}, o[] = {2};
+    kvp_workload *w = make_wl(1, p, o, NULL, NULL);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    int32_t want[][3] = {{0, 32, 0}, {32, 32, 0}, {64, 32, 0}, {96, 4, 1}, {100, 1, 1}};
+    cr_assert_eq(R.nsteps, 5);
+    for (int s = 0; s < 5; s++) {
+        cr_assert_eq(R.s[s][0].ctx, want[s][0], "step %d", s);
+        cr_assert_eq(R.s[s][0].nn, want[s][1], "step %d", s);
+        cr_assert_eq(R.s[s][0].sample, want[s][2], "step %d", s);
+    }
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+
+    /* a decode goes first, the chunk takes what is left of the budget */
+    ex = rec_executor();
+    int32_t p2[] = {4, 100}, o2[] = {10, 1};
+    w = make_wl(2, p2, o2, NULL, NULL);
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    cr_assert_eq(R.s[0][in_step(0, 1)].nn, 28); /* 32 - 4 for D's prefill */
+    cr_assert_eq(R.s[1][in_step(1, 0)].nn, 1);  /* D decodes */
+    cr_assert_eq(R.s[1][in_step(1, 1)].nn, 31);
+    cr_assert_eq(R.s[1][in_step(1, 1)].ctx, 28);
+    for (int s = 0; s < R.nsteps; s++) {
+        int32_t tot = 0;
+        for (int i = 0; i < R.n[s]; i++) tot += R.s[s][i].nn;
+        cr_assert_leq(tot, 32, "step %d over the budget", s);
+    }
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}
+
+Test(scheduler, without_chunked_prefill_prompts_run_whole_in_prefill_only_steps)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 1024);
+    c.chunked_prefill = false;
+    c.max_model_len = 256;
+    c.max_batched_tokens = 256;
+    int32_t p[] = {4, 200}, o[] = {5, 2};
+    double arr[] = {0, 0.0015}; /* B arrives while A decodes */
+    kvp_workload *w = make_wl(2, p, o, arr, NULL);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    int sb = first_step_of(1);
+    cr_assert_geq(sb, 1);
+    cr_assert_eq(R.n[sb], 1, "the prefill step runs B alone (vLLM v0)");
+    cr_assert_eq(R.s[sb][0].nn, 200);
+    cr_assert_eq(R.s[sb][0].sample, 1);
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+
+    c.max_batched_tokens = 100; /* < max_model_len without chunking: rejected configuration */
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
+}
+
+static void preemption_case(kvp_preempt_mode mode)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 32); /* 8 blocks of 4 tokens */
+    c.preempt = mode;
+    c.host_slots = mode == KVP_PREEMPT_SWAP ? 64 : 0;
+    int32_t p[] = {8, 8}, o[] = {16, 16}; /* each grows to 24 tokens = 6 blocks: both cannot fit */
+    kvp_workload *w = make_wl(2, p, o, NULL, NULL);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    cr_assert_eq(kvp_engine_add_request(e, &w->reqs[0]), KVP_OK);
+    cr_assert_eq(kvp_engine_add_request(e, &w->reqs[1]), KVP_OK);
+    int saw_swapped = 0, saw_waiting_again = 0;
+    int32_t b_ctx_at_preempt = -1;
+    for (int guard = 0; guard < 1000; guard++) {
+        kvp_req_result before;
+        kvp_engine_request(e, 1, &before);
+        kvp_step_info inf;
+        cr_assert_eq(kvp_engine_step(e, &inf), KVP_OK, "%s", kvp_error_detail());
+        if (inf.idle) break;
+        kvp_req_result rb;
+        kvp_engine_request(e, 1, &rb);
+        if (inf.num_preempted > 0 && b_ctx_at_preempt < 0) b_ctx_at_preempt = before.num_computed;
+        if (rb.state == KVP_REQ_SWAPPED) {
+            saw_swapped = 1;
+            cr_assert_eq(kvp_engine_num_swapped(e), 1);
+            cr_assert_gt(rb.num_computed, 8, "a swapped sequence keeps its KV");
+        }
+        if (rb.state == KVP_REQ_WAITING && rb.preemptions > 0) {
+            saw_waiting_again = 1;
+            cr_assert_eq(rb.num_computed, 0, "recompute drops the KV");
+        }
+    }
+    kvp_req_result ra, rb;
+    kvp_engine_request(e, 0, &ra);
+    kvp_engine_request(e, 1, &rb);
+    cr_assert_eq(ra.state, KVP_REQ_FINISHED);
+    cr_assert_eq(rb.state, KVP_REQ_FINISHED);
+    cr_assert_eq(ra.preemptions, 0, "FCFS preempts the later request");
+    cr_assert_geq(rb.preemptions, 1);
+    cr_assert_eq(rb.num_generated, 16);
+    kvp_engine_metrics m;
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_geq(m.preemptions, 1);
+    /* the resumed request: recompute re-prefills prompt + generated tokens from context 0;
+     * swap resumes exactly where it stopped */
+    int resumed = -1;
+    for (int s = 1; s < R.nsteps && resumed < 0; s++)
+        if (in_step(s, 1) >= 0 && in_step(s - 1, 1) < 0 && first_step_of(1) < s) resumed = s;
+    cr_assert_geq(resumed, 0, "B never resumed");
+    rec_seq r = R.s[resumed][in_step(resumed, 1)];
+    if (mode == KVP_PREEMPT_RECOMPUTE) {
+        cr_assert(saw_waiting_again);
+        cr_assert_eq(m.recomputes, m.preemptions);
+        cr_assert_eq(m.swap_outs, 0);
+        cr_assert_eq(r.ctx, 0);
+        cr_assert_gt(r.nn, 8, "recompute covers the generated tokens too");
+        cr_assert_eq(r.nn, b_ctx_at_preempt + 1);
+    } else {
+        cr_assert(saw_swapped);
+        cr_assert_geq(m.swap_outs, 1);
+        cr_assert_eq(m.swap_ins, m.swap_outs);
+        cr_assert_eq(m.recomputes, 0);
+        cr_assert_gt(R.swapped_ops, 0, "swap moves reach the executor");
+        cr_assert_eq(r.nn, 1);
+        cr_assert_eq(r.ctx, b_ctx_at_preempt, "swap-in resumes at the context it left with");
+    }
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}
+
+Test(scheduler, preemption_by_recompute_and_resumption) { preemption_case(KVP_PREEMPT_RECOMPUTE); }
+Test(scheduler, preemption_by_swap_and_resumption) { preemption_case(KVP_PREEMPT_SWAP); }
+
+Test(scheduler, swap_without_host_room_falls_back_to_recompute)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 32);
+    c.preempt = KVP_PREEMPT_SWAP;
+    c.host_slots = 4; /* one host block: too small for the victim */
+    int32_t p[] = {8, 8}, o[] = {16, 16};
+    kvp_workload *w = make_wl(2, p, o, NULL, NULL);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_engine_metrics m;
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_geq(m.preemptions, 1);
+    cr_assert_eq(m.swap_outs, 0);
+    cr_assert_eq(m.recomputes, m.preemptions);
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}
+
+Test(scheduler, fcfs_does_not_starve_a_large_request)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 64); /* 16 blocks */
+    enum { N = 40 };
+    int32_t p[N], o[N];
+    double arr[N];
+    for (int i = 0; i < N; i++) {
+        p[i] = 4;
+        o[i] = 6;
+        arr[i] = i * 0.0005;
+    }
+    p[3] = 48; /* needs 14 of the 16 blocks at the end: only when nearly everything else is gone */
+    o[3] = 8;
+    kvp_workload *w = make_wl(N, p, o, arr, NULL);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    double prev = -1;
+    for (int i = 0; i < N; i++) {
+        kvp_req_result r;
+        kvp_engine_request(e, i, &r);
+        cr_assert_geq(r.admit_s, prev, "request %d admitted before an earlier one (FCFS order broken)", i);
+        prev = r.admit_s;
+    }
+    kvp_req_result big, next;
+    kvp_engine_request(e, 3, &big);
+    kvp_engine_request(e, 4, &next);
+    cr_assert_leq(big.admit_s, next.admit_s, "the large request is not overtaken");
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}
+
+Test(scheduler, priority_admits_important_requests_first)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 1024);
+    c.sched = KVP_SCHED_PRIORITY;
+    c.max_num_seqs = 1;
+    int32_t p[] = {4, 4, 4, 4}, o[] = {4, 4, 4, 4}, prio[] = {0, 0, 0, 5};
+    double arr[] = {0, 0.0001, 0.0002, 0.0003};
+    kvp_workload *w = make_wl(4, p, o, arr, prio);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_req_result r1, r3;
+    kvp_engine_request(e, 1, &r1);
+    kvp_engine_request(e, 3, &r3);
+    cr_assert_lt(r3.admit_s, r1.admit_s, "priority 5 must overtake the waiting priority-0 requests");
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}
+
+Test(scheduler, prefix_cache_hits_and_lpm)
+{
+    for (int pol = 0; pol < 2; pol++) {
+        kvp_executor ex = rec_executor();
+        kvp_engine_config c = base_cfg(4, 1024);
+        c.cache = KVP_PC_RADIX;
+        c.sched = pol ? KVP_SCHED_LPM : KVP_SCHED_FCFS;
+        kvp_workload *w = NULL;
+        cr_assert_eq(kvp_workload_create("shared", &w), KVP_OK);
+        for (int i = 0; i < 6; i++) {
+            int32_t tok[40];
+            for (int j = 0; j < 40; j++) tok[j] = j < 32 ? 1000 + j : i * 100 + j; /* 32 shared tokens */
+            kvp_request r = {.id = i, .arrival_s = i * 0.01, .prompt_len = 40, .output_len = 3};
+            cr_assert_eq(kvp_workload_add(w, &r, tok), KVP_OK);
+        }
+        kvp_engine *e;
+        cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+        run_all(e, w);
+        kvp_engine_metrics m;
+        kvp_engine_metrics_get(e, &m);
+        /* the first request computes all 40; each later one finds 32 tokens (8 blocks) cached */
+        cr_assert_eq(m.prefix_hit_tokens, 5 * 32);
+        cr_assert_float_eq(m.prefix_hit_rate, 160.0 / 240.0, 1e-9);
+        int s5 = first_step_of(5);
+        cr_assert_eq(R.s[s5][in_step(s5, 5)].ctx, 32, "a hit starts the prefill after the cached blocks");
+        cr_assert_eq(R.s[s5][in_step(s5, 5)].nn, 8);
+        kvp_engine_destroy(e);
+        kvp_workload_destroy(w);
+    }
+    kvp_engine_config c = base_cfg(4, 1024);
+    c.cache = KVP_PC_HASH;
+    c.alloc = KVP_ALLOC_ORCA_MAX;
+    kvp_executor ex = rec_executor();
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL, "prefix caching needs paged allocation");
+}
+
+Test(scheduler, contiguous_reservations_limit_the_batch)
+{
+    /* Orca-Max reserves max_model_len = 64 slots per request in a 256-slot arena: 4 run at once. */
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(1, 256);
+    c.alloc = KVP_ALLOC_ORCA_MAX;
+    c.max_model_len = 64;
+    c.max_batched_tokens = 64;
+    int32_t p[8], o[8];
+    for (int i = 0; i < 8; i++) p[i] = 8, o[i] = 8;
+    kvp_workload *w = make_wl(8, p, o, NULL, NULL);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_engine_metrics m;
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_eq(m.max_running, 4);
+    cr_assert_eq(m.preemptions, 0);
+    cr_assert_gt(m.kv_internal_frag, 0.5, "most of each 64-slot reservation is never used");
+    kvp_engine_destroy(e);
+
+    /* Orca-Oracle reserves exactly 16: 8 fit */
+    ex = rec_executor();
+    c.alloc = KVP_ALLOC_ORCA_ORACLE;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_eq(m.max_running, 8);
+    cr_assert_float_eq(m.kv_internal_frag, 0, 1e-12);
+    cr_assert_gt(m.kv_reserved, 0);
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}
+
+Test(scheduler, rejects_and_clamps_impossible_requests)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 64);
+    c.max_model_len = 32;
+    c.max_batched_tokens = 32;
+    int32_t p[] = {40, 20, 4, 4}, o[] = {5, 30, 0, 3};
+    kvp_workload *w = make_wl(4, p, o, NULL, NULL);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_req_result r;
+    kvp_engine_request(e, 0, &r);
+    cr_assert_eq(r.state, KVP_REQ_REJECTED, "prompt longer than max_model_len");
+    kvp_engine_request(e, 1, &r);
+    cr_assert_eq(r.output_len, 12, "output clamped to max_model_len - prompt");
+    kvp_engine_request(e, 2, &r);
+    cr_assert_eq(r.output_len, 1, "at least one token");
+    kvp_engine_metrics m;
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_eq(m.rejected, 1);
+    cr_assert_eq(m.clamped, 2);
+    cr_assert_eq(m.finished, 3);
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+
+    /* out-of-order arrivals through add_request are refused */
+    ex = rec_executor();
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    int32_t tok[4] = {1, 2, 3, 4};
+    kvp_request a = {.id = 0, .arrival_s = 1.0, .tokens = tok, .prompt_len = 4, .output_len = 1};
+    kvp_request b = {.id = 1, .arrival_s = 0.5, .tokens = tok, .prompt_len = 4, .output_len = 1};
+    cr_assert_eq(kvp_engine_add_request(e, &a), KVP_OK);
+    cr_assert_eq(kvp_engine_add_request(e, &b), KVP_EINVAL);
+    kvp_engine_destroy(e);
+}
+
+Test(scheduler, names_parse_and_bad_configs_are_rejected)
+{
+    kvp_alloc_kind a;
+    kvp_sched_policy s;
+    kvp_preempt_mode p;
+    cr_assert_eq(kvp_alloc_kind_parse("orca-pow2", &a), KVP_OK);
+    cr_assert_eq(a, KVP_ALLOC_ORCA_POW2);
+    cr_assert_eq(kvp_alloc_kind_parse("buddy", &a), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "orca-oracle") != NULL);
+    cr_assert_eq(kvp_sched_policy_parse("lpm", &s), KVP_OK);
+    cr_assert_eq(s, KVP_SCHED_LPM);
+    cr_assert_eq(kvp_preempt_mode_parse("swap", &p), KVP_OK);
+    cr_assert_eq(kvp_preempt_mode_parse("kill", &p), KVP_EINVAL);
+    kvp_executor ex = rec_executor();
+    kvp_engine *e = NULL;
+    kvp_engine_config c = base_cfg(16, 8); /* 8 slots: no block of 16 */
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
+    c = base_cfg(16, 1024);
+    c.max_num_seqs = 0;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
+    cr_assert_null(e);
+}
+
+Test(scheduler, allocation_failures_are_reported_not_fatal)
+{
+    int32_t p[] = {10, 12, 30, 9}, o[] = {5, 7, 9, 3};
+    kvp_workload *w = make_wl(4, p, o, NULL, NULL);
+    for (int64_t n = 1;; n++) {
+        kvp_executor ex = rec_executor();
+        kvp_engine_config c = base_cfg(4, 48);
+        c.cache = KVP_PC_HASH;
+        c.check_every_step = false;
+        kvp_alloc_fail_at(n);
+        kvp_engine *e = NULL;
+        kvp_status st = kvp_engine_create(&c, &ex, &e);
+        if (st == KVP_OK) st = kvp_engine_run(e, w, NULL, NULL);
+        int64_t made = kvp_alloc_count();
+        kvp_alloc_fail_at(0);
+        cr_assert(st == KVP_OK || st == KVP_ENOMEM, "allocation %lld failed with %s", (long long)n, kvp_status_str(st));
+        kvp_engine_destroy(e);
+        if (made < n) {
+            cr_assert_eq(st, KVP_OK);
+            break;
+        }
+    }
+    kvp_workload_destroy(w);
+}
