@@ -78,24 +78,6 @@ typedef struct {
     const float *lut; /* fp8 code -> value */
 } job_t;
 
-/* 2^x for x <= 0 (and -inf -> 0), relative error ~2e-7; plain arithmetic so loops over it vectorize. */
-static inline float exp2_fast(float x)
-{
-    float xc = x < -126.0f ? -126.0f : x;
-    float n = rintf(xc), f = xc - n; /* f in [-0.5, 0.5] */
-    float p = 1.5403530393381606e-4f;
-    p = p * f + 1.3333558146428443e-3f;
-    p = p * f + 9.6181291076284772e-3f;
-    p = p * f + 5.5504108664821580e-2f;
-    p = p * f + 2.4022650695910071e-1f;
-    p = p * f + 6.9314718055994531e-1f;
-    p = p * f + 1.0f;
-    int32_t bits = ((int32_t)n + 127) << 23;
-    float s;
-    memcpy(&s, &bits, sizeof s);
-    return x < -126.0f ? 0.0f : p * s;
-}
-
 static inline int64_t q_row(const job_t *j, int32_t seq, int32_t tok)
 {
     return (j->qo_indptr ? (int64_t)j->qo_indptr[seq] : (int64_t)seq) + tok;
@@ -111,7 +93,7 @@ KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off
                           const int D, const kvp_dtype T, const float *lut)
 {
     for (int i = 0; i < n; i++) {
-        kvp_v8 a[RB], b[RB];
+        kvp_v8 a[4], b[4]; /* RB <= 4: fixed size keeps them in registers */
         for (int r = 0; r < RB; r++) a[r] = b[r] = v8_zero();
         int d = 0;
         for (; d + 16 <= D; d += 16) {
@@ -135,7 +117,7 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
 {
     int d = 0;
     for (; d + 16 <= D; d += 16) {
-        kvp_v8 a[RB], b[RB];
+        kvp_v8 a[4], b[4];
         for (int r = 0; r < RB; r++) {
             a[r] = v8_loadf(acc + r * D + d);
             b[r] = v8_loadf(acc + r * D + d + 8);
@@ -154,13 +136,28 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
         }
     }
     for (; d < D; d += 8) {
-        kvp_v8 a[RB];
+        kvp_v8 a[4];
         for (int r = 0; r < RB; r++) a[r] = v8_loadf(acc + r * D + d);
         for (int i = 0; i < n; i++) {
             kvp_v8 v0 = v8_load_elem(vbase, off[i] + d, T, lut);
             for (int r = 0; r < RB; r++) a[r] = v8_fma(v8_set1(P[r * TILE + i]), v0, a[r]);
         }
         for (int r = 0; r < RB; r++) v8_storef(acc + r * D + d, a[r]);
+    }
+}
+
+/* Element offsets of the K/V rows of tokens ts .. ts+n-1 of one sequence and KV head (a page-table walk:
+ * one division per tile, then increments). */
+static inline void tile_offsets(const kvp_paged_kv *kv, const int32_t *pages, int32_t head, int32_t ts, int n,
+                                int64_t *off)
+{
+    int32_t pg = ts / kv->block_size, slot = ts % kv->block_size;
+    for (int i = 0; i < n; i++) {
+        off[i] = kvp_paged_kv_elem_offset(kv, pages[pg], head, slot);
+        if (++slot == kv->block_size) {
+            slot = 0;
+            pg++;
+        }
     }
 }
 
@@ -171,7 +168,6 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kv
     const int32_t L = kvp_paged_kv_seq_len(kv, it->seq), nqs = num_q(j, it->seq);
     float qs[MAXROWS * MAXD], acc[MAXROWS * MAXD], S[MAXROWS * TILE], m[MAXROWS], l[MAXROWS];
     int32_t lo[MAXROWS], hi[MAXROWS];
-    int64_t off[TILE];
 
     /* Row r = (query token it->q0 + r / ng, query head kvh * group + g0 + r % ng); its keys [lo, hi). */
     int32_t lo_min = INT32_MAX, lo_max = 0, hi_min = INT32_MAX, hi_max = 0;
@@ -194,53 +190,66 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kv
         hi_min = b < hi_min ? b : hi_min;
         hi_max = b > hi_max ? b : hi_max;
     }
-    const int32_t hoff = it->kvh;
     const int32_t *pages = kv->kv_indices + kv->kv_indptr[it->seq];
+    const int64_t row_bytes = (int64_t)D * (int64_t)kvp_dtype_size(T);
+    int64_t offs[2][TILE];
+    int cur = 0;
+    if (lo_min < hi_max) tile_offsets(kv, pages, it->kvh, lo_min, hi_max - lo_min < TILE ? hi_max - lo_min : TILE, offs[0]);
     for (int32_t ts = lo_min; ts < hi_max; ts += TILE) {
-        int n = hi_max - ts < TILE ? hi_max - ts : TILE;
-        /* page-table walk: one division per tile, then increments */
-        int32_t pg = ts / kv->block_size, slot = ts % kv->block_size;
-        for (int i = 0; i < n; i++) {
-            off[i] = kvp_paged_kv_elem_offset(kv, pages[pg], hoff, slot);
-            if (++slot == kv->block_size) {
-                slot = 0;
-                pg++;
-            }
-        }
+        const int n = hi_max - ts < TILE ? hi_max - ts : TILE;
+        const int64_t *off = offs[cur];
+        /* V rows of this tile are needed after the scores: start fetching them now */
+        for (int i = 0; i < n; i++)
+            for (int64_t b = 0; b < row_bytes; b += 64) KVP_PREFETCH((const char *)kv->v + off[i] * (int64_t)kvp_dtype_size(T) + b);
         int r = 0;
         for (; r + 4 <= rows; r += 4) scores_rb(qs + r * D, kv->k, off, n, S + r * TILE, 4, D, T, j->lut);
         for (; r + 2 <= rows; r += 2) scores_rb(qs + r * D, kv->k, off, n, S + r * TILE, 2, D, T, j->lut);
         for (; r < rows; r++) scores_rb(qs + r * D, kv->k, off, n, S + r * TILE, 1, D, T, j->lut);
+        /* next tile's K rows: fetched while this tile's softmax and values run */
+        const int32_t tn = ts + TILE;
+        if (tn < hi_max) {
+            const int nn = hi_max - tn < TILE ? hi_max - tn : TILE;
+            tile_offsets(kv, pages, it->kvh, tn, nn, offs[cur ^ 1]);
+            for (int i = 0; i < nn; i++)
+                for (int64_t b = 0; b < row_bytes; b += 64)
+                    KVP_PREFETCH((const char *)kv->k + offs[cur ^ 1][i] * (int64_t)kvp_dtype_size(T) + b);
+        }
         const int masked = !(ts >= lo_max && ts + n <= hi_min);
         for (r = 0; r < rows; r++) {
-            float *s = S + r * TILE;
+            float *sr = S + r * TILE;
+            for (int i = n; i < TILE; i++) sr[i] = -INFINITY;
             if (masked)
                 for (int i = 0; i < n; i++)
-                    if (ts + i < lo[r] || ts + i >= hi[r]) s[i] = -INFINITY;
-            float mt = -INFINITY;
-            for (int i = 0; i < n; i++) mt = s[i] > mt ? s[i] : mt;
+                    if (ts + i < lo[r] || ts + i >= hi[r]) sr[i] = -INFINITY;
+            kvp_v8 mv = v8_loadf(sr);
+            for (int i = 8; i < TILE; i += 8) mv = v8_max(mv, v8_loadf(sr + i));
+            const float mt = v8_hmax(mv);
             if (mt == -INFINITY) {
-                for (int i = 0; i < n; i++) s[i] = 0.0f;
+                for (int i = 0; i < TILE; i++) sr[i] = 0.0f;
                 continue;
             }
-            float mn = mt > m[r] ? mt : m[r], sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-            for (int i = 0; i < n; i++) {
-                s[i] = exp2_fast(s[i] - mn);
-                sum += s[i];
+            const float mn = mt > m[r] ? mt : m[r];
+            const kvp_v8 mnv = v8_set1(-mn);
+            kvp_v8 sum = v8_zero();
+            for (int i = 0; i < TILE; i += 8) {
+                kvp_v8 e = v8_exp2(v8_add(v8_loadf(sr + i), mnv));
+                v8_storef(sr + i, e);
+                sum = v8_add(sum, e);
             }
             if (mn != m[r]) {
-                float alpha = exp2_fast(m[r] - mn);
+                const float alpha = v8_hsum(v8_exp2(v8_set1(m[r] - mn))) * 0.125f;
                 l[r] *= alpha;
-                for (int d = 0; d < D; d++) acc[r * D + d] *= alpha;
+                const kvp_v8 av = v8_set1(alpha);
+                for (int d = 0; d < D; d += 8) v8_storef(acc + r * D + d, v8_mul(v8_loadf(acc + r * D + d), av));
                 m[r] = mn;
             }
-            l[r] += sum;
+            l[r] += v8_hsum(sum);
         }
         r = 0;
         for (; r + 4 <= rows; r += 4) values_rb(acc + r * D, S + r * TILE, kv->v, off, n, 4, D, T, j->lut);
         for (; r + 2 <= rows; r += 2) values_rb(acc + r * D, S + r * TILE, kv->v, off, n, 2, D, T, j->lut);
         for (; r < rows; r++) values_rb(acc + r * D, S + r * TILE, kv->v, off, n, 1, D, T, j->lut);
+        cur ^= 1;
     }
     for (int r = 0; r < rows; r++) {
         int32_t tok = it->q0 + r / it->ng, head = it->kvh * j->group + it->g0 + r % it->ng;

@@ -4,6 +4,7 @@
 #ifndef KVP_ATTENTION_ATTN_SIMD_H
 #define KVP_ATTENTION_ATTN_SIMD_H
 
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -38,6 +39,33 @@ KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p, const float *lut)
 {
     return _mm256_i32gather_ps(lut, _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)), 4);
 }
+/* 2^x for x <= 0 (-inf and anything below -126 give 0), relative error ~2e-7. */
+KVP_INLINE kvp_v8 v8_exp2(kvp_v8 x)
+{
+    __m256 lo = _mm256_set1_ps(-126.0f);
+    __m256 under = _mm256_cmp_ps(x, lo, _CMP_LT_OQ);
+    __m256 xc = _mm256_max_ps(x, lo);
+    __m256 n = _mm256_round_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(xc, n);
+    __m256 p = _mm256_set1_ps(1.5403530393381606e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3333558146428443e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.6181291076284772e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.5504108664821580e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.4022650695910071e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.9314718055994531e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
+}
+KVP_INLINE kvp_v8 v8_max(kvp_v8 a, kvp_v8 b) { return _mm256_max_ps(a, b); }
+KVP_INLINE float v8_hmax(kvp_v8 a)
+{
+    __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_max_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#define KVP_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #else
 #define KVP_ATTN_SIMD "portable"
 typedef struct {
@@ -102,6 +130,37 @@ KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p, const float *lut)
     for (int i = 0; i < 8; i++) r.x[i] = lut[p[i]];
     return r;
 }
+KVP_INLINE kvp_v8 v8_exp2(kvp_v8 x)
+{
+    for (int i = 0; i < 8; i++) {
+        float xc = x.x[i] < -126.0f ? -126.0f : x.x[i];
+        float n = rintf(xc), f = xc - n;
+        float p = 1.5403530393381606e-4f;
+        p = p * f + 1.3333558146428443e-3f;
+        p = p * f + 9.6181291076284772e-3f;
+        p = p * f + 5.5504108664821580e-2f;
+        p = p * f + 2.4022650695910071e-1f;
+        p = p * f + 6.9314718055994531e-1f;
+        p = p * f + 1.0f;
+        int32_t bits = ((int32_t)n + 127) * (1 << 23);
+        float sc;
+        memcpy(&sc, &bits, sizeof sc);
+        x.x[i] = x.x[i] < -126.0f ? 0.0f : p * sc;
+    }
+    return x;
+}
+KVP_INLINE kvp_v8 v8_max(kvp_v8 a, kvp_v8 b)
+{
+    for (int i = 0; i < 8; i++) a.x[i] = b.x[i] > a.x[i] ? b.x[i] : a.x[i];
+    return a;
+}
+KVP_INLINE float v8_hmax(kvp_v8 a)
+{
+    float m = a.x[0];
+    for (int i = 1; i < 8; i++) m = a.x[i] > m ? a.x[i] : m;
+    return m;
+}
+#define KVP_PREFETCH(p) __builtin_prefetch((const void *)(p))
 #endif
 
 /* 8 elements of type T at element offset off of pool base, as floats (fp8: unscaled code values). */
