@@ -1,0 +1,301 @@
+/* Tests of runtime/workload: the Mooncake reader (20-line arXiv sample, malformed lines), the synthetic
+ * generators (determinism, the sharing structure each one promises), bad specs, allocation failures. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/alloc.h"
+#include "runtime/workload.h"
+
+#define ARXIV "../shared/data/traces/mooncake/arxiv_trace_first20.jsonl"
+
+typedef struct {
+    long long ts, in, out, ids[512];
+    int nids;
+} raw_line;
+
+/* An independent, naive parse of a Mooncake line (fixed key order as in the files). */
+static void raw_parse(const char *line, raw_line *r)
+{
+    const char *p = strstr(line, "\"timestamp\":");
+    cr_assert(p);
+    r->ts = strtoll(p + 12, NULL, 10);
+    p = strstr(line, "\"input_length\":");
+    r->in = strtoll(p + 15, NULL, 10);
+    p = strstr(line, "\"output_length\":");
+    r->out = strtoll(p + 16, NULL, 10);
+    p = strchr(strstr(line, "\"hash_ids\":"), '[') + 1;
+    r->nids = 0;
+    while (*p && *p != ']') {
+        char *end;
+        r->ids[r->nids++] = strtoll(p, &end, 10);
+        p = end;
+        while (*p == ',' || *p == ' ') p++;
+    }
+}
+
+Test(workload, mooncake_arxiv_sample)
+{
+    FILE *f = fopen(ARXIV, "r");
+    cr_assert_not_null(f, "test data %s is missing (run from the project root)", ARXIV);
+    static raw_line raw[20];
+    char line[8192];
+    int nl = 0;
+    while (fgets(line, sizeof line, f)) raw_parse(line, &raw[nl++]);
+    fclose(f);
+    cr_assert_eq(nl, 20);
+
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_read_mooncake(ARXIV, NULL, &w), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(w->n, 20);
+    cr_assert_eq(w->skipped_lines, 0);
+    cr_assert_str_eq(w->name, "mooncake:arxiv_trace_first20.jsonl");
+    long long blocks = 0, total = 0;
+    for (int i = 0; i < 20; i++) {
+        const kvp_request *r = &w->reqs[i];
+        cr_assert_eq(r->id, i);
+        cr_assert_eq(r->prompt_len, raw[i].in);
+        cr_assert_eq(r->output_len, raw[i].out);
+        cr_assert_float_eq(r->arrival_s, raw[i].ts / 1000.0, 1e-9);
+        cr_assert_eq(raw[i].nids, (raw[i].in + 511) / 512);
+        for (int32_t t = 0; t < r->prompt_len; t++)
+            cr_assert_eq(r->tokens[t], raw[i].ids[t / 512] * 512 + t % 512, "request %d token %d", i, t);
+        blocks += raw[i].nids;
+        total += raw[i].in;
+    }
+    cr_assert_eq(w->total_prompt_tokens, total);
+    /* The traces README: 514 blocks, 449 unique ids. */
+    cr_assert_eq(blocks, 514);
+    int unique = 0;
+    for (int i = 0; i < 20; i++)
+        for (int b = 0; b < raw[i].nids; b++) {
+            int seen = 0;
+            for (int j = 0; j <= i && !seen; j++)
+                for (int c = 0; c < (j == i ? b : raw[j].nids); c++)
+                    if (raw[j].ids[c] == raw[i].ids[b]) seen = 1;
+            unique += !seen;
+        }
+    cr_assert_eq(unique, 449);
+    /* Shared token prefixes follow shared leading hash ids. */
+    for (int i = 0; i < 20; i++)
+        for (int j = 0; j < i; j++) {
+            int sb = 0;
+            while (sb < raw[i].nids && sb < raw[j].nids && raw[i].ids[sb] == raw[j].ids[sb]) sb++;
+            long long lim = raw[i].in < raw[j].in ? raw[i].in : raw[j].in, want = (long long)sb * 512 < lim ? sb * 512 : lim;
+            long long k = 0;
+            while (k < lim && w->reqs[i].tokens[k] == w->reqs[j].tokens[k]) k++;
+            cr_assert_eq(k, want, "requests %d and %d share %lld tokens, expected %lld", i, j, k, want);
+        }
+    kvp_workload_destroy(w);
+}
+
+static char *write_tmp(const char *text)
+{
+    static char path[64];
+    strcpy(path, "/tmp/kvp_wl_XXXXXX");
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+Test(workload, mooncake_bad_lines)
+{
+    const char *good = "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [1, 2]}\n";
+    const char *bad[] = {
+        "{\"timestamp\": 5, \"input_length\": 600,\n",                                            /* bad JSON */
+        "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [1]}\n",    /* count */
+        "{\"timestamp\": 5, \"output_length\": 3, \"hash_ids\": [1]}\n",                           /* missing */
+        "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 3, \"hash_ids\": [1, -2]}\n", /* negative id */
+        "{\"timestamp\": 5, \"input_length\": 0, \"output_length\": 3, \"hash_ids\": []}\n",       /* empty */
+        "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": \"x\", \"hash_ids\": [1, 2]}\n",
+        "[1, 2, 3]\n",
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "%s\n%s%s", good, bad[i], good); /* blank line 2, bad line 3 */
+        char *path = write_tmp(text);
+        kvp_workload *w = (kvp_workload *)0x1;
+        cr_assert_eq(kvp_workload_read_mooncake(path, NULL, &w), KVP_EPARSE, "case %zu", i);
+        cr_assert_eq(w, (kvp_workload *)0x1);
+        cr_assert(strstr(kvp_error_detail(), path) && strstr(kvp_error_detail(), "line 3"), "case %zu: %s", i,
+                  kvp_error_detail());
+        kvp_mooncake_opts o = {.skip_bad = 1};
+        cr_assert_eq(kvp_workload_read_mooncake(path, &o, &w), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(w->n, 2);
+        cr_assert_eq(w->skipped_lines, 1);
+        cr_assert_eq(w->reqs[1].prompt_len, 600);
+        kvp_workload_destroy(w);
+        unlink(path);
+    }
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_read_mooncake("/nonexistent/trace.jsonl", NULL, &w), KVP_EIO);
+    cr_assert(strstr(kvp_error_detail(), "/nonexistent/trace.jsonl"));
+}
+
+Test(workload, mooncake_tokens_distinct)
+{
+    cr_assert_eq(kvp_mooncake_token(0, 0), 0);
+    cr_assert_eq(kvp_mooncake_token(3, 5), 3 * 512 + 5);
+    int32_t base = (INT32_MAX / 512) * 512;
+    for (int64_t h = 4194303; h < 4194310; h++)
+        for (int32_t j = 0; j < 512; j += 37) {
+            int32_t t = kvp_mooncake_token(h, j);
+            cr_assert_geq(t, 0);
+            if (h >= INT32_MAX / 512) cr_assert_geq(t, base, "mixed tokens lie above the exact range");
+            cr_assert_eq(t, kvp_mooncake_token(h, j), "deterministic");
+        }
+    cr_assert_neq(kvp_mooncake_token(5000000, 0), kvp_mooncake_token(5000001, 0));
+}
+
+static int is_prefix(const kvp_request *a, const kvp_request *b) /* a is a prefix of b */
+{
+    return a->prompt_len <= b->prompt_len && memcmp(a->tokens, b->tokens, (size_t)a->prompt_len * sizeof(int32_t)) == 0;
+}
+
+static int same_workload(const kvp_workload *a, const kvp_workload *b)
+{
+    if (a->n != b->n) return 0;
+    for (int64_t i = 0; i < a->n; i++)
+        if (a->reqs[i].prompt_len != b->reqs[i].prompt_len || a->reqs[i].output_len != b->reqs[i].output_len ||
+            a->reqs[i].arrival_s != b->reqs[i].arrival_s || !is_prefix(&a->reqs[i], &b->reqs[i]))
+            return 0;
+    return 1;
+}
+
+Test(workload, generators_are_seeded)
+{
+    const char *specs[][2] = {{"system", "system:seed=2"}, {"chat", "chat:seed=2"}, {"fewshot", "fewshot:seed=2"},
+                              {"branch", "branch:seed=2"}};
+    for (int i = 0; i < 4; i++) {
+        kvp_workload *a, *b, *c;
+        cr_assert_eq(kvp_workload_generate(specs[i][0], &a), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_workload_generate(specs[i][0], &b), KVP_OK);
+        cr_assert_eq(kvp_workload_generate(specs[i][1], &c), KVP_OK);
+        cr_assert(same_workload(a, b), "%s is deterministic", specs[i][0]);
+        cr_assert(!same_workload(a, c), "%s depends on the seed", specs[i][0]);
+        cr_assert_gt(a->n, 0);
+        for (int64_t k = 1; k < a->n; k++) cr_assert_geq(a->reqs[k].arrival_s, a->reqs[k - 1].arrival_s);
+        kvp_workload_destroy(a);
+        kvp_workload_destroy(b);
+        kvp_workload_destroy(c);
+    }
+}
+
+Test(workload, system_prompt)
+{
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_generate("system:n=50,prefix=300,suffix=40,share=1", &w), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(w->n, 50);
+    cr_assert_eq(w->n_pins, 1);
+    cr_assert_eq(w->pins[0].prompt_len, 300);
+    cr_assert_eq(w->pins[0].priority, 1);
+    for (int64_t i = 0; i < w->n; i++) {
+        cr_assert(is_prefix(&w->pins[0], &w->reqs[i]), "request %lld starts with the system prompt", (long long)i);
+        cr_assert_geq(w->reqs[i].prompt_len, 300 + 20);
+        cr_assert_leq(w->reqs[i].prompt_len, 300 + 60);
+        if (i) cr_assert_neq(memcmp(w->reqs[i].tokens + 300, w->reqs[0].tokens + 300, 20 * sizeof(int32_t)), 0);
+    }
+    kvp_workload_destroy(w);
+    cr_assert_eq(kvp_workload_generate("system:n=400,prefix=100,share=0.5", &w), KVP_OK);
+    int64_t shared = 0;
+    for (int64_t i = 0; i < w->n; i++) shared += is_prefix(&w->pins[0], &w->reqs[i]);
+    cr_assert(shared > 150 && shared < 250, "about half share the prompt: %lld", (long long)shared);
+    kvp_workload_destroy(w);
+}
+
+Test(workload, chat_turns_extend_history)
+{
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_generate("chat:conversations=7,turns=5,system=64", &w), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(w->n, 35);
+    int64_t extends = 0;
+    for (int64_t i = 0; i < w->n; i++) {
+        cr_assert_eq(memcmp(w->reqs[i].tokens, w->reqs[0].tokens, 64 * sizeof(int32_t)), 0, "shared system prompt");
+        for (int64_t j = i - 1; j >= 0; j--)
+            if (is_prefix(&w->reqs[j], &w->reqs[i]) && w->reqs[j].prompt_len < w->reqs[i].prompt_len) {
+                /* the earlier turn's answer (output_len tokens) and a new user message follow it */
+                cr_assert_gt(w->reqs[i].prompt_len, w->reqs[j].prompt_len + w->reqs[j].output_len);
+                extends++;
+                break;
+            }
+    }
+    cr_assert_eq(extends, 7 * 4, "every turn after the first extends an earlier prompt");
+    kvp_workload_destroy(w);
+}
+
+Test(workload, fewshot_and_branch)
+{
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_generate("fewshot:n=60,tasks=3,examples=4,example=50,question=20", &w), KVP_OK);
+    int64_t distinct = 0;
+    for (int64_t i = 0; i < w->n; i++) {
+        int seen = 0;
+        for (int64_t j = 0; j < i && !seen; j++)
+            seen = memcmp(w->reqs[i].tokens, w->reqs[j].tokens, 100 * sizeof(int32_t)) == 0;
+        distinct += !seen;
+    }
+    cr_assert_eq(distinct, 3, "one shared example block per task");
+    kvp_workload_destroy(w);
+
+    cr_assert_eq(kvp_workload_generate("branch:n=200,depth=3,fanout=2,segment=32,suffix=8", &w), KVP_OK);
+    for (int d = 1; d <= 3; d++) {
+        int64_t distinct_d = 0;
+        for (int64_t i = 0; i < w->n; i++) {
+            int seen = 0;
+            for (int64_t j = 0; j < i && !seen; j++)
+                seen = memcmp(w->reqs[i].tokens, w->reqs[j].tokens, (size_t)(32 * d) * sizeof(int32_t)) == 0;
+            distinct_d += !seen;
+        }
+        cr_assert_eq(distinct_d, 1 << d, "depth %d has fanout^depth distinct prefixes", d);
+    }
+    kvp_workload_destroy(w);
+}
+
+Test(workload, bad_specs)
+{
+    kvp_workload *w = (kvp_workload *)0x1;
+    const char *bad[] = {"nosuch", "system:n=0", "system:bogus=1", "system:n", "chat:turns=x", "system:share=2",
+                         "fewshot:rate=0", "branch:depth=100"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cr_assert_eq(kvp_workload_generate(bad[i], &w), KVP_EINVAL, "%s", bad[i]);
+        cr_assert_gt(strlen(kvp_error_message()), 0);
+    }
+    cr_assert_eq(w, (kvp_workload *)0x1);
+    cr_assert_eq(kvp_workload_load("mooncake:" ARXIV, 0, &w), KVP_OK);
+    cr_assert_eq(w->n, 20);
+    kvp_workload_destroy(w);
+}
+
+Test(workload, allocation_failures)
+{
+    for (int64_t n = 1;; n++) {
+        kvp_workload *w = NULL;
+        kvp_alloc_fail_at(n);
+        kvp_status st = kvp_workload_generate("chat:conversations=3,turns=3", &w);
+        int64_t made = kvp_alloc_count();
+        kvp_alloc_fail_at(0);
+        if (st != KVP_OK) {
+            cr_assert_eq(st, KVP_ENOMEM, "%s", kvp_error_detail());
+            cr_assert_null(w);
+        }
+        kvp_workload_destroy(w);
+        if (made < n) break;
+    }
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_create("x", &w), KVP_OK);
+    int32_t t[3] = {1, 2, 3};
+    kvp_request r = {.id = 0, .prompt_len = 3};
+    cr_assert_eq(kvp_workload_add(w, &r, t), KVP_OK);
+    kvp_alloc_fail_at(1);
+    cr_assert_eq(kvp_workload_add(w, &r, t), KVP_ENOMEM);
+    kvp_alloc_fail_at(0);
+    cr_assert_eq(w->n, 1);
+    cr_assert_eq(w->total_prompt_tokens, 3);
+    r.prompt_len = 0;
+    cr_assert_eq(kvp_workload_add(w, &r, t), KVP_EINVAL);
+    kvp_workload_destroy(w);
+}
