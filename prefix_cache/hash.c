@@ -28,6 +28,18 @@ static int32_t find(const kvp_prefix_cache *pc, uint64_t h)
     return -1;
 }
 
+/* Chain hashes of the first nb blocks into pc->scr_h (reserved by the caller). Computing them all first lets
+ * the map lookups that follow prefetch PREFETCH slots ahead: the lookups are independent, so their cache
+ * misses overlap. */
+#define PREFETCH 8
+static void hash_chain(kvp_prefix_cache *pc, const int32_t *tokens, int32_t nb, uint64_t extra)
+{
+    uint64_t h = 0;
+    for (int32_t i = 0; i < nb; i++)
+        h = pc->scr_h[i] = kvp_pc_block_hash(h, tokens + (size_t)i * pc->bs, pc->bs, i == 0 ? extra : 0);
+    for (int32_t i = 0; i < nb && i < PREFETCH; i++) pc_map_prefetch(&pc->map, pc->scr_h[i]);
+}
+
 static pc_key ent_key(const kvp_prefix_cache *pc, const pc_entry *e)
 {
     return pc_policy_key(pc, &e->m, e->next_use, e->depth + 1);
@@ -50,24 +62,21 @@ static void touch_entry(kvp_prefix_cache *pc, int32_t u, const kvp_pc_hint *hint
     pc_entry *e = ENT(u);
     pc_touch(pc, &e->m, hint);
     if (pc->policy == KVP_EVICT_BELADY) e->next_use = hint->next_use[e->depth];
-    if (lock) {
-        if (e->lock++ == 0) {
-            pc->st.evictable_blocks--;
-            if (pc_heap_has(&pc->heap, u)) pc_heap_remove(&pc->heap, u);
-        }
-    } else if (pc_heap_has(&pc->heap, u)) {
-        pc_heap_update(&pc->heap, u, ent_key(pc, e));
-    }
+    if (lock && e->lock++ == 0) pc->st.evictable_blocks--;
+    pc_heap_lower(&pc->heap, u, ent_key(pc, e)); /* lazy heap: only a lower key must be recorded */
 }
 
 kvp_status pc_hash_match(kvp_prefix_cache *pc, const int32_t *tokens, int32_t maxb, const kvp_pc_hint *hint, int lock,
                          int32_t *blocks_out, int32_t *n_hit)
 {
-    uint64_t extra = hint ? hint->extra_key : 0, h = 0;
+    uint64_t extra = hint ? hint->extra_key : 0;
+    if (kvp_grow((void **)&pc->scr_h, &pc->scr_h_cap, (size_t)maxb, sizeof *pc->scr_h) != KVP_OK)
+        return KVP_ERR(KVP_ENOMEM, "out of memory matching %d blocks", maxb);
+    hash_chain(pc, tokens, maxb, extra);
     int32_t got = 0;
     for (int32_t i = 0; i < maxb; i++) {
-        h = kvp_pc_block_hash(h, tokens + (size_t)i * pc->bs, pc->bs, i == 0 ? extra : 0);
-        int32_t e = find(pc, h);
+        if (i + PREFETCH < maxb) pc_map_prefetch(&pc->map, pc->scr_h[i + PREFETCH]);
+        int32_t e = find(pc, pc->scr_h[i]);
         if (e < 0) break;
         blocks_out[got++] = ENT(e)->block;
     }
@@ -79,15 +88,16 @@ kvp_status pc_hash_match(kvp_prefix_cache *pc, const int32_t *tokens, int32_t ma
 kvp_status pc_hash_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int32_t *blocks, int32_t n_blocks,
                           const kvp_pc_hint *hint, int lock, int32_t *cached_out)
 {
-    uint64_t extra = hint ? hint->extra_key : 0, h = 0;
+    uint64_t extra = hint ? hint->extra_key : 0;
     if (kvp_grow((void **)&pc->scr_h, &pc->scr_h_cap, (size_t)n_blocks, sizeof *pc->scr_h) != KVP_OK ||
         kvp_grow((void **)&pc->scr_e, &pc->scr_e_cap, (size_t)n_blocks, sizeof *pc->scr_e) != KVP_OK)
         return KVP_ERR(KVP_ENOMEM, "out of memory inserting %d blocks", n_blocks);
     int32_t nnew = 0, i;
     kvp_status st = KVP_OK;
+    hash_chain(pc, tokens, n_blocks, extra);
     for (i = 0; i < n_blocks; i++) {
-        h = pc->scr_h[i] = kvp_pc_block_hash(h, tokens + (size_t)i * pc->bs, pc->bs, i == 0 ? extra : 0);
-        pc->scr_e[i] = find(pc, h);
+        if (i + PREFETCH < n_blocks) pc_map_prefetch(&pc->map, pc->scr_h[i + PREFETCH]);
+        pc->scr_e[i] = find(pc, pc->scr_h[i]);
         if (pc->scr_e[i] >= 0) continue;
         int32_t b = blocks[i];
         if (pc->block_unit[b] != -1) {
@@ -134,10 +144,12 @@ kvp_status pc_hash_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int
             pc->st.evictable_blocks++;
             pc->st.nodes++;
             pc->heap.pos[u] = -1;
-            pc_heap_push(&pc->heap, u, (pc_key){0, 0, 0}); /* the real key is set by touch_entry */
             pc->scr_e[i] = u;
+            touch_entry(pc, u, hint, lock);
+            if (e->lock == 0) pc_heap_push(&pc->heap, u, ent_key(pc, e));
+        } else {
+            touch_entry(pc, pc->scr_e[i], hint, lock);
         }
-        touch_entry(pc, pc->scr_e[i], hint, lock);
         if (cached_out) cached_out[i] = ENT(pc->scr_e[i])->block;
     }
     return KVP_OK;
@@ -153,7 +165,7 @@ kvp_status pc_hash_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n
         pc_entry *e = ENT(u);
         if (--e->lock == 0) {
             pc->st.evictable_blocks++;
-            pc_heap_push(&pc->heap, u, ent_key(pc, e));
+            if (!pc_heap_has(&pc->heap, u)) pc_heap_push(&pc->heap, u, ent_key(pc, e));
         }
     }
     return KVP_OK;
@@ -161,8 +173,23 @@ kvp_status pc_hash_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n
 
 void pc_hash_evict_one(kvp_prefix_cache *pc, int32_t *freed)
 {
-    int32_t u = pc_heap_top(&pc->heap);
-    pc_entry *e = ENT(u);
+    /* Lazy heap: drop locked entries, re-key stale ones, until the top is exact (see pc_internal.h). */
+    int32_t u;
+    pc_entry *e;
+    for (;;) {
+        u = pc_heap_top(&pc->heap);
+        e = ENT(u);
+        if (e->lock > 0) {
+            pc_heap_remove(&pc->heap, u);
+            continue;
+        }
+        pc_key k = ent_key(pc, e);
+        if (pc_key_cmp(pc_heap_key(&pc->heap, u), k) < 0) {
+            pc_heap_update(&pc->heap, u, k);
+            continue;
+        }
+        break;
+    }
     pc_heap_remove(&pc->heap, u);
     pc_map_del(&pc->map, e->hash, u);
     pc->block_unit[e->block] = -1;
@@ -191,12 +218,10 @@ kvp_status pc_hash_check(const kvp_prefix_cache *pc)
         if (e->lock < 0) return KVP_ERR(KVP_ESTATE, "hash: entry %d has lock %d", u, e->lock);
         if (find(pc, e->hash) != u) return KVP_ERR(KVP_ESTATE, "hash: entry %d not found by its hash (or duplicated)", u);
         if (e->lock == 0) evictable++;
-        if ((e->lock == 0) != pc_heap_has(&pc->heap, u))
-            return KVP_ERR(KVP_ESTATE, "hash: entry %d (lock %d) %s the evictable heap", u, e->lock,
-                           e->lock == 0 ? "missing from" : "wrongly in");
         if (e->lock == 0) {
-            pc_key k = ent_key(pc, e), h = pc->heap.key[u];
-            if (k.a != h.a || k.b != h.b || k.c != h.c) return KVP_ERR(KVP_ESTATE, "hash: entry %d heap key is stale", u);
+            if (!pc_heap_has(&pc->heap, u)) return KVP_ERR(KVP_ESTATE, "hash: unlocked entry %d is not in the heap", u);
+            if (pc_key_cmp(pc_heap_key(&pc->heap, u), ent_key(pc, e)) > 0)
+                return KVP_ERR(KVP_ESTATE, "hash: entry %d heap key is above its policy key", u);
         }
     }
     if (used != pc->st.cached_blocks || used != pc->st.nodes || (int64_t)pc->map.n != used)

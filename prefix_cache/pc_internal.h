@@ -7,19 +7,31 @@
 
 #include "prefix_cache/prefix_cache.h"
 
-/* ---- eviction heap: a binary min-heap of units (radix nodes or hash entries) keyed by (a, b, c, unit).
- * pos[unit] is the unit's heap position or -1. Capacity is reserved before any change (pc_heap_reserve),
- * so push/remove/fix never allocate. */
+/* ---- eviction heap: a binary min-heap of units (radix nodes or hash entries) keyed by (a, b, c, unit),
+ * keys stored inline next to the unit so that a sift reads contiguous memory. pos[unit] is the unit's heap
+ * position or -1. Capacity is reserved before any change (pc_heap_reserve), so push/remove/update never
+ * allocate.
+ *
+ * The heap is LAZY: a unit's key in the heap may be lower than its true policy key (policy keys only grow
+ * on access, lock and trim, except belady's, which the callers lower eagerly), and a unit that stopped
+ * being evictable (locked, or a radix node that gained a child) may stay in the heap. Eviction pops such
+ * units (dropping them, or re-keying them with their true key) until the top is evictable with an exact
+ * key, which is then the true policy minimum. Invariant: every evictable unit is in the heap with a key
+ * <= its true key. This keeps lock/unlock and LRU touches free of heap work. */
 typedef struct {
     int64_t a, b, c;
 } pc_key;
 
 typedef struct {
-    int32_t *heap; /* [n] unit ids */
-    pc_key *key;   /* [cap] by unit id */
-    int32_t *pos;  /* [cap] by unit id, -1 when not in the heap */
+    pc_key k;
+    int32_t unit;
+} pc_hitem;
+
+typedef struct {
+    pc_hitem *heap; /* [n] */
+    int32_t *pos;   /* [cap] by unit id, -1 when not in the heap */
     int32_t n;
-    size_t cap;    /* units addressable */
+    size_t cap;     /* units addressable */
 } pc_heap;
 
 kvp_status pc_heap_reserve(pc_heap *h, size_t units);
@@ -28,7 +40,9 @@ void pc_heap_push(pc_heap *h, int32_t unit, pc_key k);
 void pc_heap_remove(pc_heap *h, int32_t unit);
 void pc_heap_update(pc_heap *h, int32_t unit, pc_key k); /* unit must be in the heap */
 static inline int pc_heap_has(const pc_heap *h, int32_t unit) { return h->pos[unit] >= 0; }
-static inline int32_t pc_heap_top(const pc_heap *h) { return h->n ? h->heap[0] : -1; }
+static inline int32_t pc_heap_top(const pc_heap *h) { return h->n ? h->heap[0].unit : -1; }
+static inline pc_key pc_heap_key(const pc_heap *h, int32_t unit) { return h->heap[h->pos[unit]].k; }
+int pc_key_cmp(pc_key x, pc_key y); /* -1, 0, 1 (lexicographic) */
 /* Heap order holds and pos[] agrees with heap[]; returns 0 if fine. */
 int pc_heap_broken(const pc_heap *h);
 
@@ -54,6 +68,8 @@ void pc_map_del(pc_map *m, uint64_t key, int32_t val); /* the pair must be prese
 int64_t pc_map_first(const pc_map *m, uint64_t key);
 int64_t pc_map_next(const pc_map *m, uint64_t key, int64_t slot);
 void pc_map_set(pc_map *m, uint64_t key, int32_t old_val, int32_t new_val);
+/* Prefetches the home slot of key (lookups of many independent keys overlap their memory latency). */
+void pc_map_prefetch(const pc_map *m, uint64_t key);
 
 /* ---- per-unit policy metadata */
 typedef struct {
@@ -110,6 +126,8 @@ struct kvp_prefix_cache {
 /* prefix_cache.c */
 pc_key pc_policy_key(const kvp_prefix_cache *pc, const pc_meta *m, int64_t next_use, int32_t depth);
 void pc_touch(kvp_prefix_cache *pc, pc_meta *m, const kvp_pc_hint *hint);
+/* After a unit's true key became `k`: lowers its heap key when k is lower (lazy heap); no-op if absent. */
+void pc_heap_lower(pc_heap *h, int32_t unit, pc_key k);
 kvp_status pc_check_blocks(const kvp_prefix_cache *pc, const int32_t *blocks, int32_t n);
 
 /* radix.c / hash.c: the kind-specific halves of the public calls (arguments already validated). */

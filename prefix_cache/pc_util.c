@@ -6,12 +6,18 @@
 
 /* ---- heap ---------------------------------------------------------------------------------------- */
 
-static int key_less(const pc_key *x, int32_t ux, const pc_key *y, int32_t uy)
+int pc_key_cmp(pc_key x, pc_key y)
 {
-    if (x->a != y->a) return x->a < y->a;
-    if (x->b != y->b) return x->b < y->b;
-    if (x->c != y->c) return x->c < y->c;
-    return ux < uy;
+    if (x.a != y.a) return x.a < y.a ? -1 : 1;
+    if (x.b != y.b) return x.b < y.b ? -1 : 1;
+    if (x.c != y.c) return x.c < y.c ? -1 : 1;
+    return 0;
+}
+
+static int item_less(const pc_hitem *x, const pc_hitem *y)
+{
+    int c = pc_key_cmp(x->k, y->k);
+    return c != 0 ? c < 0 : x->unit < y->unit;
 }
 
 kvp_status pc_heap_reserve(pc_heap *h, size_t units)
@@ -19,26 +25,19 @@ kvp_status pc_heap_reserve(pc_heap *h, size_t units)
     if (units <= h->cap) return KVP_OK;
     size_t cap = h->cap ? h->cap : 16;
     while (cap < units) cap *= 2;
-    int32_t *heap = kvp_malloc(cap * sizeof *heap);
-    pc_key *key = kvp_malloc(cap * sizeof *key);
+    pc_hitem *heap = kvp_malloc(cap * sizeof *heap);
     int32_t *pos = kvp_malloc(cap * sizeof *pos);
-    if (heap == NULL || key == NULL || pos == NULL) {
+    if (heap == NULL || pos == NULL) {
         kvp_free(heap);
-        kvp_free(key);
         kvp_free(pos);
         return KVP_ERR(KVP_ENOMEM, "out of memory growing the eviction heap to %zu units", cap);
     }
     if (h->n) memcpy(heap, h->heap, (size_t)h->n * sizeof *heap);
-    if (h->cap) {
-        memcpy(key, h->key, h->cap * sizeof *key);
-        memcpy(pos, h->pos, h->cap * sizeof *pos);
-    }
+    if (h->cap) memcpy(pos, h->pos, h->cap * sizeof *pos);
     for (size_t i = h->cap; i < cap; i++) pos[i] = -1;
     kvp_free(h->heap);
-    kvp_free(h->key);
     kvp_free(h->pos);
     h->heap = heap;
-    h->key = key;
     h->pos = pos;
     h->cap = cap;
     return KVP_OK;
@@ -47,47 +46,44 @@ kvp_status pc_heap_reserve(pc_heap *h, size_t units)
 void pc_heap_fini(pc_heap *h)
 {
     kvp_free(h->heap);
-    kvp_free(h->key);
     kvp_free(h->pos);
     memset(h, 0, sizeof *h);
 }
 
-static void place(pc_heap *h, int32_t i, int32_t u)
-{
-    h->heap[i] = u;
-    h->pos[u] = i;
-}
-
 static void sift_up(pc_heap *h, int32_t i)
 {
-    int32_t u = h->heap[i];
+    pc_hitem it = h->heap[i];
     while (i > 0) {
-        int32_t p = (i - 1) / 2, pu = h->heap[p];
-        if (!key_less(&h->key[u], u, &h->key[pu], pu)) break;
-        place(h, i, pu);
+        int32_t p = (i - 1) / 2;
+        if (!item_less(&it, &h->heap[p])) break;
+        h->heap[i] = h->heap[p];
+        h->pos[h->heap[i].unit] = i;
         i = p;
     }
-    place(h, i, u);
+    h->heap[i] = it;
+    h->pos[it.unit] = i;
 }
 
 static void sift_down(pc_heap *h, int32_t i)
 {
-    int32_t u = h->heap[i];
+    pc_hitem it = h->heap[i];
     for (;;) {
-        int32_t l = 2 * i + 1, r = l + 1, m = i, mu = u;
-        if (l < h->n && key_less(&h->key[h->heap[l]], h->heap[l], &h->key[mu], mu)) m = l, mu = h->heap[l];
-        if (r < h->n && key_less(&h->key[h->heap[r]], h->heap[r], &h->key[mu], mu)) m = r, mu = h->heap[r];
-        if (m == i) break;
-        place(h, i, mu);
+        int32_t l = 2 * i + 1, m = l;
+        if (l >= h->n) break;
+        if (l + 1 < h->n && item_less(&h->heap[l + 1], &h->heap[l])) m = l + 1;
+        if (!item_less(&h->heap[m], &it)) break;
+        h->heap[i] = h->heap[m];
+        h->pos[h->heap[i].unit] = i;
         i = m;
     }
-    place(h, i, u);
+    h->heap[i] = it;
+    h->pos[it.unit] = i;
 }
 
 void pc_heap_push(pc_heap *h, int32_t unit, pc_key k)
 {
-    h->key[unit] = k;
-    place(h, h->n++, unit);
+    h->heap[h->n] = (pc_hitem){k, unit};
+    h->pos[unit] = h->n++;
     sift_up(h, h->n - 1);
 }
 
@@ -95,29 +91,37 @@ void pc_heap_remove(pc_heap *h, int32_t unit)
 {
     int32_t i = h->pos[unit];
     h->pos[unit] = -1;
-    int32_t last = h->heap[--h->n];
-    if (i == h->n) return;
-    place(h, i, last);
+    if (i == --h->n) return;
+    int32_t moved = h->heap[h->n].unit;
+    h->heap[i] = h->heap[h->n];
+    h->pos[moved] = i;
     sift_up(h, i);
-    sift_down(h, h->pos[last]);
+    sift_down(h, h->pos[moved]);
 }
 
 void pc_heap_update(pc_heap *h, int32_t unit, pc_key k)
 {
-    h->key[unit] = k;
-    sift_up(h, h->pos[unit]);
+    int32_t i = h->pos[unit];
+    h->heap[i].k = k;
+    sift_up(h, i);
     sift_down(h, h->pos[unit]);
+}
+
+void pc_heap_lower(pc_heap *h, int32_t unit, pc_key k)
+{
+    if (h->pos[unit] < 0) return;
+    int32_t i = h->pos[unit];
+    if (pc_key_cmp(k, h->heap[i].k) >= 0) return;
+    h->heap[i].k = k;
+    sift_up(h, i);
 }
 
 int pc_heap_broken(const pc_heap *h)
 {
     for (int32_t i = 0; i < h->n; i++) {
-        int32_t u = h->heap[i];
+        int32_t u = h->heap[i].unit;
         if (u < 0 || (size_t)u >= h->cap || h->pos[u] != i) return 1;
-        if (i > 0) {
-            int32_t pu = h->heap[(i - 1) / 2];
-            if (key_less(&h->key[u], u, &h->key[pu], pu)) return 1;
-        }
+        if (i > 0 && item_less(&h->heap[i], &h->heap[(i - 1) / 2])) return 1;
     }
     int32_t in = 0;
     for (size_t u = 0; u < h->cap; u++)
@@ -163,6 +167,11 @@ void pc_map_fini(pc_map *m)
 {
     kvp_free(m->slots);
     memset(m, 0, sizeof *m);
+}
+
+void pc_map_prefetch(const pc_map *m, uint64_t key)
+{
+    if (m->cap) __builtin_prefetch(&m->slots[slot_of(m, key)]);
 }
 
 void pc_map_put(pc_map *m, uint64_t key, int32_t val)

@@ -234,14 +234,8 @@ static void touch_path(kvp_prefix_cache *pc, int32_t last, const kvp_pc_hint *hi
         pc_touch(pc, &n->m, hint);
         if (n->next_use)
             memcpy(n->next_use, hint->next_use + start, (size_t)n->nblocks * sizeof *n->next_use);
-        if (lock) {
-            if (n->lock++ == 0) {
-                pc->st.evictable_blocks -= n->nblocks;
-                if (pc_heap_has(&pc->heap, u)) pc_heap_remove(&pc->heap, u);
-            }
-        } else if (pc_heap_has(&pc->heap, u)) {
-            pc_heap_update(&pc->heap, u, node_key(pc, n));
-        }
+        if (lock && n->lock++ == 0) pc->st.evictable_blocks -= n->nblocks;
+        pc_heap_lower(&pc->heap, u, node_key(pc, n)); /* lazy heap: only a lower key must be recorded */
     }
 }
 
@@ -317,8 +311,7 @@ kvp_status pc_radix_insert(kvp_prefix_cache *pc, const int32_t *tokens, const in
         N->mapkey = child_key(pc, p, N->tokens, extra);
         N->m.insert_time = pc->clock;
         N->m.priority = INT32_MIN;
-        if (p != 0 && pc_heap_has(&pc->heap, p)) pc_heap_remove(&pc->heap, p);
-        link_child(pc, p, u);
+        link_child(pc, p, u); /* p stops being a leaf; if it is in the heap, eviction will drop it */
         pc_map_put(&pc->map, N->mapkey, u);
         for (int32_t j = 0; j < nnew; j++) {
             pc->block_unit[N->blocks[j]] = u;
@@ -328,10 +321,10 @@ kvp_status pc_radix_insert(kvp_prefix_cache *pc, const int32_t *tokens, const in
         pc->st.inserted_blocks += nnew;
         pc->st.cached_blocks += nnew;
         pc->st.evictable_blocks += nnew;
-        pc_heap_push(&pc->heap, u, (pc_key){0, 0, 0}); /* the real key is set by touch_path */
         last = u;
     }
     touch_path(pc, last, hint, lock, cached_out);
+    if (nnew > 0 && NODE(last)->lock == 0) pc_heap_push(&pc->heap, last, node_key(pc, NODE(last)));
     return KVP_OK;
 }
 
@@ -355,7 +348,7 @@ kvp_status pc_radix_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t 
         pc_node *x = NODE(u);
         if (--x->lock == 0) {
             pc->st.evictable_blocks += x->nblocks;
-            if (x->nchildren == 0) pc_heap_push(&pc->heap, u, node_key(pc, x));
+            if (x->nchildren == 0 && !pc_heap_has(&pc->heap, u)) pc_heap_push(&pc->heap, u, node_key(pc, x));
         }
     }
     return KVP_OK;
@@ -368,7 +361,8 @@ static void remove_node(kvp_prefix_cache *pc, int32_t u)
     if (pc_heap_has(&pc->heap, u)) pc_heap_remove(&pc->heap, u);
     pc_map_del(&pc->map, x->mapkey, u);
     unlink_child(pc, u);
-    if (p != 0 && NODE(p)->nchildren == 0 && NODE(p)->lock == 0) pc_heap_push(&pc->heap, p, node_key(pc, NODE(p)));
+    if (p != 0 && NODE(p)->nchildren == 0 && NODE(p)->lock == 0 && !pc_heap_has(&pc->heap, p))
+        pc_heap_push(&pc->heap, p, node_key(pc, NODE(p)));
     kvp_free(x->blocks);
     kvp_free(x->tokens);
     kvp_free(x->next_use);
@@ -381,8 +375,24 @@ static void remove_node(kvp_prefix_cache *pc, int32_t u)
 
 void pc_radix_evict_one(kvp_prefix_cache *pc, int32_t *freed)
 {
-    int32_t u = pc_heap_top(&pc->heap);
-    pc_node *x = NODE(u);
+    /* Lazy heap: drop units that stopped being evictable, re-key stale ones, until the top is exact. The
+     * caller checked that an evictable block exists, so this ends (each unit is dropped or re-keyed once). */
+    int32_t u;
+    pc_node *x;
+    for (;;) {
+        u = pc_heap_top(&pc->heap);
+        x = NODE(u);
+        if (x->lock > 0 || x->nchildren > 0) {
+            pc_heap_remove(&pc->heap, u);
+            continue;
+        }
+        pc_key k = node_key(pc, x);
+        if (pc_key_cmp(pc_heap_key(&pc->heap, u), k) < 0) {
+            pc_heap_update(&pc->heap, u, k);
+            continue;
+        }
+        break;
+    }
     int32_t b = x->blocks[--x->nblocks];
     x->depth_end--;
     pc->block_unit[b] = -1;
@@ -442,13 +452,10 @@ kvp_status pc_radix_check(const kvp_prefix_cache *pc)
             return KVP_ERR(KVP_ESTATE, "radix: node %d map key is stale", u);
         if (find_child(pc, x->parent, x->tokens, x->extra_key) != u)
             return KVP_ERR(KVP_ESTATE, "radix: node %d is not found from its parent (missing or duplicate first block)", u);
-        int want = x->nchildren == 0 && x->lock == 0;
-        if (want != pc_heap_has(&pc->heap, u))
-            return KVP_ERR(KVP_ESTATE, "radix: node %d (leaf %d, lock %d) %s the evictable heap", u, x->nchildren == 0,
-                           x->lock, want ? "missing from" : "wrongly in");
-        if (want) {
-            pc_key k = node_key(pc, x), h = pc->heap.key[u];
-            if (k.a != h.a || k.b != h.b || k.c != h.c) return KVP_ERR(KVP_ESTATE, "radix: node %d heap key is stale", u);
+        if (x->nchildren == 0 && x->lock == 0) {
+            if (!pc_heap_has(&pc->heap, u)) return KVP_ERR(KVP_ESTATE, "radix: evictable leaf %d is not in the heap", u);
+            if (pc_key_cmp(pc_heap_key(&pc->heap, u), node_key(pc, x)) > 0)
+                return KVP_ERR(KVP_ESTATE, "radix: node %d heap key is above its policy key", u);
         }
     }
     if (pc_heap_has(&pc->heap, 0)) return KVP_ERR(KVP_ESTATE, "radix: the root is in the heap");
