@@ -4,6 +4,7 @@
 #define KVP_BENCH_BENCH_H
 
 int kvp_cmd_bench(int argc, char **argv);
+int kvp_bench_prefix(int argc, char **argv); /* bench/bench_prefix.c */
 int kvp_bench_blockmgr(int argc, char **argv); /* bench/bench_blockmgr.c */
 int kvp_bench_memory(int argc, char **argv);
 

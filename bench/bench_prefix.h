@@ -1,0 +1,48 @@
+/* bench/bench_prefix.h — replay of a workload through a prefix cache (the engine of `kvpage bench prefix`).
+ *
+ * Replay, request by request in workload order, over a block pool of `capacity` blocks (0 = unbounded: every
+ * block of every prompt fits):
+ *   1. match the prompt (lock) and count the hit; the request takes its own references on the hit blocks;
+ *   2. allocate blocks for the rest of the prompt (ceil(len / block_size) - hit, the partial last block
+ *      included), evicting by the policy when the pool is short; a request larger than what can be freed
+ *      gets what there is (counted in short_requests) and caches only those blocks;
+ *   3. insert the prompt's full blocks; 4. unlock and drop the request's references (the request is over).
+ * Workload pins (e.g. a system prompt) are inserted first with their priority.
+ * belady gets, for every block of every access, the index of the next request whose matchable prefix holds
+ * it (kvp_pc_next_use over pins + requests).
+ */
+#ifndef KVP_BENCH_BENCH_PREFIX_H
+#define KVP_BENCH_BENCH_PREFIX_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "prefix_cache/prefix_cache.h"
+#include "runtime/workload.h"
+
+typedef struct {
+    kvp_pc_kind kind;
+    kvp_evict_policy policy;
+    int32_t block_size;
+    int64_t capacity; /* blocks; 0 = unbounded */
+} kvp_prefix_replay_cfg;
+
+typedef struct {
+    int64_t requests, prompt_tokens, hit_tokens;
+    int64_t hit_blocks, prompt_blocks; /* prompt_blocks = sum of ceil(len / block_size) */
+    int64_t inserted_blocks, evicted_blocks, peak_cached_blocks;
+    int64_t short_requests; /* requests that could not get all their blocks */
+    int64_t pool_blocks;
+    double hit_rate;        /* hit_tokens / prompt_tokens */
+    double block_hit_rate;  /* hit_blocks / prompt_blocks */
+    double wall_s;          /* whole replay (next-use precomputation included) */
+    double cache_s;         /* time inside kvp_pc_match + kvp_pc_insert only */
+} kvp_prefix_replay_result;
+
+/* KVP_EINVAL for a bad configuration (capacity < 0, a pool that would exceed INT32_MAX - 1 blocks); the
+ * cache's own errors otherwise. The workload is borrowed. */
+kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg *cfg, kvp_prefix_replay_result *out);
+
+/* The command itself, kvp_bench_prefix, is declared in bench/bench.h. */
+
+#endif
