@@ -57,7 +57,12 @@ typedef struct {
 } kvp_block_copy;
 
 /* The block moves requested since the last kvp_bm_step_ops_clear, to be run in this order:
- * swap_out, swap_in, copies. Arrays borrowed from the manager: valid until the next call that changes it. */
+ * swap_out, swap_in, copies, and before the step's new tokens are written through the slot mapping.
+ * Arrays borrowed from the manager: valid until the next call that changes it.
+ * Ordering rule for the scheduler (as in vLLM): within one step, do the swaps (and frees of preempted
+ * sequences) before the appends/forks. A block freed after being the source of a pending copy may be handed
+ * out again at once; if a swap-in of the same step received it, the swap-in would overwrite it before the
+ * copy reads it. Swapping a sequence out after appending to it in the same step has the same problem. */
 typedef struct {
     const kvp_block_copy *swap_out; /* [n_swap_out] device block -> host block */
     int32_t n_swap_out;
@@ -164,7 +169,7 @@ void kvp_bm_step_ops_clear(kvp_block_mgr *bm);
  * See accounting.h for the categories and the identity. */
 void kvp_bm_account(const kvp_block_mgr *bm, bool host, kvp_kv_accounting *out);
 
-/* Invariant walker, O(total table entries + blocks): both pools pass kvp_pool_check; every block's
+/* Invariant walker, O(total table entries + blocks), allocates scratch (KVP_ENOMEM possible): both pools pass kvp_pool_check; every block's
  * refcount >= the number of table entries referring to it; blocks in tables are not free; tables are
  * well formed (num_tokens <= num_blocks * block_size, all blocks before the last token-holding one full,
  * within max_seq_len); the hash map finds every sequence; the incremental accounting equals a from-scratch
