@@ -1,0 +1,218 @@
+/* Tests of `kvpage bench prefix` and its replay: radix == hash when unbounded, the Mooncake synthetic trace's
+ * hit rate against the trace's own repeat rate, belady >= every online policy at bounded capacities, none = 0,
+ * requests larger than the cache, and the command line (exit codes, --json keys, bad trace lines). */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/bench_prefix.h"
+#include "common/json.h"
+
+#define SYNTH "../shared/data/traces/mooncake/synthetic_trace.jsonl"
+
+static kvp_prefix_replay_result replay(const kvp_workload *w, kvp_pc_kind k, kvp_evict_policy p, int32_t bs, int64_t cap)
+{
+    kvp_prefix_replay_cfg c = {k, p, bs, cap};
+    kvp_prefix_replay_result r;
+    cr_assert_eq(kvp_prefix_replay(w, &c, &r), KVP_OK, "%s", kvp_error_detail());
+    return r;
+}
+
+/* The trace's own statistics from its hash ids, parsed naively (independent of the reader): block
+ * occurrences, those whose id was seen before, and those among them that are a request's last block. */
+static void trace_repeats(const char *path, long long *blocks, long long *repeated, long long *repeated_last)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "test data %s is missing", path);
+    size_t cap = 1 << 20;
+    unsigned char *seen = calloc(cap, 1);
+    char *line = NULL;
+    size_t lcap = 0;
+    *blocks = *repeated = *repeated_last = 0;
+    while (getline(&line, &lcap, f) > 0) {
+        char *p = strchr(strstr(line, "\"hash_ids\""), '[') + 1;
+        long long ids[4096];
+        int n = 0;
+        while (*p && *p != ']') {
+            char *end;
+            ids[n++] = strtoll(p, &end, 10);
+            p = end;
+            while (*p == ',' || *p == ' ') p++;
+        }
+        for (int i = 0; i < n; i++) {
+            cr_assert_lt((size_t)ids[i], cap);
+            (*blocks)++;
+            if (seen[ids[i]]) {
+                (*repeated)++;
+                if (i == n - 1) (*repeated_last)++;
+            }
+        }
+        for (int i = 0; i < n; i++) seen[ids[i]] = 1;
+    }
+    free(line);
+    free(seen);
+    fclose(f);
+}
+
+Test(bench_prefix, mooncake_unbounded_equals_repeat_rate)
+{
+    long long blocks, repeated, repeated_last;
+    trace_repeats(SYNTH, &blocks, &repeated, &repeated_last);
+    cr_assert_eq(blocks, 121877, "the traces README counts 121,877 blocks");
+    cr_assert(llabs(repeated * 1000 - 640 * blocks) < blocks / 2, "README: 64.0 %% repeated blocks");
+
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_read_mooncake(SYNTH, NULL, &w), KVP_OK, "%s", kvp_error_detail());
+    kvp_prefix_replay_result r = replay(w, KVP_PC_RADIX, KVP_EVICT_LRU, 512, 0);
+    kvp_prefix_replay_result h = replay(w, KVP_PC_HASH, KVP_EVICT_LRU, 512, 0);
+    cr_assert_eq(r.hit_tokens, h.hit_tokens);
+    cr_assert_eq(r.prompt_blocks, blocks);
+    /* Every repeated block hits except a request's last one: it holds the last token (never covered by a
+     * hit), and when partial it is never cached. The trace's ids are prefix-consistent, so nothing else
+     * differs. */
+    cr_assert_eq(r.hit_blocks, repeated - repeated_last, "hit %lld blocks, repeats %lld - last %lld",
+                 (long long)r.hit_blocks, repeated, repeated_last);
+    cr_assert_eq(r.hit_tokens, 512 * r.hit_blocks);
+    cr_assert_eq(r.evicted_blocks, 0);
+    kvp_prefix_replay_result n = replay(w, KVP_PC_NONE, KVP_EVICT_LRU, 512, 0);
+    cr_assert_eq(n.hit_tokens, 0);
+    kvp_workload_destroy(w);
+}
+
+Test(bench_prefix, belady_bounds_online_policies)
+{
+    const char *specs[] = {"system:n=150,prefix=512,suffix=128,share=0.7", "chat:conversations=20,turns=5",
+                           "fewshot:n=150,tasks=6,examples=4,example=96", "branch:n=150,depth=3,fanout=3,segment=64",
+                           "mooncake:../shared/data/traces/mooncake/arxiv_trace_first20.jsonl"};
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        kvp_workload *w;
+        cr_assert_eq(kvp_workload_load(specs[s], 0, &w), KVP_OK, "%s", kvp_error_detail());
+        int32_t bs = s == 4 ? 64 : 16;
+        kvp_prefix_replay_result ur = replay(w, KVP_PC_RADIX, KVP_EVICT_LRU, bs, 0);
+        kvp_prefix_replay_result uh = replay(w, KVP_PC_HASH, KVP_EVICT_LRU, bs, 0);
+        cr_assert_eq(ur.hit_tokens, uh.hit_tokens, "%s: radix and hash agree when unbounded", specs[s]);
+        cr_assert_gt(ur.hit_tokens, 0, "%s shares prefixes", specs[s]);
+        int64_t peak = ur.peak_cached_blocks;
+        for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++)
+            for (int f = 1; f <= 3; f++) {
+                int64_t cap = peak * f / 5;
+                int64_t best = replay(w, (kvp_pc_kind)kind, KVP_EVICT_BELADY, bs, cap).hit_tokens;
+                cr_assert_leq(best, ur.hit_tokens, "a bounded cache cannot beat the unbounded one");
+                for (int p = KVP_EVICT_LRU; p < KVP_EVICT_BELADY; p++) {
+                    kvp_prefix_replay_result o = replay(w, (kvp_pc_kind)kind, (kvp_evict_policy)p, bs, cap);
+                    cr_assert_geq(best, o.hit_tokens, "%s %s cap %lld: belady %lld < %s %lld", specs[s],
+                                  kvp_pc_kind_name((kvp_pc_kind)kind), (long long)cap, (long long)best,
+                                  kvp_evict_policy_name((kvp_evict_policy)p), (long long)o.hit_tokens);
+                }
+                cr_assert_eq(replay(w, KVP_PC_NONE, KVP_EVICT_LRU, bs, cap).hit_tokens, 0);
+            }
+        kvp_workload_destroy(w);
+    }
+}
+
+Test(bench_prefix, requests_larger_than_the_cache)
+{
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_generate("system:n=20,prefix=256,suffix=256", &w), KVP_OK);
+    kvp_prefix_replay_result r = replay(w, KVP_PC_RADIX, KVP_EVICT_LRU, 16, 8);
+    cr_assert_eq(r.requests, 20);
+    cr_assert_eq(r.short_requests, 20, "every prompt needs more than 8 blocks");
+    cr_assert_leq(r.peak_cached_blocks, 8);
+    kvp_prefix_replay_cfg bad = {KVP_PC_RADIX, KVP_EVICT_LRU, 16, -1};
+    cr_assert_eq(kvp_prefix_replay(w, &bad, &r), KVP_EINVAL);
+    kvp_workload_destroy(w);
+}
+
+/* ---- command line ---------------------------------------------------------------------------------- */
+
+static int run(const char *args, char *out, size_t cap, char *err, size_t ecap)
+{
+    const char *bin = getenv("KVPAGE_BIN");
+    cr_assert_not_null(bin, "KVPAGE_BIN is not set (run through ctest)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s bench prefix %s 2>/tmp/kvp_bp_err_%d", bin, args, (int)getpid());
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t n = fread(out, 1, cap - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvp_bp_err_%d", (int)getpid());
+    FILE *e = fopen(path, "r");
+    size_t m = e ? fread(err, 1, ecap - 1, e) : 0;
+    err[m] = '\0';
+    if (e) fclose(e);
+    unlink(path);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(bench_prefix, cli)
+{
+    static char out[1 << 16], err[4096];
+    cr_assert_eq(run("--help", out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(out, "--capacity"));
+    cr_assert_eq(run("", out, sizeof out, err, sizeof err), 2, "a workload is required");
+    cr_assert_eq(run("--workload system --cache trie", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "trie"), "%s", err);
+    cr_assert_eq(run("--workload system --evict random", out, sizeof out, err, sizeof err), 2);
+    cr_assert_eq(run("--workload system --block-size 0", out, sizeof out, err, sizeof err), 2);
+    cr_assert_eq(run("--workload nosuch", out, sizeof out, err, sizeof err), 2);
+    cr_assert_eq(run("--workload system --bogus", out, sizeof out, err, sizeof err), 2);
+
+    cr_assert_eq(run("--workload system:n=40 --cache hash --evict lfu --capacity 100 --json", out, sizeof out, err,
+                     sizeof err),
+                 0, "%s", err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "stdout", &j), KVP_OK, "%s", out);
+    cJSON *row = cJSON_GetArrayItem(j, 0);
+    const char *keys[] = {"requests", "prompt_tokens", "hit_tokens", "hit_rate", "evicted_blocks", "peak_cached_blocks", "wall_s"};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(row, keys[i])), "--json lacks %s", keys[i]);
+    cr_assert_eq(cJSON_GetObjectItem(row, "requests")->valuedouble, 40);
+    cr_assert_str_eq(cJSON_GetObjectItem(row, "cache")->valuestring, "hash");
+    cJSON_Delete(j);
+
+    char path[] = "/tmp/kvp_bp_trace_XXXXXX";
+    int fd = mkstemp(path);
+    const char *text = "{\"timestamp\": 0, \"input_length\": 700, \"output_length\": 1, \"hash_ids\": [1, 2]}\n"
+                       "{\"timestamp\": 1, \"input_length\": 700, \"output_length\": 1, \"hash_ids\": [1]}\n"
+                       "{\"timestamp\": 2, \"input_length\": 700, \"output_length\": 1, \"hash_ids\": [1, 3]}\n";
+    cr_assert_eq(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    char args[256];
+    snprintf(args, sizeof args, "--trace mooncake:%s --block-size 512 --format csv", path);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, path) && strstr(err, "line 2"), "%s", err);
+    snprintf(args, sizeof args, "--trace mooncake:%s --block-size 512 --json --skip-bad", path);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "stdout", &j), KVP_OK, "%s", out);
+    row = cJSON_GetArrayItem(j, 0);
+    cr_assert_eq(cJSON_GetObjectItem(row, "requests")->valuedouble, 2, "the bad line is skipped");
+    cr_assert_eq(cJSON_GetObjectItem(row, "hit_tokens")->valuedouble, 512, "the 3rd line hits block 1");
+    cJSON_Delete(j);
+    unlink(path);
+}
+
+Test(bench_prefix, sweep_writes_csv)
+{
+    static char out[1 << 16], err[4096];
+    char dir[] = "/tmp/kvp_bp_sweep_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char args[512];
+    snprintf(args, sizeof args, "--workload chat:conversations=10,turns=3 --evict lru,belady --capacity 0,50 --out %s --name t --no-plot --format csv", dir);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    char csv[600];
+    snprintf(csv, sizeof csv, "%s/t.csv", dir);
+    FILE *f = fopen(csv, "r");
+    cr_assert_not_null(f, "the sweep writes %s", csv);
+    int lines = 0;
+    char buf[2048];
+    while (fgets(buf, sizeof buf, f)) lines++;
+    fclose(f);
+    cr_assert_eq(lines, 1 + 4, "header + 2 policies x 2 capacities");
+    unlink(csv);
+    rmdir(dir);
+}
