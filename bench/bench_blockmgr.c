@@ -31,6 +31,7 @@ typedef struct {
     int32_t bs;
     int reps;
     uint64_t seed;
+    int shift; /* --quick: every batch 16x smaller (shift 4) */
 } opts_t;
 
 typedef struct {
@@ -67,7 +68,7 @@ static volatile int64_t sink;
 
 static kvp_status bench_alloc_free(const opts_t *o, result_t *r)
 {
-    enum { N = 1 << 20 };
+    const int N = (1 << 20) >> o->shift;
     kvp_block_pool *p;
     KVP_TRY(kvp_pool_create(4096, o->bs, &p));
     int32_t id;
@@ -104,9 +105,9 @@ static kvp_status bench_append(const opts_t *o, result_t *r)
 {
     /* 16 sequences grow together (round robin) so the lookups do not hit one hot entry only */
     enum { SEQS = 16 };
-    const int32_t per_seq = 256 * o->bs; /* 256 blocks each */
+    const int32_t nblk = 256 >> o->shift, per_seq = nblk * o->bs; /* 256 blocks each */
     kvp_block_mgr *bm;
-    KVP_TRY(make_bm(o, SEQS * 256 + 8, &bm));
+    KVP_TRY(make_bm(o, SEQS * nblk + 8, &bm));
     kvp_status st = KVP_OK;
     bool ok = true;
     for (int rep = 0; rep < r->n && st == KVP_OK; rep++) {
@@ -124,7 +125,7 @@ static kvp_status bench_append(const opts_t *o, result_t *r)
         if (rep == 0) ok = kvp_bm_check(bm) == KVP_OK;
         for (int s = 0; s < SEQS && st == KVP_OK; s++) st = kvp_bm_free(bm, s);
     }
-    r->validated = ok && st == KVP_OK && kvp_bm_check(bm) == KVP_OK && kvp_bm_num_free(bm) == SEQS * 256 + 8;
+    r->validated = ok && st == KVP_OK && kvp_bm_check(bm) == KVP_OK && kvp_bm_num_free(bm) == SEQS * nblk + 8;
     r->ops_per_rep = (int64_t)(per_seq - 1) * SEQS;
     kvp_bm_destroy(bm);
     return st;
@@ -133,7 +134,7 @@ static kvp_status bench_append(const opts_t *o, result_t *r)
 /* fork_128, free_128_shared, allocate_128, free_128 in one setup. */
 static kvp_status bench_tables(const opts_t *o, result_t *fork_r, result_t *frees_r, result_t *alloc_r, result_t *free_r)
 {
-    enum { N = 2048 };
+    const int N = 2048 >> o->shift;
     const int32_t ntok = 128 * o->bs;
     kvp_block_mgr *bm;
     KVP_TRY(make_bm(o, 128 * N + 256, &bm));
@@ -215,7 +216,7 @@ static kvp_status run_mixed(kvp_block_mgr *bm, const uint8_t *ops, const uint32_
 
 static kvp_status bench_mixed(const opts_t *o, result_t *r)
 {
-    const int64_t N = 1 << 20;
+    const int64_t N = (1 << 20) >> o->shift;
     const int32_t maxlive = 512, nblocks = 512 * (1024 / o->bs + 64) + 1024;
     uint8_t *ops = kvp_malloc((size_t)N);
     uint32_t *arg = kvp_malloc((size_t)N * sizeof(uint32_t));
@@ -265,6 +266,7 @@ static void usage(FILE *f)
             "  --block-size N   tokens per block (default 16)\n"
             "  --reps N         timed batches per case, median reported (default 11)\n"
             "  --seed N         seed of the mixed workload (default 1)\n"
+            "  --quick          16x smaller batches (smoke tests; figures are less stable)\n"
             "  --format F       table | csv | json (default table)\n"
             "  --json           same as --format json\n"
             "  -h, --help       this help\n");
@@ -275,6 +277,7 @@ int kvp_bench_blockmgr(int argc, char **argv)
     static const struct option lo[] = {{"block-size", required_argument, NULL, 'b'}, {"reps", required_argument, NULL, 'r'},
                                        {"seed", required_argument, NULL, 's'},       {"format", required_argument, NULL, 'f'},
                                        {"json", no_argument, NULL, 'j'},             {"help", no_argument, NULL, 'h'},
+                                       {"quick", no_argument, NULL, 'q'},
                                        {NULL, 0, NULL, 0}};
     const char *cmd = "bench blockmgr";
     opts_t o = {.bs = 16, .reps = 11, .seed = 1};
@@ -300,6 +303,7 @@ int kvp_bench_blockmgr(int argc, char **argv)
             if (kvp_format_parse(optarg, &fmt) != KVP_OK) return kvp_cli_usage_error(cmd, "--format: %s", kvp_error_message());
             break;
         case 'j': fmt = KVP_FMT_JSON; break;
+        case 'q': o.shift = 4; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
         }

@@ -1,0 +1,67 @@
+/* `kvpage bench blockmgr`: exit codes, one-line errors, and a --quick --json run whose rows are complete and
+ * validated (no timing is asserted: timings belong to the benchmark itself). */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+/* Runs kvpage with args; captures stdout or stderr (the other goes to /dev/null); returns the exit code. */
+static int run(const char *args, int want_stdout, char *out, size_t n)
+{
+    const char *bin = getenv("KVPAGE_BIN");
+    cr_assert_not_null(bin, "KVPAGE_BIN must point at the kvpage binary (set by CTest)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, want_stdout ? "%s bench blockmgr %s 2>/dev/null" : "%s bench blockmgr %s 2>&1 >/dev/null", bin,
+             args);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t got = fread(out, 1, n - 1, f);
+    out[got] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(bench_blockmgr, bad_input_exits_2_with_one_line)
+{
+    static const struct {
+        const char *args, *needle;
+    } cases[] = {
+        {"--reps 0", "--reps"},           {"--block-size 0", "--block-size"}, {"--block-size 300", "--block-size"},
+        {"--format xml", "xml"},          {"--frobnicate", "frobnicate"},     {"--seed -1", "--seed"},
+        {"extra", "unexpected argument"}, {"--reps", "--reps"},
+    };
+    static char err[8192];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int code = run(cases[i].args, 0, err, sizeof err);
+        cr_expect_eq(code, 2, "'%s' exited %d", cases[i].args, code);
+        cr_expect(strstr(err, cases[i].needle) != NULL, "'%s': '%s' lacks '%s'", cases[i].args, err, cases[i].needle);
+        cr_expect(strchr(err, '\n') == err + strlen(err) - 1, "'%s': one line expected, got '%s'", cases[i].args, err);
+    }
+    cr_expect_eq(run("--help", 1, err, sizeof err), 0);
+    cr_expect(strstr(err, "--block-size") != NULL);
+}
+
+Test(bench_blockmgr, quick_json_rows_are_complete_and_validated)
+{
+    static char out[1 << 16];
+    cr_assert_eq(run("--quick --reps 1 --block-size 8 --json", 1, out, sizeof out), 0);
+    cJSON *j = cJSON_Parse(out);
+    cr_assert_not_null(j, "stdout is JSON: %s", out);
+    cJSON *rows = cJSON_IsArray(j) ? j : cJSON_GetObjectItem(j, "rows");
+    cr_assert(cJSON_IsArray(rows), "rows array in %s", out);
+    const char *want[] = {"alloc_free_1", "append_1", "fork_128", "free_128_shared", "allocate_128", "free_128", "mixed"};
+    cr_assert_eq(cJSON_GetArraySize(rows), 7);
+    for (int i = 0; i < 7; i++) {
+        cJSON *r = cJSON_GetArrayItem(rows, i);
+        cr_assert_str_eq(cJSON_GetObjectItem(r, "case")->valuestring, want[i]);
+        cr_assert_eq(cJSON_GetObjectItem(r, "block_size")->valueint, 8);
+        cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(r, "validated")), "%s validated", want[i]);
+        cr_assert_gt(cJSON_GetObjectItem(r, "median_ns")->valuedouble, 0);
+        cr_assert_gt(cJSON_GetObjectItem(r, "ops_per_s")->valuedouble, 0);
+        cr_assert_not_null(cJSON_GetObjectItem(r, "machine"));
+        cr_assert_not_null(cJSON_GetObjectItem(r, "commit"));
+    }
+    cJSON_Delete(j);
+}
