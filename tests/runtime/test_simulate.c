@@ -1,0 +1,318 @@
+/* End-to-end simulations (engine + block manager / arena + prefix cache + sim executor) with every
+ * invariant walker run after every step, the workload sources of workload_synth.h, the capacity
+ * derivation, and the `kvpage simulate` command line (exit codes, --json keys). Reads ../shared/data. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "common/json.h"
+#include "runtime/simulate.h"
+#include "runtime/workload_synth.h"
+
+#define OPT13B "../shared/data/configs/derived/opt-13b.json"
+#define LLAMA8B "../shared/data/configs/Meta-Llama-3.1-8B.json"
+#define LLAMA405B "../shared/data/configs/Meta-Llama-3.1-405B.json"
+#define AZURE_CONV "../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+
+static void load(const char *path, kvp_model_config *cfg)
+{
+    kvp_status st = kvp_model_config_load(path, cfg);
+    cr_assert_eq(st, KVP_OK, "cannot read %s (is ../shared there?): %s", path, kvp_error_detail());
+}
+
+static double share_sum(const kvp_engine_metrics *m)
+{
+    return m->kv_token_states + m->kv_reserved + m->kv_internal_frag + m->kv_external_frag + m->kv_cached + m->kv_free;
+}
+
+/* Runs w with the given strategy on OPT-13B / A100-40G with kv_mem bytes of KV, checking every step. */
+static kvp_engine_metrics run_checked(const kvp_workload *w, kvp_alloc_kind alloc, kvp_pc_kind cache,
+                                      kvp_preempt_mode preempt, bool chunked, int64_t kv_mem)
+{
+    kvp_model_config cfg;
+    load(OPT13B, &cfg);
+    const kvp_gpu_profile *gpu;
+    cr_assert_eq(kvp_gpu_profile_find("A100-40G", &gpu), KVP_OK);
+    kvp_engine_config ec;
+    kvp_engine_config_default(&ec);
+    ec.alloc = alloc;
+    ec.cache = cache;
+    ec.preempt = preempt;
+    ec.chunked_prefill = chunked;
+    ec.max_model_len = 2048;
+    ec.max_batched_tokens = chunked ? 512 : 2048;
+    ec.check_every_step = true;
+    ec.block_size = alloc == KVP_ALLOC_PAGED ? 16 : 1;
+    kvp_sim_hw hw;
+    kvp_sim_hw_default(&hw);
+    hw.kv_mem_bytes = kv_mem;
+    hw.swap_bytes = 1LL << 30;
+    kvp_cost_model cm;
+    kvp_sim_memory mem;
+    cr_assert_eq(kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(mem.kv_bytes_per_token, 819200.0, "OPT-13B: 2 x 40 layers x 5120 x 2 bytes");
+    cr_assert_eq(ec.kv_slots, kv_mem / 819200);
+    kvp_engine_metrics m;
+    kvp_status st = kvp_simulate(&ec, &cm, w, NULL, NULL, &m);
+    cr_assert_eq(st, KVP_OK, "%s/%s: %s", kvp_alloc_kind_name(alloc), kvp_pc_kind_name(cache), kvp_error_detail());
+    cr_assert_float_eq(share_sum(&m), 1.0, 1e-9, "shares of KV memory must sum to 1");
+    cr_assert_eq(m.leaked_blocks, 0);
+    cr_assert_eq(m.finished + m.rejected, m.requests);
+    cr_assert_eq(m.finished, w->n);
+    cr_assert_gt(m.sim_duration_s, 0);
+    cr_assert_gt(m.throughput_tok_s, 0);
+    cr_assert_leq(m.ttft_p50_s, m.ttft_p99_s);
+    cr_assert_leq(m.tpot_p50_s, m.tpot_p99_s);
+    return m;
+}
+
+Test(simulate, every_strategy_end_to_end_with_accounting_checked_every_step)
+{
+    kvp_synth_opts o = {.kind = KVP_SYNTH_SHAREGPT, .num_requests = 120, .rate = INFINITY, .seed = 3, .max_total = 2048};
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_synth(&o, &w), KVP_OK);
+    const int64_t kv = 3000LL * 819200; /* 3000 token slots: memory-bound */
+    kvp_engine_metrics paged = run_checked(w, KVP_ALLOC_PAGED, KVP_PC_NONE, KVP_PREEMPT_RECOMPUTE, false, kv);
+    kvp_engine_metrics omax = run_checked(w, KVP_ALLOC_ORCA_MAX, KVP_PC_NONE, KVP_PREEMPT_RECOMPUTE, false, kv);
+    kvp_engine_metrics pow2 = run_checked(w, KVP_ALLOC_ORCA_POW2, KVP_PC_NONE, KVP_PREEMPT_RECOMPUTE, false, kv);
+    kvp_engine_metrics orac = run_checked(w, KVP_ALLOC_ORCA_ORACLE, KVP_PC_NONE, KVP_PREEMPT_RECOMPUTE, false, kv);
+    /* the ordering of the paper's Figure 2 */
+    cr_assert_gt(paged.kv_util_in_use, 0.9, "paged: %.3f", paged.kv_util_in_use);
+    cr_assert_gt(paged.kv_util_in_use, orac.kv_util_in_use);
+    cr_assert_gt(orac.kv_util_in_use, pow2.kv_util_in_use);
+    cr_assert_gt(pow2.kv_util_in_use, omax.kv_util_in_use);
+    cr_assert_gt(paged.mean_running, orac.mean_running);
+    cr_assert_gt(orac.mean_running, omax.mean_running);
+    cr_assert_float_eq(orac.kv_internal_frag, 0, 1e-12, "Oracle never over-reserves");
+    cr_assert_gt(omax.kv_internal_frag, 0.3);
+    cr_assert_float_eq(paged.kv_reserved, 0, 1e-12);
+    cr_assert_float_eq(paged.kv_external_frag, 0, 1e-12);
+    cr_assert_gt(paged.preemptions, 0, "3000 slots for 120 queued requests must preempt");
+    cr_assert_eq(omax.preemptions, 0);
+    cr_assert_eq(paged.output_tokens, omax.output_tokens, "same requests, same tokens");
+    kvp_engine_metrics chunked = run_checked(w, KVP_ALLOC_PAGED, KVP_PC_NONE, KVP_PREEMPT_RECOMPUTE, true, kv);
+    kvp_engine_metrics swap = run_checked(w, KVP_ALLOC_PAGED, KVP_PC_NONE, KVP_PREEMPT_SWAP, true, kv);
+    cr_assert_eq(chunked.output_tokens, paged.output_tokens);
+    cr_assert_gt(swap.swap_outs, 0);
+    cr_assert_eq(swap.swap_ins, swap.swap_outs);
+    kvp_workload_destroy(w);
+}
+
+Test(simulate, prefix_workload_with_radix_and_hash_caches)
+{
+    kvp_workload *w;
+    kvp_status st = kvp_workload_generate("system:n=60,prefix=512,suffix=64,rate=50,output=32,seed=2", &w);
+    cr_assert_eq(st, KVP_OK, "%s", kvp_error_detail());
+    kvp_engine_metrics none = run_checked(w, KVP_ALLOC_PAGED, KVP_PC_NONE, KVP_PREEMPT_RECOMPUTE, true, 2000LL * 819200);
+    kvp_engine_metrics radix = run_checked(w, KVP_ALLOC_PAGED, KVP_PC_RADIX, KVP_PREEMPT_RECOMPUTE, true, 2000LL * 819200);
+    kvp_engine_metrics hash = run_checked(w, KVP_ALLOC_PAGED, KVP_PC_HASH, KVP_PREEMPT_SWAP, true, 2000LL * 819200);
+    cr_assert_float_eq(none.prefix_hit_rate, 0, 1e-12);
+    cr_assert_gt(radix.prefix_hit_rate, 0.5, "512 shared tokens of ~576: radix %.3f", radix.prefix_hit_rate);
+    cr_assert_gt(hash.prefix_hit_rate, 0.5, "hash %.3f", hash.prefix_hit_rate);
+    cr_assert_lt(radix.computed_tokens, none.computed_tokens, "hits must save prefill work");
+    cr_assert_gt(radix.kv_shared_savings, 0);
+    kvp_workload_destroy(w);
+}
+
+Test(simulate, synthetic_lengths_match_the_paper_means)
+{
+    for (int k = 0; k < 2; k++) {
+        kvp_synth_opts o = {.kind = k ? KVP_SYNTH_ALPACA : KVP_SYNTH_SHAREGPT, .num_requests = 20000, .rate = 4.0,
+                            .seed = 11};
+        kvp_workload *w;
+        cr_assert_eq(kvp_workload_synth(&o, &w), KVP_OK);
+        double in = 0, out = 0, want_in, want_out;
+        kvp_synth_means(o.kind, &want_in, &want_out);
+        for (int64_t i = 0; i < w->n; i++) {
+            in += w->reqs[i].prompt_len;
+            out += w->reqs[i].output_len;
+            cr_assert_geq(w->reqs[i].prompt_len, 1);
+            if (i > 0) cr_assert_geq(w->reqs[i].arrival_s, w->reqs[i - 1].arrival_s);
+        }
+        in /= (double)w->n;
+        out /= (double)w->n;
+        cr_assert(fabs(in / want_in - 1) < 0.05, "%s input mean %.2f vs %.2f", w->name, in, want_in);
+        cr_assert(fabs(out / want_out - 1) < 0.05, "%s output mean %.2f vs %.2f", w->name, out, want_out);
+        double rate = (double)(w->n - 1) / (w->reqs[w->n - 1].arrival_s - w->reqs[0].arrival_s);
+        cr_assert(fabs(rate / 4.0 - 1) < 0.05, "Poisson rate %.3f", rate);
+        /* different requests never share a first token: no accidental prefix hits */
+        cr_assert_neq(w->reqs[0].tokens[0], w->reqs[1].tokens[0]);
+        kvp_workload *w2;
+        cr_assert_eq(kvp_workload_synth(&o, &w2), KVP_OK);
+        cr_assert_eq(w2->reqs[777].prompt_len, w->reqs[777].prompt_len, "same seed, same workload");
+        cr_assert_eq(w2->reqs[777].arrival_s, w->reqs[777].arrival_s);
+        kvp_workload_destroy(w2);
+        kvp_workload_destroy(w);
+    }
+    kvp_synth_opts bad = {.kind = KVP_SYNTH_SHAREGPT, .num_requests = 10, .rate = 0};
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_synth(&bad, &w), KVP_EINVAL);
+    /* max_total bounds every request */
+    kvp_synth_opts o = {.kind = KVP_SYNTH_SHAREGPT, .num_requests = 5000, .rate = 1, .seed = 1, .max_total = 512};
+    cr_assert_eq(kvp_workload_synth(&o, &w), KVP_OK);
+    for (int64_t i = 0; i < w->n; i++) cr_assert_leq(w->reqs[i].prompt_len + w->reqs[i].output_len, 512);
+    kvp_workload_destroy(w);
+}
+
+Test(simulate, azure_trace_reader_cut_and_rate)
+{
+    kvp_workload *w;
+    kvp_status st = kvp_workload_read_azure(AZURE_CONV, 0, &w);
+    cr_assert_eq(st, KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(w->n, 19366);
+    cr_assert_eq(w->reqs[0].prompt_len, 374); /* first line: 2023-11-16 18:15:46.6805900,374,44 */
+    cr_assert_eq(w->reqs[0].output_len, 44);
+    cr_assert_float_eq(w->reqs[0].arrival_s, 0, 1e-12);
+    cr_assert_float_eq(w->reqs[1].arrival_s, 50.9951690 - 46.6805900, 1e-6); /* 18:15:50.9951690 */
+    cr_assert_gt(w->reqs[w->n - 1].arrival_s, 3000);
+    kvp_workload *c;
+    cr_assert_eq(kvp_workload_cut(w, 0, 60.0, &c), KVP_OK);
+    cr_assert_gt(c->n, 10);
+    cr_assert_lt(c->n, 1000);
+    for (int64_t i = 0; i < c->n; i++) cr_assert_lt(c->reqs[i].arrival_s, 60.0);
+    kvp_workload_destroy(c);
+    cr_assert_eq(kvp_workload_cut(w, 100, 0, &c), KVP_OK);
+    cr_assert_eq(c->n, 100);
+    cr_assert_eq(kvp_workload_set_rate(c, 10.0), KVP_OK);
+    cr_assert_float_eq(c->reqs[99].arrival_s - c->reqs[0].arrival_s, 99 / 10.0, 1e-9);
+    cr_assert_eq(kvp_workload_set_rate(c, 0), KVP_EINVAL);
+    cr_assert_eq(kvp_workload_set_rate(c, INFINITY), KVP_OK);
+    cr_assert_float_eq(c->reqs[99].arrival_s, 0, 1e-12);
+    kvp_workload_destroy(c);
+    kvp_workload_destroy(w);
+
+    cr_assert_eq(kvp_workload_read_azure("../shared/data/traces/no_such.csv", 0, &w), KVP_EIO);
+    char path[] = "/tmp/kvp_azure_bad_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    FILE *f = fdopen(fd, "w");
+    fprintf(f, "TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,10,5\n2023-11-16 18:15:47,x,5\n");
+    fclose(f);
+    cr_assert_eq(kvp_workload_read_azure(path, 0, &w), KVP_EPARSE);
+    cr_assert(strstr(kvp_error_message(), ":3:") != NULL, "the error names line 3: %s", kvp_error_message());
+    remove(path);
+}
+
+Test(simulate, capacity_and_models_that_do_not_fit)
+{
+    kvp_model_config cfg;
+    load(LLAMA405B, &cfg);
+    const kvp_gpu_profile *gpu;
+    cr_assert_eq(kvp_gpu_profile_find("A100-40G", &gpu), KVP_OK);
+    kvp_engine_config ec;
+    kvp_engine_config_default(&ec);
+    kvp_sim_hw hw;
+    kvp_sim_hw_default(&hw);
+    kvp_cost_model cm;
+    kvp_sim_memory mem;
+    cr_assert_eq(kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "does not fit") != NULL, "%s", kvp_error_message());
+    cr_assert(strstr(kvp_error_message(), " by ") != NULL, "says by how much: %s", kvp_error_message());
+
+    load(LLAMA8B, &cfg);
+    cr_assert_eq(kvp_gpu_profile_find("H200", &gpu), KVP_OK);
+    cr_assert_eq(kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(mem.kv_bytes_per_token, 131072.0);
+    /* usable 0.9 x 143771 MiB, minus the weights and the activation reserve */
+    cr_assert_float_eq(mem.kv_bytes, 0.9 * 143771.0 * 1048576.0 - mem.weight_bytes - mem.activation_bytes, 2.0);
+    cr_assert_eq(ec.kv_slots, (int64_t)floor(mem.kv_bytes / 131072.0));
+    /* the cost model from the config: one decode at context 1000, memory-bound, by hand:
+     * streamed weights = (params - untied embedding) x 2 bytes, KV = 131072 x 1001 bytes, over 4.8 TB/s */
+    int64_t P = kvp_model_num_params(&cfg);
+    cr_assert_eq(P, 8030261248LL, "Llama-3.1-8B parameter count");
+    double weights = (double)(P - 128256LL * 4096) * 2;
+    kvp_step_shape s = {0};
+    kvp_step_shape_add(&s, 1000, 1, 1);
+    kvp_step_cost c;
+    double t = kvp_cost_step_time(&cm, &s, &c);
+    cr_assert_float_eq(c.memory_s, (weights + 131072.0 * 1001) / 4.8e12, 1e-12);
+    cr_assert_float_eq(t, c.memory_s + 0.5e-3, 1e-12);
+    cr_assert_lt(c.compute_s, c.memory_s);
+    hw.tp = 3; /* does not divide 32 heads */
+    cr_assert_eq(kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem), KVP_EINVAL);
+}
+
+/* ---- the command line (KVPAGE_BIN is set by CTest) */
+
+static int run_cli(const char *args, char *out, size_t n)
+{
+    const char *bin = getenv("KVPAGE_BIN");
+    cr_assert_not_null(bin, "KVPAGE_BIN is not set (run through ctest)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>/tmp/kvp_sim_stderr_%d", bin, args, (int)getpid());
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p);
+    size_t got = fread(out, 1, n - 1, p);
+    out[got] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void read_stderr(char *buf, size_t n)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvp_sim_stderr_%d", (int)getpid());
+    FILE *f = fopen(path, "r");
+    size_t got = f ? fread(buf, 1, n - 1, f) : 0;
+    buf[got] = '\0';
+    if (f) fclose(f);
+    remove(path);
+}
+
+Test(simulate_cli, json_has_every_documented_key)
+{
+    static char out[1 << 16];
+    int rc = run_cli("simulate --model " LLAMA8B " --gpu h200 --trace " AZURE_CONV " --num-requests 200 --json", out,
+                     sizeof out);
+    cr_assert_eq(rc, 0, "%s", out);
+    cJSON *o;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
+    static const char *keys[] = {"requests", "sim_duration_s", "throughput_tok_s", "req_per_s", "ttft_p50_s",
+                                 "ttft_p99_s", "tpot_p50_s", "tpot_p99_s", "mean_running", "preemptions",
+                                 "prefix_hit_rate", "kv_token_states", "kv_reserved", "kv_internal_frag",
+                                 "kv_external_frag", "kv_free", "wall_s"};
+    double sum = 0;
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, keys[i]);
+        cr_assert(cJSON_IsNumber(v), "missing key %s", keys[i]);
+        if (strncmp(keys[i], "kv_", 3) == 0) sum += v->valuedouble;
+    }
+    sum += cJSON_GetObjectItemCaseSensitive(o, "kv_cached")->valuedouble;
+    cr_assert_float_eq(sum, 1.0, 1e-6);
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(o, "requests")->valuedouble, 200);
+    cr_assert_eq(cJSON_GetObjectItemCaseSensitive(o, "leaked_blocks")->valuedouble, 0);
+    cJSON_Delete(o);
+}
+
+Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
+{
+    static char out[4096], err[4096];
+    struct {
+        const char *args, *needle;
+    } cases[] = {
+        {"simulate --model " LLAMA8B " --workload sharegpt --rate 1 --bogus", "unknown option"},
+        {"simulate --model " LLAMA8B " --workload sharegpt --rate 0", "rate"},
+        {"simulate --model " LLAMA8B " --trace ../shared/data/traces/nope.csv", "nope.csv"},
+        {"simulate --model " LLAMA405B " --gpu A100-40G --workload sharegpt --rate 1", "does not fit"},
+        {"simulate --model " LLAMA8B " --gpu V100 --workload sharegpt --rate 1", "V100"},
+        {"simulate --model " LLAMA8B " --workload sharegpt --rate 1 --alloc buddy", "buddy"},
+        {"simulate --model " LLAMA8B, "exactly one"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int rc = run_cli(cases[i].args, out, sizeof out);
+        read_stderr(err, sizeof err);
+        cr_assert_eq(rc, 2, "'%s' exited %d", cases[i].args, rc);
+        cr_assert(strstr(err, cases[i].needle) != NULL, "'%s': stderr '%s' lacks '%s'", cases[i].args, err,
+                  cases[i].needle);
+        cr_assert(strstr(err, "error:") != NULL);
+        char *nl = strchr(err, '\n');
+        cr_assert(nl != NULL && nl[1] == '\0', "one line: '%s'", err);
+        cr_assert_eq(out[0], '\0', "nothing on stdout");
+    }
+    int rc = run_cli("simulate --help", out, sizeof out);
+    cr_assert_eq(rc, 0);
+    cr_assert(strstr(out, "--max-batched-tokens") != NULL);
+}
