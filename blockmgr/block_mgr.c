@@ -45,6 +45,8 @@ typedef struct {
     int64_t id;
     int32_t *blocks; /* [cap], owned */
     int32_t nblocks, cap, ntok;
+    int32_t cur; /* blocks[ntok / bs] when the table has it and the sequence is on the device, else -1:
+                  * spares append's fast path one dependent load */
     uint8_t host;
     uint8_t mark; /* scratch for duplicate detection, 0 between calls */
 } seq_t;
@@ -85,6 +87,14 @@ static inline seq_t *lookup(const kvp_block_mgr *bm, int64_t id)
     int32_t i = kvp_idmap_get(&bm->map, id);
     return i < 0 ? NULL : &bm->seqs[i];
 }
+
+static inline int32_t cur_of(const kvp_block_mgr *bm, const seq_t *s)
+{
+    const int32_t li = blk_of(bm, s->ntok);
+    return !s->host && li < s->nblocks ? s->blocks[li] : -1;
+}
+
+static inline void set_cur(const kvp_block_mgr *bm, seq_t *s) { s->cur = cur_of(bm, s); }
 
 static inline void add_view(side_t *d, int32_t b, int32_t v)
 {
@@ -407,6 +417,7 @@ kvp_status kvp_bm_allocate_prefixed(kvp_block_mgr *bm, int64_t seq_id, int32_t n
     seq_t *s = push_seq(bm, seq_id, blocks, cap, DEV);
     s->nblocks = nb;
     s->ntok = n_tokens;
+    set_cur(bm, s);
     d->logical += n_tokens;
     return KVP_OK;
 }
@@ -507,6 +518,7 @@ static __attribute__((noinline)) kvp_status append_slow(kvp_block_mgr *bm, int64
         }
     }
     s->ntok = newtok;
+    set_cur(bm, s);
     d->logical += k;
     fix_dirty(bm, DEV);
     return KVP_OK;
@@ -515,20 +527,25 @@ static __attribute__((noinline)) kvp_status append_slow(kvp_block_mgr *bm, int64
 kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *slots_out)
 {
     /* Fast path: a device-resident sequence whose tokens stay inside its existing, unshared block li. */
+    /* Fast path (decode): one token into the block that already exists at the sequence's end (s->cur), not
+     * shared. cur >= 0 means that block exists and has room for the token. */
     seq_t *s = lookup(bm, seq_id);
-    if (__builtin_expect(s != NULL && !s->host && k >= 0, 1)) {
-        const int32_t ntok = s->ntok, bs = bm->bs, li = blk_of(bm, ntok), off = ntok - li * bs;
-        if (li < s->nblocks && (int64_t)off + k <= bs && (int64_t)ntok + k <= bm->max_len) {
-            side_t *d = &bm->side[DEV];
-            const int32_t b = s->blocks[li];
-            if (d->pool->refcnt[b] == 1) {
-                grow_view(d, b, off, off + k);
-                if (slots_out)
-                    for (int32_t j = 0; j < k; j++) slots_out[j] = b * bs + off + j;
-                s->ntok = ntok + k;
-                d->logical += k;
-                return KVP_OK;
+    if (__builtin_expect(s != NULL && s->cur >= 0 && k == 1, 1)) {
+        const int32_t ntok = s->ntok, bs = bm->bs, b = s->cur;
+        const int32_t off = bm->bs_shift >= 0 ? ntok & (bs - 1) : ntok % bs;
+        side_t *d = &bm->side[DEV];
+        if (ntok < bm->max_len && d->pool->refcnt[b] == 1) {
+            d->n_empty -= off == 0;
+            d->tokens++;
+            d->fill[b] = off + 1;
+            d->logical++;
+            if (slots_out) *slots_out = b * bs + off;
+            s->ntok = ntok + 1;
+            if (off + 1 == bs) {
+                const int32_t li = blk_of(bm, ntok);
+                s->cur = li + 1 < s->nblocks ? s->blocks[li + 1] : -1;
             }
+            return KVP_OK;
         }
     }
     return append_slow(bm, seq_id, k, slots_out);
@@ -564,6 +581,7 @@ kvp_status kvp_bm_reserve(kvp_block_mgr *bm, int64_t seq_id, int32_t n_ahead)
         add_view(d, b, 0);
     }
     s->nblocks = need;
+    set_cur(bm, s);
     return KVP_OK;
 }
 
@@ -608,6 +626,7 @@ kvp_status kvp_bm_fork(kvp_block_mgr *bm, int64_t parent_id, int64_t child_id)
     seq_t *c = push_seq(bm, child_id, blocks, cap, DEV);
     c->nblocks = n;
     c->ntok = ntok;
+    set_cur(bm, c);
     d->logical += ntok;
     return KVP_OK;
 }
@@ -653,6 +672,7 @@ kvp_status kvp_bm_truncate(kvp_block_mgr *bm, int64_t seq_id, int32_t n_tokens)
     s->nblocks = keep;
     d->logical -= s->ntok - n_tokens;
     s->ntok = n_tokens;
+    set_cur(bm, s);
     fix_dirty(bm, DEV);
     return KVP_OK;
 }
@@ -755,6 +775,7 @@ static kvp_status swap_move(kvp_block_mgr *bm, const int64_t *ids, int32_t n, in
             s->blocks[j] = nbk;
         }
         s->host = (uint8_t)to;
+        set_cur(bm, s);
         sd->logical -= s->ntok;
         dd->logical += s->ntok;
         sd->nseqs--;
@@ -859,6 +880,9 @@ static kvp_status check_side(const kvp_block_mgr *bm, int si)
         nseqs++;
         logical += s->ntok;
         if (s->mark) st = KVP_ERR(KVP_ESTATE, "check: seq %lld has a stale mark", (long long)s->id);
+        else if (s->cur != cur_of(bm, s))
+            st = KVP_ERR(KVP_ESTATE, "check: seq %lld caches current block %d, table says %d", (long long)s->id, (int)s->cur,
+                         (int)cur_of(bm, s));
         else if (s->ntok < 0 || s->ntok > bm->max_len)
             st = KVP_ERR(KVP_ESTATE, "check: seq %lld has %d tokens (max %d)", (long long)s->id, (int)s->ntok, (int)bm->max_len);
         else if (s->nblocks < blocks_for(bm, s->ntok) || s->nblocks > s->cap)
