@@ -157,16 +157,20 @@ kvp_status pc_hash_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int
 
 kvp_status pc_hash_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n)
 {
-    for (int32_t i = 0; i < n; i++)
-        if (ENT(pc->block_unit[blocks[i]])->lock <= 0)
+    /* Decrement in order; a block that is not locked (or is listed more often than it is locked) rolls the
+     * earlier decrements back, so a failing call changes nothing. */
+    for (int32_t i = 0; i < n; i++) {
+        pc_entry *e = ENT(pc->block_unit[blocks[i]]);
+        if (e->lock <= 0) {
+            for (int32_t j = i - 1; j >= 0; j--)
+                if (ENT(pc->block_unit[blocks[j]])->lock++ == 0) pc->st.evictable_blocks--;
             return KVP_ERR(KVP_ESTATE, "kvp_pc_unlock: block %d (position %d) is not locked", blocks[i], i);
+        }
+        if (--e->lock == 0) pc->st.evictable_blocks++;
+    }
     for (int32_t i = 0; i < n; i++) {
         int32_t u = pc->block_unit[blocks[i]];
-        pc_entry *e = ENT(u);
-        if (--e->lock == 0) {
-            pc->st.evictable_blocks++;
-            if (!pc_heap_has(&pc->heap, u)) pc_heap_push(&pc->heap, u, ent_key(pc, e));
-        }
+        if (ENT(u)->lock == 0 && !pc_heap_has(&pc->heap, u)) pc_heap_push(&pc->heap, u, ent_key(pc, ENT(u)));
     }
     return KVP_OK;
 }

@@ -414,6 +414,17 @@ Test(prefix_cache, locks_prevent_eviction)
         cr_assert_eq(kvp_pc_num_cached(f.pc), 0);
         int32_t bogus = 3;
         cr_assert_eq(kvp_pc_unlock(f.pc, &bogus, 1), KVP_ESTATE);
+        /* a block listed twice under one lock is refused and changes nothing */
+        int32_t t1[] = {1, 1, 0}, one[2], none;
+        put(&f, t1, 3, 1, NULL, NULL);
+        cr_assert_eq(kvp_pc_match(f.pc, t1, 3, NULL, 1, one, 1, &none), KVP_OK);
+        cr_assert_eq(none, 1);
+        one[1] = one[0];
+        cr_assert_eq(kvp_pc_unlock(f.pc, one, 2), KVP_ESTATE);
+        cr_assert_eq(kvp_pc_num_evictable(f.pc), 0);
+        cr_assert_eq(kvp_pc_check(f.pc), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_pc_unlock(f.pc, one, 1), KVP_OK);
+        cr_assert_eq(kvp_pc_num_evictable(f.pc), 1);
         rm(&f);
     }
 }

@@ -285,6 +285,24 @@ Test(workload, allocation_failures)
         kvp_workload_destroy(w);
         if (made < n) break;
     }
+    int64_t failures = 0;
+    for (int64_t n = 1;; n++) {
+        kvp_workload *w = NULL;
+        kvp_alloc_fail_at(n);
+        kvp_status st = kvp_workload_read_mooncake(ARXIV, NULL, &w);
+        int64_t made = kvp_alloc_count();
+        kvp_alloc_fail_at(0);
+        if (st != KVP_OK) {
+            cr_assert_eq(st, KVP_ENOMEM, "%s", kvp_error_detail());
+            cr_assert_null(w);
+            failures++;
+        } else {
+            cr_assert_eq(w->n, 20);
+        }
+        kvp_workload_destroy(w);
+        if (made < n) break;
+    }
+    cr_assert_gt(failures, 20, "the reader allocates per request");
     kvp_workload *w;
     cr_assert_eq(kvp_workload_create("x", &w), KVP_OK);
     int32_t t[3] = {1, 2, 3};
