@@ -55,13 +55,13 @@ int kvp_attn_supported(kvp_dtype dtype, int32_t head_dim)
 /* One work item. part < 0: rows are written straight to out; else partial results go to rows
  * part .. part + rows-1 of the workspace (chunk c of a split at part_base + c * rows). */
 typedef struct {
-    int32_t seq, kvh, q0, nq, g0, ng, c0, c1;
+    int32_t seq, kvh, nh, q0, nq, g0, ng, c0, c1; /* KV heads kvh .. kvh+nh-1 */
     int64_t part;
 } item_t;
 
 /* A split row group: nchunks partial results to merge into rows of out. */
 typedef struct {
-    int32_t seq, kvh, q0, nq, g0, ng, nchunks;
+    int32_t seq, kvh, nh, q0, nq, g0, ng, nchunks;
     int64_t part;
 } merge_t;
 
@@ -161,18 +161,29 @@ static inline void tile_offsets(const kvp_paged_kv *kv, const int32_t *pages, in
     }
 }
 
+static inline void prefetch_rows(const void *k, const void *v, const int64_t *off, int n, int64_t es, int64_t row_bytes,
+                                 int64_t shift)
+{
+    for (int i = 0; i < n; i++)
+        for (int64_t b = 0; b < row_bytes; b += 64) {
+            KVP_PREFETCH((const char *)k + (off[i] + shift) * es + b);
+            KVP_PREFETCH((const char *)v + (off[i] + shift) * es + b);
+        }
+}
+
 KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kvp_dtype T)
 {
     const kvp_paged_kv *kv = j->kv;
-    const int rows = it->nq * it->ng;
+    const int rph = it->nq * it->ng, rows = it->nh * rph; /* rows per KV head, rows */
     const int32_t L = kvp_paged_kv_seq_len(kv, it->seq), nqs = num_q(j, it->seq);
     float qs[MAXROWS * MAXD], acc[MAXROWS * MAXD], S[MAXROWS * TILE], m[MAXROWS], l[MAXROWS];
     int32_t lo[MAXROWS], hi[MAXROWS];
 
-    /* Row r = (query token it->q0 + r / ng, query head kvh * group + g0 + r % ng); its keys [lo, hi). */
+    /* Row r = (KV head kvh + r / rph, query token q0 + (r % rph) / ng, query head g0 + r % ng of that
+     * KV head's group); its keys are [lo, hi). */
     int32_t lo_min = INT32_MAX, lo_max = 0, hi_min = INT32_MAX, hi_max = 0;
     for (int r = 0; r < rows; r++) {
-        int32_t tok = it->q0 + r / it->ng, head = it->kvh * j->group + it->g0 + r % it->ng;
+        int32_t tok = it->q0 + (r % rph) / it->ng, head = (it->kvh + r / rph) * j->group + it->g0 + r % it->ng;
         const float *q = j->q + (q_row(j, it->seq, tok) * j->hq + head) * (int64_t)D;
         for (int d = 0; d < D; d++) qs[r * D + d] = q[d] * j->qscale;
         for (int d = 0; d < D; d++) acc[r * D + d] = 0.0f;
@@ -191,28 +202,33 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kv
         hi_max = b > hi_max ? b : hi_max;
     }
     const int32_t *pages = kv->kv_indices + kv->kv_indptr[it->seq];
-    const int64_t row_bytes = (int64_t)D * (int64_t)kvp_dtype_size(T);
+    const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2, row_bytes = D * es;
     int64_t offs[2][TILE];
     int cur = 0;
-    if (lo_min < hi_max) tile_offsets(kv, pages, it->kvh, lo_min, hi_max - lo_min < TILE ? hi_max - lo_min : TILE, offs[0]);
+    /* Software pipelining: while tile t is computed, the K and V rows of tile t+1 are being fetched
+     * (pages of a paged pool are scattered, so the hardware prefetchers lose the stream at every page). */
+    if (lo_min < hi_max) {
+        const int n0 = hi_max - lo_min < TILE ? hi_max - lo_min : TILE;
+        tile_offsets(kv, pages, it->kvh, lo_min, n0, offs[0]);
+        for (int h = 0; h < it->nh; h++) prefetch_rows(kv->k, kv->v, offs[0], n0, es, row_bytes, h * kv->stride_head);
+    }
     for (int32_t ts = lo_min; ts < hi_max; ts += TILE) {
         const int n = hi_max - ts < TILE ? hi_max - ts : TILE;
         const int64_t *off = offs[cur];
-        /* V rows of this tile are needed after the scores: start fetching them now */
-        for (int i = 0; i < n; i++)
-            for (int64_t b = 0; b < row_bytes; b += 64) KVP_PREFETCH((const char *)kv->v + off[i] * (int64_t)kvp_dtype_size(T) + b);
-        int r = 0;
-        for (; r + 4 <= rows; r += 4) scores_rb(qs + r * D, kv->k, off, n, S + r * TILE, 4, D, T, j->lut);
-        for (; r + 2 <= rows; r += 2) scores_rb(qs + r * D, kv->k, off, n, S + r * TILE, 2, D, T, j->lut);
-        for (; r < rows; r++) scores_rb(qs + r * D, kv->k, off, n, S + r * TILE, 1, D, T, j->lut);
-        /* next tile's K rows: fetched while this tile's softmax and values run */
         const int32_t tn = ts + TILE;
         if (tn < hi_max) {
             const int nn = hi_max - tn < TILE ? hi_max - tn : TILE;
             tile_offsets(kv, pages, it->kvh, tn, nn, offs[cur ^ 1]);
-            for (int i = 0; i < nn; i++)
-                for (int64_t b = 0; b < row_bytes; b += 64)
-                    KVP_PREFETCH((const char *)kv->k + offs[cur ^ 1][i] * (int64_t)kvp_dtype_size(T) + b);
+            for (int h = 0; h < it->nh; h++)
+                prefetch_rows(kv->k, kv->v, offs[cur ^ 1], nn, es, row_bytes, h * kv->stride_head);
+        }
+        int r;
+        for (int h = 0; h < it->nh; h++) {
+            const void *kb = (const char *)kv->k + h * kv->stride_head * es; /* this head's rows */
+            const int r1 = (h + 1) * rph;
+            for (r = h * rph; r + 4 <= r1; r += 4) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, j->lut);
+            for (; r + 2 <= r1; r += 2) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, j->lut);
+            for (; r < r1; r++) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, j->lut);
         }
         const int masked = !(ts >= lo_max && ts + n <= hi_min);
         for (r = 0; r < rows; r++) {
@@ -245,14 +261,17 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kv
             }
             l[r] += v8_hsum(sum);
         }
-        r = 0;
-        for (; r + 4 <= rows; r += 4) values_rb(acc + r * D, S + r * TILE, kv->v, off, n, 4, D, T, j->lut);
-        for (; r + 2 <= rows; r += 2) values_rb(acc + r * D, S + r * TILE, kv->v, off, n, 2, D, T, j->lut);
-        for (; r < rows; r++) values_rb(acc + r * D, S + r * TILE, kv->v, off, n, 1, D, T, j->lut);
+        for (int h = 0; h < it->nh; h++) {
+            const void *vb = (const char *)kv->v + h * kv->stride_head * es;
+            const int r1 = (h + 1) * rph;
+            for (r = h * rph; r + 4 <= r1; r += 4) values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, j->lut);
+            for (; r + 2 <= r1; r += 2) values_rb(acc + r * D, S + r * TILE, vb, off, n, 2, D, T, j->lut);
+            for (; r < r1; r++) values_rb(acc + r * D, S + r * TILE, vb, off, n, 1, D, T, j->lut);
+        }
         cur ^= 1;
     }
     for (int r = 0; r < rows; r++) {
-        int32_t tok = it->q0 + r / it->ng, head = it->kvh * j->group + it->g0 + r % it->ng;
+        int32_t tok = it->q0 + (r % rph) / it->ng, head = (it->kvh + r / rph) * j->group + it->g0 + r % it->ng;
         float inv = l[r] > 0.0f ? j->oscale / l[r] : 0.0f;
         float lse2 = l[r] > 0.0f ? m[r] + log2f(l[r]) : -INFINITY;
         float *o;
@@ -270,9 +289,9 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kv
 
 static void merge_rows(const job_t *j, const merge_t *mg, int D)
 {
-    const int rows = mg->nq * mg->ng;
+    const int rph = mg->nq * mg->ng, rows = mg->nh * rph;
     for (int r = 0; r < rows; r++) {
-        int32_t tok = mg->q0 + r / mg->ng, head = mg->kvh * j->group + mg->g0 + r % mg->ng;
+        int32_t tok = mg->q0 + (r % rph) / mg->ng, head = (mg->kvh + r / rph) * j->group + mg->g0 + r % mg->ng;
         int64_t row = q_row(j, mg->seq, tok) * j->hq + head;
         float M = -INFINITY;
         for (int c = 0; c < mg->nchunks; c++) {
@@ -323,6 +342,14 @@ KVP_ITEM_FNS(KVP_DTYPE_FP8_E4M3, fp8)
 static const item_fn k_dispatch[KVP_DTYPE_COUNT][NUM_HEAD_DIMS] = {KVP_ITEM_ROW(f32), KVP_ITEM_ROW(f16),
                                                                    KVP_ITEM_ROW(bf16), KVP_ITEM_ROW(fp8)};
 
+/* KV heads per work item: 1, or with small blocks as many as fit MAXROWS rows. */
+static int32_t heads_per_item(int small_blocks, int32_t nq, int32_t qt, int32_t ng, int32_t hkv)
+{
+    if (!small_blocks || nq < 1) return 1;
+    int32_t h = MAXROWS / ((nq < qt ? nq : qt) * ng);
+    return h < 1 ? 1 : h > hkv ? hkv : h;
+}
+
 /* Validates, plans items (and splits), runs them on the thread pool, merges split rows. */
 static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *qo_indptr, float *out,
                          const kvp_attn_params *p, const char *what)
@@ -345,6 +372,10 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
     const int32_t ng = group < MAXROWS ? group : MAXROWS, qt = MAXROWS / ng;
     const int nt = kvp_attn_get_threads();
 
+    /* Small blocks: one item takes several KV heads, so that it reads each block's heads together
+     * (block = [heads][block_size][head_dim]) instead of a scattered block_size*head_dim slice per item. */
+    const int small_blocks = (int64_t)kv->block_size * D * (int64_t)kvp_dtype_size(kv->dtype) < 4096 && ng == group;
+#define hpi(nq_) heads_per_item(small_blocks, (nq_), qt, ng, hkv)
     /* Count base items (without splits) and find the longest sequence. */
     int64_t base = 0;
     int32_t maxlen = 0;
@@ -354,7 +385,7 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
         if (nq > L)
             return KVP_ERR(KVP_EINVAL, "%s: sequence %d has %d query tokens but only %d tokens in the cache "
                            "(append the new tokens' K/V first)", what, s, nq, L);
-        base += (int64_t)((nq + qt - 1) / qt) * hkv * ((group + ng - 1) / ng);
+        base += (int64_t)((nq + qt - 1) / qt) * ((hkv + hpi(nq) - 1) / hpi(nq)) * ((group + ng - 1) / ng);
         maxlen = L > maxlen ? L : maxlen;
     }
     int64_t chunk = p->kv_chunk_size;
@@ -371,7 +402,7 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
     int64_t nitems = 0, nmerges = 0, nparts = 0;
     for (int32_t s = 0; s < kv->num_seqs; s++) {
         int32_t L = kvp_paged_kv_seq_len(kv, s), nq = qo_indptr ? qo_indptr[s + 1] - qo_indptr[s] : 1;
-        int64_t groups = (int64_t)((nq + qt - 1) / qt) * hkv * ((group + ng - 1) / ng);
+        int64_t groups = (int64_t)((nq + qt - 1) / qt) * ((hkv + hpi(nq) - 1) / hpi(nq)) * ((group + ng - 1) / ng);
         int64_t nc = L > chunk ? (L + chunk - 1) / chunk : 1;
         nitems += groups * nc;
         if (nc > 1) {
@@ -395,20 +426,22 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
     for (int32_t s = 0; s < kv->num_seqs; s++) {
         int32_t L = kvp_paged_kv_seq_len(kv, s), nq = qo_indptr ? qo_indptr[s + 1] - qo_indptr[s] : 1;
         int64_t nc = L > chunk ? (L + chunk - 1) / chunk : 1;
+        const int32_t hs = hpi(nq);
         for (int32_t q0 = 0; q0 < nq; q0 += qt)
-            for (int32_t h = 0; h < hkv; h++)
+            for (int32_t h = 0; h < hkv; h += hs)
                 for (int32_t g0 = 0; g0 < group; g0 += ng) {
                     int32_t tq = nq - q0 < qt ? nq - q0 : qt, tg = group - g0 < ng ? group - g0 : ng;
-                    int64_t part = -1;
+                    int32_t th = hkv - h < hs ? hkv - h : hs;
+                    int64_t part = -1, rows = (int64_t)tq * tg * th;
                     if (nc > 1) {
                         part = np;
-                        merges[nm++] = (merge_t){s, h, q0, tq, g0, tg, (int32_t)nc, np};
-                        np += nc * tq * tg;
+                        merges[nm++] = (merge_t){s, h, th, q0, tq, g0, tg, (int32_t)nc, np};
+                        np += nc * rows;
                     }
                     for (int64_t c = 0; c < nc; c++) {
                         int32_t c0 = (int32_t)(c * chunk), c1 = (int32_t)((c + 1) * chunk < L ? (c + 1) * chunk : L);
                         if (nc == 1) c0 = 0, c1 = L;
-                        items[ni++] = (item_t){s, h, q0, tq, g0, tg, c0, c1, part < 0 ? -1 : part + c * tq * tg};
+                        items[ni++] = (item_t){s, h, th, q0, tq, g0, tg, c0, c1, part < 0 ? -1 : part + c * rows};
                     }
                 }
     }
@@ -433,6 +466,7 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
     kvp_free(part_o);
     kvp_free(part_lse);
     return KVP_OK;
+#undef hpi
 }
 
 kvp_status kvp_attn_decode_cpu(const kvp_paged_kv *kv, const float *q, float *out, const kvp_attn_params *p)

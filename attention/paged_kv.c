@@ -1,6 +1,8 @@
 /* attention/paged_kv.c — the paged-KV descriptor: construction, validation, pool allocation. */
 #include "attention/paged_kv.h"
 
+#include <sys/mman.h>
+
 #include "attention/attention.h"
 #include "common/alloc.h"
 
@@ -48,11 +50,19 @@ size_t kvp_paged_kv_pool_bytes(const kvp_paged_kv *kv)
 kvp_status kvp_paged_kv_alloc_pools(kvp_paged_kv *kv)
 {
     size_t n = kvp_paged_kv_pool_bytes(kv);
-    void *k = kvp_aligned_alloc(64, n), *v = kvp_aligned_alloc(64, n);
+    /* Large pools: 2 MiB aligned and backed by transparent huge pages where the kernel allows it, so that
+     * pages scattered over the pool do not each cost a TLB miss. */
+    const size_t huge = (size_t)2 << 20;
+    size_t align = n >= 2 * huge ? huge : 64;
+    void *k = kvp_aligned_alloc(align, n), *v = kvp_aligned_alloc(align, n);
     if (k == NULL || v == NULL) {
         kvp_free(k);
         kvp_free(v);
         return KVP_ERR(KVP_ENOMEM, "out of memory allocating two KV pools of %zu bytes", n);
+    }
+    if (align == huge) { /* advice only: failure (no THP support) changes nothing */
+        (void)madvise(k, n & ~(huge - 1), MADV_HUGEPAGE);
+        (void)madvise(v, n & ~(huge - 1), MADV_HUGEPAGE);
     }
     kv->k = k;
     kv->v = v;
