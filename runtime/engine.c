@@ -262,6 +262,9 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
     if (c->host_slots < 0) return KVP_ERR(KVP_EINVAL, "host_slots must be >= 0");
     if (c->alloc != KVP_ALLOC_PAGED && c->cache != KVP_PC_NONE)
         return KVP_ERR(KVP_EINVAL, "prefix caching needs paged allocation (got %s)", kvp_alloc_kind_name(c->alloc));
+    if (c->cache != KVP_PC_NONE && c->evict == KVP_EVICT_BELADY)
+        return KVP_ERR(KVP_EUNSUPPORTED, "eviction policy belady needs next-use hints, which the engine does not "
+                                         "compute (use lru, lfu, fifo or priority)");
     int64_t nb = c->alloc == KVP_ALLOC_PAGED ? c->kv_slots / c->block_size : c->kv_slots;
     if (nb < 1)
         return KVP_ERR(KVP_EINVAL, "KV memory of %lld token slots holds no block of %d tokens",
@@ -743,7 +746,8 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
 {
     kvp_step_info inf = {0};
     arrivals(e);
-    if (e->rq_n == 0 && e->wq_n == 0 && e->sq_n == 0) {
+    /* nothing to do: jump to the next arrival (rejected arrivals join no queue: jump again) */
+    while (e->rq_n == 0 && e->wq_n == 0 && e->sq_n == 0) {
         if (e->next_arrival >= e->n_seqs) {
             inf.idle = true;
             inf.time_s = e->now;
@@ -751,8 +755,10 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
             return KVP_OK;
         }
         double t = e->seqs[e->next_arrival].req->arrival_s;
-        integrate(e, t - e->now);
-        e->now = t;
+        if (t > e->now) {
+            integrate(e, t - e->now);
+            e->now = t;
+        }
         arrivals(e);
     }
     KVP_TRY(schedule(e));

@@ -457,6 +457,20 @@ Test(scheduler, rejects_and_clamps_impossible_requests)
     kvp_engine_destroy(e);
     kvp_workload_destroy(w);
 
+    /* a rejected request arriving while the engine is idle is skipped, not a stall */
+    ex = rec_executor();
+    int32_t p2[] = {4, 40, 4}, o2[] = {2, 2, 2};
+    double arr2[] = {0, 1.0, 2.0};
+    w = make_wl(3, p2, o2, arr2, NULL);
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_eq(m.finished, 2);
+    cr_assert_eq(m.rejected, 1);
+    cr_assert_gt(m.sim_duration_s, 2.0);
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+
     /* out-of-order arrivals through add_request are refused */
     ex = rec_executor();
     cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
