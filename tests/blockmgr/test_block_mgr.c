@@ -1,5 +1,6 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "blockmgr/block_mgr.h"
 #include "bm_testutil.h"
@@ -526,5 +527,58 @@ Test(block_mgr, accounting_in_bytes)
     cr_assert_eq(b.free, 32LL * 524288);
     cr_assert_eq(b.num_seqs, 1);
     cr_assert_eq(kvp_kv_accounting_residual(&b), 0);
+    kvp_bm_destroy(bm);
+}
+
+/* The walker is only useful if it notices damage: corrupt state behind the manager's back, one way at a time. */
+Test(block_mgr, walker_detects_corruption)
+{
+    kvp_block_mgr *bm = mk(8, 4, 0, 0, 0);
+    cr_assert_eq(kvp_bm_allocate(bm, 1, 6), KVP_OK);
+    cr_assert_eq(kvp_bm_allocate(bm, 2, 3), KVP_OK);
+    CHECK(bm);
+    kvp_block_pool *p = kvp_bm_pool(bm);
+    kvp_bm_table_view t = table(bm, 1);
+    int32_t b0 = t.blocks[0];
+    /* a reference dropped by someone who did not hold it: refcount below the table references */
+    cr_assert_eq(kvp_pool_decref(p, b0), KVP_OK);
+    cr_assert_eq(kvp_bm_check(bm), KVP_ESTATE);
+    cr_assert(strstr(kvp_error_detail(), "block") != NULL, "detail names the block: %s", kvp_error_detail());
+    cr_assert_eq(kvp_pool_take(p, b0), KVP_OK); /* repaired */
+    CHECK(bm);
+    /* a table entry rewritten to another block */
+    int32_t *w = (int32_t *)t.blocks;
+    int32_t saved = w[1];
+    w[1] = table(bm, 2).blocks[0];
+    cr_assert_eq(kvp_bm_check(bm), KVP_ESTATE);
+    w[1] = saved;
+    CHECK(bm);
+    /* an extra reference is legal (a cache holds it): the block is simply not free */
+    cr_assert_eq(kvp_pool_incref(p, b0), KVP_OK);
+    CHECK(bm);
+    cr_assert_eq(kvp_pool_decref(p, b0), KVP_OK);
+    kvp_bm_destroy(bm);
+}
+
+Test(block_mgr, listing_sequences)
+{
+    kvp_block_mgr *bm = mk(16, 4, 0, 0, 0);
+    int64_t ids[5] = {7, -3, 1LL << 40, 0, 99};
+    for (int i = 0; i < 5; i++) cr_assert_eq(kvp_bm_allocate(bm, ids[i], i), KVP_OK);
+    cr_assert_eq(kvp_bm_num_seqs(bm), 5);
+    cr_assert_eq(kvp_bm_free(bm, -3), KVP_OK);
+    int64_t out[8];
+    cr_assert_eq(kvp_bm_seq_ids(bm, out, 8), 4);
+    cr_assert_eq(kvp_bm_seq_ids(bm, out, 2), 2);
+    cr_assert_eq(kvp_bm_seq_ids(bm, out, 8), 4);
+    int seen = 0;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 5; j++)
+            if (out[i] == ids[j]) seen |= 1 << j;
+    cr_assert_eq(seen, 0x1f & ~2);
+    cr_assert(kvp_bm_has_seq(bm, 1LL << 40));
+    cr_assert_not(kvp_bm_has_seq(bm, -3));
+    cr_assert_eq(kvp_bm_block_size(bm), 4);
+    CHECK(bm);
     kvp_bm_destroy(bm);
 }
