@@ -14,6 +14,7 @@ static const struct {
     {"memory", kvp_bench_memory, "KV memory use per allocation strategy and block size (paper Fig. 2)"},
     {"blockmgr", kvp_bench_blockmgr, "ns per block-manager operation (alloc, append, fork, free, mixed)"},
     {"prefix", kvp_bench_prefix, "prefix-cache hit rates: radix/hash/none x eviction policies x capacities"},
+    {"attention", kvp_bench_attention, "paged vs contiguous CPU attention (decode, prefill) vs copy bandwidth"},
     {NULL, NULL, NULL},
 };
 

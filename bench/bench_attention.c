@@ -1,0 +1,417 @@
+/* bench/bench_attention.c — `kvpage bench attention`: paged vs contiguous CPU attention, next to the
+ * machine's measured copy bandwidth.
+ *
+ * For each configuration (kernel, dtype, batch, context, heads, head_dim) it builds the same K/V in
+ *   - paged pools, one per block size, pages in a random order (what a block manager produces),
+ *   - a contiguous pool: one block per sequence (block_size = context), identity page table,
+ * validates (paged output == contiguous output bit for bit, and the contiguous output against the dense
+ * float64 reference on the first sequences) and then times each layout. The dense reference is timed too
+ * for decode. Bandwidth = bytes of K/V read once / time; copy bandwidth = a large memcpy's bytes read +
+ * written / time, on all threads.
+ */
+#include <getopt.h>
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "attention/attention.h"
+#include "bench/bench.h"
+#include "common/alloc.h"
+#include "common/cli.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "common/report.h"
+#include "common/timer.h"
+
+static const char *const k_fields[] = {"kernel",  "layout",   "dtype",     "block_size", "batch",  "ctx",
+                                       "new_tokens", "q_heads", "kv_heads", "head_dim", "threads", "reps",
+                                       "time_ms", "kv_bytes", "kv_gbps",   "copy_gbps",  "pct_copy_bw", "gflops",
+                                       "paged_over_contig", "validated"};
+#define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
+
+typedef struct {
+    const char *kernel; /* "decode" | "prefill" */
+    kvp_dtype dtype;
+    int32_t batch, ctx, new_tokens, hq, hkv, D;
+    const int32_t *block_sizes; /* 0-terminated */
+    int time_ref;
+} bcfg;
+
+typedef struct {
+    int threads, reps, quick;
+    double copy_gbps;
+    kvp_report *rep;
+} bopts;
+
+static uint64_t g_rng = 88172645463325252ull;
+static float rndf(void)
+{
+    g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+    return (float)((g_rng >> 11) % 2000001) / 1000000.0f - 1.0f;
+}
+
+/* Copy bandwidth: every thread memcpy's its share of an n-byte buffer; best of reps; bytes read + written. */
+static kvp_status measure_copy(int threads, int reps, size_t n, double *gbps)
+{
+    char *a = kvp_aligned_alloc(64, n), *b = kvp_aligned_alloc(64, n);
+    if (!a || !b) {
+        kvp_free(a), kvp_free(b);
+        return KVP_ERR(KVP_ENOMEM, "out of memory for the copy-bandwidth buffers (2 x %zu MiB)", n >> 20);
+    }
+    memset(a, 1, n), memset(b, 2, n);
+    double best = 1e30;
+    for (int r = 0; r < reps + 1; r++) {
+        double t0 = kvp_now_s();
+#pragma omp parallel num_threads(threads)
+        {
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            size_t lo = n / (size_t)nt * (size_t)t, hi = t == nt - 1 ? n : n / (size_t)nt * (size_t)(t + 1);
+            memcpy(b + lo, a + lo, hi - lo);
+        }
+        double dt = kvp_now_s() - t0;
+        if (r > 0 && dt < best) best = dt; /* first pass warms the pages */
+    }
+    *gbps = 2.0 * (double)n / best / 1e9;
+    kvp_free(a), kvp_free(b);
+    return KVP_OK;
+}
+
+/* A cache of batch sequences of ctx tokens: pages in random order (paged) or one block per sequence. */
+typedef struct {
+    kvp_paged_kv kv;
+    int32_t *indptr, *indices, *last;
+} bcache;
+
+static void cache_free(bcache *c)
+{
+    kvp_paged_kv_free_pools(&c->kv);
+    kvp_free(c->indptr), kvp_free(c->indices), kvp_free(c->last);
+    memset(c, 0, sizeof *c);
+}
+
+static kvp_status cache_build(const bcfg *c, int32_t bs, const float *ksrc, const float *vsrc, bcache *out)
+{
+    memset(out, 0, sizeof *out);
+    int32_t pages = (c->ctx + bs - 1) / bs, nblocks = pages * c->batch;
+    KVP_TRY(kvp_paged_kv_init(&out->kv, c->dtype, nblocks, c->hkv, bs, c->D));
+    if (c->dtype == KVP_DTYPE_FP8_E4M3) out->kv.k_scale = out->kv.v_scale = 1.0f / 64;
+    out->indptr = kvp_malloc(sizeof(int32_t) * ((size_t)c->batch + 1));
+    out->indices = kvp_malloc(sizeof(int32_t) * (size_t)nblocks);
+    out->last = kvp_malloc(sizeof(int32_t) * (size_t)c->batch);
+    int64_t *slots = kvp_malloc(sizeof(int64_t) * (size_t)c->ctx);
+    kvp_status st = KVP_OK;
+    if (!out->indptr || !out->indices || !out->last || !slots) st = KVP_ERR(KVP_ENOMEM, "out of memory (page table)");
+    if (st == KVP_OK) st = kvp_paged_kv_alloc_pools(&out->kv);
+    if (st != KVP_OK) {
+        kvp_free(slots);
+        cache_free(out);
+        return st;
+    }
+    for (int32_t i = 0; i < nblocks; i++) out->indices[i] = i;
+    if (bs < c->ctx) /* paged: a random permutation, as after many allocations and frees */
+        for (int32_t i = nblocks - 1; i > 0; i--) {
+            g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+            int32_t j = (int32_t)(g_rng % (uint64_t)(i + 1)), x = out->indices[i];
+            out->indices[i] = out->indices[j], out->indices[j] = x;
+        }
+    for (int32_t s = 0; s <= c->batch; s++) out->indptr[s] = s * pages;
+    for (int32_t s = 0; s < c->batch; s++) out->last[s] = c->ctx - (pages - 1) * bs;
+    kvp_paged_kv_set_pages(&out->kv, c->batch, out->indptr, out->indices, out->last);
+    /* every sequence holds the same source tokens, shifted per sequence so they differ */
+    for (int32_t s = 0; s < c->batch && st == KVP_OK; s++) {
+        for (int32_t j = 0; j < c->ctx; j++)
+            slots[j] = (int64_t)out->indices[out->indptr[s] + j / bs] * bs + j % bs;
+        size_t shift = (size_t)(s % 7) * c->hkv * c->D;
+        st = kvp_attn_append_kv_cpu(&out->kv, ksrc + shift, vsrc + shift, slots, c->ctx);
+    }
+    kvp_free(slots);
+    if (st != KVP_OK) cache_free(out);
+    return st;
+}
+
+typedef struct {
+    double ms;
+    float *out;
+} timing;
+
+static kvp_status run_kernel(const bcfg *c, const kvp_paged_kv *kv, const float *q, const int32_t *qo, float *out,
+                             const kvp_attn_params *p)
+{
+    if (strcmp(c->kernel, "decode") == 0) return kvp_attn_decode_cpu(kv, q, out, p);
+    return kvp_attn_prefill_cpu(kv, q, qo, out, p);
+}
+
+static kvp_status time_kernel(const bcfg *c, const kvp_paged_kv *kv, const float *q, const int32_t *qo, float *out,
+                              const kvp_attn_params *p, int reps, double *ms)
+{
+    KVP_TRY(run_kernel(c, kv, q, qo, out, p)); /* warm-up */
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        double t0 = kvp_now_s();
+        KVP_TRY(run_kernel(c, kv, q, qo, out, p));
+        double dt = kvp_now_s() - t0;
+        best = dt < best ? dt : best;
+    }
+    *ms = best * 1e3;
+    return KVP_OK;
+}
+
+static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t bs, int reps, double ms,
+                          double contig_ms, int validated)
+{
+    cJSON *row;
+    KVP_TRY(kvp_report_row(o->rep, &row));
+    double kv_bytes = 2.0 * c->batch * (double)c->ctx * c->hkv * c->D * (double)kvp_dtype_size(c->dtype);
+    /* q.k and p.v: 4 flops per (query row, key, dim); causal prefill sees on average half the new tokens */
+    double keys = c->new_tokens == 1 ? c->ctx : (double)c->ctx - c->new_tokens + (c->new_tokens + 1) / 2.0;
+    double flops = 4.0 * c->batch * (double)c->new_tokens * c->hq * keys * c->D;
+    double gbps = kv_bytes / (ms * 1e-3) / 1e9;
+    cJSON_AddStringToObject(row, "kernel", c->kernel);
+    cJSON_AddStringToObject(row, "layout", layout);
+    cJSON_AddStringToObject(row, "dtype", kvp_dtype_name(c->dtype));
+    cJSON_AddNumberToObject(row, "block_size", bs);
+    cJSON_AddNumberToObject(row, "batch", c->batch);
+    cJSON_AddNumberToObject(row, "ctx", c->ctx);
+    cJSON_AddNumberToObject(row, "new_tokens", c->new_tokens);
+    cJSON_AddNumberToObject(row, "q_heads", c->hq);
+    cJSON_AddNumberToObject(row, "kv_heads", c->hkv);
+    cJSON_AddNumberToObject(row, "head_dim", c->D);
+    cJSON_AddNumberToObject(row, "threads", strcmp(layout, "dense_ref") == 0 ? 1 : o->threads);
+    cJSON_AddNumberToObject(row, "reps", reps);
+    cJSON_AddNumberToObject(row, "time_ms", round(ms * 1000) / 1000);
+    cJSON_AddNumberToObject(row, "kv_bytes", kv_bytes);
+    cJSON_AddNumberToObject(row, "kv_gbps", round(gbps * 100) / 100);
+    cJSON_AddNumberToObject(row, "copy_gbps", round(o->copy_gbps * 100) / 100);
+    cJSON_AddNumberToObject(row, "pct_copy_bw", round(gbps / o->copy_gbps * 1000) / 10);
+    cJSON_AddNumberToObject(row, "gflops", round(flops / (ms * 1e-3) / 1e9 * 100) / 100);
+    if (contig_ms > 0) cJSON_AddNumberToObject(row, "paged_over_contig", round(ms / contig_ms * 1000) / 1000);
+    cJSON_AddBoolToObject(row, "validated", validated);
+    KVP_LOG_I("%s %s %s bs=%d batch=%d ctx=%d: %.3f ms, %.2f GB/s", c->kernel, layout, kvp_dtype_name(c->dtype), bs,
+              c->batch, c->ctx, ms, gbps);
+    return KVP_OK;
+}
+
+/* Output of the first nseq sequences of the contiguous cache against the dense float64 reference. */
+static kvp_status check_ref(const bcfg *c, const bcache *contig, const float *q, const int32_t *qo, const float *out,
+                            const kvp_attn_params *p, int nseq, int *ok)
+{
+    kvp_paged_kv kv = contig->kv;
+    kv.num_seqs = nseq;
+    size_t tok = (size_t)nseq * c->ctx * c->hkv * c->D;
+    size_t nout = (size_t)nseq * c->new_tokens * c->hq * c->D;
+    float *k = kvp_malloc(sizeof(float) * tok), *v = kvp_malloc(sizeof(float) * tok);
+    float *ref = kvp_malloc(sizeof(float) * nout);
+    int32_t *ind = kvp_malloc(sizeof(int32_t) * ((size_t)nseq + 1));
+    kvp_status st = (k && v && ref && ind) ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory (reference check)");
+    if (st == KVP_OK) {
+        for (int s = 0; s <= nseq; s++) ind[s] = s * c->ctx;
+        st = kvp_paged_kv_gather(&kv, k, v);
+    }
+    if (st == KVP_OK) st = kvp_attn_prefill_ref(k, v, ind, nseq, c->hkv, c->D, q, qo, ref, p);
+    if (st == KVP_OK) {
+        double num = 0, den = 0;
+        for (size_t i = 0; i < nout; i++) {
+            double d = fabs((double)out[i] - ref[i]);
+            num = d > num || d != d ? d : num;
+            den = fabs((double)ref[i]) > den ? fabs((double)ref[i]) : den;
+        }
+        *ok = num / den < 1e-5;
+        if (!*ok) KVP_LOG_W("%s %s: output differs from the reference (relative error %g)", c->kernel,
+                            kvp_dtype_name(c->dtype), num / den);
+    }
+    kvp_free(k), kvp_free(v), kvp_free(ref), kvp_free(ind);
+    return st;
+}
+
+static kvp_status run_config(bopts *o, const bcfg *c)
+{
+    const size_t row = (size_t)c->hkv * c->D;
+    size_t nsrc = (size_t)(c->ctx + 8) * row;
+    int32_t nq_total = c->batch * c->new_tokens;
+    size_t nout = (size_t)nq_total * c->hq * c->D;
+    float *ks = kvp_malloc(sizeof(float) * nsrc), *vs = kvp_malloc(sizeof(float) * nsrc);
+    float *q = kvp_malloc(sizeof(float) * nout), *out = kvp_malloc(sizeof(float) * nout);
+    float *cout = kvp_malloc(sizeof(float) * nout);
+    int32_t *qo = kvp_malloc(sizeof(int32_t) * ((size_t)c->batch + 1));
+    bcache contig = {0}, paged = {0};
+    kvp_status st = (ks && vs && q && out && cout && qo) ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory (bench buffers)");
+    if (st != KVP_OK) goto done;
+    for (size_t i = 0; i < nsrc; i++) ks[i] = rndf(), vs[i] = rndf();
+    for (size_t i = 0; i < nout; i++) q[i] = rndf();
+    for (int32_t s = 0; s <= c->batch; s++) qo[s] = s * c->new_tokens;
+    kvp_attn_params p = kvp_attn_default_params(c->hq);
+    int reps = o->reps;
+
+    /* contiguous first: the baseline of every paged row */
+    st = cache_build(c, c->ctx, ks, vs, &contig);
+    if (st != KVP_OK) goto done;
+    double contig_ms;
+    st = time_kernel(c, &contig.kv, q, qo, cout, &p, reps, &contig_ms);
+    if (st != KVP_OK) goto done;
+    int ref_ok = 0;
+    st = check_ref(c, &contig, q, qo, cout, &p, c->batch < 2 ? c->batch : 2, &ref_ok);
+    if (st != KVP_OK) goto done;
+    KVP_TRY(add_row(o, c, "contiguous", c->ctx, reps, contig_ms, contig_ms, ref_ok));
+    for (int i = 0; c->block_sizes[i]; i++) {
+        int32_t bs = c->block_sizes[i];
+        st = cache_build(c, bs, ks, vs, &paged);
+        if (st != KVP_OK) goto done;
+        double ms;
+        st = time_kernel(c, &paged.kv, q, qo, out, &p, reps, &ms);
+        int same = st == KVP_OK && memcmp(out, cout, sizeof(float) * nout) == 0;
+        if (st == KVP_OK && !same) KVP_LOG_W("%s bs=%d: paged output differs from contiguous", c->kernel, bs);
+        cache_free(&paged);
+        if (st != KVP_OK) goto done;
+        st = add_row(o, c, "paged", bs, reps, ms, contig_ms, same && ref_ok);
+        if (st != KVP_OK) goto done;
+    }
+    if (c->time_ref) {
+        /* the dense float64 reference, one thread, on the gathered f32 K/V (one timed run) */
+        size_t tok = (size_t)c->batch * c->ctx * row;
+        float *k = kvp_malloc(sizeof(float) * tok), *v = kvp_malloc(sizeof(float) * tok);
+        int32_t *ind = kvp_malloc(sizeof(int32_t) * ((size_t)c->batch + 1));
+        if (!k || !v || !ind) st = KVP_ERR(KVP_ENOMEM, "out of memory (dense reference)");
+        if (st == KVP_OK) {
+            for (int32_t s = 0; s <= c->batch; s++) ind[s] = s * c->ctx;
+            st = kvp_paged_kv_gather(&contig.kv, k, v);
+        }
+        double t0 = kvp_now_s();
+        if (st == KVP_OK) st = kvp_attn_prefill_ref(k, v, ind, c->batch, c->hkv, c->D, q, qo, out, &p);
+        double ms = (kvp_now_s() - t0) * 1e3;
+        kvp_free(k), kvp_free(v), kvp_free(ind);
+        if (st == KVP_OK) st = add_row(o, c, "dense_ref", 0, 1, ms, contig_ms, 1);
+    }
+done:
+    cache_free(&contig);
+    cache_free(&paged);
+    kvp_free(ks), kvp_free(vs), kvp_free(q), kvp_free(out), kvp_free(cout), kvp_free(qo);
+    return st;
+}
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvpage bench attention [options]\n\n"
+            "Times the CPU paged attention kernels (decode, prefill) over paged pools (block sizes 1..256,\n"
+            "random page order) and a contiguous pool (one block per sequence), for f32/f16/bf16 K/V, with\n"
+            "batch and context sweeps, next to the machine's measured copy bandwidth. Each row is validated\n"
+            "(paged == contiguous bit for bit, contiguous vs the float64 reference) before it is timed.\n\n"
+            "options:\n"
+            "  --quick            a small sweep (seconds; for smoke tests)\n"
+            "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"
+            "  --reps N           timed repetitions per row, best taken (default 5)\n"
+            "  --format FMT       table | csv | json on stdout (default table)\n"
+            "  --json             same as --format json\n"
+            "  --out-dir DIR      also write DIR/attention.csv and DIR/attention.json (default bench/results)\n"
+            "  --no-write         do not write result files\n"
+            "  -h, --help         this help\n");
+}
+
+int kvp_bench_attention(int argc, char **argv)
+{
+    static const struct option opts[] = {{"quick", no_argument, NULL, 'q'},   {"threads", required_argument, NULL, 't'},
+                                         {"reps", required_argument, NULL, 'r'}, {"format", required_argument, NULL, 'f'},
+                                         {"json", no_argument, NULL, 'j'},      {"out-dir", required_argument, NULL, 'o'},
+                                         {"no-write", no_argument, NULL, 'n'},  {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *cmd = "bench attention", *out_dir = "bench/results";
+    bopts o = {.threads = 0, .reps = 5};
+    kvp_format fmt = KVP_FMT_TABLE;
+    int write = 1, c;
+    int32_t v32;
+    optind = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) switch (c) {
+        case 'q': o.quick = 1; break;
+        case 't':
+            if (kvp_parse_i32(optarg, 1, 1024, &v32) != KVP_OK) return kvp_cli_usage_error(cmd, "--threads: %s", kvp_error_message());
+            o.threads = v32;
+            break;
+        case 'r':
+            if (kvp_parse_i32(optarg, 1, 1000, &v32) != KVP_OK) return kvp_cli_usage_error(cmd, "--reps: %s", kvp_error_message());
+            o.reps = v32;
+            break;
+        case 'f':
+            if (kvp_format_parse(optarg, &fmt) != KVP_OK) return kvp_cli_usage_error(cmd, "--format: %s", kvp_error_message());
+            break;
+        case 'j': fmt = KVP_FMT_JSON; break;
+        case 'o': out_dir = optarg; break;
+        case 'n': write = 0; break;
+        case 'h': usage(stdout); return KVP_EXIT_OK;
+        default: return kvp_cli_getopt_error(cmd, c, argv);
+        }
+    if (optind < argc) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (write) {
+        struct stat sb;
+        if (stat(out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+            return kvp_cli_usage_error(cmd, "--out-dir: '%s' is not a directory", out_dir);
+    }
+    kvp_attn_set_threads(o.threads);
+    o.threads = kvp_attn_get_threads();
+    if (o.quick && o.reps > 2) o.reps = 2;
+
+    kvp_status st = kvp_report_create(k_fields, NFIELDS, &o.rep);
+    if (st != KVP_OK) return kvp_cli_fail(cmd, st);
+    const size_t copy_bytes = (size_t)(o.quick ? 64 : 512) << 20;
+    st = measure_copy(o.threads, o.quick ? 1 : 3, copy_bytes, &o.copy_gbps);
+    if (st == KVP_OK) {
+        cJSON *row;
+        st = kvp_report_row(o.rep, &row);
+        if (st == KVP_OK) {
+            cJSON_AddStringToObject(row, "kernel", "memcpy");
+            cJSON_AddStringToObject(row, "layout", o.quick ? "64MiB" : "512MiB");
+            cJSON_AddNumberToObject(row, "threads", o.threads);
+            cJSON_AddNumberToObject(row, "kv_bytes", 2.0 * (double)copy_bytes);
+            cJSON_AddNumberToObject(row, "time_ms", round(2.0 * (double)copy_bytes / o.copy_gbps / 1e6 * 1000) / 1000);
+            cJSON_AddNumberToObject(row, "kv_gbps", round(o.copy_gbps * 100) / 100);
+            cJSON_AddNumberToObject(row, "copy_gbps", round(o.copy_gbps * 100) / 100);
+            cJSON_AddNumberToObject(row, "pct_copy_bw", 100);
+            cJSON_AddBoolToObject(row, "validated", 1);
+        }
+    }
+    static const int32_t all_bs[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 0};
+    static const int32_t main_bs[] = {1, 16, 0};
+    static const int32_t bs16[] = {16, 0};
+    const bcfg quick[] = {
+        {"decode", KVP_DTYPE_F16, 4, 512, 1, 8, 2, 64, main_bs, 1},
+        {"prefill", KVP_DTYPE_F16, 2, 256, 64, 8, 2, 64, main_bs, 0},
+    };
+    const bcfg full[] = {
+        /* the target configuration: 32 x 4096, 32/8 heads, head_dim 128, f16, every block size */
+        {"decode", KVP_DTYPE_F16, 32, 4096, 1, 32, 8, 128, all_bs, 1},
+        {"decode", KVP_DTYPE_BF16, 32, 4096, 1, 32, 8, 128, main_bs, 0},
+        {"decode", KVP_DTYPE_F32, 32, 4096, 1, 32, 8, 128, main_bs, 0},
+        /* batch sweep and context sweep (f16, block 16) */
+        {"decode", KVP_DTYPE_F16, 1, 4096, 1, 32, 8, 128, main_bs, 0},
+        {"decode", KVP_DTYPE_F16, 8, 4096, 1, 32, 8, 128, main_bs, 0},
+        {"decode", KVP_DTYPE_F16, 128, 1024, 1, 32, 8, 128, bs16, 0},
+        {"decode", KVP_DTYPE_F16, 32, 512, 1, 32, 8, 128, bs16, 0},
+        {"decode", KVP_DTYPE_F16, 4, 32768, 1, 32, 8, 128, main_bs, 0},
+        {"decode", KVP_DTYPE_F16, 1, 65536, 1, 32, 8, 128, main_bs, 0},
+        /* prefill: whole prompts, and a chunk after a cached prefix (chunked prefill) */
+        {"prefill", KVP_DTYPE_F16, 4, 1024, 1024, 32, 8, 128, main_bs, 0},
+        {"prefill", KVP_DTYPE_F16, 4, 2560, 512, 32, 8, 128, main_bs, 0},
+        {"prefill", KVP_DTYPE_BF16, 4, 1024, 1024, 32, 8, 128, bs16, 0},
+        {"prefill", KVP_DTYPE_F32, 4, 1024, 1024, 32, 8, 128, bs16, 0},
+    };
+    const bcfg *cfgs = o.quick ? quick : full;
+    int ncfg = o.quick ? (int)(sizeof quick / sizeof quick[0]) : (int)(sizeof full / sizeof full[0]);
+    for (int i = 0; i < ncfg && st == KVP_OK; i++) {
+        fprintf(stderr, "bench attention: %d/%d %s %s batch %d ctx %d\n", i + 1, ncfg, cfgs[i].kernel,
+                kvp_dtype_name(cfgs[i].dtype), cfgs[i].batch, cfgs[i].ctx);
+        st = run_config(&o, &cfgs[i]);
+    }
+    if (st == KVP_OK) st = kvp_report_print(o.rep, stdout, fmt);
+    if (st == KVP_OK && write) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/attention.csv", out_dir);
+        st = kvp_report_write_csv(o.rep, path);
+        snprintf(path, sizeof path, "%s/attention.json", out_dir);
+        if (st == KVP_OK) st = kvp_report_write_json(o.rep, path);
+        if (st == KVP_OK) fprintf(stderr, "bench attention: wrote %s/attention.csv and .json\n", out_dir);
+    }
+    kvp_report_destroy(o.rep);
+    return st == KVP_OK ? KVP_EXIT_OK : kvp_cli_fail(cmd, st);
+}

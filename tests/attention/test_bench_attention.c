@@ -1,0 +1,88 @@
+/* `kvpage bench attention`: exit codes, one-line errors, and a --quick --json run whose rows are complete and
+ * validated (paged == contiguous bit for bit, contiguous vs the float64 reference). No timing is asserted. */
+#include <cjson/cJSON.h>
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Runs kvpage bench attention with args; captures stdout or stderr; returns the exit code. */
+static int run(const char *args, int want_stdout, char *out, size_t n)
+{
+    const char *bin = getenv("KVPAGE_BIN");
+    cr_assert_not_null(bin, "KVPAGE_BIN must point at the kvpage binary (set by CTest)");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, want_stdout ? "%s bench attention %s 2>/dev/null" : "%s bench attention %s 2>&1 >/dev/null",
+             bin, args);
+    FILE *f = popen(cmd, "r");
+    cr_assert_not_null(f);
+    size_t got = fread(out, 1, n - 1, f);
+    out[got] = '\0';
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+Test(bench_attention, bad_input_exits_2_with_one_line)
+{
+    static const struct {
+        const char *args, *needle;
+    } cases[] = {
+        {"--reps 0", "--reps"},           {"--threads 0", "--threads"},     {"--threads x", "--threads"},
+        {"--format xml", "xml"},          {"--frobnicate", "frobnicate"},   {"extra", "unexpected argument"},
+        {"--reps", "--reps"},             {"--out-dir /nonexistent/dir", "/nonexistent/dir"},
+    };
+    static char err[8192];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int code = run(cases[i].args, 0, err, sizeof err);
+        cr_expect_eq(code, 2, "'%s' exited %d", cases[i].args, code);
+        cr_expect(strstr(err, cases[i].needle) != NULL, "'%s': '%s' lacks '%s'", cases[i].args, err, cases[i].needle);
+        cr_expect(strchr(err, '\n') == err + strlen(err) - 1, "'%s': one line expected, got '%s'", cases[i].args, err);
+    }
+    cr_expect_eq(run("--help", 1, err, sizeof err), 0);
+    cr_expect(strstr(err, "--quick") != NULL);
+}
+
+Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
+{
+    static char out[1 << 17];
+    char dir[] = "/tmp/kvp_bench_attn_XXXXXX", args[256], path[512];
+    cr_assert_not_null(mkdtemp(dir));
+    snprintf(args, sizeof args, "--quick --reps 1 --threads 2 --json --out-dir %s", dir);
+    cr_assert_eq(run(args, 1, out, sizeof out), 0);
+    cJSON *rows = cJSON_Parse(out);
+    cr_assert(cJSON_IsArray(rows), "stdout is a JSON array: %s", out);
+    /* memcpy; decode: contiguous, paged 1, paged 16, dense_ref; prefill: contiguous, paged 1, paged 16 */
+    cr_assert_eq(cJSON_GetArraySize(rows), 8);
+    const char *kernels[] = {"memcpy", "decode", "decode", "decode", "decode", "prefill", "prefill", "prefill"};
+    const char *layouts[] = {"64MiB", "contiguous", "paged", "paged", "dense_ref", "contiguous", "paged", "paged"};
+    for (int i = 0; i < 8; i++) {
+        cJSON *r = cJSON_GetArrayItem(rows, i);
+        cr_assert_str_eq(cJSON_GetObjectItem(r, "kernel")->valuestring, kernels[i]);
+        cr_assert_str_eq(cJSON_GetObjectItem(r, "layout")->valuestring, layouts[i]);
+        cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(r, "validated")), "row %d validated", i);
+        cr_assert_gt(cJSON_GetObjectItem(r, "kv_gbps")->valuedouble, 0.0, "row %d", i);
+        cr_assert_gt(cJSON_GetObjectItem(r, "copy_gbps")->valuedouble, 0.0, "row %d", i);
+        cr_assert_not_null(cJSON_GetObjectItem(r, "machine"));
+        if (i > 0) cr_assert_not_null(cJSON_GetObjectItem(r, "paged_over_contig"), "row %d", i);
+    }
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(rows, 2), "block_size")->valueint, 1);
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(rows, 3), "block_size")->valueint, 16);
+    cJSON_Delete(rows);
+    snprintf(path, sizeof path, "%s/attention.csv", dir);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s written", path);
+    char line[1024];
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    cr_assert(strncmp(line, "kernel,layout,dtype,block_size", 30) == 0, "CSV header: %s", line);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) n++;
+    fclose(f);
+    cr_assert_eq(n, 8, "8 CSV rows");
+    unlink(path);
+    snprintf(path, sizeof path, "%s/attention.json", dir);
+    cr_assert_eq(access(path, R_OK), 0);
+    unlink(path);
+    rmdir(dir);
+}
