@@ -14,13 +14,14 @@
 
 typedef struct {
     float *attn_norm;     /* (hidden) */
-    float *wq, *wk, *wv;  /* (nq*hd, hidden), (nkv*hd, hidden), (nkv*hd, hidden) */
+    /* matrices are stored transposed, (in_features, out_features) */
+    float *wq, *wk, *wv;  /* (hidden, nq*hd), (hidden, nkv*hd), (hidden, nkv*hd) */
     float *bq, *bk, *bv;  /* (nq*hd), (nkv*hd), (nkv*hd) or NULL */
     float *q_norm, *k_norm; /* (hd) qwen3, or NULL */
-    float *wo;            /* (hidden, nq*hd) */
+    float *wo;            /* (nq*hd, hidden) */
     float *ffn_norm;      /* (hidden) */
-    float *w_gate, *w_up; /* (inter, hidden) */
-    float *w_down;        /* (hidden, inter) */
+    float *w_gate, *w_up; /* (hidden, inter) */
+    float *w_down;        /* (inter, hidden) */
     int32_t window_left;  /* -1: full attention */
 } layer_w;
 
@@ -33,12 +34,14 @@ struct kvp_model {
     char path[1024];
     float *embed;    /* (vocab, hidden) */
     float *out_norm; /* (hidden) */
-    float *lm_head;  /* (vocab, hidden); == embed when tied */
+    float *lm_head;  /* (hidden, vocab), transposed; a copy of embed when tied */
     layer_w *layers; /* (num_layers) */
     double *inv_freq; /* (head_dim / 2) */
     /* workspace, grown on demand */
     float *ws;
     size_t ws_cap;
+    int32_t *iws; /* expanded page table of the invariant attention path */
+    size_t iws_cap;
 };
 
 /* ---------------------------------------------------------------- loading */
@@ -91,6 +94,23 @@ static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_
     return KVP_OK;
 }
 
+/* Loads an [out, in] matrix and stores it transposed, (in, out): the matmul kernels stream rows of it. */
+static kvp_status load_mat(const source *src, const char *name, int64_t out_f, int64_t in_f, float **out)
+{
+    float *w;
+    KVP_TRY(load_t(src, name, out_f, in_f, &w));
+    float *t = kvp_aligned_alloc(64, (size_t)(out_f * in_f) * sizeof(float));
+    if (!t) {
+        kvp_free(w);
+        return KVP_ERR(KVP_ENOMEM, "out of memory for tensor '%s'", name);
+    }
+    for (int64_t o = 0; o < out_f; o++)
+        for (int64_t i = 0; i < in_f; i++) t[i * out_f + o] = w[o * in_f + i];
+    kvp_free(w);
+    *out = t;
+    return KVP_OK;
+}
+
 static void free_weights(kvp_model *m)
 {
     if (m->layers)
@@ -101,11 +121,12 @@ static void free_weights(kvp_model *m)
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_free(ps[i]);
         }
     kvp_free(m->layers);
-    if (m->lm_head != m->embed) kvp_free(m->lm_head);
+    kvp_free(m->lm_head);
     kvp_free(m->embed);
     kvp_free(m->out_norm);
     kvp_free(m->inv_freq);
     kvp_free(m->ws);
+    kvp_free(m->iws);
 }
 
 void kvp_model_destroy(kvp_model *m)
@@ -126,9 +147,9 @@ static kvp_status load_weights(kvp_model *m, const source *src)
     KVP_TRY(load_t(src, g ? "output_norm.weight" : "model.norm.weight", H, 0, &m->out_norm));
     const char *lm = g ? "output.weight" : "lm_head.weight";
     if (c->tie_word_embeddings && !src_has(src, lm)) {
-        m->lm_head = m->embed;
+        KVP_TRY(load_mat(src, g ? "token_embd.weight" : "model.embed_tokens.weight", V, H, &m->lm_head));
     } else {
-        KVP_TRY(load_t(src, lm, V, H, &m->lm_head));
+        KVP_TRY(load_mat(src, lm, V, H, &m->lm_head));
     }
     m->layers = kvp_calloc((size_t)c->num_layers, sizeof *m->layers);
     if (!m->layers) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", src->what);
@@ -136,10 +157,10 @@ static kvp_status load_weights(kvp_model *m, const source *src)
         layer_w *w = &m->layers[l];
 #define NAME(gg, hf) (snprintf(n, sizeof n, g ? "blk.%d." gg : "model.layers.%d." hf, l), n)
         KVP_TRY(load_t(src, NAME("attn_norm.weight", "input_layernorm.weight"), H, 0, &w->attn_norm));
-        KVP_TRY(load_t(src, NAME("attn_q.weight", "self_attn.q_proj.weight"), nq * hd, H, &w->wq));
-        KVP_TRY(load_t(src, NAME("attn_k.weight", "self_attn.k_proj.weight"), nkv * hd, H, &w->wk));
-        KVP_TRY(load_t(src, NAME("attn_v.weight", "self_attn.v_proj.weight"), nkv * hd, H, &w->wv));
-        KVP_TRY(load_t(src, NAME("attn_output.weight", "self_attn.o_proj.weight"), H, nq * hd, &w->wo));
+        KVP_TRY(load_mat(src, NAME("attn_q.weight", "self_attn.q_proj.weight"), nq * hd, H, &w->wq));
+        KVP_TRY(load_mat(src, NAME("attn_k.weight", "self_attn.k_proj.weight"), nkv * hd, H, &w->wk));
+        KVP_TRY(load_mat(src, NAME("attn_v.weight", "self_attn.v_proj.weight"), nkv * hd, H, &w->wv));
+        KVP_TRY(load_mat(src, NAME("attn_output.weight", "self_attn.o_proj.weight"), H, nq * hd, &w->wo));
         if (c->attention_bias) {
             KVP_TRY(load_t(src, NAME("attn_q.bias", "self_attn.q_proj.bias"), nq * hd, 0, &w->bq));
             KVP_TRY(load_t(src, NAME("attn_k.bias", "self_attn.k_proj.bias"), nkv * hd, 0, &w->bk));
@@ -150,9 +171,9 @@ static kvp_status load_weights(kvp_model *m, const source *src)
             KVP_TRY(load_t(src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, 0, &w->k_norm));
         }
         KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
-        KVP_TRY(load_t(src, NAME("ffn_gate.weight", "mlp.gate_proj.weight"), FF, H, &w->w_gate));
-        KVP_TRY(load_t(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, &w->w_up));
-        KVP_TRY(load_t(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, &w->w_down));
+        KVP_TRY(load_mat(src, NAME("ffn_gate.weight", "mlp.gate_proj.weight"), FF, H, &w->w_gate));
+        KVP_TRY(load_mat(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, &w->w_up));
+        KVP_TRY(load_mat(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, &w->w_down));
 #undef NAME
         w->window_left = -1;
         if (c->sliding_window > 0 && c->layer_is_sliding[l])
@@ -342,40 +363,123 @@ kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *pairs, int3
 
 /* ---------------------------------------------------------------- kernels */
 
-/* y (T, N) = x (T, K) . w (N, K)^T. The invariant kernel computes every y[t][o] with the same sequence of
- * operations whatever T and the thread split are: 16 lane-wise partial sums over K in order, the tail, and a
- * fixed reduction tree. Tiles of 4 rows x 1 output reuse the weight row from L1. */
-static inline float dot_fixed(const float *restrict a, const float *restrict b, int64_t K)
+/* y (T, N) = x (T, K) . wt (K, N)   (wt is the transposed weight).
+ *
+ * The invariant kernel computes every y[t][o] as ((x[t][0]*w[0][o] + x[t][1]*w[1][o]) + ...) in k order,
+ * one multiply and one add per step (no FMA contraction under -std=c11), so a row's result does not depend
+ * on T, on the tiling or on the thread split. Vector lanes run across outputs: tiles of 4 rows x 16
+ * outputs keep 8 accumulators in registers. */
+typedef float kvp_v8f __attribute__((vector_size(32)));
+
+static inline kvp_v8f v8_ld(const float *p)
 {
-    float acc[16] = {0};
-    int64_t k = 0;
-    for (; k + 16 <= K; k += 16)
-        for (int j = 0; j < 16; j++) acc[j] += a[k + j] * b[k + j];
-    for (int j = 0; k < K; k++, j++) acc[j] += a[k] * b[k];
-    for (int w = 8; w >= 1; w /= 2)
-        for (int j = 0; j < w; j++) acc[j] += acc[j + w];
-    return acc[0];
+    kvp_v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-static void matmul(const kvp_model *m, float *y, const float *x, const float *w, int64_t T, int64_t N, int64_t K)
+static inline void v8_st(float *p, kvp_v8f v) { memcpy(p, &v, sizeof v); }
+
+static inline kvp_v8f v8_bc(float x) { return (kvp_v8f){x, x, x, x, x, x, x, x}; }
+
+/* 4 rows x 16 outputs, accumulators in registers. */
+static void mm_tile_4(float *restrict y, const float *restrict x, const float *restrict wt, int64_t N, int64_t K,
+                      int64_t o)
 {
-    if (m->matmul == KVP_MATMUL_BLAS) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)T, (int)N, (int)K, 1.0f, x, (int)K, w, (int)K, 0.0f,
-                    y, (int)N);
-        return;
+    kvp_v8f a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
+    const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K;
+    for (int64_t k = 0; k < K; k++) {
+        const kvp_v8f w0 = v8_ld(wt + k * N + o), w1 = v8_ld(wt + k * N + o + 8);
+        kvp_v8f b = v8_bc(x0[k]);
+        a00 = a00 + b * w0;
+        a01 = a01 + b * w1;
+        b = v8_bc(x1[k]);
+        a10 = a10 + b * w0;
+        a11 = a11 + b * w1;
+        b = v8_bc(x2[k]);
+        a20 = a20 + b * w0;
+        a21 = a21 + b * w1;
+        b = v8_bc(x3[k]);
+        a30 = a30 + b * w0;
+        a31 = a31 + b * w1;
     }
-    const int64_t OB = 16;
-    int64_t nob = (N + OB - 1) / OB;
-    int64_t work = T * N * K;
-    int nt = work > 200000 ? m->threads : 1;
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-    for (int64_t ob = 0; ob < nob; ob++) {
-        int64_t o1 = (ob + 1) * OB < N ? (ob + 1) * OB : N;
-        for (int64_t t = 0; t < T; t++) {
-            const float *xr = x + t * K;
-            for (int64_t o = ob * OB; o < o1; o++) y[t * N + o] = dot_fixed(xr, w + o * K, K);
+    v8_st(y + o, a00);
+    v8_st(y + o + 8, a01);
+    v8_st(y + N + o, a10);
+    v8_st(y + N + o + 8, a11);
+    v8_st(y + 2 * N + o, a20);
+    v8_st(y + 2 * N + o + 8, a21);
+    v8_st(y + 3 * N + o, a30);
+    v8_st(y + 3 * N + o + 8, a31);
+}
+
+/* 1 row x 32 outputs (two 16-wide halves computed exactly as in mm_tile_4). */
+static void mm_tile_1(float *restrict y, const float *restrict x, const float *restrict wt, int64_t N, int64_t K,
+                      int64_t o, int64_t width)
+{
+    kvp_v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
+    if (width == 32) {
+        for (int64_t k = 0; k < K; k++) {
+            const float *w = wt + k * N + o;
+            const kvp_v8f b = v8_bc(x[k]);
+            a0 = a0 + b * v8_ld(w);
+            a1 = a1 + b * v8_ld(w + 8);
+            a2 = a2 + b * v8_ld(w + 16);
+            a3 = a3 + b * v8_ld(w + 24);
+        }
+        v8_st(y + o + 16, a2);
+        v8_st(y + o + 24, a3);
+    } else {
+        for (int64_t k = 0; k < K; k++) {
+            const float *w = wt + k * N + o;
+            const kvp_v8f b = v8_bc(x[k]);
+            a0 = a0 + b * v8_ld(w);
+            a1 = a1 + b * v8_ld(w + 8);
         }
     }
+    v8_st(y + o, a0);
+    v8_st(y + o + 8, a1);
+}
+
+static void mm_tile(float *restrict y, const float *restrict x, const float *restrict wt, int64_t rows, int64_t N,
+                    int64_t K, int64_t o, int64_t width)
+{
+    if (rows == 4 && width == 16) {
+        mm_tile_4(y, x, wt, N, K, o);
+        return;
+    }
+    if (rows == 4) {
+        mm_tile_4(y, x, wt, N, K, o);
+        mm_tile_4(y, x, wt, N, K, o + 16);
+        return;
+    }
+    for (int64_t r = 0; r < rows; r++) mm_tile_1(y + r * N, x + r * K, wt, N, K, o, width);
+}
+
+static void matmul(const kvp_model *m, float *y, const float *x, const float *wt, int64_t T, int64_t N, int64_t K)
+{
+    if (m->matmul == KVP_MATMUL_BLAS) {
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)N, (int)K, 1.0f, x, (int)K, wt, (int)N,
+                    0.0f, y, (int)N);
+        return;
+    }
+    /* Column blocks of 32 (the last may be 16), row tiles of 4. */
+    const int64_t N16 = N / 16 * 16, nob = (N16 + 31) / 32, ntb = (T + 3) / 4;
+    const int64_t work = T * N * K;
+    const int nt = work > (1 << 20) ? m->threads : 1;
+#pragma omp parallel for num_threads(nt) schedule(static) collapse(2) if (nt > 1)
+    for (int64_t ob = 0; ob < nob; ob++)
+        for (int64_t tb = 0; tb < ntb; tb++) {
+            int64_t t0 = tb * 4, rows = T - t0 < 4 ? T - t0 : 4, o = ob * 32, width = N16 - o < 32 ? 16 : 32;
+            mm_tile(y + t0 * N, x + t0 * K, wt, rows, N, K, o, width);
+        }
+    /* Output tail: the same per-element sequence of operations, scalar. */
+    for (int64_t t = 0; t < T && N16 < N; t++)
+        for (int64_t o = N16; o < N; o++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) acc = acc + x[t * K + k] * wt[k * N + o];
+            y[t * N + o] = acc;
+        }
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int64_t n, double eps)
@@ -443,6 +547,48 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
     }
     float *x = m->ws, *h = x + T * H, *q = h + T * H, *o = q + T * QD, *k = o + T * QD, *v = k + T * KD;
     float *gt = v + T * KD, *up = gt + T * FF, *fin = up + T * FF;
+    /* Batch-invariant attention: every query token becomes its own one-token "sequence" whose pages end at
+     * its position, and all of them go through the decode kernel. A row then takes the same path whatever
+     * the batch, the chunking of its prompt or its place in a tile (the tiled prefill kernel groups rows
+     * differently and rounds them differently). Costs K/V reloads per query row during prefill. */
+    const int inv = m->matmul == KVP_MATMUL_INVARIANT;
+    int32_t *x_indptr = NULL, *x_indices = NULL, *x_last = NULL;
+    if (inv) {
+        const int32_t bs = kv->block_size;
+        int64_t total = 0;
+        for (int32_t s = 0; s < b->num_seqs; s++) {
+            int32_t pages = b->kv_indptr[s + 1] - b->kv_indptr[s], nqs = b->qo_indptr[s + 1] - b->qo_indptr[s];
+            int32_t L = pages == 0 ? 0 : bs * (pages - 1) + b->kv_last_page_len[s];
+            if (L < nqs || b->kv_last_page_len[s] < 1 || b->kv_last_page_len[s] > bs)
+                return KVP_ERR(KVP_EINVAL, "forward: sequence %d has %d new tokens but %d cached", s, nqs, L);
+            for (int32_t i = 0; i < nqs; i++) total += (L - nqs + i) / bs + 1;
+        }
+        size_t ineed = (size_t)(2 * T + 1 + total) * sizeof(int32_t);
+        if (ineed > m->iws_cap) {
+            int32_t *nw = kvp_malloc(ineed);
+            if (!nw) return KVP_ERR(KVP_ENOMEM, "forward: out of memory for the page table");
+            kvp_free(m->iws);
+            m->iws = nw;
+            m->iws_cap = ineed;
+        }
+        x_indptr = m->iws;
+        x_last = x_indptr + T + 1;
+        x_indices = x_last + T;
+        int64_t at = 0, row = 0;
+        for (int32_t s = 0; s < b->num_seqs; s++) {
+            int32_t pages = b->kv_indptr[s + 1] - b->kv_indptr[s], nqs = b->qo_indptr[s + 1] - b->qo_indptr[s];
+            int32_t L = bs * (pages - 1) + b->kv_last_page_len[s];
+            const int32_t *src = b->kv_indices + b->kv_indptr[s];
+            for (int32_t i = 0; i < nqs; i++, row++) {
+                int32_t pos = L - nqs + i, np = pos / bs + 1;
+                x_indptr[row] = (int32_t)at;
+                memcpy(x_indices + at, src, (size_t)np * sizeof(int32_t));
+                at += np;
+                x_last[row] = pos % bs + 1;
+            }
+        }
+        x_indptr[T] = (int32_t)at;
+    }
     for (int64_t t = 0; t < T; t++) memcpy(x + t * H, m->embed + (int64_t)b->tokens[t] * H, (size_t)H * sizeof(float));
     for (int32_t l = 0; l < c->num_layers; l++) {
         const layer_w *w = &m->layers[l];
@@ -465,12 +611,17 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
             rope(m, k + t * KD, (int32_t)nkv, b->positions[t]);
         }
         kvp_paged_kv lkv = kv->layers[l];
-        kvp_paged_kv_set_pages(&lkv, b->num_seqs, b->kv_indptr, b->kv_indices, b->kv_last_page_len);
         KVP_TRY(kvp_attn_append_kv_cpu(&lkv, k, v, b->slot_mapping, (int32_t)T));
         kvp_attn_params p = kvp_attn_default_params((int32_t)nq);
         p.window_left = w->window_left;
-        p.kv_chunk_size = 1 << 30; /* no split: a row's result must not depend on the batch */
-        KVP_TRY(kvp_attn_prefill_cpu(&lkv, q, b->qo_indptr, o, &p));
+        if (inv) {
+            p.kv_chunk_size = 1 << 30; /* no split-KV: a row's result must not depend on the batch */
+            kvp_paged_kv_set_pages(&lkv, (int32_t)T, x_indptr, x_indices, x_last);
+            KVP_TRY(kvp_attn_decode_cpu(&lkv, q, o, &p));
+        } else {
+            kvp_paged_kv_set_pages(&lkv, b->num_seqs, b->kv_indptr, b->kv_indices, b->kv_last_page_len);
+            KVP_TRY(kvp_attn_prefill_cpu(&lkv, q, b->qo_indptr, o, &p));
+        }
         matmul(m, h, o, w->wo, T, H, QD);
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->ffn_norm, H, c->rms_norm_eps);

@@ -142,6 +142,17 @@ int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logit
     int32_t k = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
     int32_t *idx = ws->idx;
     double *prob = ws->prob;
+    if (k == vocab && p->top_p >= 1.0) {
+        /* Plain temperature: no ordering needed, draw over ids in order. */
+        double mx = logits[kvp_argmax(logits, vocab)], sum = 0.0;
+        for (int32_t i = 0; i < vocab; i++) sum += prob[i] = exp(((double)logits[i] - mx) / p->temperature);
+        double u = kvp_rng_uniform(rng) * sum, acc = 0.0;
+        for (int32_t i = 0; i < vocab; i++) {
+            acc += prob[i];
+            if (u < acc) return i;
+        }
+        return vocab - 1;
+    }
     top_sorted(logits, vocab, k, idx);
     double mx = logits[idx[0]], sum = 0.0;
     for (int32_t i = 0; i < k; i++) {

@@ -1,0 +1,814 @@
+/* runtime/gen.c — continuous batching on the CPU executor (see gen.h for the step). */
+#include "runtime/gen.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "blockmgr/block_mgr.h"
+#include "common/alloc.h"
+#include "common/log.h"
+#include "common/timer.h"
+
+typedef enum { SEQ_WAITING = 0, SEQ_RUNNING, SEQ_DONE } seq_state;
+
+typedef struct {
+    int64_t id;
+    int32_t req;
+    int32_t sample;      /* generator stream */
+    seq_state state;
+    int32_t *toks;       /* prompt + generated (the last one may not be computed yet) */
+    int32_t n_toks, cap;
+    int32_t n_computed;  /* tokens whose K/V is in the cache */
+    int32_t n_alloc;     /* tokens the block table holds slots for (n_toks, or n_toks - 1 after a sample) */
+    int32_t n_gen;
+    int fork_pending;    /* n > 1 / beam: fork after the prompt's logits */
+    int hit_eos;
+    int inserted;        /* prompt blocks offered to the prefix cache */
+    double logprob;
+    kvp_rng rng;
+    /* per step */
+    int32_t chunk;       /* tokens computed this step (0: not scheduled) */
+    int32_t row;         /* logits row this step */
+} gseq;
+
+typedef struct {
+    int32_t n_live;      /* sequences not done */
+    int admitted;
+    int32_t cached_tokens;
+    double t_first, t_done;
+    int32_t max_tokens;
+} greq;
+
+/* Per-step arrays, grown on demand and reused. */
+typedef struct {
+    int32_t *tokens, *pos, *qo, *kvi, *kvx, *last, *sched, *snap;
+    int64_t *slots;
+    size_t cap_tokens, cap_pos, cap_qo, cap_kvi, cap_kvx, cap_last, cap_sched, cap_snap, cap_slots;
+} step_buf;
+
+typedef struct {
+    kvp_model *m;
+    const kvp_gen_config *cfg;
+    const kvp_gen_request *reqs;
+    greq *rq;
+    int32_t nreq;
+    kvp_block_mgr *bm;
+    kvp_prefix_cache *pc;
+    kvp_kv_cache *kv;
+    kvp_sampler_ws *sws;
+    gseq **seqs; /* every sequence ever made, in creation order */
+    int32_t nseqs;
+    size_t cap_seqs;
+    int32_t *running; /* indices into seqs, admission order */
+    int32_t nrun;
+    size_t cap_run;
+    int32_t *preempted; /* FIFO of seq indices waiting for recompute */
+    int32_t npre;
+    size_t cap_pre;
+    int32_t next_req;
+    int64_t next_id;
+    double t0;
+    int32_t vocab;
+    kvp_gen_stats st;
+    double util_sum;
+    int64_t util_n;
+    step_buf buf;
+    float *logits, *lsm;
+    size_t cap_logits;
+} gen_ctx;
+
+kvp_gen_config kvp_gen_config_default(void)
+{
+    kvp_gen_config c = {.block_size = 16, .num_blocks = 0, .cache = KVP_PC_RADIX, .max_num_seqs = 256,
+                        .max_batched_tokens = 2048, .stop_at_eos = 1};
+    return c;
+}
+
+static kvp_status push_tok(gseq *s, int32_t t)
+{
+    if (s->n_toks + 1 > s->cap) {
+        int32_t nc = s->cap ? s->cap * 2 : 64;
+        int32_t *p = kvp_realloc(s->toks, (size_t)nc * sizeof *p);
+        if (!p) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+        s->toks = p;
+        s->cap = nc;
+    }
+    s->toks[s->n_toks++] = t;
+    return KVP_OK;
+}
+
+/* kvp_grow for any pointer type. */
+#define grow_to(pp, capp, need, elem) kvp_grow((void **)(pp), (capp), (need), (elem))
+
+static kvp_status new_seq(gen_ctx *g, int32_t req, int32_t sample, const int32_t *toks, int32_t n, int32_t *index)
+{
+    size_t cap = g->cap_seqs;
+    KVP_TRY(kvp_grow((void **)&g->seqs, &cap, (size_t)g->nseqs + 1, sizeof *g->seqs));
+    g->cap_seqs = cap;
+    gseq *s = kvp_calloc(1, sizeof *s);
+    if (!s) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    s->cap = n + 64;
+    s->toks = kvp_malloc((size_t)s->cap * sizeof *s->toks);
+    if (!s->toks) {
+        kvp_free(s);
+        return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    }
+    memcpy(s->toks, toks, (size_t)n * sizeof *toks);
+    s->n_toks = n;
+    s->id = g->next_id++;
+    s->req = req;
+    s->sample = sample;
+    s->state = SEQ_WAITING;
+    kvp_rng_seed(&s->rng, g->reqs[req].sampler.seed, (uint64_t)sample);
+    g->seqs[g->nseqs] = s;
+    *index = g->nseqs++;
+    return KVP_OK;
+}
+
+static kvp_status run_push(gen_ctx *g, int32_t idx)
+{
+    size_t cap = g->cap_run;
+    KVP_TRY(kvp_grow((void **)&g->running, &cap, (size_t)g->nrun + 1, sizeof *g->running));
+    g->cap_run = cap;
+    g->running[g->nrun++] = idx;
+    return KVP_OK;
+}
+
+static void run_remove(gen_ctx *g, int32_t idx)
+{
+    for (int32_t i = 0; i < g->nrun; i++)
+        if (g->running[i] == idx) {
+            memmove(g->running + i, g->running + i + 1, (size_t)(g->nrun - i - 1) * sizeof *g->running);
+            g->nrun--;
+            return;
+        }
+}
+
+static int is_beam(const gen_ctx *g, const gseq *s) { return g->reqs[s->req].beam_width > 1; }
+
+/* Seats a request needs once forked. */
+static int32_t group_size(const kvp_gen_request *r)
+{
+    return r->beam_width > 1 ? r->beam_width : r->n;
+}
+
+/* Frees a sequence's blocks and marks it done. */
+static void finish_seq(gen_ctx *g, int32_t idx)
+{
+    gseq *s = g->seqs[idx];
+    kvp_bm_free(g->bm, s->id);
+    kvp_error_clear();
+    s->state = SEQ_DONE;
+    run_remove(g, idx);
+    greq *r = &g->rq[s->req];
+    if (--r->n_live == 0) r->t_done = kvp_now_s() - g->t0;
+}
+
+/* Evictable cache blocks count as available. */
+static int32_t available_blocks(const gen_ctx *g)
+{
+    return kvp_bm_num_free(g->bm) + (int32_t)kvp_pc_num_evictable(g->pc);
+}
+
+/* Tries to admit one sequence (fresh or preempted): prefix-cache match, then a table holding the hit
+ * blocks. Returns 1 when admitted, 0 when it does not fit now. */
+static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
+{
+    gseq *s = g->seqs[idx];
+    const int32_t bs = g->cfg->block_size;
+    *admitted = 0;
+    int32_t max_hit = (s->n_toks - 1) / bs;
+    int32_t hit[4096], n_hit = 0;
+    int32_t cap_hit = max_hit < 4096 ? max_hit : 4096;
+    KVP_TRY(kvp_pc_match(g->pc, s->toks, s->n_toks, NULL, 1, hit, cap_hit, &n_hit));
+    int32_t need_blocks = (s->n_toks + bs - 1) / bs - n_hit;
+    int32_t to_compute = s->n_toks - n_hit * bs;
+    int fits = need_blocks <= available_blocks(g) && (to_compute <= *budget || g->nrun == 0);
+    kvp_status st = KVP_OK;
+    if (fits && need_blocks > kvp_bm_num_free(g->bm)) /* the hit blocks are locked: never evicted here */
+        st = kvp_pc_evict(g->pc, need_blocks - kvp_bm_num_free(g->bm), NULL);
+    /* The table gets slots for every known token now: prompt chunks then never wait for blocks. */
+    if (fits && st == KVP_OK) st = kvp_bm_allocate_prefixed(g->bm, s->id, s->n_toks, hit, n_hit);
+    kvp_status st2 = kvp_pc_unlock(g->pc, hit, n_hit); /* our own references now protect the blocks */
+    KVP_TRY(st);
+    KVP_TRY(st2);
+    if (!fits) return KVP_OK;
+    s->n_computed = n_hit * bs;
+    s->n_alloc = s->n_toks;
+    s->state = SEQ_RUNNING;
+    greq *r = &g->rq[s->req];
+    if (!r->admitted) {
+        r->admitted = 1;
+        r->cached_tokens = n_hit * bs;
+        g->st.prefix_hit_tokens += n_hit * bs;
+    }
+    *budget -= to_compute;
+    KVP_TRY(run_push(g, idx));
+    *admitted = 1;
+    return KVP_OK;
+}
+
+/* Preempts (recompute) the most recently admitted preemptible running sequence other than `keep`.
+ * Returns 0 in *done when none exists. */
+static kvp_status preempt_one(gen_ctx *g, int32_t keep, int *done)
+{
+    *done = 0;
+    for (int32_t i = g->nrun - 1; i >= 0; i--) {
+        int32_t idx = g->running[i];
+        gseq *s = g->seqs[idx];
+        if (idx == keep || is_beam(g, s) || s->chunk > 0) continue;
+        KVP_TRY(kvp_bm_free(g->bm, s->id));
+        s->n_computed = 0;
+        s->n_alloc = 0;
+        s->state = SEQ_WAITING;
+        run_remove(g, idx);
+        size_t cap = g->cap_pre;
+        KVP_TRY(kvp_grow((void **)&g->preempted, &cap, (size_t)g->npre + 1, sizeof *g->preempted));
+        g->cap_pre = cap;
+        g->preempted[g->npre++] = idx;
+        g->st.preemptions++;
+        *done = 1;
+        return KVP_OK;
+    }
+    return KVP_OK;
+}
+
+/* Gets slots for `n` new tokens of sequence idx, evicting cached blocks and preempting unscheduled others
+ * (most recent first) as needed; as a last resort the sequence preempts itself (*self = 1, no slots). */
+static kvp_status append_slots(gen_ctx *g, int32_t idx, int32_t n, int32_t *slots, int *self)
+{
+    gseq *s = g->seqs[idx];
+    *self = 0;
+    for (;;) {
+        int32_t need = 0;
+        KVP_TRY(kvp_bm_append_blocks_needed(g->bm, s->id, n, &need));
+        int32_t freeb = kvp_bm_num_free(g->bm);
+        if (need > freeb) {
+            int64_t ev = kvp_pc_num_evictable(g->pc);
+            int32_t want = need - freeb;
+            if (ev > 0) {
+                KVP_TRY(kvp_pc_evict(g->pc, want < ev ? want : (int32_t)ev, NULL));
+                continue;
+            }
+            int done;
+            KVP_TRY(preempt_one(g, idx, &done));
+            if (!done && !is_beam(g, s) && g->nrun > 1) {
+                s->chunk = 0;
+                KVP_TRY(kvp_bm_free(g->bm, s->id));
+                s->n_computed = 0;
+                s->n_alloc = 0;
+                s->state = SEQ_WAITING;
+                run_remove(g, idx);
+                size_t cap = g->cap_pre;
+                KVP_TRY(kvp_grow((void **)&g->preempted, &cap, (size_t)g->npre + 1, sizeof *g->preempted));
+                g->cap_pre = cap;
+                g->preempted[g->npre++] = idx;
+                g->st.preemptions++;
+                *self = 1;
+                return KVP_OK;
+            }
+            if (!done)
+                return KVP_ERR(KVP_ENOBLOCKS, "generate: the KV cache (%d blocks of %d tokens) is too small for "
+                                              "request %d at %d tokens; raise --num-blocks",
+                               g->cfg->num_blocks, g->cfg->block_size, s->req, s->n_computed + n);
+            continue;
+        }
+        KVP_TRY(kvp_bm_append(g->bm, s->id, n, slots));
+        s->n_alloc += n;
+        return KVP_OK;
+    }
+}
+
+/* Records the first token time and appends a sampled token; finishes the sequence when it is done. */
+static kvp_status emit(gen_ctx *g, int32_t idx, int32_t tok, double lp)
+{
+    gseq *s = g->seqs[idx];
+    greq *r = &g->rq[s->req];
+    if (r->t_first < 0) r->t_first = kvp_now_s() - g->t0;
+    int eos = kvp_model_cfg(g->m)->eos_token_id;
+    if (!is_beam(g, s) && g->cfg->stop_at_eos && eos >= 0 && tok == eos) {
+        s->hit_eos = 1;
+        finish_seq(g, idx);
+        return KVP_OK;
+    }
+    KVP_TRY(push_tok(s, tok));
+    s->n_gen++;
+    s->logprob += lp;
+    g->st.generated_tokens++;
+    if (s->n_gen >= r->max_tokens) finish_seq(g, idx);
+    return KVP_OK;
+}
+
+static double token_logprob(gen_ctx *g, const float *logits, int32_t tok)
+{
+    kvp_log_softmax(logits, g->vocab, g->lsm);
+    return g->lsm[tok];
+}
+
+/* Forks sequence idx into a new running sequence (shared blocks, copied token list). */
+static kvp_status fork_seq(gen_ctx *g, int32_t idx, int32_t sample, int32_t *child)
+{
+    gseq *p = g->seqs[idx];
+    int32_t c = -1;
+    KVP_TRY(new_seq(g, p->req, sample, p->toks, p->n_toks, &c));
+    gseq *s = g->seqs[c];
+    s->n_computed = p->n_computed;
+    s->n_alloc = p->n_alloc;
+    s->n_gen = p->n_gen;
+    s->logprob = p->logprob;
+    s->inserted = 1;
+    s->state = SEQ_RUNNING;
+    KVP_TRY(kvp_bm_fork(g->bm, p->id, s->id));
+    KVP_TRY(run_push(g, c));
+    g->rq[p->req].n_live++;
+    *child = c;
+    return KVP_OK;
+}
+
+typedef struct {
+    double score;
+    int32_t parent; /* seq index */
+    int32_t pos;    /* parent's order among the beams */
+    int32_t tok;
+    float lp;
+} cand;
+
+/* Beam step for request r: every live beam has logits in rows. */
+static kvp_status beam_step(gen_ctx *g, int32_t r, const int32_t *beams, int32_t nb)
+{
+    const int32_t W = g->reqs[r].beam_width, V = g->vocab;
+    cand *c = kvp_malloc((size_t)nb * (size_t)W * sizeof *c);
+    int32_t *sel = kvp_calloc((size_t)nb, sizeof *sel);
+    if (!c || !sel) {
+        kvp_free(c);
+        kvp_free(sel);
+        return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    }
+    int32_t nc = 0;
+    for (int32_t b = 0; b < nb; b++) {
+        gseq *s = g->seqs[beams[b]];
+        kvp_log_softmax(g->logits + (int64_t)s->row * V, V, g->lsm);
+        /* top W tokens of this beam (ties: lower id) */
+        for (int32_t k = 0; k < W && k < V; k++) {
+            int32_t best = -1;
+            for (int32_t t = 0; t < V; t++) {
+                int taken = 0;
+                for (int32_t j = nc - k; j < nc; j++)
+                    if (c[j].tok == t) taken = 1;
+                if (!taken && (best < 0 || g->lsm[t] > g->lsm[best])) best = t;
+            }
+            c[nc++] = (cand){s->logprob + g->lsm[best], beams[b], b, best, g->lsm[best]};
+        }
+    }
+    /* select the W best candidates: score desc, then parent order, then token id */
+    for (int32_t i = 0; i < nc; i++)
+        for (int32_t j = i + 1; j < nc; j++) {
+            int swap = c[j].score > c[i].score ||
+                       (c[j].score == c[i].score && (c[j].pos < c[i].pos || (c[j].pos == c[i].pos && c[j].tok < c[i].tok)));
+            if (swap) {
+                cand t = c[i];
+                c[i] = c[j];
+                c[j] = t;
+            }
+        }
+    int32_t keep = nc < W ? nc : W;
+    kvp_status st = KVP_OK;
+    /* Forks first (from parents still alive), then frees, then appends. */
+    int32_t *target = kvp_malloc((size_t)keep * sizeof *target);
+    if (!target) st = KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    for (int32_t i = 0; st == KVP_OK && i < keep; i++) {
+        int32_t b = c[i].pos;
+        if (sel[b]++ == 0) {
+            target[i] = c[i].parent;
+        } else {
+            st = fork_seq(g, c[i].parent, 0, &target[i]);
+            if (st == KVP_OK) g->st.cow_copies += 0;
+        }
+    }
+    for (int32_t b = 0; st == KVP_OK && b < nb; b++)
+        if (sel[b] == 0) finish_seq(g, beams[b]);
+    for (int32_t i = 0; st == KVP_OK && i < keep; i++) {
+        gseq *s = g->seqs[target[i]];
+        s->logprob = c[i].score - c[i].lp; /* emit adds lp back */
+        st = emit(g, target[i], c[i].tok, c[i].lp);
+    }
+    kvp_free(target);
+    kvp_free(c);
+    kvp_free(sel);
+    return st;
+}
+
+static kvp_status step(gen_ctx *g)
+{
+    const kvp_gen_config *cfg = g->cfg;
+    const int32_t bs = cfg->block_size;
+    int32_t budget = cfg->max_batched_tokens;
+    /* Budget taken by decodes (always scheduled). */
+    for (int32_t i = 0; i < g->nrun; i++) {
+        gseq *s = g->seqs[g->running[i]];
+        if (s->n_alloc == s->n_toks - 1) budget--;
+    }
+    /* (1) admission: preempted first, then new requests, FCFS, head-of-line. */
+    int blocked = 0;
+    while (!blocked && g->npre > 0) {
+        int32_t idx = g->preempted[0];
+        if (g->nrun + 1 > cfg->max_num_seqs) break;
+        int ok;
+        KVP_TRY(admit(g, idx, &budget, &ok));
+        if (!ok) {
+            blocked = 1;
+            break;
+        }
+        memmove(g->preempted, g->preempted + 1, (size_t)(g->npre - 1) * sizeof *g->preempted);
+        g->npre--;
+    }
+    while (!blocked && g->next_req < g->nreq && budget > 0) {
+        const kvp_gen_request *r = &g->reqs[g->next_req];
+        if (g->nrun + group_size(r) > cfg->max_num_seqs && g->nrun > 0) break;
+        int32_t idx = -1;
+        KVP_TRY(new_seq(g, g->next_req, 0, r->prompt, r->n_prompt, &idx));
+        g->seqs[idx]->fork_pending = group_size(r) > 1 || r->beam_width > 1;
+        int ok;
+        KVP_TRY(admit(g, idx, &budget, &ok));
+        if (!ok) {
+            /* drop the unadmitted sequence object again */
+            kvp_free(g->seqs[idx]->toks);
+            kvp_free(g->seqs[idx]);
+            g->nseqs--;
+            g->next_id--;
+            break;
+        }
+        g->rq[g->next_req].n_live = 1;
+        g->next_req++;
+    }
+    if (g->nrun == 0) {
+        if (g->npre > 0 || g->next_req < g->nreq)
+            return KVP_ERR(KVP_ENOBLOCKS, "generate: the KV cache (%d blocks of %d tokens) cannot hold the next "
+                                          "request; raise --num-blocks",
+                           cfg->num_blocks, bs);
+        return KVP_OK;
+    }
+    /* (2) schedule: decodes first (they may need a block: evict, then preempt the most recent unscheduled
+     * sequence), then prompt chunks (their slots were allocated at admission) with what is left of the
+     * budget. Iterate over a snapshot: preemption edits the running list. */
+    budget = cfg->max_batched_tokens;
+    int32_t ntok = 0, nsched = 0;
+    for (int32_t i = 0; i < g->nrun; i++) g->seqs[g->running[i]]->chunk = 0;
+    KVP_TRY(grow_to(&g->buf.snap, &g->buf.cap_snap, (size_t)g->nrun, sizeof *g->buf.snap));
+    int32_t nsnap = g->nrun;
+    memcpy(g->buf.snap, g->running, (size_t)nsnap * sizeof *g->buf.snap);
+    for (int pass = 0; pass < 2; pass++)
+        for (int32_t i = 0; i < nsnap; i++) {
+            int32_t idx = g->buf.snap[i];
+            gseq *s = g->seqs[idx];
+            if (s->state != SEQ_RUNNING || s->chunk > 0) continue;
+            int is_decode = s->n_alloc == s->n_toks - 1;
+            if ((pass == 0) != is_decode) continue;
+            int32_t n = s->n_toks - s->n_computed;
+            if (!is_decode) {
+                if (budget <= 0) continue;
+                if (n > budget) n = budget;
+            }
+            KVP_TRY(grow_to(&g->buf.slots, &g->buf.cap_slots, (size_t)(ntok + n), sizeof *g->buf.slots));
+            if (is_decode) {
+                int32_t slot;
+                int self;
+                KVP_TRY(append_slots(g, idx, 1, &slot, &self));
+                if (self) continue;
+                g->buf.slots[ntok] = slot;
+            } else {
+                kvp_bm_table_view tv;
+                KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
+                for (int32_t j = 0; j < n; j++) {
+                    int32_t p = s->n_computed + j;
+                    g->buf.slots[ntok + j] = (int64_t)tv.blocks[p / bs] * bs + p % bs;
+                }
+            }
+            s->chunk = n;
+            s->row = nsched;
+            budget -= n;
+            ntok += n;
+            nsched++;
+        }
+    if (nsched == 0) return KVP_ERR(KVP_ESTATE, "generate: nothing could be scheduled");
+    /* Batch arrays in scheduling order (row order). */
+    step_buf *B = &g->buf;
+    KVP_TRY(grow_to(&B->sched, &B->cap_sched, (size_t)nsched, sizeof *B->sched));
+    KVP_TRY(grow_to(&B->qo, &B->cap_qo, (size_t)nsched + 1, sizeof *B->qo));
+    KVP_TRY(grow_to(&B->kvi, &B->cap_kvi, (size_t)nsched + 1, sizeof *B->kvi));
+    KVP_TRY(grow_to(&B->last, &B->cap_last, (size_t)nsched, sizeof *B->last));
+    KVP_TRY(grow_to(&B->tokens, &B->cap_tokens, (size_t)ntok, sizeof *B->tokens));
+    KVP_TRY(grow_to(&B->pos, &B->cap_pos, (size_t)ntok, sizeof *B->pos));
+    for (int32_t i = 0; i < g->nrun; i++) {
+        gseq *s = g->seqs[g->running[i]];
+        if (s->chunk > 0) B->sched[s->row] = g->running[i];
+    }
+    int32_t ns = nsched, nt = 0, nkvx = 0;
+    for (int32_t r = 0; r < ns; r++) {
+        gseq *s = g->seqs[B->sched[r]];
+        B->qo[r] = nt;
+        for (int32_t j = 0; j < s->chunk; j++) {
+            B->tokens[nt + j] = s->toks[s->n_computed + j];
+            B->pos[nt + j] = s->n_computed + j;
+        }
+        nt += s->chunk;
+        nkvx += (s->n_computed + s->chunk + bs - 1) / bs;
+    }
+    B->qo[ns] = nt;
+    KVP_TRY(grow_to(&B->kvx, &B->cap_kvx, (size_t)nkvx + 1, sizeof *B->kvx));
+    int32_t at = 0;
+    for (int32_t r = 0; r < ns; r++) {
+        gseq *s = g->seqs[B->sched[r]];
+        kvp_bm_table_view tv;
+        KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
+        /* The page table covers the tokens computed so far plus this step's (not the whole prompt whose
+         * slots were allocated at admission). */
+        int32_t len = s->n_computed + s->chunk, pages = (len + bs - 1) / bs;
+        B->kvi[r] = at;
+        memcpy(B->kvx + at, tv.blocks, (size_t)pages * sizeof *B->kvx);
+        at += pages;
+        B->last[r] = len - (pages - 1) * bs;
+    }
+    B->kvi[ns] = at;
+    /* (3) copy-on-write */
+    kvp_bm_step_ops ops;
+    kvp_bm_step_ops_get(g->bm, &ops);
+    if (ops.n_copies > 0) {
+        int32_t *pairs = kvp_malloc((size_t)ops.n_copies * 2 * sizeof *pairs);
+        if (!pairs) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+        for (int32_t i = 0; i < ops.n_copies; i++) {
+            pairs[2 * i] = ops.copies[i].src;
+            pairs[2 * i + 1] = ops.copies[i].dst;
+        }
+        kvp_status st = kvp_kv_cache_copy_blocks(g->kv, pairs, ops.n_copies);
+        kvp_free(pairs);
+        KVP_TRY(st);
+        g->st.cow_copies += ops.n_copies;
+    }
+    kvp_bm_step_ops_clear(g->bm);
+    /* accounting */
+    kvp_kv_accounting a;
+    kvp_bm_account(g->bm, false, &a);
+    int64_t used_slots = a.capacity - a.free - a.cached;
+    int64_t used_blocks = used_slots / bs;
+    if (used_blocks > g->st.peak_used_blocks) g->st.peak_used_blocks = used_blocks;
+    if (a.token_states > g->st.peak_token_states) g->st.peak_token_states = a.token_states;
+    if (a.logical_tokens > g->st.peak_logical_tokens) g->st.peak_logical_tokens = a.logical_tokens;
+    if (a.shared_savings > g->st.peak_shared_savings) g->st.peak_shared_savings = a.shared_savings;
+    if (used_slots > 0) {
+        g->util_sum += (double)a.token_states / (double)used_slots;
+        g->util_n++;
+    }
+    /* (4) forward */
+    KVP_TRY(grow_to(&g->logits, &g->cap_logits, (size_t)ns * (size_t)g->vocab, sizeof *g->logits));
+    kvp_fwd_batch b = {.num_seqs = ns, .num_tokens = nt, .tokens = B->tokens, .positions = B->pos,
+                       .slot_mapping = B->slots, .qo_indptr = B->qo, .kv_indptr = B->kvi,
+                       .kv_indices = B->kvx, .kv_last_page_len = B->last, .all_logits = 0};
+    KVP_TRY(kvp_model_forward(g->m, g->kv, &b, g->logits));
+    g->st.computed_tokens += nt;
+    g->st.steps++;
+    /* (5) sample / fork / finish, in batch order */
+    for (int32_t i = 0; i < ns; i++) {
+        int32_t idx = B->sched[i];
+        gseq *s = g->seqs[idx];
+        s->n_computed += s->chunk;
+        if (!s->inserted && s->n_computed >= g->reqs[s->req].n_prompt) {
+            int32_t nfull = g->reqs[s->req].n_prompt / bs;
+            kvp_bm_table_view tv;
+            KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
+            if (nfull > 0) KVP_TRY(kvp_pc_insert(g->pc, s->toks, s->n_toks, tv.blocks, nfull, NULL, 0, NULL));
+            s->inserted = 1;
+        }
+    }
+    /* beams grouped by request */
+    for (int32_t i = 0; i < ns; i++) {
+        int32_t idx = B->sched[i];
+        gseq *s = g->seqs[idx];
+        if (s->state != SEQ_RUNNING || s->n_computed < s->n_toks) continue;
+        const kvp_gen_request *r = &g->reqs[s->req];
+        const float *lg = g->logits + (int64_t)s->row * g->vocab;
+        if (g->rq[s->req].max_tokens == 0) { /* prompt only: nothing to generate */
+            finish_seq(g, idx);
+            continue;
+        }
+        if (r->beam_width > 1) {
+            if (s->chunk < 0) continue;
+            int32_t beams[1024], nb = 0;
+            for (int32_t j = i; j < ns && nb < 1024; j++) {
+                gseq *o = g->seqs[B->sched[j]];
+                if (o->req == s->req && o->state == SEQ_RUNNING && o->n_computed == o->n_toks && o->chunk > 0) {
+                    beams[nb++] = B->sched[j];
+                    o->chunk = -1; /* handled */
+                }
+            }
+            KVP_TRY(beam_step(g, s->req, beams, nb));
+            continue;
+        }
+        if (s->fork_pending) {
+            s->fork_pending = 0;
+            int32_t kids[1024];
+            int32_t nk = r->n - 1 < 1024 ? r->n - 1 : 1023;
+            for (int32_t k = 0; k < nk; k++) KVP_TRY(fork_seq(g, idx, k + 1, &kids[k]));
+            int32_t t0 = kvp_sample(&r->sampler, &s->rng, lg, g->vocab, g->sws);
+            double lp0 = token_logprob(g, lg, t0);
+            for (int32_t k = 0; k < nk; k++) {
+                gseq *c = g->seqs[kids[k]];
+                int32_t t = kvp_sample(&r->sampler, &c->rng, lg, g->vocab, g->sws);
+                KVP_TRY(emit(g, kids[k], t, token_logprob(g, lg, t)));
+            }
+            KVP_TRY(emit(g, idx, t0, lp0));
+            continue;
+        }
+        int32_t t = kvp_sample(&r->sampler, &s->rng, lg, g->vocab, g->sws);
+        KVP_TRY(emit(g, idx, t, r->sampler.temperature > 0 ? token_logprob(g, lg, t) : 0.0));
+    }
+    return KVP_OK;
+}
+
+static void ctx_free(gen_ctx *g)
+{
+    if (g->seqs)
+        for (int32_t i = 0; i < g->nseqs; i++) {
+            if (g->seqs[i]) kvp_free(g->seqs[i]->toks);
+            kvp_free(g->seqs[i]);
+        }
+    kvp_free(g->seqs);
+    kvp_free(g->running);
+    kvp_free(g->preempted);
+    kvp_free(g->rq);
+    step_buf *B = &g->buf;
+    void *bufs[] = {B->tokens, B->pos, B->qo, B->kvi, B->kvx, B->last, B->sched, B->snap, B->slots};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvp_free(bufs[i]);
+    kvp_free(g->logits);
+    kvp_free(g->lsm);
+    kvp_sampler_ws_destroy(g->sws);
+    kvp_pc_destroy(g->pc);
+    kvp_kv_cache_destroy(g->kv);
+    kvp_bm_destroy(g->bm);
+}
+
+void kvp_gen_results_free(kvp_gen_result *res, int32_t n)
+{
+    if (!res) return;
+    for (int32_t i = 0; i < n; i++) {
+        if (res[i].tokens)
+            for (int32_t j = 0; j < res[i].n_samples; j++) kvp_free(res[i].tokens[j]);
+        kvp_free(res[i].tokens);
+        kvp_free(res[i].n_tokens);
+        kvp_free(res[i].logprob);
+        kvp_free(res[i].hit_eos);
+        memset(&res[i], 0, sizeof res[i]);
+    }
+}
+
+/* Collects the results of request r from its sequences (beams: best first). */
+static kvp_status collect(gen_ctx *g, int32_t r, kvp_gen_result *out)
+{
+    const kvp_gen_request *q = &g->reqs[r];
+    int32_t cnt = 0;
+    for (int32_t i = 0; i < g->nseqs; i++)
+        if (g->seqs[i]->req == r && g->seqs[i]->state == SEQ_DONE && (q->beam_width <= 1 || g->seqs[i]->n_gen == g->rq[r].max_tokens))
+            cnt++;
+    int32_t *order = kvp_malloc((size_t)(cnt + 1) * sizeof *order);
+    if (!order) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    int32_t k = 0;
+    for (int32_t i = 0; i < g->nseqs; i++)
+        if (g->seqs[i]->req == r && g->seqs[i]->state == SEQ_DONE && (q->beam_width <= 1 || g->seqs[i]->n_gen == g->rq[r].max_tokens))
+            order[k++] = i;
+    /* sampling: by sample index; beams: by score desc (stable on creation order) */
+    for (int32_t i = 0; i < cnt; i++)
+        for (int32_t j = i + 1; j < cnt; j++) {
+            gseq *a = g->seqs[order[i]], *b = g->seqs[order[j]];
+            int swap = q->beam_width > 1 ? b->logprob > a->logprob : b->sample < a->sample;
+            if (swap) {
+                int32_t t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+        }
+    int32_t ns = q->beam_width > 1 ? (q->n < cnt ? q->n : cnt) : cnt;
+    memset(out, 0, sizeof *out);
+    out->n_samples = ns;
+    out->tokens = kvp_calloc((size_t)ns + 1, sizeof *out->tokens);
+    out->n_tokens = kvp_calloc((size_t)ns + 1, sizeof *out->n_tokens);
+    out->logprob = kvp_calloc((size_t)ns + 1, sizeof *out->logprob);
+    out->hit_eos = kvp_calloc((size_t)ns + 1, sizeof *out->hit_eos);
+    kvp_status st = out->tokens && out->n_tokens && out->logprob && out->hit_eos ? KVP_OK : KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    for (int32_t i = 0; st == KVP_OK && i < ns; i++) {
+        gseq *s = g->seqs[order[i]];
+        out->tokens[i] = kvp_malloc((size_t)(s->n_gen + 1) * sizeof(int32_t));
+        if (!out->tokens[i]) {
+            st = KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+            break;
+        }
+        memcpy(out->tokens[i], s->toks + (s->n_toks - s->n_gen), (size_t)s->n_gen * sizeof(int32_t));
+        out->n_tokens[i] = s->n_gen;
+        out->logprob[i] = s->logprob;
+        out->hit_eos[i] = s->hit_eos;
+    }
+    kvp_free(order);
+    if (st != KVP_OK) {
+        kvp_gen_results_free(out, 1);
+        return st;
+    }
+    const greq *gr = &g->rq[r];
+    out->prompt_cached_tokens = gr->cached_tokens;
+    out->ttft_s = gr->t_first >= 0 ? gr->t_first : gr->t_done;
+    int32_t maxgen = 0;
+    for (int32_t i = 0; i < ns; i++) maxgen = out->n_tokens[i] > maxgen ? out->n_tokens[i] : maxgen;
+    out->tpot_s = maxgen > 1 ? (gr->t_done - out->ttft_s) / (maxgen - 1) : 0.0;
+    out->finish_s = gr->t_done;
+    return KVP_OK;
+}
+
+kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n,
+                       kvp_gen_result *results, kvp_gen_stats *stats)
+{
+    if (cfg->block_size < 1 || cfg->max_num_seqs < 1 || cfg->max_batched_tokens < 1 || cfg->num_blocks < 0)
+        return KVP_ERR(KVP_EINVAL, "generate: block_size, max_num_seqs and max_batched_tokens must be >= 1");
+    if (n < 1) return KVP_ERR(KVP_EINVAL, "generate: no request");
+    const int32_t maxlen = kvp_model_max_len(m);
+    const int64_t V = kvp_model_cfg(m)->vocab_size;
+    int64_t need_slots = 0;
+    gen_ctx g;
+    memset(&g, 0, sizeof g);
+    g.rq = kvp_calloc((size_t)n, sizeof *g.rq);
+    if (!g.rq) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    for (int32_t i = 0; i < n; i++) {
+        const kvp_gen_request *r = &reqs[i];
+        kvp_status st = KVP_OK;
+        if (r->n_prompt < 1 || !r->prompt)
+            st = KVP_ERR(KVP_EINVAL, "generate: prompt %d is empty (it needs at least a BOS token)", i);
+        else if (r->n_prompt >= maxlen)
+            st = KVP_ERR(KVP_EINVAL, "generate: prompt %d has %d tokens but the model's context is %d tokens", i,
+                         r->n_prompt, maxlen);
+        else if (r->max_tokens < 0 || r->n < 1 || r->beam_width < 0 || (r->beam_width > 1 && r->n > r->beam_width) ||
+                 r->n > 1000 || r->beam_width > 1000)
+            st = KVP_ERR(KVP_EINVAL, "generate: request %d: max_tokens %d >= 0, n %d in 1..1000 and <= beam width %d",
+                         i, r->max_tokens, r->n, r->beam_width);
+        else
+            st = kvp_sampler_check(&r->sampler);
+        for (int32_t j = 0; st == KVP_OK && j < r->n_prompt; j++)
+            if (r->prompt[j] < 0 || r->prompt[j] >= V)
+                st = KVP_ERR(KVP_EINVAL, "generate: prompt %d token %d is %d, outside the vocabulary (%lld)", i, j,
+                             r->prompt[j], (long long)V);
+        if (st != KVP_OK) {
+            kvp_free(g.rq);
+            return st;
+        }
+        g.rq[i].max_tokens = r->max_tokens;
+        if (r->n_prompt + r->max_tokens > maxlen) {
+            g.rq[i].max_tokens = maxlen - r->n_prompt;
+            KVP_LOG_W("generate: request %d: max_tokens %d clamped to %d (context %d)", i, r->max_tokens,
+                      g.rq[i].max_tokens, maxlen);
+        }
+        g.rq[i].t_first = -1;
+        int64_t len = r->n_prompt + g.rq[i].max_tokens;
+        need_slots += ((len + cfg->block_size - 1) / cfg->block_size + 1) * cfg->block_size * group_size(r);
+    }
+    kvp_gen_config c = *cfg;
+    if (c.num_blocks == 0) {
+        int64_t nb = need_slots / c.block_size + 4;
+        c.num_blocks = nb > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)nb;
+    }
+    g.m = m;
+    g.cfg = &c;
+    g.reqs = reqs;
+    g.nreq = n;
+    g.vocab = (int32_t)V;
+    kvp_bm_config bc = {.num_blocks = c.num_blocks, .block_size = c.block_size, .num_host_blocks = 0,
+                        .max_seq_len = maxlen, .watermark_blocks = 0};
+    kvp_status st = kvp_bm_create(&bc, &g.bm);
+    if (st == KVP_OK) st = kvp_pc_create(c.cache, KVP_EVICT_LRU, kvp_bm_pool(g.bm), c.block_size, &g.pc);
+    if (st == KVP_OK) st = kvp_kv_cache_create(m, c.num_blocks, c.block_size, &g.kv);
+    if (st == KVP_OK) st = kvp_sampler_ws_create(g.vocab, &g.sws);
+    if (st == KVP_OK) {
+        g.lsm = kvp_malloc((size_t)V * sizeof *g.lsm);
+        if (!g.lsm) st = KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    }
+    g.t0 = kvp_now_s();
+    while (st == KVP_OK && (g.nrun > 0 || g.npre > 0 || g.next_req < g.nreq)) st = step(&g);
+    double wall = kvp_now_s() - g.t0;
+    int32_t done = 0;
+    for (; st == KVP_OK && done < n; done++) st = collect(&g, done, &results[done]);
+    if (st != KVP_OK) {
+        kvp_gen_results_free(results, done);
+        ctx_free(&g);
+        return st;
+    }
+    if (stats) {
+        kvp_pc_stats ps;
+        kvp_pc_get_stats(g.pc, &ps);
+        g.st.wall_s = wall;
+        for (int32_t i = 0; i < n; i++) g.st.prompt_tokens += reqs[i].n_prompt;
+        g.st.tokens_per_s = wall > 0 ? (double)g.st.generated_tokens / wall : 0.0;
+        g.st.prefix_hit_rate = kvp_pc_hit_rate(&ps);
+        g.st.mean_kv_utilization = g.util_n ? g.util_sum / (double)g.util_n : 0.0;
+        g.st.num_blocks = c.num_blocks;
+        g.st.block_size = c.block_size;
+        *stats = g.st;
+    }
+    ctx_free(&g);
+    return KVP_OK;
+}

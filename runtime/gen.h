@@ -1,0 +1,96 @@
+/* runtime/gen.h — text generation on the CPU executor: a continuous-batching loop over the block manager
+ * (blockmgr/), the prefix cache (prefix_cache/) and the model's paged KV cache (runtime/model.h).
+ *
+ * Each step: (1) waiting work is admitted in FCFS order (preempted sequences first) while the running set,
+ * the token budget and the free + evictable blocks allow it, with a prefix-cache match on its tokens;
+ * (2) every running sequence gets its next tokens — decodes first (1 token each), then prompt chunks with
+ * what is left of the budget (chunked prefill); slots come from kvp_bm_append, evicting cached blocks and
+ * then preempting (recompute) the most recently admitted preemptible sequence when blocks run out;
+ * (3) copy-on-write copies are run; (4) one batched forward pass over all of them; (5) sequences that
+ * reached the end of their known tokens sample, fork or finish; a finished sequence frees its blocks at once.
+ *
+ *   request (n = 1)       one sequence
+ *   request (n > 1)       one sequence prefills the prompt, then forks into n (kvp_bm_fork: the prompt's
+ *                         blocks are shared, copy-on-write of the partly filled last block); sample i uses
+ *                         generator stream i of the seed, so results do not depend on batching
+ *   request (beam W > 1)  the prompt is prefilled once; W beams advance in lockstep; each step keeps the W
+ *                         best (cumulative log-probability) of the W x W candidate extensions, forking a
+ *                         beam chosen twice and freeing a beam chosen never. Beams run max_tokens steps
+ *                         (EOS is an ordinary token for them); results are the n best beams.
+ *
+ * Greedy results are batch invariant with KVP_MATMUL_INVARIANT: a request gives the same tokens alone or in
+ * any batch, with or without a prefix cache, at any block size.
+ * Ownership: everything passed in is borrowed for the call; results are owned by the caller
+ * (kvp_gen_results_free). Not thread-safe per model.
+ */
+#ifndef KVP_RUNTIME_GEN_H
+#define KVP_RUNTIME_GEN_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "prefix_cache/prefix_cache.h"
+#include "runtime/model.h"
+#include "runtime/sampler.h"
+
+typedef struct {
+    int32_t block_size;         /* >= 1 */
+    int32_t num_blocks;         /* KV capacity; 0 = enough for every request at once */
+    kvp_pc_kind cache;          /* prefix cache across requests (KVP_PC_NONE: off) */
+    int32_t max_num_seqs;       /* running sequences at most, >= 1 */
+    int32_t max_batched_tokens; /* token budget of a step, >= 1 (decodes always run) */
+    int stop_at_eos;            /* 1: a sampled EOS ends a sample (not part of its tokens) */
+} kvp_gen_config;
+
+/* block 16, auto blocks, radix cache, 256 seqs, 2048 tokens, stop at EOS. */
+kvp_gen_config kvp_gen_config_default(void);
+
+typedef struct {
+    const int32_t *prompt; /* (n_prompt) token ids, BOS included when wanted; borrowed */
+    int32_t n_prompt;      /* >= 1 */
+    int32_t max_tokens;    /* tokens to generate after the prompt, >= 0 */
+    kvp_sampler_params sampler;
+    int32_t n;             /* samples (>= 1); with beam search, the number of best beams returned (<= W) */
+    int32_t beam_width;    /* 0 or 1: sampling; > 1: beam search (the sampler is not used) */
+} kvp_gen_request;
+
+typedef struct {
+    int32_t n_samples;
+    int32_t **tokens;     /* [n_samples] generated ids (EOS excluded), owned */
+    int32_t *n_tokens;    /* [n_samples] */
+    double *logprob;      /* [n_samples] cumulative log-probability of the generated tokens */
+    int *hit_eos;         /* [n_samples] 1 when the sample stopped at EOS */
+    int32_t prompt_cached_tokens; /* prompt tokens served by the prefix cache at first admission */
+    double ttft_s;        /* from the start of the run to the first generated token */
+    double tpot_s;        /* mean time per generated token after the first (0 when <= 1 token) */
+    double finish_s;
+} kvp_gen_result;
+
+typedef struct {
+    double wall_s;
+    int64_t steps;
+    int64_t prompt_tokens;     /* sum of prompt lengths */
+    int64_t generated_tokens;  /* sum over samples */
+    int64_t computed_tokens;   /* rows through the forward pass (recomputation included) */
+    double tokens_per_s;       /* generated_tokens / wall_s */
+    double prefix_hit_rate;    /* prefix cache hit tokens / queried tokens */
+    int64_t prefix_hit_tokens;
+    int64_t preemptions;
+    int64_t cow_copies;        /* copy-on-write block copies */
+    int64_t peak_used_blocks;  /* blocks held by sequences (not counting cache-only blocks) */
+    int64_t peak_token_states; /* slots holding a token (shared ones once) */
+    int64_t peak_logical_tokens;
+    int64_t peak_shared_savings;
+    double mean_kv_utilization; /* over steps: token_states / slots of used blocks */
+    int32_t num_blocks, block_size;
+} kvp_gen_stats;
+
+/* Runs every request to completion. KVP_EINVAL naming the request for bad parameters or a prompt that
+ * does not fit the model's context (max_tokens is clamped so that prompt + max_tokens <= context, with a
+ * warning); KVP_ENOBLOCKS when num_blocks is too small for one request even after preempting others;
+ * KVP_ENOMEM. results[0..n) are written on success only. */
+kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n,
+                       kvp_gen_result *results, kvp_gen_stats *stats);
+void kvp_gen_results_free(kvp_gen_result *results, int32_t n);
+
+#endif

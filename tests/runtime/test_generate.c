@@ -1,0 +1,327 @@
+/* Generation loop tests (runtime/gen.h) on stories260K: golden greedy stories through continuous batching,
+ * batch invariance (alone / together / prefix cache radix, hash, none / block sizes 1, 16, 64 / preemption),
+ * n > 1 sampling by fork with copy-on-write (accounting), beam search against exhaustive search. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/json.h"
+#include "model_testutil.h"
+#include "runtime/gen.h"
+#include "runtime/tokenizer.h"
+
+static kvp_model *g_model;
+static kvp_tokenizer *g_tok;
+
+static void setup(void)
+{
+    tu_require_shared();
+    cr_assert_eq(kvp_model_load(S260_GGUF, &g_model), KVP_OK, "%s", kvp_error_detail());
+    kvp_gguf *g;
+    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
+    cr_assert_eq(kvp_tok_from_gguf(g, &g_tok), KVP_OK);
+    kvp_gguf_close(g);
+}
+
+static void teardown(void)
+{
+    kvp_model_destroy(g_model);
+    kvp_tok_destroy(g_tok);
+}
+
+static const char *const prompts[] = {
+    "Once upon a time",
+    "Once upon a time, there was a little dog",
+    "Once upon a time, there was a little girl named Lily. She",
+    "The sun was shining",
+    "Tom and Sue went to the park. They saw a big",
+    "One day, a cat",
+    "",
+    "Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her ball",
+};
+#define NPROMPTS ((int)(sizeof prompts / sizeof prompts[0]))
+
+typedef struct {
+    int32_t *ids;
+    int32_t n;
+} enc;
+
+static enc encode(const char *text)
+{
+    enc e;
+    cr_assert_eq(kvp_tok_encode(g_tok, text, strlen(text), 1, &e.ids, &e.n), KVP_OK);
+    return e;
+}
+
+static kvp_gen_request greedy_req(enc e, int32_t max_tokens)
+{
+    kvp_gen_request r = {.prompt = e.ids, .n_prompt = e.n, .max_tokens = max_tokens, .sampler = kvp_sampler_default(),
+                         .n = 1, .beam_width = 0};
+    return r;
+}
+
+static void run(const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n, kvp_gen_result *res,
+                kvp_gen_stats *st)
+{
+    kvp_status s = kvp_gen_run(g_model, cfg, reqs, n, res, st);
+    cr_assert_eq(s, KVP_OK, "%s", kvp_error_detail());
+}
+
+Test(generate, golden_stories_batched, .init = setup, .fini = teardown)
+{
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    kvp_gen_request reqs[8];
+    int32_t want[8][512], nwant[8], prompt_buf[8][64];
+    int nc = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(gold, "cases"))
+    {
+        int32_t np = 0, nw = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "prompt_tokens")) prompt_buf[nc][np++] = x->valueint;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "tokens_after_bos")) want[nc][nw++] = x->valueint;
+        /* tokens_after_bos = prompt (without BOS) + generated */
+        nwant[nc] = nw - (np - 1);
+        memmove(want[nc], want[nc] + np - 1, sizeof(int32_t) * (size_t)nwant[nc]);
+        reqs[nc] = (kvp_gen_request){.prompt = prompt_buf[nc], .n_prompt = np, .max_tokens = nwant[nc],
+                                     .sampler = kvp_sampler_default(), .n = 1};
+        nc++;
+    }
+    cJSON_Delete(gold);
+    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_gen_result res[8];
+    kvp_gen_stats st;
+    run(&cfg, reqs, nc, res, &st);
+    for (int i = 0; i < nc; i++) {
+        cr_assert_eq(res[i].n_samples, 1);
+        cr_assert_eq(res[i].n_tokens[0], nwant[i], "case %d: %d tokens, want %d", i, res[i].n_tokens[0], nwant[i]);
+        for (int j = 0; j < nwant[i]; j++)
+            cr_assert_eq(res[i].tokens[0][j], want[i][j], "case %d token %d: %d want %d", i, j, res[i].tokens[0][j],
+                         want[i][j]);
+        cr_assert_geq(res[i].ttft_s, 0);
+    }
+    cr_assert_eq(st.generated_tokens, nwant[0] + nwant[1]);
+    kvp_gen_results_free(res, nc);
+}
+
+static void expect_same(const kvp_gen_result *a, const kvp_gen_result *b, const char *what, int i)
+{
+    cr_assert_eq(a->n_samples, b->n_samples, "%s prompt %d", what, i);
+    for (int s = 0; s < a->n_samples; s++) {
+        cr_assert_eq(a->n_tokens[s], b->n_tokens[s], "%s prompt %d sample %d: %d vs %d tokens", what, i, s,
+                     a->n_tokens[s], b->n_tokens[s]);
+        for (int j = 0; j < a->n_tokens[s]; j++)
+            cr_assert_eq(a->tokens[s][j], b->tokens[s][j], "%s prompt %d sample %d token %d", what, i, s, j);
+    }
+}
+
+Test(generate, batch_invariance_cache_and_block_sizes, .init = setup, .fini = teardown)
+{
+    enc e[NPROMPTS];
+    kvp_gen_request reqs[2 * NPROMPTS];
+    for (int i = 0; i < NPROMPTS; i++) {
+        e[i] = encode(prompts[i]);
+        reqs[i] = greedy_req(e[i], 24);
+        reqs[i + NPROMPTS] = reqs[i]; /* each prompt twice: the second copy can hit the prefix cache */
+    }
+    /* Reference: each prompt alone, block 16, no cache. */
+    kvp_gen_result alone[NPROMPTS];
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.cache = KVP_PC_NONE;
+    for (int i = 0; i < NPROMPTS; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
+    const int32_t block_sizes[3] = {1, 16, 64};
+    const kvp_pc_kind caches[3] = {KVP_PC_NONE, KVP_PC_RADIX, KVP_PC_HASH};
+    for (int b = 0; b < 3; b++)
+        for (int c = 0; c < 3; c++) {
+            cfg = kvp_gen_config_default();
+            cfg.block_size = block_sizes[b];
+            cfg.cache = caches[c];
+            /* A budget that forces chunked prefill and requests joining while others decode. */
+            cfg.max_batched_tokens = 24;
+            kvp_gen_result all[2 * NPROMPTS];
+            kvp_gen_stats st;
+            run(&cfg, reqs, 2 * NPROMPTS, all, &st);
+            char what[64];
+            snprintf(what, sizeof what, "block %d cache %s", block_sizes[b], kvp_pc_kind_name(caches[c]));
+            for (int i = 0; i < 2 * NPROMPTS; i++) expect_same(&alone[i % NPROMPTS], &all[i], what, i);
+            if (caches[c] != KVP_PC_NONE && block_sizes[b] <= 16)
+                cr_assert_gt(st.prefix_hit_tokens, 0, "%s: the repeated prompts should hit the cache", what);
+            if (caches[c] == KVP_PC_NONE) cr_assert_eq(st.prefix_hit_tokens, 0);
+            kvp_gen_results_free(all, 2 * NPROMPTS);
+        }
+    /* A KV cache too small for everyone at once: preemption (recompute) must not change any token. */
+    cfg = kvp_gen_config_default();
+    cfg.block_size = 4;
+    cfg.num_blocks = 60;
+    kvp_gen_result small[2 * NPROMPTS];
+    kvp_gen_stats st;
+    run(&cfg, reqs, 2 * NPROMPTS, small, &st);
+    cr_assert_gt(st.preemptions, 0, "60 blocks of 4 should force preemption");
+    for (int i = 0; i < 2 * NPROMPTS; i++) expect_same(&alone[i % NPROMPTS], &small[i], "preempted", i);
+    kvp_gen_results_free(small, 2 * NPROMPTS);
+    kvp_gen_results_free(alone, NPROMPTS);
+    for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
+}
+
+Test(generate, n4_shares_the_prompt_blocks, .init = setup, .fini = teardown)
+{
+    /* A 40-token prompt: blocks 0, 1 full, block 2 holds 8 tokens. */
+    int32_t prompt[40];
+    char text[512];
+    snprintf(text, sizeof text, "%s. %s", prompts[7], prompts[4]);
+    enc e = encode(text);
+    cr_assert_geq(e.n, 40);
+    memcpy(prompt, e.ids, sizeof prompt);
+    kvp_gen_request r = {.prompt = prompt, .n_prompt = 40, .max_tokens = 8, .n = 4, .beam_width = 0,
+                         .sampler = {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 11}};
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.block_size = 16;
+    cfg.cache = KVP_PC_NONE;
+    cfg.stop_at_eos = 0;
+    kvp_gen_result res;
+    kvp_gen_stats st;
+    run(&cfg, &r, 1, &res, &st);
+    cr_assert_eq(res.n_samples, 4);
+    for (int s = 0; s < 4; s++) cr_assert_eq(res.n_tokens[s], 8);
+    /* The prompt was computed once: 40 prefill rows + 4 samples x 7 decode rows. */
+    cr_assert_eq(st.computed_tokens, 40 + 4 * 7, "computed %lld", (long long)st.computed_tokens);
+    /* Stored once: 2 shared full blocks + one private third block per sample (3 CoW copies, the last
+     * sample writes into the original). Without sharing it would be 4 x 3 = 12 blocks. */
+    cr_assert_eq(st.cow_copies, 3, "copies %lld", (long long)st.cow_copies);
+    cr_assert_eq(st.peak_used_blocks, 6, "peak blocks %lld", (long long)st.peak_used_blocks);
+    cr_assert_eq(st.peak_shared_savings, 3 * 32, "savings %lld", (long long)st.peak_shared_savings);
+    /* Samples differ (temperature 1) but are reproducible and independent of the batch. */
+    int differ = 0;
+    for (int s = 1; s < 4; s++) differ |= memcmp(res.tokens[0], res.tokens[s], 8 * sizeof(int32_t)) != 0;
+    cr_assert(differ, "four samples at temperature 1 were identical");
+    kvp_gen_request both[3] = {greedy_req(encode(prompts[0]), 10), r, greedy_req(encode(prompts[3]), 5)};
+    kvp_gen_result res2[3];
+    run(&cfg, both, 3, res2, NULL);
+    expect_same(&res, &res2[1], "n=4 alone vs batched", 0);
+    kvp_gen_results_free(res2, 3);
+    kvp_gen_results_free(&res, 1);
+    kvp_free(e.ids);
+    kvp_free((void *)both[0].prompt);
+    kvp_free((void *)both[2].prompt);
+}
+
+/* log-probabilities of the next token after each of `n` sequences (rows), via the model directly. */
+static void next_logprobs(const int32_t *const *seqs, const int32_t *lens, int32_t n, float *out)
+{
+    int32_t bs = 16, total = 0, pages = 0;
+    for (int32_t i = 0; i < n; i++) {
+        total += lens[i];
+        pages += (lens[i] + bs - 1) / bs;
+    }
+    kvp_kv_cache *kv;
+    cr_assert_eq(kvp_kv_cache_create(g_model, pages, bs, &kv), KVP_OK);
+    int32_t *toks = malloc(sizeof(int32_t) * (size_t)total), *pos = malloc(sizeof(int32_t) * (size_t)total);
+    int64_t *slots = malloc(sizeof(int64_t) * (size_t)total);
+    int32_t *qo = malloc(sizeof(int32_t) * (size_t)(n + 1)), *kvi = malloc(sizeof(int32_t) * (size_t)(n + 1));
+    int32_t *kvx = malloc(sizeof(int32_t) * (size_t)pages), *last = malloc(sizeof(int32_t) * (size_t)n);
+    int32_t t = 0, p = 0;
+    for (int32_t i = 0; i < n; i++) {
+        qo[i] = t;
+        kvi[i] = p;
+        for (int32_t j = 0; j < lens[i]; j++) {
+            toks[t] = seqs[i][j];
+            pos[t] = j;
+            slots[t] = (int64_t)(p + j / bs) * bs + j % bs;
+            t++;
+        }
+        int32_t np = (lens[i] + bs - 1) / bs;
+        for (int32_t j = 0; j < np; j++) kvx[p + j] = p + j;
+        p += np;
+        last[i] = lens[i] - (np - 1) * bs;
+    }
+    qo[n] = t;
+    kvi[n] = p;
+    float *logits = malloc(sizeof(float) * (size_t)n * 512);
+    kvp_fwd_batch b = {.num_seqs = n, .num_tokens = t, .tokens = toks, .positions = pos, .slot_mapping = slots,
+                       .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = kvx, .kv_last_page_len = last};
+    cr_assert_eq(kvp_model_forward(g_model, kv, &b, logits), KVP_OK, "%s", kvp_error_detail());
+    for (int32_t i = 0; i < n; i++) kvp_log_softmax(logits + (int64_t)i * 512, 512, out + (int64_t)i * 512);
+    free(toks), free(pos), free(slots), free(qo), free(kvi), free(kvx), free(last), free(logits);
+    kvp_kv_cache_destroy(kv);
+}
+
+Test(generate, beam_search_matches_exhaustive_search, .init = setup, .fini = teardown)
+{
+    const char *texts[2] = {"Once upon a time", "The dog was"};
+    for (int k = 0; k < 2; k++) {
+        enc e = encode(texts[k]);
+        /* exhaustive over all 512 x 512 two-token continuations */
+        float lp1[512];
+        const int32_t *one[1] = {e.ids};
+        next_logprobs(one, &e.n, 1, lp1);
+        int32_t **ext = malloc(sizeof(int32_t *) * 512), lens[512];
+        for (int t = 0; t < 512; t++) {
+            ext[t] = malloc(sizeof(int32_t) * (size_t)(e.n + 1));
+            memcpy(ext[t], e.ids, sizeof(int32_t) * (size_t)e.n);
+            ext[t][e.n] = t;
+            lens[t] = e.n + 1;
+        }
+        float *lp2 = malloc(sizeof(float) * 512 * 512);
+        next_logprobs((const int32_t *const *)ext, lens, 512, lp2);
+        double best = -INFINITY;
+        int b1 = -1, b2 = -1;
+        for (int t1 = 0; t1 < 512; t1++)
+            for (int t2 = 0; t2 < 512; t2++) {
+                double s = (double)lp1[t1] + lp2[t1 * 512 + t2];
+                if (s > best) best = s, b1 = t1, b2 = t2;
+            }
+        kvp_gen_request r = {.prompt = e.ids, .n_prompt = e.n, .max_tokens = 2, .n = 2, .beam_width = 4,
+                             .sampler = kvp_sampler_default()};
+        kvp_gen_config cfg = kvp_gen_config_default();
+        cfg.block_size = 4;
+        kvp_gen_result res;
+        kvp_gen_stats st;
+        run(&cfg, &r, 1, &res, &st);
+        cr_assert_eq(res.n_samples, 2);
+        cr_assert_eq(res.n_tokens[0], 2);
+        cr_assert_eq(res.tokens[0][0], b1, "'%s': beam %d %d, exhaustive %d %d", texts[k], res.tokens[0][0],
+                     res.tokens[0][1], b1, b2);
+        cr_assert_eq(res.tokens[0][1], b2);
+        cr_assert_float_eq(res.logprob[0], best, 1e-4);
+        cr_assert_geq(res.logprob[0], res.logprob[1]);
+        cr_assert_eq(st.computed_tokens, e.n + 4, "beams must not recompute the prompt");
+        kvp_gen_results_free(&res, 1);
+        /* A longer beam run: results sorted, scores consistent, blocks all returned. */
+        r.max_tokens = 12;
+        r.n = 4;
+        run(&cfg, &r, 1, &res, &st);
+        cr_assert_eq(res.n_samples, 4);
+        for (int s = 1; s < 4; s++) cr_assert_geq(res.logprob[s - 1], res.logprob[s]);
+        kvp_gen_results_free(&res, 1);
+        for (int t = 0; t < 512; t++) free(ext[t]);
+        free(ext);
+        free(lp2);
+        kvp_free(e.ids);
+    }
+}
+
+Test(generate, rejects_bad_requests, .init = setup, .fini = teardown)
+{
+    int32_t *big = malloc(sizeof(int32_t) * 3000);
+    for (int i = 0; i < 3000; i++) big[i] = 300;
+    kvp_gen_request r = greedy_req((enc){big, 3000}, 5);
+    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_gen_result res;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "context"), "%s", kvp_error_message());
+    r.n_prompt = 100;
+    cfg.num_blocks = 3;
+    cfg.block_size = 16;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_ENOBLOCKS);
+    cr_assert(strstr(kvp_error_message(), "num-blocks"), "%s", kvp_error_message());
+    cfg = kvp_gen_config_default();
+    r.sampler.top_p = 2;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    r.sampler = kvp_sampler_default();
+    big[5] = 512;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    free(big);
+}
