@@ -284,6 +284,7 @@ kvp_status kvp_model_load(const char *path, kvp_model **out)
     if ((st = load_weights(m, &src)) != KVP_OK) goto fail;
     kvp_gguf_close(g);
     kvp_st_close(s);
+    kvp_model_set_threads(m, 1);
     *out = m;
     return KVP_OK;
 fail:

@@ -51,7 +51,8 @@ int kvp_model_is_gguf(const kvp_model *m);
 /* Maximum positions (max_position_embeddings / GGUF context_length). */
 int32_t kvp_model_max_len(const kvp_model *m);
 
-/* Threads for matmuls and attention (>= 1). Process-wide for attention and OpenBLAS. */
+/* Threads for matmuls and attention (>= 1). Process-wide for attention and OpenBLAS. kvp_model_load sets
+ * 1 (OpenMP threads spinning on an oversubscribed machine cost far more than they bring to small batches). */
 void kvp_model_set_threads(kvp_model *m, int n);
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k);
 

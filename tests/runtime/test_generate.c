@@ -124,7 +124,7 @@ Test(generate, batch_invariance_cache_and_block_sizes, .init = setup, .fini = te
     kvp_gen_request reqs[2 * NPROMPTS];
     for (int i = 0; i < NPROMPTS; i++) {
         e[i] = encode(prompts[i]);
-        reqs[i] = greedy_req(e[i], 24);
+        reqs[i] = greedy_req(e[i], 40);
         reqs[i + NPROMPTS] = reqs[i]; /* each prompt twice: the second copy can hit the prefix cache */
     }
     /* Reference: each prompt alone, block 16, no cache. */
