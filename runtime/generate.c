@@ -1,0 +1,432 @@
+/* `kvpage generate` — run a real model on the CPU executor: prompts -> tokens -> continuous batching over the
+ * paged KV cache (runtime/gen.h) -> text. Text to stdout (or one JSON object with --json); logs to stderr. */
+#include <dirent.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/alloc.h"
+#include "common/cli.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/parse.h"
+#include "common/timer.h"
+#include "runtime/commands.h"
+#include "runtime/gen.h"
+#include "runtime/model.h"
+#include "runtime/tokenizer.h"
+
+static const char *const CMD = "generate";
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvpage generate --model PATH (--prompt TEXT ... | --prompts-file FILE) [options]\n\n"
+            "Runs a Llama-family model (llama, mistral, qwen2, qwen3) on the CPU through the paged KV cache:\n"
+            "all prompts run concurrently (continuous batching), sharing prefixes through the prefix cache.\n\n"
+            "  --model PATH            a GGUF file (F32/F16/BF16/Q8_0) or a Hugging Face folder (config.json +\n"
+            "                          safetensors, F32/F16/BF16)\n"
+            "  --tokenizer PATH        a llama2.c tokenizer.bin or a GGUF holding a llama tokenizer (default: the\n"
+            "                          GGUF's own; for an HF folder: tokenizer.bin or tok*.bin in the folder or in\n"
+            "                          ../llama2c beside it)\n"
+            "  --prompt TEXT           a prompt (repeatable); BOS is prepended\n"
+            "  --prompts-file FILE     one prompt a line (empty lines are empty prompts)\n"
+            "  --max-tokens N          tokens generated after each prompt (default 64)\n"
+            "  --temperature F         0 = greedy (default 0)\n"
+            "  --top-k N               keep the N most likely tokens (default 0 = all)\n"
+            "  --top-p F               nucleus sampling mass (default 1)\n"
+            "  --seed N                sampling seed (default 0); prompt i uses seed + i\n"
+            "  --n N                   samples per prompt, forked from the prompt's blocks (default 1)\n"
+            "  --beam-width W          beam search with W beams (default 0 = off); returns the --n best\n"
+            "  --ignore-eos            keep generating after EOS\n"
+            "  --block-size N          tokens per KV block (default 16)\n"
+            "  --num-blocks N          KV blocks (default 0 = enough for every request at once)\n"
+            "  --cache radix|hash|none prefix cache across requests (default radix)\n"
+            "  --max-num-seqs N        running sequences at most (default 256)\n"
+            "  --max-batched-tokens N  tokens per step (default 2048)\n"
+            "  --threads N             CPU threads (default 1)\n"
+            "  --matmul invariant|blas invariant: batch-invariant kernels, the same greedy tokens in any batch\n"
+            "                          (default); blas: OpenBLAS sgemm and tiled prefill attention\n"
+            "  --json                  one JSON object: per-prompt results and totals\n"
+            "  -h, --help              this help\n");
+}
+
+typedef struct {
+    char **items;
+    int32_t n;
+    size_t cap;
+} strlist;
+
+static kvp_status strlist_add(strlist *l, const char *s, size_t len)
+{
+    KVP_TRY(kvp_grow((void **)&l->items, &l->cap, (size_t)l->n + 1, sizeof *l->items));
+    char *d = kvp_malloc(len + 1);
+    if (!d) return KVP_ERR(KVP_ENOMEM, "out of memory");
+    memcpy(d, s, len);
+    d[len] = '\0';
+    l->items[l->n++] = d;
+    return KVP_OK;
+}
+
+static void strlist_free(strlist *l)
+{
+    for (int32_t i = 0; i < l->n; i++) kvp_free(l->items[i]);
+    kvp_free(l->items);
+}
+
+static kvp_status read_prompts(const char *path, strlist *out)
+{
+    char *data;
+    size_t len;
+    KVP_TRY(kvp_read_file(path, (size_t)1 << 30, &data, &len));
+    kvp_status st = KVP_OK;
+    size_t start = 0;
+    for (size_t i = 0; i <= len && st == KVP_OK; i++) {
+        if (i == len || data[i] == '\n') {
+            size_t e = i;
+            if (e > start && data[e - 1] == '\r') e--;
+            if (!(i == len && e == start)) st = strlist_add(out, data + start, e - start);
+            start = i + 1;
+        }
+    }
+    kvp_free(data);
+    if (st == KVP_OK && out->n == 0) st = KVP_ERR(KVP_EINVAL, "%s: no prompt in the file", path);
+    return st;
+}
+
+static int is_dir(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static int exists(const char *p)
+{
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* First file named tok*.bin in dir, into buf. */
+static int find_tok_bin(const char *dir, char *buf, size_t n)
+{
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    struct dirent *e;
+    int found = 0;
+    while (!found && (e = readdir(d)) != NULL) {
+        size_t l = strlen(e->d_name);
+        if (strncmp(e->d_name, "tok", 3) == 0 && l > 4 && strcmp(e->d_name + l - 4, ".bin") == 0) {
+            snprintf(buf, n, "%s/%s", dir, e->d_name);
+            found = exists(buf);
+        }
+    }
+    closedir(d);
+    return found;
+}
+
+static kvp_status load_tokenizer(const kvp_model *m, const char *model_path, const char *tok_path,
+                                 kvp_tokenizer **out)
+{
+    int32_t vocab = (int32_t)kvp_model_cfg(m)->vocab_size;
+    char buf[2048];
+    const char *path = tok_path;
+    if (!path) {
+        if (kvp_model_is_gguf(m)) {
+            path = model_path;
+        } else {
+            const char *dir = is_dir(model_path) ? model_path : ".";
+            snprintf(buf, sizeof buf, "%s/tokenizer.bin", dir);
+            if (!exists(buf) && !find_tok_bin(dir, buf, sizeof buf)) {
+                char sib[1100];
+                snprintf(sib, sizeof sib, "%s/../llama2c", dir);
+                if (!find_tok_bin(sib, buf, sizeof buf))
+                    return KVP_ERR(KVP_EINVAL, "%s: no tokenizer this build can read (a llama2.c tokenizer.bin); "
+                                               "pass --tokenizer PATH",
+                                   model_path);
+            }
+            path = buf;
+            KVP_LOG_I("generate: tokenizer %s", path);
+        }
+    }
+    size_t pl = strlen(path);
+    kvp_status st;
+    if (pl > 5 && strcmp(path + pl - 5, ".gguf") == 0) {
+        kvp_gguf *g;
+        KVP_TRY(kvp_gguf_open(path, &g));
+        st = kvp_tok_from_gguf(g, out);
+        kvp_gguf_close(g);
+    } else {
+        st = kvp_tok_load_llama2c(path, vocab, out);
+    }
+    KVP_TRY(st);
+    if (kvp_tok_vocab_size(*out) != vocab) {
+        int32_t tv = kvp_tok_vocab_size(*out);
+        kvp_tok_destroy(*out);
+        *out = NULL;
+        return KVP_ERR(KVP_EINVAL, "%s: tokenizer has %d tokens but the model's vocabulary is %d", path, tv, vocab);
+    }
+    return KVP_OK;
+}
+
+typedef struct {
+    const char *model, *tokenizer, *prompts_file;
+    strlist prompts;
+    int32_t max_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads;
+    double temperature, top_p;
+    int64_t seed;
+    kvp_pc_kind cache;
+    kvp_matmul_kind matmul;
+    int json, ignore_eos;
+} gen_opts;
+
+static cJSON *ids_json(const int32_t *ids, int32_t n)
+{
+    cJSON *a = cJSON_CreateArray();
+    for (int32_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
+    return a;
+}
+
+static int run(gen_opts *o)
+{
+    kvp_model *m = NULL;
+    kvp_tokenizer *tok = NULL;
+    kvp_gen_request *reqs = NULL;
+    kvp_gen_result *res = NULL;
+    int32_t **enc = NULL, nres = 0;
+    int rc = KVP_EXIT_OK;
+    kvp_status st;
+    double t_load = kvp_now_s();
+    if ((st = kvp_model_load(o->model, &m)) != KVP_OK) return kvp_cli_fail(CMD, st);
+    kvp_model_set_threads(m, o->threads);
+    kvp_model_set_matmul(m, o->matmul);
+    if ((st = load_tokenizer(m, o->model, o->tokenizer, &tok)) != KVP_OK) {
+        rc = kvp_cli_fail(CMD, st);
+        goto out;
+    }
+    t_load = kvp_now_s() - t_load;
+    const int32_t n = o->prompts.n;
+    reqs = kvp_calloc((size_t)n, sizeof *reqs);
+    res = kvp_calloc((size_t)n, sizeof *res);
+    enc = kvp_calloc((size_t)n, sizeof *enc);
+    if (!reqs || !res || !enc) {
+        rc = kvp_cli_fail(CMD, KVP_ERR(KVP_ENOMEM, "out of memory"));
+        goto out;
+    }
+    const int32_t maxlen = kvp_model_max_len(m);
+    for (int32_t i = 0; i < n; i++) {
+        int32_t np;
+        if ((st = kvp_tok_encode(tok, o->prompts.items[i], strlen(o->prompts.items[i]), 1, &enc[i], &np)) != KVP_OK) {
+            rc = kvp_cli_fail(CMD, st);
+            goto out;
+        }
+        if (np >= maxlen) {
+            rc = kvp_cli_fail(CMD, KVP_ERR(KVP_EINVAL, "prompt %d is %d tokens long, the model's context is %d tokens",
+                                           i + 1, np, maxlen));
+            goto out;
+        }
+        reqs[i] = (kvp_gen_request){.prompt = enc[i], .n_prompt = np, .max_tokens = o->max_tokens, .n = o->n,
+                                    .beam_width = o->beam,
+                                    .sampler = {.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
+                                                .seed = (uint64_t)o->seed + (uint64_t)i}};
+    }
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.block_size = o->block_size;
+    cfg.num_blocks = o->num_blocks;
+    cfg.cache = o->cache;
+    cfg.max_num_seqs = o->max_seqs;
+    cfg.max_batched_tokens = o->max_batched;
+    cfg.stop_at_eos = !o->ignore_eos;
+    kvp_gen_stats stats;
+    if ((st = kvp_gen_run(m, &cfg, reqs, n, res, &stats)) != KVP_OK) {
+        rc = kvp_cli_fail(CMD, st);
+        goto out;
+    }
+    nres = n;
+    cJSON *root = o->json ? cJSON_CreateObject() : NULL, *arr = NULL;
+    if (root) {
+        cJSON_AddStringToObject(root, "model", o->model);
+        arr = cJSON_AddArrayToObject(root, "requests");
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const kvp_gen_result *r = &res[i];
+        cJSON *obj = NULL, *samples = NULL;
+        if (root) {
+            obj = cJSON_CreateObject();
+            cJSON_AddItemToArray(arr, obj);
+            cJSON_AddStringToObject(obj, "prompt", o->prompts.items[i]);
+            cJSON_AddItemToObject(obj, "prompt_tokens", ids_json(reqs[i].prompt, reqs[i].n_prompt));
+            cJSON_AddNumberToObject(obj, "cached_prompt_tokens", r->prompt_cached_tokens);
+            cJSON_AddNumberToObject(obj, "ttft_s", r->ttft_s);
+            cJSON_AddNumberToObject(obj, "tpot_s", r->tpot_s);
+            samples = cJSON_AddArrayToObject(obj, "samples");
+        } else if (n > 1 || r->n_samples > 1) {
+            printf("=== prompt %d ===\n", i + 1);
+        }
+        for (int32_t s = 0; s < r->n_samples; s++) {
+            char *text = NULL;
+            int32_t prev = reqs[i].prompt[reqs[i].n_prompt - 1];
+            if ((st = kvp_tok_decode(tok, prev, r->tokens[s], r->n_tokens[s], &text)) != KVP_OK) {
+                rc = kvp_cli_fail(CMD, st);
+                cJSON_Delete(root);
+                goto out;
+            }
+            if (root) {
+                if (s == 0) {
+                    cJSON_AddItemToObject(obj, "tokens", ids_json(r->tokens[0], r->n_tokens[0]));
+                    cJSON_AddStringToObject(obj, "text", text);
+                    cJSON_AddStringToObject(obj, "finish_reason", r->hit_eos[0] ? "eos" : "length");
+                }
+                cJSON *so = cJSON_CreateObject();
+                cJSON_AddItemToArray(samples, so);
+                cJSON_AddItemToObject(so, "tokens", ids_json(r->tokens[s], r->n_tokens[s]));
+                cJSON_AddStringToObject(so, "text", text);
+                cJSON_AddNumberToObject(so, "logprob", r->logprob[s]);
+                cJSON_AddStringToObject(so, "finish_reason", r->hit_eos[s] ? "eos" : "length");
+            } else {
+                if (r->n_samples > 1) printf("--- sample %d ---\n", s + 1);
+                printf("%s%s\n", o->prompts.items[i], text);
+            }
+            kvp_free(text);
+        }
+    }
+    if (root) {
+        cJSON *t = cJSON_AddObjectToObject(root, "totals");
+        cJSON_AddNumberToObject(t, "requests", n);
+        cJSON_AddNumberToObject(t, "prompt_tokens", (double)stats.prompt_tokens);
+        cJSON_AddNumberToObject(t, "generated_tokens", (double)stats.generated_tokens);
+        cJSON_AddNumberToObject(t, "computed_tokens", (double)stats.computed_tokens);
+        cJSON_AddNumberToObject(t, "wall_s", stats.wall_s);
+        cJSON_AddNumberToObject(t, "load_s", t_load);
+        cJSON_AddNumberToObject(t, "tokens_per_s", stats.tokens_per_s);
+        cJSON_AddNumberToObject(t, "steps", (double)stats.steps);
+        cJSON_AddNumberToObject(t, "prefix_hit_rate", stats.prefix_hit_rate);
+        cJSON_AddNumberToObject(t, "prefix_hit_tokens", (double)stats.prefix_hit_tokens);
+        cJSON_AddNumberToObject(t, "preemptions", (double)stats.preemptions);
+        cJSON_AddNumberToObject(t, "cow_copies", (double)stats.cow_copies);
+        cJSON_AddNumberToObject(t, "kv_token_states", (double)stats.peak_token_states);
+        cJSON_AddNumberToObject(t, "kv_logical_tokens", (double)stats.peak_logical_tokens);
+        cJSON_AddNumberToObject(t, "kv_shared_savings", (double)stats.peak_shared_savings);
+        cJSON_AddNumberToObject(t, "kv_used_blocks", (double)stats.peak_used_blocks);
+        cJSON_AddNumberToObject(t, "kv_utilization", stats.mean_kv_utilization);
+        cJSON_AddNumberToObject(t, "num_blocks", stats.num_blocks);
+        cJSON_AddNumberToObject(t, "block_size", stats.block_size);
+        cJSON_AddNumberToObject(t, "threads", o->threads);
+        cJSON_AddStringToObject(t, "matmul", o->matmul == KVP_MATMUL_BLAS ? "blas" : "invariant");
+        st = kvp_json_print(stdout, root);
+        cJSON_Delete(root);
+        if (st != KVP_OK) rc = kvp_cli_fail(CMD, st);
+    }
+    fprintf(stderr,
+            "kvpage generate: %d prompts, %lld generated tokens in %.3f s (%.1f tokens/s), %lld steps, prefix hit "
+            "rate %.3f, peak KV token states %lld\n",
+            n, (long long)stats.generated_tokens, stats.wall_s, stats.tokens_per_s, (long long)stats.steps,
+            stats.prefix_hit_rate, (long long)stats.peak_token_states);
+out:
+    if (enc)
+        for (int32_t i = 0; i < o->prompts.n; i++) kvp_free(enc[i]);
+    kvp_free(enc);
+    kvp_gen_results_free(res, nres);
+    kvp_free(res);
+    kvp_free(reqs);
+    kvp_tok_destroy(tok);
+    kvp_model_destroy(m);
+    return rc;
+}
+
+int kvp_cmd_generate(int argc, char **argv)
+{
+    enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
+           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS };
+    static const struct option opts[] = {
+        {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
+        {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
+        {"temperature", required_argument, 0, O_TEMP}, {"top-k", required_argument, 0, O_TOPK},
+        {"top-p", required_argument, 0, O_TOPP},       {"seed", required_argument, 0, O_SEED},
+        {"n", required_argument, 0, O_N},              {"beam-width", required_argument, 0, O_BEAM},
+        {"block-size", required_argument, 0, O_BS},    {"num-blocks", required_argument, 0, O_NB},
+        {"cache", required_argument, 0, O_CACHE},      {"max-num-seqs", required_argument, 0, O_SEQS},
+        {"max-batched-tokens", required_argument, 0, O_BATCH}, {"threads", required_argument, 0, O_THREADS},
+        {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
+        {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
+        {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
+    gen_opts o;
+    memset(&o, 0, sizeof o);
+    o.max_tokens = 64;
+    o.top_p = 1.0;
+    o.n = 1;
+    o.block_size = 16;
+    o.cache = KVP_PC_RADIX;
+    o.max_seqs = 256;
+    o.max_batched = 2048;
+    o.threads = 1;
+    o.matmul = KVP_MATMUL_INVARIANT;
+    int c, rc = KVP_EXIT_OK;
+    kvp_status st = KVP_OK;
+    optind = 0;
+    while ((c = getopt_long(argc, argv, ":m:p:h", opts, NULL)) != -1) {
+        int64_t v;
+        switch (c) {
+        case 'm': o.model = optarg; break;
+        case 'p': st = strlist_add(&o.prompts, optarg, strlen(optarg)); break;
+        case O_PROMPTS_FILE: o.prompts_file = optarg; break;
+        case O_TOK: o.tokenizer = optarg; break;
+        case O_MAX_TOKENS: st = kvp_parse_i32(optarg, 0, 1 << 24, &o.max_tokens); break;
+        case O_TEMP: st = kvp_parse_f64(optarg, 0.0, 1e6, &o.temperature); break;
+        case O_TOPK: st = kvp_parse_i32(optarg, 0, INT32_MAX, &o.top_k); break;
+        case O_TOPP: st = kvp_parse_f64(optarg, 1e-9, 1.0, &o.top_p); break;
+        case O_SEED: st = kvp_parse_i64(optarg, 0, INT64_MAX, &v), o.seed = v; break;
+        case O_N: st = kvp_parse_i32(optarg, 1, 1000, &o.n); break;
+        case O_BEAM: st = kvp_parse_i32(optarg, 0, 1000, &o.beam); break;
+        case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &o.block_size); break;
+        case O_NB: st = kvp_parse_i32(optarg, 0, INT32_MAX / 2, &o.num_blocks); break;
+        case O_CACHE: st = kvp_pc_kind_parse(optarg, &o.cache); break;
+        case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;
+        case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &o.max_batched); break;
+        case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;
+        case O_MATMUL:
+            if (strcmp(optarg, "invariant") == 0) o.matmul = KVP_MATMUL_INVARIANT;
+            else if (strcmp(optarg, "blas") == 0) o.matmul = KVP_MATMUL_BLAS;
+            else st = KVP_ERR(KVP_EINVAL, "--matmul '%s': expected invariant or blas", optarg);
+            break;
+        case O_JSON: o.json = 1; break;
+        case O_IGNORE_EOS: o.ignore_eos = 1; break;
+        case 'h':
+            usage(stdout);
+            strlist_free(&o.prompts);
+            return KVP_EXIT_OK;
+        default:
+            strlist_free(&o.prompts);
+            return kvp_cli_getopt_error(CMD, c, argv);
+        }
+        if (st != KVP_OK) {
+            const char *opt = argv[optind - 1];
+            rc = kvp_cli_usage_error(CMD, "%s: %s", opt, kvp_error_message());
+            goto done;
+        }
+    }
+    if (optind < argc) {
+        rc = kvp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+        goto done;
+    }
+    if (!o.model) {
+        rc = kvp_cli_usage_error(CMD, "--model is required");
+        goto done;
+    }
+    if (o.prompts_file && (st = read_prompts(o.prompts_file, &o.prompts)) != KVP_OK) {
+        rc = kvp_cli_fail(CMD, st);
+        goto done;
+    }
+    if (o.prompts.n == 0) {
+        rc = kvp_cli_usage_error(CMD, "give at least one --prompt or a --prompts-file");
+        goto done;
+    }
+    if (o.beam > 1 && o.n > o.beam) {
+        rc = kvp_cli_usage_error(CMD, "--n %d is larger than --beam-width %d", o.n, o.beam);
+        goto done;
+    }
+    rc = run(&o);
+done:
+    strlist_free(&o.prompts);
+    return rc;
+}
