@@ -139,7 +139,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
 /* ---- command --------------------------------------------------------------------------------------- */
 
 static const char *const FIELDS[] = {"workload",      "cache",          "evict",           "block_size",  "capacity",
-                                     "capacity_eff",  "series",         "requests",        "prompt_tokens", "hit_tokens",
+                                     "capacity_eff",  "capacity_tokens", "series",         "requests",        "prompt_tokens", "hit_tokens",
                                      "hit_rate",      "block_hit_rate", "inserted_blocks", "evicted_blocks",
                                      "peak_cached_blocks", "short_requests", "wall_s",     "cache_mtok_per_s"};
 #define NFIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
@@ -160,6 +160,8 @@ static void usage(FILE *f)
             "  --block-size LIST       tokens per block (comma list; default 16)\n"
             "  --capacity LIST         pool size in blocks, 0 = unbounded (comma list; default 0; in a sweep\n"
             "                          without it: 0 and 5, 10, 20, 40, 70 %% of the unbounded peak)\n"
+            "  --capacity-tokens LIST  pool size in tokens, converted per block size (ceil(tokens / block size)\n"
+            "                          blocks), to compare block sizes at equal memory; 0 = unbounded\n"
             "  --sweep                 write OUT/NAME.csv and OUT/NAME.png (hit rate against capacity, one line\n"
             "                          per cache/policy); implied by more than one combination\n"
             "  --out DIR               output folder of a sweep (default bench/results)\n"
@@ -169,7 +171,7 @@ static void usage(FILE *f)
             "  -h, --help              this help\n"
             "\n"
             "Fields: workload cache evict block_size capacity capacity_eff (capacity, or the peak when unbounded)\n"
-            "series requests prompt_tokens hit_tokens hit_rate block_hit_rate inserted_blocks evicted_blocks\n"
+            "capacity_tokens (capacity_eff x block_size) series requests prompt_tokens hit_tokens hit_rate block_hit_rate inserted_blocks evicted_blocks\n"
             "peak_cached_blocks short_requests wall_s cache_mtok_per_s (prompt tokens per second inside\n"
             "match + insert) machine commit.\n"
             "Example: kvpage bench prefix --trace mooncake:../shared/data/traces/mooncake/synthetic_trace.jsonl \\\n"
@@ -206,8 +208,8 @@ static int run_plot(const char *csv, const char *png, const char *title)
     pid_t pid = fork();
     if (pid < 0) return -1;
     if (pid == 0) {
-        execl("/usr/bin/python3", "python3", "bench/plot.py", "--csv", csv, "--x", "capacity_eff", "--y", "hit_rate",
-              "--group", "series", "--logx", "--title", title, "--xlabel", "cache capacity (blocks)", "--ylabel",
+        execl("/usr/bin/python3", "python3", "bench/plot.py", "--csv", csv, "--x", "capacity_tokens", "--y", "hit_rate",
+              "--group", "series", "--logx", "--title", title, "--xlabel", "cache capacity (tokens)", "--ylabel",
               "prefix hit rate (tokens)", "--out", png, (char *)NULL);
         _exit(127);
     }
@@ -232,7 +234,9 @@ static int add_row(kvp_report *rep, const kvp_workload *w, const kvp_prefix_repl
     cJSON_AddStringToObject(row, "evict", kvp_evict_policy_name(c->policy));
     cJSON_AddNumberToObject(row, "block_size", c->block_size);
     cJSON_AddNumberToObject(row, "capacity", (double)c->capacity);
-    cJSON_AddNumberToObject(row, "capacity_eff", (double)(c->capacity > 0 ? c->capacity : r->peak_cached_blocks));
+    int64_t eff = c->capacity > 0 ? c->capacity : r->peak_cached_blocks;
+    cJSON_AddNumberToObject(row, "capacity_eff", (double)eff);
+    cJSON_AddNumberToObject(row, "capacity_tokens", (double)eff * c->block_size);
     cJSON_AddStringToObject(row, "series", series);
     cJSON_AddNumberToObject(row, "requests", (double)r->requests);
     cJSON_AddNumberToObject(row, "prompt_tokens", (double)r->prompt_tokens);
@@ -254,7 +258,8 @@ int kvp_bench_prefix(int argc, char **argv)
         {"trace", required_argument, NULL, 't'},  {"workload", required_argument, NULL, 'w'},
         {"skip-bad", no_argument, NULL, 'S'},     {"cache", required_argument, NULL, 'c'},
         {"evict", required_argument, NULL, 'e'},  {"block-size", required_argument, NULL, 'b'},
-        {"capacity", required_argument, NULL, 'C'}, {"sweep", no_argument, NULL, 's'},
+        {"capacity", required_argument, NULL, 'C'}, {"capacity-tokens", required_argument, NULL, 'T'},
+        {"sweep", no_argument, NULL, 's'},
         {"out", required_argument, NULL, 'o'},    {"name", required_argument, NULL, 'n'},
         {"format", required_argument, NULL, 'f'}, {"json", no_argument, NULL, 'j'},
         {"no-plot", no_argument, NULL, 'P'},      {"help", no_argument, NULL, 'h'},
@@ -262,7 +267,7 @@ int kvp_bench_prefix(int argc, char **argv)
     };
     const char *trace = NULL, *spec = NULL, *cache_s = "radix", *evict_s = "lru", *bs_s = "16", *cap_s = NULL;
     const char *outdir = "bench/results", *name = NULL;
-    int skip_bad = 0, sweep = 0, plot = 1, c;
+    int skip_bad = 0, sweep = 0, plot = 1, cap_tokens = 0, c;
     kvp_format fmt = KVP_FMT_TABLE;
     optind = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) switch (c) {
@@ -273,6 +278,10 @@ int kvp_bench_prefix(int argc, char **argv)
         case 'e': evict_s = optarg; break;
         case 'b': bs_s = optarg; break;
         case 'C': cap_s = optarg; break;
+        case 'T':
+            cap_s = optarg;
+            cap_tokens = 1;
+            break;
         case 's': sweep = 1; break;
         case 'o': outdir = optarg; break;
         case 'n': name = optarg; break;
@@ -315,7 +324,7 @@ int kvp_bench_prefix(int argc, char **argv)
     if (cap_s) {
         if (split_list(cap_s, &lcap) != 0) return kvp_cli_usage_error("bench prefix", "bad --capacity list '%s'", cap_s);
         for (int i = 0; i < lcap.n; i++)
-            if (kvp_parse_i64(lcap.items[i], 0, INT32_MAX - 1, &caps[ncap++]) != KVP_OK)
+            if (kvp_parse_i64(lcap.items[i], 0, cap_tokens ? INT64_MAX / 2 : INT32_MAX - 1, &caps[ncap++]) != KVP_OK)
                 return kvp_cli_usage_error("bench prefix", "--capacity: %s", kvp_error_message());
     } else {
         caps[ncap++] = 0;
@@ -356,7 +365,7 @@ int kvp_bench_prefix(int argc, char **argv)
                 cl[ncl++] = v < 1 ? 1 : v;
             }
         } else {
-            memcpy(cl, caps, (size_t)ncap * sizeof *cl);
+            for (int i = 0; i < ncap; i++) cl[i] = cap_tokens ? (caps[i] + bss[ib] - 1) / bss[ib] : caps[i];
         }
         for (int ik = 0; ik < nk && st == KVP_OK; ik++)
             for (int ip = 0; ip < np && st == KVP_OK; ip++)
