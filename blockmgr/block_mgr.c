@@ -687,6 +687,15 @@ static void clear_marks(kvp_block_mgr *bm, const int64_t *ids, int32_t n)
     }
 }
 
+static void swap_reset(kvp_block_mgr *bm, const int64_t *ids, int32_t n, int from)
+{
+    side_t *d = &bm->side[from];
+    for (int32_t i = 0; i < n; i++) {
+        const seq_t *s = lookup(bm, ids[i]);
+        for (int32_t j = 0; j < s->nblocks; j++) d->remap[s->blocks[j]] = -1;
+    }
+}
+
 /* Validates a swap of ids from side `from`; on success *need = distinct blocks to move, and the moved
  * blocks carry remap = -2 (the caller must reset them). */
 static kvp_status swap_prepare(const kvp_block_mgr *bm, const int64_t *ids, int32_t n, int from, const char *op,
@@ -727,17 +736,18 @@ static kvp_status swap_prepare(const kvp_block_mgr *bm, const int64_t *ids, int3
             }
         }
     }
+    /* A block about to receive a pending copy holds no valid data yet: moving it would lose the copy. */
+    if (from == DEV)
+        for (size_t k = 0; k < bm->ops[OP_COPY].n; k++) {
+            const int32_t dst = bm->ops[OP_COPY].v[k].dst;
+            if (d->remap[dst] == -2) {
+                swap_reset(m, ids, n, from);
+                return KVP_ERR(KVP_ESTATE, "%s: block %d has a copy-on-write copy pending in this step; run the step's "
+                               "copies (kvp_bm_step_ops_clear) before swapping its sequence out", op, (int)dst);
+            }
+        }
     *need = cnt;
     return KVP_OK;
-}
-
-static void swap_reset(kvp_block_mgr *bm, const int64_t *ids, int32_t n, int from)
-{
-    side_t *d = &bm->side[from];
-    for (int32_t i = 0; i < n; i++) {
-        const seq_t *s = lookup(bm, ids[i]);
-        for (int32_t j = 0; j < s->nblocks; j++) d->remap[s->blocks[j]] = -1;
-    }
 }
 
 static kvp_status swap_move(kvp_block_mgr *bm, const int64_t *ids, int32_t n, int from, const char *op)

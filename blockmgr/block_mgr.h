@@ -59,10 +59,14 @@ typedef struct {
 /* The block moves requested since the last kvp_bm_step_ops_clear, to be run in this order:
  * swap_out, swap_in, copies, and before the step's new tokens are written through the slot mapping.
  * Arrays borrowed from the manager: valid until the next call that changes it.
- * Ordering rule for the scheduler (as in vLLM): within one step, do the swaps (and frees of preempted
- * sequences) before the appends/forks. A block freed after being the source of a pending copy may be handed
- * out again at once; if a swap-in of the same step received it, the swap-in would overwrite it before the
- * copy reads it. Swapping a sequence out after appending to it in the same step has the same problem. */
+ * Ordering rule for the scheduler (as in vLLM), within one step (between two clears):
+ *   (1) frees, truncations, swap-outs, prefix-cache evictions; (2) swap-ins; (3) forks; (4) admissions
+ *   (allocate), appends, reservations.
+ * In that order the batch is exact: copies never chain, no block that a move reads is handed out again in
+ * the step, and no token written in the step is read by a copy. (The randomized step-mode test checks this
+ * order, simulating the executor.) Out of order, e.g. a fork after an append of the same sequence, the
+ * copies run before the new tokens are written and a copy misses them; a swap-out after a copy-on-write
+ * append of the same sequence is refused with KVP_ESTATE. */
 typedef struct {
     const kvp_block_copy *swap_out; /* [n_swap_out] device block -> host block */
     int32_t n_swap_out;
@@ -147,8 +151,9 @@ bool kvp_bm_can_allocate(const kvp_block_mgr *bm, int32_t n_tokens);
 /* Swap the n sequences seq_ids[0..n) out to the host pool (all device-resident) or in again (all on host).
  * Blocks shared among the given sequences move once and stay shared; a block also used by a sequence that
  * is not moved is copied (the other keeps the original). All or nothing: KVP_ENOTFOUND, KVP_ESTATE (wrong
- * side, or a repeated id), KVP_ENOBLOCKS (target pool too small), KVP_EUNSUPPORTED (no host pool),
- * KVP_ENOMEM. The moves are appended to the step ops. seq_ids is borrowed for the call. */
+ * side, a repeated id, or a block of theirs is the destination of a copy still pending in this step),
+ * KVP_ENOBLOCKS (target pool too small), KVP_EUNSUPPORTED (no host pool), KVP_ENOMEM. The moves are appended
+ * to the step ops. seq_ids is borrowed for the call. */
 kvp_status kvp_bm_swap_out(kvp_block_mgr *bm, const int64_t *seq_ids, int32_t n);
 kvp_status kvp_bm_swap_in(kvp_block_mgr *bm, const int64_t *seq_ids, int32_t n);
 /* Blocks kvp_bm_swap_in would allocate on the device (into *out); same errors as swap_in, nothing changed. */

@@ -582,3 +582,17 @@ Test(block_mgr, listing_sequences)
     CHECK(bm);
     kvp_bm_destroy(bm);
 }
+
+Test(block_mgr, swap_out_waits_for_pending_copies)
+{
+    kvp_block_mgr *bm = mk(10, 4, 10, 0, 0);
+    cr_assert_eq(kvp_bm_allocate(bm, 1, 6), KVP_OK);
+    cr_assert_eq(kvp_bm_fork(bm, 1, 2), KVP_OK);
+    cr_assert_eq(kvp_bm_append(bm, 2, 1, NULL), KVP_OK); /* CoW into a fresh block of 2 */
+    EXPECT_FAIL_UNCHANGED(bm, KVP_ESTATE, kvp_bm_swap_out(bm, (int64_t[]){2}, 1));
+    cr_assert_eq(kvp_bm_swap_out(bm, (int64_t[]){1}, 1), KVP_OK, "the copy's source may move (swap out runs first)");
+    kvp_bm_step_ops_clear(bm);
+    cr_assert_eq(kvp_bm_swap_out(bm, (int64_t[]){2}, 1), KVP_OK);
+    CHECK(bm);
+    kvp_bm_destroy(bm);
+}

@@ -36,7 +36,27 @@ typedef struct {
     uint64_t seed, seed0;
     int it;
     int64_t counts[16];
+    /* Step mode: the step ops and the token writes of a whole step are deferred to its end, as an executor
+     * runs them (swap out, swap in, copies, then the forward pass writes the new tokens). */
+    bool deferred;
+    int64_t (*pend)[2]; /* (slot, token) writes of this step */
+    int64_t npend, cappend;
 } world;
+
+static void kv_write(world *w, int64_t slot, int64_t tok)
+{
+    if (!w->deferred) {
+        w->dev[slot] = tok;
+        return;
+    }
+    if (w->npend == w->cappend) {
+        w->cappend = w->cappend ? w->cappend * 2 : 1024;
+        w->pend = realloc(w->pend, sizeof *w->pend * (size_t)w->cappend);
+    }
+    w->pend[w->npend][0] = slot;
+    w->pend[w->npend][1] = tok;
+    w->npend++;
+}
 
 #define WASSERT(w, cond, ...)                                                                                     \
     cr_assert(cond, "[seed %llu, op %d] " __VA_ARGS__)
@@ -65,10 +85,18 @@ static void run_step_ops(world *w)
     kvp_bm_step_ops_clear(w->bm);
 }
 
+static bool ops_empty(world *w)
+{
+    kvp_bm_step_ops ops;
+    kvp_bm_step_ops_get(w->bm, &ops);
+    return ops.n_swap_out + ops.n_swap_in + ops.n_copies == 0;
+}
+
 static void verify(world *w)
 {
     kvp_status st = kvp_bm_check(w->bm);
     WASSERT(w, st == KVP_OK, "walker: %s", (unsigned long long)w->seed0, w->it, kvp_error_detail());
+    if (w->deferred && (w->npend > 0 || !ops_empty(w))) return; /* contents are checked at the end of the step */
     WASSERT(w, kvp_bm_num_seqs(w->bm) == w->ns, "num_seqs %d, model %d", (unsigned long long)w->seed0, w->it, kvp_bm_num_seqs(w->bm), w->ns);
     int64_t logical[2] = {0, 0};
     for (int i = 0; i < w->ns; i++) {
@@ -122,7 +150,7 @@ static void write_prompt(world *w, mseq *q, int32_t from)
 {
     kvp_bm_table_view t;
     kvp_bm_table(w->bm, q->id, &t);
-    for (int32_t p = from; p < q->n; p++) w->dev[(int64_t)t.blocks[p / w->bs] * w->bs + p % w->bs] = q->tok[p];
+    for (int32_t p = from; p < q->n; p++) kv_write(w, (int64_t)t.blocks[p / w->bs] * w->bs + p % w->bs, q->tok[p]);
 }
 
 static void op_allocate(world *w, snap_t *before)
@@ -175,12 +203,12 @@ static void op_append(world *w, snap_t *before)
     kvp_bm_step_ops ops;
     kvp_bm_step_ops_get(w->bm, &ops);
     w->counts[2] += ops.n_copies;
-    run_step_ops(w); /* copies before the new tokens are written */
+    if (!w->deferred) run_step_ops(w); /* copies before the new tokens are written */
     for (int32_t j = 0; j < k; j++) {
         int64_t t = w->next_tok++;
         push_tok(q, t);
         WASSERT(w, slots[j] >= 0 && slots[j] < w->nb * w->bs, "slot %d out of range", (unsigned long long)w->seed0, w->it, slots[j]);
-        w->dev[slots[j]] = t;
+        kv_write(w, slots[j], t);
     }
     w->counts[3]++;
 }
@@ -283,7 +311,7 @@ static void op_swap(world *w, snap_t *before, int out)
     kvp_status st = out ? kvp_bm_swap_out(w->bm, ids, n) : kvp_bm_swap_in(w->bm, ids, n);
     if (nd > target_free) return expect_fail(w, st, KVP_ENOBLOCKS, before, "swap without room");
     WASSERT(w, st == KVP_OK, "swap %s: %s", (unsigned long long)w->seed0, w->it, out ? "out" : "in", kvp_error_detail());
-    run_step_ops(w);
+    if (!w->deferred) run_step_ops(w);
     for (int j = 0; j < n; j++)
         for (int i = 0; i < w->ns; i++)
             if (w->s[i].id == ids[j]) w->s[i].host = out;
@@ -391,3 +419,84 @@ Test(block_mgr_random, bs16_against_model) { run_world(48, 16, 24, 200, 0xB10C16
 Test(block_mgr_random, bs1_against_model) { run_world(96, 1, 48, 60, 0xB10C01ull, 26000); }
 Test(block_mgr_random, bs7_against_model) { run_world(40, 7, 20, 90, 0xB10C07ull, 26000); }
 Test(block_mgr_random, bs4_unlimited_against_model) { run_world(40, 4, 20, 0, 0xB10C04ull, 26000); }
+
+/* Step mode: many operations per step, in the order a scheduler makes them (block_mgr.h): (1) frees,
+ * truncations, swap-outs, cache changes; (2) swap-ins; (3) forks; (4) admissions, appends, reservations.
+ * The step's block moves and token writes run only at its end, as an executor runs them: swap out, swap in,
+ * copy-on-write copies, then the forward pass writes the new tokens through the slot mapping. */
+static void end_step(world *w)
+{
+    run_step_ops(w);
+    for (int64_t i = 0; i < w->npend; i++) w->dev[w->pend[i][0]] = w->pend[i][1];
+    w->npend = 0;
+    verify(w);
+}
+
+static void run_steps(int32_t nb, int32_t bs, int32_t nh, int32_t maxlen, uint64_t seed, int steps)
+{
+    world *w = calloc(1, sizeof *w);
+    w->nb = nb;
+    w->bs = bs;
+    w->nh = nh;
+    w->maxlen = maxlen;
+    w->seed = w->seed0 = seed;
+    w->next_id = 1;
+    w->next_tok = 1;
+    w->deferred = true;
+    kvp_bm_config cfg = {.num_blocks = nb, .block_size = bs, .num_host_blocks = nh, .max_seq_len = maxlen};
+    cr_assert_eq(kvp_bm_create(&cfg, &w->bm), KVP_OK);
+    w->dev = calloc((size_t)nb * (size_t)bs, sizeof(int64_t));
+    w->hst = calloc((size_t)nh * (size_t)bs, sizeof(int64_t));
+    snap_t before = {0};
+    int64_t ops = 0, copies = 0;
+    for (int step = 0; step < steps; step++) {
+        const int n[4] = {rng_int(&w->seed, 0, 3), rng_int(&w->seed, 0, 1), rng_int(&w->seed, 0, 2), rng_int(&w->seed, 1, 6)};
+        for (int phase = 0; phase < 4; phase++)
+            for (int k = 0; k < n[phase]; k++, w->it++, ops++) {
+                snap_take(w->bm, &before);
+                int r = rng_int(&w->seed, 0, 99);
+                if (phase == 0) {
+                    if (r < 35) op_free(w, &before);
+                    else if (r < 55) op_truncate(w, &before);
+                    else if (r < 75) op_swap(w, &before, 1);
+                    else if (r < 88) op_cache_take(w, &before);
+                    else op_cache_evict(w, &before);
+                } else if (phase == 1) {
+                    op_swap(w, &before, 0);
+                } else if (phase == 2) {
+                    op_fork(w, &before);
+                } else {
+                    if (r < 65) op_append(w, &before);
+                    else if (r < 90) op_allocate(w, &before);
+                    else op_reserve(w, &before);
+                }
+                verify(w);
+            }
+        kvp_bm_step_ops o;
+        kvp_bm_step_ops_get(w->bm, &o);
+        copies += o.n_copies;
+        end_step(w);
+    }
+    snap_free(&before);
+    while (w->ns) {
+        cr_assert_eq(kvp_bm_free(w->bm, w->s[w->ns - 1].id), KVP_OK);
+        free(w->s[--w->ns].tok);
+    }
+    end_step(w);
+    while (w->ncache) cr_assert_eq(kvp_bm_decref(w->bm, w->cache[--w->ncache]), KVP_OK);
+    cr_assert_eq(kvp_bm_num_free(w->bm), nb, "device pool fully free at the end (seed %llu)", (unsigned long long)seed);
+    cr_assert_eq(kvp_pool_num_free(kvp_bm_host_pool(w->bm)), nh);
+    cr_assert_eq(kvp_bm_check(w->bm), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_gt(copies, 100, "few copies were batched (%lld)", (long long)copies);
+    cr_assert_gt(w->counts[8], 100, "few swap-outs");
+    cr_assert_gt(w->counts[9], 100, "few swap-ins");
+    cr_log_info("steps bs %d: %lld ops, %lld batched copies", bs, (long long)ops, (long long)copies);
+    kvp_bm_destroy(w->bm);
+    free(w->pend);
+    free(w->dev);
+    free(w->hst);
+    free(w);
+}
+
+Test(block_mgr_random, steps_bs16_batched_ops) { run_steps(64, 16, 32, 200, 0x57E916ull, 5000); }
+Test(block_mgr_random, steps_bs5_batched_ops) { run_steps(48, 5, 24, 80, 0x57E905ull, 5000); }
