@@ -364,7 +364,8 @@ int kvp_cmd_generate(int argc, char **argv)
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;
     optind = 0;
-    while ((c = getopt_long(argc, argv, ":m:p:h", opts, NULL)) != -1) {
+    int li = -1;
+    while ((c = getopt_long(argc, argv, ":m:p:h", opts, &li)) != -1) {
         int64_t v;
         switch (c) {
         case 'm': o.model = optarg; break;
@@ -400,10 +401,11 @@ int kvp_cmd_generate(int argc, char **argv)
             return kvp_cli_getopt_error(CMD, c, argv);
         }
         if (st != KVP_OK) {
-            const char *opt = argv[optind - 1];
-            rc = kvp_cli_usage_error(CMD, "%s: %s", opt, kvp_error_message());
+            const char *opt = li >= 0 ? opts[li].name : c == 'p' ? "prompt" : "model";
+            rc = kvp_cli_usage_error(CMD, "--%s: %s", opt, kvp_error_message());
             goto done;
         }
+        li = -1;
     }
     if (optind < argc) {
         rc = kvp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);

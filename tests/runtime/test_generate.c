@@ -5,6 +5,8 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "common/alloc.h"
 #include "common/json.h"
@@ -324,4 +326,182 @@ Test(generate, rejects_bad_requests, .init = setup, .fini = teardown)
     big[5] = 512;
     cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
     free(big);
+}
+
+/* ---- the `kvpage generate` command (KVPAGE_BIN is set by CTest) ---- */
+
+static const char *kvpage_bin(void)
+{
+    const char *b = getenv("KVPAGE_BIN");
+    cr_assert_not_null(b, "KVPAGE_BIN is not set (run the tests through ctest)");
+    return b;
+}
+
+/* Runs a shell command line; returns the exit code, stdout in *out (malloc'ed) and stderr in *err. */
+static int sh(const char *cmdline, char **out, char **err)
+{
+    char errpath[] = "/tmp/kvp_gen_err_XXXXXX";
+    int fd = mkstemp(errpath);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    char full[8192];
+    snprintf(full, sizeof full, "%s 2>%s", cmdline, errpath);
+    FILE *p = popen(full, "r");
+    cr_assert_not_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    size_t k;
+    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0) {
+        n += k;
+        if (cap - n < 4096) buf = realloc(buf, cap *= 2);
+    }
+    buf[n] = '\0';
+    int status = pclose(p);
+    size_t elen;
+    *err = (char *)tu_read_all(errpath, &elen);
+    (*err)[elen] = '\0';
+    unlink(errpath);
+    *out = buf;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+Test(generate_cli, golden_story_from_gguf_and_hf_folder)
+{
+    tu_require_shared();
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 0);
+    const cJSON *want = cJSON_GetObjectItem(c0, "tokens_after_bos");
+    const char *models[2] = {S260_GGUF, S260_HF};
+    for (int k = 0; k < 2; k++) {
+        char cmd[1024], *out, *err;
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --max-tokens %d --ignore-eos --json",
+                 kvpage_bin(), models[k], cJSON_GetArraySize(want));
+        int rc = sh(cmd, &out, &err);
+        cr_assert_eq(rc, 0, "%s: rc %d: %s", models[k], rc, err);
+        cJSON *j;
+        cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+        const cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0);
+        const cJSON *toks = cJSON_GetObjectItem(r0, "tokens");
+        cr_assert_eq(cJSON_GetArraySize(toks), cJSON_GetArraySize(want));
+        for (int i = 0; i < cJSON_GetArraySize(want); i++)
+            cr_assert_eq(cJSON_GetArrayItem(toks, i)->valueint, cJSON_GetArrayItem(want, i)->valueint,
+                         "%s token %d", models[k], i);
+        cr_assert_str_eq(cJSON_GetObjectItem(r0, "text")->valuestring, cJSON_GetObjectItem(c0, "text")->valuestring);
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(r0, "prompt_tokens")), 1);
+        cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(r0, "ttft_s")) && cJSON_IsNumber(cJSON_GetObjectItem(r0, "tpot_s")));
+        const cJSON *tot = cJSON_GetObjectItem(j, "totals");
+        cr_assert(cJSON_GetObjectItem(tot, "tokens_per_s")->valuedouble > 0);
+        cr_assert_not_null(cJSON_GetObjectItem(tot, "prefix_hit_rate"));
+        cr_assert_eq(cJSON_GetObjectItem(tot, "kv_token_states")->valueint, 256);
+        cJSON_Delete(j);
+        free(out);
+        free(err);
+    }
+    cJSON_Delete(gold);
+}
+
+/* A small token budget admits the second prompt after the first one's prefill: it hits the cache. */
+Test(generate_cli, prompts_file_batches_and_hits_the_cache)
+{
+    tu_require_shared();
+    char path[300];
+    snprintf(path, sizeof path, "%s/prompts.txt", tu_tmpdir());
+    const char *text = "Once upon a time, there was a little girl named Lily. She\n"
+                       "Once upon a time, there was a little girl named Lily. He\n"
+                       "The sun was shining\n";
+    tu_write_all(path, text, strlen(text));
+    char cmd[1024], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 12 --block-size 4 --max-batched-tokens 16 --json",
+             kvpage_bin(), S260_GGUF, path);
+    cr_assert_eq(sh(cmd, &out, &err), 0, "%s", err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK);
+    const cJSON *reqs = cJSON_GetObjectItem(j, "requests");
+    cr_assert_eq(cJSON_GetArraySize(reqs), 3);
+    cr_assert_gt(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "totals"), "prefix_hit_rate")->valuedouble, 0.0);
+    /* Each prompt alone gives the same tokens. */
+    const char *lines[3] = {"Once upon a time, there was a little girl named Lily. She",
+                            "Once upon a time, there was a little girl named Lily. He", "The sun was shining"};
+    for (int i = 0; i < 3; i++) {
+        char c1[1024], *o1, *e1;
+        snprintf(c1, sizeof c1, "%s generate --model %s --prompt '%s' --max-tokens 12 --cache none --json", kvpage_bin(),
+                 S260_GGUF, lines[i]);
+        cr_assert_eq(sh(c1, &o1, &e1), 0, "%s", e1);
+        cJSON *j1;
+        cr_assert_eq(kvp_json_parse(o1, strlen(o1), "generate output", &j1), KVP_OK);
+        char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(reqs, i), "tokens"));
+        char *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j1, "requests"), 0), "tokens"));
+        cr_assert_str_eq(a, b, "prompt %d", i);
+        free(a);
+        free(b);
+        cJSON_Delete(j1);
+        free(o1);
+        free(e1);
+    }
+    cJSON_Delete(j);
+    free(out);
+    free(err);
+    /* Plain text output: prompt + continuation. */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon a time' --max-tokens 8", kvpage_bin(), S260_GGUF);
+    cr_assert_eq(sh(cmd, &out, &err), 0, "%s", err);
+    cr_assert_str_eq(out, "Once upon a time, there was a little girl\n");
+    free(out);
+    free(err);
+}
+
+Test(generate_cli, bad_input_exits_2_with_a_clear_error)
+{
+    tu_require_shared();
+    const char *dir = tu_tmpdir();
+    size_t len;
+    unsigned char *g = tu_read_all(S260_GGUF, &len);
+    char trunc[400], arch[400], longp[400];
+    snprintf(trunc, sizeof trunc, "%s/truncated.gguf", dir);
+    tu_write_all(trunc, g, len / 2);
+    /* general.architecture = "llama" -> "falcn" */
+    unsigned char *at = memmem(g, 14176, "general.architecture", 20);
+    cr_assert_not_null(at);
+    cr_assert(memcmp(at + 20 + 4 + 8, "llama", 5) == 0);
+    memcpy(at + 20 + 4 + 8, "falcn", 5);
+    snprintf(arch, sizeof arch, "%s/arch.gguf", dir);
+    tu_write_all(arch, g, len);
+    free(g);
+    /* A prompt longer than the HF model's 512-token context. */
+    snprintf(longp, sizeof longp, "%s/long.txt", dir);
+    FILE *f = fopen(longp, "w");
+    for (int i = 0; i < 600; i++) fputs("Lily and Tom ", f);
+    fputc('\n', f);
+    fclose(f);
+    struct {
+        char args[600];
+        const char *needle;
+    } cases[5];
+    snprintf(cases[0].args, sizeof cases[0].args, "--model %s --prompt hi", trunc);
+    cases[0].needle = "truncated.gguf";
+    snprintf(cases[1].args, sizeof cases[1].args, "--model %s --prompt hi", arch);
+    cases[1].needle = "falcn";
+    snprintf(cases[2].args, sizeof cases[2].args, "--model %s --prompts-file %s", S260_HF, longp);
+    cases[2].needle = "context";
+    snprintf(cases[3].args, sizeof cases[3].args, "--model %s --prompt hi --top-p 3", S260_GGUF);
+    cases[3].needle = "--top-p";
+    snprintf(cases[4].args, sizeof cases[4].args, "--model %s --prompt hi --bogus", S260_GGUF);
+    cases[4].needle = "--bogus";
+    for (int i = 0; i < 5; i++) {
+        char cmd[4096], *out, *err;
+        snprintf(cmd, sizeof cmd, "%s generate %s", kvpage_bin(), cases[i].args);
+        int rc = sh(cmd, &out, &err);
+        cr_assert_eq(rc, 2, "case %d: exit %d, stderr: %s", i, rc, err);
+        cr_assert(strstr(err, cases[i].needle), "case %d: stderr lacks '%s': %s", i, cases[i].needle, err);
+        cr_assert(strstr(err, "kvpage generate: error:"), "case %d: %s", i, err);
+        cr_assert_str_eq(out, "");
+        free(out);
+        free(err);
+    }
+    char cmd[512], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --help", kvpage_bin());
+    cr_assert_eq(sh(cmd, &out, &err), 0);
+    cr_assert(strstr(out, "--beam-width") && strstr(out, "--prompts-file"));
+    free(out);
+    free(err);
 }
