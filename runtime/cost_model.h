@@ -109,7 +109,9 @@ static inline void kvp_step_shape_add(kvp_step_shape *s, int64_t context, int64_
  * be NULL. Pure function: no state, no wall clock. */
 double kvp_cost_step_time(const kvp_cost_model *cm, const kvp_step_shape *shape, kvp_step_cost *detail);
 
-/* Weight bytes held by ONE rank (all experts included): what must fit in GPU memory before any KV. */
+/* Weight bytes ONE rank streams in a step that touches every expert (dense weights + all experts; the
+ * untied embedding table is not counted: only its looked-up rows are read). For the memory a rank must
+ * hold, use the planner (runtime/planner.h), which counts every parameter. */
 double kvp_cost_weight_bytes_per_rank(const kvp_cost_model *cm);
 /* KV bytes per token held by ONE rank. */
 double kvp_cost_kv_bytes_per_token_per_rank(const kvp_cost_model *cm);

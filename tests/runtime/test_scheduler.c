@@ -529,3 +529,34 @@ Test(scheduler, allocation_failures_are_reported_not_fatal)
     }
     kvp_workload_destroy(w);
 }
+
+Test(scheduler, lpm_admits_the_longest_cached_prefix_first)
+{
+    /* max_num_seqs 1: A (prefix P) runs; B (no shared prefix) and C (prefix P) wait. When A leaves,
+     * fcfs takes B, lpm takes C (its 32 tokens are cached). */
+    for (int lpm = 0; lpm < 2; lpm++) {
+        kvp_executor ex = rec_executor();
+        kvp_engine_config c = base_cfg(4, 1024);
+        c.cache = KVP_PC_RADIX;
+        c.sched = lpm ? KVP_SCHED_LPM : KVP_SCHED_FCFS;
+        c.max_num_seqs = 1;
+        kvp_workload *w = NULL;
+        cr_assert_eq(kvp_workload_create("lpm", &w), KVP_OK);
+        for (int i = 0; i < 3; i++) {
+            int32_t tok[40];
+            for (int j = 0; j < 40; j++) tok[j] = (i != 1 && j < 32) ? 500 + j : 9000 + i * 100 + j;
+            kvp_request r = {.id = i, .arrival_s = i * 0.0001, .prompt_len = 40, .output_len = 4};
+            cr_assert_eq(kvp_workload_add(w, &r, tok), KVP_OK);
+        }
+        kvp_engine *e;
+        cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+        run_all(e, w);
+        kvp_req_result rb, rc;
+        kvp_engine_request(e, 1, &rb);
+        kvp_engine_request(e, 2, &rc);
+        if (lpm) cr_assert_lt(rc.admit_s, rb.admit_s, "lpm must take C (cached prefix) before B");
+        else cr_assert_lt(rb.admit_s, rc.admit_s, "fcfs keeps arrival order");
+        kvp_engine_destroy(e);
+        kvp_workload_destroy(w);
+    }
+}
