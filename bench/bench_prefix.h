@@ -36,7 +36,8 @@ typedef struct {
     double hit_rate;        /* hit_tokens / prompt_tokens */
     double block_hit_rate;  /* hit_blocks / prompt_blocks */
     double wall_s;          /* whole replay (next-use precomputation included) */
-    double cache_s;         /* time inside kvp_pc_match + kvp_pc_insert only */
+    double cache_s;         /* wall time inside kvp_pc_match + kvp_pc_insert only */
+    double cache_cpu_s;     /* thread CPU time inside them (robust on a shared machine) */
 } kvp_prefix_replay_result;
 
 /* KVP_EINVAL for a bad configuration (capacity < 0, a pool that would exceed INT32_MAX - 1 blocks); the

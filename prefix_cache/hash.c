@@ -21,11 +21,12 @@
 #define ENT(i) (&pc->ents[(i)])
 #define IN_USE (-2)
 
+/* The map's key is the chain hash itself, so a slot with an equal key is the entry: no need to read the
+ * entry (a cache miss) to confirm it. */
 static int32_t find(const kvp_prefix_cache *pc, uint64_t h)
 {
-    for (int64_t s = pc_map_first(&pc->map, h); s >= 0; s = pc_map_next(&pc->map, h, s))
-        if (ENT(pc->map.slots[s].val)->hash == h) return pc->map.slots[s].val;
-    return -1;
+    int64_t s = pc_map_first(&pc->map, h);
+    return s >= 0 ? pc->map.slots[s].val : -1;
 }
 
 /* Chain hashes of the first nb blocks into pc->scr_h (reserved by the caller). Computing them all first lets
@@ -63,24 +64,31 @@ static void touch_entry(kvp_prefix_cache *pc, int32_t u, const kvp_pc_hint *hint
     pc_touch(pc, &e->m, hint);
     if (pc->policy == KVP_EVICT_BELADY) e->next_use = hint->next_use[e->depth];
     if (lock && e->lock++ == 0) pc->st.evictable_blocks--;
-    pc_heap_lower(&pc->heap, u, ent_key(pc, e)); /* lazy heap: only a lower key must be recorded */
+    /* Lazy heap: only a lower key must be recorded, and only belady's key can go down on an access. */
+    if (pc->policy == KVP_EVICT_BELADY) pc_heap_lower(&pc->heap, u, ent_key(pc, e));
 }
 
 kvp_status pc_hash_match(kvp_prefix_cache *pc, const int32_t *tokens, int32_t maxb, const kvp_pc_hint *hint, int lock,
                          int32_t *blocks_out, int32_t *n_hit)
 {
     uint64_t extra = hint ? hint->extra_key : 0;
-    if (kvp_grow((void **)&pc->scr_h, &pc->scr_h_cap, (size_t)maxb, sizeof *pc->scr_h) != KVP_OK)
+    if (kvp_grow((void **)&pc->scr_h, &pc->scr_h_cap, (size_t)maxb, sizeof *pc->scr_h) != KVP_OK ||
+        kvp_grow((void **)&pc->scr_e, &pc->scr_e_cap, (size_t)maxb, sizeof *pc->scr_e) != KVP_OK)
         return KVP_ERR(KVP_ENOMEM, "out of memory matching %d blocks", maxb);
     hash_chain(pc, tokens, maxb, extra);
+    /* Two passes: find the entries (prefetching map slots ahead and each entry found), then touch them. */
     int32_t got = 0;
     for (int32_t i = 0; i < maxb; i++) {
         if (i + PREFETCH < maxb) pc_map_prefetch(&pc->map, pc->scr_h[i + PREFETCH]);
         int32_t e = find(pc, pc->scr_h[i]);
         if (e < 0) break;
-        blocks_out[got++] = ENT(e)->block;
+        __builtin_prefetch(ENT(e), 1);
+        pc->scr_e[got++] = e;
     }
-    for (int32_t i = 0; i < got; i++) touch_entry(pc, pc->block_unit[blocks_out[i]], hint, lock);
+    for (int32_t i = 0; i < got; i++) {
+        blocks_out[i] = ENT(pc->scr_e[i])->block;
+        touch_entry(pc, pc->scr_e[i], hint, lock);
+    }
     *n_hit = got;
     return KVP_OK;
 }
@@ -98,7 +106,10 @@ kvp_status pc_hash_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int
     for (i = 0; i < n_blocks; i++) {
         if (i + PREFETCH < n_blocks) pc_map_prefetch(&pc->map, pc->scr_h[i + PREFETCH]);
         pc->scr_e[i] = find(pc, pc->scr_h[i]);
-        if (pc->scr_e[i] >= 0) continue;
+        if (pc->scr_e[i] >= 0) {
+            __builtin_prefetch(ENT(pc->scr_e[i]), 1);
+            continue;
+        }
         int32_t b = blocks[i];
         if (pc->block_unit[b] != -1) {
             st = pc->block_unit[b] == -3

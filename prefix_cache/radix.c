@@ -235,7 +235,8 @@ static void touch_path(kvp_prefix_cache *pc, int32_t last, const kvp_pc_hint *hi
         if (n->next_use)
             memcpy(n->next_use, hint->next_use + start, (size_t)n->nblocks * sizeof *n->next_use);
         if (lock && n->lock++ == 0) pc->st.evictable_blocks -= n->nblocks;
-        pc_heap_lower(&pc->heap, u, node_key(pc, n)); /* lazy heap: only a lower key must be recorded */
+        /* Lazy heap: only a lower key must be recorded, and only belady's key can go down on an access. */
+        if (pc->policy == KVP_EVICT_BELADY) pc_heap_lower(&pc->heap, u, node_key(pc, n));
     }
 }
 
