@@ -498,5 +498,5 @@ static void run_steps(int32_t nb, int32_t bs, int32_t nh, int32_t maxlen, uint64
     free(w);
 }
 
-Test(block_mgr_random, steps_bs16_batched_ops) { run_steps(64, 16, 32, 200, 0x57E916ull, 5000); }
-Test(block_mgr_random, steps_bs5_batched_ops) { run_steps(48, 5, 24, 80, 0x57E905ull, 5000); }
+Test(block_mgr_random, steps_bs16_batched_ops) { run_steps(64, 16, 32, 200, 0x57E916ull, 3000); }
+Test(block_mgr_random, steps_bs5_batched_ops) { run_steps(48, 5, 24, 80, 0x57E905ull, 3000); }
