@@ -243,7 +243,7 @@ Test(prefix_cache, radix_and_hash_match_the_model_bounded)
 {
     for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++)
         for (int pol = KVP_EVICT_LRU; pol <= KVP_EVICT_BELADY; pol++)
-            for (uint64_t seed = 1; seed <= 3; seed++) run_random((kvp_pc_kind)kind, (kvp_evict_policy)pol, 40, seed * 7 + (uint64_t)pol, 300, NULL);
+            for (uint64_t seed = 1; seed <= 2; seed++) run_random((kvp_pc_kind)kind, (kvp_evict_policy)pol, 40, seed * 7 + (uint64_t)pol, 300, NULL);
 }
 
 Test(prefix_cache, radix_and_hash_agree_unbounded)
@@ -425,6 +425,29 @@ Test(prefix_cache, locks_prevent_eviction)
         cr_assert_eq(kvp_pc_check(f.pc), KVP_OK, "%s", kvp_error_detail());
         cr_assert_eq(kvp_pc_unlock(f.pc, one, 1), KVP_OK);
         cr_assert_eq(kvp_pc_num_evictable(f.pc), 1);
+        rm(&f);
+    }
+}
+
+Test(prefix_cache, duplicate_insert_keeps_the_cached_block)
+{
+    for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++) {
+        fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_LRU, 8, 2);
+        int32_t t[] = {1, 1, 2, 2, 3}, a[2], b[2], out[2];
+        cr_assert_eq(kvp_pool_alloc(f.pool, 2, a), KVP_OK);
+        cr_assert_eq(kvp_pool_alloc(f.pool, 2, b), KVP_OK);
+        cr_assert_eq(kvp_pc_insert(f.pc, t, 5, a, 2, NULL, 0, NULL), KVP_OK);
+        /* a second request computed the same prefix into its own blocks */
+        cr_assert_eq(kvp_pc_insert(f.pc, t, 5, b, 2, NULL, 1, out), KVP_OK);
+        cr_assert_eq(out[0], a[0]);
+        cr_assert_eq(out[1], a[1]);
+        cr_assert_eq(kvp_pool_refcount(f.pool, b[0]), 1, "the duplicate is not referenced by the cache");
+        cr_assert_eq(kvp_pool_refcount(f.pool, a[0]), 2);
+        cr_assert_eq(kvp_pc_num_cached(f.pc), 2);
+        cr_assert_eq(kvp_pc_num_evictable(f.pc), 0, "the insert locked the path");
+        cr_assert_eq(kvp_pc_unlock(f.pc, out, 2), KVP_OK);
+        cr_assert_eq(kvp_pool_release(f.pool, a, 2), KVP_OK);
+        cr_assert_eq(kvp_pool_release(f.pool, b, 2), KVP_OK);
         rm(&f);
     }
 }
