@@ -181,9 +181,10 @@ static void usage(FILE *f)
             "  -h, --help              this help\n"
             "\n"
             "Fields: workload cache evict block_size capacity capacity_eff (capacity, or the peak when unbounded)\n"
-            "capacity_tokens (capacity_eff x block_size) series requests prompt_tokens hit_tokens hit_rate block_hit_rate inserted_blocks evicted_blocks\n"
-            "peak_cached_blocks short_requests wall_s cache_mtok_per_s (prompt tokens per second of wall time\n"
-            "inside match + insert) cache_cpu_mtok_per_s (the same per second of thread CPU time) machine commit.\n"
+            "capacity_tokens (capacity_eff x block_size) series requests prompt_tokens hit_tokens hit_rate\n"
+            "block_hit_rate inserted_blocks evicted_blocks peak_cached_blocks short_requests wall_s\n"
+            "cache_mtok_per_s (prompt tokens per second of wall time inside match + insert)\n"
+            "cache_cpu_mtok_per_s (the same per second of thread CPU time) machine commit.\n"
             "Example: kvpage bench prefix --trace mooncake:../shared/data/traces/mooncake/synthetic_trace.jsonl \\\n"
             "           --block-size 512 --evict all --capacity 0,2000,5000,10000,20000\n");
 }
