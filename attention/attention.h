@@ -78,12 +78,14 @@ kvp_status kvp_attn_decode_cpu(const kvp_paged_kv *kv, const float *q, float *ou
 kvp_status kvp_attn_prefill_cpu(const kvp_paged_kv *kv, const float *q, const int32_t *qo_indptr, float *out,
                                 const kvp_attn_params *p);
 
-/* ---- copy_blocks: for i < n, block block_pairs[2i+1] := block block_pairs[2i] in both pools (CoW batch).
- * Pairs are applied as if all sources were read before any destination is written only when no block is
- * both a source and a destination; a block id out of range -> KVP_EINVAL, nothing copied. */
+/* ---- copy_blocks: for i < n, block block_pairs[2i+1] := block block_pairs[2i] in both pools (a CoW batch,
+ * block_pairs is (n, 2) int32 {src, dst}). Pairs run in parallel: no block may be the destination of one
+ * pair and the source or destination of another (a CoW batch never is). A block id out of range ->
+ * KVP_EINVAL, nothing copied. Page table not read. */
 kvp_status kvp_attn_copy_blocks_cpu(const kvp_paged_kv *kv, const int32_t *block_pairs, int32_t n);
 /* ---- swap_blocks: dst block block_pairs[2i+1] := src block block_pairs[2i], between two pools of the same
- * dtype, num_kv_heads, block_size and head_dim (e.g. device-side -> host-side pool, or back). */
+ * dtype, num_kv_heads, block_size and head_dim (e.g. device-side -> host-side pool, or back); strides and
+ * num_blocks may differ. Same rules on pairs as copy_blocks. */
 kvp_status kvp_attn_swap_blocks_cpu(const kvp_paged_kv *dst, const kvp_paged_kv *src, const int32_t *block_pairs,
                                     int32_t n);
 
