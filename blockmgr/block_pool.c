@@ -44,7 +44,20 @@ int32_t kvp_pool_num_blocks(const kvp_block_pool *pool) { return pool->num_block
 int32_t kvp_pool_block_size(const kvp_block_pool *pool) { return pool->block_size; }
 int32_t kvp_pool_num_free(const kvp_block_pool *pool) { return pool->num_free; }
 
+/* The public entry points keep their error reporting in cold functions so that the common case compiles to
+ * a few instructions without a stack frame. */
+static __attribute__((noinline, cold)) kvp_status alloc_slow(kvp_block_pool *pool, int32_t n, int32_t *ids_out);
+
 kvp_status kvp_pool_alloc(kvp_block_pool *pool, int32_t n, int32_t *ids_out)
+{
+    if (__builtin_expect(n == 1 && pool->num_free > 0 && ids_out != NULL, 1)) {
+        ids_out[0] = kvp_pool_pop_(pool);
+        return KVP_OK;
+    }
+    return alloc_slow(pool, n, ids_out);
+}
+
+static kvp_status alloc_slow(kvp_block_pool *pool, int32_t n, int32_t *ids_out)
 {
     if (n < 0) return KVP_ERR(KVP_EINVAL, "block pool: cannot allocate %d blocks", (int)n);
     if (n > pool->num_free)
@@ -83,13 +96,19 @@ kvp_status kvp_pool_incref(kvp_block_pool *pool, int32_t id)
     return KVP_OK;
 }
 
-kvp_status kvp_pool_decref(kvp_block_pool *pool, int32_t id)
+static __attribute__((noinline, cold)) kvp_status decref_error(const kvp_block_pool *pool, int32_t id)
 {
     KVP_TRY(check_id(pool, id, "decref"));
-    if (pool->refcnt[id] < 1)
-        return KVP_ERR(KVP_ESTATE, "block pool decref: block %d is already free (double free)", (int)id);
-    kvp_pool_decref_(pool, id);
-    return KVP_OK;
+    return KVP_ERR(KVP_ESTATE, "block pool decref: block %d is already free (double free)", (int)id);
+}
+
+kvp_status kvp_pool_decref(kvp_block_pool *pool, int32_t id)
+{
+    if (__builtin_expect((uint32_t)id < (uint32_t)pool->num_blocks && pool->refcnt[id] > 0, 1)) {
+        kvp_pool_decref_(pool, id);
+        return KVP_OK;
+    }
+    return decref_error(pool, id);
 }
 
 kvp_status kvp_pool_release(kvp_block_pool *pool, const int32_t *ids, int32_t n)
