@@ -451,6 +451,10 @@ static void append_needs(const kvp_block_mgr *bm, const seq_t *s, int32_t k, int
     const kvp_block_pool *p = bm->side[DEV].pool;
     const int32_t li = blk_of(bm, s->ntok);
     *need = blocks_for(bm, (int64_t)s->ntok + k);
+    if (k == 0) {
+        *ncow = *nnew = 0;
+        return;
+    }
     const int32_t hi = *need < s->nblocks ? *need : s->nblocks;
     int32_t c = 0;
     for (int32_t i = li; i < hi; i++) c += p->refcnt[s->blocks[i]] > 1;
@@ -474,6 +478,7 @@ static __attribute__((noinline)) kvp_status append_slow(kvp_block_mgr *bm, int64
     seq_t *s;
     KVP_TRY(device_seq(bm, seq_id, "append", &s));
     KVP_TRY(check_append(bm, s, k, "append"));
+    if (k == 0) return KVP_OK; /* nothing to write: in particular no copy-on-write */
     side_t *d = &bm->side[DEV];
     kvp_block_pool *p = d->pool;
     const int32_t bs = bm->bs, ntok = s->ntok, newtok = ntok + k;

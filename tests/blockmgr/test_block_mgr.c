@@ -596,3 +596,22 @@ Test(block_mgr, swap_out_waits_for_pending_copies)
     CHECK(bm);
     kvp_bm_destroy(bm);
 }
+
+Test(block_mgr, append_of_zero_tokens_changes_nothing)
+{
+    kvp_block_mgr *bm = mk(8, 4, 0, 0, 0);
+    cr_assert_eq(kvp_bm_allocate(bm, 1, 6), KVP_OK);
+    cr_assert_eq(kvp_bm_fork(bm, 1, 2), KVP_OK); /* shared partly filled last block */
+    snap_t a = {0}, b = {0};
+    snap_take(bm, &a);
+    int32_t need = -1;
+    cr_assert_eq(kvp_bm_append_blocks_needed(bm, 2, 0, &need), KVP_OK);
+    cr_assert_eq(need, 0);
+    cr_assert_eq(kvp_bm_append(bm, 2, 0, NULL), KVP_OK);
+    snap_take(bm, &b);
+    cr_assert(snap_equal(&a, &b), "an empty append must not copy-on-write");
+    snap_free(&a);
+    snap_free(&b);
+    CHECK(bm);
+    kvp_bm_destroy(bm);
+}
