@@ -372,16 +372,10 @@ kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *pairs, int3
  * outputs keep 8 accumulators in registers. */
 typedef float kvp_v8f __attribute__((vector_size(32)));
 
-static inline kvp_v8f v8_ld(const float *p)
-{
-    kvp_v8f v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void v8_st(float *p, kvp_v8f v) { memcpy(p, &v, sizeof v); }
-
-static inline kvp_v8f v8_bc(float x) { return (kvp_v8f){x, x, x, x, x, x, x, x}; }
+/* Vector helpers as macros: functions passing 32-byte vectors by value change the ABI without AVX. */
+#define V8_LD(dst, p) memcpy(&(dst), (p), sizeof(kvp_v8f))
+#define V8_ST(p, v) memcpy((p), &(v), sizeof(kvp_v8f))
+#define V8_BC(x) ((kvp_v8f){(x), (x), (x), (x), (x), (x), (x), (x)})
 
 /* 4 rows x 16 outputs, accumulators in registers. */
 static void mm_tile_4(float *restrict y, const float *restrict x, const float *restrict wt, int64_t N, int64_t K,
@@ -390,28 +384,30 @@ static void mm_tile_4(float *restrict y, const float *restrict x, const float *r
     kvp_v8f a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
     const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K;
     for (int64_t k = 0; k < K; k++) {
-        const kvp_v8f w0 = v8_ld(wt + k * N + o), w1 = v8_ld(wt + k * N + o + 8);
-        kvp_v8f b = v8_bc(x0[k]);
+        kvp_v8f w0, w1;
+        V8_LD(w0, wt + k * N + o);
+        V8_LD(w1, wt + k * N + o + 8);
+        kvp_v8f b = V8_BC(x0[k]);
         a00 = a00 + b * w0;
         a01 = a01 + b * w1;
-        b = v8_bc(x1[k]);
+        b = V8_BC(x1[k]);
         a10 = a10 + b * w0;
         a11 = a11 + b * w1;
-        b = v8_bc(x2[k]);
+        b = V8_BC(x2[k]);
         a20 = a20 + b * w0;
         a21 = a21 + b * w1;
-        b = v8_bc(x3[k]);
+        b = V8_BC(x3[k]);
         a30 = a30 + b * w0;
         a31 = a31 + b * w1;
     }
-    v8_st(y + o, a00);
-    v8_st(y + o + 8, a01);
-    v8_st(y + N + o, a10);
-    v8_st(y + N + o + 8, a11);
-    v8_st(y + 2 * N + o, a20);
-    v8_st(y + 2 * N + o + 8, a21);
-    v8_st(y + 3 * N + o, a30);
-    v8_st(y + 3 * N + o + 8, a31);
+    V8_ST(y + o, a00);
+    V8_ST(y + o + 8, a01);
+    V8_ST(y + N + o, a10);
+    V8_ST(y + N + o + 8, a11);
+    V8_ST(y + 2 * N + o, a20);
+    V8_ST(y + 2 * N + o + 8, a21);
+    V8_ST(y + 3 * N + o, a30);
+    V8_ST(y + 3 * N + o + 8, a31);
 }
 
 /* 1 row x 32 outputs (two 16-wide halves computed exactly as in mm_tile_4). */
@@ -422,24 +418,32 @@ static void mm_tile_1(float *restrict y, const float *restrict x, const float *r
     if (width == 32) {
         for (int64_t k = 0; k < K; k++) {
             const float *w = wt + k * N + o;
-            const kvp_v8f b = v8_bc(x[k]);
-            a0 = a0 + b * v8_ld(w);
-            a1 = a1 + b * v8_ld(w + 8);
-            a2 = a2 + b * v8_ld(w + 16);
-            a3 = a3 + b * v8_ld(w + 24);
+            const kvp_v8f b = V8_BC(x[k]);
+            kvp_v8f w0, w1, w2, w3;
+            V8_LD(w0, w);
+            V8_LD(w1, w + 8);
+            V8_LD(w2, w + 16);
+            V8_LD(w3, w + 24);
+            a0 = a0 + b * w0;
+            a1 = a1 + b * w1;
+            a2 = a2 + b * w2;
+            a3 = a3 + b * w3;
         }
-        v8_st(y + o + 16, a2);
-        v8_st(y + o + 24, a3);
+        V8_ST(y + o + 16, a2);
+        V8_ST(y + o + 24, a3);
     } else {
         for (int64_t k = 0; k < K; k++) {
             const float *w = wt + k * N + o;
-            const kvp_v8f b = v8_bc(x[k]);
-            a0 = a0 + b * v8_ld(w);
-            a1 = a1 + b * v8_ld(w + 8);
+            const kvp_v8f b = V8_BC(x[k]);
+            kvp_v8f w0, w1;
+            V8_LD(w0, w);
+            V8_LD(w1, w + 8);
+            a0 = a0 + b * w0;
+            a1 = a1 + b * w1;
         }
     }
-    v8_st(y + o, a0);
-    v8_st(y + o + 8, a1);
+    V8_ST(y + o, a0);
+    V8_ST(y + o + 8, a1);
 }
 
 static void mm_tile(float *restrict y, const float *restrict x, const float *restrict wt, int64_t rows, int64_t N,
