@@ -27,6 +27,7 @@ enum { OP_SWAP_OUT = 0, OP_SWAP_IN = 1, OP_COPY = 2 };
 
 typedef struct {
     kvp_block_pool *pool; /* owned; NULL for an absent host side */
+    int32_t *rc;          /* pool->refcnt (never reallocated), one load less on the append fast path */
     int32_t *seqref;      /* [num_blocks] */
     int32_t *fill;        /* [num_blocks] valid where seqref > 0 */
     int32_t *fillcnt;     /* [num_blocks] */
@@ -267,6 +268,7 @@ static kvp_status side_init(side_t *d, int32_t nb, int32_t bs)
 {
     memset(d, 0, sizeof *d);
     KVP_TRY(kvp_pool_create(nb, bs, &d->pool));
+    d->rc = d->pool->refcnt;
     d->seqref = kvp_calloc((size_t)nb, sizeof(int32_t));
     d->fill = kvp_calloc((size_t)nb, sizeof(int32_t));
     d->fillcnt = kvp_calloc((size_t)nb, sizeof(int32_t));
@@ -539,7 +541,7 @@ kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *
         const int32_t ntok = s->ntok, bs = bm->bs, b = s->cur;
         const int32_t off = bm->bs_shift >= 0 ? ntok & (bs - 1) : ntok % bs;
         side_t *d = &bm->side[DEV];
-        if (ntok < bm->max_len && d->pool->refcnt[b] == 1) {
+        if (ntok < bm->max_len && d->rc[b] == 1) {
             d->n_empty -= off == 0;
             d->tokens++;
             d->fill[b] = off + 1;
