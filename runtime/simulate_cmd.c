@@ -51,7 +51,7 @@ static void usage(FILE *f)
             "  --max-batched-tokens N    token budget per step (default 8192)\n"
             "  --max-model-len N         prompt + output at most (default: the model's, at most 32768)\n"
             "  --no-chunked-prefill      prefill whole prompts in prefill-only steps (vLLM v0)\n"
-            "  --watermark-blocks N      free blocks kept back at admission (default 0)\n"
+            "  --watermark-blocks N      free blocks kept back at admission (default 1 %% of the blocks, as vLLM)\n"
             "output:\n"
             "  --json                    one JSON object on stdout\n"
             "  --check                   run every invariant walker after each step (slow)\n"
@@ -109,7 +109,7 @@ int kvp_cmd_simulate(int argc, char **argv)
     const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL;
     double rate = 0, duration = 0;
     int64_t num_req = 0;
-    int json = 0, max_len_set = 0;
+    int json = 0, max_len_set = 0, watermark_set = 0;
     kvp_engine_config ec;
     kvp_engine_config_default(&ec);
     kvp_sim_hw hw;
@@ -152,7 +152,10 @@ int kvp_cmd_simulate(int argc, char **argv)
             if (st == KVP_OK && hw.kv_mem_bytes <= 0) st = KVP_ERR(KVP_EINVAL, "--kv-mem must be > 0");
             break;
         case O_SWAP: st = kvp_parse_bytes(optarg, &hw.swap_bytes); break;
-        case O_WATERMARK: st = kvp_parse_i32(optarg, 0, INT32_MAX, &ec.watermark_blocks); break;
+        case O_WATERMARK:
+            st = kvp_parse_i32(optarg, 0, INT32_MAX, &ec.watermark_blocks);
+            watermark_set = 1;
+            break;
         case O_JSON: json = 1; break;
         case O_CHECK: ec.check_every_step = true; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
@@ -176,6 +179,8 @@ int kvp_cmd_simulate(int argc, char **argv)
     kvp_cost_model cm;
     kvp_sim_memory mem;
     if ((st = kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem)) != KVP_OK) return kvp_cli_fail(cmd, st);
+
+    if (!watermark_set && ec.alloc == KVP_ALLOC_PAGED) ec.watermark_blocks = (int32_t)((ec.kv_slots / ec.block_size) / 100);
 
     double t0 = kvp_now_s();
     kvp_workload *w = NULL;
