@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# The main job of `make run`. Until the memory benchmark lands it runs the memory planner on a real
-# model config and explains what it shows.
+# The main job of `make run`: the KV memory-utilization benchmark in the PagedAttention paper's setting
+# (its Figure 2), then the memory plan of that setting.
 set -eu
 bin=${1:-build/kvpage}
-cfg=../shared/data/configs/Meta-Llama-3.1-8B.json
-cat >&2 <<MSG
-== kvpage plan: Llama-3.1-8B on one H200, BF16 weights and KV cache, 8192-token sequences ==
-The planner reads the model's Hugging Face config.json, counts its parameters, and reports the bytes of
-weights, the KV bytes per token (2 x layers x kv_heads x head_dim x bytes per element), how many KV blocks of
-16 tokens fit in 90 % of the GPU after weights and an activation reserve, and how many 8192-token sequences
-can be resident at once.
+cat >&2 <<'MSG'
+== kvpage bench memory: how much of the KV cache holds real tokens ==
+OPT-13B on one A100-40G (12 GB left for KV, 800 KB per token), 1000 ShareGPT-like requests, replayed
+through the real scheduler and block manager on a cost model. One row per allocation strategy:
+Orca-Max / Orca-Pow2 / Orca-Oracle reserve contiguous memory per request (max length, next power of two,
+exact final length); paged-B allocates blocks of B tokens on demand. Columns are time-averaged shares of
+the KV memory: token_states (holds a token), reserved (reserved, not yet written), internal_frag (unused
+tail of a block or reservation), external_frag (free arena holes too small to use), free; util_in_use is
+token_states / (1 - free); mean_running is the batch size the memory allowed. The plot is
+bench/results/memory.png.
 MSG
-"$bin" plan --config "$cfg" --gpu H200 --seq-len 8192
+"$bin" bench memory
+echo >&2
+echo "== kvpage plan: the same model and GPU ==" >&2
+"$bin" plan --config ../shared/data/configs/derived/opt-13b.json --gpu A100-40G --seq-len 2048
