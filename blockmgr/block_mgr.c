@@ -554,6 +554,25 @@ kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *
             }
             return KVP_OK;
         }
+    } else if (__builtin_expect(s != NULL && !s->host && k == 1, 1)) {
+        /* Every block full (cur < 0 on the device): the token opens a fresh block, once per block_size. */
+        side_t *d = &bm->side[DEV];
+        const int32_t ntok = s->ntok, nb = s->nblocks;
+        if (ntok < bm->max_len && nb < s->cap && d->pool->num_free > 0) {
+            const int32_t b = kvp_pool_pop_(d->pool);
+            s->blocks[nb] = b;
+            s->nblocks = nb + 1;
+            d->seqref[b] = 1;
+            d->fill[b] = 1;
+            d->fillcnt[b] = 1;
+            d->n_used++;
+            d->tokens++;
+            d->logical++;
+            if (slots_out) *slots_out = b * bm->bs;
+            s->ntok = ntok + 1;
+            s->cur = bm->bs > 1 ? b : -1;
+            return KVP_OK;
+        }
     }
     return append_slow(bm, seq_id, k, slots_out);
 }
