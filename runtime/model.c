@@ -25,6 +25,16 @@ typedef struct {
     int32_t window_left;  /* -1: full attention */
 } layer_w;
 
+enum { KVP_FWD_MAX_GROUPS = 64 };
+
+/* Workspace of one forward pass: activations (f) and the expanded page table of the invariant path (i). */
+typedef struct {
+    float *f;
+    size_t cap;
+    int32_t *i;
+    size_t icap;
+} fwd_ws;
+
 struct kvp_model {
     kvp_model_config cfg;
     kvp_rope_style rope;
@@ -37,11 +47,9 @@ struct kvp_model {
     float *lm_head;  /* (hidden, vocab), transposed; a copy of embed when tied */
     layer_w *layers; /* (num_layers) */
     double *inv_freq; /* (head_dim / 2) */
-    /* workspace, grown on demand */
-    float *ws;
-    size_t ws_cap;
-    int32_t *iws; /* expanded page table of the invariant attention path */
-    size_t iws_cap;
+    fwd_ws ws[KVP_FWD_MAX_GROUPS]; /* one per data-parallel group, grown on demand */
+    int32_t *sub;                  /* rebased qo/kv indptr of the groups */
+    size_t sub_cap;
 };
 
 /* ---------------------------------------------------------------- loading */
@@ -125,8 +133,11 @@ static void free_weights(kvp_model *m)
     kvp_free(m->embed);
     kvp_free(m->out_norm);
     kvp_free(m->inv_freq);
-    kvp_free(m->ws);
-    kvp_free(m->iws);
+    for (int g = 0; g < KVP_FWD_MAX_GROUPS; g++) {
+        kvp_free(m->ws[g].f);
+        kvp_free(m->ws[g].i);
+    }
+    kvp_free(m->sub);
 }
 
 void kvp_model_destroy(kvp_model *m)
@@ -461,7 +472,8 @@ static void mm_tile(float *restrict y, const float *restrict x, const float *res
     for (int64_t r = 0; r < rows; r++) mm_tile_1(y + r * N, x + r * K, wt, N, K, o, width);
 }
 
-static void matmul(const kvp_model *m, float *y, const float *x, const float *wt, int64_t T, int64_t N, int64_t K)
+static void matmul(const kvp_model *m, int threads, float *y, const float *x, const float *wt, int64_t T, int64_t N,
+                   int64_t K)
 {
     if (m->matmul == KVP_MATMUL_BLAS) {
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)N, (int)K, 1.0f, x, (int)K, wt, (int)N,
@@ -471,7 +483,7 @@ static void matmul(const kvp_model *m, float *y, const float *x, const float *wt
     /* Column blocks of 32 (the last may be 16), row tiles of 4. */
     const int64_t N16 = N / 16 * 16, nob = (N16 + 31) / 32, ntb = (T + 3) / 4;
     const int64_t work = T * N * K;
-    const int nt = work > (1 << 20) ? m->threads : 1;
+    const int nt = work > (1 << 20) ? threads : 1;
 #pragma omp parallel for num_threads(nt) schedule(static) collapse(2) if (nt > 1)
     for (int64_t ob = 0; ob < nob; ob++)
         for (int64_t tb = 0; tb < ntb; tb++) {
@@ -514,16 +526,16 @@ static void rope(const kvp_model *m, float *v, int32_t nheads, int32_t pos)
 
 /* ---------------------------------------------------------------- forward */
 
-kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch *b, float *logits)
+/* Everything a forward pass can reject, checked before anything is written. */
+static kvp_status validate(const kvp_model *m, const kvp_kv_cache *kv, const kvp_fwd_batch *b)
 {
     const kvp_model_config *c = &m->cfg;
-    const int64_t H = c->hidden_size, hd = c->head_dim, nq = c->num_q_heads, nkv = c->num_kv_heads;
-    const int64_t FF = c->intermediate_size, V = c->vocab_size, T = b->num_tokens;
-    const int64_t QD = nq * hd, KD = nkv * hd;
+    const int64_t T = b->num_tokens, V = c->vocab_size;
     if (b->num_seqs < 1 || T < 1 || !b->qo_indptr || b->qo_indptr[0] != 0 || b->qo_indptr[b->num_seqs] != T)
         return KVP_ERR(KVP_EINVAL, "forward: inconsistent batch (%d sequences, %lld tokens)", b->num_seqs,
                        (long long)T);
-    if (kv->num_layers != c->num_layers || kv->layers[0].num_kv_heads != nkv || kv->layers[0].head_dim != hd)
+    if (kv->num_layers != c->num_layers || kv->layers[0].num_kv_heads != c->num_kv_heads ||
+        kv->layers[0].head_dim != c->head_dim)
         return KVP_ERR(KVP_EINVAL, "forward: the KV cache was made for another model");
     int32_t maxlen = kvp_model_max_len(m);
     for (int64_t t = 0; t < T; t++) {
@@ -537,20 +549,71 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
             return KVP_ERR(KVP_EINVAL, "forward: slot %lld of row %lld is outside the KV cache",
                            (long long)b->slot_mapping[t], (long long)t);
     }
-    for (int32_t s = 0; s < b->num_seqs; s++)
-        if (b->qo_indptr[s + 1] <= b->qo_indptr[s])
-            return KVP_ERR(KVP_EINVAL, "forward: sequence %d has no new token", s);
-    /* Workspace: x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H). */
-    const int64_t S = b->all_logits ? T : b->num_seqs;
-    size_t need = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H) * sizeof(float);
-    if (need > m->ws_cap) {
-        float *nw = kvp_aligned_alloc(64, need);
-        if (!nw) return KVP_ERR(KVP_ENOMEM, "forward: out of memory for a %lld-token workspace", (long long)T);
-        kvp_free(m->ws);
-        m->ws = nw;
-        m->ws_cap = need;
+    const int32_t bs = kv->block_size;
+    if (!b->kv_indptr || b->kv_indptr[0] != 0)
+        return KVP_ERR(KVP_EINVAL, "forward: kv_indptr must start at 0");
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        int32_t nqs = b->qo_indptr[s + 1] - b->qo_indptr[s], pages = b->kv_indptr[s + 1] - b->kv_indptr[s];
+        if (nqs < 1) return KVP_ERR(KVP_EINVAL, "forward: sequence %d has no new token", s);
+        if (pages < 1 || b->kv_last_page_len[s] < 1 || b->kv_last_page_len[s] > bs)
+            return KVP_ERR(KVP_EINVAL, "forward: sequence %d has a bad page table", s);
+        int64_t L = (int64_t)bs * (pages - 1) + b->kv_last_page_len[s];
+        if (L < nqs) return KVP_ERR(KVP_EINVAL, "forward: sequence %d has %d new tokens but %lld cached", s, nqs, (long long)L);
+        for (int32_t i = b->kv_indptr[s]; i < b->kv_indptr[s + 1]; i++)
+            if (b->kv_indices[i] < 0 || b->kv_indices[i] >= kv->num_blocks)
+                return KVP_ERR(KVP_EINVAL, "forward: sequence %d uses block %d outside the cache", s, b->kv_indices[i]);
     }
-    float *x = m->ws, *h = x + T * H, *q = h + T * H, *o = q + T * QD, *k = o + T * QD, *v = k + T * KD;
+    return KVP_OK;
+}
+
+/* Bytes of float and int workspace one forward pass over b needs. */
+static void ws_need(const kvp_model *m, const kvp_kv_cache *kv, const kvp_fwd_batch *b, size_t *fneed, size_t *ineed)
+{
+    const kvp_model_config *c = &m->cfg;
+    const int64_t H = c->hidden_size, QD = (int64_t)c->num_q_heads * c->head_dim,
+                  KD = (int64_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, T = b->num_tokens;
+    const int64_t S = b->all_logits ? T : b->num_seqs;
+    /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H). */
+    *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H) * sizeof(float);
+    int64_t total = 0;
+    const int32_t bs = kv->block_size;
+    for (int32_t s = 0; s < b->num_seqs; s++) {
+        int32_t pages = b->kv_indptr[s + 1] - b->kv_indptr[s], nqs = b->qo_indptr[s + 1] - b->qo_indptr[s];
+        int64_t L = (int64_t)bs * (pages - 1) + b->kv_last_page_len[s];
+        for (int32_t i = 0; i < nqs; i++) total += (L - nqs + i) / bs + 1;
+    }
+    *ineed = m->matmul == KVP_MATMUL_INVARIANT ? (size_t)(2 * T + 1 + total) * sizeof(int32_t) : 0;
+}
+
+static kvp_status ws_reserve(fwd_ws *w, size_t fneed, size_t ineed)
+{
+    if (fneed > w->cap) {
+        float *nw = kvp_aligned_alloc(64, fneed);
+        if (!nw) return KVP_ERR(KVP_ENOMEM, "forward: out of memory for a %zu-byte workspace", fneed);
+        kvp_free(w->f);
+        w->f = nw;
+        w->cap = fneed;
+    }
+    if (ineed > w->icap) {
+        int32_t *ni = kvp_malloc(ineed);
+        if (!ni) return KVP_ERR(KVP_ENOMEM, "forward: out of memory for the page table");
+        kvp_free(w->i);
+        w->i = ni;
+        w->icap = ineed;
+    }
+    return KVP_OK;
+}
+
+/* The forward pass proper over a validated batch, with a reserved workspace, `nt` matmul threads. */
+static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch *b, float *logits,
+                              fwd_ws *ws, int nt)
+{
+    const kvp_model_config *c = &m->cfg;
+    const int64_t H = c->hidden_size, hd = c->head_dim, nq = c->num_q_heads, nkv = c->num_kv_heads;
+    const int64_t FF = c->intermediate_size, V = c->vocab_size, T = b->num_tokens;
+    const int64_t QD = nq * hd, KD = nkv * hd;
+    const int64_t S = b->all_logits ? T : b->num_seqs;
+    float *x = ws->f, *h = x + T * H, *q = h + T * H, *o = q + T * QD, *k = o + T * QD, *v = k + T * KD;
     float *gt = v + T * KD, *up = gt + T * FF, *fin = up + T * FF;
     /* Batch-invariant attention: every query token becomes its own one-token "sequence" whose pages end at
      * its position, and all of them go through the decode kernel. A row then takes the same path whatever
@@ -560,23 +623,7 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
     int32_t *x_indptr = NULL, *x_indices = NULL, *x_last = NULL;
     if (inv) {
         const int32_t bs = kv->block_size;
-        int64_t total = 0;
-        for (int32_t s = 0; s < b->num_seqs; s++) {
-            int32_t pages = b->kv_indptr[s + 1] - b->kv_indptr[s], nqs = b->qo_indptr[s + 1] - b->qo_indptr[s];
-            int32_t L = pages == 0 ? 0 : bs * (pages - 1) + b->kv_last_page_len[s];
-            if (L < nqs || b->kv_last_page_len[s] < 1 || b->kv_last_page_len[s] > bs)
-                return KVP_ERR(KVP_EINVAL, "forward: sequence %d has %d new tokens but %d cached", s, nqs, L);
-            for (int32_t i = 0; i < nqs; i++) total += (L - nqs + i) / bs + 1;
-        }
-        size_t ineed = (size_t)(2 * T + 1 + total) * sizeof(int32_t);
-        if (ineed > m->iws_cap) {
-            int32_t *nw = kvp_malloc(ineed);
-            if (!nw) return KVP_ERR(KVP_ENOMEM, "forward: out of memory for the page table");
-            kvp_free(m->iws);
-            m->iws = nw;
-            m->iws_cap = ineed;
-        }
-        x_indptr = m->iws;
+        x_indptr = ws->i;
         x_last = x_indptr + T + 1;
         x_indices = x_last + T;
         int64_t at = 0, row = 0;
@@ -598,9 +645,9 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
     for (int32_t l = 0; l < c->num_layers; l++) {
         const layer_w *w = &m->layers[l];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->attn_norm, H, c->rms_norm_eps);
-        matmul(m, q, h, w->wq, T, QD, H);
-        matmul(m, k, h, w->wk, T, KD, H);
-        matmul(m, v, h, w->wv, T, KD, H);
+        matmul(m, nt, q, h, w->wq, T, QD, H);
+        matmul(m, nt, k, h, w->wk, T, KD, H);
+        matmul(m, nt, v, h, w->wv, T, KD, H);
         for (int64_t t = 0; t < T; t++) {
             if (w->bq)
                 for (int64_t i = 0; i < QD; i++) q[t * QD + i] += w->bq[i];
@@ -627,22 +674,89 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
             kvp_paged_kv_set_pages(&lkv, b->num_seqs, b->kv_indptr, b->kv_indices, b->kv_last_page_len);
             KVP_TRY(kvp_attn_prefill_cpu(&lkv, q, b->qo_indptr, o, &p));
         }
-        matmul(m, h, o, w->wo, T, H, QD);
+        matmul(m, nt, h, o, w->wo, T, H, QD);
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->ffn_norm, H, c->rms_norm_eps);
-        matmul(m, gt, h, w->w_gate, T, FF, H);
-        matmul(m, up, h, w->w_up, T, FF, H);
+        matmul(m, nt, gt, h, w->w_gate, T, FF, H);
+        matmul(m, nt, up, h, w->w_up, T, FF, H);
         for (int64_t i = 0; i < T * FF; i++) {
             float a = gt[i];
             gt[i] = a / (1.0f + expf(-a)) * up[i];
         }
-        matmul(m, h, gt, w->w_down, T, H, FF);
+        matmul(m, nt, h, gt, w->w_down, T, H, FF);
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
     }
     for (int64_t r = 0; r < S; r++) {
         int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
         rmsnorm(fin + r * H, x + t * H, m->out_norm, H, c->rms_norm_eps);
     }
-    matmul(m, logits, fin, m->lm_head, S, V, H);
+    matmul(m, nt, logits, fin, m->lm_head, S, V, H);
+    return KVP_OK;
+}
+
+/* Data parallelism over sequences: with several threads and several sequences, the batch is cut into
+ * contiguous groups of sequences (balanced by token count) and each thread runs the whole forward pass of
+ * its group (sequences are independent: each reads only its own pages, and appends go to distinct slots).
+ * One fork/join per step instead of several per layer: fine-grained parallel regions stall for whole
+ * scheduler time slices on a busy machine. Matmuls and attention inside a group run on one thread. */
+kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch *b, float *logits)
+{
+    KVP_TRY(validate(m, kv, b));
+    const int64_t V = m->cfg.vocab_size, T = b->num_tokens;
+    int G = m->threads < b->num_seqs ? m->threads : b->num_seqs;
+    if (G > KVP_FWD_MAX_GROUPS) G = KVP_FWD_MAX_GROUPS;
+    if (G < 2 || T < 8) {
+        size_t fn, in;
+        ws_need(m, kv, b, &fn, &in);
+        KVP_TRY(ws_reserve(&m->ws[0], fn, in));
+        return forward_one(m, kv, b, logits, &m->ws[0], m->threads);
+    }
+    /* Group boundaries by token count. */
+    int32_t bounds[KVP_FWD_MAX_GROUPS + 1];
+    bounds[0] = 0;
+    for (int g = 1; g < G; g++) {
+        int64_t target = T * g / G;
+        int32_t s = bounds[g - 1] + 1;
+        while (s < b->num_seqs - (G - g) && b->qo_indptr[s] < target) s++;
+        bounds[g] = s;
+    }
+    bounds[G] = b->num_seqs;
+    size_t need_idx = (size_t)(b->num_seqs + G) * 2 * sizeof(int32_t);
+    if (need_idx > m->sub_cap) {
+        int32_t *ni = kvp_malloc(need_idx);
+        if (!ni) return KVP_ERR(KVP_ENOMEM, "forward: out of memory");
+        kvp_free(m->sub);
+        m->sub = ni;
+        m->sub_cap = need_idx;
+    }
+    kvp_fwd_batch sub[KVP_FWD_MAX_GROUPS];
+    int32_t *qo = m->sub, *kvi = m->sub + b->num_seqs + G;
+    for (int g = 0; g < G; g++) {
+        int32_t s0 = bounds[g], s1 = bounds[g + 1], n = s1 - s0, t0 = b->qo_indptr[s0], p0 = b->kv_indptr[s0];
+        int32_t *sq = qo + s0 + g, *sk = kvi + s0 + g;
+        for (int32_t i = 0; i <= n; i++) {
+            sq[i] = b->qo_indptr[s0 + i] - t0;
+            sk[i] = b->kv_indptr[s0 + i] - p0;
+        }
+        sub[g] = (kvp_fwd_batch){.num_seqs = n, .num_tokens = sq[n], .tokens = b->tokens + t0,
+                                 .positions = b->positions + t0, .slot_mapping = b->slot_mapping + t0,
+                                 .qo_indptr = sq, .kv_indptr = sk, .kv_indices = b->kv_indices + p0,
+                                 .kv_last_page_len = b->kv_last_page_len + s0, .all_logits = b->all_logits};
+        size_t fn, in;
+        ws_need(m, kv, &sub[g], &fn, &in);
+        KVP_TRY(ws_reserve(&m->ws[g], fn, in));
+    }
+    kvp_status st[KVP_FWD_MAX_GROUPS];
+    char err[KVP_FWD_MAX_GROUPS][256];
+    kvp_attn_set_threads(1);
+#pragma omp parallel for num_threads(G) schedule(static, 1)
+    for (int g = 0; g < G; g++) {
+        int64_t row0 = b->all_logits ? b->qo_indptr[bounds[g]] : bounds[g];
+        st[g] = forward_one(m, kv, &sub[g], logits + row0 * V, &m->ws[g], 1);
+        if (st[g] != KVP_OK) snprintf(err[g], sizeof err[g], "%s", kvp_error_message());
+    }
+    kvp_attn_set_threads(m->threads);
+    for (int g = 0; g < G; g++)
+        if (st[g] != KVP_OK) return KVP_ERR(st[g], "%s", err[g]);
     return KVP_OK;
 }

@@ -154,6 +154,14 @@ Test(generate, batch_invariance_cache_and_block_sizes, .init = setup, .fini = te
             if (caches[c] == KVP_PC_NONE) cr_assert_eq(st.prefix_hit_tokens, 0);
             kvp_gen_results_free(all, 2 * NPROMPTS);
         }
+    /* Two threads: the batch is split into groups of sequences run in parallel; same tokens. */
+    kvp_model_set_threads(g_model, 2);
+    cfg = kvp_gen_config_default();
+    kvp_gen_result two[2 * NPROMPTS];
+    run(&cfg, reqs, 2 * NPROMPTS, two, NULL);
+    kvp_model_set_threads(g_model, 1);
+    for (int i = 0; i < 2 * NPROMPTS; i++) expect_same(&alone[i % NPROMPTS], &two[i], "2 threads", i);
+    kvp_gen_results_free(two, 2 * NPROMPTS);
     /* A KV cache too small for everyone at once: preemption (recompute) must not change any token. */
     cfg = kvp_gen_config_default();
     cfg.block_size = 4;
