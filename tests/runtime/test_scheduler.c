@@ -560,3 +560,55 @@ Test(scheduler, lpm_admits_the_longest_cached_prefix_first)
         kvp_workload_destroy(w);
     }
 }
+
+Test(scheduler, time_averaged_accounting_by_hand)
+{
+    /* One request, prompt 6, output 3, 16 slots, 1 ms steps:
+     *   step 0: prefill 6 tokens in 2 blocks of 4 -> 6 token slots, 2 internal
+     *   step 1: decode, 7 tokens -> 1 internal;  step 2: decode, 8 tokens -> 0 internal, third token: done
+     * token share = (6 + 7 + 8) / (3 x 16), internal = (2 + 1 + 0) / 48, free = 1 - 24 / 48. */
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 16);
+    int32_t p[] = {6}, o[] = {3};
+    kvp_workload *w = make_wl(1, p, o, NULL, NULL);
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_engine_metrics m;
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_eq(m.steps, 3);
+    cr_assert_float_eq(m.sim_duration_s, 3e-3, 1e-15);
+    cr_assert_float_eq(m.kv_token_states, 21.0 / 48, 1e-12);
+    cr_assert_float_eq(m.kv_internal_frag, 3.0 / 48, 1e-12);
+    cr_assert_float_eq(m.kv_free, 24.0 / 48, 1e-12);
+    cr_assert_float_eq(m.kv_util_in_use, 21.0 / 24, 1e-12);
+    cr_assert_float_eq(m.mean_running, 1.0, 1e-12);
+    cr_assert_float_eq(m.ttft_p50_s, 1e-3, 1e-15);
+    cr_assert_float_eq(m.tpot_p50_s, 1e-3, 1e-15);
+    kvp_engine_destroy(e);
+
+    /* Orca-Oracle: one reservation of exactly 9 slots; the unfilled part of it is "reserved" */
+    ex = rec_executor();
+    c.alloc = KVP_ALLOC_ORCA_ORACLE;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_float_eq(m.kv_token_states, 21.0 / 48, 1e-12);
+    cr_assert_float_eq(m.kv_reserved, (3.0 + 2 + 1) / 48, 1e-12);
+    cr_assert_float_eq(m.kv_internal_frag, 0, 1e-12);
+    cr_assert_float_eq(m.kv_free, 21.0 / 48, 1e-12);
+    kvp_engine_destroy(e);
+
+    /* Orca-Max (max_model_len 12 here): 12 slots reserved, 3 of them beyond the final length */
+    ex = rec_executor();
+    c.alloc = KVP_ALLOC_ORCA_MAX;
+    c.max_model_len = 12;
+    c.max_batched_tokens = 12;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_float_eq(m.kv_internal_frag, 9.0 / 48, 1e-12);
+    cr_assert_float_eq(m.kv_free, 12.0 / 48, 1e-12);
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}
