@@ -1,0 +1,120 @@
+/* The engine (runtime/engine.h) with the cpu executor on stories260K: the golden greedy stories come out of
+ * the scheduler's continuous batching, with a prefix cache, and with swap preemption. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "common/json.h"
+#include "model_testutil.h"
+#include "runtime/cpu_executor.h"
+#include "runtime/engine.h"
+#include "runtime/workload.h"
+
+typedef struct {
+    int32_t prompt[64], np, want[512], nwant;
+} gcase;
+
+static int load_cases(gcase *cs)
+{
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    int n = 0;
+    const cJSON *c, *x;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(gold, "cases"))
+    {
+        gcase *g = &cs[n++];
+        g->np = 0;
+        int nw = 0;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "prompt_tokens")) g->prompt[g->np++] = x->valueint;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "tokens_after_bos")) g->want[nw++] = x->valueint;
+        g->nwant = nw - (g->np - 1);
+        memmove(g->want, g->want + g->np - 1, sizeof(int32_t) * (size_t)g->nwant);
+    }
+    cJSON_Delete(gold);
+    return n;
+}
+
+static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64_t host_slots, kvp_pc_kind cache,
+                       int copies, double gap_s)
+{
+    gcase cs[8];
+    int n = load_cases(cs);
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_create("golden", &w), KVP_OK);
+    for (int k = 0; k < copies; k++)
+        for (int i = 0; i < n; i++) {
+            kvp_request r = {.id = k * n + i, .arrival_s = gap_s * k, .prompt_len = cs[i].np, .output_len = cs[i].nwant};
+            cr_assert_eq(kvp_workload_add(w, &r, cs[i].prompt), KVP_OK);
+        }
+    kvp_engine_config cfg;
+    kvp_engine_config_default(&cfg);
+    cfg.block_size = block_size;
+    cfg.kv_slots = kv_slots;
+    cfg.host_slots = host_slots;
+    cfg.preempt = host_slots > 0 ? KVP_PREEMPT_SWAP : KVP_PREEMPT_RECOMPUTE;
+    cfg.cache = cache;
+    cfg.max_model_len = 512;
+    cfg.max_batched_tokens = 64;
+    cfg.watermark_blocks = 0;
+    cfg.check_every_step = true;
+    kvp_executor ex;
+    cr_assert_eq(kvp_cpu_executor_create(m, (int32_t)(kv_slots / block_size), block_size,
+                                         (int32_t)(host_slots / block_size), NULL, &ex),
+                 KVP_OK, "%s", kvp_error_detail());
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&cfg, &ex, &e), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_engine_run(e, w, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
+    kvp_engine_metrics met;
+    cr_assert_eq(kvp_engine_metrics_get(e, &met), KVP_OK);
+    cr_assert_eq(met.finished, copies * n);
+    cr_assert_eq(met.leaked_blocks, 0);
+    if (host_slots > 0) cr_assert_gt(met.swap_outs, 0, "the KV memory was meant to force swapping");
+    if (cache != KVP_PC_NONE && copies > 1) cr_assert_gt(met.prefix_hit_tokens, 0);
+    for (int k = 0; k < copies; k++)
+        for (int i = 0; i < n; i++) {
+            const int32_t *toks;
+            int32_t nt;
+            kvp_cpu_executor_tokens(&ex, k * n + i, &toks, &nt);
+            cr_assert_eq(nt, cs[i].nwant, "request %d: %d tokens, want %d", k * n + i, nt, cs[i].nwant);
+            for (int j = 0; j < nt; j++)
+                cr_assert_eq(toks[j], cs[i].want[j], "block %d request %d token %d: %d want %d", block_size, k * n + i,
+                             j, toks[j], cs[i].want[j]);
+        }
+    kvp_engine_destroy(e);
+    kvp_executor_destroy(&ex);
+    kvp_workload_destroy(w);
+}
+
+Test(cpu_executor, engine_reproduces_the_golden_stories)
+{
+    tu_require_shared();
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(S260_GGUF, &m), KVP_OK, "%s", kvp_error_detail());
+    run_engine(m, 16, 4096, 0, KVP_PC_NONE, 1, 0.0);
+    run_engine(m, 4, 4096, 0, KVP_PC_RADIX, 2, 0.5); /* the second copies arrive later and hit the cache */
+    run_engine(m, 16, 18 * 16, 40 * 16, KVP_PC_NONE, 2, 0.0); /* two 257-token stories in 18 blocks: swap */
+    kvp_model_destroy(m);
+}
+
+Test(cpu_executor, rejects_a_mismatched_block_size)
+{
+    tu_require_shared();
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(S260_GGUF, &m), KVP_OK);
+    kvp_executor ex;
+    cr_assert_eq(kvp_cpu_executor_create(m, 64, 8, 0, NULL, &ex), KVP_OK);
+    int32_t toks[2] = {1, 403}, table[1] = {0};
+    kvp_exec_seq s = {.req_id = 0, .context_len = 0, .num_new = 2, .sample = 1, .tokens = toks, .block_table = table,
+                      .num_blocks = 1};
+    kvp_exec_batch b = {.seqs = &s, .n = 1, .block_size = 16};
+    int32_t sampled[1];
+    kvp_exec_result r = {.sampled = sampled};
+    cr_assert_eq(ex.step(ex.ctx, &b, &r), KVP_EINVAL);
+    b.block_size = 8;
+    cr_assert_eq(ex.step(ex.ctx, &b, &r), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(sampled[0], 407); /* "Once" -> " upon" */
+    cr_assert_gt(r.time_s, 0);
+    s.tokens = NULL;
+    cr_assert_eq(ex.step(ex.ctx, &b, &r), KVP_EUNSUPPORTED);
+    kvp_executor_destroy(&ex);
+    kvp_model_destroy(m);
+}
