@@ -73,6 +73,8 @@ struct kvp_engine {
     int32_t *hit_scratch;
     int32_t hit_scratch_cap;
     int64_t *lpm_order;
+    int32_t *tokbuf; /* token ids of recompute chunks that cross a prompt's end, this step */
+    size_t tokbuf_cap;
 
     double now;
     int32_t step_preempted;
@@ -334,6 +336,7 @@ void kvp_engine_destroy(kvp_engine *e)
     kvp_free(e->admitted);
     kvp_free(e->hit_scratch);
     kvp_free(e->lpm_order);
+    kvp_free(e->tokbuf);
     kvp_free(e);
 }
 
@@ -718,12 +721,19 @@ static void arrivals(kvp_engine *e)
     }
 }
 
-static const int32_t *chunk_tokens(const seq_t *s)
+/* Token ids of the chunk a sequence computes this step. A recompute chunk that crosses the prompt's end
+ * (prompt tail + generated tokens) is assembled in the step's token buffer (e->tokbuf, at *off). */
+static const int32_t *chunk_tokens(kvp_engine *e, const seq_t *s, size_t *off)
 {
     int32_t a = s->num_computed, b = s->num_computed + s->sched_new;
     if (b <= s->prompt_len) return s->req->tokens ? s->req->tokens + a : NULL;
-    if (a >= s->prompt_len && s->gen) return s->gen + (a - s->prompt_len);
-    return NULL; /* a recompute chunk across the prompt's end: not provided (see executor.h) */
+    if (a >= s->prompt_len) return s->gen ? s->gen + (a - s->prompt_len) : NULL;
+    if (s->req->tokens == NULL || s->gen == NULL) return NULL;
+    int32_t *dst = e->tokbuf + *off;
+    memcpy(dst, s->req->tokens + a, (size_t)(s->prompt_len - a) * sizeof *dst);
+    memcpy(dst + (s->prompt_len - a), s->gen, (size_t)(b - s->prompt_len) * sizeof *dst);
+    *off += (size_t)(b - a);
+    return dst;
 }
 
 static kvp_status finish(kvp_engine *e, int64_t idx)
@@ -775,6 +785,14 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
         if (info) *info = inf;
         return KVP_OK;
     }
+    /* room for the chunks that cross a prompt's end (recompute after preemption) */
+    size_t cross = 0, off = 0;
+    for (int32_t i = 0; i < e->sched_n; i++) {
+        const seq_t *s = &e->seqs[e->sched[i]];
+        if (s->num_computed < s->prompt_len && s->num_computed + s->sched_new > s->prompt_len)
+            cross += (size_t)s->sched_new;
+    }
+    if (cross > e->tokbuf_cap) KVP_TRY(kvp_grow((void **)&e->tokbuf, &e->tokbuf_cap, cross, sizeof(int32_t)));
     int32_t ntok = 0;
     for (int32_t i = 0; i < e->sched_n; i++) {
         seq_t *s = &e->seqs[e->sched[i]];
@@ -783,7 +801,7 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
         x->context_len = s->num_computed;
         x->num_new = s->sched_new;
         x->sample = s->num_computed + s->sched_new == total_known(s);
-        x->tokens = chunk_tokens(s);
+        x->tokens = chunk_tokens(e, s, &off);
         x->block_table = NULL;
         x->num_blocks = 0;
         if (paged(e)) {

@@ -12,7 +12,9 @@
  *     block_size
  *
  * Token ids of the new tokens: prompt tokens for prefill chunks; for a decode the token sampled in the
- * previous step (kvp_exec_result.sampled). Everything in the batch is borrowed for the call only.
+ * previous step (kvp_exec_result.sampled); for a recompute chunk after preemption the prompt tail followed
+ * by the tokens generated so far. NULL only when the request has no token ids. Everything in the batch is
+ * borrowed for the call only.
  */
 #ifndef KVP_RUNTIME_EXECUTOR_H
 #define KVP_RUNTIME_EXECUTOR_H
@@ -27,7 +29,7 @@ typedef struct {
     int32_t context_len;        /* tokens of this sequence already in the KV cache */
     int32_t num_new;            /* tokens computed now (>= 1); their KV is written at context_len.. */
     int32_t sample;             /* 1: produce a token after the last new one */
-    const int32_t *tokens;      /* [num_new] token ids, or NULL when the executor needs none (sim) */
+    const int32_t *tokens;      /* [num_new] token ids (NULL when the request carries none) */
     const int32_t *block_table; /* [num_blocks] physical blocks (paged allocation), NULL for contiguous */
     int32_t num_blocks;
 } kvp_exec_seq;

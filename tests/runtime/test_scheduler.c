@@ -23,6 +23,10 @@ typedef struct {
 } recorder;
 
 static recorder R;
+/* Workloads from make_wl: prompt token j of request i is i * 10000 + j, and the recorder samples 7, so the
+ * recorder can check every token id the engine passes (prefill chunks, decodes, recompute chunks). */
+static int check_tokens;
+static int32_t PL[64];
 
 static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
 {
@@ -32,6 +36,15 @@ static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *
     for (int i = 0; i < b->n; i++) {
         r->s[r->nsteps][i] = (rec_seq){b->seqs[i].req_id, b->seqs[i].context_len, b->seqs[i].num_new, b->seqs[i].sample};
         cr_assert_geq(b->seqs[i].num_new, 1);
+        int64_t id = b->seqs[i].req_id;
+        if (check_tokens && id < 64) {
+            cr_assert_not_null(b->seqs[i].tokens, "request %lld: no token ids", (long long)id);
+            for (int32_t k = 0; k < b->seqs[i].num_new; k++) {
+                int32_t pos = b->seqs[i].context_len + k;
+                int32_t want = pos < PL[id] ? (int32_t)(id * 10000 + pos) : 7;
+                cr_assert_eq(b->seqs[i].tokens[k], want, "request %lld position %d", (long long)id, (int)pos);
+            }
+        }
         if (b->seqs[i].sample) out->sampled[i] = 7;
     }
     r->swapped_ops += b->ops.n_swap_out + b->ops.n_swap_in;
@@ -43,6 +56,7 @@ static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *
 static kvp_executor rec_executor(void)
 {
     memset(&R, 0, sizeof R);
+    check_tokens = 0;
     kvp_executor ex = {.name = "recorder", .ctx = &R, .step = rec_step, .destroy = NULL};
     return ex;
 }
@@ -80,7 +94,9 @@ static kvp_workload *make_wl(int n, const int32_t *prompt, const int32_t *out, c
         kvp_request r = {.id = i, .arrival_s = arr ? arr[i] : 0, .prompt_len = prompt[i], .output_len = out[i],
                          .priority = prio ? prio[i] : 0};
         cr_assert_eq(kvp_workload_add(w, &r, tok), KVP_OK);
+        if (i < 64) PL[i] = prompt[i];
     }
+    check_tokens = 1;
     return w;
 }
 
