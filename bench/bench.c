@@ -15,6 +15,7 @@ static const struct {
     {"blockmgr", kvp_bench_blockmgr, "ns per block-manager operation (alloc, append, fork, free, mixed)"},
     {"prefix", kvp_bench_prefix, "prefix-cache hit rates: radix/hash/none x eviction policies x capacities"},
     {"attention", kvp_bench_attention, "paged vs contiguous CPU attention (decode, prefill) vs copy bandwidth"},
+    {"generate", kvp_bench_generate, "CPU decode tokens/s of a real model: one sequence vs a batch"},
     {NULL, NULL, NULL},
 };
 

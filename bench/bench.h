@@ -8,5 +8,6 @@ int kvp_bench_prefix(int argc, char **argv); /* bench/bench_prefix.c */
 int kvp_bench_blockmgr(int argc, char **argv); /* bench/bench_blockmgr.c */
 int kvp_bench_memory(int argc, char **argv);
 int kvp_bench_attention(int argc, char **argv); /* bench/bench_attention.c */
+int kvp_bench_generate(int argc, char **argv);  /* bench/bench_generate.c */
 
 #endif
