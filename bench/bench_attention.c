@@ -4,8 +4,8 @@
  * For each configuration (kernel, dtype, batch, context, heads, head_dim) it builds the same K/V in
  *   - paged pools, one per block size, pages in a random order (what a block manager produces),
  *   - a contiguous pool: one block per sequence (block_size = context), identity page table,
- * validates (paged output == contiguous output bit for bit, and the contiguous output against the dense
- * float64 reference on the first sequences) and then times each layout. The dense reference is timed too
+ * validates (paged output == contiguous output up to 1e-5 relative, the contiguous output against the
+ * dense float64 reference on the first sequences) and then times each layout. The dense reference is timed too
  * for decode. Bandwidth = bytes of K/V read once / time; copy bandwidth = a large memcpy's bytes read +
  * written / time, on all threads.
  */
@@ -45,6 +45,14 @@ typedef struct {
     double copy_gbps;
     kvp_report *rep;
 } bopts;
+
+/* x rounded to 4 significant digits (tables stay readable, tiny values stay non-zero). */
+static double sig4(double x)
+{
+    if (x == 0 || !isfinite(x)) return x;
+    double p = pow(10, 3 - (int)floor(log10(fabs(x))));
+    return round(x * p) / p;
+}
 
 static uint64_t g_rng = 88172645463325252ull;
 static float rndf(void)
@@ -181,13 +189,13 @@ static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t b
     cJSON_AddNumberToObject(row, "head_dim", c->D);
     cJSON_AddNumberToObject(row, "threads", strcmp(layout, "dense_ref") == 0 ? 1 : o->threads);
     cJSON_AddNumberToObject(row, "reps", reps);
-    cJSON_AddNumberToObject(row, "time_ms", round(ms * 1000) / 1000);
+    cJSON_AddNumberToObject(row, "time_ms", sig4(ms));
     cJSON_AddNumberToObject(row, "kv_bytes", kv_bytes);
-    cJSON_AddNumberToObject(row, "kv_gbps", round(gbps * 100) / 100);
-    cJSON_AddNumberToObject(row, "copy_gbps", round(o->copy_gbps * 100) / 100);
-    cJSON_AddNumberToObject(row, "pct_copy_bw", round(gbps / o->copy_gbps * 1000) / 10);
-    cJSON_AddNumberToObject(row, "gflops", round(flops / (ms * 1e-3) / 1e9 * 100) / 100);
-    if (contig_ms > 0) cJSON_AddNumberToObject(row, "paged_over_contig", round(ms / contig_ms * 1000) / 1000);
+    cJSON_AddNumberToObject(row, "kv_gbps", sig4(gbps));
+    cJSON_AddNumberToObject(row, "copy_gbps", sig4(o->copy_gbps));
+    cJSON_AddNumberToObject(row, "pct_copy_bw", sig4(100 * gbps / o->copy_gbps));
+    cJSON_AddNumberToObject(row, "gflops", sig4(flops / (ms * 1e-3) / 1e9));
+    if (contig_ms > 0) cJSON_AddNumberToObject(row, "paged_over_contig", sig4(ms / contig_ms));
     cJSON_AddBoolToObject(row, "validated", validated);
     KVP_LOG_I("%s %s %s bs=%d batch=%d ctx=%d: %.3f ms, %.2f GB/s", c->kernel, layout, kvp_dtype_name(c->dtype), bs,
               c->batch, c->ctx, ms, gbps);
@@ -252,7 +260,9 @@ static kvp_status run_config(bopts *o, const bcfg *c)
     st = time_kernel(c, &contig.kv, q, qo, cout, &p, reps, &contig_ms);
     if (st != KVP_OK) goto done;
     int ref_ok = 0;
-    st = check_ref(c, &contig, q, qo, cout, &p, c->batch < 2 ? c->batch : 2, &ref_ok);
+    /* reference on the first sequences (one for prefill: the float64 reference is slow) */
+    int nref = strcmp(c->kernel, "decode") == 0 ? 2 : 1;
+    st = check_ref(c, &contig, q, qo, cout, &p, c->batch < nref ? c->batch : nref, &ref_ok);
     if (st != KVP_OK) goto done;
     KVP_TRY(add_row(o, c, "contiguous", c->ctx, reps, contig_ms, contig_ms, ref_ok));
     for (int i = 0; c->block_sizes[i]; i++) {
@@ -261,8 +271,16 @@ static kvp_status run_config(bopts *o, const bcfg *c)
         if (st != KVP_OK) goto done;
         double ms;
         st = time_kernel(c, &paged.kv, q, qo, out, &p, reps, &ms);
-        int same = st == KVP_OK && memcmp(out, cout, sizeof(float) * nout) == 0;
-        if (st == KVP_OK && !same) KVP_LOG_W("%s bs=%d: paged output differs from contiguous", c->kernel, bs);
+        /* equal up to rounding: small blocks change the work split (and the split-KV chunks) */
+        double num = 0, den = 0;
+        for (size_t e = 0; st == KVP_OK && e < nout; e++) {
+            double d = fabs((double)out[e] - cout[e]);
+            num = d > num || d != d ? d : num;
+            den = fabs((double)cout[e]) > den ? fabs((double)cout[e]) : den;
+        }
+        int same = st == KVP_OK && num <= 1e-5 * den;
+        if (st == KVP_OK && !same)
+            KVP_LOG_W("%s bs=%d: paged output differs from contiguous (relative error %g)", c->kernel, bs, num / den);
         cache_free(&paged);
         if (st != KVP_OK) goto done;
         st = add_row(o, c, "paged", bs, reps, ms, contig_ms, same && ref_ok);
@@ -298,7 +316,7 @@ static void usage(FILE *f)
             "Times the CPU paged attention kernels (decode, prefill) over paged pools (block sizes 1..256,\n"
             "random page order) and a contiguous pool (one block per sequence), for f32/f16/bf16 K/V, with\n"
             "batch and context sweeps, next to the machine's measured copy bandwidth. Each row is validated\n"
-            "(paged == contiguous bit for bit, contiguous vs the float64 reference) before it is timed.\n\n"
+            "(paged == contiguous to 1e-5, contiguous vs the float64 reference) before it is timed.\n\n"
             "options:\n"
             "  --quick            a small sweep (seconds; for smoke tests)\n"
             "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"
@@ -364,9 +382,9 @@ int kvp_bench_attention(int argc, char **argv)
             cJSON_AddStringToObject(row, "layout", o.quick ? "64MiB" : "512MiB");
             cJSON_AddNumberToObject(row, "threads", o.threads);
             cJSON_AddNumberToObject(row, "kv_bytes", 2.0 * (double)copy_bytes);
-            cJSON_AddNumberToObject(row, "time_ms", round(2.0 * (double)copy_bytes / o.copy_gbps / 1e6 * 1000) / 1000);
-            cJSON_AddNumberToObject(row, "kv_gbps", round(o.copy_gbps * 100) / 100);
-            cJSON_AddNumberToObject(row, "copy_gbps", round(o.copy_gbps * 100) / 100);
+            cJSON_AddNumberToObject(row, "time_ms", sig4(2.0 * (double)copy_bytes / o.copy_gbps / 1e6));
+            cJSON_AddNumberToObject(row, "kv_gbps", sig4(o.copy_gbps));
+            cJSON_AddNumberToObject(row, "copy_gbps", sig4(o.copy_gbps));
             cJSON_AddNumberToObject(row, "pct_copy_bw", 100);
             cJSON_AddBoolToObject(row, "validated", 1);
         }
