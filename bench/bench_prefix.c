@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/plot.h"
 #include "blockmgr/block_pool.h"
 #include "common/alloc.h"
 #include "common/cli.h"
@@ -177,7 +178,7 @@ static void usage(FILE *f)
             "  --out DIR               output folder of a sweep (default bench/results)\n"
             "  --name NAME             file stem of a sweep (default prefix_<workload>)\n"
             "  --format table|csv|json data on stdout (default table)   --json  same as --format json\n"
-            "  --no-plot               do not call bench/plot.py\n"
+            "  --no-plot               skip the PNG\n"
             "  -h, --help              this help\n"
             "\n"
             "Fields: workload cache evict block_size capacity capacity_eff (capacity, or the peak when unbounded)\n"
@@ -212,21 +213,11 @@ static int split_list(const char *s, strlist *l)
 
 static int run_plot(const char *csv, const char *png, const char *title)
 {
-    if (access("bench/plot.py", R_OK) != 0 || access("/usr/bin/python3", X_OK) != 0) {
-        KVP_LOG_W("bench prefix: bench/plot.py or /usr/bin/python3 not found (run from the project root): no plot");
-        return -1;
-    }
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        execl("/usr/bin/python3", "python3", "bench/plot.py", "--csv", csv, "--x", "capacity_tokens", "--y", "hit_rate",
-              "--group", "series", "--logx", "--title", title, "--xlabel", "cache capacity (tokens)", "--ylabel",
-              "prefix hit rate (tokens)", "--out", png, (char *)NULL);
-        _exit(127);
-    }
-    int ws = 0;
-    if (waitpid(pid, &ws, 0) < 0 || !WIFEXITED(ws) || WEXITSTATUS(ws) != 0) {
-        KVP_LOG_W("bench prefix: plotting failed (is python3-matplotlib installed?); the CSV is written");
+    const char *args[] = {"lines", csv, png, "--x", "capacity_tokens", "--y", "hit_rate", "--series", "series", "--logx",
+                          "--title", title, "--xlabel", "cache capacity (tokens)", "--ylabel", "prefix hit rate (tokens)",
+                          NULL};
+    if (kvp_bench_plot(args) != KVP_OK) {
+        KVP_LOG_W("bench prefix: no plot (%s); the CSV is written", kvp_error_message());
         return -1;
     }
     return 0;

@@ -12,8 +12,8 @@ extern char **environ;
 
 static int find_script(char *out, size_t n)
 {
-    if (access("bench/plot_csv.py", R_OK) == 0) {
-        snprintf(out, n, "bench/plot_csv.py");
+    if (access("bench/plot.py", R_OK) == 0) {
+        snprintf(out, n, "bench/plot.py");
         return 0;
     }
     char exe[PATH_MAX];
@@ -26,7 +26,7 @@ static int find_script(char *out, size_t n)
     slash = strrchr(exe, '/');
     if (!slash) return -1;
     *slash = '\0'; /* project root */
-    snprintf(out, n, "%s/bench/plot_csv.py", exe);
+    snprintf(out, n, "%s/bench/plot.py", exe);
     return access(out, R_OK) == 0 ? 0 : -1;
 }
 
@@ -34,7 +34,7 @@ kvp_status kvp_bench_plot(const char *const *args)
 {
     static const char *python = "/usr/bin/python3";
     char script[PATH_MAX + 32];
-    if (find_script(script, sizeof script) != 0) return KVP_ERR(KVP_ENOTFOUND, "bench/plot_csv.py not found");
+    if (find_script(script, sizeof script) != 0) return KVP_ERR(KVP_ENOTFOUND, "bench/plot.py not found");
     if (access(python, X_OK) != 0) return KVP_ERR(KVP_ENOTFOUND, "%s not found: no plot", python);
     const char *argv[64];
     int n = 0;

@@ -1,80 +1,131 @@
 #!/usr/bin/python3
-"""bench/plot.py — one line plot from a benchmark CSV (kvpage bench ... writes the CSV, this draws the PNG).
+"""bench/plot.py - turn a benchmark CSV (common/report.h layout) into a PNG. Called by `kvpage bench ...`
+(through bench/plot.c) with /usr/bin/python3 and Debian's python3-matplotlib.
 
-Generic: choose the x column, the y column, an optional group-by column (one line per distinct value, in
-order of first appearance) and a log x axis. Rows whose x or y is not a number are skipped; with --logx,
-rows with x <= 0 are skipped too.
-
-  /usr/bin/python3 bench/plot.py --csv bench/results/prefix_x.csv --x capacity_eff --y hit_rate \
-      --group series --logx --out bench/results/prefix_x.png
+  plot.py stacked CSV PNG --label COL --stack A,B,C [--line COL] [--title T] [--ylabel Y]
+      one stacked bar per row (labelled by COL) of the share columns A, B, C (values in [0, 1], shown in %),
+      in the style of the PagedAttention paper's Figure 2; --line adds a second axis with one more column
+      (e.g. the mean number of running requests) as markers.
+  plot.py lines CSV PNG --x COL --y COL [--series COL] [--logx] [--title T] [--xlabel X] [--ylabel Y]
+      one line per distinct value of --series (in order of first appearance); rows whose x or y is not a
+      number are skipped, and with --logx rows with x <= 0 too.
 """
 import argparse
 import csv
 import sys
 
+import matplotlib
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--csv", required=True, help="input CSV with a header row")
-    ap.add_argument("--x", required=True, help="x column")
-    ap.add_argument("--y", required=True, help="y column")
-    ap.add_argument("--group", help="one line per distinct value of this column")
-    ap.add_argument("--logx", action="store_true", help="logarithmic x axis")
-    ap.add_argument("--logy", action="store_true", help="logarithmic y axis")
-    ap.add_argument("--title", default="")
-    ap.add_argument("--xlabel")
-    ap.add_argument("--ylabel")
-    ap.add_argument("--out", required=True, help="output PNG")
-    a = ap.parse_args()
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
 
+
+def read_rows(path):
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def num(v):
     try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("plot.py: matplotlib is not installed", file=sys.stderr)
-        return 3
+        return float(v)
+    except (TypeError, ValueError):
+        return float("nan")
 
-    with open(a.csv, newline="") as f:
-        rows = list(csv.DictReader(f))
-    for col in [a.x, a.y] + ([a.group] if a.group else []):
-        if rows and col not in rows[0]:
-            print(f"plot.py: {a.csv} has no column '{col}'", file=sys.stderr)
-            return 2
+
+def stacked(a, rows):
+    cols = a.stack.split(",")
+    for c in cols + [a.label] + ([a.line] if a.line else []):
+        if rows and c not in rows[0]:
+            sys.exit(f"plot.py: no column '{c}' in {a.csv}")
+    labels = [r[a.label] for r in rows]
+    fig, ax = plt.subplots(figsize=(max(6, 0.7 * len(rows) + 2), 4.5))
+    bottom = [0.0] * len(rows)
+    colors = ["#2b6cb0", "#f6ad55", "#e53e3e", "#805ad5", "#a0aec0", "#68d391", "#d69e2e"]
+    for i, c in enumerate(cols):
+        vals = [100.0 * num(r[c]) for r in rows]
+        ax.bar(labels, vals, bottom=bottom, label=c.replace("_", " "), color=colors[i % len(colors)],
+               edgecolor="white", linewidth=0.5)
+        if i == 0:
+            for x, v in enumerate(vals):
+                ax.text(x, v / 2, f"{v:.1f}", ha="center", va="center", fontsize=7, color="white")
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_ylim(0, 100)
+    ax.set_ylabel(a.ylabel or "KV cache memory (%)")
+    ax.tick_params(axis="x", labelrotation=45, labelsize=8)
+    handles, names = ax.get_legend_handles_labels()
+    if a.line:
+        ax2 = ax.twinx()
+        ax2.plot(labels, [num(r[a.line]) for r in rows], "ko--", markersize=4, linewidth=1)
+        ax2.set_ylabel(a.line.replace("_", " "))
+        ax2.set_ylim(bottom=0)
+        handles.append(plt.Line2D([], [], color="k", marker="o", linestyle="--"))
+        names.append(a.line.replace("_", " "))
+    ax.legend(handles, names, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=4)
+    if a.title:
+        ax.set_title(a.title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(a.png, dpi=130)
+
+
+def lines(a, rows):
+    for c in [a.x, a.y] + ([a.series] if a.series else []):
+        if c not in rows[0]:
+            sys.exit(f"plot.py: no column '{c}' in {a.csv}")
     series = {}
     for r in rows:
-        try:
-            x, y = float(r[a.x]), float(r[a.y])
-        except (TypeError, ValueError):
+        x, y = num(r[a.x]), num(r[a.y])
+        if x != x or y != y or (a.logx and x <= 0):
             continue
-        if a.logx and x <= 0:
-            continue
-        series.setdefault(r[a.group] if a.group else a.y, []).append((x, y))
+        series.setdefault(r[a.series] if a.series else "", []).append((x, y))
     if not series:
-        print(f"plot.py: no numeric ({a.x}, {a.y}) points in {a.csv}", file=sys.stderr)
-        return 2
-
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+        sys.exit(f"plot.py: no numeric ({a.x}, {a.y}) points in {a.csv}")
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
     markers = "os^vDP*Xh<>"
     for i, (name, pts) in enumerate(series.items()):
         pts.sort()
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=markers[i % len(markers)], markersize=4,
-                label=name)
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker=markers[i % len(markers)],
+                label=name or a.y, markersize=3)
     if a.logx:
-        ax.set_xscale("log")
-    if a.logy:
-        ax.set_yscale("log")
-    ax.set_xlabel(a.xlabel or a.x)
-    ax.set_ylabel(a.ylabel or a.y)
-    if a.title:
-        ax.set_title(a.title)
-    ax.grid(True, which="both", alpha=0.3)
-    if a.group:
+        ax.set_xscale("log", base=2)
+    ax.set_xlabel(a.xlabel or a.x.replace("_", " "))
+    ax.set_ylabel(a.ylabel or a.y.replace("_", " "))
+    ax.grid(alpha=0.3)
+    if a.series:
         ax.legend(fontsize=8)
+    if a.title:
+        ax.set_title(a.title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(a.out)
-    return 0
+    fig.savefig(a.png, dpi=130)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("kind", choices=["stacked", "lines"])
+    p.add_argument("csv")
+    p.add_argument("png")
+    p.add_argument("--label")
+    p.add_argument("--stack")
+    p.add_argument("--line")
+    p.add_argument("--x")
+    p.add_argument("--y")
+    p.add_argument("--series")
+    p.add_argument("--logx", action="store_true")
+    p.add_argument("--title")
+    p.add_argument("--xlabel")
+    p.add_argument("--ylabel")
+    a = p.parse_args()
+    rows = read_rows(a.csv)
+    if not rows:
+        sys.exit(f"plot.py: {a.csv} has no rows")
+    if a.kind == "stacked":
+        if not a.label or not a.stack:
+            sys.exit("plot.py stacked: --label and --stack are required")
+        stacked(a, rows)
+    else:
+        if not a.x or not a.y:
+            sys.exit("plot.py lines: --x and --y are required")
+        lines(a, rows)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
