@@ -9,7 +9,10 @@
 #include "common/alloc.h"
 #include "common/json.h"
 #include "model_testutil.h"
+#include "runtime/gguf.h"
 #include "runtime/model.h"
+#include "runtime/safetensors.h"
+#include "runtime/sampler.h"
 
 static kvp_model *load(const char *path)
 {
@@ -251,4 +254,168 @@ Test(model, load_survives_every_allocation_failure)
         cr_assert_eq(st, KVP_ENOMEM, "allocation %lld: %s", (long long)n, kvp_status_str(st));
         cr_assert_null(m);
     }
+}
+
+/* ---- the same model stored in other dtypes (converted here), end to end ---- */
+
+static void logits_of(kvp_model *m, float *out /* 5 x 512 */)
+{
+    int32_t toks[5] = {1, 403, 407, 261, 378}, pos[5] = {0, 1, 2, 3, 4}, blocks[1] = {0};
+    int64_t slots[5] = {0, 1, 2, 3, 4};
+    int32_t qo[2] = {0, 5}, kvi[2] = {0, 1}, last = 5;
+    kvp_kv_cache *kv;
+    cr_assert_eq(kvp_kv_cache_create(m, 1, 8, &kv), KVP_OK);
+    kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 5, .tokens = toks, .positions = pos, .slot_mapping = slots,
+                       .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = blocks, .kv_last_page_len = &last,
+                       .all_logits = 1};
+    cr_assert_eq(kvp_model_forward(m, kv, &b, out), KVP_OK, "%s", kvp_error_detail());
+    kvp_kv_cache_destroy(kv);
+}
+
+static double max_rel(const float *a, const float *b, int n)
+{
+    double e = 0;
+    for (int i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - b[i]) / (fabs(b[i]) + 1.0);
+        if (d > e) e = d;
+    }
+    return e;
+}
+
+/* Rewrites stories260K.gguf with 2-D weights in Q8_0 (rows of a multiple of 32) or F16, norms in F32. */
+static void write_quantized_gguf(const char *path, int q8)
+{
+    size_t len;
+    unsigned char *src = tu_read_all(S260_GGUF, &len);
+    kvp_gguf *g;
+    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
+    /* metadata bytes: from offset 24 to the first tensor info (name length 17 + "token_embd.weight") */
+    unsigned char *ti = memmem(src, len, "\x11\0\0\0\0\0\0\0token_embd.weight", 25);
+    cr_assert_not_null(ti);
+    tu_buf hdr = {0}, data = {0};
+    tu_put(&hdr, src, 24);
+    tu_put(&hdr, src + 24, (size_t)(ti - src - 24));
+    int64_t nt = kvp_gguf_num_tensors(g);
+    for (int64_t i = 0; i < nt; i++) {
+        kvp_tensor_view v;
+        kvp_gguf_tensor_at(g, i, &v);
+        float *f = malloc(sizeof(float) * (size_t)v.numel);
+        kvp_tensor_to_f32(&v, f);
+        uint32_t type = 0;
+        int64_t ne0 = v.shape[v.ndim - 1];
+        if (v.ndim == 2) type = q8 && ne0 % 32 == 0 ? 8 : 1;
+        tu_pad(&data, 32);
+        tu_str(&hdr, v.name);
+        tu_u32(&hdr, (uint32_t)v.ndim);
+        for (int d = v.ndim - 1; d >= 0; d--) tu_u64(&hdr, (uint64_t)v.shape[d]);
+        tu_u32(&hdr, type);
+        tu_u64(&hdr, data.n);
+        if (type == 0) tu_put(&data, f, sizeof(float) * (size_t)v.numel);
+        if (type == 1)
+            for (int64_t j = 0; j < v.numel; j++) {
+                uint16_t h = kvp_wt_f32_to_f16(f[j]);
+                tu_put(&data, &h, 2);
+            }
+        if (type == 8)
+            for (int64_t b0 = 0; b0 < v.numel; b0 += 32) {
+                float amax = 0;
+                for (int j = 0; j < 32; j++) amax = fabsf(f[b0 + j]) > amax ? fabsf(f[b0 + j]) : amax;
+                float d = amax / 127.0f;
+                uint16_t dh = kvp_wt_f32_to_f16(d);
+                tu_put(&data, &dh, 2);
+                for (int j = 0; j < 32; j++) {
+                    int8_t q = (int8_t)(d > 0 ? lrintf(f[b0 + j] / d) : 0);
+                    tu_put(&data, &q, 1);
+                }
+            }
+        free(f);
+    }
+    tu_pad(&hdr, 32);
+    tu_buf all = {0};
+    tu_put(&all, hdr.p, hdr.n);
+    tu_put(&all, data.p, data.n);
+    tu_write_all(path, all.p, all.n);
+    free(all.p), free(hdr.p), free(data.p), free(src);
+    kvp_gguf_close(g);
+}
+
+Test(model, gguf_f16_and_q8_0_weights_track_f32)
+{
+    tu_require_shared();
+    kvp_model *ref = load(S260_GGUF);
+    float want[5 * 512], got[5 * 512];
+    logits_of(ref, want);
+    const char *dir = tu_tmpdir();
+    for (int q8 = 0; q8 < 2; q8++) {
+        char path[400];
+        snprintf(path, sizeof path, "%s/s260_%s.gguf", dir, q8 ? "q8_0" : "f16");
+        write_quantized_gguf(path, q8);
+        kvp_model *m = load(path);
+        logits_of(m, got);
+        double e = max_rel(got, want, 5 * 512);
+        /* f16 keeps ~3 decimal digits per weight, q8_0 ~2: the logits move but the argmax does not */
+        cr_assert_lt(e, q8 ? 0.25 : 0.03, "%s: max relative logit error %g", path, e);
+        cr_assert_gt(e, 0.0, "%s: the conversion changed nothing?", path);
+        for (int r = 0; r < 5; r++) cr_assert_eq(kvp_argmax(got + r * 512, 512), kvp_argmax(want + r * 512, 512));
+        kvp_model_destroy(m);
+    }
+    kvp_model_destroy(ref);
+}
+
+/* Rewrites the HF safetensors in F16 or BF16 (config.json copied). */
+Test(model, hf_f16_and_bf16_safetensors_track_f32)
+{
+    tu_require_shared();
+    kvp_model *ref = load(S260_HF);
+    float want[5 * 512], got[5 * 512];
+    logits_of(ref, want);
+    kvp_st *s;
+    cr_assert_eq(kvp_st_open(S260_HF, &s), KVP_OK);
+    for (int bf = 0; bf < 2; bf++) {
+        const char *dir = tu_tmpdir();
+        char p[400];
+        size_t n;
+        unsigned char *cfg = tu_read_all(S260_HF "/config.json", &n);
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        tu_write_all(p, cfg, n);
+        free(cfg);
+        tu_buf hdr = {0}, data = {0};
+        tu_put(&hdr, "{", 1);
+        for (int64_t i = 0; i < kvp_st_num_tensors(s); i++) {
+            kvp_tensor_view v;
+            kvp_st_tensor_at(s, i, &v);
+            float *f = malloc(sizeof(float) * (size_t)v.numel);
+            kvp_tensor_to_f32(&v, f);
+            char e[400];
+            int m = v.ndim == 2 ? snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
+                                           i ? "," : "", v.name, bf ? "BF16" : "F16", (long long)v.shape[0],
+                                           (long long)v.shape[1], data.n, data.n + 2 * (size_t)v.numel)
+                                : snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
+                                           i ? "," : "", v.name, bf ? "BF16" : "F16", (long long)v.shape[0], data.n,
+                                           data.n + 2 * (size_t)v.numel);
+            tu_put(&hdr, e, (size_t)m);
+            for (int64_t j = 0; j < v.numel; j++) {
+                uint16_t h = bf ? kvp_wt_f32_to_bf16(f[j]) : kvp_wt_f32_to_f16(f[j]);
+                tu_put(&data, &h, 2);
+            }
+            free(f);
+        }
+        tu_put(&hdr, "}", 1);
+        tu_buf file = {0};
+        tu_u64(&file, hdr.n);
+        tu_put(&file, hdr.p, hdr.n);
+        tu_put(&file, data.p, data.n);
+        snprintf(p, sizeof p, "%s/model.safetensors", dir);
+        tu_write_all(p, file.p, file.n);
+        free(file.p), free(hdr.p), free(data.p);
+        kvp_model *m = load(dir);
+        logits_of(m, got);
+        double e = max_rel(got, want, 5 * 512);
+        cr_assert_lt(e, bf ? 0.2 : 0.03, "%s: max relative logit error %g", bf ? "bf16" : "f16", e);
+        cr_assert_gt(e, 0.0);
+        for (int r = 0; r < 5; r++) cr_assert_eq(kvp_argmax(got + r * 512, 512), kvp_argmax(want + r * 512, 512));
+        kvp_model_destroy(m);
+    }
+    kvp_st_close(s);
+    kvp_model_destroy(ref);
 }
