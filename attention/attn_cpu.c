@@ -342,10 +342,10 @@ KVP_ITEM_FNS(KVP_DTYPE_FP8_E4M3, fp8)
 static const item_fn k_dispatch[KVP_DTYPE_COUNT][NUM_HEAD_DIMS] = {KVP_ITEM_ROW(f32), KVP_ITEM_ROW(f16),
                                                                    KVP_ITEM_ROW(bf16), KVP_ITEM_ROW(fp8)};
 
-/* KV heads per work item: 1, or with small blocks as many as fit MAXROWS rows. */
-static int32_t heads_per_item(int small_blocks, int32_t nq, int32_t qt, int32_t ng, int32_t hkv)
+/* KV heads per work item: as many as fit MAXROWS rows (1 when a head's group alone overflows a tile). */
+static int32_t heads_per_item(int multi_head, int32_t nq, int32_t qt, int32_t ng, int32_t hkv)
 {
-    if (!small_blocks || nq < 1) return 1;
+    if (!multi_head || nq < 1) return 1;
     int32_t h = MAXROWS / ((nq < qt ? nq : qt) * ng);
     return h < 1 ? 1 : h > hkv ? hkv : h;
 }
@@ -372,10 +372,12 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
     const int32_t ng = group < MAXROWS ? group : MAXROWS, qt = MAXROWS / ng;
     const int nt = kvp_attn_get_threads();
 
-    /* Small blocks: one item takes several KV heads, so that it reads each block's heads together
-     * (block = [heads][block_size][head_dim]) instead of a scattered block_size*head_dim slice per item. */
-    const int small_blocks = (int64_t)kv->block_size * D * (int64_t)kvp_dtype_size(kv->dtype) < 4096 && ng == group;
-#define hpi(nq_) heads_per_item(small_blocks, (nq_), qt, ng, hkv)
+    /* One item takes several KV heads (up to MAXROWS query rows), so that it reads each block's heads
+     * together (block = [heads][block_size][head_dim], contiguous) instead of a block_size*head_dim slice
+     * per item: longer sequential runs per page, fewer page-table walks. Measured better for every block
+     * size in decode; prefill tiles already fill MAXROWS with one head. */
+    const int multi_head = ng == group;
+#define hpi(nq_) heads_per_item(multi_head, (nq_), qt, ng, hkv)
     /* Count base items (without splits) and find the longest sequence. */
     int64_t base = 0;
     int32_t maxlen = 0;
