@@ -709,7 +709,17 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
         size_t fn, in;
         ws_need(m, kv, b, &fn, &in);
         KVP_TRY(ws_reserve(&m->ws[0], fn, in));
-        return forward_one(m, kv, b, logits, &m->ws[0], m->threads);
+        /* Attention threads only pay off with enough key rows to read (a decode step of one short
+         * sequence takes microseconds; a fork/join costs as much, far more on a busy machine). */
+        int64_t rows = 0;
+        for (int32_t s = 0; s < b->num_seqs; s++)
+            rows += (int64_t)(b->qo_indptr[s + 1] - b->qo_indptr[s]) *
+                    ((int64_t)kv->block_size * (b->kv_indptr[s + 1] - b->kv_indptr[s]));
+        const int attn_threads = rows * m->cfg.num_q_heads * m->cfg.head_dim >= (1 << 22) ? m->threads : 1;
+        kvp_attn_set_threads(attn_threads);
+        kvp_status st = forward_one(m, kv, b, logits, &m->ws[0], m->threads);
+        kvp_attn_set_threads(m->threads);
+        return st;
     }
     /* Group boundaries by token count. */
     int32_t bounds[KVP_FWD_MAX_GROUPS + 1];
