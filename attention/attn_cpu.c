@@ -88,11 +88,18 @@ static inline int32_t num_q(const job_t *j, int32_t seq)
     return j->qo_indptr ? j->qo_indptr[seq + 1] - j->qo_indptr[seq] : 1;
 }
 
-/* S[r][i] = qs[r] . k_i for RB rows. */
+/* S[r][i] = qs[r] . k_i for RB rows. With pf != NULL, also prefetches the K and V rows pf[i] (element
+ * offsets from kbase / vbase) one per token, spreading the next tile's fetches over this tile's work. */
 KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
-                          const int D, const kvp_dtype T, const float *lut)
+                          const int D, const kvp_dtype T, const float *lut, const void *vbase, const int64_t *pf, int npf)
 {
+    const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2;
     for (int i = 0; i < n; i++) {
+        if (pf != NULL && i < npf)
+            for (int64_t b = 0; b < D * es; b += 64) {
+                KVP_PREFETCH((const char *)kbase + pf[i] * es + b);
+                KVP_PREFETCH((const char *)vbase + pf[i] * es + b);
+            }
         kvp_v8 a[4], b[4]; /* RB <= 4: fixed size keeps them in registers */
         for (int r = 0; r < RB; r++) a[r] = b[r] = v8_zero();
         int d = 0;
@@ -216,19 +223,21 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kv
         const int n = hi_max - ts < TILE ? hi_max - ts : TILE;
         const int64_t *off = offs[cur];
         const int32_t tn = ts + TILE;
+        int nn = 0; /* tokens of the next tile, prefetched while this one is scored */
         if (tn < hi_max) {
-            const int nn = hi_max - tn < TILE ? hi_max - tn : TILE;
+            nn = hi_max - tn < TILE ? hi_max - tn : TILE;
             tile_offsets(kv, pages, it->kvh, tn, nn, offs[cur ^ 1]);
-            for (int h = 0; h < it->nh; h++)
-                prefetch_rows(kv->k, kv->v, offs[cur ^ 1], nn, es, row_bytes, h * kv->stride_head);
         }
         int r;
         for (int h = 0; h < it->nh; h++) {
             const void *kb = (const char *)kv->k + h * kv->stride_head * es; /* this head's rows */
+            const void *vb = (const char *)kv->v + h * kv->stride_head * es;
+            const int64_t *pf = nn ? offs[cur ^ 1] : NULL;
             const int r1 = (h + 1) * rph;
-            for (r = h * rph; r + 4 <= r1; r += 4) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, j->lut);
-            for (; r + 2 <= r1; r += 2) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, j->lut);
-            for (; r < r1; r++) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, j->lut);
+            for (r = h * rph; r + 4 <= r1; r += 4, pf = NULL)
+                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, j->lut, vb, pf, nn);
+            for (; r + 2 <= r1; r += 2, pf = NULL) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, j->lut, vb, pf, nn);
+            for (; r < r1; r++, pf = NULL) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, j->lut, vb, pf, nn);
         }
         const int masked = !(ts >= lo_max && ts + n <= hi_min);
         for (r = 0; r < rows; r++) {
