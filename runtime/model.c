@@ -17,6 +17,7 @@ typedef struct {
     /* matrices are stored transposed, (in_features, out_features) */
     float *wq, *wk, *wv;  /* (hidden, nq*hd), (hidden, nkv*hd), (hidden, nkv*hd) */
     float *bq, *bk, *bv;  /* (nq*hd), (nkv*hd), (nkv*hd) or NULL */
+    float *bo;            /* (hidden) or NULL: llama-style attention_bias also biases o_proj */
     float *q_norm, *k_norm; /* (hd) qwen3, or NULL */
     float *wo;            /* (nq*hd, hidden) */
     float *ffn_norm;      /* (hidden) */
@@ -124,7 +125,7 @@ static void free_weights(kvp_model *m)
     if (m->layers)
         for (int32_t l = 0; l < m->cfg.num_layers; l++) {
             layer_w *w = &m->layers[l];
-            float *ps[] = {w->attn_norm, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->q_norm, w->k_norm,
+            float *ps[] = {w->attn_norm, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->bo, w->q_norm, w->k_norm,
                            w->wo, w->ffn_norm, w->w_gate, w->w_up, w->w_down};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_free(ps[i]);
         }
@@ -176,6 +177,8 @@ static kvp_status load_weights(kvp_model *m, const source *src)
             KVP_TRY(load_t(src, NAME("attn_q.bias", "self_attn.q_proj.bias"), nq * hd, 0, &w->bq));
             KVP_TRY(load_t(src, NAME("attn_k.bias", "self_attn.k_proj.bias"), nkv * hd, 0, &w->bk));
             KVP_TRY(load_t(src, NAME("attn_v.bias", "self_attn.v_proj.bias"), nkv * hd, 0, &w->bv));
+            if (src_has(src, NAME("attn_output.bias", "self_attn.o_proj.bias")))
+                KVP_TRY(load_t(src, NAME("attn_output.bias", "self_attn.o_proj.bias"), H, 0, &w->bo));
         }
         if (c->qk_norm) {
             KVP_TRY(load_t(src, NAME("attn_q_norm.weight", "self_attn.q_norm.weight"), hd, 0, &w->q_norm));
@@ -675,6 +678,9 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
             KVP_TRY(kvp_attn_prefill_cpu(&lkv, q, b->qo_indptr, o, &p));
         }
         matmul(m, nt, h, o, w->wo, T, H, QD);
+        if (w->bo)
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t i = 0; i < H; i++) h[t * H + i] += w->bo[i];
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->ffn_norm, H, c->rms_norm_eps);
         matmul(m, nt, gt, h, w->w_gate, T, FF, H);

@@ -419,3 +419,102 @@ Test(model, hf_f16_and_bf16_safetensors_track_f32)
     kvp_st_close(s);
     kvp_model_destroy(ref);
 }
+
+/* Writes an HF folder: config.json = stories260K's with `from` replaced by `to`, and its safetensors plus
+ * zero-filled 1-D tensors extra[i] of lens[i] floats. Returns the folder. */
+static const char *hf_variant(const char *from, const char *to, const char *const *extra, const int64_t *lens,
+                              int n_extra)
+{
+    const char *dir = hf_copy(from, to, NULL, NULL);
+    kvp_st *s;
+    cr_assert_eq(kvp_st_open(S260_HF, &s), KVP_OK);
+    tu_buf hdr = {0}, data = {0};
+    tu_put(&hdr, "{", 1);
+    char e[400];
+    for (int64_t i = 0; i < kvp_st_num_tensors(s); i++) {
+        kvp_tensor_view v;
+        kvp_st_tensor_at(s, i, &v);
+        int m = v.ndim == 2 ? snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
+                                       i ? "," : "", v.name, (long long)v.shape[0], (long long)v.shape[1], data.n,
+                                       data.n + v.nbytes)
+                            : snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
+                                       i ? "," : "", v.name, (long long)v.shape[0], data.n, data.n + v.nbytes);
+        tu_put(&hdr, e, (size_t)m);
+        tu_put(&data, v.data, v.nbytes);
+    }
+    for (int i = 0; i < n_extra; i++) {
+        float *z = calloc((size_t)lens[i], sizeof(float));
+        int m = snprintf(e, sizeof e, ",\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}", extra[i],
+                         (long long)lens[i], data.n, data.n + (size_t)lens[i] * 4);
+        tu_put(&hdr, e, (size_t)m);
+        tu_put(&data, z, (size_t)lens[i] * 4);
+        free(z);
+    }
+    tu_put(&hdr, "}", 1);
+    tu_buf file = {0};
+    tu_u64(&file, hdr.n);
+    tu_put(&file, hdr.p, hdr.n);
+    tu_put(&file, data.p, data.n);
+    char p[400];
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    tu_write_all(p, file.p, file.n);
+    free(file.p), free(hdr.p), free(data.p);
+    kvp_st_close(s);
+    /* qwen variants: this config says "attention_bias": false explicitly; say true (same length) */
+    if (strstr(to, "qwen")) {
+        size_t n;
+        snprintf(p, sizeof p, "%s/config.json", dir);
+        char *cfg = (char *)tu_read_all(p, &n);
+        char *at = memmem(cfg, n, "\"attention_bias\": false", 23);
+        cr_assert_not_null(at);
+        memcpy(at, "\"attention_bias\": true ", 23);
+        tu_write_all(p, cfg, n);
+        free(cfg);
+    }
+    return dir;
+}
+
+Test(model, qwen2_bias_and_mistral_window_paths)
+{
+    tu_require_shared();
+    kvp_model *ref = load(S260_HF);
+    float want[5 * 512], got[5 * 512];
+    logits_of(ref, want);
+    kvp_model_destroy(ref);
+    /* qwen2 with zero q/k/v biases (q: 64 entries, k/v: 32 under GQA) computes exactly the llama logits */
+    char buf[15][96];
+    const char *names[15];
+    int64_t lens[15];
+    for (int l = 0, k = 0; l < 5; l++)
+        for (int j = 0; j < 3; j++, k++) {
+            snprintf(buf[k], sizeof buf[k], "model.layers.%d.self_attn.%c_proj.bias", l, "qkv"[j]);
+            names[k] = buf[k];
+            lens[k] = j == 0 ? 64 : 32;
+        }
+    const char *qwen = "\"model_type\": \"qwen2\", \"use_sliding_window\": false";
+    const char *dir = hf_variant("\"model_type\": \"llama\"", qwen, names, lens, 15);
+    kvp_model *m = load(dir);
+    cr_assert(kvp_model_cfg(m)->attention_bias);
+    logits_of(m, got);
+    cr_assert_lt(max_rel(got, want, 5 * 512), 1e-6, "qwen2 with zero biases must equal llama");
+    kvp_model_destroy(m);
+    /* a k bias of the q size is a shape error naming the tensor */
+    lens[1] = 64;
+    dir = hf_variant("\"model_type\": \"llama\"", qwen, names, lens, 15);
+    m = NULL;
+    cr_assert_eq(kvp_model_load(dir, &m), KVP_EPARSE);
+    cr_assert(strstr(kvp_error_message(), "model.layers.0.self_attn.k_proj.bias"), "%s", kvp_error_message());
+    /* a missing bias is named too */
+    lens[1] = 32;
+    dir = hf_variant("\"model_type\": \"llama\"", qwen, names, lens, 14);
+    cr_assert_eq(kvp_model_load(dir, &m), KVP_ENOTFOUND);
+    cr_assert(strstr(kvp_error_message(), "model.layers.4.self_attn.v_proj.bias"), "%s", kvp_error_message());
+    /* mistral with a 3-token sliding window: positions 0..2 see every key (same logits), 3 and 4 do not */
+    dir = hf_variant("\"model_type\": \"llama\"", "\"model_type\": \"mistral\", \"sliding_window\": 3", NULL, NULL, 0);
+    m = load(dir);
+    cr_assert_eq(kvp_model_cfg(m)->sliding_window, 3);
+    logits_of(m, got);
+    cr_assert_lt(max_rel(got, want, 3 * 512), 1e-6);
+    cr_assert_gt(max_rel(got + 3 * 512, want + 3 * 512, 2 * 512), 1e-3, "the window changed nothing at position 3+");
+    kvp_model_destroy(m);
+}
