@@ -3,6 +3,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -700,6 +701,24 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
     return KVP_OK;
 }
 
+typedef struct {
+    const kvp_model *m;
+    kvp_kv_cache *kv;
+    const kvp_fwd_batch *b;
+    float *logits;
+    fwd_ws *ws;
+    kvp_status st;
+    char err[256];
+} group_job;
+
+static void *group_main(void *arg)
+{
+    group_job *j = arg;
+    j->st = forward_one(j->m, j->kv, j->b, j->logits, j->ws, 1);
+    if (j->st != KVP_OK) snprintf(j->err, sizeof j->err, "%s", kvp_error_message());
+    return NULL;
+}
+
 /* Data parallelism over sequences: with several threads and several sequences, the batch is cut into
  * contiguous groups of sequences (balanced by token count) and each thread runs the whole forward pass of
  * its group (sequences are independent: each reads only its own pages, and appends go to distinct slots).
@@ -762,16 +781,31 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
         ws_need(m, kv, &sub[g], &fn, &in);
         KVP_TRY(ws_reserve(&m->ws[g], fn, in));
     }
-    kvp_status st[KVP_FWD_MAX_GROUPS];
-    char err[KVP_FWD_MAX_GROUPS][256];
+    group_job jobs[KVP_FWD_MAX_GROUPS];
+    pthread_t tid[KVP_FWD_MAX_GROUPS];
+    int started[KVP_FWD_MAX_GROUPS] = {0};
     kvp_attn_set_threads(1);
-#pragma omp parallel for num_threads(G) schedule(static, 1)
     for (int g = 0; g < G; g++) {
         int64_t row0 = b->all_logits ? b->qo_indptr[bounds[g]] : bounds[g];
-        st[g] = forward_one(m, kv, &sub[g], logits + row0 * V, &m->ws[g], 1);
-        if (st[g] != KVP_OK) snprintf(err[g], sizeof err[g], "%s", kvp_error_message());
+        jobs[g] = (group_job){.m = m, .kv = kv, .b = &sub[g], .logits = logits + row0 * V, .ws = &m->ws[g],
+                              .st = KVP_OK};
+    }
+    /* Plain threads joined once per step: no OpenMP spin-waiting between steps on a shared machine. */
+    for (int g = 1; g < G; g++) started[g] = pthread_create(&tid[g], NULL, group_main, &jobs[g]) == 0;
+    group_main(&jobs[0]);
+    for (int g = 1; g < G; g++) {
+        if (started[g])
+            pthread_join(tid[g], NULL);
+        else
+            group_main(&jobs[g]); /* no thread available: run it here */
     }
     kvp_attn_set_threads(m->threads);
+    kvp_status st[KVP_FWD_MAX_GROUPS];
+    char err[KVP_FWD_MAX_GROUPS][256];
+    for (int g = 0; g < G; g++) {
+        st[g] = jobs[g].st;
+        memcpy(err[g], jobs[g].err, sizeof err[g]);
+    }
     for (int g = 0; g < G; g++)
         if (st[g] != KVP_OK) return KVP_ERR(st[g], "%s", err[g]);
     return KVP_OK;
