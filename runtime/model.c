@@ -785,6 +785,7 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
     pthread_t tid[KVP_FWD_MAX_GROUPS];
     int started[KVP_FWD_MAX_GROUPS] = {0};
     kvp_attn_set_threads(1);
+    if (m->matmul == KVP_MATMUL_BLAS) openblas_set_num_threads(1); /* no nested BLAS threads in the groups */
     for (int g = 0; g < G; g++) {
         int64_t row0 = b->all_logits ? b->qo_indptr[bounds[g]] : bounds[g];
         jobs[g] = (group_job){.m = m, .kv = kv, .b = &sub[g], .logits = logits + row0 * V, .ws = &m->ws[g],
@@ -800,6 +801,7 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
             group_main(&jobs[g]); /* no thread available: run it here */
     }
     kvp_attn_set_threads(m->threads);
+    if (m->matmul == KVP_MATMUL_BLAS) openblas_set_num_threads(m->threads);
     kvp_status st[KVP_FWD_MAX_GROUPS];
     char err[KVP_FWD_MAX_GROUPS][256];
     for (int g = 0; g < G; g++) {
