@@ -273,6 +273,10 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kv
         for (int h = 0; h < it->nh; h++) {
             const void *vb = (const char *)kv->v + h * kv->stride_head * es;
             const int r1 = (h + 1) * rph;
+            /* this head's V rows of the tile (fetched into L2 during the previous tile) up to L1 now: the
+             * strip-major loop below would otherwise wait on L2 at every token */
+            for (int i = 0; i < n; i++)
+                for (int64_t b = 0; b < row_bytes; b += 64) KVP_PREFETCH((const char *)vb + off[i] * es + b);
             for (r = h * rph; r + 4 <= r1; r += 4) values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, j->lut);
             for (; r + 2 <= r1; r += 2) values_rb(acc + r * D, S + r * TILE, vb, off, n, 2, D, T, j->lut);
             for (; r < r1; r++) values_rb(acc + r * D, S + r * TILE, vb, off, n, 1, D, T, j->lut);
