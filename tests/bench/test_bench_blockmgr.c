@@ -7,20 +7,14 @@
 #include <string.h>
 #include <sys/wait.h>
 
-/* Runs kvpage with args; captures stdout or stderr (the other goes to /dev/null); returns the exit code. */
+#include "cli_testutil.h"
+
+/* Runs kvpage bench blockmgr with args; captures stdout or stderr; returns the exit code. */
 static int run(const char *args, int want_stdout, char *out, size_t n)
 {
-    const char *bin = getenv("KVPAGE_BIN");
-    cr_assert_not_null(bin, "KVPAGE_BIN must point at the kvpage binary (set by CTest)");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, want_stdout ? "%s bench blockmgr %s 2>/dev/null" : "%s bench blockmgr %s 2>&1 >/dev/null", bin,
-             args);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f);
-    size_t got = fread(out, 1, n - 1, f);
-    out[got] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    snprintf(cmd, sizeof cmd, "bench blockmgr %s", args);
+    return want_stdout ? kvp_test_cli(cmd, out, n, NULL, 0) : kvp_test_cli(cmd, NULL, 0, out, n);
 }
 
 Test(bench_blockmgr, bad_input_exits_2_with_one_line)

@@ -11,6 +11,8 @@
 #include "bench/bench_prefix.h"
 #include "common/json.h"
 
+#include "cli_testutil.h"
+
 #define SYNTH "../shared/data/traces/mooncake/synthetic_trace.jsonl"
 
 static kvp_prefix_replay_result replay(const kvp_workload *w, kvp_pc_kind k, kvp_evict_policy p, int32_t bs, int64_t cap)
@@ -130,23 +132,9 @@ Test(bench_prefix, requests_larger_than_the_cache)
 
 static int run(const char *args, char *out, size_t cap, char *err, size_t ecap)
 {
-    const char *bin = getenv("KVPAGE_BIN");
-    cr_assert_not_null(bin, "KVPAGE_BIN is not set (run through ctest)");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s bench prefix %s 2>/tmp/kvp_bp_err_%d", bin, args, (int)getpid());
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t n = fread(out, 1, cap - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/kvp_bp_err_%d", (int)getpid());
-    FILE *e = fopen(path, "r");
-    size_t m = e ? fread(err, 1, ecap - 1, e) : 0;
-    err[m] = '\0';
-    if (e) fclose(e);
-    unlink(path);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    snprintf(cmd, sizeof cmd, "bench prefix %s", args);
+    return kvp_test_cli(cmd, out, cap, err, ecap);
 }
 
 Test(bench_prefix, cli)

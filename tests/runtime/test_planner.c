@@ -7,6 +7,8 @@
 
 #include "runtime/planner.h"
 
+#include "cli_testutil.h"
+
 #define GiB (1LL << 30)
 
 /* The seed article's model: 32 layers, 8 KV heads, head_dim 128. */
@@ -160,16 +162,9 @@ Test(planner, impossible_parameters_rejected)
 /* The CLI: exit codes and one-line errors (kvpage binary from the build, via KVPAGE_BIN). */
 static int run(const char *args, char *err, size_t n)
 {
-    const char *bin = getenv("KVPAGE_BIN");
-    cr_assert_not_null(bin, "KVPAGE_BIN must point at the kvpage binary (set by CTest)");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s plan %s 2>&1 >/dev/null", bin, args);
-    FILE *f = popen(cmd, "r");
-    cr_assert_not_null(f);
-    size_t got = fread(err, 1, n - 1, f);
-    err[got] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    snprintf(cmd, sizeof cmd, "plan %s", args);
+    return kvp_test_cli(cmd, NULL, 0, err, n);
 }
 
 Test(planner, cli_bad_input_exits_2_with_one_line)

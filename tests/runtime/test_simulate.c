@@ -12,6 +12,8 @@
 #include "runtime/simulate.h"
 #include "runtime/workload_synth.h"
 
+#include "cli_testutil.h"
+
 #define OPT13B "../shared/data/configs/derived/opt-13b.json"
 #define LLAMA8B "../shared/data/configs/Meta-Llama-3.1-8B.json"
 #define LLAMA405B "../shared/data/configs/Meta-Llama-3.1-405B.json"
@@ -237,36 +239,12 @@ Test(simulate, capacity_and_models_that_do_not_fit)
 
 /* ---- the command line (KVPAGE_BIN is set by CTest) */
 
-static int run_cli(const char *args, char *out, size_t n)
-{
-    const char *bin = getenv("KVPAGE_BIN");
-    cr_assert_not_null(bin, "KVPAGE_BIN is not set (run through ctest)");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "%s %s 2>/tmp/kvp_sim_stderr_%d", bin, args, (int)getpid());
-    FILE *p = popen(cmd, "r");
-    cr_assert_not_null(p);
-    size_t got = fread(out, 1, n - 1, p);
-    out[got] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
-
-static void read_stderr(char *buf, size_t n)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/tmp/kvp_sim_stderr_%d", (int)getpid());
-    FILE *f = fopen(path, "r");
-    size_t got = f ? fread(buf, 1, n - 1, f) : 0;
-    buf[got] = '\0';
-    if (f) fclose(f);
-    remove(path);
-}
 
 Test(simulate_cli, json_has_every_documented_key)
 {
     static char out[1 << 16];
-    int rc = run_cli("simulate --model " LLAMA8B " --gpu h200 --trace " AZURE_CONV " --num-requests 200 --json", out,
-                     sizeof out);
+    int rc = kvp_test_cli("simulate --model " LLAMA8B " --gpu h200 --trace " AZURE_CONV " --num-requests 200 --json", out,
+                          sizeof out, NULL, 0);
     cr_assert_eq(rc, 0, "%s", out);
     cJSON *o;
     cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
@@ -302,8 +280,7 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
         {"simulate --model " LLAMA8B, "exactly one"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int rc = run_cli(cases[i].args, out, sizeof out);
-        read_stderr(err, sizeof err);
+        int rc = kvp_test_cli(cases[i].args, out, sizeof out, err, sizeof err);
         cr_assert_eq(rc, 2, "'%s' exited %d", cases[i].args, rc);
         cr_assert(strstr(err, cases[i].needle) != NULL, "'%s': stderr '%s' lacks '%s'", cases[i].args, err,
                   cases[i].needle);
@@ -312,7 +289,7 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
         cr_assert(nl != NULL && nl[1] == '\0', "one line: '%s'", err);
         cr_assert_eq(out[0], '\0', "nothing on stdout");
     }
-    int rc = run_cli("simulate --help", out, sizeof out);
+    int rc = kvp_test_cli("simulate --help", out, sizeof out, NULL, 0);
     cr_assert_eq(rc, 0);
     cr_assert(strstr(out, "--max-batched-tokens") != NULL);
 }

@@ -1,0 +1,46 @@
+/* tests/cli_testutil.h — run the kvpage binary that CTest points at ($KVPAGE_BIN) and capture its output.
+ * For the command-line tests of every module (exit codes, one-line errors, --json output). */
+#ifndef KVP_TESTS_CLI_TESTUTIL_H
+#define KVP_TESTS_CLI_TESTUTIL_H
+
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+/* Reads at most cap-1 bytes of f into buf (NUL-terminated); buf may be NULL to discard. */
+static inline void kvp_test_slurp(FILE *f, char *buf, size_t cap)
+{
+    char sink[4096];
+    size_t n = 0, got;
+    while ((got = fread(buf ? buf + n : sink, 1, buf ? cap - 1 - n : sizeof sink, f)) > 0)
+        if (buf) n += got;
+    if (buf) buf[n] = '\0';
+}
+
+/* Runs `$KVPAGE_BIN ARGS` (ARGS go through the shell); stdout into out, stderr into err (either may be
+ * NULL). Returns the exit code, or -1 when the program did not exit normally (a crash). */
+static inline int kvp_test_cli(const char *args, char *out, size_t out_cap, char *err, size_t err_cap)
+{
+    const char *bin = getenv("KVPAGE_BIN");
+    cr_assert_not_null(bin, "KVPAGE_BIN must point at the kvpage binary (set by CTest)");
+    char errpath[] = "/tmp/kvp_cli_err_XXXXXX";
+    int fd = mkstemp(errpath);
+    cr_assert_geq(fd, 0, "cannot create a temporary file");
+    close(fd);
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s %s 2>%s", bin, args, errpath);
+    FILE *p = popen(cmd, "r");
+    cr_assert_not_null(p, "cannot run %s", cmd);
+    kvp_test_slurp(p, out, out_cap);
+    int st = pclose(p);
+    FILE *e = fopen(errpath, "r");
+    cr_assert_not_null(e);
+    kvp_test_slurp(e, err, err_cap);
+    fclose(e);
+    unlink(errpath);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+#endif
