@@ -6,8 +6,9 @@
 int kvp_cmd_bench(int argc, char **argv);
 int kvp_bench_prefix(int argc, char **argv); /* bench/bench_prefix.c */
 int kvp_bench_blockmgr(int argc, char **argv); /* bench/bench_blockmgr.c */
-int kvp_bench_memory(int argc, char **argv);
+int kvp_bench_memory(int argc, char **argv);    /* bench/bench_memory.c */
 int kvp_bench_attention(int argc, char **argv); /* bench/bench_attention.c */
 int kvp_bench_generate(int argc, char **argv);  /* bench/bench_generate.c */
+int kvp_bench_attention_cuda(int argc, char **argv); /* bench/bench_attention_cuda.c */
 
 #endif
