@@ -81,3 +81,22 @@ Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
     unlink(path);
     rmdir(dir);
 }
+
+Test(bench_attention, cuda_bad_input_exits_2_before_touching_a_device)
+{
+    static const struct {
+        const char *args, *needle;
+    } cases[] = {
+        {"--dtype fp8", "fp8"}, {"--block-sizes 4,x", "'x'"}, {"--reps 0", "out of range"}, {"--bogus", "unknown option"},
+    };
+    static char err[4096];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "bench attention-cuda %s", cases[i].args);
+        int code = kvp_test_cli(cmd, NULL, 0, err, sizeof err);
+        cr_expect_eq(code, 2, "'%s' exited %d", cases[i].args, code);
+        cr_expect(strstr(err, cases[i].needle) != NULL, "'%s': '%s' lacks '%s'", cases[i].args, err, cases[i].needle);
+    }
+    cr_expect_eq(kvp_test_cli("bench attention-cuda --help", err, sizeof err, NULL, 0), 0);
+    cr_expect(strstr(err, "--block-sizes") != NULL);
+}
