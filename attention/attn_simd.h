@@ -30,6 +30,14 @@ KVP_INLINE float v8_hsum(kvp_v8 a)
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
+/* Lane t of the result = sum of the 8 lanes of p[t], as ((x0+x1)+(x2+x3))+((x4+x5)+(x6+x7)): eight
+ * horizontal sums for the price of about two (the head_dim 8 score pass). */
+KVP_INLINE kvp_v8 v8_hsum8(const kvp_v8 *p)
+{
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(p[0], p[1]), _mm256_hadd_ps(p[2], p[3]));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(p[4], p[5]), _mm256_hadd_ps(p[6], p[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
 KVP_INLINE kvp_v8 v8_load_f16(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 KVP_INLINE kvp_v8 v8_load_bf16(const uint16_t *p)
 {
@@ -108,6 +116,15 @@ KVP_INLINE kvp_v8 v8_mul(kvp_v8 a, kvp_v8 b)
 KVP_INLINE float v8_hsum(kvp_v8 a)
 {
     return ((a.x[0] + a.x[4]) + (a.x[2] + a.x[6])) + ((a.x[1] + a.x[5]) + (a.x[3] + a.x[7]));
+}
+KVP_INLINE kvp_v8 v8_hsum8(const kvp_v8 *p)
+{
+    kvp_v8 r;
+    for (int t = 0; t < 8; t++) {
+        const float *x = p[t].x;
+        r.x[t] = ((x[0] + x[1]) + (x[2] + x[3])) + ((x[4] + x[5]) + (x[6] + x[7]));
+    }
+    return r;
 }
 KVP_INLINE kvp_v8 v8_load_f16(const uint16_t *p)
 {
