@@ -2,8 +2,10 @@
  *
  * Cases (each timed over a batch of operations, repeated --reps times; the median batch is reported):
  *   alloc_free_1     kvp_pool_alloc of one block + kvp_pool_decref of it
- *   append_1         kvp_bm_append of one token, amortized: includes the block allocation every block_size
- *                    tokens and the geometric growth of the table
+ *   append_1         kvp_bm_append_ref of one token, amortized: includes the block allocation every block_size
+ *                    tokens and the geometric growth of the table; one kvp_bm_seq_ref per sequence, taken at
+ *                    admission and kept (as a scheduler keeps one per running sequence)
+ *   append_1_by_id   the same with kvp_bm_append (id-map lookup on every append)
  *   fork_128         kvp_bm_fork of a 128-block sequence (refcount++ on 128 blocks, a new table)
  *   free_128_shared  kvp_bm_free of such a forked child (refcount-- on 128 blocks, none goes free)
  *   allocate_128     kvp_bm_allocate of a 128-block prompt
@@ -101,7 +103,9 @@ static kvp_status make_bm(const opts_t *o, int32_t nblocks, kvp_block_mgr **bm)
     return kvp_bm_create(&cfg, bm);
 }
 
-static kvp_status bench_append(const opts_t *o, result_t *r)
+/* by_ref: kvp_bm_append_ref through one kvp_bm_seq_ref per sequence, taken at admission and kept across
+ * steps (as a scheduler keeps one per running sequence); otherwise kvp_bm_append by id (id-map lookup). */
+static kvp_status bench_append(const opts_t *o, result_t *r, bool by_ref)
 {
     /* 16 sequences grow together (round robin) so the lookups do not hit one hot entry only */
     enum { SEQS = 16 };
@@ -111,15 +115,28 @@ static kvp_status bench_append(const opts_t *o, result_t *r)
     kvp_status st = KVP_OK;
     bool ok = true;
     for (int rep = 0; rep < r->n && st == KVP_OK; rep++) {
-        for (int s = 0; s < SEQS && st == KVP_OK; s++) st = kvp_bm_allocate(bm, s, 1);
+        kvp_bm_seq_ref ref[SEQS];
+        for (int s = 0; s < SEQS && st == KVP_OK; s++) {
+            st = kvp_bm_allocate(bm, s, 1);
+            if (st == KVP_OK) st = kvp_bm_seq_ref_get(bm, s, &ref[s]);
+        }
         int32_t slot;
         int64_t acc = 0;
         int64_t t0 = kvp_now_ns();
-        for (int32_t t = 1; t < per_seq && st == KVP_OK; t++)
-            for (int s = 0; s < SEQS; s++) {
-                st = kvp_bm_append(bm, s, 1, &slot);
-                acc += slot;
-            }
+        if (by_ref)
+            for (int32_t t = 1; t < per_seq && st == KVP_OK; t++)
+                for (int s = 0; s < SEQS; s++) {
+                    const kvp_status e = kvp_bm_append_ref(bm, &ref[s], 1, &slot);
+                    if (__builtin_expect(e != KVP_OK, 0)) st = e;
+                    acc += slot;
+                }
+        else
+            for (int32_t t = 1; t < per_seq && st == KVP_OK; t++)
+                for (int s = 0; s < SEQS; s++) {
+                    const kvp_status e = kvp_bm_append(bm, s, 1, &slot);
+                    if (__builtin_expect(e != KVP_OK, 0)) st = e;
+                    acc += slot;
+                }
         r->samples[rep] = (double)(kvp_now_ns() - t0) / ((double)(per_seq - 1) * SEQS);
         sink = acc;
         if (rep == 0) ok = kvp_bm_check(bm) == KVP_OK;
@@ -310,9 +327,10 @@ int kvp_bench_blockmgr(int argc, char **argv)
     }
     if (optind < argc) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
 
-    enum { NCASE = 7 };
+    enum { NCASE = 8 };
     result_t res[NCASE] = {
         {"alloc_free_1", 20, NULL, 0, 0, false}, {"append_1", 10, NULL, 0, 0, false},
+        {"append_1_by_id", 0, NULL, 0, 0, false},
         {"fork_128", 1000, NULL, 0, 0, false},   {"free_128_shared", 0, NULL, 0, 0, false},
         {"allocate_128", 0, NULL, 0, 0, false},  {"free_128", 0, NULL, 0, 0, false},
         {"mixed", 0, NULL, 0, 0, false},
@@ -329,15 +347,19 @@ int kvp_bench_blockmgr(int argc, char **argv)
     st = bench_alloc_free(&o, &res[0]);
     if (st == KVP_OK) {
         fprintf(stderr, "bench blockmgr: append_1 ...\n");
-        st = bench_append(&o, &res[1]);
+        st = bench_append(&o, &res[1], true);
+    }
+    if (st == KVP_OK) {
+        fprintf(stderr, "bench blockmgr: append_1_by_id ...\n");
+        st = bench_append(&o, &res[2], false);
     }
     if (st == KVP_OK) {
         fprintf(stderr, "bench blockmgr: fork/free/allocate 128 blocks ...\n");
-        st = bench_tables(&o, &res[2], &res[3], &res[4], &res[5]);
+        st = bench_tables(&o, &res[3], &res[4], &res[5], &res[6]);
     }
     if (st == KVP_OK) {
         fprintf(stderr, "bench blockmgr: mixed ...\n");
-        st = bench_mixed(&o, &res[6]);
+        st = bench_mixed(&o, &res[7]);
     }
     if (st != KVP_OK) {
         kvp_free(buf);

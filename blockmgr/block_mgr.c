@@ -48,6 +48,9 @@ typedef struct {
     int32_t nblocks, cap, ntok;
     int32_t cur; /* blocks[ntok / bs] when the table has it and the sequence is on the device, else -1:
                   * spares append's fast path one dependent load */
+    int32_t slot; /* cur * bs + ntok % bs when cur >= 0, else 0: the next token's slot */
+    int32_t left; /* one-token appends the fast path may still make into cur: min(bs - off, max_len - ntok)
+                   * when cur >= 0 and off = ntok % bs > 0 (cur holds tokens), else 0 */
     uint8_t host;
     uint8_t mark; /* scratch for duplicate detection, 0 between calls */
 } seq_t;
@@ -95,7 +98,20 @@ static inline int32_t cur_of(const kvp_block_mgr *bm, const seq_t *s)
     return !s->host && li < s->nblocks ? s->blocks[li] : -1;
 }
 
-static inline void set_cur(const kvp_block_mgr *bm, seq_t *s) { s->cur = cur_of(bm, s); }
+/* The cached fast-path state (cur, slot, left) that s's table implies. */
+static inline void cur_state(const kvp_block_mgr *bm, const seq_t *s, int32_t *cur, int32_t *slot, int32_t *left)
+{
+    *cur = cur_of(bm, s);
+    *slot = *left = 0;
+    if (*cur >= 0) {
+        const int32_t off = s->ntok - blk_of(bm, s->ntok) * bm->bs;
+        const int64_t room = (int64_t)bm->max_len - s->ntok;
+        *slot = *cur * bm->bs + off;
+        if (off > 0) *left = room < bm->bs - off ? (int32_t)room : bm->bs - off;
+    }
+}
+
+static inline void set_cur(const kvp_block_mgr *bm, seq_t *s) { cur_state(bm, s, &s->cur, &s->slot, &s->left); }
 
 static inline void add_view(side_t *d, int32_t b, int32_t v)
 {
@@ -531,32 +547,29 @@ static __attribute__((noinline)) kvp_status append_slow(kvp_block_mgr *bm, int64
     return KVP_OK;
 }
 
-kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *slots_out)
+/* One-token appends that the hot path leaves: the first token of a reserved block or of a fresh block,
+ * a token past max_len (error) or into a shared block (copy-on-write); everything else, errors included,
+ * goes to append_slow. */
+static __attribute__((noinline)) kvp_status append_mid(kvp_block_mgr *bm, seq_t *s, int64_t seq_id, int32_t k,
+                                                      int32_t *slots_out)
 {
-    /* Fast path: a device-resident sequence whose tokens stay inside its existing, unshared block li. */
-    /* Fast path (decode): one token into the block that already exists at the sequence's end (s->cur), not
-     * shared. cur >= 0 means that block exists and has room for the token. */
-    seq_t *s = lookup(bm, seq_id);
-    if (__builtin_expect(s != NULL && s->cur >= 0 && k == 1, 1)) {
-        const int32_t ntok = s->ntok, bs = bm->bs, b = s->cur;
-        const int32_t off = bm->bs_shift >= 0 ? ntok & (bs - 1) : ntok % bs;
-        side_t *d = &bm->side[DEV];
-        if (ntok < bm->max_len && d->rc[b] == 1) {
-            d->n_empty -= off == 0;
+    side_t *d = &bm->side[DEV];
+    if (k == 1 && s->cur >= 0) {
+        /* The first token into an existing block that holds none yet (reserved), not shared. */
+        const int32_t ntok = s->ntok, b = s->cur;
+        const int32_t off = s->slot - b * bm->bs;
+        if (off == 0 && ntok < bm->max_len && d->rc[b] == 1) {
+            d->n_empty--;
             d->tokens++;
-            d->fill[b] = off + 1;
+            d->fill[b] = 1;
             d->logical++;
-            if (slots_out) *slots_out = b * bs + off;
+            if (slots_out) *slots_out = s->slot;
             s->ntok = ntok + 1;
-            if (off + 1 == bs) {
-                const int32_t li = blk_of(bm, ntok);
-                s->cur = li + 1 < s->nblocks ? s->blocks[li + 1] : -1;
-            }
+            set_cur(bm, s);
             return KVP_OK;
         }
-    } else if (__builtin_expect(s != NULL && !s->host && k == 1, 1)) {
+    } else if (k == 1 && !s->host) {
         /* Every block full (cur < 0 on the device): the token opens a fresh block, once per block_size. */
-        side_t *d = &bm->side[DEV];
         const int32_t ntok = s->ntok, nb = s->nblocks;
         if (ntok < bm->max_len && nb < s->cap && d->pool->num_free > 0) {
             const int32_t b = kvp_pool_pop_(d->pool);
@@ -570,11 +583,69 @@ kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *
             d->logical++;
             if (slots_out) *slots_out = b * bm->bs;
             s->ntok = ntok + 1;
-            s->cur = bm->bs > 1 ? b : -1;
+            set_cur(bm, s);
             return KVP_OK;
         }
     }
     return append_slow(bm, seq_id, k, slots_out);
+}
+
+/* The decode hot path, inlined into both entry points: one token into the sequence's current block, which
+ * already holds tokens (left > 0: room in it and under max_len) and is not shared (refcount 1). Then this
+ * table is the block's sole holder, so fill[b] is this table's view of it and simply grows by one. */
+static inline __attribute__((always_inline)) kvp_status append_fast(kvp_block_mgr *bm, seq_t *s, int64_t seq_id,
+                                                                     int32_t k, int32_t *slots_out)
+{
+    side_t *d = &bm->side[DEV];
+    if (__builtin_expect(k == 1 && s->left > 0, 1)) {
+        const int32_t b = s->cur;
+        if (__builtin_expect(d->rc[b] == 1, 1)) {
+            const int32_t slot = s->slot;
+            d->fill[b]++;
+            d->tokens++;
+            d->logical++;
+            s->ntok++;
+            s->slot = slot + 1;
+            if (--s->left == 0) set_cur(bm, s); /* the block is full now (or max_len reached) */
+            if (slots_out) *slots_out = slot;
+            return KVP_OK;
+        }
+    }
+    return append_mid(bm, s, seq_id, k, slots_out);
+}
+
+kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *slots_out)
+{
+    seq_t *s = lookup(bm, seq_id);
+    if (__builtin_expect(s == NULL, 0)) return append_slow(bm, seq_id, k, slots_out);
+    return append_fast(bm, s, seq_id, k, slots_out);
+}
+
+kvp_status kvp_bm_seq_ref_get(const kvp_block_mgr *bm, int64_t seq_id, kvp_bm_seq_ref *out)
+{
+    if (out == NULL) return KVP_ERR(KVP_EINVAL, "kvp_bm_seq_ref_get: NULL output");
+    const int32_t i = kvp_idmap_get(&bm->map, seq_id);
+    if (i < 0) return KVP_ERR(KVP_ENOTFOUND, "sequence reference: unknown sequence %lld", (long long)seq_id);
+    out->seq_id = seq_id;
+    out->idx = i;
+    return KVP_OK;
+}
+
+kvp_status kvp_bm_append_ref(kvp_block_mgr *bm, kvp_bm_seq_ref *ref, int32_t k, int32_t *slots_out)
+{
+    if (__builtin_expect(ref == NULL, 0)) return KVP_ERR(KVP_EINVAL, "kvp_bm_append_ref: NULL reference");
+    const int64_t id = ref->seq_id;
+    const uint32_t i = (uint32_t)ref->idx;
+    seq_t *s;
+    if (__builtin_expect(i < bm->nseqs && bm->seqs[i].id == id, 1)) {
+        s = &bm->seqs[i];
+    } else { /* stale hint: the sequence moved or is gone */
+        const int32_t j = kvp_idmap_get(&bm->map, id);
+        if (j < 0) return append_slow(bm, id, k, slots_out); /* KVP_ENOTFOUND */
+        ref->idx = j;
+        s = &bm->seqs[j];
+    }
+    return append_fast(bm, s, id, k, slots_out);
 }
 
 kvp_status kvp_bm_append_blocks_needed(const kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *out)
@@ -910,6 +981,7 @@ static kvp_status check_side(const kvp_block_mgr *bm, int si)
     int32_t *mx = cnt + nb, *mxc = cnt + 2 * (size_t)nb, *lastq = cnt + 3 * (size_t)nb; /* lastq: table index + 1 */
     kvp_status st = KVP_OK;
     int64_t logical = 0, nseqs = 0;
+    int32_t ecur, eslot, eleft;
     for (size_t q = 0; q < bm->nseqs && st == KVP_OK; q++) {
         const seq_t *s = &bm->seqs[q];
         if (s->host != si) continue;
@@ -919,6 +991,9 @@ static kvp_status check_side(const kvp_block_mgr *bm, int si)
         else if (s->cur != cur_of(bm, s))
             st = KVP_ERR(KVP_ESTATE, "check: seq %lld caches current block %d, table says %d", (long long)s->id, (int)s->cur,
                          (int)cur_of(bm, s));
+        else if (cur_state(bm, s, &ecur, &eslot, &eleft), s->slot != eslot || s->left != eleft)
+            st = KVP_ERR(KVP_ESTATE, "check: seq %lld caches next slot %d and %d fast appends, table says %d and %d",
+                         (long long)s->id, (int)s->slot, (int)s->left, (int)eslot, (int)eleft);
         else if (s->ntok < 0 || s->ntok > bm->max_len)
             st = KVP_ERR(KVP_ESTATE, "check: seq %lld has %d tokens (max %d)", (long long)s->id, (int)s->ntok, (int)bm->max_len);
         else if (s->nblocks < blocks_for(bm, s->ntok) || s->nblocks > s->cap)

@@ -124,6 +124,24 @@ kvp_status kvp_bm_allocate_prefixed(kvp_block_mgr *bm, int64_t seq_id, int32_t n
  * max_seq_len), KVP_ENOBLOCKS, KVP_ENOMEM. */
 kvp_status kvp_bm_append(kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *slots_out);
 
+/* A sequence reference for the per-step hot path: the id plus a cached position in the manager, so that a
+ * scheduler that keeps one per running sequence appends without the id-map lookup. Plain value, owned by
+ * the caller, never needs releasing. It never dangles: every use checks the cached position against the id
+ * (one compare) and refreshes it through the id map when other calls (free, fork, allocate, swap) moved the
+ * sequence. A reference to a freed id behaves like that id (KVP_ENOTFOUND; valid again if the id is
+ * allocated again). */
+typedef struct {
+    int64_t seq_id;
+    int32_t idx; /* cached position: a hint only */
+} kvp_bm_seq_ref;
+
+/* Fills *out for seq_id (device or host). KVP_ENOTFOUND for an unknown id, KVP_EINVAL for NULL. */
+kvp_status kvp_bm_seq_ref_get(const kvp_block_mgr *bm, int64_t seq_id, kvp_bm_seq_ref *out);
+
+/* Exactly kvp_bm_append(bm, ref->seq_id, k, slots_out) (same results, errors and all-or-nothing rule);
+ * may refresh ref->idx. KVP_EINVAL for a NULL ref. */
+kvp_status kvp_bm_append_ref(kvp_block_mgr *bm, kvp_bm_seq_ref *ref, int32_t k, int32_t *slots_out);
+
 /* Device blocks kvp_bm_append(seq_id, k) would allocate (including a CoW block), into *out. */
 kvp_status kvp_bm_append_blocks_needed(const kvp_block_mgr *bm, int64_t seq_id, int32_t k, int32_t *out);
 

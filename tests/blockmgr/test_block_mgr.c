@@ -615,3 +615,72 @@ Test(block_mgr, append_of_zero_tokens_changes_nothing)
     CHECK(bm);
     kvp_bm_destroy(bm);
 }
+
+/* kvp_bm_append_ref equals kvp_bm_append by id, and its cached position survives every call that moves
+ * sequences in the manager (frees reorder them, admissions grow the array, swaps, forks). */
+Test(block_mgr, append_by_reference_follows_moved_sequences)
+{
+    kvp_block_mgr *bm = mk(64, 4, 16, 0, 0);
+    kvp_bm_seq_ref r[6];
+    for (int64_t id = 0; id < 6; id++) {
+        cr_assert_eq(kvp_bm_allocate(bm, 100 + id, (int32_t)id), KVP_OK);
+        cr_assert_eq(kvp_bm_seq_ref_get(bm, 100 + id, &r[id]), KVP_OK);
+        cr_assert_eq(r[id].seq_id, 100 + id);
+    }
+    kvp_bm_seq_ref bad;
+    cr_assert_eq(kvp_bm_seq_ref_get(bm, 7, &bad), KVP_ENOTFOUND);
+    cr_assert_eq(kvp_bm_seq_ref_get(bm, 100, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_bm_append_ref(bm, NULL, 1, NULL), KVP_EINVAL);
+    /* freeing sequence 100 moves the last one (105) into its place: 105's reference must follow it */
+    cr_assert_eq(kvp_bm_free(bm, 100), KVP_OK);
+    int32_t slot_ref, slot_id;
+    for (int rep = 0; rep < 9; rep++) {
+        cr_assert_eq(kvp_bm_append_ref(bm, &r[5], 1, &slot_ref), KVP_OK);
+        kvp_bm_table_view t;
+        cr_assert_eq(kvp_bm_table(bm, 105, &t), KVP_OK);
+        cr_assert_eq(t.num_tokens, 5 + rep + 1);
+        const int32_t last = t.num_tokens - 1;
+        cr_assert_eq(slot_ref, t.blocks[last / 4] * 4 + last % 4, "slot of token %d", last);
+        CHECK(bm);
+    }
+    /* the freed sequence: unknown, nothing changes; its reference works again once the id is back */
+    snap_t a = {0}, b = {0};
+    snap_take(bm, &a);
+    cr_assert_eq(kvp_bm_append_ref(bm, &r[0], 1, &slot_ref), KVP_ENOTFOUND);
+    snap_take(bm, &b);
+    cr_assert(snap_equal(&a, &b), "a failed append by reference changes nothing");
+    cr_assert_eq(kvp_bm_allocate(bm, 100, 3), KVP_OK);
+    cr_assert_eq(kvp_bm_append_ref(bm, &r[0], 1, &slot_ref), KVP_OK);
+    kvp_bm_table_view t;
+    cr_assert_eq(kvp_bm_table(bm, 100, &t), KVP_OK);
+    cr_assert_eq(t.num_tokens, 4);
+    cr_assert_eq(slot_ref, t.blocks[0] * 4 + 3);
+    /* swapped out: KVP_ESTATE through the reference as by id */
+    int64_t sw = 102;
+    cr_assert_eq(kvp_bm_swap_out(bm, &sw, 1), KVP_OK);
+    snap_take(bm, &a);
+    cr_assert_eq(kvp_bm_append_ref(bm, &r[2], 1, &slot_ref), KVP_ESTATE);
+    snap_take(bm, &b);
+    cr_assert(snap_equal(&a, &b));
+    cr_assert_eq(kvp_bm_swap_in(bm, &sw, 1), KVP_OK);
+    kvp_bm_step_ops_clear(bm);
+    /* many new sequences grow the manager's arrays; copy-on-write after a fork; k > 1 */
+    for (int64_t id = 200; id < 240; id++) cr_assert_eq(kvp_bm_allocate(bm, id, 0), KVP_OK);
+    cr_assert_eq(kvp_bm_fork(bm, 103, 300), KVP_OK); /* 103 holds 3 tokens: its block is shared now */
+    int32_t slots[6];
+    cr_assert_eq(kvp_bm_append_ref(bm, &r[3], 6, slots), KVP_OK);
+    kvp_bm_step_ops ops;
+    kvp_bm_step_ops_get(bm, &ops);
+    cr_assert_eq(ops.n_copies, 1, "copy-on-write through the reference");
+    cr_assert_eq(kvp_bm_table(bm, 103, &t), KVP_OK);
+    cr_assert_eq(t.num_tokens, 9);
+    for (int j = 0; j < 6; j++) cr_assert_eq(slots[j], t.blocks[(3 + j) / 4] * 4 + (3 + j) % 4);
+    /* the same operations by id on a twin give the same accounting */
+    cr_assert_eq(kvp_bm_append(bm, 104, 1, &slot_id), KVP_OK);
+    cr_assert_eq(kvp_bm_table(bm, 104, &t), KVP_OK);
+    cr_assert_eq(slot_id, t.blocks[1] * 4);
+    snap_free(&a);
+    snap_free(&b);
+    CHECK(bm);
+    kvp_bm_destroy(bm);
+}

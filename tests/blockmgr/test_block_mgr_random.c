@@ -1,5 +1,5 @@
-/* Randomized test: >= 100,000 mixed operations (allocate, allocate with cached prefix, append, fork, CoW,
- * truncate, reserve, free, swap out/in, cache take/evict, bad calls) against a trivially simple model.
+/* Randomized test: >= 100,000 mixed operations (allocate, allocate with cached prefix, append by id or by a
+ * kept kvp_bm_seq_ref, fork, CoW, truncate, reserve, free, swap out/in, cache take/evict, bad calls) against a trivially simple model.
  *
  * The model is each sequence's token list. The test plays the executor too: it owns "KV memory" (one int64
  * per slot, device and host), runs the step ops the manager emits (swap out, swap in, CoW copies) and writes
@@ -21,6 +21,8 @@ typedef struct {
     int64_t *tok;
     int32_t n, cap;
     bool host;
+    bool has_ref;       /* ref taken (kept across every later operation, so its cached position goes stale) */
+    kvp_bm_seq_ref ref;
 } mseq;
 
 typedef struct {
@@ -195,7 +197,18 @@ static void op_append(world *w, snap_t *before)
     if (!q->host && q->n + k <= limit) kvp_bm_append_blocks_needed(w->bm, q->id, k, &need);
     int32_t slots[600];
     const int32_t free0 = kvp_bm_num_free(w->bm);
-    kvp_status st = kvp_bm_append(w->bm, q->id, k, slots);
+    kvp_status st;
+    if (rng_int(&w->seed, 0, 1)) { /* by reference (taken once, kept for the sequence's life) or by id */
+        if (!q->has_ref) {
+            WASSERT(w, kvp_bm_seq_ref_get(w->bm, q->id, &q->ref) == KVP_OK, "seq_ref_get: %s", (unsigned long long)w->seed0, w->it, kvp_error_detail());
+            q->has_ref = true;
+        }
+        st = kvp_bm_append_ref(w->bm, &q->ref, k, slots);
+        WASSERT(w, q->ref.seq_id == q->id, "reference changed its id", (unsigned long long)w->seed0, w->it);
+        w->counts[12]++;
+    } else {
+        st = kvp_bm_append(w->bm, q->id, k, slots);
+    }
     if (q->host) return expect_fail(w, st, KVP_ESTATE, before, "append to a swapped-out sequence");
     if (q->n + k > limit) return expect_fail(w, st, KVP_EINVAL, before, "append past max_seq_len");
     if (need > free0) return expect_fail(w, st, KVP_ENOBLOCKS, before, "append without blocks");
@@ -396,6 +409,7 @@ static void run_world(int32_t nb, int32_t bs, int32_t nh, int32_t maxlen, uint64
     /* every kind of operation happened, many times */
     const char *names[] = {"allocate", "allocate_prefixed", "cow_copy", "append", "fork", "free", "truncate",
                            "reserve", "swap_out", "swap_in", "cache_take", "cache_evict"};
+    cr_assert_gt(w->counts[12], 500, "seed %llu: only %lld appends by reference", (unsigned long long)seed0, (long long)w->counts[12]);
     for (int k = 0; k < 12; k++) {
         if (k == 2 && bs == 1) { /* with one-token blocks no block is ever partly filled: nothing to copy */
             cr_assert_eq(w->counts[k], 0, "bs 1 made CoW copies");
