@@ -24,7 +24,9 @@
  * including when a host allocation fails (failure injection: common/alloc.h).
  *
  * Cost: append, allocate, fork and free are O(blocks touched) with O(1) sequence lookup (open-addressing
- * hash map), no host allocation on append except when a table's array grows (geometric).
+ * hash map), no host allocation on append except when a table's array grows (geometric). The decode hot
+ * path (one token into a non-full, unshared last block) is a few loads and stores; kvp_bm_append_ref skips
+ * the hash lookup too (a scheduler keeps one kvp_bm_seq_ref per running sequence).
  * Accounting (kvp_bm_account) is O(1): counters maintained incrementally; kvp_bm_check recomputes
  * everything from scratch and compares.
  * Not thread-safe: one owner at a time.
