@@ -2,6 +2,7 @@
 #include "runtime/gen.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -47,6 +48,17 @@ typedef struct {
     size_t cap_tokens, cap_pos, cap_qo, cap_kvi, cap_kvx, cap_last, cap_sched, cap_snap, cap_slots;
 } step_buf;
 
+/* A plain (no beam, no fork) sample drawn ahead of the serial pass, from a copy of the sequence's rng:
+ * used only if the rng is still `before` when the serial pass reaches the sequence. */
+typedef struct {
+    int eligible;
+    int32_t tok;
+    double lp;
+    kvp_rng before, after;
+} presample;
+
+enum { GEN_SAMPLE_THREADS = 8 };
+
 typedef struct {
     kvp_model *m;
     const kvp_gen_config *cfg;
@@ -76,6 +88,11 @@ typedef struct {
     step_buf buf;
     float *logits, *lsm;
     size_t cap_logits;
+    /* plain sampling spread over the model's threads (helper k >= 1 has its own workspace) */
+    presample *pre;
+    size_t cap_pre_s;
+    kvp_sampler_ws *hws[GEN_SAMPLE_THREADS];
+    float *hlsm[GEN_SAMPLE_THREADS];
 } gen_ctx;
 
 kvp_gen_config kvp_gen_config_default(void)
@@ -304,6 +321,76 @@ static double token_logprob(gen_ctx *g, const float *logits, int32_t tok)
 {
     kvp_log_softmax(logits, g->vocab, g->lsm);
     return g->lsm[tok];
+}
+
+typedef struct {
+    gen_ctx *g;
+    int32_t i0, i1;
+    kvp_sampler_ws *ws;
+    float *lsm;
+} sample_job;
+
+/* Draws the eligible presamples of batch rows i0 .. i1-1 (reads logits and sequences, writes only pre[]). */
+static void *sample_main(void *arg)
+{
+    sample_job *j = arg;
+    gen_ctx *g = j->g;
+    for (int32_t i = j->i0; i < j->i1; i++) {
+        presample *ps = &g->pre[i];
+        if (!ps->eligible) continue;
+        gseq *s = g->seqs[g->buf.sched[i]];
+        const kvp_gen_request *r = &g->reqs[s->req];
+        const float *lg = g->logits + (int64_t)s->row * g->vocab;
+        ps->before = ps->after = s->rng;
+        ps->tok = kvp_sample(&r->sampler, &ps->after, lg, g->vocab, j->ws);
+        if (r->sampler.temperature > 0) {
+            kvp_log_softmax(lg, g->vocab, j->lsm);
+            ps->lp = j->lsm[ps->tok];
+        } else {
+            ps->lp = 0.0;
+        }
+    }
+    return NULL;
+}
+
+/* Sampling (two passes of exp over the vocabulary per token) is the serial part of a batched step: the
+ * plain samples of the step are drawn on the model's threads first. Results are the same as drawing them
+ * in the serial pass (each sequence owns its rng, the logits are fixed). Returns 0 (nothing drawn: the
+ * serial pass samples as before) when there is too little to share or a helper cannot be set up. */
+static int presample_step(gen_ctx *g, int32_t ns)
+{
+    int nt = kvp_model_get_threads(g->m);
+    if (nt > GEN_SAMPLE_THREADS) nt = GEN_SAMPLE_THREADS;
+    if (nt < 2 || ns < 16) return 0;
+    if (grow_to(&g->pre, &g->cap_pre_s, (size_t)ns, sizeof *g->pre) != KVP_OK) return 0;
+    for (int k = 1; k < nt; k++) {
+        if (!g->hws[k] && kvp_sampler_ws_create(g->vocab, &g->hws[k]) != KVP_OK) return 0;
+        if (!g->hlsm[k] && !(g->hlsm[k] = kvp_malloc((size_t)g->vocab * sizeof(float)))) return 0;
+    }
+    int32_t n_el = 0;
+    for (int32_t i = 0; i < ns; i++) {
+        gseq *s = g->seqs[g->buf.sched[i]];
+        const kvp_gen_request *r = &g->reqs[s->req];
+        g->pre[i].eligible = s->state == SEQ_RUNNING && s->n_computed >= s->n_toks &&
+                             g->rq[s->req].max_tokens != 0 && r->beam_width <= 1 && !s->fork_pending;
+        n_el += g->pre[i].eligible;
+    }
+    if (n_el < 16) return 0;
+    sample_job jobs[GEN_SAMPLE_THREADS];
+    pthread_t tid[GEN_SAMPLE_THREADS];
+    int started[GEN_SAMPLE_THREADS] = {0};
+    for (int k = 0; k < nt; k++)
+        jobs[k] = (sample_job){.g = g, .i0 = (int32_t)((int64_t)ns * k / nt), .i1 = (int32_t)((int64_t)ns * (k + 1) / nt),
+                               .ws = k ? g->hws[k] : g->sws, .lsm = k ? g->hlsm[k] : g->lsm};
+    for (int k = 1; k < nt; k++) started[k] = pthread_create(&tid[k], NULL, sample_main, &jobs[k]) == 0;
+    sample_main(&jobs[0]);
+    for (int k = 1; k < nt; k++) {
+        if (started[k])
+            pthread_join(tid[k], NULL);
+        else
+            sample_main(&jobs[k]);
+    }
+    return 1;
 }
 
 /* Forks sequence idx into a new running sequence (shared blocks, copied token list). */
@@ -581,6 +668,7 @@ static kvp_status step(gen_ctx *g)
             s->inserted = 1;
         }
     }
+    const int pre = presample_step(g, ns);
     /* beams grouped by request */
     for (int32_t i = 0; i < ns; i++) {
         int32_t idx = B->sched[i];
@@ -620,6 +708,12 @@ static kvp_status step(gen_ctx *g)
             KVP_TRY(emit(g, idx, t0, lp0));
             continue;
         }
+        const presample *ps = pre ? &g->pre[i] : NULL;
+        if (ps && ps->eligible && memcmp(&ps->before, &s->rng, sizeof s->rng) == 0) {
+            s->rng = ps->after;
+            KVP_TRY(emit(g, idx, ps->tok, ps->lp));
+            continue;
+        }
         int32_t t = kvp_sample(&r->sampler, &s->rng, lg, g->vocab, g->sws);
         KVP_TRY(emit(g, idx, t, r->sampler.temperature > 0 ? token_logprob(g, lg, t) : 0.0));
     }
@@ -643,6 +737,11 @@ static void ctx_free(gen_ctx *g)
     kvp_free(g->logits);
     kvp_free(g->lsm);
     kvp_sampler_ws_destroy(g->sws);
+    kvp_free(g->pre);
+    for (int k = 0; k < GEN_SAMPLE_THREADS; k++) {
+        kvp_sampler_ws_destroy(g->hws[k]);
+        kvp_free(g->hlsm[k]);
+    }
     kvp_pc_destroy(g->pc);
     kvp_kv_cache_destroy(g->kv);
     kvp_bm_destroy(g->bm);

@@ -319,6 +319,8 @@ int32_t kvp_model_max_len(const kvp_model *m)
     return n > 0 && n < INT32_MAX ? (int32_t)n : INT32_MAX;
 }
 
+int kvp_model_get_threads(const kvp_model *m) { return m->threads; }
+
 void kvp_model_set_threads(kvp_model *m, int n)
 {
     if (n < 1) n = 1;

@@ -54,6 +54,7 @@ int32_t kvp_model_max_len(const kvp_model *m);
 /* Threads for matmuls and attention (>= 1). Process-wide for attention and OpenBLAS. kvp_model_load sets
  * 1 (OpenMP threads spinning on an oversubscribed machine cost far more than they bring to small batches). */
 void kvp_model_set_threads(kvp_model *m, int n);
+int kvp_model_get_threads(const kvp_model *m);
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k);
 
 /* ---- paged KV cache: one f32 pool pair per layer, [num_blocks, num_kv_heads, block_size, head_dim]. */
