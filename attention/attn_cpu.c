@@ -229,7 +229,9 @@ static inline void prefetch_rows(const void *k, const void *v, const int64_t *of
         }
 }
 
-KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kvp_dtype T)
+/* next: the item this thread runs after this one (NULL: unknown); its first tile is fetched during this
+ * item's last one, so a short item (a decode step of a short sequence) does not start on cold rows. */
+KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, const int D, const kvp_dtype T)
 {
     const kvp_paged_kv *kv = j->kv;
     const int rph = it->nq * it->ng, rows = it->nh * rph; /* rows per KV head, rows */
@@ -278,6 +280,11 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const int D, const kv
         if (tn < hi_max) {
             nn = hi_max - tn < TILE ? hi_max - tn : TILE;
             tile_offsets(kv, pages, it->kvh, tn, nn, offs[cur ^ 1]);
+        } else if (next != NULL && next->c0 < next->c1) {
+            const int n1 = next->c1 - next->c0 < TILE ? next->c1 - next->c0 : TILE;
+            int64_t offn[TILE];
+            tile_offsets(kv, kv->kv_indices + kv->kv_indptr[next->seq], next->kvh, next->c0, n1, offn);
+            for (int h = 0; h < next->nh; h++) prefetch_rows(kv->k, kv->v, offn, n1, es, row_bytes, h * kv->stride_head);
         }
         int r;
         for (int h = 0; h < it->nh; h++) {
@@ -382,10 +389,10 @@ static void merge_rows(const job_t *j, const merge_t *mg, int D)
     }
 }
 
-typedef void (*item_fn)(const job_t *, const item_t *);
+typedef void (*item_fn)(const job_t *, const item_t *, const item_t *);
 
 #define KVP_ITEM_FN(T, TN, D) \
-    static void item_##TN##_##D(const job_t *j, const item_t *it) { run_item(j, it, D, T); }
+    static void item_##TN##_##D(const job_t *j, const item_t *it, const item_t *nx) { run_item(j, it, nx, D, T); }
 #define KVP_ITEM_FNS(T, TN) \
     KVP_ITEM_FN(T, TN, 8)   \
     KVP_ITEM_FN(T, TN, 16)  \
@@ -520,12 +527,19 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
                .oscale = fp8 ? kv->v_scale : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse, .lut = lut};
     item_fn fn = k_dispatch[kv->dtype][head_dim_index(D)];
     int threads = nitems < nt ? (int)(nitems > 0 ? nitems : 1) : nt;
-#pragma omp parallel num_threads(threads)
-    {
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < nitems; i++) fn(&j, &items[i]);
-#pragma omp for schedule(dynamic, 1)
+    if (threads == 1) {
+        /* one thread (e.g. inside the forward pass's data-parallel groups): no OpenMP team per call, and
+         * each item knows its successor (prefetch) */
+        for (int64_t i = 0; i < nitems; i++) fn(&j, &items[i], i + 1 < nitems ? &items[i + 1] : NULL);
         for (int64_t i = 0; i < nmerges; i++) merge_rows(&j, &merges[i], D);
+    } else {
+#pragma omp parallel num_threads(threads)
+        {
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < nitems; i++) fn(&j, &items[i], NULL);
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t i = 0; i < nmerges; i++) merge_rows(&j, &merges[i], D);
+        }
     }
     kvp_free(items);
     kvp_free(merges);
