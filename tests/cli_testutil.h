@@ -6,6 +6,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +42,25 @@ static inline int kvp_test_cli(const char *args, char *out, size_t out_cap, char
     fclose(e);
     unlink(errpath);
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* One bad command line and a piece of its expected error message. */
+typedef struct {
+    const char *args, *needle;
+} kvp_cli_case;
+
+/* Each `PREFIX ARGS` must exit 2 with exactly one line on stderr that contains the needle. */
+static inline void kvp_test_cli_rejects(const char *prefix, const kvp_cli_case *cases, size_t n)
+{
+    static char err[8192];
+    for (size_t i = 0; i < n; i++) {
+        char cmd[2048];
+        snprintf(cmd, sizeof cmd, "%s %s", prefix, cases[i].args);
+        int code = kvp_test_cli(cmd, NULL, 0, err, sizeof err);
+        cr_expect_eq(code, 2, "'%s' exited %d", cmd, code);
+        cr_expect(strstr(err, cases[i].needle) != NULL, "'%s': '%s' lacks '%s'", cmd, err, cases[i].needle);
+        cr_expect(strchr(err, '\n') == err + strlen(err) - 1, "'%s': one line expected, got '%s'", cmd, err);
+    }
 }
 
 #endif

@@ -20,20 +20,13 @@ static int run(const char *args, int want_stdout, char *out, size_t n)
 
 Test(bench_attention, bad_input_exits_2_with_one_line)
 {
-    static const struct {
-        const char *args, *needle;
-    } cases[] = {
+    static const kvp_cli_case cases[] = {
         {"--reps 0", "--reps"},           {"--threads 0", "--threads"},     {"--threads x", "--threads"},
         {"--format xml", "xml"},          {"--frobnicate", "frobnicate"},   {"extra", "unexpected argument"},
         {"--reps", "--reps"},             {"--out-dir /nonexistent/dir", "/nonexistent/dir"},
     };
+    kvp_test_cli_rejects("bench attention", cases, sizeof cases / sizeof cases[0]);
     static char err[8192];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int code = run(cases[i].args, 0, err, sizeof err);
-        cr_expect_eq(code, 2, "'%s' exited %d", cases[i].args, code);
-        cr_expect(strstr(err, cases[i].needle) != NULL, "'%s': '%s' lacks '%s'", cases[i].args, err, cases[i].needle);
-        cr_expect(strchr(err, '\n') == err + strlen(err) - 1, "'%s': one line expected, got '%s'", cases[i].args, err);
-    }
     cr_expect_eq(run("--help", 1, err, sizeof err), 0);
     cr_expect(strstr(err, "--quick") != NULL);
 }
@@ -84,19 +77,11 @@ Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
 
 Test(bench_attention, cuda_bad_input_exits_2_before_touching_a_device)
 {
-    static const struct {
-        const char *args, *needle;
-    } cases[] = {
+    static const kvp_cli_case cases[] = {
         {"--dtype fp8", "fp8"}, {"--block-sizes 4,x", "'x'"}, {"--reps 0", "out of range"}, {"--bogus", "unknown option"},
     };
+    kvp_test_cli_rejects("bench attention-cuda", cases, sizeof cases / sizeof cases[0]);
     static char err[4096];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "bench attention-cuda %s", cases[i].args);
-        int code = kvp_test_cli(cmd, NULL, 0, err, sizeof err);
-        cr_expect_eq(code, 2, "'%s' exited %d", cases[i].args, code);
-        cr_expect(strstr(err, cases[i].needle) != NULL, "'%s': '%s' lacks '%s'", cases[i].args, err, cases[i].needle);
-    }
     cr_expect_eq(kvp_test_cli("bench attention-cuda --help", err, sizeof err, NULL, 0), 0);
     cr_expect(strstr(err, "--block-sizes") != NULL);
 }

@@ -19,20 +19,13 @@ static int run(const char *args, int want_stdout, char *out, size_t n)
 
 Test(bench_blockmgr, bad_input_exits_2_with_one_line)
 {
-    static const struct {
-        const char *args, *needle;
-    } cases[] = {
+    static const kvp_cli_case cases[] = {
         {"--reps 0", "--reps"},           {"--block-size 0", "--block-size"}, {"--block-size 300", "--block-size"},
         {"--format xml", "xml"},          {"--frobnicate", "frobnicate"},     {"--seed -1", "--seed"},
         {"extra", "unexpected argument"}, {"--reps", "--reps"},
     };
+    kvp_test_cli_rejects("bench blockmgr", cases, sizeof cases / sizeof cases[0]);
     static char err[8192];
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        int code = run(cases[i].args, 0, err, sizeof err);
-        cr_expect_eq(code, 2, "'%s' exited %d", cases[i].args, code);
-        cr_expect(strstr(err, cases[i].needle) != NULL, "'%s': '%s' lacks '%s'", cases[i].args, err, cases[i].needle);
-        cr_expect(strchr(err, '\n') == err + strlen(err) - 1, "'%s': one line expected, got '%s'", cases[i].args, err);
-    }
     cr_expect_eq(run("--help", 1, err, sizeof err), 0);
     cr_expect(strstr(err, "--block-size") != NULL);
 }
