@@ -178,7 +178,8 @@ int kvp_bench_attention_cuda(int argc, char **argv)
         {"json", no_argument, 0, O_JSON},         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
-    int32_t batch = 32, ctx = 4096, reps = 20, bs[16] = {1, 16, 64}, nbs = 3;
+    int32_t batch = 32, ctx = 4096, reps = 20, bs[16] = {1, 16, 64};
+    int nbs = 3;
     kvp_dtype dtype = KVP_DTYPE_F16;
     kvp_format fmt = KVP_FMT_TABLE;
     kvp_status st = KVP_OK;
@@ -192,16 +193,7 @@ int kvp_bench_attention_cuda(int argc, char **argv)
             st = kvp_dtype_parse(optarg, &dtype);
             if (st == KVP_OK && dtype == KVP_DTYPE_FP8_E4M3) st = KVP_ERR(KVP_EINVAL, "--dtype fp8 is not benchmarked");
             break;
-        case O_BS: {
-            nbs = 0;
-            char buf[256];
-            snprintf(buf, sizeof buf, "%s", optarg);
-            char *save = NULL;
-            for (char *t = strtok_r(buf, ",", &save); t && st == KVP_OK; t = strtok_r(NULL, ",", &save))
-                st = nbs < 16 ? kvp_parse_i32(t, 1, 1 << 16, &bs[nbs++]) : KVP_ERR(KVP_EINVAL, "at most 16 block sizes");
-            if (st == KVP_OK && nbs == 0) st = KVP_ERR(KVP_EINVAL, "--block-sizes needs a list");
-            break;
-        }
+        case O_BS: st = kvp_parse_i32_list(optarg, 1, 1 << 16, bs, 16, &nbs); break;
         case O_REPS: st = kvp_parse_i32(optarg, 1, 100000, &reps); break;
         case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
         case O_JSON: fmt = KVP_FMT_JSON; break;

@@ -61,20 +61,6 @@ static void usage(FILE *f)
 enum { O_MODEL = 256, O_GPU, O_KVMEM, O_WORKLOAD, O_TRACE, O_NUMREQ, O_RATE, O_BS, O_ALLOCS, O_MAXLEN,
        O_MAXSEQS, O_CHUNK, O_TP, O_FORMAT, O_OUT, O_NOPLOT };
 
-static kvp_status parse_list_i32(const char *s, int32_t *out, int max, int *n)
-{
-    char buf[512];
-    snprintf(buf, sizeof buf, "%s", s);
-    *n = 0;
-    char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (*n >= max) return KVP_ERR(KVP_EINVAL, "too many block sizes (at most %d)", max);
-        KVP_TRY(kvp_parse_i32(t, 1, 1 << 16, &out[(*n)++]));
-    }
-    if (*n == 0) return KVP_ERR(KVP_EINVAL, "empty list '%s'", s);
-    return KVP_OK;
-}
-
 static double r4(double x) { return round(x * 1e4) / 1e4; }
 
 int kvp_bench_memory(int argc, char **argv)
@@ -115,14 +101,8 @@ int kvp_bench_memory(int argc, char **argv)
         case O_WORKLOAD: spec = optarg; break;
         case O_TRACE: trace = optarg; break;
         case O_NUMREQ: st = kvp_parse_i64(optarg, 1, INT32_MAX, &num_req); break;
-        case O_RATE:
-            if (strcasecmp(optarg, "inf") == 0) rate = INFINITY;
-            else {
-                st = kvp_parse_f64(optarg, 0, 1e12, &rate);
-                if (st == KVP_OK && !(rate > 0)) st = KVP_ERR(KVP_EINVAL, "request rate must be > 0 (got %s)", optarg);
-            }
-            break;
-        case O_BS: st = parse_list_i32(optarg, bsizes, 32, &nbs); break;
+        case O_RATE: st = kvp_parse_rate(optarg, &rate); break;
+        case O_BS: st = kvp_parse_i32_list(optarg, 1, 1 << 16, bsizes, 32, &nbs); break;
         case O_ALLOCS: allocs = optarg; break;
         case O_MAXLEN:
             st = kvp_parse_i32(optarg, 2, INT32_MAX / 2, &ec.max_model_len);

@@ -63,3 +63,37 @@ kvp_status kvp_parse_bytes(const char *s, int64_t *out)
     }
     return KVP_ERR(KVP_EINVAL, "'%s': unknown size unit (use B, KB, MB, GB, TB, KiB, MiB, GiB, TiB)", s);
 }
+
+kvp_status kvp_parse_i32_list(const char *s, int32_t min, int32_t max, int32_t *out, int cap, int *n)
+{
+    int k = 0;
+    for (const char *p = s; *p != '\0';) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char item[32];
+        if (len == 0 || len >= sizeof item) return KVP_ERR(KVP_EINVAL, "bad list '%s'", s);
+        if (k == cap) return KVP_ERR(KVP_EINVAL, "list '%s' has more than %d values", s, cap);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        KVP_TRY(kvp_parse_i32(item, min, max, &out[k]));
+        k++;
+        p += len + (comma != NULL);
+        if (comma && *p == '\0') return KVP_ERR(KVP_EINVAL, "bad list '%s'", s);
+    }
+    if (k == 0) return KVP_ERR(KVP_EINVAL, "empty list where integers are expected");
+    *n = k;
+    return KVP_OK;
+}
+
+kvp_status kvp_parse_rate(const char *s, double *out)
+{
+    if (s != NULL && (strcasecmp(s, "inf") == 0 || strcasecmp(s, "infinity") == 0)) {
+        *out = INFINITY;
+        return KVP_OK;
+    }
+    double v = 0;
+    KVP_TRY(kvp_parse_f64(s, 0, 1e12, &v));
+    if (!(v > 0)) return KVP_ERR(KVP_EINVAL, "request rate must be > 0 (got %s)", s);
+    *out = v;
+    return KVP_OK;
+}

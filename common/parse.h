@@ -14,4 +14,10 @@ kvp_status kvp_parse_f64(const char *s, double min, double max, double *out);
  * units KiB/MiB/GiB/TiB and the bare letters K/M/G/T (1024^k); case-insensitive. */
 kvp_status kvp_parse_bytes(const char *s, int64_t *out);
 
+/* A comma-separated list of integers in [min, max] ("1,16,64"): at most cap of them into out, *n set.
+ * KVP_EINVAL for an empty list, a bad element (named) or more than cap elements. */
+kvp_status kvp_parse_i32_list(const char *s, int32_t min, int32_t max, int32_t *out, int cap, int *n);
+/* A request rate: a positive number, or "inf" / "infinity" (everything arrives at once) as INFINITY. */
+kvp_status kvp_parse_rate(const char *s, double *out);
+
 #endif

@@ -64,18 +64,6 @@ enum {
     O_WATERMARK, O_CHECK,
 };
 
-/* "inf" or a positive number. */
-static kvp_status parse_rate(const char *s, double *out)
-{
-    if (strcasecmp(s, "inf") == 0 || strcasecmp(s, "infinity") == 0) {
-        *out = INFINITY;
-        return KVP_OK;
-    }
-    KVP_TRY(kvp_parse_f64(s, 0, 1e12, out));
-    if (!(*out > 0)) return KVP_ERR(KVP_EINVAL, "request rate must be > 0 (got %s)", s);
-    return KVP_OK;
-}
-
 int kvp_cmd_simulate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -123,7 +111,7 @@ int kvp_cmd_simulate(int argc, char **argv)
         case O_GPU: gpu_name = optarg; break;
         case O_TRACE: trace = optarg; break;
         case O_WORKLOAD: spec = optarg; break;
-        case O_RATE: st = parse_rate(optarg, &rate); break;
+        case O_RATE: st = kvp_parse_rate(optarg, &rate); break;
         case O_NUMREQ: st = kvp_parse_i64(optarg, 1, INT32_MAX, &num_req); break;
         case O_DURATION:
             st = kvp_parse_f64(optarg, 0, 1e9, &duration);

@@ -90,6 +90,31 @@ Test(common, parse_values)
     cr_assert_eq(kvp_parse_f64("nan", 0, 1, &d), KVP_EINVAL);
 }
 
+Test(common, parse_lists_and_rates)
+{
+    int32_t v[4];
+    int n = 0;
+    cr_assert_eq(kvp_parse_i32_list("1,16,64", 1, 256, v, 4, &n), KVP_OK);
+    cr_assert(n == 3 && v[0] == 1 && v[1] == 16 && v[2] == 64);
+    n = 99;
+    cr_assert_eq(kvp_parse_i32_list("1,x", 1, 256, v, 4, &n), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "'x'") != NULL, "%s", kvp_error_message());
+    cr_assert_eq(n, 99, "n untouched on failure");
+    cr_assert_eq(kvp_parse_i32_list("1,2,3,4,5", 1, 256, v, 4, &n), KVP_EINVAL);
+    cr_assert_eq(kvp_parse_i32_list("", 1, 256, v, 4, &n), KVP_EINVAL);
+    cr_assert_eq(kvp_parse_i32_list("1,,2", 1, 256, v, 4, &n), KVP_EINVAL);
+    cr_assert_eq(kvp_parse_i32_list("1,", 1, 256, v, 4, &n), KVP_EINVAL);
+    cr_assert_eq(kvp_parse_i32_list("512", 1, 256, v, 4, &n), KVP_EINVAL);
+    double r = 0;
+    cr_assert_eq(kvp_parse_rate("2.5", &r), KVP_OK);
+    cr_assert_float_eq(r, 2.5, 0);
+    cr_assert_eq(kvp_parse_rate("inf", &r), KVP_OK);
+    cr_assert(isinf(r));
+    cr_assert_eq(kvp_parse_rate("0", &r), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "> 0") != NULL);
+    cr_assert_eq(kvp_parse_rate("-1", &r), KVP_EINVAL);
+}
+
 Test(common, json_typed_getters)
 {
     const char *text = "{\"a\": 3, \"b\": 2.5, \"c\": \"x\", \"d\": true, \"n\": null}";
