@@ -226,6 +226,24 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     return KVP_OK;
 }
 
+/* Recompute preemption of running sequence idx: its blocks are freed and it waits to be prefilled again.
+ * The preempted list grows first, so a failure leaves everything as it was. */
+static kvp_status preempt(gen_ctx *g, int32_t idx)
+{
+    gseq *s = g->seqs[idx];
+    size_t cap = g->cap_pre;
+    KVP_TRY(kvp_grow((void **)&g->preempted, &cap, (size_t)g->npre + 1, sizeof *g->preempted));
+    g->cap_pre = cap;
+    KVP_TRY(kvp_bm_free(g->bm, s->id));
+    s->n_computed = 0;
+    s->n_alloc = 0;
+    s->state = SEQ_WAITING;
+    run_remove(g, idx);
+    g->preempted[g->npre++] = idx;
+    g->st.preemptions++;
+    return KVP_OK;
+}
+
 /* Preempts (recompute) the most recently admitted preemptible running sequence other than `keep`.
  * Returns 0 in *done when none exists. */
 static kvp_status preempt_one(gen_ctx *g, int32_t keep, int *done)
@@ -235,16 +253,7 @@ static kvp_status preempt_one(gen_ctx *g, int32_t keep, int *done)
         int32_t idx = g->running[i];
         gseq *s = g->seqs[idx];
         if (idx == keep || is_beam(g, s) || s->chunk > 0) continue;
-        KVP_TRY(kvp_bm_free(g->bm, s->id));
-        s->n_computed = 0;
-        s->n_alloc = 0;
-        s->state = SEQ_WAITING;
-        run_remove(g, idx);
-        size_t cap = g->cap_pre;
-        KVP_TRY(kvp_grow((void **)&g->preempted, &cap, (size_t)g->npre + 1, sizeof *g->preempted));
-        g->cap_pre = cap;
-        g->preempted[g->npre++] = idx;
-        g->st.preemptions++;
+        KVP_TRY(preempt(g, idx));
         *done = 1;
         return KVP_OK;
     }
@@ -272,16 +281,7 @@ static kvp_status append_slots(gen_ctx *g, int32_t idx, int32_t n, int32_t *slot
             KVP_TRY(preempt_one(g, idx, &done));
             if (!done && !is_beam(g, s) && g->nrun > 1) {
                 s->chunk = 0;
-                KVP_TRY(kvp_bm_free(g->bm, s->id));
-                s->n_computed = 0;
-                s->n_alloc = 0;
-                s->state = SEQ_WAITING;
-                run_remove(g, idx);
-                size_t cap = g->cap_pre;
-                KVP_TRY(kvp_grow((void **)&g->preempted, &cap, (size_t)g->npre + 1, sizeof *g->preempted));
-                g->cap_pre = cap;
-                g->preempted[g->npre++] = idx;
-                g->st.preemptions++;
+                KVP_TRY(preempt(g, idx));
                 *self = 1;
                 return KVP_OK;
             }
