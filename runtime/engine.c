@@ -141,6 +141,7 @@ void kvp_engine_config_default(kvp_engine_config *c)
 {
     memset(c, 0, sizeof *c);
     c->alloc = KVP_ALLOC_PAGED;
+    c->arena = KVP_CONTIG_BUDDY;
     c->block_size = 16;
     c->max_num_seqs = 256;
     c->max_batched_tokens = 8192;
@@ -295,7 +296,7 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
         e->contig_policy = c->alloc == KVP_ALLOC_ORCA_MAX    ? KVP_CONTIG_MAX
                            : c->alloc == KVP_ALLOC_ORCA_POW2 ? KVP_CONTIG_POW2
                                                              : KVP_CONTIG_ORACLE;
-        st = kvp_contig_create(c->kv_slots, &e->arena);
+        st = kvp_contig_create(c->kv_slots, c->arena, &e->arena);
     }
     size_t m = (size_t)c->max_num_seqs + 1;
     if (st == KVP_OK) {
@@ -382,8 +383,8 @@ kvp_status kvp_engine_add_request(kvp_engine *e, const kvp_request *r)
         int64_t blocks = (final_len + e->cfg.block_size - 1) / e->cfg.block_size;
         reject = blocks > (int64_t)e->num_blocks - e->cfg.watermark_blocks;
     } else if (!reject) {
-        if (kvp_contig_reserve_len(e->contig_policy, L, final_len, &s->reserve_len) != KVP_OK) reject = true;
-        else reject = s->reserve_len > e->cfg.kv_slots;
+        if (kvp_contig_reserve_len(e->contig_policy, L, r->prompt_len, out, &s->reserve_len) != KVP_OK) reject = true;
+        else reject = s->reserve_len > kvp_contig_max_reserve(e->arena);
     }
     if (reject) {
         s->state = KVP_REQ_REJECTED;
@@ -899,10 +900,9 @@ static kvp_status check_empty(kvp_engine *e)
                            (int)(kvp_pool_num_blocks(hp) - kvp_pool_num_free(hp)));
         return kvp_bm_check(e->bm);
     }
-    if (kvp_contig_num_reqs(e->arena) != 0 || kvp_contig_largest_hole(e->arena) != e->cfg.kv_slots)
-        return KVP_ERR(KVP_ESTATE, "after the run %d reservations remain, largest hole %lld of %lld slots",
-                       (int)kvp_contig_num_reqs(e->arena), (long long)kvp_contig_largest_hole(e->arena),
-                       (long long)e->cfg.kv_slots);
+    if (kvp_contig_num_reqs(e->arena) != 0 || kvp_contig_taken(e->arena) != 0)
+        return KVP_ERR(KVP_ESTATE, "after the run %d reservations remain, %lld of %lld slots taken",
+                       (int)kvp_contig_num_reqs(e->arena), (long long)kvp_contig_taken(e->arena), (long long)e->cfg.kv_slots);
     return kvp_contig_check(e->arena);
 }
 
@@ -1042,7 +1042,7 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
         m->leaked_blocks = e->rq_n + e->wq_n + e->sq_n == 0 && e->next_arrival >= e->n_seqs ? held : 0;
     } else {
         m->leaked_blocks = e->rq_n + e->wq_n + e->sq_n == 0 && e->next_arrival >= e->n_seqs
-                               ? e->cfg.kv_slots - kvp_contig_largest_hole(e->arena)
+                               ? kvp_contig_taken(e->arena)
                                : 0;
     }
     return KVP_OK;

@@ -32,8 +32,9 @@
  * ties by arrival; running/preemption order is arrival for lpm.
  *
  * Allocation: paged (block manager + prefix cache; any block size) or contiguous Orca-Max / Orca-Pow2 /
- * Orca-Oracle (one reservation per request, at admission, of a length fixed by the policy; first fit in an
- * arena of the same number of slots; never preempted because the reservation covers the whole request;
+ * Orca-Oracle (one reservation per request, at admission, of a length fixed by the policy; placed by a buddy
+ * allocator, as in the paper's emulation of Orca, or first fit, in an arena of the same number of slots;
+ * never preempted because the reservation covers the whole request;
  * prefix caching needs paged allocation).
  *
  * Requests: output_len is clamped to >= 1 (a request always yields a token) and so that prompt + output <=
@@ -52,6 +53,7 @@
 #include <stdint.h>
 
 #include "blockmgr/accounting.h"
+#include "blockmgr/contiguous.h"
 #include "common/status.h"
 #include "prefix_cache/prefix_cache.h"
 #include "runtime/executor.h"
@@ -74,6 +76,7 @@ enum { KVP_LPM_WINDOW = 32 };
 
 typedef struct {
     kvp_alloc_kind alloc;
+    kvp_contig_placement arena; /* where the Orca baselines place reservations (default buddy) */
     int32_t block_size;         /* tokens per block (paged), >= 1 */
     int64_t kv_slots;           /* KV capacity in tokens (per rank); paged: kv_slots / block_size blocks */
     int64_t host_slots;         /* swap space in tokens (paged + swap only); 0 = no swap space */
@@ -90,7 +93,7 @@ typedef struct {
     bool check_every_step;      /* run every invariant walker after each step (tests; slow) */
 } kvp_engine_config;
 
-/* Defaults: paged, block 16, fcfs, recompute, no cache, lru, 256 seqs, 8192 tokens, max_model_len 4096,
+/* Defaults: paged (buddy arena for the Orca baselines), block 16, fcfs, recompute, no cache, lru, 256 seqs, 8192 tokens, max_model_len 4096,
  * chunked prefill on, watermark 0, kv_slots and host_slots 0 (must be set). */
 void kvp_engine_config_default(kvp_engine_config *cfg);
 

@@ -603,21 +603,36 @@ Test(scheduler, time_averaged_accounting_by_hand)
     cr_assert_float_eq(m.tpot_p50_s, 1e-3, 1e-15);
     kvp_engine_destroy(e);
 
-    /* Orca-Oracle: one reservation of exactly 9 slots; the unfilled part of it is "reserved" */
+    /* Orca-Oracle: one reservation of exactly 9 slots; the unfilled part of it is "reserved"; first fit */
     ex = rec_executor();
     c.alloc = KVP_ALLOC_ORCA_ORACLE;
+    c.arena = KVP_CONTIG_FIRST_FIT;
     cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
     run_all(e, w);
     kvp_engine_metrics_get(e, &m);
     cr_assert_float_eq(m.kv_token_states, 21.0 / 48, 1e-12);
     cr_assert_float_eq(m.kv_reserved, (3.0 + 2 + 1) / 48, 1e-12);
     cr_assert_float_eq(m.kv_internal_frag, 0, 1e-12);
+    cr_assert_float_eq(m.kv_external_frag, 0, 1e-12);
     cr_assert_float_eq(m.kv_free, 21.0 / 48, 1e-12);
+    kvp_engine_destroy(e);
+
+    /* the same in a buddy arena: the 9 slots take a 16-slot block, 7 slots of allocator fragmentation */
+    ex = rec_executor();
+    c.arena = KVP_CONTIG_BUDDY;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_engine_metrics_get(e, &m);
+    cr_assert_float_eq(m.kv_token_states, 21.0 / 48, 1e-12);
+    cr_assert_float_eq(m.kv_reserved, (3.0 + 2 + 1) / 48, 1e-12);
+    cr_assert_float_eq(m.kv_external_frag, 3 * 7.0 / 48, 1e-12);
+    cr_assert_float_eq(m.kv_free, 0, 1e-12);
     kvp_engine_destroy(e);
 
     /* Orca-Max (max_model_len 12 here): 12 slots reserved, 3 of them beyond the final length */
     ex = rec_executor();
     c.alloc = KVP_ALLOC_ORCA_MAX;
+    c.arena = KVP_CONTIG_FIRST_FIT;
     c.max_model_len = 12;
     c.max_batched_tokens = 12;
     cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
