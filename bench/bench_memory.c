@@ -7,7 +7,9 @@
  * workload (runtime/workload_synth.h) of 1000 requests all queued at t = 0 (memory-bound, saturated), the
  * vLLM v0 scheduler of the paper's time (no chunked prefill, 2048 batched tokens, 256 sequences, 1 %
  * watermark, recompute preemption). Every strategy runs the same requests through the same engine; only
- * the KV allocator differs. Shares are time averages over the whole run (sim_duration_s).
+ * the KV allocator differs. Shares are time averages over the whole run (sim_duration_s). The Orca
+ * baselines run in a buddy arena, as the paper's emulation of Orca did, and again in a first-fit arena
+ * (rows "-ff"): the buddy's power-of-two rounding is most of their external fragmentation.
  *
  * Output: the table on stdout (--format), and OUT/memory.csv, OUT/memory.json, OUT/memory.png.
  */
@@ -48,6 +50,9 @@ static void usage(FILE *f)
             "  --rate R              requests/s or inf (default inf: all queued at t = 0)\n"
             "  --block-sizes LIST    paged block sizes (default 1,2,4,8,16,32,64,128,256)\n"
             "  --allocs LIST         strategies (default orca-max,orca-pow2,orca-oracle,paged)\n"
+            "  --arena LIST          where the orca-* strategies place reservations: buddy (the paper's Orca\n"
+            "                        emulation) and/or first-fit, one row each, first-fit rows labelled -ff\n"
+            "                        (default buddy,first-fit)\n"
             "  --max-model-len N     (default: the model's, at most 32768; OPT-13B: 2048)\n"
             "  --max-num-seqs N      (default 256)\n"
             "  --chunked-prefill     mix prefill chunks with decodes (default: vLLM v0 prefill-only steps)\n"
@@ -59,7 +64,7 @@ static void usage(FILE *f)
 }
 
 enum { O_MODEL = 256, O_GPU, O_KVMEM, O_WORKLOAD, O_TRACE, O_NUMREQ, O_RATE, O_BS, O_ALLOCS, O_MAXLEN,
-       O_MAXSEQS, O_CHUNK, O_TP, O_FORMAT, O_OUT, O_NOPLOT };
+       O_MAXSEQS, O_CHUNK, O_TP, O_FORMAT, O_OUT, O_NOPLOT, O_ARENA };
 
 static double r4(double x) { return round(x * 1e4) / 1e4; }
 
@@ -74,11 +79,13 @@ int kvp_bench_memory(int argc, char **argv)
         {"max-num-seqs", required_argument, NULL, O_MAXSEQS}, {"chunked-prefill", no_argument, NULL, O_CHUNK},
         {"tp", required_argument, NULL, O_TP},         {"format", required_argument, NULL, O_FORMAT},
         {"out", required_argument, NULL, O_OUT},       {"no-plot", no_argument, NULL, O_NOPLOT},
-        {"help", no_argument, NULL, 'h'},              {NULL, 0, NULL, 0},
+        {"arena", required_argument, NULL, O_ARENA},   {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
     const char *cmd = "bench memory";
     const char *model = "../shared/data/configs/derived/opt-13b.json", *gpu_name = "A100-40G";
     const char *spec = NULL, *trace = NULL, *allocs = "orca-max,orca-pow2,orca-oracle,paged", *outdir = "bench/results";
+    const char *arena_list = "buddy,first-fit";
     int64_t kv_mem = 12000000000LL, num_req = 1000;
     double rate = INFINITY;
     int32_t bsizes[32] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
@@ -93,7 +100,8 @@ int kvp_bench_memory(int argc, char **argv)
     kvp_status st = KVP_OK;
     int c;
     optind = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    int li = -1;
+    while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
         switch (c) {
         case O_MODEL: model = optarg; break;
         case O_GPU: gpu_name = optarg; break;
@@ -104,6 +112,7 @@ int kvp_bench_memory(int argc, char **argv)
         case O_RATE: st = kvp_parse_rate(optarg, &rate); break;
         case O_BS: st = kvp_parse_i32_list(optarg, 1, 1 << 16, bsizes, 32, &nbs); break;
         case O_ALLOCS: allocs = optarg; break;
+        case O_ARENA: arena_list = optarg; break;
         case O_MAXLEN:
             st = kvp_parse_i32(optarg, 2, INT32_MAX / 2, &ec.max_model_len);
             max_len_set = 1;
@@ -117,7 +126,7 @@ int kvp_bench_memory(int argc, char **argv)
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
         }
-        if (st != KVP_OK) return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
+        if (st != KVP_OK) return kvp_cli_usage_error(cmd, "--%s: %s", opts[li].name, kvp_error_message());
     }
     if (optind < argc) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
     if (spec && trace) return kvp_cli_usage_error(cmd, "give at most one of --workload and --trace");
@@ -137,6 +146,20 @@ int kvp_bench_memory(int argc, char **argv)
         }
     }
 
+    kvp_contig_placement arenas[2];
+    int na = 0;
+    {
+        char buf[256];
+        snprintf(buf, sizeof buf, "%s", arena_list);
+        char *save = NULL;
+        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+            if (na >= 2) return kvp_cli_usage_error(cmd, "too many placements in --arena (buddy, first-fit)");
+            if ((st = kvp_contig_placement_parse(t, &arenas[na++])) != KVP_OK)
+                return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
+        }
+        if (na == 0) return kvp_cli_usage_error(cmd, "--arena needs buddy and/or first-fit");
+    }
+
     const kvp_gpu_profile *gpu = NULL;
     if ((st = kvp_gpu_profile_find(gpu_name, &gpu)) != KVP_OK) return kvp_cli_fail(cmd, st);
     kvp_model_config cfg;
@@ -153,7 +176,7 @@ int kvp_bench_memory(int argc, char **argv)
         return kvp_cli_fail(cmd, st);
 
     static const char *const fields[] = {
-        "label", "alloc", "block_size", "token_states", "reserved", "internal_frag", "external_frag", "cached", "free",
+        "label", "alloc", "arena", "block_size", "token_states", "reserved", "internal_frag", "external_frag", "cached", "free",
         "util_in_use", "mean_running", "max_running", "throughput_tok_s", "req_per_s", "preemptions",
         "sim_duration_s", "requests", "kv_capacity_tokens", "kv_bytes_per_token", "workload", "model", "gpu",
         "wall_s", "validated"};
@@ -165,11 +188,13 @@ int kvp_bench_memory(int argc, char **argv)
     double paged16_util = -1, paged16_running = -1, oracle_running = -1, max_share = -1, oracle_share = -1;
     int rc = KVP_EXIT_OK;
     for (int k = 0; k < nk && rc == KVP_EXIT_OK; k++) {
-        int nrun = kinds[k] == KVP_ALLOC_PAGED ? nbs : 1;
+        const bool pg = kinds[k] == KVP_ALLOC_PAGED;
+        int nrun = pg ? nbs : na; /* paged: one row per block size; orca-*: one per placement */
         for (int b = 0; b < nrun && rc == KVP_EXIT_OK; b++) {
             kvp_engine_config e = ec;
             e.alloc = kinds[k];
-            e.block_size = kinds[k] == KVP_ALLOC_PAGED ? bsizes[b] : 1;
+            e.block_size = pg ? bsizes[b] : 1;
+            if (!pg) e.arena = arenas[b];
             kvp_cost_model cm;
             kvp_sim_memory mem;
             if ((st = kvp_sim_prepare(&cfg, gpu, &hw, &e, &cm, &mem)) != KVP_OK) {
@@ -179,9 +204,9 @@ int kvp_bench_memory(int argc, char **argv)
             /* vLLM's default: 1 % of the blocks kept free at admission */
             e.watermark_blocks = kinds[k] == KVP_ALLOC_PAGED ? (int32_t)((e.kv_slots / e.block_size) / 100) : 0;
             char label[48];
-            if (kinds[k] == KVP_ALLOC_PAGED) snprintf(label, sizeof label, "paged-%d", (int)e.block_size);
-            else snprintf(label, sizeof label, "%s", kvp_alloc_kind_name(kinds[k]));
-            fprintf(stderr, "bench memory: %-12s ", label);
+            if (pg) snprintf(label, sizeof label, "paged-%d", (int)e.block_size);
+            else snprintf(label, sizeof label, "%s%s", kvp_alloc_kind_name(kinds[k]), e.arena == KVP_CONTIG_FIRST_FIT ? "-ff" : "");
+            fprintf(stderr, "bench memory: %-14s ", label);
             kvp_progress_bar bar;
             kvp_progress_bar_init(&bar, label);
             double t0 = kvp_now_s();
@@ -203,7 +228,8 @@ int kvp_bench_memory(int argc, char **argv)
             }
             cJSON_AddStringToObject(row, "label", label);
             cJSON_AddStringToObject(row, "alloc", kvp_alloc_kind_name(kinds[k]));
-            cJSON_AddNumberToObject(row, "block_size", kinds[k] == KVP_ALLOC_PAGED ? e.block_size : 0);
+            cJSON_AddStringToObject(row, "arena", pg ? "-" : kvp_contig_placement_name(e.arena));
+            cJSON_AddNumberToObject(row, "block_size", pg ? e.block_size : 0);
             cJSON_AddNumberToObject(row, "token_states", r4(m.kv_token_states));
             cJSON_AddNumberToObject(row, "reserved", r4(m.kv_reserved));
             cJSON_AddNumberToObject(row, "internal_frag", r4(m.kv_internal_frag));
@@ -227,15 +253,15 @@ int kvp_bench_memory(int argc, char **argv)
             /* kvp_simulate returned OK: every block / slot was back in the pool at the end and the
              * accounting identity held (checked by the engine), and every request finished */
             cJSON_AddBoolToObject(row, "validated", m.leaked_blocks == 0 && m.finished + m.rejected == m.requests);
-            if (kinds[k] == KVP_ALLOC_PAGED && e.block_size == 16) {
+            if (pg && e.block_size == 16) {
                 paged16_util = m.kv_util_in_use;
                 paged16_running = m.mean_running;
             }
-            if (kinds[k] == KVP_ALLOC_ORCA_ORACLE) {
+            if (kinds[k] == KVP_ALLOC_ORCA_ORACLE && b == 0) { /* the summary uses the first placement */
                 oracle_running = m.mean_running;
                 oracle_share = m.kv_token_states;
             }
-            if (kinds[k] == KVP_ALLOC_ORCA_MAX) max_share = m.kv_token_states;
+            if (kinds[k] == KVP_ALLOC_ORCA_MAX && b == 0) max_share = m.kv_token_states;
         }
     }
     if (rc == KVP_EXIT_OK) {
@@ -253,8 +279,8 @@ int kvp_bench_memory(int argc, char **argv)
                 fprintf(stderr, "bench memory: paged-16 keeps %.1f %% of the KV memory in use as token states\n",
                         paged16_util * 100);
             if (max_share >= 0 || oracle_share >= 0)
-                fprintf(stderr, "bench memory: token states: orca-max %.1f %%, orca-oracle %.1f %% of KV memory\n",
-                        max_share * 100, oracle_share * 100);
+                fprintf(stderr, "bench memory: token states: orca-max %.1f %%, orca-oracle %.1f %% of KV memory (%s)\n",
+                        max_share * 100, oracle_share * 100, kvp_contig_placement_name(arenas[0]));
             if (paged16_running > 0 && oracle_running > 0)
                 fprintf(stderr, "bench memory: mean running requests paged-16 / orca-oracle = %.2f / %.2f = %.2fx\n",
                         paged16_running, oracle_running, paged16_running / oracle_running);

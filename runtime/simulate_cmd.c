@@ -42,6 +42,8 @@ static void usage(FILE *f)
             "memory management:\n"
             "  --block-size B            tokens per KV block (default 16)\n"
             "  --alloc KIND              paged | orca-max | orca-pow2 | orca-oracle (default paged)\n"
+            "  --arena PLACEMENT         buddy | first-fit: where the orca-* baselines place reservations\n"
+            "                            (default buddy, as the PagedAttention paper's Orca emulation)\n"
             "  --cache KIND              none | hash | radix (default none)\n"
             "  --evict POLICY            lru | lfu | fifo | priority (default lru)\n"
             "scheduler:\n"
@@ -61,7 +63,7 @@ static void usage(FILE *f)
 enum {
     O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_BLOCK, O_ALLOC, O_CACHE, O_EVICT,
     O_SCHED, O_PREEMPT, O_TP, O_MAXSEQS, O_MAXTOK, O_MAXLEN, O_NOCHUNK, O_JSON, O_GPUUTIL, O_KVMEM, O_SWAP,
-    O_WATERMARK, O_CHECK,
+    O_WATERMARK, O_CHECK, O_ARENA,
 };
 
 int kvp_cmd_simulate(int argc, char **argv)
@@ -76,6 +78,7 @@ int kvp_cmd_simulate(int argc, char **argv)
         {"duration", required_argument, NULL, O_DURATION},
         {"block-size", required_argument, NULL, O_BLOCK},
         {"alloc", required_argument, NULL, O_ALLOC},
+        {"arena", required_argument, NULL, O_ARENA},
         {"cache", required_argument, NULL, O_CACHE},
         {"evict", required_argument, NULL, O_EVICT},
         {"sched", required_argument, NULL, O_SCHED},
@@ -105,7 +108,8 @@ int kvp_cmd_simulate(int argc, char **argv)
     kvp_status st = KVP_OK;
     int c;
     optind = 0;
-    while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    int li = -1;
+    while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
         switch (c) {
         case O_MODEL: model = optarg; break;
         case O_GPU: gpu_name = optarg; break;
@@ -119,6 +123,7 @@ int kvp_cmd_simulate(int argc, char **argv)
             break;
         case O_BLOCK: st = kvp_parse_i32(optarg, 1, 1 << 20, &ec.block_size); break;
         case O_ALLOC: st = kvp_alloc_kind_parse(optarg, &ec.alloc); break;
+        case O_ARENA: st = kvp_contig_placement_parse(optarg, &ec.arena); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &ec.cache); break;
         case O_EVICT: st = kvp_evict_policy_parse(optarg, &ec.evict); break;
         case O_SCHED: st = kvp_sched_policy_parse(optarg, &ec.sched); break;
@@ -149,7 +154,7 @@ int kvp_cmd_simulate(int argc, char **argv)
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
         }
-        if (st != KVP_OK) return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
+        if (st != KVP_OK) return kvp_cli_usage_error(cmd, "--%s: %s", opts[li].name, kvp_error_message());
     }
     if (optind < argc) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
     if (model == NULL) return kvp_cli_usage_error(cmd, "--model CONFIG is required");
@@ -192,6 +197,7 @@ int kvp_cmd_simulate(int argc, char **argv)
     cJSON_AddStringToObject(o, "gpu", gpu->name);
     cJSON_AddNumberToObject(o, "tp", hw.tp);
     cJSON_AddStringToObject(o, "alloc", kvp_alloc_kind_name(ec.alloc));
+    if (ec.alloc != KVP_ALLOC_PAGED) cJSON_AddStringToObject(o, "arena", kvp_contig_placement_name(ec.arena));
     cJSON_AddNumberToObject(o, "block_size", ec.block_size);
     cJSON_AddStringToObject(o, "cache", kvp_pc_kind_name(ec.cache));
     cJSON_AddStringToObject(o, "sched", kvp_sched_policy_name(ec.sched));
@@ -236,9 +242,11 @@ int kvp_cmd_simulate(int argc, char **argv)
                (long long)m.finished, (long long)m.rejected);
         printf("model / gpu        %s on %d x %s; KV %.2f GB = %lld tokens of %.0f bytes\n", model, (int)hw.tp,
                gpu->name, mem.kv_bytes / 1e9, (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
-        printf("memory manager     %s, block %d, cache %s, sched %s, preempt %s\n", kvp_alloc_kind_name(ec.alloc),
-               (int)ec.block_size, kvp_pc_kind_name(ec.cache), kvp_sched_policy_name(ec.sched),
-               kvp_preempt_mode_name(ec.preempt));
+        char alloc[64];
+        if (ec.alloc == KVP_ALLOC_PAGED) snprintf(alloc, sizeof alloc, "paged, block %d", (int)ec.block_size);
+        else snprintf(alloc, sizeof alloc, "%s in a %s arena", kvp_alloc_kind_name(ec.alloc), kvp_contig_placement_name(ec.arena));
+        printf("memory manager     %s, cache %s, sched %s, preempt %s\n", alloc, kvp_pc_kind_name(ec.cache),
+               kvp_sched_policy_name(ec.sched), kvp_preempt_mode_name(ec.preempt));
         printf("simulated time     %.2f s in %lld steps (wall %.2f s)\n", m.sim_duration_s, (long long)m.steps, wall);
         printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f req/s\n", m.throughput_tok_s,
                m.total_tok_s, m.req_per_s);

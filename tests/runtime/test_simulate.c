@@ -277,6 +277,7 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
         {"simulate --model " LLAMA405B " --gpu A100-40G --workload sharegpt --rate 1", "does not fit"},
         {"simulate --model " LLAMA8B " --gpu V100 --workload sharegpt --rate 1", "V100"},
         {"simulate --model " LLAMA8B " --workload sharegpt --rate 1 --alloc buddy", "buddy"},
+        {"simulate --model " LLAMA8B " --workload sharegpt --rate 1 --alloc orca-pow2 --arena best-fit", "--arena: "},
         {"simulate --model " LLAMA8B, "exactly one"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
