@@ -13,17 +13,32 @@
 #include "runtime/gguf.h"
 #include "runtime/safetensors.h"
 
+enum { KVP_MM_PANEL = 16 };
+
+/* A weight matrix W [out = N, in = K] in the layouts the two matmul kinds read:
+ *
+ *   p: packed panels of 16 outputs, (ceil(N/16), K, 16):  p[(o/16)*K*16 + k*16 + o%16] = W[o][k]
+ *      (zero past N). The invariant kernel streams one panel (K x 64 bytes, contiguous) per tile: a
+ *      transposed (K, N) matrix read 16 columns at a time strides by N floats per k, which for N = 512
+ *      (an LM head) lands every row of the tile in the same two L1 sets.
+ *   t: (K, N) = W^T for OpenBLAS, made from p on the first BLAS forward pass (NULL until then).
+ */
+typedef struct {
+    float *p;
+    float *t;
+    int64_t K, N;
+} mat_w;
+
 typedef struct {
     float *attn_norm;     /* (hidden) */
-    /* matrices are stored transposed, (in_features, out_features) */
-    float *wq, *wk, *wv;  /* (hidden, nq*hd), (hidden, nkv*hd), (hidden, nkv*hd) */
+    mat_w wq, wk, wv;     /* [nq*hd, hidden], [nkv*hd, hidden], [nkv*hd, hidden] */
     float *bq, *bk, *bv;  /* (nq*hd), (nkv*hd), (nkv*hd) or NULL */
     float *bo;            /* (hidden) or NULL: llama-style attention_bias also biases o_proj */
     float *q_norm, *k_norm; /* (hd) qwen3, or NULL */
-    float *wo;            /* (nq*hd, hidden) */
+    mat_w wo;             /* [hidden, nq*hd] */
     float *ffn_norm;      /* (hidden) */
-    float *w_gate, *w_up; /* (hidden, inter) */
-    float *w_down;        /* (inter, hidden) */
+    mat_w w_gate, w_up;   /* [inter, hidden] */
+    mat_w w_down;         /* [hidden, inter] */
     int32_t window_left;  /* -1: full attention */
 } layer_w;
 
@@ -46,7 +61,7 @@ struct kvp_model {
     char path[1024];
     float *embed;    /* (vocab, hidden) */
     float *out_norm; /* (hidden) */
-    float *lm_head;  /* (hidden, vocab), transposed; a copy of embed when tied */
+    mat_w lm_head;   /* [vocab, hidden]; a copy of embed when tied */
     layer_w *layers; /* (num_layers) */
     double *inv_freq; /* (head_dim / 2) */
     fwd_ws ws[KVP_FWD_MAX_GROUPS]; /* one per data-parallel group, grown on demand */
@@ -104,20 +119,46 @@ static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_
     return KVP_OK;
 }
 
-/* Loads an [out, in] matrix and stores it transposed, (in, out): the matmul kernels stream rows of it. */
-static kvp_status load_mat(const source *src, const char *name, int64_t out_f, int64_t in_f, float **out)
+/* Loads an [out, in] matrix into packed panels (mat_w). */
+static kvp_status load_mat(const source *src, const char *name, int64_t out_f, int64_t in_f, mat_w *out)
 {
     float *w;
     KVP_TRY(load_t(src, name, out_f, in_f, &w));
-    float *t = kvp_aligned_alloc(64, (size_t)(out_f * in_f) * sizeof(float));
-    if (!t) {
+    const int64_t np = (out_f + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
+    float *p = kvp_aligned_alloc(64, (size_t)(np * in_f * KVP_MM_PANEL) * sizeof(float));
+    if (!p) {
         kvp_free(w);
         return KVP_ERR(KVP_ENOMEM, "out of memory for tensor '%s'", name);
     }
-    for (int64_t o = 0; o < out_f; o++)
-        for (int64_t i = 0; i < in_f; i++) t[i * out_f + o] = w[o * in_f + i];
+    for (int64_t pi = 0; pi < np; pi++)
+        for (int64_t k = 0; k < in_f; k++)
+            for (int64_t j = 0; j < KVP_MM_PANEL; j++) {
+                int64_t o = pi * KVP_MM_PANEL + j;
+                p[(pi * in_f + k) * KVP_MM_PANEL + j] = o < out_f ? w[o * in_f + k] : 0.0f;
+            }
     kvp_free(w);
-    *out = t;
+    *out = (mat_w){.p = p, .t = NULL, .K = in_f, .N = out_f};
+    return KVP_OK;
+}
+
+static void mat_free(mat_w *w)
+{
+    kvp_free(w->p);
+    kvp_free(w->t);
+    w->p = w->t = NULL;
+}
+
+/* Makes w->t (K, N) from the panels when it is missing (first BLAS use). */
+static kvp_status mat_need_t(mat_w *w)
+{
+    if (w->t) return KVP_OK;
+    float *t = kvp_aligned_alloc(64, (size_t)(w->K * w->N) * sizeof(float));
+    if (!t) return KVP_ERR(KVP_ENOMEM, "forward: out of memory for the BLAS copy of a %lld x %lld weight",
+                           (long long)w->N, (long long)w->K);
+    for (int64_t k = 0; k < w->K; k++)
+        for (int64_t o = 0; o < w->N; o++)
+            t[k * w->N + o] = w->p[((o / KVP_MM_PANEL) * w->K + k) * KVP_MM_PANEL + o % KVP_MM_PANEL];
+    w->t = t;
     return KVP_OK;
 }
 
@@ -126,12 +167,13 @@ static void free_weights(kvp_model *m)
     if (m->layers)
         for (int32_t l = 0; l < m->cfg.num_layers; l++) {
             layer_w *w = &m->layers[l];
-            float *ps[] = {w->attn_norm, w->wq, w->wk, w->wv, w->bq, w->bk, w->bv, w->bo, w->q_norm, w->k_norm,
-                           w->wo, w->ffn_norm, w->w_gate, w->w_up, w->w_down};
+            float *ps[] = {w->attn_norm, w->bq, w->bk, w->bv, w->bo, w->q_norm, w->k_norm, w->ffn_norm};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_free(ps[i]);
+            mat_w *ms[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+            for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) mat_free(ms[i]);
         }
     kvp_free(m->layers);
-    kvp_free(m->lm_head);
+    mat_free(&m->lm_head);
     kvp_free(m->embed);
     kvp_free(m->out_norm);
     kvp_free(m->inv_freq);
@@ -381,128 +423,140 @@ kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *pairs, int3
 
 /* ---------------------------------------------------------------- kernels */
 
-/* y (T, N) = x (T, K) . wt (K, N)   (wt is the transposed weight).
+/* y (T, N) = x (T, K) . W^T   (W is the [out = N, in = K] weight).
  *
- * The invariant kernel computes every y[t][o] as ((x[t][0]*w[0][o] + x[t][1]*w[1][o]) + ...) in k order,
+ * The invariant kernel computes every y[t][o] as ((x[t][0]*W[o][0] + x[t][1]*W[o][1]) + ...) in k order,
  * one multiply and one add per step (no FMA contraction under -std=c11), so a row's result does not depend
- * on T, on the tiling or on the thread split. Vector lanes run across outputs: tiles of 4 rows x 16
- * outputs keep 8 accumulators in registers. */
+ * on T, on the tiling or on the thread split. Vector lanes run across outputs, over the packed panels of
+ * mat_w (16 outputs x K, contiguous): tiles of 4 rows x 16 outputs keep 8 accumulators in registers, a
+ * single row takes 4 panels at once (8 independent accumulators). The partial last panel is computed on its
+ * zero padding and stored only up to N, so every element goes through the same operations. */
 typedef float kvp_v8f __attribute__((vector_size(32)));
 
 /* Vector helpers as macros: functions passing 32-byte vectors by value change the ABI without AVX. */
 #define V8_LD(dst, p) memcpy(&(dst), (p), sizeof(kvp_v8f))
 #define V8_ST(p, v) memcpy((p), &(v), sizeof(kvp_v8f))
 #define V8_BC(x) ((kvp_v8f){(x), (x), (x), (x), (x), (x), (x), (x)})
+#define MM_INLINE static inline __attribute__((always_inline))
 
-/* 4 rows x 16 outputs, accumulators in registers. */
-static void mm_tile_4(float *restrict y, const float *restrict x, const float *restrict wt, int64_t N, int64_t K,
-                      int64_t o)
+/* Stores a (16)-wide accumulator pair to y[0..ncols). */
+MM_INLINE void mm_store16(float *restrict y, kvp_v8f a0, kvp_v8f a1, int64_t ncols)
 {
-    kvp_v8f a00 = {0}, a01 = {0}, a10 = {0}, a11 = {0}, a20 = {0}, a21 = {0}, a30 = {0}, a31 = {0};
-    const float *x0 = x, *x1 = x + K, *x2 = x + 2 * K, *x3 = x + 3 * K;
+    if (ncols == KVP_MM_PANEL) {
+        V8_ST(y, a0);
+        V8_ST(y + 8, a1);
+        return;
+    }
+    float tmp[KVP_MM_PANEL];
+    V8_ST(tmp, a0);
+    V8_ST(tmp + 8, a1);
+    memcpy(y, tmp, (size_t)ncols * sizeof(float));
+}
+
+/* R rows (1..4) x one panel: y[r][0..ncols) for rows x + r*K. */
+MM_INLINE void mm_rows_panel(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
+                             const float *restrict pan, int64_t ncols, const int R)
+{
+    kvp_v8f a[4][2];
+    for (int r = 0; r < R; r++) a[r][0] = a[r][1] = (kvp_v8f){0};
     for (int64_t k = 0; k < K; k++) {
         kvp_v8f w0, w1;
-        V8_LD(w0, wt + k * N + o);
-        V8_LD(w1, wt + k * N + o + 8);
-        kvp_v8f b = V8_BC(x0[k]);
-        a00 = a00 + b * w0;
-        a01 = a01 + b * w1;
-        b = V8_BC(x1[k]);
-        a10 = a10 + b * w0;
-        a11 = a11 + b * w1;
-        b = V8_BC(x2[k]);
-        a20 = a20 + b * w0;
-        a21 = a21 + b * w1;
-        b = V8_BC(x3[k]);
-        a30 = a30 + b * w0;
-        a31 = a31 + b * w1;
+        V8_LD(w0, pan + k * KVP_MM_PANEL);
+        V8_LD(w1, pan + k * KVP_MM_PANEL + 8);
+        for (int r = 0; r < R; r++) {
+            const kvp_v8f b = V8_BC(x[r * K + k]);
+            a[r][0] = a[r][0] + b * w0;
+            a[r][1] = a[r][1] + b * w1;
+        }
     }
-    V8_ST(y + o, a00);
-    V8_ST(y + o + 8, a01);
-    V8_ST(y + N + o, a10);
-    V8_ST(y + N + o + 8, a11);
-    V8_ST(y + 2 * N + o, a20);
-    V8_ST(y + 2 * N + o + 8, a21);
-    V8_ST(y + 3 * N + o, a30);
-    V8_ST(y + 3 * N + o + 8, a31);
+    for (int r = 0; r < R; r++) mm_store16(y + r * ldy, a[r][0], a[r][1], ncols);
 }
 
-/* 1 row x 32 outputs (two 16-wide halves computed exactly as in mm_tile_4). */
-static void mm_tile_1(float *restrict y, const float *restrict x, const float *restrict wt, int64_t N, int64_t K,
-                      int64_t o, int64_t width)
+/* One row x 4 full panels (64 outputs). */
+MM_INLINE void mm_row_4panels(float *restrict y, const float *restrict x, int64_t K, const float *restrict pan)
 {
-    kvp_v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    if (width == 32) {
-        for (int64_t k = 0; k < K; k++) {
-            const float *w = wt + k * N + o;
-            const kvp_v8f b = V8_BC(x[k]);
-            kvp_v8f w0, w1, w2, w3;
-            V8_LD(w0, w);
-            V8_LD(w1, w + 8);
-            V8_LD(w2, w + 16);
-            V8_LD(w3, w + 24);
-            a0 = a0 + b * w0;
-            a1 = a1 + b * w1;
-            a2 = a2 + b * w2;
-            a3 = a3 + b * w3;
-        }
-        V8_ST(y + o + 16, a2);
-        V8_ST(y + o + 24, a3);
+    const int64_t ps = K * KVP_MM_PANEL;
+    kvp_v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
+    for (int64_t k = 0; k < K; k++) {
+        const float *w = pan + k * KVP_MM_PANEL;
+        const kvp_v8f b = V8_BC(x[k]);
+        kvp_v8f w0, w1, w2, w3, w4, w5, w6, w7;
+        V8_LD(w0, w);
+        V8_LD(w1, w + 8);
+        V8_LD(w2, w + ps);
+        V8_LD(w3, w + ps + 8);
+        V8_LD(w4, w + 2 * ps);
+        V8_LD(w5, w + 2 * ps + 8);
+        V8_LD(w6, w + 3 * ps);
+        V8_LD(w7, w + 3 * ps + 8);
+        a0 = a0 + b * w0;
+        a1 = a1 + b * w1;
+        a2 = a2 + b * w2;
+        a3 = a3 + b * w3;
+        a4 = a4 + b * w4;
+        a5 = a5 + b * w5;
+        a6 = a6 + b * w6;
+        a7 = a7 + b * w7;
+    }
+    V8_ST(y, a0);
+    V8_ST(y + 8, a1);
+    V8_ST(y + 16, a2);
+    V8_ST(y + 24, a3);
+    V8_ST(y + 32, a4);
+    V8_ST(y + 40, a5);
+    V8_ST(y + 48, a6);
+    V8_ST(y + 56, a7);
+}
+
+static void mm_tile4(float *restrict y, int64_t ldy, const float *restrict x, int64_t K, const float *restrict pan,
+                     int64_t ncols)
+{
+    mm_rows_panel(y, ldy, x, K, pan, ncols, 4);
+}
+
+/* One row (any panel count). */
+static void mm_row(float *restrict y, const float *restrict x, const mat_w *w)
+{
+    const int64_t K = w->K, N = w->N, ps = K * KVP_MM_PANEL, full = N / KVP_MM_PANEL;
+    int64_t p = 0;
+    for (; p + 4 <= full; p += 4) mm_row_4panels(y + p * KVP_MM_PANEL, x, K, w->p + p * ps);
+    for (; p * KVP_MM_PANEL < N; p++) {
+        int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
+        mm_rows_panel(y + o, 0, x, K, w->p + p * ps, nc, 1);
+    }
+}
+
+/* The invariant matmul over T rows: 4-row tiles per panel (split over `threads` when large enough), then
+ * the remaining rows one at a time. */
+static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, int64_t T)
+{
+    const int64_t K = w->K, N = w->N, ps = K * KVP_MM_PANEL, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
+    const int64_t ntb = T / 4;
+    const int nt = ntb > 0 && T * N * K > (1 << 20) ? threads : 1;
+    if (nt > 1) {
+#pragma omp parallel for num_threads(nt) schedule(static) collapse(2)
+        for (int64_t p = 0; p < np; p++)
+            for (int64_t tb = 0; tb < ntb; tb++) {
+                int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
+                mm_tile4(y + tb * 4 * N + o, N, x + tb * 4 * K, K, w->p + p * ps, nc);
+            }
     } else {
-        for (int64_t k = 0; k < K; k++) {
-            const float *w = wt + k * N + o;
-            const kvp_v8f b = V8_BC(x[k]);
-            kvp_v8f w0, w1;
-            V8_LD(w0, w);
-            V8_LD(w1, w + 8);
-            a0 = a0 + b * w0;
-            a1 = a1 + b * w1;
+        for (int64_t p = 0; p < np; p++) {
+            int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
+            for (int64_t tb = 0; tb < ntb; tb++) mm_tile4(y + tb * 4 * N + o, N, x + tb * 4 * K, K, w->p + p * ps, nc);
         }
     }
-    V8_ST(y + o, a0);
-    V8_ST(y + o + 8, a1);
+    for (int64_t t = ntb * 4; t < T; t++) mm_row(y + t * N, x + t * K, w);
 }
 
-static void mm_tile(float *restrict y, const float *restrict x, const float *restrict wt, int64_t rows, int64_t N,
-                    int64_t K, int64_t o, int64_t width)
-{
-    if (rows == 4 && width == 16) {
-        mm_tile_4(y, x, wt, N, K, o);
-        return;
-    }
-    if (rows == 4) {
-        mm_tile_4(y, x, wt, N, K, o);
-        mm_tile_4(y, x, wt, N, K, o + 16);
-        return;
-    }
-    for (int64_t r = 0; r < rows; r++) mm_tile_1(y + r * N, x + r * K, wt, N, K, o, width);
-}
-
-static void matmul(const kvp_model *m, int threads, float *y, const float *x, const float *wt, int64_t T, int64_t N,
-                   int64_t K)
+static void matmul(const kvp_model *m, int threads, float *y, const float *x, const mat_w *w, int64_t T)
 {
     if (m->matmul == KVP_MATMUL_BLAS) {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)N, (int)K, 1.0f, x, (int)K, wt, (int)N,
-                    0.0f, y, (int)N);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)T, (int)w->N, (int)w->K, 1.0f, x, (int)w->K, w->t,
+                    (int)w->N, 0.0f, y, (int)w->N);
         return;
     }
-    /* Column blocks of 32 (the last may be 16), row tiles of 4. */
-    const int64_t N16 = N / 16 * 16, nob = (N16 + 31) / 32, ntb = (T + 3) / 4;
-    const int64_t work = T * N * K;
-    const int nt = work > (1 << 20) ? threads : 1;
-#pragma omp parallel for num_threads(nt) schedule(static) collapse(2) if (nt > 1)
-    for (int64_t ob = 0; ob < nob; ob++)
-        for (int64_t tb = 0; tb < ntb; tb++) {
-            int64_t t0 = tb * 4, rows = T - t0 < 4 ? T - t0 : 4, o = ob * 32, width = N16 - o < 32 ? 16 : 32;
-            mm_tile(y + t0 * N, x + t0 * K, wt, rows, N, K, o, width);
-        }
-    /* Output tail: the same per-element sequence of operations, scalar. */
-    for (int64_t t = 0; t < T && N16 < N; t++)
-        for (int64_t o = N16; o < N; o++) {
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; k++) acc = acc + x[t * K + k] * wt[k * N + o];
-            y[t * N + o] = acc;
-        }
+    matmul_inv(threads, y, x, w, T);
 }
 
 static void rmsnorm(float *out, const float *x, const float *w, int64_t n, double eps)
@@ -616,7 +670,7 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
 {
     const kvp_model_config *c = &m->cfg;
     const int64_t H = c->hidden_size, hd = c->head_dim, nq = c->num_q_heads, nkv = c->num_kv_heads;
-    const int64_t FF = c->intermediate_size, V = c->vocab_size, T = b->num_tokens;
+    const int64_t FF = c->intermediate_size, T = b->num_tokens;
     const int64_t QD = nq * hd, KD = nkv * hd;
     const int64_t S = b->all_logits ? T : b->num_seqs;
     float *x = ws->f, *h = x + T * H, *q = h + T * H, *o = q + T * QD, *k = o + T * QD, *v = k + T * KD;
@@ -651,9 +705,9 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
     for (int32_t l = 0; l < c->num_layers; l++) {
         const layer_w *w = &m->layers[l];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->attn_norm, H, c->rms_norm_eps);
-        matmul(m, nt, q, h, w->wq, T, QD, H);
-        matmul(m, nt, k, h, w->wk, T, KD, H);
-        matmul(m, nt, v, h, w->wv, T, KD, H);
+        matmul(m, nt, q, h, &w->wq, T);
+        matmul(m, nt, k, h, &w->wk, T);
+        matmul(m, nt, v, h, &w->wv, T);
         for (int64_t t = 0; t < T; t++) {
             if (w->bq)
                 for (int64_t i = 0; i < QD; i++) q[t * QD + i] += w->bq[i];
@@ -680,26 +734,26 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
             kvp_paged_kv_set_pages(&lkv, b->num_seqs, b->kv_indptr, b->kv_indices, b->kv_last_page_len);
             KVP_TRY(kvp_attn_prefill_cpu(&lkv, q, b->qo_indptr, o, &p));
         }
-        matmul(m, nt, h, o, w->wo, T, H, QD);
+        matmul(m, nt, h, o, &w->wo, T);
         if (w->bo)
             for (int64_t t = 0; t < T; t++)
                 for (int64_t i = 0; i < H; i++) h[t * H + i] += w->bo[i];
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->ffn_norm, H, c->rms_norm_eps);
-        matmul(m, nt, gt, h, w->w_gate, T, FF, H);
-        matmul(m, nt, up, h, w->w_up, T, FF, H);
+        matmul(m, nt, gt, h, &w->w_gate, T);
+        matmul(m, nt, up, h, &w->w_up, T);
         for (int64_t i = 0; i < T * FF; i++) {
             float a = gt[i];
             gt[i] = a / (1.0f + expf(-a)) * up[i];
         }
-        matmul(m, nt, h, gt, w->w_down, T, H, FF);
+        matmul(m, nt, h, gt, &w->w_down, T);
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
     }
     for (int64_t r = 0; r < S; r++) {
         int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
         rmsnorm(fin + r * H, x + t * H, m->out_norm, H, c->rms_norm_eps);
     }
-    matmul(m, nt, logits, fin, m->lm_head, S, V, H);
+    matmul(m, nt, logits, fin, &m->lm_head, S);
     return KVP_OK;
 }
 
@@ -726,9 +780,22 @@ static void *group_main(void *arg)
  * its group (sequences are independent: each reads only its own pages, and appends go to distinct slots).
  * One fork/join per step instead of several per layer: fine-grained parallel regions stall for whole
  * scheduler time slices on a busy machine. Matmuls and attention inside a group run on one thread. */
+/* The BLAS layout of every matrix (made once, on the first BLAS forward pass). */
+static kvp_status need_blas_layout(kvp_model *m)
+{
+    if (m->lm_head.t) return KVP_OK; /* made last: everything before it exists */
+    for (int32_t l = 0; l < m->cfg.num_layers; l++) {
+        layer_w *w = &m->layers[l];
+        mat_w *ms[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) KVP_TRY(mat_need_t(ms[i]));
+    }
+    return mat_need_t(&m->lm_head);
+}
+
 kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch *b, float *logits)
 {
     KVP_TRY(validate(m, kv, b));
+    if (m->matmul == KVP_MATMUL_BLAS) KVP_TRY(need_blas_layout(m));
     const int64_t V = m->cfg.vocab_size, T = b->num_tokens;
     int G = m->threads < b->num_seqs ? m->threads : b->num_seqs;
     if (G > KVP_FWD_MAX_GROUPS) G = KVP_FWD_MAX_GROUPS;
