@@ -342,11 +342,10 @@ static void *sample_main(void *arg)
         const kvp_gen_request *r = &g->reqs[s->req];
         const float *lg = g->logits + (int64_t)s->row * g->vocab;
         ps->before = ps->after = s->rng;
-        ps->tok = kvp_sample(&r->sampler, &ps->after, lg, g->vocab, j->ws);
         if (r->sampler.temperature > 0) {
-            kvp_log_softmax(lg, g->vocab, j->lsm);
-            ps->lp = j->lsm[ps->tok];
+            ps->tok = kvp_sample_logprob(&r->sampler, &ps->after, lg, g->vocab, j->ws, j->lsm, &ps->lp);
         } else {
+            ps->tok = kvp_sample(&r->sampler, &ps->after, lg, g->vocab, j->ws);
             ps->lp = 0.0;
         }
     }
@@ -714,8 +713,13 @@ static kvp_status step(gen_ctx *g)
             KVP_TRY(emit(g, idx, ps->tok, ps->lp));
             continue;
         }
-        int32_t t = kvp_sample(&r->sampler, &s->rng, lg, g->vocab, g->sws);
-        KVP_TRY(emit(g, idx, t, r->sampler.temperature > 0 ? token_logprob(g, lg, t) : 0.0));
+        if (r->sampler.temperature > 0) {
+            double lp;
+            int32_t t = kvp_sample_logprob(&r->sampler, &s->rng, lg, g->vocab, g->sws, g->lsm, &lp);
+            KVP_TRY(emit(g, idx, t, lp));
+        } else {
+            KVP_TRY(emit(g, idx, kvp_sample(&r->sampler, &s->rng, lg, g->vocab, g->sws), 0.0));
+        }
     }
     return KVP_OK;
 }

@@ -136,7 +136,10 @@ static void top_sorted(const float *logits, int32_t vocab, int32_t k, int32_t *i
     }
 }
 
-int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab, kvp_sampler_ws *ws)
+/* The draw of kvp_sample; *sum_out (plain temperature only, else untouched) gets the sum of
+ * exp(logit - max) at this temperature, in id order. */
+static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab, kvp_sampler_ws *ws,
+                      double *sum_out)
 {
     if (p->temperature <= 0.0 || p->top_k == 1) return kvp_argmax(logits, vocab);
     int32_t k = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
@@ -146,6 +149,7 @@ int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logit
         /* Plain temperature: no ordering needed, draw over ids in order. */
         double mx = logits[kvp_argmax(logits, vocab)], sum = 0.0;
         for (int32_t i = 0; i < vocab; i++) sum += prob[i] = exp(((double)logits[i] - mx) / p->temperature);
+        if (sum_out) *sum_out = sum;
         double u = kvp_rng_uniform(rng) * sum, acc = 0.0;
         for (int32_t i = 0; i < vocab; i++) {
             acc += prob[i];
@@ -178,4 +182,26 @@ int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logit
         if (u < acc) return idx[i];
     }
     return idx[n - 1];
+}
+
+int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab, kvp_sampler_ws *ws)
+{
+    return sample(p, rng, logits, vocab, ws, NULL);
+}
+
+int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab,
+                           kvp_sampler_ws *ws, float *lsm, double *logprob)
+{
+    double sum = -1.0;
+    int32_t tok = sample(p, rng, logits, vocab, ws, p->temperature == 1.0 ? &sum : NULL);
+    if (sum > 0.0) {
+        /* At temperature 1 the draw's sum is kvp_log_softmax's sum, term for term and in the same order
+         * (x / 1.0 is exact): the same log-probability without a second pass of exp. */
+        const float mx = logits[kvp_argmax(logits, vocab)];
+        *logprob = (float)((double)logits[tok] - (mx + log(sum)));
+        return tok;
+    }
+    kvp_log_softmax(logits, vocab, lsm);
+    *logprob = lsm[tok];
+    return tok;
 }

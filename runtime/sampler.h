@@ -42,6 +42,10 @@ int32_t kvp_argmax(const float *logits, int32_t vocab);
 /* The chosen token for logits[0..vocab) (borrowed, not modified). Draws from rng unless greedy. */
 int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab,
                    kvp_sampler_ws *ws);
+/* kvp_sample, and in *logprob the token's log-probability under the untempered logits, bit-identical to
+ * kvp_log_softmax(logits)[token] (one pass of exp instead of two at temperature 1; lsm (vocab) is scratch). */
+int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab,
+                           kvp_sampler_ws *ws, float *lsm, double *logprob);
 /* out[i] = log softmax(logits)[i] (double accumulation); out may alias nothing. */
 void kvp_log_softmax(const float *logits, int32_t vocab, float *out);
 

@@ -160,3 +160,36 @@ Test(sampler, rejects_bad_parameters)
     p.top_k = 0;
     cr_assert_eq(kvp_sampler_check(&p), KVP_EINVAL);
 }
+
+/* kvp_sample_logprob draws the same token as kvp_sample (same generator state after) and gives exactly
+ * kvp_log_softmax's value for it, on the one-pass (temperature 1) path and on the others. */
+Test(sampler, sample_logprob_equals_sample_plus_log_softmax)
+{
+    enum { V = 512 };
+    kvp_sampler_ws *ws;
+    cr_assert_eq(kvp_sampler_ws_create(V, &ws), KVP_OK);
+    static float logits[V], lsm[V], ref[V];
+    kvp_rng gen;
+    kvp_rng_seed(&gen, 7, 0);
+    const kvp_sampler_params ps[] = {{.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 3},
+                                     {.temperature = 0.7, .top_k = 0, .top_p = 1.0, .seed = 3},
+                                     {.temperature = 1.0, .top_k = 40, .top_p = 1.0, .seed = 3},
+                                     {.temperature = 1.0, .top_k = 0, .top_p = 0.9, .seed = 3}};
+    for (size_t c = 0; c < sizeof ps / sizeof ps[0]; c++)
+        for (int trial = 0; trial < 200; trial++) {
+            double scale = 1.0 + 9.0 * kvp_rng_uniform(&gen);
+            for (int i = 0; i < V; i++) logits[i] = (float)((kvp_rng_uniform(&gen) - 0.5) * scale);
+            kvp_rng a, b;
+            kvp_rng_seed(&a, 11, (uint64_t)trial);
+            b = a;
+            int32_t want = kvp_sample(&ps[c], &a, logits, V, ws);
+            kvp_log_softmax(logits, V, ref);
+            double lp = 0;
+            int32_t got = kvp_sample_logprob(&ps[c], &b, logits, V, ws, lsm, &lp);
+            cr_assert_eq(got, want, "case %zu trial %d", c, trial);
+            cr_assert_eq(memcmp(&a, &b, sizeof a), 0, "case %zu trial %d: generator states differ", c, trial);
+            cr_assert(lp == (double)ref[want], "case %zu trial %d: log-probability %.9g, log_softmax %.9g", c, trial,
+                      lp, (double)ref[want]);
+        }
+    kvp_sampler_ws_destroy(ws);
+}
