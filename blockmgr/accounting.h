@@ -24,7 +24,9 @@
  *   reserved       f - u   (reserved, will be filled later)
  *   internal_frag  R - f   (reserved, will never be filled: over-reservation)
  *   external_frag  free arena slots lying in holes smaller than the pending request's reservation
- *                  (kvp_contig_account's pending_len; 0 when pending_len <= 0 or every hole fits it)
+ *                  (kvp_contig_account's pending_len; 0 when pending_len <= 0 or every hole fits it);
+ *                  in a buddy arena also each reservation's rounding up to its power-of-two block (taken
+ *                  from the arena, never usable: the paper's "external fragmentation & others")
  *   cached         0
  *   free           the other free arena slots
  *
