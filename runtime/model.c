@@ -440,16 +440,16 @@ typedef float kvp_v8f __attribute__((vector_size(32)));
 #define MM_INLINE static inline __attribute__((always_inline))
 
 /* Stores a (16)-wide accumulator pair to y[0..ncols). */
-MM_INLINE void mm_store16(float *restrict y, kvp_v8f a0, kvp_v8f a1, int64_t ncols)
+MM_INLINE void mm_store16(float *restrict y, const kvp_v8f *a0, const kvp_v8f *a1, int64_t ncols)
 {
     if (ncols == KVP_MM_PANEL) {
-        V8_ST(y, a0);
-        V8_ST(y + 8, a1);
+        V8_ST(y, *a0);
+        V8_ST(y + 8, *a1);
         return;
     }
     float tmp[KVP_MM_PANEL];
-    V8_ST(tmp, a0);
-    V8_ST(tmp + 8, a1);
+    V8_ST(tmp, *a0);
+    V8_ST(tmp + 8, *a1);
     memcpy(y, tmp, (size_t)ncols * sizeof(float));
 }
 
@@ -469,7 +469,7 @@ MM_INLINE void mm_rows_panel(float *restrict y, int64_t ldy, const float *restri
             a[r][1] = a[r][1] + b * w1;
         }
     }
-    for (int r = 0; r < R; r++) mm_store16(y + r * ldy, a[r][0], a[r][1], ncols);
+    for (int r = 0; r < R; r++) mm_store16(y + r * ldy, &a[r][0], &a[r][1], ncols);
 }
 
 /* One row x 4 full panels (64 outputs). */
@@ -559,6 +559,76 @@ static void matmul(const kvp_model *m, int threads, float *y, const float *x, co
     matmul_inv(threads, y, x, w, T);
 }
 
+/* exp(x) on 8 lanes (Cephes expf: 2^n * p(r), |r| <= ln2/2, about 1 ulp), x clamped to [-87, 88] so 2^n
+ * stays a normal float; NaN lanes stay NaN. Plain vector operations, no FMA: the same bits in every build. */
+typedef int32_t kvp_v8i __attribute__((vector_size(32)));
+#define V8I_BC(x) ((kvp_v8i){(x), (x), (x), (x), (x), (x), (x), (x)})
+
+/* *x = mask ? a : *x, lane by lane (pointers: 32-byte vectors by value change the ABI without AVX). */
+MM_INLINE void v8_select(kvp_v8f *x, const kvp_v8i *mask, float a)
+{
+    kvp_v8i xi, ai, r;
+    kvp_v8f av = V8_BC(a);
+    memcpy(&xi, x, sizeof xi);
+    memcpy(&ai, &av, sizeof ai);
+    r = (*mask & ai) | (~*mask & xi);
+    memcpy(x, &r, sizeof r);
+}
+
+MM_INLINE void v8_exp(kvp_v8f *io)
+{
+    kvp_v8f x = *io;
+    kvp_v8i m = x > V8_BC(88.0f);
+    v8_select(&x, &m, 88.0f);
+    m = x < V8_BC(-87.0f);
+    v8_select(&x, &m, -87.0f);
+    kvp_v8f t = x * V8_BC(1.44269504088896341f) + V8_BC(0.5f);
+    kvp_v8f n = __builtin_convertvector(__builtin_convertvector(t, kvp_v8i), kvp_v8f); /* trunc */
+    kvp_v8i up = n > t; /* -1 where truncation rounded up: floor = n - 1 */
+    n = n + __builtin_convertvector(up, kvp_v8f);
+    kvp_v8f r = x - n * V8_BC(0.693359375f) - n * V8_BC(-2.12194440e-4f);
+    kvp_v8f p = V8_BC(1.9875691500e-4f);
+    p = p * r + V8_BC(1.3981999507e-3f);
+    p = p * r + V8_BC(8.3334519073e-3f);
+    p = p * r + V8_BC(4.1665795894e-2f);
+    p = p * r + V8_BC(1.6666665459e-1f);
+    p = p * r + V8_BC(5.0000001201e-1f);
+    p = p * (r * r) + r + V8_BC(1.0f);
+    kvp_v8i e = (__builtin_convertvector(n, kvp_v8i) + V8I_BC(127)) << 23;
+    kvp_v8f scale;
+    memcpy(&scale, &e, sizeof scale);
+    *io = p * scale;
+}
+
+/* g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, 8 at a time (a short tail through a padded vector, so
+ * every element takes the same operations whatever n and its place). */
+static void swiglu(float *restrict g, const float *restrict u, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        kvp_v8f a, b, e;
+        V8_LD(a, g + i);
+        V8_LD(b, u + i);
+        e = -a;
+        v8_exp(&e);
+        a = a / (V8_BC(1.0f) + e) * b;
+        V8_ST(g + i, a);
+    }
+    if (i < n) {
+        float ta[8] = {0}, tb[8] = {0};
+        memcpy(ta, g + i, (size_t)(n - i) * sizeof(float));
+        memcpy(tb, u + i, (size_t)(n - i) * sizeof(float));
+        kvp_v8f a, b, e;
+        V8_LD(a, ta);
+        V8_LD(b, tb);
+        e = -a;
+        v8_exp(&e);
+        a = a / (V8_BC(1.0f) + e) * b;
+        V8_ST(ta, a);
+        memcpy(g + i, ta, (size_t)(n - i) * sizeof(float));
+    }
+}
+
 static void rmsnorm(float *out, const float *x, const float *w, int64_t n, double eps)
 {
     float ss = 0.0f;
@@ -568,12 +638,22 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, doubl
     for (int64_t i = 0; i < n; i++) out[i] = w[i] * (ss * x[i]);
 }
 
-static void rope(const kvp_model *m, float *v, int32_t nheads, int32_t pos)
+/* cs (2 * head_dim/2): cos, sin of pos * inv_freq[i], interleaved (computed in double, rounded to float). */
+static void rope_angles(const kvp_model *m, int32_t pos, float *cs)
+{
+    const int32_t half = m->cfg.head_dim / 2;
+    for (int32_t i = 0; i < half; i++) {
+        double a = (double)pos * m->inv_freq[i];
+        cs[2 * i] = (float)cos(a);
+        cs[2 * i + 1] = (float)sin(a);
+    }
+}
+
+static void rope(const kvp_model *m, float *v, int32_t nheads, const float *cs)
 {
     const int32_t hd = m->cfg.head_dim, half = hd / 2;
     for (int32_t i = 0; i < half; i++) {
-        double a = (double)pos * m->inv_freq[i];
-        float c = (float)cos(a), s = (float)sin(a);
+        const float c = cs[2 * i], s = cs[2 * i + 1];
         for (int32_t h = 0; h < nheads; h++) {
             float *p = v + (int64_t)h * hd;
             int32_t i0 = m->rope == KVP_ROPE_PAIRS ? 2 * i : i, i1 = m->rope == KVP_ROPE_PAIRS ? 2 * i + 1 : i + half;
@@ -633,8 +713,8 @@ static void ws_need(const kvp_model *m, const kvp_kv_cache *kv, const kvp_fwd_ba
     const int64_t H = c->hidden_size, QD = (int64_t)c->num_q_heads * c->head_dim,
                   KD = (int64_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, T = b->num_tokens;
     const int64_t S = b->all_logits ? T : b->num_seqs;
-    /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H). */
-    *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H) * sizeof(float);
+    /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H); RoPE cos/sin (T,head_dim). */
+    *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H + T * c->head_dim) * sizeof(float);
     int64_t total = 0;
     const int32_t bs = kv->block_size;
     for (int32_t s = 0; s < b->num_seqs; s++) {
@@ -674,7 +754,7 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
     const int64_t QD = nq * hd, KD = nkv * hd;
     const int64_t S = b->all_logits ? T : b->num_seqs;
     float *x = ws->f, *h = x + T * H, *q = h + T * H, *o = q + T * QD, *k = o + T * QD, *v = k + T * KD;
-    float *gt = v + T * KD, *up = gt + T * FF, *fin = up + T * FF;
+    float *gt = v + T * KD, *up = gt + T * FF, *fin = up + T * FF, *cs = fin + S * H;
     /* Batch-invariant attention: every query token becomes its own one-token "sequence" whose pages end at
      * its position, and all of them go through the decode kernel. A row then takes the same path whatever
      * the batch, the chunking of its prompt or its place in a tile (the tiled prefill kernel groups rows
@@ -702,6 +782,7 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         x_indptr[T] = (int32_t)at;
     }
     for (int64_t t = 0; t < T; t++) memcpy(x + t * H, m->embed + (int64_t)b->tokens[t] * H, (size_t)H * sizeof(float));
+    for (int64_t t = 0; t < T; t++) rope_angles(m, b->positions[t], cs + t * hd); /* once for every layer */
     for (int32_t l = 0; l < c->num_layers; l++) {
         const layer_w *w = &m->layers[l];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->attn_norm, H, c->rms_norm_eps);
@@ -719,8 +800,8 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
                 for (int64_t i = 0; i < nq; i++) rmsnorm(q + t * QD + i * hd, q + t * QD + i * hd, w->q_norm, hd, c->rms_norm_eps);
                 for (int64_t i = 0; i < nkv; i++) rmsnorm(k + t * KD + i * hd, k + t * KD + i * hd, w->k_norm, hd, c->rms_norm_eps);
             }
-            rope(m, q + t * QD, (int32_t)nq, b->positions[t]);
-            rope(m, k + t * KD, (int32_t)nkv, b->positions[t]);
+            rope(m, q + t * QD, (int32_t)nq, cs + t * hd);
+            rope(m, k + t * KD, (int32_t)nkv, cs + t * hd);
         }
         kvp_paged_kv lkv = kv->layers[l];
         KVP_TRY(kvp_attn_append_kv_cpu(&lkv, k, v, b->slot_mapping, (int32_t)T));
@@ -742,10 +823,7 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->ffn_norm, H, c->rms_norm_eps);
         matmul(m, nt, gt, h, &w->w_gate, T);
         matmul(m, nt, up, h, &w->w_up, T);
-        for (int64_t i = 0; i < T * FF; i++) {
-            float a = gt[i];
-            gt[i] = a / (1.0f + expf(-a)) * up[i];
-        }
+        swiglu(gt, up, T * FF);
         matmul(m, nt, h, gt, &w->w_down, T);
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
     }
