@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/alloc.h"
 
@@ -92,11 +93,89 @@ int32_t kvp_argmax(const float *logits, int32_t vocab)
     return best;
 }
 
+/* *io = exp(*io) on four lanes of double: 2^n * p(r) with r = x - n ln2 (n
+ * rounded to nearest, ln2 split in two so that n * ln2_hi is exact) and p the degree-13 Taylor polynomial
+ * (|r| <= ln2/2: truncation 4e-18, about 1 ulp in all); x < -708 gives 0 (2^n would leave the normal
+ * range), NaN stays NaN. Plain vector operations: the same bits in every build, whatever the batch.
+ * The sampler only ever takes x <= 0 (logit - max). */
+typedef double kvp_v4d __attribute__((vector_size(32)));
+typedef int64_t kvp_v4l __attribute__((vector_size(32)));
+#define V4_BC(x) ((kvp_v4d){(x), (x), (x), (x)})
+
+static inline __attribute__((always_inline)) void exp_v4(kvp_v4d *io)
+{
+    kvp_v4d v = *io;
+    const kvp_v4l tiny = v < V4_BC(-708.0);
+    kvp_v4l vi, lo;
+    const kvp_v4d lov = V4_BC(-708.0);
+    memcpy(&vi, &v, sizeof vi);
+    memcpy(&lo, &lov, sizeof lo);
+    vi = (tiny & lo) | (~tiny & vi);
+    memcpy(&v, &vi, sizeof v);
+    const kvp_v4d shifter = V4_BC(0x1.8p52);
+    const kvp_v4d t = v * V4_BC(1.4426950408889634074) + shifter;
+    const kvp_v4d n = t - shifter;
+    const kvp_v4d r = v - n * V4_BC(6.93147180369123816490e-01) - n * V4_BC(1.90821492927058770002e-10);
+    kvp_v4d p = V4_BC(1.0 / 6227020800.0);
+    p = p * r + V4_BC(1.0 / 479001600.0);
+    p = p * r + V4_BC(1.0 / 39916800.0);
+    p = p * r + V4_BC(1.0 / 3628800.0);
+    p = p * r + V4_BC(1.0 / 362880.0);
+    p = p * r + V4_BC(1.0 / 40320.0);
+    p = p * r + V4_BC(1.0 / 5040.0);
+    p = p * r + V4_BC(1.0 / 720.0);
+    p = p * r + V4_BC(1.0 / 120.0);
+    p = p * r + V4_BC(1.0 / 24.0);
+    p = p * r + V4_BC(1.0 / 6.0);
+    p = p * r + V4_BC(0.5);
+    p = p * r + V4_BC(1.0);
+    p = p * r + V4_BC(1.0);
+    kvp_v4l tb, sb;
+    memcpy(&tb, &t, sizeof tb);
+    memcpy(&sb, &shifter, sizeof sb);
+    const kvp_v4l e = (tb - sb + 1023) << 52;
+    kvp_v4d scale;
+    memcpy(&scale, &e, sizeof scale);
+    kvp_v4d res = p * scale;
+    kvp_v4l ri;
+    memcpy(&ri, &res, sizeof ri);
+    ri = ~tiny & ri; /* exp(x < -708) = 0 */
+    memcpy(io, &ri, sizeof ri);
+}
+
+/* x[i] = exp(x[i]) for i < n, in place: four 4-lane vectors at a time (independent polynomial chains), the
+ * tail through a zero-padded block, so each element gets the same operations wherever it sits. */
+static void exp_inplace(double *x, int32_t n)
+{
+    int32_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        kvp_v4d v[4];
+        memcpy(v, x + i, sizeof v);
+        for (int j = 0; j < 4; j++) exp_v4(&v[j]);
+        memcpy(x + i, v, sizeof v);
+    }
+    if (i < n) {
+        double tmp[16] = {0};
+        memcpy(tmp, x + i, (size_t)(n - i) * sizeof(double));
+        kvp_v4d v[4];
+        memcpy(v, tmp, sizeof v);
+        for (int j = 0; j < 4; j++) exp_v4(&v[j]);
+        memcpy(tmp, v, sizeof v);
+        memcpy(x + i, tmp, (size_t)(n - i) * sizeof(double));
+    }
+}
+
 void kvp_log_softmax(const float *logits, int32_t vocab, float *out)
 {
     float mx = logits[kvp_argmax(logits, vocab)];
     double sum = 0.0;
-    for (int32_t i = 0; i < vocab; i++) sum += exp((double)logits[i] - mx);
+    for (int32_t i0 = 0; i0 < vocab; i0 += 64) {
+        const int32_t cnt = vocab - i0 < 64 ? vocab - i0 : 64;
+        double e[64];
+        for (int32_t j = 0; j < cnt; j++) e[j] = (double)logits[i0 + j] - mx;
+        exp_inplace(e, cnt);
+        for (int32_t j = 0; j < cnt; j++) sum += e[j]; /* in id order */
+    }
     double lse = mx + log(sum);
     for (int32_t i = 0; i < vocab; i++) out[i] = (float)((double)logits[i] - lse);
 }
@@ -148,7 +227,9 @@ static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *lo
     if (k == vocab && p->top_p >= 1.0) {
         /* Plain temperature: no ordering needed, draw over ids in order. */
         double mx = logits[kvp_argmax(logits, vocab)], sum = 0.0;
-        for (int32_t i = 0; i < vocab; i++) sum += prob[i] = exp(((double)logits[i] - mx) / p->temperature);
+        for (int32_t i = 0; i < vocab; i++) prob[i] = ((double)logits[i] - mx) / p->temperature;
+        exp_inplace(prob, vocab);
+        for (int32_t i = 0; i < vocab; i++) sum += prob[i]; /* in id order */
         if (sum_out) *sum_out = sum;
         double u = kvp_rng_uniform(rng) * sum, acc = 0.0;
         for (int32_t i = 0; i < vocab; i++) {
@@ -159,10 +240,9 @@ static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *lo
     }
     top_sorted(logits, vocab, k, idx);
     double mx = logits[idx[0]], sum = 0.0;
-    for (int32_t i = 0; i < k; i++) {
-        prob[i] = exp(((double)logits[idx[i]] - mx) / p->temperature);
-        sum += prob[i];
-    }
+    for (int32_t i = 0; i < k; i++) prob[i] = ((double)logits[idx[i]] - mx) / p->temperature;
+    exp_inplace(prob, k);
+    for (int32_t i = 0; i < k; i++) sum += prob[i];
     int32_t n = k;
     if (p->top_p < 1.0) {
         double cum = 0.0;

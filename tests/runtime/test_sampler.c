@@ -193,3 +193,35 @@ Test(sampler, sample_logprob_equals_sample_plus_log_softmax)
         }
     kvp_sampler_ws_destroy(ws);
 }
+
+/* kvp_log_softmax (vector exp inside) against a libm reference in long double: spreads from 1e-3 to 1e3,
+ * odd vocabulary sizes (tails of the 4-lane blocks), -inf logits (probability 0, log-probability -inf). */
+Test(sampler, log_softmax_matches_libm_reference)
+{
+    enum { VMAX = 1031 };
+    static float l[VMAX], got[VMAX];
+    kvp_rng g;
+    kvp_rng_seed(&g, 21, 0);
+    const int sizes[] = {1, 3, 5, 512, 1031};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+        for (int trial = 0; trial < 20; trial++) {
+            const int V = sizes[si];
+            const double spread = pow(10.0, -3.0 + 6.0 * kvp_rng_uniform(&g));
+            for (int i = 0; i < V; i++) l[i] = (float)((kvp_rng_uniform(&g) - 0.5) * spread);
+            if (V > 4) l[V / 2] = -INFINITY;
+            kvp_log_softmax(l, V, got);
+            long double mx = -INFINITY, sum = 0;
+            for (int i = 0; i < V; i++) mx = l[i] > mx ? l[i] : mx;
+            for (int i = 0; i < V; i++) sum += expl((long double)l[i] - mx);
+            for (int i = 0; i < V; i++) {
+                long double want = (long double)l[i] - mx - logl(sum);
+                if (isinf(l[i])) {
+                    cr_assert(isinf(got[i]) && got[i] < 0, "V %d trial %d: -inf logit gave %g", V, trial, got[i]);
+                    continue;
+                }
+                double err = fabs((double)(got[i] - want)) / (fabs((double)want) + 1.0);
+                cr_assert_lt(err, 1e-6, "V %d trial %d spread %g: id %d got %.9g want %.9Lg", V, trial, spread, i,
+                             got[i], want);
+            }
+        }
+}
