@@ -35,6 +35,8 @@ kvp_status kvp_cost_model_validate(const kvp_cost_model *cm)
     POS(tp);
     NONNEG(step_overhead_s);
     NONNEG(allreduce_latency_s);
+    NONNEG(window);
+    NONNEG(window_share);
 #undef POS
 #undef NONNEG
     if (cm->tp > 1 && !(cm->link_bw > 0)) return KVP_ERR(KVP_EINVAL, "cost model: link_bw must be > 0 when tp > 1");
@@ -42,6 +44,7 @@ kvp_status kvp_cost_model_validate(const kvp_cost_model *cm)
         return KVP_ERR(KVP_EINVAL, "cost model: flops_efficiency must be in (0, 1]");
     if (!(cm->bw_efficiency > 0 && cm->bw_efficiency <= 1))
         return KVP_ERR(KVP_EINVAL, "cost model: bw_efficiency must be in (0, 1]");
+    if (cm->window_share > 1) return KVP_ERR(KVP_EINVAL, "cost model: window_share must be in [0, 1]");
     if (cm->experts_per_tok > cm->num_experts)
         return KVP_ERR(KVP_EINVAL, "cost model: experts_per_tok > num_experts");
     return KVP_OK;
@@ -94,6 +97,12 @@ kvp_status kvp_cost_model_from_config(const kvp_model_config *cfg, const kvp_gpu
     cm.dense_weight_bytes = streamed * dtype_bytes - cm.num_experts * cm.expert_weight_bytes;
     if (cm.dense_weight_bytes <= 0) cm.dense_weight_bytes = streamed * dtype_bytes;
     cm.kv_bytes_per_token = (double)kvp_model_kv_elems_per_token(cfg) * dtype_bytes;
+    if (cfg->sliding_window > 0) {
+        int32_t sliding = 0;
+        for (int32_t i = 0; i < cfg->num_layers && i < KVP_MAX_LAYERS; i++) sliding += cfg->layer_is_sliding[i] ? 1 : 0;
+        cm.window = cfg->sliding_window;
+        cm.window_share = (double)sliding / cfg->num_layers;
+    }
     cm.act_bytes = dtype_bytes;
     cm.peak_flops = gpu->bf16_flops;
     cm.mem_bw = gpu->mem_bw_bytes_s;
@@ -125,12 +134,16 @@ double kvp_cost_step_time(const kvp_cost_model *cm, const kvp_step_shape *s, kvp
     c.overhead_s = cm->step_overhead_s;
     if (s->num_seqs > 0 && s->new_tokens > 0) {
         const double tp = cm->tp;
+        /* layers with a window see the capped sums (equal to the full ones without a window) */
+        const double ws = cm->window > 0 && s->window == cm->window ? cm->window_share : 0.0;
+        const double pairs = (1 - ws) * s->attn_pairs + ws * s->attn_pairs_win;
+        const double kv_read = (1 - ws) * (double)s->kv_read_tokens + ws * (double)s->kv_read_win;
         c.flops = cm->matmul_flops_per_token * (double)s->new_tokens +
-                  cm->lm_head_flops_per_seq * (double)s->sampled_seqs + cm->attn_flops_per_pair * s->attn_pairs;
+                  cm->lm_head_flops_per_seq * (double)s->sampled_seqs + cm->attn_flops_per_pair * pairs;
         double experts = 0;
         if (cm->num_experts > 0) experts = fmin((double)cm->num_experts, (double)s->new_tokens * cm->experts_per_tok);
         double weights = cm->dense_weight_bytes + experts * cm->expert_weight_bytes;
-        double kv = cm->kv_bytes_per_token * (double)(s->kv_read_tokens + s->new_tokens);
+        double kv = cm->kv_bytes_per_token * (kv_read + (double)s->new_tokens);
         c.bytes = weights + kv;
         c.compute_s = c.flops / tp / (cm->peak_flops * cm->flops_efficiency);
         c.memory_s = (weights / tp + kv * kv_share_per_rank(cm)) / (cm->mem_bw * cm->bw_efficiency);

@@ -14,7 +14,7 @@ typedef struct {
 static kvp_status sim_step(void *vctx, const kvp_exec_batch *b, kvp_exec_result *out)
 {
     sim_ctx *c = vctx;
-    kvp_step_shape shape = {0};
+    kvp_step_shape shape = {.window = c->cm.window};
     for (int32_t i = 0; i < b->n; i++) {
         const kvp_exec_seq *s = &b->seqs[i];
         kvp_step_shape_add(&shape, s->context_len, s->num_new, s->sample);

@@ -143,3 +143,65 @@ Test(cost_model, validate_rejects_bad_numbers)
     cm.experts_per_tok = 4;
     cr_assert_eq(kvp_cost_model_validate(&cm), KVP_EINVAL);
 }
+
+/* Sliding window: half the layers read at most 600 keys per query. */
+Test(cost_model, sliding_window_by_hand)
+{
+    kvp_cost_model cm = toy();
+    cm.window = 600;
+    cm.window_share = 0.5;
+    cr_assert_eq(kvp_cost_model_validate(&cm), KVP_OK);
+    kvp_step_shape s = {.window = cm.window};
+    for (int i = 0; i < 4; i++) kvp_step_shape_add(&s, 1000, 1, 1);
+    cr_assert_eq(s.kv_read_win, 4 * 600);
+    NEAR(s.attn_pairs_win, 4 * 600.0);
+    kvp_step_cost c;
+    kvp_cost_step_time(&cm, &s, &c);
+    /* flops = 4e12 + 4e11 + 1e9 x (0.5 x 4004 + 0.5 x 2400) = 7.602e12 */
+    NEAR(c.flops, 7.602e12);
+    /* bytes = 8e9 + 1e6 x (0.5 x 4000 + 0.5 x 2400 + 4 written) = 11.204e9 */
+    NEAR(c.bytes, 11.204e9);
+    /* prefill of 2000 tokens: query v attends to min(v, 600) keys: 600 x 601 / 2 + 600 x 1400 */
+    kvp_step_shape p = {.window = cm.window};
+    kvp_step_shape_add(&p, 0, 2000, 1);
+    NEAR(p.attn_pairs_win, 180300.0 + 840000.0);
+    NEAR(p.attn_pairs, 2001000.0);
+    /* a chunk that starts inside the window and ends beyond it: keys 501 .. 800 capped at 600 */
+    kvp_step_shape q = {.window = cm.window};
+    kvp_step_shape_add(&q, 500, 300, 0);
+    NEAR(q.attn_pairs_win, (501.0 + 600.0) * 100 / 2 + 600.0 * 200);
+    cr_assert_eq(q.kv_read_win, 500);
+    /* short contexts are not affected: the same time as without a window */
+    kvp_step_shape a = {.window = cm.window}, b = {0};
+    kvp_step_shape_add(&a, 100, 1, 1);
+    kvp_step_shape_add(&b, 100, 1, 1);
+    kvp_cost_model nw = toy();
+    NEAR(kvp_cost_step_time(&cm, &a, NULL), kvp_cost_step_time(&nw, &b, NULL));
+    cm.window_share = 1.5;
+    cr_assert_eq(kvp_cost_model_validate(&cm), KVP_EINVAL);
+}
+
+/* From real configs: Gemma-2 slides on half its layers (4096), Llama-3.1 has no window. */
+Test(cost_model, sliding_window_from_configs)
+{
+    const kvp_gpu_profile *gpu;
+    cr_assert_eq(kvp_gpu_profile_find("H200", &gpu), KVP_OK);
+    kvp_model_config cfg;
+    kvp_cost_model cm;
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/derived/gemma2_9b.json", &cfg), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_cost_model_from_config(&cfg, gpu, 1, 2, &cm), KVP_OK);
+    cr_assert_eq(cm.window, 4096);
+    NEAR(cm.window_share, 0.5);
+    /* a decode over 8000 tokens reads 8000 keys in the global layers and 4096 in the local ones */
+    kvp_step_shape s = {.window = cm.window}, full = {0};
+    kvp_step_shape_add(&s, 8000, 1, 1);
+    kvp_step_shape_add(&full, 8000, 1, 1);
+    kvp_step_cost cw, cf;
+    kvp_cost_step_time(&cm, &s, &cw);
+    kvp_cost_step_time(&cm, &full, &cf);
+    NEAR(cf.bytes - cw.bytes, cm.kv_bytes_per_token * 0.5 * (8000 - 4096));
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/Meta-Llama-3.1-8B.json", &cfg), KVP_OK);
+    cr_assert_eq(kvp_cost_model_from_config(&cfg, gpu, 1, 2, &cm), KVP_OK);
+    cr_assert_eq(cm.window, 0);
+    NEAR(cm.window_share, 0.0);
+}
