@@ -68,6 +68,29 @@ enum { O_MODEL = 256, O_GPU, O_KVMEM, O_WORKLOAD, O_TRACE, O_NUMREQ, O_RATE, O_B
 
 static double r4(double x) { return round(x * 1e4) / 1e4; }
 
+static kvp_status parse_alloc(const char *s, void *out) { return kvp_alloc_kind_parse(s, out); }
+static kvp_status parse_arena(const char *s, void *out) { return kvp_contig_placement_parse(s, out); }
+
+/* The comma-separated items of list, each parsed into out[i] (elem bytes each, at most max, at least one). */
+static kvp_status parse_list(const char *opt, const char *list, kvp_status (*parse)(const char *, void *), void *out,
+                             size_t elem, int max, int *n)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", list);
+    char *save = NULL;
+    *n = 0;
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (*n >= max) return KVP_ERR(KVP_EINVAL, "%s: more than %d items", opt, max);
+        kvp_status st = parse(t, (char *)out + (size_t)(*n)++ * elem);
+        if (st != KVP_OK) {
+            char why[256];
+            snprintf(why, sizeof why, "%s", kvp_error_message()); /* KVP_ERR rewrites the message buffer */
+            return KVP_ERR(st, "%s: %s", opt, why);
+        }
+    }
+    return *n > 0 ? KVP_OK : KVP_ERR(KVP_EINVAL, "%s: empty list", opt);
+}
+
 int kvp_bench_memory(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -132,33 +155,12 @@ int kvp_bench_memory(int argc, char **argv)
     if (spec && trace) return kvp_cli_usage_error(cmd, "give at most one of --workload and --trace");
     if (!spec && !trace) spec = "sharegpt";
 
-    /* strategies */
     kvp_alloc_kind kinds[8];
-    int nk = 0;
-    {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", allocs);
-        char *save = NULL;
-        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            if (nk >= 8) return kvp_cli_usage_error(cmd, "too many strategies in --allocs");
-            if ((st = kvp_alloc_kind_parse(t, &kinds[nk++])) != KVP_OK)
-                return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
-        }
-    }
-
     kvp_contig_placement arenas[2];
-    int na = 0;
-    {
-        char buf[256];
-        snprintf(buf, sizeof buf, "%s", arena_list);
-        char *save = NULL;
-        for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-            if (na >= 2) return kvp_cli_usage_error(cmd, "too many placements in --arena (buddy, first-fit)");
-            if ((st = kvp_contig_placement_parse(t, &arenas[na++])) != KVP_OK)
-                return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
-        }
-        if (na == 0) return kvp_cli_usage_error(cmd, "--arena needs buddy and/or first-fit");
-    }
+    int nk = 0, na = 0;
+    if ((st = parse_list("--allocs", allocs, parse_alloc, kinds, sizeof kinds[0], 8, &nk)) != KVP_OK ||
+        (st = parse_list("--arena", arena_list, parse_arena, arenas, sizeof arenas[0], 2, &na)) != KVP_OK)
+        return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
 
     const kvp_gpu_profile *gpu = NULL;
     if ((st = kvp_gpu_profile_find(gpu_name, &gpu)) != KVP_OK) return kvp_cli_fail(cmd, st);
