@@ -2,10 +2,13 @@
  *
  * Work split: one item = (sequence, KV head, tile of query tokens, group of query heads, KV chunk).
  * Its rows are the (query token, query head) pairs sharing one KV head (GQA: each K/V row is loaded and
- * converted once for all of them). An item walks its KV range in tiles of TILE tokens:
+ * converted once for all of them). An item walks its KV range in tiles of TILE tokens, and each tile one KV
+ * head at a time (a unit: that head's K and V rows of the tile, 16 KiB at head_dim 128 in f16, stay in L1
+ * from the score pass to the values pass; the next unit's rows are prefetched meanwhile):
  *
- *     offsets of the tile's K/V rows (page table walk)  ->  S[row][i] = q_row . k_i   (log2 units)
- *     -> online softmax per row (running max m, sum l)  ->  acc[row] += p[row][i] * v_i
+ *     offsets of the tile's K/V rows (page table walk, once per tile)
+ *     for each head:  S[row][i] = q_row . k_i (log2 units)  ->  online softmax per row (running max m,
+ *                     sum l)  ->  acc[row] += p[row][i] * v_i
  *
  * When a sequence's KV range is split into chunks (flash-decoding), each chunk writes a normalized partial
  * output and its log-sum-exp; a merge pass combines them: out = sum_c 2^(lse_c - M) o_c / sum_c 2^(lse_c - M).
@@ -101,20 +104,14 @@ static inline int32_t num_q(const job_t *j, int32_t seq)
 /* head_dim 8: a key row is one vector, so a per-key horizontal sum would cost more than the dot product.
  * Eight keys at a time: eight products per row, then one transposing sum gives their eight scores. */
 KVP_INLINE void scores8_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
-                           const kvp_dtype T, const float *lut, const void *vbase, const int64_t *pf, int npf)
+                           const kvp_dtype T, const float *lut)
 {
-    const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2;
     kvp_v8 q[4];
     for (int r = 0; r < RB; r++) q[r] = v8_loadf(qs + r * 8);
     for (int i0 = 0; i0 < n; i0 += 8) {
         const int cnt = n - i0 < 8 ? n - i0 : 8;
         kvp_v8 k[8], p[8];
         for (int t = 0; t < 8; t++) k[t] = t < cnt ? v8_load_elem(kbase, off[i0 + t], T, lut) : v8_zero();
-        if (pf != NULL)
-            for (int t = i0; t < i0 + 8 && t < npf; t++) {
-                KVP_PREFETCH((const char *)kbase + pf[t] * es);
-                KVP_PREFETCH((const char *)vbase + pf[t] * es);
-            }
         for (int r = 0; r < RB; r++) {
             for (int t = 0; t < 8; t++) p[t] = v8_mul(q[r], k[t]);
             v8_storef(S + r * TILE + i0, v8_hsum8(p)); /* lanes past n: overwritten by the mask */
@@ -122,44 +119,67 @@ KVP_INLINE void scores8_rb(const float *qs, const void *kbase, const int64_t *of
     }
 }
 
-/* S[r][i] = qs[r] . k_i for RB rows. With pf != NULL, also prefetches the K and V rows pf[i] (element
- * offsets from kbase / vbase) one per token, spreading the next tile's fetches over this tile's work. */
-KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
-                          const int D, const kvp_dtype T, const float *lut, const void *vbase, const int64_t *pf, int npf)
+/* Rows to fetch while a unit is computed: token element offsets off[0..n) plus shift, relative to the
+ * unit's head base (off NULL: none). */
+typedef struct {
+    const int64_t *off;
+    int64_t shift;
+    int n;
+} pf_t;
+
+/* Prefetches every 64-byte line of the rows of tokens i0 .. i1-1 of pf (NULL: nothing). */
+KVP_INLINE void prefetch_span(const void *base, const pf_t *pf, int i0, int i1, const int64_t es, const int64_t row_bytes)
 {
+    if (pf == NULL || pf->off == NULL) return;
+    const int e = i1 < pf->n ? i1 : pf->n;
+    for (int t = i0; t < e; t++)
+        for (int64_t b = 0; b < row_bytes; b += 64) KVP_PREFETCH((const char *)base + (pf->off[t] + pf->shift) * es + b);
+}
+
+/* S[r][i] = qs[r] . k_i for RB rows, KB = 8 / RB keys per step: each q chunk loaded once feeds KB keys and
+ * each converted K chunk feeds RB rows (8 independent accumulators, one per (row, key) pair), then one
+ * transposing sum turns the 8 accumulators into 8 scores. Lanes past n (a partial last step) read key n-1
+ * and land in S[r][n..TILE), which the mask overwrites. With pf != NULL, also prefetches the rows
+ * pf[i] + shift (the next unit's K) one token per key. */
+KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
+                          const int D, const kvp_dtype T, const float *lut, const pf_t *pf)
+{
+    const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2;
     if (D == 8) {
-        scores8_rb(qs, kbase, off, n, S, RB, T, lut, vbase, pf, npf);
+        prefetch_span(kbase, pf, 0, n, es, D * es);
+        scores8_rb(qs, kbase, off, n, S, RB, T, lut);
         return;
     }
-    const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2;
-    for (int i = 0; i < n; i++) {
-        if (pf != NULL && i < npf)
-            for (int64_t b = 0; b < D * es; b += 64) {
-                KVP_PREFETCH((const char *)kbase + pf[i] * es + b);
-                KVP_PREFETCH((const char *)vbase + pf[i] * es + b);
-            }
-        kvp_v8 a[4], b[4]; /* RB <= 4: fixed size keeps them in registers */
-        for (int r = 0; r < RB; r++) a[r] = b[r] = v8_zero();
-        int d = 0;
-        for (; d + 16 <= D; d += 16) {
-            kvp_v8 k0 = v8_load_elem(kbase, off[i] + d, T, lut), k1 = v8_load_elem(kbase, off[i] + d + 8, T, lut);
+    const int KB = 8 / RB;
+    for (int i = 0; i < n; i += KB) {
+        prefetch_span(kbase, pf, i, i + KB, es, D * es);
+        int64_t o[8];
+        for (int k = 0; k < KB; k++) o[k] = off[i + k < n ? i + k : n - 1];
+        kvp_v8 a[8];
+        for (int t = 0; t < 8; t++) a[t] = v8_zero();
+        for (int d = 0; d < D; d += 8) {
+            kvp_v8 kk[8];
+            for (int k = 0; k < KB; k++) kk[k] = v8_load_elem(kbase, o[k] + d, T, lut);
             for (int r = 0; r < RB; r++) {
-                a[r] = v8_fma(v8_loadf(qs + r * D + d), k0, a[r]);
-                b[r] = v8_fma(v8_loadf(qs + r * D + d + 8), k1, b[r]);
+                kvp_v8 qv = v8_loadf(qs + r * D + d);
+                if (KB > 1) v8_pin(qv);
+                for (int k = 0; k < KB; k++) a[r * KB + k] = v8_fma(qv, kk[k], a[r * KB + k]);
             }
         }
-        for (; d < D; d += 8) {
-            kvp_v8 k0 = v8_load_elem(kbase, off[i] + d, T, lut);
-            for (int r = 0; r < RB; r++) a[r] = v8_fma(v8_loadf(qs + r * D + d), k0, a[r]);
-        }
-        for (int r = 0; r < RB; r++) S[r * TILE + i] = v8_hsum(v8_add(a[r], b[r]));
+        float s[8];
+        v8_storef(s, v8_hsum8(a));
+        for (int r = 0; r < RB; r++)
+            for (int k = 0; k < KB; k++) S[r * TILE + i + k] = s[r * KB + k];
     }
 }
 
-/* acc[r] += sum_i P[r][i] * v_i for RB rows, two 8-lane strips at a time kept in registers. */
+/* acc[r] += sum_i P[r][i] * v_i for RB rows, two 8-lane strips at a time kept in registers (the head's V
+ * rows of the tile, 32 x row_bytes, stay in L1 across the strips). With pf != NULL, the first strip also
+ * prefetches the rows pf[i] + shift (the next unit's V), one token per key. */
 KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
-                          const int D, const kvp_dtype T, const float *lut)
+                          const int D, const kvp_dtype T, const float *lut, const pf_t *pf)
 {
+    const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2;
     int d = 0;
     for (; d + 16 <= D; d += 16) {
         kvp_v8 a[4], b[4];
@@ -168,6 +188,7 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
             b[r] = v8_loadf(acc + r * D + d + 8);
         }
         for (int i = 0; i < n; i++) {
+            if (d == 0) prefetch_span(vbase, pf, i, i + 1, es, D * es);
             kvp_v8 v0 = v8_load_elem(vbase, off[i] + d, T, lut), v1 = v8_load_elem(vbase, off[i] + d + 8, T, lut);
             for (int r = 0; r < RB; r++) {
                 kvp_v8 p = v8_set1(P[r * TILE + i]);
@@ -183,6 +204,7 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
     /* head_dim 8 (the only size with an 8-wide tail): one vector per row, so four accumulators per row over
      * alternate tokens keep the multiply-add chains independent (a single chain waits on FMA latency). */
     for (; d < D; d += 8) {
+        prefetch_span(vbase, pf, 0, n, es, D * es);
         kvp_v8 a[4][4];
         for (int r = 0; r < RB; r++) {
             a[r][0] = v8_loadf(acc + r * D + d);
@@ -205,32 +227,33 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
 }
 
 /* Element offsets of the K/V rows of tokens ts .. ts+n-1 of one sequence and KV head (a page-table walk:
- * one division per tile, then increments). */
+ * one division per tile, then increments; no division per token, which matters at block size 1). */
 static inline void tile_offsets(const kvp_paged_kv *kv, const int32_t *pages, int32_t head, int32_t ts, int n,
                                 int64_t *off)
 {
-    int32_t pg = ts / kv->block_size, slot = ts % kv->block_size;
+    const int32_t bs = kv->block_size;
+    const int64_t sb = kv->stride_block, st = kv->stride_token, base = (int64_t)head * kv->stride_head;
+    int32_t pg = ts / bs, slot = ts % bs;
+    if (bs == 1) {
+        for (int i = 0; i < n; i++) off[i] = (int64_t)pages[pg + i] * sb + base;
+        return;
+    }
     for (int i = 0; i < n; i++) {
-        off[i] = kvp_paged_kv_elem_offset(kv, pages[pg], head, slot);
-        if (++slot == kv->block_size) {
+        off[i] = (int64_t)pages[pg] * sb + base + (int64_t)slot * st;
+        if (++slot == bs) {
             slot = 0;
             pg++;
         }
     }
 }
 
-static inline void prefetch_rows(const void *k, const void *v, const int64_t *off, int n, int64_t es, int64_t row_bytes,
-                                 int64_t shift)
-{
-    for (int i = 0; i < n; i++)
-        for (int64_t b = 0; b < row_bytes; b += 64) {
-            KVP_PREFETCH((const char *)k + (off[i] + shift) * es + b);
-            KVP_PREFETCH((const char *)v + (off[i] + shift) * es + b);
-        }
-}
-
-/* next: the item this thread runs after this one (NULL: unknown); its first tile is fetched during this
- * item's last one, so a short item (a decode step of a short sequence) does not start on cold rows. */
+/* The rows an item walks: row r = (KV head kvh + r / rph, query token q0 + (r % rph) / ng, query head
+ * g0 + r % ng of that KV head's group). The item runs in units of (tile of TILE tokens, KV head): scores of
+ * the head's rows, their online softmax, then their values, so the unit's K and V rows (2 x TILE x
+ * row_bytes: 16 KiB at head_dim 128 in f16) are still in L1 for the values pass. While one unit is computed
+ * the next unit's rows are prefetched (K during the score pass, V during the values pass): the next head of
+ * the same tile, else the first head of the next tile, else the first head of `next`, the item this thread
+ * runs after this one (NULL: unknown), so a short item does not start on cold rows either. */
 KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, const int D, const kvp_dtype T)
 {
     const kvp_paged_kv *kv = j->kv;
@@ -239,8 +262,6 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
     float qs[MAXROWS * MAXD], acc[MAXROWS * MAXD], S[MAXROWS * TILE], m[MAXROWS], l[MAXROWS];
     int32_t lo[MAXROWS], hi[MAXROWS];
 
-    /* Row r = (KV head kvh + r / rph, query token q0 + (r % rph) / ng, query head g0 + r % ng of that
-     * KV head's group); its keys are [lo, hi). */
     int32_t lo_min = INT32_MAX, lo_max = 0, hi_min = INT32_MAX, hi_max = 0;
     for (int r = 0; r < rows; r++) {
         int32_t tok = it->q0 + (r % rph) / it->ng, head = (it->kvh + r / rph) * j->group + it->g0 + r % it->ng;
@@ -263,81 +284,85 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
     }
     const int32_t *pages = kv->kv_indices + kv->kv_indptr[it->seq];
     const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2, row_bytes = D * es;
-    int64_t offs[2][TILE];
+    const int64_t sh = kv->stride_head;
+    int64_t offs[2][TILE], offn[TILE];
     int cur = 0;
-    /* Software pipelining: while tile t is computed, the K and V rows of tile t+1 are being fetched
-     * (pages of a paged pool are scattered, so the hardware prefetchers lose the stream at every page). */
     if (lo_min < hi_max) {
         const int n0 = hi_max - lo_min < TILE ? hi_max - lo_min : TILE;
         tile_offsets(kv, pages, it->kvh, lo_min, n0, offs[0]);
-        for (int h = 0; h < it->nh; h++) prefetch_rows(kv->k, kv->v, offs[0], n0, es, row_bytes, h * kv->stride_head);
+        for (int h = 0; h < it->nh; h++) {
+            const pf_t first = {offs[0], h * sh, n0};
+            prefetch_span(kv->k, &first, 0, n0, es, row_bytes);
+            prefetch_span(kv->v, &first, 0, n0, es, row_bytes);
+        }
     }
     for (int32_t ts = lo_min; ts < hi_max; ts += TILE) {
         const int n = hi_max - ts < TILE ? hi_max - ts : TILE;
         const int64_t *off = offs[cur];
         const int32_t tn = ts + TILE;
-        int nn = 0; /* tokens of the next tile, prefetched while this one is scored */
+        /* the unit after this tile's last head: the next tile, or the next item's first tile */
+        const int64_t *pfn = NULL;
+        int nn = 0;
         if (tn < hi_max) {
             nn = hi_max - tn < TILE ? hi_max - tn : TILE;
             tile_offsets(kv, pages, it->kvh, tn, nn, offs[cur ^ 1]);
+            pfn = offs[cur ^ 1];
         } else if (next != NULL && next->c0 < next->c1) {
-            const int n1 = next->c1 - next->c0 < TILE ? next->c1 - next->c0 : TILE;
-            int64_t offn[TILE];
-            tile_offsets(kv, kv->kv_indices + kv->kv_indptr[next->seq], next->kvh, next->c0, n1, offn);
-            for (int h = 0; h < next->nh; h++) prefetch_rows(kv->k, kv->v, offn, n1, es, row_bytes, h * kv->stride_head);
-        }
-        int r;
-        for (int h = 0; h < it->nh; h++) {
-            const void *kb = (const char *)kv->k + h * kv->stride_head * es; /* this head's rows */
-            const void *vb = (const char *)kv->v + h * kv->stride_head * es;
-            const int64_t *pf = nn ? offs[cur ^ 1] : NULL;
-            const int r1 = (h + 1) * rph;
-            for (r = h * rph; r + 4 <= r1; r += 4, pf = NULL)
-                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, j->lut, vb, pf, nn);
-            for (; r + 2 <= r1; r += 2, pf = NULL) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, j->lut, vb, pf, nn);
-            for (; r < r1; r++, pf = NULL) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, j->lut, vb, pf, nn);
+            nn = next->c1 - next->c0 < TILE ? next->c1 - next->c0 : TILE;
+            tile_offsets(kv, kv->kv_indices + kv->kv_indptr[next->seq], next->kvh, next->c0, nn, offn);
+            pfn = offn;
         }
         const int masked = !(ts >= lo_max && ts + n <= hi_min);
-        for (r = 0; r < rows; r++) {
-            float *sr = S + r * TILE;
-            for (int i = n; i < TILE; i++) sr[i] = -INFINITY;
-            if (masked)
-                for (int i = 0; i < n; i++)
-                    if (ts + i < lo[r] || ts + i >= hi[r]) sr[i] = -INFINITY;
-            kvp_v8 mv = v8_loadf(sr);
-            for (int i = 8; i < TILE; i += 8) mv = v8_max(mv, v8_loadf(sr + i));
-            const float mt = v8_hmax(mv);
-            if (mt == -INFINITY) {
-                for (int i = 0; i < TILE; i++) sr[i] = 0.0f;
-                continue;
-            }
-            const float mn = mt > m[r] ? mt : m[r];
-            const kvp_v8 mnv = v8_set1(-mn);
-            kvp_v8 sum = v8_zero();
-            for (int i = 0; i < TILE; i += 8) {
-                kvp_v8 e = v8_exp2(v8_add(v8_loadf(sr + i), mnv));
-                v8_storef(sr + i, e);
-                sum = v8_add(sum, e);
-            }
-            if (mn != m[r]) {
-                const float alpha = v8_hsum(v8_exp2(v8_set1(m[r] - mn))) * 0.125f;
-                l[r] *= alpha;
-                const kvp_v8 av = v8_set1(alpha);
-                for (int d = 0; d < D; d += 8) v8_storef(acc + r * D + d, v8_mul(v8_loadf(acc + r * D + d), av));
-                m[r] = mn;
-            }
-            l[r] += v8_hsum(sum);
-        }
         for (int h = 0; h < it->nh; h++) {
-            const void *vb = (const char *)kv->v + h * kv->stride_head * es;
-            const int r1 = (h + 1) * rph;
-            /* this head's V rows of the tile (fetched into L2 during the previous tile) up to L1 now: the
-             * strip-major loop below would otherwise wait on L2 at every token */
-            for (int i = 0; i < n; i++)
-                for (int64_t b = 0; b < row_bytes; b += 64) KVP_PREFETCH((const char *)vb + off[i] * es + b);
-            for (r = h * rph; r + 4 <= r1; r += 4) values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, j->lut);
-            for (; r + 2 <= r1; r += 2) values_rb(acc + r * D, S + r * TILE, vb, off, n, 2, D, T, j->lut);
-            for (; r < r1; r++) values_rb(acc + r * D, S + r * TILE, vb, off, n, 1, D, T, j->lut);
+            const void *kb = (const char *)kv->k + h * sh * es; /* this head's rows */
+            const void *vb = (const char *)kv->v + h * sh * es;
+            const int r0 = h * rph, r1 = r0 + rph;
+            /* rows to prefetch (the next unit), relative to this head's kb / vb */
+            const pf_t pfs = {h + 1 < it->nh ? off : pfn, h + 1 < it->nh ? sh : -h * sh, h + 1 < it->nh ? n : nn};
+            const pf_t *pf = &pfs;
+            int r;
+            for (r = r0; r + 4 <= r1; r += 4)
+                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, j->lut, r == r0 ? pf : NULL);
+            for (; r + 2 <= r1; r += 2)
+                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, j->lut, r == r0 ? pf : NULL);
+            for (; r < r1; r++)
+                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, j->lut, r == r0 ? pf : NULL);
+            for (r = r0; r < r1; r++) {
+                float *sr = S + r * TILE;
+                for (int i = n; i < TILE; i++) sr[i] = -INFINITY;
+                if (masked)
+                    for (int i = 0; i < n; i++)
+                        if (ts + i < lo[r] || ts + i >= hi[r]) sr[i] = -INFINITY;
+                kvp_v8 mv = v8_loadf(sr);
+                for (int i = 8; i < TILE; i += 8) mv = v8_max(mv, v8_loadf(sr + i));
+                const float mt = v8_hmax(mv);
+                if (mt == -INFINITY) {
+                    for (int i = 0; i < TILE; i++) sr[i] = 0.0f;
+                    continue;
+                }
+                const float mn = mt > m[r] ? mt : m[r];
+                const kvp_v8 mnv = v8_set1(-mn);
+                kvp_v8 sum = v8_zero();
+                for (int i = 0; i < TILE; i += 8) {
+                    kvp_v8 e = v8_exp2(v8_add(v8_loadf(sr + i), mnv));
+                    v8_storef(sr + i, e);
+                    sum = v8_add(sum, e);
+                }
+                if (mn != m[r]) {
+                    const float alpha = v8_hsum(v8_exp2(v8_set1(m[r] - mn))) * 0.125f;
+                    l[r] *= alpha;
+                    const kvp_v8 av = v8_set1(alpha);
+                    for (int d = 0; d < D; d += 8) v8_storef(acc + r * D + d, v8_mul(v8_loadf(acc + r * D + d), av));
+                    m[r] = mn;
+                }
+                l[r] += v8_hsum(sum);
+            }
+            for (r = r0; r + 4 <= r1; r += 4)
+                values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, j->lut, r == r0 ? pf : NULL);
+            for (; r + 2 <= r1; r += 2)
+                values_rb(acc + r * D, S + r * TILE, vb, off, n, 2, D, T, j->lut, r == r0 ? pf : NULL);
+            for (; r < r1; r++)
+                values_rb(acc + r * D, S + r * TILE, vb, off, n, 1, D, T, j->lut, r == r0 ? pf : NULL);
         }
         cur ^= 1;
     }

@@ -66,6 +66,9 @@ KVP_INLINE kvp_v8 v8_exp2(kvp_v8 x)
     return _mm256_andnot_ps(under, _mm256_mul_ps(p, _mm256_castsi256_ps(e)));
 }
 KVP_INLINE kvp_v8 v8_max(kvp_v8 a, kvp_v8 b) { return _mm256_max_ps(a, b); }
+/* Keeps a loaded vector in a register: without it gcc folds a reused load into every multiply-add as a
+ * memory operand (two loads where one is enough), and the score loop becomes load-port bound. */
+#define v8_pin(a) __asm__("" : "+x"(a))
 KVP_INLINE float v8_hmax(kvp_v8 a)
 {
     __m128 s = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
@@ -171,6 +174,7 @@ KVP_INLINE kvp_v8 v8_max(kvp_v8 a, kvp_v8 b)
     for (int i = 0; i < 8; i++) a.x[i] = b.x[i] > a.x[i] ? b.x[i] : a.x[i];
     return a;
 }
+#define v8_pin(a) ((void)0)
 KVP_INLINE float v8_hmax(kvp_v8 a)
 {
     float m = a.x[0];
