@@ -251,6 +251,28 @@ Test(contiguous, allocation_failures_change_nothing)
     cr_assert_geq(total_failures, 3, "the growth points of the id map and arrays were not reached");
 }
 
+/* The random tests' grow or free step: request i (random) grows by 0..10 tokens (refused past its
+ * reservation) or is freed, in the arena and in the slot model (owner per slot; ids/used/len per request). */
+static void grow_or_free(kvp_contig *c, uint64_t *seed, bool grow, int it, int64_t *owner, int cap, int64_t *ids,
+                         int64_t *used, int64_t *len, int *nr)
+{
+    int i = rng_int(seed, 0, *nr - 1);
+    if (grow) {
+        int64_t g = rng_int(seed, 0, 10);
+        kvp_status st = kvp_contig_grow(c, ids[i], g);
+        cr_assert_eq(st, used[i] + g <= len[i] ? KVP_OK : KVP_EINVAL, "it %d", it);
+        if (st == KVP_OK) used[i] += g;
+        return;
+    }
+    cr_assert_eq(kvp_contig_free(c, ids[i]), KVP_OK);
+    for (int s = 0; s < cap; s++)
+        if (owner[s] == ids[i]) owner[s] = -1;
+    (*nr)--;
+    ids[i] = ids[*nr];
+    used[i] = used[*nr];
+    len[i] = len[*nr];
+}
+
 /* Random reserve/grow/free against a slot-by-slot model of the arena (owner per slot, first fit by scan). */
 Test(contiguous, random_against_model)
 {
@@ -287,21 +309,8 @@ Test(contiguous, random_against_model)
                 nr++;
             }
             next++;
-        } else if (r < 7 && nr) {
-            int i = rng_int(&seed, 0, nr - 1);
-            int64_t g = rng_int(&seed, 0, 10);
-            kvp_status st = kvp_contig_grow(c, ids[i], g);
-            cr_assert_eq(st, used[i] + g <= len[i] ? KVP_OK : KVP_EINVAL, "it %d", it);
-            if (st == KVP_OK) used[i] += g;
         } else if (nr) {
-            int i = rng_int(&seed, 0, nr - 1);
-            cr_assert_eq(kvp_contig_free(c, ids[i]), KVP_OK);
-            for (int s = 0; s < CAP; s++)
-                if (owner[s] == ids[i]) owner[s] = -1;
-            nr--;
-            ids[i] = ids[nr];
-            used[i] = used[nr];
-            len[i] = len[nr];
+            grow_or_free(c, &seed, r < 7, it, owner, CAP, ids, used, len, &nr);
         }
         CCHECK(c);
         int64_t tok = 0, freeslots = 0;
@@ -407,21 +416,8 @@ Test(contiguous, buddy_random_against_model)
                 placed++;
             }
             next++;
-        } else if (r < 7 && nr) {
-            int i = rng_int(&seed, 0, nr - 1);
-            int64_t g = rng_int(&seed, 0, 10);
-            kvp_status st = kvp_contig_grow(c, ids[i], g);
-            cr_assert_eq(st, used[i] + g <= len[i] ? KVP_OK : KVP_EINVAL, "it %d", it);
-            if (st == KVP_OK) used[i] += g;
         } else if (nr) {
-            int i = rng_int(&seed, 0, nr - 1);
-            cr_assert_eq(kvp_contig_free(c, ids[i]), KVP_OK);
-            for (int s = 0; s < CAP; s++)
-                if (owner[s] == ids[i]) owner[s] = -1;
-            nr--;
-            ids[i] = ids[nr];
-            used[i] = used[nr];
-            len[i] = len[nr];
+            grow_or_free(c, &seed, r < 7, it, owner, CAP, ids, used, len, &nr);
         }
         CCHECK(c);
         int64_t tok = 0, lensum = 0, freeslots = 0;
