@@ -2,7 +2,6 @@
 #include "runtime/gen.h"
 
 #include <math.h>
-#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -331,9 +330,9 @@ typedef struct {
 } sample_job;
 
 /* Draws the eligible presamples of batch rows i0 .. i1-1 (reads logits and sequences, writes only pre[]). */
-static void *sample_main(void *arg)
+static void sample_main(void *arg, int k)
 {
-    sample_job *j = arg;
+    sample_job *j = (sample_job *)arg + k;
     gen_ctx *g = j->g;
     for (int32_t i = j->i0; i < j->i1; i++) {
         presample *ps = &g->pre[i];
@@ -349,10 +348,9 @@ static void *sample_main(void *arg)
             ps->lp = 0.0;
         }
     }
-    return NULL;
 }
 
-/* Sampling (two passes of exp over the vocabulary per token) is the serial part of a batched step: the
+/* Sampling (a pass of exp over the vocabulary per token) is the serial part of a batched step: the
  * plain samples of the step are drawn on the model's threads first. Results are the same as drawing them
  * in the serial pass (each sequence owns its rng, the logits are fixed). Returns 0 (nothing drawn: the
  * serial pass samples as before) when there is too little to share or a helper cannot be set up. */
@@ -376,19 +374,10 @@ static int presample_step(gen_ctx *g, int32_t ns)
     }
     if (n_el < 16) return 0;
     sample_job jobs[GEN_SAMPLE_THREADS];
-    pthread_t tid[GEN_SAMPLE_THREADS];
-    int started[GEN_SAMPLE_THREADS] = {0};
     for (int k = 0; k < nt; k++)
         jobs[k] = (sample_job){.g = g, .i0 = (int32_t)((int64_t)ns * k / nt), .i1 = (int32_t)((int64_t)ns * (k + 1) / nt),
                                .ws = k ? g->hws[k] : g->sws, .lsm = k ? g->hlsm[k] : g->lsm};
-    for (int k = 1; k < nt; k++) started[k] = pthread_create(&tid[k], NULL, sample_main, &jobs[k]) == 0;
-    sample_main(&jobs[0]);
-    for (int k = 1; k < nt; k++) {
-        if (started[k])
-            pthread_join(tid[k], NULL);
-        else
-            sample_main(&jobs[k]);
-    }
+    kvp_model_run(g->m, nt, sample_main, jobs); /* the model's sleeping workers: no thread made per step */
     return 1;
 }
 

@@ -44,6 +44,32 @@ typedef struct {
 
 enum { KVP_FWD_MAX_GROUPS = 64 };
 
+/* Worker threads of kvp_model_run, started on first use and asleep on a condition variable between runs
+ * (no spinning: on a shared machine a spinning team steals whole time slices). Worker i runs task i of a
+ * run; the caller runs task 0.
+ *
+ *   caller: lock; fn, arg, ntasks, remaining; epoch++; broadcast(go); unlock; fn(arg, 0); wait(done)
+ *   worker i: wait(go) until epoch changes; fn(arg, i) if i < ntasks; last one signals done
+ */
+typedef struct worker_pool worker_pool;
+typedef struct {
+    worker_pool *pool;
+    int index;
+    uint64_t epoch0; /* the epoch when it was made: its first run is the next one */
+} worker_arg;
+struct worker_pool {
+    int inited;
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    pthread_t tid[KVP_FWD_MAX_GROUPS];
+    worker_arg args[KVP_FWD_MAX_GROUPS];
+    int nworkers; /* started: workers 1 .. nworkers */
+    uint64_t epoch;
+    int ntasks, remaining, stop;
+    void (*fn)(void *arg, int i);
+    void *arg;
+};
+
 /* Workspace of one forward pass: activations (f) and the expanded page table of the invariant path (i). */
 typedef struct {
     float *f;
@@ -67,7 +93,87 @@ struct kvp_model {
     fwd_ws ws[KVP_FWD_MAX_GROUPS]; /* one per data-parallel group, grown on demand */
     int32_t *sub;                  /* rebased qo/kv indptr of the groups */
     size_t sub_cap;
+    worker_pool pool;
 };
+
+/* ---------------------------------------------------------------- worker threads */
+
+static void *worker_main(void *p)
+{
+    worker_arg *wa = p;
+    worker_pool *wp = wa->pool;
+    pthread_mutex_lock(&wp->mu);
+    uint64_t seen = wa->epoch0;
+    for (;;) {
+        while (!wp->stop && wp->epoch == seen) pthread_cond_wait(&wp->go, &wp->mu);
+        if (wp->stop) break;
+        seen = wp->epoch;
+        if (wa->index < wp->ntasks) {
+            void (*fn)(void *, int) = wp->fn;
+            void *arg = wp->arg;
+            pthread_mutex_unlock(&wp->mu);
+            fn(arg, wa->index);
+            pthread_mutex_lock(&wp->mu);
+            if (--wp->remaining == 0) pthread_cond_signal(&wp->done);
+        }
+    }
+    pthread_mutex_unlock(&wp->mu);
+    return NULL;
+}
+
+static void pool_destroy(worker_pool *wp)
+{
+    if (!wp->inited) return;
+    pthread_mutex_lock(&wp->mu);
+    wp->stop = 1;
+    pthread_cond_broadcast(&wp->go);
+    pthread_mutex_unlock(&wp->mu);
+    for (int i = 1; i <= wp->nworkers; i++) pthread_join(wp->tid[i], NULL);
+    pthread_cond_destroy(&wp->go);
+    pthread_cond_destroy(&wp->done);
+    pthread_mutex_destroy(&wp->mu);
+    wp->inited = 0;
+}
+
+void kvp_model_run(kvp_model *m, int n, void (*fn)(void *arg, int i), void *arg)
+{
+    worker_pool *wp = &m->pool;
+    if (n > KVP_FWD_MAX_GROUPS) n = KVP_FWD_MAX_GROUPS;
+    if (n > 1 && !wp->inited) {
+        if (pthread_mutex_init(&wp->mu, NULL) == 0) {
+            if (pthread_cond_init(&wp->go, NULL) == 0) {
+                if (pthread_cond_init(&wp->done, NULL) == 0) wp->inited = 1;
+                else pthread_cond_destroy(&wp->go);
+            }
+            if (!wp->inited) pthread_mutex_destroy(&wp->mu);
+        }
+    }
+    int have = 0; /* tasks 1 .. have run on workers */
+    if (n > 1 && wp->inited) {
+        pthread_mutex_lock(&wp->mu);
+        while (wp->nworkers < n - 1) { /* a worker that cannot start leaves its tasks to the caller */
+            int i = wp->nworkers + 1;
+            wp->args[i] = (worker_arg){wp, i, wp->epoch};
+            if (pthread_create(&wp->tid[i], NULL, worker_main, &wp->args[i]) != 0) break;
+            wp->nworkers = i;
+        }
+        have = wp->nworkers < n - 1 ? wp->nworkers : n - 1;
+        wp->fn = fn;
+        wp->arg = arg;
+        wp->ntasks = have + 1;
+        wp->remaining = have;
+        wp->epoch++;
+        if (have > 0) pthread_cond_broadcast(&wp->go);
+        pthread_mutex_unlock(&wp->mu);
+    }
+    fn(arg, 0);
+    for (int i = have + 1; i < n; i++) fn(arg, i);
+    if (have > 0) {
+        pthread_mutex_lock(&wp->mu);
+        while (wp->remaining > 0) pthread_cond_wait(&wp->done, &wp->mu);
+        pthread_mutex_unlock(&wp->mu);
+    }
+}
 
 /* ---------------------------------------------------------------- loading */
 
@@ -187,6 +293,7 @@ static void free_weights(kvp_model *m)
 void kvp_model_destroy(kvp_model *m)
 {
     if (!m) return;
+    pool_destroy(&m->pool);
     free_weights(m);
     kvp_free(m);
 }
@@ -453,11 +560,11 @@ MM_INLINE void mm_store16(float *restrict y, const kvp_v8f *a0, const kvp_v8f *a
     memcpy(y, tmp, (size_t)ncols * sizeof(float));
 }
 
-/* R rows (1..4) x one panel: y[r][0..ncols) for rows x + r*K. */
+/* R rows (1..6) x one panel: y[r][0..ncols) for rows x + r*K. */
 MM_INLINE void mm_rows_panel(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
                              const float *restrict pan, int64_t ncols, const int R)
 {
-    kvp_v8f a[4][2];
+    kvp_v8f a[6][2];
     for (int r = 0; r < R; r++) a[r][0] = a[r][1] = (kvp_v8f){0};
     for (int64_t k = 0; k < K; k++) {
         kvp_v8f w0, w1;
@@ -514,6 +621,13 @@ static void mm_tile4(float *restrict y, int64_t ldy, const float *restrict x, in
     mm_rows_panel(y, ldy, x, K, pan, ncols, 4);
 }
 
+/* 6 rows: 12 accumulators, 8 loads per 12 multiply-adds (4 rows: 6 per 8). */
+static void mm_tile6(float *restrict y, int64_t ldy, const float *restrict x, int64_t K, const float *restrict pan,
+                     int64_t ncols)
+{
+    mm_rows_panel(y, ldy, x, K, pan, ncols, 6);
+}
+
 /* One row (any panel count). */
 static void mm_row(float *restrict y, const float *restrict x, const mat_w *w)
 {
@@ -526,8 +640,8 @@ static void mm_row(float *restrict y, const float *restrict x, const mat_w *w)
     }
 }
 
-/* The invariant matmul over T rows: 4-row tiles per panel (split over `threads` when large enough), then
- * the remaining rows one at a time. */
+/* The invariant matmul over T rows: 4-row tiles per panel split over `threads` when large enough; on one
+ * thread 6-row tiles then one 4-row tile per panel; the remaining rows one at a time. */
 static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, int64_t T)
 {
     const int64_t K = w->K, N = w->N, ps = K * KVP_MM_PANEL, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
@@ -541,10 +655,14 @@ static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, in
                 mm_tile4(y + tb * 4 * N + o, N, x + tb * 4 * K, K, w->p + p * ps, nc);
             }
     } else {
+        const int64_t n6 = T / 6, n4 = (T - n6 * 6) / 4;
         for (int64_t p = 0; p < np; p++) {
             int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-            for (int64_t tb = 0; tb < ntb; tb++) mm_tile4(y + tb * 4 * N + o, N, x + tb * 4 * K, K, w->p + p * ps, nc);
+            for (int64_t tb = 0; tb < n6; tb++) mm_tile6(y + tb * 6 * N + o, N, x + tb * 6 * K, K, w->p + p * ps, nc);
+            if (n4) mm_tile4(y + n6 * 6 * N + o, N, x + n6 * 6 * K, K, w->p + p * ps, nc);
         }
+        for (int64_t t = n6 * 6 + n4 * 4; t < T; t++) mm_row(y + t * N, x + t * K, w);
+        return;
     }
     for (int64_t t = ntb * 4; t < T; t++) mm_row(y + t * N, x + t * K, w);
 }
@@ -845,12 +963,11 @@ typedef struct {
     char err[256];
 } group_job;
 
-static void *group_main(void *arg)
+static void group_main(void *arg, int g)
 {
-    group_job *j = arg;
+    group_job *j = (group_job *)arg + g;
     j->st = forward_one(j->m, j->kv, j->b, j->logits, j->ws, 1);
     if (j->st != KVP_OK) snprintf(j->err, sizeof j->err, "%s", kvp_error_message());
-    return NULL;
 }
 
 /* Data parallelism over sequences: with several threads and several sequences, the batch is cut into
@@ -929,8 +1046,6 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
         KVP_TRY(ws_reserve(&m->ws[g], fn, in));
     }
     group_job jobs[KVP_FWD_MAX_GROUPS];
-    pthread_t tid[KVP_FWD_MAX_GROUPS];
-    int started[KVP_FWD_MAX_GROUPS] = {0};
     kvp_attn_set_threads(1);
     if (m->matmul == KVP_MATMUL_BLAS) openblas_set_num_threads(1); /* no nested BLAS threads in the groups */
     for (int g = 0; g < G; g++) {
@@ -938,15 +1053,9 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
         jobs[g] = (group_job){.m = m, .kv = kv, .b = &sub[g], .logits = logits + row0 * V, .ws = &m->ws[g],
                               .st = KVP_OK};
     }
-    /* Plain threads joined once per step: no OpenMP spin-waiting between steps on a shared machine. */
-    for (int g = 1; g < G; g++) started[g] = pthread_create(&tid[g], NULL, group_main, &jobs[g]) == 0;
-    group_main(&jobs[0]);
-    for (int g = 1; g < G; g++) {
-        if (started[g])
-            pthread_join(tid[g], NULL);
-        else
-            group_main(&jobs[g]); /* no thread available: run it here */
-    }
+    /* The model's sleeping workers, one run per step: no OpenMP spin-waiting between steps on a shared
+     * machine, no thread creation per step. */
+    kvp_model_run(m, G, group_main, jobs);
     kvp_attn_set_threads(m->threads);
     if (m->matmul == KVP_MATMUL_BLAS) openblas_set_num_threads(m->threads);
     kvp_status st[KVP_FWD_MAX_GROUPS];

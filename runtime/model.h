@@ -57,6 +57,13 @@ void kvp_model_set_threads(kvp_model *m, int n);
 int kvp_model_get_threads(const kvp_model *m);
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k);
 
+/* Runs fn(arg, i) for every i in [0, n) and returns when all are done: task 0 on the calling thread, the
+ * others on the model's worker threads (started on first use, asleep between runs, joined by
+ * kvp_model_destroy); a worker that cannot be started leaves its task to the caller. n is capped at 64.
+ * One run at a time per model; the forward pass uses it for its data-parallel groups, generation for
+ * sampling. */
+void kvp_model_run(kvp_model *m, int n, void (*fn)(void *arg, int i), void *arg);
+
 /* ---- paged KV cache: one f32 pool pair per layer, [num_blocks, num_kv_heads, block_size, head_dim]. */
 typedef struct {
     int32_t num_layers;

@@ -518,3 +518,37 @@ Test(model, qwen2_bias_and_mistral_window_paths)
     cr_assert_gt(max_rel(got + 3 * 512, want + 3 * 512, 2 * 512), 1e-3, "the window changed nothing at position 3+");
     kvp_model_destroy(m);
 }
+
+/* kvp_model_run: every task of every run runs exactly once, with the run's own argument, for task counts
+ * going up and down (workers made during a run, workers left without a task, the cap at 64). */
+typedef struct {
+    int count[80];
+    int run_id;
+    int wrong_run;
+} run_probe;
+
+static void probe_task(void *arg, int i)
+{
+    run_probe *p = arg;
+    __atomic_add_fetch(&p->count[i], 1, __ATOMIC_RELAXED);
+    if (p->run_id < 0) __atomic_add_fetch(&p->wrong_run, 1, __ATOMIC_RELAXED);
+}
+
+Test(model, run_runs_every_task_once)
+{
+    kvp_model *m = load(S260_GGUF);
+    const int ns[] = {1, 2, 3, 2, 8, 1, 5, 64, 70, 4, 2};
+    for (int rep = 0; rep < 50; rep++)
+        for (size_t c = 0; c < sizeof ns / sizeof ns[0]; c++) {
+            run_probe p;
+            memset(&p, 0, sizeof p);
+            p.run_id = (int)c;
+            kvp_model_run(m, ns[c], probe_task, &p);
+            const int n = ns[c] < 64 ? ns[c] : 64;
+            for (int i = 0; i < 80; i++)
+                cr_assert_eq(p.count[i], i < n ? 1 : 0, "rep %d run of %d tasks: task %d ran %d times", rep, ns[c], i,
+                             p.count[i]);
+            cr_assert_eq(p.wrong_run, 0);
+        }
+    kvp_model_destroy(m);
+}
