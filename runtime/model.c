@@ -621,6 +621,15 @@ static void mm_tile4(float *restrict y, int64_t ldy, const float *restrict x, in
     mm_rows_panel(y, ldy, x, K, pan, ncols, 4);
 }
 
+static void mm_tile_r(float *restrict y, int64_t ldy, const float *restrict x, int64_t K, const float *restrict pan,
+                      int64_t ncols, int64_t rows)
+{
+    if (rows == 3)
+        mm_rows_panel(y, ldy, x, K, pan, ncols, 3);
+    else
+        mm_rows_panel(y, ldy, x, K, pan, ncols, 2);
+}
+
 /* 6 rows: 12 accumulators, 8 loads per 12 multiply-adds (4 rows: 6 per 8). */
 static void mm_tile6(float *restrict y, int64_t ldy, const float *restrict x, int64_t K, const float *restrict pan,
                      int64_t ncols)
@@ -655,13 +664,26 @@ static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, in
                 mm_tile4(y + tb * 4 * N + o, N, x + tb * 4 * K, K, w->p + p * ps, nc);
             }
     } else {
-        const int64_t n6 = T / 6, n4 = (T - n6 * 6) / 4;
+        /* rows = 6 n6 + 4 n4 + left, left < 4 (32 = 4 x 6 + 2 x 4); 2 or 3 left rows take one more tile
+         * per panel, a single one takes mm_row */
+        int64_t n6 = T / 6, n4 = 0, left = T % 6;
+        if ((left == 2 || left == 3) && n6 > 0) {
+            n6--;
+            n4 = 2;
+            left -= 2;
+        } else if (left >= 4) {
+            n4 = 1;
+            left -= 4;
+        }
+        const int64_t t4 = n6 * 6, tl = t4 + n4 * 4;
         for (int64_t p = 0; p < np; p++) {
             int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-            for (int64_t tb = 0; tb < n6; tb++) mm_tile6(y + tb * 6 * N + o, N, x + tb * 6 * K, K, w->p + p * ps, nc);
-            if (n4) mm_tile4(y + n6 * 6 * N + o, N, x + n6 * 6 * K, K, w->p + p * ps, nc);
+            const float *pan = w->p + p * ps;
+            for (int64_t tb = 0; tb < n6; tb++) mm_tile6(y + tb * 6 * N + o, N, x + tb * 6 * K, K, pan, nc);
+            for (int64_t tb = 0; tb < n4; tb++) mm_tile4(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, K, pan, nc);
+            if (left >= 2) mm_tile_r(y + tl * N + o, N, x + tl * K, K, pan, nc, left);
         }
-        for (int64_t t = n6 * 6 + n4 * 4; t < T; t++) mm_row(y + t * N, x + t * K, w);
+        if (left == 1) mm_row(y + tl * N, x + tl * K, w);
         return;
     }
     for (int64_t t = ntb * 4; t < T; t++) mm_row(y + t * N, x + t * K, w);
