@@ -4,11 +4,16 @@
  * For each configuration (kernel, dtype, batch, context, heads, head_dim) it builds the same K/V in
  *   - paged pools, one per block size, pages in a random order (what a block manager produces),
  *   - a contiguous pool: one block per sequence (block_size = context), identity page table,
- * validates (paged output == contiguous output up to 1e-5 relative, the contiguous output against the
- * dense float64 reference on the first sequences) and then times each layout. The dense reference is timed too
- * for decode. Bandwidth = bytes of K/V read once / time; copy bandwidth = a large memcpy's bytes read +
- * written / time, on all threads, measured once at the start (the memcpy row) and again right after every
- * row's timing (that row's copy_gbps and pct_copy_bw), so that on a shared machine both see the same load.
+ * all of them at once (the target configuration holds 10 pools of 512 MiB: ~5 GiB), runs each layout once
+ * untimed and validates it (paged output == contiguous output up to 1e-5 relative, the contiguous output
+ * against the dense float64 reference on the first sequences), then times the layouts INTERLEAVED: round r
+ * runs every layout once, then measures the copy bandwidth once. Each layout reports the MINIMUM time over
+ * the rounds (wall time_ms and process cpu_ms separately), and paged_over_contig is the ratio of those
+ * minima: on a shared machine a load swing then hits every layout alike instead of whichever layout was
+ * being timed. The dense reference is timed too for decode (one run).
+ * Bandwidth = bytes of K/V read once / time; copy bandwidth = a large memcpy's bytes read + written / time,
+ * on all threads: measured at the start (the memcpy row) and once per round; a row's copy_gbps (and its
+ * pct_copy_bw) is the best of the rounds of its configuration, i.e. taken under the same load as its kernel.
  */
 #include <getopt.h>
 #include <math.h>
@@ -155,25 +160,6 @@ static double cpu_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* Best wall time and best process CPU time (all threads) over reps runs after a warm-up. On a shared
- * machine the CPU time is the steadier figure: it does not count the time other processes held the cores. */
-static kvp_status time_kernel(const bcfg *c, const kvp_paged_kv *kv, const float *q, const int32_t *qo, float *out,
-                              const kvp_attn_params *p, int reps, double *ms, double *cpu_ms)
-{
-    KVP_TRY(run_kernel(c, kv, q, qo, out, p)); /* warm-up */
-    double best = 1e30, bestc = 1e30;
-    for (int r = 0; r < reps; r++) {
-        double c0 = cpu_s(), t0 = kvp_now_s();
-        KVP_TRY(run_kernel(c, kv, q, qo, out, p));
-        double dt = kvp_now_s() - t0, dc = cpu_s() - c0;
-        best = dt < best ? dt : best;
-        bestc = dc < bestc ? dc : bestc;
-    }
-    *ms = best * 1e3;
-    *cpu_ms = bestc * 1e3;
-    return KVP_OK;
-}
-
 static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t bs, int reps, double ms,
                           double cpu_ms, double contig_ms, double contig_cpu_ms, double copy_now, int validated)
 {
@@ -249,12 +235,18 @@ static kvp_status run_config(bopts *o, const bcfg *c)
     size_t nsrc = (size_t)(c->ctx + 8) * row;
     int32_t nq_total = c->batch * c->new_tokens;
     size_t nout = (size_t)nq_total * c->hq * c->D;
+    int nl = 1; /* layouts: contiguous, then one per block size */
+    while (c->block_sizes[nl - 1]) nl++;
     float *ks = kvp_malloc(sizeof(float) * nsrc), *vs = kvp_malloc(sizeof(float) * nsrc);
     float *q = kvp_malloc(sizeof(float) * nout), *out = kvp_malloc(sizeof(float) * nout);
     float *cout = kvp_malloc(sizeof(float) * nout);
     int32_t *qo = kvp_malloc(sizeof(int32_t) * ((size_t)c->batch + 1));
-    bcache contig = {0}, paged = {0};
-    kvp_status st = (ks && vs && q && out && cout && qo) ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory (bench buffers)");
+    bcache *caches = kvp_calloc((size_t)nl, sizeof *caches);
+    double *ms = kvp_malloc(sizeof(double) * (size_t)nl * 2), *cms = ms ? ms + nl : NULL;
+    int *same = kvp_calloc((size_t)nl, sizeof *same);
+    kvp_status st = (ks && vs && q && out && cout && qo && caches && ms && same)
+                        ? KVP_OK
+                        : KVP_ERR(KVP_ENOMEM, "out of memory (bench buffers)");
     if (st != KVP_OK) goto done;
     for (size_t i = 0; i < nsrc; i++) ks[i] = rndf(), vs[i] = rndf();
     for (size_t i = 0; i < nout; i++) q[i] = rndf();
@@ -262,43 +254,53 @@ static kvp_status run_config(bopts *o, const bcfg *c)
     kvp_attn_params p = kvp_attn_default_params(c->hq);
     int reps = strcmp(c->kernel, "prefill") == 0 && o->reps > 3 ? 3 : o->reps; /* prefill runs take seconds */
 
-    /* contiguous first: the baseline of every paged row */
-    st = cache_build(c, c->ctx, ks, vs, &contig);
+    /* Every layout's cache is built first (layout 0: contiguous, the baseline of every paged row), then
+     * each is run once untimed (warm-up, and its output validated), then the timed repetitions are
+     * interleaved: round r runs every layout once, followed by one copy-bandwidth measurement. A load swing
+     * on the shared machine thus hits every layout alike; each layout reports its minimum over the rounds. */
+    for (int l = 0; l < nl && st == KVP_OK; l++) st = cache_build(c, l == 0 ? c->ctx : c->block_sizes[l - 1], ks, vs, &caches[l]);
     if (st != KVP_OK) goto done;
-    double contig_ms, contig_cpu;
-    st = time_kernel(c, &contig.kv, q, qo, cout, &p, reps, &contig_ms, &contig_cpu);
-    if (st != KVP_OK) goto done;
-    double copy_now = copy_gbps(o, 2); /* right after the timing: the same machine load */
     int ref_ok = 0;
-    /* reference on the first sequences (one for prefill: the float64 reference is slow) */
-    int nref = strcmp(c->kernel, "decode") == 0 ? 2 : 1;
-    st = check_ref(c, &contig, q, qo, cout, &p, c->batch < nref ? c->batch : nref, &ref_ok);
-    if (st != KVP_OK) goto done;
-    st = add_row(o, c, "contiguous", c->ctx, reps, contig_ms, contig_cpu, contig_ms, contig_cpu, copy_now, ref_ok);
-    if (st != KVP_OK) goto done;
-    for (int i = 0; c->block_sizes[i]; i++) {
-        int32_t bs = c->block_sizes[i];
-        st = cache_build(c, bs, ks, vs, &paged);
-        if (st != KVP_OK) goto done;
-        double ms, cms;
-        st = time_kernel(c, &paged.kv, q, qo, out, &p, reps, &ms, &cms);
-        if (st == KVP_OK) copy_now = copy_gbps(o, 2);
+    for (int l = 0; l < nl && st == KVP_OK; l++) {
+        st = run_kernel(c, &caches[l].kv, q, qo, l == 0 ? cout : out, &p);
+        if (st != KVP_OK) break;
+        if (l == 0) {
+            /* reference on the first sequences (one for prefill: the float64 reference is slow) */
+            int nref = strcmp(c->kernel, "decode") == 0 ? 2 : 1;
+            st = check_ref(c, &caches[0], q, qo, cout, &p, c->batch < nref ? c->batch : nref, &ref_ok);
+            same[0] = 1;
+            continue;
+        }
         /* equal up to rounding: small blocks change the work split (and the split-KV chunks) */
         double num = 0, den = 0;
-        for (size_t e = 0; st == KVP_OK && e < nout; e++) {
+        for (size_t e = 0; e < nout; e++) {
             double d = fabs((double)out[e] - cout[e]);
             num = d > num || d != d ? d : num;
             den = fabs((double)cout[e]) > den ? fabs((double)cout[e]) : den;
         }
-        int same = st == KVP_OK && num <= 1e-5 * den;
-        if (st == KVP_OK && !same)
-            KVP_LOG_W("%s bs=%d: paged output differs from contiguous (relative error %g)", c->kernel, bs, num / den);
-        cache_free(&paged);
-        if (st != KVP_OK) goto done;
-        st = add_row(o, c, "paged", bs, reps, ms, cms, contig_ms, contig_cpu, copy_now, same && ref_ok);
-        if (st != KVP_OK) goto done;
+        same[l] = num <= 1e-5 * den;
+        if (!same[l])
+            KVP_LOG_W("%s bs=%d: paged output differs from contiguous (relative error %g)", c->kernel,
+                      c->block_sizes[l - 1], num / den);
     }
-    if (c->time_ref) {
+    if (st != KVP_OK) goto done;
+    for (int l = 0; l < nl; l++) ms[l] = cms[l] = 1e30;
+    double copy_now = 0;
+    for (int r = 0; r < reps && st == KVP_OK; r++) {
+        for (int l = 0; l < nl && st == KVP_OK; l++) {
+            double c0 = cpu_s(), t0 = kvp_now_s();
+            st = run_kernel(c, &caches[l].kv, q, qo, out, &p);
+            double dt = (kvp_now_s() - t0) * 1e3, dc = (cpu_s() - c0) * 1e3;
+            ms[l] = dt < ms[l] ? dt : ms[l];
+            cms[l] = dc < cms[l] ? dc : cms[l];
+        }
+        double cg = copy_gbps(o, 1); /* the best copy of the rounds: the same load as the kernels saw */
+        copy_now = cg > copy_now ? cg : copy_now;
+    }
+    for (int l = 0; l < nl && st == KVP_OK; l++)
+        st = add_row(o, c, l == 0 ? "contiguous" : "paged", l == 0 ? c->ctx : c->block_sizes[l - 1], reps, ms[l], cms[l],
+                     ms[0], cms[0], copy_now, same[l] && ref_ok);
+    if (st == KVP_OK && c->time_ref) {
         /* the dense float64 reference, one thread, on the gathered f32 K/V (one timed run) */
         size_t tok = (size_t)c->batch * c->ctx * row;
         float *k = kvp_malloc(sizeof(float) * tok), *v = kvp_malloc(sizeof(float) * tok);
@@ -306,17 +308,17 @@ static kvp_status run_config(bopts *o, const bcfg *c)
         if (!k || !v || !ind) st = KVP_ERR(KVP_ENOMEM, "out of memory (dense reference)");
         if (st == KVP_OK) {
             for (int32_t s = 0; s <= c->batch; s++) ind[s] = s * c->ctx;
-            st = kvp_paged_kv_gather(&contig.kv, k, v);
+            st = kvp_paged_kv_gather(&caches[0].kv, k, v);
         }
         double t0 = kvp_now_s(), c0 = cpu_s();
         if (st == KVP_OK) st = kvp_attn_prefill_ref(k, v, ind, c->batch, c->hkv, c->D, q, qo, out, &p);
-        double ms = (kvp_now_s() - t0) * 1e3, cms = (cpu_s() - c0) * 1e3;
+        double rms = (kvp_now_s() - t0) * 1e3, rcms = (cpu_s() - c0) * 1e3;
         kvp_free(k), kvp_free(v), kvp_free(ind);
-        if (st == KVP_OK) st = add_row(o, c, "dense_ref", 0, 1, ms, cms, contig_ms, contig_cpu, copy_gbps(o, 2), 1);
+        if (st == KVP_OK) st = add_row(o, c, "dense_ref", 0, 1, rms, rcms, ms[0], cms[0], copy_gbps(o, 2), 1);
     }
 done:
-    cache_free(&contig);
-    cache_free(&paged);
+    for (int l = 0; caches && l < nl; l++) cache_free(&caches[l]);
+    kvp_free(caches), kvp_free(ms), kvp_free(same);
     kvp_free(ks), kvp_free(vs), kvp_free(q), kvp_free(out), kvp_free(cout), kvp_free(qo);
     return st;
 }
@@ -328,11 +330,14 @@ static void usage(FILE *f)
             "Times the CPU paged attention kernels (decode, prefill) over paged pools (block sizes 1..256,\n"
             "random page order) and a contiguous pool (one block per sequence), for f32/f16/bf16 K/V, with\n"
             "batch and context sweeps, next to the machine's measured copy bandwidth. Each row is validated\n"
-            "(paged == contiguous to 1e-5, contiguous vs the float64 reference) before it is timed.\n\n"
+            "(paged == contiguous to 1e-5, contiguous vs the float64 reference) before it is timed. The layouts\n"
+            "of a configuration are timed interleaved (round r runs each layout once, then a copy) and each\n"
+            "reports its minimum over the rounds; paged_over_contig = min paged / min contiguous.\n\n"
             "options:\n"
             "  --quick            a small sweep (seconds; for smoke tests)\n"
             "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"
-            "  --reps N           timed repetitions per row, best taken (default 5)\n"
+            "  --reps N           interleaved rounds (timed runs per layout), minimum taken (default 5;\n"
+            "                     prefill at most 3)\n"
             "  --case N           run only the N-th configuration of the sweep (1-based)\n"
             "  --format FMT       table | csv | json on stdout (default table)\n"
             "  --json             same as --format json\n"
