@@ -5,11 +5,14 @@
  * must be skipped). A kernel that reads any slot it should not (spare block, tail of a partly filled last
  * block, another head) produces NaN and fails the comparison.
  *
- * Error measure: err = max|out - ref| / max|ref| over the whole output tensor.
- *  - against the reference on the values the pool actually holds (dequantized): err < 1e-5 for every dtype
- *    (the kernels compute in f32 on exactly those values);
- *  - against the reference on the original f32 inputs (quantization included): err < 1e-2 for f16/bf16,
- *    < 6e-2 for fp8-e4m3 (3 mantissa bits: half an ulp is 6.25 % of an element before averaging).
+ * Error measure: err = max|out - ref| / max|ref| over the whole output tensor. Two different questions:
+ *  - kernel correctness: against the float64 reference on the values the pool actually holds, read back
+ *    with kvp_paged_kv_gather (dequantized, scales applied: the reference sees exactly what the kernel
+ *    sees): err < KERNEL_BOUND = 1e-5 for every dtype, fp8-e4m3 included (issue #6 asks < 1e-2 for fp8;
+ *    the kernels compute in f32 on exactly those values, so only f32 rounding remains);
+ *  - end-to-end quantization error (a property of the storage format, not of the kernel): against the
+ *    reference on the original f32 inputs, err < 1e-2 for f16/bf16 and < 6e-2 for fp8-e4m3 (3 mantissa
+ *    bits: half an ulp is 6.25 % of an element before averaging). Checked by its own test.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -36,7 +39,8 @@ typedef struct {
     kvp_paged_kv kv;
     int32_t num_seqs, hkv, D, bs, total;
     int32_t *indptr, *indices, *last, *seq_indptr; /* page table; dense token offsets per sequence */
-    float *kd, *vd;                                /* (total, hkv, D) values the pool holds */
+    float *kd, *vd;                                /* (total, hkv, D) values the pool holds (gathered) */
+    float *kq, *vq;                                /* (total, hkv, D) the test's own dequantization */
     float *kraw, *vraw;                            /* (total, hkv, D) original inputs */
 } kcase;
 
@@ -103,6 +107,8 @@ static void case_build(kcase *c, kvp_dtype t, int32_t D, int32_t hkv, int32_t bs
     int64_t *slots = kvp_malloc(sizeof(int64_t) * (size_t)ntok);
     c->kd = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
     c->vd = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
+    c->kq = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
+    c->vq = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
     c->kraw = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
     c->vraw = kvp_malloc(sizeof(float) * row * (size_t)(c->total + 1));
     for (int32_t i = 0; i < ntok; i++) {
@@ -118,11 +124,13 @@ static void case_build(kcase *c, kvp_dtype t, int32_t D, int32_t hkv, int32_t bs
                 float kx = rndf(&r), vx = rndf(&r);
                 k[at * row + e] = c->kraw[tok * row + e] = kx;
                 v[at * row + e] = c->vraw[tok * row + e] = vx;
-                c->kd[tok * row + e] = dequant(kx, t, c->kv.k_scale);
-                c->vd[tok * row + e] = dequant(vx, t, c->kv.v_scale);
+                c->kq[tok * row + e] = dequant(kx, t, c->kv.k_scale);
+                c->vq[tok * row + e] = dequant(vx, t, c->kv.v_scale);
             }
         }
     cr_assert_eq(kvp_attn_append_kv_cpu(&c->kv, k, v, slots, ntok), KVP_OK, "%s", kvp_error_detail());
+    /* the references read what the pool holds, as the kernel does */
+    cr_assert_eq(kvp_paged_kv_gather(&c->kv, c->kd, c->vd), KVP_OK, "%s", kvp_error_detail());
     kvp_free(k);
     kvp_free(v);
     kvp_free(slots);
@@ -137,6 +145,8 @@ static void case_free(kcase *c)
     kvp_free(c->seq_indptr);
     kvp_free(c->kd);
     kvp_free(c->vd);
+    kvp_free(c->kq);
+    kvp_free(c->vq);
     kvp_free(c->kraw);
     kvp_free(c->vraw);
 }
@@ -165,9 +175,14 @@ static const int32_t k_dims[] = {8, 16, 32, 64, 80, 96, 128, 256};
 static const int32_t k_groups[] = {1, 2, 4, 8};
 static const int32_t k_block_sizes[] = {1, 5, 16, 32};
 
+/* Kernel vs the float64 reference on the stored (dequantized) values, every dtype. Issue #6 asks < 1e-2
+ * for fp8-e4m3; the kernels reach f32 rounding on those values, so the bound is much tighter. */
+#define KERNEL_BOUND 1e-5
+/* End-to-end quantization error (kernel on the quantized pool vs the reference on the unquantized
+ * inputs): storage-format bounds, not kernel bounds. */
 static double quant_bound(kvp_dtype t) { return t == KVP_DTYPE_F32 ? 1e-5 : t == KVP_DTYPE_FP8_E4M3 ? 6e-2 : 1e-2; }
 
-Test(attention, decode_matches_reference_every_dtype_head_dim_gqa)
+Test(attention, decode_matches_reference_on_stored_values_every_dtype_head_dim_gqa)
 {
     int n = 0;
     for (int ti = 0; ti < 4; ti++)
@@ -183,18 +198,66 @@ Test(attention, decode_matches_reference_every_dtype_head_dim_gqa)
                 case_build(&c, t, D, hkv, bs, 4, lens, seed);
                 size_t nout = (size_t)4 * hq * D;
                 float *q = randv(nout, seed), *out = kvp_malloc(sizeof(float) * nout);
-                float *ref = kvp_malloc(sizeof(float) * nout), *raw = kvp_malloc(sizeof(float) * nout);
+                float *ref = kvp_malloc(sizeof(float) * nout);
                 kvp_attn_params p = kvp_attn_default_params(hq);
                 cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
                 cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 4, hkv, D, q, ref, &p), KVP_OK);
-                cr_assert_eq(kvp_attn_decode_ref(c.kraw, c.vraw, c.seq_indptr, 4, hkv, D, q, raw, &p), KVP_OK);
-                double e = rel_err(out, ref, nout), eq = rel_err(out, raw, nout);
-                cr_assert(e < 1e-5, "decode %s D=%d G=%d bs=%d seed=%llu: err %g", kvp_dtype_name(t), D, G, bs,
-                          (unsigned long long)seed, e);
-                cr_assert(eq < quant_bound(t), "decode vs unquantized %s D=%d G=%d: err %g", kvp_dtype_name(t), D, G, eq);
-                kvp_free(q), kvp_free(out), kvp_free(ref), kvp_free(raw);
+                double e = rel_err(out, ref, nout);
+                cr_assert(e < KERNEL_BOUND, "decode %s D=%d G=%d bs=%d seed=%llu: err %g vs the stored values (bound %g)",
+                          kvp_dtype_name(t), D, G, bs, (unsigned long long)seed, e, KERNEL_BOUND);
+                kvp_free(q), kvp_free(out), kvp_free(ref);
                 case_free(&c);
             }
+}
+
+Test(attention, fp8_decode_within_1e_2_of_reference_on_dequantized_values)
+{
+    /* issue #6 as stated: fp8-e4m3 decode vs the float64 reference on the dequantized values the pool
+     * holds, relative error < 1e-2 (the kernel actually reaches KERNEL_BOUND; asserted too) */
+    const double issue_bound = 1e-2;
+    int32_t lens[3] = {700, 33, 1};
+    for (int gi = 0; gi < 4; gi++) {
+        int32_t G = k_groups[gi], hkv = 2, hq = hkv * G, D = 128;
+        kcase c;
+        case_build(&c, KVP_DTYPE_FP8_E4M3, D, hkv, 16, 3, lens, 1500 + (uint64_t)gi);
+        size_t nout = (size_t)3 * hq * D;
+        float *q = randv(nout, 1500 + (uint64_t)gi), *out = kvp_malloc(sizeof(float) * nout);
+        float *ref = kvp_malloc(sizeof(float) * nout);
+        kvp_attn_params p = kvp_attn_default_params(hq);
+        cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 3, hkv, D, q, ref, &p), KVP_OK);
+        double e = rel_err(out, ref, nout);
+        cr_assert(e < issue_bound, "fp8 G=%d: err %g >= %g", G, e, issue_bound);
+        cr_assert(e < KERNEL_BOUND, "fp8 G=%d: err %g >= %g", G, e, KERNEL_BOUND);
+        kvp_free(q), kvp_free(out), kvp_free(ref);
+        case_free(&c);
+    }
+}
+
+Test(attention, quantization_error_vs_unquantized_inputs_within_dtype_bound)
+{
+    /* end to end: the kernel on the quantized pool vs the reference on the original f32 inputs */
+    int n = 0;
+    for (int ti = 0; ti < 4; ti++)
+        for (int di = 0; di < 8; di++, n++) {
+            kvp_dtype t = k_dtypes[ti];
+            int32_t D = k_dims[di], G = k_groups[n % 4], bs = k_block_sizes[(n / 4) % 4], hkv = 2, hq = hkv * G;
+            uint64_t seed = 1200 + (uint64_t)n;
+            int32_t lens[3] = {150, 1, 40};
+            kcase c;
+            case_build(&c, t, D, hkv, bs, 3, lens, seed);
+            size_t nout = (size_t)3 * hq * D;
+            float *q = randv(nout, seed), *out = kvp_malloc(sizeof(float) * nout);
+            float *raw = kvp_malloc(sizeof(float) * nout);
+            kvp_attn_params p = kvp_attn_default_params(hq);
+            cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
+            cr_assert_eq(kvp_attn_decode_ref(c.kraw, c.vraw, c.seq_indptr, 3, hkv, D, q, raw, &p), KVP_OK);
+            double eq = rel_err(out, raw, nout);
+            cr_assert(eq < quant_bound(t), "decode vs unquantized %s D=%d G=%d seed=%llu: err %g (bound %g)",
+                      kvp_dtype_name(t), D, G, (unsigned long long)seed, eq, quant_bound(t));
+            kvp_free(q), kvp_free(out), kvp_free(raw);
+            case_free(&c);
+        }
 }
 
 /* Prefill with a cached prefix: sequence s has lens[s] tokens of which nq[s] are new. */
@@ -541,8 +604,8 @@ Test(attention, gather_returns_the_stored_values)
     size_t n = (size_t)c.total * 2 * 16;
     float *k = kvp_malloc(sizeof(float) * n), *v = kvp_malloc(sizeof(float) * n);
     cr_assert_eq(kvp_paged_kv_gather(&c.kv, k, v), KVP_OK);
-    cr_assert_eq(memcmp(k, c.kd, sizeof(float) * n), 0);
-    cr_assert_eq(memcmp(v, c.vd, sizeof(float) * n), 0);
+    cr_assert_eq(memcmp(k, c.kq, sizeof(float) * n), 0);
+    cr_assert_eq(memcmp(v, c.vq, sizeof(float) * n), 0);
     kvp_free(k), kvp_free(v);
     case_free(&c);
 }
