@@ -14,6 +14,10 @@
  * Bandwidth = bytes of K/V read once / time; copy bandwidth = a large memcpy's bytes read + written / time,
  * on all threads: measured at the start (the memcpy row) and once per round; a row's copy_gbps (and its
  * pct_copy_bw) is the best of the rounds of its configuration, i.e. taken under the same load as its kernel.
+ * Decode rows also carry the layout's read floor (read_pass: the same rows read in the kernel's order with
+ * no arithmetic, timed in the same rounds, minimum): read_gbps, and pct_read_bw = kv_gbps / read_gbps. A
+ * memcpy counts bytes read + written, so even a pure read stream reaches only part of copy_gbps; the read
+ * floor says how far the kernel is from what its layout allows.
  */
 #include <getopt.h>
 #include <math.h>
@@ -35,7 +39,7 @@
 
 static const char *const k_fields[] = {"kernel",  "layout",   "dtype",     "block_size", "batch",  "ctx",
                                        "new_tokens", "q_heads", "kv_heads", "head_dim", "threads", "reps",
-                                       "time_ms", "cpu_ms", "kv_bytes", "kv_gbps",   "copy_gbps",  "pct_copy_bw", "gflops",
+                                       "time_ms", "cpu_ms", "kv_bytes", "kv_gbps",   "copy_gbps",  "pct_copy_bw", "read_gbps", "pct_read_bw", "gflops",
                                        "paged_over_contig", "paged_over_contig_cpu", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
 
@@ -160,8 +164,55 @@ static double cpu_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* Read floor of a decode over this layout: every K and V row the kernel reads, in its order (per
+ * sequence, tiles of 32 tokens, one KV head at a time, the tile's K rows then its V rows), summed as 64-bit
+ * words with no other work and no software prefetch, on the kernel's threads. Its time is the fastest this
+ * layout's bytes come from memory here: small blocks scatter the rows, and the hardware prefetchers, which
+ * follow runs of lines, lose them. */
+static double read_pass(const bopts *o, const kvp_paged_kv *kv)
+{
+    const int64_t es = (int64_t)kvp_dtype_size(kv->dtype), words = kv->head_dim * es / 8;
+    uint64_t total = 0;
+#pragma omp parallel for num_threads(o->threads) schedule(dynamic, 1) reduction(+ : total)
+    for (int32_t s = 0; s < kv->num_seqs; s++) {
+        const int32_t L = kvp_paged_kv_seq_len(kv, s), bs = kv->block_size;
+        const int32_t *pages = kv->kv_indices + kv->kv_indptr[s];
+        uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
+        int64_t off[32];
+        for (int32_t t0 = 0; t0 < L; t0 += 32) {
+            const int n = L - t0 < 32 ? L - t0 : 32;
+            int32_t pg = t0 / bs, slot = t0 % bs;
+            for (int i = 0; i < n; i++) {
+                off[i] = (int64_t)pages[pg] * kv->stride_block + (int64_t)slot * kv->stride_token;
+                if (++slot == bs) slot = 0, pg++;
+            }
+            for (int32_t h = 0; h < kv->num_kv_heads; h++)
+                for (int pool = 0; pool < 2; pool++) {
+                    const char *base = (const char *)(pool ? kv->v : kv->k) + h * kv->stride_head * es;
+                    for (int i = 0; i < n; i++) {
+                        const char *w = base + off[i] * es;
+                        int64_t k = 0;
+                        for (; k + 4 <= words; k += 4) {
+                            uint64_t x[4];
+                            memcpy(x, w + 8 * k, sizeof x);
+                            a0 += x[0], a1 += x[1], a2 += x[2], a3 += x[3];
+                        }
+                        for (; k < words; k++) {
+                            uint64_t x;
+                            memcpy(&x, w + 8 * k, sizeof x);
+                            a0 += x;
+                        }
+                    }
+                }
+        }
+        total += a0 + a1 + a2 + a3;
+    }
+    return (double)total;
+}
+
 static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t bs, int reps, double ms,
-                          double cpu_ms, double contig_ms, double contig_cpu_ms, double copy_now, int validated)
+                          double cpu_ms, double contig_ms, double contig_cpu_ms, double copy_now, double read_ms,
+                          int validated)
 {
     cJSON *row;
     KVP_TRY(kvp_report_row(o->rep, &row));
@@ -188,6 +239,10 @@ static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t b
     cJSON_AddNumberToObject(row, "kv_gbps", sig4(gbps));
     cJSON_AddNumberToObject(row, "copy_gbps", sig4(copy_now));
     cJSON_AddNumberToObject(row, "pct_copy_bw", sig4(100 * gbps / copy_now));
+    if (read_ms > 0) {
+        cJSON_AddNumberToObject(row, "read_gbps", sig4(kv_bytes / (read_ms * 1e-3) / 1e9));
+        cJSON_AddNumberToObject(row, "pct_read_bw", sig4(100 * read_ms / ms));
+    }
     cJSON_AddNumberToObject(row, "gflops", sig4(flops / (ms * 1e-3) / 1e9));
     if (contig_ms > 0) cJSON_AddNumberToObject(row, "paged_over_contig", sig4(ms / contig_ms));
     if (contig_cpu_ms > 0) cJSON_AddNumberToObject(row, "paged_over_contig_cpu", sig4(cpu_ms / contig_cpu_ms));
@@ -242,7 +297,9 @@ static kvp_status run_config(bopts *o, const bcfg *c)
     float *cout = kvp_malloc(sizeof(float) * nout);
     int32_t *qo = kvp_malloc(sizeof(int32_t) * ((size_t)c->batch + 1));
     bcache *caches = kvp_calloc((size_t)nl, sizeof *caches);
-    double *ms = kvp_malloc(sizeof(double) * (size_t)nl * 2), *cms = ms ? ms + nl : NULL;
+    double *ms = kvp_malloc(sizeof(double) * (size_t)nl * 3), *cms = ms ? ms + nl : NULL, *rms = ms ? ms + 2 * nl : NULL;
+    const int rfloor = strcmp(c->kernel, "decode") == 0; /* the read floor: decode reads each row once */
+    double sink = 0;
     int *same = kvp_calloc((size_t)nl, sizeof *same);
     kvp_status st = (ks && vs && q && out && cout && qo && caches && ms && same)
                         ? KVP_OK
@@ -284,7 +341,7 @@ static kvp_status run_config(bopts *o, const bcfg *c)
                       c->block_sizes[l - 1], num / den);
     }
     if (st != KVP_OK) goto done;
-    for (int l = 0; l < nl; l++) ms[l] = cms[l] = 1e30;
+    for (int l = 0; l < nl; l++) ms[l] = cms[l] = rms[l] = 1e30;
     double copy_now = 0;
     for (int r = 0; r < reps && st == KVP_OK; r++) {
         for (int l = 0; l < nl && st == KVP_OK; l++) {
@@ -293,13 +350,20 @@ static kvp_status run_config(bopts *o, const bcfg *c)
             double dt = (kvp_now_s() - t0) * 1e3, dc = (cpu_s() - c0) * 1e3;
             ms[l] = dt < ms[l] ? dt : ms[l];
             cms[l] = dc < cms[l] ? dc : cms[l];
+            if (rfloor) {
+                t0 = kvp_now_s();
+                sink += read_pass(o, &caches[l].kv);
+                dt = (kvp_now_s() - t0) * 1e3;
+                rms[l] = dt < rms[l] ? dt : rms[l];
+            }
         }
         double cg = copy_gbps(o, 1); /* the best copy of the rounds: the same load as the kernels saw */
         copy_now = cg > copy_now ? cg : copy_now;
     }
     for (int l = 0; l < nl && st == KVP_OK; l++)
         st = add_row(o, c, l == 0 ? "contiguous" : "paged", l == 0 ? c->ctx : c->block_sizes[l - 1], reps, ms[l], cms[l],
-                     ms[0], cms[0], copy_now, same[l] && ref_ok);
+                     ms[0], cms[0], copy_now, rfloor ? rms[l] : 0, same[l] && ref_ok);
+    if (rfloor) KVP_LOG_D("read floor checksum %g", sink);
     if (st == KVP_OK && c->time_ref) {
         /* the dense float64 reference, one thread, on the gathered f32 K/V (one timed run) */
         size_t tok = (size_t)c->batch * c->ctx * row;
@@ -312,9 +376,9 @@ static kvp_status run_config(bopts *o, const bcfg *c)
         }
         double t0 = kvp_now_s(), c0 = cpu_s();
         if (st == KVP_OK) st = kvp_attn_prefill_ref(k, v, ind, c->batch, c->hkv, c->D, q, qo, out, &p);
-        double rms = (kvp_now_s() - t0) * 1e3, rcms = (cpu_s() - c0) * 1e3;
+        double tref = (kvp_now_s() - t0) * 1e3, rcms = (cpu_s() - c0) * 1e3;
         kvp_free(k), kvp_free(v), kvp_free(ind);
-        if (st == KVP_OK) st = add_row(o, c, "dense_ref", 0, 1, rms, rcms, ms[0], cms[0], copy_gbps(o, 2), 1);
+        if (st == KVP_OK) st = add_row(o, c, "dense_ref", 0, 1, tref, rcms, ms[0], cms[0], copy_gbps(o, 2), 0, 1);
     }
 done:
     for (int l = 0; caches && l < nl; l++) cache_free(&caches[l]);
@@ -332,7 +396,9 @@ static void usage(FILE *f)
             "batch and context sweeps, next to the machine's measured copy bandwidth. Each row is validated\n"
             "(paged == contiguous to 1e-5, contiguous vs the float64 reference) before it is timed. The layouts\n"
             "of a configuration are timed interleaved (round r runs each layout once, then a copy) and each\n"
-            "reports its minimum over the rounds; paged_over_contig = min paged / min contiguous.\n\n"
+            "reports its minimum over the rounds; paged_over_contig = min paged / min contiguous. Decode\n"
+            "rows also give read_gbps, the layout's read floor (its K/V rows read in the kernel's order with\n"
+            "no arithmetic), and pct_read_bw = kv_gbps / read_gbps.\n\n"
             "options:\n"
             "  --quick            a small sweep (seconds; for smoke tests)\n"
             "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"

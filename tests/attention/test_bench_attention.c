@@ -54,6 +54,14 @@ Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
         cr_assert_gt(cJSON_GetObjectItem(r, "time_ms")->valuedouble, 0.0, "row %d: time_ms > 0", i);
         cr_assert_not_null(cJSON_GetObjectItem(r, "machine"));
         if (i > 0) cr_assert_not_null(cJSON_GetObjectItem(r, "paged_over_contig"), "row %d: ratio present", i);
+        /* decode layouts carry their read floor; the reference and prefill rows do not */
+        cJSON *rg = cJSON_GetObjectItem(r, "read_gbps");
+        if (i >= 1 && i <= 3) {
+            cr_assert(cJSON_IsNumber(rg) && rg->valuedouble > 0.0, "row %d: read_gbps > 0", i);
+            cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(r, "pct_read_bw")), "row %d: pct_read_bw", i);
+        } else {
+            cr_assert(rg == NULL || cJSON_IsNull(rg), "row %d: no read floor", i);
+        }
     }
     cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(rows, 2), "block_size")->valueint, 1);
     cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(rows, 3), "block_size")->valueint, 16);
