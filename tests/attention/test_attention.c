@@ -182,6 +182,22 @@ static const int32_t k_block_sizes[] = {1, 5, 16, 32};
  * inputs): storage-format bounds, not kernel bounds. */
 static double quant_bound(kvp_dtype t) { return t == KVP_DTYPE_F32 ? 1e-5 : t == KVP_DTYPE_FP8_E4M3 ? 6e-2 : 1e-2; }
 
+/* Decode of every sequence of c (hq query heads, random q from seed) against the float64 reference on the
+ * values the pool holds (raw = 0) or on the original unquantized inputs (raw = 1): relative error. */
+static double decode_err(const kcase *c, int32_t hq, uint64_t seed, int raw)
+{
+    size_t nout = (size_t)c->num_seqs * hq * c->D;
+    float *q = randv(nout, seed), *out = kvp_malloc(sizeof(float) * nout), *ref = kvp_malloc(sizeof(float) * nout);
+    kvp_attn_params p = kvp_attn_default_params(hq);
+    cr_assert_eq(kvp_attn_decode_cpu(&c->kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_attn_decode_ref(raw ? c->kraw : c->kd, raw ? c->vraw : c->vd, c->seq_indptr, c->num_seqs, c->hkv,
+                                     c->D, q, ref, &p),
+                 KVP_OK);
+    double e = rel_err(out, ref, nout);
+    kvp_free(q), kvp_free(out), kvp_free(ref);
+    return e;
+}
+
 Test(attention, decode_matches_reference_on_stored_values_every_dtype_head_dim_gqa)
 {
     int n = 0;
@@ -196,16 +212,9 @@ Test(attention, decode_matches_reference_on_stored_values_every_dtype_head_dim_g
                 int32_t lens[4] = {maxlen, 1, 1 + (int32_t)(seed * 37 % (uint64_t)maxlen), bs + 1};
                 kcase c;
                 case_build(&c, t, D, hkv, bs, 4, lens, seed);
-                size_t nout = (size_t)4 * hq * D;
-                float *q = randv(nout, seed), *out = kvp_malloc(sizeof(float) * nout);
-                float *ref = kvp_malloc(sizeof(float) * nout);
-                kvp_attn_params p = kvp_attn_default_params(hq);
-                cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
-                cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 4, hkv, D, q, ref, &p), KVP_OK);
-                double e = rel_err(out, ref, nout);
+                double e = decode_err(&c, hq, seed, 0);
                 cr_assert(e < KERNEL_BOUND, "decode %s D=%d G=%d bs=%d seed=%llu: err %g vs the stored values (bound %g)",
                           kvp_dtype_name(t), D, G, bs, (unsigned long long)seed, e, KERNEL_BOUND);
-                kvp_free(q), kvp_free(out), kvp_free(ref);
                 case_free(&c);
             }
 }
@@ -220,16 +229,9 @@ Test(attention, fp8_decode_within_1e_2_of_reference_on_dequantized_values)
         int32_t G = k_groups[gi], hkv = 2, hq = hkv * G, D = 128;
         kcase c;
         case_build(&c, KVP_DTYPE_FP8_E4M3, D, hkv, 16, 3, lens, 1500 + (uint64_t)gi);
-        size_t nout = (size_t)3 * hq * D;
-        float *q = randv(nout, 1500 + (uint64_t)gi), *out = kvp_malloc(sizeof(float) * nout);
-        float *ref = kvp_malloc(sizeof(float) * nout);
-        kvp_attn_params p = kvp_attn_default_params(hq);
-        cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
-        cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 3, hkv, D, q, ref, &p), KVP_OK);
-        double e = rel_err(out, ref, nout);
+        double e = decode_err(&c, hq, 1500 + (uint64_t)gi, 0);
         cr_assert(e < issue_bound, "fp8 G=%d: err %g >= %g", G, e, issue_bound);
         cr_assert(e < KERNEL_BOUND, "fp8 G=%d: err %g >= %g", G, e, KERNEL_BOUND);
-        kvp_free(q), kvp_free(out), kvp_free(ref);
         case_free(&c);
     }
 }
@@ -246,16 +248,9 @@ Test(attention, quantization_error_vs_unquantized_inputs_within_dtype_bound)
             int32_t lens[3] = {150, 1, 40};
             kcase c;
             case_build(&c, t, D, hkv, bs, 3, lens, seed);
-            size_t nout = (size_t)3 * hq * D;
-            float *q = randv(nout, seed), *out = kvp_malloc(sizeof(float) * nout);
-            float *raw = kvp_malloc(sizeof(float) * nout);
-            kvp_attn_params p = kvp_attn_default_params(hq);
-            cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
-            cr_assert_eq(kvp_attn_decode_ref(c.kraw, c.vraw, c.seq_indptr, 3, hkv, D, q, raw, &p), KVP_OK);
-            double eq = rel_err(out, raw, nout);
+            double eq = decode_err(&c, hq, seed, 1);
             cr_assert(eq < quant_bound(t), "decode vs unquantized %s D=%d G=%d seed=%llu: err %g (bound %g)",
                       kvp_dtype_name(t), D, G, (unsigned long long)seed, eq, quant_bound(t));
-            kvp_free(q), kvp_free(out), kvp_free(raw);
             case_free(&c);
         }
 }
