@@ -361,7 +361,9 @@ static void op_cache_evict(world *w, snap_t *before)
     w->counts[11]++;
 }
 
-static void run_world(int32_t nb, int32_t bs, int32_t nh, int32_t maxlen, uint64_t seed, int iters)
+/* A fresh world: an empty block manager of nb device / nh host blocks of bs slots and its slot models.
+ * deferred: step mode (the step ops and token writes of a whole step run at its end, as in run_steps). */
+static world *world_new(int32_t nb, int32_t bs, int32_t nh, int32_t maxlen, uint64_t seed, bool deferred)
 {
     world *w = calloc(1, sizeof *w);
     w->nb = nb;
@@ -371,11 +373,18 @@ static void run_world(int32_t nb, int32_t bs, int32_t nh, int32_t maxlen, uint64
     w->seed = w->seed0 = seed;
     w->next_id = 1;
     w->next_tok = 1;
-    const uint64_t seed0 = seed;
+    w->deferred = deferred;
     kvp_bm_config cfg = {.num_blocks = nb, .block_size = bs, .num_host_blocks = nh, .max_seq_len = maxlen};
     cr_assert_eq(kvp_bm_create(&cfg, &w->bm), KVP_OK);
     w->dev = calloc((size_t)nb * (size_t)bs, sizeof(int64_t));
     w->hst = calloc((size_t)nh * (size_t)bs, sizeof(int64_t));
+    return w;
+}
+
+static void run_world(int32_t nb, int32_t bs, int32_t nh, int32_t maxlen, uint64_t seed, int iters)
+{
+    world *w = world_new(nb, bs, nh, maxlen, seed, false);
+    const uint64_t seed0 = seed;
     snap_t before = {0};
     for (w->it = 0; w->it < iters; w->it++) {
         snap_take(w->bm, &before);
@@ -448,19 +457,7 @@ static void end_step(world *w)
 
 static void run_steps(int32_t nb, int32_t bs, int32_t nh, int32_t maxlen, uint64_t seed, int steps)
 {
-    world *w = calloc(1, sizeof *w);
-    w->nb = nb;
-    w->bs = bs;
-    w->nh = nh;
-    w->maxlen = maxlen;
-    w->seed = w->seed0 = seed;
-    w->next_id = 1;
-    w->next_tok = 1;
-    w->deferred = true;
-    kvp_bm_config cfg = {.num_blocks = nb, .block_size = bs, .num_host_blocks = nh, .max_seq_len = maxlen};
-    cr_assert_eq(kvp_bm_create(&cfg, &w->bm), KVP_OK);
-    w->dev = calloc((size_t)nb * (size_t)bs, sizeof(int64_t));
-    w->hst = calloc((size_t)nh * (size_t)bs, sizeof(int64_t));
+    world *w = world_new(nb, bs, nh, maxlen, seed, true);
     snap_t before = {0};
     int64_t ops = 0, copies = 0;
     for (int step = 0; step < steps; step++) {
