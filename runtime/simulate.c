@@ -190,3 +190,9 @@ kvp_status kvp_sim_load_workload(const char *trace, const char *spec, int64_t nu
     *out = w;
     return KVP_OK;
 }
+
+int32_t kvp_sim_default_max_model_len(const kvp_model_config *cfg)
+{
+    int64_t ml = cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings : 4096;
+    return (int32_t)(ml < 32768 ? ml : 32768);
+}

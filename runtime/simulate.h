@@ -41,6 +41,10 @@ typedef struct {
     int64_t host_slots;
 } kvp_sim_memory;
 
+/* The max_model_len a simulation uses when none is given: the model's max_position_embeddings (4096 when
+ * absent), at most 32768. */
+int32_t kvp_sim_default_max_model_len(const kvp_model_config *cfg);
+
 /* Builds the cost model and fills ecfg->kv_slots / host_slots (other ecfg fields untouched). */
 kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *gpu, const kvp_sim_hw *hw,
                            kvp_engine_config *ecfg, kvp_cost_model *cm, kvp_sim_memory *mem);

@@ -164,10 +164,7 @@ int kvp_cmd_simulate(int argc, char **argv)
     if ((st = kvp_gpu_profile_find(gpu_name, &gpu)) != KVP_OK) return kvp_cli_fail(cmd, st);
     kvp_model_config cfg;
     if ((st = kvp_model_config_load(model, &cfg)) != KVP_OK) return kvp_cli_fail(cmd, st);
-    if (!max_len_set) {
-        int64_t ml = cfg.max_position_embeddings > 0 ? cfg.max_position_embeddings : 4096;
-        ec.max_model_len = (int32_t)(ml < 32768 ? ml : 32768);
-    }
+    if (!max_len_set) ec.max_model_len = kvp_sim_default_max_model_len(&cfg);
     if (!ec.chunked_prefill && ec.max_batched_tokens < ec.max_model_len) ec.max_batched_tokens = ec.max_model_len;
     kvp_cost_model cm;
     kvp_sim_memory mem;
