@@ -10,6 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "common/alloc.h"
+#include "common/status.h"
+
 #define S260_DIR "../shared/models/stories260K"
 #define S260_GGUF S260_DIR "/stories260K.gguf"
 #define S260_HF S260_DIR "/hf"
@@ -20,6 +23,29 @@ static inline void tu_require_shared(void)
 {
     cr_assert(access(S260_GGUF, R_OK) == 0 && access(S260_HF "/model.safetensors", R_OK) == 0,
               "test data missing: %s (run from the project root with ../shared present)", S260_DIR);
+}
+
+/* Calls make(ctx, &obj) with the 1st, 2nd, ... allocation failing until a call makes fewer allocations than
+ * that (and succeeds; obj is then destroyed). Every failing call must return KVP_ENOMEM (any error when
+ * any_error) and leave obj NULL. */
+static inline void tu_every_alloc_failure(const char *what, kvp_status (*make)(void *ctx, void **obj),
+                                          void (*destroy)(void *obj), void *ctx, int any_error)
+{
+    for (int64_t n = 1;; n++) {
+        kvp_alloc_fail_at(n);
+        void *obj = NULL;
+        kvp_status st = make(ctx, &obj);
+        int64_t made = kvp_alloc_count();
+        kvp_alloc_fail_at(0);
+        if (made < n) {
+            cr_assert_eq(st, KVP_OK, "%s: %s", what, kvp_status_str(st));
+            destroy(obj);
+            return;
+        }
+        if (any_error) cr_assert_neq(st, KVP_OK, "%s: failing allocation %lld still succeeded", what, (long long)n);
+        else cr_assert_eq(st, KVP_ENOMEM, "%s: failing allocation %lld gave %s", what, (long long)n, kvp_status_str(st));
+        cr_assert_null(obj, "%s: failing allocation %lld left an object", what, (long long)n);
+    }
 }
 
 /* Makes a fresh temp dir; returns a static path. */

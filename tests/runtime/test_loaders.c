@@ -279,23 +279,15 @@ Test(loaders, gguf_corrupt_counts_and_lengths)
     free(all);
 }
 
+static kvp_status open_gguf(void *path, void **g) { return kvp_gguf_open(path, (kvp_gguf **)g); }
+static void close_gguf(void *g) { kvp_gguf_close(g); }
+static kvp_status open_st(void *path, void **s) { return kvp_st_open(path, (kvp_st **)s); }
+static void close_st(void *s) { kvp_st_close(s); }
+
 Test(loaders, gguf_open_survives_every_allocation_failure)
 {
     tu_require_shared();
-    for (int64_t n = 1;; n++) {
-        kvp_alloc_fail_at(n);
-        kvp_gguf *g = NULL;
-        kvp_status st = kvp_gguf_open(S260_GGUF, &g);
-        int64_t made = kvp_alloc_count();
-        kvp_alloc_fail_at(0);
-        if (made < n) {
-            cr_assert_eq(st, KVP_OK);
-            kvp_gguf_close(g);
-            break;
-        }
-        cr_assert_eq(st, KVP_ENOMEM, "failing allocation %lld gave %s", (long long)n, kvp_status_str(st));
-        cr_assert_null(g);
-    }
+    tu_every_alloc_failure("gguf open", open_gguf, close_gguf, S260_GGUF, 0);
 }
 
 /* ---- safetensors ---- */
@@ -461,18 +453,5 @@ Test(loaders, safetensors_sharded_folder)
 Test(loaders, safetensors_open_survives_every_allocation_failure)
 {
     tu_require_shared();
-    for (int64_t n = 1;; n++) {
-        kvp_alloc_fail_at(n);
-        kvp_st *s = NULL;
-        kvp_status st = kvp_st_open(S260_HF, &s);
-        int64_t made = kvp_alloc_count();
-        kvp_alloc_fail_at(0);
-        if (made < n) {
-            cr_assert_eq(st, KVP_OK);
-            kvp_st_close(s);
-            break;
-        }
-        cr_assert_neq(st, KVP_OK, "failing allocation %lld still succeeded", (long long)n);
-        cr_assert_null(s);
-    }
+    tu_every_alloc_failure("safetensors open", open_st, close_st, S260_HF, 1);
 }

@@ -237,23 +237,13 @@ Test(model, load_errors_name_the_problem)
     cr_assert(strstr(kvp_error_message(), "/nonexistent/model.gguf"));
 }
 
+static kvp_status load_model(void *path, void **m) { return kvp_model_load(path, (kvp_model **)m); }
+static void destroy_model(void *m) { kvp_model_destroy(m); }
+
 Test(model, load_survives_every_allocation_failure)
 {
     tu_require_shared();
-    for (int64_t n = 1;; n++) {
-        kvp_alloc_fail_at(n);
-        kvp_model *m = NULL;
-        kvp_status st = kvp_model_load(S260_GGUF, &m);
-        int64_t made = kvp_alloc_count();
-        kvp_alloc_fail_at(0);
-        if (made < n) {
-            cr_assert_eq(st, KVP_OK);
-            kvp_model_destroy(m);
-            break;
-        }
-        cr_assert_eq(st, KVP_ENOMEM, "allocation %lld: %s", (long long)n, kvp_status_str(st));
-        cr_assert_null(m);
-    }
+    tu_every_alloc_failure("model load", load_model, destroy_model, S260_GGUF, 0);
 }
 
 /* ---- the same model stored in other dtypes (converted here), end to end ---- */
