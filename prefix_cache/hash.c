@@ -186,25 +186,18 @@ kvp_status pc_hash_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n
     return KVP_OK;
 }
 
+/* pc_heap_settle's view of an entry: unlocked entries are evictable. */
+static pc_key evict_key(const kvp_prefix_cache *pc, int32_t u, int *evictable)
+{
+    const pc_entry *e = ENT(u);
+    *evictable = e->lock == 0;
+    return ent_key(pc, e);
+}
+
 void pc_hash_evict_one(kvp_prefix_cache *pc, int32_t *freed)
 {
-    /* Lazy heap: drop locked entries, re-key stale ones, until the top is exact (see pc_internal.h). */
-    int32_t u;
-    pc_entry *e;
-    for (;;) {
-        u = pc_heap_top(&pc->heap);
-        e = ENT(u);
-        if (e->lock > 0) {
-            pc_heap_remove(&pc->heap, u);
-            continue;
-        }
-        pc_key k = ent_key(pc, e);
-        if (pc_key_cmp(pc_heap_key(&pc->heap, u), k) < 0) {
-            pc_heap_update(&pc->heap, u, k);
-            continue;
-        }
-        break;
-    }
+    const int32_t u = pc_heap_settle(pc, &pc->heap, evict_key);
+    pc_entry *e = ENT(u);
     pc_heap_remove(&pc->heap, u);
     pc_map_del(&pc->map, e->hash, u);
     pc->block_unit[e->block] = -1;

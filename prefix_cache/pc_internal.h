@@ -128,6 +128,10 @@ pc_key pc_policy_key(const kvp_prefix_cache *pc, const pc_meta *m, int64_t next_
 void pc_touch(kvp_prefix_cache *pc, pc_meta *m, const kvp_pc_hint *hint);
 /* After a unit's true key became `k`: lowers its heap key when k is lower (lazy heap); no-op if absent. */
 void pc_heap_lower(pc_heap *h, int32_t unit, pc_key k);
+/* Lazy heap: drops top units that stopped being evictable and re-keys stale ones (key() gives a unit's true
+ * key and whether it is evictable) until the top is exact; returns it, still in the heap. The heap must hold
+ * an evictable unit, so this ends (each unit is dropped or re-keyed once). */
+int32_t pc_heap_settle(const kvp_prefix_cache *pc, pc_heap *h, pc_key (*key)(const kvp_prefix_cache *pc, int32_t unit, int *evictable));
 kvp_status pc_check_blocks(const kvp_prefix_cache *pc, const int32_t *blocks, int32_t n);
 
 /* radix.c / hash.c: the kind-specific halves of the public calls (arguments already validated). */

@@ -374,26 +374,18 @@ static void remove_node(kvp_prefix_cache *pc, int32_t u)
     pc->st.nodes--;
 }
 
+/* pc_heap_settle's view of a node: only unlocked leaves are evictable. */
+static pc_key evict_key(const kvp_prefix_cache *pc, int32_t u, int *evictable)
+{
+    const pc_node *x = NODE(u);
+    *evictable = x->lock == 0 && x->nchildren == 0;
+    return node_key(pc, x);
+}
+
 void pc_radix_evict_one(kvp_prefix_cache *pc, int32_t *freed)
 {
-    /* Lazy heap: drop units that stopped being evictable, re-key stale ones, until the top is exact. The
-     * caller checked that an evictable block exists, so this ends (each unit is dropped or re-keyed once). */
-    int32_t u;
-    pc_node *x;
-    for (;;) {
-        u = pc_heap_top(&pc->heap);
-        x = NODE(u);
-        if (x->lock > 0 || x->nchildren > 0) {
-            pc_heap_remove(&pc->heap, u);
-            continue;
-        }
-        pc_key k = node_key(pc, x);
-        if (pc_key_cmp(pc_heap_key(&pc->heap, u), k) < 0) {
-            pc_heap_update(&pc->heap, u, k);
-            continue;
-        }
-        break;
-    }
+    const int32_t u = pc_heap_settle(pc, &pc->heap, evict_key);
+    pc_node *x = NODE(u);
     int32_t b = x->blocks[--x->nblocks];
     x->depth_end--;
     pc->block_unit[b] = -1;
