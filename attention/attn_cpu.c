@@ -111,7 +111,10 @@ KVP_INLINE void scores8_rb(const float *qs, const void *kbase, const int64_t *of
     for (int i0 = 0; i0 < n; i0 += 8) {
         const int cnt = n - i0 < 8 ? n - i0 : 8;
         kvp_v8 k[8], p[8];
-        for (int t = 0; t < 8; t++) k[t] = t < cnt ? v8_load_elem(kbase, off[i0 + t], T, lut) : v8_zero();
+        if (cnt == 8) /* every step but a tile's last: no per-key test */
+            for (int t = 0; t < 8; t++) k[t] = v8_load_elem(kbase, off[i0 + t], T, lut);
+        else
+            for (int t = 0; t < 8; t++) k[t] = t < cnt ? v8_load_elem(kbase, off[i0 + t], T, lut) : v8_zero();
         for (int r = 0; r < RB; r++) {
             for (int t = 0; t < 8; t++) p[t] = v8_mul(q[r], k[t]);
             v8_storef(S + r * TILE + i0, v8_hsum8(p)); /* lanes past n: overwritten by the mask */
@@ -240,12 +243,11 @@ static inline void tile_offsets(const kvp_paged_kv *kv, const int32_t *pages, in
         for (int i = 0; i < n; i++) off[i] = (int64_t)pages[pg + i] * sb + base;
         return;
     }
-    for (int i = 0; i < n; i++) {
-        off[i] = (int64_t)pages[pg] * sb + base + (int64_t)slot * st;
-        if (++slot == bs) {
-            slot = 0;
-            pg++;
-        }
+    for (int i = 0; i < n; pg++, slot = 0) { /* the run of this tile in page pg */
+        const int64_t b = (int64_t)pages[pg] * sb + base + (int64_t)slot * st;
+        const int run = bs - slot < n - i ? bs - slot : n - i;
+        for (int k = 0; k < run; k++) off[i + k] = b + k * st;
+        i += run;
     }
 }
 
@@ -309,7 +311,7 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             nn = hi_max - tn < TILE ? hi_max - tn : TILE;
             tile_offsets(kv, pages, it->kvh, tn, nn, offs[cur ^ 1]);
             pfn = offs[cur ^ 1];
-        } else if (next != NULL && next->c0 < next->c1) {
+        } else if (next != NULL && next->c0 < next->c1 && row_bytes >= 64) { /* short rows: no prefetch */
             nn = next->c1 - next->c0 < TILE ? next->c1 - next->c0 : TILE;
             tile_offsets(kv, kv->kv_indices + kv->kv_indptr[next->seq], next->kvh, next->c0, nn, offn);
             pfn = offn;
@@ -329,23 +331,24 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
                 scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, j->lut, r == r0 ? pf : NULL);
             for (; r < r1; r++)
                 scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, j->lut, r == r0 ? pf : NULL);
+            const int nv = (n + 7) & ~7; /* the tile's scores, in whole vectors (lanes past n: masked) */
             for (r = r0; r < r1; r++) {
                 float *sr = S + r * TILE;
-                for (int i = n; i < TILE; i++) sr[i] = -INFINITY;
+                for (int i = n; i < nv; i++) sr[i] = -INFINITY;
                 if (masked)
                     for (int i = 0; i < n; i++)
                         if (ts + i < lo[r] || ts + i >= hi[r]) sr[i] = -INFINITY;
                 kvp_v8 mv = v8_loadf(sr);
-                for (int i = 8; i < TILE; i += 8) mv = v8_max(mv, v8_loadf(sr + i));
+                for (int i = 8; i < nv; i += 8) mv = v8_max(mv, v8_loadf(sr + i));
                 const float mt = v8_hmax(mv);
                 if (mt == -INFINITY) {
-                    for (int i = 0; i < TILE; i++) sr[i] = 0.0f;
+                    for (int i = 0; i < nv; i++) sr[i] = 0.0f;
                     continue;
                 }
                 const float mn = mt > m[r] ? mt : m[r];
                 const kvp_v8 mnv = v8_set1(-mn);
                 kvp_v8 sum = v8_zero();
-                for (int i = 0; i < TILE; i += 8) {
+                for (int i = 0; i < nv; i += 8) {
                     kvp_v8 e = v8_exp2(v8_add(v8_loadf(sr + i), mnv));
                     v8_storef(sr + i, e);
                     sum = v8_add(sum, e);
