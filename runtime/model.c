@@ -2,6 +2,9 @@
 #include "runtime/model.h"
 
 #include <cblas.h>
+#ifdef __FMA__
+#include <immintrin.h>
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -532,9 +535,10 @@ kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *pairs, int3
 
 /* y (T, N) = x (T, K) . W^T   (W is the [out = N, in = K] weight).
  *
- * The invariant kernel computes every y[t][o] as ((x[t][0]*W[o][0] + x[t][1]*W[o][1]) + ...) in k order,
- * one multiply and one add per step (no FMA contraction under -std=c11), so a row's result does not depend
- * on T, on the tiling or on the thread split. Vector lanes run across outputs, over the packed panels of
+ * The invariant kernel computes every y[t][o] as a chain of multiply-adds in k order,
+ * y = mac(x[t][k], W[o][k], y) for k = 0, 1, ..., so a row's result does not depend on T, on the tiling or
+ * on the thread split. mac is a fused multiply-add where the target has one (x86-64-v3: the Release build),
+ * else a multiply then an add; every row of a build takes the same one. Vector lanes run across outputs, over the packed panels of
  * mat_w (16 outputs x K, contiguous): tiles of 4 rows x 16 outputs keep 8 accumulators in registers, a
  * single row takes 4 panels at once (8 independent accumulators). The partial last panel is computed on its
  * zero padding and stored only up to N, so every element goes through the same operations. */
@@ -545,6 +549,11 @@ typedef float kvp_v8f __attribute__((vector_size(32)));
 #define V8_ST(p, v) memcpy((p), &(v), sizeof(kvp_v8f))
 #define V8_BC(x) ((kvp_v8f){(x), (x), (x), (x), (x), (x), (x), (x)})
 #define MM_INLINE static inline __attribute__((always_inline))
+#ifdef __FMA__
+#define V8_MAC(a, b, w) ((kvp_v8f)_mm256_fmadd_ps((__m256)(b), (__m256)(w), (__m256)(a)))
+#else
+#define V8_MAC(a, b, w) ((a) + (b) * (w))
+#endif
 
 /* Stores a (16)-wide accumulator pair to y[0..ncols). */
 MM_INLINE void mm_store16(float *restrict y, const kvp_v8f *a0, const kvp_v8f *a1, int64_t ncols)
@@ -572,8 +581,8 @@ MM_INLINE void mm_rows_panel(float *restrict y, int64_t ldy, const float *restri
         V8_LD(w1, pan + k * KVP_MM_PANEL + 8);
         for (int r = 0; r < R; r++) {
             const kvp_v8f b = V8_BC(x[r * K + k]);
-            a[r][0] = a[r][0] + b * w0;
-            a[r][1] = a[r][1] + b * w1;
+            a[r][0] = V8_MAC(a[r][0], b, w0);
+            a[r][1] = V8_MAC(a[r][1], b, w1);
         }
     }
     for (int r = 0; r < R; r++) mm_store16(y + r * ldy, &a[r][0], &a[r][1], ncols);
@@ -596,14 +605,14 @@ MM_INLINE void mm_row_4panels(float *restrict y, const float *restrict x, int64_
         V8_LD(w5, w + 2 * ps + 8);
         V8_LD(w6, w + 3 * ps);
         V8_LD(w7, w + 3 * ps + 8);
-        a0 = a0 + b * w0;
-        a1 = a1 + b * w1;
-        a2 = a2 + b * w2;
-        a3 = a3 + b * w3;
-        a4 = a4 + b * w4;
-        a5 = a5 + b * w5;
-        a6 = a6 + b * w6;
-        a7 = a7 + b * w7;
+        a0 = V8_MAC(a0, b, w0);
+        a1 = V8_MAC(a1, b, w1);
+        a2 = V8_MAC(a2, b, w2);
+        a3 = V8_MAC(a3, b, w3);
+        a4 = V8_MAC(a4, b, w4);
+        a5 = V8_MAC(a5, b, w5);
+        a6 = V8_MAC(a6, b, w6);
+        a7 = V8_MAC(a7, b, w7);
     }
     V8_ST(y, a0);
     V8_ST(y + 8, a1);
