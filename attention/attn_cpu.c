@@ -131,14 +131,28 @@ typedef struct {
 } pf_t;
 
 /* Prefetches every 64-byte line of the rows of tokens i0 .. i1-1 of pf (NULL: nothing). Rows shorter than a
- * line (head_dim 8 in f32, 16 in f16: a tiny model whose cache sits in L2/L3 anyway) are not prefetched:
- * one prefetch per row cost ~20 % of such a decode, and the hardware prefetcher follows their blocks. */
+ * line are left to prefetch_short_rows (one prefetch per row here cost ~20 % of such a decode). */
 KVP_INLINE void prefetch_span(const void *base, const pf_t *pf, int i0, int i1, const int64_t es, const int64_t row_bytes)
 {
     if (pf == NULL || pf->off == NULL || row_bytes < 64) return;
     const int e = i1 < pf->n ? i1 : pf->n;
     for (int t = i0; t < e; t++)
         for (int64_t b = 0; b < row_bytes; b += 64) KVP_PREFETCH((const char *)base + (pf->off[t] + pf->shift) * es + b);
+}
+
+/* Rows shorter than a line (head_dim 8 in f32, 16 in f16), for tokens 0 .. n-1 at offsets off of heads
+ * 0 .. nh-1 (sh elements apart): one prefetch per distinct line. Issued a whole tile ahead, for every head
+ * at once: a unit of such rows computes too briefly to hide a miss issued one unit ahead. */
+KVP_INLINE void prefetch_short_rows(const void *base, const int64_t *off, int n, int nh, int64_t sh, const int64_t es)
+{
+    for (int h = 0; h < nh; h++) {
+        uintptr_t prev = 0;
+        for (int t = 0; t < n; t++) {
+            uintptr_t line = (uintptr_t)((const char *)base + (off[t] + h * sh) * es) & ~(uintptr_t)63;
+            if (line != prev) KVP_PREFETCH((const void *)line);
+            prev = line;
+        }
+    }
 }
 
 /* S[r][i] = qs[r] . k_i for RB rows, KB = 8 / RB keys per step: each q chunk loaded once feeds KB keys and
@@ -311,10 +325,15 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             nn = hi_max - tn < TILE ? hi_max - tn : TILE;
             tile_offsets(kv, pages, it->kvh, tn, nn, offs[cur ^ 1]);
             pfn = offs[cur ^ 1];
-        } else if (next != NULL && next->c0 < next->c1 && row_bytes >= 64) { /* short rows: no prefetch */
+        } else if (next != NULL && next->c0 < next->c1) {
             nn = next->c1 - next->c0 < TILE ? next->c1 - next->c0 : TILE;
             tile_offsets(kv, kv->kv_indices + kv->kv_indptr[next->seq], next->kvh, next->c0, nn, offn);
             pfn = offn;
+        }
+        if (row_bytes < 64 && pfn != NULL) {
+            const int nh = tn < hi_max ? it->nh : next->nh;
+            prefetch_short_rows(kv->k, pfn, nn, nh, sh, es);
+            prefetch_short_rows(kv->v, pfn, nn, nh, sh, es);
         }
         const int masked = !(ts >= lo_max && ts + n <= hi_min);
         for (int h = 0; h < it->nh; h++) {
