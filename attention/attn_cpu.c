@@ -140,18 +140,17 @@ KVP_INLINE void prefetch_span(const void *base, const pf_t *pf, int i0, int i1, 
         for (int64_t b = 0; b < row_bytes; b += 64) KVP_PREFETCH((const char *)base + (pf->off[t] + pf->shift) * es + b);
 }
 
-/* Rows shorter than a line (head_dim 8 in f32, 16 in f16), for tokens 0 .. n-1 at offsets off of heads
- * 0 .. nh-1 (sh elements apart): one prefetch per distinct line. Issued a whole tile ahead, for every head
- * at once: a unit of such rows computes too briefly to hide a miss issued one unit ahead. */
-KVP_INLINE void prefetch_short_rows(const void *base, const int64_t *off, int n, int nh, int64_t sh, const int64_t es)
+/* Rows shorter than a line (head_dim 8 in f32, 16 in f16) of tokens 0 .. n-1 at element offsets off from
+ * base: one prefetch per distinct line. Issued for the same head a whole tile ahead (a unit of such rows
+ * computes too briefly to hide a miss issued one unit ahead), spread over the heads' units rather than in
+ * one burst, which filled the miss buffers and stalled. */
+KVP_INLINE void prefetch_short_rows(const void *base, const int64_t *off, int n, const int64_t es)
 {
-    for (int h = 0; h < nh; h++) {
-        uintptr_t prev = 0;
-        for (int t = 0; t < n; t++) {
-            uintptr_t line = (uintptr_t)((const char *)base + (off[t] + h * sh) * es) & ~(uintptr_t)63;
-            if (line != prev) KVP_PREFETCH((const void *)line);
-            prev = line;
-        }
+    uintptr_t prev = 0;
+    for (int t = 0; t < n; t++) {
+        uintptr_t line = (uintptr_t)((const char *)base + off[t] * es) & ~(uintptr_t)63;
+        if (line != prev) KVP_PREFETCH((const void *)line);
+        prev = line;
     }
 }
 
@@ -330,11 +329,8 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             tile_offsets(kv, kv->kv_indices + kv->kv_indptr[next->seq], next->kvh, next->c0, nn, offn);
             pfn = offn;
         }
-        if (row_bytes < 64 && pfn != NULL) {
-            const int nh = tn < hi_max ? it->nh : next->nh;
-            prefetch_short_rows(kv->k, pfn, nn, nh, sh, es);
-            prefetch_short_rows(kv->v, pfn, nn, nh, sh, es);
-        }
+        /* short rows: head h of the next tile (or item) is prefetched while head h of this one is computed */
+        const int short_pf_heads = row_bytes < 64 && pfn != NULL ? (tn < hi_max ? it->nh : next->nh) : 0;
         const int masked = !(ts >= lo_max && ts + n <= hi_min);
         for (int h = 0; h < it->nh; h++) {
             const void *kb = (const char *)kv->k + h * sh * es; /* this head's rows */
@@ -344,6 +340,7 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             const pf_t pfs = {h + 1 < it->nh ? off : pfn, h + 1 < it->nh ? sh : -h * sh, h + 1 < it->nh ? n : nn};
             const pf_t *pf = &pfs;
             int r;
+            if (h < short_pf_heads) prefetch_short_rows(kb, pfn, nn, es);
             for (r = r0; r + 4 <= r1; r += 4)
                 scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, j->lut, r == r0 ? pf : NULL);
             for (; r + 2 <= r1; r += 2)
@@ -381,6 +378,7 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
                 }
                 l[r] += v8_hsum(sum);
             }
+            if (h < short_pf_heads) prefetch_short_rows(vb, pfn, nn, es);
             for (r = r0; r + 4 <= r1; r += 4)
                 values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, j->lut, r == r0 ? pf : NULL);
             for (; r + 2 <= r1; r += 2)
