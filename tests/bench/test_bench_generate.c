@@ -1,0 +1,65 @@
+/* Tests of `kvpage bench generate` end to end on stories260K: the greedy output is validated (golden story,
+ * batch invariance) before timing, each mode generates exactly sequences x max_tokens tokens in its fastest
+ * of --reps rounds, the batched row's speedup is its tokens/s over the single row's; bad input exits 2. */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "common/json.h"
+
+#include "cli_testutil.h"
+
+static double num(const cJSON *r, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, k);
+    cr_assert(cJSON_IsNumber(v), "field %s", k);
+    return v->valuedouble;
+}
+
+Test(bench_generate, validated_rows_per_mode, .timeout = 120)
+{
+    static char out[1 << 15], err[1 << 14];
+    int rc = kvp_test_cli("bench generate --batch 5 --max-tokens 12 --reps 2 --threads 1,2 --format json", out, sizeof out,
+                          err, sizeof err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cJSON *o = cJSON_Parse(out);
+    cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
+    const cJSON *rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
+    cr_assert(cJSON_IsArray(rows));
+    cr_assert_eq(cJSON_GetArraySize(rows), 4, "two thread counts x (single, batched)");
+    for (int i = 0; i < 4; i++) {
+        const cJSON *r = cJSON_GetArrayItem(rows, i);
+        const int batched = i % 2;
+        const cJSON *mode = cJSON_GetObjectItemCaseSensitive(r, "mode");
+        cr_assert(cJSON_IsString(mode));
+        cr_assert_str_eq(mode->valuestring, batched ? "batched" : "single");
+        cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")), "row %d not validated", i);
+        cr_assert_eq(num(r, "threads"), i < 2 ? 1 : 2);
+        cr_assert_eq(num(r, "reps"), 2);
+        cr_assert_eq(num(r, "sequences"), batched ? 5 : 1);
+        cr_assert_eq(num(r, "generated"), num(r, "sequences") * 12, "every sequence generates max_tokens (EOS ignored)");
+        cr_assert_gt(num(r, "wall_s"), 0);
+        cr_assert_float_eq(num(r, "tokens_per_s"), num(r, "generated") / num(r, "wall_s"), 1e-6 * num(r, "tokens_per_s"));
+        if (batched) {
+            const cJSON *single = cJSON_GetArrayItem(rows, i - 1);
+            cr_assert_float_eq(num(r, "speedup_vs_single"), num(r, "tokens_per_s") / num(single, "tokens_per_s"),
+                               1e-3 * num(r, "speedup_vs_single"));
+        } else {
+            cr_assert_eq(num(r, "speedup_vs_single"), 1);
+        }
+    }
+    cJSON_Delete(o);
+}
+
+Test(bench_generate, bad_input_exits_2)
+{
+    static const kvp_cli_case cases[] = {
+        {"--reps 0", "--reps"},
+        {"--batch x", "--batch"},
+        {"--matmul fast", "fast"},
+        {"--threads 0", "--threads"},
+        {"--model ../shared/models/nope.gguf", "nope.gguf"},
+        {"--bogus", "bogus"},
+    };
+    kvp_test_cli_rejects("bench generate --max-tokens 2", cases, sizeof cases / sizeof cases[0]);
+}
