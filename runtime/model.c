@@ -646,56 +646,73 @@ static void mm_tile6(float *restrict y, int64_t ldy, const float *restrict x, in
     mm_rows_panel(y, ldy, x, K, pan, ncols, 6);
 }
 
-/* One row (any panel count). */
-static void mm_row(float *restrict y, const float *restrict x, const mat_w *w)
+/* One row, panels p0 .. p1-1 (4 full panels at a time, then one by one). */
+static void mm_row_panels(float *restrict y, const float *restrict x, const mat_w *w, int64_t p0, int64_t p1)
 {
     const int64_t K = w->K, N = w->N, ps = K * KVP_MM_PANEL, full = N / KVP_MM_PANEL;
-    int64_t p = 0;
-    for (; p + 4 <= full; p += 4) mm_row_4panels(y + p * KVP_MM_PANEL, x, K, w->p + p * ps);
-    for (; p * KVP_MM_PANEL < N; p++) {
+    int64_t p = p0;
+    for (; p + 4 <= p1 && p + 4 <= full; p += 4) mm_row_4panels(y + p * KVP_MM_PANEL, x, K, w->p + p * ps);
+    for (; p < p1; p++) {
         int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
         mm_rows_panel(y + o, 0, x, K, w->p + p * ps, nc, 1);
     }
 }
 
-/* The invariant matmul over T rows: 4-row tiles per panel split over `threads` when large enough; on one
- * thread 6-row tiles then one 4-row tile per panel; the remaining rows one at a time. */
+static void mm_row(float *restrict y, const float *restrict x, const mat_w *w)
+{
+    mm_row_panels(y, x, w, 0, (w->N + KVP_MM_PANEL - 1) / KVP_MM_PANEL);
+}
+
+/* The invariant matmul over T rows: when large enough, 4-row tiles per panel split over `threads`, then
+ * the remaining rows with their panels split over the threads in runs of 4 (a single row of a model whose
+ * weights do not fit in cache is bound by reading them: one core alone does not reach the machine's
+ * bandwidth); on one thread 6-row tiles then one 4-row tile per panel, the remaining rows one at a time.
+ * Every output goes through the same multiply-add chain whatever the split. */
 static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, int64_t T)
 {
     const int64_t K = w->K, N = w->N, ps = K * KVP_MM_PANEL, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
     const int64_t ntb = T / 4;
-    const int nt = ntb > 0 && T * N * K > (1 << 20) ? threads : 1;
+    const int nt = T * N * K > (1 << 20) ? threads : 1;
     if (nt > 1) {
+        if (ntb > 0) {
 #pragma omp parallel for num_threads(nt) schedule(static) collapse(2)
-        for (int64_t p = 0; p < np; p++)
-            for (int64_t tb = 0; tb < ntb; tb++) {
-                int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-                mm_tile4(y + tb * 4 * N + o, N, x + tb * 4 * K, K, w->p + p * ps, nc);
+            for (int64_t p = 0; p < np; p++)
+                for (int64_t tb = 0; tb < ntb; tb++) {
+                    int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
+                    mm_tile4(y + tb * 4 * N + o, N, x + tb * 4 * K, K, w->p + p * ps, nc);
+                }
+        }
+        if (ntb * 4 < T) {
+            const int64_t runs = (np + 3) / 4; /* runs of 4 panels, split evenly */
+#pragma omp parallel for num_threads(nt) schedule(static)
+            for (int c = 0; c < nt; c++) {
+                int64_t p0 = 4 * (runs * c / nt), p1 = 4 * (runs * (c + 1) / nt);
+                if (p1 > np) p1 = np;
+                for (int64_t t = ntb * 4; t < T; t++) mm_row_panels(y + t * N, x + t * K, w, p0, p1);
             }
-    } else {
-        /* rows = 6 n6 + 4 n4 + left, left < 4 (32 = 4 x 6 + 2 x 4); 2 or 3 left rows take one more tile
-         * per panel, a single one takes mm_row */
-        int64_t n6 = T / 6, n4 = 0, left = T % 6;
-        if ((left == 2 || left == 3) && n6 > 0) {
-            n6--;
-            n4 = 2;
-            left -= 2;
-        } else if (left >= 4) {
-            n4 = 1;
-            left -= 4;
         }
-        const int64_t t4 = n6 * 6, tl = t4 + n4 * 4;
-        for (int64_t p = 0; p < np; p++) {
-            int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-            const float *pan = w->p + p * ps;
-            for (int64_t tb = 0; tb < n6; tb++) mm_tile6(y + tb * 6 * N + o, N, x + tb * 6 * K, K, pan, nc);
-            for (int64_t tb = 0; tb < n4; tb++) mm_tile4(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, K, pan, nc);
-            if (left >= 2) mm_tile_r(y + tl * N + o, N, x + tl * K, K, pan, nc, left);
-        }
-        if (left == 1) mm_row(y + tl * N, x + tl * K, w);
         return;
     }
-    for (int64_t t = ntb * 4; t < T; t++) mm_row(y + t * N, x + t * K, w);
+    /* rows = 6 n6 + 4 n4 + left, left < 4 (32 = 4 x 6 + 2 x 4); 2 or 3 left rows take one more tile
+     * per panel, a single one takes mm_row */
+    int64_t n6 = T / 6, n4 = 0, left = T % 6;
+    if ((left == 2 || left == 3) && n6 > 0) {
+        n6--;
+        n4 = 2;
+        left -= 2;
+    } else if (left >= 4) {
+        n4 = 1;
+        left -= 4;
+    }
+    const int64_t t4 = n6 * 6, tl = t4 + n4 * 4;
+    for (int64_t p = 0; p < np; p++) {
+        int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
+        const float *pan = w->p + p * ps;
+        for (int64_t tb = 0; tb < n6; tb++) mm_tile6(y + tb * 6 * N + o, N, x + tb * 6 * K, K, pan, nc);
+        for (int64_t tb = 0; tb < n4; tb++) mm_tile4(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, K, pan, nc);
+        if (left >= 2) mm_tile_r(y + tl * N + o, N, x + tl * K, K, pan, nc, left);
+    }
+    if (left == 1) mm_row(y + tl * N, x + tl * K, w);
 }
 
 static void matmul(const kvp_model *m, int threads, float *y, const float *x, const mat_w *w, int64_t T)
