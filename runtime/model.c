@@ -672,7 +672,7 @@ static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, in
 {
     const int64_t K = w->K, N = w->N, ps = K * KVP_MM_PANEL, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
     const int64_t ntb = T / 4;
-    const int nt = T * N * K > (1 << 20) ? threads : 1;
+    const int nt = T * N * K >= (1 << 18) ? threads : 1; /* 1 MiB of weights for one row: worth a fork/join */
     if (nt > 1) {
         if (ntb > 0) {
 #pragma omp parallel for num_threads(nt) schedule(static) collapse(2)
