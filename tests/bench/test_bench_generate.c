@@ -3,6 +3,7 @@
  * of --reps rounds, the batched row's speedup is its tokens/s over the single row's; bad input exits 2. */
 #include <criterion/criterion.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/json.h"
@@ -62,4 +63,35 @@ Test(bench_generate, bad_input_exits_2)
         {"--bogus", "bogus"},
     };
     kvp_test_cli_rejects("bench generate --max-tokens 2", cases, sizeof cases / sizeof cases[0]);
+}
+
+/* scripts/synth-model.py writes an HF folder the loader takes (random weights, the stories260K tokenizer):
+ * the bench validates its batch invariance and generates with it; an impossible shape is refused. */
+Test(bench_generate, synthetic_model_runs, .timeout = 120)
+{
+    char dir[] = "/tmp/kvp_synth_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "python3 scripts/synth-model.py %s --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 2>/dev/null",
+             dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    static char out[1 << 14], err[1 << 14];
+    snprintf(cmd, sizeof cmd, "bench generate --model %s --batch 3 --max-tokens 5 --reps 1 --format json", dir);
+    int rc = kvp_test_cli(cmd, out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cJSON *o = cJSON_Parse(out);
+    cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
+    const cJSON *rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
+    cr_assert_eq(cJSON_GetArraySize(rows), 2);
+    const cJSON *r;
+    cJSON_ArrayForEach(r, rows)
+    {
+        cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")));
+        cr_assert_eq(num(r, "generated"), num(r, "sequences") * 5);
+    }
+    cJSON_Delete(o);
+    snprintf(cmd, sizeof cmd, "python3 scripts/synth-model.py %s --hidden 60 --heads 8 2>/dev/null", dir);
+    cr_assert_neq(system(cmd), 0, "hidden 60 is not a multiple of 8 heads");
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
 }
