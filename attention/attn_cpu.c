@@ -2,9 +2,10 @@
  *
  * Work split: one item = (sequence, KV head, tile of query tokens, group of query heads, KV chunk).
  * Its rows are the (query token, query head) pairs sharing one KV head (GQA: each K/V row is loaded and
- * converted once for all of them). An item walks its KV range in tiles of TILE tokens, and each tile one KV
- * head at a time (a unit: that head's K and V rows of the tile, 16 KiB at head_dim 128 in f16, stay in L1
- * from the score pass to the values pass; the next unit's rows are prefetched meanwhile):
+ * converted once for all of them). An item walks its KV range in tiles (16 tokens for rows of 256 bytes
+ * and more, else 32), and each tile one KV head at a time (a unit: that head's K and V rows of the tile,
+ * 8 KiB at head_dim 128 in f16, stay in L1 from the score pass to the values pass; the next unit's rows are
+ * prefetched meanwhile, and both fit in L1):
  *
  *     offsets of the tile's K/V rows (page table walk, once per tile)
  *     for each head:  S[row][i] = q_row . k_i (log2 units)  ->  online softmax per row (running max m,
@@ -23,7 +24,7 @@
 #include "attention/attn_simd.h"
 #include "common/alloc.h"
 
-enum { TILE = 32, MAXROWS = 32, MAXD = 256 };
+enum { TILE = 32, MAXROWS = 32, MAXD = 256 }; /* TILE: the longest tile (and the stride of S) */
 
 static const int32_t k_head_dims[] = {8, 16, 32, 64, 80, 96, 128, 256};
 #define NUM_HEAD_DIMS ((int)(sizeof k_head_dims / sizeof k_head_dims[0]))
@@ -141,16 +142,18 @@ KVP_INLINE void prefetch_span(const void *base, const pf_t *pf, int i0, int i1, 
 }
 
 /* Rows shorter than a line (head_dim 8 in f32, 16 in f16) of tokens 0 .. n-1 at element offsets off from
- * base: one prefetch per distinct line. Issued for the same head a whole tile ahead (a unit of such rows
- * computes too briefly to hide a miss issued one unit ahead), spread over the heads' units rather than in
- * one burst, which filled the miss buffers and stalled. */
-KVP_INLINE void prefetch_short_rows(const void *base, const int64_t *off, int n, const int64_t es)
+ * base, the first at slot `slot` of its block: every line of each run of the tokens within one block (its
+ * rows are contiguous). Issued for the same head a whole tile ahead (a unit of such rows computes too
+ * briefly to hide a miss issued one unit ahead), spread over the heads' units rather than in one burst,
+ * which filled the miss buffers and stalled. */
+KVP_INLINE void prefetch_short_rows(const void *base, const int64_t *off, int n, int32_t slot, int32_t bs,
+                                    const int64_t st, const int64_t es)
 {
-    uintptr_t prev = 0;
-    for (int t = 0; t < n; t++) {
-        uintptr_t line = (uintptr_t)((const char *)base + off[t] * es) & ~(uintptr_t)63;
-        if (line != prev) KVP_PREFETCH((const void *)line);
-        prev = line;
+    for (int t = 0; t < n; slot = 0) {
+        const int run = bs - slot < n - t ? bs - slot : n - t;
+        const char *a = (const char *)base + off[t] * es, *end = a + ((run - 1) * st + st) * es;
+        for (a = (const char *)((uintptr_t)a & ~(uintptr_t)63); a < end; a += 64) KVP_PREFETCH(a);
+        t += run;
     }
 }
 
@@ -192,8 +195,10 @@ KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off
 }
 
 /* acc[r] += sum_i P[r][i] * v_i for RB rows, two 8-lane strips at a time kept in registers (the head's V
- * rows of the tile, 32 x row_bytes, stay in L1 across the strips). With pf != NULL, the first strip also
- * prefetches the rows pf[i] + shift (the next unit's V), one token per key. */
+ * rows of the tile stay in L1 across the strips). With pf != NULL, the strips also prefetch the rows
+ * pf[i] + shift (the next unit's V), row i during strip i mod (strips): spread over the pass, not in one
+ * burst during the first strip (measured: 30-40 % -> 48-53 % of the copy bandwidth on the target decode,
+ * together with 16-token tiles). */
 KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
                           const int D, const kvp_dtype T, const float *lut, const pf_t *pf)
 {
@@ -206,7 +211,7 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
             b[r] = v8_loadf(acc + r * D + d + 8);
         }
         for (int i = 0; i < n; i++) {
-            if (d == 0) prefetch_span(vbase, pf, i, i + 1, es, D * es);
+            if (i % (D / 16) == d / 16) prefetch_span(vbase, pf, i, i + 1, es, D * es); /* spread over the strips */
             kvp_v8 v0 = v8_load_elem(vbase, off[i] + d, T, lut), v1 = v8_load_elem(vbase, off[i] + d + 8, T, lut);
             for (int r = 0; r < RB; r++) {
                 kvp_v8 p = v8_set1(P[r * TILE + i]);
@@ -265,9 +270,9 @@ static inline void tile_offsets(const kvp_paged_kv *kv, const int32_t *pages, in
 }
 
 /* The rows an item walks: row r = (KV head kvh + r / rph, query token q0 + (r % rph) / ng, query head
- * g0 + r % ng of that KV head's group). The item runs in units of (tile of TILE tokens, KV head): scores of
- * the head's rows, their online softmax, then their values, so the unit's K and V rows (2 x TILE x
- * row_bytes: 16 KiB at head_dim 128 in f16) are still in L1 for the values pass. While one unit is computed
+ * g0 + r % ng of that KV head's group). The item runs in units of (tile of tl tokens, KV head): scores of
+ * the head's rows, their online softmax, then their values, so the unit's K and V rows (2 x tl x
+ * row_bytes: 8 KiB at head_dim 128 in f16) are still in L1 for the values pass. While one unit is computed
  * the next unit's rows are prefetched (K during the score pass, V during the values pass): the next head of
  * the same tile, else the first head of the next tile, else the first head of `next`, the item this thread
  * runs after this one (NULL: unknown), so a short item does not start on cold rows either. */
@@ -302,10 +307,13 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
     const int32_t *pages = kv->kv_indices + kv->kv_indptr[it->seq];
     const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2, row_bytes = D * es;
     const int64_t sh = kv->stride_head;
+    /* tile length: 16 tokens for rows of 256 bytes and more (a unit, its K and V rows, then stays within
+     * 8 KiB, so it and the next unit prefetched meanwhile fit in L1 together), else TILE */
+    const int tl = row_bytes >= 256 ? 16 : TILE;
     int64_t offs[2][TILE], offn[TILE];
     int cur = 0;
     if (lo_min < hi_max) {
-        const int n0 = hi_max - lo_min < TILE ? hi_max - lo_min : TILE;
+        const int n0 = hi_max - lo_min < tl ? hi_max - lo_min : tl;
         tile_offsets(kv, pages, it->kvh, lo_min, n0, offs[0]);
         for (int h = 0; h < it->nh; h++) {
             const pf_t first = {offs[0], h * sh, n0};
@@ -313,21 +321,24 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             prefetch_span(kv->v, &first, 0, n0, es, row_bytes);
         }
     }
-    for (int32_t ts = lo_min; ts < hi_max; ts += TILE) {
-        const int n = hi_max - ts < TILE ? hi_max - ts : TILE;
+    for (int32_t ts = lo_min; ts < hi_max; ts += tl) {
+        const int n = hi_max - ts < tl ? hi_max - ts : tl;
         const int64_t *off = offs[cur];
-        const int32_t tn = ts + TILE;
+        const int32_t tn = ts + tl;
         /* the unit after this tile's last head: the next tile, or the next item's first tile */
         const int64_t *pfn = NULL;
         int nn = 0;
+        int32_t pfslot = 0; /* block slot of pfn's first token */
         if (tn < hi_max) {
-            nn = hi_max - tn < TILE ? hi_max - tn : TILE;
+            nn = hi_max - tn < tl ? hi_max - tn : tl;
             tile_offsets(kv, pages, it->kvh, tn, nn, offs[cur ^ 1]);
             pfn = offs[cur ^ 1];
+            pfslot = tn % kv->block_size;
         } else if (next != NULL && next->c0 < next->c1) {
-            nn = next->c1 - next->c0 < TILE ? next->c1 - next->c0 : TILE;
+            nn = next->c1 - next->c0 < tl ? next->c1 - next->c0 : tl;
             tile_offsets(kv, kv->kv_indices + kv->kv_indptr[next->seq], next->kvh, next->c0, nn, offn);
             pfn = offn;
+            pfslot = next->c0 % kv->block_size;
         }
         /* short rows: head h of the next tile (or item) is prefetched while head h of this one is computed */
         const int short_pf_heads = row_bytes < 64 && pfn != NULL ? (tn < hi_max ? it->nh : next->nh) : 0;
@@ -340,7 +351,7 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             const pf_t pfs = {h + 1 < it->nh ? off : pfn, h + 1 < it->nh ? sh : -h * sh, h + 1 < it->nh ? n : nn};
             const pf_t *pf = &pfs;
             int r;
-            if (h < short_pf_heads) prefetch_short_rows(kb, pfn, nn, es);
+            if (h < short_pf_heads) prefetch_short_rows(kb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
             for (r = r0; r + 4 <= r1; r += 4)
                 scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, j->lut, r == r0 ? pf : NULL);
             for (; r + 2 <= r1; r += 2)
@@ -378,7 +389,7 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
                 }
                 l[r] += v8_hsum(sum);
             }
-            if (h < short_pf_heads) prefetch_short_rows(vb, pfn, nn, es);
+            if (h < short_pf_heads) prefetch_short_rows(vb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
             for (r = r0; r + 4 <= r1; r += 4)
                 values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, j->lut, r == r0 ? pf : NULL);
             for (; r + 2 <= r1; r += 2)

@@ -40,11 +40,11 @@ Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
     cr_assert_eq(run(args, 1, out, sizeof out), 0);
     cJSON *rows = cJSON_Parse(out);
     cr_assert(cJSON_IsArray(rows), "stdout is a JSON array: %s", out);
-    /* memcpy; decode: contiguous, paged 1, paged 16, dense_ref; prefill: contiguous, paged 1, paged 16 */
-    cr_assert_eq(cJSON_GetArraySize(rows), 8);
-    const char *kernels[] = {"memcpy", "decode", "decode", "decode", "decode", "prefill", "prefill", "prefill"};
-    const char *layouts[] = {"64MiB", "contiguous", "paged", "paged", "dense_ref", "contiguous", "paged", "paged"};
-    for (int i = 0; i < 8; i++) {
+    /* memcpy, memread; decode: contiguous, paged 1, paged 16, dense_ref; prefill: contiguous, paged 1, 16 */
+    cr_assert_eq(cJSON_GetArraySize(rows), 9);
+    const char *kernels[] = {"memcpy", "memread", "decode", "decode", "decode", "decode", "prefill", "prefill", "prefill"};
+    const char *layouts[] = {"64MiB", "64MiB", "contiguous", "paged", "paged", "dense_ref", "contiguous", "paged", "paged"};
+    for (int i = 0; i < 9; i++) {
         cJSON *r = cJSON_GetArrayItem(rows, i);
         cr_assert_str_eq(cJSON_GetObjectItem(r, "kernel")->valuestring, kernels[i]);
         cr_assert_str_eq(cJSON_GetObjectItem(r, "layout")->valuestring, layouts[i]);
@@ -53,18 +53,23 @@ Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
         cr_assert_gt(cJSON_GetObjectItem(r, "copy_gbps")->valuedouble, 0.0, "row %d: copy_gbps > 0", i);
         cr_assert_gt(cJSON_GetObjectItem(r, "time_ms")->valuedouble, 0.0, "row %d: time_ms > 0", i);
         cr_assert_not_null(cJSON_GetObjectItem(r, "machine"));
-        if (i > 0) cr_assert_not_null(cJSON_GetObjectItem(r, "paged_over_contig"), "row %d: ratio present", i);
+        if (i > 1) cr_assert_not_null(cJSON_GetObjectItem(r, "paged_over_contig"), "row %d: ratio present", i);
         /* decode layouts carry their read floor; the reference and prefill rows do not */
         cJSON *rg = cJSON_GetObjectItem(r, "read_gbps");
-        if (i >= 1 && i <= 3) {
+        if (i >= 2 && i <= 4) {
             cr_assert(cJSON_IsNumber(rg) && rg->valuedouble > 0.0, "row %d: read_gbps > 0", i);
             cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(r, "pct_read_bw")), "row %d: pct_read_bw", i);
         } else {
             cr_assert(rg == NULL || cJSON_IsNull(rg), "row %d: no read floor", i);
         }
     }
-    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(rows, 2), "block_size")->valueint, 1);
-    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(rows, 3), "block_size")->valueint, 16);
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(rows, 3), "block_size")->valueint, 1);
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(rows, 4), "block_size")->valueint, 16);
+    /* memread counts the bytes read only (memcpy: read + written), against the same copy figure */
+    const cJSON *mc = cJSON_GetArrayItem(rows, 0), *mr = cJSON_GetArrayItem(rows, 1);
+    cr_assert_float_eq(cJSON_GetObjectItem(mr, "kv_bytes")->valuedouble, cJSON_GetObjectItem(mc, "kv_bytes")->valuedouble / 2, 1);
+    cr_assert_float_eq(cJSON_GetObjectItem(mr, "pct_copy_bw")->valuedouble,
+                       100 * cJSON_GetObjectItem(mr, "kv_gbps")->valuedouble / cJSON_GetObjectItem(mc, "kv_gbps")->valuedouble, 0.1);
     cJSON_Delete(rows);
     snprintf(path, sizeof path, "%s/attention.csv", dir);
     FILE *f = fopen(path, "r");
@@ -75,7 +80,7 @@ Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
     int n = 0;
     while (fgets(line, sizeof line, f)) n++;
     fclose(f);
-    cr_assert_eq(n, 8, "8 CSV rows");
+    cr_assert_eq(n, 9, "9 CSV rows");
     unlink(path);
     snprintf(path, sizeof path, "%s/attention.json", dir);
     cr_assert_eq(access(path, R_OK), 0);
