@@ -7,9 +7,7 @@
 #include "common/alloc.h"
 #include "common/json.h"
 
-#ifndef KVPAGE_GIT_COMMIT
-#define KVPAGE_GIT_COMMIT "unknown"
-#endif
+#include "kvp_commit.h" /* KVPAGE_GIT_COMMIT, written at every build (scripts/commit-stamp.cmake) */
 
 struct kvp_report {
     int nfields;
