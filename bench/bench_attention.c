@@ -14,12 +14,12 @@
  * Bandwidth = bytes of K/V read once / time; copy bandwidth = a large memcpy's bytes read + written / time,
  * on all threads: measured at the start (the memcpy row) and once per round; a row's copy_gbps (and its
  * pct_copy_bw) is the best of the rounds of its configuration, i.e. taken under the same load as its kernel.
- * Decode rows also carry the layout's read floor (read_pass: the same rows read in the kernel's order with
- * no arithmetic, timed in the same rounds, minimum): read_gbps, and pct_read_bw = kv_gbps / read_gbps. A
+ * Decode rows also carry the layout's plain read (read_pass: the same rows read in the kernel's order with
+ * no arithmetic and no software prefetch, timed in the same rounds, minimum): read_gbps, and pct_read_bw =
+ * kv_gbps / read_gbps (above 100 where the kernel's prefetching beats a plain read of the layout). A
  * memcpy counts bytes read + written, so even a pure read stream reaches only part of copy_gbps: the
  * memread row (a sequential read of the copy source on all threads, timed interleaved with the first
- * copies) gives that part for this machine, and the read floor says how far the kernel is from what its
- * layout allows.
+ * copies) gives that part for this machine, and the plain read what the layout gives without prefetching.
  */
 #include <getopt.h>
 #include <math.h>
@@ -329,7 +329,7 @@ static kvp_status run_config(bopts *o, const bcfg *c)
     int32_t *qo = kvp_malloc(sizeof(int32_t) * ((size_t)c->batch + 1));
     bcache *caches = kvp_calloc((size_t)nl, sizeof *caches);
     double *ms = kvp_malloc(sizeof(double) * (size_t)nl * 3), *cms = ms ? ms + nl : NULL, *rms = ms ? ms + 2 * nl : NULL;
-    const int rfloor = strcmp(c->kernel, "decode") == 0; /* the read floor: decode reads each row once */
+    const int rfloor = strcmp(c->kernel, "decode") == 0; /* the plain read: decode reads each row once */
     double sink = 0;
     int *same = kvp_calloc((size_t)nl, sizeof *same);
     kvp_status st = (ks && vs && q && out && cout && qo && caches && ms && same)
@@ -394,7 +394,7 @@ static kvp_status run_config(bopts *o, const bcfg *c)
     for (int l = 0; l < nl && st == KVP_OK; l++)
         st = add_row(o, c, l == 0 ? "contiguous" : "paged", l == 0 ? c->ctx : c->block_sizes[l - 1], reps, ms[l], cms[l],
                      ms[0], cms[0], copy_now, rfloor ? rms[l] : 0, same[l] && ref_ok);
-    if (rfloor) KVP_LOG_D("read floor checksum %g", sink);
+    if (rfloor) KVP_LOG_D("plain read checksum %g", sink);
     if (st == KVP_OK && c->time_ref) {
         /* the dense float64 reference, one thread, on the gathered f32 K/V (one timed run) */
         size_t tok = (size_t)c->batch * c->ctx * row;
@@ -428,8 +428,9 @@ static void usage(FILE *f)
             "(paged == contiguous to 1e-5, contiguous vs the float64 reference) before it is timed. The layouts\n"
             "of a configuration are timed interleaved (round r runs each layout once, then a copy) and each\n"
             "reports its minimum over the rounds; paged_over_contig = min paged / min contiguous. Decode\n"
-            "rows also give read_gbps, the layout's read floor (its K/V rows read in the kernel's order with\n"
-            "no arithmetic), and pct_read_bw = kv_gbps / read_gbps.\n\n"
+            "rows also give read_gbps, the layout's plain read (its K/V rows read in the kernel's order with\n"
+            "no arithmetic and no prefetch), and pct_read_bw = kv_gbps / read_gbps. The memread row is a\n"
+            "sequential read on all threads: the part of the copy figure a read-only kernel could reach.\n\n"
             "options:\n"
             "  --quick            a small sweep (seconds; for smoke tests)\n"
             "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"
