@@ -538,10 +538,11 @@ kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *pairs, int3
  * The invariant kernel computes every y[t][o] as a chain of multiply-adds in k order,
  * y = mac(x[t][k], W[o][k], y) for k = 0, 1, ..., so a row's result does not depend on T, on the tiling or
  * on the thread split. mac is a fused multiply-add where the target has one (x86-64-v3: the Release build),
- * else a multiply then an add; every row of a build takes the same one. Vector lanes run across outputs, over the packed panels of
- * mat_w (16 outputs x K, contiguous): tiles of 4 rows x 16 outputs keep 8 accumulators in registers, a
- * single row takes 4 panels at once (8 independent accumulators). The partial last panel is computed on its
- * zero padding and stored only up to N, so every element goes through the same operations. */
+ * else a multiply then an add; every row of a build takes the same one. Vector lanes run across outputs,
+ * over the packed panels of mat_w (16 outputs x K, contiguous): tiles of 4 rows x 16 outputs keep 8
+ * accumulators in registers, a single row takes 4 panels at once (8 independent accumulators). The partial
+ * last panel is computed on its zero padding and stored only up to N, so every element goes through the
+ * same operations. */
 typedef float kvp_v8f __attribute__((vector_size(32)));
 
 /* Vector helpers as macros: functions passing 32-byte vectors by value change the ABI without AVX. */
