@@ -126,6 +126,19 @@ static void run_all(kvp_engine *e, const kvp_workload *w)
     }
 }
 
+/* Runs w to the end on a fresh engine (config c, recording executor) and returns its metrics. */
+static kvp_engine_metrics run_metrics(const kvp_engine_config *c, const kvp_workload *w)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_engine_metrics m;
+    kvp_engine_metrics_get(e, &m);
+    kvp_engine_destroy(e);
+    return m;
+}
+
 Test(scheduler, admission_respects_max_num_seqs_and_continuous_batching_order)
 {
     kvp_executor ex = rec_executor();
@@ -305,21 +318,15 @@ Test(scheduler, preemption_by_swap_and_resumption) { preemption_case(KVP_PREEMPT
 
 Test(scheduler, swap_without_host_room_falls_back_to_recompute)
 {
-    kvp_executor ex = rec_executor();
     kvp_engine_config c = base_cfg(4, 32);
     c.preempt = KVP_PREEMPT_SWAP;
     c.host_slots = 4; /* one host block: too small for the victim */
     int32_t p[] = {8, 8}, o[] = {16, 16};
     kvp_workload *w = make_wl(2, p, o, NULL, NULL);
-    kvp_engine *e;
-    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    run_all(e, w);
-    kvp_engine_metrics m;
-    kvp_engine_metrics_get(e, &m);
+    kvp_engine_metrics m = run_metrics(&c, w);
     cr_assert_geq(m.preemptions, 1);
     cr_assert_eq(m.swap_outs, 0);
     cr_assert_eq(m.recomputes, m.preemptions);
-    kvp_engine_destroy(e);
     kvp_workload_destroy(w);
 }
 
@@ -416,7 +423,6 @@ Test(scheduler, prefix_cache_hits_and_lpm)
 Test(scheduler, contiguous_reservations_limit_the_batch)
 {
     /* Orca-Max reserves max_model_len = 64 slots per request in a 256-slot arena: 4 run at once. */
-    kvp_executor ex = rec_executor();
     kvp_engine_config c = base_cfg(1, 256);
     c.alloc = KVP_ALLOC_ORCA_MAX;
     c.max_model_len = 64;
@@ -424,26 +430,17 @@ Test(scheduler, contiguous_reservations_limit_the_batch)
     int32_t p[8], o[8];
     for (int i = 0; i < 8; i++) p[i] = 8, o[i] = 8;
     kvp_workload *w = make_wl(8, p, o, NULL, NULL);
-    kvp_engine *e;
-    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    run_all(e, w);
-    kvp_engine_metrics m;
-    kvp_engine_metrics_get(e, &m);
+    kvp_engine_metrics m = run_metrics(&c, w);
     cr_assert_eq(m.max_running, 4);
     cr_assert_eq(m.preemptions, 0);
     cr_assert_gt(m.kv_internal_frag, 0.5, "most of each 64-slot reservation is never used");
-    kvp_engine_destroy(e);
 
     /* Orca-Oracle reserves exactly 16: 8 fit */
-    ex = rec_executor();
     c.alloc = KVP_ALLOC_ORCA_ORACLE;
-    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    run_all(e, w);
-    kvp_engine_metrics_get(e, &m);
+    m = run_metrics(&c, w);
     cr_assert_eq(m.max_running, 8);
     cr_assert_float_eq(m.kv_internal_frag, 0, 1e-12);
     cr_assert_gt(m.kv_reserved, 0);
-    kvp_engine_destroy(e);
     kvp_workload_destroy(w);
 }
 
@@ -474,17 +471,13 @@ Test(scheduler, rejects_and_clamps_impossible_requests)
     kvp_workload_destroy(w);
 
     /* a rejected request arriving while the engine is idle is skipped, not a stall */
-    ex = rec_executor();
     int32_t p2[] = {4, 40, 4}, o2[] = {2, 2, 2};
     double arr2[] = {0, 1.0, 2.0};
     w = make_wl(3, p2, o2, arr2, NULL);
-    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    run_all(e, w);
-    kvp_engine_metrics_get(e, &m);
+    m = run_metrics(&c, w);
     cr_assert_eq(m.finished, 2);
     cr_assert_eq(m.rejected, 1);
     cr_assert_gt(m.sim_duration_s, 2.0);
-    kvp_engine_destroy(e);
     kvp_workload_destroy(w);
 
     /* out-of-order arrivals through add_request are refused */
@@ -583,15 +576,10 @@ Test(scheduler, time_averaged_accounting_by_hand)
      *   step 0: prefill 6 tokens in 2 blocks of 4 -> 6 token slots, 2 internal
      *   step 1: decode, 7 tokens -> 1 internal;  step 2: decode, 8 tokens -> 0 internal, third token: done
      * token share = (6 + 7 + 8) / (3 x 16), internal = (2 + 1 + 0) / 48, free = 1 - 24 / 48. */
-    kvp_executor ex = rec_executor();
     kvp_engine_config c = base_cfg(4, 16);
     int32_t p[] = {6}, o[] = {3};
     kvp_workload *w = make_wl(1, p, o, NULL, NULL);
-    kvp_engine *e;
-    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    run_all(e, w);
-    kvp_engine_metrics m;
-    kvp_engine_metrics_get(e, &m);
+    kvp_engine_metrics m = run_metrics(&c, w);
     cr_assert_eq(m.steps, 3);
     cr_assert_float_eq(m.sim_duration_s, 3e-3, 1e-15);
     cr_assert_float_eq(m.kv_token_states, 21.0 / 48, 1e-12);
@@ -601,45 +589,32 @@ Test(scheduler, time_averaged_accounting_by_hand)
     cr_assert_float_eq(m.mean_running, 1.0, 1e-12);
     cr_assert_float_eq(m.ttft_p50_s, 1e-3, 1e-15);
     cr_assert_float_eq(m.tpot_p50_s, 1e-3, 1e-15);
-    kvp_engine_destroy(e);
 
     /* Orca-Oracle: one reservation of exactly 9 slots; the unfilled part of it is "reserved"; first fit */
-    ex = rec_executor();
     c.alloc = KVP_ALLOC_ORCA_ORACLE;
     c.arena = KVP_CONTIG_FIRST_FIT;
-    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    run_all(e, w);
-    kvp_engine_metrics_get(e, &m);
+    m = run_metrics(&c, w);
     cr_assert_float_eq(m.kv_token_states, 21.0 / 48, 1e-12);
     cr_assert_float_eq(m.kv_reserved, (3.0 + 2 + 1) / 48, 1e-12);
     cr_assert_float_eq(m.kv_internal_frag, 0, 1e-12);
     cr_assert_float_eq(m.kv_external_frag, 0, 1e-12);
     cr_assert_float_eq(m.kv_free, 21.0 / 48, 1e-12);
-    kvp_engine_destroy(e);
 
     /* the same in a buddy arena: the 9 slots take a 16-slot block, 7 slots of allocator fragmentation */
-    ex = rec_executor();
     c.arena = KVP_CONTIG_BUDDY;
-    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    run_all(e, w);
-    kvp_engine_metrics_get(e, &m);
+    m = run_metrics(&c, w);
     cr_assert_float_eq(m.kv_token_states, 21.0 / 48, 1e-12);
     cr_assert_float_eq(m.kv_reserved, (3.0 + 2 + 1) / 48, 1e-12);
     cr_assert_float_eq(m.kv_external_frag, 3 * 7.0 / 48, 1e-12);
     cr_assert_float_eq(m.kv_free, 0, 1e-12);
-    kvp_engine_destroy(e);
 
     /* Orca-Max (max_model_len 12 here): 12 slots reserved, 3 of them beyond the final length */
-    ex = rec_executor();
     c.alloc = KVP_ALLOC_ORCA_MAX;
     c.arena = KVP_CONTIG_FIRST_FIT;
     c.max_model_len = 12;
     c.max_batched_tokens = 12;
-    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    run_all(e, w);
-    kvp_engine_metrics_get(e, &m);
+    m = run_metrics(&c, w);
     cr_assert_float_eq(m.kv_internal_frag, 9.0 / 48, 1e-12);
     cr_assert_float_eq(m.kv_free, 12.0 / 48, 1e-12);
-    kvp_engine_destroy(e);
     kvp_workload_destroy(w);
 }
