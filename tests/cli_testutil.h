@@ -10,6 +10,16 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "common/json.h"
+
+/* Numeric field k of a JSON row (--json output); fails the test when it is missing or not a number. */
+static inline double kvp_test_num(const cJSON *row, const char *k)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(row, k);
+    cr_assert(cJSON_IsNumber(v), "field %s", k);
+    return v->valuedouble;
+}
+
 /* Reads at most cap-1 bytes of f into buf (NUL-terminated); buf may be NULL to discard. */
 static inline void kvp_test_slurp(FILE *f, char *buf, size_t cap)
 {

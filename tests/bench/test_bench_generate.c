@@ -10,13 +10,6 @@
 
 #include "cli_testutil.h"
 
-static double num(const cJSON *r, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, k);
-    cr_assert(cJSON_IsNumber(v), "field %s", k);
-    return v->valuedouble;
-}
-
 Test(bench_generate, validated_rows_per_mode, .timeout = 120)
 {
     static char out[1 << 15], err[1 << 14];
@@ -35,18 +28,21 @@ Test(bench_generate, validated_rows_per_mode, .timeout = 120)
         cr_assert(cJSON_IsString(mode));
         cr_assert_str_eq(mode->valuestring, batched ? "batched" : "single");
         cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")), "row %d not validated", i);
-        cr_assert_eq(num(r, "threads"), i < 2 ? 1 : 2);
-        cr_assert_eq(num(r, "reps"), 2);
-        cr_assert_eq(num(r, "sequences"), batched ? 5 : 1);
-        cr_assert_eq(num(r, "generated"), num(r, "sequences") * 12, "every sequence generates max_tokens (EOS ignored)");
-        cr_assert_gt(num(r, "wall_s"), 0);
-        cr_assert_float_eq(num(r, "tokens_per_s"), num(r, "generated") / num(r, "wall_s"), 1e-6 * num(r, "tokens_per_s"));
+        cr_assert_eq(kvp_test_num(r, "threads"), i < 2 ? 1 : 2);
+        cr_assert_eq(kvp_test_num(r, "reps"), 2);
+        cr_assert_eq(kvp_test_num(r, "sequences"), batched ? 5 : 1);
+        cr_assert_eq(kvp_test_num(r, "generated"), kvp_test_num(r, "sequences") * 12,
+                     "every sequence generates max_tokens (EOS ignored)");
+        cr_assert_gt(kvp_test_num(r, "wall_s"), 0);
+        cr_assert_float_eq(kvp_test_num(r, "tokens_per_s"), kvp_test_num(r, "generated") / kvp_test_num(r, "wall_s"),
+                           1e-6 * kvp_test_num(r, "tokens_per_s"));
         if (batched) {
             const cJSON *single = cJSON_GetArrayItem(rows, i - 1);
-            cr_assert_float_eq(num(r, "speedup_vs_single"), num(r, "tokens_per_s") / num(single, "tokens_per_s"),
-                               1e-3 * num(r, "speedup_vs_single"));
+            cr_assert_float_eq(kvp_test_num(r, "speedup_vs_single"),
+                               kvp_test_num(r, "tokens_per_s") / kvp_test_num(single, "tokens_per_s"),
+                               1e-3 * kvp_test_num(r, "speedup_vs_single"));
         } else {
-            cr_assert_eq(num(r, "speedup_vs_single"), 1);
+            cr_assert_eq(kvp_test_num(r, "speedup_vs_single"), 1);
         }
     }
     cJSON_Delete(o);
@@ -87,7 +83,7 @@ Test(bench_generate, synthetic_model_runs, .timeout = 120)
     cJSON_ArrayForEach(r, rows)
     {
         cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")));
-        cr_assert_eq(num(r, "generated"), num(r, "sequences") * 5);
+        cr_assert_eq(kvp_test_num(r, "generated"), kvp_test_num(r, "sequences") * 5);
     }
     cJSON_Delete(o);
     snprintf(cmd, sizeof cmd, "python3 scripts/synth-model.py %s --hidden 60 --heads 8 2>/dev/null", dir);

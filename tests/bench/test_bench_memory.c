@@ -23,13 +23,6 @@ static const cJSON *row_of(const cJSON *rows, const char *label)
     return NULL;
 }
 
-static double num(const cJSON *r, const char *k)
-{
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(r, k);
-    cr_assert(cJSON_IsNumber(v), "field %s", k);
-    return v->valuedouble;
-}
-
 Test(bench_memory, shares_orderings_and_files, .timeout = 120)
 {
     char dir[] = "/tmp/kvp_bench_memory_XXXXXX";
@@ -47,20 +40,24 @@ Test(bench_memory, shares_orderings_and_files, .timeout = 120)
     const cJSON *r;
     cJSON_ArrayForEach(r, rows)
     {
-        double sum = num(r, "token_states") + num(r, "reserved") + num(r, "internal_frag") + num(r, "external_frag") +
-                     num(r, "cached") + num(r, "free");
+        double sum = kvp_test_num(r, "token_states") + kvp_test_num(r, "reserved") + kvp_test_num(r, "internal_frag") +
+                     kvp_test_num(r, "external_frag") + kvp_test_num(r, "cached") + kvp_test_num(r, "free");
         cr_assert_float_eq(sum, 1.0, 1e-3, "shares sum to %f", sum);
         cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")));
-        cr_assert_eq(num(r, "requests"), 300);
+        cr_assert_eq(kvp_test_num(r, "requests"), 300);
     }
-    double mx = num(row_of(rows, "orca-max"), "token_states"), p2 = num(row_of(rows, "orca-pow2"), "token_states"),
-           orc = num(row_of(rows, "orca-oracle"), "token_states"), orc_ff = num(row_of(rows, "orca-oracle-ff"), "token_states"),
-           pg16 = num(row_of(rows, "paged-16"), "token_states");
+    double mx = kvp_test_num(row_of(rows, "orca-max"), "token_states"),
+           p2 = kvp_test_num(row_of(rows, "orca-pow2"), "token_states"),
+           orc = kvp_test_num(row_of(rows, "orca-oracle"), "token_states"),
+           orc_ff = kvp_test_num(row_of(rows, "orca-oracle-ff"), "token_states"),
+           pg16 = kvp_test_num(row_of(rows, "paged-16"), "token_states");
     cr_assert(mx < p2 && p2 < orc && orc < orc_ff && orc_ff < pg16, "%f %f %f %f %f", mx, p2, orc, orc_ff, pg16);
-    cr_assert_eq(num(row_of(rows, "orca-oracle"), "internal_frag"), 0, "the oracle reserves exactly");
-    cr_assert_gt(num(row_of(rows, "paged-16"), "util_in_use"), 0.9);
-    cr_assert_gt(num(row_of(rows, "paged-1"), "util_in_use"), num(row_of(rows, "paged-256"), "util_in_use"));
-    cr_assert_gt(num(row_of(rows, "paged-16"), "mean_running"), 1.5 * num(row_of(rows, "orca-oracle"), "mean_running"));
+    cr_assert_eq(kvp_test_num(row_of(rows, "orca-oracle"), "internal_frag"), 0, "the oracle reserves exactly");
+    cr_assert_gt(kvp_test_num(row_of(rows, "paged-16"), "util_in_use"), 0.9);
+    cr_assert_gt(kvp_test_num(row_of(rows, "paged-1"), "util_in_use"),
+                 kvp_test_num(row_of(rows, "paged-256"), "util_in_use"));
+    cr_assert_gt(kvp_test_num(row_of(rows, "paged-16"), "mean_running"),
+                 1.5 * kvp_test_num(row_of(rows, "orca-oracle"), "mean_running"));
     cJSON_Delete(o);
     char path[600];
     snprintf(path, sizeof path, "%s/memory.csv", dir);
