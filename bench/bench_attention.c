@@ -76,6 +76,14 @@ static float rndf(void)
     return (float)((g_rng >> 11) % 2000001) / 1000000.0f - 1.0f;
 }
 
+/* The calling OpenMP thread's share [*lo, *hi) of n items (the last thread takes the remainder). */
+static void thread_share(size_t n, size_t *lo, size_t *hi)
+{
+    const size_t t = (size_t)omp_get_thread_num(), nt = (size_t)omp_get_num_threads();
+    *lo = n / nt * t;
+    *hi = t == nt - 1 ? n : n / nt * (t + 1);
+}
+
 /* Copy bandwidth: every thread memcpy's its share of the n-byte buffer; best of reps; bytes read + written. */
 static double copy_gbps(const bopts *o, int reps)
 {
@@ -84,8 +92,8 @@ static double copy_gbps(const bopts *o, int reps)
         double t0 = kvp_now_s();
 #pragma omp parallel num_threads(o->threads)
         {
-            int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            size_t lo = o->cn / (size_t)nt * (size_t)t, hi = t == nt - 1 ? o->cn : o->cn / (size_t)nt * (size_t)(t + 1);
+            size_t lo, hi;
+            thread_share(o->cn, &lo, &hi);
             memcpy(o->cb + lo, o->ca + lo, hi - lo);
         }
         double dt = kvp_now_s() - t0;
@@ -106,8 +114,8 @@ static double read_gbps_seq(const bopts *o, int reps, double *sink)
         uint64_t total = 0;
 #pragma omp parallel num_threads(o->threads) reduction(+ : total)
         {
-            int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            size_t n = o->cn / sizeof(u64x4), lo = n / (size_t)nt * (size_t)t, hi = t == nt - 1 ? n : n / (size_t)nt * (size_t)(t + 1);
+            size_t lo, hi;
+            thread_share(o->cn / sizeof(u64x4), &lo, &hi);
             const u64x4 *p = (const u64x4 *)(const void *)o->ca;
             u64x4 a[8] = {{0}};
             size_t i = lo;
