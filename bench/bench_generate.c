@@ -26,9 +26,10 @@
 #include "runtime/gen.h"
 #include "runtime/model.h"
 
-static const char *const k_fields[] = {"model",       "mode",          "sequences",      "threads",     "matmul",
-                                       "block_size",  "max_tokens",    "reps",           "generated",   "wall_s",      "cpu_s",
-                                       "tokens_per_s", "tokens_per_cpu_s", "speedup_vs_single", "validated"};
+static const char *const k_fields[] = {"model",        "mode",           "sequences",         "threads",   "matmul",
+                                       "block_size",   "max_tokens",     "reps",              "generated", "wall_s",
+                                       "cpu_s",        "tokens_per_s",   "tokens_per_cpu_s",  "speedup_vs_single",
+                                       "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
 
 static void usage(FILE *f)
@@ -141,8 +142,8 @@ int kvp_bench_generate(int argc, char **argv)
                                          {"max-tokens", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
                                          {"matmul", required_argument, 0, 'x'},     {"block-size", required_argument, 0, 's'},
                                          {"golden", required_argument, 0, 'g'},     {"format", required_argument, 0, 'f'},
-                                         {"reps", required_argument, 0, 'r'},
-                                         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+                                         {"reps", required_argument, 0, 'r'},       {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c, li = 0;
     optind = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
