@@ -97,7 +97,7 @@ typedef struct {
 kvp_gen_config kvp_gen_config_default(void)
 {
     kvp_gen_config c = {.block_size = 16, .num_blocks = 0, .cache = KVP_PC_RADIX, .max_num_seqs = 256,
-                        .max_batched_tokens = 2048, .stop_at_eos = 1};
+                        .max_batched_tokens = 2048, .stop_at_eos = 1, .kv_dtype = KVP_DTYPE_F32};
     return c;
 }
 
@@ -873,7 +873,7 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
                         .max_seq_len = maxlen, .watermark_blocks = 0};
     kvp_status st = kvp_bm_create(&bc, &g.bm);
     if (st == KVP_OK) st = kvp_pc_create(c.cache, KVP_EVICT_LRU, kvp_bm_pool(g.bm), c.block_size, &g.pc);
-    if (st == KVP_OK) st = kvp_kv_cache_create(m, c.num_blocks, c.block_size, &g.kv);
+    if (st == KVP_OK) st = kvp_kv_cache_create(m, c.kv_dtype, c.num_blocks, c.block_size, &g.kv);
     if (st == KVP_OK) st = kvp_sampler_ws_create(g.vocab, &g.sws);
     if (st == KVP_OK) {
         g.lsm = kvp_malloc((size_t)V * sizeof *g.lsm);

@@ -40,9 +40,10 @@ typedef struct {
     int32_t max_num_seqs;       /* running sequences at most, >= 1 */
     int32_t max_batched_tokens; /* token budget of a step, >= 1 (decodes always run) */
     int stop_at_eos;            /* 1: a sampled EOS ends a sample (not part of its tokens) */
+    kvp_dtype kv_dtype;         /* element type of the KV cache (kvp_kv_cache_create) */
 } kvp_gen_config;
 
-/* block 16, auto blocks, radix cache, 256 seqs, 2048 tokens, stop at EOS. */
+/* block 16, auto blocks, radix cache, 256 seqs, 2048 tokens, stop at EOS, f32 KV cache. */
 kvp_gen_config kvp_gen_config_default(void);
 
 typedef struct {

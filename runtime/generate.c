@@ -42,6 +42,8 @@ static void usage(FILE *f)
             "  --ignore-eos            keep generating after EOS\n"
             "  --block-size N          tokens per KV block (default 16)\n"
             "  --num-blocks N          KV blocks (default 0 = enough for every request at once)\n"
+            "  --kv-dtype T            KV cache element type: f32 (default), f16, bf16 or fp8 (e4m3, scale 1);\n"
+            "                          f16/bf16 halve the cache, fp8 quarters it (new K/V rows are rounded)\n"
             "  --cache radix|hash|none prefix cache across requests (default radix)\n"
             "  --max-num-seqs N        running sequences at most (default 256)\n"
             "  --max-batched-tokens N  tokens per step (default 2048)\n"
@@ -177,6 +179,7 @@ typedef struct {
     int64_t seed;
     kvp_pc_kind cache;
     kvp_matmul_kind matmul;
+    kvp_dtype kv_dtype;
     int json, ignore_eos;
 } gen_opts;
 
@@ -237,6 +240,7 @@ static int run(gen_opts *o)
     cfg.max_num_seqs = o->max_seqs;
     cfg.max_batched_tokens = o->max_batched;
     cfg.stop_at_eos = !o->ignore_eos;
+    cfg.kv_dtype = o->kv_dtype;
     kvp_gen_stats stats;
     if ((st = kvp_gen_run(m, &cfg, reqs, n, res, &stats)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
@@ -311,6 +315,7 @@ static int run(gen_opts *o)
         cJSON_AddNumberToObject(t, "kv_utilization", stats.mean_kv_utilization);
         cJSON_AddNumberToObject(t, "num_blocks", stats.num_blocks);
         cJSON_AddNumberToObject(t, "block_size", stats.block_size);
+        cJSON_AddStringToObject(t, "kv_dtype", kvp_dtype_name(o->kv_dtype));
         cJSON_AddNumberToObject(t, "threads", o->threads);
         cJSON_AddStringToObject(t, "matmul", o->matmul == KVP_MATMUL_BLAS ? "blas" : "invariant");
         st = kvp_json_print(stdout, root);
@@ -337,7 +342,7 @@ out:
 int kvp_cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
-           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS };
+           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -349,7 +354,8 @@ int kvp_cmd_generate(int argc, char **argv)
         {"max-batched-tokens", required_argument, 0, O_BATCH}, {"threads", required_argument, 0, O_THREADS},
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
-        {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
+        {"kv-dtype", required_argument, 0, O_KV_DTYPE}, {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     gen_opts o;
     memset(&o, 0, sizeof o);
     o.max_tokens = 64;
@@ -361,6 +367,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.max_batched = 2048;
     o.threads = 1;
     o.matmul = KVP_MATMUL_INVARIANT;
+    o.kv_dtype = KVP_DTYPE_F32;
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;
     optind = 0;
@@ -382,6 +389,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &o.block_size); break;
         case O_NB: st = kvp_parse_i32(optarg, 0, INT32_MAX / 2, &o.num_blocks); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &o.cache); break;
+        case O_KV_DTYPE: st = kvp_dtype_parse(optarg, &o.kv_dtype); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &o.max_batched); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;

@@ -494,10 +494,29 @@ void kvp_kv_cache_destroy(kvp_kv_cache *kv)
     kvp_free(kv);
 }
 
-kvp_status kvp_kv_cache_create(const kvp_model *m, int32_t num_blocks, int32_t block_size, kvp_kv_cache **out)
+/* Fills a pool with the dtype's quiet NaN. */
+static void fill_nan(void *pool, size_t bytes, kvp_dtype dtype)
+{
+    const size_t es = kvp_dtype_size(dtype);
+    unsigned char nan[4];
+    if (dtype == KVP_DTYPE_F32) {
+        const float x = NAN;
+        memcpy(nan, &x, 4);
+    } else if (dtype == KVP_DTYPE_FP8_E4M3) {
+        nan[0] = kvp_f32_to_fp8e4m3(NAN);
+    } else {
+        const uint16_t h = dtype == KVP_DTYPE_F16 ? kvp_f32_to_f16(NAN) : kvp_f32_to_bf16(NAN);
+        memcpy(nan, &h, 2);
+    }
+    for (size_t i = 0; i + es <= bytes; i += es) memcpy((unsigned char *)pool + i, nan, es);
+}
+
+kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_blocks, int32_t block_size,
+                               kvp_kv_cache **out)
 {
     if (num_blocks < 1 || block_size < 1)
         return KVP_ERR(KVP_EINVAL, "KV cache: num_blocks %d and block_size %d must be >= 1", num_blocks, block_size);
+    if (kvp_dtype_size(dtype) == 0) return KVP_ERR(KVP_EINVAL, "KV cache: invalid dtype %d", (int)dtype);
     kvp_kv_cache *kv = kvp_calloc(1, sizeof *kv);
     if (!kv) return KVP_ERR(KVP_ENOMEM, "KV cache: out of memory");
     kv->num_layers = m->cfg.num_layers;
@@ -506,14 +525,13 @@ kvp_status kvp_kv_cache_create(const kvp_model *m, int32_t num_blocks, int32_t b
     kv->layers = kvp_calloc((size_t)kv->num_layers, sizeof *kv->layers);
     kvp_status st = kv->layers ? KVP_OK : KVP_ERR(KVP_ENOMEM, "KV cache: out of memory");
     for (int32_t l = 0; st == KVP_OK && l < kv->num_layers; l++) {
-        st = kvp_paged_kv_init(&kv->layers[l], KVP_DTYPE_F32, num_blocks, m->cfg.num_kv_heads, block_size,
+        st = kvp_paged_kv_init(&kv->layers[l], dtype, num_blocks, m->cfg.num_kv_heads, block_size,
                                m->cfg.head_dim);
         if (st == KVP_OK) st = kvp_paged_kv_alloc_pools(&kv->layers[l]);
         if (st == KVP_OK) {
             /* Unused slots hold NaN so a kernel that reads past a sequence's length poisons its output. */
-            float *k = kv->layers[l].k, *v = kv->layers[l].v;
-            size_t n = kvp_paged_kv_pool_bytes(&kv->layers[l]) / sizeof(float);
-            for (size_t i = 0; i < n; i++) k[i] = v[i] = NAN;
+            fill_nan(kv->layers[l].k, kvp_paged_kv_pool_bytes(&kv->layers[l]), dtype);
+            fill_nan(kv->layers[l].v, kvp_paged_kv_pool_bytes(&kv->layers[l]), dtype);
         }
     }
     if (st != KVP_OK) {

@@ -64,7 +64,9 @@ void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k);
  * sampling. */
 void kvp_model_run(kvp_model *m, int n, void (*fn)(void *arg, int i), void *arg);
 
-/* ---- paged KV cache: one f32 pool pair per layer, [num_blocks, num_kv_heads, block_size, head_dim]. */
+/* ---- paged KV cache: one pool pair per layer, [num_blocks, num_kv_heads, block_size, head_dim], of one
+ * element type (f32, or f16/bf16/fp8-e4m3 to halve or quarter it: new K/V rows are rounded on append,
+ * attention converts them back in registers; fp8 uses scale 1, as vLLM does without calibration). */
 typedef struct {
     int32_t num_layers;
     int32_t num_blocks;
@@ -72,8 +74,10 @@ typedef struct {
     kvp_paged_kv *layers; /* [num_layers], pools owned by the cache */
 } kvp_kv_cache;
 
-/* KVP_EINVAL for sizes < 1, KVP_EUNSUPPORTED for a head_dim attention/ does not handle, KVP_ENOMEM. */
-kvp_status kvp_kv_cache_create(const kvp_model *m, int32_t num_blocks, int32_t block_size, kvp_kv_cache **out);
+/* Unused slots hold NaN. KVP_EINVAL for sizes < 1 or an invalid dtype, KVP_EUNSUPPORTED for a head_dim
+ * attention/ does not handle, KVP_ENOMEM. */
+kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_blocks, int32_t block_size,
+                               kvp_kv_cache **out);
 void kvp_kv_cache_destroy(kvp_kv_cache *kv);
 /* Copy-on-write batch: block pairs[i].dst := pairs[i].src in every layer. */
 kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *src_dst_pairs, int32_t n);

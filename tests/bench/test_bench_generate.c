@@ -48,6 +48,31 @@ Test(bench_generate, validated_rows_per_mode, .timeout = 120)
     cJSON_Delete(o);
 }
 
+/* The KV cache's element type reaches the rows; f16 still reproduces the golden story, fp8 (whose story
+ * differs) is validated by batch invariance alone. */
+Test(bench_generate, kv_dtype_rows, .timeout = 120)
+{
+    static const char *const dts[2] = {"f16", "fp8"};
+    for (int k = 0; k < 2; k++) {
+        static char out[1 << 14], err[1 << 14];
+        char cmd[256];
+        snprintf(cmd, sizeof cmd, "bench generate --batch 3 --max-tokens 8 --reps 1 --kv-dtype %s --format json", dts[k]);
+        int rc = kvp_test_cli(cmd, out, sizeof out, err, sizeof err);
+        cr_assert_eq(rc, 0, "%s: exit %d: %s", dts[k], rc, err);
+        cJSON *o = cJSON_Parse(out);
+        cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
+        const cJSON *rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
+        cr_assert_eq(cJSON_GetArraySize(rows), 2);
+        for (int i = 0; i < 2; i++) {
+            const cJSON *r = cJSON_GetArrayItem(rows, i);
+            cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r, "kv_dtype")->valuestring, dts[k]);
+            cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")), "%s row %d", dts[k], i);
+            cr_assert_eq(kvp_test_num(r, "generated"), kvp_test_num(r, "sequences") * 8);
+        }
+        cJSON_Delete(o);
+    }
+}
+
 Test(bench_generate, bad_input_exits_2)
 {
     static const kvp_cli_case cases[] = {
@@ -57,6 +82,7 @@ Test(bench_generate, bad_input_exits_2)
         {"--threads 0", "--threads"},
         {"--model ../shared/models/nope.gguf", "nope.gguf"},
         {"--bogus", "bogus"},
+        {"--kv-dtype f17", "--kv-dtype"},
     };
     kvp_test_cli_rejects("bench generate --max-tokens 2", cases, sizeof cases / sizeof cases[0]);
 }

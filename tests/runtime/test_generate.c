@@ -71,7 +71,19 @@ static void run(const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t 
     cr_assert_eq(s, KVP_OK, "%s", kvp_error_detail());
 }
 
-Test(generate, golden_stories_batched, .init = setup, .fini = teardown)
+static void expect_same(const kvp_gen_result *a, const kvp_gen_result *b, const char *what, int i)
+{
+    cr_assert_eq(a->n_samples, b->n_samples, "%s prompt %d", what, i);
+    for (int s = 0; s < a->n_samples; s++) {
+        cr_assert_eq(a->n_tokens[s], b->n_tokens[s], "%s prompt %d sample %d: %d vs %d tokens", what, i, s,
+                     a->n_tokens[s], b->n_tokens[s]);
+        for (int j = 0; j < a->n_tokens[s]; j++)
+            cr_assert_eq(a->tokens[s][j], b->tokens[s][j], "%s prompt %d sample %d token %d", what, i, s, j);
+    }
+}
+
+/* Every golden case together, with a KV cache of type dt: every token must match. */
+static void golden_stories(kvp_dtype dt)
 {
     cJSON *gold;
     cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
@@ -94,6 +106,7 @@ Test(generate, golden_stories_batched, .init = setup, .fini = teardown)
     }
     cJSON_Delete(gold);
     kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.kv_dtype = dt;
     kvp_gen_result res[8];
     kvp_gen_stats st;
     run(&cfg, reqs, nc, res, &st);
@@ -101,24 +114,68 @@ Test(generate, golden_stories_batched, .init = setup, .fini = teardown)
         cr_assert_eq(res[i].n_samples, 1);
         cr_assert_eq(res[i].n_tokens[0], nwant[i], "case %d: %d tokens, want %d", i, res[i].n_tokens[0], nwant[i]);
         for (int j = 0; j < nwant[i]; j++)
-            cr_assert_eq(res[i].tokens[0][j], want[i][j], "case %d token %d: %d want %d", i, j, res[i].tokens[0][j],
-                         want[i][j]);
+            cr_assert_eq(res[i].tokens[0][j], want[i][j], "%s KV, case %d token %d: %d want %d",
+                         kvp_dtype_name(dt), i, j, res[i].tokens[0][j], want[i][j]);
         cr_assert_geq(res[i].ttft_s, 0);
     }
     cr_assert_eq(st.generated_tokens, nwant[0] + nwant[1]);
     kvp_gen_results_free(res, nc);
 }
 
-static void expect_same(const kvp_gen_result *a, const kvp_gen_result *b, const char *what, int i)
+Test(generate, golden_stories_batched, .init = setup, .fini = teardown) { golden_stories(KVP_DTYPE_F32); }
+
+/* Rounding K and V to 16 bits moves the logits a little; on this model not enough to change a greedy token
+ * of the golden cases (checked: fp8's 3-bit mantissa does change the 256-token story after ~120 tokens). */
+Test(generate, golden_stories_with_f16_and_bf16_kv, .init = setup, .fini = teardown)
 {
-    cr_assert_eq(a->n_samples, b->n_samples, "%s prompt %d", what, i);
-    for (int s = 0; s < a->n_samples; s++) {
-        cr_assert_eq(a->n_tokens[s], b->n_tokens[s], "%s prompt %d sample %d: %d vs %d tokens", what, i, s,
-                     a->n_tokens[s], b->n_tokens[s]);
-        for (int j = 0; j < a->n_tokens[s]; j++)
-            cr_assert_eq(a->tokens[s][j], b->tokens[s][j], "%s prompt %d sample %d token %d", what, i, s, j);
-    }
+    golden_stories(KVP_DTYPE_F16);
+    golden_stories(KVP_DTYPE_BF16);
 }
+
+/* An fp8 cache changes the tokens, but the same prompt must still give the same tokens alone or in a batch
+ * (rounding is per element), with the prefix cache and at block size 1. */
+Test(generate, fp8_kv_is_batch_invariant, .init = setup, .fini = teardown)
+{
+    enc e[3];
+    kvp_gen_request reqs[3];
+    for (int i = 0; i < 3; i++) {
+        e[i] = encode(prompts[i]);
+        reqs[i] = greedy_req(e[i], 40);
+    }
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.kv_dtype = KVP_DTYPE_FP8_E4M3;
+    cfg.cache = KVP_PC_NONE;
+    kvp_gen_result alone[3], all[3];
+    for (int i = 0; i < 3; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
+    cfg.cache = KVP_PC_RADIX;
+    cfg.block_size = 1;
+    run(&cfg, reqs, 3, all, NULL);
+    for (int i = 0; i < 3; i++) {
+        expect_same(&alone[i], &all[i], "fp8 KV, block 1, radix", i);
+        cr_assert_eq(alone[i].n_tokens[0] > 0, 1);
+    }
+    kvp_gen_results_free(alone, 3);
+    kvp_gen_results_free(all, 3);
+    for (int i = 0; i < 3; i++) kvp_free(e[i].ids);
+    /* ... and the cache really is fp8: the 256-token story from BOS changes somewhere. */
+    int32_t bos = 1;
+    kvp_gen_request story = {.prompt = &bos, .n_prompt = 1, .max_tokens = 256, .sampler = kvp_sampler_default(),
+                             .n = 1};
+    kvp_gen_result r32, r8;
+    cfg = kvp_gen_config_default();
+    cfg.stop_at_eos = 0;
+    run(&cfg, &story, 1, &r32, NULL);
+    cfg.kv_dtype = KVP_DTYPE_FP8_E4M3;
+    run(&cfg, &story, 1, &r8, NULL);
+    cr_assert_eq(r32.n_tokens[0], 256);
+    cr_assert_eq(r8.n_tokens[0], 256);
+    int differ = 0;
+    for (int j = 0; j < 256; j++) differ += r32.tokens[0][j] != r8.tokens[0][j];
+    cr_assert_gt(differ, 0, "fp8 KV gave exactly the f32 story: is kv_dtype ignored?");
+    kvp_gen_results_free(&r32, 1);
+    kvp_gen_results_free(&r8, 1);
+}
+
 
 Test(generate, batch_invariance_cache_and_block_sizes, .init = setup, .fini = teardown)
 {
@@ -227,7 +284,7 @@ static void next_logprobs(const int32_t *const *seqs, const int32_t *lens, int32
         pages += (lens[i] + bs - 1) / bs;
     }
     kvp_kv_cache *kv;
-    cr_assert_eq(kvp_kv_cache_create(g_model, pages, bs, &kv), KVP_OK);
+    cr_assert_eq(kvp_kv_cache_create(g_model, KVP_DTYPE_F32, pages, bs, &kv), KVP_OK);
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)total), *pos = malloc(sizeof(int32_t) * (size_t)total);
     int64_t *slots = malloc(sizeof(int64_t) * (size_t)total);
     int32_t *qo = malloc(sizeof(int32_t) * (size_t)(n + 1)), *kvi = malloc(sizeof(int32_t) * (size_t)(n + 1));
@@ -420,6 +477,7 @@ Test(generate_cli, golden_story_from_gguf_and_hf_folder)
         cr_assert(cJSON_GetObjectItem(tot, "tokens_per_s")->valuedouble > 0);
         cr_assert_not_null(cJSON_GetObjectItem(tot, "prefix_hit_rate"));
         cr_assert_eq(cJSON_GetObjectItem(tot, "kv_token_states")->valueint, 256);
+        cr_assert_str_eq(cJSON_GetObjectItem(tot, "kv_dtype")->valuestring, "f32");
         cJSON_Delete(j);
         free(out);
         free(err);
@@ -502,7 +560,7 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     struct {
         char args[600];
         const char *needle;
-    } cases[5];
+    } cases[6];
     snprintf(cases[0].args, sizeof cases[0].args, "--model %s --prompt hi", trunc);
     cases[0].needle = "truncated.gguf";
     snprintf(cases[1].args, sizeof cases[1].args, "--model %s --prompt hi", arch);
@@ -513,7 +571,9 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     cases[3].needle = "--top-p";
     snprintf(cases[4].args, sizeof cases[4].args, "--model %s --prompt hi --bogus", S260_GGUF);
     cases[4].needle = "--bogus";
-    for (int i = 0; i < 5; i++) {
+    snprintf(cases[5].args, sizeof cases[5].args, "--model %s --prompt hi --kv-dtype f17", S260_GGUF);
+    cases[5].needle = "--kv-dtype: unknown dtype 'f17'";
+    for (int i = 0; i < 6; i++) {
         char cmd[4096], *out, *err;
         snprintf(cmd, sizeof cmd, "%s generate %s", kvpage_bin(), cases[i].args);
         int rc = sh(cmd, &out, &err);

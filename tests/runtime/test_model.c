@@ -29,7 +29,7 @@ static void greedy_one(kvp_model *m, int32_t bs, const int32_t *prompt, int32_t 
 {
     int32_t nblocks = (steps + bs - 1) / bs + 3;
     kvp_kv_cache *kv;
-    cr_assert_eq(kvp_kv_cache_create(m, nblocks, bs, &kv), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_kv_cache_create(m, KVP_DTYPE_F32, nblocks, bs, &kv), KVP_OK, "%s", kvp_error_detail());
     int32_t *perm = malloc(sizeof(int32_t) * (size_t)nblocks);
     for (int32_t i = 0; i < nblocks; i++) perm[i] = i;
     srand(7);
@@ -112,7 +112,7 @@ Test(model, golden_logits_both_formats)
             int64_t slots[5] = {4, 5, 6, 7, 0};
             int32_t qo[2] = {0, 5}, kvi[2] = {0, 2}, last = 1;
             kvp_kv_cache *kv;
-            cr_assert_eq(kvp_kv_cache_create(m, 2, 4, &kv), KVP_OK);
+            cr_assert_eq(kvp_kv_cache_create(m, KVP_DTYPE_F32, 2, 4, &kv), KVP_OK);
             kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 5, .tokens = toks, .positions = pos, .slot_mapping = slots,
                                .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = blocks, .kv_last_page_len = &last,
                                .all_logits = 1};
@@ -152,11 +152,49 @@ Test(model, golden_greedy_hf_paged)
     kvp_model_destroy(m);
 }
 
+/* Element e of a pool of type t, as a float. */
+static float elem(const void *pool, kvp_dtype t, size_t e)
+{
+    switch (t) {
+    case KVP_DTYPE_F32: return ((const float *)pool)[e];
+    case KVP_DTYPE_F16: return kvp_f16_to_f32(((const uint16_t *)pool)[e]);
+    case KVP_DTYPE_BF16: return kvp_bf16_to_f32(((const uint16_t *)pool)[e]);
+    default: return kvp_fp8e4m3_to_f32(((const uint8_t *)pool)[e]);
+    }
+}
+
+/* Each element type gives pools of its size, every slot NaN until written; a bad dtype is refused. */
+Test(model, kv_cache_dtypes)
+{
+    kvp_model *m = load(S260_GGUF);
+    const kvp_dtype dts[4] = {KVP_DTYPE_F32, KVP_DTYPE_F16, KVP_DTYPE_BF16, KVP_DTYPE_FP8_E4M3};
+    for (int i = 0; i < 4; i++) {
+        kvp_kv_cache *kv;
+        cr_assert_eq(kvp_kv_cache_create(m, dts[i], 3, 16, &kv), KVP_OK, "%s", kvp_error_detail());
+        const kvp_model_config *c = kvp_model_cfg(m);
+        cr_assert_eq(kv->num_layers, c->num_layers);
+        for (int32_t l = 0; l < kv->num_layers; l++) {
+            const kvp_paged_kv *p = &kv->layers[l];
+            cr_assert_eq(p->dtype, dts[i]);
+            const size_t es = kvp_dtype_size(dts[i]), n = kvp_paged_kv_pool_bytes(p);
+            cr_assert_eq(n, (size_t)3 * 16 * (size_t)c->num_kv_heads * (size_t)c->head_dim * es);
+            for (size_t e = 0; e < n / es; e++)
+                cr_assert(isnan(elem(p->k, dts[i], e)) && isnan(elem(p->v, dts[i], e)), "%s layer %d element %zu",
+                          kvp_dtype_name(dts[i]), l, e);
+        }
+        kvp_kv_cache_destroy(kv);
+    }
+    kvp_kv_cache *kv = NULL;
+    cr_assert_eq(kvp_kv_cache_create(m, KVP_DTYPE_COUNT, 3, 16, &kv), KVP_EINVAL);
+    cr_assert_null(kv);
+    kvp_model_destroy(m);
+}
+
 Test(model, forward_rejects_bad_batches)
 {
     kvp_model *m = load(S260_GGUF);
     kvp_kv_cache *kv;
-    cr_assert_eq(kvp_kv_cache_create(m, 4, 16, &kv), KVP_OK);
+    cr_assert_eq(kvp_kv_cache_create(m, KVP_DTYPE_F32, 4, 16, &kv), KVP_OK);
     int32_t toks[1] = {600}, pos[1] = {0}, blocks[1] = {0}, qo[2] = {0, 1}, kvi[2] = {0, 1}, last = 1;
     int64_t slots[1] = {0};
     kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 1, .tokens = toks, .positions = pos, .slot_mapping = slots,
@@ -254,7 +292,7 @@ static void logits_of(kvp_model *m, float *out /* 5 x 512 */)
     int64_t slots[5] = {0, 1, 2, 3, 4};
     int32_t qo[2] = {0, 5}, kvi[2] = {0, 1}, last = 5;
     kvp_kv_cache *kv;
-    cr_assert_eq(kvp_kv_cache_create(m, 1, 8, &kv), KVP_OK);
+    cr_assert_eq(kvp_kv_cache_create(m, KVP_DTYPE_F32, 1, 8, &kv), KVP_OK);
     kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 5, .tokens = toks, .positions = pos, .slot_mapping = slots,
                        .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = blocks, .kv_last_page_len = &last,
                        .all_logits = 1};
@@ -564,7 +602,7 @@ Test(model, invariant_rows_bit_identical_for_every_batch_size)
     for (int threads = 1; threads <= 2; threads++) {
         kvp_model_set_threads(m, threads);
         kvp_kv_cache *kv;
-        cr_assert_eq(kvp_kv_cache_create(m, 2, 32, &kv), KVP_OK);
+        cr_assert_eq(kvp_kv_cache_create(m, KVP_DTYPE_F32, 2, 32, &kv), KVP_OK);
         for (int i = 0; i < NMAX; i++) { /* one token a step */
             int32_t qo[2] = {0, 1}, kvi[2] = {0, i / 32 + 1}, last = i % 32 + 1;
             kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 1, .tokens = toks + i, .positions = pos + i,
