@@ -14,12 +14,13 @@
  * Bandwidth = bytes of K/V read once / time; copy bandwidth = a large memcpy's bytes read + written / time,
  * on all threads: measured at the start (the memcpy row) and once per round; a row's copy_gbps (and its
  * pct_copy_bw) is the best of the rounds of its configuration, i.e. taken under the same load as its kernel.
- * Decode rows also carry the layout's plain read (read_pass: the same rows read in the kernel's order with
- * no arithmetic and no software prefetch, timed in the same rounds, minimum): read_gbps, and pct_read_bw =
- * kv_gbps / read_gbps (above 100 where the kernel's prefetching beats a plain read of the layout). A
+ * Decode rows also carry the layout's plain read (read_pass: the same bytes read whole block by block in
+ * page order, prefetched ahead, no arithmetic, timed in the same rounds, minimum): read_gbps, and
+ * pct_read_bw = kv_gbps / read_gbps. The plain reads of two layouts show how much of their time ratio the
+ * memory alone imposes: block size 1 scatters 2 KiB runs at random places, served slower than one long run. A
  * memcpy counts bytes read + written, so even a pure read stream reaches only part of copy_gbps: the
  * memread row (a sequential read of the copy source on all threads, timed interleaved with the first
- * copies) gives that part for this machine, and the plain read what the layout gives without prefetching.
+ * copies) gives that part for this machine.
  */
 #include <getopt.h>
 #include <math.h>
@@ -203,47 +204,40 @@ static double cpu_s(void)
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-/* Read floor of a decode over this layout: every K and V row the kernel reads, in its order (per
- * sequence, tiles of 32 tokens, one KV head at a time, the tile's K rows then its V rows), summed as 64-bit
- * words with no other work and no software prefetch, on the kernel's threads. Its time is the fastest this
- * layout's bytes come from memory here: small blocks scatter the rows, and the hardware prefetchers, which
- * follow runs of lines, lose them. */
+/* Plain read of this layout: every K and V byte a decode needs, read in the most sequential order the
+ * layout allows (per sequence, page by page, each block's K rows of all heads then its V rows: whole
+ * contiguous runs), summed as 64-bit words with no other work, with the line PF_AHEAD bytes further along
+ * that order prefetched at each line, on the kernel's threads. It shows what memory gives the layout
+ * without any arithmetic: small blocks are short runs at random places, which memory serves more slowly
+ * than long sequential runs (the kernel, whose prefetches run several streams at once, can beat it by a
+ * little). A partly filled last block is read whole. */
+enum { PF_AHEAD = 8192 };
+
 static double read_pass(const bopts *o, const kvp_paged_kv *kv)
 {
-    const int64_t es = (int64_t)kvp_dtype_size(kv->dtype), words = kv->head_dim * es / 8;
+    const int64_t es = (int64_t)kvp_dtype_size(kv->dtype);
+    /* bytes of a block's rows of every head: one contiguous run per pool */
+    const int64_t run = ((int64_t)(kv->num_kv_heads - 1) * kv->stride_head +
+                         (int64_t)(kv->block_size - 1) * kv->stride_token + kv->head_dim) * es;
     uint64_t total = 0;
 #pragma omp parallel for num_threads(o->threads) schedule(dynamic, 1) reduction(+ : total)
     for (int32_t s = 0; s < kv->num_seqs; s++) {
-        const int32_t L = kvp_paged_kv_seq_len(kv, s), bs = kv->block_size;
         const int32_t *pages = kv->kv_indices + kv->kv_indptr[s];
+        const int64_t nruns = 2 * (int64_t)kvp_paged_kv_num_pages(kv, s); /* run i: page i / 2, pool i % 2 */
+#define RUN_BASE(i) ((const char *)((i) % 2 ? kv->v : kv->k) + (int64_t)pages[(i) / 2] * kv->stride_block * es)
+        int64_t pi = PF_AHEAD / run, po = PF_AHEAD % run & ~(int64_t)63; /* prefetch cursor */
         uint64_t a0 = 0, a1 = 0, a2 = 0, a3 = 0;
-        int64_t off[32];
-        for (int32_t t0 = 0; t0 < L; t0 += 32) {
-            const int n = L - t0 < 32 ? L - t0 : 32;
-            int32_t pg = t0 / bs, slot = t0 % bs;
-            for (int i = 0; i < n; i++) {
-                off[i] = (int64_t)pages[pg] * kv->stride_block + (int64_t)slot * kv->stride_token;
-                if (++slot == bs) slot = 0, pg++;
+        for (int64_t i = 0; i < nruns; i++) {
+            const char *w = RUN_BASE(i);
+            for (int64_t l = 0; l < run; l += 64) {
+                if (pi < nruns) __builtin_prefetch(RUN_BASE(pi) + po);
+                if ((po += 64) >= run) po = 0, pi++;
+                uint64_t x[8] = {0};
+                memcpy(x, w + l, (size_t)(run - l < 64 ? run - l : 64) & ~(size_t)7);
+                a0 += x[0] + x[4], a1 += x[1] + x[5], a2 += x[2] + x[6], a3 += x[3] + x[7];
             }
-            for (int32_t h = 0; h < kv->num_kv_heads; h++)
-                for (int pool = 0; pool < 2; pool++) {
-                    const char *base = (const char *)(pool ? kv->v : kv->k) + h * kv->stride_head * es;
-                    for (int i = 0; i < n; i++) {
-                        const char *w = base + off[i] * es;
-                        int64_t k = 0;
-                        for (; k + 4 <= words; k += 4) {
-                            uint64_t x[4];
-                            memcpy(x, w + 8 * k, sizeof x);
-                            a0 += x[0], a1 += x[1], a2 += x[2], a3 += x[3];
-                        }
-                        for (; k < words; k++) {
-                            uint64_t x;
-                            memcpy(&x, w + 8 * k, sizeof x);
-                            a0 += x;
-                        }
-                    }
-                }
         }
+#undef RUN_BASE
         total += a0 + a1 + a2 + a3;
     }
     return (double)total;
@@ -436,9 +430,10 @@ static void usage(FILE *f)
             "(paged == contiguous to 1e-5, contiguous vs the float64 reference) before it is timed. The layouts\n"
             "of a configuration are timed interleaved (round r runs each layout once, then a copy) and each\n"
             "reports its minimum over the rounds; paged_over_contig = min paged / min contiguous. Decode\n"
-            "rows also give read_gbps, the layout's plain read (its K/V rows read in the kernel's order with\n"
-            "no arithmetic and no prefetch), and pct_read_bw = kv_gbps / read_gbps. The memread row is a\n"
-            "sequential read on all threads: the part of the copy figure a read-only kernel could reach.\n\n"
+            "rows also give read_gbps, the layout's plain read (its K/V bytes read whole block by block in\n"
+            "page order, prefetched ahead, no arithmetic), and pct_read_bw = kv_gbps / read_gbps. The memread\n"
+            "row is a sequential read on all threads: the part of the copy figure a read-only kernel could\n"
+            "reach.\n\n"
             "options:\n"
             "  --quick            a small sweep (seconds; for smoke tests)\n"
             "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"
