@@ -497,18 +497,15 @@ void kvp_kv_cache_destroy(kvp_kv_cache *kv)
 /* Fills a pool with the dtype's quiet NaN. */
 static void fill_nan(void *pool, size_t bytes, kvp_dtype dtype)
 {
-    const size_t es = kvp_dtype_size(dtype);
-    unsigned char nan[4];
     if (dtype == KVP_DTYPE_F32) {
-        const float x = NAN;
-        memcpy(nan, &x, 4);
+        float *p = pool;
+        for (size_t i = 0; i < bytes / 4; i++) p[i] = NAN;
     } else if (dtype == KVP_DTYPE_FP8_E4M3) {
-        nan[0] = kvp_f32_to_fp8e4m3(NAN);
+        memset(pool, kvp_f32_to_fp8e4m3(NAN), bytes);
     } else {
-        const uint16_t h = dtype == KVP_DTYPE_F16 ? kvp_f32_to_f16(NAN) : kvp_f32_to_bf16(NAN);
-        memcpy(nan, &h, 2);
+        uint16_t *p = pool, h = dtype == KVP_DTYPE_F16 ? kvp_f32_to_f16(NAN) : kvp_f32_to_bf16(NAN);
+        for (size_t i = 0; i < bytes / 2; i++) p[i] = h;
     }
-    for (size_t i = 0; i + es <= bytes; i += es) memcpy((unsigned char *)pool + i, nan, es);
 }
 
 kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_blocks, int32_t block_size,
