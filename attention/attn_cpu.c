@@ -3,9 +3,9 @@
  * Work split: one item = (sequence, KV head, tile of query tokens, group of query heads, KV chunk).
  * Its rows are the (query token, query head) pairs sharing one KV head (GQA: each K/V row is loaded and
  * converted once for all of them). An item walks its KV range in tiles (16 tokens for rows of 256 bytes
- * and more, 64 for rows shorter than a line, else 32), and each tile one KV head at a time (a unit: that head's K and V rows of the tile,
- * 8 KiB at head_dim 128 in f16, stay in L1 from the score pass to the values pass; the next unit's rows are
- * prefetched meanwhile, and both fit in L1):
+ * and more, 64 for rows shorter than a line, else 32), and each tile one KV head at a time (a unit: that
+ * head's K and V rows of the tile, 8 KiB at head_dim 128 in f16, stay in L1 from the score pass to the
+ * values pass; the next unit's rows are prefetched meanwhile, and both fit in L1):
  *
  *     offsets of the tile's K/V rows (page table walk, once per tile)
  *     for each head:  S[row][i] = q_row . k_i (log2 units)  ->  online softmax per row (running max m,

@@ -54,7 +54,8 @@ KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p, const float *lut)
     const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
     const __m256 mag = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 20)), _mm256_set1_ps(0x1p120f));
     const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-    const __m256i nan = _mm256_and_si256(_mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f)), _mm256_set1_epi32(0x7fc00000));
+    const __m256i is_nan = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
+    const __m256i nan = _mm256_and_si256(is_nan, _mm256_set1_epi32(0x7fc00000));
     return _mm256_or_ps(mag, _mm256_castsi256_ps(_mm256_or_si256(sign, nan)));
 }
 /* 2^x for x <= 0 (-inf and anything below -126 give 0), relative error ~2e-7. */

@@ -181,7 +181,8 @@ kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t blo
     c->sp = sp;
     c->vocab = (int32_t)kvp_model_cfg(m)->vocab_size;
     kvp_status st = kvp_kv_cache_create(m, KVP_DTYPE_F32, num_blocks, block_size, &c->kv);
-    if (st == KVP_OK && num_host_blocks > 0) st = kvp_kv_cache_create(m, KVP_DTYPE_F32, num_host_blocks, block_size, &c->host);
+    if (st == KVP_OK && num_host_blocks > 0)
+        st = kvp_kv_cache_create(m, KVP_DTYPE_F32, num_host_blocks, block_size, &c->host);
     if (st == KVP_OK) st = kvp_sampler_ws_create(c->vocab, &c->sws);
     if (st != KVP_OK) {
         destroy(c);
