@@ -1,6 +1,8 @@
-/* attention/paged_kv.c — the paged-KV descriptor: construction, validation, pool allocation. */
+/* attention/paged_kv.c — the paged-KV descriptor: construction, validation, pool allocation and NaN fill. */
 #include "attention/paged_kv.h"
 
+#include <math.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "attention/attention.h"
@@ -67,6 +69,22 @@ kvp_status kvp_paged_kv_alloc_pools(kvp_paged_kv *kv)
     kv->k = k;
     kv->v = v;
     return KVP_OK;
+}
+
+void kvp_paged_kv_fill_nan(kvp_paged_kv *kv)
+{
+    const size_t bytes = kvp_paged_kv_pool_bytes(kv);
+    for (int pool = 0; pool < 2; pool++) {
+        void *p = pool ? kv->v : kv->k;
+        if (kv->dtype == KVP_DTYPE_F32) {
+            for (size_t i = 0; i < bytes / 4; i++) ((float *)p)[i] = NAN;
+        } else if (kv->dtype == KVP_DTYPE_FP8_E4M3) {
+            memset(p, kvp_f32_to_fp8e4m3(NAN), bytes);
+        } else {
+            const uint16_t h = kv->dtype == KVP_DTYPE_F16 ? kvp_f32_to_f16(NAN) : kvp_f32_to_bf16(NAN);
+            for (size_t i = 0; i < bytes / 2; i++) ((uint16_t *)p)[i] = h;
+        }
+    }
 }
 
 void kvp_paged_kv_free_pools(kvp_paged_kv *kv)

@@ -106,6 +106,9 @@ size_t kvp_paged_kv_pool_bytes(const kvp_paged_kv *kv);
  * releases them with kvp_paged_kv_free_pools. KVP_ENOMEM leaves kv unchanged. */
 kvp_status kvp_paged_kv_alloc_pools(kvp_paged_kv *kv);
 void kvp_paged_kv_free_pools(kvp_paged_kv *kv); /* frees k and v, sets them NULL; NULL pools are fine */
+/* Writes the dtype's quiet NaN into every element of both pools (unused slots that poison a kernel which
+ * reads them). */
+void kvp_paged_kv_fill_nan(kvp_paged_kv *kv);
 
 /* Validates the pool fields, and the page table too when with_pages is nonzero (indptr monotone,
  * block ids in range, last_page_len in 1..block_size for non-empty sequences). KVP_EINVAL naming the

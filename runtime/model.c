@@ -494,20 +494,6 @@ void kvp_kv_cache_destroy(kvp_kv_cache *kv)
     kvp_free(kv);
 }
 
-/* Fills a pool with the dtype's quiet NaN. */
-static void fill_nan(void *pool, size_t bytes, kvp_dtype dtype)
-{
-    if (dtype == KVP_DTYPE_F32) {
-        float *p = pool;
-        for (size_t i = 0; i < bytes / 4; i++) p[i] = NAN;
-    } else if (dtype == KVP_DTYPE_FP8_E4M3) {
-        memset(pool, kvp_f32_to_fp8e4m3(NAN), bytes);
-    } else {
-        uint16_t *p = pool, h = dtype == KVP_DTYPE_F16 ? kvp_f32_to_f16(NAN) : kvp_f32_to_bf16(NAN);
-        for (size_t i = 0; i < bytes / 2; i++) p[i] = h;
-    }
-}
-
 kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_blocks, int32_t block_size,
                                kvp_kv_cache **out)
 {
@@ -527,8 +513,7 @@ kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_
         if (st == KVP_OK) st = kvp_paged_kv_alloc_pools(&kv->layers[l]);
         if (st == KVP_OK) {
             /* Unused slots hold NaN so a kernel that reads past a sequence's length poisons its output. */
-            fill_nan(kv->layers[l].k, kvp_paged_kv_pool_bytes(&kv->layers[l]), dtype);
-            fill_nan(kv->layers[l].v, kvp_paged_kv_pool_bytes(&kv->layers[l]), dtype);
+            kvp_paged_kv_fill_nan(&kv->layers[l]);
         }
     }
     if (st != KVP_OK) {

@@ -54,20 +54,6 @@ static float dequant(float x, kvp_dtype t, float scale)
     }
 }
 
-static void pour_nan(kvp_paged_kv *kv)
-{
-    size_t n = kvp_paged_kv_pool_bytes(kv) / kvp_dtype_size(kv->dtype);
-    for (int pool = 0; pool < 2; pool++) {
-        void *p = pool ? kv->v : kv->k;
-        for (size_t i = 0; i < n; i++) switch (kv->dtype) {
-            case KVP_DTYPE_F32: ((float *)p)[i] = NAN; break;
-            case KVP_DTYPE_F16: ((uint16_t *)p)[i] = 0x7e00; break;
-            case KVP_DTYPE_BF16: ((uint16_t *)p)[i] = 0x7fc0; break;
-            default: ((uint8_t *)p)[i] = 0x7f; break;
-            }
-    }
-}
-
 /* Builds sequences of the given lengths; spare blocks and unused slots hold NaN. */
 static void case_build(kcase *c, kvp_dtype t, int32_t D, int32_t hkv, int32_t bs, int32_t num_seqs,
                        const int32_t *lens, uint64_t seed)
@@ -98,7 +84,7 @@ static void case_build(kcase *c, kvp_dtype t, int32_t D, int32_t hkv, int32_t bs
     if (t == KVP_DTYPE_FP8_E4M3) c->kv.k_scale = 0.01f, c->kv.v_scale = 0.004f;
     cr_assert_eq(kvp_paged_kv_alloc_pools(&c->kv), KVP_OK);
     kvp_paged_kv_set_pages(&c->kv, num_seqs, c->indptr, c->indices, c->last);
-    pour_nan(&c->kv);
+    kvp_paged_kv_fill_nan(&c->kv);
 
     /* tokens in a shuffled order, with -1 padding tokens of garbage between them */
     size_t row = (size_t)hkv * D;
