@@ -899,6 +899,8 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
         g.st.mean_kv_utilization = g.util_n ? g.util_sum / (double)g.util_n : 0.0;
         g.st.num_blocks = c.num_blocks;
         g.st.block_size = c.block_size;
+        for (int32_t l = 0; l < g.kv->num_layers; l++)
+            g.st.kv_pool_bytes += 2 * (int64_t)kvp_paged_kv_pool_bytes(&g.kv->layers[l]);
         *stats = g.st;
     }
     ctx_free(&g);

@@ -84,6 +84,7 @@ typedef struct {
     int64_t peak_shared_savings;
     double mean_kv_utilization; /* over steps: token_states / slots of used blocks */
     int32_t num_blocks, block_size;
+    int64_t kv_pool_bytes;     /* the KV cache's pools, every layer, K and V (num_blocks of kv_dtype) */
 } kvp_gen_stats;
 
 /* Runs every request to completion. KVP_EINVAL naming the request for bad parameters or a prompt that

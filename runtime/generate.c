@@ -316,6 +316,7 @@ static int run(gen_opts *o)
         cJSON_AddNumberToObject(t, "num_blocks", stats.num_blocks);
         cJSON_AddNumberToObject(t, "block_size", stats.block_size);
         cJSON_AddStringToObject(t, "kv_dtype", kvp_dtype_name(o->kv_dtype));
+        cJSON_AddNumberToObject(t, "kv_pool_bytes", (double)stats.kv_pool_bytes);
         cJSON_AddNumberToObject(t, "threads", o->threads);
         cJSON_AddStringToObject(t, "matmul", o->matmul == KVP_MATMUL_BLAS ? "blas" : "invariant");
         st = kvp_json_print(stdout, root);
@@ -324,9 +325,10 @@ static int run(gen_opts *o)
     }
     fprintf(stderr,
             "kvpage generate: %d prompts, %lld generated tokens in %.3f s (%.1f tokens/s), %lld steps, prefix hit "
-            "rate %.3f, peak KV token states %lld\n",
+            "rate %.3f, peak KV token states %lld, KV cache %.2f MiB of %s\n",
             n, (long long)stats.generated_tokens, stats.wall_s, stats.tokens_per_s, (long long)stats.steps,
-            stats.prefix_hit_rate, (long long)stats.peak_token_states);
+            stats.prefix_hit_rate, (long long)stats.peak_token_states, (double)stats.kv_pool_bytes / (1 << 20),
+            kvp_dtype_name(o->kv_dtype));
 out:
     if (enc)
         for (int32_t i = 0; i < o->prompts.n; i++) kvp_free(enc[i]);

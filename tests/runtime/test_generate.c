@@ -82,8 +82,9 @@ static void expect_same(const kvp_gen_result *a, const kvp_gen_result *b, const 
     }
 }
 
-/* Every golden case together, with a KV cache of type dt: every token must match. */
-static void golden_stories(kvp_dtype dt)
+/* Every golden case together, with a KV cache of type dt: every token must match. Returns the run's stats,
+ * whose kv_pool_bytes must be the pools' size at dt's element size. */
+static kvp_gen_stats golden_stories(kvp_dtype dt)
 {
     cJSON *gold;
     cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
@@ -120,6 +121,11 @@ static void golden_stories(kvp_dtype dt)
     }
     cr_assert_eq(st.generated_tokens, nwant[0] + nwant[1]);
     kvp_gen_results_free(res, nc);
+    const kvp_model_config *mc = kvp_model_cfg(g_model);
+    cr_assert_eq(st.kv_pool_bytes, (int64_t)st.num_blocks * st.block_size * mc->num_layers * 2 * mc->num_kv_heads *
+                                       mc->head_dim * (int64_t)kvp_dtype_size(dt),
+                 "%s KV: %lld pool bytes", kvp_dtype_name(dt), (long long)st.kv_pool_bytes);
+    return st;
 }
 
 Test(generate, golden_stories_batched, .init = setup, .fini = teardown) { golden_stories(KVP_DTYPE_F32); }
@@ -128,8 +134,10 @@ Test(generate, golden_stories_batched, .init = setup, .fini = teardown) { golden
  * of the golden cases (checked: fp8's 3-bit mantissa does change the 256-token story after ~120 tokens). */
 Test(generate, golden_stories_with_f16_and_bf16_kv, .init = setup, .fini = teardown)
 {
-    golden_stories(KVP_DTYPE_F16);
+    const kvp_gen_stats a = golden_stories(KVP_DTYPE_F32), b = golden_stories(KVP_DTYPE_F16);
     golden_stories(KVP_DTYPE_BF16);
+    cr_assert_eq(a.num_blocks, b.num_blocks);
+    cr_assert_eq(b.kv_pool_bytes * 2, a.kv_pool_bytes, "an f16 cache is half an f32 one");
 }
 
 /* An fp8 cache changes the tokens, but the same prompt must still give the same tokens alone or in a batch
@@ -478,6 +486,7 @@ Test(generate_cli, golden_story_from_gguf_and_hf_folder)
         cr_assert_not_null(cJSON_GetObjectItem(tot, "prefix_hit_rate"));
         cr_assert_eq(cJSON_GetObjectItem(tot, "kv_token_states")->valueint, 256);
         cr_assert_str_eq(cJSON_GetObjectItem(tot, "kv_dtype")->valuestring, "f32");
+        cr_assert_gt(cJSON_GetObjectItem(tot, "kv_pool_bytes")->valuedouble, 0);
         cJSON_Delete(j);
         free(out);
         free(err);
