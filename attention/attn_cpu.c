@@ -17,7 +17,6 @@
  */
 #include <math.h>
 #include <omp.h>
-#include <pthread.h>
 #include <stdatomic.h>
 
 #include "attention/attention.h"
@@ -30,15 +29,6 @@ static const int32_t k_head_dims[] = {8, 16, 32, 64, 80, 96, 128, 256};
 #define NUM_HEAD_DIMS ((int)(sizeof k_head_dims / sizeof k_head_dims[0]))
 
 static atomic_int g_threads;
-
-/* fp8 e4m3 code -> value, built once (it used to be rebuilt on every call: ~9 % of a tiny model's decode). */
-static float g_fp8_lut[256];
-static pthread_once_t g_fp8_once = PTHREAD_ONCE_INIT;
-
-static void fp8_lut_init(void)
-{
-    for (int c = 0; c < 256; c++) g_fp8_lut[c] = kvp_fp8e4m3_to_f32((uint8_t)c);
-}
 
 void kvp_attn_set_threads(int n) { atomic_store(&g_threads, n < 0 ? 0 : n); }
 
@@ -89,7 +79,6 @@ typedef struct {
     float oscale; /* v_scale */
     float *lse;   /* optional user output */
     float *part_o, *part_lse;
-    const float *lut; /* fp8 code -> value */
 } job_t;
 
 static inline int64_t q_row(const job_t *j, int32_t seq, int32_t tok)
@@ -105,7 +94,7 @@ static inline int32_t num_q(const job_t *j, int32_t seq)
 /* head_dim 8: a key row is one vector, so a per-key horizontal sum would cost more than the dot product.
  * Eight keys at a time: eight products per row, then one transposing sum gives their eight scores. */
 KVP_INLINE void scores8_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
-                           const kvp_dtype T, const float *lut)
+                           const kvp_dtype T)
 {
     kvp_v8 q[4];
     for (int r = 0; r < RB; r++) q[r] = v8_loadf(qs + r * 8);
@@ -113,9 +102,9 @@ KVP_INLINE void scores8_rb(const float *qs, const void *kbase, const int64_t *of
         const int cnt = n - i0 < 8 ? n - i0 : 8;
         kvp_v8 k[8], p[8];
         if (cnt == 8) /* every step but a tile's last: no per-key test */
-            for (int t = 0; t < 8; t++) k[t] = v8_load_elem(kbase, off[i0 + t], T, lut);
+            for (int t = 0; t < 8; t++) k[t] = v8_load_elem(kbase, off[i0 + t], T);
         else
-            for (int t = 0; t < 8; t++) k[t] = t < cnt ? v8_load_elem(kbase, off[i0 + t], T, lut) : v8_zero();
+            for (int t = 0; t < 8; t++) k[t] = t < cnt ? v8_load_elem(kbase, off[i0 + t], T) : v8_zero();
         for (int r = 0; r < RB; r++) {
             for (int t = 0; t < 8; t++) p[t] = v8_mul(q[r], k[t]);
             v8_storef(S + r * TILE + i0, v8_hsum8(p)); /* lanes past n: overwritten by the mask */
@@ -163,12 +152,12 @@ KVP_INLINE void prefetch_short_rows(const void *base, const int64_t *off, int n,
  * and land in S[r][n..TILE), which the mask overwrites. With pf != NULL, also prefetches the rows
  * pf[i] + shift (the next unit's K) one token per key. */
 KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
-                          const int D, const kvp_dtype T, const float *lut, const pf_t *pf)
+                          const int D, const kvp_dtype T, const pf_t *pf)
 {
     const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2;
     if (D == 8) {
         prefetch_span(kbase, pf, 0, n, es, D * es);
-        scores8_rb(qs, kbase, off, n, S, RB, T, lut);
+        scores8_rb(qs, kbase, off, n, S, RB, T);
         return;
     }
     const int KB = 8 / RB;
@@ -180,7 +169,7 @@ KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off
         for (int t = 0; t < 8; t++) a[t] = v8_zero();
         for (int d = 0; d < D; d += 8) {
             kvp_v8 kk[8];
-            for (int k = 0; k < KB; k++) kk[k] = v8_load_elem(kbase, o[k] + d, T, lut);
+            for (int k = 0; k < KB; k++) kk[k] = v8_load_elem(kbase, o[k] + d, T);
             for (int r = 0; r < RB; r++) {
                 kvp_v8 qv = v8_loadf(qs + r * D + d);
                 if (KB > 1) v8_pin(qv);
@@ -200,7 +189,7 @@ KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off
  * burst during the first strip (measured: 30-40 % -> 48-53 % of the copy bandwidth on the target decode,
  * together with 16-token tiles). */
 KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
-                          const int D, const kvp_dtype T, const float *lut, const pf_t *pf)
+                          const int D, const kvp_dtype T, const pf_t *pf)
 {
     const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2;
     int d = 0;
@@ -212,7 +201,7 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
         }
         for (int i = 0; i < n; i++) {
             if (i % (D / 16) == d / 16) prefetch_span(vbase, pf, i, i + 1, es, D * es); /* spread over the strips */
-            kvp_v8 v0 = v8_load_elem(vbase, off[i] + d, T, lut), v1 = v8_load_elem(vbase, off[i] + d + 8, T, lut);
+            kvp_v8 v0 = v8_load_elem(vbase, off[i] + d, T), v1 = v8_load_elem(vbase, off[i] + d + 8, T);
             for (int r = 0; r < RB; r++) {
                 kvp_v8 p = v8_set1(P[r * TILE + i]);
                 a[r] = v8_fma(p, v0, a[r]);
@@ -236,12 +225,12 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
         int i = 0;
         for (; i + 4 <= n; i += 4) {
             kvp_v8 v[4];
-            for (int u = 0; u < 4; u++) v[u] = v8_load_elem(vbase, off[i + u] + d, T, lut);
+            for (int u = 0; u < 4; u++) v[u] = v8_load_elem(vbase, off[i + u] + d, T);
             for (int r = 0; r < RB; r++)
                 for (int u = 0; u < 4; u++) a[r][u] = v8_fma(v8_set1(P[r * TILE + i + u]), v[u], a[r][u]);
         }
         for (; i < n; i++) {
-            kvp_v8 v0 = v8_load_elem(vbase, off[i] + d, T, lut);
+            kvp_v8 v0 = v8_load_elem(vbase, off[i] + d, T);
             for (int r = 0; r < RB; r++) a[r][0] = v8_fma(v8_set1(P[r * TILE + i]), v0, a[r][0]);
         }
         for (int r = 0; r < RB; r++)
@@ -355,11 +344,11 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             int r;
             if (h < short_pf_heads) prefetch_short_rows(kb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
             for (r = r0; r + 4 <= r1; r += 4)
-                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, j->lut, r == r0 ? pf : NULL);
+                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, r == r0 ? pf : NULL);
             for (; r + 2 <= r1; r += 2)
-                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, j->lut, r == r0 ? pf : NULL);
+                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, r == r0 ? pf : NULL);
             for (; r < r1; r++)
-                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, j->lut, r == r0 ? pf : NULL);
+                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, r == r0 ? pf : NULL);
             const int nv = (n + 7) & ~7; /* the tile's scores, in whole vectors (lanes past n: masked) */
             for (r = r0; r < r1; r++) {
                 float *sr = S + r * TILE;
@@ -393,11 +382,11 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             }
             if (h < short_pf_heads) prefetch_short_rows(vb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
             for (r = r0; r + 4 <= r1; r += 4)
-                values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, j->lut, r == r0 ? pf : NULL);
+                values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, r == r0 ? pf : NULL);
             for (; r + 2 <= r1; r += 2)
-                values_rb(acc + r * D, S + r * TILE, vb, off, n, 2, D, T, j->lut, r == r0 ? pf : NULL);
+                values_rb(acc + r * D, S + r * TILE, vb, off, n, 2, D, T, r == r0 ? pf : NULL);
             for (; r < r1; r++)
-                values_rb(acc + r * D, S + r * TILE, vb, off, n, 1, D, T, j->lut, r == r0 ? pf : NULL);
+                values_rb(acc + r * D, S + r * TILE, vb, off, n, 1, D, T, r == r0 ? pf : NULL);
         }
         cur ^= 1;
     }
@@ -578,13 +567,11 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
                     }
                 }
     }
-    pthread_once(&g_fp8_once, fp8_lut_init);
-    const float *lut = g_fp8_lut;
     const int fp8 = kv->dtype == KVP_DTYPE_FP8_E4M3;
     float sm = p->sm_scale > 0.0f ? p->sm_scale : 1.0f / sqrtf((float)D);
     job_t j = {.kv = kv, .q = q, .out = out, .qo_indptr = qo_indptr, .hq = hq, .group = group,
                .window_left = p->window_left, .qscale = sm * 1.4426950408889634f * (fp8 ? kv->k_scale : 1.0f),
-               .oscale = fp8 ? kv->v_scale : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse, .lut = lut};
+               .oscale = fp8 ? kv->v_scale : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse};
     item_fn fn = k_dispatch[kv->dtype][head_dim_index(D)];
     int threads = nitems < nt ? (int)(nitems > 0 ? nitems : 1) : nt;
     if (threads == 1) {

@@ -46,10 +46,9 @@ KVP_INLINE kvp_v8 v8_load_bf16(const uint16_t *p)
 /* e4m3fn -> f32 in registers (no table gather, which cost twice the whole f16 decode): the 7 exponent and
  * mantissa bits shifted into f32's exponent field's low end and mantissa's top give the value times 2^-120
  * for normal and subnormal codes alike (a subnormal code becomes an f32 subnormal), so one multiply by
- * 2^120 finishes it; the sign is moved across; S.1111.111 is NaN. (lut: unused here.) */
-KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p, const float *lut)
+ * 2^120 finishes it; the sign is moved across; S.1111.111 is NaN. */
+KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p)
 {
-    (void)lut;
     const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
     const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
     const __m256 mag = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 20)), _mm256_set1_ps(0x1p120f));
@@ -155,10 +154,10 @@ KVP_INLINE kvp_v8 v8_load_bf16(const uint16_t *p)
     }
     return r;
 }
-KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p, const float *lut)
+KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p)
 {
     kvp_v8 r;
-    for (int i = 0; i < 8; i++) r.x[i] = lut[p[i]];
+    for (int i = 0; i < 8; i++) r.x[i] = kvp_fp8e4m3_to_f32(p[i]);
     return r;
 }
 KVP_INLINE kvp_v8 v8_exp2(kvp_v8 x)
@@ -196,12 +195,12 @@ KVP_INLINE float v8_hmax(kvp_v8 a)
 #endif
 
 /* 8 elements of type T at element offset off of pool base, as floats (fp8: unscaled code values). */
-KVP_INLINE kvp_v8 v8_load_elem(const void *base, int64_t off, const kvp_dtype T, const float *lut)
+KVP_INLINE kvp_v8 v8_load_elem(const void *base, int64_t off, const kvp_dtype T)
 {
     switch (T) {
     case KVP_DTYPE_F16: return v8_load_f16((const uint16_t *)base + off);
     case KVP_DTYPE_BF16: return v8_load_bf16((const uint16_t *)base + off);
-    case KVP_DTYPE_FP8_E4M3: return v8_load_fp8((const uint8_t *)base + off, lut);
+    case KVP_DTYPE_FP8_E4M3: return v8_load_fp8((const uint8_t *)base + off);
     default: return v8_loadf((const float *)base + off);
     }
 }
