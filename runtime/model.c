@@ -499,7 +499,6 @@ kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_
 {
     if (num_blocks < 1 || block_size < 1)
         return KVP_ERR(KVP_EINVAL, "KV cache: num_blocks %d and block_size %d must be >= 1", num_blocks, block_size);
-    if (kvp_dtype_size(dtype) == 0) return KVP_ERR(KVP_EINVAL, "KV cache: invalid dtype %d", (int)dtype);
     kvp_kv_cache *kv = kvp_calloc(1, sizeof *kv);
     if (!kv) return KVP_ERR(KVP_ENOMEM, "KV cache: out of memory");
     kv->num_layers = m->cfg.num_layers;
