@@ -5,12 +5,12 @@
  * Before timing, the model's greedy output is validated: on stories260K the single-stream greedy tokens
  * from an empty prompt must equal golden.json's published story (not with an fp8 KV cache, whose rounding
  * changes the story), and one prompt's greedy tokens must be the same alone and inside the batch (batch
- * invariance). Timed runs sample at temperature 1 with per
- * sequence seeds (so the N sequences differ) and ignore EOS, so every run generates exactly
- * sequences x max_tokens tokens. tokens_per_s is wall time; tokens_per_cpu_s uses the process CPU time,
- * which a busy shared machine disturbs less. The two modes are timed interleaved, --reps rounds of (single,
- * batched), and each reports its fastest round: a load swing on the shared machine hits both alike, and a
- * single-stream run (tens of milliseconds) is not judged on one sample.
+ * invariance). Timed runs sample at temperature 1 with per sequence seeds (so the N sequences differ) and
+ * ignore EOS, so every run generates exactly sequences x max_tokens tokens. tokens_per_s is wall time;
+ * tokens_per_cpu_s uses the process CPU time, which a busy shared machine disturbs less. The two modes are
+ * timed interleaved, --reps rounds of (single, batched), and each reports its fastest round: a load swing
+ * on the shared machine hits both alike, and a single-stream run (tens of milliseconds) is not judged on
+ * one sample.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -27,10 +27,10 @@
 #include "runtime/gen.h"
 #include "runtime/model.h"
 
-static const char *const k_fields[] = {"model",        "mode",           "sequences",         "threads",   "matmul",
-                                       "block_size",   "kv_dtype",       "max_tokens",     "reps",              "generated", "wall_s",
-                                       "cpu_s",        "tokens_per_s",   "tokens_per_cpu_s",  "speedup_vs_single",
-                                       "validated"};
+static const char *const k_fields[] = {"model",      "mode",         "sequences",        "threads",
+                                       "matmul",     "block_size",   "kv_dtype",         "max_tokens",
+                                       "reps",       "generated",    "wall_s",           "cpu_s",
+                                       "tokens_per_s", "tokens_per_cpu_s", "speedup_vs_single", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
 
 static void usage(FILE *f)

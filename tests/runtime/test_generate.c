@@ -184,7 +184,6 @@ Test(generate, fp8_kv_is_batch_invariant, .init = setup, .fini = teardown)
     kvp_gen_results_free(&r8, 1);
 }
 
-
 Test(generate, batch_invariance_cache_and_block_sizes, .init = setup, .fini = teardown)
 {
     enc e[NPROMPTS];
