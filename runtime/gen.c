@@ -3,6 +3,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "blockmgr/block_mgr.h"
@@ -409,11 +410,39 @@ typedef struct {
     float lp;
 } cand;
 
-/* Beam step for request r: every live beam has logits in rows. */
+/* Candidate order: score desc, then parent order, then token id (a total order: (pos, tok) is unique). */
+static int cand_before(const cand *a, const cand *b)
+{
+    if (a->score != b->score) return a->score > b->score;
+    return a->pos != b->pos ? a->pos < b->pos : a->tok < b->tok;
+}
+
+static int cand_cmp(const void *a, const void *b)
+{
+    return cand_before(a, b) ? -1 : cand_before(b, a) ? 1 : 0;
+}
+
+/* Restores the heap below i: h[0] is the worst of the kept candidates (the one any better one replaces). */
+static void cand_sift_down(cand *h, int32_t n, int32_t i)
+{
+    for (;;) {
+        int32_t w = i, l = 2 * i + 1, r = l + 1;
+        if (l < n && cand_before(&h[w], &h[l])) w = l;
+        if (r < n && cand_before(&h[w], &h[r])) w = r;
+        if (w == i) return;
+        cand t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+/* Beam step for request r: every live beam has logits in rows. The W best extensions over every
+ * (beam, token) pair are kept in a heap of W (nb x V x log W, not a scan per kept token), then sorted. */
 static kvp_status beam_step(gen_ctx *g, int32_t r, const int32_t *beams, int32_t nb)
 {
     const int32_t W = g->reqs[r].beam_width, V = g->vocab;
-    cand *c = kvp_malloc((size_t)nb * (size_t)W * sizeof *c);
+    cand *c = kvp_malloc((size_t)W * sizeof *c);
     int32_t *sel = kvp_calloc((size_t)nb, sizeof *sel);
     if (!c || !sel) {
         kvp_free(c);
@@ -424,29 +453,19 @@ static kvp_status beam_step(gen_ctx *g, int32_t r, const int32_t *beams, int32_t
     for (int32_t b = 0; b < nb; b++) {
         gseq *s = g->seqs[beams[b]];
         kvp_log_softmax(g->logits + (int64_t)s->row * V, V, g->lsm);
-        /* top W tokens of this beam (ties: lower id) */
-        for (int32_t k = 0; k < W && k < V; k++) {
-            int32_t best = -1;
-            for (int32_t t = 0; t < V; t++) {
-                int taken = 0;
-                for (int32_t j = nc - k; j < nc; j++)
-                    if (c[j].tok == t) taken = 1;
-                if (!taken && (best < 0 || g->lsm[t] > g->lsm[best])) best = t;
+        for (int32_t t = 0; t < V; t++) {
+            const cand x = {s->logprob + g->lsm[t], beams[b], b, t, g->lsm[t]};
+            if (nc < W) { /* fill, then heapify once full */
+                c[nc++] = x;
+                if (nc == W)
+                    for (int32_t i = W / 2; i-- > 0;) cand_sift_down(c, W, i);
+            } else if (cand_before(&x, &c[0])) {
+                c[0] = x;
+                cand_sift_down(c, W, 0);
             }
-            c[nc++] = (cand){s->logprob + g->lsm[best], beams[b], b, best, g->lsm[best]};
         }
     }
-    /* select the W best candidates: score desc, then parent order, then token id */
-    for (int32_t i = 0; i < nc; i++)
-        for (int32_t j = i + 1; j < nc; j++) {
-            int swap = c[j].score > c[i].score ||
-                       (c[j].score == c[i].score && (c[j].pos < c[i].pos || (c[j].pos == c[i].pos && c[j].tok < c[i].tok)));
-            if (swap) {
-                cand t = c[i];
-                c[i] = c[j];
-                c[j] = t;
-            }
-        }
+    qsort(c, (size_t)nc, sizeof *c, cand_cmp);
     int32_t keep = nc < W ? nc : W;
     kvp_status st = KVP_OK;
     /* Forks first (from parents still alive), then frees, then appends. */
@@ -458,7 +477,6 @@ static kvp_status beam_step(gen_ctx *g, int32_t r, const int32_t *beams, int32_t
             target[i] = c[i].parent;
         } else {
             st = fork_seq(g, c[i].parent, 0, &target[i]);
-            if (st == KVP_OK) g->st.cow_copies += 0;
         }
     }
     for (int32_t b = 0; st == KVP_OK && b < nb; b++)

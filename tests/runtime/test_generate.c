@@ -383,6 +383,19 @@ Test(generate, beam_search_matches_exhaustive_search, .init = setup, .fini = tea
         cr_assert_geq(res.logprob[0], res.logprob[1]);
         cr_assert_eq(st.computed_tokens, e.n + 4, "beams must not recompute the prompt");
         kvp_gen_results_free(&res, 1);
+        /* A beam wider than the vocabulary keeps every first token, so its best pair is the exhaustive
+         * best whatever the bound (512 beams compute their first token, out of 512 x 512 candidates). */
+        r.beam_width = 600;
+        r.n = 3;
+        run(&cfg, &r, 1, &res, &st);
+        cr_assert_eq(res.n_samples, 3);
+        cr_assert(res.tokens[0][0] == b1 && res.tokens[0][1] == b2, "'%s': wide beam %d %d, exhaustive %d %d",
+                  texts[k], res.tokens[0][0], res.tokens[0][1], b1, b2);
+        cr_assert_float_eq(res.logprob[0], best, 1e-4);
+        for (int s = 1; s < 3; s++) cr_assert_geq(res.logprob[s - 1], res.logprob[s]);
+        cr_assert_eq(st.computed_tokens, e.n + 512);
+        kvp_gen_results_free(&res, 1);
+        r.beam_width = 4;
         /* A longer beam run: results sorted by score, W beams forked from one prefill. */
         r.max_tokens = 12;
         r.n = 4;
