@@ -111,8 +111,7 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
     for (int32_t i = 0; i < b->n; i++) {
         const kvp_exec_seq *s = &b->seqs[i];
         if (!s->tokens)
-            return KVP_ERR(KVP_EUNSUPPORTED, "cpu executor: request %lld: the engine gave no token ids for a %d-token "
-                                             "chunk at %d (recompute across the prompt's end)",
+            return KVP_ERR(KVP_EUNSUPPORTED, "cpu executor: request %lld has no token ids (a %d-token chunk at %d)",
                            (long long)s->req_id, s->num_new, s->context_len);
         int32_t len = s->context_len + s->num_new, pages = (len + bs - 1) / bs;
         if (pages > s->num_blocks)
@@ -169,7 +168,7 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
 }
 
 kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
-                                   const kvp_sampler_params *sampler, kvp_executor *out)
+                                   kvp_dtype kv_dtype, const kvp_sampler_params *sampler, kvp_executor *out)
 {
     if (num_host_blocks < 0) return KVP_ERR(KVP_EINVAL, "cpu executor: num_host_blocks %d < 0", num_host_blocks);
     kvp_sampler_params sp = sampler ? *sampler : kvp_sampler_default();
@@ -180,9 +179,9 @@ kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t blo
     c->block_size = block_size;
     c->sp = sp;
     c->vocab = (int32_t)kvp_model_cfg(m)->vocab_size;
-    kvp_status st = kvp_kv_cache_create(m, KVP_DTYPE_F32, num_blocks, block_size, &c->kv);
+    kvp_status st = kvp_kv_cache_create(m, kv_dtype, num_blocks, block_size, &c->kv);
     if (st == KVP_OK && num_host_blocks > 0)
-        st = kvp_kv_cache_create(m, KVP_DTYPE_F32, num_host_blocks, block_size, &c->host);
+        st = kvp_kv_cache_create(m, kv_dtype, num_host_blocks, block_size, &c->host);
     if (st == KVP_OK) st = kvp_sampler_ws_create(c->vocab, &c->sws);
     if (st != KVP_OK) {
         destroy(c);

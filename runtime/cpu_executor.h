@@ -5,8 +5,8 @@
  *
  * Sampling: greedy, or the given sampler with a generator seeded from (seed + position, stream = req_id),
  * so a request's tokens do not depend on the batch or on recomputation.
- * Tokens: the engine must provide every new token id (kvp_exec_seq.tokens): a step without them (a
- * recompute chunk that crosses the prompt's end, which the engine does not provide) is KVP_EUNSUPPORTED.
+ * Tokens: the engine must provide every new token id (kvp_exec_seq.tokens, prompt and generated tokens
+ * alike, recompute chunks included): a request without token ids is KVP_EUNSUPPORTED.
  *
  * Every sampled token is also logged per request (kvp_cpu_executor_tokens) so callers can read the text
  * the engine produced. Ownership: the executor borrows the model (it must outlive the executor) and owns
@@ -23,9 +23,10 @@
 #include "runtime/sampler.h"
 
 /* num_blocks / block_size must match the engine's paged configuration (kv_slots / block_size blocks);
- * num_host_blocks: host pools for swap (0: none). sampler NULL means greedy. KVP_EINVAL, KVP_ENOMEM. */
+ * num_host_blocks: host pools for swap (0: none); kv_dtype: element type of both (kvp_kv_cache_create).
+ * sampler NULL means greedy. KVP_EINVAL, KVP_ENOMEM. */
 kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
-                                   const kvp_sampler_params *sampler, kvp_executor *out);
+                                   kvp_dtype kv_dtype, const kvp_sampler_params *sampler, kvp_executor *out);
 
 /* Tokens sampled so far for request req_id (borrowed; valid until the next step or destroy); n = 0 when
  * none. ex must come from kvp_cpu_executor_create. */

@@ -1,5 +1,5 @@
 /* The engine (runtime/engine.h) with the cpu executor on stories260K: the golden greedy stories come out of
- * the scheduler's continuous batching, with a prefix cache, and with swap preemption. */
+ * the scheduler's continuous batching, with a prefix cache, and with swap and recompute preemption. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -33,8 +33,9 @@ static int load_cases(gcase *cs)
     return n;
 }
 
+/* preempt: the KV memory is meant to force preemption (by swap when host_slots > 0, else by recompute). */
 static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64_t host_slots, kvp_pc_kind cache,
-                       int copies, double gap_s)
+                       int copies, double gap_s, int preempt)
 {
     gcase cs[8];
     int n = load_cases(cs);
@@ -58,7 +59,7 @@ static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64
     cfg.check_every_step = true;
     kvp_executor ex;
     cr_assert_eq(kvp_cpu_executor_create(m, (int32_t)(kv_slots / block_size), block_size,
-                                         (int32_t)(host_slots / block_size), NULL, &ex),
+                                         (int32_t)(host_slots / block_size), KVP_DTYPE_F32, NULL, &ex),
                  KVP_OK, "%s", kvp_error_detail());
     kvp_engine *e;
     cr_assert_eq(kvp_engine_create(&cfg, &ex, &e), KVP_OK, "%s", kvp_error_detail());
@@ -67,7 +68,8 @@ static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64
     cr_assert_eq(kvp_engine_metrics_get(e, &met), KVP_OK);
     cr_assert_eq(met.finished, copies * n);
     cr_assert_eq(met.leaked_blocks, 0);
-    if (host_slots > 0) cr_assert_gt(met.swap_outs, 0, "the KV memory was meant to force swapping");
+    if (preempt) cr_assert_gt(host_slots > 0 ? met.swap_outs : met.recomputes, 0, "the KV memory was meant to force %s",
+                              host_slots > 0 ? "swapping" : "recomputation");
     if (cache != KVP_PC_NONE && copies > 1) cr_assert_gt(met.prefix_hit_tokens, 0);
     for (int k = 0; k < copies; k++)
         for (int i = 0; i < n; i++) {
@@ -89,9 +91,11 @@ Test(cpu_executor, engine_reproduces_the_golden_stories)
     tu_require_shared();
     kvp_model *m;
     cr_assert_eq(kvp_model_load(S260_GGUF, &m), KVP_OK, "%s", kvp_error_detail());
-    run_engine(m, 16, 4096, 0, KVP_PC_NONE, 1, 0.0);
-    run_engine(m, 4, 4096, 0, KVP_PC_RADIX, 2, 0.5); /* the second copies arrive later and hit the cache */
-    run_engine(m, 16, 18 * 16, 40 * 16, KVP_PC_NONE, 2, 0.0); /* two 257-token stories in 18 blocks: swap */
+    run_engine(m, 16, 4096, 0, KVP_PC_NONE, 1, 0.0, 0);
+    run_engine(m, 4, 4096, 0, KVP_PC_RADIX, 2, 0.5, 0); /* the second copies arrive later and hit the cache */
+    run_engine(m, 16, 18 * 16, 40 * 16, KVP_PC_NONE, 2, 0.0, 1); /* two 257-token stories in 18 blocks: swap */
+    /* the same without host blocks: a preempted story is recomputed, prompt and generated tokens together */
+    run_engine(m, 16, 18 * 16, 0, KVP_PC_NONE, 2, 0.0, 1);
     kvp_model_destroy(m);
 }
 
@@ -101,7 +105,7 @@ Test(cpu_executor, rejects_a_mismatched_block_size)
     kvp_model *m;
     cr_assert_eq(kvp_model_load(S260_GGUF, &m), KVP_OK);
     kvp_executor ex;
-    cr_assert_eq(kvp_cpu_executor_create(m, 64, 8, 0, NULL, &ex), KVP_OK);
+    cr_assert_eq(kvp_cpu_executor_create(m, 64, 8, 0, KVP_DTYPE_F32, NULL, &ex), KVP_OK);
     int32_t toks[2] = {1, 403}, table[1] = {0};
     kvp_exec_seq s = {.req_id = 0, .context_len = 0, .num_new = 2, .sample = 1, .tokens = toks, .block_table = table,
                       .num_blocks = 1};
