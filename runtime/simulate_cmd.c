@@ -1,5 +1,6 @@
 /* runtime/simulate_cmd.c — `kvpage simulate`: replay a trace or a synthetic workload through the scheduler,
- * the block manager and the prefix cache on the `sim` executor (no GPU, simulated time). */
+ * the block manager and the prefix cache, on the `sim` executor (no GPU, simulated time) or on the `cpu`
+ * executor (a real model run on this machine's CPU, measured time). */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -11,6 +12,7 @@
 #include "common/parse.h"
 #include "common/timer.h"
 #include "runtime/commands.h"
+#include "runtime/cpu_executor.h"
 #include "runtime/simulate.h"
 #include "runtime/workload_synth.h"
 
@@ -23,6 +25,8 @@ static void usage(FILE *f)
             "block manager, prefix cache) while a roofline cost model replaces the model's execution:\n"
             "step time = max(FLOPs / peak FLOP/s, bytes of weights + KV / memory bandwidth) + all-reduce\n"
             "+ a fixed per-step overhead (runtime/cost_model.h). Simulated time only; no GPU needed.\n"
+            "With --executor cpu a real model runs every step on this machine's CPU instead (greedy): step\n"
+            "times are measured, and the clock still jumps over idle gaps to the next arrival.\n"
             "\n"
             "workload:\n"
             "  --trace FILE              Azure LLM trace CSV (*.csv) or Mooncake JSONL\n"
@@ -33,12 +37,18 @@ static void usage(FILE *f)
             "  --num-requests N          keep the first N requests\n"
             "  --duration S              keep the requests arriving in the first S seconds\n"
             "model and hardware:\n"
-            "  --model CONFIG            Hugging Face config.json\n"
-            "  --gpu NAME                A100-40G | A100-80G | H100-SXM | H200 (default H200)\n"
-            "  --tp N                    tensor-parallel GPUs (default 1)\n"
-            "  --gpu-util F              share of GPU memory the runtime may use (default 0.9)\n"
-            "  --kv-mem BYTES            KV memory per GPU instead of what is left after weights (e.g. 12GB)\n"
-            "  --swap-space BYTES        host swap space per GPU (default 4GiB)\n"
+            "  --executor sim|cpu        sim: the cost model (default); cpu: run the model (--model is then a GGUF\n"
+            "                            file or a Hugging Face folder with weights); prompt token ids are hashed\n"
+            "                            into the model's vocabulary (equal ids stay equal)\n"
+            "  --model CONFIG            Hugging Face config.json (sim), a model (cpu)\n"
+            "  --gpu NAME                A100-40G | A100-80G | H100-SXM | H200 (default H200; sim)\n"
+            "  --tp N                    tensor-parallel GPUs (default 1; sim)\n"
+            "  --gpu-util F              share of GPU memory the runtime may use (default 0.9; sim)\n"
+            "  --kv-mem BYTES            KV memory per GPU instead of what is left after weights (e.g. 12GB);\n"
+            "                            cpu: the KV cache's size (default 1GiB)\n"
+            "  --swap-space BYTES        host swap space per GPU (default 4GiB; cpu: 1GiB, with --preempt swap)\n"
+            "  --threads N               cpu: threads (default 1)\n"
+            "  --kv-dtype T              cpu: KV element type f32 (default), f16, bf16 or fp8\n"
             "memory management:\n"
             "  --block-size B            tokens per KV block (default 16)\n"
             "  --alloc KIND              paged | orca-max | orca-pow2 | orca-oracle (default paged)\n"
@@ -63,8 +73,65 @@ static void usage(FILE *f)
 enum {
     O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_BLOCK, O_ALLOC, O_CACHE, O_EVICT,
     O_SCHED, O_PREEMPT, O_TP, O_MAXSEQS, O_MAXTOK, O_MAXLEN, O_NOCHUNK, O_JSON, O_GPUUTIL, O_KVMEM, O_SWAP,
-    O_WATERMARK, O_CHECK, O_ARENA,
+    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE,
 };
+
+enum { CPU_MEM_DEFAULT = 1 << 30 }; /* KV cache and swap space of the cpu executor when not given */
+
+/* 32-bit mix (murmur3's finalizer): a bijection, so distinct ids stay distinct before the reduction. */
+static uint32_t mix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x85ebca6bu;
+    x ^= x >> 13;
+    x *= 0xc2b2ae35u;
+    return x ^ (x >> 16);
+}
+
+/* Maps a workload's token ids (hash-derived, or drawn from another vocabulary) into [0, vocab) by a hash:
+ * equal ids stay equal, so shared prefixes stay shared, and distinct ids rarely collide (a plain modulo
+ * would make every 512-token block of a Mooncake trace the same text). */
+static void fit_vocab(kvp_workload *w, int64_t vocab)
+{
+    for (int64_t i = 0; i < w->n + w->n_pins; i++) {
+        kvp_request *r = i < w->n ? &w->reqs[i] : &w->pins[i - w->n];
+        for (int32_t j = 0; j < r->prompt_len; j++) r->tokens[j] = (int32_t)(mix32((uint32_t)r->tokens[j]) % vocab);
+    }
+}
+
+/* The cpu executor: loads the model at path, sizes its KV cache (and, with swap preemption, host pools)
+ * from hw in whole blocks of ec->block_size, and fills ec's capacity and max_model_len (the model's
+ * context unless given, never above it). */
+static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype dt, const kvp_sim_hw *hw, int max_len_set,
+                              kvp_engine_config *ec, kvp_model **lm, kvp_executor *ex, kvp_sim_memory *mem)
+{
+    const size_t n = strlen(path);
+    if (n >= 5 && strcmp(path + n - 5, ".json") == 0)
+        return KVP_ERR(KVP_EINVAL, "%s: --executor cpu runs a model: give a GGUF file or a Hugging Face folder", path);
+    KVP_TRY(kvp_model_load(path, lm));
+    kvp_model_set_threads(*lm, threads);
+    const kvp_model_config *c = kvp_model_cfg(*lm);
+    const int32_t ctx = kvp_model_max_len(*lm), bs = ec->block_size;
+    if (!max_len_set) ec->max_model_len = ctx;
+    else if (ec->max_model_len > ctx)
+        return KVP_ERR(KVP_EINVAL, "--max-model-len %d exceeds the context of %s (%d tokens)", (int)ec->max_model_len,
+                       path, (int)ctx);
+    memset(mem, 0, sizeof *mem);
+    mem->kv_bytes_per_token = 2.0 * (double)c->num_layers * (double)c->num_kv_heads * (double)c->head_dim *
+                              (double)kvp_dtype_size(dt);
+    const int64_t blocks = (int64_t)((double)(hw->kv_mem_bytes > 0 ? hw->kv_mem_bytes : CPU_MEM_DEFAULT) /
+                                     mem->kv_bytes_per_token) / bs;
+    const int64_t host = ec->preempt == KVP_PREEMPT_SWAP ? (int64_t)((double)hw->swap_bytes / mem->kv_bytes_per_token) / bs : 0;
+    if (blocks < 1)
+        return KVP_ERR(KVP_EINVAL, "--kv-mem holds no block of %d tokens of %s (%.0f bytes a token)", (int)bs, path,
+                       mem->kv_bytes_per_token);
+    if (blocks > INT32_MAX || host > INT32_MAX)
+        return KVP_ERR(KVP_EINVAL, "--kv-mem / --swap-space: more than %d blocks", INT32_MAX);
+    ec->kv_slots = mem->kv_slots = blocks * bs;
+    ec->host_slots = mem->host_slots = host * bs;
+    mem->kv_bytes = (double)ec->kv_slots * mem->kv_bytes_per_token;
+    return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)host, dt, NULL, ex);
+}
 
 int kvp_cmd_simulate(int argc, char **argv)
 {
@@ -94,13 +161,18 @@ int kvp_cmd_simulate(int argc, char **argv)
         {"watermark-blocks", required_argument, NULL, O_WATERMARK},
         {"json", no_argument, NULL, O_JSON},
         {"check", no_argument, NULL, O_CHECK},
+        {"executor", required_argument, NULL, O_EXECUTOR},
+        {"threads", required_argument, NULL, O_THREADS},
+        {"kv-dtype", required_argument, NULL, O_KVDTYPE},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL;
     double rate = 0, duration = 0;
     int64_t num_req = 0;
-    int json = 0, max_len_set = 0, watermark_set = 0;
+    int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, cpu = 0, threads = 1;
+    const char *sim_only = NULL, *cpu_only = NULL; /* an option given that the other executor does not take */
+    kvp_dtype kv_dtype = KVP_DTYPE_F32;
     kvp_engine_config ec;
     kvp_engine_config_default(&ec);
     kvp_sim_hw hw;
@@ -112,7 +184,10 @@ int kvp_cmd_simulate(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
         switch (c) {
         case O_MODEL: model = optarg; break;
-        case O_GPU: gpu_name = optarg; break;
+        case O_GPU:
+            gpu_name = optarg;
+            sim_only = "--gpu";
+            break;
         case O_TRACE: trace = optarg; break;
         case O_WORKLOAD: spec = optarg; break;
         case O_RATE: st = kvp_parse_rate(optarg, &rate); break;
@@ -128,7 +203,10 @@ int kvp_cmd_simulate(int argc, char **argv)
         case O_EVICT: st = kvp_evict_policy_parse(optarg, &ec.evict); break;
         case O_SCHED: st = kvp_sched_policy_parse(optarg, &ec.sched); break;
         case O_PREEMPT: st = kvp_preempt_mode_parse(optarg, &ec.preempt); break;
-        case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &hw.tp); break;
+        case O_TP:
+            st = kvp_parse_i32(optarg, 1, 1024, &hw.tp);
+            sim_only = "--tp";
+            break;
         case O_MAXSEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &ec.max_num_seqs); break;
         case O_MAXTOK: st = kvp_parse_i32(optarg, 1, 1 << 30, &ec.max_batched_tokens); break;
         case O_MAXLEN:
@@ -137,6 +215,7 @@ int kvp_cmd_simulate(int argc, char **argv)
             break;
         case O_NOCHUNK: ec.chunked_prefill = false; break;
         case O_GPUUTIL:
+            sim_only = "--gpu-util";
             st = kvp_parse_f64(optarg, 0, 1, &hw.gpu_util);
             if (st == KVP_OK && !(hw.gpu_util > 0)) st = KVP_ERR(KVP_EINVAL, "--gpu-util must be in (0, 1]");
             break;
@@ -144,13 +223,28 @@ int kvp_cmd_simulate(int argc, char **argv)
             st = kvp_parse_bytes(optarg, &hw.kv_mem_bytes);
             if (st == KVP_OK && hw.kv_mem_bytes <= 0) st = KVP_ERR(KVP_EINVAL, "--kv-mem must be > 0");
             break;
-        case O_SWAP: st = kvp_parse_bytes(optarg, &hw.swap_bytes); break;
+        case O_SWAP:
+            st = kvp_parse_bytes(optarg, &hw.swap_bytes);
+            swap_set = 1;
+            break;
         case O_WATERMARK:
             st = kvp_parse_i32(optarg, 0, INT32_MAX, &ec.watermark_blocks);
             watermark_set = 1;
             break;
         case O_JSON: json = 1; break;
         case O_CHECK: ec.check_every_step = true; break;
+        case O_EXECUTOR:
+            if (strcmp(optarg, "cpu") == 0 || strcmp(optarg, "sim") == 0) cpu = optarg[0] == 'c';
+            else st = KVP_ERR(KVP_EINVAL, "unknown executor '%s' (use sim or cpu)", optarg);
+            break;
+        case O_THREADS:
+            st = kvp_parse_i32(optarg, 1, 1024, &threads);
+            cpu_only = "--threads";
+            break;
+        case O_KVDTYPE:
+            st = kvp_dtype_parse(optarg, &kv_dtype);
+            cpu_only = "--kv-dtype";
+            break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
         }
@@ -159,40 +253,63 @@ int kvp_cmd_simulate(int argc, char **argv)
     if (optind < argc) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
     if (model == NULL) return kvp_cli_usage_error(cmd, "--model CONFIG is required");
     if ((trace == NULL) == (spec == NULL)) return kvp_cli_usage_error(cmd, "give exactly one of --trace and --workload");
+    if (cpu && sim_only) return kvp_cli_usage_error(cmd, "%s applies to --executor sim only", sim_only);
+    if (!cpu && cpu_only) return kvp_cli_usage_error(cmd, "%s applies to --executor cpu only", cpu_only);
+    if (cpu && ec.alloc != KVP_ALLOC_PAGED)
+        return kvp_cli_usage_error(cmd, "--alloc %s needs --executor sim (the cpu executor reads block tables)",
+                                   kvp_alloc_kind_name(ec.alloc));
 
     const kvp_gpu_profile *gpu = NULL;
-    if ((st = kvp_gpu_profile_find(gpu_name, &gpu)) != KVP_OK) return kvp_cli_fail(cmd, st);
     kvp_model_config cfg;
-    if ((st = kvp_model_config_load(model, &cfg)) != KVP_OK) return kvp_cli_fail(cmd, st);
-    if (!max_len_set) ec.max_model_len = kvp_sim_default_max_model_len(&cfg);
-    if (!ec.chunked_prefill && ec.max_batched_tokens < ec.max_model_len) ec.max_batched_tokens = ec.max_model_len;
     kvp_cost_model cm;
     kvp_sim_memory mem;
-    if ((st = kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem)) != KVP_OK) return kvp_cli_fail(cmd, st);
-
+    kvp_model *lm = NULL; /* the cpu executor's model */
+    kvp_executor ex = {0};
+    if (cpu) {
+        if (!swap_set) hw.swap_bytes = CPU_MEM_DEFAULT;
+        st = cpu_prepare(model, threads, kv_dtype, &hw, max_len_set, &ec, &lm, &ex, &mem);
+        if (st == KVP_OK) cfg = *kvp_model_cfg(lm);
+    } else {
+        st = kvp_gpu_profile_find(gpu_name, &gpu);
+        if (st == KVP_OK) st = kvp_model_config_load(model, &cfg);
+        if (st == KVP_OK && !max_len_set) ec.max_model_len = kvp_sim_default_max_model_len(&cfg);
+    }
+    if (!ec.chunked_prefill && ec.max_batched_tokens < ec.max_model_len) ec.max_batched_tokens = ec.max_model_len;
+    if (st == KVP_OK && !cpu) st = kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem);
     if (!watermark_set && ec.alloc == KVP_ALLOC_PAGED) ec.watermark_blocks = (int32_t)((ec.kv_slots / ec.block_size) / 100);
 
     double t0 = kvp_now_s();
     kvp_workload *w = NULL;
-    if ((st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, &w)) != KVP_OK)
-        return kvp_cli_fail(cmd, st);
-    kvp_progress_bar bar;
-    kvp_progress_bar_init(&bar, "simulate");
+    if (st == KVP_OK) st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, &w);
     kvp_engine_metrics m;
-    st = kvp_simulate(&ec, &cm, w, kvp_progress_bar_fn, &bar, &m);
-    kvp_progress_bar_end(&bar);
+    char wname[64] = "";
+    if (st == KVP_OK) {
+        if (cpu) fit_vocab(w, cfg.vocab_size);
+        kvp_progress_bar bar;
+        kvp_progress_bar_init(&bar, "simulate");
+        st = cpu ? kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m)
+                 : kvp_simulate(&ec, &cm, w, kvp_progress_bar_fn, &bar, &m);
+        kvp_progress_bar_end(&bar);
+        snprintf(wname, sizeof wname, "%s", w->name);
+    }
     double wall = kvp_now_s() - t0;
-    char wname[64];
-    snprintf(wname, sizeof wname, "%s", w->name);
     kvp_workload_destroy(w);
+    kvp_executor_destroy(&ex);
+    kvp_model_destroy(lm);
     if (st != KVP_OK) return kvp_cli_fail(cmd, st);
 
     cJSON *o = cJSON_CreateObject();
     if (o == NULL) return kvp_cli_fail(cmd, KVP_ERR(KVP_ENOMEM, "out of memory"));
     cJSON_AddStringToObject(o, "workload", wname);
     cJSON_AddStringToObject(o, "model", cfg.model_type);
-    cJSON_AddStringToObject(o, "gpu", gpu->name);
-    cJSON_AddNumberToObject(o, "tp", hw.tp);
+    cJSON_AddStringToObject(o, "executor", cpu ? "cpu" : "sim");
+    if (cpu) {
+        cJSON_AddNumberToObject(o, "threads", threads);
+        cJSON_AddStringToObject(o, "kv_dtype", kvp_dtype_name(kv_dtype));
+    } else {
+        cJSON_AddStringToObject(o, "gpu", gpu->name);
+        cJSON_AddNumberToObject(o, "tp", hw.tp);
+    }
     cJSON_AddStringToObject(o, "alloc", kvp_alloc_kind_name(ec.alloc));
     if (ec.alloc != KVP_ALLOC_PAGED) cJSON_AddStringToObject(o, "arena", kvp_contig_placement_name(ec.arena));
     cJSON_AddNumberToObject(o, "block_size", ec.block_size);
@@ -202,7 +319,7 @@ int kvp_cmd_simulate(int argc, char **argv)
     cJSON_AddNumberToObject(o, "kv_capacity_tokens", (double)m.kv_capacity_slots);
     cJSON_AddNumberToObject(o, "kv_bytes_per_token", mem.kv_bytes_per_token);
     cJSON_AddNumberToObject(o, "kv_mem_bytes", mem.kv_bytes);
-    cJSON_AddNumberToObject(o, "weight_bytes_per_gpu", mem.weight_bytes);
+    if (!cpu) cJSON_AddNumberToObject(o, "weight_bytes_per_gpu", mem.weight_bytes);
     cJSON_AddNumberToObject(o, "requests", (double)m.requests);
     cJSON_AddNumberToObject(o, "finished", (double)m.finished);
     cJSON_AddNumberToObject(o, "rejected", (double)m.rejected);
@@ -237,14 +354,20 @@ int kvp_cmd_simulate(int argc, char **argv)
     } else {
         printf("workload           %s (%lld requests, %lld finished, %lld rejected)\n", wname, (long long)m.requests,
                (long long)m.finished, (long long)m.rejected);
-        printf("model / gpu        %s on %d x %s; KV %.2f GB = %lld tokens of %.0f bytes\n", model, (int)hw.tp,
-               gpu->name, mem.kv_bytes / 1e9, (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
+        if (cpu)
+            printf("model / cpu        %s on %d thread%s; KV %.3g GB of %s = %lld tokens of %.0f bytes\n", model,
+                   threads, threads > 1 ? "s" : "", mem.kv_bytes / 1e9, kvp_dtype_name(kv_dtype),
+                   (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
+        else
+            printf("model / gpu        %s on %d x %s; KV %.2f GB = %lld tokens of %.0f bytes\n", model, (int)hw.tp,
+                   gpu->name, mem.kv_bytes / 1e9, (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
         char alloc[64];
         if (ec.alloc == KVP_ALLOC_PAGED) snprintf(alloc, sizeof alloc, "paged, block %d", (int)ec.block_size);
         else snprintf(alloc, sizeof alloc, "%s in a %s arena", kvp_alloc_kind_name(ec.alloc), kvp_contig_placement_name(ec.arena));
         printf("memory manager     %s, cache %s, sched %s, preempt %s\n", alloc, kvp_pc_kind_name(ec.cache),
                kvp_sched_policy_name(ec.sched), kvp_preempt_mode_name(ec.preempt));
-        printf("simulated time     %.2f s in %lld steps (wall %.2f s)\n", m.sim_duration_s, (long long)m.steps, wall);
+        printf("%s %.2f s in %lld steps%s (wall %.2f s)\n", cpu ? "time              " : "simulated time    ",
+               m.sim_duration_s, (long long)m.steps, cpu ? ", each step's time measured" : "", wall);
         printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f req/s\n", m.throughput_tok_s,
                m.total_tok_s, m.req_per_s);
         printf("TTFT p50 / p99     %.4f / %.4f s\n", m.ttft_p50_s, m.ttft_p99_s);

@@ -1,6 +1,7 @@
 /* End-to-end simulations (engine + block manager / arena + prefix cache + sim executor) with every
  * invariant walker run after every step, the workload sources of workload_synth.h, the capacity
- * derivation, and the `kvpage simulate` command line (exit codes, --json keys). Reads ../shared/data. */
+ * derivation, and the `kvpage simulate` command line (exit codes, --json keys), also with the cpu executor
+ * on stories260K. Reads ../shared/data and ../shared/models. */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdio.h>
@@ -18,6 +19,8 @@
 #define LLAMA8B "../shared/data/configs/Meta-Llama-3.1-8B.json"
 #define LLAMA405B "../shared/data/configs/Meta-Llama-3.1-405B.json"
 #define AZURE_CONV "../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_conv.csv"
+#define S260_GGUF "../shared/models/stories260K/stories260K.gguf"
+#define S260_CONFIG "../shared/models/stories260K/hf/config.json"
 
 static void load(const char *path, kvp_model_config *cfg)
 {
@@ -293,4 +296,61 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
     int rc = kvp_test_cli("simulate --help", out, sizeof out, NULL, 0);
     cr_assert_eq(rc, 0);
     cr_assert(strstr(out, "--max-batched-tokens") != NULL);
+}
+
+/* The cpu executor runs stories260K under the same scheduler: with every request there at t = 0 no
+ * decision depends on step times, so with the same capacity (an f16 cache: the config's 2-byte KV) it
+ * must make the same schedule as the cost model, preemptions, prefix hits and evictions included; the
+ * prefix hits also show that mapping the workload's ids into the model's vocabulary kept them shared. */
+Test(simulate_cli, cpu_executor_makes_the_cost_model_schedule)
+{
+    static char out[1 << 16];
+    static const char *keys[] = {"finished", "steps", "preemptions", "swap_outs", "prefix_hit_rate", "evicted_blocks",
+                                 "kv_capacity_tokens"};
+    const struct {
+        const char *mem, *preempt;
+        int preempts;
+    } runs[] = {{"300KB", "recompute", 0}, {"100KB", "recompute", 1}, {"100KB", "swap", 1}};
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        cJSON *o[2];
+        for (int cpu = 0; cpu < 2; cpu++) {
+            char args[1024];
+            snprintf(args, sizeof args,
+                     "simulate %s --workload system:n=24,prefix=64,suffix=16,output=16 --rate inf --cache radix "
+                     "--watermark-blocks 0 --max-num-seqs 4 --kv-mem %s --preempt %s --swap-space 1MB --json%s",
+                     cpu ? "--executor cpu --kv-dtype f16 --threads 2 --model " S260_GGUF : "--model " S260_CONFIG,
+                     runs[k].mem, runs[k].preempt, cpu ? " --check" : "");
+            int rc = kvp_test_cli(args, out, sizeof out, NULL, 0);
+            cr_assert_eq(rc, 0, "%s: exit %d\n%s", args, rc, out);
+            cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o[cpu]), KVP_OK, "%s", out);
+        }
+        const cJSON *ex = cJSON_GetObjectItemCaseSensitive(o[1], "executor");
+        cr_assert(cJSON_IsString(ex) && strcmp(ex->valuestring, "cpu") == 0);
+        for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+            cr_assert_eq(kvp_test_num(o[1], keys[i]), kvp_test_num(o[0], keys[i]), "%s %s: %s cpu %g, sim %g",
+                         runs[k].mem, runs[k].preempt, keys[i], kvp_test_num(o[1], keys[i]), kvp_test_num(o[0], keys[i]));
+        cr_assert_eq(kvp_test_num(o[1], "finished"), 24);
+        cr_assert_eq(kvp_test_num(o[1], "leaked_blocks"), 0);
+        cr_assert_gt(kvp_test_num(o[1], "prefix_hit_rate"), 0.5);
+        if (runs[k].preempts) cr_assert_gt(kvp_test_num(o[1], "preemptions"), 0, "%s was meant to preempt", runs[k].mem);
+        if (runs[k].preempts && runs[k].preempt[0] == 's') cr_assert_gt(kvp_test_num(o[1], "swap_outs"), 0);
+        cJSON_Delete(o[0]);
+        cJSON_Delete(o[1]);
+    }
+}
+
+Test(simulate_cli, cpu_executor_bad_input)
+{
+    static const kvp_cli_case cases[] = {
+        {"--executor gpu --model " S260_GGUF, "unknown executor 'gpu'"},
+        {"--executor cpu --model " S260_GGUF " --gpu H200", "--gpu applies to --executor sim only"},
+        {"--model " S260_CONFIG " --threads 2", "--threads applies to --executor cpu only"},
+        {"--executor cpu --model " S260_CONFIG, "give a GGUF file or a Hugging Face folder"},
+        {"--executor cpu --model " S260_GGUF " --alloc orca-max", "needs --executor sim"},
+        {"--executor cpu --model " S260_GGUF " --max-model-len 5000", "exceeds the context"},
+        {"--executor cpu --model " S260_GGUF " --kv-mem 1KB", "holds no block"},
+        {"--executor cpu --model " S260_GGUF " --kv-dtype f8", "unknown dtype 'f8'"},
+        {"--executor cpu --model ../shared/models/nope.gguf", "nope.gguf"},
+    };
+    kvp_test_cli_rejects("simulate --workload system:n=4 --rate inf", cases, sizeof cases / sizeof cases[0]);
 }
