@@ -1,5 +1,5 @@
 /* attention/attn_simd.h — private: an 8-lane float vector for the CPU kernels, with loads that convert
- * the pool's element type in registers (f16 by F16C, bf16 by a shift, fp8 by a 256-entry table).
+ * the pool's element type in registers (f16 by F16C, bf16 by a shift, fp8 by shifts and one multiply).
  * AVX2+FMA+F16C when the build targets them (Release: -march=x86-64-v3), portable C otherwise. */
 #ifndef KVP_ATTENTION_ATTN_SIMD_H
 #define KVP_ATTENTION_ATTN_SIMD_H
