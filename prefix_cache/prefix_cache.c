@@ -233,6 +233,16 @@ kvp_status kvp_pc_evict(kvp_prefix_cache *pc, int32_t n, int32_t *n_freed)
     return KVP_OK;
 }
 
+kvp_status kvp_pc_evict_until_free(kvp_prefix_cache *pc, int32_t need)
+{
+    if (pc == NULL) return KVP_ERR(KVP_EINVAL, "kvp_pc_evict_until_free: NULL cache");
+    while (kvp_pool_num_free(pc->pool) < need && pc->st.evictable_blocks > 0) {
+        int64_t k = need - kvp_pool_num_free(pc->pool);
+        KVP_TRY(kvp_pc_evict(pc, (int32_t)(k < pc->st.evictable_blocks ? k : pc->st.evictable_blocks), NULL));
+    }
+    return KVP_OK;
+}
+
 int64_t kvp_pc_num_cached(const kvp_prefix_cache *pc)
 {
     return pc->st.cached_blocks;

@@ -145,6 +145,11 @@ kvp_status kvp_pc_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n)
  * evictable (never loops). *n_freed (may be NULL) = how many of them reached the free list. */
 kvp_status kvp_pc_evict(kvp_prefix_cache *pc, int32_t n, int32_t *n_freed);
 
+/* Evicts in policy order until the pool has at least `need` free blocks or nothing is evictable. A block
+ * still referenced outside the cache (a running sequence's) frees nothing when evicted, so the pool's free
+ * blocks plus the evictable ones overstate what eviction gives: callers check the free count afterwards. */
+kvp_status kvp_pc_evict_until_free(kvp_prefix_cache *pc, int32_t need);
+
 int64_t kvp_pc_num_cached(const kvp_prefix_cache *pc);
 int64_t kvp_pc_num_evictable(const kvp_prefix_cache *pc);
 void kvp_pc_get_stats(const kvp_prefix_cache *pc, kvp_pc_stats *out);

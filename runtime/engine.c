@@ -219,15 +219,7 @@ static int32_t num_free_blocks(const kvp_engine *e) { return kvp_bm_num_free(e->
 /* Evicts cached prefix blocks until `need` blocks are free or nothing is evictable. */
 static kvp_status evict_until(kvp_engine *e, int32_t need)
 {
-    if (e->pc == NULL) return KVP_OK;
-    while (num_free_blocks(e) < need) {
-        int64_t ev = kvp_pc_num_evictable(e->pc);
-        if (ev <= 0) break;
-        int64_t k = need - num_free_blocks(e);
-        if (k > ev) k = ev;
-        KVP_TRY(kvp_pc_evict(e->pc, (int32_t)k, NULL));
-    }
-    return KVP_OK;
+    return e->pc == NULL ? KVP_OK : kvp_pc_evict_until_free(e->pc, need);
 }
 
 static kvp_status unlock_hits(kvp_engine *e, seq_t *s)

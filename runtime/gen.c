@@ -35,6 +35,7 @@ typedef struct {
 
 typedef struct {
     int32_t n_live;      /* sequences not done */
+    int32_t reserved;    /* beam search: the blocks its beams may hold at most, kept back while it runs */
     int admitted;
     int32_t cached_tokens;
     double t_first, t_done;
@@ -82,6 +83,7 @@ typedef struct {
     int64_t next_id;
     double t0;
     int32_t vocab;
+    int32_t beam_reserved; /* sum of greq.reserved over running beam searches */
     kvp_gen_stats st;
     double util_sum;
     int64_t util_n;
@@ -179,13 +181,21 @@ static void finish_seq(gen_ctx *g, int32_t idx)
     s->state = SEQ_DONE;
     run_remove(g, idx);
     greq *r = &g->rq[s->req];
-    if (--r->n_live == 0) r->t_done = kvp_now_s() - g->t0;
+    if (--r->n_live == 0) {
+        r->t_done = kvp_now_s() - g->t0;
+        g->beam_reserved -= r->reserved;
+        r->reserved = 0;
+    }
 }
 
-/* Evictable cache blocks count as available. */
-static int32_t available_blocks(const gen_ctx *g)
+/* The blocks the W beams of request r may hold at once: the prompt's full blocks, shared, and for each beam
+ * the rest of a whole sequence of its own. Beams are never preempted (they advance in lockstep), so a beam
+ * search is admitted only while the running ones' reservations and its own fit the cache together. */
+static int32_t beam_blocks(const gen_ctx *g, int32_t r)
 {
-    return kvp_bm_num_free(g->bm) + (int32_t)kvp_pc_num_evictable(g->pc);
+    const int64_t bs = g->cfg->block_size, p = g->reqs[r].n_prompt, len = p + g->rq[r].max_tokens;
+    const int64_t nb = p / bs + (int64_t)g->reqs[r].beam_width * ((len + bs - 1) / bs - p / bs);
+    return nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
 }
 
 /* Tries to admit one sequence (fresh or preempted): prefix-cache match, then a table holding the hit
@@ -201,10 +211,12 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     KVP_TRY(kvp_pc_match(g->pc, s->toks, s->n_toks, NULL, 1, hit, cap_hit, &n_hit));
     int32_t need_blocks = (s->n_toks + bs - 1) / bs - n_hit;
     int32_t to_compute = s->n_toks - n_hit * bs;
-    int fits = need_blocks <= available_blocks(g) && (to_compute <= *budget || g->nrun == 0);
+    int fits = to_compute <= *budget || g->nrun == 0;
     kvp_status st = KVP_OK;
-    if (fits && need_blocks > kvp_bm_num_free(g->bm)) /* the hit blocks are locked: never evicted here */
-        st = kvp_pc_evict(g->pc, need_blocks - kvp_bm_num_free(g->bm), NULL);
+    if (fits) { /* the hit blocks are locked: never evicted here */
+        st = kvp_pc_evict_until_free(g->pc, need_blocks);
+        fits = need_blocks <= kvp_bm_num_free(g->bm);
+    }
     /* The table gets slots for every known token now: prompt chunks then never wait for blocks. */
     if (fits && st == KVP_OK) st = kvp_bm_allocate_prefixed(g->bm, s->id, s->n_toks, hit, n_hit);
     kvp_status st2 = kvp_pc_unlock(g->pc, hit, n_hit); /* our own references now protect the blocks */
@@ -269,14 +281,8 @@ static kvp_status append_slots(gen_ctx *g, int32_t idx, int32_t n, int32_t *slot
     for (;;) {
         int32_t need = 0;
         KVP_TRY(kvp_bm_append_blocks_needed(g->bm, s->id, n, &need));
-        int32_t freeb = kvp_bm_num_free(g->bm);
-        if (need > freeb) {
-            int64_t ev = kvp_pc_num_evictable(g->pc);
-            int32_t want = need - freeb;
-            if (ev > 0) {
-                KVP_TRY(kvp_pc_evict(g->pc, want < ev ? want : (int32_t)ev, NULL));
-                continue;
-            }
+        if (need > kvp_bm_num_free(g->bm)) KVP_TRY(kvp_pc_evict_until_free(g->pc, need));
+        if (need > kvp_bm_num_free(g->bm)) {
             int done;
             KVP_TRY(preempt_one(g, idx, &done));
             if (!done && !is_beam(g, s) && g->nrun > 1) {
@@ -519,6 +525,8 @@ static kvp_status step(gen_ctx *g)
     while (!blocked && g->next_req < g->nreq && budget > 0) {
         const kvp_gen_request *r = &g->reqs[g->next_req];
         if (g->nrun + group_size(r) > cfg->max_num_seqs && g->nrun > 0) break;
+        const int32_t reserve = r->beam_width > 1 ? beam_blocks(g, g->next_req) : 0;
+        if (reserve > 0 && g->beam_reserved > 0 && (int64_t)g->beam_reserved + reserve > cfg->num_blocks) break;
         int32_t idx = -1;
         KVP_TRY(new_seq(g, g->next_req, 0, r->prompt, r->n_prompt, &idx));
         g->seqs[idx]->fork_pending = group_size(r) > 1 || r->beam_width > 1;
@@ -533,6 +541,8 @@ static kvp_status step(gen_ctx *g)
             break;
         }
         g->rq[g->next_req].n_live = 1;
+        g->rq[g->next_req].reserved = reserve;
+        g->beam_reserved += reserve;
         g->next_req++;
     }
     if (g->nrun == 0) {
@@ -875,11 +885,11 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
         }
         g.rq[i].t_first = -1;
         int64_t len = r->n_prompt + g.rq[i].max_tokens;
-        need_slots += ((len + cfg->block_size - 1) / cfg->block_size + 1) * cfg->block_size * group_size(r);
+        need_slots += (len + cfg->block_size - 1) / cfg->block_size * cfg->block_size * group_size(r);
     }
     kvp_gen_config c = *cfg;
     if (c.num_blocks == 0) {
-        int64_t nb = need_slots / c.block_size + 4;
+        int64_t nb = need_slots / c.block_size;
         c.num_blocks = nb > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)nb;
     }
     g.m = m;

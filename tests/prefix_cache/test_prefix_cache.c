@@ -468,6 +468,29 @@ Test(prefix_cache, request_reference_outlives_eviction)
     rm(&f);
 }
 
+/* A pool of 4 blocks: two cached blocks a request still holds and one held by the cache alone. Evicting
+ * until 2 blocks are free must go on past the held ones (they free nothing) and stop once the pool has 2
+ * free blocks, or when nothing is left to evict. */
+Test(prefix_cache, evict_until_free_counts_freed_blocks_not_evicted_ones)
+{
+    for (int kind = 0; kind < 2; kind++) {
+        fixture f = mk(kind ? KVP_PC_HASH : KVP_PC_RADIX, KVP_EVICT_LRU, 4, 2);
+        int32_t held[2], t[] = {1, 2, 3, 4, 5}, u[] = {7, 8, 9};
+        cr_assert_eq(kvp_pool_alloc(f.pool, 2, held), KVP_OK);
+        cr_assert_eq(kvp_pc_insert(f.pc, t, 5, held, 2, NULL, 0, NULL), KVP_OK); /* held: refcount 2 */
+        put(&f, u, 3, 1, NULL, NULL);                                          /* the cache's only */
+        cr_assert_eq(kvp_pool_num_free(f.pool), 1);
+        cr_assert_eq(kvp_pc_num_evictable(f.pc), 3);
+        cr_assert_eq(kvp_pc_evict_until_free(f.pc, 2), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_pool_num_free(f.pool), 2);
+        cr_assert_eq(kvp_pc_evict_until_free(f.pc, 4), KVP_OK, "nothing evictable is not an error");
+        cr_assert_eq(kvp_pc_num_cached(f.pc), 0);
+        cr_assert_eq(kvp_pool_num_free(f.pool), 2, "the request's blocks stay with the request");
+        cr_assert_eq(kvp_pool_release(f.pool, held, 2), KVP_OK);
+        rm(&f);
+    }
+}
+
 /* Three one-block prompts A, B, C (ids a, b, c) inserted in that order. */
 static void abc(fixture *f, const kvp_pc_hint *ha, const kvp_pc_hint *hb, const kvp_pc_hint *hc, int32_t ids[3],
                 int32_t t[3][3])

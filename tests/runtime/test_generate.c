@@ -240,6 +240,83 @@ Test(generate, batch_invariance_cache_and_block_sizes, .init = setup, .fini = te
     for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
 }
 
+/* Caches just large enough for the longest request, with prefix caching: admission must not count cached
+ * blocks that running sequences still hold as free (evicting them frees nothing), which made block
+ * allocation fail mid-step. Every size must run and give the tokens of each prompt alone. */
+Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown)
+{
+    enc e[NPROMPTS];
+    kvp_gen_request reqs[2 * NPROMPTS];
+    int32_t longest = 0;
+    for (int i = 0; i < NPROMPTS; i++) {
+        e[i] = encode(prompts[i]);
+        reqs[i] = greedy_req(e[i], 12);
+        reqs[i + NPROMPTS] = reqs[i];
+        longest = e[i].n + 12 > longest ? e[i].n + 12 : longest;
+    }
+    kvp_gen_result alone[NPROMPTS];
+    kvp_gen_config cfg = kvp_gen_config_default();
+    for (int i = 0; i < NPROMPTS; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
+    const int32_t block_sizes[2] = {4, 16};
+    const kvp_pc_kind caches[2] = {KVP_PC_RADIX, KVP_PC_HASH};
+    for (int b = 0; b < 2; b++)
+        for (int c = 0; c < 2; c++) {
+            const int32_t bs = block_sizes[b], min_blocks = (longest + bs - 1) / bs;
+            for (int32_t nb = min_blocks; nb < 3 * min_blocks; nb++) {
+                cfg = kvp_gen_config_default();
+                cfg.block_size = bs;
+                cfg.cache = caches[c];
+                cfg.num_blocks = nb;
+                kvp_gen_result all[2 * NPROMPTS];
+                kvp_gen_stats st;
+                kvp_status rs = kvp_gen_run(g_model, &cfg, reqs, 2 * NPROMPTS, all, &st);
+                cr_assert_eq(rs, KVP_OK, "block %d, %d blocks, cache %s: %s", bs, nb, kvp_pc_kind_name(caches[c]),
+                             kvp_error_detail());
+                char what[64];
+                snprintf(what, sizeof what, "block %d, %d blocks, %s", bs, nb, kvp_pc_kind_name(caches[c]));
+                for (int i = 0; i < 2 * NPROMPTS; i++) expect_same(&alone[i % NPROMPTS], &all[i], what, i);
+                kvp_gen_results_free(all, 2 * NPROMPTS);
+            }
+        }
+    kvp_gen_results_free(alone, NPROMPTS);
+    for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
+}
+
+/* Several beam searches in a cache that holds one at its peak but not all of them: beams are never
+ * preempted, so admitting more than fit made the running ones fail for want of blocks. Each must give the
+ * beams it gives alone. */
+Test(generate, beam_searches_share_a_small_cache, .init = setup, .fini = teardown)
+{
+    enum { NB = 4, W = 4, T = 12, BS = 4 };
+    enc e[NB];
+    kvp_gen_request reqs[NB];
+    int32_t peak = 0;
+    for (int i = 0; i < NB; i++) {
+        e[i] = encode(prompts[i + 1]);
+        reqs[i] = greedy_req(e[i], T);
+        reqs[i].beam_width = W;
+        reqs[i].n = 2;
+        const int32_t full = e[i].n / BS, b = full + W * ((e[i].n + T + BS - 1) / BS - full);
+        peak = b > peak ? b : peak;
+    }
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.block_size = BS;
+    kvp_gen_result alone[NB];
+    for (int i = 0; i < NB; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
+    for (int32_t nb = peak; nb <= 3 * peak; nb += 3) {
+        cfg.num_blocks = nb;
+        kvp_gen_result all[NB];
+        kvp_status rs = kvp_gen_run(g_model, &cfg, reqs, NB, all, NULL);
+        cr_assert_eq(rs, KVP_OK, "%d blocks (one search's peak: %d): %s", nb, peak, kvp_error_detail());
+        char what[32];
+        snprintf(what, sizeof what, "%d blocks", nb);
+        for (int i = 0; i < NB; i++) expect_same(&alone[i], &all[i], what, i);
+        kvp_gen_results_free(all, NB);
+    }
+    kvp_gen_results_free(alone, NB);
+    for (int i = 0; i < NB; i++) kvp_free(e[i].ids);
+}
+
 Test(generate, n4_shares_the_prompt_blocks, .init = setup, .fini = teardown)
 {
     /* A 40-token prompt: blocks 0, 1 full, block 2 holds 8 tokens. */
