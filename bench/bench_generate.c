@@ -135,11 +135,15 @@ static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, int32_t 
     return s;
 }
 
+static kvp_status parse_matmul(const char *s, void *out) { return kvp_matmul_kind_parse(s, out); }
+
 int kvp_bench_generate(int argc, char **argv)
 {
     const char *cmd = "bench generate";
     const char *model = "../shared/models/stories260K/stories260K.gguf", *golden = NULL;
-    char threads_list[128] = "2", matmul_list[64] = "invariant";
+    int32_t threads_v[16] = {2};
+    kvp_matmul_kind matmul_v[4] = {KVP_MATMUL_INVARIANT};
+    int nthreads = 1, nmatmul = 1;
     int32_t batch = 64, max_tokens = 256, bs = 16, reps = 3;
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
     kvp_format fmt = KVP_FMT_TABLE;
@@ -157,8 +161,8 @@ int kvp_bench_generate(int argc, char **argv)
         case 'm': model = optarg; break;
         case 'b': st = kvp_parse_i32(optarg, 1, 4096, &batch); break;
         case 'n': st = kvp_parse_i32(optarg, 1, 1 << 20, &max_tokens); break;
-        case 't': snprintf(threads_list, sizeof threads_list, "%s", optarg); break;
-        case 'x': snprintf(matmul_list, sizeof matmul_list, "%s", optarg); break;
+        case 't': st = kvp_parse_i32_list(optarg, 1, 1024, threads_v, 16, &nthreads); break;
+        case 'x': st = kvp_parse_list(optarg, parse_matmul, matmul_v, sizeof matmul_v[0], 4, &nmatmul); break;
         case 's': st = kvp_parse_i32(optarg, 1, 4096, &bs); break;
         case 'g': golden = optarg; break;
         case 'r': st = kvp_parse_i32(optarg, 1, 1000, &reps); break;
@@ -188,24 +192,11 @@ int kvp_bench_generate(int argc, char **argv)
         return kvp_cli_fail(cmd, st);
     }
     int rc = KVP_EXIT_OK;
-    char tl[128];
-    snprintf(tl, sizeof tl, "%s", threads_list);
-    for (char *tsave = NULL, *ts = strtok_r(tl, ",", &tsave); ts && rc == KVP_EXIT_OK; ts = strtok_r(NULL, ",", &tsave)) {
-        int32_t threads;
-        if (kvp_parse_i32(ts, 1, 1024, &threads) != KVP_OK) {
-            rc = kvp_cli_usage_error(cmd, "--threads: %s", kvp_error_message());
-            break;
-        }
-        char ml[64];
-        snprintf(ml, sizeof ml, "%s", matmul_list);
-        for (char *msave = NULL, *ms = strtok_r(ml, ",", &msave); ms && rc == KVP_EXIT_OK; ms = strtok_r(NULL, ",", &msave)) {
-            kvp_matmul_kind mk;
-            if (strcmp(ms, "invariant") == 0) mk = KVP_MATMUL_INVARIANT;
-            else if (strcmp(ms, "blas") == 0) mk = KVP_MATMUL_BLAS;
-            else {
-                rc = kvp_cli_usage_error(cmd, "--matmul: '%s' is not invariant or blas", ms);
-                break;
-            }
+    for (int ti = 0; ti < nthreads && rc == KVP_EXIT_OK; ti++) {
+        const int32_t threads = threads_v[ti];
+        for (int mi = 0; mi < nmatmul && rc == KVP_EXIT_OK; mi++) {
+            const kvp_matmul_kind mk = matmul_v[mi];
+            const char *ms = kvp_matmul_kind_name(mk);
             kvp_model_set_threads(m, threads);
             kvp_model_set_matmul(m, mk);
             int ok = 0;

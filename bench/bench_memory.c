@@ -75,20 +75,9 @@ static kvp_status parse_arena(const char *s, void *out) { return kvp_contig_plac
 static kvp_status parse_list(const char *opt, const char *list, kvp_status (*parse)(const char *, void *), void *out,
                              size_t elem, int max, int *n)
 {
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", list);
-    char *save = NULL;
-    *n = 0;
-    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
-        if (*n >= max) return KVP_ERR(KVP_EINVAL, "%s: more than %d items", opt, max);
-        kvp_status st = parse(t, (char *)out + (size_t)(*n)++ * elem);
-        if (st != KVP_OK) {
-            char why[256];
-            snprintf(why, sizeof why, "%s", kvp_error_message()); /* KVP_ERR rewrites the message buffer */
-            return KVP_ERR(st, "%s: %s", opt, why);
-        }
-    }
-    return *n > 0 ? KVP_OK : KVP_ERR(KVP_EINVAL, "%s: empty list", opt);
+    if (kvp_parse_list(list, parse, out, elem, max, n) != KVP_OK)
+        return KVP_ERR(KVP_EINVAL, "%s: %s", opt, kvp_error_message());
+    return KVP_OK;
 }
 
 int kvp_bench_memory(int argc, char **argv)

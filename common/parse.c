@@ -85,6 +85,28 @@ kvp_status kvp_parse_i32_list(const char *s, int32_t min, int32_t max, int32_t *
     return KVP_OK;
 }
 
+kvp_status kvp_parse_list(const char *s, kvp_status (*parse)(const char *item, void *out), void *out, size_t elem,
+                          int cap, int *n)
+{
+    int k = 0;
+    for (const char *p = s;; p++) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        char item[64];
+        if (len == 0) return KVP_ERR(KVP_EINVAL, "'%s' has an empty item", s);
+        if (len >= sizeof item) return KVP_ERR(KVP_EINVAL, "'%.*s' is too long", (int)len, p);
+        if (k == cap) return KVP_ERR(KVP_EINVAL, "'%s' has more than %d items", s, cap);
+        memcpy(item, p, len);
+        item[len] = '\0';
+        KVP_TRY(parse(item, (char *)out + (size_t)k * elem));
+        k++;
+        if (!comma) break;
+        p = comma;
+    }
+    *n = k;
+    return KVP_OK;
+}
+
 kvp_status kvp_parse_rate(const char *s, double *out)
 {
     if (s != NULL && (strcasecmp(s, "inf") == 0 || strcasecmp(s, "infinity") == 0)) {

@@ -3,6 +3,7 @@
 #ifndef KVP_COMMON_PARSE_H
 #define KVP_COMMON_PARSE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -17,6 +18,11 @@ kvp_status kvp_parse_bytes(const char *s, int64_t *out);
 /* A comma-separated list of integers in [min, max] ("1,16,64"): at most cap of them into out, *n set.
  * KVP_EINVAL for an empty list, a bad element (named) or more than cap elements. */
 kvp_status kvp_parse_i32_list(const char *s, int32_t min, int32_t max, int32_t *out, int cap, int *n);
+/* A comma-separated list ("a,b,c"): each item parsed by parse into out[i] (elem bytes apart), at most cap
+ * of them, *n set. KVP_EINVAL for an empty list or item, more than cap items, or an item parse rejects
+ * (its message kept: "'x': ..."). */
+kvp_status kvp_parse_list(const char *s, kvp_status (*parse)(const char *item, void *out), void *out, size_t elem,
+                          int cap, int *n);
 /* A request rate: a positive number, or "inf" / "infinity" (everything arrives at once) as INFINITY. */
 kvp_status kvp_parse_rate(const char *s, double *out);
 

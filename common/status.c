@@ -32,12 +32,16 @@ kvp_status kvp_error_set(kvp_status s, const char *file, int line, const char *f
 {
     const char *base = strrchr(file, '/');
     base = base ? base + 1 : file;
-    int n = snprintf(detail_buf, sizeof detail_buf, "%s:%d: ", base, line);
-    if (n < 0 || (size_t)n >= sizeof detail_buf) n = 0;
+    /* Formatted apart first: an argument may be the previous message (kvp_error_message(), when a caller
+     * wraps a callee's error), which lives in detail_buf. */
+    char tmp[sizeof detail_buf];
+    int n = snprintf(tmp, sizeof tmp, "%s:%d: ", base, line);
+    if (n < 0 || (size_t)n >= sizeof tmp) n = 0;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(detail_buf + n, sizeof detail_buf - (size_t)n, fmt, ap);
+    vsnprintf(tmp + n, sizeof tmp - (size_t)n, fmt, ap);
     va_end(ap);
+    memcpy(detail_buf, tmp, sizeof detail_buf);
     message_start = detail_buf + n;
     return s;
 }

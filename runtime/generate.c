@@ -318,7 +318,7 @@ static int run(gen_opts *o)
         cJSON_AddStringToObject(t, "kv_dtype", kvp_dtype_name(o->kv_dtype));
         cJSON_AddNumberToObject(t, "kv_pool_bytes", (double)stats.kv_pool_bytes);
         cJSON_AddNumberToObject(t, "threads", o->threads);
-        cJSON_AddStringToObject(t, "matmul", o->matmul == KVP_MATMUL_BLAS ? "blas" : "invariant");
+        cJSON_AddStringToObject(t, "matmul", kvp_matmul_kind_name(o->matmul));
         st = kvp_json_print(stdout, root);
         cJSON_Delete(root);
         if (st != KVP_OK) rc = kvp_cli_fail(CMD, st);
@@ -396,9 +396,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &o.max_batched); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;
         case O_MATMUL:
-            if (strcmp(optarg, "invariant") == 0) o.matmul = KVP_MATMUL_INVARIANT;
-            else if (strcmp(optarg, "blas") == 0) o.matmul = KVP_MATMUL_BLAS;
-            else st = KVP_ERR(KVP_EINVAL, "--matmul '%s': expected invariant or blas", optarg);
+            st = kvp_matmul_kind_parse(optarg, &o.matmul);
             break;
         case O_JSON: o.json = 1; break;
         case O_IGNORE_EOS: o.ignore_eos = 1; break;

@@ -483,6 +483,16 @@ void kvp_model_set_threads(kvp_model *m, int n)
 
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k) { m->matmul = k; }
 
+kvp_status kvp_matmul_kind_parse(const char *s, kvp_matmul_kind *out)
+{
+    if (strcmp(s, "invariant") == 0) *out = KVP_MATMUL_INVARIANT;
+    else if (strcmp(s, "blas") == 0) *out = KVP_MATMUL_BLAS;
+    else return KVP_ERR(KVP_EINVAL, "unknown matmul '%s' (use invariant or blas)", s);
+    return KVP_OK;
+}
+
+const char *kvp_matmul_kind_name(kvp_matmul_kind k) { return k == KVP_MATMUL_BLAS ? "blas" : "invariant"; }
+
 /* ---------------------------------------------------------------- KV cache */
 
 void kvp_kv_cache_destroy(kvp_kv_cache *kv)

@@ -35,6 +35,9 @@
 
 typedef enum { KVP_ROPE_PAIRS = 0, KVP_ROPE_HALF } kvp_rope_style;
 typedef enum { KVP_MATMUL_INVARIANT = 0, KVP_MATMUL_BLAS } kvp_matmul_kind;
+/* "invariant" | "blas" (KVP_EINVAL naming the value and the choices); the name is a static string. */
+kvp_status kvp_matmul_kind_parse(const char *s, kvp_matmul_kind *out);
+const char *kvp_matmul_kind_name(kvp_matmul_kind k);
 
 typedef struct kvp_model kvp_model;
 

@@ -141,12 +141,12 @@ static kvp_status parse_synth(const char *spec, kvp_synth_opts *o, int *is_synth
         if (!eq) return KVP_ERR(KVP_EINVAL, "workload '%s': expected key=value, got '%s'", spec, kv);
         *eq = '\0';
         int64_t v;
-        if (strcmp(kv, "n") == 0) {
-            KVP_TRY(kvp_parse_i64(eq + 1, 1, INT32_MAX, &v));
-            o->num_requests = v;
-        } else if (strcmp(kv, "seed") == 0) {
-            KVP_TRY(kvp_parse_i64(eq + 1, 0, INT64_MAX, &v));
-            o->seed = (uint64_t)v;
+        const int is_n = strcmp(kv, "n") == 0;
+        if (is_n || strcmp(kv, "seed") == 0) {
+            if (kvp_parse_i64(eq + 1, is_n ? 1 : 0, is_n ? INT32_MAX : INT64_MAX, &v) != KVP_OK)
+                return KVP_ERR(KVP_EINVAL, "workload '%s': %s: %s", spec, kv, kvp_error_message());
+            if (is_n) o->num_requests = v;
+            else o->seed = (uint64_t)v;
         } else {
             return KVP_ERR(KVP_EINVAL, "workload '%s': unknown key '%s' (use n, seed)", spec, kv);
         }

@@ -387,11 +387,8 @@ static kvp_status parse_spec(const char *spec, gen_spec *g)
         }
         gen_param *p = param(g, kv);
         if (p == NULL) return KVP_ERR(KVP_EINVAL, "workload %s: unknown key '%s'", g->name, kv);
-        char msg[256];
-        if (kvp_parse_i64(v, p->min, p->max, &p->val) != KVP_OK) {
-            snprintf(msg, sizeof msg, "%s", kvp_error_message());
-            return KVP_ERR(KVP_EINVAL, "workload %s: %s: %s", g->name, kv, msg);
-        }
+        if (kvp_parse_i64(v, p->min, p->max, &p->val) != KVP_OK)
+            return KVP_ERR(KVP_EINVAL, "workload %s: %s: %s", g->name, kv, kvp_error_message());
     }
     return KVP_OK;
 }

@@ -80,6 +80,8 @@ Test(bench_generate, bad_input_exits_2)
         {"--batch x", "--batch"},
         {"--matmul fast", "fast"},
         {"--threads 0", "--threads"},
+        {"--threads 1,,2", "--threads"},
+        {"--matmul blas,", "empty item"},
         {"--model ../shared/models/nope.gguf", "nope.gguf"},
         {"--bogus", "bogus"},
         {"--kv-dtype f17", "--kv-dtype"},

@@ -18,6 +18,10 @@ Test(common, status_strings_and_detail)
     cr_assert_eq(st, KVP_EPARSE);
     cr_assert(strstr(kvp_error_detail(), "test_common.c:") != NULL);
     cr_assert_str_eq(kvp_error_message(), "bad thing at 7");
+    /* wrapping the previous message (a caller naming what failed around its callee's error) */
+    KVP_ERR(KVP_EINVAL, "%s", "0.5 is out of range [1, 2]");
+    KVP_ERR(KVP_EINVAL, "workload %s: share: %s", "system", kvp_error_message());
+    cr_assert_str_eq(kvp_error_message(), "workload system: share: 0.5 is out of range [1, 2]");
     kvp_error_clear();
     cr_assert_str_eq(kvp_error_detail(), "");
 }
@@ -90,6 +94,8 @@ Test(common, parse_values)
     cr_assert_eq(kvp_parse_f64("nan", 0, 1, &d), KVP_EINVAL);
 }
 
+static kvp_status parse_unit(const char *s, void *out) { return kvp_parse_f64(s, 0, 1e9, out); }
+
 Test(common, parse_lists_and_rates)
 {
     int32_t v[4];
@@ -105,6 +111,16 @@ Test(common, parse_lists_and_rates)
     cr_assert_eq(kvp_parse_i32_list("1,,2", 1, 256, v, 4, &n), KVP_EINVAL);
     cr_assert_eq(kvp_parse_i32_list("1,", 1, 256, v, 4, &n), KVP_EINVAL);
     cr_assert_eq(kvp_parse_i32_list("512", 1, 256, v, 4, &n), KVP_EINVAL);
+    double d[3];
+    cr_assert_eq(kvp_parse_list("0.5,2,1e3", parse_unit, d, sizeof d[0], 3, &n), KVP_OK);
+    cr_assert(n == 3 && d[0] == 0.5 && d[1] == 2 && d[2] == 1e3);
+    static const char *const bad[] = {"", ",", "1,,2", "1,", ",1", "1,2,3,4", "1,z"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        n = 99;
+        cr_assert_eq(kvp_parse_list(bad[i], parse_unit, d, sizeof d[0], 3, &n), KVP_EINVAL, "'%s'", bad[i]);
+        cr_assert_eq(n, 99, "'%s': n untouched on failure", bad[i]);
+    }
+    cr_assert(strstr(kvp_error_message(), "'z'") != NULL, "the item's own error: %s", kvp_error_message());
     double r = 0;
     cr_assert_eq(kvp_parse_rate("2.5", &r), KVP_OK);
     cr_assert_float_eq(r, 2.5, 0);
