@@ -918,12 +918,10 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
         return st;
     }
     if (stats) {
-        kvp_pc_stats ps;
-        kvp_pc_get_stats(g.pc, &ps);
         g.st.wall_s = wall;
         for (int32_t i = 0; i < n; i++) g.st.prompt_tokens += reqs[i].n_prompt;
         g.st.tokens_per_s = wall > 0 ? (double)g.st.generated_tokens / wall : 0.0;
-        g.st.prefix_hit_rate = kvp_pc_hit_rate(&ps);
+        g.st.prefix_hit_rate = g.st.prompt_tokens > 0 ? (double)g.st.prefix_hit_tokens / (double)g.st.prompt_tokens : 0.0;
         g.st.mean_kv_utilization = g.util_n ? g.util_sum / (double)g.util_n : 0.0;
         g.st.num_blocks = c.num_blocks;
         g.st.block_size = c.block_size;

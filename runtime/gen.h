@@ -74,8 +74,8 @@ typedef struct {
     int64_t generated_tokens;  /* sum over samples */
     int64_t computed_tokens;   /* rows through the forward pass (recomputation included) */
     double tokens_per_s;       /* generated_tokens / wall_s */
-    double prefix_hit_rate;    /* prefix cache hit tokens / queried tokens */
-    int64_t prefix_hit_tokens;
+    double prefix_hit_rate;    /* prefix_hit_tokens / prompt_tokens (as the engine's) */
+    int64_t prefix_hit_tokens; /* prompt tokens the prefix cache served at each request's first admission */
     int64_t preemptions;
     int64_t cow_copies;        /* copy-on-write block copies */
     int64_t peak_used_blocks;  /* blocks held by sequences (not counting cache-only blocks) */

@@ -274,7 +274,14 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
                              kvp_error_detail());
                 char what[64];
                 snprintf(what, sizeof what, "block %d, %d blocks, %s", bs, nb, kvp_pc_kind_name(caches[c]));
-                for (int i = 0; i < 2 * NPROMPTS; i++) expect_same(&alone[i % NPROMPTS], &all[i], what, i);
+                int64_t cached = 0;
+                for (int i = 0; i < 2 * NPROMPTS; i++) {
+                    expect_same(&alone[i % NPROMPTS], &all[i], what, i);
+                    cached += all[i].prompt_cached_tokens;
+                }
+                /* the rate is the share of prompt tokens served at first admission, whatever the retries */
+                cr_assert_eq(st.prefix_hit_tokens, cached, "%s", what);
+                cr_assert_float_eq(st.prefix_hit_rate, (double)cached / (double)st.prompt_tokens, 1e-12, "%s", what);
                 kvp_gen_results_free(all, 2 * NPROMPTS);
             }
         }
