@@ -82,6 +82,7 @@ struct kvp_engine {
     /* counters */
     int64_t steps, finished, rejected, clamped, preemptions, swap_outs, swap_ins, recomputes;
     int64_t prompt_tokens_first, hit_tokens_first, computed_tokens, batch_tokens_sum, max_running;
+    int64_t flushed_blocks; /* cached blocks dropped by the end-of-run check (not evictions of the run) */
     double last_finish_s;
     /* time integrals */
     double t_total, t_running;
@@ -880,8 +881,10 @@ static kvp_status check_empty(kvp_engine *e)
         if (e->pc && kvp_pc_num_evictable(e->pc) != kvp_pc_num_cached(e->pc))
             return KVP_ERR(KVP_ESTATE, "after the run %lld cached blocks are still locked",
                            (long long)(kvp_pc_num_cached(e->pc) - kvp_pc_num_evictable(e->pc)));
-        if (e->pc && kvp_pc_num_cached(e->pc) > 0)
+        if (e->pc && kvp_pc_num_cached(e->pc) > 0) {
+            e->flushed_blocks += kvp_pc_num_cached(e->pc);
             KVP_TRY(kvp_pc_evict(e->pc, (int32_t)kvp_pc_num_cached(e->pc), NULL));
+        }
         int32_t nfree = kvp_bm_num_free(e->bm);
         if (nfree != e->num_blocks)
             return KVP_ERR(KVP_ESTATE, "after the run %d of %d blocks are not back in the pool",
@@ -1013,7 +1016,7 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
     if (e->pc) {
         kvp_pc_stats ps;
         kvp_pc_get_stats(e->pc, &ps);
-        m->evicted_blocks = ps.evicted_blocks;
+        m->evicted_blocks = ps.evicted_blocks - e->flushed_blocks;
     }
     if (e->a_cap > 0) {
         m->kv_token_states = e->a_token / e->a_cap;

@@ -119,6 +119,11 @@ Test(simulate, prefix_workload_with_radix_and_hash_caches)
     cr_assert_gt(hash.prefix_hit_rate, 0.5, "hash %.3f", hash.prefix_hit_rate);
     cr_assert_lt(radix.computed_tokens, none.computed_tokens, "hits must save prefill work");
     cr_assert_gt(radix.kv_shared_savings, 0);
+    cr_assert_gt(radix.evicted_blocks, 0, "2000 slots cannot keep every distinct block");
+    /* 40000 slots hold all of them: nothing is evicted during the run (the cache is emptied by the
+     * end-of-run check, which does not count) */
+    kvp_engine_metrics roomy = run_checked(w, KVP_ALLOC_PAGED, KVP_PC_RADIX, KVP_PREEMPT_RECOMPUTE, true, 40000LL * 819200);
+    cr_assert_eq(roomy.evicted_blocks, 0);
     kvp_workload_destroy(w);
 }
 
