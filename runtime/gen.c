@@ -348,12 +348,7 @@ static void sample_main(void *arg, int k)
         const kvp_gen_request *r = &g->reqs[s->req];
         const float *lg = g->logits + (int64_t)s->row * g->vocab;
         ps->before = ps->after = s->rng;
-        if (r->sampler.temperature > 0) {
-            ps->tok = kvp_sample_logprob(&r->sampler, &ps->after, lg, g->vocab, j->ws, j->lsm, &ps->lp);
-        } else {
-            ps->tok = kvp_sample(&r->sampler, &ps->after, lg, g->vocab, j->ws);
-            ps->lp = 0.0;
-        }
+        ps->tok = kvp_sample_logprob(&r->sampler, &ps->after, lg, g->vocab, j->ws, j->lsm, &ps->lp);
     }
 }
 
@@ -730,13 +725,9 @@ static kvp_status step(gen_ctx *g)
             KVP_TRY(emit(g, idx, ps->tok, ps->lp));
             continue;
         }
-        if (r->sampler.temperature > 0) {
-            double lp;
-            int32_t t = kvp_sample_logprob(&r->sampler, &s->rng, lg, g->vocab, g->sws, g->lsm, &lp);
-            KVP_TRY(emit(g, idx, t, lp));
-        } else {
-            KVP_TRY(emit(g, idx, kvp_sample(&r->sampler, &s->rng, lg, g->vocab, g->sws), 0.0));
-        }
+        double lp;
+        int32_t t = kvp_sample_logprob(&r->sampler, &s->rng, lg, g->vocab, g->sws, g->lsm, &lp);
+        KVP_TRY(emit(g, idx, t, lp));
     }
     return KVP_OK;
 }

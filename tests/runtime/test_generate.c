@@ -444,6 +444,37 @@ static double exhaustive2(const enc *e, int *b1, int *b2)
     return best;
 }
 
+/* A sample's logprob is the sum of its tokens' log-probabilities under the model, greedy included (it
+ * was 0 for greedy samples), checked against the model run directly on each prefix. */
+Test(generate, greedy_logprob_is_the_tokens_log_probability, .init = setup, .fini = teardown)
+{
+    enum { T = 6 };
+    enc e = encode("Once upon a time");
+    kvp_gen_request r = greedy_req(e, T);
+    r.n = 2; /* forked greedy samples: both the same tokens and log-probability */
+    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_gen_result res;
+    run(&cfg, &r, 1, &res, NULL);
+    cr_assert_eq(res.n_samples, 2);
+    cr_assert_eq(res.n_tokens[0], T);
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)(e.n + T));
+    memcpy(seq, e.ids, sizeof(int32_t) * (size_t)e.n);
+    double want = 0;
+    for (int t = 0; t < T; t++) {
+        float lp[512];
+        const int32_t *one[1] = {seq};
+        int32_t len = e.n + t;
+        next_logprobs(one, &len, 1, lp);
+        want += lp[res.tokens[0][t]];
+        seq[e.n + t] = res.tokens[0][t];
+    }
+    cr_assert_lt(want, 0);
+    for (int s = 0; s < 2; s++) cr_assert_float_eq(res.logprob[s], want, 1e-4, "sample %d: %g, want %g", s, res.logprob[s], want);
+    kvp_gen_results_free(&res, 1);
+    free(seq);
+    kvp_free(e.ids);
+}
+
 Test(generate, beam_search_matches_exhaustive_search, .init = setup, .fini = teardown)
 {
     const char *texts[2] = {"Once upon a time", "The dog was"};
