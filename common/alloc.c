@@ -3,6 +3,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/status.h"
 
@@ -92,6 +93,17 @@ void kvp_free(void *p)
 #else
     free(p);
 #endif
+}
+
+kvp_status kvp_check_fits_in_memory(double bytes, const char *what)
+{
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    if (pages <= 0 || page <= 0) return KVP_OK;
+    const double have = (double)pages * (double)page;
+    if (bytes > have)
+        return KVP_ERR(KVP_EINVAL, "%s needs %.1f GiB, more than this machine's %.1f GiB of memory", what,
+                       bytes / (1 << 30), have / (1 << 30));
+    return KVP_OK;
 }
 
 kvp_status kvp_grow(void **arr, size_t *cap, size_t need, size_t elem)

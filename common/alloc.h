@@ -30,6 +30,10 @@ int64_t kvp_alloc_count(void);
 /* Number of injected failures so far (since process start). */
 int64_t kvp_alloc_failures(void);
 
+/* KVP_EINVAL naming `what` when `bytes` exceed this machine's physical memory (a size that could only end
+ * with the OOM killer); KVP_OK otherwise, or when the machine does not say its memory size. */
+kvp_status kvp_check_fits_in_memory(double bytes, const char *what);
+
 /* Grow an array to hold at least `need` elements of `elem` bytes (capacity doubles). KVP_ENOMEM on
  * failure with *arr and *cap unchanged. */
 kvp_status kvp_grow(void **arr, size_t *cap, size_t need, size_t elem);

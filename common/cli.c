@@ -3,10 +3,13 @@
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 int kvp_cli_fail(const char *cmd, kvp_status st)
 {
     const char *msg = kvp_error_message();
+    const size_t n = strlen(cmd);
+    if (strncmp(msg, cmd, n) == 0 && strncmp(msg + n, ": ", 2) == 0) msg += n + 2; /* "generate: " once */
     fprintf(stderr, "kvpage %s: error: %s\n", cmd, msg[0] ? msg : kvp_status_str(st));
     switch (st) {
     case KVP_EINVAL:

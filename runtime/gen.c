@@ -890,7 +890,10 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
     g.vocab = (int32_t)V;
     kvp_bm_config bc = {.num_blocks = c.num_blocks, .block_size = c.block_size, .num_host_blocks = 0,
                         .max_seq_len = maxlen, .watermark_blocks = 0};
-    kvp_status st = kvp_bm_create(&bc, &g.bm);
+    char what[96];
+    snprintf(what, sizeof what, "generate: a KV cache of %d blocks of %d tokens", c.num_blocks, c.block_size);
+    kvp_status st = kvp_check_fits_in_memory(kvp_kv_cache_bytes(m, c.kv_dtype, c.num_blocks, c.block_size), what);
+    if (st == KVP_OK) st = kvp_bm_create(&bc, &g.bm);
     if (st == KVP_OK) st = kvp_pc_create(c.cache, KVP_EVICT_LRU, kvp_bm_pool(g.bm), c.block_size, &g.pc);
     if (st == KVP_OK) st = kvp_kv_cache_create(m, c.kv_dtype, c.num_blocks, c.block_size, &g.kv);
     if (st == KVP_OK) st = kvp_sampler_ws_create(g.vocab, &g.sws);
@@ -916,8 +919,7 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
         g.st.mean_kv_utilization = g.util_n ? g.util_sum / (double)g.util_n : 0.0;
         g.st.num_blocks = c.num_blocks;
         g.st.block_size = c.block_size;
-        for (int32_t l = 0; l < g.kv->num_layers; l++)
-            g.st.kv_pool_bytes += 2 * (int64_t)kvp_paged_kv_pool_bytes(&g.kv->layers[l]);
+        g.st.kv_pool_bytes = (int64_t)kvp_kv_cache_bytes(m, c.kv_dtype, c.num_blocks, c.block_size);
         *stats = g.st;
     }
     ctx_free(&g);

@@ -533,6 +533,12 @@ kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_
     return KVP_OK;
 }
 
+double kvp_kv_cache_bytes(const kvp_model *m, kvp_dtype dtype, int64_t num_blocks, int32_t block_size)
+{
+    return 2.0 * (double)m->cfg.num_layers * (double)m->cfg.num_kv_heads * (double)m->cfg.head_dim *
+           (double)kvp_dtype_size(dtype) * (double)block_size * (double)num_blocks;
+}
+
 kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *pairs, int32_t n)
 {
     if (n == 0) return KVP_OK;

@@ -81,6 +81,8 @@ typedef struct {
  * attention/ does not handle, KVP_ENOMEM. */
 kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_blocks, int32_t block_size,
                                kvp_kv_cache **out);
+/* Bytes of such a cache's pools (every layer, K and V); kvp_kv_cache_bytes(m, dt, 1, 1) is a token's. */
+double kvp_kv_cache_bytes(const kvp_model *m, kvp_dtype dtype, int64_t num_blocks, int32_t block_size);
 void kvp_kv_cache_destroy(kvp_kv_cache *kv);
 /* Copy-on-write batch: block pairs[i].dst := pairs[i].src in every layer. */
 kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *src_dst_pairs, int32_t n);

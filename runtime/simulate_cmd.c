@@ -7,6 +7,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "common/alloc.h"
 #include "common/cli.h"
 #include "common/json.h"
 #include "common/parse.h"
@@ -110,15 +111,13 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype dt, const
         return KVP_ERR(KVP_EINVAL, "%s: --executor cpu runs a model: give a GGUF file or a Hugging Face folder", path);
     KVP_TRY(kvp_model_load(path, lm));
     kvp_model_set_threads(*lm, threads);
-    const kvp_model_config *c = kvp_model_cfg(*lm);
     const int32_t ctx = kvp_model_max_len(*lm), bs = ec->block_size;
     if (!max_len_set) ec->max_model_len = ctx;
     else if (ec->max_model_len > ctx)
         return KVP_ERR(KVP_EINVAL, "--max-model-len %d exceeds the context of %s (%d tokens)", (int)ec->max_model_len,
                        path, (int)ctx);
     memset(mem, 0, sizeof *mem);
-    mem->kv_bytes_per_token = 2.0 * (double)c->num_layers * (double)c->num_kv_heads * (double)c->head_dim *
-                              (double)kvp_dtype_size(dt);
+    mem->kv_bytes_per_token = kvp_kv_cache_bytes(*lm, dt, 1, 1);
     const int64_t blocks = (int64_t)((double)(hw->kv_mem_bytes > 0 ? hw->kv_mem_bytes : CPU_MEM_DEFAULT) /
                                      mem->kv_bytes_per_token) / bs;
     const int64_t host = ec->preempt == KVP_PREEMPT_SWAP ? (int64_t)((double)hw->swap_bytes / mem->kv_bytes_per_token) / bs : 0;
@@ -130,6 +129,8 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype dt, const
     ec->kv_slots = mem->kv_slots = blocks * bs;
     ec->host_slots = mem->host_slots = host * bs;
     mem->kv_bytes = (double)ec->kv_slots * mem->kv_bytes_per_token;
+    KVP_TRY(kvp_check_fits_in_memory(mem->kv_bytes + (double)ec->host_slots * mem->kv_bytes_per_token,
+                                     "--kv-mem plus --swap-space"));
     return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)host, dt, NULL, ex);
 }
 

@@ -696,7 +696,7 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     struct {
         char args[600];
         const char *needle;
-    } cases[6];
+    } cases[8];
     snprintf(cases[0].args, sizeof cases[0].args, "--model %s --prompt hi", trunc);
     cases[0].needle = "truncated.gguf";
     snprintf(cases[1].args, sizeof cases[1].args, "--model %s --prompt hi", arch);
@@ -709,8 +709,13 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     cases[4].needle = "--bogus";
     snprintf(cases[5].args, sizeof cases[5].args, "--model %s --prompt hi --kv-dtype f17", S260_GGUF);
     cases[5].needle = "--kv-dtype: unknown dtype 'f17'";
-    for (int i = 0; i < 6; i++) {
-        char cmd[4096], *out, *err;
+    /* 1.9 TiB of KV cache: refused before anything is allocated (it used to run into the OOM killer) */
+    snprintf(cases[6].args, sizeof cases[6].args, "--model %s --prompt hi --num-blocks 100000000", S260_GGUF);
+    cases[6].needle = "more than this machine's";
+    snprintf(cases[7].args, sizeof cases[7].args, "--model %s --prompt hi --matmul fast", S260_GGUF);
+    cases[7].needle = "error: --matmul: unknown matmul 'fast'";
+    for (int i = 0; i < 8; i++) {
+        char cmd[8192], *out, *err;
         snprintf(cmd, sizeof cmd, "%s generate %s", kvpage_bin(), cases[i].args);
         int rc = sh(cmd, &out, &err);
         cr_assert_eq(rc, 2, "case %d: exit %d, stderr: %s", i, rc, err);
