@@ -23,7 +23,8 @@ kvp_status kvp_parse_i32_list(const char *s, int32_t min, int32_t max, int32_t *
  * (its message kept: "'x': ..."). */
 kvp_status kvp_parse_list(const char *s, kvp_status (*parse)(const char *item, void *out), void *out, size_t elem,
                           int cap, int *n);
-/* A request rate: a positive number, or "inf" / "infinity" (everything arrives at once) as INFINITY. */
+/* A request rate: a number in [1e-9, 1e12] requests/s, or "inf" / "infinity" (everything arrives at once)
+ * as INFINITY. */
 kvp_status kvp_parse_rate(const char *s, double *out);
 
 #endif

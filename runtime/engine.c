@@ -267,6 +267,9 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
                        (long long)c->kv_slots, (int)c->block_size);
     if (c->alloc == KVP_ALLOC_PAGED && nb > INT32_MAX - 1)
         return KVP_ERR(KVP_EINVAL, "too many KV blocks (%lld): use a larger block size", (long long)nb);
+    if (c->alloc == KVP_ALLOC_PAGED && c->watermark_blocks >= nb)
+        return KVP_ERR(KVP_EINVAL, "watermark_blocks %d leaves nothing of the %lld KV blocks to admit requests with",
+                       (int)c->watermark_blocks, (long long)nb);
     int64_t nhost = c->host_slots / c->block_size;
     if (nhost > INT32_MAX - 1) nhost = INT32_MAX - 1;
 

@@ -143,7 +143,7 @@ static kvp_status parse_synth(const char *spec, kvp_synth_opts *o, int *is_synth
         int64_t v;
         const int is_n = strcmp(kv, "n") == 0;
         if (is_n || strcmp(kv, "seed") == 0) {
-            if (kvp_parse_i64(eq + 1, is_n ? 1 : 0, is_n ? INT32_MAX : INT64_MAX, &v) != KVP_OK)
+            if (kvp_parse_i64(eq + 1, is_n ? 1 : 0, is_n ? 10000000 : INT64_MAX, &v) != KVP_OK)
                 return KVP_ERR(KVP_EINVAL, "workload '%s': %s: %s", spec, kv, kvp_error_message());
             if (is_n) o->num_requests = v;
             else o->seed = (uint64_t)v;
@@ -173,7 +173,11 @@ kvp_status kvp_sim_load_workload(const char *trace, const char *spec, int64_t nu
             if (!(rate > 0)) return KVP_ERR(KVP_EINVAL, "workload '%s' needs --rate (requests/s, > 0, or inf)", spec);
             KVP_TRY(kvp_workload_synth(&o, &w));
         } else {
-            KVP_TRY(kvp_workload_generate(spec, &w));
+            kvp_status st = kvp_workload_generate(spec, &w);
+            if (st != KVP_OK && strncmp(kvp_error_message(), "unknown workload", 16) == 0) /* name ours too */
+                return KVP_ERR(st, "unknown workload '%s' (expected sharegpt, alpaca, system, chat, fewshot, branch or "
+                                   "mooncake:PATH)", spec);
+            KVP_TRY(st);
         }
     }
     if (num_requests > 0 || duration_s > 0) {

@@ -49,7 +49,9 @@ static kvp_status add_owned(kvp_request **arr, int64_t *n, int64_t *cap, const k
 static kvp_status check_req(const kvp_request *r, const int32_t *tokens)
 {
     if (r == NULL) return KVP_ERR(KVP_EINVAL, "request is NULL");
-    if (r->prompt_len < 1) return KVP_ERR(KVP_EINVAL, "request %lld: prompt_len %d < 1", (long long)r->id, r->prompt_len);
+    if (r->prompt_len < 1 || r->prompt_len > KVP_MAX_PROMPT_TOKENS)
+        return KVP_ERR(KVP_EINVAL, "request %lld: prompt_len %d out of range [1, %d]", (long long)r->id, r->prompt_len,
+                       KVP_MAX_PROMPT_TOKENS);
     if (r->output_len < 0) return KVP_ERR(KVP_EINVAL, "request %lld: output_len %d < 0", (long long)r->id, r->output_len);
     if (tokens == NULL) return KVP_ERR(KVP_EINVAL, "request %lld: tokens is NULL", (long long)r->id);
     return KVP_OK;
@@ -59,6 +61,9 @@ static kvp_status add_copy(kvp_workload *w, int pin, const kvp_request *r, const
 {
     if (w == NULL) return KVP_ERR(KVP_EINVAL, "workload is NULL");
     KVP_TRY(check_req(r, tokens));
+    const int64_t held = w->total_prompt_tokens + w->pin_tokens_ + r->prompt_len;
+    if (held % 65536 < r->prompt_len) /* about every 256 KiB: the memory size is a system call */
+        KVP_TRY(kvp_check_fits_in_memory(2.0 * (double)held * sizeof(int32_t), "the workload's prompt token ids, with room for a copy,"));
     int32_t *t = kvp_malloc((size_t)r->prompt_len * sizeof *t);
     if (t == NULL) return KVP_ERR(KVP_ENOMEM, "out of memory copying a %d-token prompt", r->prompt_len);
     memcpy(t, tokens, (size_t)r->prompt_len * sizeof *t);
@@ -69,6 +74,7 @@ static kvp_status add_copy(kvp_workload *w, int pin, const kvp_request *r, const
         return KVP_ERR(KVP_ENOMEM, "out of memory adding a request");
     }
     if (!pin) w->total_prompt_tokens += r->prompt_len;
+    else w->pin_tokens_ += r->prompt_len;
     return KVP_OK;
 }
 
@@ -133,8 +139,8 @@ static kvp_status parse_mooncake_line(const char *path, int64_t lineno, const ch
         snprintf(why, sizeof why, "negative timestamp %g", ts);
         goto bad;
     }
-    if (in_len < 1 || in_len > INT32_MAX) {
-        snprintf(why, sizeof why, "input_length %lld out of range [1, %d]", (long long)in_len, INT32_MAX);
+    if (in_len < 1 || in_len > KVP_MAX_PROMPT_TOKENS) {
+        snprintf(why, sizeof why, "input_length %lld out of range [1, %d]", (long long)in_len, KVP_MAX_PROMPT_TOKENS);
         goto bad;
     }
     if (out_len < 0 || out_len > INT32_MAX) {

@@ -66,7 +66,7 @@ typedef struct {
     int64_t total_prompt_tokens;
     char name[64];     /* "mooncake:synthetic_trace.jsonl", "system", ... */
     /* private */
-    int64_t cap_, cap_pins_;
+    int64_t cap_, cap_pins_, pin_tokens_;
 } kvp_workload;
 
 /* An empty workload named `name` (truncated to 63 bytes). *out owned by the caller. */
@@ -90,6 +90,12 @@ kvp_status kvp_workload_read_mooncake(const char *path, const kvp_mooncake_opts 
 /* Token j (0 <= j < 512) of the Mooncake block with hash id h (h >= 0). */
 int32_t kvp_mooncake_token(int64_t hash_id, int32_t j);
 #define KVP_MOONCAKE_BLOCK 512
+
+/* The longest prompt a workload takes (16M tokens, 64 MiB of ids: beyond any model's context). Readers
+ * reject a longer one naming the line before building its tokens, and a workload refuses prompt tokens
+ * beyond half of the machine's memory, so a bad trace line or generator option is an error, not the OOM
+ * killer. */
+#define KVP_MAX_PROMPT_TOKENS (1 << 24)
 
 /* A synthetic workload from a spec "NAME[:key=value,...]" (see above). */
 kvp_status kvp_workload_generate(const char *spec, kvp_workload **out);

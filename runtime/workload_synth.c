@@ -60,6 +60,8 @@ static int32_t draw_lognormal(uint64_t *s, double mean, double sigma)
     return (int32_t)r;
 }
 
+enum { SYNTH_TRIES = 64 }; /* redraws of a pair of lengths longer than max_total before shrinking it */
+
 kvp_status kvp_workload_synth(const kvp_synth_opts *o, kvp_workload **out)
 {
     if (o == NULL || out == NULL) return KVP_ERR(KVP_EINVAL, "synthetic workload: NULL argument");
@@ -81,11 +83,16 @@ kvp_status kvp_workload_synth(const kvp_synth_opts *o, kvp_workload **out)
     kvp_status st = KVP_OK;
     for (int64_t i = 0; i < o->num_requests && st == KVP_OK; i++) {
         if (isfinite(o->rate)) t += -log(unif01(&s)) / o->rate;
-        int32_t in, outl;
+        int32_t in, outl, tries = 0;
         do {
             in = draw_lognormal(&s, in_mean, in_sigma);
             outl = draw_lognormal(&s, out_mean, out_sigma);
-        } while (o->max_total > 0 && (int64_t)in + outl > o->max_total);
+        } while (o->max_total > 0 && (int64_t)in + outl > o->max_total && ++tries < SYNTH_TRIES);
+        if (o->max_total > 0 && (int64_t)in + outl > o->max_total) { /* a max_total the lengths rarely fit */
+            in = (int32_t)((double)in * o->max_total / ((double)in + outl));
+            in = in < 1 ? 1 : in > o->max_total - 1 ? o->max_total - 1 : in;
+            outl = o->max_total - in;
+        }
         st = add_unique(w, i, t, in, outl, &tok, &cap);
     }
     kvp_free(tok);
@@ -180,8 +187,9 @@ kvp_status kvp_workload_read_azure(const char *path, int64_t max_requests, kvp_w
                          path, (long long)lineno);
             break;
         }
-        if (ctx < 1) {
-            st = KVP_ERR(KVP_EPARSE, "%s:%lld: ContextTokens must be >= 1", path, (long long)lineno);
+        if (ctx < 1 || ctx > KVP_MAX_PROMPT_TOKENS) {
+            st = KVP_ERR(KVP_EPARSE, "%s:%lld: ContextTokens %lld out of range [1, %d]", path, (long long)lineno,
+                         (long long)ctx, KVP_MAX_PROMPT_TOKENS);
             break;
         }
         if (n == 0) t0 = ts;

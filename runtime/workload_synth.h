@@ -17,7 +17,8 @@
  *   alpaca    input mean  19.31 (sigma 0.5), output mean  58.45 (sigma 0.8)   (PagedAttention paper, Alpaca)
  * ShareGPT is the higher-variance one, as the paper says. When max_total > 0, a request whose
  * input + output exceeds it is redrawn (so every request fits a max_model_len of max_total; with 2048 this
- * moves the sharegpt means by under 2 %). Arrivals: Poisson process at `rate` req/s (exponential gaps,
+ * moves the sharegpt means by under 2 %); after 64 draws that all exceed it (a max_total far below the
+ * means), the last pair is shrunk in proportion to fit. Arrivals: Poisson process at `rate` req/s (exponential gaps,
  * first request at its first gap); rate = INFINITY puts every arrival at 0. Same seed, same workload.
  */
 #ifndef KVP_RUNTIME_WORKLOAD_SYNTH_H

@@ -165,6 +165,17 @@ Test(simulate, synthetic_lengths_match_the_paper_means)
     cr_assert_eq(kvp_workload_synth(&o, &w), KVP_OK);
     for (int64_t i = 0; i < w->n; i++) cr_assert_leq(w->reqs[i].prompt_len + w->reqs[i].output_len, 512);
     kvp_workload_destroy(w);
+    /* a max_total far below the means (almost no draw fits: redrawing forever hung) ends with shrunk pairs */
+    for (int32_t mt = 2; mt <= 16; mt += 7) {
+        o.max_total = mt;
+        o.num_requests = 200;
+        cr_assert_eq(kvp_workload_synth(&o, &w), KVP_OK);
+        for (int64_t i = 0; i < w->n; i++) {
+            cr_assert_leq(w->reqs[i].prompt_len + w->reqs[i].output_len, mt);
+            cr_assert(w->reqs[i].prompt_len >= 1 && w->reqs[i].output_len >= 1);
+        }
+        kvp_workload_destroy(w);
+    }
 }
 
 Test(simulate, azure_trace_reader_cut_and_rate)
@@ -287,7 +298,18 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
         {"simulate --model " LLAMA8B " --workload sharegpt --rate 1 --alloc buddy", "buddy"},
         {"simulate --model " LLAMA8B " --workload sharegpt --rate 1 --alloc orca-pow2 --arena best-fit", "--arena: "},
         {"simulate --model " LLAMA8B, "exactly one"},
+        {"simulate --model " LLAMA8B " --workload nosuch --rate 1", "expected sharegpt, alpaca, system"},
+        {"simulate --model " LLAMA8B " --workload sharegpt:n=0 --rate 1", "workload 'sharegpt:n=0': n: "},
+        {"simulate --model " LLAMA8B " --workload alpaca:n=1000000000 --rate 1", "out of range [1, 10000000]"},
+        {"simulate --model " LLAMA8B " --workload system:share=2 --rate 1", "workload system: share: 2 is out of range"},
+        {"simulate --model " LLAMA8B " --trace " AZURE_CONV " --rate 1e-300", "--rate: 1e-300 is out of range"},
+        {"simulate --model " LLAMA8B " --trace " AZURE_CONV " --kv-mem 1GB --watermark-blocks 7000", "watermark_blocks 7000"},
+        {"simulate --model " LLAMA8B " --trace /tmp/kvp_test_huge_ctx.csv", "kvp_test_huge_ctx.csv:2: ContextTokens"},
     };
+    FILE *f = fopen("/tmp/kvp_test_huge_ctx.csv", "w"); /* a 2e9-token prompt: refused before its tokens are made */
+    cr_assert_not_null(f);
+    fputs("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:17:03.9799600,2000000000,10\n", f);
+    fclose(f);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int rc = kvp_test_cli(cases[i].args, out, sizeof out, err, sizeof err);
         cr_assert_eq(rc, 2, "'%s' exited %d", cases[i].args, rc);
