@@ -115,6 +115,45 @@ kvp_status kvp_json_str(const cJSON *obj, const char *key, const char **out, int
     return KVP_OK;
 }
 
+/* Length of the valid UTF-8 sequence at s (1-4), or 0 when it is not one. */
+static int utf8_len(const unsigned char *s)
+{
+    const unsigned c = s[0];
+    if (c < 0x80) return 1;
+    int n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (n == 0) return 0;
+    /* the second byte's range excludes overlong forms, surrogates and code points above U+10FFFF */
+    const unsigned lo = c == 0xe0 ? 0xa0 : c == 0xf0 ? 0x90 : 0x80, hi = c == 0xed ? 0x9f : c == 0xf4 ? 0x8f : 0xbf;
+    if (s[1] < lo || s[1] > hi) return 0;
+    for (int i = 2; i < n; i++)
+        if ((s[i] & 0xc0) != 0x80) return 0;
+    return n;
+}
+
+kvp_status kvp_json_add_text(cJSON *obj, const char *key, const char *s)
+{
+    const size_t len = strlen(s);
+    char *t = kvp_malloc(3 * len + 1); /* each bad byte becomes 3 */
+    if (t == NULL) return KVP_ERR(KVP_ENOMEM, "out of memory");
+    size_t o = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        const int n = utf8_len(p);
+        if (n > 0) {
+            memcpy(t + o, p, (size_t)n);
+            o += (size_t)n;
+            p += n;
+        } else {
+            memcpy(t + o, "\xef\xbf\xbd", 3);
+            o += 3;
+            p++;
+        }
+    }
+    t[o] = '\0';
+    cJSON *item = cJSON_AddStringToObject(obj, key, t);
+    kvp_free(t);
+    return item ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory");
+}
+
 kvp_status kvp_json_print(FILE *f, const cJSON *obj)
 {
     char *s = cJSON_Print(obj);

@@ -29,6 +29,11 @@ kvp_status kvp_json_bool(const cJSON *obj, const char *key, int *out, int *prese
 /* *out borrows the string inside obj: valid while obj lives. */
 kvp_status kvp_json_str(const cJSON *obj, const char *key, const char **out, int *present);
 
+/* Adds s as string member key of obj, each byte sequence that is not valid UTF-8 replaced by U+FFFD (as
+ * Python's errors="replace"): model text may end inside a character, or a prompt file hold raw bytes, and
+ * the output must stay valid JSON. KVP_ENOMEM. */
+kvp_status kvp_json_add_text(cJSON *obj, const char *key, const char *s);
+
 /* Prints obj (formatted) and a newline to f. */
 kvp_status kvp_json_print(FILE *f, const cJSON *obj);
 kvp_status kvp_json_write_file(const char *path, const cJSON *obj);

@@ -83,6 +83,13 @@ static kvp_status read_prompts(const char *path, strlist *out)
     size_t len;
     KVP_TRY(kvp_read_file(path, (size_t)1 << 30, &data, &len));
     kvp_status st = KVP_OK;
+    const char *nul = memchr(data, '\0', len);
+    if (nul) {
+        int64_t line = 1;
+        for (const char *c = data; c < nul; c++) line += *c == '\n';
+        kvp_free(data);
+        return KVP_ERR(KVP_EINVAL, "%s:%lld: a NUL byte in a prompt", path, (long long)line);
+    }
     size_t start = 0;
     for (size_t i = 0; i <= len && st == KVP_OK; i++) {
         if (i == len || data[i] == '\n') {
@@ -258,7 +265,7 @@ static int run(gen_opts *o)
         if (root) {
             obj = cJSON_CreateObject();
             cJSON_AddItemToArray(arr, obj);
-            cJSON_AddStringToObject(obj, "prompt", o->prompts.items[i]);
+            kvp_json_add_text(obj, "prompt", o->prompts.items[i]);
             cJSON_AddItemToObject(obj, "prompt_tokens", ids_json(reqs[i].prompt, reqs[i].n_prompt));
             cJSON_AddNumberToObject(obj, "cached_prompt_tokens", r->prompt_cached_tokens);
             cJSON_AddNumberToObject(obj, "ttft_s", r->ttft_s);
@@ -278,13 +285,13 @@ static int run(gen_opts *o)
             if (root) {
                 if (s == 0) {
                     cJSON_AddItemToObject(obj, "tokens", ids_json(r->tokens[0], r->n_tokens[0]));
-                    cJSON_AddStringToObject(obj, "text", text);
+                    kvp_json_add_text(obj, "text", text);
                     cJSON_AddStringToObject(obj, "finish_reason", r->hit_eos[0] ? "eos" : "length");
                 }
                 cJSON *so = cJSON_CreateObject();
                 cJSON_AddItemToArray(samples, so);
                 cJSON_AddItemToObject(so, "tokens", ids_json(r->tokens[s], r->n_tokens[s]));
-                cJSON_AddStringToObject(so, "text", text);
+                kvp_json_add_text(so, "text", text);
                 cJSON_AddNumberToObject(so, "logprob", r->logprob[s]);
                 cJSON_AddStringToObject(so, "finish_reason", r->hit_eos[s] ? "eos" : "length");
             } else {

@@ -132,6 +132,27 @@ Test(common, parse_lists_and_rates)
     cr_assert_eq(kvp_parse_rate("1e-300", &r), KVP_EINVAL, "times would lose their precision");
 }
 
+Test(common, json_text_replaces_invalid_utf8)
+{
+    static const struct {
+        const char *in, *want;
+    } cases[] = {
+        {"plain", "plain"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+        {"a\xff" "b", "a\xef\xbf\xbd" "b"},
+        {"cut \xc3", "cut \xef\xbf\xbd"},                        /* a character cut at the end */
+        {"\xc0\xaf", "\xef\xbf\xbd\xef\xbf\xbd"},                /* overlong '/' */
+        {"\xed\xa0\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* a UTF-16 surrogate */
+        {"\xf4\x90\x80\x80", "\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd"}, /* above U+10FFFF */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        cJSON *o = cJSON_CreateObject();
+        cr_assert_eq(kvp_json_add_text(o, "t", cases[i].in), KVP_OK);
+        cr_assert_str_eq(cJSON_GetObjectItem(o, "t")->valuestring, cases[i].want, "case %zu", i);
+        cJSON_Delete(o);
+    }
+}
+
 Test(common, json_typed_getters)
 {
     const char *text = "{\"a\": 3, \"b\": 2.5, \"c\": \"x\", \"d\": true, \"n\": null}";

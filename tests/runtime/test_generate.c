@@ -662,6 +662,20 @@ Test(generate_cli, prompts_file_batches_and_hits_the_cache)
     cJSON_Delete(j);
     free(out);
     free(err);
+    /* Raw bytes in a prompt stay valid UTF-8 in the JSON (U+FFFD each); a NUL byte is refused. */
+    tu_write_all(path, "x\xff\xfey\nok \xc3\xa9\n", 11);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 2 --json", kvpage_bin(), S260_GGUF, path);
+    cr_assert_eq(sh(cmd, &out, &err), 0, "%s", err);
+    cr_assert(strstr(out, "\"x\xef\xbf\xbd\xef\xbf\xbdy\"") && strstr(out, "\"ok \xc3\xa9\""), "%s", out);
+    cr_assert_null(strchr(out, 0xff));
+    free(out);
+    free(err);
+    tu_write_all(path, "abc\ndef\0ghi\n", 12);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s", kvpage_bin(), S260_GGUF, path);
+    cr_assert_eq(sh(cmd, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "prompts.txt:2: a NUL byte"), "%s", err);
+    free(out);
+    free(err);
     /* Plain text output: prompt + continuation. */
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon a time' --max-tokens 8", kvpage_bin(), S260_GGUF);
     cr_assert_eq(sh(cmd, &out, &err), 0, "%s", err);
