@@ -171,7 +171,7 @@ int kvp_cmd_simulate(int argc, char **argv)
     const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL;
     double rate = 0, duration = 0;
     int64_t num_req = 0;
-    int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, cpu = 0, threads = 1;
+    int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, max_tok_set = 0, cpu = 0, threads = 1;
     const char *sim_only = NULL, *cpu_only = NULL; /* an option given that the other executor does not take */
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
     kvp_engine_config ec;
@@ -209,7 +209,10 @@ int kvp_cmd_simulate(int argc, char **argv)
             sim_only = "--tp";
             break;
         case O_MAXSEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &ec.max_num_seqs); break;
-        case O_MAXTOK: st = kvp_parse_i32(optarg, 1, 1 << 30, &ec.max_batched_tokens); break;
+        case O_MAXTOK:
+            st = kvp_parse_i32(optarg, 1, 1 << 30, &ec.max_batched_tokens);
+            max_tok_set = 1;
+            break;
         case O_MAXLEN:
             st = kvp_parse_i32(optarg, 2, INT32_MAX / 2, &ec.max_model_len);
             max_len_set = 1;
@@ -275,7 +278,12 @@ int kvp_cmd_simulate(int argc, char **argv)
         if (st == KVP_OK) st = kvp_model_config_load(model, &cfg);
         if (st == KVP_OK && !max_len_set) ec.max_model_len = kvp_sim_default_max_model_len(&cfg);
     }
-    if (!ec.chunked_prefill && ec.max_batched_tokens < ec.max_model_len) ec.max_batched_tokens = ec.max_model_len;
+    if (st == KVP_OK && !ec.chunked_prefill && ec.max_batched_tokens < ec.max_model_len) {
+        if (max_tok_set) /* as vLLM: a whole prompt must fit one step */
+            st = KVP_ERR(KVP_EINVAL, "--no-chunked-prefill: --max-batched-tokens %d is below max_model_len %d (a prompt "
+                                     "is computed in one step)", (int)ec.max_batched_tokens, (int)ec.max_model_len);
+        ec.max_batched_tokens = ec.max_model_len;
+    }
     if (st == KVP_OK && !cpu) st = kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem);
     if (!watermark_set && ec.alloc == KVP_ALLOC_PAGED) ec.watermark_blocks = (int32_t)((ec.kv_slots / ec.block_size) / 100);
 

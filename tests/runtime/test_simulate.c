@@ -299,6 +299,8 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
         {"simulate --model " LLAMA8B " --workload sharegpt --rate 1 --alloc orca-pow2 --arena best-fit", "--arena: "},
         {"simulate --model " LLAMA8B, "exactly one"},
         {"simulate --model " LLAMA8B " --workload nosuch --rate 1", "expected sharegpt, alpaca, system"},
+        {"simulate --model " LLAMA8B " --workload sharegpt --rate 1 --no-chunked-prefill --max-batched-tokens 512",
+         "--max-batched-tokens 512 is below max_model_len"},
         {"simulate --model " LLAMA8B " --workload sharegpt:n=0 --rate 1", "workload 'sharegpt:n=0': n: "},
         {"simulate --model " LLAMA8B " --workload alpaca:n=1000000000 --rate 1", "out of range [1, 10000000]"},
         {"simulate --model " LLAMA8B " --workload system:share=2 --rate 1", "workload system: share: 2 is out of range"},
