@@ -140,7 +140,7 @@ static int parse_int_field(const char *s, size_t len, int64_t *out)
     char *end;
     errno = 0;
     long long v = strtoll(buf, &end, 10);
-    if (*end != '\0' || errno == ERANGE || v < 0 || v > INT32_MAX) return -1;
+    if (end != buf + len || errno == ERANGE || v < 0 || v > INT32_MAX) return -1; /* a NUL inside ends early */
     *out = v;
     return 0;
 }

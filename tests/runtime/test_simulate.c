@@ -214,6 +214,11 @@ Test(simulate, azure_trace_reader_cut_and_rate)
     fclose(f);
     cr_assert_eq(kvp_workload_read_azure(path, 0, &w), KVP_EPARSE);
     cr_assert(strstr(kvp_error_message(), ":3:") != NULL, "the error names line 3: %s", kvp_error_message());
+    f = fopen(path, "w"); /* a NUL byte inside a number ("48\08") is not the number 48 */
+    fwrite("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.68,48\0" "8,5\n", 1, 70, f);
+    fclose(f);
+    cr_assert_eq(kvp_workload_read_azure(path, 0, &w), KVP_EPARSE);
+    cr_assert(strstr(kvp_error_message(), ":2:") != NULL, "%s", kvp_error_message());
     remove(path);
 }
 
