@@ -345,6 +345,10 @@ int kvp_bench_prefix(int argc, char **argv)
     } else {
         st = kvp_workload_generate(spec, &w);
     }
+    if (st == KVP_OK && w->n == 0) { /* as simulate: nothing to measure is an error, not a row of zeros */
+        st = KVP_ERR(KVP_EINVAL, "%s: no requests%s", trace ? trace : spec, w->skipped_lines ? " (every line skipped)" : "");
+        kvp_workload_destroy(w);
+    }
     if (st != KVP_OK) return kvp_cli_fail("bench prefix", st);
     if (w->skipped_lines) KVP_LOG_W("bench prefix: skipped %lld malformed lines", (long long)w->skipped_lines);
     KVP_LOG_I("bench prefix: %s: %lld requests, %lld prompt tokens", w->name, (long long)w->n, (long long)w->total_prompt_tokens);

@@ -181,6 +181,14 @@ Test(bench_prefix, cli)
     cr_assert_eq(cJSON_GetObjectItem(row, "requests")->valuedouble, 2, "the bad line is skipped");
     cr_assert_eq(cJSON_GetObjectItem(row, "hit_tokens")->valuedouble, 512, "the 3rd line hits block 1");
     cJSON_Delete(j);
+    /* every line skipped: an error, not a row of zeros */
+    const char *bad = "{\"timestamp\": 1, \"input_length\": 700, \"output_length\": 1, \"hash_ids\": [1]}\n";
+    FILE *f = fopen(path, "w");
+    cr_assert_not_null(f);
+    fputs(bad, f);
+    fclose(f);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 2, "%s", out);
+    cr_assert(strstr(err, "no requests (every line skipped)"), "%s", err);
     unlink(path);
 }
 
