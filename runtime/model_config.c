@@ -1,5 +1,7 @@
 #include "runtime/model_config.h"
 
+#include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -21,30 +23,59 @@ static const struct {
     {"deepseek_v2", KVP_FAMILY_DEEPSEEK, 0, 0, 0}, {"deepseek_v3", KVP_FAMILY_DEEPSEEK, 0, 0, 0},
 };
 
-/* Reads an integer field that must be present and >= min. */
-static kvp_status need_int(const cJSON *o, const char *what, const char *key, int64_t min, int64_t *out)
+/* Largest integer a JSON number holds exactly (kvp_json_int's limit). */
+#define JSON_INT_MAX 9007199254740992.0
+
+/* Field limits, far above every published model (Llama-3.1-405B: hidden 16384, FFN 53248; Gemma-2: vocab
+ * 256000; DeepSeek-V3: 256 experts, kv_lora_rank 512) and low enough that the KV sizes stay far from
+ * int64_t; the parameter count is bounded on its own (KVP_MODEL_MAX_PARAMS, checked at the end). */
+#define MAX_HIDDEN (1LL << 20)   /* hidden_size */
+#define MAX_HEADS (1LL << 16)    /* num_attention_heads */
+#define MAX_DIM (1LL << 16)      /* head_dim, MLA ranks and head dims */
+#define MAX_FFN (1LL << 24)      /* intermediate_size, ffn_dim, moe_intermediate_size */
+#define MAX_VOCAB (1LL << 24)    /* vocab_size */
+#define MAX_EXPERTS (1LL << 16)  /* routed and shared experts */
+#define MAX_TOKENS (1LL << 40)   /* max_position_embeddings, sliding windows (as `plan --seq-len`) */
+
+static kvp_status check_param_count(const kvp_model_config *c, const char *what); /* at the end */
+
+/* kvp_json_int refused o's `key`: a number too large to be an integer there (2^62, 1e999) is out of range,
+ * anything else is not an integer. */
+static kvp_status int_error(const cJSON *o, const char *what, const char *key, int64_t min, int64_t max)
 {
-    int present = 0;
-    if (kvp_json_int(o, key, out, &present) != KVP_OK)
-        return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be an integer", what, key);
-    if (!present) return KVP_ERR(KVP_EPARSE, "%s: missing \"%s\"", what, key);
-    if (*out < min) return KVP_ERR(KVP_EINVAL, "%s: \"%s\" is %lld, must be >= %lld", what, key,
-                                   (long long)*out, (long long)min);
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (cJSON_IsNumber(v) && fabs(v->valuedouble) > JSON_INT_MAX)
+        return KVP_ERR(KVP_EINVAL, "%s: \"%s\": %g is out of range [%lld, %lld]", what, key, v->valuedouble,
+                       (long long)min, (long long)max);
+    return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be an integer", what, key);
+}
+
+static kvp_status check_range(const char *what, const char *key, int64_t v, int64_t min, int64_t max)
+{
+    if (v < min || v > max)
+        return KVP_ERR(KVP_EINVAL, "%s: \"%s\": %lld is out of range [%lld, %lld]", what, key, (long long)v,
+                       (long long)min, (long long)max);
     return KVP_OK;
 }
 
-/* Optional integer: *out keeps `dflt` when absent. */
-static kvp_status opt_int(const cJSON *o, const char *what, const char *key, int64_t min, int64_t dflt,
-                          int64_t *out)
+/* Reads an integer field that must be present and in [min, max]. */
+static kvp_status need_int(const cJSON *o, const char *what, const char *key, int64_t min, int64_t max,
+                           int64_t *out)
+{
+    int present = 0;
+    if (kvp_json_int(o, key, out, &present) != KVP_OK) return int_error(o, what, key, min, max);
+    if (!present) return KVP_ERR(KVP_EPARSE, "%s: missing \"%s\"", what, key);
+    return check_range(what, key, *out, min, max);
+}
+
+/* Optional integer in [min, max]: *out keeps `dflt` when absent. */
+static kvp_status opt_int(const cJSON *o, const char *what, const char *key, int64_t min, int64_t max,
+                          int64_t dflt, int64_t *out)
 {
     int present = 0;
     *out = dflt;
-    if (kvp_json_int(o, key, out, &present) != KVP_OK)
-        return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be an integer", what, key);
-    if (present && *out < min)
-        return KVP_ERR(KVP_EINVAL, "%s: \"%s\" is %lld, must be >= %lld", what, key, (long long)*out,
-                       (long long)min);
-    return KVP_OK;
+    if (kvp_json_int(o, key, out, &present) != KVP_OK) return int_error(o, what, key, min, max);
+    return present ? check_range(what, key, *out, min, max) : KVP_OK;
 }
 
 static kvp_status opt_num(const cJSON *o, const char *what, const char *key, double dflt, double *out)
@@ -72,6 +103,8 @@ static kvp_status token_id(const cJSON *o, const char *what, const char *key, in
     if (v == NULL || cJSON_IsNull(v)) return KVP_OK;
     if (!cJSON_IsNumber(v) || v->valuedouble < 0)
         return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be a token id or a list of them", what, key);
+    if (v->valuedouble > JSON_INT_MAX)
+        return KVP_ERR(KVP_EINVAL, "%s: \"%s\": %g is out of range [0, %.0f]", what, key, v->valuedouble, JSON_INT_MAX);
     *out = (int64_t)v->valuedouble;
     return KVP_OK;
 }
@@ -90,7 +123,7 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
     KVP_TRY(opt_num(rs, what, "factor", 1.0, &c->rope_scaling_factor));
     KVP_TRY(opt_num(rs, what, "low_freq_factor", 1.0, &c->rope_low_freq_factor));
     KVP_TRY(opt_num(rs, what, "high_freq_factor", 4.0, &c->rope_high_freq_factor));
-    KVP_TRY(opt_int(rs, what, "original_max_position_embeddings", 1, 0, &c->rope_original_max_position));
+    KVP_TRY(opt_int(rs, what, "original_max_position_embeddings", 1, MAX_TOKENS, 0, &c->rope_original_max_position));
     return KVP_OK;
 }
 
@@ -98,12 +131,12 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
 static kvp_status read_sliding(const cJSON *o, const char *what, kvp_model_config *c)
 {
     int64_t w = 0;
-    KVP_TRY(opt_int(o, what, "sliding_window", 0, 0, &w));
-    if (w == 0) KVP_TRY(opt_int(o, what, "sliding_window_size", 0, 0, &w)); /* MLC's name, gemma2 has both */
+    KVP_TRY(opt_int(o, what, "sliding_window", 0, MAX_TOKENS, 0, &w));
+    if (w == 0) KVP_TRY(opt_int(o, what, "sliding_window_size", 0, MAX_TOKENS, 0, &w)); /* MLC's name, gemma2 has both */
     int use = 1;
     KVP_TRY(opt_bool(o, what, "use_sliding_window", 1, &use));
     int64_t max_window_layers = 0;
-    KVP_TRY(opt_int(o, what, "max_window_layers", 0, 0, &max_window_layers));
+    KVP_TRY(opt_int(o, what, "max_window_layers", 0, INT32_MAX, 0, &max_window_layers));
     const cJSON *types = cJSON_GetObjectItemCaseSensitive(o, "layer_types");
     if (cJSON_IsArray(types)) {
         if (cJSON_GetArraySize(types) != c->num_layers)
@@ -135,18 +168,18 @@ static kvp_status read_sliding(const cJSON *o, const char *what, kvp_model_confi
 static kvp_status read_moe(const cJSON *o, const char *what, kvp_model_config *c)
 {
     int64_t e = 0, k = 0, shared = 0, moe_i = 0, first_dense = 0, step = 1;
-    KVP_TRY(opt_int(o, what, "num_local_experts", 0, 0, &e));
-    if (e == 0) KVP_TRY(opt_int(o, what, "num_experts", 0, 0, &e));
-    if (e == 0) KVP_TRY(opt_int(o, what, "n_routed_experts", 0, 0, &e));
+    KVP_TRY(opt_int(o, what, "num_local_experts", 0, MAX_EXPERTS, 0, &e));
+    if (e == 0) KVP_TRY(opt_int(o, what, "num_experts", 0, MAX_EXPERTS, 0, &e));
+    if (e == 0) KVP_TRY(opt_int(o, what, "n_routed_experts", 0, MAX_EXPERTS, 0, &e));
     if (e == 0) return KVP_OK;
-    KVP_TRY(need_int(o, what, "num_experts_per_tok", 1, &k));
+    KVP_TRY(need_int(o, what, "num_experts_per_tok", 1, MAX_EXPERTS, &k));
     if (k > e) return KVP_ERR(KVP_EINVAL, "%s: num_experts_per_tok %lld exceeds %lld experts", what,
                               (long long)k, (long long)e);
-    KVP_TRY(opt_int(o, what, "n_shared_experts", 0, 0, &shared));
-    KVP_TRY(opt_int(o, what, "moe_intermediate_size", 1, c->intermediate_size, &moe_i));
-    KVP_TRY(opt_int(o, what, "first_k_dense_replace", 0, 0, &first_dense));
-    KVP_TRY(opt_int(o, what, "moe_layer_freq", 1, 1, &step));
-    if (step == 1) KVP_TRY(opt_int(o, what, "decoder_sparse_step", 1, 1, &step));
+    KVP_TRY(opt_int(o, what, "n_shared_experts", 0, MAX_EXPERTS, 0, &shared));
+    KVP_TRY(opt_int(o, what, "moe_intermediate_size", 1, MAX_FFN, c->intermediate_size, &moe_i));
+    KVP_TRY(opt_int(o, what, "first_k_dense_replace", 0, INT32_MAX, 0, &first_dense));
+    KVP_TRY(opt_int(o, what, "moe_layer_freq", 1, INT32_MAX, 1, &step));
+    if (step == 1) KVP_TRY(opt_int(o, what, "decoder_sparse_step", 1, INT32_MAX, 1, &step));
     c->num_experts = (int32_t)e;
     c->num_experts_per_tok = (int32_t)k;
     c->num_shared_experts = (int32_t)shared;
@@ -192,16 +225,13 @@ kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_m
                        what, c.model_type[0] ? c.model_type : "(none)");
 
     int64_t v;
-    KVP_TRY(need_int(o, what, "num_hidden_layers", 1, &v));
-    if (v > KVP_MAX_LAYERS) return KVP_ERR(KVP_EINVAL, "%s: %lld layers exceed the limit of %d", what, (long long)v, KVP_MAX_LAYERS);
+    KVP_TRY(need_int(o, what, "num_hidden_layers", 1, KVP_MAX_LAYERS, &v));
     c.num_layers = (int32_t)v;
-    KVP_TRY(need_int(o, what, "hidden_size", 1, &v));
-    if (v > (1 << 20)) return KVP_ERR(KVP_EINVAL, "%s: hidden_size %lld is absurd", what, (long long)v);
+    KVP_TRY(need_int(o, what, "hidden_size", 1, MAX_HIDDEN, &v));
     c.hidden_size = (int32_t)v;
-    KVP_TRY(need_int(o, what, "num_attention_heads", 1, &v));
-    if (v > 65536) return KVP_ERR(KVP_EINVAL, "%s: num_attention_heads %lld is absurd", what, (long long)v);
+    KVP_TRY(need_int(o, what, "num_attention_heads", 1, MAX_HEADS, &v));
     c.num_q_heads = (int32_t)v;
-    KVP_TRY(opt_int(o, what, "num_key_value_heads", 1, c.num_q_heads, &v));
+    KVP_TRY(opt_int(o, what, "num_key_value_heads", 1, MAX_HEADS, c.num_q_heads, &v));
     if (v > c.num_q_heads || c.num_q_heads % v != 0)
         return KVP_ERR(KVP_EINVAL, "%s: num_key_value_heads %lld does not divide num_attention_heads %d", what,
                        (long long)v, c.num_q_heads);
@@ -210,20 +240,19 @@ kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_m
     if (!has_head_dim && c.hidden_size % c.num_q_heads != 0)
         return KVP_ERR(KVP_EINVAL, "%s: hidden_size %d is not a multiple of num_attention_heads %d and no head_dim",
                        what, c.hidden_size, c.num_q_heads);
-    KVP_TRY(opt_int(o, what, "head_dim", 1, c.hidden_size / c.num_q_heads, &v));
-    if (v > 65536) return KVP_ERR(KVP_EINVAL, "%s: head_dim %lld is absurd", what, (long long)v);
+    KVP_TRY(opt_int(o, what, "head_dim", 1, MAX_DIM, c.hidden_size / c.num_q_heads, &v));
     c.head_dim = c.v_head_dim = (int32_t)v;
 
     int64_t ffn = 0;
-    KVP_TRY(opt_int(o, what, "intermediate_size", 1, 0, &ffn));
-    if (ffn == 0) KVP_TRY(opt_int(o, what, "ffn_dim", 1, 0, &ffn)); /* OPT */
+    KVP_TRY(opt_int(o, what, "intermediate_size", 1, MAX_FFN, 0, &ffn));
+    if (ffn == 0) KVP_TRY(opt_int(o, what, "ffn_dim", 1, MAX_FFN, 0, &ffn)); /* OPT */
     if (ffn == 0 && c.family != KVP_FAMILY_GENERIC)
         return KVP_ERR(KVP_EPARSE, "%s: missing \"intermediate_size\"", what);
     c.intermediate_size = ffn;
-    KVP_TRY(opt_int(o, what, "vocab_size", 1, 0, &c.vocab_size));
+    KVP_TRY(opt_int(o, what, "vocab_size", 1, MAX_VOCAB, 0, &c.vocab_size));
     if (c.vocab_size == 0 && c.family != KVP_FAMILY_GENERIC)
         return KVP_ERR(KVP_EPARSE, "%s: missing \"vocab_size\"", what);
-    KVP_TRY(opt_int(o, what, "max_position_embeddings", 1, 0, &c.max_position_embeddings));
+    KVP_TRY(opt_int(o, what, "max_position_embeddings", 1, MAX_TOKENS, 0, &c.max_position_embeddings));
 
     KVP_TRY(opt_num(o, what, "rms_norm_eps", 1e-5, &c.rms_norm_eps));
     if (!cJSON_HasObjectItem(o, "rms_norm_eps")) KVP_TRY(opt_num(o, what, "layer_norm_eps", 1e-5, &c.rms_norm_eps));
@@ -239,11 +268,11 @@ kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_m
 
     if (c.family == KVP_FAMILY_DEEPSEEK) {
         int64_t lora = 0, qlora = 0, rope = 0, nope = 0, vhd = 0;
-        KVP_TRY(need_int(o, what, "kv_lora_rank", 1, &lora));
-        KVP_TRY(need_int(o, what, "qk_rope_head_dim", 1, &rope));
-        KVP_TRY(need_int(o, what, "qk_nope_head_dim", 1, &nope));
-        KVP_TRY(need_int(o, what, "v_head_dim", 1, &vhd));
-        KVP_TRY(opt_int(o, what, "q_lora_rank", 0, 0, &qlora));
+        KVP_TRY(need_int(o, what, "kv_lora_rank", 1, MAX_DIM, &lora));
+        KVP_TRY(need_int(o, what, "qk_rope_head_dim", 1, MAX_DIM, &rope));
+        KVP_TRY(need_int(o, what, "qk_nope_head_dim", 1, MAX_DIM, &nope));
+        KVP_TRY(need_int(o, what, "v_head_dim", 1, MAX_DIM, &vhd));
+        KVP_TRY(opt_int(o, what, "q_lora_rank", 0, MAX_DIM, 0, &qlora));
         c.kv_lora_rank = (int32_t)lora;
         c.q_lora_rank = (int32_t)qlora;
         c.qk_rope_head_dim = (int32_t)rope;
@@ -255,6 +284,7 @@ kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_m
     KVP_TRY(read_moe(o, what, &c));
     KVP_TRY(token_id(o, what, "bos_token_id", &c.bos_token_id));
     KVP_TRY(token_id(o, what, "eos_token_id", &c.eos_token_id));
+    KVP_TRY(check_param_count(&c, what));
     *out = c;
     return KVP_OK;
 }
@@ -282,56 +312,127 @@ int64_t kvp_model_kv_elems_per_token(const kvp_model_config *c)
     return sum;
 }
 
+/* Parameter counts are summed in double: exact while the total stays below 2^53, since every term is a
+ * product of non-negative integers no larger than the total; the loader rejects configs above
+ * KVP_MODEL_MAX_PARAMS = 2^53, so the counts of loaded configs are exact. */
+
 /* Attention parameters of one layer (projections, biases, q/k norms). */
-static int64_t attn_params(const kvp_model_config *c)
+static double attn_params(const kvp_model_config *c)
 {
-    int64_t h = c->hidden_size, nq = c->num_q_heads, nkv = c->num_kv_heads, hd = c->head_dim;
+    double h = c->hidden_size, nq = c->num_q_heads, nkv = c->num_kv_heads, hd = c->head_dim;
     if (c->kv_lora_rank > 0) { /* MLA */
-        int64_t qk = c->qk_nope_head_dim + c->qk_rope_head_dim;
-        int64_t q = c->q_lora_rank > 0 ? h * c->q_lora_rank + c->q_lora_rank + (int64_t)c->q_lora_rank * nq * qk
-                                       : h * nq * qk;
-        int64_t kv = h * (c->kv_lora_rank + c->qk_rope_head_dim) + c->kv_lora_rank +
-                     (int64_t)c->kv_lora_rank * nq * (c->qk_nope_head_dim + c->v_head_dim);
+        double qk = (double)c->qk_nope_head_dim + c->qk_rope_head_dim, ql = c->q_lora_rank, kl = c->kv_lora_rank;
+        double q = ql > 0 ? h * ql + ql + ql * nq * qk : h * nq * qk;
+        double kv = h * (kl + c->qk_rope_head_dim) + kl + kl * nq * ((double)c->qk_nope_head_dim + c->v_head_dim);
         return q + kv + nq * c->v_head_dim * h;
     }
-    int64_t p = h * nq * hd + 2 * h * nkv * hd + nq * hd * h;
+    double p = h * nq * hd + 2 * h * nkv * hd + nq * hd * h;
     if (c->attention_bias) p += nq * hd + 2 * nkv * hd;
     if (c->family == KVP_FAMILY_OPT || (c->attention_bias && strcmp(c->model_type, "llama") == 0)) p += h;
     if (c->qk_norm) p += 2 * hd;
     return p;
 }
 
-/* FFN parameters of layer l; `active` counts only the experts a token uses. */
-static int64_t ffn_params(const kvp_model_config *c, int32_t l, int active)
+/* Parts of the count, for naming the field that makes it too large. */
+enum { PART_EMBED, PART_POS, PART_ATTN, PART_FFN, PART_MOE, PART_NORM, NPARTS };
+
+/* FFN parameters of layer l, added to part[PART_FFN] (dense) or part[PART_MOE]; `active` counts only the
+ * experts a token uses. */
+static void ffn_params(const kvp_model_config *c, int32_t l, int active, double *part)
 {
-    int64_t h = c->hidden_size;
-    if (c->family == KVP_FAMILY_OPT) return 2 * h * c->intermediate_size + c->intermediate_size + h;
-    if (c->num_experts == 0 || !c->layer_is_moe[l]) return 3 * h * c->intermediate_size;
-    int64_t expert = 3 * h * c->moe_intermediate_size;
-    int64_t routed = active ? c->num_experts_per_tok : c->num_experts;
-    int64_t p = routed * expert + (int64_t)c->num_shared_experts * expert + h * c->num_experts; /* + router */
-    if (strcmp(c->model_type, "deepseek_v3") == 0) p += c->num_experts; /* e_score_correction_bias */
-    return p;
+    double h = c->hidden_size, ffn = (double)c->intermediate_size;
+    if (c->family == KVP_FAMILY_OPT) {
+        part[PART_FFN] += 2 * h * ffn + ffn + h;
+    } else if (c->num_experts == 0 || !c->layer_is_moe[l]) {
+        part[PART_FFN] += 3 * h * ffn;
+    } else {
+        double expert = 3 * h * (double)c->moe_intermediate_size;
+        double routed = active ? c->num_experts_per_tok : c->num_experts;
+        double p = routed * expert + c->num_shared_experts * expert + h * c->num_experts; /* + router */
+        if (strcmp(c->model_type, "deepseek_v3") == 0) p += c->num_experts; /* e_score_correction_bias */
+        part[PART_MOE] += p;
+    }
 }
 
-static int64_t norm_params(const kvp_model_config *c)
+static double norm_params(const kvp_model_config *c)
 {
-    int64_t h = c->hidden_size;
+    double h = c->hidden_size;
     if (c->family == KVP_FAMILY_OPT) return 4 * h;                                   /* 2 LayerNorms, w + b */
     if (c->family == KVP_FAMILY_GEMMA2 && strcmp(c->model_type, "gemma2") == 0) return 4 * h; /* pre+post */
     return 2 * h;
 }
 
-static int64_t count_params(const kvp_model_config *c, int active)
+/* The count and its parts (part[NPARTS] zeroed here). */
+static double count_params(const kvp_model_config *c, int active, double *part)
 {
-    int64_t h = c->hidden_size;
-    int64_t p = c->vocab_size * h;                           /* token embedding */
-    if (!c->tie_word_embeddings) p += c->vocab_size * h;     /* LM head */
-    if (c->family == KVP_FAMILY_OPT) p += (c->max_position_embeddings + 2) * h + 2 * h; /* positions, final LN */
-    else p += h;                                             /* final norm */
-    for (int32_t l = 0; l < c->num_layers; l++) p += attn_params(c) + ffn_params(c, l, active) + norm_params(c);
+    double h = c->hidden_size, vocab = (double)c->vocab_size;
+    memset(part, 0, NPARTS * sizeof *part);
+    part[PART_EMBED] = vocab * h;                                   /* token embedding */
+    if (!c->tie_word_embeddings) part[PART_EMBED] += vocab * h;     /* LM head */
+    if (c->family == KVP_FAMILY_OPT) {
+        part[PART_POS] = ((double)c->max_position_embeddings + 2) * h; /* learned positions */
+        part[PART_NORM] = 2 * h;                                    /* final LayerNorm */
+    } else {
+        part[PART_NORM] = h;                                        /* final norm */
+    }
+    part[PART_ATTN] = attn_params(c) * c->num_layers;
+    part[PART_NORM] += norm_params(c) * c->num_layers;
+    for (int32_t l = 0; l < c->num_layers; l++) ffn_params(c, l, active, part);
+    double p = 0;
+    for (int i = 0; i < NPARTS; i++) p += part[i];
     return p;
 }
 
-int64_t kvp_model_num_params(const kvp_model_config *c) { return count_params(c, 0); }
-int64_t kvp_model_active_params(const kvp_model_config *c) { return count_params(c, 1); }
+/* Rejects a config whose parameter count exceeds KVP_MODEL_MAX_PARAMS, naming the field behind its largest
+ * part. */
+static kvp_status check_param_count(const kvp_model_config *c, const char *what)
+{
+    double part[NPARTS];
+    double p = count_params(c, 0, part);
+    if (p <= (double)KVP_MODEL_MAX_PARAMS) return KVP_OK;
+    int big = 0;
+    for (int i = 1; i < NPARTS; i++)
+        if (part[i] > part[big]) big = i;
+    const char *name = "the attention";
+    char field[96];
+    switch (big) {
+    case PART_EMBED:
+        name = "the embeddings";
+        snprintf(field, sizeof field, "\"vocab_size\" %lld", (long long)c->vocab_size);
+        break;
+    case PART_POS:
+        name = "the position embeddings";
+        snprintf(field, sizeof field, "\"max_position_embeddings\" %lld", (long long)c->max_position_embeddings);
+        break;
+    case PART_FFN:
+        name = "the FFN";
+        snprintf(field, sizeof field, "\"intermediate_size\" %lld", (long long)c->intermediate_size);
+        break;
+    case PART_MOE:
+        name = "the experts";
+        snprintf(field, sizeof field, "%d experts x \"moe_intermediate_size\" %lld", c->num_experts,
+                 (long long)c->moe_intermediate_size);
+        break;
+    default:
+        snprintf(field, sizeof field, "\"num_attention_heads\" %d x \"head_dim\" %d", c->num_q_heads, c->head_dim);
+        break;
+    }
+    return KVP_ERR(KVP_EINVAL,
+                   "%s: the parameter count %.3g is out of range (over 2^53), most of it in %s (%s, hidden_size %d, "
+                   "%d layers)", what, p, name, field, c->hidden_size, c->num_layers);
+}
+
+/* Saturates instead of wrapping for configs the loader did not check (filled by hand or from GGUF). */
+static int64_t params_i64(double p) { return p < 0x1p63 ? (int64_t)p : INT64_MAX; }
+
+int64_t kvp_model_num_params(const kvp_model_config *c)
+{
+    double part[NPARTS];
+    return params_i64(count_params(c, 0, part));
+}
+
+int64_t kvp_model_active_params(const kvp_model_config *c)
+{
+    double part[NPARTS];
+    return params_i64(count_params(c, 1, part));
+}

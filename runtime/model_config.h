@@ -29,6 +29,9 @@ typedef enum {
 } kvp_model_family;
 
 enum { KVP_MAX_LAYERS = 1024 };
+/* Largest parameter count a loaded config may have: 2^53, the largest a double (and a JSON number) holds
+ * exactly. Every count below it is exact, and every byte size derived from it fits in int64_t. */
+#define KVP_MODEL_MAX_PARAMS (1LL << 53)
 
 typedef struct {
     char model_type[64];
@@ -85,7 +88,12 @@ typedef struct {
 } kvp_model_config;
 
 /* Reads `path` (a config.json). Errors (KVP_EIO, KVP_EPARSE, KVP_EUNSUPPORTED, KVP_EINVAL) name the file
- * and the field. *cfg is written only on success. */
+ * and the field. *cfg is written only on success.
+ * Limits (KVP_EINVAL "\"field\": VALUE is out of range [MIN, MAX]", also for numbers too large to be
+ * integers, 2^62 or 1e999): num_hidden_layers <= KVP_MAX_LAYERS, hidden_size <= 2^20, heads, head dims and
+ * MLA ranks <= 2^16, intermediate/ffn/moe_intermediate_size and vocab_size <= 2^24, experts <= 2^16,
+ * max_position_embeddings and windows <= 2^40; and a parameter count <= KVP_MODEL_MAX_PARAMS (the error
+ * names the field behind the largest part of the count). */
 kvp_status kvp_model_config_load(const char *path, kvp_model_config *cfg);
 /* The same from a parsed object; `what` names the source in errors. */
 kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_model_config *cfg);
@@ -95,9 +103,11 @@ kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_m
 int64_t kvp_model_kv_elems_per_token_layer(const kvp_model_config *cfg, int32_t layer);
 /* The sum over all layers (full attention; the seed article's formula without the element size). */
 int64_t kvp_model_kv_elems_per_token(const kvp_model_config *cfg);
-/* Total parameter count (embeddings, LM head unless tied, attention, FFN incl. every MoE expert, norms). */
+/* Total parameter count (embeddings, LM head unless tied, attention, FFN incl. every MoE expert, norms).
+ * Exact for a loaded config; a config filled otherwise saturates at INT64_MAX instead of wrapping. */
 int64_t kvp_model_num_params(const kvp_model_config *cfg);
-/* Parameters touched per token (MoE: only the routed top-k + shared experts). For the cost model. */
+/* Parameters touched per token (MoE: only the routed top-k + shared experts). For the cost model. Same
+ * saturation. */
 int64_t kvp_model_active_params(const kvp_model_config *cfg);
 
 #endif

@@ -30,7 +30,8 @@ static void usage(FILE *f)
             "  --seq-len N            tokens cached per sequence (default max_position_embeddings)\n"
             "  --num-seqs N           sequences for the total KV figure (default 1)\n"
             "  --shared-prefix N      tokens of a prefix shared by all sequences, stored once (default 0)\n"
-            "  --tp N                 tensor-parallel ranks (default 1)\n"
+            "  --tp N                 tensor-parallel ranks (default 1); the whole-model column sums the ranks,\n"
+            "                         copies of KV heads replicated when tp > KV heads (or of an MLA cache) included\n"
             "  --reserve BYTES        activation reserve per GPU (default: an estimate, see planner.c)\n"
             "  --max-batched-tokens N tokens per step for the activation estimate (default 2048)\n"
             "  --train                also print training memory (mixed-precision AdamW, and LoRA)\n"
@@ -73,6 +74,7 @@ static void print_table(const kvp_model_config *c, const char *gpu, const kvp_pl
     printf("gpu          %s, %s x %.2f usable, tp %d\n", gpu, human((double)p->gpu_mem_bytes, a, sizeof a), p->gpu_util, p->tp);
     printf("parameters   %lld\n\n", (long long)r->params);
     printf("%-22s %18s %14s %18s %14s\n", "", "whole model", "", "per rank", "");
+    /* whole model = all ranks together, replicas included (planner.h) */
     const struct { const char *name; int64_t t, k; } rows[] = {
         {"weights", r->total.weights_bytes, r->per_rank.weights_bytes},
         {"KV per token", r->total.kv_bytes_per_token, r->per_rank.kv_bytes_per_token},
@@ -85,6 +87,11 @@ static void print_table(const kvp_model_config *c, const char *gpu, const kvp_pl
     for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++)
         printf("%-22s %18lld %14s %18lld %14s\n", rows[i].name, (long long)rows[i].t, human((double)rows[i].t, a, sizeof a),
                (long long)rows[i].k, human((double)rows[i].k, b, sizeof b));
+    if (r->kv_replicas > 1)
+        printf("\nKV replicated: %s is held by %d ranks; the whole-model KV figures count every copy (one copy: "
+               "%s per token)\n",
+               c->kv_lora_rank ? "the MLA latent cache" : "each KV head", r->kv_replicas,
+               human((double)(r->total.kv_bytes_per_token / r->kv_replicas), a, sizeof a));
     printf("\nseq len %lld, %lld sequences, shared prefix %lld, block size %d\n", (long long)p->seq_len,
            (long long)p->num_seqs, (long long)p->shared_prefix, p->block_size);
     printf("KV blocks that fit     %lld\n", (long long)r->total.num_blocks);
@@ -113,6 +120,7 @@ static cJSON *plan_json(const kvp_model_config *c, const char *gpu, const kvp_pl
     cJSON_AddNumberToObject(o, "shared_prefix", (double)p->shared_prefix);
     cJSON_AddNumberToObject(o, "block_size", p->block_size);
     cJSON_AddNumberToObject(o, "tp", p->tp);
+    cJSON_AddNumberToObject(o, "kv_replicas", r->kv_replicas);
     cJSON_AddItemToObject(o, "per_rank", figures_json(&r->per_rank));
     if (train) {
         cJSON_AddNumberToObject(o, "train_bytes", (double)r->train_bytes);
@@ -138,65 +146,73 @@ int kvp_cmd_plan(int argc, char **argv)
         {"lora-rank", required_argument, 0, O_LORA}, {"json", no_argument, 0, O_JSON},
         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0},
     };
-    /* Values are kept as text until the config is read: the defaults depend on it. */
-    const char *config = NULL, *gpu = NULL, *gpu_mem = NULL, *util = NULL, *wdt = "bf16", *kvdt = "bf16", *bs = NULL,
-               *seq = NULL, *nseq = NULL, *prefix = NULL, *tp = NULL, *reserve = NULL, *mbt = NULL, *lora = NULL;
-    int json = 0, train = 0, ch;
+    /* Values are parsed here, so that an error names its option, and applied once the config has given the
+     * defaults; 0 (-1 for the prefix and the reserve) means "not given". */
+    const char *config = NULL, *gpu = NULL;
+    int64_t gpu_mem = 0, seq = 0, nseq = 0, prefix = -1, reserve = -1;
+    int32_t bs = 0, tp = 0, mbt = 0, lora = 0;
+    double util = 0, wbytes = 2, kvbytes = 2;
+    int json = 0, train = 0, ch, li = -1;
+    kvp_status st = KVP_OK;
     optind = 0;
-    while ((ch = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
         switch (ch) {
         case O_CONFIG: config = optarg; break;
         case O_GPU: gpu = optarg; break;
-        case O_GPU_MEM: gpu_mem = optarg; break;
-        case O_UTIL: util = optarg; break;
-        case O_WDT: wdt = optarg; break;
-        case O_KVDT: kvdt = optarg; break;
-        case O_BS: bs = optarg; break;
-        case O_SEQ: seq = optarg; break;
-        case O_NSEQ: nseq = optarg; break;
-        case O_PREFIX: prefix = optarg; break;
-        case O_TP: tp = optarg; break;
-        case O_RESERVE: reserve = optarg; break;
-        case O_MBT: mbt = optarg; break;
+        case O_GPU_MEM:
+            st = kvp_parse_bytes(optarg, &gpu_mem);
+            if (st == KVP_OK && gpu_mem <= 0) st = KVP_ERR(KVP_EINVAL, "must be positive");
+            break;
+        case O_UTIL: st = kvp_parse_f64(optarg, 1e-6, 1.0, &util); break;
+        case O_WDT: st = kvp_dtype_bytes(optarg, &wbytes); break;
+        case O_KVDT: st = kvp_dtype_bytes(optarg, &kvbytes); break;
+        case O_BS: st = kvp_parse_i32(optarg, 1, 1 << 20, &bs); break;
+        case O_SEQ: st = kvp_parse_i64(optarg, 1, 1LL << 40, &seq); break;
+        case O_NSEQ: st = kvp_parse_i64(optarg, 1, 1LL << 40, &nseq); break;
+        case O_PREFIX: st = kvp_parse_i64(optarg, 0, 1LL << 40, &prefix); break;
+        case O_TP: st = kvp_parse_i32(optarg, 1, 4096, &tp); break;
+        case O_RESERVE: st = kvp_parse_bytes(optarg, &reserve); break;
+        case O_MBT: st = kvp_parse_i32(optarg, 1, 1 << 24, &mbt); break;
         case O_TRAIN: train = 1; break;
-        case O_LORA: lora = optarg; break;
+        case O_LORA: st = kvp_parse_i32(optarg, 1, 1 << 16, &lora); break;
         case O_JSON: json = 1; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error("plan", ch, argv);
         }
+        if (st != KVP_OK) return kvp_cli_usage_error("plan", "--%s: %s", opts[li].name, kvp_error_message());
     }
     if (optind < argc) return kvp_cli_usage_error("plan", "unexpected argument '%s'", argv[optind]);
     if (config == NULL) return kvp_cli_usage_error("plan", "--config PATH is required");
     if (gpu && gpu_mem) return kvp_cli_usage_error("plan", "give --gpu or --gpu-mem, not both");
 
     kvp_model_config cfg;
-    kvp_status st = kvp_model_config_load(config, &cfg);
+    st = kvp_model_config_load(config, &cfg);
     if (st != KVP_OK) return kvp_cli_fail("plan", st);
     kvp_plan_params p;
     kvp_plan_params_default(&cfg, &p);
     const char *gpu_name = gpu ? gpu : "H100-SXM";
     if (gpu_mem) {
         gpu_name = "custom";
-        st = kvp_parse_bytes(gpu_mem, &p.gpu_mem_bytes);
-        if (st == KVP_OK && p.gpu_mem_bytes <= 0) st = KVP_ERR(KVP_EINVAL, "--gpu-mem must be positive");
+        p.gpu_mem_bytes = gpu_mem;
     } else {
         const kvp_gpu_profile *prof;
         st = kvp_gpu_profile_find(gpu_name, &prof);
-        if (st == KVP_OK) p.gpu_mem_bytes = prof->mem_bytes, gpu_name = prof->name;
+        if (st != KVP_OK) return kvp_cli_usage_error("plan", "--gpu: %s", kvp_error_message());
+        p.gpu_mem_bytes = prof->mem_bytes, gpu_name = prof->name;
     }
-    if (st == KVP_OK && util) st = kvp_parse_f64(util, 1e-6, 1.0, &p.gpu_util);
-    if (st == KVP_OK) st = kvp_dtype_bytes(wdt, &p.weight_bytes);
-    if (st == KVP_OK) st = kvp_dtype_bytes(kvdt, &p.kv_bytes);
-    if (st == KVP_OK && bs) st = kvp_parse_i32(bs, 1, 1 << 20, &p.block_size);
-    if (st == KVP_OK && seq) st = kvp_parse_i64(seq, 1, 1LL << 40, &p.seq_len);
-    if (st == KVP_OK && nseq) st = kvp_parse_i64(nseq, 1, 1LL << 40, &p.num_seqs);
-    if (st == KVP_OK && prefix) st = kvp_parse_i64(prefix, 0, 1LL << 40, &p.shared_prefix);
-    if (st == KVP_OK && tp) st = kvp_parse_i32(tp, 1, 4096, &p.tp);
-    if (st == KVP_OK && reserve) st = kvp_parse_bytes(reserve, &p.activation_reserve);
-    if (st == KVP_OK && mbt) st = kvp_parse_i32(mbt, 1, 1 << 24, &p.max_batched_tokens);
-    if (st == KVP_OK && lora) st = kvp_parse_i32(lora, 1, 1 << 16, &p.lora_rank);
+    if (util > 0) p.gpu_util = util;
+    p.weight_bytes = wbytes;
+    p.kv_bytes = kvbytes;
+    if (bs) p.block_size = bs;
+    if (seq) p.seq_len = seq;
+    if (nseq) p.num_seqs = nseq;
+    if (prefix >= 0) p.shared_prefix = prefix;
+    if (tp) p.tp = tp;
+    if (reserve >= 0) p.activation_reserve = reserve;
+    if (mbt) p.max_batched_tokens = mbt;
+    if (lora) p.lora_rank = lora;
     kvp_plan plan;
-    if (st == KVP_OK) st = kvp_plan_compute(&cfg, &p, &plan);
+    st = kvp_plan_compute(&cfg, &p, &plan);
     if (st != KVP_OK) return kvp_cli_fail("plan", st);
 
     if (json) {

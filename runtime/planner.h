@@ -14,8 +14,24 @@
  *   lora_train_bytes     = bytes-per-weight x params + 16 x LoRA params (rank r adapters on q, k, v, o)
  *
  * Tensor parallelism (Megatron): each rank holds 1/tp of the weights (norms replicated) and
- * max(1, kv_heads / tp) KV heads (replicated when tp > kv_heads); an MLA latent cache is replicated on
- * every rank. The activation reserve, unless given, is an estimate documented in planner.c.
+ * max(1, kv_heads / tp) KV heads; when tp > kv_heads each KV head is replicated on tp / kv_heads ranks (as
+ * vLLM does), and an MLA latent cache is replicated on every rank (kv_replicas = tp).
+ * Two columns: per rank, and the whole model = all tp ranks together. The whole-model KV figures (per
+ * token, per sequence, all sequences, block) are tp x the per-rank ones, so they count every replica:
+ *
+ *     Llama-3.1-8B (8 KV heads), tp 16:  rank r holds KV head r/2   ->  kv_replicas = 2
+ *     per rank: 16 KiB per token          whole model: 16 x 16 KiB = 256 KiB = 2 x the 128 KiB of one copy
+ *
+ * That is the GPU memory the KV cache takes, and it keeps the columns consistent: whole-model budget /
+ * whole-model KV per sequence = per-rank budget / per-rank KV per sequence = the concurrent sequences.
+ * Without replication (tp <= kv_heads) the whole-model figures are the seed article's formulas above; the
+ * size of one copy is kv_bytes_per_token / kv_replicas. Weights are split, not replicated: the whole-model
+ * weights are params x bytes, per rank 1/tp of that. The activation reserve, unless given, is an estimate
+ * documented in planner.c.
+ *
+ * Sizes that do not fit in int64_t (huge --seq-len, --num-seqs, --block-size, --reserve, --lora-rank)
+ * are KVP_EINVAL naming the option, never wrapped values; the config loader bounds the model's fields and
+ * parameter count (runtime/model_config.h).
  */
 #ifndef KVP_RUNTIME_PLANNER_H
 #define KVP_RUNTIME_PLANNER_H
@@ -57,8 +73,10 @@ typedef struct {
 
 typedef struct {
     int64_t params;
-    kvp_plan_figures total;    /* whole model (all ranks together); budget/blocks/seqs as one rank sees them */
+    kvp_plan_figures total;    /* whole model (all ranks together, KV replicas included); blocks/seqs as one
+                                * rank sees them */
     kvp_plan_figures per_rank;
+    int32_t kv_replicas;       /* ranks holding a copy of each KV head (MLA: tp); 1 when tp <= kv_heads */
     int64_t train_bytes;
     int64_t lora_params;
     int64_t lora_train_bytes;
@@ -69,10 +87,13 @@ typedef struct {
 void kvp_plan_params_default(const kvp_model_config *cfg, kvp_plan_params *p);
 
 /* KVP_EINVAL for impossible parameters (tp not dividing the heads, prefix longer than a sequence, sizes
- * <= 0, util outside (0,1]); the plan is still computed when the weights do not fit (budget < 0). */
+ * <= 0, util outside (0,1], bytes per element outside (0, 8]) and for figures over 2^63 bytes (the detail
+ * names the option); the plan is still computed when the weights do not fit (budget < 0). *out is written
+ * only on success. */
 kvp_status kvp_plan_compute(const kvp_model_config *cfg, const kvp_plan_params *p, kvp_plan *out);
 
-/* KV bytes one sequence of n tokens stores (windows honoured), for the whole model. */
+/* KV bytes one sequence of n tokens stores (windows honoured), one copy of the whole model's KV (tp 1);
+ * INT64_MAX when that is over 2^63. */
 int64_t kvp_plan_kv_bytes_for_tokens(const kvp_model_config *cfg, int64_t n, double kv_bytes);
 
 #endif

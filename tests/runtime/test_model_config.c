@@ -1,6 +1,7 @@
 /* The config reader on every real config in ../shared/data/configs/ and on broken ones. */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -184,4 +185,85 @@ Test(model_config, bad_configs_get_named_errors)
     kvp_model_config c;
     cr_assert_eq(kvp_model_config_load("../shared/data/configs/INDEX.md", &c), KVP_EPARSE);
     cr_assert(strstr(kvp_error_message(), "INDEX.md") != NULL);
+}
+
+/* A number too large to be an integer (2^62, 1e999) or above a field's limit is "out of range", naming the
+ * field; a fraction is still "must be an integer". */
+Test(model_config, too_large_fields_are_out_of_range)
+{
+#define LLAMA_WITH(extra)                                                                                          \
+    "{\"model_type\":\"llama\",\"num_hidden_layers\":2,\"hidden_size\":64,\"num_attention_heads\":4," extra "}"
+#define MIXTRAL_WITH(n)                                                                                            \
+    "{\"model_type\":\"mixtral\",\"num_hidden_layers\":2,\"hidden_size\":64,\"num_attention_heads\":4,"           \
+    "\"intermediate_size\":128,\"vocab_size\":100,\"num_experts_per_tok\":2,\"num_local_experts\":" n "}"
+    static const struct { const char *json; const char *field; } cases[] = {
+        {LLAMA_WITH("\"intermediate_size\":4611686018427387904,\"vocab_size\":8"), "\"intermediate_size\""},
+        {LLAMA_WITH("\"intermediate_size\":1e999,\"vocab_size\":8"), "\"intermediate_size\""},
+        {LLAMA_WITH("\"intermediate_size\":-1e999,\"vocab_size\":8"), "\"intermediate_size\""},
+        {LLAMA_WITH("\"intermediate_size\":2147483647,\"vocab_size\":8"), "\"intermediate_size\""},
+        {LLAMA_WITH("\"intermediate_size\":8,\"vocab_size\":2147483647"), "\"vocab_size\""},
+        {LLAMA_WITH("\"intermediate_size\":8,\"vocab_size\":8,\"head_dim\":1e300"), "\"head_dim\""},
+        {LLAMA_WITH("\"intermediate_size\":8,\"vocab_size\":8,\"max_position_embeddings\":1e17"),
+         "\"max_position_embeddings\""},
+        {LLAMA_WITH("\"intermediate_size\":8,\"vocab_size\":8,\"eos_token_id\":1e999"), "\"eos_token_id\""},
+        {MIXTRAL_WITH("1000000000"), "\"num_local_experts\""},
+        {MIXTRAL_WITH("2147483647"), "\"num_local_experts\""},
+        {"{\"model_type\":\"llama\",\"num_hidden_layers\":2,\"hidden_size\":2097152,\"num_attention_heads\":4,"
+         "\"intermediate_size\":8,\"vocab_size\":8}", "\"hidden_size\""},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvp_model_config c;
+        kvp_status st = from_text(cases[i].json, &c);
+        const char *msg = kvp_error_message();
+        cr_expect_eq(st, KVP_EINVAL, "case %zu: got %s (%s)", i, kvp_status_str(st), msg);
+        cr_expect(strstr(msg, cases[i].field) != NULL && strstr(msg, "out of range") != NULL,
+                  "case %zu: '%s' should say %s is out of range", i, msg, cases[i].field);
+        cr_expect(strstr(msg, "must be an integer") == NULL, "case %zu: '%s'", i, msg);
+    }
+    kvp_model_config c;
+    cr_assert_eq(from_text(LLAMA_WITH("\"intermediate_size\":1.5,\"vocab_size\":8"), &c), KVP_EPARSE);
+    cr_assert(strstr(kvp_error_message(), "\"intermediate_size\" must be an integer") != NULL, "%s",
+              kvp_error_message());
+#undef LLAMA_WITH
+#undef MIXTRAL_WITH
+}
+
+/* Fields each within their limits whose product is not: the parameter count is bounded by 2^53 (exact in a
+ * double, and every byte figure derived from it fits in int64_t), the error naming the field behind the
+ * largest part. Below the bound the count is exact. */
+Test(model_config, parameter_count_over_2_53_is_rejected)
+{
+    static const struct { const char *json; const char *field; } cases[] = {
+        {"{\"model_type\":\"llama\",\"num_hidden_layers\":1024,\"hidden_size\":1048576,\"num_attention_heads\":8192,"
+         "\"head_dim\":128,\"intermediate_size\":16777216,\"vocab_size\":16777216}", "\"intermediate_size\""},
+        {"{\"model_type\":\"llama\",\"num_hidden_layers\":1024,\"hidden_size\":1048576,\"num_attention_heads\":65536,"
+         "\"head_dim\":65536,\"intermediate_size\":8,\"vocab_size\":8}", "\"num_attention_heads\""},
+        {"{\"model_type\":\"llama\",\"num_hidden_layers\":1,\"hidden_size\":1048576,\"num_attention_heads\":1,"
+         "\"head_dim\":1,\"intermediate_size\":1,\"vocab_size\":16777216,\"tie_word_embeddings\":false}", NULL},
+        {"{\"model_type\":\"mixtral\",\"num_hidden_layers\":1024,\"hidden_size\":1048576,\"num_attention_heads\":8,"
+         "\"intermediate_size\":1048576,\"vocab_size\":8,\"num_local_experts\":65536,\"num_experts_per_tok\":2}",
+         "moe_intermediate_size"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        kvp_model_config c;
+        kvp_status st = from_text(cases[i].json, &c);
+        const char *msg = kvp_error_message();
+        if (cases[i].field == NULL) { /* 2 x 2^24 x 2^20 = 2^45 embedding parameters: fine */
+            cr_expect_eq(st, KVP_OK, "case %zu: %s", i, msg);
+            cr_expect_gt(kvp_model_num_params(&c), 1LL << 45, "case %zu", i);
+            continue;
+        }
+        cr_expect_eq(st, KVP_EINVAL, "case %zu: got %s (%s)", i, kvp_status_str(st), msg);
+        cr_expect(strstr(msg, "parameter count") != NULL && strstr(msg, cases[i].field) != NULL,
+                  "case %zu: '%s' lacks the parameter count and %s", i, msg, cases[i].field);
+    }
+    /* Mixtral-8x7B with 65536 experts: 32 x 65536 x 3 x 4096 x 14336 expert weights, counted exactly. */
+    kvp_model_config c = load("Mixtral-8x7B-v0.1.json");
+    long long base = kvp_model_num_params(&c), expert = 3LL * 4096 * 14336 + 4096; /* + its router row */
+    c.num_experts = 65536;
+    cr_assert_eq(kvp_model_num_params(&c), base + 32LL * (65536 - 8) * expert);
+    /* A config filled by hand past the bound saturates instead of wrapping negative. */
+    c.intermediate_size = c.moe_intermediate_size = 1LL << 40;
+    cr_assert_eq(kvp_model_num_params(&c), INT64_MAX);
+    cr_assert_gt(kvp_model_active_params(&c), 0);
 }

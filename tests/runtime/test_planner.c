@@ -1,5 +1,6 @@
 /* The planner's formulas against the seed article's examples and hand-computed figures. */
 #include <criterion/criterion.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -180,4 +181,154 @@ Test(planner, cli_bad_input_exits_2_with_one_line)
     cr_expect_eq(kvp_test_cli("plan --config ../shared/data/configs/Meta-Llama-3.1-8B.json --gpu H200 --json", out,
                               sizeof out, NULL, 0), 0);
     cr_expect(strstr(out, "\"max_concurrent_seqs\"") != NULL, "%s", out);
+}
+
+/* Sizes past int64_t are errors naming the option (they printed negative or wrapped values with exit 0);
+ * a large but representable total stays exact. */
+Test(planner, overflowing_sizes_are_errors_naming_the_option)
+{
+    kvp_model_config c;
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/Meta-Llama-3.1-8B.json", &c), KVP_OK);
+    kvp_plan_params p;
+    kvp_plan r;
+    kvp_plan_params_default(&c, &p);
+    p.gpu_mem_bytes = 80 * GiB;
+    p.num_seqs = 1000000000; /* x 16 GiB per 131072-token sequence = 1.7e19 bytes */
+    cr_assert_eq(kvp_plan_compute(&c, &p, &r), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "--num-seqs 1000000000") != NULL, "%s", kvp_error_message());
+    p.num_seqs = p.seq_len = 1LL << 40; /* printed kv_bytes_total 0 */
+    cr_assert_eq(kvp_plan_compute(&c, &p, &r), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "--num-seqs") != NULL, "%s", kvp_error_message());
+    p.num_seqs = 1;
+    p.seq_len = INT64_MAX / 2;
+    cr_assert_eq(kvp_plan_compute(&c, &p, &r), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "--seq-len") != NULL, "%s", kvp_error_message());
+    p.seq_len = 4096;
+    p.activation_reserve = 9000000000000000000LL;
+    p.tp = 8;
+    cr_assert_eq(kvp_plan_compute(&c, &p, &r), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "--tp 8") != NULL, "%s", kvp_error_message());
+    p.activation_reserve = -1;
+    p.tp = 1;
+
+    /* 1e6 sequences: 1.7e16 bytes, above 2^53 yet exact. */
+    p.seq_len = 131072;
+    p.num_seqs = 1000000;
+    r = plan(&c, &p);
+    cr_assert_eq(r.total.kv_bytes_total, 1000000LL * 16 * GiB);
+
+    /* A config filled by hand past the loader's bounds: its saturated parameter count is refused. */
+    kvp_model_config big = c;
+    big.intermediate_size = 1LL << 50;
+    p.num_seqs = 1;
+    cr_assert_eq(kvp_plan_compute(&big, &p, &r), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "parameters") != NULL, "%s", kvp_error_message());
+}
+
+/* The tester's command lines: each exits 2 with one line naming the option or the config field. */
+Test(planner, cli_overflow_repros_exit_2)
+{
+    cJSON *o = NULL;
+    cr_assert_eq(kvp_json_parse_file("../shared/data/configs/Meta-Llama-3.1-8B.json", &o), KVP_OK);
+    static const struct { const char *key; double v; } big[] = {
+        {"hidden_size", 1048576}, {"num_attention_heads", 8192}, {"num_key_value_heads", 8192},
+        {"num_hidden_layers", 1024}, {"intermediate_size", 2147483647}, {"vocab_size", 2147483647}, {"head_dim", 128},
+    };
+    for (size_t i = 0; i < sizeof big / sizeof big[0]; i++) {
+        cJSON_DeleteItemFromObjectCaseSensitive(o, big[i].key);
+        cJSON_AddNumberToObject(o, big[i].key, big[i].v);
+    }
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kvp_test_plan_big_%d.json", (int)getpid());
+    cr_assert_eq(kvp_json_write_file(path, o), KVP_OK);
+    cJSON_Delete(o);
+    char args[256];
+    snprintf(args, sizeof args, "--config %s", path);
+    char sim[256];
+    snprintf(sim, sizeof sim, "--model %s --workload sharegpt:n=10 --rate inf", path);
+    const kvp_cli_case cases[] = {
+        {args, "\"intermediate_size\": 2147483647 is out of range"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --num-seqs 1000000000", "--num-seqs 1000000000"},
+        {"--config ../shared/data/configs/Meta-Llama-3.1-8B.json --num-seqs 1099511627776 --seq-len 1099511627776 --json",
+         "--num-seqs 1099511627776"},
+    };
+    kvp_test_cli_rejects("plan", cases, sizeof cases / sizeof cases[0]);
+    const kvp_cli_case sim_cases[] = {{sim, "\"intermediate_size\": 2147483647 is out of range"}};
+    kvp_test_cli_rejects("simulate", sim_cases, 1);
+    unlink(path);
+}
+
+/* tp > KV heads replicates them (vLLM): the whole-model column is all ranks together, copies included, so it
+ * is tp x the per-rank column and its budget / its KV per sequence gives the sequences printed. */
+Test(planner, whole_model_counts_replicated_kv_heads)
+{
+    kvp_model_config c = seed_model(8);
+    kvp_plan_params p;
+    kvp_plan_params_default(&c, &p);
+    p.gpu_mem_bytes = 80 * GiB;
+    p.seq_len = 8192; /* whole blocks: the paged sequence is the KV per sequence */
+    static const int tps[] = {1, 2, 4, 8, 16, 32};
+    for (size_t i = 0; i < sizeof tps / sizeof tps[0]; i++) {
+        p.tp = tps[i];
+        kvp_plan r = plan(&c, &p);
+        int replicas = tps[i] > 8 ? tps[i] / 8 : 1;
+        cr_expect_eq(r.kv_replicas, replicas, "tp %d", tps[i]);
+        cr_expect_eq(r.total.kv_bytes_per_token, r.per_rank.kv_bytes_per_token * tps[i], "tp %d", tps[i]);
+        cr_expect_eq(r.total.kv_bytes_per_token, 131072LL * replicas, "tp %d: seed formula x copies", tps[i]);
+        cr_expect_eq(r.total.kv_bytes_per_seq, r.per_rank.kv_bytes_per_seq * tps[i], "tp %d", tps[i]);
+        cr_expect_eq(r.total.kv_bytes_total, r.per_rank.kv_bytes_total * tps[i], "tp %d", tps[i]);
+        cr_expect_eq(r.total.block_bytes, r.per_rank.block_bytes * tps[i], "tp %d", tps[i]);
+        cr_expect_eq(r.total.kv_budget_bytes / r.total.kv_bytes_per_seq, r.total.max_concurrent_seqs, "tp %d",
+                     tps[i]);
+    }
+
+    kvp_model_config ds;
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/DeepSeek-V3.json", &ds), KVP_OK);
+    kvp_plan_params_default(&ds, &p);
+    p.gpu_mem_bytes = 143771LL << 20;
+    p.tp = 64;
+    p.seq_len = 16384;
+    kvp_plan r = plan(&ds, &p);
+    cr_assert_eq(r.kv_replicas, 64, "the MLA latent cache is on every rank");
+    cr_assert_eq(r.per_rank.kv_bytes_per_token, 61LL * 576 * 2);
+    cr_assert_eq(r.total.kv_bytes_per_token, 64 * 61LL * 576 * 2);
+    cr_assert_eq(r.total.kv_budget_bytes / r.total.kv_bytes_per_seq, r.total.max_concurrent_seqs);
+
+    static char out[1 << 14];
+    cr_assert_eq(kvp_test_cli("plan --config ../shared/data/configs/Meta-Llama-3.1-8B.json --tp 16 --json", out,
+                              sizeof out, NULL, 0), 0);
+    cJSON *o = cJSON_Parse(out);
+    cr_assert_not_null(o, "%s", out);
+    cr_expect_eq(kvp_test_num(o, "kv_bytes_per_token"), 262144.0);
+    cr_expect_eq(kvp_test_num(o, "kv_replicas"), 2.0);
+    cr_expect_eq(kvp_test_num(cJSON_GetObjectItem(o, "per_rank"), "kv_bytes_per_token"), 16384.0);
+    cJSON_Delete(o);
+    cr_assert_eq(kvp_test_cli("plan --config ../shared/data/configs/Meta-Llama-3.1-8B.json --tp 16", out, sizeof out,
+                              NULL, 0), 0);
+    cr_expect(strstr(out, "KV replicated: each KV head is held by 2 ranks") != NULL, "%s", out);
+}
+
+/* Every option's range error names the option, as the other commands do. */
+Test(planner, cli_option_errors_name_the_option)
+{
+#define L8B "--config ../shared/data/configs/Meta-Llama-3.1-8B.json "
+    static const kvp_cli_case cases[] = {
+        {L8B "--tp 0", "--tp: 0 is out of range [1, 4096]"},
+        {L8B "--gpu-util 0", "--gpu-util: 0 is out of range"},
+        {L8B "--gpu-util 2", "--gpu-util: 2 is out of range"},
+        {L8B "--block-size 0", "--block-size: 0 is out of range"},
+        {L8B "--seq-len 0", "--seq-len: 0 is out of range"},
+        {L8B "--seq-len 2000000000000", "--seq-len: 2000000000000 is out of range"},
+        {L8B "--num-seqs 0", "--num-seqs: 0 is out of range"},
+        {L8B "--shared-prefix -1", "--shared-prefix: -1 is out of range"},
+        {L8B "--max-batched-tokens 0", "--max-batched-tokens: 0 is out of range"},
+        {L8B "--lora-rank 0", "--lora-rank: 0 is out of range"},
+        {L8B "--gpu-mem 0", "--gpu-mem: must be positive"},
+        {L8B "--gpu-mem 80XB", "--gpu-mem: '80XB': unknown size unit"},
+        {L8B "--reserve lots", "--reserve: 'lots' is not a byte size"},
+        {L8B "--weight-dtype fp4", "--weight-dtype: unknown dtype 'fp4'"},
+        {L8B "--gpu B200", "--gpu: unknown GPU 'B200'"},
+    };
+#undef L8B
+    kvp_test_cli_rejects("plan", cases, sizeof cases / sizeof cases[0]);
 }
