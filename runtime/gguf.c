@@ -2,7 +2,9 @@
 #include "runtime/gguf.h"
 
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -274,6 +276,36 @@ static const gguf_kv *find_kv(const kvp_gguf *g, const char *key)
     return NULL;
 }
 
+static int cmp_range(const void *a, const void *b)
+{
+    const gguf_tensor *x = *(const gguf_tensor *const *)a, *y = *(const gguf_tensor *const *)b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset ? 1 : 0;
+}
+
+/* No two tensors may share data bytes (every tensor has at least one element, so none is empty): sorted by
+ * offset, each must start at or after the end of the one before. */
+static kvp_status check_overlap(const kvp_gguf *g)
+{
+    if (g->n_tensors < 2) return KVP_OK;
+    const gguf_tensor **by = kvp_malloc(g->n_tensors * sizeof *by);
+    if (!by) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", g->map.path);
+    for (uint64_t i = 0; i < g->n_tensors; i++) by[i] = &g->tensors[i];
+    qsort(by, g->n_tensors, sizeof *by, cmp_range);
+    kvp_status st = KVP_OK;
+    for (uint64_t i = 1; i < g->n_tensors; i++) {
+        const gguf_tensor *a = by[i - 1], *b = by[i];
+        if (b->offset < a->offset + a->nbytes) {
+            st = KVP_ERR(KVP_EPARSE, "%s: corrupt: the data of tensors '%s' (data offsets %" PRIu64 "..%" PRIu64
+                                     ") and '%s' (%" PRIu64 "..%" PRIu64 ") overlap",
+                         g->map.path, a->name, a->offset, a->offset + a->nbytes, b->name, b->offset,
+                         b->offset + b->nbytes);
+            break;
+        }
+    }
+    kvp_free(by);
+    return st;
+}
+
 static kvp_status parse(kvp_gguf *g)
 {
     cursor c = {g->map.data, g->map.size, 0, g->map.path};
@@ -327,7 +359,7 @@ static kvp_status parse(kvp_gguf *g)
             if (strcmp(g->tensors[j].name, t->name) == 0)
                 return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' appears twice", c.path, t->name);
     }
-    return KVP_OK;
+    return check_overlap(g);
 }
 
 kvp_status kvp_gguf_open(const char *path, kvp_gguf **out)
@@ -501,6 +533,22 @@ kvp_status kvp_gguf_arr_i32(const kvp_gguf *g, const char *key, int32_t *out, ui
     return KVP_OK;
 }
 
+kvp_status kvp_gguf_special_token(const kvp_gguf *g, const char *key, int64_t n_vocab, int64_t *id)
+{
+    int present = 0;
+    int64_t v = -1;
+    KVP_TRY(kvp_gguf_get_int(g, key, &v, &present));
+    if (!present || v == -1 || v == (int64_t)UINT32_MAX) {
+        *id = -1;
+        return KVP_OK;
+    }
+    if (v < 0 || v >= n_vocab)
+        return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %" PRId64 " is outside the vocabulary (%" PRId64 " tokens)",
+                       g->map.path, key, v, n_vocab);
+    *id = v;
+    return KVP_OK;
+}
+
 static kvp_status get_pos_int(const kvp_gguf *g, const char *arch, const char *suffix, int required, int64_t max,
                               int64_t *out)
 {
@@ -570,8 +618,18 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", arch);
     KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
     c.rms_norm_eps = f;
-    if (!(c.rope_theta > 0) || !(c.rms_norm_eps > 0) || c.rms_norm_eps > 1)
-        return KVP_ERR(KVP_EPARSE, "%s: rope.freq_base or layer_norm_rms_epsilon out of range", g->map.path);
+    if (!(c.rope_theta > 0) || !isfinite(c.rope_theta))
+        return KVP_ERR(KVP_EPARSE, "%s: metadata '%s.rope.freq_base' = %g is out of range (a positive finite number)",
+                       g->map.path, arch, c.rope_theta);
+    if (!(c.rms_norm_eps > 0) || c.rms_norm_eps > 1)
+        return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %g is out of range (0, 1]", g->map.path, key, c.rms_norm_eps);
+    /* The forward pass rotates every dimension of a head: a partial rotary model would run wrong. */
+    v = c.head_dim;
+    KVP_TRY(get_pos_int(g, arch, "rope.dimension_count", 0, 1 << 16, &v));
+    if (v != c.head_dim)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: metadata '%s.rope.dimension_count' = %" PRId64 " but the head dimension "
+                                         "is %d: partial rotary embeddings are not supported",
+                       g->map.path, arch, v, c.head_dim);
     kvp_tensor_view emb;
     KVP_TRY(kvp_gguf_tensor(g, "token_embd.weight", &emb));
     if (emb.ndim != 2 || emb.shape[1] != c.hidden_size)
@@ -585,12 +643,8 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     c.attention_bias = kvp_gguf_tensor(g, "blk.0.attn_q.bias", &qb) == KVP_OK;
     c.qk_norm = kvp_gguf_tensor(g, "blk.0.attn_q_norm.weight", &qb) == KVP_OK;
     kvp_error_clear();
-    c.bos_token_id = -1;
-    c.eos_token_id = -1;
-    KVP_TRY(kvp_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &c.bos_token_id, &present));
-    KVP_TRY(kvp_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &c.eos_token_id, &present));
-    if (c.bos_token_id >= c.vocab_size || c.bos_token_id > UINT32_MAX / 2) c.bos_token_id = -1;
-    if (c.eos_token_id >= c.vocab_size || c.eos_token_id > UINT32_MAX / 2) c.eos_token_id = -1;
+    KVP_TRY(kvp_gguf_special_token(g, "tokenizer.ggml.bos_token_id", c.vocab_size, &c.bos_token_id));
+    KVP_TRY(kvp_gguf_special_token(g, "tokenizer.ggml.eos_token_id", c.vocab_size, &c.eos_token_id));
     c.moe_layer_step = 1;
     *cfg = c;
     return KVP_OK;

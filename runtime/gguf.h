@@ -4,9 +4,9 @@
  *          | n_tensors x (name, u32 n_dims, u64 ne[n_dims], u32 ggml_type, u64 offset)
  *          | padding to general.alignment (default 32) | tensor data (offsets relative to here)
  *
- * Every count, length and offset is checked against the file's size before it is used: a truncated or
- * corrupted file gives KVP_EPARSE (KVP_EUNSUPPORTED for a valid but unsupported version or tensor type)
- * with a message naming the file, the field and the byte offset. Tensor types: F32, F16, BF16, Q8_0.
+ * Every count, length and offset is checked against the file's size before it is used, and no two tensors'
+ * data may overlap: a truncated or corrupted file gives KVP_EPARSE (KVP_EUNSUPPORTED for a valid but
+ * unsupported version or tensor type) with a message naming the file, the field and the byte offset. Tensor types: F32, F16, BF16, Q8_0.
  *
  * Ownership: kvp_gguf_open returns an owned handle (kvp_gguf_close; NULL is a no-op). Every pointer the
  * getters return (strings, tensor data, names) points into the handle and stays valid until close.
@@ -70,11 +70,19 @@ kvp_status kvp_gguf_arr_str(const kvp_gguf *g, const char *key, const kvp_gguf_s
 kvp_status kvp_gguf_arr_f32(const kvp_gguf *g, const char *key, float *out, uint64_t n);
 kvp_status kvp_gguf_arr_i32(const kvp_gguf *g, const char *key, int32_t *out, uint64_t n);
 
+/* A special token id (tokenizer.ggml.bos_token_id, ...): *id = the id, or -1 when the key is absent or holds
+ * the "none" value -1 / 0xFFFFFFFF. Any other id outside [0, n_vocab) is KVP_EPARSE naming the file and the
+ * key (a model whose BOS silently disappears would run on other inputs than it was trained on). */
+kvp_status kvp_gguf_special_token(const kvp_gguf *g, const char *key, int64_t n_vocab, int64_t *id);
+
 /* Fills a model config from the metadata of a "llama"/"mistral"/"qwen2"/"qwen3" GGUF
  * (ARCH.block_count, .embedding_length, .feed_forward_length, .attention.head_count(_kv),
  * .attention.key_length, .rope.freq_base, .attention.layer_norm_rms_epsilon, .context_length,
  * tokenizer.ggml.bos/eos_token_id, vocab from the token_embd tensor or the token list).
- * KVP_EUNSUPPORTED naming the architecture otherwise; *cfg written only on success. */
+ * KVP_EUNSUPPORTED naming the architecture otherwise, or when ARCH.rope.dimension_count is not the head
+ * dimension (partial rotary); KVP_EPARSE naming the key for a value out of range (rope.freq_base not a
+ * positive finite number, layer_norm_rms_epsilon outside (0, 1], a BOS/EOS id outside the vocabulary).
+ * *cfg written only on success. */
 kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg);
 
 #endif

@@ -184,11 +184,34 @@ typedef struct {
     const kvp_gguf *g;
     const kvp_st *s;
     const char *what; /* file or folder for messages */
+    uint8_t *used;    /* (number of tensors) 1: read by load_weights; NULL outside it */
 } source;
 
+static int64_t src_count(const source *src)
+{
+    return src->g ? kvp_gguf_num_tensors(src->g) : kvp_st_num_tensors(src->s);
+}
+
+static void src_at(const source *src, int64_t i, kvp_tensor_view *v)
+{
+    if (src->g) kvp_gguf_tensor_at(src->g, i, v);
+    else kvp_st_tensor_at(src->s, i, v);
+}
+
+/* Finds tensor `name` and marks it used (see check_all_used). */
 static kvp_status src_get(const source *src, const char *name, kvp_tensor_view *v)
 {
-    return src->g ? kvp_gguf_tensor(src->g, name, v) : kvp_st_tensor(src->s, name, v);
+    KVP_TRY(src->g ? kvp_gguf_tensor(src->g, name, v) : kvp_st_tensor(src->s, name, v));
+    if (src->used)
+        for (int64_t i = 0, n = src_count(src); i < n; i++) {
+            kvp_tensor_view w;
+            src_at(src, i, &w);
+            if (strcmp(w.name, name) == 0) {
+                src->used[i] = 1;
+                break;
+            }
+        }
+    return KVP_OK;
 }
 
 static int src_has(const source *src, const char *name)
@@ -301,7 +324,7 @@ void kvp_model_destroy(kvp_model *m)
     kvp_free(m);
 }
 
-static kvp_status load_weights(kvp_model *m, const source *src)
+static kvp_status load_tensors(kvp_model *m, const source *src)
 {
     const kvp_model_config *c = &m->cfg;
     const int64_t H = c->hidden_size, hd = c->head_dim, nq = c->num_q_heads, nkv = c->num_kv_heads;
@@ -349,8 +372,52 @@ static kvp_status load_weights(kvp_model *m, const source *src)
     return KVP_OK;
 }
 
-/* Checks the config describes a model this forward pass computes. */
-static kvp_status check_config(const kvp_model_config *c, const char *what)
+/* A tensor the loader did not read means the config and the weights disagree (a checkpoint with more
+ * layers than num_hidden_layers / block_count, biases the config does not ask for, ...): running would
+ * silently compute another model. HF's rotary_emb.inv_freq buffers are recomputed from rope_theta. */
+static kvp_status check_all_used(const kvp_model *m, const source *src)
+{
+    static const char inv_freq[] = ".rotary_emb.inv_freq";
+    const size_t nif = sizeof inv_freq - 1;
+    int64_t first = -1, unused = 0;
+    for (int64_t i = 0, n = src_count(src); i < n; i++) {
+        if (src->used[i]) continue;
+        kvp_tensor_view v;
+        src_at(src, i, &v);
+        size_t len = strlen(v.name);
+        if (!src->g && len > nif && strcmp(v.name + len - nif, inv_freq) == 0) continue;
+        if (src->g && strcmp(v.name, "rope_freqs.weight") == 0) /* llama.cpp's form of llama3 rope scaling */
+            return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope scaling stored as tensor 'rope_freqs.weight' (llama3 in GGUF) is "
+                                             "not supported yet; the model's Hugging Face folder is (rope_scaling)",
+                           v.file);
+        if (first < 0) first = i;
+        unused++;
+    }
+    if (first < 0) return KVP_OK;
+    kvp_tensor_view v;
+    src_at(src, first, &v);
+    return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' is not used by a %d-layer %s (%lld unused tensors: %s and the "
+                               "weights disagree)",
+                   v.file, v.name, m->cfg.num_layers, m->cfg.model_type, (long long)unused,
+                   src->g ? "GGUF metadata" : "config.json");
+}
+
+/* Loads every weight the config names, then checks that no tensor of the file was left over. */
+static kvp_status load_weights(kvp_model *m, const source *src)
+{
+    source s = *src;
+    int64_t n = src_count(src);
+    s.used = kvp_calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!s.used) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", src->what);
+    kvp_status st = load_tensors(m, &s);
+    if (st == KVP_OK) st = check_all_used(m, &s);
+    kvp_free(s.used);
+    return st;
+}
+
+/* Checks the config describes a model this forward pass computes. cfg_file: the file holding the config
+ * (config.json, or the GGUF when gguf), named with the field in errors about a single field. */
+static kvp_status check_config(const kvp_model_config *c, const char *what, const char *cfg_file, int gguf)
 {
     const char *mt = c->model_type;
     if (c->family != KVP_FAMILY_LLAMA ||
@@ -372,6 +439,23 @@ static kvp_status check_config(const kvp_model_config *c, const char *what)
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (llama3 is)", what,
                        c->rope_scaling_type);
     if (c->num_experts > 0) return KVP_ERR(KVP_EUNSUPPORTED, "%s: mixture-of-experts models are not supported", what);
+    /* Field names as the file spells them (the GGUF reader checks these too, under the same names). */
+    char eps_key[128] = "rms_norm_eps", theta_key[128] = "rope_theta";
+    if (gguf) {
+        snprintf(eps_key, sizeof eps_key, "%s.attention.layer_norm_rms_epsilon", mt);
+        snprintf(theta_key, sizeof theta_key, "%s.rope.freq_base", mt);
+    }
+    if (!(c->rms_norm_eps > 0 && c->rms_norm_eps <= 1)) /* NaN fails too */
+        return KVP_ERR(KVP_EPARSE, "%s: \"%s\": %g is out of range (0, 1]", cfg_file, eps_key, c->rms_norm_eps);
+    if (!(c->rope_theta > 0 && isfinite(c->rope_theta)))
+        return KVP_ERR(KVP_EPARSE, "%s: \"%s\": %g is out of range (a positive finite number)", cfg_file, theta_key,
+                       c->rope_theta);
+    const int64_t ids[2] = {c->bos_token_id, c->eos_token_id};
+    for (int i = 0; i < 2; i++)
+        if (ids[i] >= c->vocab_size)
+            return KVP_ERR(KVP_EPARSE, "%s: \"%s%s_token_id\": %lld is outside the vocabulary (%lld tokens)", cfg_file,
+                           gguf ? "tokenizer.ggml." : "", i ? "eos" : "bos", (long long)ids[i],
+                           (long long)c->vocab_size);
     return KVP_OK;
 }
 
@@ -425,6 +509,7 @@ kvp_status kvp_model_load(const char *path, kvp_model **out)
     kvp_st *s = NULL;
     source src = {0};
     src.what = path;
+    char cfgpath[1100] = "";
     if (!is_dir(path) && !ends_with(path, ".safetensors")) {
         m->is_gguf = 1;
         if ((st = kvp_gguf_open(path, &g)) != KVP_OK) goto fail;
@@ -433,7 +518,6 @@ kvp_status kvp_model_load(const char *path, kvp_model **out)
         m->rope = strncmp(m->cfg.model_type, "qwen", 4) == 0 ? KVP_ROPE_HALF : KVP_ROPE_PAIRS;
         src.g = g;
     } else {
-        char cfgpath[1100];
         if (is_dir(path)) {
             snprintf(cfgpath, sizeof cfgpath, "%s/config.json", path);
         } else {
@@ -446,7 +530,7 @@ kvp_status kvp_model_load(const char *path, kvp_model **out)
         if ((st = kvp_st_open(path, &s)) != KVP_OK) goto fail;
         src.s = s;
     }
-    if ((st = check_config(&m->cfg, path)) != KVP_OK) goto fail;
+    if ((st = check_config(&m->cfg, path, m->is_gguf ? path : cfgpath, m->is_gguf)) != KVP_OK) goto fail;
     if ((st = init_rope(m)) != KVP_OK) goto fail;
     if ((st = load_weights(m, &src)) != KVP_OK) goto fail;
     kvp_gguf_close(g);

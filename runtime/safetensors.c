@@ -3,6 +3,7 @@
 
 #include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
@@ -50,6 +51,41 @@ static kvp_status read_u64_item(const cJSON *it, const char *file, const char *n
     return KVP_OK;
 }
 
+static int cmp_begin(const void *a, const void *b)
+{
+    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : 0;
+}
+
+/* The format forbids tensors sharing bytes: sorted by offset, each non-empty tensor of file fi (tensors
+ * first.. of s) must start at or after the end of the one before. (Holes are tolerated.) data_start: the
+ * data section's offset in the file, to report data_offsets as the header spells them. */
+static kvp_status check_overlap(const kvp_st *s, int32_t fi, int64_t first, uint64_t data_start)
+{
+    int64_t n = s->n_tensors - first;
+    if (n < 2) return KVP_OK;
+    const char *file = s->files[fi].path;
+    const st_tensor **by = kvp_malloc((size_t)n * sizeof *by);
+    if (!by) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", file);
+    int64_t m = 0;
+    for (int64_t i = first; i < s->n_tensors; i++)
+        if (s->tensors[i].nbytes > 0) by[m++] = &s->tensors[i];
+    qsort(by, (size_t)m, sizeof *by, cmp_begin);
+    kvp_status st = KVP_OK;
+    for (int64_t i = 1; i < m; i++) {
+        const st_tensor *a = by[i - 1], *b = by[i];
+        if (b->begin < a->begin + a->nbytes) {
+            uint64_t ab = a->begin - data_start, bb = b->begin - data_start;
+            st = KVP_ERR(KVP_EPARSE, "%s: corrupt: tensors '%s' (data_offsets [%" PRIu64 ", %" PRIu64
+                                     "]) and '%s' ([%" PRIu64 ", %" PRIu64 "]) overlap",
+                         file, a->name, ab, ab + a->nbytes, b->name, bb, bb + b->nbytes);
+            break;
+        }
+    }
+    kvp_free(by);
+    return st;
+}
+
 /* Parses one file's header and appends its tensors. */
 static kvp_status parse_file(kvp_st *s, int32_t fi)
 {
@@ -69,6 +105,7 @@ static kvp_status parse_file(kvp_st *s, int32_t fi)
     snprintf(what, sizeof what, "%s (header)", file);
     KVP_TRY(kvp_json_parse((const char *)m->data + 8, (size_t)hlen, what, &root));
     kvp_status st = KVP_OK;
+    const int64_t first = s->n_tensors;
     if (!cJSON_IsObject(root)) {
         st = KVP_ERR(KVP_EPARSE, "%s: header is not a JSON object", file);
         goto out;
@@ -145,6 +182,7 @@ static kvp_status parse_file(kvp_st *s, int32_t fi)
         memcpy(t.name, name, nl + 1);
         s->tensors[s->n_tensors++] = t;
     }
+    st = check_overlap(s, fi, first, data_start);
 out:
     cJSON_Delete(root);
     return st;

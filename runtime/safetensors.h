@@ -6,8 +6,9 @@
  *            "__metadata__": {...}}  (offsets relative to the data section)
  *
  * Every header field is checked before it is trusted: header length against the file size, each tensor's
- * offsets inside the data section, end - begin == numel x element size. Errors name the file and the
- * tensor (KVP_EPARSE; KVP_EUNSUPPORTED for another dtype; KVP_EIO for a missing file or shard).
+ * offsets inside the data section, end - begin == numel x element size, no two tensors' bytes overlapping
+ * (holes between tensors are tolerated). Errors name the file and the tensor (KVP_EPARSE; KVP_EUNSUPPORTED
+ * for another dtype; KVP_EIO for a missing file or shard).
  *
  * Ownership: kvp_st_open returns an owned handle (kvp_st_close; NULL is a no-op). Views returned by
  * kvp_st_tensor borrow from the handle and stay valid until close.

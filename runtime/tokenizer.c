@@ -1,7 +1,8 @@
 /* runtime/tokenizer.c — sentencepiece-style BPE (scores + byte fallback), run.c semantics.
  *
  * Lookup of a byte string -> id is an open-addressing hash table (xxHash) over the pieces that may match
- * text (normal and user-defined pieces).
+ * text (normal and user-defined pieces). Encoding merges with a linked list of symbols and a heap of
+ * candidate pairs (O(n log n)), picking the same pair at every step as run.c's quadratic scan.
  */
 #include "runtime/tokenizer.h"
 
@@ -174,11 +175,11 @@ kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out)
         kvp_free(ty);
         if (st != KVP_OK) goto fail;
     }
-    int64_t bos = -1, eos = -1;
-    if ((st = kvp_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &bos, &present)) != KVP_OK) goto fail;
-    if ((st = kvp_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &eos, &present)) != KVP_OK) goto fail;
-    t->bos = bos >= 0 && bos < (int64_t)n ? (int32_t)bos : -1;
-    t->eos = eos >= 0 && eos < (int64_t)n ? (int32_t)eos : -1;
+    int64_t bos, eos;
+    if ((st = kvp_gguf_special_token(g, "tokenizer.ggml.bos_token_id", (int64_t)n, &bos)) != KVP_OK) goto fail;
+    if ((st = kvp_gguf_special_token(g, "tokenizer.ggml.eos_token_id", (int64_t)n, &eos)) != KVP_OK) goto fail;
+    t->bos = (int32_t)bos;
+    t->eos = (int32_t)eos;
     if ((st = finish(t, path)) != KVP_OK) goto fail;
     *out = t;
     return KVP_OK;
@@ -283,16 +284,79 @@ static size_t utf8_len(unsigned char c)
     return 1; /* stray continuation or invalid byte: on its own */
 }
 
+/* One adjacent pair that merges: symbol `l` (whose id was lid) followed by symbol `r` (id rid) make piece
+ * `id` of score `score`. An entry is stale once either symbol has merged since (its id changed, or l is
+ * gone: id -1); stale entries are skipped when they reach the top of the heap. */
+typedef struct {
+    float score;
+    int32_t l, r;
+    int32_t lid, rid;
+    int32_t id;
+} merge_cand;
+
+/* Heap order: higher score first, then the leftmost pair (lower l), as run.c's scan that keeps the first of
+ * equal scores. Scores in the heap are never NaN (see push_pair), so this is a total order. */
+static int cand_before(const merge_cand *a, const merge_cand *b)
+{
+    return a->score > b->score || (a->score == b->score && a->l < b->l);
+}
+
+static void heap_push(merge_cand *h, size_t *n, merge_cand c)
+{
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t p = (i - 1) / 2;
+        if (!cand_before(&c, &h[p])) break;
+        h[i] = h[p];
+        i = p;
+    }
+    h[i] = c;
+}
+
+static merge_cand heap_pop(merge_cand *h, size_t *n)
+{
+    merge_cand top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && cand_before(&h[c + 1], &h[c])) c++;
+        if (!cand_before(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0) h[i] = last;
+    return top;
+}
+
+/* Queues the pair (l, r) of symbols sym[] when their pieces concatenate to a piece. Only scores above
+ * -1e30 merge (run.c starts its best score there and keeps a pair only when strictly better; NaN never is). */
+static void push_pair(const kvp_tokenizer *t, const int32_t *sym, int32_t l, int32_t r, char *buf, merge_cand *h,
+                      size_t *nh)
+{
+    uint32_t a = t->lens[sym[l]], b = t->lens[sym[r]];
+    if (a + b > t->max_len) return;
+    memcpy(buf, t->pieces[sym[l]], a);
+    memcpy(buf + a, t->pieces[sym[r]], b);
+    int32_t id = lookup(t, buf, a + b);
+    if (id < 0 || !(t->scores[id] > -1e30f)) return;
+    heap_push(h, nh, (merge_cand){.score = t->scores[id], .l = l, .r = r, .lid = sym[l], .rid = sym[r], .id = id});
+}
+
 kvp_status kvp_tok_encode(const kvp_tokenizer *t, const char *text, size_t len, int add_bos, int32_t **ids_out,
                           int32_t *n_out)
 {
     if (len > (size_t)INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "text of %zu bytes is too long to encode", len);
     int32_t *ids = kvp_malloc((len + 2) * sizeof *ids);
     char *buf = kvp_malloc((size_t)t->max_len * 2 + 8);
-    if (!ids || !buf) {
-        kvp_free(ids);
-        kvp_free(buf);
-        return KVP_ERR(KVP_ENOMEM, "tokenizer: out of memory encoding %zu bytes", len);
+    int32_t *next = kvp_malloc((len + 1) * sizeof *next);
+    int32_t *prev = kvp_malloc((len + 1) * sizeof *prev);
+    /* At most one entry per initial pair plus two per merge: fewer than 3 per symbol. */
+    merge_cand *heap = kvp_malloc((len + 1) * 3 * sizeof *heap);
+    kvp_status st = KVP_OK;
+    if (!ids || !buf || !next || !prev || !heap) {
+        st = KVP_ERR(KVP_ENOMEM, "tokenizer: out of memory encoding %zu bytes", len);
+        goto out;
     }
     int32_t n = 0;
     if (add_bos && t->bos >= 0) ids[n++] = t->bos;
@@ -314,42 +378,55 @@ kvp_status kvp_tok_encode(const kvp_tokenizer *t, const char *text, size_t len, 
             for (size_t j = 0; j < cl; j++) {
                 int32_t b = t->byte_id[(unsigned char)text[i + j]];
                 if (b < 0) {
-                    kvp_free(ids);
-                    kvp_free(buf);
-                    return KVP_ERR(KVP_EINVAL, "tokenizer: byte 0x%02x at offset %zu has no piece and no <0x%02X> "
-                                               "byte-fallback token",
-                                   (unsigned char)text[i + j], i + j, (unsigned char)text[i + j]);
+                    st = KVP_ERR(KVP_EINVAL, "tokenizer: byte 0x%02x at offset %zu has no piece and no <0x%02X> "
+                                             "byte-fallback token",
+                                 (unsigned char)text[i + j], i + j, (unsigned char)text[i + j]);
+                    goto out;
                 }
                 ids[n++] = b;
             }
         }
         i += cl;
     }
-    /* Merge the best-scoring adjacent pair until none merges (quadratic, as run.c; prompts are short). */
-    for (;;) {
-        float best = -1e30f;
-        int32_t best_id = -1, best_i = -1;
-        for (int32_t i = first; i + 1 < n; i++) {
-            uint32_t a = t->lens[ids[i]], b = t->lens[ids[i + 1]];
-            if (a + b > t->max_len) continue;
-            memcpy(buf, t->pieces[ids[i]], a);
-            memcpy(buf + a, t->pieces[ids[i + 1]], b);
-            int32_t id = lookup(t, buf, a + b);
-            if (id >= 0 && t->scores[id] > best) {
-                best = t->scores[id];
-                best_id = id;
-                best_i = i;
-            }
-        }
-        if (best_i < 0) break;
-        ids[best_i] = best_id;
-        memmove(ids + best_i + 1, ids + best_i + 2, (size_t)(n - best_i - 2) * sizeof *ids);
-        n--;
+    /* Merges, O(n log n): the symbols sym[0..ns) (initially one per piece, in text order) form a doubly linked
+     * list; a merge keeps the left symbol with the merged id and unlinks the right one (id -1). The heap
+     * holds every adjacent pair that merges, best first, plus stale pairs skipped when popped.
+     *
+     *   sym:  [ a ]<->[ b ]<->[ c ]<->[ d ]     merge (b, c) = bc:   [ a ]<->[ bc ]<->[ d ]   [ c ] = -1
+     *   heap: (a,b) (b,c) (c,d)                 then push (a, bc) and (bc, d); (a,b), (c,d) are stale
+     *
+     * Each step takes the same pair as run.c's scan (highest score, leftmost on ties), so the result is
+     * token-for-token the same. */
+    int32_t *sym = ids + first, ns = n - first;
+    size_t nh = 0;
+    for (int32_t i = 0; i < ns; i++) {
+        prev[i] = i - 1;
+        next[i] = i + 1 < ns ? i + 1 : -1;
     }
-    kvp_free(buf);
+    for (int32_t i = 0; i + 1 < ns; i++) push_pair(t, sym, i, i + 1, buf, heap, &nh);
+    while (nh > 0) {
+        merge_cand c = heap_pop(heap, &nh);
+        if (sym[c.l] != c.lid || next[c.l] != c.r || sym[c.r] != c.rid) continue; /* stale */
+        sym[c.l] = c.id;
+        sym[c.r] = -1;
+        next[c.l] = next[c.r];
+        if (next[c.l] >= 0) prev[next[c.l]] = c.l;
+        if (prev[c.l] >= 0) push_pair(t, sym, prev[c.l], c.l, buf, heap, &nh);
+        if (next[c.l] >= 0) push_pair(t, sym, c.l, next[c.l], buf, heap, &nh);
+    }
+    /* Symbol 0 never merges away (a merge keeps the left symbol): walk the list from it. */
+    int32_t m = 0;
+    for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = next[i]) sym[m++] = sym[i];
     *ids_out = ids;
-    *n_out = n;
-    return KVP_OK;
+    *n_out = first + m;
+    ids = NULL;
+out:
+    kvp_free(ids);
+    kvp_free(buf);
+    kvp_free(next);
+    kvp_free(prev);
+    kvp_free(heap);
+    return st;
 }
 
 int kvp_tok_decode_piece(const kvp_tokenizer *t, int32_t prev, int32_t id, char *buf, size_t cap)

@@ -3,7 +3,8 @@
  * Encoding follows llama2.c run.c (and llama.cpp's SPM tokenizer): an optional BOS, a dummy-prefix space
  * when the text is not empty, one piece per UTF-8 code point (or its bytes as <0xNN> pieces when the code
  * point is not in the vocabulary), then repeatedly merge the adjacent pair whose concatenation is a
- * vocabulary piece with the highest score (the leftmost on ties) until no pair merges.
+ * vocabulary piece with the highest score (the leftmost on ties; scores of -1e30 and below, or NaN, never
+ * merge) until no pair merges. O(n log n) in the text length (a heap of candidate pairs).
  * Control, unknown and byte pieces never match text. GGUF pieces spell spaces as U+2581 ("▁"); they are
  * stored with plain spaces.
  *
@@ -28,7 +29,8 @@ typedef enum { KVP_TOK_NORMAL = 1, KVP_TOK_UNKNOWN = 2, KVP_TOK_CONTROL = 3, KVP
                KVP_TOK_UNUSED = 5, KVP_TOK_BYTE = 6 } kvp_tok_type;
 
 /* From GGUF metadata tokenizer.ggml.{model="llama", tokens, scores, token_type, bos/eos_token_id}.
- * KVP_EUNSUPPORTED for another tokenizer model (e.g. "gpt2"); KVP_EPARSE naming the key otherwise. */
+ * KVP_EUNSUPPORTED for another tokenizer model (e.g. "gpt2"); KVP_EPARSE naming the file and the key
+ * otherwise, e.g. a bos/eos_token_id outside the token list (-1 and 0xFFFFFFFF mean "none"). */
 kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out);
 /* A llama2.c tokenizer file (int32 max_token_length, then per token: f32 score, int32 len, bytes).
  * vocab_size > 0: exactly that many tokens are read; 0: every token up to the end of the file.

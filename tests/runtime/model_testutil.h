@@ -126,4 +126,39 @@ static inline void tu_pad(tu_buf *b, size_t align)
     while (b->n % align) tu_put(b, z, 1);
 }
 
+/* ---- in-place edits of a GGUF image (a copy of stories260K.gguf read with tu_read_all) ---- */
+
+/* Where the GGUF string `s` (u64 length, then the bytes) starts in buf[0..len), asserting it is there. */
+static inline size_t tu_gguf_find_str(const unsigned char *buf, size_t len, const char *s)
+{
+    size_t n = strlen(s);
+    for (size_t at = 0; at + 8 + n <= len; at++) {
+        uint64_t l;
+        memcpy(&l, buf + at, 8);
+        if (l == n && memcmp(buf + at + 8, s, n) == 0) return at;
+    }
+    cr_assert_fail("'%s' is not in the GGUF", s);
+    return 0;
+}
+
+/* Overwrites the value of 4-byte metadata `key` (GGUF value type `type`: 4 uint32, 5 int32, 6 float32). */
+static inline void tu_gguf_set_kv4(unsigned char *buf, size_t len, const char *key, uint32_t type, const void *v)
+{
+    size_t at = tu_gguf_find_str(buf, len, key) + 8 + strlen(key);
+    uint32_t t;
+    memcpy(&t, buf + at, 4);
+    cr_assert_eq(t, type, "metadata '%s' has type %u, not %u", key, t, type);
+    memcpy(buf + at + 4, v, 4);
+}
+
+/* Overwrites the data offset in the tensor info of tensor `name`. */
+static inline void tu_gguf_set_offset(unsigned char *buf, size_t len, const char *name, uint64_t offset)
+{
+    size_t at = tu_gguf_find_str(buf, len, name) + 8 + strlen(name);
+    uint32_t nd;
+    memcpy(&nd, buf + at, 4);
+    cr_assert(nd >= 1 && nd <= 4, "'%s' does not look like a tensor info", name);
+    memcpy(buf + at + 4 + 8 * (size_t)nd + 4, &offset, 8);
+}
+
 #endif

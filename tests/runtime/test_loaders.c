@@ -207,6 +207,13 @@ Test(loaders, gguf_rejects_unsupported_type_and_offsets_outside)
     write_small_gguf(path, 8, 2);
     cr_assert_eq(kvp_gguf_open(path, &g), KVP_EPARSE);
     cr_assert(strstr(kvp_error_message(), "aligned"), "%s", kvp_error_message());
+    snprintf(path, sizeof path, "%s/overlap.gguf", dir);
+    write_small_gguf(path, 8, (uint64_t)-64); /* c at 64, inside b's 68 bytes at 32 */
+    cr_assert_eq(kvp_gguf_open(path, &g), KVP_EPARSE);
+    cr_assert(strstr(kvp_error_message(), "overlap") && strstr(kvp_error_message(), "'b'") &&
+                  strstr(kvp_error_message(), "'c'") && strstr(kvp_error_message(), "overlap.gguf"),
+              "%s", kvp_error_message());
+    cr_assert_null(g);
     snprintf(path, sizeof path, "%s/missing.gguf", dir);
     cr_assert_eq(kvp_gguf_open(path, &g), KVP_EIO);
     cr_assert(strstr(kvp_error_message(), "missing.gguf"));
@@ -349,6 +356,15 @@ Test(loaders, safetensors_f16_bf16_and_bad_headers)
         {"{\"h\":{\"dtype\":\"F16\",\"shape\":[3]}}", 10, KVP_EPARSE, "data_offsets"},
         {"{\"h\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,6]}", 10, KVP_EPARSE, "x.safetensors"},
         {"[1,2]", 0, KVP_EPARSE, "object"},
+        /* bf's bytes [4, 8) run into h's [0, 6) */
+        {"{\"h\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,6]},"
+         "\"bf\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[4,8]}}",
+         10, KVP_EPARSE, "overlap"},
+        /* the same range twice, listed high offsets first */
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]},"
+         "\"h\":{\"dtype\":\"F16\",\"shape\":[2],\"data_offsets\":[0,4]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}",
+         10, KVP_EPARSE, "overlap"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         write_st(path, bad[i].header, data, bad[i].data_len);
@@ -356,8 +372,26 @@ Test(loaders, safetensors_f16_bf16_and_bad_headers)
         kvp_status st = kvp_st_open(path, &s);
         cr_assert_eq(st, bad[i].want, "case %zu: %s (%s)", i, kvp_status_str(st), kvp_error_message());
         cr_assert(strstr(kvp_error_message(), bad[i].needle), "case %zu: %s", i, kvp_error_message());
+        cr_assert(strstr(kvp_error_message(), "x.safetensors"), "case %zu: %s", i, kvp_error_message());
         cr_assert_null(s);
     }
+    /* The overlap names both tensors; an empty tensor overlaps nothing, and a hole is tolerated. */
+    write_st(path,
+             "{\"h\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,6]},"
+             "\"bf\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[4,8]}}",
+             data, 10);
+    cr_assert_eq(kvp_st_open(path, &s), KVP_EPARSE);
+    cr_assert(strstr(kvp_error_message(), "'h'") && strstr(kvp_error_message(), "'bf'"), "%s", kvp_error_message());
+    write_st(path,
+             "{\"h\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[0,6]},"
+             "\"e\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[2,2]},"
+             "\"bf\":{\"dtype\":\"BF16\",\"shape\":[2],\"data_offsets\":[6,10]},"
+             "\"z\":{\"dtype\":\"F32\",\"shape\":[0],\"data_offsets\":[10,10]},"
+             "\"after_hole\":{\"dtype\":\"F16\",\"shape\":[1],\"data_offsets\":[12,14]}}",
+             data, 14);
+    cr_assert_eq(kvp_st_open(path, &s), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_st_num_tensors(s), 5);
+    kvp_st_close(s);
     /* header length beyond the file */
     tu_buf b = {0};
     tu_u64(&b, 1000);

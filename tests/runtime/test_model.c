@@ -625,3 +625,126 @@ Test(model, invariant_rows_bit_identical_for_every_batch_size)
     }
     kvp_model_destroy(m);
 }
+
+/* ---- configs that disagree with the weights or hold numbers out of range: errors name file and field ---- */
+
+static void expect_load_error(const char *path, kvp_status want, const char *n1, const char *n2, const char *n3,
+                              const char *what)
+{
+    kvp_model *m = NULL;
+    kvp_status st = kvp_model_load(path, &m);
+    cr_assert_eq(st, want, "%s: %s (%s)", what, kvp_status_str(st), kvp_error_message());
+    const char *msg = kvp_error_message();
+    cr_assert(strstr(msg, n1) && strstr(msg, n2) && (!n3 || strstr(msg, n3)), "%s: '%s' lacks '%s' / '%s' / '%s'",
+              what, msg, n1, n2, n3 ? n3 : "");
+    cr_assert_null(m, "%s", what);
+}
+
+/* Writes dir/name: stories260K.gguf with 4-byte metadata `key` set to *v (GGUF type `type`), or, when key is
+ * NULL, tensor `tensor`'s data offset set to `offset`. Returns the path (static). */
+static const char *gguf_variant(const char *name, const char *key, uint32_t type, const void *v, const char *tensor,
+                                uint64_t offset)
+{
+    static char path[400];
+    size_t len;
+    unsigned char *buf = tu_read_all(S260_GGUF, &len);
+    if (key) tu_gguf_set_kv4(buf, len, key, type, v);
+    else tu_gguf_set_offset(buf, len, tensor, offset);
+    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
+    tu_write_all(path, buf, len);
+    free(buf);
+    return path;
+}
+
+Test(model, hf_config_numbers_out_of_range_are_rejected)
+{
+    tu_require_shared();
+    /* NaN has no JSON spelling (the GGUF test below pours one in); 1e999 parses as infinity. */
+    struct {
+        const char *from, *to, *field;
+    } cases[] = {
+        {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": -1", "rms_norm_eps"},
+        {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 0", "rms_norm_eps"},
+        {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 2", "rms_norm_eps"},
+        {"\"rms_norm_eps\": 1e-05", "\"rms_norm_eps\": 1e999", "rms_norm_eps"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 0", "rope_theta"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": -10000.0", "rope_theta"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 1e999", "rope_theta"},
+        {"\"bos_token_id\": 1", "\"bos_token_id\": 512", "bos_token_id"},
+        {"\"eos_token_id\": 2", "\"eos_token_id\": 100000", "eos_token_id"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *dir = hf_copy(cases[i].from, cases[i].to, NULL, NULL);
+        char cfg[400];
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        expect_load_error(dir, KVP_EPARSE, cfg, cases[i].field, NULL, cases[i].to);
+    }
+}
+
+Test(model, gguf_metadata_out_of_range_is_rejected)
+{
+    tu_require_shared();
+    const float neg = -1.0f, nan = NAN, inf = INFINITY;
+    const uint32_t far = 100000, vocab = 512, four = 4;
+    const char *p = gguf_variant("eps.gguf", "llama.attention.layer_norm_rms_epsilon", 6, &neg, NULL, 0);
+    expect_load_error(p, KVP_EPARSE, p, "llama.attention.layer_norm_rms_epsilon", NULL, "eps -1");
+    p = gguf_variant("eps.gguf", "llama.attention.layer_norm_rms_epsilon", 6, &nan, NULL, 0);
+    expect_load_error(p, KVP_EPARSE, p, "llama.attention.layer_norm_rms_epsilon", NULL, "eps NaN");
+    p = gguf_variant("eps.gguf", "llama.attention.layer_norm_rms_epsilon", 6, &inf, NULL, 0);
+    expect_load_error(p, KVP_EPARSE, p, "llama.attention.layer_norm_rms_epsilon", NULL, "eps inf");
+    p = gguf_variant("bos.gguf", "tokenizer.ggml.bos_token_id", 4, &far, NULL, 0);
+    expect_load_error(p, KVP_EPARSE, p, "tokenizer.ggml.bos_token_id", "100000", "bos 100000");
+    p = gguf_variant("eos.gguf", "tokenizer.ggml.eos_token_id", 4, &vocab, NULL, 0);
+    expect_load_error(p, KVP_EPARSE, p, "tokenizer.ggml.eos_token_id", "512", "eos 512");
+    /* Partial rotary: the forward pass rotates every dimension of a head. */
+    p = gguf_variant("rope.gguf", "llama.rope.dimension_count", 4, &four, NULL, 0);
+    expect_load_error(p, KVP_EUNSUPPORTED, p, "llama.rope.dimension_count", "partial rotary", "rope dims 4");
+    /* 0xFFFFFFFF is "no BOS": loads, without one. */
+    const uint32_t none = UINT32_MAX;
+    p = gguf_variant("nobos.gguf", "tokenizer.ggml.bos_token_id", 4, &none, NULL, 0);
+    kvp_model *m = load(p);
+    cr_assert_eq(kvp_model_cfg(m)->bos_token_id, -1);
+    cr_assert_eq(kvp_model_cfg(m)->eos_token_id, 2);
+    kvp_model_destroy(m);
+}
+
+Test(model, tensors_the_config_does_not_use_are_rejected)
+{
+    tu_require_shared();
+    /* Five layers' weights under a four-layer config (HF and GGUF). */
+    const char *dir = hf_copy("\"num_hidden_layers\": 5", "\"num_hidden_layers\": 4", NULL, NULL);
+    expect_load_error(dir, KVP_EPARSE, "model.layers.4.", "is not used by a 4-layer llama", "model.safetensors",
+                      "HF num_hidden_layers 4");
+    const uint32_t four = 4;
+    const char *p = gguf_variant("four.gguf", "llama.block_count", 4, &four, NULL, 0);
+    expect_load_error(p, KVP_EPARSE, p, "'blk.4.", "is not used by a 4-layer llama", "GGUF block_count 4");
+    /* A bias the llama config does not ask for (attention_bias false). */
+    const char *bias[1] = {"model.layers.2.self_attn.q_proj.bias"};
+    const int64_t blen[1] = {64};
+    const char *llama = "\"model_type\": \"llama\"";
+    dir = hf_variant(llama, llama, bias, blen, 1);
+    expect_load_error(dir, KVP_EPARSE, "'model.layers.2.self_attn.q_proj.bias' is not used", "model.safetensors",
+                      "(1 unused", "stray bias");
+    /* Tied embeddings: no lm_head, the embedding is the classifier (used); untied, lm_head is missing. */
+    kvp_model *m = load(S260_HF);
+    cr_assert(kvp_model_cfg(m)->tie_word_embeddings);
+    kvp_model_destroy(m);
+    dir = hf_copy("\"tie_word_embeddings\": true", "\"tie_word_embeddings\": false", NULL, NULL);
+    expect_load_error(dir, KVP_ENOTFOUND, "lm_head.weight", dir, NULL, "untied without lm_head");
+    /* HF rotary inv_freq buffers are recomputed from rope_theta: ignored. */
+    const char *inv[2] = {"model.layers.0.self_attn.rotary_emb.inv_freq",
+                          "model.layers.4.self_attn.rotary_emb.inv_freq"};
+    const int64_t ilen[2] = {4, 4};
+    dir = hf_variant(llama, llama, inv, ilen, 2);
+    m = load(dir);
+    kvp_model_destroy(m);
+}
+
+Test(model, overlapping_gguf_tensors_are_rejected)
+{
+    tu_require_shared();
+    /* output_norm.weight's 256 bytes moved inside token_embd.weight's 131072. */
+    const char *p = gguf_variant("overlap.gguf", NULL, 0, NULL, "output_norm.weight", 128);
+    expect_load_error(p, KVP_EPARSE, p, "overlap", "'output_norm.weight'", "overlap");
+    cr_assert(strstr(kvp_error_message(), "'token_embd.weight'"), "%s", kvp_error_message());
+}
