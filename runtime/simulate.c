@@ -154,6 +154,16 @@ static kvp_status parse_synth(const char *spec, kvp_synth_opts *o, int *is_synth
     return KVP_OK;
 }
 
+/* *w := its cut (kvp_workload_cut); *w unchanged on failure. */
+static kvp_status cut(kvp_workload **w, int64_t max_requests, double duration_s)
+{
+    kvp_workload *c = NULL;
+    KVP_TRY(kvp_workload_cut(*w, max_requests, duration_s, &c));
+    kvp_workload_destroy(*w);
+    *w = c;
+    return KVP_OK;
+}
+
 kvp_status kvp_sim_load_workload(const char *trace, const char *spec, int64_t num_requests, double duration_s,
                                  double rate, int32_t max_total, kvp_workload **out)
 {
@@ -180,23 +190,17 @@ kvp_status kvp_sim_load_workload(const char *trace, const char *spec, int64_t nu
             KVP_TRY(st);
         }
     }
-    if (num_requests > 0 || duration_s > 0) {
-        kvp_workload *c = NULL;
-        kvp_status st = kvp_workload_cut(w, num_requests, duration_s, &c);
+    /* The first num_requests, then the rate over them, then the duration in the rescaled times (the first
+     * S seconds at the rate asked for). */
+    kvp_status st = KVP_OK;
+    if (num_requests > 0) st = cut(&w, num_requests, 0);
+    if (st == KVP_OK && !synth && rate > 0) st = kvp_workload_set_rate(w, rate);
+    if (st == KVP_OK && duration_s > 0) st = cut(&w, 0, duration_s);
+    if (st == KVP_OK && w->n == 0)
+        st = KVP_ERR(KVP_EINVAL, "the workload has no requests (after --num-requests/--duration)");
+    if (st != KVP_OK) {
         kvp_workload_destroy(w);
-        KVP_TRY(st);
-        w = c;
-    }
-    if (w->n == 0) {
-        kvp_workload_destroy(w);
-        return KVP_ERR(KVP_EINVAL, "the workload has no requests (after --num-requests/--duration)");
-    }
-    if (!synth && rate > 0) {
-        kvp_status st = kvp_workload_set_rate(w, rate);
-        if (st != KVP_OK) {
-            kvp_workload_destroy(w);
-            return st;
-        }
+        return st;
     }
     *out = w;
     return KVP_OK;

@@ -75,8 +75,9 @@ void kvp_progress_bar_end(kvp_progress_bar *bar); /* ends the line when somethin
  *   else spec: "sharegpt[:n=N,seed=S]" / "alpaca[:n=N,seed=S]" (workload_synth.h; n defaults to
  *   num_requests or 1000, arrivals at `rate`, lengths redrawn to fit max_total when > 0), or any
  *   generator spec of runtime/workload.h ("system:...", "chat:...", ...).
- * Then cut to num_requests (> 0) / duration_s (> 0) and, when rate > 0 and the workload is not a
- * sharegpt/alpaca one (those are generated at that rate), rescaled to `rate` req/s. rate may be INFINITY
+ * Then cut to its first num_requests (> 0); then, when rate > 0 and the workload is not a sharegpt/alpaca
+ * one (those are generated at that rate), rescaled to `rate` req/s; then cut to the requests arriving in
+ * the first duration_s seconds (> 0) of the rescaled times. rate may be INFINITY
  * (everything at t = 0); rate <= 0 means "keep the workload's own times" (KVP_EINVAL for a synthetic
  * sharegpt/alpaca spec, which needs a rate). */
 kvp_status kvp_sim_load_workload(const char *trace, const char *spec, int64_t num_requests, double duration_s,

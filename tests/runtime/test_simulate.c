@@ -222,6 +222,22 @@ Test(simulate, azure_trace_reader_cut_and_rate)
     remove(path);
 }
 
+/* --duration counts in the times --rate gives: 20 requests at 0.5 req/s leave about 5 in 10 s (all 20
+ * were kept when the cut came before the rescaling); --num-requests picks the requests first. */
+Test(simulate, duration_is_cut_after_the_rate)
+{
+    kvp_workload *w;
+    cr_assert_eq(kvp_sim_load_workload(NULL, "system:n=20,prefix=48,suffix=8,output=16", 0, 10.0, 0.5, 0, &w), KVP_OK,
+                 "%s", kvp_error_detail());
+    cr_assert(w->n >= 2 && w->n <= 12, "%lld requests in 10 s at 0.5 req/s", (long long)w->n);
+    for (int64_t i = 0; i < w->n; i++) cr_assert_lt(w->reqs[i].arrival_s, 10.0);
+    kvp_workload_destroy(w);
+    cr_assert_eq(kvp_sim_load_workload(NULL, "system:n=20,prefix=48,suffix=8,output=16", 6, 0, 2.0, 0, &w), KVP_OK);
+    cr_assert_eq(w->n, 6);
+    cr_assert_float_eq(5.0 / (w->reqs[5].arrival_s - w->reqs[0].arrival_s), 2.0, 1e-9, "the rate over the 6 kept");
+    kvp_workload_destroy(w);
+}
+
 Test(simulate, capacity_and_models_that_do_not_fit)
 {
     kvp_model_config cfg;
