@@ -6,9 +6,19 @@
 #include <string.h>
 #include <strings.h>
 
+/* strtoll / strtod take leading blanks, and strtod hexadecimal ("0x10") and "inf"/"nan" spellings: a value
+ * here is plain decimal, an optional sign then a digit or '.'. */
+static int plain_decimal(const char *s)
+{
+    if (*s == '+' || *s == '-') s++;
+    if (s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) return 0;
+    return (*s >= '0' && *s <= '9') || *s == '.';
+}
+
 kvp_status kvp_parse_i64(const char *s, int64_t min, int64_t max, int64_t *out)
 {
     if (s == NULL || *s == '\0') return KVP_ERR(KVP_EINVAL, "empty value where an integer is expected");
+    if (!plain_decimal(s)) return KVP_ERR(KVP_EINVAL, "'%s' is not an integer", s);
     char *end;
     errno = 0;
     long long v = strtoll(s, &end, 10);
@@ -30,6 +40,7 @@ kvp_status kvp_parse_i32(const char *s, int32_t min, int32_t max, int32_t *out)
 kvp_status kvp_parse_f64(const char *s, double min, double max, double *out)
 {
     if (s == NULL || *s == '\0') return KVP_ERR(KVP_EINVAL, "empty value where a number is expected");
+    if (!plain_decimal(s)) return KVP_ERR(KVP_EINVAL, "'%s' is not a number", s);
     char *end;
     errno = 0;
     double v = strtod(s, &end);
@@ -42,6 +53,7 @@ kvp_status kvp_parse_f64(const char *s, double min, double max, double *out)
 kvp_status kvp_parse_bytes(const char *s, int64_t *out)
 {
     if (s == NULL || *s == '\0') return KVP_ERR(KVP_EINVAL, "empty value where a byte size is expected");
+    if (!plain_decimal(s)) return KVP_ERR(KVP_EINVAL, "'%s' is not a byte size", s);
     char *end;
     errno = 0;
     double v = strtod(s, &end);

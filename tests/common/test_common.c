@@ -92,6 +92,15 @@ Test(common, parse_values)
     cr_assert_float_eq(d, 0.9, 1e-12);
     cr_assert_eq(kvp_parse_f64("1.5", 0, 1, &d), KVP_EINVAL);
     cr_assert_eq(kvp_parse_f64("nan", 0, 1, &d), KVP_EINVAL);
+    /* plain decimal only: strtoll/strtod would take leading blanks and hexadecimal */
+    static const char *const odd[] = {" 5", "\t5", "0x10", "-0x1", "infinity", "+ 5"};
+    for (size_t i = 0; i < sizeof odd / sizeof odd[0]; i++) {
+        cr_assert_eq(kvp_parse_i64(odd[i], -100, 100, &v), KVP_EINVAL, "'%s'", odd[i]);
+        cr_assert_eq(kvp_parse_f64(odd[i], -100, 100, &d), KVP_EINVAL, "'%s'", odd[i]);
+        cr_assert_eq(kvp_parse_bytes(odd[i], &v), KVP_EINVAL, "'%s'", odd[i]);
+    }
+    cr_assert_eq(kvp_parse_f64("-.5", -1, 1, &d), KVP_OK);
+    cr_assert_eq(kvp_parse_i64("+7", 0, 10, &v), KVP_OK);
 }
 
 static kvp_status parse_unit(const char *s, void *out) { return kvp_parse_f64(s, 0, 1e9, out); }
