@@ -198,9 +198,14 @@ typedef struct {
     char buf[512];
 } strlist;
 
+static kvp_status parse_cache(const char *s, void *out) { return kvp_pc_kind_parse(s, out); }
+static kvp_status parse_cap_blocks(const char *s, void *out) { return kvp_parse_i64(s, 0, INT32_MAX - 1, out); }
+static kvp_status parse_cap_tokens(const char *s, void *out) { return kvp_parse_i64(s, 0, INT64_MAX / 2, out); }
+
 static int split_list(const char *s, strlist *l)
 {
-    if (strlen(s) >= sizeof l->buf) return -1;
+    const size_t n = strlen(s);
+    if (n >= sizeof l->buf || n == 0 || s[0] == ',' || s[n - 1] == ',' || strstr(s, ",,")) return -1; /* empty items */
     strcpy(l->buf, s);
     l->n = 0;
     char *save = NULL;
@@ -281,10 +286,12 @@ int kvp_bench_prefix(int argc, char **argv)
         case 'c': cache_s = optarg; break;
         case 'e': evict_s = optarg; break;
         case 'b': bs_s = optarg; break;
-        case 'C': cap_s = optarg; break;
+        case 'C':
         case 'T':
+            if (cap_s && cap_tokens != (c == 'T'))
+                return kvp_cli_usage_error("bench prefix", "give --capacity or --capacity-tokens, not both");
             cap_s = optarg;
-            cap_tokens = 1;
+            cap_tokens = c == 'T';
             break;
         case 's': sweep = 1; break;
         case 'o': outdir = optarg; break;
@@ -301,16 +308,14 @@ int kvp_bench_prefix(int argc, char **argv)
     if ((trace == NULL) == (spec == NULL)) return kvp_cli_usage_error("bench prefix", "give exactly one of --trace and --workload");
 
     /* parse the lists */
-    strlist lc, le, lb, lcap;
+    strlist le;
     kvp_pc_kind kinds[MAXL];
     kvp_evict_policy pols[MAXL];
     int32_t bss[MAXL];
     int64_t caps[MAXL];
     int nk = 0, np = 0, nbs = 0, ncap = 0;
-    if (split_list(cache_s, &lc) != 0) return kvp_cli_usage_error("bench prefix", "bad --cache list '%s'", cache_s);
-    for (int i = 0; i < lc.n; i++)
-        if (kvp_pc_kind_parse(lc.items[i], &kinds[nk++]) != KVP_OK)
-            return kvp_cli_usage_error("bench prefix", "%s", kvp_error_message());
+    if (kvp_parse_list(cache_s, parse_cache, kinds, sizeof kinds[0], MAXL, &nk) != KVP_OK)
+        return kvp_cli_usage_error("bench prefix", "--cache: %s", kvp_error_message());
     if (split_list(evict_s, &le) != 0) return kvp_cli_usage_error("bench prefix", "bad --evict list '%s'", evict_s);
     for (int i = 0; i < le.n; i++) {
         if (strcmp(le.items[i], "all") == 0) {
@@ -320,16 +325,14 @@ int kvp_bench_prefix(int argc, char **argv)
         if (np == MAXL || kvp_evict_policy_parse(le.items[i], &pols[np++]) != KVP_OK)
             return kvp_cli_usage_error("bench prefix", "%s", kvp_error_message());
     }
-    if (split_list(bs_s, &lb) != 0) return kvp_cli_usage_error("bench prefix", "bad --block-size list '%s'", bs_s);
-    for (int i = 0; i < lb.n; i++)
-        if (kvp_parse_i32(lb.items[i], 1, 65536, &bss[nbs++]) != KVP_OK)
-            return kvp_cli_usage_error("bench prefix", "--block-size: %s", kvp_error_message());
+    if (kvp_parse_i32_list(bs_s, 1, 65536, bss, MAXL, &nbs) != KVP_OK)
+        return kvp_cli_usage_error("bench prefix", "--block-size: %s", kvp_error_message());
     int auto_caps = cap_s == NULL;
     if (cap_s) {
-        if (split_list(cap_s, &lcap) != 0) return kvp_cli_usage_error("bench prefix", "bad --capacity list '%s'", cap_s);
-        for (int i = 0; i < lcap.n; i++)
-            if (kvp_parse_i64(lcap.items[i], 0, cap_tokens ? INT64_MAX / 2 : INT32_MAX - 1, &caps[ncap++]) != KVP_OK)
-                return kvp_cli_usage_error("bench prefix", "--capacity: %s", kvp_error_message());
+        if (kvp_parse_list(cap_s, cap_tokens ? parse_cap_tokens : parse_cap_blocks, caps, sizeof caps[0], MAXL, &ncap) !=
+            KVP_OK)
+            return kvp_cli_usage_error("bench prefix", "--%s: %s", cap_tokens ? "capacity-tokens" : "capacity",
+                                       kvp_error_message());
     } else {
         caps[ncap++] = 0;
     }

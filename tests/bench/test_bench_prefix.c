@@ -149,6 +149,14 @@ Test(bench_prefix, cli)
     cr_assert_eq(run("--workload system --block-size 0", out, sizeof out, err, sizeof err), 2);
     cr_assert_eq(run("--workload nosuch", out, sizeof out, err, sizeof err), 2);
     cr_assert_eq(run("--workload system --bogus", out, sizeof out, err, sizeof err), 2);
+    static const kvp_cli_case lists[] = {
+        {"--capacity-tokens abc", "--capacity-tokens: 'abc'"}, /* the option given, not --capacity */
+        {"--capacity 1,,2", "--capacity: '1,,2' has an empty item"},
+        {"--block-size 16,", "--block-size"},
+        {"--evict lru,,fifo", "--evict"},
+        {"--capacity 5 --capacity-tokens 100", "not both"},
+    };
+    kvp_test_cli_rejects("bench prefix --workload system:n=5", lists, sizeof lists / sizeof lists[0]);
 
     cr_assert_eq(run("--workload system:n=40 --cache hash --evict lfu --capacity 100 --json", out, sizeof out, err,
                      sizeof err),
