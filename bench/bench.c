@@ -1,7 +1,10 @@
 #include "bench/bench.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/cli.h"
 
@@ -24,6 +27,16 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kvpage bench KIND [options]   (kvpage bench KIND --help for its options)\n\nkinds:\n");
     for (int i = 0; kinds[i].name; i++) fprintf(f, "  %-10s %s\n", kinds[i].name, kinds[i].summary);
+}
+
+kvp_status kvp_bench_out_dir(const char *opt, const char *dir)
+{
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return KVP_ERR(KVP_EINVAL, "%s: cannot create '%s': %s", opt, dir, strerror(errno));
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) return KVP_ERR(KVP_EINVAL, "%s: '%s' is not a directory", opt, dir);
+    if (access(dir, W_OK) != 0) return KVP_ERR(KVP_EINVAL, "%s: '%s' is not writable: %s", opt, dir, strerror(errno));
+    return KVP_OK;
 }
 
 int kvp_cmd_bench(int argc, char **argv)

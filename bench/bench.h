@@ -3,7 +3,12 @@
 #ifndef KVP_BENCH_BENCH_H
 #define KVP_BENCH_BENCH_H
 
+#include "common/status.h"
+
 int kvp_cmd_bench(int argc, char **argv);
+/* Makes directory dir if it is missing and checks that files can be written in it, before a benchmark runs
+ * (not after: its results would be lost). KVP_EINVAL naming option opt. */
+kvp_status kvp_bench_out_dir(const char *opt, const char *dir);
 int kvp_bench_prefix(int argc, char **argv); /* bench/bench_prefix.c */
 int kvp_bench_blockmgr(int argc, char **argv); /* bench/bench_blockmgr.c */
 int kvp_bench_memory(int argc, char **argv);    /* bench/bench_memory.c */

@@ -141,6 +141,7 @@ int kvp_bench_memory(int argc, char **argv)
         if (st != KVP_OK) return kvp_cli_usage_error(cmd, "--%s: %s", opts[li].name, kvp_error_message());
     }
     if (optind < argc) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (kvp_bench_out_dir("--out", outdir) != KVP_OK) return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
     if (spec && trace) return kvp_cli_usage_error(cmd, "give at most one of --workload and --trace");
     if (!spec && !trace) spec = "sharegpt";
 
@@ -254,7 +255,6 @@ int kvp_bench_memory(int argc, char **argv)
     }
     if (rc == KVP_EXIT_OK) {
         kvp_report_print(rep, stdout, fmt);
-        mkdir(outdir, 0777);
         char csv[1024], js[1024], png[1024];
         snprintf(csv, sizeof csv, "%s/memory.csv", outdir);
         snprintf(js, sizeof js, "%s/memory.json", outdir);

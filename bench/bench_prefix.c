@@ -337,6 +337,10 @@ int kvp_bench_prefix(int argc, char **argv)
         caps[ncap++] = 0;
     }
     if (nk * np * nbs * ncap > 1) sweep = 1;
+    if (sweep && name && (name[0] == '\0' || strchr(name, '/')))
+        return kvp_cli_usage_error("bench prefix", "--name: '%s' is not a file name (no '/', not empty)", name);
+    if (sweep && kvp_bench_out_dir("--out", outdir) != KVP_OK)
+        return kvp_cli_usage_error("bench prefix", "%s", kvp_error_message());
     if (sweep && auto_caps && ncap == 1) ncap = -1; /* filled per block size from the unbounded peak */
 
     kvp_workload *w = NULL;
@@ -403,7 +407,6 @@ int kvp_bench_prefix(int argc, char **argv)
         }
         snprintf(csv, sizeof csv, "%s/%s.csv", outdir, stem);
         snprintf(png, sizeof png, "%s/%s.png", outdir, stem);
-        mkdir(outdir, 0777); /* may exist already */
         if ((st = kvp_report_write_csv(rep, csv)) != KVP_OK) rc = kvp_cli_fail("bench prefix", st);
         else {
             fprintf(stderr, "bench prefix: wrote %s\n", csv);

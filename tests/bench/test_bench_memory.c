@@ -78,6 +78,7 @@ Test(bench_memory, bad_input_exits_2)
         {"--rate 0", "rate"},
         {"--model ../shared/data/configs/nope.json", "nope.json"},
         {"--bogus", "bogus"},
+        {"--out /dev/null/x", "--out: cannot create '/dev/null/x'"}, /* before the run, not after it */
     };
     kvp_test_cli_rejects("bench memory --no-plot --out /tmp", cases, sizeof cases / sizeof cases[0]);
 }

@@ -155,6 +155,8 @@ Test(bench_prefix, cli)
         {"--block-size 16,", "--block-size"},
         {"--evict lru,,fifo", "--evict"},
         {"--capacity 5 --capacity-tokens 100", "not both"},
+        {"--capacity 1,2 --no-plot --out /tmp --name a/b", "--name: 'a/b' is not a file name"},
+        {"--capacity 1,2 --no-plot --out /dev/null/x", "--out: cannot create"},
     };
     kvp_test_cli_rejects("bench prefix --workload system:n=5", lists, sizeof lists / sizeof lists[0]);
 
