@@ -318,7 +318,6 @@ static kvp_status emit(gen_ctx *g, int32_t idx, int32_t tok, double lp)
     KVP_TRY(push_tok(s, tok));
     s->n_gen++;
     s->logprob += lp;
-    g->st.generated_tokens++;
     if (s->n_gen >= r->max_tokens) finish_seq(g, idx);
     return KVP_OK;
 }
@@ -913,7 +912,11 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
     }
     if (stats) {
         g.st.wall_s = wall;
-        for (int32_t i = 0; i < n; i++) g.st.prompt_tokens += reqs[i].n_prompt;
+        g.st.generated_tokens = 0; /* what the results hold: a beam search's dropped beams do not count */
+        for (int32_t i = 0; i < n; i++) {
+            g.st.prompt_tokens += reqs[i].n_prompt;
+            for (int32_t s = 0; s < results[i].n_samples; s++) g.st.generated_tokens += results[i].n_tokens[s];
+        }
         g.st.tokens_per_s = wall > 0 ? (double)g.st.generated_tokens / wall : 0.0;
         g.st.prefix_hit_rate = g.st.prompt_tokens > 0 ? (double)g.st.prefix_hit_tokens / (double)g.st.prompt_tokens : 0.0;
         g.st.mean_kv_utilization = g.util_n ? g.util_sum / (double)g.util_n : 0.0;

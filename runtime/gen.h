@@ -71,7 +71,7 @@ typedef struct {
     double wall_s;
     int64_t steps;
     int64_t prompt_tokens;     /* sum of prompt lengths */
-    int64_t generated_tokens;  /* sum over samples */
+    int64_t generated_tokens;  /* tokens of the returned samples (beam search: of the n best beams) */
     int64_t computed_tokens;   /* rows through the forward pass (recomputation included) */
     double tokens_per_s;       /* generated_tokens / wall_s */
     double prefix_hit_rate;    /* prefix_hit_tokens / prompt_tokens (as the engine's) */

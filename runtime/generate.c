@@ -442,6 +442,11 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_cli_usage_error(CMD, "--n %d is larger than --beam-width %d", o.n, o.beam);
         goto done;
     }
+    if (o.beam > 1 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1)) { /* rather than silently ignored */
+        rc = kvp_cli_usage_error(CMD, "--temperature, --top-k and --top-p do not apply to --beam-width (beam search "
+                                      "keeps the most likely extensions)");
+        goto done;
+    }
     rc = run(&o);
 done:
     strlist_free(&o.prompts);

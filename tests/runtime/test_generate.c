@@ -497,6 +497,7 @@ Test(generate, beam_search_matches_exhaustive_search, .init = setup, .fini = tea
         cr_assert_float_eq(res.logprob[0], best, 1e-4);
         cr_assert_geq(res.logprob[0], res.logprob[1]);
         cr_assert_eq(st.computed_tokens, e.n + 4, "beams must not recompute the prompt");
+        cr_assert_eq(st.generated_tokens, 2 * 2, "the 2 beams returned, not the 4 searched");
         kvp_gen_results_free(&res, 1);
         /* A beam wider than the vocabulary keeps every first token, so its best pair is the exhaustive
          * best whatever the bound (512 beams compute their first token, out of 512 x 512 candidates). */
@@ -710,7 +711,7 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     struct {
         char args[600];
         const char *needle;
-    } cases[8];
+    } cases[9];
     snprintf(cases[0].args, sizeof cases[0].args, "--model %s --prompt hi", trunc);
     cases[0].needle = "truncated.gguf";
     snprintf(cases[1].args, sizeof cases[1].args, "--model %s --prompt hi", arch);
@@ -728,7 +729,9 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     cases[6].needle = "more than this machine's";
     snprintf(cases[7].args, sizeof cases[7].args, "--model %s --prompt hi --matmul fast", S260_GGUF);
     cases[7].needle = "error: --matmul: unknown matmul 'fast'";
-    for (int i = 0; i < 8; i++) {
+    snprintf(cases[8].args, sizeof cases[8].args, "--model %s --prompt hi --beam-width 2 --temperature 0.5", S260_GGUF);
+    cases[8].needle = "do not apply to --beam-width";
+    for (int i = 0; i < 9; i++) {
         char cmd[8192], *out, *err;
         snprintf(cmd, sizeof cmd, "%s generate %s", kvpage_bin(), cases[i].args);
         int rc = sh(cmd, &out, &err);
