@@ -130,7 +130,7 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype dt, const
     ec->host_slots = mem->host_slots = host * bs;
     mem->kv_bytes = (double)ec->kv_slots * mem->kv_bytes_per_token;
     KVP_TRY(kvp_check_fits_in_memory(mem->kv_bytes + (double)ec->host_slots * mem->kv_bytes_per_token,
-                                     "--kv-mem plus --swap-space"));
+                                     ec->host_slots > 0 ? "--kv-mem plus --swap-space" : "--kv-mem"));
     return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)host, dt, NULL, ex);
 }
 
@@ -194,8 +194,7 @@ int kvp_cmd_simulate(int argc, char **argv)
         case O_RATE: st = kvp_parse_rate(optarg, &rate); break;
         case O_NUMREQ: st = kvp_parse_i64(optarg, 1, INT32_MAX, &num_req); break;
         case O_DURATION:
-            st = kvp_parse_f64(optarg, 0, 1e9, &duration);
-            if (st == KVP_OK && !(duration > 0)) st = KVP_ERR(KVP_EINVAL, "--duration must be > 0");
+            st = kvp_parse_f64(optarg, 1e-9, 1e9, &duration);
             break;
         case O_BLOCK: st = kvp_parse_i32(optarg, 1, 1 << 20, &ec.block_size); break;
         case O_ALLOC: st = kvp_alloc_kind_parse(optarg, &ec.alloc); break;
@@ -221,11 +220,11 @@ int kvp_cmd_simulate(int argc, char **argv)
         case O_GPUUTIL:
             sim_only = "--gpu-util";
             st = kvp_parse_f64(optarg, 0, 1, &hw.gpu_util);
-            if (st == KVP_OK && !(hw.gpu_util > 0)) st = KVP_ERR(KVP_EINVAL, "--gpu-util must be in (0, 1]");
+            if (st == KVP_OK && !(hw.gpu_util > 0)) st = KVP_ERR(KVP_EINVAL, "must be in (0, 1]");
             break;
         case O_KVMEM:
             st = kvp_parse_bytes(optarg, &hw.kv_mem_bytes);
-            if (st == KVP_OK && hw.kv_mem_bytes <= 0) st = KVP_ERR(KVP_EINVAL, "--kv-mem must be > 0");
+            if (st == KVP_OK && hw.kv_mem_bytes <= 0) st = KVP_ERR(KVP_EINVAL, "must be > 0");
             break;
         case O_SWAP:
             st = kvp_parse_bytes(optarg, &hw.swap_bytes);
@@ -322,6 +321,7 @@ int kvp_cmd_simulate(int argc, char **argv)
     cJSON_AddStringToObject(o, "alloc", kvp_alloc_kind_name(ec.alloc));
     if (ec.alloc != KVP_ALLOC_PAGED) cJSON_AddStringToObject(o, "arena", kvp_contig_placement_name(ec.arena));
     cJSON_AddNumberToObject(o, "block_size", ec.block_size);
+    cJSON_AddNumberToObject(o, "max_model_len", ec.max_model_len);
     cJSON_AddStringToObject(o, "cache", kvp_pc_kind_name(ec.cache));
     cJSON_AddStringToObject(o, "sched", kvp_sched_policy_name(ec.sched));
     cJSON_AddStringToObject(o, "preempt", kvp_preempt_mode_name(ec.preempt));
