@@ -339,6 +339,22 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
     } else {
         KVP_TRY(load_mat(src, lm, V, H, &m->lm_head));
     }
+    if (g && src_has(src, "rope_freqs.weight")) {
+        /* llama.cpp's form of llama3 rope scaling: one divisor per frequency, theta_i = pos * inv_freq_i /
+         * factor_i (what rope_scaling computes from config.json in an HF folder; GGUF metadata has no
+         * rope_scaling, so the two are never applied together) */
+        float *f;
+        KVP_TRY(load_t(src, "rope_freqs.weight", hd / 2, 0, &f));
+        for (int64_t i = 0; i < hd / 2; i++)
+            if (!(f[i] > 0 && isfinite(f[i]))) {
+                kvp_status st = KVP_ERR(KVP_EPARSE, "%s: rope_freqs.weight[%lld] = %g is not a positive factor",
+                                        src->what, (long long)i, f[i]);
+                kvp_free(f);
+                return st;
+            }
+        for (int64_t i = 0; i < hd / 2; i++) m->inv_freq[i] /= f[i];
+        kvp_free(f);
+    }
     m->layers = kvp_calloc((size_t)c->num_layers, sizeof *m->layers);
     if (!m->layers) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", src->what);
     for (int32_t l = 0; l < c->num_layers; l++) {
@@ -386,10 +402,6 @@ static kvp_status check_all_used(const kvp_model *m, const source *src)
         src_at(src, i, &v);
         size_t len = strlen(v.name);
         if (!src->g && len > nif && strcmp(v.name + len - nif, inv_freq) == 0) continue;
-        if (src->g && strcmp(v.name, "rope_freqs.weight") == 0) /* llama.cpp's form of llama3 rope scaling */
-            return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope scaling stored as tensor 'rope_freqs.weight' (llama3 in GGUF) is "
-                                             "not supported yet; the model's Hugging Face folder is (rope_scaling)",
-                           v.file);
         if (first < 0) first = i;
         unused++;
     }

@@ -748,3 +748,87 @@ Test(model, overlapping_gguf_tensors_are_rejected)
     expect_load_error(p, KVP_EPARSE, p, "overlap", "'output_norm.weight'", "overlap");
     cr_assert(strstr(kvp_error_message(), "'token_embd.weight'"), "%s", kvp_error_message());
 }
+
+/* stories260K.gguf with one more tensor, rope_freqs.weight = ff[0..4) (llama.cpp's llama3 rope factors):
+ * its tensor info goes after the others, its data after theirs (offsets stay relative to the data). */
+static const char *gguf_with_rope_freqs(const float ff[4])
+{
+    size_t len;
+    unsigned char *buf = tu_read_all(S260_GGUF, &len);
+    kvp_gguf *g;
+    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
+    const int64_t nt = kvp_gguf_num_tensors(g);
+    kvp_tensor_view last;
+    kvp_gguf_tensor_at(g, nt - 1, &last);
+    /* the last tensor info: name (u64 length, bytes), u32 n_dims, u64 dims, u32 type, u64 offset */
+    const size_t info_end =
+        tu_gguf_find_str(buf, len, last.name) + 8 + strlen(last.name) + 4 + 8 * (size_t)last.ndim + 4 + 8;
+    kvp_gguf_close(g);
+    const size_t data_start = (info_end + 31) / 32 * 32, data_len = len - data_start;
+    tu_buf out = {0};
+    tu_put(&out, buf, info_end);
+    tu_str(&out, "rope_freqs.weight");
+    tu_u32(&out, 1);
+    tu_u64(&out, 4);
+    tu_u32(&out, 0); /* F32 */
+    tu_u64(&out, (data_len + 31) / 32 * 32);
+    tu_pad(&out, 32);
+    tu_put(&out, buf + data_start, data_len);
+    tu_pad(&out, 32);
+    for (int i = 0; i < 4; i++) tu_f32(&out, ff[i]);
+    const uint64_t n1 = (uint64_t)nt + 1;
+    memcpy(out.p + 8, &n1, 8); /* header: magic, version, tensor count */
+    static char path[400];
+    snprintf(path, sizeof path, "%s/rope_freqs.gguf", tu_tmpdir());
+    tu_write_all(path, out.p, out.n);
+    free(out.p);
+    free(buf);
+    return path;
+}
+
+/* llama3 rope scaling in its two forms agree: an HF folder whose config.json has rope_scaling (factor 8,
+ * original context 2000: of stories260K's 4 frequencies, wavelengths 6.3, 63, 628 and 6283 tokens, two
+ * are untouched, one is in the smoothed band and one is divided by 8) and the GGUF with llama.cpp's
+ * rope_freqs.weight, the factors computed here as llama.cpp's converter does. Factors of 1 change nothing;
+ * these change the 256-token story. */
+Test(model, gguf_rope_freqs_match_hf_llama3_rope_scaling)
+{
+    const double factor = 8, lo = 1, hi = 4, orig = 2000;
+    float ff[4], ones[4] = {1, 1, 1, 1};
+    for (int i = 0; i < 4; i++) {
+        const double wl = 2 * M_PI * pow(10000.0, i / 4.0);
+        if (wl < orig / hi) ff[i] = 1;
+        else if (wl > orig / lo) ff[i] = (float)factor;
+        else {
+            const double smooth = (orig / wl - lo) / (hi - lo);
+            ff[i] = (float)(1 / ((1 - smooth) / factor + smooth));
+        }
+    }
+    cr_assert(ff[0] == 1 && ff[1] == 1 && ff[2] > 1 && ff[2] < 8 && ff[3] == 8, "%g %g %g %g", ff[0], ff[1], ff[2],
+              ff[3]);
+    const char *hf = hf_copy("\"rope_scaling\": null",
+                             "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                             "\"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 2000}",
+                             NULL, NULL);
+    const int32_t bos = 1, steps = 256;
+    int32_t want[256], got[256], plain[256];
+    kvp_model *m = load(hf);
+    greedy_one(m, 16, &bos, 1, steps, 0, want);
+    kvp_model_destroy(m);
+    m = load(gguf_with_rope_freqs(ff));
+    greedy_one(m, 16, &bos, 1, steps, 0, got);
+    kvp_model_destroy(m);
+    for (int i = 0; i < steps; i++)
+        cr_assert_eq(got[i], want[i], "token %d: GGUF rope_freqs %d, HF rope_scaling %d", i, got[i], want[i]);
+    m = load(gguf_with_rope_freqs(ones));
+    check_golden(m, 16, 0);
+    greedy_one(m, 16, &bos, 1, steps, 0, plain);
+    kvp_model_destroy(m);
+    int differ = 0;
+    for (int i = 0; i < steps; i++) differ += plain[i] != want[i];
+    cr_assert_gt(differ, 0, "llama3 scaling must change the story");
+    float bad[4] = {1, 0, 1, 1};
+    kvp_model *none = NULL;
+    cr_assert_eq(kvp_model_load(gguf_with_rope_freqs(bad), &none), KVP_EPARSE);
+    cr_assert(strstr(kvp_error_message(), "rope_freqs.weight[1]"), "%s", kvp_error_message());
+}
