@@ -10,6 +10,7 @@
 
 #include "common/alloc.h"
 #include "common/json.h"
+#include "cli_testutil.h"
 #include "model_testutil.h"
 #include "runtime/gen.h"
 #include "runtime/tokenizer.h"
@@ -711,27 +712,14 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     struct {
         char args[600];
         const char *needle;
-    } cases[9];
+    } cases[3];
     snprintf(cases[0].args, sizeof cases[0].args, "--model %s --prompt hi", trunc);
     cases[0].needle = "truncated.gguf";
     snprintf(cases[1].args, sizeof cases[1].args, "--model %s --prompt hi", arch);
     cases[1].needle = "falcn";
     snprintf(cases[2].args, sizeof cases[2].args, "--model %s --prompts-file %s", S260_HF, longp);
     cases[2].needle = "context";
-    snprintf(cases[3].args, sizeof cases[3].args, "--model %s --prompt hi --top-p 3", S260_GGUF);
-    cases[3].needle = "--top-p";
-    snprintf(cases[4].args, sizeof cases[4].args, "--model %s --prompt hi --bogus", S260_GGUF);
-    cases[4].needle = "--bogus";
-    snprintf(cases[5].args, sizeof cases[5].args, "--model %s --prompt hi --kv-dtype f17", S260_GGUF);
-    cases[5].needle = "--kv-dtype: unknown dtype 'f17'";
-    /* 1.9 TiB of KV cache: refused before anything is allocated (it used to run into the OOM killer) */
-    snprintf(cases[6].args, sizeof cases[6].args, "--model %s --prompt hi --num-blocks 100000000", S260_GGUF);
-    cases[6].needle = "more than this machine's";
-    snprintf(cases[7].args, sizeof cases[7].args, "--model %s --prompt hi --matmul fast", S260_GGUF);
-    cases[7].needle = "error: --matmul: unknown matmul 'fast'";
-    snprintf(cases[8].args, sizeof cases[8].args, "--model %s --prompt hi --beam-width 2 --temperature 0.5", S260_GGUF);
-    cases[8].needle = "do not apply to --beam-width";
-    for (int i = 0; i < 9; i++) {
+    for (int i = 0; i < 3; i++) {
         char cmd[8192], *out, *err;
         snprintf(cmd, sizeof cmd, "%s generate %s", kvpage_bin(), cases[i].args);
         int rc = sh(cmd, &out, &err);
@@ -742,6 +730,16 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
         free(out);
         free(err);
     }
+    static const kvp_cli_case options[] = {
+        {"--top-p 3", "--top-p"},
+        {"--bogus", "--bogus"},
+        {"--kv-dtype f17", "--kv-dtype: unknown dtype 'f17'"},
+        /* 1.9 TiB of KV cache: refused before anything is allocated (it used to run into the OOM killer) */
+        {"--num-blocks 100000000", "more than this machine's"},
+        {"--matmul fast", "error: --matmul: unknown matmul 'fast'"},
+        {"--beam-width 2 --temperature 0.5", "do not apply to --beam-width"},
+    };
+    kvp_test_cli_rejects("generate --model " S260_GGUF " --prompt hi", options, sizeof options / sizeof options[0]);
     char cmd[512], *out, *err;
     snprintf(cmd, sizeof cmd, "%s generate --help", kvpage_bin());
     cr_assert_eq(sh(cmd, &out, &err), 0);
