@@ -34,7 +34,8 @@ kvp_status kvp_bench_out_dir(const char *opt, const char *dir)
     if (mkdir(dir, 0777) != 0 && errno != EEXIST)
         return KVP_ERR(KVP_EINVAL, "%s: cannot create '%s': %s", opt, dir, strerror(errno));
     struct stat sb;
-    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode)) return KVP_ERR(KVP_EINVAL, "%s: '%s' is not a directory", opt, dir);
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return KVP_ERR(KVP_EINVAL, "%s: '%s' is not a directory", opt, dir);
     if (access(dir, W_OK) != 0) return KVP_ERR(KVP_EINVAL, "%s: '%s' is not writable: %s", opt, dir, strerror(errno));
     return KVP_OK;
 }

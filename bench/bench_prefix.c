@@ -329,8 +329,8 @@ int kvp_bench_prefix(int argc, char **argv)
         return kvp_cli_usage_error("bench prefix", "--block-size: %s", kvp_error_message());
     int auto_caps = cap_s == NULL;
     if (cap_s) {
-        if (kvp_parse_list(cap_s, cap_tokens ? parse_cap_tokens : parse_cap_blocks, caps, sizeof caps[0], MAXL, &ncap) !=
-            KVP_OK)
+        kvp_status (*parse_cap)(const char *, void *) = cap_tokens ? parse_cap_tokens : parse_cap_blocks;
+        if (kvp_parse_list(cap_s, parse_cap, caps, sizeof caps[0], MAXL, &ncap) != KVP_OK)
             return kvp_cli_usage_error("bench prefix", "--%s: %s", cap_tokens ? "capacity-tokens" : "capacity",
                                        kvp_error_message());
     } else {
@@ -353,7 +353,8 @@ int kvp_bench_prefix(int argc, char **argv)
         st = kvp_workload_generate(spec, &w);
     }
     if (st == KVP_OK && w->n == 0) { /* as simulate: nothing to measure is an error, not a row of zeros */
-        st = KVP_ERR(KVP_EINVAL, "%s: no requests%s", trace ? trace : spec, w->skipped_lines ? " (every line skipped)" : "");
+        st = KVP_ERR(KVP_EINVAL, "%s: no requests%s", trace ? trace : spec,
+                     w->skipped_lines ? " (every line skipped)" : "");
         kvp_workload_destroy(w);
     }
     if (st != KVP_OK) return kvp_cli_fail("bench prefix", st);

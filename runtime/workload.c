@@ -63,7 +63,8 @@ static kvp_status add_copy(kvp_workload *w, int pin, const kvp_request *r, const
     KVP_TRY(check_req(r, tokens));
     const int64_t held = w->total_prompt_tokens + w->pin_tokens_ + r->prompt_len;
     if (held % 65536 < r->prompt_len) /* about every 256 KiB: the memory size is a system call */
-        KVP_TRY(kvp_check_fits_in_memory(2.0 * (double)held * sizeof(int32_t), "the workload's prompt token ids, with room for a copy,"));
+        KVP_TRY(kvp_check_fits_in_memory(2.0 * (double)held * sizeof(int32_t),
+                                         "the workload's prompt token ids, with room for a copy,"));
     int32_t *t = kvp_malloc((size_t)r->prompt_len * sizeof *t);
     if (t == NULL) return KVP_ERR(KVP_ENOMEM, "out of memory copying a %d-token prompt", r->prompt_len);
     memcpy(t, tokens, (size_t)r->prompt_len * sizeof *t);
