@@ -26,7 +26,7 @@ static const struct {
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvpage bench KIND [options]   (kvpage bench KIND --help for its options)\n\nkinds:\n");
-    for (int i = 0; kinds[i].name; i++) fprintf(f, "  %-10s %s\n", kinds[i].name, kinds[i].summary);
+    for (int i = 0; kinds[i].name; i++) fprintf(f, "  %-14s %s\n", kinds[i].name, kinds[i].summary);
 }
 
 kvp_status kvp_bench_out_dir(const char *opt, const char *dir)

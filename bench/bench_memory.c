@@ -266,7 +266,7 @@ int kvp_bench_memory(int argc, char **argv)
             if (paged16_util >= 0)
                 fprintf(stderr, "bench memory: paged-16 keeps %.1f %% of the KV memory in use as token states\n",
                         paged16_util * 100);
-            if (max_share >= 0 || oracle_share >= 0)
+            if (max_share >= 0 && oracle_share >= 0) /* both measured (-1: the strategy did not run) */
                 fprintf(stderr, "bench memory: token states: orca-max %.1f %%, orca-oracle %.1f %% of KV memory (%s)\n",
                         max_share * 100, oracle_share * 100, kvp_contig_placement_name(arenas[0]));
             if (paged16_running > 0 && oracle_running > 0)

@@ -540,10 +540,12 @@ static kvp_status step(gen_ctx *g)
         g->next_req++;
     }
     if (g->nrun == 0) {
-        if (g->npre > 0 || g->next_req < g->nreq)
-            return KVP_ERR(KVP_ENOBLOCKS, "generate: the KV cache (%d blocks of %d tokens) cannot hold the next "
-                                          "request; raise --num-blocks",
-                           cfg->num_blocks, bs);
+        if (g->npre > 0 || g->next_req < g->nreq) {
+            const gseq *w = g->npre > 0 ? g->seqs[g->preempted[0]] : NULL;
+            return KVP_ERR(KVP_ENOBLOCKS, "generate: the KV cache (%d blocks of %d tokens) cannot hold request %d at %d "
+                                          "tokens; raise --num-blocks",
+                           cfg->num_blocks, bs, w ? w->req : g->next_req, w ? w->n_toks : g->reqs[g->next_req].n_prompt);
+        }
         return KVP_OK;
     }
     /* (2) schedule: decodes first (they may need a block: evict, then preempt the most recent unscheduled

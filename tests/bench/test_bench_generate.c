@@ -85,8 +85,15 @@ Test(bench_generate, bad_input_exits_2)
         {"--model ../shared/models/nope.gguf", "nope.gguf"},
         {"--bogus", "bogus"},
         {"--kv-dtype f17", "--kv-dtype"},
+        /* a golden file with nothing to compare would validate any model */
+        {"--golden /tmp/kvp_bg_empty_golden.json", "no \"cases\"[0].\"tokens_after_bos\" token list"},
     };
+    FILE *f = fopen("/tmp/kvp_bg_empty_golden.json", "w");
+    cr_assert_not_null(f);
+    fputs("{\"cases\": [{\"tokens_after_bos\": \"abc\"}]}\n", f);
+    fclose(f);
     kvp_test_cli_rejects("bench generate --max-tokens 2", cases, sizeof cases / sizeof cases[0]);
+    remove("/tmp/kvp_bg_empty_golden.json");
 }
 
 /* scripts/synth-model.py writes an HF folder the loader takes (random weights, the stories260K tokenizer):

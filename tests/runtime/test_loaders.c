@@ -5,10 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "common/alloc.h"
 #include "model_testutil.h"
 #include "runtime/gguf.h"
+#include "runtime/model.h"
 #include "runtime/safetensors.h"
 
 Test(loaders, gguf_stories260k_metadata_and_tensors)
@@ -488,4 +490,16 @@ Test(loaders, safetensors_open_survives_every_allocation_failure)
 {
     tu_require_shared();
     tu_every_alloc_failure("safetensors open", open_st, close_st, S260_HF, 1);
+}
+
+/* A FIFO is refused as not a regular file; opening one to map it used to wait for a writer forever. */
+Test(loaders, a_fifo_is_refused_not_waited_on, .timeout = 20)
+{
+    char path[300];
+    snprintf(path, sizeof path, "%s/model.gguf", tu_tmpdir());
+    cr_assert_eq(mkfifo(path, 0600), 0);
+    kvp_model *m = NULL;
+    cr_assert_eq(kvp_model_load(path, &m), KVP_EIO);
+    cr_assert(strstr(kvp_error_message(), "not a regular file"), "%s", kvp_error_message());
+    unlink(path);
 }
