@@ -45,6 +45,7 @@ Test(bench_memory, shares_orderings_and_files, .timeout = 120)
         cr_assert_float_eq(sum, 1.0, 1e-3, "shares sum to %f", sum);
         cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")));
         cr_assert_eq(kvp_test_num(r, "requests"), 300);
+        cr_assert_eq(kvp_test_num(r, "finished") + kvp_test_num(r, "rejected"), 300);
     }
     double mx = kvp_test_num(row_of(rows, "orca-max"), "token_states"),
            p2 = kvp_test_num(row_of(rows, "orca-pow2"), "token_states"),
