@@ -322,12 +322,6 @@ static kvp_status emit(gen_ctx *g, int32_t idx, int32_t tok, double lp)
     return KVP_OK;
 }
 
-static double token_logprob(gen_ctx *g, const float *logits, int32_t tok)
-{
-    kvp_log_softmax(logits, g->vocab, g->lsm);
-    return g->lsm[tok];
-}
-
 typedef struct {
     gen_ctx *g;
     int32_t i0, i1;
@@ -710,12 +704,12 @@ static kvp_status step(gen_ctx *g)
             int32_t kids[1024];
             int32_t nk = r->n - 1 < 1024 ? r->n - 1 : 1023;
             for (int32_t k = 0; k < nk; k++) KVP_TRY(fork_seq(g, idx, k + 1, &kids[k]));
-            int32_t t0 = kvp_sample(&r->sampler, &s->rng, lg, g->vocab, g->sws);
-            double lp0 = token_logprob(g, lg, t0);
+            double lp0, lp;
+            int32_t t0 = kvp_sample_logprob(&r->sampler, &s->rng, lg, g->vocab, g->sws, g->lsm, &lp0);
             for (int32_t k = 0; k < nk; k++) {
                 gseq *c = g->seqs[kids[k]];
-                int32_t t = kvp_sample(&r->sampler, &c->rng, lg, g->vocab, g->sws);
-                KVP_TRY(emit(g, kids[k], t, token_logprob(g, lg, t)));
+                int32_t t = kvp_sample_logprob(&r->sampler, &c->rng, lg, g->vocab, g->sws, g->lsm, &lp);
+                KVP_TRY(emit(g, kids[k], t, lp));
             }
             KVP_TRY(emit(g, idx, t0, lp0));
             continue;
