@@ -7,7 +7,9 @@
  *      included), evicting by the policy when the pool is short; a request larger than what can be freed
  *      gets what there is (counted in short_requests) and caches only those blocks;
  *   3. insert the prompt's full blocks; 4. unlock and drop the request's references (the request is over).
- * Workload pins (e.g. a system prompt) are inserted first with their priority.
+ * Workload pins (e.g. a system prompt) are inserted first with their priority. Only prompts are replayed:
+ * a known answer (a chat turn's kvp_request.output_tokens) is not cached here, while the engine
+ * (`kvpage simulate`) caches it, so the next turn's hit rates differ between the two.
  * belady gets, for every block of every access, the index of the next request whose matchable prefix holds
  * it (kvp_pc_next_use over pins + requests).
  */

@@ -39,7 +39,7 @@ typedef struct {
     int64_t reserve_len;   /* contiguous: reservation length */
     int32_t lpm_score;
     bool admitted_once;
-    bool inserted;         /* prompt blocks inserted in the prefix cache */
+    bool inserted;         /* prompt blocks inserted in the prefix cache since the last admission */
     double admit_s, first_token_s, finish_s;
 } seq_t;
 
@@ -75,6 +75,8 @@ struct kvp_engine {
     int64_t *lpm_order;
     int32_t *tokbuf; /* token ids of recompute chunks that cross a prompt's end, this step */
     size_t tokbuf_cap;
+    int32_t *seqbuf; /* one sequence's prompt + generated token ids, for the prefix cache */
+    size_t seqbuf_cap;
 
     double now;
     int32_t step_preempted;
@@ -235,6 +237,35 @@ static kvp_status unlock_hits(kvp_engine *e, seq_t *s)
 
 static int32_t total_known(const seq_t *s) { return s->prompt_len + s->num_generated; }
 
+/* The first n <= total_known(s) token ids of s (prompt, then generated), contiguous: the prompt itself, or
+ * assembled in e->seqbuf. */
+static kvp_status known_tokens(kvp_engine *e, const seq_t *s, int32_t n, const int32_t **out)
+{
+    *out = s->req->tokens;
+    if (n <= s->prompt_len) return KVP_OK;
+    KVP_TRY(kvp_grow((void **)&e->seqbuf, &e->seqbuf_cap, (size_t)n, sizeof(int32_t)));
+    memcpy(e->seqbuf, s->req->tokens, (size_t)s->prompt_len * sizeof(int32_t));
+    memcpy(e->seqbuf + s->prompt_len, s->gen, (size_t)(n - s->prompt_len) * sizeof(int32_t));
+    *out = e->seqbuf;
+    return KVP_OK;
+}
+
+/* Caches the full blocks of every token of s whose KV is computed (prompt and generated), as vLLM v1 and
+ * SGLang do when a sequence is preempted by recompute (it finds its own blocks again when readmitted) or
+ * finishes (a later prompt that contains its answer, the next turn of a chat, finds them). */
+static kvp_status cache_computed(kvp_engine *e, int64_t idx)
+{
+    seq_t *s = &e->seqs[idx];
+    const int32_t n_full = s->num_computed / e->cfg.block_size;
+    if (e->pc == NULL || n_full == 0) return KVP_OK;
+    const int32_t *toks;
+    KVP_TRY(known_tokens(e, s, s->num_computed, &toks));
+    kvp_bm_table_view v;
+    KVP_TRY(kvp_bm_table(e->bm, idx, &v));
+    kvp_pc_hint hint = {.priority = s->req->priority};
+    return kvp_pc_insert(e->pc, toks, s->num_computed, v.blocks, n_full, &hint, 0, NULL);
+}
+
 /* ---------------------------------------------------------------- create / destroy */
 
 kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp_engine **out)
@@ -334,6 +365,7 @@ void kvp_engine_destroy(kvp_engine *e)
     kvp_free(e->hit_scratch);
     kvp_free(e->lpm_order);
     kvp_free(e->tokbuf);
+    kvp_free(e->seqbuf);
     kvp_free(e);
 }
 
@@ -415,11 +447,13 @@ static kvp_status preempt(kvp_engine *e, int64_t idx)
             if (st != KVP_ENOBLOCKS) return st;
         }
     }
-    /* recompute: drop the KV, prefill prompt + generated tokens again later */
+    /* recompute: drop the KV (its full blocks stay cached), prefill prompt + generated tokens again later */
     e->recomputes++;
+    KVP_TRY(cache_computed(e, idx));
     KVP_TRY(unlock_hits(e, s));
     KVP_TRY(kvp_bm_free(e->bm, idx));
     s->num_computed = 0;
+    s->inserted = false;
     s->state = KVP_REQ_WAITING;
     waiting_insert(e, idx);
     return KVP_OK;
@@ -529,14 +563,16 @@ static kvp_status try_admit(kvp_engine *e, int64_t idx, int32_t *budget, bool *o
     }
     int32_t n_hit = 0;
     if (e->pc) {
-        int32_t maxb = s->prompt_len / bs + 1;
+        int32_t maxb = total / bs + 1;
+        const int32_t *toks; /* readmitted after recompute: its generated tokens may be cached too */
+        KVP_TRY(known_tokens(e, s, total, &toks));
         if (maxb > e->hit_scratch_cap) {
             size_t cap = (size_t)e->hit_scratch_cap;
             KVP_TRY(kvp_grow((void **)&e->hit_scratch, &cap, (size_t)maxb, sizeof(int32_t)));
             e->hit_scratch_cap = (int32_t)cap;
         }
         kvp_pc_hint hint = {.priority = s->req->priority};
-        KVP_TRY(kvp_pc_match(e->pc, s->req->tokens, s->prompt_len, &hint, 1, e->hit_scratch, maxb, &n_hit));
+        KVP_TRY(kvp_pc_match(e->pc, toks, total, &hint, 1, e->hit_scratch, maxb, &n_hit));
     }
     int32_t hit_tok = n_hit * bs;
     int32_t remaining = total - hit_tok;
@@ -736,6 +772,7 @@ static const int32_t *chunk_tokens(kvp_engine *e, const seq_t *s, size_t *off)
 static kvp_status finish(kvp_engine *e, int64_t idx)
 {
     seq_t *s = &e->seqs[idx];
+    if (s->req->output_tokens && paged(e)) KVP_TRY(cache_computed(e, idx)); /* its answer is known: reusable */
     KVP_TRY(unlock_hits(e, s));
     if (paged(e)) KVP_TRY(kvp_bm_free(e->bm, idx));
     else KVP_TRY(kvp_contig_free(e->arena, idx));
@@ -844,7 +881,10 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
         if (!e->xs[i].sample) continue;
         if ((size_t)s->num_generated + 1 > s->gen_cap)
             KVP_TRY(kvp_grow((void **)&s->gen, &s->gen_cap, (size_t)s->num_generated + 1, sizeof(int32_t)));
-        s->gen[s->num_generated++] = e->sampled[i];
+        /* a known answer is replayed (teacher forcing): a later prompt contains exactly these tokens */
+        const bool known = s->req->output_tokens && s->num_generated < s->req->output_len;
+        s->gen[s->num_generated] = known ? s->req->output_tokens[s->num_generated] : e->sampled[i];
+        s->num_generated++;
         if (s->num_generated == 1) s->first_token_s = e->now;
         if (s->num_generated >= s->output_len) {
             KVP_TRY(finish(e, idx));

@@ -37,6 +37,13 @@
  * never preempted because the reservation covers the whole request;
  * prefix caching needs paged allocation).
  *
+ * Prefix cache: an admission matches the prompt (a readmission after recompute: prompt and generated
+ * tokens); the prompt's full blocks are cached when its prefill completes. A sequence preempted by
+ * recompute caches the full blocks of all it computed (it finds them again when readmitted), and so does
+ * a finishing request whose answer the workload gives (kvp_request.output_tokens: those tokens are
+ * generated instead of the executor's samples), so the next turn of a chat, whose prompt contains that
+ * answer, finds it cached, as in vLLM v1 and SGLang.
+ *
  * Requests: output_len is clamped to >= 1 (a request always yields a token) and so that prompt + output <=
  * max_model_len; a request whose prompt alone reaches max_model_len, or whose whole length can never fit
  * in the KV memory, is rejected (counted, never run).

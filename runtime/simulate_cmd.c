@@ -89,14 +89,16 @@ static uint32_t mix32(uint32_t x)
     return x ^ (x >> 16);
 }
 
-/* Maps a workload's token ids (hash-derived, or drawn from another vocabulary) into [0, vocab) by a hash:
- * equal ids stay equal, so shared prefixes stay shared, and distinct ids rarely collide (a plain modulo
- * would make every 512-token block of a Mooncake trace the same text). */
+/* Maps a workload's token ids, prompts and known answers (hash-derived, or drawn from another vocabulary),
+ * into [0, vocab) by a hash: equal ids stay equal, so shared prefixes stay shared, and distinct ids rarely
+ * collide (a plain modulo would make every 512-token block of a Mooncake trace the same text). */
 static void fit_vocab(kvp_workload *w, int64_t vocab)
 {
     for (int64_t i = 0; i < w->n + w->n_pins; i++) {
         kvp_request *r = i < w->n ? &w->reqs[i] : &w->pins[i - w->n];
         for (int32_t j = 0; j < r->prompt_len; j++) r->tokens[j] = (int32_t)(mix32((uint32_t)r->tokens[j]) % vocab);
+        for (int32_t j = 0; r->output_tokens && j < r->output_len; j++)
+            r->output_tokens[j] = (int32_t)(mix32((uint32_t)r->output_tokens[j]) % vocab);
     }
 }
 

@@ -27,15 +27,22 @@ kvp_status kvp_workload_create(const char *name, kvp_workload **out)
 void kvp_workload_destroy(kvp_workload *w)
 {
     if (w == NULL) return;
-    for (int64_t i = 0; i < w->n; i++) kvp_free(w->reqs[i].tokens);
-    for (int64_t i = 0; i < w->n_pins; i++) kvp_free(w->pins[i].tokens);
+    for (int64_t i = 0; i < w->n; i++) {
+        kvp_free(w->reqs[i].tokens);
+        kvp_free(w->reqs[i].output_tokens);
+    }
+    for (int64_t i = 0; i < w->n_pins; i++) {
+        kvp_free(w->pins[i].tokens);
+        kvp_free(w->pins[i].output_tokens);
+    }
     kvp_free(w->reqs);
     kvp_free(w->pins);
     kvp_free(w);
 }
 
-/* Appends *r taking ownership of `tokens` (only on success). */
-static kvp_status add_owned(kvp_request **arr, int64_t *n, int64_t *cap, const kvp_request *r, int32_t *tokens)
+/* Appends *r taking ownership of `tokens` and `out` (only on success). */
+static kvp_status add_owned(kvp_request **arr, int64_t *n, int64_t *cap, const kvp_request *r, int32_t *tokens,
+                            int32_t *out)
 {
     size_t c = (size_t)*cap;
     KVP_TRY(kvp_grow((void **)arr, &c, (size_t)*n + 1, sizeof **arr));
@@ -43,7 +50,17 @@ static kvp_status add_owned(kvp_request **arr, int64_t *n, int64_t *cap, const k
     kvp_request *d = &(*arr)[(*n)++];
     *d = *r;
     d->tokens = tokens;
+    d->output_tokens = out;
     return KVP_OK;
+}
+
+/* A copy of n token ids (n >= 1), or NULL (*st = KVP_ENOMEM naming what). */
+static int32_t *copy_ids(const int32_t *src, int32_t n, const char *what, kvp_status *st)
+{
+    int32_t *t = kvp_malloc((size_t)n * sizeof *t);
+    if (t == NULL) *st = KVP_ERR(KVP_ENOMEM, "out of memory copying a %d-token %s", n, what);
+    else memcpy(t, src, (size_t)n * sizeof *t);
+    return t;
 }
 
 static kvp_status check_req(const kvp_request *r, const int32_t *tokens)
@@ -65,14 +82,15 @@ static kvp_status add_copy(kvp_workload *w, int pin, const kvp_request *r, const
     if (held % 65536 < r->prompt_len) /* about every 256 KiB: the memory size is a system call */
         KVP_TRY(kvp_check_fits_in_memory(2.0 * (double)held * sizeof(int32_t),
                                          "the workload's prompt token ids, with room for a copy,"));
-    int32_t *t = kvp_malloc((size_t)r->prompt_len * sizeof *t);
-    if (t == NULL) return KVP_ERR(KVP_ENOMEM, "out of memory copying a %d-token prompt", r->prompt_len);
-    memcpy(t, tokens, (size_t)r->prompt_len * sizeof *t);
-    kvp_status st = pin ? add_owned(&w->pins, &w->n_pins, &w->cap_pins_, r, t)
-                        : add_owned(&w->reqs, &w->n, &w->cap_, r, t);
+    kvp_status st = KVP_OK;
+    int32_t *t = copy_ids(tokens, r->prompt_len, "prompt", &st), *o = NULL;
+    if (t && r->output_tokens && r->output_len > 0) o = copy_ids(r->output_tokens, r->output_len, "answer", &st);
+    if (st == KVP_OK)
+        st = pin ? add_owned(&w->pins, &w->n_pins, &w->cap_pins_, r, t, o) : add_owned(&w->reqs, &w->n, &w->cap_, r, t, o);
     if (st != KVP_OK) {
         kvp_free(t);
-        return KVP_ERR(KVP_ENOMEM, "out of memory adding a request");
+        kvp_free(o);
+        return KVP_ERR(st, "out of memory adding a request");
     }
     if (!pin) w->total_prompt_tokens += r->prompt_len;
     else w->pin_tokens_ += r->prompt_len;
@@ -87,6 +105,21 @@ kvp_status kvp_workload_add(kvp_workload *w, const kvp_request *r, const int32_t
 kvp_status kvp_workload_add_pin(kvp_workload *w, const kvp_request *r, const int32_t *tokens)
 {
     return add_copy(w, 1, r, tokens);
+}
+
+kvp_status kvp_workload_set_output(kvp_workload *w, int64_t i, const int32_t *tokens)
+{
+    if (w == NULL || tokens == NULL) return KVP_ERR(KVP_EINVAL, "workload set_output: NULL argument");
+    if (i < 0 || i >= w->n) return KVP_ERR(KVP_EINVAL, "workload %s: no request %lld", w->name, (long long)i);
+    kvp_request *r = &w->reqs[i];
+    int32_t *o = NULL;
+    if (r->output_len > 0) {
+        kvp_status st = KVP_OK;
+        if ((o = copy_ids(tokens, r->output_len, "answer", &st)) == NULL) return st;
+    }
+    kvp_free(r->output_tokens);
+    r->output_tokens = o;
+    return KVP_OK;
 }
 
 /* ---- Mooncake ------------------------------------------------------------------------------------ */
@@ -231,7 +264,7 @@ kvp_status kvp_workload_read_mooncake(const char *path, const kvp_mooncake_opts 
         }
         if (st != KVP_OK) break;
         r.id = w->n;
-        st = add_owned(&w->reqs, &w->n, &w->cap_, &r, tok);
+        st = add_owned(&w->reqs, &w->n, &w->cap_, &r, tok, NULL);
         if (st != KVP_OK) {
             kvp_free(tok);
             st = KVP_ERR(KVP_ENOMEM, "out of memory reading %s", path);
@@ -470,7 +503,8 @@ static kvp_status gen_chat(gen_spec *g, kvp_workload *w, rng_t *r)
     int64_t *done = kvp_calloc((size_t)nc, sizeof *done);
     int64_t *live = kvp_calloc((size_t)nc, sizeof *live);
     int32_t *pending = kvp_calloc((size_t)nc, sizeof *pending); /* answer length of the last turn */
-    kvp_status st = (hist && done && live && pending) ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory generating chat");
+    int64_t *last = kvp_calloc((size_t)nc, sizeof *last);       /* the last turn's request */
+    kvp_status st = (hist && done && live && pending && last) ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory generating chat");
     if (st == KVP_OK) st = tb_random(&sys, r, (size_t)P(g, "system"), vocab);
     int64_t nlive = nc;
     for (int64_t c = 0; st == KVP_OK && c < nc; c++) live[c] = c;
@@ -479,9 +513,11 @@ static kvp_status gen_chat(gen_spec *g, kvp_workload *w, rng_t *r)
         int64_t k = rng_range(r, 0, nlive - 1), c = live[k];
         tokbuf *h = &hist[c];
         if (done[c] == 0) st = tb_append(h, sys.t, sys.n);
-        else st = tb_random(h, r, (size_t)pending[c], vocab); /* the previous answer joins the history */
+        else if ((st = tb_random(h, r, (size_t)pending[c], vocab)) == KVP_OK) /* the previous answer joins the history */
+            st = kvp_workload_set_output(w, last[c], h->t + h->n - pending[c]);   /* and is that turn's output */
         if (st == KVP_OK) st = tb_random(h, r, (size_t)jitter(r, (int32_t)P(g, "user"), 1), vocab);
         pending[c] = jitter(r, (int32_t)P(g, "assistant"), 1);
+        last[c] = w->n;
         if (st == KVP_OK) st = emit(w, r, g->rate, &clock, h, pending[c], 0);
         if (++done[c] == turns) {
             kvp_free(h->t);
@@ -494,6 +530,7 @@ static kvp_status gen_chat(gen_spec *g, kvp_workload *w, rng_t *r)
     kvp_free(done);
     kvp_free(live);
     kvp_free(pending);
+    kvp_free(last);
     kvp_free(sys.t);
     kvp_free(b.t);
     return st;

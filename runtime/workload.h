@@ -1,7 +1,8 @@
 /* runtime/workload.h — a workload: requests in arrival order, each with its prompt's token ids.
  *
  *   kvp_workload
- *     reqs[0..n)   kvp_request { id, arrival_s, tokens -> [prompt_len] int32, prompt_len, output_len, priority }
+ *     reqs[0..n)   kvp_request { id, arrival_s, tokens -> [prompt_len] int32, prompt_len, output_len, priority,
+ *                               output_tokens -> [output_len] int32 or NULL }
  *     pins[0..n_pins)  optional prefixes to pin in a prefix cache before replay (e.g. a system prompt);
  *                      same struct, meant to be inserted with their priority
  *
@@ -33,6 +34,7 @@
  *            Multi-turn chat: turn t's prompt = system prompt (shared by all conversations) + every
  *            earlier user message and assistant answer of that conversation + the new user message;
  *            output_len is the answer's length. Conversations interleave at random, turns in order.
+ *            Every turn but a conversation's last carries its answer as output_tokens.
  *   fewshot  n=200 tasks=4 examples=8 example=128 question=64 seed=1 vocab=32000 rate=10 output=64
  *            Each task has k examples; a request picks a task and asks a random question after them.
  *   branch   n=200 depth=4 fanout=3 segment=128 suffix=64 seed=1 vocab=32000 rate=10 output=64
@@ -55,6 +57,9 @@ typedef struct {
     int32_t prompt_len; /* >= 1 */
     int32_t output_len; /* tokens to generate, >= 0 */
     int32_t priority;   /* larger = more important (scheduler and priority eviction); 0 by default */
+    int32_t *output_tokens; /* [output_len] the answer, when the workload knows it (a chat turn whose answer
+                               a later turn's prompt contains), else NULL; owned by the workload. The engine
+                               then generates exactly these tokens and caches their blocks. */
 } kvp_request;
 
 typedef struct {
@@ -74,10 +79,14 @@ kvp_status kvp_workload_create(const char *name, kvp_workload **out);
 void kvp_workload_destroy(kvp_workload *w); /* NULL: no-op */
 
 /* Appends a request (or a pin) with a copy of tokens[0..r->prompt_len); r->tokens is ignored. The id,
- * arrival, lengths and priority are taken from *r. KVP_EINVAL for prompt_len < 1 or output_len < 0,
- * KVP_ENOMEM with w unchanged. */
+ * arrival, lengths and priority are taken from *r, and a copy of r->output_tokens when it is not NULL.
+ * KVP_EINVAL for prompt_len < 1 or output_len < 0, KVP_ENOMEM with w unchanged. */
 kvp_status kvp_workload_add(kvp_workload *w, const kvp_request *r, const int32_t *tokens);
 kvp_status kvp_workload_add_pin(kvp_workload *w, const kvp_request *r, const int32_t *tokens);
+
+/* Gives request i a copy of tokens[0..output_len) as its answer (replacing any). KVP_EINVAL for i out of
+ * range or tokens NULL, KVP_ENOMEM with w unchanged. */
+kvp_status kvp_workload_set_output(kvp_workload *w, int64_t i, const int32_t *tokens);
 
 typedef struct {
     int skip_bad;      /* 1: count and skip malformed lines instead of failing */

@@ -27,6 +27,9 @@ static recorder R;
  * recorder can check every token id the engine passes (prefill chunks, decodes, recompute chunks). */
 static int check_tokens;
 static int32_t PL[64];
+/* When set: request 0's generated tokens, fed back from position ANS_AT on, must be these. */
+static const int32_t *ANS;
+static int32_t ANS_AT;
 
 static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
 {
@@ -45,6 +48,10 @@ static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *
                 cr_assert_eq(b->seqs[i].tokens[k], want, "request %lld position %d", (long long)id, (int)pos);
             }
         }
+        for (int32_t k = 0; ANS && id == 0 && k < b->seqs[i].num_new; k++) {
+            int32_t pos = b->seqs[i].context_len + k;
+            if (pos >= ANS_AT) cr_assert_eq(b->seqs[i].tokens[k], ANS[pos - ANS_AT], "answer token at %d", (int)pos);
+        }
         if (b->seqs[i].sample) out->sampled[i] = 7;
     }
     r->swapped_ops += b->ops.n_swap_out + b->ops.n_swap_in;
@@ -57,6 +64,7 @@ static kvp_executor rec_executor(void)
 {
     memset(&R, 0, sizeof R);
     check_tokens = 0;
+    ANS = NULL;
     kvp_executor ex = {.name = "recorder", .ctx = &R, .step = rec_step, .destroy = NULL};
     return ex;
 }
@@ -617,4 +625,115 @@ Test(scheduler, time_averaged_accounting_by_hand)
     cr_assert_float_eq(m.kv_internal_frag, 9.0 / 48, 1e-12);
     cr_assert_float_eq(m.kv_free, 12.0 / 48, 1e-12);
     kvp_workload_destroy(w);
+}
+
+/* Request 0 answers 16 known tokens; request 1, arriving after it finished, is the next chat turn: its
+ * prompt is request 0's prompt, that answer, and 8 new tokens. Request 0 computed its prompt and 15 of its
+ * answer's tokens (the last one is sampled, never fed back): 47 tokens, 11 full blocks of 4, so request 1
+ * finds 44 tokens cached; without a known answer only the 32 prompt tokens. */
+Test(scheduler, a_known_answer_is_generated_and_cached_for_the_next_turn)
+{
+    for (int kind = 0; kind < 2; kind++)
+        for (int known = 0; known < 2; known++) {
+            kvp_executor ex = rec_executor();
+            kvp_engine_config c = base_cfg(4, 1024);
+            c.cache = kind ? KVP_PC_HASH : KVP_PC_RADIX;
+            kvp_workload *w = NULL;
+            cr_assert_eq(kvp_workload_create("chat", &w), KVP_OK);
+            int32_t tok[56], answer[16];
+            for (int j = 0; j < 16; j++) answer[j] = 5000 + j;
+            for (int j = 0; j < 56; j++) tok[j] = j < 32 ? 1000 + j : j < 48 ? answer[j - 32] : 9000 + j;
+            kvp_request a = {.id = 0, .prompt_len = 32, .output_len = 16, .output_tokens = known ? answer : NULL};
+            kvp_request b = {.id = 1, .arrival_s = 1.0, .prompt_len = 56, .output_len = 2};
+            cr_assert_eq(kvp_workload_add(w, &a, tok), KVP_OK);
+            cr_assert_eq(kvp_workload_add(w, &b, tok), KVP_OK);
+            cr_assert_eq(w->reqs[0].output_tokens == NULL, !known);
+            cr_assert(w->reqs[0].output_tokens != answer, "the workload keeps its own copy");
+            ANS = known ? answer : NULL; /* the executor samples 7: a known answer replaces it */
+            ANS_AT = 32;
+            kvp_engine *e;
+            cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+            run_all(e, w);
+            kvp_engine_metrics m;
+            kvp_engine_metrics_get(e, &m);
+            const int want = known ? 44 : 32;
+            cr_assert_eq(m.prefix_hit_tokens, want, "cache %d known %d: %lld hit tokens", kind, known,
+                         (long long)m.prefix_hit_tokens);
+            int s1 = first_step_of(1);
+            cr_assert_gt(s1, last_step_of(0), "the next turn arrives after the answer");
+            cr_assert_eq(R.s[s1][in_step(s1, 1)].ctx, want);
+            cr_assert_eq(R.s[s1][in_step(s1, 1)].nn, 56 - want);
+            kvp_engine_destroy(e);
+            kvp_workload_destroy(w);
+        }
+}
+
+/* 10 blocks of 4; both requests grow in step to 24 tokens (6 blocks each). At 20 tokens each (5 blocks
+ * each) request 0 needs a sixth block: request 1 is preempted by recompute having computed 20 tokens, 5
+ * full blocks (8 prompt and 12 generated tokens) that stay cached; request 0 then evicts one of them (the
+ * deepest, least recently used), so request 1, readmitted, matches prompt + generated tokens and finds 4
+ * blocks: it recomputes from token 16 (without a cache: from 0; caching only the prompt: from 4). */
+Test(scheduler, recompute_finds_its_own_computed_blocks_cached)
+{
+    for (int cache = 0; cache < 3; cache++) {
+        kvp_executor ex = rec_executor();
+        kvp_engine_config c = base_cfg(4, 40);
+        c.cache = cache == 0 ? KVP_PC_NONE : cache == 1 ? KVP_PC_RADIX : KVP_PC_HASH;
+        int32_t p[] = {8, 8}, o[] = {16, 16};
+        kvp_workload *w = make_wl(2, p, o, NULL, NULL);
+        kvp_engine *e;
+        cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+        run_all(e, w);
+        kvp_engine_metrics m;
+        kvp_engine_metrics_get(e, &m);
+        cr_assert_eq(m.recomputes, 1);
+        cr_assert_eq(m.prefix_hit_tokens, 0, "readmissions are not first admissions");
+        int s1 = last_step_of(0) + 1;
+        cr_assert_eq(R.n[s1], 1);
+        cr_assert_eq(R.s[s1][0].id, 1, "request 1 resumes after request 0 finished");
+        cr_assert_eq(R.s[s1][0].ctx, cache ? 16 : 0, "cache %d", cache);
+        cr_assert_eq(R.s[s1][0].ctx + R.s[s1][0].nn, 21, "prompt + 13 generated tokens known");
+        kvp_engine_destroy(e);
+        kvp_workload_destroy(w);
+    }
+}
+
+/* A chat workload with every turn arriving after the previous one finished, in a cache that never evicts:
+ * the hit tokens must be those of a brute-force search. Request i finds the longest prefix it shares with
+ * the tokens some earlier request computed (its prompt, and its answer but the last token when the
+ * workload gives the answer), in whole blocks, never covering its own last prompt token. */
+Test(scheduler, chat_hits_equal_a_brute_force_search_over_earlier_turns)
+{
+    const int32_t sizes[] = {4, 16};
+    for (int kind = 0; kind < 2; kind++)
+        for (int bi = 0; bi < 2; bi++) {
+            kvp_workload *w = NULL;
+            cr_assert_eq(kvp_workload_generate("chat:conversations=4,turns=4,system=40,user=16,assistant=32", &w), KVP_OK);
+            for (int64_t i = 0; i < w->n; i++) w->reqs[i].arrival_s = 10.0 * (double)i;
+            const int32_t bs = sizes[bi];
+            int64_t want = 0;
+            for (int64_t i = 1; i < w->n; i++) {
+                const kvp_request *r = &w->reqs[i];
+                int32_t best = 0;
+                for (int64_t j = 0; j < i; j++) {
+                    const kvp_request *q = &w->reqs[j];
+                    int32_t nk = q->prompt_len + (q->output_tokens ? q->output_len - 1 : 0), l = 0;
+                    while (l < r->prompt_len && l < nk &&
+                           r->tokens[l] == (l < q->prompt_len ? q->tokens[l] : q->output_tokens[l - q->prompt_len]))
+                        l++;
+                    best = l > best ? l : best;
+                }
+                best = best < r->prompt_len - 1 ? best : r->prompt_len - 1;
+                want += best / bs * bs;
+            }
+            kvp_engine_config c = base_cfg(bs, 1 << 20);
+            c.cache = kind ? KVP_PC_HASH : KVP_PC_RADIX;
+            c.max_model_len = 4096;
+            kvp_engine_metrics m = run_metrics(&c, w);
+            cr_assert_eq(m.finished, w->n);
+            cr_assert_eq(m.evicted_blocks, 0);
+            cr_assert_eq(m.prefix_hit_tokens, want, "cache %d block %d: %lld hit tokens, brute force %lld", kind, bs,
+                         (long long)m.prefix_hit_tokens, (long long)want);
+            kvp_workload_destroy(w);
+        }
 }

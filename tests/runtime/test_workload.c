@@ -8,6 +8,7 @@
 
 #include "common/alloc.h"
 #include "runtime/workload.h"
+#include "runtime/workload_synth.h"
 
 #define ARXIV "../shared/data/traces/mooncake/arxiv_trace_first20.jsonl"
 
@@ -219,11 +220,31 @@ Test(workload, chat_turns_extend_history)
             if (is_prefix(&w->reqs[j], &w->reqs[i]) && w->reqs[j].prompt_len < w->reqs[i].prompt_len) {
                 /* the earlier turn's answer (output_len tokens) and a new user message follow it */
                 cr_assert_gt(w->reqs[i].prompt_len, w->reqs[j].prompt_len + w->reqs[j].output_len);
+                /* and the earlier turn carries that answer as its output tokens */
+                cr_assert_not_null(w->reqs[j].output_tokens, "turn %lld has no answer", (long long)j);
+                cr_assert_eq(memcmp(w->reqs[j].output_tokens, w->reqs[i].tokens + w->reqs[j].prompt_len,
+                                    (size_t)w->reqs[j].output_len * sizeof(int32_t)), 0);
                 extends++;
                 break;
             }
     }
     cr_assert_eq(extends, 7 * 4, "every turn after the first extends an earlier prompt");
+    int64_t unknown = 0;
+    for (int64_t i = 0; i < w->n; i++) unknown += w->reqs[i].output_tokens == NULL;
+    cr_assert_eq(unknown, 7, "only each conversation's last turn has no known answer");
+    /* a cut copies the answers (no shared ownership: the sanitizer build catches a double free) */
+    kvp_workload *c = NULL;
+    cr_assert_eq(kvp_workload_cut(w, 20, 0, &c), KVP_OK);
+    for (int64_t i = 0; i < c->n; i++) {
+        cr_assert_eq(c->reqs[i].output_tokens == NULL, w->reqs[i].output_tokens == NULL);
+        if (c->reqs[i].output_tokens == NULL) continue;
+        cr_assert_neq(c->reqs[i].output_tokens, w->reqs[i].output_tokens);
+        cr_assert_eq(memcmp(c->reqs[i].output_tokens, w->reqs[i].output_tokens,
+                            (size_t)w->reqs[i].output_len * sizeof(int32_t)), 0);
+    }
+    cr_assert_eq(kvp_workload_set_output(c, c->n, c->reqs[0].tokens), KVP_EINVAL, "no such request");
+    cr_assert_eq(kvp_workload_set_output(c, 0, NULL), KVP_EINVAL);
+    kvp_workload_destroy(c);
     kvp_workload_destroy(w);
 }
 
