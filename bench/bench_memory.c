@@ -200,7 +200,7 @@ int kvp_bench_memory(int argc, char **argv)
             kvp_progress_bar_init(&bar, label);
             double t0 = kvp_now_s();
             kvp_engine_metrics m;
-            st = kvp_simulate(&e, &cm, w, kvp_progress_bar_fn, &bar, &m);
+            st = kvp_simulate(&e, &cm, w, kvp_progress_bar_fn, &bar, &m, NULL);
             kvp_progress_bar_end(&bar);
             double wall = kvp_now_s() - t0;
             if (st != KVP_OK) {

@@ -33,6 +33,7 @@ typedef struct {
     int32_t preemptions;
     int32_t sched_new;     /* tokens scheduled in the current step */
     int32_t n_hit;         /* prefix-cache blocks locked by this sequence */
+    int32_t hit_first;     /* prompt tokens found cached at the first admission */
     int32_t *hit;          /* [n_hit] */
     int32_t *gen;          /* [gen_cap] generated token ids */
     size_t gen_cap;
@@ -606,6 +607,7 @@ static kvp_status try_admit(kvp_engine *e, int64_t idx, int32_t *budget, bool *o
     if (!s->admitted_once) {
         e->prompt_tokens_first += s->prompt_len;
         e->hit_tokens_first += hit_tok;
+        s->hit_first = hit_tok;
     }
     s->num_computed = hit_tok;
     s->sched_new = k;
@@ -1175,6 +1177,10 @@ kvp_status kvp_engine_request(const kvp_engine *e, int64_t index, kvp_req_result
     if (e == NULL || out == NULL || index < 0 || index >= e->n_seqs)
         return KVP_ERR(KVP_EINVAL, "engine: no request with index %lld", (long long)index);
     const seq_t *s = &e->seqs[index];
+    out->id = s->req->id;
+    out->arrival_s = s->req->arrival_s;
+    out->prompt_len = s->prompt_len;
+    out->cached_tokens = s->hit_first;
     out->state = s->state;
     out->num_computed = s->num_computed;
     out->num_generated = s->num_generated;

@@ -187,6 +187,10 @@ double kvp_engine_now(const kvp_engine *e);
 /* Per-request results (tests, reports): state and times of request index i (in order of addition). */
 typedef enum { KVP_REQ_PENDING = 0, KVP_REQ_WAITING, KVP_REQ_RUNNING, KVP_REQ_SWAPPED, KVP_REQ_FINISHED, KVP_REQ_REJECTED } kvp_req_state;
 typedef struct {
+    int64_t id;             /* the request's id */
+    double arrival_s;
+    int32_t prompt_len;
+    int32_t cached_tokens;  /* prompt tokens found in the prefix cache at the first admission */
     kvp_req_state state;
     int32_t num_computed;   /* tokens in the KV cache */
     int32_t num_generated;

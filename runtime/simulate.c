@@ -66,22 +66,23 @@ kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *g
 }
 
 kvp_status kvp_simulate_on(const kvp_engine_config *ecfg, kvp_executor *ex, const kvp_workload *w,
-                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m)
+                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req)
 {
     kvp_engine *e = NULL;
     kvp_status st = kvp_engine_create(ecfg, ex, &e);
     if (st == KVP_OK) st = kvp_engine_run(e, w, progress, pctx);
     if (st == KVP_OK) st = kvp_engine_metrics_get(e, m);
+    for (int64_t i = 0; per_req && st == KVP_OK && i < w->n; i++) st = kvp_engine_request(e, i, &per_req[i]);
     kvp_engine_destroy(e);
     return st;
 }
 
 kvp_status kvp_simulate(const kvp_engine_config *ecfg, const kvp_cost_model *cm, const kvp_workload *w,
-                        kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m)
+                        kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req)
 {
     kvp_executor ex = {0};
     KVP_TRY(kvp_sim_executor_create(cm, 0, &ex));
-    kvp_status st = kvp_simulate_on(ecfg, &ex, w, progress, pctx, m);
+    kvp_status st = kvp_simulate_on(ecfg, &ex, w, progress, pctx, m, per_req);
     kvp_executor_destroy(&ex);
     return st;
 }

@@ -49,13 +49,14 @@ int32_t kvp_sim_default_max_model_len(const kvp_model_config *cfg);
 kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *gpu, const kvp_sim_hw *hw,
                            kvp_engine_config *ecfg, kvp_cost_model *cm, kvp_sim_memory *mem);
 
-/* Runs w through a fresh engine on executor ex (borrowed); *m receives the metrics. progress may be NULL.
- * The end-of-run leak check of kvp_engine_run applies (KVP_ESTATE on a leak). */
+/* Runs w through a fresh engine on executor ex (borrowed); *m receives the metrics, and per_req (NULL: not
+ * wanted) w->n per-request results in arrival order (kvp_engine_request). progress may be NULL. The
+ * end-of-run leak check of kvp_engine_run applies (KVP_ESTATE on a leak). */
 kvp_status kvp_simulate_on(const kvp_engine_config *ecfg, kvp_executor *ex, const kvp_workload *w,
-                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m);
+                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req);
 /* The same on a sim executor made from cm. */
 kvp_status kvp_simulate(const kvp_engine_config *ecfg, const kvp_cost_model *cm, const kvp_workload *w,
-                        kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m);
+                        kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req);
 
 /* A progress bar on stderr, drawn only once a run has lasted over a second; pass &bar as pctx. */
 typedef struct {

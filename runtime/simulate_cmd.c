@@ -1,11 +1,13 @@
 /* runtime/simulate_cmd.c — `kvpage simulate`: replay a trace or a synthetic workload through the scheduler,
  * the block manager and the prefix cache, on the `sim` executor (no GPU, simulated time) or on the `cpu`
  * executor (a real model run on this machine's CPU, measured time). */
+#include <errno.h>
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "common/alloc.h"
 #include "common/cli.h"
@@ -67,6 +69,9 @@ static void usage(FILE *f)
             "  --watermark-blocks N      free blocks kept back at admission (default 1 %% of the blocks, as vLLM)\n"
             "output:\n"
             "  --json                    one JSON object on stdout\n"
+            "  --requests-out FILE       also a CSV row per request (arrival order): id, arrival, prompt and\n"
+            "                            output lengths, state, prompt tokens found cached, preemptions,\n"
+            "                            admission / first token / finish times, TTFT, TPOT, end-to-end\n"
             "  --check                   run every invariant walker after each step (slow)\n"
             "  -h, --help\n");
 }
@@ -74,7 +79,7 @@ static void usage(FILE *f)
 enum {
     O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_BLOCK, O_ALLOC, O_CACHE, O_EVICT,
     O_SCHED, O_PREEMPT, O_TP, O_MAXSEQS, O_MAXTOK, O_MAXLEN, O_NOCHUNK, O_JSON, O_GPUUTIL, O_KVMEM, O_SWAP,
-    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE,
+    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT,
 };
 
 enum { CPU_MEM_DEFAULT = 1 << 30 }; /* KV cache and swap space of the cpu executor when not given */
@@ -136,6 +141,61 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype dt, const
     return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)host, dt, NULL, ex);
 }
 
+/* --requests-out: rows go to PATH.tmp, created before the run (a path that cannot be written fails at
+ * once), renamed to PATH after a successful run and removed otherwise (PATH is never left half written). */
+typedef struct {
+    FILE *f;
+    const char *path;
+    char tmp[4096];
+} req_file;
+
+static kvp_status req_file_open(req_file *rf, const char *path)
+{
+    if (snprintf(rf->tmp, sizeof rf->tmp, "%s.tmp", path) >= (int)sizeof rf->tmp)
+        return KVP_ERR(KVP_EINVAL, "--requests-out: path too long");
+    rf->path = path;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return KVP_ERR(KVP_EINVAL, "--requests-out: %s is a directory", path);
+    if ((rf->f = fopen(rf->tmp, "w")) == NULL)
+        return KVP_ERR(KVP_EIO, "--requests-out: cannot create %s: %s", rf->tmp, strerror(errno));
+    return KVP_OK;
+}
+
+static const char *req_state_name(kvp_req_state s)
+{
+    static const char *const names[] = {"pending", "waiting", "running", "swapped", "finished", "rejected"};
+    return (unsigned)s <= KVP_REQ_REJECTED ? names[s] : "?";
+}
+
+/* Writes n rows (when st is KVP_OK), closes, renames or removes. Returns st or the write error. */
+static kvp_status req_file_finish(req_file *rf, kvp_status st, const kvp_req_result *r, int64_t n)
+{
+    if (st == KVP_OK) {
+        fprintf(rf->f, "id,arrival_s,prompt_len,output_len,state,cached_tokens,preemptions,admit_s,first_token_s,"
+                       "finish_s,ttft_s,tpot_s,e2e_s\n");
+        for (int64_t i = 0; i < n; i++) {
+            const kvp_req_result *q = &r[i];
+            fprintf(rf->f, "%lld,%.9g,%d,%d,%s,%d,%d,", (long long)q->id, q->arrival_s, (int)q->prompt_len,
+                    (int)q->output_len, req_state_name(q->state), (int)q->cached_tokens, (int)q->preemptions);
+            if (q->state != KVP_REQ_FINISHED) {
+                fputs(",,,,,\n", rf->f);
+                continue;
+            }
+            fprintf(rf->f, "%.9g,%.9g,%.9g,%.9g,", q->admit_s, q->first_token_s, q->finish_s,
+                    q->first_token_s - q->arrival_s);
+            if (q->num_generated >= 2) fprintf(rf->f, "%.9g", (q->finish_s - q->first_token_s) / (q->num_generated - 1));
+            fprintf(rf->f, ",%.9g\n", q->finish_s - q->arrival_s);
+        }
+    }
+    const int werr = ferror(rf->f), cerr = fclose(rf->f) != 0;
+    rf->f = NULL;
+    if (st == KVP_OK && (werr || cerr)) st = KVP_ERR(KVP_EIO, "--requests-out: cannot write %s", rf->tmp);
+    if (st == KVP_OK && rename(rf->tmp, rf->path) != 0)
+        st = KVP_ERR(KVP_EIO, "--requests-out: cannot rename %s to %s: %s", rf->tmp, rf->path, strerror(errno));
+    if (st != KVP_OK) remove(rf->tmp);
+    return st;
+}
+
 int kvp_cmd_simulate(int argc, char **argv)
 {
     static const struct option opts[] = {
@@ -167,10 +227,11 @@ int kvp_cmd_simulate(int argc, char **argv)
         {"executor", required_argument, NULL, O_EXECUTOR},
         {"threads", required_argument, NULL, O_THREADS},
         {"kv-dtype", required_argument, NULL, O_KVDTYPE},
+        {"requests-out", required_argument, NULL, O_REQOUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL;
+    const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL, *req_out = NULL;
     double rate = 0, duration = 0;
     int64_t num_req = 0;
     int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, max_tok_set = 0, cpu = 0, threads = 1;
@@ -250,6 +311,7 @@ int kvp_cmd_simulate(int argc, char **argv)
             st = kvp_dtype_parse(optarg, &kv_dtype);
             cpu_only = "--kv-dtype";
             break;
+        case O_REQOUT: req_out = optarg; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
         }
@@ -293,16 +355,25 @@ int kvp_cmd_simulate(int argc, char **argv)
     if (st == KVP_OK) st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, &w);
     kvp_engine_metrics m;
     char wname[64] = "";
+    req_file rf = {0};
+    kvp_req_result *per_req = NULL;
+    if (st == KVP_OK && req_out) { /* created before the run, renamed over req_out only after it */
+        st = req_file_open(&rf, req_out);
+        if (st == KVP_OK && (per_req = kvp_calloc((size_t)w->n, sizeof *per_req)) == NULL)
+            st = KVP_ERR(KVP_ENOMEM, "out of memory for %lld request results", (long long)w->n);
+    }
     if (st == KVP_OK) {
         if (cpu) fit_vocab(w, cfg.vocab_size);
         kvp_progress_bar bar;
         kvp_progress_bar_init(&bar, "simulate");
-        st = cpu ? kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m)
-                 : kvp_simulate(&ec, &cm, w, kvp_progress_bar_fn, &bar, &m);
+        st = cpu ? kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req)
+                 : kvp_simulate(&ec, &cm, w, kvp_progress_bar_fn, &bar, &m, per_req);
         kvp_progress_bar_end(&bar);
         snprintf(wname, sizeof wname, "%s", w->name);
     }
+    if (rf.f) st = req_file_finish(&rf, st, per_req, st == KVP_OK ? w->n : 0);
     double wall = kvp_now_s() - t0;
+    kvp_free(per_req);
     kvp_workload_destroy(w);
     kvp_executor_destroy(&ex);
     kvp_model_destroy(lm);

@@ -61,7 +61,7 @@ static kvp_engine_metrics run_checked(const kvp_workload *w, kvp_alloc_kind allo
     cr_assert_eq(mem.kv_bytes_per_token, 819200.0, "OPT-13B: 2 x 40 layers x 5120 x 2 bytes");
     cr_assert_eq(ec.kv_slots, kv_mem / 819200);
     kvp_engine_metrics m;
-    kvp_status st = kvp_simulate(&ec, &cm, w, NULL, NULL, &m);
+    kvp_status st = kvp_simulate(&ec, &cm, w, NULL, NULL, &m, NULL);
     cr_assert_eq(st, KVP_OK, "%s/%s: %s", kvp_alloc_kind_name(alloc), kvp_pc_kind_name(cache), kvp_error_detail());
     cr_assert_float_eq(share_sum(&m), 1.0, 1e-9, "shares of KV memory must sum to 1");
     cr_assert_eq(m.leaked_blocks, 0);
@@ -403,4 +403,73 @@ Test(simulate_cli, cpu_executor_bad_input)
         {"--executor cpu --model ../shared/models/nope.gguf", "nope.gguf"},
     };
     kvp_test_cli_rejects("simulate --workload system:n=4 --rate inf", cases, sizeof cases / sizeof cases[0]);
+}
+
+/* --requests-out: one CSV row per request whose figures agree with the run's summary (the hit tokens sum
+ * to the hit rate's numerator, the TTFT median is the summary's p50), and an unwritable path fails before
+ * the run without touching anything. */
+Test(simulate_cli, requests_out_rows_agree_with_the_summary)
+{
+    static char out[1 << 16], err[4096];
+    char dir[] = "/tmp/kvp_reqout_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[256], args[1024];
+    snprintf(path, sizeof path, "%s/req.csv", dir);
+    snprintf(args, sizeof args, "simulate --model " LLAMA8B " --workload chat:conversations=12,turns=4 --cache radix "
+             "--kv-mem 1GB --json --requests-out %s", path);
+    int rc = kvp_test_cli(args, out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 0, "%s", err);
+    cJSON *o;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s not written", path);
+    char line[1024];
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    cr_assert_eq(strncmp(line, "id,arrival_s,prompt_len,output_len,state,cached_tokens,", 55), 0, "header: %s", line);
+    double ttft[64], prompt = 0, cached = 0;
+    int n = 0, preempted = 0;
+    while (fgets(line, sizeof line, f)) {
+        long long id;
+        double arr, adm, first, fin, t, e2e;
+        int pl, ol, ct, pre;
+        char state[16];
+        int k = sscanf(line, "%lld,%lf,%d,%d,%15[a-z],%d,%d,%lf,%lf,%lf,%lf,%*[^,],%lf", &id, &arr, &pl, &ol, state, &ct,
+                       &pre, &adm, &first, &fin, &t, &e2e);
+        cr_assert_eq(k, 12, "row %d: %s", n, line);
+        cr_assert_str_eq(state, "finished");
+        cr_assert(arr <= adm && adm < first && first <= fin, "row %d times out of order: %s", n, line);
+        cr_assert_float_eq(t, first - arr, 1e-6);
+        cr_assert_float_eq(e2e, fin - arr, 1e-6);
+        cr_assert(ct >= 0 && ct < pl && ct % 16 == 0, "row %d cached tokens %d", n, ct);
+        cr_assert_lt(n, 64);
+        ttft[n++] = t;
+        prompt += pl;
+        cached += ct;
+        preempted += pre;
+    }
+    fclose(f);
+    cr_assert_eq(n, 48);
+    cr_assert_float_eq(cached / prompt, kvp_test_num(o, "prefix_hit_rate"), 1e-9);
+    cr_assert_eq(preempted, (int)kvp_test_num(o, "preemptions"));
+    for (int i = 1; i < n; i++) /* insertion sort, then the median of 48: the mean of the middle two */
+        for (int j = i; j > 0 && ttft[j] < ttft[j - 1]; j--) {
+            double x = ttft[j];
+            ttft[j] = ttft[j - 1];
+            ttft[j - 1] = x;
+        }
+    cr_assert_float_eq((ttft[23] + ttft[24]) / 2, kvp_test_num(o, "ttft_p50_s"), 1e-6);
+    cJSON_Delete(o);
+    unlink(path);
+    /* a directory that does not exist: an error naming the option, before anything runs */
+    snprintf(args, sizeof args, "simulate --model " LLAMA8B " --workload chat --requests-out %s/nodir/req.csv", dir);
+    rc = kvp_test_cli(args, out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 2);
+    cr_assert(strstr(err, "--requests-out") && strstr(err, "nodir"), "%s", err);
+    cr_assert_eq(out[0], '\0', "no summary for a run that did not happen");
+    snprintf(args, sizeof args, "simulate --model " LLAMA8B " --workload chat --requests-out %s", dir);
+    rc = kvp_test_cli(args, out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 2);
+    cr_assert(strstr(err, "is a directory"), "%s", err);
+    cr_assert_eq(out[0], '\0');
+    rmdir(dir);
 }
