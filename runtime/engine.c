@@ -25,6 +25,10 @@
 
 typedef struct {
     const kvp_request *req;
+    double arrival;        /* req->arrival_s, or later for a request that waits for another's answer */
+    int64_t parent;        /* the sequence whose answer this one waits for (kvp_request.after), or -1 */
+    int64_t first_child, next_sibling; /* the sequences waiting for this one's answer (-1: none) */
+    bool blocked;          /* its arrival time has come but its parent has not finished */
     kvp_req_state state;
     int32_t prompt_len;
     int32_t output_len;    /* clamped */
@@ -78,6 +82,14 @@ struct kvp_engine {
     size_t tokbuf_cap;
     int32_t *seqbuf; /* one sequence's prompt + generated token ids, for the prefix cache */
     size_t seqbuf_cap;
+
+    /* requests that wait for another's answer: due at a known time (a min-heap on (time, index)) */
+    struct due {
+        double t;
+        int64_t idx;
+    } *due;
+    int64_t due_n;
+    size_t due_cap;
 
     double now;
     int32_t step_preempted;
@@ -159,13 +171,14 @@ void kvp_engine_config_default(kvp_engine_config *c)
 
 /* ---------------------------------------------------------------- ordering */
 
-/* Rank: smaller ranks first. fcfs/lpm: addition order (= arrival order); priority: higher priority first. */
+/* Rank: smaller ranks first. fcfs/lpm: arrival, then addition order; priority: higher priority first. */
 static inline bool rank_less(const kvp_engine *e, int64_t a, int64_t b)
 {
     if (e->cfg.sched == KVP_SCHED_PRIORITY) {
         int32_t pa = e->seqs[a].req->priority, pb = e->seqs[b].req->priority;
         if (pa != pb) return pa > pb;
     }
+    if (e->seqs[a].arrival != e->seqs[b].arrival) return e->seqs[a].arrival < e->seqs[b].arrival;
     return a < b;
 }
 
@@ -367,6 +380,7 @@ void kvp_engine_destroy(kvp_engine *e)
     kvp_free(e->lpm_order);
     kvp_free(e->tokbuf);
     kvp_free(e->seqbuf);
+    kvp_free(e->due);
     kvp_free(e);
 }
 
@@ -397,6 +411,8 @@ kvp_status kvp_engine_add_request(kvp_engine *e, const kvp_request *r)
     seq_t *s = &e->seqs[e->n_seqs];
     memset(s, 0, sizeof *s);
     s->req = r;
+    s->arrival = r->arrival_s;
+    s->parent = s->first_child = s->next_sibling = -1;
     s->state = KVP_REQ_PENDING;
     s->prompt_len = r->prompt_len;
     s->admit_s = s->first_token_s = s->finish_s = -1;
@@ -746,14 +762,84 @@ static void integrate(kvp_engine *e, double dt)
 
 /* ---------------------------------------------------------------- step */
 
-static void arrivals(kvp_engine *e)
+static bool due_less(const struct due *a, const struct due *b) { return a->t < b->t || (a->t == b->t && a->idx < b->idx); }
+
+/* Sequence idx, which waited for an answer, arrives at t (>= its own arrival time). */
+static kvp_status due_push(kvp_engine *e, int64_t idx, double t)
+{
+    KVP_TRY(kvp_grow((void **)&e->due, &e->due_cap, (size_t)e->due_n + 1, sizeof *e->due));
+    int64_t i = e->due_n++;
+    struct due x = {t, idx};
+    for (; i > 0 && due_less(&x, &e->due[(i - 1) / 2]); i = (i - 1) / 2) e->due[i] = e->due[(i - 1) / 2];
+    e->due[i] = x;
+    return KVP_OK;
+}
+
+static struct due due_pop(kvp_engine *e)
+{
+    struct due top = e->due[0], x = e->due[--e->due_n];
+    int64_t i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= e->due_n) break;
+        if (c + 1 < e->due_n && due_less(&e->due[c + 1], &e->due[c])) c++;
+        if (!due_less(&e->due[c], &x)) break;
+        e->due[i] = e->due[c];
+        i = c;
+    }
+    if (e->due_n > 0) e->due[i] = x;
+    return top;
+}
+
+/* The time of the next arrival, INFINITY when none is known (every request arrived, or waits for an answer
+ * not given yet). */
+static double next_arrival_time(const kvp_engine *e)
+{
+    double t = e->next_arrival < e->n_seqs ? e->seqs[e->next_arrival].req->arrival_s : INFINITY;
+    return e->due_n > 0 && e->due[0].t < t ? e->due[0].t : t;
+}
+
+static void join_waiting(kvp_engine *e, int64_t idx, double t)
+{
+    e->seqs[idx].arrival = t;
+    e->seqs[idx].state = KVP_REQ_WAITING;
+    waiting_insert(e, idx);
+}
+
+/* Moves the requests whose time has come to waiting. One whose parent has not finished is held (blocked)
+ * until it does; one whose parent finished arrives think_s after that, and not before its own time. */
+static kvp_status arrivals(kvp_engine *e)
 {
     while (e->next_arrival < e->n_seqs && e->seqs[e->next_arrival].req->arrival_s <= e->now) {
         int64_t idx = e->next_arrival++;
-        if (e->seqs[idx].state == KVP_REQ_REJECTED) continue;
-        e->seqs[idx].state = KVP_REQ_WAITING;
-        waiting_insert(e, idx);
+        seq_t *s = &e->seqs[idx];
+        if (s->state == KVP_REQ_REJECTED) continue;
+        const seq_t *p = s->parent >= 0 ? &e->seqs[s->parent] : NULL;
+        if (p && p->state != KVP_REQ_FINISHED && p->state != KVP_REQ_REJECTED) {
+            s->blocked = true;
+            continue;
+        }
+        double t = p && p->state == KVP_REQ_FINISHED ? p->finish_s + s->req->think_s : s->req->arrival_s;
+        if (t > e->now) KVP_TRY(due_push(e, idx, t));
+        else join_waiting(e, idx, t > s->req->arrival_s ? t : s->req->arrival_s);
     }
+    while (e->due_n > 0 && e->due[0].t <= e->now) {
+        struct due d = due_pop(e);
+        join_waiting(e, d.idx, d.t);
+    }
+    return KVP_OK;
+}
+
+/* Sequence idx finished: the requests held for its answer are due think_s from now. */
+static kvp_status release_children(kvp_engine *e, int64_t idx)
+{
+    for (int64_t c = e->seqs[idx].first_child; c >= 0; c = e->seqs[c].next_sibling) {
+        seq_t *s = &e->seqs[c];
+        if (!s->blocked) continue;
+        s->blocked = false;
+        KVP_TRY(due_push(e, c, e->now + s->req->think_s));
+    }
+    return KVP_OK;
 }
 
 /* Token ids of the chunk a sequence computes this step. A recompute chunk that crosses the prompt's end
@@ -780,6 +866,7 @@ static kvp_status finish(kvp_engine *e, int64_t idx)
     else KVP_TRY(kvp_contig_free(e->arena, idx));
     s->state = KVP_REQ_FINISHED;
     s->finish_s = e->now;
+    KVP_TRY(release_children(e, idx));
     kvp_free(s->gen);
     s->gen = NULL;
     s->gen_cap = 0;
@@ -791,21 +878,21 @@ static kvp_status finish(kvp_engine *e, int64_t idx)
 kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
 {
     kvp_step_info inf = {0};
-    arrivals(e);
+    KVP_TRY(arrivals(e));
     /* nothing to do: jump to the next arrival (rejected arrivals join no queue: jump again) */
     while (e->rq_n == 0 && e->wq_n == 0 && e->sq_n == 0) {
-        if (e->next_arrival >= e->n_seqs) {
+        double t = next_arrival_time(e);
+        if (t == INFINITY) { /* a request still held would need a parent still to finish: none is left */
             inf.idle = true;
             inf.time_s = e->now;
             if (info) *info = inf;
             return KVP_OK;
         }
-        double t = e->seqs[e->next_arrival].req->arrival_s;
         if (t > e->now) {
             integrate(e, t - e->now);
             e->now = t;
         }
-        arrivals(e);
+        KVP_TRY(arrivals(e));
     }
     KVP_TRY(schedule(e));
     inf.num_preempted = e->step_preempted;
@@ -958,7 +1045,27 @@ kvp_status kvp_engine_run(kvp_engine *e, const kvp_workload *w, kvp_progress_fn 
     }
     if (!sorted) qsort(order, (size_t)w->n, sizeof *order, cmp_arrival);
     kvp_status st = KVP_OK;
-    for (int64_t i = 0; i < w->n && st == KVP_OK; i++) st = kvp_engine_add_request(e, order[i]);
+    const int64_t base = e->n_seqs;
+    int64_t *pos = kvp_malloc((size_t)(w->n > 0 ? w->n : 1) * sizeof *pos); /* workload index -> sequence */
+    if (pos == NULL) st = KVP_ERR(KVP_ENOMEM, "engine run: out of memory");
+    for (int64_t i = 0; i < w->n && st == KVP_OK; i++) {
+        pos[order[i] - w->reqs] = base + i;
+        st = kvp_engine_add_request(e, order[i]);
+    }
+    for (int64_t i = 0; i < w->n && st == KVP_OK; i++) { /* answers waited for: parents come first */
+        seq_t *s = &e->seqs[base + i];
+        const int64_t a = s->req->after;
+        if (a == 0) continue;
+        if (a < 0 || a > w->n || pos[a - 1] >= base + i || !(s->req->think_s >= 0) || !isfinite(s->req->think_s))
+            st = KVP_ERR(KVP_EINVAL, "request %lld: after %lld is not an earlier request of the workload, or think_s %g "
+                                     "is not a finite number >= 0", (long long)s->req->id, (long long)a, s->req->think_s);
+        else {
+            s->parent = pos[a - 1];
+            s->next_sibling = e->seqs[s->parent].first_child;
+            e->seqs[s->parent].first_child = base + i;
+        }
+    }
+    kvp_free(pos);
     kvp_free(order);
     KVP_TRY(st);
     int64_t total = e->n_seqs;
@@ -1015,7 +1122,7 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
     for (int64_t i = 0; i < e->n_seqs; i++) {
         const seq_t *s = &e->seqs[i];
         if (s->state != KVP_REQ_FINISHED) continue;
-        double arr = s->req->arrival_s;
+        double arr = s->arrival;
         ttft[nt] = s->first_token_s - arr;
         e2e[nt] = s->finish_s - arr;
         nt++;
@@ -1178,7 +1285,7 @@ kvp_status kvp_engine_request(const kvp_engine *e, int64_t index, kvp_req_result
         return KVP_ERR(KVP_EINVAL, "engine: no request with index %lld", (long long)index);
     const seq_t *s = &e->seqs[index];
     out->id = s->req->id;
-    out->arrival_s = s->req->arrival_s;
+    out->arrival_s = s->arrival;
     out->prompt_len = s->prompt_len;
     out->cached_tokens = s->hit_first;
     out->state = s->state;

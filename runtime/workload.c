@@ -335,6 +335,7 @@ typedef struct {
     gen_param p[MAX_KEYS];
     double share; /* system only */
     double rate;
+    double think; /* chat only */
 } gen_spec;
 
 static gen_param *param(gen_spec *g, const char *key)
@@ -359,7 +360,7 @@ static const gen_spec gen_defaults[] = {
       {"seed", 1, 0, INT64_MAX, 0},
       {"vocab", 32000, 2, INT32_MAX, 0},
       {"output", 128, 0, LEN_MAX, 0}},
-     1.0, 10.0},
+     1.0, 10.0, 0},
     {"chat",
      {{"conversations", 50, 1, 1000000, 0},
       {"turns", 6, 1, 1000, 0},
@@ -368,7 +369,7 @@ static const gen_spec gen_defaults[] = {
       {"assistant", 192, 2, LEN_MAX, 0},
       {"seed", 1, 0, INT64_MAX, 0},
       {"vocab", 32000, 2, INT32_MAX, 0}},
-     0, 10.0},
+     0, 10.0, 0},
     {"fewshot",
      {{"n", 200, 1, 10000000, 0},
       {"tasks", 4, 1, 100000, 0},
@@ -378,7 +379,7 @@ static const gen_spec gen_defaults[] = {
       {"seed", 1, 0, INT64_MAX, 0},
       {"vocab", 32000, 2, INT32_MAX, 0},
       {"output", 64, 0, LEN_MAX, 0}},
-     0, 10.0},
+     0, 10.0, 0},
     {"branch",
      {{"n", 200, 1, 10000000, 0},
       {"depth", 4, 1, 64, 0},
@@ -388,7 +389,7 @@ static const gen_spec gen_defaults[] = {
       {"seed", 1, 0, INT64_MAX, 0},
       {"vocab", 32000, 2, INT32_MAX, 0},
       {"output", 64, 0, LEN_MAX, 0}},
-     0, 10.0},
+     0, 10.0, 0},
 };
 
 static kvp_status parse_spec(const char *spec, gen_spec *g)
@@ -418,6 +419,11 @@ static kvp_status parse_spec(const char *spec, gen_spec *g)
         if (strcmp(kv, "rate") == 0) {
             if (kvp_parse_f64(v, 1e-9, 1e12, &g->rate) != KVP_OK)
                 return KVP_ERR(KVP_EINVAL, "workload %s: rate: %s", g->name, kvp_error_message());
+            continue;
+        }
+        if (strcmp(g->name, "chat") == 0 && strcmp(kv, "think") == 0) {
+            if (kvp_parse_f64(v, 0, 1e9, &g->think) != KVP_OK)
+                return KVP_ERR(KVP_EINVAL, "workload %s: think: %s", g->name, kvp_error_message());
             continue;
         }
         if (strcmp(g->name, "system") == 0 && strcmp(kv, "share") == 0) {
@@ -517,8 +523,13 @@ static kvp_status gen_chat(gen_spec *g, kvp_workload *w, rng_t *r)
             st = kvp_workload_set_output(w, last[c], h->t + h->n - pending[c]);   /* and is that turn's output */
         if (st == KVP_OK) st = tb_random(h, r, (size_t)jitter(r, (int32_t)P(g, "user"), 1), vocab);
         pending[c] = jitter(r, (int32_t)P(g, "assistant"), 1);
+        const int64_t prev = last[c];
         last[c] = w->n;
         if (st == KVP_OK) st = emit(w, r, g->rate, &clock, h, pending[c], 0);
+        if (st == KVP_OK && done[c] > 0) { /* after the previous turn's answer */
+            w->reqs[w->n - 1].after = prev + 1;
+            w->reqs[w->n - 1].think_s = g->think;
+        }
         if (++done[c] == turns) {
             kvp_free(h->t);
             *h = (tokbuf){0};

@@ -30,11 +30,13 @@
  *   system   n=200 prefix=1024 suffix=256 share=1.0 seed=1 vocab=32000 rate=10 output=128
  *            N requests; a fraction `share` starts with one common S-token system prompt (also listed as a
  *            pin with priority 1), then a random suffix of length uniform in [suffix/2, 3*suffix/2].
- *   chat     conversations=50 turns=6 system=256 user=64 assistant=192 seed=1 vocab=32000 rate=10
+ *   chat     conversations=50 turns=6 system=256 user=64 assistant=192 seed=1 vocab=32000 rate=10 think=0
  *            Multi-turn chat: turn t's prompt = system prompt (shared by all conversations) + every
  *            earlier user message and assistant answer of that conversation + the new user message;
  *            output_len is the answer's length. Conversations interleave at random, turns in order.
- *            Every turn but a conversation's last carries its answer as output_tokens.
+ *            Every turn but a conversation's last carries its answer as output_tokens, and every turn
+ *            after the first waits for the previous one's answer (after), then `think` seconds (default
+ *            0, a decimal), and arrives no earlier than its own Poisson time.
  *   fewshot  n=200 tasks=4 examples=8 example=128 question=64 seed=1 vocab=32000 rate=10 output=64
  *            Each task has k examples; a request picks a task and asks a random question after them.
  *   branch   n=200 depth=4 fanout=3 segment=128 suffix=64 seed=1 vocab=32000 rate=10 output=64
@@ -60,6 +62,10 @@ typedef struct {
     int32_t *output_tokens; /* [output_len] the answer, when the workload knows it (a chat turn whose answer
                                a later turn's prompt contains), else NULL; owned by the workload. The engine
                                then generates exactly these tokens and caches their blocks. */
+    int64_t after;      /* 1 + the workload index of an earlier request whose answer this one waits for
+                           (the previous chat turn), 0: none. It then arrives at max(arrival_s, that request's
+                           finish + think_s) (kvp_engine_run). */
+    double think_s;     /* >= 0, with after */
 } kvp_request;
 
 typedef struct {

@@ -213,12 +213,19 @@ kvp_status kvp_workload_cut(const kvp_workload *w, int64_t max_requests, double 
     kvp_workload *c = NULL;
     KVP_TRY(kvp_workload_create(w->name, &c));
     kvp_status st = KVP_OK;
+    int64_t *kept = kvp_malloc((size_t)(w->n > 0 ? w->n : 1) * sizeof *kept); /* 1 + new index, 0: dropped */
+    if (kept == NULL) st = KVP_ERR(KVP_ENOMEM, "workload cut: out of memory");
     for (int64_t i = 0; i < w->n_pins && st == KVP_OK; i++) st = kvp_workload_add_pin(c, &w->pins[i], w->pins[i].tokens);
     for (int64_t i = 0; i < w->n && st == KVP_OK; i++) {
-        if (max_requests > 0 && c->n >= max_requests) break;
+        kept[i] = 0;
+        if (max_requests > 0 && c->n >= max_requests) continue;
         if (duration_s > 0 && !(w->reqs[i].arrival_s < duration_s)) continue;
-        st = kvp_workload_add(c, &w->reqs[i], w->reqs[i].tokens);
+        kvp_request r = w->reqs[i];
+        const int64_t a = r.after; /* the request waited for, renumbered; dropped: none */
+        r.after = a > 0 && a <= i ? kept[a - 1] : 0;
+        if ((st = kvp_workload_add(c, &r, r.tokens)) == KVP_OK) kept[i] = c->n;
     }
+    kvp_free(kept);
     if (st != KVP_OK) {
         kvp_workload_destroy(c);
         return st;

@@ -48,7 +48,8 @@ kvp_status kvp_workload_synth(const kvp_synth_opts *opts, kvp_workload **out);
 kvp_status kvp_workload_read_azure(const char *path, int64_t max_requests, kvp_workload **out);
 
 /* A copy of w holding only its requests arriving before duration_s seconds (<= 0: no limit), at most
- * max_requests of them (0: no limit), in order; pins are copied. *out owned by the caller. KVP_ENOMEM. */
+ * max_requests of them (0: no limit), in order (`after` renumbered; a request whose awaited one is dropped
+ * waits for none); pins are copied. *out owned by the caller. KVP_ENOMEM. */
 kvp_status kvp_workload_cut(const kvp_workload *w, int64_t max_requests, double duration_s, kvp_workload **out);
 
 /* Rescales arrival times so that the mean arrival rate (requests over the span from the first to the last

@@ -737,3 +737,47 @@ Test(scheduler, chat_hits_equal_a_brute_force_search_over_earlier_turns)
             kvp_workload_destroy(w);
         }
 }
+
+/* Requests that wait for an earlier one's answer (kvp_request.after): request 1 arrives (its own time,
+ * 1 ms) while request 0 is still generating, so it arrives when request 0 finishes plus think_s; request 2
+ * waits for request 1 with no think time; request 3 waits for request 0 but its own time comes later, so it
+ * keeps it. The recorder's steps are 1 ms. */
+Test(scheduler, a_request_waiting_for_an_answer_arrives_after_it)
+{
+    kvp_executor ex = rec_executor();
+    kvp_engine_config c = base_cfg(4, 1024);
+    int32_t p[] = {8, 8, 8, 8}, o[] = {16, 4, 4, 2};
+    double arr[] = {0, 0.001, 0.002, 5.0};
+    kvp_workload *w = make_wl(4, p, o, arr, NULL);
+    w->reqs[1].after = 1;
+    w->reqs[1].think_s = 0.5;
+    w->reqs[2].after = 2;
+    w->reqs[3].after = 1;
+    w->reqs[3].think_s = 0.5;
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    run_all(e, w);
+    kvp_req_result r[4];
+    for (int i = 0; i < 4; i++) cr_assert_eq(kvp_engine_request(e, i, &r[i]), KVP_OK);
+    cr_assert_float_eq(r[0].finish_s, 0.016, 1e-9, "16 steps of 1 ms");
+    cr_assert_float_eq(r[1].arrival_s, r[0].finish_s + 0.5, 1e-9);
+    cr_assert_float_eq(r[1].admit_s, r[1].arrival_s, 1e-9, "admitted as it arrives (memory is ample)");
+    cr_assert_float_eq(r[2].arrival_s, r[1].finish_s, 1e-9);
+    cr_assert_float_eq(r[3].arrival_s, 5.0, 1e-9, "its own time is later than the answer + think time");
+    cr_assert_gt(first_step_of(1), last_step_of(0));
+    cr_assert_gt(first_step_of(2), last_step_of(1));
+    kvp_engine_metrics m;
+    kvp_engine_metrics_get(e, &m);
+    /* TTFT counts from the time the request was sent: one step for each */
+    cr_assert_float_eq(m.ttft_p99_s, 0.001, 1e-9);
+    kvp_engine_destroy(e);
+
+    /* a request may only wait for one that arrives before it */
+    w->reqs[1].after = 3;
+    ex = rec_executor();
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+    cr_assert_eq(kvp_engine_run(e, w, NULL, NULL), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "after 3"), "%s", kvp_error_message());
+    kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}

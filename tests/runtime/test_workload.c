@@ -232,6 +232,19 @@ Test(workload, chat_turns_extend_history)
     int64_t unknown = 0;
     for (int64_t i = 0; i < w->n; i++) unknown += w->reqs[i].output_tokens == NULL;
     cr_assert_eq(unknown, 7, "only each conversation's last turn has no known answer");
+    /* every later turn waits for the previous turn's answer: its prompt continues that prompt and answer */
+    int64_t waits = 0;
+    for (int64_t i = 0; i < w->n; i++) {
+        const kvp_request *r = &w->reqs[i];
+        if (r->after == 0) continue;
+        cr_assert(r->after >= 1 && r->after <= i, "request %lld: after %lld", (long long)i, (long long)r->after);
+        const kvp_request *q = &w->reqs[r->after - 1];
+        cr_assert(is_prefix(q, r));
+        cr_assert_eq(memcmp(r->tokens + q->prompt_len, q->output_tokens, (size_t)q->output_len * sizeof(int32_t)), 0);
+        cr_assert_eq(r->think_s, 0.0);
+        waits++;
+    }
+    cr_assert_eq(waits, 7 * 4);
     /* a cut copies the answers (no shared ownership: the sanitizer build catches a double free) */
     kvp_workload *c = NULL;
     cr_assert_eq(kvp_workload_cut(w, 20, 0, &c), KVP_OK);
@@ -242,6 +255,23 @@ Test(workload, chat_turns_extend_history)
         cr_assert_eq(memcmp(c->reqs[i].output_tokens, w->reqs[i].output_tokens,
                             (size_t)w->reqs[i].output_len * sizeof(int32_t)), 0);
     }
+    /* a cut renumbers `after`; a request whose awaited one was dropped waits for none */
+    kvp_workload *d = NULL, *e = NULL;
+    cr_assert_eq(kvp_workload_create("deps", &d), KVP_OK);
+    const int32_t tok[2] = {1, 2};
+    const double arr[] = {9.0, 1.0, 2.0, 3.0}; /* request 0 arrives after the cut */
+    const int64_t after[] = {0, 1, 0, 3};      /* 1 waits for 0 (dropped), 3 for 2 */
+    for (int i = 0; i < 4; i++) {
+        kvp_request r = {.id = i, .arrival_s = arr[i], .prompt_len = 2, .output_len = 1, .after = after[i]};
+        cr_assert_eq(kvp_workload_add(d, &r, tok), KVP_OK);
+    }
+    cr_assert_eq(kvp_workload_cut(d, 0, 5.0, &e), KVP_OK);
+    cr_assert_eq(e->n, 3);
+    cr_assert_eq(e->reqs[0].after, 0, "its awaited request was cut");
+    cr_assert_eq(e->reqs[1].after, 0);
+    cr_assert_eq(e->reqs[2].after, 2, "request 2 of the original is now request 1");
+    kvp_workload_destroy(e);
+    kvp_workload_destroy(d);
     cr_assert_eq(kvp_workload_set_output(c, c->n, c->reqs[0].tokens), KVP_EINVAL, "no such request");
     cr_assert_eq(kvp_workload_set_output(c, 0, NULL), KVP_EINVAL);
     kvp_workload_destroy(c);
@@ -280,7 +310,7 @@ Test(workload, bad_specs)
 {
     kvp_workload *w = (kvp_workload *)0x1;
     const char *bad[] = {"nosuch", "system:n=0", "system:bogus=1", "system:n", "chat:turns=x", "system:share=2",
-                         "fewshot:rate=0", "branch:depth=100"};
+                         "fewshot:rate=0", "branch:depth=100", "chat:think=-1", "chat:think=x", "system:think=1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cr_assert_eq(kvp_workload_generate(bad[i], &w), KVP_EINVAL, "%s", bad[i]);
         cr_assert_gt(strlen(kvp_error_message()), 0);
