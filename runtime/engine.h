@@ -12,7 +12,9 @@
  *                          +---swap in---> running     (before any new admission)
  *
  * One step (kvp_engine_step):
- *   1. requests whose arrival time has come join `waiting` (in policy order);
+ *   1. requests whose arrival time has come join `waiting` (in policy order); one that waits for another's
+ *      answer (kvp_request.after, through kvp_engine_run) joins at max(its time, that one's finish +
+ *      think_s), which is then its arrival for ranks and TTFT;
  *   2. token budget B = max_batched_tokens. Running sequences, in rank order, each get
  *      min(tokens still to compute, what is left of B): 1 for a decode, a chunk of the prompt for a
  *      sequence in chunked prefill. Their KV slots are allocated now; when blocks run out, cached prefix
