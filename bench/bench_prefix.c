@@ -42,12 +42,38 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
     const int32_t bs = cfg->block_size;
     double t0 = kvp_now_s();
     int64_t na = w->n_pins + w->n, total_blocks = 0, max_blocks = 1, full_blocks = 0;
+    /* What access a caches: its prompt, and a known answer but its last token (as the engine computes
+     * them), tokens[a][0..lens[a]); it matches its prompt only. */
+    const int32_t **toks = kvp_malloc((size_t)(na ? na : 1) * sizeof *toks);
+    int32_t *lens = kvp_malloc((size_t)(na ? na : 1) * sizeof *lens), *cat = NULL;
+    if (toks == NULL || lens == NULL) {
+        kvp_free(toks);
+        kvp_free(lens);
+        return KVP_ERR(KVP_ENOMEM, "out of memory for the replay");
+    }
+    int64_t cat_n = 0;
     for (int64_t a = 0; a < na; a++) {
         const kvp_request *r = a < w->n_pins ? &w->pins[a] : &w->reqs[a - w->n_pins];
-        int64_t nb = ((int64_t)r->prompt_len + bs - 1) / bs;
+        lens[a] = r->prompt_len + (r->output_tokens && r->output_len > 1 ? r->output_len - 1 : 0);
+        if (lens[a] > r->prompt_len) cat_n += lens[a];
+        int64_t nb = ((int64_t)lens[a] + bs - 1) / bs;
         total_blocks += nb;
-        full_blocks += r->prompt_len / bs;
+        full_blocks += lens[a] / bs;
         if (nb > max_blocks) max_blocks = nb;
+    }
+    if (cat_n > 0 && (cat = kvp_malloc((size_t)cat_n * sizeof *cat)) == NULL) {
+        kvp_free(toks);
+        kvp_free(lens);
+        return KVP_ERR(KVP_ENOMEM, "out of memory for the replay's answers");
+    }
+    for (int64_t a = 0, off = 0; a < na; a++) {
+        const kvp_request *r = a < w->n_pins ? &w->pins[a] : &w->reqs[a - w->n_pins];
+        toks[a] = r->tokens;
+        if (lens[a] == r->prompt_len) continue;
+        memcpy(cat + off, r->tokens, (size_t)r->prompt_len * sizeof *cat);
+        memcpy(cat + off + r->prompt_len, r->output_tokens, (size_t)(lens[a] - r->prompt_len) * sizeof *cat);
+        toks[a] = cat + off;
+        off += lens[a];
     }
     int64_t pool_blocks = cfg->capacity > 0 ? cfg->capacity : total_blocks + 1;
     if (pool_blocks > INT32_MAX - 1)
@@ -59,26 +85,22 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
     int32_t *blocks = kvp_malloc((size_t)max_blocks * sizeof *blocks);
     int32_t *hit = kvp_malloc((size_t)max_blocks * sizeof *hit);
     int64_t *nu_flat = NULL, **nu = NULL;
-    const int32_t **toks = NULL;
-    int32_t *lens = NULL;
+    int32_t *mlens = NULL;
     kvp_status st = (blocks && hit) ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory for the replay");
     if (st == KVP_OK) st = kvp_pool_create((int32_t)pool_blocks, bs, &pool);
     if (st == KVP_OK) st = kvp_pc_create(cfg->kind, cfg->policy, pool, bs, &pc);
     if (st == KVP_OK && cfg->policy == KVP_EVICT_BELADY) {
         nu_flat = kvp_malloc((size_t)(full_blocks ? full_blocks : 1) * sizeof *nu_flat);
         nu = kvp_malloc((size_t)(na ? na : 1) * sizeof *nu);
-        toks = kvp_malloc((size_t)(na ? na : 1) * sizeof *toks);
-        lens = kvp_malloc((size_t)(na ? na : 1) * sizeof *lens);
-        if (!nu_flat || !nu || !toks || !lens) st = KVP_ERR(KVP_ENOMEM, "out of memory for belady's next uses");
+        mlens = kvp_malloc((size_t)(na ? na : 1) * sizeof *mlens);
+        if (!nu_flat || !nu || !mlens) st = KVP_ERR(KVP_ENOMEM, "out of memory for belady's next uses");
         int64_t off = 0;
         for (int64_t a = 0; st == KVP_OK && a < na; a++) {
-            const kvp_request *r = a < w->n_pins ? &w->pins[a] : &w->reqs[a - w->n_pins];
-            toks[a] = r->tokens;
-            lens[a] = r->prompt_len;
+            mlens[a] = a < w->n_pins ? w->pins[a].prompt_len : w->reqs[a - w->n_pins].prompt_len;
             nu[a] = nu_flat + off;
-            off += r->prompt_len / bs;
+            off += lens[a] / bs;
         }
-        if (st == KVP_OK) st = kvp_pc_next_use(toks, lens, NULL, na, bs, nu);
+        if (st == KVP_OK) st = kvp_pc_next_use(toks, lens, mlens, NULL, na, bs, nu);
     }
     memset(out, 0, sizeof *out);
     out->pool_blocks = pool_blocks;
@@ -87,9 +109,10 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         int is_pin = a < w->n_pins;
         const kvp_request *r = is_pin ? &w->pins[a] : &w->reqs[a - w->n_pins];
         kvp_pc_hint hint = {.priority = r->priority, .next_use = nu ? nu[a] : NULL};
-        int32_t n = r->prompt_len, nb = (int32_t)(((int64_t)n + bs - 1) / bs), nfull = n / bs, nh = 0;
+        const int32_t n = r->prompt_len, len = lens[a];
+        int32_t nb = (int32_t)(((int64_t)len + bs - 1) / bs), nfull = len / bs, nh = 0;
         int64_t c0 = kvp_now_ns(), u0 = cpu_ns();
-        if (!is_pin) st = kvp_pc_match(pc, r->tokens, n, &hint, 1, hit, nb, &nh);
+        if (!is_pin) st = kvp_pc_match(pc, toks[a], n, &hint, 1, hit, nb, &nh);
         cache_ns += kvp_now_ns() - c0;
         cache_cpu += cpu_ns() - u0;
         if (st != KVP_OK) break;
@@ -109,7 +132,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         int32_t ncache = nh + got < nfull ? nh + got : nfull;
         c0 = kvp_now_ns();
         u0 = cpu_ns();
-        st = kvp_pc_insert(pc, r->tokens, n, blocks, ncache, &hint, 0, NULL);
+        st = kvp_pc_insert(pc, toks[a], len, blocks, ncache, &hint, 0, NULL);
         cache_ns += kvp_now_ns() - c0;
         cache_cpu += cpu_ns() - u0;
         kvp_status s2 = kvp_pc_unlock(pc, hit, nh);
@@ -119,7 +142,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
             out->requests++;
             out->prompt_tokens += n;
             out->hit_blocks += nh;
-            out->prompt_blocks += nb;
+            out->prompt_blocks += (n + bs - 1) / bs;
         }
     }
     if (st == KVP_OK) {
@@ -143,6 +166,8 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
     kvp_free(nu);
     kvp_free(toks);
     kvp_free(lens);
+    kvp_free(mlens);
+    kvp_free(cat);
     return st;
 }
 

@@ -3,13 +3,13 @@
  * Replay, request by request in workload order, over a block pool of `capacity` blocks (0 = unbounded: every
  * block of every prompt fits):
  *   1. match the prompt (lock) and count the hit; the request takes its own references on the hit blocks;
- *   2. allocate blocks for the rest of the prompt (ceil(len / block_size) - hit, the partial last block
- *      included), evicting by the policy when the pool is short; a request larger than what can be freed
- *      gets what there is (counted in short_requests) and caches only those blocks;
- *   3. insert the prompt's full blocks; 4. unlock and drop the request's references (the request is over).
- * Workload pins (e.g. a system prompt) are inserted first with their priority. Only prompts are replayed:
- * a known answer (a chat turn's kvp_request.output_tokens) is not cached here, while the engine
- * (`kvpage simulate`) caches it, so the next turn's hit rates differ between the two.
+ *   2. allocate blocks for the rest of what it computes (ceil(len / block_size) - hit, the partial last
+ *      block included; len = the prompt, plus a known answer but its last token, a chat turn's
+ *      kvp_request.output_tokens, as the engine computes it), evicting by the policy when the pool is
+ *      short; a request larger than what can be freed gets what there is (counted in short_requests) and
+ *      caches only those blocks;
+ *   3. insert the full blocks; 4. unlock and drop the request's references (the request is over).
+ * Workload pins (e.g. a system prompt) are inserted first with their priority.
  * belady gets, for every block of every access, the index of the next request whose matchable prefix holds
  * it (kvp_pc_next_use over pins + requests).
  */
@@ -31,7 +31,7 @@ typedef struct {
 
 typedef struct {
     int64_t requests, prompt_tokens, hit_tokens;
-    int64_t hit_blocks, prompt_blocks; /* prompt_blocks = sum of ceil(len / block_size) */
+    int64_t hit_blocks, prompt_blocks; /* prompt_blocks = sum of ceil(prompt_len / block_size) */
     int64_t inserted_blocks, evicted_blocks, peak_cached_blocks;
     int64_t short_requests; /* requests that could not get all their blocks */
     int64_t pool_blocks;

@@ -299,8 +299,9 @@ kvp_status kvp_pc_visit(const kvp_prefix_cache *pc, kvp_pc_visit_fn fn, void *ct
     return KVP_OK;
 }
 
-kvp_status kvp_pc_next_use(const int32_t *const *tokens, const int32_t *lens, const uint64_t *extra_keys,
-                           int64_t n_accesses, int32_t block_size, int64_t *const *next_use)
+kvp_status kvp_pc_next_use(const int32_t *const *tokens, const int32_t *lens, const int32_t *match_lens,
+                           const uint64_t *extra_keys, int64_t n_accesses, int32_t block_size,
+                           int64_t *const *next_use)
 {
     if (n_accesses < 0 || n_accesses > INT32_MAX || block_size < 1 || (n_accesses > 0 && (!tokens || !lens || !next_use)))
         return KVP_ERR(KVP_EINVAL, "kvp_pc_next_use: bad arguments");
@@ -310,7 +311,8 @@ kvp_status kvp_pc_next_use(const int32_t *const *tokens, const int32_t *lens, co
     kvp_status st = KVP_OK;
     /* Backwards: the map holds, per chain hash, the earliest later access whose matchable prefix has it. */
     for (int64_t a = n_accesses - 1; a >= 0 && st == KVP_OK; a--) {
-        int32_t nb = lens[a] / block_size, nm = lens[a] > 0 ? (lens[a] - 1) / block_size : 0;
+        const int32_t ml = match_lens ? (match_lens[a] < lens[a] ? match_lens[a] : lens[a]) : lens[a];
+        int32_t nb = lens[a] / block_size, nm = ml > 0 ? (ml - 1) / block_size : 0;
         if (nb == 0) continue;
         if ((st = kvp_grow((void **)&h, &hcap, (size_t)nb, sizeof *h)) != KVP_OK) break;
         if ((st = pc_map_reserve(&map, (size_t)nm)) != KVP_OK) break;

@@ -170,14 +170,16 @@ typedef void (*kvp_pc_visit_fn)(void *ctx, uint64_t chain_hash, int32_t depth, i
                                 const int32_t *block_tokens);
 kvp_status kvp_pc_visit(const kvp_prefix_cache *pc, kvp_pc_visit_fn fn, void *ctx);
 
-/* Belady support: given a sequence of accesses (prompt a = tokens[a][0..lens[a]), in the order they will
- * be made), fills next_use[a][i] for each full block i < lens[a] / block_size of each access with the
- * index of the next access a' > a whose matchable prefix ((lens[a'] - 1) / block_size blocks, extra keys
- * equal) contains the same prefix block, or KVP_PC_NEVER. next_use[a] arrays are caller-owned and
- * hold lens[a] / block_size entries. extra_keys may be NULL (all 0). On KVP_ENOMEM the arrays' contents are
+/* Belady support: given a sequence of accesses (access a caches tokens[a][0..lens[a]) and matches its first
+ * match_lens[a] <= lens[a] tokens, its prompt; match_lens NULL: lens; in the order they will be made),
+ * fills next_use[a][i] for each full block i < lens[a] / block_size of each access with the index of the
+ * next access a' > a whose matchable prefix ((match_lens[a'] - 1) / block_size blocks, extra keys equal)
+ * contains the same prefix block, or KVP_PC_NEVER. next_use[a] arrays are caller-owned and hold
+ * lens[a] / block_size entries. extra_keys may be NULL (all 0). On KVP_ENOMEM the arrays' contents are
  * unspecified. */
-kvp_status kvp_pc_next_use(const int32_t *const *tokens, const int32_t *lens, const uint64_t *extra_keys,
-                           int64_t n_accesses, int32_t block_size, int64_t *const *next_use);
+kvp_status kvp_pc_next_use(const int32_t *const *tokens, const int32_t *lens, const int32_t *match_lens,
+                           const uint64_t *extra_keys, int64_t n_accesses, int32_t block_size,
+                           int64_t *const *next_use);
 
 /* The chain hash of block i given the previous block's hash (h_{-1} = 0 for block 0; extra_key mixes into
  * block 0 only): the function used by the hash cache and kvp_pc_next_use. */

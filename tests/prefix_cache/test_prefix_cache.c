@@ -740,7 +740,7 @@ Test(prefix_cache, next_use)
     int32_t lens[] = {5, 5, 4, 7};
     int64_t n0[2], n1[2], n2[2], n3[3];
     int64_t *nu[] = {n0, n1, n2, n3};
-    cr_assert_eq(kvp_pc_next_use(toks, lens, NULL, 4, 2, nu), KVP_OK);
+    cr_assert_eq(kvp_pc_next_use(toks, lens, NULL, NULL, 4, 2, nu), KVP_OK);
     cr_assert_eq(n0[0], 1);
     cr_assert_eq(n0[1], 3, "P2 ends at B's last token, so only P3 can hit B");
     cr_assert_eq(n1[0], 2);
@@ -749,4 +749,14 @@ Test(prefix_cache, next_use)
     cr_assert_eq(n2[1], 3);
     cr_assert_eq(n3[0], KVP_PC_NEVER);
     cr_assert_eq(n3[2], KVP_PC_NEVER);
+    /* The same accesses caching all their tokens but matching only a prompt: P2 its first 3 tokens ([A] is
+     * matchable), P3 its first 4 ([A]; B and D only cached). B is then never matched again. */
+    int32_t match[] = {5, 5, 3, 4};
+    cr_assert_eq(kvp_pc_next_use(toks, lens, match, NULL, 4, 2, nu), KVP_OK);
+    cr_assert_eq(n0[0], 1);
+    cr_assert_eq(n0[1], KVP_PC_NEVER, "P2 and P3 hold B outside their matched prompts");
+    cr_assert_eq(n1[0], 2);
+    cr_assert_eq(n2[0], 3);
+    cr_assert_eq(n2[1], KVP_PC_NEVER);
+    cr_assert_eq(n3[1], KVP_PC_NEVER);
 }
