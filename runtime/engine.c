@@ -96,6 +96,7 @@ struct kvp_engine {
 
     /* counters */
     int64_t steps, finished, rejected, clamped, preemptions, swap_outs, swap_ins, recomputes;
+    int64_t readmit_hit_tokens;
     int64_t prompt_tokens_first, hit_tokens_first, computed_tokens, batch_tokens_sum, max_running;
     int64_t flushed_blocks; /* cached blocks dropped by the end-of-run check (not evictions of the run) */
     double last_finish_s;
@@ -624,6 +625,8 @@ static kvp_status try_admit(kvp_engine *e, int64_t idx, int32_t *budget, bool *o
         e->prompt_tokens_first += s->prompt_len;
         e->hit_tokens_first += hit_tok;
         s->hit_first = hit_tok;
+    } else {
+        e->readmit_hit_tokens += hit_tok;
     }
     s->num_computed = hit_tok;
     s->sched_new = k;
@@ -1163,6 +1166,7 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
     m->swap_outs = e->swap_outs;
     m->swap_ins = e->swap_ins;
     m->recomputes = e->recomputes;
+    m->readmit_hit_tokens = e->readmit_hit_tokens;
     m->prefix_hit_tokens = e->hit_tokens_first;
     m->prefix_hit_rate = e->prompt_tokens_first > 0 ? (double)e->hit_tokens_first / (double)e->prompt_tokens_first : 0;
     if (e->pc) {

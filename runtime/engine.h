@@ -140,6 +140,7 @@ typedef struct {
     int64_t preemptions, swap_outs, swap_ins, recomputes;
     double prefix_hit_rate;  /* prompt tokens served by the prefix cache / prompt tokens, first admissions */
     int64_t prefix_hit_tokens;
+    int64_t readmit_hit_tokens; /* tokens found cached when requests preempted by recompute came back */
     int64_t evicted_blocks;
     /* Time-averaged shares of the KV memory (sum to 1): */
     double kv_token_states, kv_reserved, kv_internal_frag, kv_external_frag, kv_cached, kv_free;

@@ -420,6 +420,7 @@ int kvp_cmd_simulate(int argc, char **argv)
     cJSON_AddNumberToObject(o, "max_running", (double)m.max_running);
     cJSON_AddNumberToObject(o, "preemptions", (double)m.preemptions);
     cJSON_AddNumberToObject(o, "swap_outs", (double)m.swap_outs);
+    cJSON_AddNumberToObject(o, "readmit_hit_tokens", (double)m.readmit_hit_tokens);
     cJSON_AddNumberToObject(o, "prefix_hit_rate", m.prefix_hit_rate);
     cJSON_AddNumberToObject(o, "evicted_blocks", (double)m.evicted_blocks);
     cJSON_AddNumberToObject(o, "kv_token_states", m.kv_token_states);
@@ -454,8 +455,9 @@ int kvp_cmd_simulate(int argc, char **argv)
                m.total_tok_s, m.req_per_s);
         printf("TTFT p50 / p99     %.4f / %.4f s\n", m.ttft_p50_s, m.ttft_p99_s);
         printf("TPOT p50 / p99     %.5f / %.5f s\n", m.tpot_p50_s, m.tpot_p99_s);
-        printf("running            mean %.2f, max %lld; preemptions %lld (swap-outs %lld)\n", m.mean_running,
-               (long long)m.max_running, (long long)m.preemptions, (long long)m.swap_outs);
+        printf("running            mean %.2f, max %lld; preemptions %lld (swap-outs %lld; %lld tokens found cached "
+               "on readmission)\n", m.mean_running, (long long)m.max_running, (long long)m.preemptions,
+               (long long)m.swap_outs, (long long)m.readmit_hit_tokens);
         printf("prefix hit rate    %.2f %%\n", m.prefix_hit_rate * 100);
         printf("KV memory (time-averaged share): tokens %.1f %%, reserved %.1f %%, internal frag %.1f %%, "
                "external frag %.1f %%, cached %.1f %%, free %.1f %%; tokens / memory in use %.1f %%\n",

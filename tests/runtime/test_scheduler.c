@@ -688,6 +688,7 @@ Test(scheduler, recompute_finds_its_own_computed_blocks_cached)
         kvp_engine_metrics_get(e, &m);
         cr_assert_eq(m.recomputes, 1);
         cr_assert_eq(m.prefix_hit_tokens, 0, "readmissions are not first admissions");
+        cr_assert_eq(m.readmit_hit_tokens, cache ? 16 : 0, "counted apart");
         int s1 = last_step_of(0) + 1;
         cr_assert_eq(R.n[s1], 1);
         cr_assert_eq(R.s[s1][0].id, 1, "request 1 resumes after request 0 finished");
