@@ -652,7 +652,7 @@ static int cmp_lpm(const void *a, const void *b, void *ctx)
     const kvp_engine *e = ctx;
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     if (e->seqs[x].lpm_score != e->seqs[y].lpm_score) return e->seqs[x].lpm_score > e->seqs[y].lpm_score ? -1 : 1;
-    return x < y ? -1 : (x > y);
+    return rank_less(e, x, y) ? -1 : rank_less(e, y, x); /* ties: arrival order */
 }
 
 /* Admits waiting requests in policy order; stops at the first that does not fit. */
