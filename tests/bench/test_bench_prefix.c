@@ -12,6 +12,7 @@
 #include "common/json.h"
 
 #include "cli_testutil.h"
+#include "prefix_testutil.h"
 
 #define SYNTH "../shared/data/traces/mooncake/synthetic_trace.jsonl"
 
@@ -232,21 +233,7 @@ Test(bench_prefix, chat_answers_are_cached_and_found_by_the_next_turn)
     kvp_workload *w = NULL;
     cr_assert_eq(kvp_workload_generate("chat:conversations=6,turns=4,system=40,user=16,assistant=32", &w), KVP_OK);
     const int32_t bs = 4;
-    int64_t want = 0;
-    for (int64_t i = 1; i < w->n; i++) {
-        const kvp_request *r = &w->reqs[i];
-        int32_t best = 0;
-        for (int64_t j = 0; j < i; j++) {
-            const kvp_request *q = &w->reqs[j];
-            int32_t nk = q->prompt_len + (q->output_tokens ? q->output_len - 1 : 0), l = 0;
-            while (l < r->prompt_len && l < nk &&
-                   r->tokens[l] == (l < q->prompt_len ? q->tokens[l] : q->output_tokens[l - q->prompt_len]))
-                l++;
-            best = l > best ? l : best;
-        }
-        best = best < r->prompt_len - 1 ? best : r->prompt_len - 1;
-        want += best / bs * bs;
-    }
+    const int64_t want = kvp_test_bruteforce_hits(w, bs);
     for (int k = 0; k < 2; k++) {
         kvp_prefix_replay_result r = replay(w, k ? KVP_PC_HASH : KVP_PC_RADIX, KVP_EVICT_LRU, bs, 0);
         cr_assert_eq(r.hit_tokens, want, "cache %d: %lld hit tokens, brute force %lld", k, (long long)r.hit_tokens,

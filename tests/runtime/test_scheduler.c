@@ -8,6 +8,8 @@
 #include "runtime/engine.h"
 #include "runtime/workload.h"
 
+#include "prefix_testutil.h"
+
 enum { MAXSTEPS = 4096, MAXB = 16 };
 
 typedef struct {
@@ -712,21 +714,7 @@ Test(scheduler, chat_hits_equal_a_brute_force_search_over_earlier_turns)
             cr_assert_eq(kvp_workload_generate("chat:conversations=4,turns=4,system=40,user=16,assistant=32", &w), KVP_OK);
             for (int64_t i = 0; i < w->n; i++) w->reqs[i].arrival_s = 10.0 * (double)i;
             const int32_t bs = sizes[bi];
-            int64_t want = 0;
-            for (int64_t i = 1; i < w->n; i++) {
-                const kvp_request *r = &w->reqs[i];
-                int32_t best = 0;
-                for (int64_t j = 0; j < i; j++) {
-                    const kvp_request *q = &w->reqs[j];
-                    int32_t nk = q->prompt_len + (q->output_tokens ? q->output_len - 1 : 0), l = 0;
-                    while (l < r->prompt_len && l < nk &&
-                           r->tokens[l] == (l < q->prompt_len ? q->tokens[l] : q->output_tokens[l - q->prompt_len]))
-                        l++;
-                    best = l > best ? l : best;
-                }
-                best = best < r->prompt_len - 1 ? best : r->prompt_len - 1;
-                want += best / bs * bs;
-            }
+            const int64_t want = kvp_test_bruteforce_hits(w, bs);
             kvp_engine_config c = base_cfg(bs, 1 << 20);
             c.cache = kind ? KVP_PC_HASH : KVP_PC_RADIX;
             c.max_model_len = 4096;

@@ -1,0 +1,33 @@
+/* tests/prefix_testutil.h — a brute-force reference for prefix-cache hits, sharing no code with the caches:
+ * requests served one after another in workload order, every block ever cached kept. */
+#ifndef KVP_TESTS_PREFIX_TESTUTIL_H
+#define KVP_TESTS_PREFIX_TESTUTIL_H
+
+#include <stdint.h>
+
+#include "runtime/workload.h"
+
+/* Hit tokens over w's requests: request i finds the longest prefix it shares with the tokens an earlier
+ * request computed (its prompt, and its known answer but the last token), in whole blocks of bs, never
+ * covering its own last prompt token. */
+static inline int64_t kvp_test_bruteforce_hits(const kvp_workload *w, int32_t bs)
+{
+    int64_t hits = 0;
+    for (int64_t i = 1; i < w->n; i++) {
+        const kvp_request *r = &w->reqs[i];
+        int32_t best = 0;
+        for (int64_t j = 0; j < i; j++) {
+            const kvp_request *q = &w->reqs[j];
+            int32_t nk = q->prompt_len + (q->output_tokens ? q->output_len - 1 : 0), l = 0;
+            while (l < r->prompt_len && l < nk &&
+                   r->tokens[l] == (l < q->prompt_len ? q->tokens[l] : q->output_tokens[l - q->prompt_len]))
+                l++;
+            best = l > best ? l : best;
+        }
+        best = best < r->prompt_len - 1 ? best : r->prompt_len - 1;
+        hits += best / bs * bs;
+    }
+    return hits;
+}
+
+#endif
