@@ -44,7 +44,7 @@ typedef struct {
     int64_t reserve_len;   /* contiguous: reservation length */
     int32_t lpm_score;
     bool admitted_once;
-    bool inserted;         /* prompt blocks inserted in the prefix cache since the last admission */
+    bool inserted;         /* computed blocks cached when the prefill (or recompute) ended, since admission */
     double admit_s, first_token_s, finish_s;
 } seq_t;
 
@@ -266,8 +266,8 @@ static kvp_status known_tokens(kvp_engine *e, const seq_t *s, int32_t n, const i
 }
 
 /* Caches the full blocks of every token of s whose KV is computed (prompt and generated), as vLLM v1 and
- * SGLang do when a sequence is preempted by recompute (it finds its own blocks again when readmitted) or
- * finishes (a later prompt that contains its answer, the next turn of a chat, finds them). */
+ * SGLang do: when its prefill ends, when it is preempted by recompute (it finds its own blocks again when
+ * readmitted) and when it finishes with a known answer (the next turn of a chat finds it). */
 static kvp_status cache_computed(kvp_engine *e, int64_t idx)
 {
     seq_t *s = &e->seqs[idx];
@@ -863,7 +863,7 @@ static const int32_t *chunk_tokens(kvp_engine *e, const seq_t *s, size_t *off)
 static kvp_status finish(kvp_engine *e, int64_t idx)
 {
     seq_t *s = &e->seqs[idx];
-    if (s->req->output_tokens && paged(e)) KVP_TRY(cache_computed(e, idx)); /* its answer is known: reusable */
+    if (s->req->output_tokens) KVP_TRY(cache_computed(e, idx)); /* its answer is known: reusable */
     KVP_TRY(unlock_hits(e, s));
     if (paged(e)) KVP_TRY(kvp_bm_free(e->bm, idx));
     else KVP_TRY(kvp_contig_free(e->arena, idx));
@@ -960,14 +960,8 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
         bool was_prefill = s->num_computed < s->prompt_len;
         s->num_computed += s->sched_new;
         s->sched_new = 0;
-        if (was_prefill && s->num_computed >= s->prompt_len && e->pc && !s->inserted) {
-            int32_t n_full = s->prompt_len / e->cfg.block_size;
-            if (n_full > 0) {
-                kvp_bm_table_view v;
-                KVP_TRY(kvp_bm_table(e->bm, idx, &v));
-                kvp_pc_hint hint = {.priority = s->req->priority};
-                KVP_TRY(kvp_pc_insert(e->pc, s->req->tokens, s->prompt_len, v.blocks, n_full, &hint, 0, NULL));
-            }
+        if (was_prefill && s->num_computed >= s->prompt_len && !s->inserted) { /* prefill done */
+            KVP_TRY(cache_computed(e, idx));
             s->inserted = true;
         }
         if (!e->xs[i].sample) continue;
