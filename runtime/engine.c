@@ -1070,6 +1070,7 @@ kvp_status kvp_engine_run(kvp_engine *e, const kvp_workload *w, kvp_progress_fn 
         kvp_step_info inf;
         KVP_TRY(kvp_engine_step(e, &inf));
         if (inf.idle) break;
+        if (e->cfg.on_step && inf.num_scheduled > 0) KVP_TRY(e->cfg.on_step(e->cfg.on_step_ctx, e, &inf));
         if (progress && (e->steps & 4095) == 0) progress(pctx, e->finished + e->rejected, total, e->now);
     }
     if (progress) progress(pctx, e->finished + e->rejected, total, e->now);
@@ -1272,6 +1273,7 @@ kvp_status kvp_engine_check(const kvp_engine *e)
     return KVP_OK;
 }
 
+int64_t kvp_engine_steps(const kvp_engine *e) { return e->steps; }
 int32_t kvp_engine_num_running(const kvp_engine *e) { return e->rq_n; }
 int32_t kvp_engine_num_waiting(const kvp_engine *e) { return (int32_t)e->wq_n; }
 int32_t kvp_engine_num_swapped(const kvp_engine *e) { return (int32_t)e->sq_n; }

@@ -72,6 +72,11 @@ typedef enum { KVP_ALLOC_PAGED = 0, KVP_ALLOC_ORCA_MAX, KVP_ALLOC_ORCA_POW2, KVP
 typedef enum { KVP_SCHED_FCFS = 0, KVP_SCHED_LPM, KVP_SCHED_PRIORITY } kvp_sched_policy;
 typedef enum { KVP_PREEMPT_RECOMPUTE = 0, KVP_PREEMPT_SWAP } kvp_preempt_mode;
 
+typedef struct kvp_engine kvp_engine;
+struct kvp_step_info;
+/* Called by kvp_engine_run after every step that ran a batch; an error stops the run with it. */
+typedef kvp_status (*kvp_step_fn)(void *ctx, const kvp_engine *e, const struct kvp_step_info *info);
+
 /* "paged" | "orca-max" | "orca-pow2" | "orca-oracle"; "fcfs" | "lpm" | "priority"; "recompute" | "swap".
  * KVP_EINVAL naming the value and the choices. _name: static strings. */
 kvp_status kvp_alloc_kind_parse(const char *s, kvp_alloc_kind *out);
@@ -100,16 +105,16 @@ typedef struct {
     kvp_evict_policy evict;
     int32_t watermark_blocks;   /* free blocks admission keeps back (paged), >= 0 */
     bool check_every_step;      /* run every invariant walker after each step (tests; slow) */
+    kvp_step_fn on_step;        /* NULL: none */
+    void *on_step_ctx;
 } kvp_engine_config;
 
 /* Defaults: paged (buddy arena for the Orca baselines), block 16, fcfs, recompute, no cache, lru, 256 seqs, 8192 tokens, max_model_len 4096,
  * chunked prefill on, watermark 0, kv_slots and host_slots 0 (must be set). */
 void kvp_engine_config_default(kvp_engine_config *cfg);
 
-typedef struct kvp_engine kvp_engine;
-
 /* Result of one step. */
-typedef struct {
+typedef struct kvp_step_info {
     double time_s;          /* simulated time at the end of the step */
     double step_s;          /* its duration (0 when the engine only jumped to an arrival or was idle) */
     int32_t num_scheduled;  /* sequences in the batch */
@@ -183,6 +188,7 @@ kvp_status kvp_engine_check(const kvp_engine *e);
 
 /* Counts for tests. */
 int32_t kvp_engine_num_running(const kvp_engine *e);
+int64_t kvp_engine_steps(const kvp_engine *e); /* steps that ran a batch so far */
 int32_t kvp_engine_num_waiting(const kvp_engine *e);
 int32_t kvp_engine_num_swapped(const kvp_engine *e);
 double kvp_engine_now(const kvp_engine *e);

@@ -72,6 +72,9 @@ static void usage(FILE *f)
             "  --requests-out FILE       also a CSV row per request (arrival order): id, arrival, prompt and\n"
             "                            output lengths, state, prompt tokens found cached, preemptions,\n"
             "                            admission / first token / finish times, TTFT, TPOT, end-to-end\n"
+            "  --steps-out FILE          also a CSV row per step: time, batch, preemptions, finishes, queue\n"
+            "                            lengths and the KV memory's split (tokens, reserved, internal and\n"
+            "                            external fragmentation, cached, free) in slots\n"
             "  --check                   run every invariant walker after each step (slow)\n"
             "  -h, --help\n");
 }
@@ -79,7 +82,7 @@ static void usage(FILE *f)
 enum {
     O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_BLOCK, O_ALLOC, O_CACHE, O_EVICT,
     O_SCHED, O_PREEMPT, O_TP, O_MAXSEQS, O_MAXTOK, O_MAXLEN, O_NOCHUNK, O_JSON, O_GPUUTIL, O_KVMEM, O_SWAP,
-    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT,
+    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT,
 };
 
 enum { CPU_MEM_DEFAULT = 1 << 30 }; /* KV cache and swap space of the cpu executor when not given */
@@ -141,25 +144,44 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype dt, const
     return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)host, dt, NULL, ex);
 }
 
-/* --requests-out: rows go to PATH.tmp, created before the run (a path that cannot be written fails at
- * once), renamed to PATH after a successful run and removed otherwise (PATH is never left half written). */
+/* --requests-out / --steps-out: rows go to PATH.tmp, created before the run (a path that cannot be written
+ * fails at once), renamed to PATH after a successful run and removed otherwise (PATH is never left half
+ * written). */
 typedef struct {
     FILE *f;
-    const char *path;
+    const char *opt, *path;
     char tmp[4096];
-} req_file;
+} out_file;
 
-static kvp_status req_file_open(req_file *rf, const char *path)
+static kvp_status out_file_open(out_file *of, const char *opt, const char *path, const char *header)
 {
-    if (snprintf(rf->tmp, sizeof rf->tmp, "%s.tmp", path) >= (int)sizeof rf->tmp)
-        return KVP_ERR(KVP_EINVAL, "--requests-out: path too long");
-    rf->path = path;
+    of->opt = opt;
+    of->path = path;
+    if (snprintf(of->tmp, sizeof of->tmp, "%s.tmp", path) >= (int)sizeof of->tmp)
+        return KVP_ERR(KVP_EINVAL, "%s: path too long", opt);
     struct stat sb;
-    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return KVP_ERR(KVP_EINVAL, "--requests-out: %s is a directory", path);
-    if ((rf->f = fopen(rf->tmp, "w")) == NULL)
-        return KVP_ERR(KVP_EIO, "--requests-out: cannot create %s: %s", rf->tmp, strerror(errno));
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) return KVP_ERR(KVP_EINVAL, "%s: %s is a directory", opt, path);
+    if ((of->f = fopen(of->tmp, "w")) == NULL)
+        return KVP_ERR(KVP_EIO, "%s: cannot create %s: %s", opt, of->tmp, strerror(errno));
+    fputs(header, of->f);
     return KVP_OK;
 }
+
+/* Closes (nothing open: st), then renames when st is KVP_OK, removes otherwise. Returns st or the error. */
+static kvp_status out_file_close(out_file *of, kvp_status st)
+{
+    if (of->f == NULL) return st;
+    const int werr = ferror(of->f), cerr = fclose(of->f) != 0;
+    of->f = NULL;
+    if (st == KVP_OK && (werr || cerr)) st = KVP_ERR(KVP_EIO, "%s: cannot write %s", of->opt, of->tmp);
+    if (st == KVP_OK && rename(of->tmp, of->path) != 0)
+        st = KVP_ERR(KVP_EIO, "%s: cannot rename %s to %s: %s", of->opt, of->tmp, of->path, strerror(errno));
+    if (st != KVP_OK) remove(of->tmp);
+    return st;
+}
+
+static const char REQ_HEADER[] = "id,arrival_s,prompt_len,output_len,state,cached_tokens,preemptions,admit_s,"
+                                 "first_token_s,finish_s,ttft_s,tpot_s,e2e_s\n";
 
 static const char *req_state_name(kvp_req_state s)
 {
@@ -167,33 +189,37 @@ static const char *req_state_name(kvp_req_state s)
     return (unsigned)s <= KVP_REQ_REJECTED ? names[s] : "?";
 }
 
-/* Writes n rows (when st is KVP_OK), closes, renames or removes. Returns st or the write error. */
-static kvp_status req_file_finish(req_file *rf, kvp_status st, const kvp_req_result *r, int64_t n)
+static void write_requests(FILE *f, const kvp_req_result *r, int64_t n)
 {
-    if (st == KVP_OK) {
-        fprintf(rf->f, "id,arrival_s,prompt_len,output_len,state,cached_tokens,preemptions,admit_s,first_token_s,"
-                       "finish_s,ttft_s,tpot_s,e2e_s\n");
-        for (int64_t i = 0; i < n; i++) {
-            const kvp_req_result *q = &r[i];
-            fprintf(rf->f, "%lld,%.9g,%d,%d,%s,%d,%d,", (long long)q->id, q->arrival_s, (int)q->prompt_len,
-                    (int)q->output_len, req_state_name(q->state), (int)q->cached_tokens, (int)q->preemptions);
-            if (q->state != KVP_REQ_FINISHED) {
-                fputs(",,,,,\n", rf->f);
-                continue;
-            }
-            fprintf(rf->f, "%.9g,%.9g,%.9g,%.9g,", q->admit_s, q->first_token_s, q->finish_s,
-                    q->first_token_s - q->arrival_s);
-            if (q->num_generated >= 2) fprintf(rf->f, "%.9g", (q->finish_s - q->first_token_s) / (q->num_generated - 1));
-            fprintf(rf->f, ",%.9g\n", q->finish_s - q->arrival_s);
+    for (int64_t i = 0; i < n; i++) {
+        const kvp_req_result *q = &r[i];
+        fprintf(f, "%lld,%.9g,%d,%d,%s,%d,%d,", (long long)q->id, q->arrival_s, (int)q->prompt_len, (int)q->output_len,
+                req_state_name(q->state), (int)q->cached_tokens, (int)q->preemptions);
+        if (q->state != KVP_REQ_FINISHED) {
+            fputs(",,,,,\n", f);
+            continue;
         }
+        fprintf(f, "%.9g,%.9g,%.9g,%.9g,", q->admit_s, q->first_token_s, q->finish_s, q->first_token_s - q->arrival_s);
+        if (q->num_generated >= 2) fprintf(f, "%.9g", (q->finish_s - q->first_token_s) / (q->num_generated - 1));
+        fprintf(f, ",%.9g\n", q->finish_s - q->arrival_s);
     }
-    const int werr = ferror(rf->f), cerr = fclose(rf->f) != 0;
-    rf->f = NULL;
-    if (st == KVP_OK && (werr || cerr)) st = KVP_ERR(KVP_EIO, "--requests-out: cannot write %s", rf->tmp);
-    if (st == KVP_OK && rename(rf->tmp, rf->path) != 0)
-        st = KVP_ERR(KVP_EIO, "--requests-out: cannot rename %s to %s: %s", rf->tmp, rf->path, strerror(errno));
-    if (st != KVP_OK) remove(rf->tmp);
-    return st;
+}
+
+static const char STEP_HEADER[] = "step,time_s,step_s,batch_seqs,batch_tokens,preempted,finished,running,waiting,"
+                                  "swapped,token_states,reserved,internal_frag,external_frag,cached,free\n";
+
+/* --steps-out: a row after every step that ran a batch, with the KV memory in slots (tokens) then. */
+static kvp_status write_step(void *ctx, const kvp_engine *e, const kvp_step_info *inf)
+{
+    FILE *f = ctx;
+    kvp_kv_accounting a;
+    kvp_engine_account(e, &a);
+    fprintf(f, "%lld,%.9g,%.9g,%d,%d,%d,%d,%d,%d,%d,%lld,%lld,%lld,%lld,%lld,%lld\n", (long long)kvp_engine_steps(e),
+            inf->time_s, inf->step_s, (int)inf->num_scheduled, (int)inf->num_tokens, (int)inf->num_preempted,
+            (int)inf->num_finished, (int)kvp_engine_num_running(e), (int)kvp_engine_num_waiting(e),
+            (int)kvp_engine_num_swapped(e), (long long)a.token_states, (long long)a.reserved, (long long)a.internal_frag,
+            (long long)a.external_frag, (long long)a.cached, (long long)a.free);
+    return ferror(f) ? KVP_ERR(KVP_EIO, "--steps-out: cannot write") : KVP_OK;
 }
 
 int kvp_cmd_simulate(int argc, char **argv)
@@ -228,10 +254,12 @@ int kvp_cmd_simulate(int argc, char **argv)
         {"threads", required_argument, NULL, O_THREADS},
         {"kv-dtype", required_argument, NULL, O_KVDTYPE},
         {"requests-out", required_argument, NULL, O_REQOUT},
+        {"steps-out", required_argument, NULL, O_STEPOUT},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL, *req_out = NULL;
+    const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL, *req_out = NULL,
+               *step_out = NULL;
     double rate = 0, duration = 0;
     int64_t num_req = 0;
     int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, max_tok_set = 0, cpu = 0, threads = 1;
@@ -312,6 +340,7 @@ int kvp_cmd_simulate(int argc, char **argv)
             cpu_only = "--kv-dtype";
             break;
         case O_REQOUT: req_out = optarg; break;
+        case O_STEPOUT: step_out = optarg; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
         }
@@ -355,12 +384,16 @@ int kvp_cmd_simulate(int argc, char **argv)
     if (st == KVP_OK) st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, &w);
     kvp_engine_metrics m;
     char wname[64] = "";
-    req_file rf = {0};
+    out_file rf = {0}, sf = {0};
     kvp_req_result *per_req = NULL;
     if (st == KVP_OK && req_out) { /* created before the run, renamed over req_out only after it */
-        st = req_file_open(&rf, req_out);
+        st = out_file_open(&rf, "--requests-out", req_out, REQ_HEADER);
         if (st == KVP_OK && (per_req = kvp_calloc((size_t)w->n, sizeof *per_req)) == NULL)
             st = KVP_ERR(KVP_ENOMEM, "out of memory for %lld request results", (long long)w->n);
+    }
+    if (st == KVP_OK && step_out && (st = out_file_open(&sf, "--steps-out", step_out, STEP_HEADER)) == KVP_OK) {
+        ec.on_step = write_step;
+        ec.on_step_ctx = sf.f;
     }
     if (st == KVP_OK) {
         if (cpu) fit_vocab(w, cfg.vocab_size);
@@ -371,7 +404,9 @@ int kvp_cmd_simulate(int argc, char **argv)
         kvp_progress_bar_end(&bar);
         snprintf(wname, sizeof wname, "%s", w->name);
     }
-    if (rf.f) st = req_file_finish(&rf, st, per_req, st == KVP_OK ? w->n : 0);
+    if (st == KVP_OK && rf.f) write_requests(rf.f, per_req, w->n);
+    st = out_file_close(&rf, st);
+    st = out_file_close(&sf, st);
     double wall = kvp_now_s() - t0;
     kvp_free(per_req);
     kvp_workload_destroy(w);

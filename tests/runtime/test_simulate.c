@@ -406,17 +406,19 @@ Test(simulate_cli, cpu_executor_bad_input)
 }
 
 /* --requests-out: one CSV row per request whose figures agree with the run's summary (the hit tokens sum
- * to the hit rate's numerator, the TTFT median is the summary's p50), and an unwritable path fails before
- * the run without touching anything. */
-Test(simulate_cli, requests_out_rows_agree_with_the_summary)
+ * to the hit rate's numerator, the TTFT median is the summary's p50); --steps-out: one row per step, also
+ * agreeing with it; an unwritable path fails before the run without touching anything. */
+Test(simulate_cli, requests_and_steps_out_rows_agree_with_the_summary)
 {
     static char out[1 << 16], err[4096];
     char dir[] = "/tmp/kvp_reqout_XXXXXX";
     cr_assert_not_null(mkdtemp(dir));
     char path[256], args[1024];
     snprintf(path, sizeof path, "%s/req.csv", dir);
+    char spath[256];
+    snprintf(spath, sizeof spath, "%s/steps.csv", dir);
     snprintf(args, sizeof args, "simulate --model " LLAMA8B " --workload chat:conversations=12,turns=4 --cache radix "
-             "--kv-mem 1GB --json --requests-out %s", path);
+             "--kv-mem 256MB --json --requests-out %s --steps-out %s", path, spath); /* 17 preemptions */
     int rc = kvp_test_cli(args, out, sizeof out, err, sizeof err);
     cr_assert_eq(rc, 0, "%s", err);
     cJSON *o;
@@ -458,8 +460,39 @@ Test(simulate_cli, requests_out_rows_agree_with_the_summary)
             ttft[j - 1] = x;
         }
     cr_assert_float_eq((ttft[23] + ttft[24]) / 2, kvp_test_num(o, "ttft_p50_s"), 1e-6);
+    /* --steps-out: a row per step; its finishes and preemptions add up to the summary's, time only moves
+     * forward, and every row's KV split adds up to the capacity */
+    f = fopen(spath, "r");
+    cr_assert_not_null(f, "%s not written", spath);
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    cr_assert_eq(strncmp(line, "step,time_s,step_s,batch_seqs,batch_tokens,preempted,finished,", 62), 0, "%s", line);
+    long long steps = 0, fin = 0, pre = 0, last_step = 0;
+    double last_t = 0;
+    const long long cap = (long long)kvp_test_num(o, "kv_capacity_tokens");
+    while (fgets(line, sizeof line, f)) {
+        long long st, kv[6];
+        double t, dt;
+        int bseq, btok, np, nf, nr, nw, ns;
+        int k = sscanf(line, "%lld,%lf,%lf,%d,%d,%d,%d,%d,%d,%d,%lld,%lld,%lld,%lld,%lld,%lld", &st, &t, &dt, &bseq, &btok,
+                       &np, &nf, &nr, &nw, &ns, &kv[0], &kv[1], &kv[2], &kv[3], &kv[4], &kv[5]);
+        cr_assert_eq(k, 16, "%s", line);
+        cr_assert_eq(st, last_step + 1, "every batch step has a row");
+        cr_assert(t > last_t && dt > 0 && bseq >= 1 && btok >= bseq, "%s", line);
+        cr_assert_eq(kv[0] + kv[1] + kv[2] + kv[3] + kv[4] + kv[5], cap, "%s", line);
+        last_step = st;
+        last_t = t;
+        fin += nf;
+        pre += np;
+        steps++;
+    }
+    fclose(f);
+    cr_assert_eq(steps, (long long)kvp_test_num(o, "steps"));
+    cr_assert_eq(fin, (long long)kvp_test_num(o, "finished"));
+    cr_assert_eq(pre, (long long)kvp_test_num(o, "preemptions"));
+    cr_assert_float_eq(last_t, kvp_test_num(o, "sim_duration_s"), 1e-6, "the last step finishes the last request");
     cJSON_Delete(o);
     unlink(path);
+    unlink(spath);
     /* a directory that does not exist: an error naming the option, before anything runs */
     snprintf(args, sizeof args, "simulate --model " LLAMA8B " --workload chat --requests-out %s/nodir/req.csv", dir);
     rc = kvp_test_cli(args, out, sizeof out, err, sizeof err);
