@@ -238,14 +238,22 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     return KVP_OK;
 }
 
-/* Recompute preemption of running sequence idx: its blocks are freed and it waits to be prefilled again.
- * The preempted list grows first, so a failure leaves everything as it was. */
+/* Recompute preemption of running sequence idx: the full blocks of all it computed are cached (readmitted,
+ * it finds them unless evicted meanwhile, as in the engine), its blocks are freed and it waits to be
+ * prefilled again. The preempted list grows first and an insert fails with nothing changed, so a failure
+ * leaves everything as it was. */
 static kvp_status preempt(gen_ctx *g, int32_t idx)
 {
     gseq *s = g->seqs[idx];
     size_t cap = g->cap_pre;
     KVP_TRY(kvp_grow((void **)&g->preempted, &cap, (size_t)g->npre + 1, sizeof *g->preempted));
     g->cap_pre = cap;
+    const int32_t nfull = s->n_computed / kvp_bm_block_size(g->bm);
+    if (g->pc && nfull > 0) {
+        kvp_bm_table_view tv;
+        KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
+        KVP_TRY(kvp_pc_insert(g->pc, s->toks, s->n_computed, tv.blocks, nfull, NULL, 0, NULL));
+    }
     KVP_TRY(kvp_bm_free(g->bm, s->id));
     s->n_computed = 0;
     s->n_alloc = 0;

@@ -290,6 +290,34 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
     for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
 }
 
+/* 16 copies of a 21-token prompt, 200 tokens each, in 40 blocks of 16: sequences are preempted by
+ * recompute again and again. A preempted sequence caches the full blocks of all it computed, so when it comes
+ * back it recomputes only what was evicted meanwhile: fewer tokens go through the model than without a
+ * cache (with the old prompt-only caching, as many: the copies are admitted in the same step, before any
+ * prompt block is cached), and the tokens are the same. */
+Test(generate, a_preempted_sequence_finds_its_computed_blocks_cached, .init = setup, .fini = teardown)
+{
+    enc e = encode("Once upon a time there was a little girl named Lily who loved to play outside in the park");
+    kvp_gen_request reqs[16];
+    for (int i = 0; i < 16; i++) reqs[i] = greedy_req(e, 200);
+    kvp_gen_result res[2][16];
+    kvp_gen_stats st[2];
+    for (int c = 0; c < 2; c++) {
+        kvp_gen_config cfg = kvp_gen_config_default();
+        cfg.block_size = 16;
+        cfg.num_blocks = 40;
+        cfg.cache = c ? KVP_PC_RADIX : KVP_PC_NONE;
+        cr_assert_eq(kvp_gen_run(g_model, &cfg, reqs, 16, res[c], &st[c]), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_gt(st[c].preemptions, 0, "the cache must be tight enough to preempt");
+    }
+    cr_assert_lt(st[1].computed_tokens, st[0].computed_tokens * 3 / 4, "%lld tokens computed with the cache, %lld without",
+                 (long long)st[1].computed_tokens, (long long)st[0].computed_tokens);
+    for (int i = 0; i < 16; i++) expect_same(&res[0][i], &res[1][i], "radix vs none", i);
+    kvp_gen_results_free(res[0], 16);
+    kvp_gen_results_free(res[1], 16);
+    kvp_free(e.ids);
+}
+
 /* Several beam searches in a cache that holds one at its peak but not all of them: beams are never
  * preempted, so admitting more than fit made the running ones fail for want of blocks. Each must give the
  * beams it gives alone. */
