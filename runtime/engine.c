@@ -265,6 +265,22 @@ static kvp_status known_tokens(kvp_engine *e, const seq_t *s, int32_t n, const i
     return KVP_OK;
 }
 
+/* Matches s's first n known tokens in the prefix cache: *n_hit cached blocks, their ids in e->hit_scratch.
+ * lock = 1: locked for s, with its priority (an admission); 0: a look only (the lpm score). */
+static kvp_status lookup(kvp_engine *e, const seq_t *s, int32_t n, int lock, int32_t *n_hit)
+{
+    const int32_t maxb = n / e->cfg.block_size + 1;
+    const int32_t *toks;
+    KVP_TRY(known_tokens(e, s, n, &toks));
+    if (maxb > e->hit_scratch_cap) {
+        size_t cap = (size_t)e->hit_scratch_cap;
+        KVP_TRY(kvp_grow((void **)&e->hit_scratch, &cap, (size_t)maxb, sizeof(int32_t)));
+        e->hit_scratch_cap = (int32_t)cap;
+    }
+    const kvp_pc_hint hint = {.priority = s->req->priority};
+    return kvp_pc_match(e->pc, toks, n, lock ? &hint : NULL, lock, e->hit_scratch, maxb, n_hit);
+}
+
 /* Caches the full blocks of every token of s whose KV is computed (prompt and generated), as vLLM v1 and
  * SGLang do: when its prefill ends, when it is preempted by recompute (it finds its own blocks again when
  * readmitted) and when it finishes with a known answer (the next turn of a chat finds it). */
@@ -579,19 +595,8 @@ static kvp_status try_admit(kvp_engine *e, int64_t idx, int32_t *budget, bool *o
         *ok = true;
         return KVP_OK;
     }
-    int32_t n_hit = 0;
-    if (e->pc) {
-        int32_t maxb = total / bs + 1;
-        const int32_t *toks; /* readmitted after recompute: its generated tokens may be cached too */
-        KVP_TRY(known_tokens(e, s, total, &toks));
-        if (maxb > e->hit_scratch_cap) {
-            size_t cap = (size_t)e->hit_scratch_cap;
-            KVP_TRY(kvp_grow((void **)&e->hit_scratch, &cap, (size_t)maxb, sizeof(int32_t)));
-            e->hit_scratch_cap = (int32_t)cap;
-        }
-        kvp_pc_hint hint = {.priority = s->req->priority};
-        KVP_TRY(kvp_pc_match(e->pc, toks, total, &hint, 1, e->hit_scratch, maxb, &n_hit));
-    }
+    int32_t n_hit = 0; /* readmitted after recompute: its generated tokens may be cached too */
+    if (e->pc) KVP_TRY(lookup(e, s, total, 1, &n_hit));
     int32_t hit_tok = n_hit * bs;
     int32_t remaining = total - hit_tok;
     int32_t k = remaining < *budget ? remaining : *budget;
@@ -664,13 +669,8 @@ static kvp_status admit_waiting(kvp_engine *e, int32_t *budget)
         for (int64_t i = 0; i < w; i++) {
             int64_t idx = e->wq[e->wq_head + i];
             seq_t *s = &e->seqs[idx];
-            int32_t maxb = s->prompt_len / e->cfg.block_size + 1, n_hit = 0;
-            if (maxb > e->hit_scratch_cap) {
-                size_t cap = (size_t)e->hit_scratch_cap;
-                KVP_TRY(kvp_grow((void **)&e->hit_scratch, &cap, (size_t)maxb, sizeof(int32_t)));
-                e->hit_scratch_cap = (int32_t)cap;
-            }
-            KVP_TRY(kvp_pc_match(e->pc, s->req->tokens, s->prompt_len, NULL, 0, e->hit_scratch, maxb, &n_hit));
+            int32_t n_hit = 0;
+            KVP_TRY(lookup(e, s, s->prompt_len, 0, &n_hit));
             s->lpm_score = n_hit;
             e->lpm_order[i] = idx;
         }
