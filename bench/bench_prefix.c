@@ -46,13 +46,9 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
      * them), tokens[a][0..lens[a]); it matches its prompt only. */
     const int32_t **toks = kvp_malloc((size_t)(na ? na : 1) * sizeof *toks);
     int32_t *lens = kvp_malloc((size_t)(na ? na : 1) * sizeof *lens), *cat = NULL;
-    if (toks == NULL || lens == NULL) {
-        kvp_free(toks);
-        kvp_free(lens);
-        return KVP_ERR(KVP_ENOMEM, "out of memory for the replay");
-    }
+    kvp_status st = toks && lens ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory for the replay");
     int64_t cat_n = 0;
-    for (int64_t a = 0; a < na; a++) {
+    for (int64_t a = 0; st == KVP_OK && a < na; a++) {
         const kvp_request *r = a < w->n_pins ? &w->pins[a] : &w->reqs[a - w->n_pins];
         lens[a] = r->prompt_len + (r->output_tokens && r->output_len > 1 ? r->output_len - 1 : 0);
         if (lens[a] > r->prompt_len) cat_n += lens[a];
@@ -61,12 +57,9 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         full_blocks += lens[a] / bs;
         if (nb > max_blocks) max_blocks = nb;
     }
-    if (cat_n > 0 && (cat = kvp_malloc((size_t)cat_n * sizeof *cat)) == NULL) {
-        kvp_free(toks);
-        kvp_free(lens);
-        return KVP_ERR(KVP_ENOMEM, "out of memory for the replay's answers");
-    }
-    for (int64_t a = 0, off = 0; a < na; a++) {
+    if (st == KVP_OK && cat_n > 0 && (cat = kvp_malloc((size_t)cat_n * sizeof *cat)) == NULL)
+        st = KVP_ERR(KVP_ENOMEM, "out of memory for the replay's answers");
+    for (int64_t a = 0, off = 0; st == KVP_OK && a < na; a++) {
         const kvp_request *r = a < w->n_pins ? &w->pins[a] : &w->reqs[a - w->n_pins];
         toks[a] = r->tokens;
         if (lens[a] == r->prompt_len) continue;
@@ -76,9 +69,9 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         off += lens[a];
     }
     int64_t pool_blocks = cfg->capacity > 0 ? cfg->capacity : total_blocks + 1;
-    if (pool_blocks > INT32_MAX - 1)
-        return KVP_ERR(KVP_EINVAL, "a pool of %lld blocks is too large (block size %d): raise the block size or set --capacity",
-                       (long long)pool_blocks, bs);
+    if (st == KVP_OK && pool_blocks > INT32_MAX - 1)
+        st = KVP_ERR(KVP_EINVAL, "a pool of %lld blocks is too large (block size %d): raise the block size or set --capacity",
+                     (long long)pool_blocks, bs);
 
     kvp_block_pool *pool = NULL;
     kvp_prefix_cache *pc = NULL;
@@ -86,7 +79,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
     int32_t *hit = kvp_malloc((size_t)max_blocks * sizeof *hit);
     int64_t *nu_flat = NULL, **nu = NULL;
     int32_t *mlens = NULL;
-    kvp_status st = (blocks && hit) ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory for the replay");
+    if (st == KVP_OK && !(blocks && hit)) st = KVP_ERR(KVP_ENOMEM, "out of memory for the replay");
     if (st == KVP_OK) st = kvp_pool_create((int32_t)pool_blocks, bs, &pool);
     if (st == KVP_OK) st = kvp_pc_create(cfg->kind, cfg->policy, pool, bs, &pc);
     if (st == KVP_OK && cfg->policy == KVP_EVICT_BELADY) {

@@ -126,6 +126,10 @@ Test(bench_prefix, requests_larger_than_the_cache)
     cr_assert_leq(r.peak_cached_blocks, 8);
     kvp_prefix_replay_cfg bad = {KVP_PC_RADIX, KVP_EVICT_LRU, 16, -1};
     cr_assert_eq(kvp_prefix_replay(w, &bad, &r), KVP_EINVAL);
+    /* a pool too large for int32 block ids: an error, with nothing leaked (the sanitizer build checks) */
+    kvp_prefix_replay_cfg huge = {KVP_PC_RADIX, KVP_EVICT_LRU, 16, INT32_MAX};
+    cr_assert_eq(kvp_prefix_replay(w, &huge, &r), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "too large"), "%s", kvp_error_message());
     kvp_workload_destroy(w);
 }
 
