@@ -48,6 +48,9 @@ static void usage(FILE *f)
             "  --max-num-seqs N        running sequences at most (default 256)\n"
             "  --max-batched-tokens N  tokens per step (default 2048)\n"
             "  --threads N             CPU threads (default 1)\n"
+            "  --tp N                  tensor parallelism over N MPI ranks (default 1): run it as\n"
+            "                          `mpirun -np N kvpage generate --tp N ...`; each rank holds 1/N of the heads,\n"
+            "                          of the MLP and of the vocabulary, and 1/N of the KV cache; rank 0 prints\n"
             "  --matmul invariant|blas invariant: batch-invariant kernels, the same greedy tokens in any batch\n"
             "                          (default); blas: OpenBLAS sgemm and tiled prefill attention\n"
             "  --json                  one JSON object: per-prompt results and totals\n"
@@ -181,7 +184,7 @@ static kvp_status load_tokenizer(const kvp_model *m, const char *model_path, con
 typedef struct {
     const char *model, *tokenizer, *prompts_file;
     strlist prompts;
-    int32_t max_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads;
+    int32_t max_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads, tp;
     double temperature, top_p;
     int64_t seed;
     kvp_pc_kind cache;
@@ -197,9 +200,37 @@ static cJSON *ids_json(const int32_t *ids, int32_t n)
     return a;
 }
 
+/* FNV-1a over every sample's tokens: the ranks of a tensor-parallel run must agree on it. */
+static uint64_t results_hash(const kvp_gen_result *res, int32_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < n; i++)
+        for (int32_t s = 0; s < res[i].n_samples; s++)
+            for (int32_t t = 0; t <= res[i].n_tokens[s]; t++) {
+                uint32_t v = t < res[i].n_tokens[s] ? (uint32_t)res[i].tokens[s][t] : 0xffffffffu;
+                for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+            }
+    return h;
+}
+
+/* Under tensor parallelism every rank runs the same scheduler and sampler on the same logits, so every rank
+ * must end with the same tokens: checked against rank 0's. */
+static kvp_status check_ranks_agree(kvp_comm *comm, const kvp_gen_result *res, int32_t n)
+{
+    uint64_t mine = results_hash(res, n), root = mine;
+    KVP_TRY(kvp_comm_broadcast(comm, &root, sizeof root, 0));
+    float differ = root != mine;
+    KVP_TRY(kvp_comm_all_reduce_sum_f32(comm, &differ, 1)); /* so that every rank fails, not only those */
+    if (differ > 0)
+        return KVP_ERR(KVP_EMPI, "%.0f of the %d tensor-parallel ranks generated other tokens than rank 0", differ,
+                       kvp_comm_size(comm));
+    return KVP_OK;
+}
+
 static int run(gen_opts *o)
 {
     kvp_model *m = NULL;
+    kvp_comm *comm = NULL;
     kvp_tokenizer *tok = NULL;
     kvp_gen_request *reqs = NULL;
     kvp_gen_result *res = NULL;
@@ -207,7 +238,16 @@ static int run(gen_opts *o)
     int rc = KVP_EXIT_OK;
     kvp_status st;
     double t_load = kvp_now_s();
-    if ((st = kvp_model_load(o->model, &m)) != KVP_OK) return kvp_cli_fail(CMD, st);
+    st = o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
+    if (st == KVP_OK && kvp_comm_rank(comm) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 prints */
+        st = KVP_ERR(KVP_EIO, "rank %d: cannot silence stdout", kvp_comm_rank(comm));
+    if (st == KVP_OK) st = kvp_model_load_tp(o->model, comm, &m);
+    if (st != KVP_OK) {
+        rc = kvp_cli_fail(CMD, st);
+        if (comm) kvp_comm_abort(comm, rc);
+        kvp_comm_destroy(comm);
+        return rc;
+    }
     kvp_model_set_threads(m, o->threads);
     kvp_model_set_matmul(m, o->matmul);
     if ((st = load_tokenizer(m, o->model, o->tokenizer, &tok)) != KVP_OK) {
@@ -254,6 +294,10 @@ static int run(gen_opts *o)
         goto out;
     }
     nres = n;
+    if ((st = check_ranks_agree(comm, res, n)) != KVP_OK) {
+        rc = kvp_cli_fail(CMD, st);
+        goto out;
+    }
     cJSON *root = o->json ? cJSON_CreateObject() : NULL, *arr = NULL;
     if (root) {
         cJSON_AddStringToObject(root, "model", o->model);
@@ -325,12 +369,14 @@ static int run(gen_opts *o)
         cJSON_AddStringToObject(t, "kv_dtype", kvp_dtype_name(o->kv_dtype));
         cJSON_AddNumberToObject(t, "kv_pool_bytes", (double)stats.kv_pool_bytes);
         cJSON_AddNumberToObject(t, "threads", o->threads);
+        cJSON_AddNumberToObject(t, "tp", o->tp);
         cJSON_AddStringToObject(t, "matmul", kvp_matmul_kind_name(o->matmul));
         st = kvp_json_print(stdout, root);
         cJSON_Delete(root);
         if (st != KVP_OK) rc = kvp_cli_fail(CMD, st);
     }
-    fprintf(stderr,
+    if (kvp_comm_rank(comm) == 0)
+        fprintf(stderr,
             "kvpage generate: %d prompts, %lld generated tokens in %.3f s (%.1f tokens/s), %lld steps, prefix hit "
             "rate %.3f, peak KV token states %lld, KV cache %.2f MiB of %s\n",
             n, (long long)stats.generated_tokens, stats.wall_s, stats.tokens_per_s, (long long)stats.steps,
@@ -345,13 +391,16 @@ out:
     kvp_free(reqs);
     kvp_tok_destroy(tok);
     kvp_model_destroy(m);
+    /* a rank that fails alone would leave the others waiting in a collective: end the whole job */
+    if (rc != KVP_EXIT_OK) kvp_comm_abort(comm, rc);
+    kvp_comm_destroy(comm);
     return rc;
 }
 
 int kvp_cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
-           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE };
+           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -363,7 +412,8 @@ int kvp_cmd_generate(int argc, char **argv)
         {"max-batched-tokens", required_argument, 0, O_BATCH}, {"threads", required_argument, 0, O_THREADS},
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
-        {"kv-dtype", required_argument, 0, O_KV_DTYPE}, {"help", no_argument, 0, 'h'},
+        {"kv-dtype", required_argument, 0, O_KV_DTYPE}, {"tp", required_argument, 0, O_TP},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     gen_opts o;
     memset(&o, 0, sizeof o);
@@ -375,6 +425,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.max_seqs = 256;
     o.max_batched = 2048;
     o.threads = 1;
+    o.tp = 1;
     o.matmul = KVP_MATMUL_INVARIANT;
     o.kv_dtype = KVP_DTYPE_F32;
     int c, rc = KVP_EXIT_OK;
@@ -402,6 +453,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &o.max_batched); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;
+        case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &o.tp); break;
         case O_MATMUL:
             st = kvp_matmul_kind_parse(optarg, &o.matmul);
             break;

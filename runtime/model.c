@@ -13,6 +13,8 @@
 
 #include "attention/attention.h"
 #include "common/alloc.h"
+#include "parallel/comm.h"
+#include "parallel/shard.h"
 #include "runtime/gguf.h"
 #include "runtime/safetensors.h"
 
@@ -88,9 +90,11 @@ struct kvp_model {
     int threads;
     int is_gguf;
     char path[1024];
-    float *embed;    /* (vocab, hidden) */
-    float *out_norm; /* (hidden) */
-    mat_w lm_head;   /* [vocab, hidden]; a copy of embed when tied */
+    kvp_comm *comm;   /* borrowed; NULL: one rank */
+    kvp_tp_shard tp;  /* this rank's heads, intermediate units and vocabulary rows (all of them at tp 1) */
+    float *embed;     /* (tp.nv, hidden): vocabulary rows tp.v0 .. */
+    float *out_norm;  /* (hidden) */
+    mat_w lm_head;    /* [tp.nv, hidden]; a copy of embed's rows when tied */
     layer_w *layers; /* (num_layers) */
     double *inv_freq; /* (head_dim / 2) */
     fwd_ws ws[KVP_FWD_MAX_GROUPS]; /* one per data-parallel group, grown on demand */
@@ -226,6 +230,32 @@ static int src_has(const source *src, const char *name)
 }
 
 /* Loads tensor `name` of exactly shape (d0[, d1]) as freshly allocated f32. */
+static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_t d1, float **out);
+
+/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` of shape (d0, d1) (d1 = 0: a vector, nc
+ * ignored): this rank's shard, freshly allocated. */
+static kvp_status load_part(const source *src, const char *name, int64_t d0, int64_t d1, int64_t r0, int64_t nr,
+                            int64_t c0, int64_t nc, float **out)
+{
+    float *w;
+    KVP_TRY(load_t(src, name, d0, d1, &w));
+    const int64_t cols = d1 > 0 ? d1 : 1;
+    if (d1 <= 0) c0 = 0, nc = 1;
+    if (r0 == 0 && nr == d0 && nc == cols) {
+        *out = w;
+        return KVP_OK;
+    }
+    float *p = kvp_aligned_alloc(64, (size_t)(nr * nc) * sizeof(float));
+    if (!p) {
+        kvp_free(w);
+        return KVP_ERR(KVP_ENOMEM, "out of memory for tensor '%s'", name);
+    }
+    for (int64_t r = 0; r < nr; r++) memcpy(p + r * nc, w + (r0 + r) * cols + c0, (size_t)nc * sizeof(float));
+    kvp_free(w);
+    *out = p;
+    return KVP_OK;
+}
+
 static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_t d1, float **out)
 {
     kvp_tensor_view v;
@@ -251,11 +281,13 @@ static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_
     return KVP_OK;
 }
 
-/* Loads an [out, in] matrix into packed panels (mat_w). */
-static kvp_status load_mat(const source *src, const char *name, int64_t out_f, int64_t in_f, mat_w *out)
+/* Loads outputs [o0, o0 + no) and inputs [i0, i0 + ni) of an [out, in] matrix into packed panels (mat_w). */
+static kvp_status load_mat(const source *src, const char *name, int64_t out_full, int64_t in_full, int64_t o0,
+                           int64_t no, int64_t i0, int64_t ni, mat_w *out)
 {
     float *w;
-    KVP_TRY(load_t(src, name, out_f, in_f, &w));
+    KVP_TRY(load_part(src, name, out_full, in_full, o0, no, i0, ni, &w));
+    const int64_t out_f = no, in_f = ni;
     const int64_t np = (out_f + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
     float *p = kvp_aligned_alloc(64, (size_t)(np * in_f * KVP_MM_PANEL) * sizeof(float));
     if (!p) {
@@ -329,16 +361,18 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
     const kvp_model_config *c = &m->cfg;
     const int64_t H = c->hidden_size, hd = c->head_dim, nq = c->num_q_heads, nkv = c->num_kv_heads;
     const int64_t FF = c->intermediate_size, V = c->vocab_size;
+    /* this rank's shard (parallel/shard.h): rows of the column-parallel matrices, columns of the
+     * row-parallel ones, vocabulary rows of the embedding and LM head */
+    const kvp_tp_shard *t = &m->tp;
+    const int64_t q0 = t->q0 * hd, nqd = t->nq * hd, k0 = t->kv0 * hd, nkd = t->nkv * hd;
     const int g = src->g != NULL;
     char n[256];
-    KVP_TRY(load_t(src, g ? "token_embd.weight" : "model.embed_tokens.weight", V, H, &m->embed));
+    const char *emb = g ? "token_embd.weight" : "model.embed_tokens.weight";
+    KVP_TRY(load_part(src, emb, V, H, t->v0, t->nv, 0, H, &m->embed));
     KVP_TRY(load_t(src, g ? "output_norm.weight" : "model.norm.weight", H, 0, &m->out_norm));
     const char *lm = g ? "output.weight" : "lm_head.weight";
-    if (c->tie_word_embeddings && !src_has(src, lm)) {
-        KVP_TRY(load_mat(src, g ? "token_embd.weight" : "model.embed_tokens.weight", V, H, &m->lm_head));
-    } else {
-        KVP_TRY(load_mat(src, lm, V, H, &m->lm_head));
-    }
+    if (c->tie_word_embeddings && !src_has(src, lm)) lm = emb;
+    KVP_TRY(load_mat(src, lm, V, H, t->v0, t->nv, 0, H, &m->lm_head));
     if (g && src_has(src, "rope_freqs.weight")) {
         /* llama.cpp's form of llama3 rope scaling: one divisor per frequency, theta_i = pos * inv_freq_i /
          * factor_i (what rope_scaling computes from config.json in an HF folder; GGUF metadata has no
@@ -361,14 +395,15 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
         layer_w *w = &m->layers[l];
 #define NAME(gg, hf) (snprintf(n, sizeof n, g ? "blk.%d." gg : "model.layers.%d." hf, l), n)
         KVP_TRY(load_t(src, NAME("attn_norm.weight", "input_layernorm.weight"), H, 0, &w->attn_norm));
-        KVP_TRY(load_mat(src, NAME("attn_q.weight", "self_attn.q_proj.weight"), nq * hd, H, &w->wq));
-        KVP_TRY(load_mat(src, NAME("attn_k.weight", "self_attn.k_proj.weight"), nkv * hd, H, &w->wk));
-        KVP_TRY(load_mat(src, NAME("attn_v.weight", "self_attn.v_proj.weight"), nkv * hd, H, &w->wv));
-        KVP_TRY(load_mat(src, NAME("attn_output.weight", "self_attn.o_proj.weight"), H, nq * hd, &w->wo));
+        KVP_TRY(load_mat(src, NAME("attn_q.weight", "self_attn.q_proj.weight"), nq * hd, H, q0, nqd, 0, H, &w->wq));
+        KVP_TRY(load_mat(src, NAME("attn_k.weight", "self_attn.k_proj.weight"), nkv * hd, H, k0, nkd, 0, H, &w->wk));
+        KVP_TRY(load_mat(src, NAME("attn_v.weight", "self_attn.v_proj.weight"), nkv * hd, H, k0, nkd, 0, H, &w->wv));
+        KVP_TRY(load_mat(src, NAME("attn_output.weight", "self_attn.o_proj.weight"), H, nq * hd, 0, H, q0, nqd,
+                         &w->wo));
         if (c->attention_bias) {
-            KVP_TRY(load_t(src, NAME("attn_q.bias", "self_attn.q_proj.bias"), nq * hd, 0, &w->bq));
-            KVP_TRY(load_t(src, NAME("attn_k.bias", "self_attn.k_proj.bias"), nkv * hd, 0, &w->bk));
-            KVP_TRY(load_t(src, NAME("attn_v.bias", "self_attn.v_proj.bias"), nkv * hd, 0, &w->bv));
+            KVP_TRY(load_part(src, NAME("attn_q.bias", "self_attn.q_proj.bias"), nq * hd, 0, q0, nqd, 0, 0, &w->bq));
+            KVP_TRY(load_part(src, NAME("attn_k.bias", "self_attn.k_proj.bias"), nkv * hd, 0, k0, nkd, 0, 0, &w->bk));
+            KVP_TRY(load_part(src, NAME("attn_v.bias", "self_attn.v_proj.bias"), nkv * hd, 0, k0, nkd, 0, 0, &w->bv));
             if (src_has(src, NAME("attn_output.bias", "self_attn.o_proj.bias")))
                 KVP_TRY(load_t(src, NAME("attn_output.bias", "self_attn.o_proj.bias"), H, 0, &w->bo));
         }
@@ -377,9 +412,11 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
             KVP_TRY(load_t(src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, 0, &w->k_norm));
         }
         KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
-        KVP_TRY(load_mat(src, NAME("ffn_gate.weight", "mlp.gate_proj.weight"), FF, H, &w->w_gate));
-        KVP_TRY(load_mat(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, &w->w_up));
-        KVP_TRY(load_mat(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, &w->w_down));
+        KVP_TRY(load_mat(src, NAME("ffn_gate.weight", "mlp.gate_proj.weight"), FF, H, t->ff0, t->nff, 0, H,
+                         &w->w_gate));
+        KVP_TRY(load_mat(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, t->ff0, t->nff, 0, H, &w->w_up));
+        KVP_TRY(load_mat(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, 0, H, t->ff0, t->nff,
+                         &w->w_down));
 #undef NAME
         w->window_left = -1;
         if (c->sliding_window > 0 && c->layer_is_sliding[l])
@@ -496,6 +533,21 @@ static kvp_status init_rope(kvp_model *m)
     return KVP_OK;
 }
 
+/* This rank's shard of the model (all of it without a communicator). */
+static kvp_status shard(kvp_model *m, kvp_comm *comm, const char *what)
+{
+    const kvp_model_config *c = &m->cfg;
+    const int tp = comm ? kvp_comm_size(comm) : 1, rank = comm ? kvp_comm_rank(comm) : 0;
+    if (kvp_tp_shard_of(tp, rank, c->num_q_heads, c->num_kv_heads, c->intermediate_size, c->vocab_size, &m->tp) !=
+        KVP_OK)
+        return KVP_ERR(KVP_EINVAL, "%s: cannot split the model over %d ranks: %s", what, tp, kvp_error_message());
+    if (m->tp.nv < 1)
+        return KVP_ERR(KVP_EINVAL, "%s: the %lld-token vocabulary leaves rank %d of %d no rows", what,
+                       (long long)c->vocab_size, rank, tp);
+    m->comm = comm;
+    return KVP_OK;
+}
+
 static int is_dir(const char *p)
 {
     struct stat sb;
@@ -508,7 +560,9 @@ static int ends_with(const char *s, const char *suf)
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
-kvp_status kvp_model_load(const char *path, kvp_model **out)
+kvp_status kvp_model_load(const char *path, kvp_model **out) { return kvp_model_load_tp(path, NULL, out); }
+
+kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out)
 {
     if (!path || !out) return KVP_ERR(KVP_EINVAL, "kvp_model_load: NULL argument");
     if (strlen(path) >= 900) return KVP_ERR(KVP_EINVAL, "model path too long");
@@ -543,6 +597,7 @@ kvp_status kvp_model_load(const char *path, kvp_model **out)
         src.s = s;
     }
     if ((st = check_config(&m->cfg, path, m->is_gguf ? path : cfgpath, m->is_gguf)) != KVP_OK) goto fail;
+    if ((st = shard(m, comm, path)) != KVP_OK) goto fail;
     if ((st = init_rope(m)) != KVP_OK) goto fail;
     if ((st = load_weights(m, &src)) != KVP_OK) goto fail;
     kvp_gguf_close(g);
@@ -613,8 +668,7 @@ kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_
     kv->layers = kvp_calloc((size_t)kv->num_layers, sizeof *kv->layers);
     kvp_status st = kv->layers ? KVP_OK : KVP_ERR(KVP_ENOMEM, "KV cache: out of memory");
     for (int32_t l = 0; st == KVP_OK && l < kv->num_layers; l++) {
-        st = kvp_paged_kv_init(&kv->layers[l], dtype, num_blocks, m->cfg.num_kv_heads, block_size,
-                               m->cfg.head_dim);
+        st = kvp_paged_kv_init(&kv->layers[l], dtype, num_blocks, m->tp.nkv, block_size, m->cfg.head_dim);
         if (st == KVP_OK) st = kvp_paged_kv_alloc_pools(&kv->layers[l]);
         if (st == KVP_OK) {
             /* Unused slots hold NaN so a kernel that reads past a sequence's length poisons its output. */
@@ -631,7 +685,7 @@ kvp_status kvp_kv_cache_create(const kvp_model *m, kvp_dtype dtype, int32_t num_
 
 double kvp_kv_cache_bytes(const kvp_model *m, kvp_dtype dtype, int64_t num_blocks, int32_t block_size)
 {
-    return 2.0 * (double)m->cfg.num_layers * (double)m->cfg.num_kv_heads * (double)m->cfg.head_dim *
+    return 2.0 * (double)m->cfg.num_layers * (double)m->tp.nkv * (double)m->cfg.head_dim *
            (double)kvp_dtype_size(dtype) * (double)block_size * (double)num_blocks;
 }
 
@@ -956,7 +1010,7 @@ static kvp_status validate(const kvp_model *m, const kvp_kv_cache *kv, const kvp
     if (b->num_seqs < 1 || T < 1 || !b->qo_indptr || b->qo_indptr[0] != 0 || b->qo_indptr[b->num_seqs] != T)
         return KVP_ERR(KVP_EINVAL, "forward: inconsistent batch (%d sequences, %lld tokens)", b->num_seqs,
                        (long long)T);
-    if (kv->num_layers != c->num_layers || kv->layers[0].num_kv_heads != c->num_kv_heads ||
+    if (kv->num_layers != c->num_layers || kv->layers[0].num_kv_heads != m->tp.nkv ||
         kv->layers[0].head_dim != c->head_dim)
         return KVP_ERR(KVP_EINVAL, "forward: the KV cache was made for another model");
     int32_t maxlen = kvp_model_max_len(m);
@@ -992,11 +1046,13 @@ static kvp_status validate(const kvp_model *m, const kvp_kv_cache *kv, const kvp
 static void ws_need(const kvp_model *m, const kvp_kv_cache *kv, const kvp_fwd_batch *b, size_t *fneed, size_t *ineed)
 {
     const kvp_model_config *c = &m->cfg;
-    const int64_t H = c->hidden_size, QD = (int64_t)c->num_q_heads * c->head_dim,
-                  KD = (int64_t)c->num_kv_heads * c->head_dim, FF = c->intermediate_size, T = b->num_tokens;
-    const int64_t S = b->all_logits ? T : b->num_seqs;
-    /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H); RoPE cos/sin (T,head_dim). */
-    *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H + T * c->head_dim) * sizeof(float);
+    const int64_t H = c->hidden_size, QD = (int64_t)m->tp.nq * c->head_dim, KD = (int64_t)m->tp.nkv * c->head_dim,
+                  FF = m->tp.nff, T = b->num_tokens;
+    const int64_t S = b->all_logits ? T : b->num_seqs, lg = m->tp.tp > 1 ? (1 + m->tp.tp) * S * m->tp.vpad : 0;
+    /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H); RoPE cos/sin (T,head_dim); with
+     * tp > 1 the rank's logits (S,vpad) and the gathered ones (tp,S,vpad). Shapes of this rank's shard. */
+    *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H + T * c->head_dim + lg) *
+             sizeof(float);
     int64_t total = 0;
     const int32_t bs = kv->block_size;
     for (int32_t s = 0; s < b->num_seqs; s++) {
@@ -1026,17 +1082,24 @@ static kvp_status ws_reserve(fwd_ws *w, size_t fneed, size_t ineed)
     return KVP_OK;
 }
 
+/* Sums the ranks' partial results (a no-op at tp 1). */
+static kvp_status all_reduce(const kvp_model *m, float *x, int64_t n)
+{
+    return m->tp.tp > 1 ? kvp_comm_all_reduce_sum_f32(m->comm, x, n) : KVP_OK;
+}
+
 /* The forward pass proper over a validated batch, with a reserved workspace, `nt` matmul threads. */
 static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch *b, float *logits,
                               fwd_ws *ws, int nt)
 {
     const kvp_model_config *c = &m->cfg;
-    const int64_t H = c->hidden_size, hd = c->head_dim, nq = c->num_q_heads, nkv = c->num_kv_heads;
-    const int64_t FF = c->intermediate_size, T = b->num_tokens;
+    /* this rank's heads and intermediate units (all of them at tp 1) */
+    const int64_t H = c->hidden_size, hd = c->head_dim, nq = m->tp.nq, nkv = m->tp.nkv;
+    const int64_t FF = m->tp.nff, T = b->num_tokens;
     const int64_t QD = nq * hd, KD = nkv * hd;
     const int64_t S = b->all_logits ? T : b->num_seqs;
     float *x = ws->f, *h = x + T * H, *q = h + T * H, *o = q + T * QD, *k = o + T * QD, *v = k + T * KD;
-    float *gt = v + T * KD, *up = gt + T * FF, *fin = up + T * FF, *cs = fin + S * H;
+    float *gt = v + T * KD, *up = gt + T * FF, *fin = up + T * FF, *cs = fin + S * H, *lg = cs + T * hd;
     /* Batch-invariant attention: every query token becomes its own one-token "sequence" whose pages end at
      * its position, and all of them go through the decode kernel. A row then takes the same path whatever
      * the batch, the chunking of its prompt or its place in a tile (the tiled prefill kernel groups rows
@@ -1063,7 +1126,14 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         }
         x_indptr[T] = (int32_t)at;
     }
-    for (int64_t t = 0; t < T; t++) memcpy(x + t * H, m->embed + (int64_t)b->tokens[t] * H, (size_t)H * sizeof(float));
+    /* vocab-parallel embedding: each rank copies the rows it holds, zeros elsewhere, and the sum over ranks
+     * is the embedding */
+    for (int64_t t = 0; t < T; t++) {
+        const int64_t r = b->tokens[t] - m->tp.v0;
+        if (r >= 0 && r < m->tp.nv) memcpy(x + t * H, m->embed + r * H, (size_t)H * sizeof(float));
+        else memset(x + t * H, 0, (size_t)H * sizeof(float));
+    }
+    KVP_TRY(all_reduce(m, x, T * H));
     for (int64_t t = 0; t < T; t++) rope_angles(m, b->positions[t], cs + t * hd); /* once for every layer */
     for (int32_t l = 0; l < c->num_layers; l++) {
         const layer_w *w = &m->layers[l];
@@ -1097,7 +1167,8 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
             kvp_paged_kv_set_pages(&lkv, b->num_seqs, b->kv_indptr, b->kv_indices, b->kv_last_page_len);
             KVP_TRY(kvp_attn_prefill_cpu(&lkv, q, b->qo_indptr, o, &p));
         }
-        matmul(m, nt, h, o, &w->wo, T);
+        matmul(m, nt, h, o, &w->wo, T); /* row-parallel: the ranks' partial sums */
+        KVP_TRY(all_reduce(m, h, T * H));
         if (w->bo)
             for (int64_t t = 0; t < T; t++)
                 for (int64_t i = 0; i < H; i++) h[t * H + i] += w->bo[i];
@@ -1107,13 +1178,29 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         matmul(m, nt, up, h, &w->w_up, T);
         swiglu(gt, up, T * FF);
         matmul(m, nt, h, gt, &w->w_down, T);
+        KVP_TRY(all_reduce(m, h, T * H));
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
     }
     for (int64_t r = 0; r < S; r++) {
         int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
         rmsnorm(fin + r * H, x + t * H, m->out_norm, H, c->rms_norm_eps);
     }
-    matmul(m, nt, logits, fin, &m->lm_head, S);
+    if (m->tp.tp == 1) {
+        matmul(m, nt, logits, fin, &m->lm_head, S);
+        return KVP_OK;
+    }
+    /* vocab-parallel LM head: this rank's columns of the logits, gathered as tp slices of vpad, then
+     * reassembled row by row (the last slice may be short) */
+    const int64_t vp = m->tp.vpad, V = m->cfg.vocab_size;
+    float *all = lg + S * vp;
+    matmul(m, nt, lg, fin, &m->lm_head, S); /* (S, nv) at stride nv */
+    for (int64_t r = S - 1; r >= 0; r--) memmove(lg + r * vp, lg + r * m->tp.nv, (size_t)m->tp.nv * sizeof(float));
+    KVP_TRY(kvp_comm_all_gather_f32(m->comm, lg, S * vp, all));
+    for (int32_t k = 0; k < m->tp.tp; k++) {
+        const int64_t v0 = k * vp, nv = V - v0 < vp ? V - v0 : vp;
+        for (int64_t r = 0; nv > 0 && r < S; r++)
+            memcpy(logits + r * V + v0, all + (k * S + r) * vp, (size_t)nv * sizeof(float));
+    }
     return KVP_OK;
 }
 
@@ -1156,7 +1243,8 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
     KVP_TRY(validate(m, kv, b));
     if (m->matmul == KVP_MATMUL_BLAS) KVP_TRY(need_blas_layout(m));
     const int64_t V = m->cfg.vocab_size, T = b->num_tokens;
-    int G = m->threads < b->num_seqs ? m->threads : b->num_seqs;
+    /* one group under tensor parallelism: the ranks' collectives must come in one order */
+    int G = m->tp.tp > 1 ? 1 : m->threads < b->num_seqs ? m->threads : b->num_seqs;
     if (G > KVP_FWD_MAX_GROUPS) G = KVP_FWD_MAX_GROUPS;
     if (G < 2 || T < 8) {
         size_t fn, in;

@@ -30,6 +30,7 @@
 #include <stdint.h>
 
 #include "attention/paged_kv.h"
+#include "parallel/comm.h"
 #include "common/status.h"
 #include "runtime/model_config.h"
 
@@ -45,6 +46,12 @@ typedef struct kvp_model kvp_model;
  * it). Errors name the file and the problem: KVP_EIO (unreadable), KVP_EPARSE (corrupt header, a tensor
  * missing or of the wrong shape), KVP_EUNSUPPORTED (architecture, dtype, rope scaling type). */
 kvp_status kvp_model_load(const char *path, kvp_model **out);
+/* The same, holding only rank kvp_comm_rank(comm)'s shard of a tensor-parallel split over kvp_comm_size(comm)
+ * ranks (parallel/shard.h): its query and KV heads, intermediate units and vocabulary rows. Every rank loads
+ * the same path and then runs the same forward passes: each pass sums and gathers through comm (borrowed,
+ * it must outlive the model) and returns the whole logits on every rank. KV caches made for this model hold
+ * the rank's KV heads only. comm NULL: one rank. KVP_EINVAL when the heads do not split over the ranks. */
+kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out);
 void kvp_model_destroy(kvp_model *m);
 
 const kvp_model_config *kvp_model_cfg(const kvp_model *m);

@@ -1,5 +1,7 @@
 #include "runtime/planner.h"
 
+#include "parallel/shard.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -156,12 +158,8 @@ kvp_status kvp_plan_compute(const kvp_model_config *c, const kvp_plan_params *p,
     if (p->shared_prefix < 0 || p->shared_prefix > p->seq_len)
         return KVP_ERR(KVP_EINVAL, "shared prefix of %lld tokens is longer than the %lld-token sequences",
                        (long long)p->shared_prefix, (long long)p->seq_len);
-    if (p->tp <= 0) return KVP_ERR(KVP_EINVAL, "--tp %d must be positive", p->tp);
-    if (c->num_q_heads % p->tp != 0)
-        return KVP_ERR(KVP_EINVAL, "--tp %d does not divide the %d attention heads", p->tp, c->num_q_heads);
-    if (c->kv_lora_rank == 0 && (p->tp <= c->num_kv_heads ? c->num_kv_heads % p->tp : p->tp % c->num_kv_heads) != 0)
-        return KVP_ERR(KVP_EINVAL, "--tp %d does not divide the %d KV heads (nor is it a multiple of them)", p->tp,
-                       c->num_kv_heads);
+    /* MLA's latent cache is replicated: only the query heads are split */
+    KVP_TRY(kvp_tp_check(p->tp, c->num_q_heads, c->kv_lora_rank > 0 ? 1 : c->num_kv_heads));
     if (p->lora_rank < 0) return KVP_ERR(KVP_EINVAL, "LoRA rank %d must be >= 0", p->lora_rank);
 
     kvp_plan r;

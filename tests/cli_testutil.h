@@ -54,6 +54,48 @@ static inline int kvp_test_cli(const char *args, char *out, size_t out_cap, char
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+/* $KVPAGE_BIN, the binary under test. */
+static inline const char *kvp_test_bin(void)
+{
+    const char *b = getenv("KVPAGE_BIN");
+    cr_assert_not_null(b, "KVPAGE_BIN is not set (run the tests through ctest)");
+    return b;
+}
+
+/* All of f, malloc'ed and NUL-terminated. */
+static inline char *kvp_test_read_all(FILE *f)
+{
+    size_t cap = 1 << 16, n = 0, got;
+    char *buf = malloc(cap);
+    cr_assert_not_null(buf);
+    while ((got = fread(buf + n, 1, cap - n - 1, f)) > 0)
+        if (cap - (n += got) < 4096) cr_assert_not_null(buf = realloc(buf, cap *= 2));
+    buf[n] = '\0';
+    return buf;
+}
+
+/* Runs a shell command line (any program, any output size); returns its exit code (-1: it did not exit
+ * normally), stdout in *out and stderr in *err (both malloc'ed). */
+static inline int kvp_test_sh(const char *cmdline, char **out, char **err)
+{
+    char errpath[] = "/tmp/kvp_sh_err_XXXXXX";
+    int fd = mkstemp(errpath);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    char full[8192];
+    snprintf(full, sizeof full, "%s 2>%s", cmdline, errpath);
+    FILE *p = popen(full, "r");
+    cr_assert_not_null(p);
+    *out = kvp_test_read_all(p);
+    int status = pclose(p);
+    FILE *e = fopen(errpath, "r");
+    cr_assert_not_null(e);
+    *err = kvp_test_read_all(e);
+    fclose(e);
+    unlink(errpath);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 /* One bad command line and a piece of its expected error message. */
 typedef struct {
     const char *args, *needle;

@@ -578,41 +578,6 @@ Test(generate, rejects_bad_requests, .init = setup, .fini = teardown)
 
 /* ---- the `kvpage generate` command (KVPAGE_BIN is set by CTest) ---- */
 
-static const char *kvpage_bin(void)
-{
-    const char *b = getenv("KVPAGE_BIN");
-    cr_assert_not_null(b, "KVPAGE_BIN is not set (run the tests through ctest)");
-    return b;
-}
-
-/* Runs a shell command line; returns the exit code, stdout in *out (malloc'ed) and stderr in *err. */
-static int sh(const char *cmdline, char **out, char **err)
-{
-    char errpath[] = "/tmp/kvp_gen_err_XXXXXX";
-    int fd = mkstemp(errpath);
-    cr_assert_geq(fd, 0);
-    close(fd);
-    char full[8192];
-    snprintf(full, sizeof full, "%s 2>%s", cmdline, errpath);
-    FILE *p = popen(full, "r");
-    cr_assert_not_null(p);
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    size_t k;
-    while ((k = fread(buf + n, 1, cap - n - 1, p)) > 0) {
-        n += k;
-        if (cap - n < 4096) buf = realloc(buf, cap *= 2);
-    }
-    buf[n] = '\0';
-    int status = pclose(p);
-    size_t elen;
-    *err = (char *)tu_read_all(errpath, &elen);
-    (*err)[elen] = '\0';
-    unlink(errpath);
-    *out = buf;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
-
 Test(generate_cli, golden_story_from_gguf_and_hf_folder)
 {
     tu_require_shared();
@@ -624,8 +589,8 @@ Test(generate_cli, golden_story_from_gguf_and_hf_folder)
     for (int k = 0; k < 2; k++) {
         char cmd[1024], *out, *err;
         snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --max-tokens %d --ignore-eos --json",
-                 kvpage_bin(), models[k], cJSON_GetArraySize(want));
-        int rc = sh(cmd, &out, &err);
+                 kvp_test_bin(), models[k], cJSON_GetArraySize(want));
+        int rc = kvp_test_sh(cmd, &out, &err);
         cr_assert_eq(rc, 0, "%s: rc %d: %s", models[k], rc, err);
         cJSON *j;
         cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
@@ -663,8 +628,8 @@ Test(generate_cli, prompts_file_batches_and_hits_the_cache)
     tu_write_all(path, text, strlen(text));
     char cmd[1024], *out, *err;
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 12 --block-size 4 --max-batched-tokens 16 --json",
-             kvpage_bin(), S260_GGUF, path);
-    cr_assert_eq(sh(cmd, &out, &err), 0, "%s", err);
+             kvp_test_bin(), S260_GGUF, path);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
     cJSON *j;
     cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK);
     const cJSON *reqs = cJSON_GetObjectItem(j, "requests");
@@ -675,9 +640,9 @@ Test(generate_cli, prompts_file_batches_and_hits_the_cache)
                             "Once upon a time, there was a little girl named Lily. He", "The sun was shining"};
     for (int i = 0; i < 3; i++) {
         char c1[1024], *o1, *e1;
-        snprintf(c1, sizeof c1, "%s generate --model %s --prompt '%s' --max-tokens 12 --cache none --json", kvpage_bin(),
+        snprintf(c1, sizeof c1, "%s generate --model %s --prompt '%s' --max-tokens 12 --cache none --json", kvp_test_bin(),
                  S260_GGUF, lines[i]);
-        cr_assert_eq(sh(c1, &o1, &e1), 0, "%s", e1);
+        cr_assert_eq(kvp_test_sh(c1, &o1, &e1), 0, "%s", e1);
         cJSON *j1;
         cr_assert_eq(kvp_json_parse(o1, strlen(o1), "generate output", &j1), KVP_OK);
         char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(reqs, i), "tokens"));
@@ -694,21 +659,21 @@ Test(generate_cli, prompts_file_batches_and_hits_the_cache)
     free(err);
     /* Raw bytes in a prompt stay valid UTF-8 in the JSON (U+FFFD each); a NUL byte is refused. */
     tu_write_all(path, "x\xff\xfey\nok \xc3\xa9\n", 11);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 2 --json", kvpage_bin(), S260_GGUF, path);
-    cr_assert_eq(sh(cmd, &out, &err), 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 2 --json", kvp_test_bin(), S260_GGUF, path);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
     cr_assert(strstr(out, "\"x\xef\xbf\xbd\xef\xbf\xbdy\"") && strstr(out, "\"ok \xc3\xa9\""), "%s", out);
     cr_assert_null(strchr(out, 0xff));
     free(out);
     free(err);
     tu_write_all(path, "abc\ndef\0ghi\n", 12);
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s", kvpage_bin(), S260_GGUF, path);
-    cr_assert_eq(sh(cmd, &out, &err), 2, "%s", err);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s", kvp_test_bin(), S260_GGUF, path);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, "prompts.txt:2: a NUL byte"), "%s", err);
     free(out);
     free(err);
     /* Plain text output: prompt + continuation. */
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon a time' --max-tokens 8", kvpage_bin(), S260_GGUF);
-    cr_assert_eq(sh(cmd, &out, &err), 0, "%s", err);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon a time' --max-tokens 8", kvp_test_bin(), S260_GGUF);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
     cr_assert_str_eq(out, "Once upon a time, there was a little girl\n");
     free(out);
     free(err);
@@ -749,8 +714,8 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     cases[2].needle = "context";
     for (int i = 0; i < 3; i++) {
         char cmd[8192], *out, *err;
-        snprintf(cmd, sizeof cmd, "%s generate %s", kvpage_bin(), cases[i].args);
-        int rc = sh(cmd, &out, &err);
+        snprintf(cmd, sizeof cmd, "%s generate %s", kvp_test_bin(), cases[i].args);
+        int rc = kvp_test_sh(cmd, &out, &err);
         cr_assert_eq(rc, 2, "case %d: exit %d, stderr: %s", i, rc, err);
         cr_assert(strstr(err, cases[i].needle), "case %d: stderr lacks '%s': %s", i, cases[i].needle, err);
         cr_assert(strstr(err, "kvpage generate: error:"), "case %d: %s", i, err);
@@ -769,8 +734,8 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     };
     kvp_test_cli_rejects("generate --model " S260_GGUF " --prompt hi", options, sizeof options / sizeof options[0]);
     char cmd[512], *out, *err;
-    snprintf(cmd, sizeof cmd, "%s generate --help", kvpage_bin());
-    cr_assert_eq(sh(cmd, &out, &err), 0);
+    snprintf(cmd, sizeof cmd, "%s generate --help", kvp_test_bin());
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0);
     cr_assert(strstr(out, "--beam-width") && strstr(out, "--prompts-file"));
     free(out);
     free(err);
