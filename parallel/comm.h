@@ -7,12 +7,15 @@
  *   kvp_comm_destroy(c);
  *
  * Backends:
- *   single  one rank: every collective is a copy or nothing (the default of a model; no MPI needed)
- *   mpi     CPU ranks, one process each (Open MPI), over MPI_COMM_WORLD
+ *   single   one rank: every collective is a copy or nothing (the default of a model; no MPI needed)
+ *   threads  ranks that are threads of one process, meeting at a barrier (tests, one-process runs)
+ *   mpi      CPU ranks, one process each (Open MPI), over MPI_COMM_WORLD
  * The all-reduce result is identical, bit for bit, on every rank (a reduction to rank 0, then a broadcast),
  * so ranks that run the same scheduler and sampler on it take the same decisions without exchanging them.
  *
- * A communicator is used by one thread at a time. Every pointer argument is borrowed for the call.
+ * A communicator is used by one thread at a time (a threads rank: by its own thread). Every rank must make
+ * the same collective calls with the same sizes; a rank that stops calling leaves the others waiting.
+ * Every pointer argument is borrowed for the call.
  */
 #ifndef KVP_PARALLEL_COMM_H
 #define KVP_PARALLEL_COMM_H
@@ -30,6 +33,13 @@ typedef struct kvp_comm kvp_comm;
 /* One rank (rank 0 of 1). KVP_ENOMEM only. */
 kvp_status kvp_comm_single_create(kvp_comm **out);
 
+enum { KVP_COMM_MAX_THREADS = 64 };
+
+/* n ranks (1 .. KVP_COMM_MAX_THREADS) that are threads of this process: comms[r] is rank r's communicator,
+ * owned by the caller (kvp_comm_destroy each; the shared state goes with the last). KVP_ENOMEM leaves
+ * nothing allocated. */
+kvp_status kvp_comm_threads_create(int n, kvp_comm **comms);
+
 /* The ranks of MPI_COMM_WORLD, initializing MPI when nobody has (and finalizing it in kvp_comm_destroy then).
  * expected_size > 0: KVP_EINVAL naming both numbers unless the world has exactly that many ranks (e.g. a
  * program started without mpirun has one). KVP_EUNSUPPORTED when the build has no MPI; KVP_EMPI when MPI
@@ -43,12 +53,12 @@ void kvp_comm_destroy(kvp_comm *c); /* NULL: no-op */
 
 /* For a program's main path only (never library code): ends every rank of an mpi job with exit status
  * code, so that ranks waiting in a collective for one that failed do not wait forever. Returns at once for
- * a communicator of one rank. */
+ * a single or threads communicator. */
 void kvp_comm_abort(kvp_comm *c, int code);
 
 int kvp_comm_rank(const kvp_comm *c);
 int kvp_comm_size(const kvp_comm *c);
-const char *kvp_comm_backend(const kvp_comm *c); /* "single" or "mpi" */
+const char *kvp_comm_backend(const kvp_comm *c); /* "single", "threads" or "mpi" */
 
 /* buf (n) = the element-wise sum of every rank's buf, the same bits on every rank. */
 kvp_status kvp_comm_all_reduce_sum_f32(kvp_comm *c, float *buf, int64_t n);

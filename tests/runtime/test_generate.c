@@ -87,26 +87,11 @@ static void expect_same(const kvp_gen_result *a, const kvp_gen_result *b, const 
  * whose kv_pool_bytes must be the pools' size at dt's element size. */
 static kvp_gen_stats golden_stories(kvp_dtype dt)
 {
-    cJSON *gold;
-    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
-    kvp_gen_request reqs[8];
-    int32_t want[8][512], nwant[8], prompt_buf[8][64];
-    int nc = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(gold, "cases"))
-    {
-        int32_t np = 0, nw = 0;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "prompt_tokens")) prompt_buf[nc][np++] = x->valueint;
-        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "tokens_after_bos")) want[nc][nw++] = x->valueint;
-        /* tokens_after_bos = prompt (without BOS) + generated */
-        nwant[nc] = nw - (np - 1);
-        memmove(want[nc], want[nc] + np - 1, sizeof(int32_t) * (size_t)nwant[nc]);
-        reqs[nc] = (kvp_gen_request){.prompt = prompt_buf[nc], .n_prompt = np, .max_tokens = nwant[nc],
-                                     .sampler = kvp_sampler_default(), .n = 1};
-        nc++;
-    }
-    cJSON_Delete(gold);
+    tu_golden g;
+    tu_golden_load(&g);
+    kvp_gen_request *reqs = g.reqs;
+    int32_t(*want)[512] = g.want, *nwant = g.nwant;
+    const int nc = g.n;
     kvp_gen_config cfg = kvp_gen_config_default();
     cfg.kv_dtype = dt;
     kvp_gen_result res[8];

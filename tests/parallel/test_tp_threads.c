@@ -1,0 +1,176 @@
+/* Tensor parallelism inside one process: the threads communicator (parallel/comm.h), then stories260K split
+ * over 2, 4 and 8 rank threads, each running its own generation loop on its shard. Same checks as the MPI
+ * test (golden tokens, 1/tp of the KV cache per rank), plus what one process allows: log-probabilities
+ * against one rank, and every allocation failure of a shard's load (the sanitizer build checks for leaks). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "parallel/comm.h"
+#include "runtime/gen.h"
+#include "runtime/model.h"
+#include "runtime/model_testutil.h"
+
+typedef struct {
+    kvp_comm *comm;
+    const char *path;
+    const tu_golden *g;
+    kvp_gen_result res[8];
+    kvp_gen_stats st;
+    kvp_status status;
+    char err[512];
+} rank_job;
+
+/* One rank: load its shard, generate every golden case, keep the results (no asserts off the main thread). */
+static void *rank_main(void *arg)
+{
+    rank_job *j = arg;
+    kvp_model *m = NULL;
+    j->status = kvp_model_load_tp(j->path, j->comm, &m);
+    if (j->status == KVP_OK) {
+        kvp_gen_config cfg = kvp_gen_config_default();
+        j->status = kvp_gen_run(m, &cfg, j->g->reqs, j->g->n, j->res, &j->st);
+    }
+    if (j->status != KVP_OK) snprintf(j->err, sizeof j->err, "%s", kvp_error_detail());
+    kvp_model_destroy(m);
+    return NULL;
+}
+
+/* Runs the golden cases on tp rank threads; jobs[r] holds rank r's results. */
+static void run_ranks(int tp, const char *path, const tu_golden *g, rank_job *jobs)
+{
+    kvp_comm *comms[8];
+    cr_assert_eq(kvp_comm_threads_create(tp, comms), KVP_OK);
+    pthread_t tid[8];
+    for (int r = 0; r < tp; r++) {
+        jobs[r] = (rank_job){.comm = comms[r], .path = path, .g = g};
+        cr_assert_eq(pthread_create(&tid[r], NULL, rank_main, &jobs[r]), 0);
+    }
+    for (int r = 0; r < tp; r++) pthread_join(tid[r], NULL);
+    for (int r = 0; r < tp; r++) kvp_comm_destroy(comms[r]);
+    for (int r = 0; r < tp; r++) cr_assert_eq(jobs[r].status, KVP_OK, "tp %d rank %d: %s", tp, r, jobs[r].err);
+}
+
+Test(tp_threads, golden_tokens_on_every_rank_at_tp_2_4_8_with_one_ranks_logprobs)
+{
+    tu_require_shared();
+    static tu_golden g;
+    tu_golden_load(&g);
+    static rank_job one[1], jobs[8];
+    run_ranks(1, S260_GGUF, &g, one);
+    const int tps[3] = {2, 4, 8};
+    for (int k = 0; k < 3; k++) {
+        const int tp = tps[k];
+        run_ranks(tp, k == 1 ? S260_HF : S260_GGUF, &g, jobs);
+        for (int r = 0; r < tp; r++) {
+            for (int i = 0; i < g.n; i++) {
+                const kvp_gen_result *x = &jobs[r].res[i];
+                cr_assert_eq(x->n_tokens[0], g.nwant[i], "tp %d rank %d case %d", tp, r, i);
+                for (int t = 0; t < g.nwant[i]; t++)
+                    cr_assert_eq(x->tokens[0][t], g.want[i][t], "tp %d rank %d case %d token %d", tp, r, i, t);
+                const double a = one[0].res[i].logprob[0], b = x->logprob[0];
+                cr_assert(fabs(a - b) <= 1e-4 * fabs(a) + 1e-5, "tp %d case %d: log-probability %.9g, %.9g on one rank",
+                          tp, i, b, a);
+            }
+            /* 4 KV heads: 4/tp of them per rank, one replica past 4 ranks */
+            const double share = tp <= 4 ? 1.0 / tp : 0.25;
+            cr_assert_float_eq((double)jobs[r].st.kv_pool_bytes, one[0].st.kv_pool_bytes * share, 0.5, "tp %d", tp);
+            kvp_gen_results_free(jobs[r].res, g.n);
+        }
+    }
+    kvp_gen_results_free(one[0].res, g.n);
+}
+
+/* Four rank threads: sums in rank order with the same bits everywhere, gathers in rank order, broadcasts. */
+typedef struct {
+    kvp_comm *c;
+    float sum[1000], gathered[4 * 3];
+    uint64_t word;
+    kvp_status st;
+} coll_job;
+
+static void *coll_main(void *arg)
+{
+    coll_job *j = arg;
+    const int r = kvp_comm_rank(j->c);
+    for (int i = 0; i < 1000; i++) j->sum[i] = (float)(r + 1) * 0.1f + (float)i * 1e-3f * (float)(r * r);
+    float mine[3] = {(float)r, (float)r + 0.5f, -(float)r};
+    j->word = r == 2 ? 0x1234567890abcdefull : 0;
+    j->st = kvp_comm_all_reduce_sum_f32(j->c, j->sum, 1000);
+    if (j->st == KVP_OK) j->st = kvp_comm_all_gather_f32(j->c, mine, 3, j->gathered);
+    if (j->st == KVP_OK) j->st = kvp_comm_broadcast(j->c, &j->word, sizeof j->word, 2);
+    if (j->st == KVP_OK) j->st = kvp_comm_barrier(j->c);
+    return NULL;
+}
+
+Test(comm, threads_collectives)
+{
+    kvp_comm *comms[4];
+    cr_assert_eq(kvp_comm_threads_create(4, comms), KVP_OK);
+    static coll_job jobs[4];
+    pthread_t tid[4];
+    for (int r = 0; r < 4; r++) {
+        jobs[r].c = comms[r];
+        cr_assert_str_eq(kvp_comm_backend(comms[r]), "threads");
+        cr_assert_eq(pthread_create(&tid[r], NULL, coll_main, &jobs[r]), 0);
+    }
+    for (int r = 0; r < 4; r++) pthread_join(tid[r], NULL);
+    for (int r = 0; r < 4; r++) {
+        cr_assert_eq(jobs[r].st, KVP_OK);
+        cr_assert(memcmp(jobs[r].sum, jobs[0].sum, sizeof jobs[0].sum) == 0, "rank %d's sum differs", r);
+        for (int k = 0; k < 4; k++) {
+            cr_assert_eq(jobs[r].gathered[3 * k], (float)k);
+            cr_assert_eq(jobs[r].gathered[3 * k + 1], (float)k + 0.5f);
+        }
+        cr_assert_eq(jobs[r].word, 0x1234567890abcdefull);
+        kvp_comm_destroy(comms[r]);
+    }
+    for (int i = 0; i < 1000; i++) {
+        float want = 0;
+        for (int r = 0; r < 4; r++) want += (float)(r + 1) * 0.1f + (float)i * 1e-3f * (float)(r * r);
+        cr_assert_eq(jobs[0].sum[i], want, "element %d", i);
+    }
+    cr_assert_eq(kvp_comm_threads_create(0, comms), KVP_EINVAL);
+    cr_assert_eq(kvp_comm_threads_create(KVP_COMM_MAX_THREADS + 1, comms), KVP_EINVAL);
+}
+
+static kvp_comm *g_shard_comms[2];
+static kvp_status make_threads(void *ctx, void **obj)
+{
+    (void)ctx;
+    kvp_comm *c[3] = {NULL, NULL, NULL};
+    kvp_status st = kvp_comm_threads_create(3, c);
+    *obj = st == KVP_OK ? c[0] : NULL;
+    if (st == KVP_OK) kvp_comm_destroy(c[1]), kvp_comm_destroy(c[2]);
+    return st;
+}
+static void destroy_comm(void *c) { kvp_comm_destroy(c); }
+static kvp_status load_rank1(void *path, void **m) { return kvp_model_load_tp(path, g_shard_comms[1], (kvp_model **)m); }
+static void destroy_model(void *m) { kvp_model_destroy(m); }
+
+/* Loading needs no collective: rank 1's shard loads on this thread, through every allocation failure. */
+Test(tp_threads, every_allocation_failure_of_a_shard_load_and_of_the_communicator)
+{
+    tu_require_shared();
+    tu_every_alloc_failure("threads communicator", make_threads, destroy_comm, NULL, 0);
+    cr_assert_eq(kvp_comm_threads_create(2, g_shard_comms), KVP_OK);
+    tu_every_alloc_failure("rank 1 of 2, GGUF", load_rank1, destroy_model, S260_GGUF, 0);
+    tu_every_alloc_failure("rank 1 of 2, HF", load_rank1, destroy_model, S260_HF, 0);
+    kvp_comm_destroy(g_shard_comms[0]);
+    kvp_comm_destroy(g_shard_comms[1]);
+}
+
+/* A split the heads do not allow is refused at load, naming the file. */
+Test(tp_threads, a_split_that_does_not_divide_the_heads_is_refused)
+{
+    tu_require_shared();
+    kvp_comm *c[3];
+    cr_assert_eq(kvp_comm_threads_create(3, c), KVP_OK);
+    kvp_model *m = NULL;
+    cr_assert_eq(kvp_model_load_tp(S260_GGUF, c[0], &m), KVP_EINVAL);
+    cr_assert_null(m);
+    cr_assert(strstr(kvp_error_message(), "stories260K.gguf: cannot split the model over 3 ranks"), "%s",
+              kvp_error_message());
+    for (int r = 0; r < 3; r++) kvp_comm_destroy(c[r]);
+}
