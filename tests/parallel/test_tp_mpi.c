@@ -72,7 +72,22 @@ Test(tp_mpi, golden_story_on_2_4_and_8_ranks_from_gguf_and_hf)
             }
             /* 4 KV heads: a rank holds 4/tp of them, or one replica past 4 ranks */
             const double share = nps[i] <= 4 ? 1.0 / nps[i] : 0.25;
-            cr_assert_float_eq(field(tot, "kv_pool_bytes")->valuedouble, bytes1 * share, 0.5, "%d ranks", nps[i]);
+            const double pool = field(tot, "kv_pool_bytes")->valuedouble;
+            cr_assert_float_eq(pool, bytes1 * share, 0.5, "%d ranks", nps[i]);
+            /* and `kvpage plan`'s per-rank KV bytes per token, from config.json alone, agree */
+            char cmd[1024], *out, *err;
+            snprintf(cmd, sizeof cmd, "%s plan --config " S260_HF "/config.json --tp %d --kv-dtype fp32 --json",
+                     kvp_test_bin(), nps[i]);
+            cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+            cJSON *plan;
+            cr_assert_eq(kvp_json_parse(out, strlen(out), "plan output", &plan), KVP_OK);
+            const double per_token = field(field(plan, "per_rank"), "kv_bytes_per_token")->valuedouble;
+            cr_assert_float_eq(pool, per_token * field(tot, "num_blocks")->valuedouble *
+                                         field(tot, "block_size")->valuedouble, 0.5,
+                               "%d ranks: plan says %g bytes per token per rank", nps[i], per_token);
+            cJSON_Delete(plan);
+            free(out);
+            free(err);
             cJSON_Delete(j);
         }
     cJSON_Delete(gold);
