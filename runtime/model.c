@@ -230,32 +230,6 @@ static int src_has(const source *src, const char *name)
 }
 
 /* Loads tensor `name` of exactly shape (d0[, d1]) as freshly allocated f32. */
-static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_t d1, float **out);
-
-/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` of shape (d0, d1) (d1 = 0: a vector, nc
- * ignored): this rank's shard, freshly allocated. */
-static kvp_status load_part(const source *src, const char *name, int64_t d0, int64_t d1, int64_t r0, int64_t nr,
-                            int64_t c0, int64_t nc, float **out)
-{
-    float *w;
-    KVP_TRY(load_t(src, name, d0, d1, &w));
-    const int64_t cols = d1 > 0 ? d1 : 1;
-    if (d1 <= 0) c0 = 0, nc = 1;
-    if (r0 == 0 && nr == d0 && nc == cols) {
-        *out = w;
-        return KVP_OK;
-    }
-    float *p = kvp_aligned_alloc(64, (size_t)(nr * nc) * sizeof(float));
-    if (!p) {
-        kvp_free(w);
-        return KVP_ERR(KVP_ENOMEM, "out of memory for tensor '%s'", name);
-    }
-    for (int64_t r = 0; r < nr; r++) memcpy(p + r * nc, w + (r0 + r) * cols + c0, (size_t)nc * sizeof(float));
-    kvp_free(w);
-    *out = p;
-    return KVP_OK;
-}
-
 static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_t d1, float **out)
 {
     kvp_tensor_view v;
@@ -277,6 +251,30 @@ static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_
     float *p = kvp_aligned_alloc(64, (size_t)v.numel * sizeof(float));
     if (!p) return KVP_ERR(KVP_ENOMEM, "%s: out of memory for tensor '%s'", v.file, name);
     kvp_tensor_to_f32(&v, p);
+    *out = p;
+    return KVP_OK;
+}
+
+/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` of shape (d0, d1) (d1 = 0: a vector, nc
+ * ignored): this rank's shard, freshly allocated. */
+static kvp_status load_part(const source *src, const char *name, int64_t d0, int64_t d1, int64_t r0, int64_t nr,
+                            int64_t c0, int64_t nc, float **out)
+{
+    float *w;
+    KVP_TRY(load_t(src, name, d0, d1, &w));
+    const int64_t cols = d1 > 0 ? d1 : 1;
+    if (d1 <= 0) c0 = 0, nc = 1;
+    if (r0 == 0 && nr == d0 && nc == cols) {
+        *out = w;
+        return KVP_OK;
+    }
+    float *p = kvp_aligned_alloc(64, (size_t)(nr * nc) * sizeof(float));
+    if (!p) {
+        kvp_free(w);
+        return KVP_ERR(KVP_ENOMEM, "out of memory for tensor '%s'", name);
+    }
+    for (int64_t r = 0; r < nr; r++) memcpy(p + r * nc, w + (r0 + r) * cols + c0, (size_t)nc * sizeof(float));
+    kvp_free(w);
     *out = p;
     return KVP_OK;
 }
