@@ -260,6 +260,16 @@ kvp_status kvp_comm_broadcast(kvp_comm *c, void *buf, int64_t bytes, int root)
     return KVP_OK;
 }
 
+kvp_status kvp_comm_check_same(kvp_comm *c, uint64_t value, const char *what)
+{
+    uint64_t root = value;
+    KVP_TRY(kvp_comm_broadcast(c, &root, sizeof root, 0));
+    float differ = root != value;
+    KVP_TRY(kvp_comm_all_reduce_sum_f32(c, &differ, 1)); /* so that every rank fails, not only those that differ */
+    if (differ > 0) return KVP_ERR(KVP_EMPI, "%s: %.0f of the %d ranks differ from rank 0", what, differ, c->size);
+    return KVP_OK;
+}
+
 kvp_status kvp_comm_barrier(kvp_comm *c)
 {
     if (c->grp) wait_all(c);

@@ -68,6 +68,10 @@ kvp_status kvp_comm_all_gather_f32(kvp_comm *c, const float *send, int64_t n, fl
 kvp_status kvp_comm_broadcast(kvp_comm *c, void *buf, int64_t bytes, int root);
 kvp_status kvp_comm_barrier(kvp_comm *c);
 
+/* Checks that every rank holds the same value (a digest of what the ranks computed, say): KVP_EMPI on every
+ * rank, naming what and how many ranks differ from rank 0, when they do not. */
+kvp_status kvp_comm_check_same(kvp_comm *c, uint64_t value, const char *what);
+
 #ifdef __cplusplus
 }
 #endif

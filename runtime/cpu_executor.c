@@ -6,6 +6,7 @@
 #include "attention/attention.h"
 #include "common/alloc.h"
 #include "common/timer.h"
+#include "parallel/comm.h"
 
 typedef struct {
     int64_t req_id;
@@ -89,6 +90,15 @@ static kvp_status move_blocks(cpu_ctx *c, const kvp_block_copy *moves, int32_t n
     return KVP_OK;
 }
 
+/* The step's time: measured here, or under tensor parallelism rank 0's, so that every rank's engine sees
+ * the same clock and takes the same decisions (the scheduler of rank 0 decides for all of them). */
+static kvp_status step_time(const cpu_ctx *c, double t0, kvp_exec_result *out)
+{
+    out->time_s = kvp_now_s() - t0 + 1e-9;
+    kvp_comm *comm = kvp_model_comm(c->m);
+    return comm ? kvp_comm_broadcast(comm, &out->time_s, sizeof out->time_s, 0) : KVP_OK;
+}
+
 static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
 {
     cpu_ctx *c = ctx;
@@ -120,10 +130,7 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
         ntok += s->num_new;
         npages += pages;
     }
-    if (b->n == 0) {
-        out->time_s = kvp_now_s() - t0 + 1e-9;
-        return KVP_OK;
-    }
+    if (b->n == 0) return step_time(c, t0, out);
     KVP_TRY(GROW(c, tokens, ntok));
     KVP_TRY(GROW(c, pos, ntok));
     KVP_TRY(GROW(c, slots, ntok));
@@ -163,8 +170,7 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
         out->sampled[i] = tok;
         KVP_TRY(log_token(c, s->req_id, tok));
     }
-    out->time_s = kvp_now_s() - t0 + 1e-9;
-    return KVP_OK;
+    return step_time(c, t0, out);
 }
 
 kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,

@@ -1,7 +1,8 @@
 /* runtime/cpu_executor.h — the `cpu` executor of the engine (runtime/engine.h): each step runs the batch's
  * block moves (swap out / swap in / copy-on-write) on the model's KV pools, one batched forward pass of the
  * Llama-family model (runtime/model.h) over the engine's block tables, and samples a token for every
- * sequence that asks for one. Step time is measured wall time.
+ * sequence that asks for one. Step time is measured wall time (rank 0's, broadcast, for a model loaded with
+ * a communicator of several ranks: every rank's engine then keeps the same clock and decides alike).
  *
  * Sampling: greedy, or the given sampler with a generator seeded from (seed + position, stream = req_id),
  * so a request's tokens do not depend on the batch or on recomputation.

@@ -200,7 +200,7 @@ static cJSON *ids_json(const int32_t *ids, int32_t n)
     return a;
 }
 
-/* FNV-1a over every sample's tokens: the ranks of a tensor-parallel run must agree on it. */
+/* FNV-1a over every sample's tokens. */
 static uint64_t results_hash(const kvp_gen_result *res, int32_t n)
 {
     uint64_t h = 1469598103934665603ull;
@@ -211,20 +211,6 @@ static uint64_t results_hash(const kvp_gen_result *res, int32_t n)
                 for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
             }
     return h;
-}
-
-/* Under tensor parallelism every rank runs the same scheduler and sampler on the same logits, so every rank
- * must end with the same tokens: checked against rank 0's. */
-static kvp_status check_ranks_agree(kvp_comm *comm, const kvp_gen_result *res, int32_t n)
-{
-    uint64_t mine = results_hash(res, n), root = mine;
-    KVP_TRY(kvp_comm_broadcast(comm, &root, sizeof root, 0));
-    float differ = root != mine;
-    KVP_TRY(kvp_comm_all_reduce_sum_f32(comm, &differ, 1)); /* so that every rank fails, not only those */
-    if (differ > 0)
-        return KVP_ERR(KVP_EMPI, "%.0f of the %d tensor-parallel ranks generated other tokens than rank 0", differ,
-                       kvp_comm_size(comm));
-    return KVP_OK;
 }
 
 static int run(gen_opts *o)
@@ -294,7 +280,8 @@ static int run(gen_opts *o)
         goto out;
     }
     nres = n;
-    if ((st = check_ranks_agree(comm, res, n)) != KVP_OK) {
+    /* every rank runs the same scheduler and sampler on the same logits: it must end with the same tokens */
+    if ((st = kvp_comm_check_same(comm, results_hash(res, n), "tensor-parallel tokens")) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
     }

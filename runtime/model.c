@@ -611,6 +611,7 @@ fail:
 }
 
 const kvp_model_config *kvp_model_cfg(const kvp_model *m) { return &m->cfg; }
+kvp_comm *kvp_model_comm(const kvp_model *m) { return m->comm; }
 kvp_rope_style kvp_model_rope_style(const kvp_model *m) { return m->rope; }
 const char *kvp_model_path(const kvp_model *m) { return m->path; }
 int kvp_model_is_gguf(const kvp_model *m) { return m->is_gguf; }

@@ -52,6 +52,8 @@ kvp_status kvp_model_load(const char *path, kvp_model **out);
  * it must outlive the model) and returns the whole logits on every rank. KV caches made for this model hold
  * the rank's KV heads only. comm NULL: one rank. KVP_EINVAL when the heads do not split over the ranks. */
 kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out);
+/* The communicator given to kvp_model_load_tp (NULL: one rank). */
+kvp_comm *kvp_model_comm(const kvp_model *m);
 void kvp_model_destroy(kvp_model *m);
 
 const kvp_model_config *kvp_model_cfg(const kvp_model *m);

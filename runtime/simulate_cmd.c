@@ -15,6 +15,7 @@
 #include "common/parse.h"
 #include "common/timer.h"
 #include "runtime/commands.h"
+#include "parallel/comm.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/simulate.h"
 #include "runtime/workload_synth.h"
@@ -45,7 +46,9 @@ static void usage(FILE *f)
             "                            into the model's vocabulary (equal ids stay equal)\n"
             "  --model CONFIG            Hugging Face config.json (sim), a model (cpu)\n"
             "  --gpu NAME                A100-40G | A100-80G | H100-SXM | H200 (default H200; sim)\n"
-            "  --tp N                    tensor-parallel GPUs (default 1; sim)\n"
+            "  --tp N                    tensor-parallel GPUs (default 1); cpu: N MPI ranks, each holding 1/N of\n"
+            "                            the model and of the KV cache (run as `mpirun -np N kvpage simulate ...`;\n"
+            "                            rank 0's scheduler clock drives every rank; --kv-mem is per rank)\n"
             "  --gpu-util F              share of GPU memory the runtime may use (default 0.9; sim)\n"
             "  --kv-mem BYTES            KV memory per GPU instead of what is left after weights (e.g. 12GB);\n"
             "                            cpu: the KV cache's size (default 1GiB)\n"
@@ -110,16 +113,17 @@ static void fit_vocab(kvp_workload *w, int64_t vocab)
     }
 }
 
-/* The cpu executor: loads the model at path, sizes its KV cache (and, with swap preemption, host pools)
+/* The cpu executor: loads the model at path (this rank's shard with comm), sizes its KV cache (and, with swap preemption, host pools)
  * from hw in whole blocks of ec->block_size, and fills ec's capacity and max_model_len (the model's
  * context unless given, never above it). */
 static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype dt, const kvp_sim_hw *hw, int max_len_set,
-                              kvp_engine_config *ec, kvp_model **lm, kvp_executor *ex, kvp_sim_memory *mem)
+                              kvp_comm *comm, kvp_engine_config *ec, kvp_model **lm, kvp_executor *ex,
+                              kvp_sim_memory *mem)
 {
     const size_t n = strlen(path);
     if (n >= 5 && strcmp(path + n - 5, ".json") == 0)
         return KVP_ERR(KVP_EINVAL, "%s: --executor cpu runs a model: give a GGUF file or a Hugging Face folder", path);
-    KVP_TRY(kvp_model_load(path, lm));
+    KVP_TRY(kvp_model_load_tp(path, comm, lm));
     kvp_model_set_threads(*lm, threads);
     const int32_t ctx = kvp_model_max_len(*lm), bs = ec->block_size;
     if (!max_len_set) ec->max_model_len = ctx;
@@ -222,7 +226,27 @@ static kvp_status write_step(void *ctx, const kvp_engine *e, const kvp_step_info
     return ferror(f) ? KVP_ERR(KVP_EIO, "--steps-out: cannot write") : KVP_OK;
 }
 
-int kvp_cmd_simulate(int argc, char **argv)
+/* FNV-1a over what an engine run on the cpu executor decided: every request's sampled tokens, the steps
+ * and the preemptions (the ranks of a tensor-parallel run must agree on all of it). */
+static uint64_t run_digest(const kvp_executor *ex, const kvp_workload *w, const kvp_engine_metrics *m)
+{
+    uint64_t h = 1469598103934665603ull;
+    const int64_t head[2] = {m->steps, m->preemptions};
+    for (int k = 0; k < 2; k++)
+        for (int b = 0; b < 8; b++) h = (h ^ (((uint64_t)head[k] >> (8 * b)) & 0xff)) * 1099511628211ull;
+    for (int64_t i = 0; i < w->n; i++) {
+        const int32_t *t;
+        int32_t n;
+        kvp_cpu_executor_tokens(ex, w->reqs[i].id, &t, &n);
+        for (int32_t j = 0; j <= n; j++) {
+            const uint32_t v = j < n ? (uint32_t)t[j] : 0xffffffffu;
+            for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
+        }
+    }
+    return h;
+}
+
+static int simulate(int argc, char **argv, kvp_comm **comm)
 {
     static const struct option opts[] = {
         {"model", required_argument, NULL, O_MODEL},
@@ -294,10 +318,7 @@ int kvp_cmd_simulate(int argc, char **argv)
         case O_EVICT: st = kvp_evict_policy_parse(optarg, &ec.evict); break;
         case O_SCHED: st = kvp_sched_policy_parse(optarg, &ec.sched); break;
         case O_PREEMPT: st = kvp_preempt_mode_parse(optarg, &ec.preempt); break;
-        case O_TP:
-            st = kvp_parse_i32(optarg, 1, 1024, &hw.tp);
-            sim_only = "--tp";
-            break;
+        case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &hw.tp); break;
         case O_MAXSEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &ec.max_num_seqs); break;
         case O_MAXTOK:
             st = kvp_parse_i32(optarg, 1, 1 << 30, &ec.max_batched_tokens);
@@ -361,9 +382,17 @@ int kvp_cmd_simulate(int argc, char **argv)
     kvp_sim_memory mem;
     kvp_model *lm = NULL; /* the cpu executor's model */
     kvp_executor ex = {0};
+    if (cpu && hw.tp > 1) { /* MPI ranks; rank 0 alone prints and writes files */
+        st = kvp_comm_mpi_create(hw.tp, comm);
+        if (st == KVP_OK && kvp_comm_rank(*comm) != 0) {
+            req_out = step_out = NULL;
+            if (!freopen("/dev/null", "w", stdout)) st = KVP_ERR(KVP_EIO, "rank %d: cannot silence stdout", kvp_comm_rank(*comm));
+        }
+        if (st != KVP_OK) return kvp_cli_fail(cmd, st);
+    }
     if (cpu) {
         if (!swap_set) hw.swap_bytes = CPU_MEM_DEFAULT;
-        st = cpu_prepare(model, threads, kv_dtype, &hw, max_len_set, &ec, &lm, &ex, &mem);
+        st = cpu_prepare(model, threads, kv_dtype, &hw, max_len_set, *comm, &ec, &lm, &ex, &mem);
         if (st == KVP_OK) cfg = *kvp_model_cfg(lm);
     } else {
         st = kvp_gpu_profile_find(gpu_name, &gpu);
@@ -404,6 +433,8 @@ int kvp_cmd_simulate(int argc, char **argv)
         kvp_progress_bar_end(&bar);
         snprintf(wname, sizeof wname, "%s", w->name);
     }
+    if (st == KVP_OK && *comm)
+        st = kvp_comm_check_same(*comm, run_digest(&ex, w, &m), "tensor-parallel engine runs (tokens, steps, preemptions)");
     if (st == KVP_OK && rf.f) write_requests(rf.f, per_req, w->n);
     st = out_file_close(&rf, st);
     st = out_file_close(&sf, st);
@@ -424,8 +455,8 @@ int kvp_cmd_simulate(int argc, char **argv)
         cJSON_AddStringToObject(o, "kv_dtype", kvp_dtype_name(kv_dtype));
     } else {
         cJSON_AddStringToObject(o, "gpu", gpu->name);
-        cJSON_AddNumberToObject(o, "tp", hw.tp);
     }
+    cJSON_AddNumberToObject(o, "tp", hw.tp);
     cJSON_AddStringToObject(o, "alloc", kvp_alloc_kind_name(ec.alloc));
     if (ec.alloc != KVP_ALLOC_PAGED) cJSON_AddStringToObject(o, "arena", kvp_contig_placement_name(ec.arena));
     cJSON_AddNumberToObject(o, "block_size", ec.block_size);
@@ -501,4 +532,14 @@ int kvp_cmd_simulate(int argc, char **argv)
     }
     cJSON_Delete(o);
     return KVP_EXIT_OK;
+}
+
+/* With --executor cpu --tp N this process is one of N MPI ranks: a rank that fails ends the whole job. */
+int kvp_cmd_simulate(int argc, char **argv)
+{
+    kvp_comm *comm = NULL;
+    int rc = simulate(argc, argv, &comm);
+    if (comm && rc != KVP_EXIT_OK) kvp_comm_abort(comm, rc);
+    kvp_comm_destroy(comm);
+    return rc;
 }

@@ -20,13 +20,18 @@ static inline double kvp_test_num(const cJSON *row, const char *k)
     return v->valuedouble;
 }
 
-/* Reads at most cap-1 bytes of f into buf (NUL-terminated); buf may be NULL to discard. */
+/* Reads f to its end, keeping at most cap-1 bytes in buf (NUL-terminated; the rest is read and dropped, so
+ * a writer into a pipe never dies of SIGPIPE); buf may be NULL to discard everything. */
 static inline void kvp_test_slurp(FILE *f, char *buf, size_t cap)
 {
     char sink[4096];
     size_t n = 0, got;
-    while ((got = fread(buf ? buf + n : sink, 1, buf ? cap - 1 - n : sizeof sink, f)) > 0)
-        if (buf) n += got;
+    for (;;) {
+        const int keep = buf && n + 1 < cap;
+        got = fread(keep ? buf + n : sink, 1, keep ? cap - 1 - n : sizeof sink, f);
+        if (got == 0) break;
+        if (keep) n += got;
+    }
     if (buf) buf[n] = '\0';
 }
 

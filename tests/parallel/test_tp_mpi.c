@@ -121,6 +121,42 @@ Test(tp_mpi, sampled_batched_runs_agree_across_ranks)
     cJSON_Delete(b);
 }
 
+/* The engine on the cpu executor (`simulate --executor cpu`) over 2 ranks, each with half the KV memory and
+ * so the same number of blocks: rank 0's clock drives both, and the run's decisions (admissions,
+ * preemptions by swap or recompute, prefix hits, evictions) are those of one rank; only times differ. */
+Test(tp_mpi, the_engine_on_two_ranks_decides_as_on_one)
+{
+    tu_require_shared();
+    static const char *same[] = {"finished", "steps", "preemptions", "swap_outs", "prefix_hit_rate", "evicted_blocks",
+                                 "kv_capacity_tokens", "leaked_blocks"};
+    const char *preempt[2] = {"swap", "recompute"};
+    for (int k = 0; k < 2; k++) {
+        char cmd[2][2048], *out, *err;
+        cJSON *o[2];
+        for (int tp = 1; tp <= 2; tp++) {
+            snprintf(cmd[tp - 1], sizeof cmd[0],
+                     "%s%s simulate --executor cpu --tp %d --model %s --workload system:n=24,prefix=64,suffix=16,"
+                     "output=16 --rate inf --cache radix --watermark-blocks 0 --max-num-seqs 4 --preempt %s "
+                     "--swap-space 1MB --kv-mem %s --check --json",
+                     tp > 1 ? MPIRUN " -np 2 " : "", kvp_test_bin(), tp, S260_GGUF, preempt[k], tp > 1 ? "100KB" : "200KB");
+            int rc = kvp_test_sh(cmd[tp - 1], &out, &err);
+            cr_assert_eq(rc, 0, "`%s` exited %d: %s", cmd[tp - 1], rc, err);
+            cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o[tp - 1]), KVP_OK, "%s", out);
+            free(out);
+            free(err);
+        }
+        for (size_t i = 0; i < sizeof same / sizeof same[0]; i++)
+            cr_assert_eq(kvp_test_num(o[1], same[i]), kvp_test_num(o[0], same[i]), "--preempt %s: %s %g on 2 ranks, "
+                         "%g on one", preempt[k], same[i], kvp_test_num(o[1], same[i]), kvp_test_num(o[0], same[i]));
+        cr_assert_eq(kvp_test_num(o[1], "finished"), 24);
+        cr_assert_gt(kvp_test_num(o[1], "preemptions"), 0, "--preempt %s was meant to preempt", preempt[k]);
+        cr_assert_eq(kvp_test_num(o[1], "tp"), 2);
+        cr_assert_eq(kvp_test_num(o[1], "kv_bytes_per_token") * 2, kvp_test_num(o[0], "kv_bytes_per_token"));
+        cJSON_Delete(o[0]);
+        cJSON_Delete(o[1]);
+    }
+}
+
 /* Runs cmd: it must exit 2 with needle in its error. */
 static void expect_error(const char *cmd, const char *needle)
 {

@@ -82,12 +82,13 @@ Test(tp_threads, golden_tokens_on_every_rank_at_tp_2_4_8_with_one_ranks_logprobs
     kvp_gen_results_free(one[0].res, g.n);
 }
 
-/* Four rank threads: sums in rank order with the same bits everywhere, gathers in rank order, broadcasts. */
+/* Four rank threads: sums in rank order with the same bits everywhere, gathers in rank order, broadcasts,
+ * and a check that every rank holds the same value, which fails on all of them when one rank differs. */
 typedef struct {
     kvp_comm *c;
     float sum[1000], gathered[4 * 3];
     uint64_t word;
-    kvp_status st;
+    kvp_status st, differ_st;
 } coll_job;
 
 static void *coll_main(void *arg)
@@ -101,6 +102,8 @@ static void *coll_main(void *arg)
     if (j->st == KVP_OK) j->st = kvp_comm_all_gather_f32(j->c, mine, 3, j->gathered);
     if (j->st == KVP_OK) j->st = kvp_comm_broadcast(j->c, &j->word, sizeof j->word, 2);
     if (j->st == KVP_OK) j->st = kvp_comm_barrier(j->c);
+    if (j->st == KVP_OK) j->st = kvp_comm_check_same(j->c, 42, "same everywhere");
+    if (j->st == KVP_OK) j->differ_st = kvp_comm_check_same(j->c, r == 3 ? 7 : 42, "rank 3 differs");
     return NULL;
 }
 
@@ -124,6 +127,7 @@ Test(comm, threads_collectives)
             cr_assert_eq(jobs[r].gathered[3 * k + 1], (float)k + 0.5f);
         }
         cr_assert_eq(jobs[r].word, 0x1234567890abcdefull);
+        cr_assert_eq(jobs[r].differ_st, KVP_EMPI, "rank %d did not learn that rank 3 differs", r);
         kvp_comm_destroy(comms[r]);
     }
     for (int i = 0; i < 1000; i++) {
