@@ -34,6 +34,8 @@ typedef struct {
 } gseq;
 
 typedef struct {
+    double t_add;        /* when it was added (seconds since the session began) */
+    int taken;           /* its result was handed out (kvp_gen_session_take) */
     int32_t n_live;      /* sequences not done */
     int32_t reserved;    /* beam search: the blocks its beams may hold at most, kept back while it runs */
     int admitted;
@@ -60,12 +62,18 @@ typedef struct {
 
 enum { GEN_SAMPLE_THREADS = 8 };
 
-typedef struct {
+struct kvp_gen_session {
     kvp_model *m;
-    const kvp_gen_config *cfg;
-    const kvp_gen_request *reqs;
+    const kvp_gen_config *cfg; /* = &cfgv */
+    kvp_gen_config cfgv;
+    kvp_gen_request *reqs;     /* owned, prompts too (copied by kvp_gen_session_add) */
+    size_t cap_reqs;
     greq *rq;
+    size_t cap_rq;
     int32_t nreq;
+    int32_t *fin;              /* finished requests not taken yet, FIFO from fin_head */
+    int32_t nfin, fin_head;
+    size_t cap_fin;
     kvp_block_mgr *bm;
     kvp_prefix_cache *pc;
     kvp_kv_cache *kv;
@@ -95,7 +103,8 @@ typedef struct {
     size_t cap_pre_s;
     kvp_sampler_ws *hws[GEN_SAMPLE_THREADS];
     float *hlsm[GEN_SAMPLE_THREADS];
-} gen_ctx;
+};
+typedef kvp_gen_session gen_ctx;
 
 kvp_gen_config kvp_gen_config_default(void)
 {
@@ -185,6 +194,8 @@ static void finish_seq(gen_ctx *g, int32_t idx)
         r->t_done = kvp_now_s() - g->t0;
         g->beam_reserved -= r->reserved;
         r->reserved = 0;
+        /* to the finished queue (room was made when the request was added) */
+        g->fin[g->nfin++] = s->req;
     }
 }
 
@@ -746,6 +757,9 @@ static void ctx_free(gen_ctx *g)
     kvp_free(g->running);
     kvp_free(g->preempted);
     kvp_free(g->rq);
+    for (int32_t i = 0; i < g->nreq; i++) kvp_free((void *)g->reqs[i].prompt);
+    kvp_free(g->reqs);
+    kvp_free(g->fin);
     step_buf *B = &g->buf;
     void *bufs[] = {B->tokens, B->pos, B->qo, B->kvi, B->kvx, B->last, B->sched, B->snap, B->slots};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvp_free(bufs[i]);
@@ -828,107 +842,204 @@ static kvp_status collect(gen_ctx *g, int32_t r, kvp_gen_result *out)
     }
     const greq *gr = &g->rq[r];
     out->prompt_cached_tokens = gr->cached_tokens;
-    out->ttft_s = gr->t_first >= 0 ? gr->t_first : gr->t_done;
+    const double first = gr->t_first >= 0 ? gr->t_first : gr->t_done;
+    out->ttft_s = first - gr->t_add;
     int32_t maxgen = 0;
     for (int32_t i = 0; i < ns; i++) maxgen = out->n_tokens[i] > maxgen ? out->n_tokens[i] : maxgen;
-    out->tpot_s = maxgen > 1 ? (gr->t_done - out->ttft_s) / (maxgen - 1) : 0.0;
-    out->finish_s = gr->t_done;
+    out->tpot_s = maxgen > 1 ? (gr->t_done - first) / (maxgen - 1) : 0.0;
+    out->finish_s = gr->t_done - gr->t_add;
     return KVP_OK;
+}
+
+/* The checks of one request (i names it in errors). */
+static kvp_status check_request(const kvp_model *m, const kvp_gen_request *r, int32_t i)
+{
+    const int32_t maxlen = kvp_model_max_len(m);
+    const int64_t V = kvp_model_cfg(m)->vocab_size;
+    if (r->n_prompt < 1 || !r->prompt)
+        return KVP_ERR(KVP_EINVAL, "generate: prompt %d is empty (it needs at least a BOS token)", i);
+    if (r->n_prompt >= maxlen)
+        return KVP_ERR(KVP_EINVAL, "generate: prompt %d has %d tokens but the model's context is %d tokens", i,
+                       r->n_prompt, maxlen);
+    if (r->max_tokens < 0 || r->n < 1 || r->beam_width < 0 || (r->beam_width > 1 && r->n > r->beam_width) ||
+        r->n > 1000 || r->beam_width > 1000)
+        return KVP_ERR(KVP_EINVAL, "generate: request %d: max_tokens %d >= 0, n %d in 1..1000 and <= beam width %d", i,
+                       r->max_tokens, r->n, r->beam_width);
+    KVP_TRY(kvp_sampler_check(&r->sampler));
+    for (int32_t j = 0; j < r->n_prompt; j++)
+        if (r->prompt[j] < 0 || r->prompt[j] >= V)
+            return KVP_ERR(KVP_EINVAL, "generate: prompt %d token %d is %d, outside the vocabulary (%lld)", i, j,
+                           r->prompt[j], (long long)V);
+    return KVP_OK;
+}
+
+/* max_tokens clamped so that prompt + max_tokens fits the model's context. */
+static int32_t clamp_max_tokens(const kvp_model *m, const kvp_gen_request *r)
+{
+    const int32_t maxlen = kvp_model_max_len(m);
+    return r->n_prompt + r->max_tokens > maxlen ? maxlen - r->n_prompt : r->max_tokens;
+}
+
+/* KV slots a request holds at most: every sequence of its group at its full length, in whole blocks. */
+static int64_t request_slots(const kvp_model *m, const kvp_gen_request *r, int32_t bs)
+{
+    const int64_t len = r->n_prompt + clamp_max_tokens(m, r);
+    return (len + bs - 1) / bs * bs * group_size(r);
+}
+
+kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_gen_session **out)
+{
+    if (!m || !cfg || !out) return KVP_ERR(KVP_EINVAL, "generate: NULL argument");
+    if (cfg->block_size < 1 || cfg->max_num_seqs < 1 || cfg->max_batched_tokens < 1 || cfg->num_blocks < 1)
+        return KVP_ERR(KVP_EINVAL, "generate: block_size, num_blocks, max_num_seqs and max_batched_tokens must be >= 1");
+    gen_ctx *g = kvp_calloc(1, sizeof *g);
+    if (!g) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    g->m = m;
+    g->cfgv = *cfg;
+    g->cfg = &g->cfgv;
+    const kvp_gen_config *c = g->cfg;
+    g->vocab = (int32_t)kvp_model_cfg(m)->vocab_size;
+    kvp_bm_config bc = {.num_blocks = c->num_blocks, .block_size = c->block_size, .num_host_blocks = 0,
+                        .max_seq_len = kvp_model_max_len(m), .watermark_blocks = 0};
+    char what[96];
+    snprintf(what, sizeof what, "generate: a KV cache of %d blocks of %d tokens", c->num_blocks, c->block_size);
+    kvp_status st = kvp_check_fits_in_memory(kvp_kv_cache_bytes(m, c->kv_dtype, c->num_blocks, c->block_size), what);
+    if (st == KVP_OK) st = kvp_bm_create(&bc, &g->bm);
+    if (st == KVP_OK) st = kvp_pc_create(c->cache, KVP_EVICT_LRU, kvp_bm_pool(g->bm), c->block_size, &g->pc);
+    if (st == KVP_OK) st = kvp_kv_cache_create(m, c->kv_dtype, c->num_blocks, c->block_size, &g->kv);
+    if (st == KVP_OK) st = kvp_sampler_ws_create(g->vocab, &g->sws);
+    if (st == KVP_OK) {
+        g->lsm = kvp_malloc((size_t)g->vocab * sizeof *g->lsm);
+        if (!g->lsm) st = KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    }
+    if (st != KVP_OK) {
+        kvp_gen_session_destroy(g);
+        return st;
+    }
+    g->t0 = kvp_now_s();
+    *out = g;
+    return KVP_OK;
+}
+
+void kvp_gen_session_destroy(kvp_gen_session *g)
+{
+    if (!g) return;
+    ctx_free(g);
+    kvp_free(g);
+}
+
+kvp_status kvp_gen_session_add(kvp_gen_session *g, const kvp_gen_request *r, int32_t *id)
+{
+    const int32_t i = g->nreq;
+    KVP_TRY(check_request(g->m, r, i));
+    const int32_t bs = g->cfg->block_size;
+    const int64_t one = (r->n_prompt + clamp_max_tokens(g->m, r) + bs - 1) / bs; /* one sequence, whole */
+    if (one > g->cfg->num_blocks)
+        return KVP_ERR(KVP_ENOBLOCKS, "generate: request %d needs %lld blocks of %d tokens for one sequence, the KV "
+                                      "cache has %d; raise --num-blocks", i, (long long)one, bs, g->cfg->num_blocks);
+    /* room first, so that nothing below fails (finish_seq pushes to fin without growing it) */
+    KVP_TRY(grow_to(&g->reqs, &g->cap_reqs, (size_t)i + 1, sizeof *g->reqs));
+    KVP_TRY(grow_to(&g->rq, &g->cap_rq, (size_t)i + 1, sizeof *g->rq));
+    KVP_TRY(grow_to(&g->fin, &g->cap_fin, (size_t)i + 1, sizeof *g->fin));
+    int32_t *prompt = kvp_malloc((size_t)r->n_prompt * sizeof *prompt);
+    if (!prompt) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    memcpy(prompt, r->prompt, (size_t)r->n_prompt * sizeof *prompt);
+    g->reqs[i] = *r;
+    g->reqs[i].prompt = prompt;
+    g->rq[i] = (greq){.t_add = kvp_now_s() - g->t0, .t_first = -1, .max_tokens = clamp_max_tokens(g->m, r)};
+    if (g->rq[i].max_tokens < r->max_tokens)
+        KVP_LOG_W("generate: request %d: max_tokens %d clamped to %d (context %d)", i, r->max_tokens,
+                  g->rq[i].max_tokens, kvp_model_max_len(g->m));
+    g->nreq++;
+    if (id) *id = i;
+    return KVP_OK;
+}
+
+int kvp_gen_session_pending(const kvp_gen_session *g) { return g->nrun > 0 || g->npre > 0 || g->next_req < g->nreq; }
+
+kvp_status kvp_gen_session_step(kvp_gen_session *g) { return kvp_gen_session_pending(g) ? step(g) : KVP_OK; }
+
+kvp_status kvp_gen_session_take(kvp_gen_session *g, int32_t *id, kvp_gen_result *res)
+{
+    if (g->fin_head == g->nfin) return KVP_ENOTFOUND; /* nothing finished: not an error worth a message */
+    const int32_t r = g->fin[g->fin_head];
+    KVP_TRY(collect(g, r, res));
+    g->fin_head++;
+    g->rq[r].taken = 1;
+    for (int32_t i = 0; i < g->nseqs; i++) /* its sequences' tokens are in res now */
+        if (g->seqs[i]->req == r) {
+            kvp_free(g->seqs[i]->toks);
+            g->seqs[i]->toks = NULL;
+            g->seqs[i]->n_toks = g->seqs[i]->cap = 0;
+        }
+    if (id) *id = r;
+    return KVP_OK;
+}
+
+void kvp_gen_session_stats_get(const kvp_gen_session *g, kvp_gen_session_stats *out)
+{
+    memset(out, 0, sizeof *out);
+    out->requests = g->nreq;
+    out->finished = g->nfin;
+    out->waiting = g->nreq - g->next_req;
+    out->running_seqs = g->nrun;
+    out->preempted_seqs = g->npre;
+    out->steps = g->st.steps;
+    out->computed_tokens = g->st.computed_tokens;
+    out->prefix_hit_tokens = g->st.prefix_hit_tokens;
+    out->preemptions = g->st.preemptions;
+    out->num_blocks = g->cfg->num_blocks;
+    out->free_blocks = kvp_bm_num_free(g->bm);
+    for (int32_t i = 0; i < g->next_req; i++) out->admitted_prompt_tokens += g->reqs[i].n_prompt;
 }
 
 kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n,
                        kvp_gen_result *results, kvp_gen_stats *stats)
 {
+    if (!m || !cfg || (n > 0 && (!reqs || !results))) return KVP_ERR(KVP_EINVAL, "generate: NULL argument");
     if (cfg->block_size < 1 || cfg->max_num_seqs < 1 || cfg->max_batched_tokens < 1 || cfg->num_blocks < 0)
         return KVP_ERR(KVP_EINVAL, "generate: block_size, max_num_seqs and max_batched_tokens must be >= 1");
     if (n < 1) return KVP_ERR(KVP_EINVAL, "generate: no request");
-    const int32_t maxlen = kvp_model_max_len(m);
-    const int64_t V = kvp_model_cfg(m)->vocab_size;
-    int64_t need_slots = 0;
-    gen_ctx g;
-    memset(&g, 0, sizeof g);
-    g.rq = kvp_calloc((size_t)n, sizeof *g.rq);
-    if (!g.rq) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
-    for (int32_t i = 0; i < n; i++) {
-        const kvp_gen_request *r = &reqs[i];
-        kvp_status st = KVP_OK;
-        if (r->n_prompt < 1 || !r->prompt)
-            st = KVP_ERR(KVP_EINVAL, "generate: prompt %d is empty (it needs at least a BOS token)", i);
-        else if (r->n_prompt >= maxlen)
-            st = KVP_ERR(KVP_EINVAL, "generate: prompt %d has %d tokens but the model's context is %d tokens", i,
-                         r->n_prompt, maxlen);
-        else if (r->max_tokens < 0 || r->n < 1 || r->beam_width < 0 || (r->beam_width > 1 && r->n > r->beam_width) ||
-                 r->n > 1000 || r->beam_width > 1000)
-            st = KVP_ERR(KVP_EINVAL, "generate: request %d: max_tokens %d >= 0, n %d in 1..1000 and <= beam width %d",
-                         i, r->max_tokens, r->n, r->beam_width);
-        else
-            st = kvp_sampler_check(&r->sampler);
-        for (int32_t j = 0; st == KVP_OK && j < r->n_prompt; j++)
-            if (r->prompt[j] < 0 || r->prompt[j] >= V)
-                st = KVP_ERR(KVP_EINVAL, "generate: prompt %d token %d is %d, outside the vocabulary (%lld)", i, j,
-                             r->prompt[j], (long long)V);
-        if (st != KVP_OK) {
-            kvp_free(g.rq);
-            return st;
-        }
-        g.rq[i].max_tokens = r->max_tokens;
-        if (r->n_prompt + r->max_tokens > maxlen) {
-            g.rq[i].max_tokens = maxlen - r->n_prompt;
-            KVP_LOG_W("generate: request %d: max_tokens %d clamped to %d (context %d)", i, r->max_tokens,
-                      g.rq[i].max_tokens, maxlen);
-        }
-        g.rq[i].t_first = -1;
-        int64_t len = r->n_prompt + g.rq[i].max_tokens;
-        need_slots += (len + cfg->block_size - 1) / cfg->block_size * cfg->block_size * group_size(r);
-    }
     kvp_gen_config c = *cfg;
-    if (c.num_blocks == 0) {
+    int64_t need_slots = 0;
+    for (int32_t i = 0; i < n; i++) {
+        KVP_TRY(check_request(m, &reqs[i], i));
+        need_slots += request_slots(m, &reqs[i], c.block_size);
+    }
+    if (c.num_blocks == 0) { /* enough for every request at once */
         int64_t nb = need_slots / c.block_size;
         c.num_blocks = nb > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)nb;
     }
-    g.m = m;
-    g.cfg = &c;
-    g.reqs = reqs;
-    g.nreq = n;
-    g.vocab = (int32_t)V;
-    kvp_bm_config bc = {.num_blocks = c.num_blocks, .block_size = c.block_size, .num_host_blocks = 0,
-                        .max_seq_len = maxlen, .watermark_blocks = 0};
-    char what[96];
-    snprintf(what, sizeof what, "generate: a KV cache of %d blocks of %d tokens", c.num_blocks, c.block_size);
-    kvp_status st = kvp_check_fits_in_memory(kvp_kv_cache_bytes(m, c.kv_dtype, c.num_blocks, c.block_size), what);
-    if (st == KVP_OK) st = kvp_bm_create(&bc, &g.bm);
-    if (st == KVP_OK) st = kvp_pc_create(c.cache, KVP_EVICT_LRU, kvp_bm_pool(g.bm), c.block_size, &g.pc);
-    if (st == KVP_OK) st = kvp_kv_cache_create(m, c.kv_dtype, c.num_blocks, c.block_size, &g.kv);
-    if (st == KVP_OK) st = kvp_sampler_ws_create(g.vocab, &g.sws);
-    if (st == KVP_OK) {
-        g.lsm = kvp_malloc((size_t)V * sizeof *g.lsm);
-        if (!g.lsm) st = KVP_ERR(KVP_ENOMEM, "generate: out of memory");
-    }
-    g.t0 = kvp_now_s();
-    while (st == KVP_OK && (g.nrun > 0 || g.npre > 0 || g.next_req < g.nreq)) st = step(&g);
-    double wall = kvp_now_s() - g.t0;
+    gen_ctx *g;
+    KVP_TRY(kvp_gen_session_create(m, &c, &g));
+    kvp_status st = KVP_OK;
+    for (int32_t i = 0; st == KVP_OK && i < n; i++) st = kvp_gen_session_add(g, &reqs[i], NULL);
+    g->t0 = kvp_now_s(); /* the run's clock: requests count from here */
+    for (int32_t i = 0; i < g->nreq; i++) g->rq[i].t_add = 0;
+    while (st == KVP_OK && kvp_gen_session_pending(g)) st = step(g);
+    double wall = kvp_now_s() - g->t0;
     int32_t done = 0;
-    for (; st == KVP_OK && done < n; done++) st = collect(&g, done, &results[done]);
+    for (; st == KVP_OK && done < n; done++) st = collect(g, done, &results[done]);
     if (st != KVP_OK) {
         kvp_gen_results_free(results, done);
-        ctx_free(&g);
+        kvp_gen_session_destroy(g);
         return st;
     }
     if (stats) {
-        g.st.wall_s = wall;
-        g.st.generated_tokens = 0; /* what the results hold: a beam search's dropped beams do not count */
+        g->st.wall_s = wall;
+        g->st.generated_tokens = 0; /* what the results hold: a beam search's dropped beams do not count */
         for (int32_t i = 0; i < n; i++) {
-            g.st.prompt_tokens += reqs[i].n_prompt;
-            for (int32_t s = 0; s < results[i].n_samples; s++) g.st.generated_tokens += results[i].n_tokens[s];
+            g->st.prompt_tokens += reqs[i].n_prompt;
+            for (int32_t s = 0; s < results[i].n_samples; s++) g->st.generated_tokens += results[i].n_tokens[s];
         }
-        g.st.tokens_per_s = wall > 0 ? (double)g.st.generated_tokens / wall : 0.0;
-        g.st.prefix_hit_rate = g.st.prompt_tokens > 0 ? (double)g.st.prefix_hit_tokens / (double)g.st.prompt_tokens : 0.0;
-        g.st.mean_kv_utilization = g.util_n ? g.util_sum / (double)g.util_n : 0.0;
-        g.st.num_blocks = c.num_blocks;
-        g.st.block_size = c.block_size;
-        g.st.kv_pool_bytes = (int64_t)kvp_kv_cache_bytes(m, c.kv_dtype, c.num_blocks, c.block_size);
-        *stats = g.st;
+        g->st.tokens_per_s = wall > 0 ? (double)g->st.generated_tokens / wall : 0.0;
+        g->st.prefix_hit_rate = g->st.prompt_tokens > 0 ? (double)g->st.prefix_hit_tokens / (double)g->st.prompt_tokens : 0.0;
+        g->st.mean_kv_utilization = g->util_n ? g->util_sum / (double)g->util_n : 0.0;
+        g->st.num_blocks = c.num_blocks;
+        g->st.block_size = c.block_size;
+        g->st.kv_pool_bytes = (int64_t)kvp_kv_cache_bytes(m, c.kv_dtype, c.num_blocks, c.block_size);
+        *stats = g->st;
     }
-    ctx_free(&g);
+    kvp_gen_session_destroy(g);
     return KVP_OK;
 }

@@ -95,4 +95,40 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
                        kvp_gen_result *results, kvp_gen_stats *stats);
 void kvp_gen_results_free(kvp_gen_result *results, int32_t n);
 
+/* ---- the same loop, online: requests join a running session at any step (a server's engine loop).
+ *
+ *   kvp_gen_session_create(m, &cfg, &s);          // cfg.num_blocks >= 1: the cache is made now
+ *   kvp_gen_session_add(s, &req, &id);            // any time; the prompt is copied
+ *   while (kvp_gen_session_pending(s)) {
+ *       kvp_gen_session_step(s);                  // one batched step of every running sequence
+ *       while (kvp_gen_session_take(s, &id, &res) == KVP_OK) ...   // finished requests, in finishing order
+ *   }
+ *
+ * A session is used by one thread at a time. Request ids count from 0 in the order of adding; a result's
+ * ttft_s and finish_s count from its request's add. */
+typedef struct kvp_gen_session kvp_gen_session;
+
+/* KVP_EINVAL for a bad cfg (num_blocks 0 included), KVP_ENOMEM. */
+kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_gen_session **out);
+void kvp_gen_session_destroy(kvp_gen_session *s); /* NULL: no-op; unfinished requests are dropped */
+/* The checks of kvp_gen_run (KVP_EINVAL), and KVP_ENOBLOCKS when one sequence of the request at its full
+ * length cannot fit the cache. On failure nothing is added. */
+kvp_status kvp_gen_session_add(kvp_gen_session *s, const kvp_gen_request *r, int32_t *id);
+/* Nonzero while some added request is not finished. */
+int kvp_gen_session_pending(const kvp_gen_session *s);
+/* One step (nothing when nothing is pending). An error (KVP_ENOMEM, KVP_ENOBLOCKS) leaves the session
+ * unusable: destroy it. */
+kvp_status kvp_gen_session_step(kvp_gen_session *s);
+/* The oldest finished request not taken yet: its id and result (the caller frees it with
+ * kvp_gen_results_free(res, 1)). KVP_ENOTFOUND, with no message, when there is none. */
+kvp_status kvp_gen_session_take(kvp_gen_session *s, int32_t *id, kvp_gen_result *res);
+
+typedef struct {
+    int64_t requests, finished, waiting;   /* added, finished (taken or not), not admitted yet */
+    int64_t running_seqs, preempted_seqs;  /* now */
+    int64_t steps, computed_tokens, prefix_hit_tokens, preemptions, admitted_prompt_tokens;
+    int32_t num_blocks, free_blocks;       /* free: neither held by a sequence nor cached */
+} kvp_gen_session_stats;
+void kvp_gen_session_stats_get(const kvp_gen_session *s, kvp_gen_session_stats *out);
+
 #endif

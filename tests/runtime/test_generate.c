@@ -764,3 +764,101 @@ Test(generate, sampled_batch_same_on_1_2_3_threads, .init = setup, .fini = teard
     kvp_gen_results_free(one, NR);
     for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
 }
+
+/* ---- the online session (kvp_gen_session_*): requests joining a running loop ---- */
+
+/* Requests added at different steps (two first, two more after 5 steps, one more after 12, with sampling
+ * and n = 2 among them): each one's tokens are those of kvp_gen_run on it alone; take hands out every
+ * request once, in finishing order, then KVP_ENOTFOUND; the stats count what happened. */
+Test(generate_session, requests_join_a_running_loop_and_match_their_solo_runs, .init = setup, .fini = teardown)
+{
+    kvp_gen_request reqs[5];
+    enc e[5];
+    for (int i = 0; i < 5; i++) {
+        e[i] = encode(prompts[i]);
+        reqs[i] = greedy_req(e[i], 20 + 7 * i);
+    }
+    reqs[3].sampler = (kvp_sampler_params){.temperature = 0.8, .top_k = 40, .top_p = 0.9, .seed = 11};
+    reqs[3].n = 2;
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.num_blocks = 64;
+    cfg.block_size = 4;
+    kvp_gen_session *s;
+    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    int32_t id;
+    kvp_gen_result got[5], res;
+    int seen[5] = {0}, order = 0, add_at[5] = {0, 0, 5, 5, 12}, added = 0;
+    for (int stepno = 0; added < 5 || kvp_gen_session_pending(s); stepno++) {
+        while (added < 5 && add_at[added] <= stepno) {
+            cr_assert_eq(kvp_gen_session_add(s, &reqs[added], &id), KVP_OK, "%s", kvp_error_detail());
+            cr_assert_eq(id, added);
+            added++;
+        }
+        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+            cr_assert(id >= 0 && id < 5 && !seen[id], "request %d handed out twice or unknown", id);
+            seen[id] = ++order;
+            got[id] = res;
+            cr_assert_geq(res.ttft_s, 0);
+            cr_assert_geq(res.finish_s, res.ttft_s);
+        }
+    }
+    cr_assert_eq(kvp_gen_session_take(s, &id, &res), KVP_ENOTFOUND);
+    cr_assert_eq(order, 5);
+    kvp_gen_session_stats st;
+    kvp_gen_session_stats_get(s, &st);
+    cr_assert_eq(st.requests, 5);
+    cr_assert_eq(st.finished, 5);
+    cr_assert_eq(st.waiting, 0);
+    cr_assert_eq(st.running_seqs, 0);
+    cr_assert_gt(st.steps, 0);
+    int64_t ptoks = 0;
+    for (int i = 0; i < 5; i++) ptoks += reqs[i].n_prompt;
+    cr_assert_eq(st.admitted_prompt_tokens, ptoks);
+    kvp_gen_session_destroy(s);
+    for (int i = 0; i < 5; i++) {
+        kvp_gen_result solo;
+        run(&cfg, &reqs[i], 1, &solo, NULL);
+        cr_assert_eq(got[i].n_samples, solo.n_samples, "request %d", i);
+        expect_same(&got[i], &solo, "joined a running loop vs alone", i);
+        kvp_gen_results_free(&solo, 1);
+        kvp_gen_results_free(&got[i], 1);
+        free(e[i].ids);
+    }
+}
+
+/* A bad request or one that can never fit is refused and leaves the session as it was; a step with
+ * nothing pending does nothing; the session's creation fails cleanly at every allocation. */
+static kvp_status make_session(void *cfg, void **s) { return kvp_gen_session_create(g_model, cfg, (kvp_gen_session **)s); }
+static void destroy_session(void *s) { kvp_gen_session_destroy(s); }
+
+Test(generate_session, refusals_and_allocation_failures, .init = setup, .fini = teardown)
+{
+    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_gen_session *s;
+    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_EINVAL); /* num_blocks 0: no size for the cache */
+    cfg.num_blocks = 4;
+    cfg.block_size = 16;
+    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK);
+    cr_assert_eq(kvp_gen_session_step(s), KVP_OK);
+    enc e = encode(prompts[2]);
+    kvp_gen_request r = greedy_req(e, 100); /* ~116 tokens: 8 blocks of 16 > 4 */
+    cr_assert_eq(kvp_gen_session_add(s, &r, NULL), KVP_ENOBLOCKS);
+    cr_assert(strstr(kvp_error_message(), "raise --num-blocks"), "%s", kvp_error_message());
+    r.max_tokens = -1;
+    cr_assert_eq(kvp_gen_session_add(s, &r, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_gen_session_pending(s), 0);
+    r.max_tokens = 10;
+    int32_t id = -1;
+    cr_assert_eq(kvp_gen_session_add(s, &r, &id), KVP_OK);
+    cr_assert_eq(id, 0, "refused requests take no id");
+    while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+    kvp_gen_result res;
+    cr_assert_eq(kvp_gen_session_take(s, &id, &res), KVP_OK);
+    cr_assert_eq(res.n_tokens[0], 10);
+    kvp_gen_results_free(&res, 1);
+    kvp_gen_session_destroy(s);
+    kvp_gen_session_destroy(NULL);
+    free(e.ids);
+    tu_every_alloc_failure("session", make_session, destroy_session, &cfg, 0);
+}
