@@ -1,10 +1,8 @@
 /* `kvpage generate` — run a real model on the CPU executor: prompts -> tokens -> continuous batching over the
  * paged KV cache (runtime/gen.h) -> text. Text to stdout (or one JSON object with --json); logs to stderr. */
-#include <dirent.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #include "common/alloc.h"
 #include "common/cli.h"
@@ -107,80 +105,6 @@ static kvp_status read_prompts(const char *path, strlist *out)
     return st;
 }
 
-static int is_dir(const char *p)
-{
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
-}
-
-static int exists(const char *p)
-{
-    struct stat sb;
-    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
-}
-
-/* First file named tok*.bin in dir, into buf. */
-static int find_tok_bin(const char *dir, char *buf, size_t n)
-{
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    struct dirent *e;
-    int found = 0;
-    while (!found && (e = readdir(d)) != NULL) {
-        size_t l = strlen(e->d_name);
-        if (strncmp(e->d_name, "tok", 3) == 0 && l > 4 && strcmp(e->d_name + l - 4, ".bin") == 0) {
-            snprintf(buf, n, "%s/%s", dir, e->d_name);
-            found = exists(buf);
-        }
-    }
-    closedir(d);
-    return found;
-}
-
-static kvp_status load_tokenizer(const kvp_model *m, const char *model_path, const char *tok_path,
-                                 kvp_tokenizer **out)
-{
-    int32_t vocab = (int32_t)kvp_model_cfg(m)->vocab_size;
-    char buf[2048];
-    const char *path = tok_path;
-    if (!path) {
-        if (kvp_model_is_gguf(m)) {
-            path = model_path;
-        } else {
-            const char *dir = is_dir(model_path) ? model_path : ".";
-            snprintf(buf, sizeof buf, "%s/tokenizer.bin", dir);
-            if (!exists(buf) && !find_tok_bin(dir, buf, sizeof buf)) {
-                char sib[1100];
-                snprintf(sib, sizeof sib, "%s/../llama2c", dir);
-                if (!find_tok_bin(sib, buf, sizeof buf))
-                    return KVP_ERR(KVP_EINVAL, "%s: no tokenizer this build can read (a llama2.c tokenizer.bin); "
-                                               "pass --tokenizer PATH",
-                                   model_path);
-            }
-            path = buf;
-            KVP_LOG_I("generate: tokenizer %s", path);
-        }
-    }
-    size_t pl = strlen(path);
-    kvp_status st;
-    if (pl > 5 && strcmp(path + pl - 5, ".gguf") == 0) {
-        kvp_gguf *g;
-        KVP_TRY(kvp_gguf_open(path, &g));
-        st = kvp_tok_from_gguf(g, out);
-        kvp_gguf_close(g);
-    } else {
-        st = kvp_tok_load_llama2c(path, vocab, out);
-    }
-    KVP_TRY(st);
-    if (kvp_tok_vocab_size(*out) != vocab) {
-        int32_t tv = kvp_tok_vocab_size(*out);
-        kvp_tok_destroy(*out);
-        *out = NULL;
-        return KVP_ERR(KVP_EINVAL, "%s: tokenizer has %d tokens but the model's vocabulary is %d", path, tv, vocab);
-    }
-    return KVP_OK;
-}
-
 typedef struct {
     const char *model, *tokenizer, *prompts_file;
     strlist prompts;
@@ -236,7 +160,7 @@ static int run(gen_opts *o)
     }
     kvp_model_set_threads(m, o->threads);
     kvp_model_set_matmul(m, o->matmul);
-    if ((st = load_tokenizer(m, o->model, o->tokenizer, &tok)) != KVP_OK) {
+    if ((st = kvp_tok_for_model(m, o->model, o->tokenizer, &tok)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
     }

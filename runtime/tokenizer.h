@@ -60,4 +60,11 @@ int kvp_tok_decode_piece(const kvp_tokenizer *t, int32_t prev, int32_t id, char 
  * (kvp_free). KVP_EINVAL naming the first id out of range; KVP_ENOMEM. */
 kvp_status kvp_tok_decode(const kvp_tokenizer *t, int32_t prev, const int32_t *ids, int32_t n, char **text);
 
+struct kvp_model;
+/* The tokenizer of model m loaded from model_path: tok_path when given (a llama2.c tokenizer.bin or a
+ * GGUF), else the GGUF's own, else for an HF folder tokenizer.bin or tok*.bin in the folder or in
+ * ../llama2c beside it. KVP_EINVAL when none is found or its vocabulary is not the model's. */
+kvp_status kvp_tok_for_model(const struct kvp_model *m, const char *model_path, const char *tok_path,
+                             kvp_tokenizer **out);
+
 #endif

@@ -6,7 +6,7 @@ set -eu
 pkgs=(
   build-essential cmake pkg-config
   libcjson-dev libjemalloc-dev libcriterion-dev libopenblas-dev
-  libopenmpi-dev openmpi-bin libxxhash-dev
+  libopenmpi-dev openmpi-bin libxxhash-dev libmicrohttpd-dev
   python3 python3-matplotlib
 )
 

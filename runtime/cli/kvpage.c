@@ -16,6 +16,7 @@ static const struct {
     {"plan", kvp_cmd_plan, "memory planner: weights, KV cache, blocks and sequences that fit on a GPU"},
     {"simulate", kvp_cmd_simulate, "serving simulator: a trace through scheduler + block manager on a cost model"},
     {"generate", kvp_cmd_generate, "run a real model on the CPU (GGUF or HF) over the paged KV cache"},
+    {"serve", kvp_cmd_serve, "OpenAI-compatible HTTP server (completions, models, metrics) with continuous batching"},
     {"bench", kvp_cmd_bench, "benchmarks and sweeps: memory, blockmgr, prefix, attention, generate, attention-cuda"},
     {NULL, NULL, NULL},
 };
