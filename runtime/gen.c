@@ -35,7 +35,6 @@ typedef struct {
 
 typedef struct {
     double t_add;        /* when it was added (seconds since the session began) */
-    int taken;           /* its result was handed out (kvp_gen_session_take) */
     int32_t n_live;      /* sequences not done */
     int32_t reserved;    /* beam search: the blocks its beams may hold at most, kept back while it runs */
     int admitted;
@@ -965,7 +964,6 @@ kvp_status kvp_gen_session_take(kvp_gen_session *g, int32_t *id, kvp_gen_result 
     const int32_t r = g->fin[g->fin_head];
     KVP_TRY(collect(g, r, res));
     g->fin_head++;
-    g->rq[r].taken = 1;
     for (int32_t i = 0; i < g->nseqs; i++) /* its sequences' tokens are in res now */
         if (g->seqs[i]->req == r) {
             kvp_free(g->seqs[i]->toks);
@@ -974,6 +972,22 @@ kvp_status kvp_gen_session_take(kvp_gen_session *g, int32_t *id, kvp_gen_result 
         }
     if (id) *id = r;
     return KVP_OK;
+}
+
+kvp_status kvp_gen_session_partial(const kvp_gen_session *g, int32_t id, int32_t k, const int32_t **tokens, int32_t *n)
+{
+    *tokens = NULL;
+    *n = 0;
+    if (id < 0 || id >= g->nreq || g->reqs[id].beam_width > 1) return KVP_ENOTFOUND;
+    for (int32_t i = g->nseqs - 1; i >= 0; i--) { /* a request's sequences are among the most recent ones */
+        const gseq *q = g->seqs[i];
+        if (q->req != id || q->sample != k) continue;
+        if (!q->toks) return KVP_ENOTFOUND; /* taken */
+        *tokens = q->toks + (q->n_toks - q->n_gen);
+        *n = q->n_gen;
+        return KVP_OK;
+    }
+    return k < 0 || k >= g->reqs[id].n ? KVP_ENOTFOUND : KVP_OK; /* not admitted or not forked yet: nothing */
 }
 
 void kvp_gen_session_stats_get(const kvp_gen_session *g, kvp_gen_session_stats *out)

@@ -123,6 +123,13 @@ kvp_status kvp_gen_session_step(kvp_gen_session *s);
  * kvp_gen_results_free(res, 1)). KVP_ENOTFOUND, with no message, when there is none. */
 kvp_status kvp_gen_session_take(kvp_gen_session *s, int32_t *id, kvp_gen_result *res);
 
+/* The tokens sample k (0 .. n-1) of request id has generated so far (borrowed: valid until the next step
+ * or take); none before its prompt is computed. Sampling requests only (not beam search, whose beams
+ * change). KVP_ENOTFOUND, with no message, for an unknown id or sample, a beam search, or a request
+ * already taken. */
+kvp_status kvp_gen_session_partial(const kvp_gen_session *s, int32_t id, int32_t k, const int32_t **tokens,
+                                   int32_t *n);
+
 typedef struct {
     int64_t requests, finished, waiting;   /* added, finished (taken or not), not admitted yet */
     int64_t running_seqs, preempted_seqs;  /* now */

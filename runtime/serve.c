@@ -31,7 +31,7 @@
 
 static const char *const CMD = "serve";
 
-enum { MAX_BODY = 1 << 20, MAX_PROMPTS = 256 };
+enum { MAX_BODY = 1 << 20, MAX_PROMPTS = 256, MAX_STREAM = 64 /* choices of a streamed request */ };
 
 static void usage(FILE *f)
 {
@@ -41,7 +41,8 @@ static void usage(FILE *f)
             "Requests from every connection share the engine's batches (continuous batching); the prefix cache\n"
             "is shared across requests.\n\n"
             "  POST /v1/completions  {\"prompt\": TEXT | [TEXT, ...] | [TOKEN_ID, ...], \"max_tokens\": 16,\n"
-            "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"n\": 1, \"seed\": N}\n"
+            "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"n\": 1, \"seed\": N,\n"
+            "                        \"stream\": false}   (stream: server-sent events, as OpenAI's)\n"
             "  GET  /v1/models       the served model\n"
             "  GET  /health          200 while serving\n"
             "  GET  /metrics         Prometheus counters and gauges (requests, tokens, KV blocks, prefix hits)\n\n"
@@ -64,10 +65,12 @@ static void usage(FILE *f)
             "Stops on SIGINT or SIGTERM: requests in flight get 503, then the process exits 0.\n");
 }
 
-/* One HTTP completion request: its prompts are session requests; the handler waits until all are back. */
+/* One HTTP completion request: its prompts are session requests. Without streaming the handler waits until
+ * all are back; with streaming the engine copies each choice's new tokens after every step and the
+ * response's reader sends them as they come. Choice c = prompt i, sample k: c = i * nsamples + k. */
 typedef struct job {
     struct job *next;
-    int32_t n;
+    int32_t n, nsamples;
     kvp_gen_request reqs[MAX_PROMPTS];
     int32_t *enc[MAX_PROMPTS]; /* tokenized prompts, owned */
     kvp_gen_result res[MAX_PROMPTS];
@@ -75,7 +78,15 @@ typedef struct job {
     int finished;      /* set by the engine thread when the handler may answer */
     int status;        /* 0, or the HTTP error to answer with err */
     char err[512];
-    pthread_cond_t done;
+    pthread_cond_t done; /* finished, or (stream) new tokens */
+    int stream;
+    int refs;                    /* stream: the engine's and the response's (under mu; the last one frees) */
+    int32_t ids[MAX_PROMPTS];    /* stream: session ids of the prompts added (the first `added`) */
+    int32_t added;
+    struct job *fail_next;       /* fail_in_flight's list */
+    int32_t *toks[MAX_STREAM];   /* stream: tokens generated so far per choice (under mu) */
+    int32_t ntok[MAX_STREAM];
+    size_t cap_tok[MAX_STREAM];
 } job;
 
 typedef struct {
@@ -94,6 +105,9 @@ typedef struct {
     int stop;
     /* engine thread only */
     kvp_gen_session *s;
+    job **streams; /* streamed jobs in flight */
+    size_t cap_streams;
+    int32_t nstreams;
     owner *own; /* session request id -> its job and prompt (job NULL once delivered) */
     size_t cap_own;
     int32_t nown;
@@ -107,8 +121,26 @@ typedef struct {
 
 /* ---------------------------------------------------------------- engine thread */
 
-/* Ends job j (caller holds mu): answered with status/err unless 0. */
-static void job_finish(job *j, int status, const char *err)
+static void job_free(job *j)
+{
+    for (int32_t i = 0; i < j->n; i++) {
+        kvp_free(j->enc[i]);
+        kvp_gen_results_free(&j->res[i], 1);
+    }
+    for (int c = 0; c < MAX_STREAM; c++) kvp_free(j->toks[c]);
+    pthread_cond_destroy(&j->done);
+    kvp_free(j);
+}
+
+/* Drops one reference to a streamed job (caller holds mu); the last one frees it. */
+static void job_release(job *j)
+{
+    if (--j->refs == 0) job_free(j);
+}
+
+/* Ends job j (caller holds mu): answered with status/err unless 0. The engine lets go of a streamed job
+ * here: nothing of the engine refers to it after this. */
+static void job_finish(server *sv, job *j, int status, const char *err)
 {
     if (status && !j->status) {
         j->status = status;
@@ -116,6 +148,14 @@ static void job_finish(job *j, int status, const char *err)
     }
     j->finished = 1;
     pthread_cond_signal(&j->done);
+    if (j->stream) {
+        for (int32_t i = 0; i < sv->nstreams; i++)
+            if (sv->streams[i] == j) {
+                sv->streams[i] = sv->streams[--sv->nstreams];
+                break;
+            }
+        job_release(j);
+    }
 }
 
 /* Adds a job's prompts to the session; one that is refused ends the job with 400 once the prompts already
@@ -124,24 +164,27 @@ static void add_job(server *sv, job *j)
 {
     int32_t added = 0;
     char err[512] = "";
-    for (int32_t i = 0; i < j->n; i++) {
+    kvp_status st = j->stream ? kvp_grow((void **)&sv->streams, &sv->cap_streams, (size_t)sv->nstreams + 1,
+                                         sizeof *sv->streams) : KVP_OK;
+    for (int32_t i = 0; st == KVP_OK && i < j->n; i++) {
         int32_t id;
-        kvp_status st = kvp_grow((void **)&sv->own, &sv->cap_own, (size_t)sv->nown + 1, sizeof *sv->own);
+        st = kvp_grow((void **)&sv->own, &sv->cap_own, (size_t)sv->nown + 1, sizeof *sv->own);
         if (st == KVP_OK) st = kvp_gen_session_add(sv->s, &j->reqs[i], &id); /* ids count like nown */
-        if (st != KVP_OK) {
-            snprintf(err, sizeof err, "prompt %d: %s", i, kvp_error_message());
-            break;
-        }
+        if (st != KVP_OK) break;
         sv->own[sv->nown++] = (owner){j, i};
+        j->ids[i] = id;
         added++;
     }
+    if (st != KVP_OK) snprintf(err, sizeof err, "prompt %d: %s", added, kvp_error_message());
     pthread_mutex_lock(&sv->mu);
+    j->added = added;
+    if (j->stream && added > 0) sv->streams[sv->nstreams++] = j; /* room made above */
     j->remaining = added;
     if (err[0]) {
         j->status = 400;
         snprintf(j->err, sizeof j->err, "%s", err);
     }
-    if (added == 0) job_finish(j, 0, NULL);
+    if (added == 0) job_finish(sv, j, 0, NULL);
     pthread_mutex_unlock(&sv->mu);
 }
 
@@ -150,13 +193,43 @@ static void add_job(server *sv, job *j)
 static void fail_in_flight(server *sv, int status, const char *err)
 {
     pthread_mutex_lock(&sv->mu);
+    job *list = NULL; /* each unfinished job once; finishing one may free it, so no id may point to it then */
     for (int32_t id = 0; id < sv->nown; id++) {
         job *j = sv->own[id].j;
-        if (j && !j->finished) job_finish(j, status, err);
         sv->own[id].j = NULL;
+        if (!j || j->finished || j->fail_next) continue;
+        j->fail_next = list ? list : j; /* non-NULL marks it listed; the last one points to itself */
+        list = j;
+    }
+    while (list) {
+        job *next = list->fail_next == list ? NULL : list->fail_next;
+        job_finish(sv, list, status, err);
+        list = next;
     }
     sv->nown = 0;
     pthread_mutex_unlock(&sv->mu);
+}
+
+/* Copies the new tokens of every streamed choice into its job and wakes its reader (caller holds mu). A
+ * copy that cannot grow waits for the next step, or for the final result. */
+static void stream_progress(server *sv)
+{
+    for (int32_t x = 0; x < sv->nstreams; x++) {
+        job *j = sv->streams[x];
+        int woke = 0;
+        for (int32_t i = 0; i < j->added; i++)
+            for (int32_t k = 0; k < j->nsamples; k++) {
+                const int32_t c = i * j->nsamples + k;
+                const int32_t *t;
+                int32_t n;
+                if (kvp_gen_session_partial(sv->s, j->ids[i], k, &t, &n) != KVP_OK || n <= j->ntok[c]) continue;
+                if (kvp_grow((void **)&j->toks[c], &j->cap_tok[c], (size_t)n, sizeof *t) != KVP_OK) continue;
+                memcpy(j->toks[c] + j->ntok[c], t + j->ntok[c], (size_t)(n - j->ntok[c]) * sizeof *t);
+                j->ntok[c] = n;
+                woke = 1;
+            }
+        if (woke) pthread_cond_signal(&j->done);
+    }
 }
 
 static void *engine_main(void *arg)
@@ -194,6 +267,7 @@ static void *engine_main(void *arg)
         }
         pthread_mutex_lock(&sv->mu); /* before any answer: a client that reads /metrics next sees this step */
         kvp_gen_session_stats_get(sv->s, &sv->stats);
+        stream_progress(sv);
         pthread_mutex_unlock(&sv->mu);
         int32_t id;
         kvp_gen_result res;
@@ -202,7 +276,7 @@ static void *engine_main(void *arg)
             sv->own[id].j = NULL;
             pthread_mutex_lock(&sv->mu);
             o.j->res[o.i] = res;
-            if (--o.j->remaining == 0) job_finish(o.j, 0, NULL);
+            if (--o.j->remaining == 0) job_finish(sv, o.j, 0, NULL);
             pthread_mutex_unlock(&sv->mu);
         }
         if (st != KVP_ENOTFOUND) KVP_LOG_E("serve: collecting a result: %s", kvp_error_message());
@@ -210,7 +284,10 @@ static void *engine_main(void *arg)
     /* stopping: everything queued or in flight gets 503 */
     if (sv->s) fail_in_flight(sv, 503, "the server is shutting down");
     pthread_mutex_lock(&sv->mu);
-    for (job *j = sv->head; j; j = j->next) job_finish(j, 503, "the server is shutting down");
+    for (job *j = sv->head, *next; j; j = next) {
+        next = j->next;
+        job_finish(sv, j, 503, "the server is shutting down");
+    }
     sv->head = sv->tail = NULL;
     pthread_mutex_unlock(&sv->mu);
     return NULL;
@@ -286,8 +363,8 @@ static int get_num(const cJSON *req, const char *k, double def, double lo, doubl
 /* Rejects an option this server does not implement when it asks for something (rather than ignoring it). */
 static int unsupported(const cJSON *req, char *err, size_t cap)
 {
-    static const char *const keys[] = {"stream", "stop", "logprobs", "echo", "suffix", "logit_bias",
-                                       "presence_penalty", "frequency_penalty"};
+    static const char *const keys[] = {"stop", "logprobs", "echo", "suffix", "logit_bias", "presence_penalty",
+                                       "frequency_penalty", "stream_options"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, keys[i]);
         if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
@@ -298,13 +375,6 @@ static int unsupported(const cJSON *req, char *err, size_t cap)
         return 1;
     }
     return 0;
-}
-
-static void job_free(job *j)
-{
-    for (int32_t i = 0; i < j->n; i++) kvp_free(j->enc[i]);
-    pthread_cond_destroy(&j->done);
-    kvp_free(j);
 }
 
 /* Builds the job of a completion request: its prompts tokenized, its sampling parameters checked. */
@@ -325,6 +395,11 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         !get_num(req, "n", 1, 1, 1000, 1, &n, err, cap) || !get_num(req, "seed", -1, 0, 9007199254740991.0, 1, &seed, err, cap) ||
         !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap))
         return 400;
+    const cJSON *stream = cJSON_GetObjectItemCaseSensitive(req, "stream");
+    if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream))
+        return snprintf(err, cap, "\"stream\" must be true or false"), 400;
+    j->stream = cJSON_IsTrue(stream);
+    j->nsamples = (int32_t)n;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
     const int ids = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(p, 0));
     const int32_t np = cJSON_IsString(p) || ids ? 1 : cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 0;
@@ -333,6 +408,8 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
                  MAX_PROMPTS);
         return 400;
     }
+    if (j->stream && np * (int32_t)n > MAX_STREAM)
+        return snprintf(err, cap, "a streamed request has at most %d choices (prompts x n)", MAX_STREAM), 400;
     uint64_t base_seed;
     pthread_mutex_lock(&sv->mu);
     base_seed = seed >= 0 ? (uint64_t)seed : sv->next_seed++ * 1000003u; /* no seed: a new one per request */
@@ -410,6 +487,153 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
     return o;
 }
 
+/* ---------------------------------------------------------------- streaming (server-sent events) */
+
+/* A streamed response: what the reader has sent per choice, and the bytes it has ready to send. */
+typedef struct {
+    server *sv;
+    job *j;
+    uint64_t id;
+    time_t created;
+    int32_t sent[MAX_STREAM];
+    char *out;
+    size_t len, at, cap;
+    int done; /* [DONE] is in out */
+    int oom;
+} stream_ctx;
+
+static void out_add(stream_ctx *x, const char *text)
+{
+    const size_t n = strlen(text);
+    if (x->oom || kvp_grow((void **)&x->out, &x->cap, x->len + n + 1, 1) != KVP_OK) {
+        x->oom = 1;
+        return;
+    }
+    memcpy(x->out + x->len, text, n + 1);
+    x->len += n;
+}
+
+/* One event of choice c: the text of tokens[from, to) and, at the end, its finish reason. */
+static void stream_event(stream_ctx *x, int32_t c, const int32_t *tokens, int32_t from, int32_t to, const char *finish)
+{
+    const job *j = x->j;
+    const kvp_gen_request *r = &j->reqs[c / j->nsamples];
+    char *text = NULL;
+    if (to > from &&
+        kvp_tok_decode(x->sv->tok, from > 0 ? tokens[from - 1] : r->prompt[r->n_prompt - 1], tokens + from, to - from,
+                       &text) != KVP_OK) {
+        x->oom = 1;
+        return;
+    }
+    cJSON *o = cJSON_CreateObject();
+    char idbuf[40];
+    snprintf(idbuf, sizeof idbuf, "cmpl-%llu", (unsigned long long)x->id);
+    cJSON_AddStringToObject(o, "id", idbuf);
+    cJSON_AddStringToObject(o, "object", "text_completion");
+    cJSON_AddNumberToObject(o, "created", (double)x->created);
+    cJSON_AddStringToObject(o, "model", x->sv->name);
+    cJSON *ch = cJSON_CreateObject();
+    cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
+    cJSON_AddNumberToObject(ch, "index", c);
+    kvp_json_add_text(ch, "text", text ? text : "");
+    cJSON_AddNullToObject(ch, "logprobs");
+    if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
+    else cJSON_AddNullToObject(ch, "finish_reason");
+    kvp_free(text);
+    char *js = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    if (!js) {
+        x->oom = 1;
+        return;
+    }
+    out_add(x, "data: ");
+    out_add(x, js);
+    out_add(x, "\n\n");
+    cJSON_free(js);
+}
+
+/* Waits for something to send (new tokens, or the end) and formats it into x->out. */
+static void stream_fill(stream_ctx *x)
+{
+    server *sv = x->sv;
+    job *j = x->j;
+    const int32_t nc = j->n * j->nsamples;
+    pthread_mutex_lock(&sv->mu);
+    for (;;) {
+        for (int32_t c = 0; c < nc; c++)
+            if (j->ntok[c] > x->sent[c]) {
+                stream_event(x, c, j->toks[c], x->sent[c], j->ntok[c], NULL);
+                x->sent[c] = j->ntok[c];
+            }
+        if (x->len > 0) break;
+        if (j->finished) {
+            if (j->status) { /* OpenAI's error object as the last event */
+                cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+                cJSON_AddStringToObject(e, "message", j->err);
+                cJSON_AddNumberToObject(e, "code", j->status);
+                char *js = cJSON_PrintUnformatted(o);
+                cJSON_Delete(o);
+                out_add(x, "data: ");
+                out_add(x, js ? js : "{}");
+                out_add(x, "\n\n");
+                cJSON_free(js);
+            } else {
+                for (int32_t c = 0; c < nc; c++) { /* what no step showed, then the finish reason */
+                    const kvp_gen_result *r = &j->res[c / j->nsamples];
+                    const int32_t k = c % j->nsamples, n = k < r->n_samples ? r->n_tokens[k] : 0;
+                    stream_event(x, c, n ? r->tokens[k] : NULL, x->sent[c] < n ? x->sent[c] : n, n,
+                                 k < r->n_samples && r->hit_eos[k] ? "stop" : "length");
+                }
+            }
+            out_add(x, "data: [DONE]\n\n");
+            x->done = 1;
+            break;
+        }
+        pthread_cond_wait(&j->done, &sv->mu);
+    }
+    pthread_mutex_unlock(&sv->mu);
+}
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
+{
+    (void)pos;
+    stream_ctx *x = cls;
+    if (x->at == x->len) {
+        x->at = x->len = 0;
+        if (x->done || x->oom) return MHD_CONTENT_READER_END_OF_STREAM; /* out of memory: cut short */
+        stream_fill(x);
+    }
+    size_t n = x->len - x->at < max ? x->len - x->at : max;
+    memcpy(buf, x->out + x->at, n);
+    x->at += n;
+    return (ssize_t)n;
+}
+
+static void stream_done(void *cls)
+{
+    stream_ctx *x = cls;
+    pthread_mutex_lock(&x->sv->mu);
+    job_release(x->j);
+    pthread_mutex_unlock(&x->sv->mu);
+    kvp_free(x->out);
+    kvp_free(x);
+}
+
+static enum MHD_Result stream_reply(server *sv, struct MHD_Connection *c, stream_ctx *x)
+{
+    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, x, stream_done);
+    if (!r) {
+        stream_done(x);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, "Content-Type", "text/event-stream");
+    MHD_add_response_header(r, "Cache-Control", "no-cache");
+    count_answer(sv, 200);
+    enum MHD_Result ret = MHD_queue_response(c, 200, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const body *b)
 {
     if (b->too_big) return reply_error(sv, c, 413, "the request body is larger than 1 MiB");
@@ -432,15 +656,26 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const b
         return reply_error(sv, c, (unsigned)code, err);
     }
     uint64_t id;
+    stream_ctx *x = j->stream ? kvp_calloc(1, sizeof *x) : NULL;
+    if (j->stream && !x) {
+        job_free(j);
+        return reply_error(sv, c, 500, "out of memory");
+    }
     pthread_mutex_lock(&sv->mu);
     id = sv->next_id++;
+    j->refs = j->stream ? 2 : 1; /* the engine's (released by job_finish) and the response's */
     if (sv->stop) {
-        job_finish(j, 503, "the server is shutting down");
+        job_finish(sv, j, 503, "the server is shutting down");
     } else {
         if (sv->tail) sv->tail->next = j;
         else sv->head = j;
         sv->tail = j;
         pthread_cond_signal(&sv->wake);
+    }
+    if (x) {
+        pthread_mutex_unlock(&sv->mu);
+        *x = (stream_ctx){.sv = sv, .j = j, .id = id, .created = time(NULL)};
+        return stream_reply(sv, c, x);
     }
     while (!j->finished) pthread_cond_wait(&j->done, &sv->mu);
     pthread_mutex_unlock(&sv->mu);
@@ -451,7 +686,6 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const b
         cJSON *o = completion_json(sv, j, id);
         ret = o ? reply_json(sv, c, 200, o) : reply_error(sv, c, 500, "cannot decode the generated tokens");
     }
-    for (int32_t i = 0; i < j->n; i++) kvp_gen_results_free(&j->res[i], 1);
     job_free(j);
     return ret;
 }
@@ -694,6 +928,7 @@ static int serve(const serve_opts *o, kvp_gen_config cfg)
     pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
     kvp_gen_session_destroy(sv.s);
     kvp_free(sv.own);
+    kvp_free(sv.streams);
     pthread_cond_destroy(&sv.wake);
     pthread_mutex_destroy(&sv.mu);
     kvp_tok_destroy(sv.tok);

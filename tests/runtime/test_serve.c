@@ -67,6 +67,7 @@ static void stop(server *s)
     cr_assert_eq(waitpid(s->pid, &st, 0), s->pid);
     size_t len;
     char *err = (char *)tu_read_all(s->errpath, &len);
+    err[len] = '\0';
     cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server ended with status %d: %s", st, err);
     free(err);
     unlink(s->errpath);
@@ -110,9 +111,27 @@ static int http_try(const server *s, const char *method, const char *path, const
     int code = -1;
     if (all) {
         all[len] = '\0';
-        const char *b = strstr(all, "\r\n\r\n");
-        if (sscanf(all, "HTTP/1.1 %d", &code) == 1 && b) *resp = strdup(b + 4);
-        else code = -1;
+        char *b = strstr(all, "\r\n\r\n");
+        if (sscanf(all, "HTTP/1.1 %d", &code) == 1 && b) {
+            *b = '\0';
+            int chunked = strcasestr(all, "\r\nTransfer-Encoding: chunked") != NULL;
+            b += 4;
+            if (chunked) { /* size in hex, CRLF, data, CRLF; size 0 ends */
+                char *w = b;
+                for (const char *r = b;;) {
+                    char *end;
+                    unsigned long n = strtoul(r, &end, 16);
+                    if (end == r || strncmp(end, "\r\n", 2) != 0 || n == 0) break;
+                    memmove(w, end + 2, n);
+                    w += n;
+                    r = end + 2 + n + 2;
+                }
+                *w = '\0';
+            }
+            *resp = strdup(b);
+        } else {
+            code = -1;
+        }
     }
     free(all);
     return *resp ? code : -1;
@@ -291,7 +310,8 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":-1}", 400, "\"max_tokens\" must be an integer"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"temperature\":\"hot\"}", 400, "\"temperature\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":0}", 400, "\"n\" must be"},
-        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true}", 400, "\"stream\" is not supported"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "\"stream\" must be true or false"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"n\":100}", 400, "at most 64 choices"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"x\"]}", 400, "\"stop\" is not supported"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"best_of\":3}", 400, "\"best_of\""},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"model\":\"gpt-4\"}", 404, "`gpt-4` does not exist"},
@@ -362,6 +382,92 @@ Test(serve, stops_cleanly_with_a_request_in_flight)
     cr_assert(c.code == 503 || c.code == 200, "the request in flight got %d: %s", c.code, c.resp);
     if (c.code == 503) cr_assert(strstr(c.resp, "shutting down"), "%s", c.resp);
     free(c.resp);
+}
+
+/* The text of each choice of a server-sent event stream, concatenated over its events, and the finish
+ * reasons. Fails unless the stream ends with [DONE]. */
+static void sse_texts(const char *stream, char texts[][512], char finish[][16], int nc)
+{
+    for (int c = 0; c < nc; c++) texts[c][0] = finish[c][0] = '\0';
+    const char *p = stream, *last = NULL;
+    while ((p = strstr(p, "data: ")) != NULL) {
+        p += 6;
+        const char *e = strstr(p, "\n\n");
+        cr_assert_not_null(e, "an event without its blank line: %s", p);
+        last = p;
+        if (strncmp(p, "[DONE]", 6) == 0) break;
+        cJSON *o;
+        cr_assert_eq(kvp_json_parse(p, (size_t)(e - p), "event", &o), KVP_OK, "%.*s", (int)(e - p), p);
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+        cr_assert_not_null(ch, "%.*s", (int)(e - p), p);
+        const int c = cJSON_GetObjectItem(ch, "index")->valueint;
+        cr_assert(c >= 0 && c < nc);
+        const char *t = cJSON_GetObjectItem(ch, "text")->valuestring;
+        strncat(texts[c], t, 511 - strlen(texts[c]));
+        const cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
+        if (cJSON_IsString(f)) snprintf(finish[c], 16, "%s", f->valuestring);
+        cJSON_Delete(o);
+        p = e + 2;
+    }
+    cr_assert(last && strncmp(last, "[DONE]", 6) == 0, "no [DONE] at the end: %s", stream);
+}
+
+/* Streamed answers arrive in several events and add up to the unstreamed ones: greedy, and seeded samples
+ * of two prompts (four choices). */
+Test(serve, streamed_answers_add_up_to_the_whole_ones)
+{
+    server s = start("--num-blocks 256");
+    const char *bodies[2] = {"{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0%s}",
+                             "{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":20,\"n\":2,\"seed\":9%s}"};
+    const int nc[2] = {1, 4};
+    for (int k = 0; k < 2; k++) {
+        char body[256], *resp;
+        snprintf(body, sizeof body, bodies[k], "");
+        cJSON *whole = complete(&s, body, 200);
+        snprintf(body, sizeof body, bodies[k], ",\"stream\":true");
+        cr_assert_eq(http(&s, "POST", "/v1/completions", body, &resp), 200, "%s", resp);
+        char texts[4][512], finish[4][16];
+        sse_texts(resp, texts, finish, nc[k]);
+        for (int c = 0; c < nc[k]; c++) {
+            cr_assert_str_eq(texts[c], choice_text(whole, c), "request %d choice %d", k, c);
+            cr_assert_str_eq(finish[c], "length");
+        }
+        free(resp);
+        cJSON_Delete(whole);
+    }
+    stop(&s);
+}
+
+/* The first tokens of a long streamed answer arrive while it is still being generated; a client that
+ * leaves mid-stream costs nothing more: the engine finishes the request, and the server goes on. */
+Test(serve, tokens_stream_while_the_request_runs_and_a_client_may_leave)
+{
+    server s = start("--num-blocks 256");
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":1000,\"temperature\":0,\"stream\":true}";
+    char req[512];
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    char buf[8192];
+    size_t got = 0;
+    while (got < sizeof buf - 1 && !strstr(buf, "\"text\":\" ")) { /* the first event with a word */
+        ssize_t k = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        cr_assert_gt(k, 0, "the stream ended before its first word");
+        got += (size_t)k;
+        buf[got] = '\0';
+    }
+    cr_assert(strstr(buf, "text/event-stream"), "%s", buf);
+    cr_assert_geq(metric(&s, "kvpage_sequences_running"), 1, "the first words came only after the whole answer");
+    close(fd); /* gone mid-stream */
+    for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
+    cr_assert_eq(metric(&s, "kvpage_engine_requests_finished_total"), 1);
+    cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
+    cJSON_Delete(j);
+    stop(&s);
 }
 
 Test(serve_cli, bad_command_lines)
