@@ -3,6 +3,7 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <string.h>
+#include <xxhash.h>
 
 #include "common/alloc.h"
 #include "common/cli.h"
@@ -124,16 +125,15 @@ static cJSON *ids_json(const int32_t *ids, int32_t n)
     return a;
 }
 
-/* FNV-1a over every sample's tokens. */
+/* A digest of every sample's tokens (lengths included: each token list is hashed after its length). */
 static uint64_t results_hash(const kvp_gen_result *res, int32_t n)
 {
-    uint64_t h = 1469598103934665603ull;
+    uint64_t h = 0;
     for (int32_t i = 0; i < n; i++)
-        for (int32_t s = 0; s < res[i].n_samples; s++)
-            for (int32_t t = 0; t <= res[i].n_tokens[s]; t++) {
-                uint32_t v = t < res[i].n_tokens[s] ? (uint32_t)res[i].tokens[s][t] : 0xffffffffu;
-                for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
-            }
+        for (int32_t s = 0; s < res[i].n_samples; s++) {
+            h = XXH3_64bits_withSeed(&res[i].n_tokens[s], sizeof res[i].n_tokens[s], h);
+            h = XXH3_64bits_withSeed(res[i].tokens[s], (size_t)res[i].n_tokens[s] * sizeof(int32_t), h);
+        }
     return h;
 }
 

@@ -444,16 +444,23 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     return 0;
 }
 
-/* The response of a finished job. */
-static cJSON *completion_json(server *sv, const job *j, uint64_t id)
+/* A completion object's head (the whole answer's, or a streamed event's): id, object, created, model. */
+static cJSON *completion_head(const server *sv, uint64_t id, time_t created)
 {
     cJSON *o = cJSON_CreateObject();
     char idbuf[40];
     snprintf(idbuf, sizeof idbuf, "cmpl-%llu", (unsigned long long)id);
     cJSON_AddStringToObject(o, "id", idbuf);
     cJSON_AddStringToObject(o, "object", "text_completion");
-    cJSON_AddNumberToObject(o, "created", (double)time(NULL));
+    cJSON_AddNumberToObject(o, "created", (double)created);
     cJSON_AddStringToObject(o, "model", sv->name);
+    return o;
+}
+
+/* The response of a finished job. */
+static cJSON *completion_json(server *sv, const job *j, uint64_t id)
+{
+    cJSON *o = completion_head(sv, id, time(NULL));
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     int64_t ptoks = 0, ctoks = 0;
     for (int32_t i = 0; i < j->n; i++) {
@@ -525,13 +532,7 @@ static void stream_event(stream_ctx *x, int32_t c, const int32_t *tokens, int32_
         x->oom = 1;
         return;
     }
-    cJSON *o = cJSON_CreateObject();
-    char idbuf[40];
-    snprintf(idbuf, sizeof idbuf, "cmpl-%llu", (unsigned long long)x->id);
-    cJSON_AddStringToObject(o, "id", idbuf);
-    cJSON_AddStringToObject(o, "object", "text_completion");
-    cJSON_AddNumberToObject(o, "created", (double)x->created);
-    cJSON_AddStringToObject(o, "model", x->sv->name);
+    cJSON *o = completion_head(x->sv, x->id, x->created);
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
     cJSON_AddNumberToObject(ch, "index", c);

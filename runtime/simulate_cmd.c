@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <xxhash.h>
 #include <strings.h>
 #include <sys/stat.h>
 
@@ -226,22 +227,18 @@ static kvp_status write_step(void *ctx, const kvp_engine *e, const kvp_step_info
     return ferror(f) ? KVP_ERR(KVP_EIO, "--steps-out: cannot write") : KVP_OK;
 }
 
-/* FNV-1a over what an engine run on the cpu executor decided: every request's sampled tokens, the steps
- * and the preemptions (the ranks of a tensor-parallel run must agree on all of it). */
+/* A digest of what an engine run on the cpu executor decided: its steps and preemptions, and every
+ * request's sampled tokens (the ranks of a tensor-parallel run must agree on all of it). */
 static uint64_t run_digest(const kvp_executor *ex, const kvp_workload *w, const kvp_engine_metrics *m)
 {
-    uint64_t h = 1469598103934665603ull;
     const int64_t head[2] = {m->steps, m->preemptions};
-    for (int k = 0; k < 2; k++)
-        for (int b = 0; b < 8; b++) h = (h ^ (((uint64_t)head[k] >> (8 * b)) & 0xff)) * 1099511628211ull;
+    uint64_t h = XXH3_64bits(head, sizeof head);
     for (int64_t i = 0; i < w->n; i++) {
         const int32_t *t;
         int32_t n;
         kvp_cpu_executor_tokens(ex, w->reqs[i].id, &t, &n);
-        for (int32_t j = 0; j <= n; j++) {
-            const uint32_t v = j < n ? (uint32_t)t[j] : 0xffffffffu;
-            for (int b = 0; b < 4; b++) h = (h ^ ((v >> (8 * b)) & 0xff)) * 1099511628211ull;
-        }
+        h = XXH3_64bits_withSeed(&n, sizeof n, h);
+        if (n > 0) h = XXH3_64bits_withSeed(t, (size_t)n * sizeof *t, h);
     }
     return h;
 }
