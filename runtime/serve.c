@@ -904,8 +904,15 @@ static int serve(const serve_opts *o, kvp_gen_config cfg)
             fprintf(stderr, "kvpage serve: listening on http://%s:%d (model %s, %d KV blocks of %d tokens)\n", o->host,
                     port, sv.name, sv.cfg.num_blocks, sv.cfg.block_size);
             if (o->json) {
-                printf("{\"url\": \"http://%s:%d\", \"model\": \"%s\", \"num_blocks\": %d, \"block_size\": %d}\n",
-                       o->host, port, sv.name, sv.cfg.num_blocks, sv.cfg.block_size);
+                char url[64];
+                snprintf(url, sizeof url, "http://%s:%d", o->host, port);
+                cJSON *j = cJSON_CreateObject();
+                cJSON_AddStringToObject(j, "url", url);
+                cJSON_AddStringToObject(j, "model", sv.name);
+                cJSON_AddNumberToObject(j, "num_blocks", sv.cfg.num_blocks);
+                cJSON_AddNumberToObject(j, "block_size", sv.cfg.block_size);
+                if (kvp_json_print(stdout, j) != KVP_OK) KVP_LOG_W("serve: cannot print the --json line");
+                cJSON_Delete(j);
                 fflush(stdout);
             }
             int sig = 0;
