@@ -10,6 +10,7 @@
  * others run joins them at the next step. Endpoints: POST /v1/completions, GET /v1/models, GET /health,
  * GET /metrics (Prometheus text). Text to clients; logs to stderr. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <getopt.h>
 #include <microhttpd.h>
 #include <pthread.h>
@@ -414,20 +415,22 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     pthread_mutex_lock(&sv->mu);
     base_seed = seed >= 0 ? (uint64_t)seed : sv->next_seed++ * 1000003u; /* no seed: a new one per request */
     pthread_mutex_unlock(&sv->mu);
-    const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size;
+    const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size, maxlen = kvp_model_max_len(sv->m);
     for (int32_t i = 0; i < np; i++) {
         int32_t len = 0;
         if (ids) {
             len = cJSON_GetArraySize(p);
+            if (len >= maxlen) return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
             j->enc[i] = kvp_malloc((size_t)len * sizeof(int32_t));
             if (!j->enc[i]) return snprintf(err, cap, "out of memory"), 500;
             j->n = i + 1;
-            for (int32_t t = 0; t < len; t++) {
-                const cJSON *x = cJSON_GetArrayItem(p, t);
-                if (!cJSON_IsNumber(x) || x->valuedouble != (double)(int32_t)x->valuedouble || x->valueint < 0 ||
-                    x->valueint >= V)
+            int32_t t = 0;
+            const cJSON *x;
+            cJSON_ArrayForEach(x, p) { /* linear: cJSON_GetArrayItem walks the list from its head */
+                const double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+                if (!(v >= 0 && v < V && v == (double)(int32_t)v))
                     return snprintf(err, cap, "\"prompt\" token %d is not a token id in [0, %d)", t, V), 400;
-                j->enc[i][t] = x->valueint;
+                j->enc[i][t++] = (int32_t)v;
             }
         } else {
             const cJSON *x = cJSON_IsString(p) ? p : cJSON_GetArrayItem(p, i);
@@ -435,6 +438,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
             if (kvp_tok_encode(sv->tok, x->valuestring, strlen(x->valuestring), 1, &j->enc[i], &len) != KVP_OK)
                 return snprintf(err, cap, "prompt %d: %s", i, kvp_error_message()), 400;
             j->n = i + 1;
+            if (len >= maxlen) return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
         }
         j->reqs[i] = (kvp_gen_request){.prompt = j->enc[i], .n_prompt = len, .max_tokens = (int32_t)max_tokens,
                                        .n = (int32_t)n,
@@ -442,6 +446,20 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
                                                    .top_p = top_p, .seed = base_seed + (uint64_t)i}};
     }
     return 0;
+}
+
+/* Adds an answered job's prompt and generated tokens to the metrics. */
+static void count_tokens(server *sv, const job *j)
+{
+    int64_t p = 0, g = 0;
+    for (int32_t i = 0; i < j->n; i++) {
+        p += j->reqs[i].n_prompt;
+        for (int32_t k = 0; k < j->res[i].n_samples; k++) g += j->res[i].n_tokens[k];
+    }
+    pthread_mutex_lock(&sv->mu);
+    sv->prompt_tokens += p;
+    sv->completion_tokens += g;
+    pthread_mutex_unlock(&sv->mu);
 }
 
 /* A completion object's head (the whole answer's, or a streamed event's): id, object, created, model. */
@@ -462,7 +480,7 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
 {
     cJSON *o = completion_head(sv, id, time(NULL));
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    int64_t ptoks = 0, ctoks = 0;
+    int64_t ptoks = 0, ctoks = 0, index = 0;
     for (int32_t i = 0; i < j->n; i++) {
         const kvp_gen_result *r = &j->res[i];
         ptoks += j->reqs[i].n_prompt;
@@ -475,7 +493,7 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
             }
             cJSON *ch = cJSON_CreateObject();
             cJSON_AddItemToArray(choices, ch);
-            cJSON_AddNumberToObject(ch, "index", cJSON_GetArraySize(choices) - 1);
+            cJSON_AddNumberToObject(ch, "index", (double)index++);
             kvp_json_add_text(ch, "text", text);
             kvp_free(text);
             cJSON_AddNullToObject(ch, "logprobs");
@@ -487,10 +505,7 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)ptoks);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)ctoks);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(ptoks + ctoks));
-    pthread_mutex_lock(&sv->mu);
-    sv->prompt_tokens += ptoks;
-    sv->completion_tokens += ctoks;
-    pthread_mutex_unlock(&sv->mu);
+    count_tokens(sv, j);
     return o;
 }
 
@@ -503,6 +518,8 @@ typedef struct {
     uint64_t id;
     time_t created;
     int32_t sent[MAX_STREAM];
+    char tail[MAX_STREAM][4]; /* the start of a UTF-8 character whose last bytes have not come yet */
+    int ntail[MAX_STREAM];
     char *out;
     size_t len, at, cap;
     int done; /* [DONE] is in out */
@@ -520,18 +537,46 @@ static void out_add(stream_ctx *x, const char *text)
     x->len += n;
 }
 
-/* One event of choice c: the text of tokens[from, to) and, at the end, its finish reason. */
+/* Bytes of s[0, n) that end on a whole UTF-8 character: an incomplete last character (its lead byte
+ * announces more bytes than follow) is left out. */
+static size_t utf8_whole(const char *s, size_t n)
+{
+    for (size_t back = 1; back <= 3 && back <= n; back++) {
+        const unsigned char b = (unsigned char)s[n - back];
+        if ((b & 0xC0) == 0x80) continue; /* a continuation byte: look further back */
+        const size_t need = b >= 0xF0 ? 4 : b >= 0xE0 ? 3 : b >= 0xC0 ? 2 : 1;
+        return need > back ? n - back : n;
+    }
+    return n;
+}
+
+/* One event of choice c: the text of tokens[from, to) and, at the end, its finish reason. A character
+ * whose bytes come from tokens of two steps is sent whole with the second (the tail waits). */
 static void stream_event(stream_ctx *x, int32_t c, const int32_t *tokens, int32_t from, int32_t to, const char *finish)
 {
     const job *j = x->j;
     const kvp_gen_request *r = &j->reqs[c / j->nsamples];
-    char *text = NULL;
+    char *dec = NULL, *text = NULL;
     if (to > from &&
         kvp_tok_decode(x->sv->tok, from > 0 ? tokens[from - 1] : r->prompt[r->n_prompt - 1], tokens + from, to - from,
-                       &text) != KVP_OK) {
+                       &dec) != KVP_OK) {
         x->oom = 1;
         return;
     }
+    const size_t nd = dec ? strlen(dec) : 0, nt = (size_t)x->ntail[c];
+    text = kvp_malloc(nt + nd + 1);
+    if (!text) {
+        kvp_free(dec);
+        x->oom = 1;
+        return;
+    }
+    memcpy(text, x->tail[c], nt);
+    memcpy(text + nt, dec ? dec : "", nd + 1);
+    kvp_free(dec);
+    const size_t whole = finish ? nt + nd : utf8_whole(text, nt + nd);
+    x->ntail[c] = (int)(nt + nd - whole);
+    memcpy(x->tail[c], text + whole, (size_t)x->ntail[c]);
+    text[whole] = '\0';
     cJSON *o = completion_head(x->sv, x->id, x->created);
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
@@ -593,6 +638,10 @@ static void stream_fill(stream_ctx *x)
         pthread_cond_wait(&j->done, &sv->mu);
     }
     pthread_mutex_unlock(&sv->mu);
+    if (x->done) { /* counted when it ends: an error event makes it an error */
+        count_answer(sv, j->status ? (unsigned)j->status : 200);
+        if (!j->status) count_tokens(sv, j);
+    }
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -620,7 +669,7 @@ static void stream_done(void *cls)
     kvp_free(x);
 }
 
-static enum MHD_Result stream_reply(server *sv, struct MHD_Connection *c, stream_ctx *x)
+static enum MHD_Result stream_reply(struct MHD_Connection *c, stream_ctx *x)
 {
     struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, x, stream_done);
     if (!r) {
@@ -629,7 +678,6 @@ static enum MHD_Result stream_reply(server *sv, struct MHD_Connection *c, stream
     }
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     MHD_add_response_header(r, "Cache-Control", "no-cache");
-    count_answer(sv, 200);
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r);
     return ret;
@@ -676,7 +724,7 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const b
     if (x) {
         pthread_mutex_unlock(&sv->mu);
         *x = (stream_ctx){.sv = sv, .j = j, .id = id, .created = time(NULL)};
-        return stream_reply(sv, c, x);
+        return stream_reply(c, x);
     }
     while (!j->finished) pthread_cond_wait(&j->done, &sv->mu);
     pthread_mutex_unlock(&sv->mu);
@@ -839,7 +887,20 @@ typedef struct {
     kvp_matmul_kind matmul;
 } serve_opts;
 
-/* Loads everything, serves until SIGINT/SIGTERM (blocked in every thread, taken by sigwait here). */
+/* SIGINT/SIGTERM write a byte to this pipe, whichever thread they reach (OpenBLAS starts threads before
+ * main, so blocking them in the threads serve() makes would not cover every thread); serve() waits on it. */
+static int g_sig_pipe[2] = {-1, -1};
+
+static void on_signal(int sig)
+{
+    const unsigned char b = (unsigned char)sig;
+    const int saved = errno;
+    ssize_t r = write(g_sig_pipe[1], &b, 1);
+    (void)r;
+    errno = saved;
+}
+
+/* Loads everything, serves until SIGINT or SIGTERM. */
 static int serve(const serve_opts *o, kvp_gen_config cfg)
 {
     server sv;
@@ -880,15 +941,19 @@ static int serve(const serve_opts *o, kvp_gen_config cfg)
     }
     pthread_mutex_init(&sv.mu, NULL);
     pthread_cond_init(&sv.wake, NULL);
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGTERM);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL); /* every thread made from here on inherits it */
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART}, old_int, old_term;
+    sigemptyset(&sa.sa_mask);
     pthread_t engine;
     int rc = KVP_EXIT_OK;
     struct MHD_Daemon *d = NULL;
-    if (pthread_create(&engine, NULL, engine_main, &sv) != 0) {
+    const int piped = pipe(g_sig_pipe) == 0;
+    if (piped) {
+        sigaction(SIGINT, &sa, &old_int);
+        sigaction(SIGTERM, &sa, &old_term);
+    }
+    if (!piped) {
+        rc = kvp_cli_fail(CMD, KVP_ERR(KVP_EIO, "cannot make a pipe for signals"));
+    } else if (pthread_create(&engine, NULL, engine_main, &sv) != 0) {
         rc = kvp_cli_fail(CMD, KVP_ERR(KVP_ENOMEM, "cannot start the engine thread"));
     } else {
         d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC, 0, NULL,
@@ -915,8 +980,8 @@ static int serve(const serve_opts *o, kvp_gen_config cfg)
                 cJSON_Delete(j);
                 fflush(stdout);
             }
-            int sig = 0;
-            sigwait(&sigs, &sig);
+            unsigned char sig = 0;
+            while (read(g_sig_pipe[0], &sig, 1) < 0 && errno == EINTR) {}
             fprintf(stderr, "kvpage serve: signal %d, stopping\n", sig);
             MHD_quiesce_daemon(d); /* no new connections */
         }
@@ -933,7 +998,13 @@ static int serve(const serve_opts *o, kvp_gen_config cfg)
         }
         if (d) MHD_stop_daemon(d);
     }
-    pthread_sigmask(SIG_UNBLOCK, &sigs, NULL);
+    if (piped) {
+        sigaction(SIGINT, &old_int, NULL);
+        sigaction(SIGTERM, &old_term, NULL);
+        close(g_sig_pipe[0]);
+        close(g_sig_pipe[1]);
+        g_sig_pipe[0] = g_sig_pipe[1] = -1;
+    }
     kvp_gen_session_destroy(sv.s);
     kvp_free(sv.own);
     kvp_free(sv.streams);

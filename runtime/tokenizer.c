@@ -469,6 +469,7 @@ kvp_status kvp_tok_decode(const kvp_tokenizer *t, int32_t prev, const int32_t *i
     size_t at = 0;
     for (int32_t i = 0; i < n; i++) {
         int k = kvp_tok_decode_piece(t, prev, ids[i], s + at, cap - at);
+        if (k == 1 && s[at] == '\0') k = 0; /* <0x00>: a C string cannot hold it (it would end the text) */
         if (k > 0) at += (size_t)k;
         prev = ids[i];
     }

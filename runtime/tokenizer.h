@@ -57,7 +57,8 @@ kvp_status kvp_tok_encode(const kvp_tokenizer *t, const char *text, size_t len, 
  * No NUL is added. */
 int kvp_tok_decode_piece(const kvp_tokenizer *t, int32_t prev, int32_t id, char *buf, size_t cap);
 /* Decodes ids[0..n) (prev of ids[0] is `prev`) into a NUL-terminated string owned by the caller
- * (kvp_free). KVP_EINVAL naming the first id out of range; KVP_ENOMEM. */
+ * (kvp_free); a <0x00> byte token adds nothing (it would end the string). KVP_EINVAL naming the first id
+ * out of range; KVP_ENOMEM. */
 kvp_status kvp_tok_decode(const kvp_tokenizer *t, int32_t prev, const int32_t *ids, int32_t n, char **text);
 
 struct kvp_model;

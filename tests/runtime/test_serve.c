@@ -343,6 +343,13 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
     cJSON *j = complete(&s, body, 400);
     cr_assert(strstr(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message")->valuestring, "context"));
     cJSON_Delete(j);
+    strcpy(body, "{\"prompt\":[1"); /* 200,000 token ids: refused (and parsed in linear time) */
+    at = strlen(body);
+    for (int k = 0; k < 200000; k++, at += 2) memcpy(body + at, ",5", 2);
+    strcpy(body + at, "]}");
+    j = complete(&s, body, 400);
+    cr_assert(strstr(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "error"), "message")->valuestring, "context"));
+    cJSON_Delete(j);
     memset(body + 11, 'a', big - 20);
     strcpy(body + big - 9, "\"}");
     j = complete(&s, body, 413);
@@ -386,7 +393,7 @@ Test(serve, stops_cleanly_with_a_request_in_flight)
 
 /* The text of each choice of a server-sent event stream, concatenated over its events, and the finish
  * reasons. Fails unless the stream ends with [DONE]. */
-static void sse_texts(const char *stream, char texts[][512], char finish[][16], int nc)
+static void sse_texts(const char *stream, char texts[][2048], char finish[][16], int nc)
 {
     for (int c = 0; c < nc; c++) texts[c][0] = finish[c][0] = '\0';
     const char *p = stream, *last = NULL;
@@ -403,7 +410,7 @@ static void sse_texts(const char *stream, char texts[][512], char finish[][16], 
         const int c = cJSON_GetObjectItem(ch, "index")->valueint;
         cr_assert(c >= 0 && c < nc);
         const char *t = cJSON_GetObjectItem(ch, "text")->valuestring;
-        strncat(texts[c], t, 511 - strlen(texts[c]));
+        strncat(texts[c], t, 2047 - strlen(texts[c]));
         const cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
         if (cJSON_IsString(f)) snprintf(finish[c], 16, "%s", f->valuestring);
         cJSON_Delete(o);
@@ -417,24 +424,32 @@ static void sse_texts(const char *stream, char texts[][512], char finish[][16], 
 Test(serve, streamed_answers_add_up_to_the_whole_ones)
 {
     server s = start("--num-blocks 256");
-    const char *bodies[2] = {"{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0%s}",
-                             "{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":20,\"n\":2,\"seed\":9%s}"};
-    const int nc[2] = {1, 4};
-    for (int k = 0; k < 2; k++) {
+    /* the last two draw at temperature 1000: byte tokens, characters split over steps, and a <0x00> */
+    const char *bodies[4] = {"{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0%s}",
+                             "{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":20,\"n\":2,\"seed\":9%s}",
+                             "{\"prompt\":[1,200,300],\"max_tokens\":40,\"temperature\":1000,\"n\":8,\"seed\":1%s}",
+                             "{\"prompt\":\"hi\",\"max_tokens\":40,\"temperature\":1000,\"n\":8,\"seed\":0%s}"};
+    const int nc[4] = {1, 4, 8, 8};
+    const double gen0 = metric(&s, "kvpage_generation_tokens_total");
+    double gen = 0;
+    for (int k = 0; k < 4; k++) {
         char body[256], *resp;
         snprintf(body, sizeof body, bodies[k], "");
         cJSON *whole = complete(&s, body, 200);
+        gen += 2 * cJSON_GetObjectItem(cJSON_GetObjectItem(whole, "usage"), "completion_tokens")->valuedouble;
         snprintf(body, sizeof body, bodies[k], ",\"stream\":true");
         cr_assert_eq(http(&s, "POST", "/v1/completions", body, &resp), 200, "%s", resp);
-        char texts[4][512], finish[4][16];
+        char texts[8][2048], finish[8][16];
         sse_texts(resp, texts, finish, nc[k]);
         for (int c = 0; c < nc[k]; c++) {
             cr_assert_str_eq(texts[c], choice_text(whole, c), "request %d choice %d", k, c);
-            cr_assert_str_eq(finish[c], "length");
+            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(whole, "choices"), c);
+            cr_assert_str_eq(finish[c], cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "request %d choice %d", k, c);
         }
         free(resp);
         cJSON_Delete(whole);
     }
+    cr_assert_eq(metric(&s, "kvpage_generation_tokens_total") - gen0, gen, "streamed tokens are counted too");
     stop(&s);
 }
 
@@ -468,6 +483,17 @@ Test(serve, tokens_stream_while_the_request_runs_and_a_client_may_leave)
     cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
     stop(&s);
+}
+
+/* SIGTERM the moment the server listens, or twice in a row: exit 0 every time, whichever of its threads
+ * (OpenBLAS's included) the signal lands on. */
+Test(serve, signals_at_any_moment_stop_it_cleanly)
+{
+    for (int i = 0; i < 4; i++) {
+        server s = start("--num-blocks 16");
+        if (i % 2) cr_assert_eq(kill(s.pid, SIGTERM), 0);
+        stop(&s);
+    }
 }
 
 Test(serve_cli, bad_command_lines)
