@@ -209,6 +209,13 @@ void kvp_comm_abort(kvp_comm *c, int code)
 #endif
 }
 
+kvp_status kvp_comm_quiet_other_ranks(const kvp_comm *c)
+{
+    if (c->rank != 0 && !freopen("/dev/null", "w", stdout))
+        return KVP_ERR(KVP_EIO, "rank %d: cannot send stdout to /dev/null", c->rank);
+    return KVP_OK;
+}
+
 /* MPI counts are int: sums and broadcasts go in pieces of at most CHUNK elements. A single communicator,
  * or an mpi one of one rank, has nothing to exchange. */
 enum { CHUNK = 1 << 28 };

@@ -56,6 +56,10 @@ void kvp_comm_destroy(kvp_comm *c); /* NULL: no-op */
  * a single or threads communicator. */
 void kvp_comm_abort(kvp_comm *c, int code);
 
+/* For a program's main path only: on every rank but 0, stdout goes to /dev/null (rank 0 alone prints the
+ * answer all ranks computed). KVP_EIO when it cannot. */
+kvp_status kvp_comm_quiet_other_ranks(const kvp_comm *c);
+
 int kvp_comm_rank(const kvp_comm *c);
 int kvp_comm_size(const kvp_comm *c);
 const char *kvp_comm_backend(const kvp_comm *c); /* "single", "threads" or "mpi" */

@@ -71,6 +71,7 @@ struct kvp_gen_session {
     size_t cap_rq;
     int32_t nreq;
     int32_t *fin;              /* finished requests not taken yet, FIFO from fin_head */
+    int64_t admitted_prompt_tokens;
     int32_t nfin, fin_head;
     size_t cap_fin;
     kvp_block_mgr *bm;
@@ -547,6 +548,7 @@ static kvp_status step(gen_ctx *g)
             break;
         }
         g->rq[g->next_req].n_live = 1;
+        g->admitted_prompt_tokens += r->n_prompt;
         g->rq[g->next_req].reserved = reserve;
         g->beam_reserved += reserve;
         g->next_req++;
@@ -1004,7 +1006,7 @@ void kvp_gen_session_stats_get(const kvp_gen_session *g, kvp_gen_session_stats *
     out->preemptions = g->st.preemptions;
     out->num_blocks = g->cfg->num_blocks;
     out->free_blocks = kvp_bm_num_free(g->bm);
-    for (int32_t i = 0; i < g->next_req; i++) out->admitted_prompt_tokens += g->reqs[i].n_prompt;
+    out->admitted_prompt_tokens = g->admitted_prompt_tokens; /* kept as requests are admitted: this runs every step of a server */
 }
 
 kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n,

@@ -149,8 +149,7 @@ static int run(gen_opts *o)
     kvp_status st;
     double t_load = kvp_now_s();
     st = o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
-    if (st == KVP_OK && kvp_comm_rank(comm) != 0 && !freopen("/dev/null", "w", stdout)) /* rank 0 prints */
-        st = KVP_ERR(KVP_EIO, "rank %d: cannot silence stdout", kvp_comm_rank(comm));
+    if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
     if (st == KVP_OK) st = kvp_model_load_tp(o->model, comm, &m);
     if (st != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);

@@ -114,7 +114,7 @@ typedef struct {
     int32_t nown;
     /* under mu */
     kvp_gen_session_stats stats;
-    int64_t answered[4]; /* 200, 4xx, 5xx, other */
+    int64_t answered[3]; /* 2xx, 4xx, 5xx */
     int64_t prompt_tokens, completion_tokens;
     uint64_t next_seed, next_id;
     time_t started;
@@ -315,7 +315,7 @@ static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, const char
 static void count_answer(server *sv, unsigned code)
 {
     pthread_mutex_lock(&sv->mu);
-    sv->answered[code == 200 ? 0 : code >= 400 && code < 500 ? 1 : code >= 500 ? 2 : 3]++;
+    sv->answered[code >= 500 ? 2 : code >= 400 ? 1 : 0]++;
     pthread_mutex_unlock(&sv->mu);
 }
 
@@ -760,7 +760,7 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
     if (!t) return reply_error(sv, c, 500, "out of memory");
     pthread_mutex_lock(&sv->mu);
     const kvp_gen_session_stats s = sv->stats;
-    const int64_t a[4] = {sv->answered[0], sv->answered[1], sv->answered[2], sv->answered[3]};
+    const int64_t a[3] = {sv->answered[0], sv->answered[1], sv->answered[2]};
     const int64_t pt = sv->prompt_tokens, ct = sv->completion_tokens;
     pthread_mutex_unlock(&sv->mu);
     const double used = s.num_blocks > 0 ? 1.0 - (double)s.free_blocks / s.num_blocks : 0.0;

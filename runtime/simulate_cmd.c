@@ -381,10 +381,8 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     kvp_executor ex = {0};
     if (cpu && hw.tp > 1) { /* MPI ranks; rank 0 alone prints and writes files */
         st = kvp_comm_mpi_create(hw.tp, comm);
-        if (st == KVP_OK && kvp_comm_rank(*comm) != 0) {
-            req_out = step_out = NULL;
-            if (!freopen("/dev/null", "w", stdout)) st = KVP_ERR(KVP_EIO, "rank %d: cannot silence stdout", kvp_comm_rank(*comm));
-        }
+        if (st == KVP_OK && kvp_comm_rank(*comm) != 0) req_out = step_out = NULL;
+        if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(*comm);
         if (st != KVP_OK) return kvp_cli_fail(cmd, st);
     }
     if (cpu) {
