@@ -24,7 +24,9 @@ typedef struct {
     int32_t n_alloc;     /* tokens the block table holds slots for (n_toks, or n_toks - 1 after a sample) */
     int32_t n_gen;
     int fork_pending;    /* n > 1 / beam: fork after the prompt's logits */
-    int hit_eos;
+    int dropped;         /* a beam not kept: freed at the end of the step */
+    kvp_gen_finish finish;
+    int32_t stop_token;  /* KVP_FINISH_EOS / STOP_TOKEN: the token */
     int inserted;        /* prompt blocks offered to the prefix cache */
     double logprob;
     kvp_rng rng;
@@ -41,6 +43,9 @@ typedef struct {
     int32_t cached_tokens;
     double t_first, t_done;
     int32_t max_tokens;
+    int done;            /* finished (its result waits in fin, or was taken) */
+    int aborted;         /* kvp_gen_session_abort */
+    int taken;           /* its result was taken: its records are freed */
 } greq;
 
 /* Per-step arrays, grown on demand and reused. */
@@ -65,11 +70,17 @@ struct kvp_gen_session {
     kvp_model *m;
     const kvp_gen_config *cfg; /* = &cfgv */
     kvp_gen_config cfgv;
-    kvp_gen_request *reqs;     /* owned, prompts too (copied by kvp_gen_session_add) */
+    /* Requests by index i = id - id_base (a window: the taken ones at its front are dropped now and then). */
+    kvp_gen_request *reqs;     /* owned, prompts and stop ids too (copied by kvp_gen_session_add) */
     size_t cap_reqs;
     greq *rq;
     size_t cap_rq;
     int32_t nreq;
+    int32_t id_base;
+    int32_t front;             /* reqs[0 .. front) are taken */
+    int32_t unfinished;        /* requests not finished */
+    int32_t waiting_aborted;   /* aborted requests at or after next_req (admission skips them) */
+    int64_t n_added, n_finished, n_aborted;
     int32_t *fin;              /* finished requests not taken yet, FIFO from fin_head */
     int64_t admitted_prompt_tokens;
     int32_t nfin, fin_head;
@@ -78,9 +89,12 @@ struct kvp_gen_session {
     kvp_prefix_cache *pc;
     kvp_kv_cache *kv;
     kvp_sampler_ws *sws;
-    gseq **seqs; /* every sequence ever made, in creation order */
+    gseq **seqs; /* the sequences of requests not taken (NULL: a free slot, listed in free_slots) */
     int32_t nseqs;
     size_t cap_seqs;
+    int32_t *free_slots; /* room for every slot: freeing one never allocates */
+    int32_t nfree;
+    size_t cap_free;
     int32_t *running; /* indices into seqs, admission order */
     int32_t nrun;
     size_t cap_run;
@@ -105,6 +119,12 @@ struct kvp_gen_session {
     float *hlsm[GEN_SAMPLE_THREADS];
 };
 typedef kvp_gen_session gen_ctx;
+
+const char *kvp_gen_finish_name(kvp_gen_finish f)
+{
+    static const char *const names[] = {"length", "eos", "stop_token", "stopped", "aborted"};
+    return (unsigned)f < sizeof names / sizeof names[0] ? names[f] : "?";
+}
 
 kvp_gen_config kvp_gen_config_default(void)
 {
@@ -131,9 +151,10 @@ static kvp_status push_tok(gseq *s, int32_t t)
 
 static kvp_status new_seq(gen_ctx *g, int32_t req, int32_t sample, const int32_t *toks, int32_t n, int32_t *index)
 {
-    size_t cap = g->cap_seqs;
-    KVP_TRY(kvp_grow((void **)&g->seqs, &cap, (size_t)g->nseqs + 1, sizeof *g->seqs));
-    g->cap_seqs = cap;
+    if (g->nfree == 0) {
+        KVP_TRY(kvp_grow((void **)&g->seqs, &g->cap_seqs, (size_t)g->nseqs + 1, sizeof *g->seqs));
+        KVP_TRY(kvp_grow((void **)&g->free_slots, &g->cap_free, (size_t)g->nseqs + 1, sizeof *g->free_slots));
+    }
     gseq *s = kvp_calloc(1, sizeof *s);
     if (!s) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
     s->cap = n + 64;
@@ -148,10 +169,20 @@ static kvp_status new_seq(gen_ctx *g, int32_t req, int32_t sample, const int32_t
     s->req = req;
     s->sample = sample;
     s->state = SEQ_WAITING;
+    s->stop_token = -1;
     kvp_rng_seed(&s->rng, g->reqs[req].sampler.seed, (uint64_t)sample);
-    g->seqs[g->nseqs] = s;
-    *index = g->nseqs++;
+    *index = g->nfree > 0 ? g->free_slots[--g->nfree] : g->nseqs++;
+    g->seqs[*index] = s;
     return KVP_OK;
+}
+
+/* Frees sequence idx (done, or never admitted) and its slot. */
+static void drop_seq(gen_ctx *g, int32_t idx)
+{
+    kvp_free(g->seqs[idx]->toks);
+    kvp_free(g->seqs[idx]);
+    g->seqs[idx] = NULL;
+    g->free_slots[g->nfree++] = idx;
 }
 
 static kvp_status run_push(gen_ctx *g, int32_t idx)
@@ -181,6 +212,22 @@ static int32_t group_size(const kvp_gen_request *r)
     return r->beam_width > 1 ? r->beam_width : r->n;
 }
 
+/* Request r is finished: to the queue of results (room was made when it was added). */
+static void finish_req(gen_ctx *g, int32_t r)
+{
+    g->rq[r].t_done = kvp_now_s() - g->t0;
+    g->rq[r].done = 1;
+    g->fin[g->nfin++] = r;
+    g->unfinished--;
+    g->n_finished++;
+}
+
+/* Running seats sequence s holds: its request's group while it has yet to fork. */
+static int32_t seats_of(const gen_ctx *g, const gseq *s)
+{
+    return s->fork_pending ? group_size(&g->reqs[s->req]) : 1;
+}
+
 /* Frees a sequence's blocks and marks it done. */
 static void finish_seq(gen_ctx *g, int32_t idx)
 {
@@ -191,12 +238,23 @@ static void finish_seq(gen_ctx *g, int32_t idx)
     run_remove(g, idx);
     greq *r = &g->rq[s->req];
     if (--r->n_live == 0) {
-        r->t_done = kvp_now_s() - g->t0;
         g->beam_reserved -= r->reserved;
         r->reserved = 0;
-        /* to the finished queue (room was made when the request was added) */
-        g->fin[g->nfin++] = s->req;
+        finish_req(g, s->req);
     }
+}
+
+/* Ends sequence idx, running or preempted, for `why`. */
+static void end_seq(gen_ctx *g, int32_t idx, kvp_gen_finish why)
+{
+    for (int32_t i = 0; i < g->npre; i++)
+        if (g->preempted[i] == idx) {
+            memmove(g->preempted + i, g->preempted + i + 1, (size_t)(g->npre - i - 1) * sizeof *g->preempted);
+            g->npre--;
+            break;
+        }
+    g->seqs[idx]->finish = why;
+    finish_seq(g, idx);
 }
 
 /* The blocks the W beams of request r may hold at once: the prompt's full blocks, shared, and for each beam
@@ -313,7 +371,7 @@ static kvp_status append_slots(gen_ctx *g, int32_t idx, int32_t n, int32_t *slot
             if (!done)
                 return KVP_ERR(KVP_ENOBLOCKS, "generate: the KV cache (%d blocks of %d tokens) is too small for "
                                               "request %d at %d tokens; raise --num-blocks",
-                               g->cfg->num_blocks, g->cfg->block_size, s->req, s->n_computed + n);
+                               g->cfg->num_blocks, g->cfg->block_size, g->id_base + s->req, s->n_computed + n);
             continue;
         }
         KVP_TRY(kvp_bm_append(g->bm, s->id, n, slots));
@@ -328,9 +386,15 @@ static kvp_status emit(gen_ctx *g, int32_t idx, int32_t tok, double lp)
     gseq *s = g->seqs[idx];
     greq *r = &g->rq[s->req];
     if (r->t_first < 0) r->t_first = kvp_now_s() - g->t0;
-    int eos = kvp_model_cfg(g->m)->eos_token_id;
-    if (!is_beam(g, s) && g->cfg->stop_at_eos && eos >= 0 && tok == eos) {
-        s->hit_eos = 1;
+    const kvp_gen_request *q = &g->reqs[s->req];
+    const int eos = kvp_model_cfg(g->m)->eos_token_id;
+    kvp_gen_finish why = KVP_FINISH_LENGTH;
+    if (!is_beam(g, s) && g->cfg->stop_at_eos && !q->ignore_eos && eos >= 0 && tok == eos) why = KVP_FINISH_EOS;
+    for (int32_t i = 0; why == KVP_FINISH_LENGTH && !is_beam(g, s) && i < q->n_stop_ids; i++)
+        if (q->stop_ids[i] == tok) why = KVP_FINISH_STOP_TOKEN;
+    if (why != KVP_FINISH_LENGTH) {
+        s->stop_token = tok;
+        s->finish = why;
         finish_seq(g, idx);
         return KVP_OK;
     }
@@ -493,7 +557,10 @@ static kvp_status beam_step(gen_ctx *g, int32_t r, const int32_t *beams, int32_t
         }
     }
     for (int32_t b = 0; st == KVP_OK && b < nb; b++)
-        if (sel[b] == 0) finish_seq(g, beams[b]);
+        if (sel[b] == 0) { /* a dropped beam is no result: its record goes at the end of the step */
+            finish_seq(g, beams[b]);
+            g->seqs[beams[b]]->dropped = 1;
+        }
     for (int32_t i = 0; st == KVP_OK && i < keep; i++) {
         gseq *s = g->seqs[target[i]];
         s->logprob = c[i].score - c[i].lp; /* emit adds lp back */
@@ -510,16 +577,18 @@ static kvp_status step(gen_ctx *g)
     const kvp_gen_config *cfg = g->cfg;
     const int32_t bs = cfg->block_size;
     int32_t budget = cfg->max_batched_tokens;
-    /* Budget taken by decodes (always scheduled). */
+    /* Budget taken by decodes (always scheduled); seats held (a sequence that will fork holds its group's). */
+    int32_t seats = 0;
     for (int32_t i = 0; i < g->nrun; i++) {
         gseq *s = g->seqs[g->running[i]];
         if (s->n_alloc == s->n_toks - 1) budget--;
+        seats += seats_of(g, s);
     }
     /* (1) admission: preempted first, then new requests, FCFS, head-of-line. */
     int blocked = 0;
     while (!blocked && g->npre > 0) {
         int32_t idx = g->preempted[0];
-        if (g->nrun + 1 > cfg->max_num_seqs) break;
+        if (seats + seats_of(g, g->seqs[idx]) > cfg->max_num_seqs) break;
         int ok;
         KVP_TRY(admit(g, idx, &budget, &ok));
         if (!ok) {
@@ -528,10 +597,16 @@ static kvp_status step(gen_ctx *g)
         }
         memmove(g->preempted, g->preempted + 1, (size_t)(g->npre - 1) * sizeof *g->preempted);
         g->npre--;
+        seats += seats_of(g, g->seqs[idx]);
     }
     while (!blocked && g->next_req < g->nreq && budget > 0) {
+        if (g->rq[g->next_req].aborted) { /* finished before its admission */
+            g->next_req++;
+            g->waiting_aborted--;
+            continue;
+        }
         const kvp_gen_request *r = &g->reqs[g->next_req];
-        if (g->nrun + group_size(r) > cfg->max_num_seqs && g->nrun > 0) break;
+        if (seats + group_size(r) > cfg->max_num_seqs && g->nrun > 0) break;
         const int32_t reserve = r->beam_width > 1 ? beam_blocks(g, g->next_req) : 0;
         if (reserve > 0 && g->beam_reserved > 0 && (int64_t)g->beam_reserved + reserve > cfg->num_blocks) break;
         int32_t idx = -1;
@@ -540,25 +615,24 @@ static kvp_status step(gen_ctx *g)
         int ok;
         KVP_TRY(admit(g, idx, &budget, &ok));
         if (!ok) {
-            /* drop the unadmitted sequence object again */
-            kvp_free(g->seqs[idx]->toks);
-            kvp_free(g->seqs[idx]);
-            g->nseqs--;
+            drop_seq(g, idx); /* the unadmitted sequence object goes again */
             g->next_id--;
             break;
         }
         g->rq[g->next_req].n_live = 1;
+        seats += group_size(r);
         g->admitted_prompt_tokens += r->n_prompt;
         g->rq[g->next_req].reserved = reserve;
         g->beam_reserved += reserve;
         g->next_req++;
     }
     if (g->nrun == 0) {
-        if (g->npre > 0 || g->next_req < g->nreq) {
+        if (kvp_gen_session_pending(g)) {
             const gseq *w = g->npre > 0 ? g->seqs[g->preempted[0]] : NULL;
             return KVP_ERR(KVP_ENOBLOCKS, "generate: the KV cache (%d blocks of %d tokens) cannot hold request %d at %d "
                                           "tokens; raise --num-blocks",
-                           cfg->num_blocks, bs, w ? w->req : g->next_req, w ? w->n_toks : g->reqs[g->next_req].n_prompt);
+                           cfg->num_blocks, bs, g->id_base + (w ? w->req : g->next_req),
+                           w ? w->n_toks : g->reqs[g->next_req].n_prompt);
         }
         return KVP_OK;
     }
@@ -744,6 +818,8 @@ static kvp_status step(gen_ctx *g)
         int32_t t = kvp_sample_logprob(&r->sampler, &s->rng, lg, g->vocab, g->sws, g->lsm, &lp);
         KVP_TRY(emit(g, idx, t, lp));
     }
+    for (int32_t i = 0; i < ns; i++)
+        if (g->seqs[B->sched[i]]->dropped) drop_seq(g, B->sched[i]);
     return KVP_OK;
 }
 
@@ -755,10 +831,14 @@ static void ctx_free(gen_ctx *g)
             kvp_free(g->seqs[i]);
         }
     kvp_free(g->seqs);
+    kvp_free(g->free_slots);
     kvp_free(g->running);
     kvp_free(g->preempted);
     kvp_free(g->rq);
-    for (int32_t i = 0; i < g->nreq; i++) kvp_free((void *)g->reqs[i].prompt);
+    for (int32_t i = 0; i < g->nreq; i++) {
+        kvp_free((void *)g->reqs[i].prompt);
+        kvp_free((void *)g->reqs[i].stop_ids);
+    }
     kvp_free(g->reqs);
     kvp_free(g->fin);
     step_buf *B = &g->buf;
@@ -786,30 +866,29 @@ void kvp_gen_results_free(kvp_gen_result *res, int32_t n)
         kvp_free(res[i].tokens);
         kvp_free(res[i].n_tokens);
         kvp_free(res[i].logprob);
-        kvp_free(res[i].hit_eos);
+        kvp_free(res[i].finish);
+        kvp_free(res[i].stop_token);
         memset(&res[i], 0, sizeof res[i]);
     }
 }
 
-/* Collects the results of request r from its sequences (beams: best first). */
+/* Collects the results of request r from its sequences (all done; dropped beams are gone; beams: best first). */
 static kvp_status collect(gen_ctx *g, int32_t r, kvp_gen_result *out)
 {
     const kvp_gen_request *q = &g->reqs[r];
     int32_t cnt = 0;
-    for (int32_t i = 0; i < g->nseqs; i++)
-        if (g->seqs[i]->req == r && g->seqs[i]->state == SEQ_DONE && (q->beam_width <= 1 || g->seqs[i]->n_gen == g->rq[r].max_tokens))
-            cnt++;
+    for (int32_t i = 0; i < g->nseqs; i++) cnt += g->seqs[i] && g->seqs[i]->req == r;
     int32_t *order = kvp_malloc((size_t)(cnt + 1) * sizeof *order);
     if (!order) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
     int32_t k = 0;
     for (int32_t i = 0; i < g->nseqs; i++)
-        if (g->seqs[i]->req == r && g->seqs[i]->state == SEQ_DONE && (q->beam_width <= 1 || g->seqs[i]->n_gen == g->rq[r].max_tokens))
-            order[k++] = i;
-    /* sampling: by sample index; beams: by score desc (stable on creation order) */
+        if (g->seqs[i] && g->seqs[i]->req == r) order[k++] = i;
+    /* sampling: by sample index; beams: by score desc (ties: creation order) */
     for (int32_t i = 0; i < cnt; i++)
         for (int32_t j = i + 1; j < cnt; j++) {
             gseq *a = g->seqs[order[i]], *b = g->seqs[order[j]];
-            int swap = q->beam_width > 1 ? b->logprob > a->logprob : b->sample < a->sample;
+            int swap = q->beam_width > 1 ? b->logprob > a->logprob || (b->logprob == a->logprob && b->id < a->id)
+                                         : b->sample < a->sample;
             if (swap) {
                 int32_t t = order[i];
                 order[i] = order[j];
@@ -822,8 +901,11 @@ static kvp_status collect(gen_ctx *g, int32_t r, kvp_gen_result *out)
     out->tokens = kvp_calloc((size_t)ns + 1, sizeof *out->tokens);
     out->n_tokens = kvp_calloc((size_t)ns + 1, sizeof *out->n_tokens);
     out->logprob = kvp_calloc((size_t)ns + 1, sizeof *out->logprob);
-    out->hit_eos = kvp_calloc((size_t)ns + 1, sizeof *out->hit_eos);
-    kvp_status st = out->tokens && out->n_tokens && out->logprob && out->hit_eos ? KVP_OK : KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    out->finish = kvp_calloc((size_t)ns + 1, sizeof *out->finish);
+    out->stop_token = kvp_calloc((size_t)ns + 1, sizeof *out->stop_token);
+    out->user = q->user;
+    kvp_status st = out->tokens && out->n_tokens && out->logprob && out->finish && out->stop_token
+                        ? KVP_OK : KVP_ERR(KVP_ENOMEM, "generate: out of memory");
     for (int32_t i = 0; st == KVP_OK && i < ns; i++) {
         gseq *s = g->seqs[order[i]];
         out->tokens[i] = kvp_malloc((size_t)(s->n_gen + 1) * sizeof(int32_t));
@@ -834,7 +916,8 @@ static kvp_status collect(gen_ctx *g, int32_t r, kvp_gen_result *out)
         memcpy(out->tokens[i], s->toks + (s->n_toks - s->n_gen), (size_t)s->n_gen * sizeof(int32_t));
         out->n_tokens[i] = s->n_gen;
         out->logprob[i] = s->logprob;
-        out->hit_eos[i] = s->hit_eos;
+        out->finish[i] = s->finish;
+        out->stop_token[i] = s->stop_token;
     }
     kvp_free(order);
     if (st != KVP_OK) {
@@ -929,75 +1012,167 @@ void kvp_gen_session_destroy(kvp_gen_session *g)
     kvp_free(g);
 }
 
+/* Copies n elements of src (NULL when n is 0). */
+static kvp_status dup_ids(const int32_t *src, int32_t n, int32_t **out)
+{
+    *out = NULL;
+    if (n <= 0) return KVP_OK;
+    *out = kvp_malloc((size_t)n * sizeof **out);
+    if (!*out) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    memcpy(*out, src, (size_t)n * sizeof **out);
+    return KVP_OK;
+}
+
 kvp_status kvp_gen_session_add(kvp_gen_session *g, const kvp_gen_request *r, int32_t *id)
 {
     const int32_t i = g->nreq;
-    KVP_TRY(check_request(g->m, r, i));
+    if (g->id_base > INT32_MAX - i - 1) return KVP_ERR(KVP_ESTATE, "generate: the session has used every request id");
+    KVP_TRY(check_request(g->m, r, g->id_base + i));
     const int32_t bs = g->cfg->block_size;
     const int64_t one = (r->n_prompt + clamp_max_tokens(g->m, r) + bs - 1) / bs; /* one sequence, whole */
     if (one > g->cfg->num_blocks)
         return KVP_ERR(KVP_ENOBLOCKS, "generate: request %d needs %lld blocks of %d tokens for one sequence, the KV "
-                                      "cache has %d; raise --num-blocks", i, (long long)one, bs, g->cfg->num_blocks);
-    /* room first, so that nothing below fails (finish_seq pushes to fin without growing it) */
+                                      "cache has %d; raise --num-blocks", g->id_base + i, (long long)one, bs,
+                       g->cfg->num_blocks);
+    /* room first, so that nothing below fails (finish_req pushes to fin without growing it) */
     KVP_TRY(grow_to(&g->reqs, &g->cap_reqs, (size_t)i + 1, sizeof *g->reqs));
     KVP_TRY(grow_to(&g->rq, &g->cap_rq, (size_t)i + 1, sizeof *g->rq));
-    KVP_TRY(grow_to(&g->fin, &g->cap_fin, (size_t)i + 1, sizeof *g->fin));
-    int32_t *prompt = kvp_malloc((size_t)r->n_prompt * sizeof *prompt);
-    if (!prompt) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
-    memcpy(prompt, r->prompt, (size_t)r->n_prompt * sizeof *prompt);
+    KVP_TRY(grow_to(&g->fin, &g->cap_fin, (size_t)g->nfin + (size_t)g->unfinished + 1, sizeof *g->fin));
+    int32_t *prompt, *stop_ids;
+    KVP_TRY(dup_ids(r->prompt, r->n_prompt, &prompt));
+    kvp_status st = dup_ids(r->stop_ids, r->n_stop_ids, &stop_ids);
+    if (st != KVP_OK) {
+        kvp_free(prompt);
+        return st;
+    }
     g->reqs[i] = *r;
     g->reqs[i].prompt = prompt;
+    g->reqs[i].stop_ids = stop_ids;
+    g->reqs[i].n_stop_ids = stop_ids ? r->n_stop_ids : 0;
     g->rq[i] = (greq){.t_add = kvp_now_s() - g->t0, .t_first = -1, .max_tokens = clamp_max_tokens(g->m, r)};
     if (g->rq[i].max_tokens < r->max_tokens)
-        KVP_LOG_W("generate: request %d: max_tokens %d clamped to %d (context %d)", i, r->max_tokens,
+        KVP_LOG_W("generate: request %d: max_tokens %d clamped to %d (context %d)", g->id_base + i, r->max_tokens,
                   g->rq[i].max_tokens, kvp_model_max_len(g->m));
     g->nreq++;
-    if (id) *id = i;
+    g->unfinished++;
+    g->n_added++;
+    if (id) *id = g->id_base + i;
     return KVP_OK;
 }
 
-int kvp_gen_session_pending(const kvp_gen_session *g) { return g->nrun > 0 || g->npre > 0 || g->next_req < g->nreq; }
+int kvp_gen_session_pending(const kvp_gen_session *g)
+{
+    return g->nrun > 0 || g->npre > 0 || g->nreq - g->next_req - g->waiting_aborted > 0;
+}
 
 kvp_status kvp_gen_session_step(kvp_gen_session *g) { return kvp_gen_session_pending(g) ? step(g) : KVP_OK; }
+
+/* The index of request id, or -1 when it is unknown or taken. */
+static int32_t req_index(const gen_ctx *g, int32_t id)
+{
+    const int64_t i = (int64_t)id - g->id_base;
+    return i >= 0 && i < g->nreq && !g->rq[i].taken ? (int32_t)i : -1;
+}
+
+/* Drops the taken requests at the front of the window once they are half of it (each request moves O(1)
+ * times on average): every index into reqs shifts down by their number. */
+static void compact_requests(gen_ctx *g)
+{
+    while (g->front < g->nreq && g->rq[g->front].taken) g->front++;
+    const int32_t d = g->front;
+    if (d < 64 || 2 * d < g->nreq) return;
+    if (g->next_req < d) { /* taken before admission: aborted ones the admission did not pass yet */
+        g->waiting_aborted -= d - g->next_req;
+        g->next_req = d;
+    }
+    memmove(g->reqs, g->reqs + d, (size_t)(g->nreq - d) * sizeof *g->reqs);
+    memmove(g->rq, g->rq + d, (size_t)(g->nreq - d) * sizeof *g->rq);
+    for (int32_t i = 0; i < g->nseqs; i++)
+        if (g->seqs[i]) g->seqs[i]->req -= d;
+    for (int32_t i = g->fin_head; i < g->nfin; i++) g->fin[i] -= d;
+    g->nreq -= d;
+    g->next_req -= d;
+    g->id_base += d;
+    g->front = 0;
+}
 
 kvp_status kvp_gen_session_take(kvp_gen_session *g, int32_t *id, kvp_gen_result *res)
 {
     if (g->fin_head == g->nfin) return KVP_ENOTFOUND; /* nothing finished: not an error worth a message */
     const int32_t r = g->fin[g->fin_head];
     KVP_TRY(collect(g, r, res));
-    g->fin_head++;
+    if (++g->fin_head == g->nfin) g->fin_head = g->nfin = 0;
     for (int32_t i = 0; i < g->nseqs; i++) /* its sequences' tokens are in res now */
-        if (g->seqs[i]->req == r) {
-            kvp_free(g->seqs[i]->toks);
-            g->seqs[i]->toks = NULL;
-            g->seqs[i]->n_toks = g->seqs[i]->cap = 0;
-        }
-    if (id) *id = r;
+        if (g->seqs[i] && g->seqs[i]->req == r) drop_seq(g, i);
+    kvp_free((void *)g->reqs[r].prompt);
+    kvp_free((void *)g->reqs[r].stop_ids);
+    g->reqs[r].prompt = g->reqs[r].stop_ids = NULL;
+    g->rq[r].taken = 1;
+    if (id) *id = g->id_base + r;
+    compact_requests(g);
     return KVP_OK;
+}
+
+/* The running (or preempted) sequence of sample k of request index r, or -1. */
+static int32_t sample_seq(const gen_ctx *g, int32_t r, int32_t k)
+{
+    for (int32_t i = 0; i < g->nseqs; i++) {
+        const gseq *q = g->seqs[i];
+        if (q && q->req == r && q->sample == k) return i;
+    }
+    return -1;
 }
 
 kvp_status kvp_gen_session_partial(const kvp_gen_session *g, int32_t id, int32_t k, const int32_t **tokens, int32_t *n)
 {
     *tokens = NULL;
     *n = 0;
-    if (id < 0 || id >= g->nreq || g->reqs[id].beam_width > 1) return KVP_ENOTFOUND;
-    for (int32_t i = g->nseqs - 1; i >= 0; i--) { /* a request's sequences are among the most recent ones */
+    const int32_t r = req_index(g, id);
+    if (r < 0 || g->reqs[r].beam_width > 1 || k < 0 || k >= g->reqs[r].n) return KVP_ENOTFOUND;
+    const int32_t i = sample_seq(g, r, k);
+    if (i >= 0) {
         const gseq *q = g->seqs[i];
-        if (q->req != id || q->sample != k) continue;
-        if (!q->toks) return KVP_ENOTFOUND; /* taken */
         *tokens = q->toks + (q->n_toks - q->n_gen);
         *n = q->n_gen;
+    }
+    return KVP_OK; /* not admitted or not forked yet: nothing */
+}
+
+kvp_status kvp_gen_session_stop(kvp_gen_session *g, int32_t id, int32_t k)
+{
+    const int32_t r = req_index(g, id);
+    if (r < 0 || g->reqs[r].beam_width > 1) return KVP_ENOTFOUND;
+    const int32_t i = sample_seq(g, r, k);
+    if (i < 0 || g->seqs[i]->state == SEQ_DONE || g->seqs[i]->fork_pending) return KVP_ENOTFOUND;
+    end_seq(g, i, KVP_FINISH_STOPPED);
+    return KVP_OK;
+}
+
+kvp_status kvp_gen_session_abort(kvp_gen_session *g, int32_t id)
+{
+    const int32_t r = req_index(g, id);
+    if (r < 0 || g->rq[r].done) return KVP_ENOTFOUND;
+    g->rq[r].aborted = 1;
+    g->n_aborted++;
+    if (!g->rq[r].admitted) { /* no sequence yet: admission will pass it */
+        g->waiting_aborted++;
+        finish_req(g, r);
         return KVP_OK;
     }
-    return k < 0 || k >= g->reqs[id].n ? KVP_ENOTFOUND : KVP_OK; /* not admitted or not forked yet: nothing */
+    for (int32_t i = 0; i < g->nseqs; i++)
+        if (g->seqs[i] && g->seqs[i]->req == r && g->seqs[i]->state != SEQ_DONE) end_seq(g, i, KVP_FINISH_ABORTED);
+    return KVP_OK;
 }
 
 void kvp_gen_session_stats_get(const kvp_gen_session *g, kvp_gen_session_stats *out)
 {
     memset(out, 0, sizeof *out);
-    out->requests = g->nreq;
-    out->finished = g->nfin;
-    out->waiting = g->nreq - g->next_req;
+    out->requests = g->n_added;
+    out->finished = g->n_finished;
+    out->aborted = g->n_aborted;
+    out->waiting = g->nreq - g->next_req - g->waiting_aborted;
+    out->request_records = g->nreq;
+    out->seq_records = g->nseqs - g->nfree;
     out->running_seqs = g->nrun;
     out->preempted_seqs = g->npre;
     out->steps = g->st.steps;

@@ -53,14 +53,32 @@ typedef struct {
     kvp_sampler_params sampler;
     int32_t n;             /* samples (>= 1); with beam search, the number of best beams returned (<= W) */
     int32_t beam_width;    /* 0 or 1: sampling; > 1: beam search (the sampler is not used) */
+    const int32_t *stop_ids; /* (n_stop_ids) tokens that end a sample as EOS does (not part of its tokens);
+                              * borrowed (a session copies them); not used by beam search */
+    int32_t n_stop_ids;
+    int ignore_eos;        /* 1: EOS is an ordinary token for this request (whatever stop_at_eos says) */
+    void *user;            /* the caller's tag, handed back in the result; not used by the session */
 } kvp_gen_request;
+
+/* Why a sample ended. */
+typedef enum {
+    KVP_FINISH_LENGTH = 0, /* max_tokens (or the model's context) reached */
+    KVP_FINISH_EOS,        /* sampled EOS */
+    KVP_FINISH_STOP_TOKEN, /* sampled one of the request's stop_ids */
+    KVP_FINISH_STOPPED,    /* kvp_gen_session_stop */
+    KVP_FINISH_ABORTED,    /* kvp_gen_session_abort */
+} kvp_gen_finish;
+/* "length", "eos", "stop_token", "stopped", "aborted". */
+const char *kvp_gen_finish_name(kvp_gen_finish f);
 
 typedef struct {
     int32_t n_samples;
     int32_t **tokens;     /* [n_samples] generated ids (EOS excluded), owned */
     int32_t *n_tokens;    /* [n_samples] */
     double *logprob;      /* [n_samples] cumulative log-probability of the generated tokens */
-    int *hit_eos;         /* [n_samples] 1 when the sample stopped at EOS */
+    kvp_gen_finish *finish; /* [n_samples] why each sample ended */
+    int32_t *stop_token;  /* [n_samples] the EOS or stop id that ended it (KVP_FINISH_EOS/STOP_TOKEN), else -1 */
+    void *user;           /* the request's tag */
     int32_t prompt_cached_tokens; /* prompt tokens served by the prefix cache at first admission */
     double ttft_s;        /* from the start of the run to the first generated token */
     double tpot_s;        /* mean time per generated token after the first (0 when <= 1 token) */
@@ -105,7 +123,8 @@ void kvp_gen_results_free(kvp_gen_result *results, int32_t n);
  *   }
  *
  * A session is used by one thread at a time. Request ids count from 0 in the order of adding; a result's
- * ttft_s and finish_s count from its request's add. */
+ * ttft_s and finish_s count from its request's add. A session serves any number of requests in bounded memory:
+ * a request's records (prompt, sequences, tokens) are freed when it is taken. */
 typedef struct kvp_gen_session kvp_gen_session;
 
 /* KVP_EINVAL for a bad cfg (num_blocks 0 included), KVP_ENOMEM. */
@@ -130,8 +149,19 @@ kvp_status kvp_gen_session_take(kvp_gen_session *s, int32_t *id, kvp_gen_result 
 kvp_status kvp_gen_session_partial(const kvp_gen_session *s, int32_t id, int32_t k, const int32_t **tokens,
                                    int32_t *n);
 
+/* Ends sample k of sampling request id now (a stop string found by the caller, say): it keeps the tokens it
+ * has, finishes with KVP_FINISH_STOPPED, and its blocks are freed. KVP_ENOTFOUND, with no message, when that
+ * sample is not running (unknown, already finished, not forked yet, a beam search). */
+kvp_status kvp_gen_session_stop(kvp_gen_session *s, int32_t id, int32_t k);
+/* Ends request id now, whatever its stage (its client left, say): running samples keep what they have and
+ * finish with KVP_FINISH_ABORTED; a request not admitted yet finishes with no sample. It is then taken like
+ * any other. KVP_ENOTFOUND, with no message, when id is unknown, finished or taken. */
+kvp_status kvp_gen_session_abort(kvp_gen_session *s, int32_t id);
+
 typedef struct {
     int64_t requests, finished, waiting;   /* added, finished (taken or not), not admitted yet */
+    int64_t aborted;                       /* requests ended by kvp_gen_session_abort */
+    int32_t request_records, seq_records;  /* requests and sequences the session holds now (not taken) */
     int64_t running_seqs, preempted_seqs;  /* now */
     int64_t steps, computed_tokens, prefix_hit_tokens, preemptions, admitted_prompt_tokens;
     int32_t num_blocks, free_blocks;       /* free: neither held by a sequence nor cached */

@@ -240,14 +240,14 @@ static int run(gen_opts *o)
                 if (s == 0) {
                     cJSON_AddItemToObject(obj, "tokens", ids_json(r->tokens[0], r->n_tokens[0]));
                     kvp_json_add_text(obj, "text", text);
-                    cJSON_AddStringToObject(obj, "finish_reason", r->hit_eos[0] ? "eos" : "length");
+                    cJSON_AddStringToObject(obj, "finish_reason", kvp_gen_finish_name(r->finish[0]));
                 }
                 cJSON *so = cJSON_CreateObject();
                 cJSON_AddItemToArray(samples, so);
                 cJSON_AddItemToObject(so, "tokens", ids_json(r->tokens[s], r->n_tokens[s]));
                 kvp_json_add_text(so, "text", text);
                 cJSON_AddNumberToObject(so, "logprob", r->logprob[s]);
-                cJSON_AddStringToObject(so, "finish_reason", r->hit_eos[s] ? "eos" : "length");
+                cJSON_AddStringToObject(so, "finish_reason", kvp_gen_finish_name(r->finish[s]));
             } else {
                 if (r->n_samples > 1) printf("--- sample %d ---\n", s + 1);
                 printf("%s%s\n", o->prompts.items[i], text);

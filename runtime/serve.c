@@ -497,7 +497,7 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
             kvp_json_add_text(ch, "text", text);
             kvp_free(text);
             cJSON_AddNullToObject(ch, "logprobs");
-            cJSON_AddStringToObject(ch, "finish_reason", r->hit_eos[s] ? "stop" : "length");
+            cJSON_AddStringToObject(ch, "finish_reason", r->finish[s] != KVP_FINISH_LENGTH ? "stop" : "length");
             ctoks += r->n_tokens[s];
         }
     }
@@ -628,7 +628,7 @@ static void stream_fill(stream_ctx *x)
                     const kvp_gen_result *r = &j->res[c / j->nsamples];
                     const int32_t k = c % j->nsamples, n = k < r->n_samples ? r->n_tokens[k] : 0;
                     stream_event(x, c, n ? r->tokens[k] : NULL, x->sent[c] < n ? x->sent[c] : n, n,
-                                 k < r->n_samples && r->hit_eos[k] ? "stop" : "length");
+                                 k < r->n_samples && r->finish[k] != KVP_FINISH_LENGTH ? "stop" : "length");
                 }
             }
             out_add(x, "data: [DONE]\n\n");

@@ -862,3 +862,248 @@ Test(generate_session, refusals_and_allocation_failures, .init = setup, .fini = 
     free(e.ids);
     tu_every_alloc_failure("session", make_session, destroy_session, &cfg, 0);
 }
+
+/* Steps s until request id's sample k has at least `want` tokens (or the session is idle). */
+static void step_until(kvp_gen_session *s, int32_t id, int32_t k, int32_t want)
+{
+    const int32_t *t;
+    int32_t n = 0;
+    while (kvp_gen_session_pending(s) && (kvp_gen_session_partial(s, id, k, &t, &n), n < want))
+        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+}
+
+static void drain(kvp_gen_session *s)
+{
+    while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+}
+
+/* The first n tokens of sample k of got equal those of ref's. */
+static void expect_prefix(const kvp_gen_result *got, int k, const kvp_gen_result *ref, int kr, int32_t n, const char *what)
+{
+    cr_assert_leq(n, ref->n_tokens[kr], "%s: %d tokens, the full run has %d", what, n, ref->n_tokens[kr]);
+    for (int32_t i = 0; i < n; i++)
+        cr_assert_eq(got->tokens[k][i], ref->tokens[kr][i], "%s: token %d", what, i);
+}
+
+/* kvp_gen_session_stop ends one sample of an n = 3 request where it is: that sample keeps exactly the
+ * tokens it had (a prefix of its solo run), the other two finish as they would alone. kvp_gen_session_abort
+ * ends a running request (a prefix, KVP_FINISH_ABORTED) and one not admitted yet (no sample); both are
+ * taken like any other, and every block comes back. Unknown, finished and taken ids are KVP_ENOTFOUND. */
+Test(generate_session, stop_a_sample_and_abort_requests, .init = setup, .fini = teardown)
+{
+    enc e[3] = {encode(prompts[1]), encode(prompts[3]), encode(prompts[5])};
+    kvp_gen_request rq[3] = {greedy_req(e[0], 40), greedy_req(e[1], 60), greedy_req(e[2], 30)};
+    rq[0].sampler = (kvp_sampler_params){.temperature = 0.9, .top_k = 0, .top_p = 0.95, .seed = 5};
+    rq[0].n = 3;
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.num_blocks = 64;
+    cfg.block_size = 4;
+    cfg.max_num_seqs = 4; /* request 2 waits behind 0's three samples and 1 */
+    cfg.cache = KVP_PC_NONE;
+    kvp_gen_result solo[3];
+    for (int i = 0; i < 3; i++) run(&cfg, &rq[i], 1, &solo[i], NULL);
+    kvp_gen_session *s;
+    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    int32_t id[3];
+    for (int i = 0; i < 3; i++) cr_assert_eq(kvp_gen_session_add(s, &rq[i], &id[i]), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_gen_session_stop(s, id[0], 1), KVP_ENOTFOUND, "not forked yet");
+    step_until(s, id[0], 1, 7);
+    const int32_t *t;
+    int32_t n1, n_abort;
+    kvp_gen_session_partial(s, id[0], 1, &t, &n1);
+    cr_assert_geq(n1, 7);
+    cr_assert_eq(kvp_gen_session_stop(s, id[0], 1), KVP_OK);
+    cr_assert_eq(kvp_gen_session_stop(s, id[0], 1), KVP_ENOTFOUND, "already stopped");
+    kvp_gen_session_stats st;
+    kvp_gen_session_stats_get(s, &st);
+    cr_assert_eq(st.waiting, 1, "request 2 waits");
+    cr_assert_eq(kvp_gen_session_abort(s, id[2]), KVP_OK);
+    cr_assert_eq(kvp_gen_session_abort(s, id[2]), KVP_ENOTFOUND, "already aborted");
+    kvp_gen_session_stats_get(s, &st);
+    cr_assert_eq(st.waiting, 0);
+    step_until(s, id[1], 0, 12);
+    kvp_gen_session_partial(s, id[1], 0, &t, &n_abort);
+    cr_assert_eq(kvp_gen_session_abort(s, id[1]), KVP_OK);
+    drain(s);
+    kvp_gen_result got[3] = {{0}}, res;
+    int32_t rid;
+    int taken = 0;
+    while (kvp_gen_session_take(s, &rid, &res) == KVP_OK) {
+        cr_assert(rid >= 0 && rid < 3 && got[rid].n_samples == 0 && !got[rid].tokens, "request %d twice", rid);
+        got[rid] = res;
+        taken++;
+    }
+    cr_assert_eq(taken, 3);
+    cr_assert_eq(got[0].n_samples, 3);
+    cr_assert_eq(got[0].finish[1], KVP_FINISH_STOPPED);
+    cr_assert_eq(got[0].n_tokens[1], n1, "the stopped sample keeps the %d tokens it had", n1);
+    expect_prefix(&got[0], 1, &solo[0], 1, n1, "stopped sample");
+    for (int k = 0; k < 3; k += 2) {
+        cr_assert_eq(got[0].n_tokens[k], solo[0].n_tokens[k], "sample %d", k);
+        expect_prefix(&got[0], k, &solo[0], k, solo[0].n_tokens[k], "sample next to a stopped one");
+        cr_assert_eq(got[0].finish[k], solo[0].finish[k]);
+    }
+    cr_assert_eq(got[1].n_samples, 1);
+    cr_assert_eq(got[1].finish[0], KVP_FINISH_ABORTED);
+    cr_assert_eq(got[1].n_tokens[0], n_abort);
+    expect_prefix(&got[1], 0, &solo[1], 0, n_abort, "aborted request");
+    cr_assert_eq(got[2].n_samples, 0, "aborted before admission: no sample");
+    kvp_gen_session_stats_get(s, &st);
+    cr_assert_eq(st.free_blocks, cfg.num_blocks, "every block is back");
+    cr_assert_eq(st.aborted, 2);
+    cr_assert_eq(st.finished, 3);
+    cr_assert_eq(st.seq_records, 0);
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(kvp_gen_session_stop(s, id[i], 0), KVP_ENOTFOUND);
+        cr_assert_eq(kvp_gen_session_abort(s, id[i]), KVP_ENOTFOUND);
+    }
+    cr_assert_eq(kvp_gen_session_abort(s, 99), KVP_ENOTFOUND);
+    cr_assert_eq(kvp_gen_session_abort(s, -1), KVP_ENOTFOUND);
+    kvp_gen_session_destroy(s);
+    kvp_gen_results_free(got, 3);
+    kvp_gen_results_free(solo, 3);
+    for (int i = 0; i < 3; i++) free(e[i].ids);
+}
+
+/* Aborting every request at a step where some sequences are preempted (a cache too small for all) leaves
+ * nothing pending and every block free. */
+Test(generate_session, abort_with_preempted_sequences, .init = setup, .fini = teardown)
+{
+    enc e[NPROMPTS];
+    kvp_gen_request rq[NPROMPTS];
+    for (int i = 0; i < NPROMPTS; i++) {
+        e[i] = encode(prompts[i]);
+        rq[i] = greedy_req(e[i], 80);
+    }
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.num_blocks = 40;
+    cfg.block_size = 4;
+    cfg.cache = KVP_PC_NONE; /* free_blocks then counts every block not held */
+    kvp_gen_session *s;
+    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    for (int i = 0; i < NPROMPTS; i++) cr_assert_eq(kvp_gen_session_add(s, &rq[i], NULL), KVP_OK, "%s", kvp_error_detail());
+    kvp_gen_session_stats st;
+    do {
+        cr_assert(kvp_gen_session_pending(s), "no preemption happened");
+        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        kvp_gen_session_stats_get(s, &st);
+    } while (st.preempted_seqs == 0);
+    for (int i = 0; i < NPROMPTS; i++) kvp_gen_session_abort(s, i); /* finished ones: KVP_ENOTFOUND */
+    cr_assert_eq(kvp_gen_session_pending(s), 0);
+    kvp_gen_result res;
+    int32_t id;
+    int taken = 0;
+    while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+        taken++;
+        kvp_gen_results_free(&res, 1);
+    }
+    cr_assert_eq(taken, NPROMPTS);
+    kvp_gen_session_stats_get(s, &st);
+    cr_assert_eq(st.running_seqs + st.preempted_seqs, 0);
+    cr_assert_eq(st.free_blocks, cfg.num_blocks);
+    cr_assert_eq(st.seq_records, 0);
+    kvp_gen_session_destroy(s);
+    for (int i = 0; i < NPROMPTS; i++) free(e[i].ids);
+}
+
+/* stop_ids end a sample at the first of them (not part of its tokens, KVP_FINISH_STOP_TOKEN, stop_token
+ * says which); with ignore_eos a request runs past the EOS that ends it otherwise. */
+Test(generate_session, stop_ids_and_ignore_eos, .init = setup, .fini = teardown)
+{
+    enc e = encode(prompts[0]);
+    kvp_gen_request r = greedy_req(e, 60);
+    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_gen_result full, cut;
+    run(&cfg, &r, 1, &full, NULL);
+    cr_assert_eq(full.n_tokens[0], 60);
+    const int32_t stop[2] = {full.tokens[0][25], full.tokens[0][40]};
+    int32_t first = 0;
+    while (full.tokens[0][first] != stop[0] && full.tokens[0][first] != stop[1]) first++;
+    r.stop_ids = stop;
+    r.n_stop_ids = 2;
+    run(&cfg, &r, 1, &cut, NULL);
+    cr_assert_eq(cut.n_tokens[0], first);
+    expect_prefix(&cut, 0, &full, 0, first, "stop ids");
+    cr_assert_eq(cut.finish[0], KVP_FINISH_STOP_TOKEN);
+    cr_assert_eq(cut.stop_token[0], full.tokens[0][first]);
+    cr_assert_eq(full.stop_token[0], -1);
+    kvp_gen_results_free(&cut, 1);
+    kvp_gen_results_free(&full, 1);
+    /* ignore_eos: the same model with EOS set to a token its greedy story makes (stories260K never makes
+     * its own EOS) */
+    r.stop_ids = NULL;
+    r.n_stop_ids = 0;
+    run(&cfg, &r, 1, &full, NULL);
+    const uint32_t eos = (uint32_t)full.tokens[0][30];
+    first = 0;
+    while (full.tokens[0][first] != (int32_t)eos) first++;
+    size_t len;
+    unsigned char *buf = tu_read_all(S260_GGUF, &len);
+    tu_gguf_set_kv4(buf, len, "tokenizer.ggml.eos_token_id", 4, &eos);
+    char path[512];
+    const char *dir = tu_tmpdir();
+    snprintf(path, sizeof path, "%s/eos.gguf", dir);
+    tu_write_all(path, buf, len);
+    free(buf);
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(path, &m), KVP_OK, "%s", kvp_error_detail());
+    for (int ignore = 0; ignore < 2; ignore++) {
+        r.ignore_eos = ignore;
+        cr_assert_eq(kvp_gen_run(m, &cfg, &r, 1, &cut, NULL), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(cut.n_tokens[0], ignore ? 60 : first, "ignore_eos %d", ignore);
+        cr_assert_eq(cut.finish[0], ignore ? KVP_FINISH_LENGTH : KVP_FINISH_EOS);
+        cr_assert_eq(cut.stop_token[0], ignore ? -1 : (int32_t)eos);
+        expect_prefix(&cut, 0, &full, 0, cut.n_tokens[0], "ignore_eos");
+        kvp_gen_results_free(&cut, 1);
+    }
+    kvp_model_destroy(m);
+    unlink(path);
+    rmdir(dir);
+    kvp_gen_results_free(&full, 1);
+    free(e.ids);
+}
+
+/* A long-running session holds records only for what is not taken: 3000 short requests, added a few per
+ * step and taken as they finish, keep the session's request and sequence records bounded, and ids run
+ * 0..2999, each handed out once. */
+Test(generate_session, many_requests_in_bounded_records, .init = setup, .fini = teardown)
+{
+    enum { NR = 3000 };
+    enc e = encode(prompts[5]);
+    kvp_gen_request r = greedy_req(e, 3);
+    r.n = 2;
+    r.sampler = (kvp_sampler_params){.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 1};
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.num_blocks = 256;
+    kvp_gen_session *s;
+    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    static unsigned char seen[NR];
+    memset(seen, 0, sizeof seen);
+    int32_t added = 0, taken = 0, max_req = 0, max_seq = 0;
+    while (taken < NR) {
+        for (int k = 0; k < 7 && added < NR; k++) {
+            int32_t id;
+            cr_assert_eq(kvp_gen_session_add(s, &r, &id), KVP_OK, "%s", kvp_error_detail());
+            cr_assert_eq(id, added++);
+        }
+        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        kvp_gen_result res;
+        int32_t id;
+        while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+            cr_assert(id >= 0 && id < NR && !seen[id], "id %d", id);
+            seen[id] = 1;
+            cr_assert_eq(res.n_samples, 2);
+            cr_assert_eq(res.n_tokens[0], 3);
+            kvp_gen_results_free(&res, 1);
+            taken++;
+        }
+        kvp_gen_session_stats st;
+        kvp_gen_session_stats_get(s, &st);
+        max_req = st.request_records > max_req ? st.request_records : max_req;
+        max_seq = st.seq_records > max_seq ? st.seq_records : max_seq;
+    }
+    cr_assert_leq(max_req, 200, "request records grew to %d", max_req);
+    cr_assert_leq(max_seq, 100, "sequence records grew to %d", max_seq);
+    kvp_gen_session_destroy(s);
+    free(e.ids);
+}
