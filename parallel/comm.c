@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 
@@ -153,7 +154,8 @@ kvp_status kvp_comm_mpi_create(int expected_size, kvp_comm **out)
     if (finalized) return KVP_ERR(KVP_ESTATE, "communicator: MPI was already finalized in this process");
     if (!inited) {
         int provided;
-        MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided), "MPI_Init_thread");
+        /* serialized: one thread at a time, not always the main one (serve's engine thread runs the model) */
+        MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
     }
     /* errors come back as return codes (the default handler would abort the whole job) */
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -265,6 +267,23 @@ kvp_status kvp_comm_broadcast(kvp_comm *c, void *buf, int64_t bytes, int root)
         MPI_TRY(MPI_Bcast((char *)buf + at, cnt, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
     }
     return KVP_OK;
+}
+
+kvp_status kvp_comm_broadcast_idle(kvp_comm *c, void *buf, int64_t bytes, int root)
+{
+#ifdef KVP_HAVE_MPI
+    if (!c->grp && c->size > 1 && bytes > 0 && bytes <= CHUNK && buf && root >= 0 && root < c->size) {
+        MPI_Request rq;
+        MPI_TRY(MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, &rq), "MPI_Ibcast");
+        for (int done = 0;;) {
+            MPI_TRY(MPI_Test(&rq, &done, MPI_STATUS_IGNORE), "MPI_Test");
+            if (done) return KVP_OK;
+            const struct timespec nap = {0, 200 * 1000};
+            nanosleep(&nap, NULL);
+        }
+    }
+#endif
+    return kvp_comm_broadcast(c, buf, bytes, root);
 }
 
 kvp_status kvp_comm_check_same(kvp_comm *c, uint64_t value, const char *what)

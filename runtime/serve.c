@@ -17,14 +17,17 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include "common/alloc.h"
 #include "common/cli.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/parse.h"
+#include "parallel/comm.h"
 #include "runtime/commands.h"
 #include "runtime/gen.h"
 #include "runtime/model.h"
@@ -32,7 +35,14 @@
 
 static const char *const CMD = "serve";
 
-enum { MAX_BODY = 1 << 20, MAX_PROMPTS = 256, MAX_STREAM = 64 /* choices of a streamed request */ };
+enum {
+    MAX_BODY = 1 << 20,
+    MAX_PROMPTS = 256,
+    MAX_STREAM = 64, /* choices of a streamed request */
+    MAX_STOP = 16,   /* stop strings of a request */
+    MAX_STOP_LEN = 256,
+    MAX_STOP_IDS = 64,
+};
 
 static void usage(FILE *f)
 {
@@ -43,7 +53,8 @@ static void usage(FILE *f)
             "is shared across requests.\n\n"
             "  POST /v1/completions  {\"prompt\": TEXT | [TEXT, ...] | [TOKEN_ID, ...], \"max_tokens\": 16,\n"
             "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"n\": 1, \"seed\": N,\n"
-            "                        \"stream\": false}   (stream: server-sent events, as OpenAI's)\n"
+            "                        \"stop\": TEXT | [TEXT, ...], \"stream\": false}   (stream: server-sent events,\n"
+            "                        as OpenAI's; vLLM's stop_token_ids, ignore_eos, include_stop_str_in_output)\n"
             "  GET  /v1/models       the served model\n"
             "  GET  /health          200 while serving\n"
             "  GET  /metrics         Prometheus counters and gauges (requests, tokens, KV blocks, prefix hits)\n\n"
@@ -61,39 +72,64 @@ static void usage(FILE *f)
             "  --max-batched-tokens N    tokens per step (default 2048)\n"
             "  --threads N               CPU threads (default 1)\n"
             "  --matmul invariant|blas   as for generate (default invariant)\n"
+            "  --max-connections N       open connections at most, one thread each (default 4096)\n"
+            "  --tp N                    tensor parallelism over N MPI ranks (default 1): run it as\n"
+            "                            `mpirun -np N kvpage serve --tp N ...`; rank 0 serves HTTP and schedules,\n"
+            "                            every rank holds 1/N of the heads and of the KV cache (--kv-mem is per rank)\n"
             "  --json                    print the listening address as one JSON object on stdout\n"
             "  -h, --help                this help\n\n"
             "Stops on SIGINT or SIGTERM: requests in flight get 503, then the process exits 0.\n");
 }
 
+/* What the engine keeps of one choice of a streamed job or of a job with stop strings (under mu): its text,
+ * decoded as its tokens come, cut where a stop string starts (or ends, when it is kept). */
+typedef struct {
+    char *text;
+    size_t len, cap;
+    size_t ready;  /* text[0, ready) may be sent: no stop string can start in it any more */
+    int32_t ntok;  /* tokens decoded into text */
+    int stop;      /* 1 + the index of the stop string that ended it, else 0 */
+} choice;
+
+struct job;
+typedef struct {
+    struct job *j;
+    int32_t i;
+} prompt_ref; /* a session request's tag: its job and prompt */
+
 /* One HTTP completion request: its prompts are session requests. Without streaming the handler waits until
- * all are back; with streaming the engine copies each choice's new tokens after every step and the
- * response's reader sends them as they come. Choice c = prompt i, sample k: c = i * nsamples + k. */
+ * all are back; with streaming the engine adds each choice's new text after every step and the response's
+ * reader sends it as it comes. Choice c = prompt i, sample k: c = i * nsamples + k. */
 typedef struct job {
-    struct job *next;
+    struct job *next; /* the queue */
     int32_t n, nsamples;
     kvp_gen_request reqs[MAX_PROMPTS];
     int32_t *enc[MAX_PROMPTS]; /* tokenized prompts, owned */
     kvp_gen_result res[MAX_PROMPTS];
+    prompt_ref ref[MAX_PROMPTS];
+    int32_t ids[MAX_PROMPTS]; /* session ids of the prompts added (the first `added`) */
+    int32_t added;
     int32_t remaining; /* prompts added and not finished */
     int finished;      /* set by the engine thread when the handler may answer */
     int status;        /* 0, or the HTTP error to answer with err */
     char err[512];
-    pthread_cond_t done; /* finished, or (stream) new tokens */
+    pthread_cond_t done; /* finished, or (stream) new text */
     int stream;
-    int refs;                    /* stream: the engine's and the response's (under mu; the last one frees) */
-    int32_t ids[MAX_PROMPTS];    /* stream: session ids of the prompts added (the first `added`) */
-    int32_t added;
-    struct job *fail_next;       /* fail_in_flight's list */
-    int32_t *toks[MAX_STREAM];   /* stream: tokens generated so far per choice (under mu) */
-    int32_t ntok[MAX_STREAM];
-    size_t cap_tok[MAX_STREAM];
+    int refs;      /* the engine's and (stream) the response's (under mu; the last one frees) */
+    int cancelled; /* the client left (under mu): the engine aborts the job's requests */
+    int aborted;   /* engine thread: it did */
+    char *stop[MAX_STOP]; /* stop strings, owned */
+    size_t stop_len[MAX_STOP], stop_max;
+    int nstop, include_stop;
+    int32_t stop_ids[MAX_STOP_IDS];
+    choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
 } job;
 
 typedef struct {
-    job *j;
-    int32_t i;
-} owner;
+    unsigned char *buf;
+    size_t len, cap;
+    int oom; /* an operation could not be logged: the ranks cannot stay in step */
+} oplog;
 
 typedef struct {
     kvp_model *m;
@@ -104,21 +140,149 @@ typedef struct {
     pthread_cond_t wake;
     job *head, *tail; /* queued, not yet added */
     int stop;
+    int cancels; /* jobs cancelled since the engine last looked */
     /* engine thread only */
     kvp_gen_session *s;
-    job **streams; /* streamed jobs in flight */
-    size_t cap_streams;
-    int32_t nstreams;
-    owner *own; /* session request id -> its job and prompt (job NULL once delivered) */
-    size_t cap_own;
-    int32_t nown;
+    kvp_comm *comm; /* the model's ranks (tp > 1: this is rank 0) */
+    int tp;
+    oplog ops;      /* tp > 1: the session calls since the last step */
+    job **live; /* jobs added to the session and not finished (under mu too) */
+    size_t cap_live;
+    int32_t nlive;
     /* under mu */
     kvp_gen_session_stats stats;
     int64_t answered[3]; /* 2xx, 4xx, 5xx */
+    int64_t cancelled;   /* requests whose client left before the answer */
     int64_t prompt_tokens, completion_tokens;
     uint64_t next_seed, next_id;
     time_t started;
 } server;
+
+/* ---------------------------------------------------------------- tensor parallelism
+ *
+ * With --tp N, rank 0 runs the server and its engine; every other rank runs the same session, step for
+ * step, from the operations rank 0 broadcasts before each step: the requests it added, the samples it stopped
+ * and the requests it aborted, in the order it made them. The same operations on the same state make the same
+ * decisions on every rank (the forward pass gives every rank the same logits, bit for bit). */
+enum { OP_ADD = 1, OP_STOP, OP_ABORT, OP_QUIT };
+static void log_put(oplog *l, const void *p, size_t n)
+{
+    if (l->oom || kvp_grow((void **)&l->buf, &l->cap, l->len + n, 1) != KVP_OK) {
+        l->oom = 1;
+        return;
+    }
+    memcpy(l->buf + l->len, p, n);
+    l->len += n;
+}
+
+static void log_op(oplog *l, unsigned char op, int32_t a, int32_t b)
+{
+    log_put(l, &op, 1);
+    log_put(l, &a, sizeof a);
+    log_put(l, &b, sizeof b);
+}
+
+/* The session calls of the engine: on rank 0 of a tensor-parallel server they are logged for the others. */
+static kvp_status sess_add(server *sv, const kvp_gen_request *r, int32_t *id)
+{
+    KVP_TRY(kvp_gen_session_add(sv->s, r, id));
+    if (sv->tp > 1) { /* the struct (the same program on every rank; pointers are fixed up), then its arrays */
+        log_op(&sv->ops, OP_ADD, 0, 0);
+        log_put(&sv->ops, r, sizeof *r);
+        log_put(&sv->ops, r->prompt, (size_t)r->n_prompt * sizeof *r->prompt);
+        log_put(&sv->ops, r->stop_ids, (size_t)r->n_stop_ids * sizeof *r->stop_ids);
+    }
+    return KVP_OK;
+}
+
+static void sess_stop(server *sv, int32_t id, int32_t k)
+{
+    if (kvp_gen_session_stop(sv->s, id, k) == KVP_OK && sv->tp > 1) log_op(&sv->ops, OP_STOP, id, k);
+}
+
+static void sess_abort(server *sv, int32_t id)
+{
+    if (kvp_gen_session_abort(sv->s, id) == KVP_OK && sv->tp > 1) log_op(&sv->ops, OP_ABORT, id, 0);
+}
+
+/* Rank 0: broadcasts the operations logged since the last step (its length, then the bytes). */
+static kvp_status send_ops(server *sv)
+{
+    if (sv->ops.oom) return KVP_ERR(KVP_ENOMEM, "serve: out of memory logging the step's operations");
+    int64_t len = (int64_t)sv->ops.len;
+    KVP_TRY(kvp_comm_broadcast_idle(sv->comm, &len, sizeof len, 0)); /* as the others wait for it */
+    KVP_TRY(kvp_comm_broadcast(sv->comm, sv->ops.buf, len, 0));
+    sv->ops.len = 0;
+    return KVP_OK;
+}
+
+/* Another rank: applies the operations of one step to its session; *quit when rank 0 stops. */
+static kvp_status apply_ops(kvp_gen_session *s, const unsigned char *p, size_t len, int *quit)
+{
+    for (size_t at = 0; at + 9 <= len;) {
+        const unsigned char op = p[at];
+        int32_t a, b;
+        memcpy(&a, p + at + 1, 4);
+        memcpy(&b, p + at + 5, 4);
+        at += 9;
+        if (op == OP_ADD) {
+            kvp_gen_request r;
+            memcpy(&r, p + at, sizeof r);
+            at += sizeof r;
+            int32_t *prompt = kvp_malloc((size_t)r.n_prompt * sizeof *prompt + (size_t)r.n_stop_ids * sizeof *prompt + 1);
+            if (!prompt) return KVP_ERR(KVP_ENOMEM, "serve: out of memory");
+            memcpy(prompt, p + at, (size_t)(r.n_prompt + r.n_stop_ids) * sizeof *prompt);
+            at += (size_t)(r.n_prompt + r.n_stop_ids) * sizeof *prompt;
+            r.prompt = prompt;
+            r.stop_ids = prompt + r.n_prompt;
+            r.user = NULL;
+            kvp_status st = kvp_gen_session_add(s, &r, NULL); /* copies them */
+            kvp_free(prompt);
+            KVP_TRY(st);
+        } else if (op == OP_STOP) {
+            kvp_gen_session_stop(s, a, b);
+        } else if (op == OP_ABORT) {
+            kvp_gen_session_abort(s, a);
+        } else if (op == OP_QUIT) {
+            *quit = 1;
+        }
+    }
+    return KVP_OK;
+}
+
+/* A digest of what a session did, for the ranks' final check. */
+static uint64_t session_digest(const kvp_gen_session *s)
+{
+    kvp_gen_session_stats st;
+    kvp_gen_session_stats_get(s, &st);
+    const int64_t v[6] = {st.requests, st.finished, st.aborted, st.steps, st.computed_tokens, st.preemptions};
+    return XXH3_64bits(v, sizeof v);
+}
+
+/* Another rank of a tensor-parallel server: the session, driven by rank 0's operations, until it quits. */
+static kvp_status follow(kvp_comm *comm, kvp_model *m, const kvp_gen_config *cfg)
+{
+    kvp_gen_session *s;
+    KVP_TRY(kvp_gen_session_create(m, cfg, &s));
+    unsigned char *buf = NULL;
+    size_t cap = 0;
+    kvp_status st = KVP_OK;
+    for (int quit = 0; st == KVP_OK && !quit;) {
+        int64_t len = 0;
+        st = kvp_comm_broadcast_idle(comm, &len, sizeof len, 0);
+        if (st == KVP_OK) st = kvp_grow((void **)&buf, &cap, (size_t)len + 1, 1);
+        if (st == KVP_OK) st = kvp_comm_broadcast(comm, buf, len, 0);
+        if (st == KVP_OK) st = apply_ops(s, buf, (size_t)len, &quit);
+        if (st == KVP_OK && !quit) st = kvp_gen_session_step(s);
+        int32_t id;
+        kvp_gen_result res;
+        while (st == KVP_OK && kvp_gen_session_take(s, &id, &res) == KVP_OK) kvp_gen_results_free(&res, 1);
+    }
+    if (st == KVP_OK) st = kvp_comm_check_same(comm, session_digest(s), "the tensor-parallel server's steps");
+    kvp_free(buf);
+    kvp_gen_session_destroy(s);
+    return st;
+}
 
 /* ---------------------------------------------------------------- engine thread */
 
@@ -128,19 +292,22 @@ static void job_free(job *j)
         kvp_free(j->enc[i]);
         kvp_gen_results_free(&j->res[i], 1);
     }
-    for (int c = 0; c < MAX_STREAM; c++) kvp_free(j->toks[c]);
+    for (int i = 0; i < j->nstop; i++) kvp_free(j->stop[i]);
+    if (j->ch)
+        for (int32_t c = 0; c < j->n * j->nsamples; c++) kvp_free(j->ch[c].text);
+    kvp_free(j->ch);
     pthread_cond_destroy(&j->done);
     kvp_free(j);
 }
 
-/* Drops one reference to a streamed job (caller holds mu); the last one frees it. */
+/* Drops one reference to a job (caller holds mu); the last one frees it. */
 static void job_release(job *j)
 {
     if (--j->refs == 0) job_free(j);
 }
 
-/* Ends job j (caller holds mu): answered with status/err unless 0. The engine lets go of a streamed job
- * here: nothing of the engine refers to it after this. */
+/* Ends job j (caller holds mu): answered with status/err unless 0. The engine lets go of the job here:
+ * nothing of the engine refers to it after this. */
 static void job_finish(server *sv, job *j, int status, const char *err)
 {
     if (status && !j->status) {
@@ -149,37 +316,34 @@ static void job_finish(server *sv, job *j, int status, const char *err)
     }
     j->finished = 1;
     pthread_cond_signal(&j->done);
-    if (j->stream) {
-        for (int32_t i = 0; i < sv->nstreams; i++)
-            if (sv->streams[i] == j) {
-                sv->streams[i] = sv->streams[--sv->nstreams];
-                break;
-            }
-        job_release(j);
-    }
+    for (int32_t i = 0; i < sv->nlive; i++)
+        if (sv->live[i] == j) {
+            sv->live[i] = sv->live[--sv->nlive];
+            break;
+        }
+    if (j->stream) job_release(j); /* a plain job is freed by its handler */
 }
 
 /* Adds a job's prompts to the session; one that is refused ends the job with 400 once the prompts already
- * added are back. */
+ * added are back. A job whose client already left is not added. */
 static void add_job(server *sv, job *j)
 {
     int32_t added = 0;
     char err[512] = "";
-    kvp_status st = j->stream ? kvp_grow((void **)&sv->streams, &sv->cap_streams, (size_t)sv->nstreams + 1,
-                                         sizeof *sv->streams) : KVP_OK;
-    for (int32_t i = 0; st == KVP_OK && i < j->n; i++) {
-        int32_t id;
-        st = kvp_grow((void **)&sv->own, &sv->cap_own, (size_t)sv->nown + 1, sizeof *sv->own);
-        if (st == KVP_OK) st = kvp_gen_session_add(sv->s, &j->reqs[i], &id); /* ids count like nown */
-        if (st != KVP_OK) break;
-        sv->own[sv->nown++] = (owner){j, i};
-        j->ids[i] = id;
+    pthread_mutex_lock(&sv->mu);
+    const int gone = j->cancelled;
+    pthread_mutex_unlock(&sv->mu);
+    kvp_status st = gone ? KVP_OK : kvp_grow((void **)&sv->live, &sv->cap_live, (size_t)sv->nlive + 1, sizeof *sv->live);
+    for (int32_t i = 0; !gone && st == KVP_OK && i < j->n; i++) {
+        j->ref[i] = (prompt_ref){j, i};
+        j->reqs[i].user = &j->ref[i];
+        if ((st = sess_add(sv, &j->reqs[i], &j->ids[i])) != KVP_OK) break;
         added++;
     }
     if (st != KVP_OK) snprintf(err, sizeof err, "prompt %d: %s", added, kvp_error_message());
     pthread_mutex_lock(&sv->mu);
     j->added = added;
-    if (j->stream && added > 0) sv->streams[sv->nstreams++] = j; /* room made above */
+    if (added > 0) sv->live[sv->nlive++] = j; /* room made above */
     j->remaining = added;
     if (err[0]) {
         j->status = 400;
@@ -189,47 +353,95 @@ static void add_job(server *sv, job *j)
     pthread_mutex_unlock(&sv->mu);
 }
 
-/* Ends every job in flight with status and err, and forgets the session's ids (its jobs may be freed as soon
- * as mu is released). */
+/* Ends every job in flight with status and err. */
 static void fail_in_flight(server *sv, int status, const char *err)
 {
     pthread_mutex_lock(&sv->mu);
-    job *list = NULL; /* each unfinished job once; finishing one may free it, so no id may point to it then */
-    for (int32_t id = 0; id < sv->nown; id++) {
-        job *j = sv->own[id].j;
-        sv->own[id].j = NULL;
-        if (!j || j->finished || j->fail_next) continue;
-        j->fail_next = list ? list : j; /* non-NULL marks it listed; the last one points to itself */
-        list = j;
-    }
-    while (list) {
-        job *next = list->fail_next == list ? NULL : list->fail_next;
-        job_finish(sv, list, status, err);
-        list = next;
-    }
-    sv->nown = 0;
+    while (sv->nlive > 0) job_finish(sv, sv->live[sv->nlive - 1], status, err);
     pthread_mutex_unlock(&sv->mu);
 }
 
-/* Copies the new tokens of every streamed choice into its job and wakes its reader (caller holds mu). A
- * copy that cannot grow waits for the next step, or for the final result. */
-static void stream_progress(server *sv)
+/* Aborts the session requests of every job whose client left (their results still come back through take,
+ * which ends the job). */
+static void abort_cancelled(server *sv)
 {
-    for (int32_t x = 0; x < sv->nstreams; x++) {
-        job *j = sv->streams[x];
-        int woke = 0;
+    pthread_mutex_lock(&sv->mu);
+    for (int32_t x = 0; x < sv->nlive; x++) {
+        job *j = sv->live[x];
+        if (!j->cancelled || j->aborted) continue;
+        j->aborted = 1;
+        for (int32_t i = 0; i < j->added; i++) sess_abort(sv, j->ids[i]); /* finished ones: nothing */
+    }
+    pthread_mutex_unlock(&sv->mu);
+}
+
+/* Bytes at the end of h's text that could be the start of one of j's stop strings (held back). */
+static size_t stop_prefix_held(const job *j, const choice *h)
+{
+    if (j->nstop == 0) return 0;
+    for (size_t n = h->len < j->stop_max - 1 ? h->len : j->stop_max - 1; n > 0; n--)
+        for (int s = 0; s < j->nstop; s++)
+            if (j->stop_len[s] > n && memcmp(h->text + h->len - n, j->stop[s], n) == 0) return n;
+    return 0;
+}
+
+/* Adds tokens[ntok, n) of choice c of job j (caller holds mu) to its text and looks for its stop strings
+ * there; the first one found ends the sample (kvp_gen_session_stop) and cuts the text. A decode that fails
+ * (out of memory) is tried again with the next tokens. */
+static void track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n)
+{
+    choice *h = &j->ch[c];
+    const int32_t i = c / j->nsamples;
+    if (h->stop || n <= h->ntok) return;
+    const kvp_gen_request *r = &j->reqs[i];
+    char *dec = NULL;
+    if (kvp_tok_decode(sv->tok, h->ntok > 0 ? tokens[h->ntok - 1] : r->prompt[r->n_prompt - 1], tokens + h->ntok,
+                       n - h->ntok, &dec) != KVP_OK)
+        return;
+    const size_t nd = strlen(dec);
+    if (kvp_grow((void **)&h->text, &h->cap, h->len + nd + 1, 1) != KVP_OK) {
+        kvp_free(dec);
+        return;
+    }
+    const size_t from = h->len + 1 > j->stop_max ? h->len + 1 - j->stop_max : 0; /* new matches start here */
+    memcpy(h->text + h->len, dec, nd + 1);
+    h->len += nd;
+    h->ntok = n;
+    kvp_free(dec);
+    size_t at = h->len;
+    for (int s = 0; s < j->nstop; s++) {
+        const char *p = memmem(h->text + from, h->len - from, j->stop[s], j->stop_len[s]);
+        if (p && (size_t)(p - h->text) < at) {
+            at = (size_t)(p - h->text);
+            h->stop = s + 1;
+        }
+    }
+    if (h->stop) {
+        h->len = at + (j->include_stop ? j->stop_len[h->stop - 1] : 0);
+        h->text[h->len] = '\0';
+        h->ready = h->len;
+        sess_stop(sv, j->ids[i], c % j->nsamples); /* after the final tokens: nothing */
+    } else {
+        const size_t ready = h->len - stop_prefix_held(j, h);
+        h->ready = ready > h->ready ? ready : h->ready;
+    }
+}
+
+/* After a step: the new tokens of every tracked choice go into its text (caller holds mu), and readers that
+ * have something new to send are woken. */
+static void track_progress(server *sv)
+{
+    for (int32_t x = 0; x < sv->nlive; x++) {
+        job *j = sv->live[x];
+        if (!j->ch) continue;
         for (int32_t i = 0; i < j->added; i++)
             for (int32_t k = 0; k < j->nsamples; k++) {
-                const int32_t c = i * j->nsamples + k;
                 const int32_t *t;
                 int32_t n;
-                if (kvp_gen_session_partial(sv->s, j->ids[i], k, &t, &n) != KVP_OK || n <= j->ntok[c]) continue;
-                if (kvp_grow((void **)&j->toks[c], &j->cap_tok[c], (size_t)n, sizeof *t) != KVP_OK) continue;
-                memcpy(j->toks[c] + j->ntok[c], t + j->ntok[c], (size_t)(n - j->ntok[c]) * sizeof *t);
-                j->ntok[c] = n;
-                woke = 1;
+                if (kvp_gen_session_partial(sv->s, j->ids[i], k, &t, &n) == KVP_OK)
+                    track_choice(sv, j, i * j->nsamples + k, t, n);
             }
-        if (woke) pthread_cond_signal(&j->done);
+        if (j->stream) pthread_cond_signal(&j->done);
     }
 }
 
@@ -238,18 +450,26 @@ static void *engine_main(void *arg)
     server *sv = arg;
     for (;;) {
         pthread_mutex_lock(&sv->mu);
-        while (!sv->stop && !sv->head && !kvp_gen_session_pending(sv->s)) pthread_cond_wait(&sv->wake, &sv->mu);
+        while (!sv->stop && !sv->head && !sv->cancels && !kvp_gen_session_pending(sv->s))
+            pthread_cond_wait(&sv->wake, &sv->mu);
         job *q = sv->stop ? NULL : sv->head;
         if (!sv->stop) sv->head = sv->tail = NULL;
-        const int stop = sv->stop;
+        const int stop = sv->stop, cancels = sv->cancels;
+        sv->cancels = 0;
         pthread_mutex_unlock(&sv->mu);
         if (stop) break;
+        if (cancels) abort_cancelled(sv);
         while (q) {
             job *next = q->next;
             add_job(sv, q);
             q = next;
         }
-        kvp_status st = kvp_gen_session_step(sv->s);
+        kvp_status st = sv->tp > 1 ? send_ops(sv) : KVP_OK;
+        if (st == KVP_OK) st = kvp_gen_session_step(sv->s);
+        if (st != KVP_OK && sv->tp > 1) { /* the ranks' sessions cannot start again together */
+            KVP_LOG_E("serve: the engine failed on rank 0: %s; ending the job", kvp_error_message());
+            kvp_comm_abort(sv->comm, KVP_EXIT_FAIL);
+        }
         if (st != KVP_OK) { /* the session is unusable: answer what it held, start a new one */
             char err[512];
             snprintf(err, sizeof err, "the engine failed: %s", kvp_error_message());
@@ -267,23 +487,29 @@ static void *engine_main(void *arg)
             continue;
         }
         pthread_mutex_lock(&sv->mu); /* before any answer: a client that reads /metrics next sees this step */
+        track_progress(sv);
         kvp_gen_session_stats_get(sv->s, &sv->stats);
-        stream_progress(sv);
         pthread_mutex_unlock(&sv->mu);
         int32_t id;
         kvp_gen_result res;
         while ((st = kvp_gen_session_take(sv->s, &id, &res)) == KVP_OK) {
-            owner o = sv->own[id];
-            sv->own[id].j = NULL;
+            const prompt_ref *o = res.user;
+            job *j = o->j;
             pthread_mutex_lock(&sv->mu);
-            o.j->res[o.i] = res;
-            if (--o.j->remaining == 0) job_finish(sv, o.j, 0, NULL);
+            j->res[o->i] = res;
+            for (int32_t k = 0; j->ch && k < res.n_samples; k++) /* what no step showed (a failed decode) */
+                track_choice(sv, j, o->i * j->nsamples + k, res.tokens[k], res.n_tokens[k]);
+            if (--j->remaining == 0) job_finish(sv, j, 0, NULL);
             pthread_mutex_unlock(&sv->mu);
         }
         if (st != KVP_ENOTFOUND) KVP_LOG_E("serve: collecting a result: %s", kvp_error_message());
     }
-    /* stopping: everything queued or in flight gets 503 */
+    /* stopping: everything queued or in flight gets 503; the other ranks stop too */
     if (sv->s) fail_in_flight(sv, 503, "the server is shutting down");
+    if (sv->tp > 1) {
+        log_op(&sv->ops, OP_QUIT, 0, 0);
+        if (send_ops(sv) != KVP_OK) KVP_LOG_E("serve: cannot stop the other ranks: %s", kvp_error_message());
+    }
     pthread_mutex_lock(&sv->mu);
     for (job *j = sv->head, *next; j; j = next) {
         next = j->next;
@@ -364,7 +590,7 @@ static int get_num(const cJSON *req, const char *k, double def, double lo, doubl
 /* Rejects an option this server does not implement when it asks for something (rather than ignoring it). */
 static int unsupported(const cJSON *req, char *err, size_t cap)
 {
-    static const char *const keys[] = {"stop", "logprobs", "echo", "suffix", "logit_bias", "presence_penalty",
+    static const char *const keys[] = {"logprobs", "echo", "suffix", "logit_bias", "presence_penalty",
                                        "frequency_penalty", "stream_options"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, keys[i]);
@@ -374,6 +600,58 @@ static int unsupported(const cJSON *req, char *err, size_t cap)
             continue;
         snprintf(err, cap, "\"%s\" is not supported by this server", keys[i]);
         return 1;
+    }
+    return 0;
+}
+
+/* A boolean field, 0 when absent or null; -1 and err set when it is something else. */
+static int get_bool(const cJSON *req, const char *k, char *err, size_t cap)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, k);
+    if (v && !cJSON_IsNull(v) && !cJSON_IsBool(v)) return snprintf(err, cap, "\"%s\" must be true or false", k), -1;
+    return cJSON_IsTrue(v);
+}
+
+/* The stop conditions: "stop" (a string or an array of strings; the text ends before the first one found,
+ * or after it with "include_stop_str_in_output"), "stop_token_ids" (vLLM's: tokens that end a sample as
+ * EOS does), "ignore_eos". 0, or 400 with err. */
+static int get_stop(const cJSON *req, int32_t vocab, job *j, char *err, size_t cap)
+{
+    const cJSON *st = cJSON_GetObjectItemCaseSensitive(req, "stop");
+    if (st && !cJSON_IsNull(st)) {
+        const int one = cJSON_IsString(st);
+        if (!one && !(cJSON_IsArray(st) && cJSON_GetArraySize(st) <= MAX_STOP))
+            return snprintf(err, cap, "\"stop\" must be a string or an array of at most %d strings", MAX_STOP), 400;
+        for (const cJSON *x = one ? st : st->child; x; x = one ? NULL : x->next) {
+            const size_t len = cJSON_IsString(x) ? strlen(x->valuestring) : 0;
+            if (len < 1 || len > MAX_STOP_LEN)
+                return snprintf(err, cap, "\"stop\" item %d is not a string of 1 to %d bytes", j->nstop, MAX_STOP_LEN), 400;
+            if (!(j->stop[j->nstop] = kvp_malloc(len + 1))) return snprintf(err, cap, "out of memory"), 500;
+            memcpy(j->stop[j->nstop], x->valuestring, len + 1);
+            j->stop_len[j->nstop++] = len;
+            j->stop_max = len > j->stop_max ? len : j->stop_max;
+        }
+    }
+    const cJSON *ids = cJSON_GetObjectItemCaseSensitive(req, "stop_token_ids");
+    int32_t nid = 0;
+    if (ids && !cJSON_IsNull(ids)) {
+        if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) > MAX_STOP_IDS)
+            return snprintf(err, cap, "\"stop_token_ids\" must be an array of at most %d token ids", MAX_STOP_IDS), 400;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, ids) {
+            const double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+            if (!(v >= 0 && v < vocab && v == (double)(int32_t)v))
+                return snprintf(err, cap, "\"stop_token_ids\" item %d is not a token id in [0, %d)", nid, vocab), 400;
+            j->stop_ids[nid++] = (int32_t)v;
+        }
+    }
+    const int ignore_eos = get_bool(req, "ignore_eos", err, cap), include = get_bool(req, "include_stop_str_in_output", err, cap);
+    if (ignore_eos < 0 || include < 0) return 400;
+    j->include_stop = include;
+    for (int32_t i = 0; i < MAX_PROMPTS; i++) { /* the prompts' requests are filled in later: these fields stay */
+        j->reqs[i].stop_ids = nid ? j->stop_ids : NULL;
+        j->reqs[i].n_stop_ids = nid;
+        j->reqs[i].ignore_eos = ignore_eos;
     }
     return 0;
 }
@@ -396,10 +674,10 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         !get_num(req, "n", 1, 1, 1000, 1, &n, err, cap) || !get_num(req, "seed", -1, 0, 9007199254740991.0, 1, &seed, err, cap) ||
         !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap))
         return 400;
-    const cJSON *stream = cJSON_GetObjectItemCaseSensitive(req, "stream");
-    if (stream && !cJSON_IsNull(stream) && !cJSON_IsBool(stream))
-        return snprintf(err, cap, "\"stream\" must be true or false"), 400;
-    j->stream = cJSON_IsTrue(stream);
+    const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size, maxlen = kvp_model_max_len(sv->m);
+    if ((j->stream = get_bool(req, "stream", err, cap)) < 0) return 400;
+    int code = get_stop(req, V, j, err, cap);
+    if (code) return code;
     j->nsamples = (int32_t)n;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
     const int ids = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(p, 0));
@@ -415,7 +693,6 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     pthread_mutex_lock(&sv->mu);
     base_seed = seed >= 0 ? (uint64_t)seed : sv->next_seed++ * 1000003u; /* no seed: a new one per request */
     pthread_mutex_unlock(&sv->mu);
-    const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size, maxlen = kvp_model_max_len(sv->m);
     for (int32_t i = 0; i < np; i++) {
         int32_t len = 0;
         if (ids) {
@@ -440,10 +717,17 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
             j->n = i + 1;
             if (len >= maxlen) return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
         }
-        j->reqs[i] = (kvp_gen_request){.prompt = j->enc[i], .n_prompt = len, .max_tokens = (int32_t)max_tokens,
-                                       .n = (int32_t)n,
-                                       .sampler = {.temperature = temperature, .top_k = top_k < 0 ? 0 : (int32_t)top_k,
-                                                   .top_p = top_p, .seed = base_seed + (uint64_t)i}};
+        kvp_gen_request *r = &j->reqs[i];
+        r->prompt = j->enc[i];
+        r->n_prompt = len;
+        r->max_tokens = (int32_t)max_tokens;
+        r->n = (int32_t)n;
+        r->sampler = (kvp_sampler_params){.temperature = temperature, .top_k = top_k < 0 ? 0 : (int32_t)top_k,
+                                          .top_p = top_p, .seed = base_seed + (uint64_t)i};
+    }
+    if (j->stream || j->nstop > 0) { /* the engine keeps these choices' text */
+        j->ch = kvp_calloc((size_t)j->n * (size_t)j->nsamples, sizeof *j->ch);
+        if (!j->ch) return snprintf(err, cap, "out of memory"), 500;
     }
     return 0;
 }
@@ -475,29 +759,44 @@ static cJSON *completion_head(const server *sv, uint64_t id, time_t created)
     return o;
 }
 
+/* Choice c's finish_reason, and vLLM's stop_reason: the stop string or stop token id that ended it, else
+ * null. */
+static void add_finish(cJSON *o, const job *j, int32_t c)
+{
+    const kvp_gen_result *r = &j->res[c / j->nsamples];
+    const int32_t k = c % j->nsamples;
+    const int stop = j->ch ? j->ch[c].stop : 0;
+    const kvp_gen_finish f = k < r->n_samples ? r->finish[k] : KVP_FINISH_LENGTH;
+    cJSON_AddStringToObject(o, "finish_reason", stop || f != KVP_FINISH_LENGTH ? "stop" : "length");
+    if (stop) kvp_json_add_text(o, "stop_reason", j->stop[stop - 1]);
+    else if (f == KVP_FINISH_STOP_TOKEN) cJSON_AddNumberToObject(o, "stop_reason", r->stop_token[k]);
+    else cJSON_AddNullToObject(o, "stop_reason");
+}
+
 /* The response of a finished job. */
 static cJSON *completion_json(server *sv, const job *j, uint64_t id)
 {
     cJSON *o = completion_head(sv, id, time(NULL));
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    int64_t ptoks = 0, ctoks = 0, index = 0;
+    int64_t ptoks = 0, ctoks = 0;
     for (int32_t i = 0; i < j->n; i++) {
         const kvp_gen_result *r = &j->res[i];
         ptoks += j->reqs[i].n_prompt;
         for (int32_t s = 0; s < r->n_samples; s++) {
+            const int32_t c = i * j->nsamples + s;
             char *text = NULL;
-            if (kvp_tok_decode(sv->tok, j->reqs[i].prompt[j->reqs[i].n_prompt - 1], r->tokens[s], r->n_tokens[s],
-                               &text) != KVP_OK) {
+            if (!j->ch && kvp_tok_decode(sv->tok, j->reqs[i].prompt[j->reqs[i].n_prompt - 1], r->tokens[s],
+                                         r->n_tokens[s], &text) != KVP_OK) {
                 cJSON_Delete(o);
                 return NULL;
             }
             cJSON *ch = cJSON_CreateObject();
             cJSON_AddItemToArray(choices, ch);
-            cJSON_AddNumberToObject(ch, "index", (double)index++);
-            kvp_json_add_text(ch, "text", text);
+            cJSON_AddNumberToObject(ch, "index", (double)c);
+            kvp_json_add_text(ch, "text", j->ch ? (j->ch[c].text ? j->ch[c].text : "") : text);
             kvp_free(text);
             cJSON_AddNullToObject(ch, "logprobs");
-            cJSON_AddStringToObject(ch, "finish_reason", r->finish[s] != KVP_FINISH_LENGTH ? "stop" : "length");
+            add_finish(ch, j, c);
             ctoks += r->n_tokens[s];
         }
     }
@@ -511,15 +810,47 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
 
 /* ---------------------------------------------------------------- streaming (server-sent events) */
 
+/* 1 when the client of connection c has closed it (or it broke): a peek, without waiting. */
+static int client_gone(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci) return 0;
+    char b;
+    const ssize_t r = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return r == 0 || (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
+/* The client of job j left before its answer (caller holds mu): the engine aborts its requests. */
+static void cancel_job(server *sv, job *j)
+{
+    if (j->cancelled || j->finished) return;
+    j->cancelled = 1;
+    sv->cancels++;
+    sv->cancelled++;
+    pthread_cond_signal(&sv->wake);
+}
+
+/* Waits on cv (caller holds mu) for a quarter of a second at most: the waiter then looks at its client. */
+static void wait_a_while(pthread_cond_t *cv, pthread_mutex_t *mu)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_REALTIME, &t);
+    t.tv_nsec += 250 * 1000 * 1000;
+    if (t.tv_nsec >= 1000 * 1000 * 1000) {
+        t.tv_sec++;
+        t.tv_nsec -= 1000 * 1000 * 1000;
+    }
+    pthread_cond_timedwait(cv, mu, &t);
+}
+
 /* A streamed response: what the reader has sent per choice, and the bytes it has ready to send. */
 typedef struct {
     server *sv;
     job *j;
+    struct MHD_Connection *c;
     uint64_t id;
     time_t created;
-    int32_t sent[MAX_STREAM];
-    char tail[MAX_STREAM][4]; /* the start of a UTF-8 character whose last bytes have not come yet */
-    int ntail[MAX_STREAM];
+    size_t sent[MAX_STREAM]; /* bytes of each choice's text sent */
     char *out;
     size_t len, at, cap;
     int done; /* [DONE] is in out */
@@ -550,42 +881,25 @@ static size_t utf8_whole(const char *s, size_t n)
     return n;
 }
 
-/* One event of choice c: the text of tokens[from, to) and, at the end, its finish reason. A character
- * whose bytes come from tokens of two steps is sent whole with the second (the tail waits). */
-static void stream_event(stream_ctx *x, int32_t c, const int32_t *tokens, int32_t from, int32_t to, const char *finish)
+/* One event of choice c: text[0, n) and, with last, its finish reason. */
+static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, int last)
 {
-    const job *j = x->j;
-    const kvp_gen_request *r = &j->reqs[c / j->nsamples];
-    char *dec = NULL, *text = NULL;
-    if (to > from &&
-        kvp_tok_decode(x->sv->tok, from > 0 ? tokens[from - 1] : r->prompt[r->n_prompt - 1], tokens + from, to - from,
-                       &dec) != KVP_OK) {
+    char *t = kvp_malloc(n + 1);
+    if (!t) {
         x->oom = 1;
         return;
     }
-    const size_t nd = dec ? strlen(dec) : 0, nt = (size_t)x->ntail[c];
-    text = kvp_malloc(nt + nd + 1);
-    if (!text) {
-        kvp_free(dec);
-        x->oom = 1;
-        return;
-    }
-    memcpy(text, x->tail[c], nt);
-    memcpy(text + nt, dec ? dec : "", nd + 1);
-    kvp_free(dec);
-    const size_t whole = finish ? nt + nd : utf8_whole(text, nt + nd);
-    x->ntail[c] = (int)(nt + nd - whole);
-    memcpy(x->tail[c], text + whole, (size_t)x->ntail[c]);
-    text[whole] = '\0';
+    memcpy(t, text, n);
+    t[n] = '\0';
     cJSON *o = completion_head(x->sv, x->id, x->created);
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
     cJSON_AddNumberToObject(ch, "index", c);
-    kvp_json_add_text(ch, "text", text ? text : "");
+    kvp_json_add_text(ch, "text", t);
+    kvp_free(t);
     cJSON_AddNullToObject(ch, "logprobs");
-    if (finish) cJSON_AddStringToObject(ch, "finish_reason", finish);
+    if (last) add_finish(ch, x->j, c);
     else cJSON_AddNullToObject(ch, "finish_reason");
-    kvp_free(text);
     char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!js) {
@@ -598,19 +912,24 @@ static void stream_event(stream_ctx *x, int32_t c, const int32_t *tokens, int32_
     cJSON_free(js);
 }
 
-/* Waits for something to send (new tokens, or the end) and formats it into x->out. */
-static void stream_fill(stream_ctx *x)
+/* Waits for something to send (new text, or the end) and formats it into x->out. Text that could still
+ * become a stop string waits, and so does a UTF-8 character whose last bytes have not come. Returns 0 when
+ * the client has left. */
+static int stream_fill(stream_ctx *x)
 {
     server *sv = x->sv;
     job *j = x->j;
     const int32_t nc = j->n * j->nsamples;
+    int gone = 0;
     pthread_mutex_lock(&sv->mu);
     for (;;) {
-        for (int32_t c = 0; c < nc; c++)
-            if (j->ntok[c] > x->sent[c]) {
-                stream_event(x, c, j->toks[c], x->sent[c], j->ntok[c], NULL);
-                x->sent[c] = j->ntok[c];
-            }
+        for (int32_t c = 0; c < nc && !j->finished; c++) {
+            const choice *h = &j->ch[c];
+            const size_t n = h->ready > x->sent[c] ? utf8_whole(h->text + x->sent[c], h->ready - x->sent[c]) : 0;
+            if (n == 0) continue;
+            stream_event(x, c, h->text + x->sent[c], n, 0);
+            x->sent[c] += n;
+        }
         if (x->len > 0) break;
         if (j->finished) {
             if (j->status) { /* OpenAI's error object as the last event */
@@ -624,24 +943,26 @@ static void stream_fill(stream_ctx *x)
                 out_add(x, "\n\n");
                 cJSON_free(js);
             } else {
-                for (int32_t c = 0; c < nc; c++) { /* what no step showed, then the finish reason */
-                    const kvp_gen_result *r = &j->res[c / j->nsamples];
-                    const int32_t k = c % j->nsamples, n = k < r->n_samples ? r->n_tokens[k] : 0;
-                    stream_event(x, c, n ? r->tokens[k] : NULL, x->sent[c] < n ? x->sent[c] : n, n,
-                                 k < r->n_samples && r->finish[k] != KVP_FINISH_LENGTH ? "stop" : "length");
-                }
+                for (int32_t c = 0; c < nc; c++) /* the rest of the text, then the finish reason */
+                    stream_event(x, c, j->ch[c].text + x->sent[c], j->ch[c].len - x->sent[c], 1);
             }
             out_add(x, "data: [DONE]\n\n");
             x->done = 1;
             break;
         }
-        pthread_cond_wait(&j->done, &sv->mu);
+        if (client_gone(x->c)) {
+            cancel_job(sv, j);
+            gone = 1;
+            break;
+        }
+        wait_a_while(&j->done, &sv->mu);
     }
     pthread_mutex_unlock(&sv->mu);
     if (x->done) { /* counted when it ends: an error event makes it an error */
         count_answer(sv, j->status ? (unsigned)j->status : 200);
         if (!j->status) count_tokens(sv, j);
     }
+    return !gone;
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
@@ -651,7 +972,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     if (x->at == x->len) {
         x->at = x->len = 0;
         if (x->done || x->oom) return MHD_CONTENT_READER_END_OF_STREAM; /* out of memory: cut short */
-        stream_fill(x);
+        if (!stream_fill(x)) return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     size_t n = x->len - x->at < max ? x->len - x->at : max;
     memcpy(buf, x->out + x->at, n);
@@ -659,10 +980,12 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
     return (ssize_t)n;
 }
 
+/* The response is done with (sent, or its connection closed): a job not finished then lost its client. */
 static void stream_done(void *cls)
 {
     stream_ctx *x = cls;
     pthread_mutex_lock(&x->sv->mu);
+    cancel_job(x->sv, x->j);
     job_release(x->j);
     pthread_mutex_unlock(&x->sv->mu);
     kvp_free(x->out);
@@ -723,13 +1046,19 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const b
     }
     if (x) {
         pthread_mutex_unlock(&sv->mu);
-        *x = (stream_ctx){.sv = sv, .j = j, .id = id, .created = time(NULL)};
+        *x = (stream_ctx){.sv = sv, .j = j, .c = c, .id = id, .created = time(NULL)};
         return stream_reply(c, x);
     }
-    while (!j->finished) pthread_cond_wait(&j->done, &sv->mu);
+    while (!j->finished) { /* a client that leaves meanwhile cancels its job, and gets no answer */
+        if (client_gone(c)) cancel_job(sv, j);
+        wait_a_while(&j->done, &sv->mu);
+    }
+    const int gone = j->cancelled;
     pthread_mutex_unlock(&sv->mu);
     enum MHD_Result ret;
-    if (j->status) {
+    if (gone) {
+        ret = MHD_NO;
+    } else if (j->status) {
         ret = reply_error(sv, c, (unsigned)j->status, j->err);
     } else {
         cJSON *o = completion_json(sv, j, id);
@@ -761,7 +1090,7 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
     pthread_mutex_lock(&sv->mu);
     const kvp_gen_session_stats s = sv->stats;
     const int64_t a[3] = {sv->answered[0], sv->answered[1], sv->answered[2]};
-    const int64_t pt = sv->prompt_tokens, ct = sv->completion_tokens;
+    const int64_t pt = sv->prompt_tokens, ct = sv->completion_tokens, cancelled = sv->cancelled;
     pthread_mutex_unlock(&sv->mu);
     const double used = s.num_blocks > 0 ? 1.0 - (double)s.free_blocks / s.num_blocks : 0.0;
     snprintf(t, 8192,
@@ -770,6 +1099,9 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
              "kvpage_http_responses_total{code=\"200\"} %lld\n"
              "kvpage_http_responses_total{code=\"4xx\"} %lld\n"
              "kvpage_http_responses_total{code=\"5xx\"} %lld\n"
+             "# HELP kvpage_requests_cancelled_total Completions whose client left before the answer (their generation stops).\n"
+             "# TYPE kvpage_requests_cancelled_total counter\n"
+             "kvpage_requests_cancelled_total %lld\n"
              "# HELP kvpage_prompt_tokens_total Prompt tokens of answered completions.\n"
              "# TYPE kvpage_prompt_tokens_total counter\n"
              "kvpage_prompt_tokens_total %lld\n"
@@ -815,7 +1147,7 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
              "# HELP kvpage_kv_cache_usage_ratio Share of the KV blocks in use (held or cached).\n"
              "# TYPE kvpage_kv_cache_usage_ratio gauge\n"
              "kvpage_kv_cache_usage_ratio %.6f\n",
-             (long long)a[0], (long long)a[1], (long long)a[2], (long long)pt, (long long)ct, (long long)s.requests,
+             (long long)a[0], (long long)a[1], (long long)a[2], (long long)cancelled, (long long)pt, (long long)ct, (long long)s.requests,
              (long long)s.finished, (long long)s.waiting, (long long)s.running_seqs, (long long)s.preempted_seqs,
              (long long)s.steps, (long long)s.computed_tokens, (long long)s.preemptions,
              (long long)s.admitted_prompt_tokens, (long long)s.prefix_hit_tokens, s.num_blocks, s.free_blocks, used);
@@ -881,7 +1213,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 typedef struct {
     const char *model, *tokenizer, *host, *name;
-    int32_t port, num_blocks, threads;
+    int32_t port, num_blocks, threads, max_conns, tp;
     int64_t kv_mem;
     int json;
     kvp_matmul_kind matmul;
@@ -900,26 +1232,17 @@ static void on_signal(int sig)
     errno = saved;
 }
 
-/* Loads everything, serves until SIGINT or SIGTERM. */
-static int serve(const serve_opts *o, kvp_gen_config cfg)
+/* Rank 0 (the only one without --tp): serves model m until SIGINT or SIGTERM. */
+static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm, kvp_model *m)
 {
     server sv;
     memset(&sv, 0, sizeof sv);
     sv.started = time(NULL);
-    kvp_status st = kvp_model_load(o->model, &sv.m);
-    if (st == KVP_OK) {
-        kvp_model_set_threads(sv.m, o->threads);
-        kvp_model_set_matmul(sv.m, o->matmul);
-        st = kvp_tok_for_model(sv.m, o->model, o->tokenizer, &sv.tok);
-    }
-    if (st == KVP_OK && cfg.num_blocks == 0) {
-        const double per_block = kvp_kv_cache_bytes(sv.m, cfg.kv_dtype, 1, cfg.block_size);
-        const double nb = (double)o->kv_mem / per_block;
-        if (nb < 1) st = KVP_ERR(KVP_EINVAL, "--kv-mem %lld holds no block of %d tokens (%.0f bytes)",
-                                 (long long)o->kv_mem, cfg.block_size, per_block);
-        cfg.num_blocks = nb > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)nb;
-    }
-    sv.cfg = cfg;
+    sv.m = m;
+    sv.comm = comm;
+    sv.tp = o->tp;
+    sv.cfg = *cfg;
+    kvp_status st = kvp_tok_for_model(sv.m, o->model, o->tokenizer, &sv.tok);
     if (st == KVP_OK) st = kvp_gen_session_create(sv.m, &sv.cfg, &sv.s);
     if (o->name) {
         snprintf(sv.name, sizeof sv.name, "%s", o->name);
@@ -936,30 +1259,30 @@ static int serve(const serve_opts *o, kvp_gen_config cfg)
     if (st != KVP_OK) {
         kvp_gen_session_destroy(sv.s);
         kvp_tok_destroy(sv.tok);
-        kvp_model_destroy(sv.m);
         return kvp_cli_fail(CMD, st);
     }
     pthread_mutex_init(&sv.mu, NULL);
     pthread_cond_init(&sv.wake, NULL);
-    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART}, old_int, old_term;
+    struct sigaction sa = {.sa_handler = on_signal, .sa_flags = SA_RESTART};
     sigemptyset(&sa.sa_mask);
     pthread_t engine;
     int rc = KVP_EXIT_OK;
     struct MHD_Daemon *d = NULL;
     const int piped = pipe(g_sig_pipe) == 0;
     if (piped) {
-        sigaction(SIGINT, &sa, &old_int);
-        sigaction(SIGTERM, &sa, &old_term);
+        sigaction(SIGINT, &sa, NULL);
+        sigaction(SIGTERM, &sa, NULL);
     }
     if (!piped) {
         rc = kvp_cli_fail(CMD, KVP_ERR(KVP_EIO, "cannot make a pipe for signals"));
     } else if (pthread_create(&engine, NULL, engine_main, &sv) != 0) {
         rc = kvp_cli_fail(CMD, KVP_ERR(KVP_ENOMEM, "cannot start the engine thread"));
     } else {
-        d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC, 0, NULL,
-                             NULL, handle,
-                             &sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr, MHD_OPTION_NOTIFY_COMPLETED,
-                             request_done, NULL, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)600, MHD_OPTION_END);
+        /* poll(), not select(): descriptors past FD_SETSIZE (1024 open connections) are served too */
+        d = MHD_start_daemon(MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC, 0, NULL,
+                             NULL, handle, &sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+                             MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
+                             (unsigned)600, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_conns, MHD_OPTION_END);
         if (!d) {
             rc = kvp_cli_fail(CMD, KVP_ERR(KVP_EIO, "cannot listen on %s:%d (in use, or not an address of this "
                                                     "machine)", o->host, o->port));
@@ -976,6 +1299,7 @@ static int serve(const serve_opts *o, kvp_gen_config cfg)
                 cJSON_AddStringToObject(j, "model", sv.name);
                 cJSON_AddNumberToObject(j, "num_blocks", sv.cfg.num_blocks);
                 cJSON_AddNumberToObject(j, "block_size", sv.cfg.block_size);
+                cJSON_AddNumberToObject(j, "pid", (double)getpid()); /* with --tp: rank 0's, the one to signal */
                 if (kvp_json_print(stdout, j) != KVP_OK) KVP_LOG_W("serve: cannot print the --json line");
                 cJSON_Delete(j);
                 fflush(stdout);
@@ -998,27 +1322,60 @@ static int serve(const serve_opts *o, kvp_gen_config cfg)
         }
         if (d) MHD_stop_daemon(d);
     }
-    if (piped) {
-        sigaction(SIGINT, &old_int, NULL);
-        sigaction(SIGTERM, &old_term, NULL);
-        close(g_sig_pipe[0]);
-        close(g_sig_pipe[1]);
-        g_sig_pipe[0] = g_sig_pipe[1] = -1;
-    }
+    /* the handler and its pipe stay until the process ends: a second signal meanwhile is ignored (closing the
+     * pipe would race with a handler about to write to it) */
+    if (rc == KVP_EXIT_OK && sv.tp > 1 && sv.s &&
+        (st = kvp_comm_check_same(comm, session_digest(sv.s), "the tensor-parallel server's steps")) != KVP_OK)
+        rc = kvp_cli_fail(CMD, st);
     kvp_gen_session_destroy(sv.s);
-    kvp_free(sv.own);
-    kvp_free(sv.streams);
+    kvp_free(sv.live);
+    kvp_free(sv.ops.buf);
     pthread_cond_destroy(&sv.wake);
     pthread_mutex_destroy(&sv.mu);
     kvp_tok_destroy(sv.tok);
-    kvp_model_destroy(sv.m);
+    return rc;
+}
+
+/* Every rank: the communicator and this rank's part of the model; rank 0 serves, the others follow it. */
+static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
+{
+    kvp_comm *comm = NULL;
+    kvp_model *m = NULL;
+    kvp_status st = o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
+    if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
+    if (st == KVP_OK) st = kvp_model_load_tp(o->model, comm, &m);
+    if (st == KVP_OK) {
+        kvp_model_set_threads(m, o->threads);
+        kvp_model_set_matmul(m, o->matmul);
+    }
+    if (st == KVP_OK && cfg.num_blocks == 0) { /* this rank's bytes per block: the same on every rank */
+        const double per_block = kvp_kv_cache_bytes(m, cfg.kv_dtype, 1, cfg.block_size);
+        const double nb = (double)o->kv_mem / per_block;
+        if (nb < 1) st = KVP_ERR(KVP_EINVAL, "--kv-mem %lld holds no block of %d tokens (%.0f bytes)",
+                                 (long long)o->kv_mem, cfg.block_size, per_block);
+        cfg.num_blocks = nb > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)nb;
+    }
+    int rc;
+    if (st != KVP_OK) {
+        rc = kvp_cli_fail(CMD, st);
+    } else if (kvp_comm_rank(comm) == 0) {
+        rc = serve(o, &cfg, comm, m);
+    } else { /* mpirun passes SIGTERM to every rank: rank 0 stops the others when it stops */
+        signal(SIGINT, SIG_IGN);
+        signal(SIGTERM, SIG_IGN);
+        st = follow(comm, m, &cfg);
+        rc = st == KVP_OK ? KVP_EXIT_OK : kvp_cli_fail(CMD, st);
+    }
+    kvp_model_destroy(m);
+    if (rc != KVP_EXIT_OK && comm) kvp_comm_abort(comm, rc); /* a rank that fails alone ends the whole job */
+    kvp_comm_destroy(comm);
     return rc;
 }
 
 int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_JSON };
+           O_MATMUL, O_CONNS, O_TP, O_JSON };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -1027,9 +1384,10 @@ int kvp_cmd_serve(int argc, char **argv)
         {"kv-dtype", required_argument, 0, O_DT},    {"cache", required_argument, 0, O_CACHE},
         {"max-num-seqs", required_argument, 0, O_SEQS}, {"max-batched-tokens", required_argument, 0, O_BATCH},
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
+        {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
-    serve_opts o = {.host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20,
+    serve_opts o = {.host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1,
                     .matmul = KVP_MATMUL_INVARIANT};
     kvp_gen_config cfg = kvp_gen_config_default();
     int c, li = -1;
@@ -1051,6 +1409,8 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.max_batched_tokens); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;
         case O_MATMUL: st = kvp_matmul_kind_parse(optarg, &o.matmul); break;
+        case O_CONNS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_conns); break;
+        case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &o.tp); break;
         case O_JSON: o.json = 1; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(CMD, c, argv);
@@ -1063,5 +1423,5 @@ int kvp_cmd_serve(int argc, char **argv)
     if (!o.model) return kvp_cli_usage_error(CMD, "--model is required");
     if (o.name && (!o.name[0] || strlen(o.name) >= 256))
         return kvp_cli_usage_error(CMD, "--served-model-name must have 1 to 255 characters");
-    return serve(&o, cfg);
+    return serve_ranks(&o, cfg);
 }

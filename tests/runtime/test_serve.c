@@ -20,23 +20,34 @@
 #include "model_testutil.h"
 
 typedef struct {
-    pid_t pid;
+    pid_t pid;      /* the child: kvpage, or mpirun */
+    pid_t serving;  /* the process that serves (rank 0 under mpirun): the one to signal */
     int port;
-    char errpath[64];
+    char errpath[64], outpath[64];
 } server;
 
-/* Starts `kvpage serve --model GGUF --port 0 EXTRA` and waits (up to 120 s) for its listening line. */
-static server start(const char *extra)
+/* Every process that starts MPI runs without LeakSanitizer's exit check (as in test_tp_mpi.c). */
+#define MPIRUN "env ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe"
+
+static void temp_path(char *path, size_t cap, const char *what)
+{
+    snprintf(path, cap, "/tmp/kvp_serve_%s_XXXXXX", what);
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+}
+
+/* Starts `PREFIX kvpage serve --model GGUF --port 0 --json EXTRA` (PREFIX: "", or mpirun) and waits (up to
+ * 120 s) for its --json line: the port, and the pid to signal. */
+static server start_with(const char *prefix, const char *extra)
 {
     tu_require_shared();
     server s = {0};
-    snprintf(s.errpath, sizeof s.errpath, "/tmp/kvp_serve_err_XXXXXX");
-    int fd = mkstemp(s.errpath);
-    cr_assert_geq(fd, 0);
-    close(fd);
+    temp_path(s.errpath, sizeof s.errpath, "err");
+    temp_path(s.outpath, sizeof s.outpath, "out");
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "exec %s serve --model %s --port 0 %s >/dev/null 2>%s", kvp_test_bin(), S260_GGUF, extra,
-             s.errpath);
+    snprintf(cmd, sizeof cmd, "exec %s %s serve --model %s --port 0 --json %s >%s 2>%s", prefix, kvp_test_bin(),
+             S260_GGUF, extra, s.outpath, s.errpath);
     s.pid = fork();
     cr_assert_geq(s.pid, 0);
     if (s.pid == 0) {
@@ -44,33 +55,45 @@ static server start(const char *extra)
         _exit(127);
     }
     for (int i = 0; i < 1200 && s.port == 0; i++) {
-        FILE *f = fopen(s.errpath, "r");
-        char line[512] = "";
-        if (f) {
-            while (fgets(line, sizeof line, f))
-                if (sscanf(line, "kvpage serve: listening on http://127.0.0.1:%d", &s.port) == 1) break;
-            fclose(f);
+        size_t len;
+        char *out = (char *)tu_read_all(s.outpath, &len);
+        out[len] = '\0';
+        cJSON *j = strchr(out, '\n') ? cJSON_Parse(out) : NULL;
+        if (j) {
+            cr_assert_eq(sscanf(cJSON_GetObjectItem(j, "url")->valuestring, "http://127.0.0.1:%d", &s.port), 1, "%s", out);
+            s.serving = (pid_t)cJSON_GetObjectItem(j, "pid")->valuedouble;
+            cJSON_Delete(j);
         }
+        free(out);
         int st;
-        if (s.port == 0 && waitpid(s.pid, &st, WNOHANG) == s.pid) cr_assert_fail("the server exited: %s", line);
+        if (s.port == 0 && waitpid(s.pid, &st, WNOHANG) == s.pid) {
+            char *err = (char *)tu_read_all(s.errpath, &len);
+            err[len] = '\0';
+            cr_assert_fail("the server exited: %s", err);
+        }
         if (s.port == 0) usleep(100 * 1000);
     }
     cr_assert_gt(s.port, 0, "the server did not start listening");
     return s;
 }
 
-/* SIGTERM, then the exit status must be 0. */
+static server start(const char *extra) { return start_with("", extra); }
+
+/* SIGTERM to the serving process, then the child's exit status must be 0. */
 static void stop(server *s)
 {
-    cr_assert_eq(kill(s->pid, SIGTERM), 0);
+    cr_assert_eq(kill(s->serving, SIGTERM), 0);
     int st;
     cr_assert_eq(waitpid(s->pid, &st, 0), s->pid);
     size_t len;
     char *err = (char *)tu_read_all(s->errpath, &len);
     err[len] = '\0';
-    cr_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0, "server ended with status %d: %s", st, err);
+    const int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
+    if (!ok) fprintf(stderr, "server ended with status %d: %s\n", st, err);
     free(err);
+    cr_assert(ok, "the server did not exit 0");
     unlink(s->errpath);
+    unlink(s->outpath);
 }
 
 /* One HTTP/1.1 exchange: the status code and the body in *resp (malloc'ed), or -1 and *resp NULL when the
@@ -312,7 +335,13 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":0}", 400, "\"n\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "\"stream\" must be true or false"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"n\":100}", 400, "at most 64 choices"},
-        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"x\"]}", 400, "\"stop\" is not supported"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":2}", 400, "\"logprobs\" is not supported"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":5}", 400, "\"stop\" must be a string or an array"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"\"]}", 400, "\"stop\" item 0 is not a string of 1 to"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"a\",3]}", 400, "\"stop\" item 1"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop_token_ids\":[1,99999]}", 400,
+         "\"stop_token_ids\" item 1 is not a token id"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"ignore_eos\":\"yes\"}", 400, "\"ignore_eos\" must be true or false"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"best_of\":3}", 400, "\"best_of\""},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"model\":\"gpt-4\"}", 404, "`gpt-4` does not exist"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":2000}", 400, "raise --num-blocks"},
@@ -419,20 +448,21 @@ static void sse_texts(const char *stream, char texts[][2048], char finish[][16],
     cr_assert(last && strncmp(last, "[DONE]", 6) == 0, "no [DONE] at the end: %s", stream);
 }
 
-/* Streamed answers arrive in several events and add up to the unstreamed ones: greedy, and seeded samples
- * of two prompts (four choices). */
+/* Streamed answers arrive in several events and add up to the unstreamed ones: greedy, seeded samples of two
+ * prompts (four choices), samples at a high temperature, samples cut by stop strings. */
 Test(serve, streamed_answers_add_up_to_the_whole_ones)
 {
     server s = start("--num-blocks 256");
     /* the last two draw at temperature 1000: byte tokens, characters split over steps, and a <0x00> */
-    const char *bodies[4] = {"{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0%s}",
+    const char *bodies[5] = {"{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0%s}",
                              "{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":20,\"n\":2,\"seed\":9%s}",
                              "{\"prompt\":[1,200,300],\"max_tokens\":40,\"temperature\":1000,\"n\":8,\"seed\":1%s}",
-                             "{\"prompt\":\"hi\",\"max_tokens\":40,\"temperature\":1000,\"n\":8,\"seed\":0%s}"};
-    const int nc[4] = {1, 4, 8, 8};
+                             "{\"prompt\":\"hi\",\"max_tokens\":40,\"temperature\":1000,\"n\":8,\"seed\":0%s}",
+                             "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"n\":4,\"seed\":4,\"stop\":[\" the\",\"ed \"]%s}"};
+    const int nc[5] = {1, 4, 8, 8, 4};
     const double gen0 = metric(&s, "kvpage_generation_tokens_total");
     double gen = 0;
-    for (int k = 0; k < 4; k++) {
+    for (int k = 0; k < 5; k++) {
         char body[256], *resp;
         snprintf(body, sizeof body, bodies[k], "");
         cJSON *whole = complete(&s, body, 200);
@@ -454,8 +484,8 @@ Test(serve, streamed_answers_add_up_to_the_whole_ones)
 }
 
 /* The first tokens of a long streamed answer arrive while it is still being generated; a client that
- * leaves mid-stream costs nothing more: the engine finishes the request, and the server goes on. */
-Test(serve, tokens_stream_while_the_request_runs_and_a_client_may_leave)
+ * leaves mid-stream cancels its request: the engine stops generating for it, and the server goes on. */
+Test(serve, tokens_stream_while_the_request_runs_and_a_client_that_leaves_cancels_it)
 {
     server s = start("--num-blocks 256");
     int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -480,6 +510,8 @@ Test(serve, tokens_stream_while_the_request_runs_and_a_client_may_leave)
     close(fd); /* gone mid-stream */
     for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
     cr_assert_eq(metric(&s, "kvpage_engine_requests_finished_total"), 1);
+    cr_assert_eq(metric(&s, "kvpage_requests_cancelled_total"), 1);
+    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), 1000, "the engine went on after its client left");
     cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
     stop(&s);
@@ -491,7 +523,7 @@ Test(serve, signals_at_any_moment_stop_it_cleanly)
 {
     for (int i = 0; i < 4; i++) {
         server s = start("--num-blocks 16");
-        if (i % 2) cr_assert_eq(kill(s.pid, SIGTERM), 0);
+        if (i % 2) cr_assert_eq(kill(s.serving, SIGTERM), 0);
         stop(&s);
     }
 }
@@ -507,4 +539,207 @@ Test(serve_cli, bad_command_lines)
         {"--model " S260_GGUF " --bogus", "--bogus"},
     };
     kvp_test_cli_rejects("serve", cases, sizeof cases / sizeof cases[0]);
+}
+
+/* A client that leaves while waiting for a whole (unstreamed) answer cancels it too. */
+Test(serve, a_waiting_client_that_leaves_cancels_its_request)
+{
+    server s = start("--num-blocks 256");
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2000,\"temperature\":0}";
+    char req[512];
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    for (int i = 0; i < 500 && metric(&s, "kvpage_computed_tokens_total") < 20; i++) usleep(10 * 1000);
+    close(fd);
+    for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
+    cr_assert_eq(metric(&s, "kvpage_requests_cancelled_total"), 1);
+    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), 1800, "the engine went on after its client left");
+    cr_assert_eq(metric(&s, "kvpage_sequences_running"), 0);
+    cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
+    cJSON_Delete(j);
+    stop(&s);
+}
+
+/* A choice's finish_reason and stop_reason (a string, a number, or null for "null"). */
+static void expect_finish(const cJSON *j, int c, const char *finish, const char *stop_str, double stop_id)
+{
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), c);
+    cr_assert_str_eq(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, finish);
+    const cJSON *r = cJSON_GetObjectItem(ch, "stop_reason");
+    if (stop_str) cr_assert(cJSON_IsString(r) && strcmp(r->valuestring, stop_str) == 0, "stop_reason is not '%s'", stop_str);
+    else if (stop_id >= 0) cr_assert(cJSON_IsNumber(r) && r->valuedouble == stop_id, "stop_reason is not %g", stop_id);
+    else cr_assert(cJSON_IsNull(r), "stop_reason is not null");
+}
+
+/* Stop strings against the golden story (greedy): the text ends where the first one found starts (spanning
+ * tokens, among several, kept with include_stop_str_in_output), in whole and streamed answers alike, and
+ * the generation stops there; stop_token_ids end it at a token of the story. */
+Test(serve, stop_strings_and_stop_token_ids)
+{
+    server s = start("--num-blocks 256");
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
+    const char *prompt = cJSON_GetObjectItem(c1, "prompt")->valuestring;
+    const char *story = cJSON_GetObjectItem(c1, "text")->valuestring + strlen(prompt);
+    const cJSON *toks = cJSON_GetObjectItem(c1, "tokens_after_bos");
+    const int np = cJSON_GetArraySize(cJSON_GetObjectItem(c1, "prompt_tokens"));
+    const int ngen = cJSON_GetArraySize(toks) - (np - 1);
+    cr_assert_gt(strlen(story), 100);
+    char stop1[8], stop2[8], want[1024], body[1024], *resp;
+    snprintf(stop1, sizeof stop1, "%.5s", story + 60); /* 5 bytes from the middle: most likely two tokens */
+    snprintf(stop2, sizeof stop2, "%.4s", story + 90);
+    const char *at = strstr(story, stop1);
+    snprintf(want, sizeof want, "%.*s", (int)(at - story), story);
+    const char *fmt = "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stop\":%s%s}";
+    char stops[64];
+    snprintf(stops, sizeof stops, "[\"qqqz\",\"%s\",\"%s\"]", stop2, stop1);
+    snprintf(body, sizeof body, fmt, prompt, ngen, stops, "");
+    cJSON *j = complete(&s, body, 200);
+    cr_assert_str_eq(choice_text(j, 0), want);
+    expect_finish(j, 0, "stop", stop1, -1);
+    const int used = cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint;
+    cr_assert_lt(used, ngen, "the generation went on past the stop string");
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, fmt, prompt, ngen, stops, ",\"include_stop_str_in_output\":true");
+    j = complete(&s, body, 200);
+    char kept[1040];
+    snprintf(kept, sizeof kept, "%s%s", want, stop1);
+    cr_assert_str_eq(choice_text(j, 0), kept);
+    cJSON_Delete(j);
+    snprintf(body, sizeof body, fmt, prompt, ngen, stops, ",\"stream\":true");
+    cr_assert_eq(http(&s, "POST", "/v1/completions", body, &resp), 200, "%s", resp);
+    char texts[1][2048], finish[1][16];
+    sse_texts(resp, texts, finish, 1);
+    cr_assert_str_eq(texts[0], want, "streamed with stop strings");
+    cr_assert_str_eq(finish[0], "stop");
+    cr_assert(strstr(resp, "\"stop_reason\""), "%s", resp);
+    free(resp);
+    snprintf(body, sizeof body, fmt, prompt, ngen, "\"never in it\"", ""); /* found nowhere: the whole answer */
+    j = complete(&s, body, 200);
+    cr_assert(strncmp(story, choice_text(j, 0), strlen(choice_text(j, 0))) == 0);
+    expect_finish(j, 0, "length", NULL, -1);
+    cJSON_Delete(j);
+    /* the 12th generated token as a stop token: the answer ends before its first appearance */
+    const int tok = cJSON_GetArrayItem(toks, np - 1 + 11)->valueint;
+    int first = 0;
+    while (cJSON_GetArrayItem(toks, np - 1 + first)->valueint != tok) first++;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0,\"stop_token_ids\":[%d]}",
+             prompt, ngen, tok);
+    j = complete(&s, body, 200);
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint, first);
+    cr_assert(strncmp(story, choice_text(j, 0), strlen(choice_text(j, 0))) == 0);
+    expect_finish(j, 0, "stop", NULL, tok);
+    cJSON_Delete(j);
+    cJSON_Delete(gold);
+    stop(&s);
+}
+
+/* More open connections than select() can watch (FD_SETSIZE, 1024): the server still answers. */
+Test(serve, many_idle_connections_do_not_lock_clients_out)
+{
+    server s = start("--num-blocks 16");
+    enum { NC = 1100 };
+    static int fds[NC];
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    for (int i = 0; i < NC; i++) {
+        fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+        cr_assert_geq(fds[i], 0, "socket %d: %s", i, strerror(errno));
+        cr_assert_eq(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0, "connect %d: %s", i, strerror(errno));
+    }
+    usleep(200 * 1000);
+    char *resp;
+    cr_assert_eq(http(&s, "GET", "/health", NULL, &resp), 200);
+    free(resp);
+    for (int i = 0; i < NC; i++) close(fds[i]);
+    stop(&s);
+}
+
+/* Opens a streamed request of max_tokens 1000 on s, reads until its first word, and leaves. */
+static void leave_a_stream(const server *s)
+{
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
+    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
+    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":1000,\"temperature\":0,\"stream\":true}";
+    char req[512], buf[8192] = "";
+    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                     strlen(body), body);
+    cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    for (size_t got = 0; got < sizeof buf - 1 && !strstr(buf, "\"text\":\" ");) {
+        ssize_t k = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+        cr_assert_gt(k, 0, "the stream ended before its first word");
+        got += (size_t)k;
+        buf[got] = '\0';
+    }
+    close(fd);
+}
+
+/* --tp 2 under mpirun: rank 0 serves and schedules, rank 1 follows its operations step for step. The golden
+ * story; six concurrent clients get the answers one process gives; samples cut by stop strings stream as
+ * they answer whole; a client that leaves cancels its stream. SIGTERM to rank 0 stops both ranks, which
+ * check that they made the same steps (else the job does not exit 0). */
+Test(serve_tp, two_ranks_answer_as_one_process)
+{
+    server one = start("--num-blocks 512");
+    server two = start_with(MPIRUN " -np 2", "--tp 2 --num-blocks 512");
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
+    const char *prompt = cJSON_GetObjectItem(c1, "prompt")->valuestring, *text = cJSON_GetObjectItem(c1, "text")->valuestring;
+    const int np = cJSON_GetArraySize(cJSON_GetObjectItem(c1, "prompt_tokens"));
+    char body[512];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0}", prompt,
+             cJSON_GetArraySize(cJSON_GetObjectItem(c1, "tokens_after_bos")) - (np - 1));
+    cJSON *j = complete(&two, body, 200);
+    cr_assert_str_eq(choice_text(j, 0), text + strlen(prompt));
+    cJSON_Delete(j);
+    cJSON_Delete(gold);
+    cJSON *solo[NP];
+    for (int i = 0; i < NP; i++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":48,\"temperature\":0}", prompts[i]);
+        solo[i] = complete(&one, body, 200);
+    }
+    client cl[NP];
+    pthread_t tid[NP];
+    for (int i = 0; i < NP; i++) {
+        cl[i] = (client){&two, i, NULL};
+        cr_assert_eq(pthread_create(&tid[i], NULL, client_main, &cl[i]), 0);
+    }
+    for (int i = 0; i < NP; i++) pthread_join(tid[i], NULL);
+    for (int i = 0; i < NP; i++) {
+        cr_assert_not_null(cl[i].text, "client %d got no answer", i);
+        cr_assert_eq(kvp_json_parse(cl[i].text, strlen(cl[i].text), "response", &j), KVP_OK, "%s", cl[i].text);
+        cr_assert_str_eq(choice_text(j, 0), choice_text(solo[i], 0), "client %d", i);
+        cJSON_Delete(j);
+        free(cl[i].text);
+        cJSON_Delete(solo[i]);
+    }
+    const char *fmt = "{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":40,\"n\":3,\"seed\":4,"
+                      "\"stop\":[\" the\",\"ed \"]%s}";
+    snprintf(body, sizeof body, fmt, "");
+    cJSON *whole = complete(&two, body, 200);
+    snprintf(body, sizeof body, fmt, ",\"stream\":true");
+    char *resp, texts[6][2048], finish[6][16];
+    cr_assert_eq(http(&two, "POST", "/v1/completions", body, &resp), 200, "%s", resp);
+    sse_texts(resp, texts, finish, 6);
+    for (int c = 0; c < 6; c++) cr_assert_str_eq(texts[c], choice_text(whole, c), "choice %d", c);
+    free(resp);
+    cJSON_Delete(whole);
+    leave_a_stream(&two);
+    for (int i = 0; i < 2400 && metric(&two, "kvpage_requests_cancelled_total") < 1; i++) usleep(50 * 1000);
+    for (int i = 0; i < 2400 && metric(&two, "kvpage_sequences_running") > 0; i++) usleep(50 * 1000);
+    cr_assert_eq(metric(&two, "kvpage_requests_cancelled_total"), 1);
+    cr_assert_eq(metric(&two, "kvpage_sequences_running"), 0);
+    j = complete(&two, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
+    cJSON_Delete(j);
+    stop(&two);
+    stop(&one);
 }
