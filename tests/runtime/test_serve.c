@@ -262,21 +262,23 @@ static void *client_main(void *arg)
     return NULL;
 }
 
-/* Six clients at once get what each gets alone; six prompts in one request run in one batch: the steps they
- * take are those of the longest, not the sum. */
-Test(serve, concurrent_clients_share_batches_and_get_their_solo_answers)
+/* The answers of s to the NP prompts (48 greedy tokens), one request at a time. */
+static void solo_answers(const server *s, cJSON *solo[NP])
 {
-    server s = start("--num-blocks 512");
     char body[256];
-    cJSON *solo[NP];
     for (int i = 0; i < NP; i++) {
         snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":48,\"temperature\":0}", prompts[i]);
-        solo[i] = complete(&s, body, 200);
+        solo[i] = complete(s, body, 200);
     }
+}
+
+/* NP clients at once on s: each must get its answer in solo. */
+static void expect_concurrent_answers(const server *s, cJSON *const solo[NP])
+{
     client cl[NP];
     pthread_t tid[NP];
     for (int i = 0; i < NP; i++) {
-        cl[i] = (client){&s, i, NULL};
+        cl[i] = (client){s, i, NULL};
         cr_assert_eq(pthread_create(&tid[i], NULL, client_main, &cl[i]), 0);
     }
     for (int i = 0; i < NP; i++) pthread_join(tid[i], NULL);
@@ -288,6 +290,16 @@ Test(serve, concurrent_clients_share_batches_and_get_their_solo_answers)
         cJSON_Delete(j);
         free(cl[i].text);
     }
+}
+
+/* Six clients at once get what each gets alone; six prompts in one request run in one batch: the steps they
+ * take are those of the longest, not the sum. */
+Test(serve, concurrent_clients_share_batches_and_get_their_solo_answers)
+{
+    server s = start("--num-blocks 512");
+    cJSON *solo[NP];
+    solo_answers(&s, solo);
+    expect_concurrent_answers(&s, solo);
     const double steps0 = metric(&s, "kvpage_engine_steps_total");
     char all[1024] = "{\"max_tokens\":48,\"temperature\":0,\"prompt\":[";
     for (int i = 0; i < NP; i++) snprintf(all + strlen(all), sizeof all - strlen(all), "%s\"%s\"", i ? "," : "", prompts[i]);
@@ -485,26 +497,39 @@ Test(serve, streamed_answers_add_up_to_the_whole_ones)
 
 /* The first tokens of a long streamed answer arrive while it is still being generated; a client that
  * leaves mid-stream cancels its request: the engine stops generating for it, and the server goes on. */
-Test(serve, tokens_stream_while_the_request_runs_and_a_client_that_leaves_cancels_it)
+/* A socket to s that has sent POST /v1/completions with body (the answer not read yet). */
+static int send_raw(const server *s, const char *body)
 {
-    server s = start("--num-blocks 256");
     int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":1000,\"temperature\":0,\"stream\":true}";
     char req[512];
     int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
                      strlen(body), body);
     cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
-    char buf[8192];
-    size_t got = 0;
-    while (got < sizeof buf - 1 && !strstr(buf, "\"text\":\" ")) { /* the first event with a word */
-        ssize_t k = recv(fd, buf + got, sizeof buf - 1 - got, 0);
+    return fd;
+}
+
+/* A socket with a streamed request of 1000 tokens on s, read up to its first event with a word (in buf). */
+static int stream_first_word(const server *s, char *buf, size_t cap)
+{
+    int fd = send_raw(s, "{\"prompt\":\"Once\",\"max_tokens\":1000,\"temperature\":0,\"stream\":true}");
+    buf[0] = '\0';
+    for (size_t got = 0; got < cap - 1 && !strstr(buf, "\"text\":\" ");) {
+        ssize_t k = recv(fd, buf + got, cap - 1 - got, 0);
         cr_assert_gt(k, 0, "the stream ended before its first word");
         got += (size_t)k;
         buf[got] = '\0';
     }
+    return fd;
+}
+
+Test(serve, tokens_stream_while_the_request_runs_and_a_client_that_leaves_cancels_it)
+{
+    server s = start("--num-blocks 256");
+    char buf[8192];
+    int fd = stream_first_word(&s, buf, sizeof buf);
     cr_assert(strstr(buf, "text/event-stream"), "%s", buf);
     cr_assert_geq(metric(&s, "kvpage_sequences_running"), 1, "the first words came only after the whole answer");
     close(fd); /* gone mid-stream */
@@ -545,15 +570,7 @@ Test(serve_cli, bad_command_lines)
 Test(serve, a_waiting_client_that_leaves_cancels_its_request)
 {
     server s = start("--num-blocks 256");
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s.port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2000,\"temperature\":0}";
-    char req[512];
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
-    cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
+    int fd = send_raw(&s, "{\"prompt\":\"Once\",\"max_tokens\":2000,\"temperature\":0}");
     for (int i = 0; i < 500 && metric(&s, "kvpage_computed_tokens_total") < 20; i++) usleep(10 * 1000);
     close(fd);
     for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
@@ -661,27 +678,6 @@ Test(serve, many_idle_connections_do_not_lock_clients_out)
     stop(&s);
 }
 
-/* Opens a streamed request of max_tokens 1000 on s, reads until its first word, and leaves. */
-static void leave_a_stream(const server *s)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":1000,\"temperature\":0,\"stream\":true}";
-    char req[512], buf[8192] = "";
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
-    cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
-    for (size_t got = 0; got < sizeof buf - 1 && !strstr(buf, "\"text\":\" ");) {
-        ssize_t k = recv(fd, buf + got, sizeof buf - 1 - got, 0);
-        cr_assert_gt(k, 0, "the stream ended before its first word");
-        got += (size_t)k;
-        buf[got] = '\0';
-    }
-    close(fd);
-}
-
 /* --tp 2 under mpirun: rank 0 serves and schedules, rank 1 follows its operations step for step. The golden
  * story; six concurrent clients get the answers one process gives; samples cut by stop strings stream as
  * they answer whole; a client that leaves cancels its stream. SIGTERM to rank 0 stops both ranks, which
@@ -703,25 +699,9 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     cJSON_Delete(j);
     cJSON_Delete(gold);
     cJSON *solo[NP];
-    for (int i = 0; i < NP; i++) {
-        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":48,\"temperature\":0}", prompts[i]);
-        solo[i] = complete(&one, body, 200);
-    }
-    client cl[NP];
-    pthread_t tid[NP];
-    for (int i = 0; i < NP; i++) {
-        cl[i] = (client){&two, i, NULL};
-        cr_assert_eq(pthread_create(&tid[i], NULL, client_main, &cl[i]), 0);
-    }
-    for (int i = 0; i < NP; i++) pthread_join(tid[i], NULL);
-    for (int i = 0; i < NP; i++) {
-        cr_assert_not_null(cl[i].text, "client %d got no answer", i);
-        cr_assert_eq(kvp_json_parse(cl[i].text, strlen(cl[i].text), "response", &j), KVP_OK, "%s", cl[i].text);
-        cr_assert_str_eq(choice_text(j, 0), choice_text(solo[i], 0), "client %d", i);
-        cJSON_Delete(j);
-        free(cl[i].text);
-        cJSON_Delete(solo[i]);
-    }
+    solo_answers(&one, solo);
+    expect_concurrent_answers(&two, solo);
+    for (int i = 0; i < NP; i++) cJSON_Delete(solo[i]);
     const char *fmt = "{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":40,\"n\":3,\"seed\":4,"
                       "\"stop\":[\" the\",\"ed \"]%s}";
     snprintf(body, sizeof body, fmt, "");
@@ -733,7 +713,8 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     for (int c = 0; c < 6; c++) cr_assert_str_eq(texts[c], choice_text(whole, c), "choice %d", c);
     free(resp);
     cJSON_Delete(whole);
-    leave_a_stream(&two);
+    char buf[8192];
+    close(stream_first_word(&two, buf, sizeof buf));
     for (int i = 0; i < 2400 && metric(&two, "kvpage_requests_cancelled_total") < 1; i++) usleep(50 * 1000);
     for (int i = 0; i < 2400 && metric(&two, "kvpage_sequences_running") > 0; i++) usleep(50 * 1000);
     cr_assert_eq(metric(&two, "kvpage_requests_cancelled_total"), 1);
