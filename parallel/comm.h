@@ -70,8 +70,8 @@ kvp_status kvp_comm_all_reduce_sum_f32(kvp_comm *c, float *buf, int64_t n);
 kvp_status kvp_comm_all_gather_f32(kvp_comm *c, const float *send, int64_t n, float *recv);
 /* buf (bytes) on every rank = root's. */
 kvp_status kvp_comm_broadcast(kvp_comm *c, void *buf, int64_t bytes, int root);
-/* The same, for a message that may come after a long idle time: a waiting MPI rank sleeps between looks
- * (200 us) instead of spinning a core as MPI's blocking collectives do. Every rank must call this one for
+/* The same, for a message that may come after a long idle time: a waiting MPI rank looks without a pause
+ * for 2 ms, then sleeps between looks (200 us) instead of spinning a core as MPI's blocking collectives do. Every rank must call this one for
  * the message (MPI does not match a blocking broadcast with a nonblocking one). */
 kvp_status kvp_comm_broadcast_idle(kvp_comm *c, void *buf, int64_t bytes, int root);
 kvp_status kvp_comm_barrier(kvp_comm *c);

@@ -165,8 +165,10 @@ typedef struct {
  * and the requests it aborted, in the order it made them. The same operations on the same state make the same
  * decisions on every rank (the forward pass gives every rank the same logits, bit for bit). */
 enum { OP_ADD = 1, OP_STOP, OP_ABORT, OP_QUIT };
+
 static void log_put(oplog *l, const void *p, size_t n)
 {
+    if (n == 0) return;
     if (l->oom || kvp_grow((void **)&l->buf, &l->cap, l->len + n, 1) != KVP_OK) {
         l->oom = 1;
         return;
