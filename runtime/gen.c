@@ -950,6 +950,12 @@ static kvp_status check_request(const kvp_model *m, const kvp_gen_request *r, in
         return KVP_ERR(KVP_EINVAL, "generate: request %d: max_tokens %d >= 0, n %d in 1..1000 and <= beam width %d", i,
                        r->max_tokens, r->n, r->beam_width);
     KVP_TRY(kvp_sampler_check(&r->sampler));
+    if (r->n_stop_ids < 0 || r->n_stop_ids > 1024 || (r->n_stop_ids > 0 && !r->stop_ids))
+        return KVP_ERR(KVP_EINVAL, "generate: request %d: %d stop ids (0 to 1024, and an array)", i, r->n_stop_ids);
+    for (int32_t j = 0; j < r->n_stop_ids; j++)
+        if (r->stop_ids[j] < 0 || r->stop_ids[j] >= V)
+            return KVP_ERR(KVP_EINVAL, "generate: request %d stop id %d is %d, outside the vocabulary (%lld)", i, j,
+                           r->stop_ids[j], (long long)V);
     for (int32_t j = 0; j < r->n_prompt; j++)
         if (r->prompt[j] < 0 || r->prompt[j] >= V)
             return KVP_ERR(KVP_EINVAL, "generate: prompt %d token %d is %d, outside the vocabulary (%lld)", i, j,

@@ -847,6 +847,15 @@ Test(generate_session, refusals_and_allocation_failures, .init = setup, .fini = 
     cr_assert(strstr(kvp_error_message(), "raise --num-blocks"), "%s", kvp_error_message());
     r.max_tokens = -1;
     cr_assert_eq(kvp_gen_session_add(s, &r, NULL), KVP_EINVAL);
+    r.max_tokens = 10;
+    const int32_t bad_stop = 100000;
+    r.stop_ids = &bad_stop;
+    r.n_stop_ids = 1;
+    cr_assert_eq(kvp_gen_session_add(s, &r, NULL), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "stop id 0 is 100000"), "%s", kvp_error_message());
+    r.stop_ids = NULL;
+    cr_assert_eq(kvp_gen_session_add(s, &r, NULL), KVP_EINVAL, "stop ids without their array");
+    r.n_stop_ids = 0;
     cr_assert_eq(kvp_gen_session_pending(s), 0);
     r.max_tokens = 10;
     int32_t id = -1;
