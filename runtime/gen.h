@@ -161,7 +161,9 @@ kvp_status kvp_gen_session_abort(kvp_gen_session *s, int32_t id);
 typedef struct {
     int64_t requests, finished, waiting;   /* added, finished (taken or not), not admitted yet */
     int64_t aborted;                       /* requests ended by kvp_gen_session_abort */
-    int32_t request_records, seq_records;  /* requests and sequences the session holds now (not taken) */
+    int32_t request_records, seq_records;  /* records held now: the request window (the requests not taken, and
+                                            * at most as many taken ones before its next compaction), and the
+                                            * sequences of requests not taken */
     int64_t running_seqs, preempted_seqs;  /* now */
     int64_t steps, computed_tokens, prefix_hit_tokens, preemptions, admitted_prompt_tokens;
     int32_t num_blocks, free_blocks;       /* free: neither held by a sequence nor cached */

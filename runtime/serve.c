@@ -76,7 +76,8 @@ static void usage(FILE *f)
             "  --tp N                    tensor parallelism over N MPI ranks (default 1): run it as\n"
             "                            `mpirun -np N kvpage serve --tp N ...`; rank 0 serves HTTP and schedules,\n"
             "                            every rank holds 1/N of the heads and of the KV cache (--kv-mem is per rank)\n"
-            "  --json                    print the listening address as one JSON object on stdout\n"
+            "  --json                    print the listening address, the model, the KV blocks and the pid (with\n"
+            "                            --tp: rank 0's, the one to signal) as one JSON object on stdout\n"
             "  -h, --help                this help\n\n"
             "Stops on SIGINT or SIGTERM: requests in flight get 503, then the process exits 0.\n");
 }
@@ -120,8 +121,8 @@ typedef struct job {
     int aborted;   /* engine thread: it did */
     char *stop[MAX_STOP]; /* stop strings, owned */
     size_t stop_len[MAX_STOP], stop_max;
-    int nstop, include_stop;
-    int32_t stop_ids[MAX_STOP_IDS];
+    int nstop, include_stop, ignore_eos;
+    int32_t stop_ids[MAX_STOP_IDS], n_stop_ids;
     choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
 } job;
 
@@ -389,21 +390,21 @@ static size_t stop_prefix_held(const job *j, const choice *h)
 
 /* Adds tokens[ntok, n) of choice c of job j (caller holds mu) to its text and looks for its stop strings
  * there; the first one found ends the sample (kvp_gen_session_stop) and cuts the text. A decode that fails
- * (out of memory) is tried again with the next tokens. */
-static void track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n)
+ * (out of memory) is tried again with the next tokens. Returns 1 when the text changed. */
+static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n)
 {
     choice *h = &j->ch[c];
     const int32_t i = c / j->nsamples;
-    if (h->stop || n <= h->ntok) return;
+    if (h->stop || n <= h->ntok) return 0;
     const kvp_gen_request *r = &j->reqs[i];
     char *dec = NULL;
     if (kvp_tok_decode(sv->tok, h->ntok > 0 ? tokens[h->ntok - 1] : r->prompt[r->n_prompt - 1], tokens + h->ntok,
                        n - h->ntok, &dec) != KVP_OK)
-        return;
+        return 0;
     const size_t nd = strlen(dec);
     if (kvp_grow((void **)&h->text, &h->cap, h->len + nd + 1, 1) != KVP_OK) {
         kvp_free(dec);
-        return;
+        return 0;
     }
     const size_t from = h->len + 1 > j->stop_max ? h->len + 1 - j->stop_max : 0; /* new matches start here */
     memcpy(h->text + h->len, dec, nd + 1);
@@ -427,6 +428,7 @@ static void track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, i
         const size_t ready = h->len - stop_prefix_held(j, h);
         h->ready = ready > h->ready ? ready : h->ready;
     }
+    return 1;
 }
 
 /* After a step: the new tokens of every tracked choice go into its text (caller holds mu), and readers that
@@ -436,14 +438,15 @@ static void track_progress(server *sv)
     for (int32_t x = 0; x < sv->nlive; x++) {
         job *j = sv->live[x];
         if (!j->ch) continue;
+        int grew = 0;
         for (int32_t i = 0; i < j->added; i++)
             for (int32_t k = 0; k < j->nsamples; k++) {
                 const int32_t *t;
                 int32_t n;
                 if (kvp_gen_session_partial(sv->s, j->ids[i], k, &t, &n) == KVP_OK)
-                    track_choice(sv, j, i * j->nsamples + k, t, n);
+                    grew |= track_choice(sv, j, i * j->nsamples + k, t, n);
             }
-        if (j->stream) pthread_cond_signal(&j->done);
+        if (grew && j->stream) pthread_cond_signal(&j->done);
     }
 }
 
@@ -635,7 +638,6 @@ static int get_stop(const cJSON *req, int32_t vocab, job *j, char *err, size_t c
         }
     }
     const cJSON *ids = cJSON_GetObjectItemCaseSensitive(req, "stop_token_ids");
-    int32_t nid = 0;
     if (ids && !cJSON_IsNull(ids)) {
         if (!cJSON_IsArray(ids) || cJSON_GetArraySize(ids) > MAX_STOP_IDS)
             return snprintf(err, cap, "\"stop_token_ids\" must be an array of at most %d token ids", MAX_STOP_IDS), 400;
@@ -643,19 +645,14 @@ static int get_stop(const cJSON *req, int32_t vocab, job *j, char *err, size_t c
         cJSON_ArrayForEach(x, ids) {
             const double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
             if (!(v >= 0 && v < vocab && v == (double)(int32_t)v))
-                return snprintf(err, cap, "\"stop_token_ids\" item %d is not a token id in [0, %d)", nid, vocab), 400;
-            j->stop_ids[nid++] = (int32_t)v;
+                return snprintf(err, cap, "\"stop_token_ids\" item %d is not a token id in [0, %d)", j->n_stop_ids,
+                                vocab), 400;
+            j->stop_ids[j->n_stop_ids++] = (int32_t)v;
         }
     }
-    const int ignore_eos = get_bool(req, "ignore_eos", err, cap), include = get_bool(req, "include_stop_str_in_output", err, cap);
-    if (ignore_eos < 0 || include < 0) return 400;
-    j->include_stop = include;
-    for (int32_t i = 0; i < MAX_PROMPTS; i++) { /* the prompts' requests are filled in later: these fields stay */
-        j->reqs[i].stop_ids = nid ? j->stop_ids : NULL;
-        j->reqs[i].n_stop_ids = nid;
-        j->reqs[i].ignore_eos = ignore_eos;
-    }
-    return 0;
+    j->ignore_eos = get_bool(req, "ignore_eos", err, cap);
+    j->include_stop = get_bool(req, "include_stop_str_in_output", err, cap);
+    return j->ignore_eos < 0 || j->include_stop < 0 ? 400 : 0;
 }
 
 /* Builds the job of a completion request: its prompts tokenized, its sampling parameters checked. */
@@ -726,6 +723,9 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         r->n = (int32_t)n;
         r->sampler = (kvp_sampler_params){.temperature = temperature, .top_k = top_k < 0 ? 0 : (int32_t)top_k,
                                           .top_p = top_p, .seed = base_seed + (uint64_t)i};
+        r->stop_ids = j->n_stop_ids ? j->stop_ids : NULL;
+        r->n_stop_ids = j->n_stop_ids;
+        r->ignore_eos = j->ignore_eos;
     }
     if (j->stream || j->nstop > 0) { /* the engine keeps these choices' text */
         j->ch = kvp_calloc((size_t)j->n * (size_t)j->nsamples, sizeof *j->ch);
