@@ -130,6 +130,16 @@ static int utf8_len(const unsigned char *s)
     return n;
 }
 
+int kvp_utf8_valid(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p;) {
+        const int n = utf8_len(p);
+        if (n == 0) return 0;
+        p += n;
+    }
+    return 1;
+}
+
 kvp_status kvp_json_add_text(cJSON *obj, const char *key, const char *s)
 {
     const size_t len = strlen(s);

@@ -33,6 +33,8 @@ kvp_status kvp_json_str(const cJSON *obj, const char *key, const char **out, int
  * Python's errors="replace"): model text may end inside a character, or a prompt file hold raw bytes, and
  * the output must stay valid JSON. KVP_ENOMEM. */
 kvp_status kvp_json_add_text(cJSON *obj, const char *key, const char *s);
+/* 1 when the NUL-terminated s is valid UTF-8 (no overlong forms, surrogates or code points above U+10FFFF). */
+int kvp_utf8_valid(const char *s);
 
 /* Prints obj (formatted) and a newline to f. */
 kvp_status kvp_json_print(FILE *f, const cJSON *obj);

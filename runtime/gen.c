@@ -13,6 +13,12 @@
 
 typedef enum { SEQ_WAITING = 0, SEQ_RUNNING, SEQ_DONE } seq_state;
 
+/* A kvp_gen_logprobs that grows a place at a time. */
+typedef struct {
+    kvp_gen_logprobs a;
+    size_t cap_lp, cap_ids, cap_lps;
+} lp_acc;
+
 typedef struct {
     int64_t id;
     int32_t req;
@@ -30,9 +36,11 @@ typedef struct {
     int inserted;        /* prompt blocks offered to the prefix cache */
     double logprob;
     kvp_rng rng;
+    lp_acc glp;          /* request.logprobs: the generated tokens' */
     /* per step */
     int32_t chunk;       /* tokens computed this step (0: not scheduled) */
-    int32_t row;         /* logits row this step */
+    int32_t row;         /* place in this step's schedule */
+    int32_t lrow;        /* logits row of its last new token this step */
 } gseq;
 
 typedef struct {
@@ -46,13 +54,15 @@ typedef struct {
     int done;            /* finished (its result waits in fin, or was taken) */
     int aborted;         /* kvp_gen_session_abort */
     int taken;           /* its result was taken: its records are freed */
+    lp_acc plp;          /* request.prompt_logprobs: places recorded so far (plp.a.n) */
 } greq;
 
 /* Per-step arrays, grown on demand and reused. */
 typedef struct {
     int32_t *tokens, *pos, *qo, *kvi, *kvx, *last, *sched, *snap;
     int64_t *slots;
-    size_t cap_tokens, cap_pos, cap_qo, cap_kvi, cap_kvx, cap_last, cap_sched, cap_snap, cap_slots;
+    uint8_t *every; /* sequences that get the logits of every new token (prompt logprobs) */
+    size_t cap_tokens, cap_pos, cap_qo, cap_kvi, cap_kvx, cap_last, cap_sched, cap_snap, cap_slots, cap_every;
 } step_buf;
 
 /* A plain (no beam, no fork) sample drawn ahead of the serial pass, from a copy of the sequence's rng:
@@ -149,6 +159,55 @@ static kvp_status push_tok(gseq *s, int32_t t)
 /* kvp_grow for any pointer type. */
 #define grow_to(pp, capp, need, elem) kvp_grow((void **)(pp), (capp), (need), (elem))
 
+static void lp_free(kvp_gen_logprobs *a)
+{
+    kvp_free(a->lp);
+    kvp_free(a->top_ids);
+    kvp_free(a->top_lps);
+    *a = (kvp_gen_logprobs){0};
+}
+
+/* Appends a place to x: the log-probability of tok under logits (V of them) and x's k most likely tokens
+ * there; logits NULL: a place with nothing before it (NaN, ids -1). lsm: V floats of scratch. */
+static kvp_status lp_push(lp_acc *x, const float *logits, int32_t V, int32_t tok, float *lsm)
+{
+    kvp_gen_logprobs *a = &x->a;
+    const size_t n = (size_t)a->n, k = (size_t)a->k;
+    KVP_TRY(grow_to(&a->lp, &x->cap_lp, n + 1, sizeof *a->lp));
+    if (k) {
+        KVP_TRY(grow_to(&a->top_ids, &x->cap_ids, (n + 1) * k, sizeof *a->top_ids));
+        KVP_TRY(grow_to(&a->top_lps, &x->cap_lps, (n + 1) * k, sizeof *a->top_lps));
+    }
+    if (logits) kvp_log_softmax(logits, V, lsm);
+    a->lp[n] = logits ? lsm[tok] : NAN;
+    if (k && logits) kvp_top_logprobs(lsm, V, (int32_t)k, a->top_ids + n * k, a->top_lps + n * k);
+    for (size_t i = 0; k && !logits && i < k; i++) {
+        a->top_ids[n * k + i] = -1;
+        a->top_lps[n * k + i] = NAN;
+    }
+    a->n++;
+    return KVP_OK;
+}
+
+/* *dst := a copy of src. */
+static kvp_status lp_copy(const kvp_gen_logprobs *src, kvp_gen_logprobs *dst)
+{
+    const size_t n = (size_t)src->n, nk = n * (size_t)src->k;
+    *dst = (kvp_gen_logprobs){.n = src->n, .k = src->k, .lp = kvp_malloc((n + 1) * sizeof(float)),
+                              .top_ids = kvp_malloc((nk + 1) * sizeof(int32_t)),
+                              .top_lps = kvp_malloc((nk + 1) * sizeof(float))};
+    if (!dst->lp || !dst->top_ids || !dst->top_lps) {
+        lp_free(dst);
+        return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    }
+    if (n) memcpy(dst->lp, src->lp, n * sizeof(float));
+    if (nk) {
+        memcpy(dst->top_ids, src->top_ids, nk * sizeof(int32_t));
+        memcpy(dst->top_lps, src->top_lps, nk * sizeof(float));
+    }
+    return KVP_OK;
+}
+
 static kvp_status new_seq(gen_ctx *g, int32_t req, int32_t sample, const int32_t *toks, int32_t n, int32_t *index)
 {
     if (g->nfree == 0) {
@@ -170,6 +229,7 @@ static kvp_status new_seq(gen_ctx *g, int32_t req, int32_t sample, const int32_t
     s->sample = sample;
     s->state = SEQ_WAITING;
     s->stop_token = -1;
+    s->glp.a.k = g->reqs[req].logprobs ? g->reqs[req].top_logprobs : 0;
     kvp_rng_seed(&s->rng, g->reqs[req].sampler.seed, (uint64_t)sample);
     *index = g->nfree > 0 ? g->free_slots[--g->nfree] : g->nseqs++;
     g->seqs[*index] = s;
@@ -179,6 +239,7 @@ static kvp_status new_seq(gen_ctx *g, int32_t req, int32_t sample, const int32_t
 /* Frees sequence idx (done, or never admitted) and its slot. */
 static void drop_seq(gen_ctx *g, int32_t idx)
 {
+    lp_free(&g->seqs[idx]->glp.a);
     kvp_free(g->seqs[idx]->toks);
     kvp_free(g->seqs[idx]);
     g->seqs[idx] = NULL;
@@ -267,6 +328,13 @@ static int32_t beam_blocks(const gen_ctx *g, int32_t r)
     return nb > INT32_MAX ? INT32_MAX : (int32_t)nb;
 }
 
+/* 1 while sequence s computes prompt places whose log-probabilities its request still wants: the logits of
+ * every prompt token, so no prefix-cache hit. */
+static int wants_prompt_logits(const gen_ctx *g, const gseq *s)
+{
+    return g->reqs[s->req].prompt_logprobs && g->rq[s->req].plp.a.n < g->reqs[s->req].n_prompt;
+}
+
 /* Tries to admit one sequence (fresh or preempted): prefix-cache match, then a table holding the hit
  * blocks. Returns 1 when admitted, 0 when it does not fit now. */
 static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
@@ -277,7 +345,7 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     int32_t max_hit = (s->n_toks - 1) / bs;
     int32_t hit[4096], n_hit = 0;
     int32_t cap_hit = max_hit < 4096 ? max_hit : 4096;
-    KVP_TRY(kvp_pc_match(g->pc, s->toks, s->n_toks, NULL, 1, hit, cap_hit, &n_hit));
+    if (!wants_prompt_logits(g, s)) KVP_TRY(kvp_pc_match(g->pc, s->toks, s->n_toks, NULL, 1, hit, cap_hit, &n_hit));
     int32_t need_blocks = (s->n_toks + bs - 1) / bs - n_hit;
     int32_t to_compute = s->n_toks - n_hit * bs;
     int fits = to_compute <= *budget || g->nrun == 0;
@@ -380,8 +448,9 @@ static kvp_status append_slots(gen_ctx *g, int32_t idx, int32_t n, int32_t *slot
     }
 }
 
-/* Records the first token time and appends a sampled token; finishes the sequence when it is done. */
-static kvp_status emit(gen_ctx *g, int32_t idx, int32_t tok, double lp)
+/* Records the first token time and appends a sampled token (and its log-probabilities under lg, the logits
+ * it was drawn from, when its request wants them); finishes the sequence when it is done. */
+static kvp_status emit(gen_ctx *g, int32_t idx, int32_t tok, double lp, const float *lg)
 {
     gseq *s = g->seqs[idx];
     greq *r = &g->rq[s->req];
@@ -398,6 +467,7 @@ static kvp_status emit(gen_ctx *g, int32_t idx, int32_t tok, double lp)
         finish_seq(g, idx);
         return KVP_OK;
     }
+    if (q->logprobs && lg) KVP_TRY(lp_push(&s->glp, lg, g->vocab, tok, g->lsm));
     KVP_TRY(push_tok(s, tok));
     s->n_gen++;
     s->logprob += lp;
@@ -422,7 +492,7 @@ static void sample_main(void *arg, int k)
         if (!ps->eligible) continue;
         gseq *s = g->seqs[g->buf.sched[i]];
         const kvp_gen_request *r = &g->reqs[s->req];
-        const float *lg = g->logits + (int64_t)s->row * g->vocab;
+        const float *lg = g->logits + (int64_t)s->lrow * g->vocab;
         ps->before = ps->after = s->rng;
         ps->tok = kvp_sample_logprob(&r->sampler, &ps->after, lg, g->vocab, j->ws, j->lsm, &ps->lp);
     }
@@ -529,7 +599,7 @@ static kvp_status beam_step(gen_ctx *g, int32_t r, const int32_t *beams, int32_t
     int32_t nc = 0;
     for (int32_t b = 0; b < nb; b++) {
         gseq *s = g->seqs[beams[b]];
-        kvp_log_softmax(g->logits + (int64_t)s->row * V, V, g->lsm);
+        kvp_log_softmax(g->logits + (int64_t)s->lrow * V, V, g->lsm);
         for (int32_t t = 0; t < V; t++) {
             const cand x = {s->logprob + g->lsm[t], beams[b], b, t, g->lsm[t]};
             if (nc < W) { /* fill, then heapify once full */
@@ -564,12 +634,28 @@ static kvp_status beam_step(gen_ctx *g, int32_t r, const int32_t *beams, int32_t
     for (int32_t i = 0; st == KVP_OK && i < keep; i++) {
         gseq *s = g->seqs[target[i]];
         s->logprob = c[i].score - c[i].lp; /* emit adds lp back */
-        st = emit(g, target[i], c[i].tok, c[i].lp);
+        st = emit(g, target[i], c[i].tok, c[i].lp, NULL);
     }
     kvp_free(target);
     kvp_free(c);
     kvp_free(sel);
     return st;
+}
+
+/* The prompt places sequence s's step (a chunk of its prompt, every token's logits from row lrow - chunk + 1)
+ * predicts, recorded once each: the logits at position p are those of token p + 1. */
+static kvp_status record_prompt_logprobs(gen_ctx *g, gseq *s)
+{
+    const kvp_gen_request *r = &g->reqs[s->req];
+    lp_acc *x = &g->rq[s->req].plp;
+    if (x->a.n == 0) KVP_TRY(lp_push(x, NULL, g->vocab, 0, g->lsm));
+    const int32_t row0 = s->lrow - s->chunk + 1;
+    for (int32_t j = 0; j < s->chunk; j++) {
+        const int32_t place = s->n_computed + j + 1;
+        if (place == x->a.n && place < r->n_prompt)
+            KVP_TRY(lp_push(x, g->logits + (int64_t)(row0 + j) * g->vocab, g->vocab, r->prompt[place], g->lsm));
+    }
+    return KVP_OK;
 }
 
 static kvp_status step(gen_ctx *g)
@@ -687,13 +773,17 @@ static kvp_status step(gen_ctx *g)
     KVP_TRY(grow_to(&B->last, &B->cap_last, (size_t)nsched, sizeof *B->last));
     KVP_TRY(grow_to(&B->tokens, &B->cap_tokens, (size_t)ntok, sizeof *B->tokens));
     KVP_TRY(grow_to(&B->pos, &B->cap_pos, (size_t)ntok, sizeof *B->pos));
+    KVP_TRY(grow_to(&B->every, &B->cap_every, (size_t)nsched, sizeof *B->every));
     for (int32_t i = 0; i < g->nrun; i++) {
         gseq *s = g->seqs[g->running[i]];
         if (s->chunk > 0) B->sched[s->row] = g->running[i];
     }
-    int32_t ns = nsched, nt = 0, nkvx = 0;
+    int32_t ns = nsched, nt = 0, nkvx = 0, nrows = 0;
     for (int32_t r = 0; r < ns; r++) {
         gseq *s = g->seqs[B->sched[r]];
+        B->every[r] = (uint8_t)wants_prompt_logits(g, s);
+        nrows += B->every[r] ? s->chunk : 1;
+        s->lrow = nrows - 1;
         B->qo[r] = nt;
         for (int32_t j = 0; j < s->chunk; j++) {
             B->tokens[nt + j] = s->toks[s->n_computed + j];
@@ -748,10 +838,11 @@ static kvp_status step(gen_ctx *g)
         g->util_n++;
     }
     /* (4) forward */
-    KVP_TRY(grow_to(&g->logits, &g->cap_logits, (size_t)ns * (size_t)g->vocab, sizeof *g->logits));
+    KVP_TRY(grow_to(&g->logits, &g->cap_logits, (size_t)nrows * (size_t)g->vocab, sizeof *g->logits));
     kvp_fwd_batch b = {.num_seqs = ns, .num_tokens = nt, .tokens = B->tokens, .positions = B->pos,
                        .slot_mapping = B->slots, .qo_indptr = B->qo, .kv_indptr = B->kvi,
-                       .kv_indices = B->kvx, .kv_last_page_len = B->last, .all_logits = 0};
+                       .kv_indices = B->kvx, .kv_last_page_len = B->last, .all_logits = 0,
+                       .all_logits_of = nrows > ns ? B->every : NULL};
     KVP_TRY(kvp_model_forward(g->m, g->kv, &b, g->logits));
     g->st.computed_tokens += nt;
     g->st.steps++;
@@ -759,6 +850,7 @@ static kvp_status step(gen_ctx *g)
     for (int32_t i = 0; i < ns; i++) {
         int32_t idx = B->sched[i];
         gseq *s = g->seqs[idx];
+        if (B->every[i]) KVP_TRY(record_prompt_logprobs(g, s));
         s->n_computed += s->chunk;
         if (!s->inserted && s->n_computed >= g->reqs[s->req].n_prompt) {
             int32_t nfull = g->reqs[s->req].n_prompt / bs;
@@ -775,7 +867,7 @@ static kvp_status step(gen_ctx *g)
         gseq *s = g->seqs[idx];
         if (s->state != SEQ_RUNNING || s->n_computed < s->n_toks) continue;
         const kvp_gen_request *r = &g->reqs[s->req];
-        const float *lg = g->logits + (int64_t)s->row * g->vocab;
+        const float *lg = g->logits + (int64_t)s->lrow * g->vocab;
         if (g->rq[s->req].max_tokens == 0) { /* prompt only: nothing to generate */
             finish_seq(g, idx);
             continue;
@@ -803,20 +895,20 @@ static kvp_status step(gen_ctx *g)
             for (int32_t k = 0; k < nk; k++) {
                 gseq *c = g->seqs[kids[k]];
                 int32_t t = kvp_sample_logprob(&r->sampler, &c->rng, lg, g->vocab, g->sws, g->lsm, &lp);
-                KVP_TRY(emit(g, kids[k], t, lp));
+                KVP_TRY(emit(g, kids[k], t, lp, lg));
             }
-            KVP_TRY(emit(g, idx, t0, lp0));
+            KVP_TRY(emit(g, idx, t0, lp0, lg));
             continue;
         }
         const presample *ps = pre ? &g->pre[i] : NULL;
         if (ps && ps->eligible && memcmp(&ps->before, &s->rng, sizeof s->rng) == 0) {
             s->rng = ps->after;
-            KVP_TRY(emit(g, idx, ps->tok, ps->lp));
+            KVP_TRY(emit(g, idx, ps->tok, ps->lp, lg));
             continue;
         }
         double lp;
         int32_t t = kvp_sample_logprob(&r->sampler, &s->rng, lg, g->vocab, g->sws, g->lsm, &lp);
-        KVP_TRY(emit(g, idx, t, lp));
+        KVP_TRY(emit(g, idx, t, lp, lg));
     }
     for (int32_t i = 0; i < ns; i++)
         if (g->seqs[B->sched[i]]->dropped) drop_seq(g, B->sched[i]);
@@ -827,13 +919,17 @@ static void ctx_free(gen_ctx *g)
 {
     if (g->seqs)
         for (int32_t i = 0; i < g->nseqs; i++) {
-            if (g->seqs[i]) kvp_free(g->seqs[i]->toks);
+            if (g->seqs[i]) {
+                lp_free(&g->seqs[i]->glp.a);
+                kvp_free(g->seqs[i]->toks);
+            }
             kvp_free(g->seqs[i]);
         }
     kvp_free(g->seqs);
     kvp_free(g->free_slots);
     kvp_free(g->running);
     kvp_free(g->preempted);
+    for (int32_t i = 0; g->rq && i < g->nreq; i++) lp_free(&g->rq[i].plp.a);
     kvp_free(g->rq);
     for (int32_t i = 0; i < g->nreq; i++) {
         kvp_free((void *)g->reqs[i].prompt);
@@ -842,7 +938,7 @@ static void ctx_free(gen_ctx *g)
     kvp_free(g->reqs);
     kvp_free(g->fin);
     step_buf *B = &g->buf;
-    void *bufs[] = {B->tokens, B->pos, B->qo, B->kvi, B->kvx, B->last, B->sched, B->snap, B->slots};
+    void *bufs[] = {B->tokens, B->pos, B->qo, B->kvi, B->kvx, B->last, B->sched, B->snap, B->slots, B->every};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) kvp_free(bufs[i]);
     kvp_free(g->logits);
     kvp_free(g->lsm);
@@ -868,6 +964,9 @@ void kvp_gen_results_free(kvp_gen_result *res, int32_t n)
         kvp_free(res[i].logprob);
         kvp_free(res[i].finish);
         kvp_free(res[i].stop_token);
+        for (int32_t j = 0; res[i].logprobs && j < res[i].n_samples; j++) lp_free(&res[i].logprobs[j]);
+        kvp_free(res[i].logprobs);
+        lp_free(&res[i].prompt_logprobs);
         memset(&res[i], 0, sizeof res[i]);
     }
 }
@@ -904,8 +1003,11 @@ static kvp_status collect(gen_ctx *g, int32_t r, kvp_gen_result *out)
     out->finish = kvp_calloc((size_t)ns + 1, sizeof *out->finish);
     out->stop_token = kvp_calloc((size_t)ns + 1, sizeof *out->stop_token);
     out->user = q->user;
-    kvp_status st = out->tokens && out->n_tokens && out->logprob && out->finish && out->stop_token
+    if (q->logprobs) out->logprobs = kvp_calloc((size_t)ns + 1, sizeof *out->logprobs);
+    kvp_status st = out->tokens && out->n_tokens && out->logprob && out->finish && out->stop_token &&
+                            (out->logprobs || !q->logprobs)
                         ? KVP_OK : KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    if (st == KVP_OK && q->prompt_logprobs) st = lp_copy(&g->rq[r].plp.a, &out->prompt_logprobs);
     for (int32_t i = 0; st == KVP_OK && i < ns; i++) {
         gseq *s = g->seqs[order[i]];
         out->tokens[i] = kvp_malloc((size_t)(s->n_gen + 1) * sizeof(int32_t));
@@ -918,6 +1020,7 @@ static kvp_status collect(gen_ctx *g, int32_t r, kvp_gen_result *out)
         out->logprob[i] = s->logprob;
         out->finish[i] = s->finish;
         out->stop_token[i] = s->stop_token;
+        if (q->logprobs && (st = lp_copy(&s->glp.a, &out->logprobs[i])) != KVP_OK) break;
     }
     kvp_free(order);
     if (st != KVP_OK) {
@@ -950,6 +1053,11 @@ static kvp_status check_request(const kvp_model *m, const kvp_gen_request *r, in
         return KVP_ERR(KVP_EINVAL, "generate: request %d: max_tokens %d >= 0, n %d in 1..1000 and <= beam width %d", i,
                        r->max_tokens, r->n, r->beam_width);
     KVP_TRY(kvp_sampler_check(&r->sampler));
+    if (r->top_logprobs < 0 || r->top_logprobs > KVP_GEN_MAX_TOP_LOGPROBS || r->top_logprobs > V ||
+        (r->logprobs && r->beam_width > 1))
+        return KVP_ERR(KVP_EINVAL, "generate: request %d: top_logprobs %d must be in 0..%d (and the vocabulary), "
+                                   "and token logprobs need sampling, not beam search", i, r->top_logprobs,
+                       KVP_GEN_MAX_TOP_LOGPROBS);
     if (r->n_stop_ids < 0 || r->n_stop_ids > 1024 || (r->n_stop_ids > 0 && !r->stop_ids))
         return KVP_ERR(KVP_EINVAL, "generate: request %d: %d stop ids (0 to 1024, and an array)", i, r->n_stop_ids);
     for (int32_t j = 0; j < r->n_stop_ids; j++)
@@ -1056,6 +1164,7 @@ kvp_status kvp_gen_session_add(kvp_gen_session *g, const kvp_gen_request *r, int
     g->reqs[i].stop_ids = stop_ids;
     g->reqs[i].n_stop_ids = stop_ids ? r->n_stop_ids : 0;
     g->rq[i] = (greq){.t_add = kvp_now_s() - g->t0, .t_first = -1, .max_tokens = clamp_max_tokens(g->m, r)};
+    g->rq[i].plp.a.k = r->prompt_logprobs ? r->top_logprobs : 0;
     if (g->rq[i].max_tokens < r->max_tokens)
         KVP_LOG_W("generate: request %d: max_tokens %d clamped to %d (context %d)", g->id_base + i, r->max_tokens,
                   g->rq[i].max_tokens, kvp_model_max_len(g->m));
@@ -1113,6 +1222,7 @@ kvp_status kvp_gen_session_take(kvp_gen_session *g, int32_t *id, kvp_gen_result 
     kvp_free((void *)g->reqs[r].prompt);
     kvp_free((void *)g->reqs[r].stop_ids);
     g->reqs[r].prompt = g->reqs[r].stop_ids = NULL;
+    lp_free(&g->rq[r].plp.a);
     g->rq[r].taken = 1;
     if (id) *id = g->id_base + r;
     compact_requests(g);

@@ -57,8 +57,23 @@ typedef struct {
                               * borrowed (a session copies them); not used by beam search */
     int32_t n_stop_ids;
     int ignore_eos;        /* 1: EOS is an ordinary token for this request (whatever stop_at_eos says) */
+    int logprobs;          /* 1: each generated token's log-probability (sampling only, not beam search) */
+    int prompt_logprobs;   /* 1: each prompt token's log-probability given the tokens before it; the prompt is
+                            * then computed whole at its first admission (no prefix-cache hit) */
+    int32_t top_logprobs;  /* 0 .. KVP_GEN_MAX_TOP_LOGPROBS: with either, the most likely tokens at each place */
     void *user;            /* the caller's tag, handed back in the result; not used by the session */
 } kvp_gen_request;
+
+enum { KVP_GEN_MAX_TOP_LOGPROBS = 20 };
+
+/* Log-probabilities at n places of a token list: log softmax of the model's logits (untempered, as
+ * kvp_log_softmax) at the place before, for the token there and the k most likely tokens. */
+typedef struct {
+    int32_t n, k;
+    float *lp;        /* (n) the token's log-probability */
+    int32_t *top_ids; /* (n, k) the k most likely tokens, descending (kvp_top_logprobs) */
+    float *top_lps;   /* (n, k) their log-probabilities */
+} kvp_gen_logprobs;
 
 /* Why a sample ended. */
 typedef enum {
@@ -79,6 +94,9 @@ typedef struct {
     kvp_gen_finish *finish; /* [n_samples] why each sample ended */
     int32_t *stop_token;  /* [n_samples] the EOS or stop id that ended it (KVP_FINISH_EOS/STOP_TOKEN), else -1 */
     void *user;           /* the request's tag */
+    kvp_gen_logprobs *logprobs;      /* [n_samples] with request.logprobs (place i: tokens[i]), else NULL */
+    kvp_gen_logprobs prompt_logprobs; /* with request.prompt_logprobs: n_prompt places; place 0 (nothing comes
+                                       * before it) has lp NaN and top ids -1; else n = 0 */
     int32_t prompt_cached_tokens; /* prompt tokens served by the prefix cache at first admission */
     double ttft_s;        /* from the start of the run to the first generated token */
     double tpot_s;        /* mean time per generated token after the first (0 when <= 1 token) */

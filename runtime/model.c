@@ -1041,13 +1041,32 @@ static kvp_status validate(const kvp_model *m, const kvp_kv_cache *kv, const kvp
     return KVP_OK;
 }
 
+/* 1 when sequence s of b gets the logits of every new token. */
+static int every_logit(const kvp_fwd_batch *b, int32_t s)
+{
+    return b->all_logits || (b->all_logits_of && b->all_logits_of[s]);
+}
+
+/* Logits rows of sequences [s0, s1) of b. */
+static int64_t rows_of(const kvp_fwd_batch *b, int32_t s0, int32_t s1)
+{
+    int64_t n = 0;
+    for (int32_t s = s0; s < s1; s++) n += every_logit(b, s) ? b->qo_indptr[s + 1] - b->qo_indptr[s] : 1;
+    return n;
+}
+
+int64_t kvp_fwd_logit_rows(const kvp_fwd_batch *b)
+{
+    return rows_of(b, 0, b->num_seqs);
+}
+
 /* Bytes of float and int workspace one forward pass over b needs. */
 static void ws_need(const kvp_model *m, const kvp_kv_cache *kv, const kvp_fwd_batch *b, size_t *fneed, size_t *ineed)
 {
     const kvp_model_config *c = &m->cfg;
     const int64_t H = c->hidden_size, QD = (int64_t)m->tp.nq * c->head_dim, KD = (int64_t)m->tp.nkv * c->head_dim,
                   FF = m->tp.nff, T = b->num_tokens;
-    const int64_t S = b->all_logits ? T : b->num_seqs, lg = m->tp.tp > 1 ? (1 + m->tp.tp) * S * m->tp.vpad : 0;
+    const int64_t S = kvp_fwd_logit_rows(b), lg = m->tp.tp > 1 ? (1 + m->tp.tp) * S * m->tp.vpad : 0;
     /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H); RoPE cos/sin (T,head_dim); with
      * tp > 1 the rank's logits (S,vpad) and the gathered ones (tp,S,vpad). Shapes of this rank's shard. */
     *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H + T * c->head_dim + lg) *
@@ -1096,7 +1115,7 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
     const int64_t H = c->hidden_size, hd = c->head_dim, nq = m->tp.nq, nkv = m->tp.nkv;
     const int64_t FF = m->tp.nff, T = b->num_tokens;
     const int64_t QD = nq * hd, KD = nkv * hd;
-    const int64_t S = b->all_logits ? T : b->num_seqs;
+    const int64_t S = kvp_fwd_logit_rows(b);
     float *x = ws->f, *h = x + T * H, *q = h + T * H, *o = q + T * QD, *k = o + T * QD, *v = k + T * KD;
     float *gt = v + T * KD, *up = gt + T * FF, *fin = up + T * FF, *cs = fin + S * H, *lg = cs + T * hd;
     /* Batch-invariant attention: every query token becomes its own one-token "sequence" whose pages end at
@@ -1180,10 +1199,9 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         KVP_TRY(all_reduce(m, h, T * H));
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
     }
-    for (int64_t r = 0; r < S; r++) {
-        int64_t t = b->all_logits ? r : b->qo_indptr[r + 1] - 1;
-        rmsnorm(fin + r * H, x + t * H, m->out_norm, H, c->rms_norm_eps);
-    }
+    for (int32_t s = 0, r = 0; s < b->num_seqs; s++)
+        for (int64_t t = every_logit(b, s) ? b->qo_indptr[s] : b->qo_indptr[s + 1] - 1; t < b->qo_indptr[s + 1]; t++)
+            rmsnorm(fin + r++ * H, x + t * H, m->out_norm, H, c->rms_norm_eps);
     if (m->tp.tp == 1) {
         matmul(m, nt, logits, fin, &m->lm_head, S);
         return KVP_OK;
@@ -1291,7 +1309,8 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
         sub[g] = (kvp_fwd_batch){.num_seqs = n, .num_tokens = sq[n], .tokens = b->tokens + t0,
                                  .positions = b->positions + t0, .slot_mapping = b->slot_mapping + t0,
                                  .qo_indptr = sq, .kv_indptr = sk, .kv_indices = b->kv_indices + p0,
-                                 .kv_last_page_len = b->kv_last_page_len + s0, .all_logits = b->all_logits};
+                                 .kv_last_page_len = b->kv_last_page_len + s0, .all_logits = b->all_logits,
+                                 .all_logits_of = b->all_logits_of ? b->all_logits_of + s0 : NULL};
         size_t fn, in;
         ws_need(m, kv, &sub[g], &fn, &in);
         KVP_TRY(ws_reserve(&m->ws[g], fn, in));
@@ -1300,7 +1319,7 @@ kvp_status kvp_model_forward(kvp_model *m, kvp_kv_cache *kv, const kvp_fwd_batch
     kvp_attn_set_threads(1);
     if (m->matmul == KVP_MATMUL_BLAS) openblas_set_num_threads(1); /* no nested BLAS threads in the groups */
     for (int g = 0; g < G; g++) {
-        int64_t row0 = b->all_logits ? b->qo_indptr[bounds[g]] : bounds[g];
+        const int64_t row0 = rows_of(b, 0, bounds[g]);
         jobs[g] = (group_job){.m = m, .kv = kv, .b = &sub[g], .logits = logits + row0 * V, .ws = &m->ws[g],
                               .st = KVP_OK};
     }

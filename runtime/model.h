@@ -110,7 +110,12 @@ typedef struct {
     const int32_t *kv_indices;       /* (kv_indptr[num_seqs]) */
     const int32_t *kv_last_page_len; /* (num_seqs) */
     int all_logits; /* 0: logits of each sequence's last new token, (num_seqs, vocab); 1: (num_tokens, vocab) */
+    const uint8_t *all_logits_of; /* (num_seqs) or NULL: with all_logits 0, a sequence whose entry is nonzero
+                                   * gets the logits of every new token; rows stay in sequence order */
 } kvp_fwd_batch;
+
+/* Logits rows a forward pass over b writes (vocab floats each). */
+int64_t kvp_fwd_logit_rows(const kvp_fwd_batch *b);
 
 /* Runs the batch; writes logits. KVP_EINVAL naming the problem for a token id out of the vocabulary, a
  * position past the model's maximum, or an inconsistent batch (nothing written to logits then; the K/V of

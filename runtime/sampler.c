@@ -181,6 +181,21 @@ void kvp_log_softmax(const float *logits, int32_t vocab, float *out)
     for (int32_t i = 0; i < vocab; i++) out[i] = (float)((double)logits[i] - lse);
 }
 
+void kvp_top_logprobs(const float *lsm, int32_t vocab, int32_t k, int32_t *ids, float *lps)
+{
+    int32_t n = 0; /* kept so far, sorted: insertion from the back (k is small, most ids fail the first test) */
+    for (int32_t t = 0; t < vocab && k > 0; t++) {
+        if (n == k && !(lsm[t] > lps[k - 1])) continue;
+        int32_t i = n < k ? n++ : k - 1;
+        for (; i > 0 && lsm[t] > lps[i - 1]; i--) {
+            ids[i] = ids[i - 1];
+            lps[i] = lps[i - 1];
+        }
+        ids[i] = t;
+        lps[i] = lsm[t];
+    }
+}
+
 static _Thread_local const float *g_sort_logits; /* qsort has no context argument */
 
 static int by_logit_desc(const void *a, const void *b)

@@ -48,5 +48,7 @@ int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const floa
                            kvp_sampler_ws *ws, float *lsm, double *logprob);
 /* out[i] = log softmax(logits)[i] (double accumulation); out may alias nothing. */
 void kvp_log_softmax(const float *logits, int32_t vocab, float *out);
+/* The k largest of lsm[0..vocab) (k <= vocab): ids[i], lps[i] in descending order, lowest id first on ties. */
+void kvp_top_logprobs(const float *lsm, int32_t vocab, int32_t k, int32_t *ids, float *lps);
 
 #endif

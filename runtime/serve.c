@@ -12,6 +12,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <pthread.h>
 #include <signal.h>
@@ -53,8 +54,11 @@ static void usage(FILE *f)
             "is shared across requests.\n\n"
             "  POST /v1/completions  {\"prompt\": TEXT | [TEXT, ...] | [TOKEN_ID, ...], \"max_tokens\": 16,\n"
             "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"n\": 1, \"seed\": N,\n"
-            "                        \"stop\": TEXT | [TEXT, ...], \"stream\": false}   (stream: server-sent events,\n"
-            "                        as OpenAI's; vLLM's stop_token_ids, ignore_eos, include_stop_str_in_output)\n"
+            "                        \"stop\": TEXT | [TEXT, ...], \"stream\": false, \"logprobs\": K, \"echo\": false}\n"
+            "                        (stream: server-sent events, as OpenAI's; logprobs: each token's log-probability\n"
+            "                        and the K (0..20) likeliest tokens, not with stream; echo: the prompt's text, and\n"
+            "                        with logprobs its tokens', before the completion; vLLM's stop_token_ids,\n"
+            "                        ignore_eos, include_stop_str_in_output)\n"
             "  GET  /v1/models       the served model\n"
             "  GET  /health          200 while serving\n"
             "  GET  /metrics         Prometheus counters and gauges (requests, tokens, KV blocks, prefix hits)\n\n"
@@ -123,6 +127,9 @@ typedef struct job {
     size_t stop_len[MAX_STOP], stop_max;
     int nstop, include_stop, ignore_eos;
     int32_t stop_ids[MAX_STOP_IDS], n_stop_ids;
+    int32_t logprobs; /* -1: none; else the top tokens listed at each place */
+    int echo;
+    char *ptext[MAX_PROMPTS]; /* echo: the prompts' text, owned */
     choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
 } job;
 
@@ -293,6 +300,7 @@ static void job_free(job *j)
 {
     for (int32_t i = 0; i < j->n; i++) {
         kvp_free(j->enc[i]);
+        kvp_free(j->ptext[i]);
         kvp_gen_results_free(&j->res[i], 1);
     }
     for (int i = 0; i < j->nstop; i++) kvp_free(j->stop[i]);
@@ -595,8 +603,8 @@ static int get_num(const cJSON *req, const char *k, double def, double lo, doubl
 /* Rejects an option this server does not implement when it asks for something (rather than ignoring it). */
 static int unsupported(const cJSON *req, char *err, size_t cap)
 {
-    static const char *const keys[] = {"logprobs", "echo", "suffix", "logit_bias", "presence_penalty",
-                                       "frequency_penalty", "stream_options"};
+    static const char *const keys[] = {"suffix", "logit_bias", "presence_penalty", "frequency_penalty",
+                                       "stream_options"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, keys[i]);
         if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
@@ -655,6 +663,12 @@ static int get_stop(const cJSON *req, int32_t vocab, job *j, char *err, size_t c
     return j->ignore_eos < 0 || j->include_stop < 0 ? 400 : 0;
 }
 
+static char *dup_str(const char *t)
+{
+    char *d = kvp_malloc(strlen(t) + 1);
+    return d ? strcpy(d, t) : NULL;
+}
+
 /* Builds the job of a completion request: its prompts tokenized, its sampling parameters checked. */
 static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap)
 {
@@ -665,16 +679,21 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         return 404;
     }
     if (unsupported(req, err, cap)) return 400;
-    double max_tokens, temperature, top_p, top_k, n, seed, best_of;
+    double max_tokens, temperature, top_p, top_k, n, seed, best_of, logprobs;
     if (!get_num(req, "max_tokens", 16, 0, 1 << 24, 1, &max_tokens, err, cap) ||
         !get_num(req, "temperature", 1.0, 0, 1e6, 0, &temperature, err, cap) ||
         !get_num(req, "top_p", 1.0, 1e-9, 1, 0, &top_p, err, cap) ||
         !get_num(req, "top_k", -1, -1, INT32_MAX, 1, &top_k, err, cap) ||
         !get_num(req, "n", 1, 1, 1000, 1, &n, err, cap) || !get_num(req, "seed", -1, 0, 9007199254740991.0, 1, &seed, err, cap) ||
-        !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap))
+        !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap) ||
+        !get_num(req, "logprobs", -1, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap))
         return 400;
+    j->logprobs = (int32_t)logprobs;
     const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size, maxlen = kvp_model_max_len(sv->m);
-    if ((j->stream = get_bool(req, "stream", err, cap)) < 0) return 400;
+    if ((j->stream = get_bool(req, "stream", err, cap)) < 0 || (j->echo = get_bool(req, "echo", err, cap)) < 0)
+        return 400;
+    if (j->stream && (j->echo || j->logprobs >= 0))
+        return snprintf(err, cap, "\"logprobs\" and \"echo\" are not supported with \"stream\""), 400;
     int code = get_stop(req, V, j, err, cap);
     if (code) return code;
     j->nsamples = (int32_t)n;
@@ -716,6 +735,10 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
             j->n = i + 1;
             if (len >= maxlen) return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
         }
+        if (j->echo && (ids ? kvp_tok_decode(sv->tok, -1, j->enc[i], len, &j->ptext[i]) != KVP_OK
+                            : !(j->ptext[i] = dup_str(cJSON_IsString(p) ? p->valuestring
+                                                                         : cJSON_GetArrayItem(p, i)->valuestring))))
+            return snprintf(err, cap, "out of memory"), 500;
         kvp_gen_request *r = &j->reqs[i];
         r->prompt = j->enc[i];
         r->n_prompt = len;
@@ -726,6 +749,9 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         r->stop_ids = j->n_stop_ids ? j->stop_ids : NULL;
         r->n_stop_ids = j->n_stop_ids;
         r->ignore_eos = j->ignore_eos;
+        r->logprobs = j->logprobs >= 0;
+        r->prompt_logprobs = j->logprobs >= 0 && j->echo;
+        r->top_logprobs = j->logprobs >= 0 ? j->logprobs : 0;
     }
     if (j->stream || j->nstop > 0) { /* the engine keeps these choices' text */
         j->ch = kvp_calloc((size_t)j->n * (size_t)j->nsamples, sizeof *j->ch);
@@ -775,6 +801,75 @@ static void add_finish(cJSON *o, const job *j, int32_t c)
     else cJSON_AddNullToObject(o, "stop_reason");
 }
 
+/* The text of token id after token prev for a logprobs object: its bytes when they are valid UTF-8, else
+ * "bytes:\xNN..." (OpenAI's form for a part of a character); a control token (BOS) is its piece. *chars: the
+ * characters (code points) it adds to the decoded text. */
+static void token_text(const server *sv, int32_t prev, int32_t id, char *out, size_t cap, long *chars)
+{
+    char b[512];
+    int n = kvp_tok_decode_piece(sv->tok, prev, id, b, sizeof b - 1);
+    n = n < 0 ? 0 : n;
+    b[n] = '\0';
+    *chars = 0;
+    for (int i = 0; i < n; i++) *chars += ((unsigned char)b[i] & 0xC0) != 0x80;
+    size_t plen = 0;
+    const char *piece = kvp_tok_type_of(sv->tok, id) == KVP_TOK_CONTROL ? kvp_tok_piece(sv->tok, id, &plen) : NULL;
+    if (piece && n == 0 && plen < cap) {
+        memcpy(out, piece, plen);
+        out[plen] = '\0';
+    } else if (kvp_utf8_valid(b) && (size_t)n == strlen(b)) {
+        snprintf(out, cap, "%s", b);
+    } else {
+        size_t o = (size_t)snprintf(out, cap, "bytes:");
+        for (int i = 0; i < n && o + 5 <= cap; i++) o += (size_t)snprintf(out + o, cap - o, "\\x%02x", (unsigned char)b[i]);
+    }
+}
+
+/* A log-probability as JSON: null for none (NaN), -9999 for -inf (as vLLM). */
+static cJSON *lp_number(float lp)
+{
+    return isnan(lp) ? cJSON_CreateNull() : cJSON_CreateNumber(isinf(lp) ? -9999.0 : (double)lp);
+}
+
+/* OpenAI's logprobs object of choice (prompt i, sample k): tokens, token_logprobs, top_logprobs (the listed
+ * tokens and the chosen one) and text_offset (characters into the choice's text), with echo the prompt's
+ * places first (place 0, with nothing before it, has null ones). */
+static cJSON *logprobs_json(const server *sv, const job *j, int32_t i, int32_t k)
+{
+    const kvp_gen_request *q = &j->reqs[i];
+    const kvp_gen_result *r = &j->res[i];
+    cJSON *o = cJSON_CreateObject();
+    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
+    const int32_t np = j->echo ? q->n_prompt : 0, ng = r->logprobs ? r->n_tokens[k] : 0;
+    long off = 0, chars, ignored;
+    char s[2048], alt[2048];
+    for (int32_t p = 0; p < np + ng; p++) {
+        const int gen = p >= np;
+        const kvp_gen_logprobs *a = gen ? &r->logprobs[k] : &r->prompt_logprobs;
+        const int32_t at = gen ? p - np : p, *seq = gen ? r->tokens[k] : q->prompt;
+        const int32_t prev = at > 0 ? seq[at - 1] : gen ? q->prompt[q->n_prompt - 1] : -1;
+        token_text(sv, prev, seq[at], s, sizeof s, &chars);
+        cJSON_AddItemToArray(toks, cJSON_CreateString(s));
+        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
+        off += chars;
+        const int none = at >= a->n || isnan(a->lp[at]);
+        cJSON_AddItemToArray(lps, lp_number(none ? NAN : a->lp[at]));
+        if (none) {
+            cJSON_AddItemToArray(tops, cJSON_CreateNull());
+            continue;
+        }
+        cJSON *d = cJSON_CreateObject();
+        for (int32_t t = 0; t < a->k; t++) {
+            token_text(sv, prev, a->top_ids[at * a->k + t], alt, sizeof alt, &ignored);
+            if (!cJSON_HasObjectItem(d, alt)) cJSON_AddItemToObject(d, alt, lp_number(a->top_lps[at * a->k + t]));
+        }
+        if (!cJSON_HasObjectItem(d, s)) cJSON_AddItemToObject(d, s, lp_number(a->lp[at]));
+        cJSON_AddItemToArray(tops, d);
+    }
+    return o;
+}
+
 /* The response of a finished job. */
 static cJSON *completion_json(server *sv, const job *j, uint64_t id)
 {
@@ -792,12 +887,24 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
                 cJSON_Delete(o);
                 return NULL;
             }
+            const char *gen = j->ch ? (j->ch[c].text ? j->ch[c].text : "") : text;
+            char *echoed = j->echo ? kvp_malloc(strlen(j->ptext[i]) + strlen(gen) + 1) : NULL;
+            if (echoed) {
+                strcpy(echoed, j->ptext[i]);
+                strcat(echoed, gen);
+            }
             cJSON *ch = cJSON_CreateObject();
             cJSON_AddItemToArray(choices, ch);
             cJSON_AddNumberToObject(ch, "index", (double)c);
-            kvp_json_add_text(ch, "text", j->ch ? (j->ch[c].text ? j->ch[c].text : "") : text);
+            kvp_json_add_text(ch, "text", echoed ? echoed : gen);
             kvp_free(text);
-            cJSON_AddNullToObject(ch, "logprobs");
+            kvp_free(echoed);
+            if (j->echo && !echoed) {
+                cJSON_Delete(o);
+                return NULL;
+            }
+            if (j->logprobs >= 0) cJSON_AddItemToObject(ch, "logprobs", logprobs_json(sv, j, i, s));
+            else cJSON_AddNullToObject(ch, "logprobs");
             add_finish(ch, j, c);
             ctoks += r->n_tokens[s];
         }

@@ -1116,3 +1116,128 @@ Test(generate_session, many_requests_in_bounded_records, .init = setup, .fini = 
     kvp_gen_session_destroy(s);
     free(e.ids);
 }
+
+/* Log-probabilities of request r's result res against the model run directly on each prefix
+ * (next_logprobs): every prompt place (place 0 has nothing before it) and every generated token of sample 0,
+ * the top-k lists sorted and equal to the reference at their ids; each sample's token log-probabilities
+ * add up to its logprob. */
+static void expect_logprobs(const kvp_gen_request *r, const kvp_gen_result *res, const char *what)
+{
+    const int32_t K = r->top_logprobs;
+    const kvp_gen_logprobs *pl = &res->prompt_logprobs;
+    cr_assert_eq(pl->n, r->n_prompt, "%s: %d prompt places, want %d", what, pl->n, r->n_prompt);
+    cr_assert_eq(pl->k, K, "%s", what);
+    cr_assert(isnan(pl->lp[0]), "%s: place 0 has nothing before it", what);
+    for (int32_t i = 0; i < K; i++) cr_assert_eq(pl->top_ids[i], -1, "%s", what);
+    int32_t *seq = malloc(sizeof(int32_t) * (size_t)(r->n_prompt + res->n_tokens[0]));
+    memcpy(seq, r->prompt, sizeof(int32_t) * (size_t)r->n_prompt);
+    memcpy(seq + r->n_prompt, res->tokens[0], sizeof(int32_t) * (size_t)res->n_tokens[0]);
+    const int32_t total = r->n_prompt + res->n_tokens[0];
+    for (int32_t p = 1; p < total; p++) {
+        float ref[512];
+        const int32_t *one[1] = {seq};
+        int32_t len = p;
+        next_logprobs(one, &len, 1, ref);
+        const kvp_gen_logprobs *a = p < r->n_prompt ? pl : &res->logprobs[0];
+        const int32_t place = p < r->n_prompt ? p : p - r->n_prompt;
+        cr_assert_float_eq(a->lp[place], ref[seq[p]], 1e-4, "%s: position %d: %g, want %g", what, p, a->lp[place],
+                           ref[seq[p]]);
+        for (int32_t i = 0; i < K; i++) {
+            const int32_t id = a->top_ids[place * K + i];
+            cr_assert(id >= 0 && id < 512, "%s", what);
+            cr_assert_float_eq(a->top_lps[place * K + i], ref[id], 1e-4, "%s: position %d top %d", what, p, i);
+            if (i > 0) cr_assert_geq(a->top_lps[place * K + i - 1], a->top_lps[place * K + i], "%s", what);
+        }
+        int32_t better = 0; /* tokens the reference ranks above the k-th listed one */
+        for (int32_t t = 0; t < 512; t++) better += ref[t] > a->top_lps[place * K + K - 1] + 1e-4f;
+        cr_assert_leq(better, K - 1, "%s: position %d: the top %d misses a likelier token", what, p, K);
+    }
+    for (int32_t s = 0; s < res->n_samples; s++) {
+        cr_assert_eq(res->logprobs[s].n, res->n_tokens[s], "%s sample %d", what, s);
+        double sum = 0;
+        for (int32_t t = 0; t < res->n_tokens[s]; t++) sum += res->logprobs[s].lp[t];
+        cr_assert_float_eq(sum, res->logprob[s], 1e-3, "%s sample %d: %g vs %g", what, s, sum, res->logprob[s]);
+    }
+    free(seq);
+}
+
+/* expect bit-identical log-probabilities (batch invariance) */
+static void expect_same_logprobs(const kvp_gen_logprobs *a, const kvp_gen_logprobs *b, const char *what)
+{
+    cr_assert_eq(a->n, b->n, "%s", what);
+    cr_assert_eq(a->k, b->k, "%s", what);
+    for (int32_t i = 0; i < a->n; i++) {
+        cr_assert(a->lp[i] == b->lp[i] || (isnan(a->lp[i]) && isnan(b->lp[i])), "%s: place %d", what, i);
+        for (int32_t j = 0; j < a->k; j++) cr_assert_eq(a->top_ids[i * a->k + j], b->top_ids[i * a->k + j], "%s", what);
+    }
+}
+
+/* Prompt and token log-probabilities (with their top 5) against the model run on each prefix; the same,
+ * bit for bit, with a chunked prompt at block size 1, in a batch, and in a cache so small that sequences are
+ * preempted; a prompt whose blocks are cached is computed whole when its request wants prompt
+ * log-probabilities (and the next one without them hits the cache). */
+Test(generate, prompt_and_token_logprobs_match_the_model, .init = setup, .fini = teardown)
+{
+    enc e = encode(prompts[2]);
+    kvp_gen_request r = greedy_req(e, 8);
+    r.sampler.temperature = 0.8;
+    r.sampler.seed = 7;
+    r.n = 2;
+    r.logprobs = r.prompt_logprobs = 1;
+    r.top_logprobs = 5;
+    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_gen_result alone;
+    run(&cfg, &r, 1, &alone, NULL);
+    expect_logprobs(&r, &alone, "alone");
+    /* chunks of 5 tokens, block size 1, with 5 other requests; then a cache that preempts */
+    kvp_gen_request reqs[6];
+    for (int i = 0; i < 6; i++) reqs[i] = r;
+    for (int c = 0; c < 2; c++) {
+        cfg = kvp_gen_config_default();
+        cfg.max_batched_tokens = c ? 2048 : 5;
+        cfg.block_size = c ? 4 : 1;
+        cfg.num_blocks = c ? 3 * (e.n + 8 + 3) / 4 : 0;
+        kvp_gen_result all[6];
+        kvp_gen_stats st;
+        run(&cfg, reqs, 6, all, &st);
+        if (c) cr_assert_gt(st.preemptions, 0, "the cache must be tight enough to preempt");
+        for (int i = 0; i < 6; i++) {
+            expect_same(&alone, &all[i], c ? "preempted" : "chunked", i);
+            expect_same_logprobs(&alone.prompt_logprobs, &all[i].prompt_logprobs, c ? "preempted" : "chunked");
+            for (int s = 0; s < 2; s++) expect_same_logprobs(&alone.logprobs[s], &all[i].logprobs[s], "samples");
+        }
+        kvp_gen_results_free(all, 6);
+    }
+    /* a session: the prompt's blocks cached by a first request; the second wants prompt logprobs */
+    cfg = kvp_gen_config_default();
+    cfg.num_blocks = 64;
+    kvp_gen_session *s;
+    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK);
+    kvp_gen_request plain = greedy_req(e, 8);
+    int32_t id;
+    kvp_gen_result got[3];
+    const kvp_gen_request *seq3[3] = {&plain, &r, &plain};
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(kvp_gen_session_add(s, seq3[k], NULL), KVP_OK);
+        while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_gen_session_take(s, &id, &got[k]), KVP_OK);
+    }
+    cr_assert_eq(got[1].prompt_cached_tokens, 0, "prompt logprobs need every prompt token computed");
+    cr_assert_gt(got[2].prompt_cached_tokens, 0, "the cache still serves the others");
+    cr_assert_null(got[0].logprobs);
+    cr_assert_eq(got[0].prompt_logprobs.n, 0);
+    expect_same(&alone, &got[1], "after a cached prompt", 0);
+    expect_same_logprobs(&alone.prompt_logprobs, &got[1].prompt_logprobs, "after a cached prompt");
+    kvp_gen_results_free(got, 3);
+    kvp_gen_session_destroy(s);
+    /* refused: too many top logprobs, token logprobs with beam search */
+    kvp_gen_request bad = r;
+    bad.top_logprobs = KVP_GEN_MAX_TOP_LOGPROBS + 1;
+    kvp_gen_result none;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &bad, 1, &none, NULL), KVP_EINVAL);
+    bad = r;
+    bad.beam_width = 2;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &bad, 1, &none, NULL), KVP_EINVAL);
+    kvp_gen_results_free(&alone, 1);
+    kvp_free(e.ids);
+}

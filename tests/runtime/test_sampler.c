@@ -225,3 +225,31 @@ Test(sampler, log_softmax_matches_libm_reference)
             }
         }
 }
+
+/* kvp_top_logprobs against a full sort (value desc, id asc): values drawn from few levels so that ties are
+ * common, k from 1 to the whole vocabulary. */
+Test(sampler, top_logprobs_match_full_sort)
+{
+    enum { V = 97 };
+    float l[V], lps[V];
+    int32_t ids[V], order[V];
+    kvp_rng g;
+    kvp_rng_seed(&g, 5, 0);
+    for (int trial = 0; trial < 50; trial++) {
+        for (int i = 0; i < V; i++) l[i] = (float)(kvp_rng_next(&g) % 12) - 20.0f;
+        for (int i = 0; i < V; i++) order[i] = i;
+        for (int i = 0; i < V; i++)
+            for (int j = i + 1; j < V; j++)
+                if (l[order[j]] > l[order[i]] || (l[order[j]] == l[order[i]] && order[j] < order[i])) {
+                    int32_t t = order[i];
+                    order[i] = order[j];
+                    order[j] = t;
+                }
+        const int k = 1 + (int)(kvp_rng_next(&g) % V);
+        kvp_top_logprobs(l, V, k, ids, lps);
+        for (int i = 0; i < k; i++) {
+            cr_assert_eq(ids[i], order[i], "trial %d k %d: place %d is id %d, want %d", trial, k, i, ids[i], order[i]);
+            cr_assert_eq(lps[i], l[order[i]]);
+        }
+    }
+}

@@ -347,7 +347,11 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":0}", 400, "\"n\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "\"stream\" must be true or false"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"n\":100}", 400, "at most 64 choices"},
-        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":2}", 400, "\"logprobs\" is not supported"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":21}", 400, "\"logprobs\" must be an integer in [0, 20]"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"echo\":1}", 400, "\"echo\" must be true or false"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"echo\":true}", 400,
+         "not supported with \"stream\""},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"suffix\":\"x\"}", 400, "\"suffix\" is not supported"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":5}", 400, "\"stop\" must be a string or an array"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"\"]}", 400, "\"stop\" item 0 is not a string of 1 to"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"a\",3]}", 400, "\"stop\" item 1"},
@@ -723,4 +727,85 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     cJSON_Delete(j);
     stop(&two);
     stop(&one);
+}
+
+/* The logprobs object of choice 0: its arrays. */
+static void lp_arrays(const cJSON *j, const cJSON **toks, const cJSON **lps, const cJSON **tops, const cJSON **offs)
+{
+    const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "logprobs");
+    cr_assert(cJSON_IsObject(lp), "no logprobs object");
+    *toks = cJSON_GetObjectItem(lp, "tokens");
+    *lps = cJSON_GetObjectItem(lp, "token_logprobs");
+    *tops = cJSON_GetObjectItem(lp, "top_logprobs");
+    *offs = cJSON_GetObjectItem(lp, "text_offset");
+    const int n = cJSON_GetArraySize(*toks);
+    cr_assert(n == cJSON_GetArraySize(*lps) && n == cJSON_GetArraySize(*tops) && n == cJSON_GetArraySize(*offs));
+}
+
+/* echo + logprobs over the published greedy story (golden case 0) as a prompt of token ids: the text is the
+ * story's, each place's likeliest token is the story's own token (it is the greedy story), and the tokens'
+ * texts add up to the text at their offsets. Then the logprobs of 8 generated tokens equal, number for
+ * number, those of the same tokens sent back as a prompt (decode and prefill give the same logits). */
+Test(serve, logprobs_and_echo_follow_the_golden_story)
+{
+    server s = start("--num-blocks 256");
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 0);
+    const cJSON *story = cJSON_GetObjectItem(c0, "tokens_after_bos");
+    const char *text = cJSON_GetObjectItem(c0, "text")->valuestring;
+    enum { N = 120 };
+    char ids[4096] = "1", body[8192];
+    for (int i = 0; i < N; i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), ",%d", cJSON_GetArrayItem(story, i)->valueint);
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":0,\"echo\":true,\"logprobs\":1}", ids);
+    cJSON *j = complete(&s, body, 200);
+    const char *echoed = choice_text(j, 0);
+    cr_assert_gt(strlen(echoed), 200);
+    cr_assert_eq(strncmp(echoed, text, strlen(echoed)), 0, "echo: %s", echoed);
+    const cJSON *toks, *lps, *tops, *offs;
+    lp_arrays(j, &toks, &lps, &tops, &offs);
+    cr_assert_eq(cJSON_GetArraySize(toks), N + 1);
+    cr_assert(cJSON_IsNull(cJSON_GetArrayItem(lps, 0)) && cJSON_IsNull(cJSON_GetArrayItem(tops, 0)), "BOS has no logprob");
+    char joined[4096] = "";
+    for (int p = 1; p <= N; p++) {
+        const char *t = cJSON_GetArrayItem(toks, p)->valuestring;
+        const double lp = cJSON_GetArrayItem(lps, p)->valuedouble;
+        const cJSON *d = cJSON_GetArrayItem(tops, p);
+        cr_assert_eq(cJSON_GetArraySize(d), 1, "place %d: the story's token is the likeliest", p);
+        cr_assert_str_eq(d->child->string, t, "place %d", p);
+        cr_assert_eq(d->child->valuedouble, lp);
+        cr_assert(lp <= 0 && lp > -20, "place %d: %g", p, lp);
+        cr_assert_eq(cJSON_GetArrayItem(offs, p)->valueint, (int)strlen(joined), "place %d", p);
+        strcat(joined, t);
+    }
+    cr_assert_str_eq(joined, echoed);
+    cJSON_Delete(j);
+    /* 8 greedy tokens after 20 of the story, with their top 3; then the same 28 tokens echoed */
+    snprintf(ids, sizeof ids, "1");
+    for (int i = 0; i < 20; i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), ",%d", cJSON_GetArrayItem(story, i)->valueint);
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":8,\"temperature\":0,\"logprobs\":3}", ids);
+    cJSON *gen = complete(&s, body, 200);
+    for (int i = 20; i < 28; i++)
+        snprintf(ids + strlen(ids), sizeof ids - strlen(ids), ",%d", cJSON_GetArrayItem(story, i)->valueint);
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":0,\"echo\":true,\"logprobs\":3}", ids);
+    cJSON *echo = complete(&s, body, 200);
+    const cJSON *gt, *gl, *gtop, *go, *et, *el, *etop, *eo;
+    lp_arrays(gen, &gt, &gl, &gtop, &go);
+    lp_arrays(echo, &et, &el, &etop, &eo);
+    cr_assert_eq(cJSON_GetArraySize(gt), 8);
+    cr_assert_eq(cJSON_GetArraySize(et), 29);
+    for (int i = 0; i < 8; i++) {
+        cr_assert_str_eq(cJSON_GetArrayItem(gt, i)->valuestring, cJSON_GetArrayItem(et, 21 + i)->valuestring);
+        cr_assert_eq(cJSON_GetArrayItem(gl, i)->valuedouble, cJSON_GetArrayItem(el, 21 + i)->valuedouble, "token %d", i);
+        const cJSON *a = cJSON_GetArrayItem(gtop, i), *b = cJSON_GetArrayItem(etop, 21 + i);
+        cr_assert_eq(cJSON_GetArraySize(a), 3, "token %d: 3 likeliest, the chosen one among them", i);
+        cr_assert(cJSON_Compare(a, b, 1), "token %d: the top 3 differ", i);
+    }
+    cr_assert_eq(cJSON_GetArrayItem(go, 0)->valueint, 0, "offsets count from the returned text");
+    cJSON_Delete(gen);
+    cJSON_Delete(echo);
+    cJSON_Delete(gold);
+    stop(&s);
 }
