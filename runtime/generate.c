@@ -1,6 +1,7 @@
 /* `kvpage generate` — run a real model on the CPU executor: prompts -> tokens -> continuous batching over the
  * paged KV cache (runtime/gen.h) -> text. Text to stdout (or one JSON object with --json); logs to stderr. */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
@@ -53,6 +54,10 @@ static void usage(FILE *f)
             "  --matmul invariant|blas invariant: batch-invariant kernels, the same greedy tokens in any batch\n"
             "                          (default); blas: OpenBLAS sgemm and tiled prefill attention\n"
             "  --json                  one JSON object: per-prompt results and totals\n"
+            "  --logprobs K            with --json: each generated token's log-probability and the K (0..20) likeliest\n"
+            "                          tokens at its place ([id, logprob] pairs), per sample (not with --beam-width)\n"
+            "  --prompt-logprobs       with --logprobs: the same for each prompt token (the prompt is then computed\n"
+            "                          whole, without prefix-cache hits)\n"
             "  -h, --help              this help\n");
 }
 
@@ -116,6 +121,8 @@ typedef struct {
     kvp_matmul_kind matmul;
     kvp_dtype kv_dtype;
     int json, ignore_eos;
+    int32_t logprobs; /* -1: none */
+    int prompt_logprobs;
 } gen_opts;
 
 static cJSON *ids_json(const int32_t *ids, int32_t n)
@@ -123,6 +130,29 @@ static cJSON *ids_json(const int32_t *ids, int32_t n)
     cJSON *a = cJSON_CreateArray();
     for (int32_t i = 0; a && i < n; i++) cJSON_AddItemToArray(a, cJSON_CreateNumber(ids[i]));
     return a;
+}
+
+/* Log-probabilities as JSON arrays: token_logprobs (null where there is none) and top_logprobs ([id, logprob]
+ * pairs, likeliest first, null where there is none) into obj, under prefix + those names. */
+static void logprobs_json(cJSON *obj, const char *prefix, const kvp_gen_logprobs *a)
+{
+    char key[64];
+    snprintf(key, sizeof key, "%stoken_logprobs", prefix);
+    cJSON *lps = cJSON_AddArrayToObject(obj, key);
+    snprintf(key, sizeof key, "%stop_logprobs", prefix);
+    cJSON *tops = cJSON_AddArrayToObject(obj, key);
+    for (int32_t i = 0; i < a->n; i++) {
+        const int none = isnan(a->lp[i]);
+        cJSON_AddItemToArray(lps, none ? cJSON_CreateNull() : cJSON_CreateNumber(a->lp[i]));
+        cJSON *t = none ? cJSON_CreateNull() : cJSON_CreateArray();
+        for (int32_t k = 0; !none && k < a->k; k++) {
+            cJSON *pair = cJSON_CreateArray();
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber(a->top_ids[i * a->k + k]));
+            cJSON_AddItemToArray(pair, cJSON_CreateNumber(a->top_lps[i * a->k + k]));
+            cJSON_AddItemToArray(t, pair);
+        }
+        cJSON_AddItemToArray(tops, t);
+    }
 }
 
 /* A digest of every sample's tokens (lengths included: each token list is hashed after its length). */
@@ -185,7 +215,9 @@ static int run(gen_opts *o)
             goto out;
         }
         reqs[i] = (kvp_gen_request){.prompt = enc[i], .n_prompt = np, .max_tokens = o->max_tokens, .n = o->n,
-                                    .beam_width = o->beam,
+                                    .beam_width = o->beam, .logprobs = o->logprobs >= 0,
+                                    .prompt_logprobs = o->prompt_logprobs,
+                                    .top_logprobs = o->logprobs >= 0 ? o->logprobs : 0,
                                     .sampler = {.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
                                                 .seed = (uint64_t)o->seed + (uint64_t)i}};
     }
@@ -224,6 +256,7 @@ static int run(gen_opts *o)
             cJSON_AddNumberToObject(obj, "cached_prompt_tokens", r->prompt_cached_tokens);
             cJSON_AddNumberToObject(obj, "ttft_s", r->ttft_s);
             cJSON_AddNumberToObject(obj, "tpot_s", r->tpot_s);
+            if (o->prompt_logprobs) logprobs_json(obj, "prompt_", &r->prompt_logprobs);
             samples = cJSON_AddArrayToObject(obj, "samples");
         } else if (n > 1 || r->n_samples > 1) {
             printf("=== prompt %d ===\n", i + 1);
@@ -248,6 +281,7 @@ static int run(gen_opts *o)
                 kvp_json_add_text(so, "text", text);
                 cJSON_AddNumberToObject(so, "logprob", r->logprob[s]);
                 cJSON_AddStringToObject(so, "finish_reason", kvp_gen_finish_name(r->finish[s]));
+                if (r->logprobs) logprobs_json(so, "", &r->logprobs[s]);
             } else {
                 if (r->n_samples > 1) printf("--- sample %d ---\n", s + 1);
                 printf("%s%s\n", o->prompts.items[i], text);
@@ -310,7 +344,8 @@ out:
 int kvp_cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
-           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP };
+           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP,
+           O_LOGPROBS, O_PROMPT_LOGPROBS };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -323,6 +358,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"kv-dtype", required_argument, 0, O_KV_DTYPE}, {"tp", required_argument, 0, O_TP},
+        {"logprobs", required_argument, 0, O_LOGPROBS}, {"prompt-logprobs", no_argument, 0, O_PROMPT_LOGPROBS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     gen_opts o;
@@ -338,6 +374,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.tp = 1;
     o.matmul = KVP_MATMUL_INVARIANT;
     o.kv_dtype = KVP_DTYPE_F32;
+    o.logprobs = -1;
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;
     optind = 0;
@@ -369,6 +406,8 @@ int kvp_cmd_generate(int argc, char **argv)
             break;
         case O_JSON: o.json = 1; break;
         case O_IGNORE_EOS: o.ignore_eos = 1; break;
+        case O_LOGPROBS: st = kvp_parse_i32(optarg, 0, KVP_GEN_MAX_TOP_LOGPROBS, &o.logprobs); break;
+        case O_PROMPT_LOGPROBS: o.prompt_logprobs = 1; break;
         case 'h':
             usage(stdout);
             strlist_free(&o.prompts);
@@ -398,6 +437,14 @@ int kvp_cmd_generate(int argc, char **argv)
     }
     if (o.prompts.n == 0) {
         rc = kvp_cli_usage_error(CMD, "give at least one --prompt or a --prompts-file");
+        goto done;
+    }
+    if ((o.logprobs >= 0 && !o.json) || (o.prompt_logprobs && o.logprobs < 0)) {
+        rc = kvp_cli_usage_error(CMD, "--logprobs needs --json, and --prompt-logprobs needs --logprobs");
+        goto done;
+    }
+    if (o.logprobs >= 0 && o.beam > 1) {
+        rc = kvp_cli_usage_error(CMD, "--logprobs does not apply to --beam-width (each beam's score is its logprob)");
         goto done;
     }
     if (o.beam > 1 && o.n > o.beam) {

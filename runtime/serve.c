@@ -52,7 +52,7 @@ static void usage(FILE *f)
             "Serves a Llama-family model (as `kvpage generate` runs it) over HTTP with OpenAI's completions API.\n"
             "Requests from every connection share the engine's batches (continuous batching); the prefix cache\n"
             "is shared across requests.\n\n"
-            "  POST /v1/completions  {\"prompt\": TEXT | [TEXT, ...] | [TOKEN_ID, ...], \"max_tokens\": 16,\n"
+            "  POST /v1/completions  {\"prompt\": TEXT | [TOKEN_ID, ...] | an array of either, \"max_tokens\": 16,\n"
             "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"n\": 1, \"seed\": N,\n"
             "                        \"stop\": TEXT | [TEXT, ...], \"stream\": false, \"logprobs\": K, \"echo\": false}\n"
             "                        (stream: server-sent events, as OpenAI's; logprobs: each token's log-probability\n"
@@ -698,10 +698,11 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if (code) return code;
     j->nsamples = (int32_t)n;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
-    const int ids = cJSON_IsArray(p) && cJSON_GetArraySize(p) > 0 && cJSON_IsNumber(cJSON_GetArrayItem(p, 0));
-    const int32_t np = cJSON_IsString(p) || ids ? 1 : cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 0;
+    /* one prompt (a string, or an array of token ids) or an array of them */
+    const int one = cJSON_IsString(p) || (cJSON_IsArray(p) && cJSON_IsNumber(p->child));
+    const int32_t np = one ? 1 : cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 0;
     if (np < 1 || np > MAX_PROMPTS) {
-        snprintf(err, cap, "\"prompt\" must be a string, an array of 1 to %d strings, or an array of token ids",
+        snprintf(err, cap, "\"prompt\" must be a string, an array of token ids, or an array of 1 to %d of either",
                  MAX_PROMPTS);
         return 400;
     }
@@ -711,33 +712,34 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     pthread_mutex_lock(&sv->mu);
     base_seed = seed >= 0 ? (uint64_t)seed : sv->next_seed++ * 1000003u; /* no seed: a new one per request */
     pthread_mutex_unlock(&sv->mu);
-    for (int32_t i = 0; i < np; i++) {
+    const cJSON *x = one ? p : p->child;
+    for (int32_t i = 0; i < np; i++, x = one ? NULL : x->next) {
         int32_t len = 0;
-        if (ids) {
-            len = cJSON_GetArraySize(p);
-            if (len >= maxlen) return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
+        if (cJSON_IsArray(x)) {
+            len = cJSON_GetArraySize(x);
+            if (len < 1 || len >= maxlen)
+                return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
             j->enc[i] = kvp_malloc((size_t)len * sizeof(int32_t));
             if (!j->enc[i]) return snprintf(err, cap, "out of memory"), 500;
             j->n = i + 1;
             int32_t t = 0;
-            const cJSON *x;
-            cJSON_ArrayForEach(x, p) { /* linear: cJSON_GetArrayItem walks the list from its head */
-                const double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+            const cJSON *y;
+            cJSON_ArrayForEach(y, x) { /* linear: cJSON_GetArrayItem walks the list from its head */
+                const double v = cJSON_IsNumber(y) ? y->valuedouble : -1;
                 if (!(v >= 0 && v < V && v == (double)(int32_t)v))
-                    return snprintf(err, cap, "\"prompt\" token %d is not a token id in [0, %d)", t, V), 400;
+                    return snprintf(err, cap, "prompt %d: token %d is not a token id in [0, %d)", i, t, V), 400;
                 j->enc[i][t++] = (int32_t)v;
             }
-        } else {
-            const cJSON *x = cJSON_IsString(p) ? p : cJSON_GetArrayItem(p, i);
-            if (!cJSON_IsString(x)) return snprintf(err, cap, "\"prompt\" item %d is not a string", i), 400;
+        } else if (cJSON_IsString(x)) {
             if (kvp_tok_encode(sv->tok, x->valuestring, strlen(x->valuestring), 1, &j->enc[i], &len) != KVP_OK)
                 return snprintf(err, cap, "prompt %d: %s", i, kvp_error_message()), 400;
             j->n = i + 1;
             if (len >= maxlen) return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
+        } else {
+            return snprintf(err, cap, "\"prompt\" item %d is not a string or an array of token ids", i), 400;
         }
-        if (j->echo && (ids ? kvp_tok_decode(sv->tok, -1, j->enc[i], len, &j->ptext[i]) != KVP_OK
-                            : !(j->ptext[i] = dup_str(cJSON_IsString(p) ? p->valuestring
-                                                                         : cJSON_GetArrayItem(p, i)->valuestring))))
+        if (j->echo && (cJSON_IsArray(x) ? kvp_tok_decode(sv->tok, -1, j->enc[i], len, &j->ptext[i]) != KVP_OK
+                                         : !(j->ptext[i] = dup_str(x->valuestring))))
             return snprintf(err, cap, "out of memory"), 500;
         kvp_gen_request *r = &j->reqs[i];
         r->prompt = j->enc[i];

@@ -716,6 +716,10 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
         {"--num-blocks 100000000", "more than this machine's"},
         {"--matmul fast", "error: --matmul: unknown matmul 'fast'"},
         {"--beam-width 2 --temperature 0.5", "do not apply to --beam-width"},
+        {"--logprobs 2", "--logprobs needs --json"},
+        {"--json --prompt-logprobs", "--prompt-logprobs needs --logprobs"},
+        {"--json --logprobs 21", "--logprobs: 21 is out of range"},
+        {"--json --logprobs 1 --beam-width 2", "--logprobs does not apply to --beam-width"},
     };
     kvp_test_cli_rejects("generate --model " S260_GGUF " --prompt hi", options, sizeof options / sizeof options[0]);
     char cmd[512], *out, *err;
@@ -1240,4 +1244,54 @@ Test(generate, prompt_and_token_logprobs_match_the_model, .init = setup, .fini =
     cr_assert_eq(kvp_gen_run(g_model, &cfg, &bad, 1, &none, NULL), KVP_EINVAL);
     kvp_gen_results_free(&alone, 1);
     kvp_free(e.ids);
+}
+
+/* --logprobs and --prompt-logprobs on golden case 1, greedy: every prompt place but the first and every
+ * generated token has a log-probability; the generated token is its place's likeliest (greedy), the top
+ * pairs come likeliest first, and a sample's token log-probabilities add up to its logprob. */
+Test(generate_cli, logprobs_in_the_json_output)
+{
+    tu_require_shared();
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
+    char cmd[1024], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '%s' --max-tokens 12 --json --logprobs 3 --prompt-logprobs",
+             kvp_test_bin(), S260_GGUF, cJSON_GetObjectItem(c1, "prompt")->valuestring);
+    int rc = kvp_test_sh(cmd, &out, &err);
+    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    const cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0);
+    const cJSON *pl = cJSON_GetObjectItem(r0, "prompt_token_logprobs"), *pt = cJSON_GetObjectItem(r0, "prompt_top_logprobs");
+    const cJSON *ptoks = cJSON_GetObjectItem(r0, "prompt_tokens");
+    cr_assert_eq(cJSON_GetArraySize(pl), cJSON_GetArraySize(ptoks));
+    cr_assert(cJSON_IsNull(cJSON_GetArrayItem(pl, 0)) && cJSON_IsNull(cJSON_GetArrayItem(pt, 0)));
+    for (int i = 1; i < cJSON_GetArraySize(pl); i++) {
+        const cJSON *tops = cJSON_GetArrayItem(pt, i);
+        cr_assert_eq(cJSON_GetArraySize(tops), 3);
+        const double lp = cJSON_GetArrayItem(pl, i)->valuedouble;
+        cr_assert(lp < 0 && lp <= cJSON_GetArrayItem(cJSON_GetArrayItem(tops, 0), 1)->valuedouble, "prompt place %d", i);
+    }
+    const cJSON *s0 = cJSON_GetArrayItem(cJSON_GetObjectItem(r0, "samples"), 0);
+    const cJSON *toks = cJSON_GetObjectItem(s0, "tokens"), *lps = cJSON_GetObjectItem(s0, "token_logprobs");
+    const cJSON *tops = cJSON_GetObjectItem(s0, "top_logprobs");
+    cr_assert_eq(cJSON_GetArraySize(toks), 12);
+    cr_assert_eq(cJSON_GetArraySize(lps), 12);
+    double sum = 0;
+    for (int i = 0; i < 12; i++) {
+        const cJSON *t = cJSON_GetArrayItem(tops, i);
+        cr_assert_eq(cJSON_GetArrayItem(cJSON_GetArrayItem(t, 0), 0)->valueint, cJSON_GetArrayItem(toks, i)->valueint,
+                     "token %d is the greedy choice", i);
+        cr_assert_eq(cJSON_GetArrayItem(cJSON_GetArrayItem(t, 0), 1)->valuedouble, cJSON_GetArrayItem(lps, i)->valuedouble);
+        for (int k = 1; k < 3; k++)
+            cr_assert_geq(cJSON_GetArrayItem(cJSON_GetArrayItem(t, k - 1), 1)->valuedouble,
+                          cJSON_GetArrayItem(cJSON_GetArrayItem(t, k), 1)->valuedouble);
+        sum += cJSON_GetArrayItem(lps, i)->valuedouble;
+    }
+    cr_assert_float_eq(sum, cJSON_GetObjectItem(s0, "logprob")->valuedouble, 1e-4);
+    cJSON_Delete(j);
+    cJSON_Delete(gold);
+    free(out);
+    free(err);
 }

@@ -236,8 +236,14 @@ Test(serve, endpoints_and_the_golden_story)
     j = complete(&s, body, 200);
     cr_assert_str_eq(choice_text(j, 0), text + strlen(prompt));
     cJSON_Delete(j);
+    /* several prompts of token ids, and a string among them */
+    snprintf(body, sizeof body, "{\"prompt\":[[%s],\"%s\",[%s]],\"max_tokens\":%d,\"temperature\":0}", ids, prompt,
+             ids, ngen);
+    j = complete(&s, body, 200);
+    for (int i = 0; i < 3; i++) cr_assert_str_eq(choice_text(j, i), text + strlen(prompt), "prompt %d", i);
+    cJSON_Delete(j);
     cJSON_Delete(gold);
-    cr_assert_eq(metric(&s, "kvpage_generation_tokens_total"), 2 * ngen);
+    cr_assert_eq(metric(&s, "kvpage_generation_tokens_total"), 5 * ngen);
     stop(&s);
 }
 
@@ -342,6 +348,9 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{not json", 400, "not a JSON object"},
         {"POST", "/v1/completions", "{\"max_tokens\":4}", 400, "\"prompt\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":[1,2,99999]}", 400, "token 2 is not a token id"},
+        {"POST", "/v1/completions", "{\"prompt\":[[1,2],[1,99999]]}", 400, "prompt 1: token 1 is not a token id"},
+        {"POST", "/v1/completions", "{\"prompt\":[[1,2],[]]}", 400, "prompt 1 is 0 tokens"},
+        {"POST", "/v1/completions", "{\"prompt\":[true]}", 400, "item 0 is not a string or an array of token ids"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":-1}", 400, "\"max_tokens\" must be an integer"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"temperature\":\"hot\"}", 400, "\"temperature\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":0}", 400, "\"n\" must be"},
