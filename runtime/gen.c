@@ -1326,7 +1326,8 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
     while (st == KVP_OK && kvp_gen_session_pending(g)) st = step(g);
     double wall = kvp_now_s() - g->t0;
     int32_t done = 0;
-    for (; st == KVP_OK && done < n; done++) st = collect(g, done, &results[done]);
+    while (st == KVP_OK && done < n) /* a failing collect leaves nothing behind in its result */
+        if ((st = collect(g, done, &results[done])) == KVP_OK) done++;
     if (st != KVP_OK) {
         kvp_gen_results_free(results, done);
         kvp_gen_session_destroy(g);

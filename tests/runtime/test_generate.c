@@ -1295,3 +1295,43 @@ Test(generate_cli, logprobs_in_the_json_output)
     free(out);
     free(err);
 }
+
+/* A run with token and prompt log-probabilities fails cleanly at every allocation (the sanitizer build
+ * checks that nothing leaks on the way out). */
+typedef struct {
+    kvp_gen_request r;
+    kvp_gen_config cfg;
+} lp_run;
+
+static kvp_status make_lp_run(void *ctx, void **obj)
+{
+    lp_run *x = ctx;
+    kvp_gen_result *res = malloc(sizeof *res);
+    kvp_status st = kvp_gen_run(g_model, &x->cfg, &x->r, 1, res, NULL);
+    if (st != KVP_OK) {
+        free(res);
+        return st;
+    }
+    cr_assert_eq(res->prompt_logprobs.n, x->r.n_prompt);
+    cr_assert_eq(res->logprobs[1].n, res->n_tokens[1]);
+    *obj = res;
+    return KVP_OK;
+}
+
+static void destroy_lp_run(void *obj)
+{
+    kvp_gen_results_free(obj, 1);
+    free(obj);
+}
+
+Test(generate, logprobs_run_fails_cleanly_at_every_allocation, .init = setup, .fini = teardown)
+{
+    enc e = encode("Once upon");
+    lp_run x = {.r = greedy_req(e, 3), .cfg = kvp_gen_config_default()};
+    x.r.n = 2;
+    x.r.logprobs = x.r.prompt_logprobs = 1;
+    x.r.top_logprobs = 2;
+    x.cfg.max_batched_tokens = 2; /* the prompt in chunks */
+    tu_every_alloc_failure("generate with logprobs", make_lp_run, destroy_lp_run, &x, 0);
+    kvp_free(e.ids);
+}

@@ -216,7 +216,7 @@ Test(serve, endpoints_and_the_golden_story)
     const char *prompt = cJSON_GetObjectItem(c1, "prompt")->valuestring, *text = cJSON_GetObjectItem(c1, "text")->valuestring;
     const int np = cJSON_GetArraySize(cJSON_GetObjectItem(c1, "prompt_tokens"));
     const int ngen = cJSON_GetArraySize(cJSON_GetObjectItem(c1, "tokens_after_bos")) - (np - 1);
-    char body[512];
+    char body[2048];
     snprintf(body, sizeof body, "{\"model\":\"tiny\",\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0}", prompt, ngen);
     cJSON *j = complete(&s, body, 200);
     cr_assert_str_eq(choice_text(j, 0), text + strlen(prompt));
