@@ -55,7 +55,8 @@ static void usage(FILE *f)
             "  POST /v1/completions  {\"prompt\": TEXT | [TOKEN_ID, ...] | an array of either, \"max_tokens\": 16,\n"
             "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"n\": 1, \"seed\": N,\n"
             "                        \"stop\": TEXT | [TEXT, ...], \"stream\": false, \"logprobs\": K, \"echo\": false}\n"
-            "                        (stream: server-sent events, as OpenAI's; logprobs: each token's log-probability\n"
+            "                        (stream: server-sent events, as OpenAI's, with stream_options include_usage and\n"
+            "                        vLLM's continuous_usage_stats; logprobs: each token's log-probability\n"
             "                        and the K (0..20) likeliest tokens, not with stream; echo: the prompt's text, and\n"
             "                        with logprobs its tokens', before the completion; vLLM's stop_token_ids,\n"
             "                        ignore_eos, include_stop_str_in_output)\n"
@@ -129,6 +130,7 @@ typedef struct job {
     int32_t stop_ids[MAX_STOP_IDS], n_stop_ids;
     int32_t logprobs; /* -1: none; else the top tokens listed at each place */
     int echo;
+    int include_usage, continuous_usage; /* stream_options: usage in a last event / in every event */
     char *ptext[MAX_PROMPTS]; /* echo: the prompts' text, owned */
     choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
 } job;
@@ -603,8 +605,7 @@ static int get_num(const cJSON *req, const char *k, double def, double lo, doubl
 /* Rejects an option this server does not implement when it asks for something (rather than ignoring it). */
 static int unsupported(const cJSON *req, char *err, size_t cap)
 {
-    static const char *const keys[] = {"suffix", "logit_bias", "presence_penalty", "frequency_penalty",
-                                       "stream_options"};
+    static const char *const keys[] = {"suffix", "logit_bias", "presence_penalty", "frequency_penalty"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, keys[i]);
         if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
@@ -669,6 +670,22 @@ static char *dup_str(const char *t)
     return d ? strcpy(d, t) : NULL;
 }
 
+/* OpenAI's "stream_options" (with "stream" only): "include_usage" (a last event with the usage and no
+ * choices) and vLLM's "continuous_usage_stats" (the usage so far in every event). 0, or 400 with err. */
+static int get_stream_options(const cJSON *req, job *j, char *err, size_t cap)
+{
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(req, "stream_options");
+    if (!so || cJSON_IsNull(so)) return 0;
+    if (!j->stream) return snprintf(err, cap, "\"stream_options\" needs \"stream\": true"), 400;
+    if (!cJSON_IsObject(so)) return snprintf(err, cap, "\"stream_options\" must be an object"), 400;
+    for (const cJSON *x = so->child; x; x = x->next)
+        if (strcmp(x->string, "include_usage") != 0 && strcmp(x->string, "continuous_usage_stats") != 0)
+            return snprintf(err, cap, "\"stream_options\" has no option \"%s\"", x->string), 400;
+    j->include_usage = get_bool(so, "include_usage", err, cap);
+    j->continuous_usage = get_bool(so, "continuous_usage_stats", err, cap);
+    return j->include_usage < 0 || j->continuous_usage < 0 ? 400 : 0;
+}
+
 /* Builds the job of a completion request: its prompts tokenized, its sampling parameters checked. */
 static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap)
 {
@@ -690,12 +707,13 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         return 400;
     j->logprobs = (int32_t)logprobs;
     const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size, maxlen = kvp_model_max_len(sv->m);
+    int code;
     if ((j->stream = get_bool(req, "stream", err, cap)) < 0 || (j->echo = get_bool(req, "echo", err, cap)) < 0)
         return 400;
     if (j->stream && (j->echo || j->logprobs >= 0))
         return snprintf(err, cap, "\"logprobs\" and \"echo\" are not supported with \"stream\""), 400;
-    int code = get_stop(req, V, j, err, cap);
-    if (code) return code;
+    if ((code = get_stream_options(req, j, err, cap))) return code;
+    if ((code = get_stop(req, V, j, err, cap))) return code;
     j->nsamples = (int32_t)n;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
     /* one prompt (a string, or an array of token ids) or an array of them */
@@ -762,14 +780,24 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     return 0;
 }
 
+/* Job j's prompt tokens and the tokens it generated so far: its results' once it is finished, else its
+ * streamed choices' (caller holds mu then). */
+static void job_tokens(const job *j, int64_t *p, int64_t *g)
+{
+    *p = *g = 0;
+    for (int32_t i = 0; i < j->n; i++) {
+        *p += j->reqs[i].n_prompt;
+        for (int32_t k = 0; k < j->nsamples; k++)
+            *g += j->finished ? (k < j->res[i].n_samples ? j->res[i].n_tokens[k] : 0)
+                              : j->ch ? j->ch[i * j->nsamples + k].ntok : 0;
+    }
+}
+
 /* Adds an answered job's prompt and generated tokens to the metrics. */
 static void count_tokens(server *sv, const job *j)
 {
-    int64_t p = 0, g = 0;
-    for (int32_t i = 0; i < j->n; i++) {
-        p += j->reqs[i].n_prompt;
-        for (int32_t k = 0; k < j->res[i].n_samples; k++) g += j->res[i].n_tokens[k];
-    }
+    int64_t p, g;
+    job_tokens(j, &p, &g);
     pthread_mutex_lock(&sv->mu);
     sv->prompt_tokens += p;
     sv->completion_tokens += g;
@@ -872,15 +900,25 @@ static cJSON *logprobs_json(const server *sv, const job *j, int32_t i, int32_t k
     return o;
 }
 
+/* OpenAI's usage object of job j (see job_tokens). */
+static cJSON *usage_json(const job *j)
+{
+    int64_t ptoks, ctoks;
+    job_tokens(j, &ptoks, &ctoks);
+    cJSON *u = cJSON_CreateObject();
+    cJSON_AddNumberToObject(u, "prompt_tokens", (double)ptoks);
+    cJSON_AddNumberToObject(u, "completion_tokens", (double)ctoks);
+    cJSON_AddNumberToObject(u, "total_tokens", (double)(ptoks + ctoks));
+    return u;
+}
+
 /* The response of a finished job. */
 static cJSON *completion_json(server *sv, const job *j, uint64_t id)
 {
     cJSON *o = completion_head(sv, id, time(NULL));
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
-    int64_t ptoks = 0, ctoks = 0;
     for (int32_t i = 0; i < j->n; i++) {
         const kvp_gen_result *r = &j->res[i];
-        ptoks += j->reqs[i].n_prompt;
         for (int32_t s = 0; s < r->n_samples; s++) {
             const int32_t c = i * j->nsamples + s;
             char *text = NULL;
@@ -908,13 +946,9 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
             if (j->logprobs >= 0) cJSON_AddItemToObject(ch, "logprobs", logprobs_json(sv, j, i, s));
             else cJSON_AddNullToObject(ch, "logprobs");
             add_finish(ch, j, c);
-            ctoks += r->n_tokens[s];
         }
     }
-    cJSON *u = cJSON_AddObjectToObject(o, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)ptoks);
-    cJSON_AddNumberToObject(u, "completion_tokens", (double)ctoks);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(ptoks + ctoks));
+    cJSON_AddItemToObject(o, "usage", usage_json(j));
     count_tokens(sv, j);
     return o;
 }
@@ -992,7 +1026,10 @@ static size_t utf8_whole(const char *s, size_t n)
     return n;
 }
 
-/* One event of choice c: text[0, n) and, with last, its finish reason. */
+static void out_event(stream_ctx *x, cJSON *o);
+
+/* One event of choice c: text[0, n) and, with last, its finish reason (and with continuous_usage_stats, the
+ * usage so far). */
 static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, int last)
 {
     char *t = kvp_malloc(n + 1);
@@ -1011,6 +1048,13 @@ static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, i
     cJSON_AddNullToObject(ch, "logprobs");
     if (last) add_finish(ch, x->j, c);
     else cJSON_AddNullToObject(ch, "finish_reason");
+    if (x->j->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(x->j));
+    out_event(x, o);
+}
+
+/* Event o (deleted here) as "data: JSON". */
+static void out_event(stream_ctx *x, cJSON *o)
+{
     char *js = cJSON_PrintUnformatted(o);
     cJSON_Delete(o);
     if (!js) {
@@ -1047,15 +1091,16 @@ static int stream_fill(stream_ctx *x)
                 cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
                 cJSON_AddStringToObject(e, "message", j->err);
                 cJSON_AddNumberToObject(e, "code", j->status);
-                char *js = cJSON_PrintUnformatted(o);
-                cJSON_Delete(o);
-                out_add(x, "data: ");
-                out_add(x, js ? js : "{}");
-                out_add(x, "\n\n");
-                cJSON_free(js);
+                out_event(x, o);
             } else {
                 for (int32_t c = 0; c < nc; c++) /* the rest of the text, then the finish reason */
                     stream_event(x, c, j->ch[c].text + x->sent[c], j->ch[c].len - x->sent[c], 1);
+                if (j->include_usage) { /* OpenAI's last event: no choices, the usage */
+                    cJSON *o = completion_head(sv, x->id, x->created);
+                    cJSON_AddArrayToObject(o, "choices");
+                    cJSON_AddItemToObject(o, "usage", usage_json(j));
+                    out_event(x, o);
+                }
             }
             out_add(x, "data: [DONE]\n\n");
             x->done = 1;

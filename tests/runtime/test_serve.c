@@ -361,6 +361,12 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"echo\":true}", 400,
          "not supported with \"stream\""},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"suffix\":\"x\"}", 400, "\"suffix\" is not supported"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":true}}", 400,
+         "\"stream_options\" needs \"stream\": true"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"stream_options\":{\"usage\":true}}", 400,
+         "\"stream_options\" has no option \"usage\""},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"stream_options\":{\"include_usage\":1}}", 400,
+         "\"include_usage\" must be true or false"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":5}", 400, "\"stop\" must be a string or an array"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"\"]}", 400, "\"stop\" item 0 is not a string of 1 to"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stop\":[\"a\",3]}", 400, "\"stop\" item 1"},
@@ -460,7 +466,12 @@ static void sse_texts(const char *stream, char texts[][2048], char finish[][16],
         cJSON *o;
         cr_assert_eq(kvp_json_parse(p, (size_t)(e - p), "event", &o), KVP_OK, "%.*s", (int)(e - p), p);
         const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
-        cr_assert_not_null(ch, "%.*s", (int)(e - p), p);
+        cr_assert(ch || cJSON_IsObject(cJSON_GetObjectItem(o, "usage")), "%.*s", (int)(e - p), p);
+        if (!ch) { /* stream_options.include_usage: the usage, no choice */
+            cJSON_Delete(o);
+            p = e + 2;
+            continue;
+        }
         const int c = cJSON_GetObjectItem(ch, "index")->valueint;
         cr_assert(c >= 0 && c < nc);
         const char *t = cJSON_GetObjectItem(ch, "text")->valuestring;
@@ -816,5 +827,57 @@ Test(serve, logprobs_and_echo_follow_the_golden_story)
     cJSON_Delete(gen);
     cJSON_Delete(echo);
     cJSON_Delete(gold);
+    stop(&s);
+}
+
+/* stream_options: with include_usage the last event before [DONE] has no choice and the usage of the whole
+ * answer (as the unstreamed answer's); with continuous_usage_stats every event carries the usage so far, its
+ * completion tokens never going down; without them no event has a usage. */
+Test(serve, stream_options_give_the_usage)
+{
+    server s = start("--num-blocks 256");
+    const char *fmt = "{\"prompt\":\"Once upon a time\",\"max_tokens\":12,\"n\":2,\"seed\":3%s}";
+    char body[512], *resp;
+    snprintf(body, sizeof body, fmt, "");
+    cJSON *whole = complete(&s, body, 200);
+    const cJSON *wu = cJSON_GetObjectItem(whole, "usage");
+    const char *opts[3] = {",\"stream\":true",
+                           ",\"stream\":true,\"stream_options\":{\"include_usage\":true}",
+                           ",\"stream\":true,\"stream_options\":{\"include_usage\":true,\"continuous_usage_stats\":true}"};
+    for (int k = 0; k < 3; k++) {
+        snprintf(body, sizeof body, fmt, opts[k]);
+        cr_assert_eq(http(&s, "POST", "/v1/completions", body, &resp), 200, "%s", resp);
+        int events = 0, with_usage = 0, last_empty = 0;
+        double prev = -1;
+        for (const char *p = resp; (p = strstr(p, "data: ")) != NULL;) {
+            p += 6;
+            if (strncmp(p, "[DONE]", 6) == 0) break;
+            const char *e = strstr(p, "\n\n");
+            cJSON *o;
+            cr_assert_eq(kvp_json_parse(p, (size_t)(e - p), "event", &o), KVP_OK);
+            const cJSON *u = cJSON_GetObjectItem(o, "usage");
+            events++;
+            last_empty = cJSON_GetArraySize(cJSON_GetObjectItem(o, "choices")) == 0;
+            if (u) {
+                with_usage++;
+                const double ct = cJSON_GetObjectItem(u, "completion_tokens")->valuedouble;
+                cr_assert_geq(ct, prev, "option set %d: completion tokens went down", k);
+                prev = ct;
+                cr_assert_eq(cJSON_GetObjectItem(u, "prompt_tokens")->valuedouble,
+                             cJSON_GetObjectItem(wu, "prompt_tokens")->valuedouble);
+            }
+            if (last_empty) {
+                cr_assert(k > 0 && u, "option set %d: an event without choices", k);
+                cr_assert(cJSON_Compare(u, wu, 1), "option set %d: the final usage differs from the whole answer's", k);
+            }
+            cJSON_Delete(o);
+            p = e + 2;
+        }
+        cr_assert_eq(last_empty, k > 0, "option set %d: the last event", k);
+        cr_assert_eq(with_usage, k == 0 ? 0 : k == 1 ? 1 : events, "option set %d: %d of %d events with a usage", k,
+                     with_usage, events);
+        free(resp);
+    }
+    cJSON_Delete(whole);
     stop(&s);
 }
