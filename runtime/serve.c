@@ -30,6 +30,7 @@
 #include "common/parse.h"
 #include "parallel/comm.h"
 #include "runtime/commands.h"
+#include "runtime/chat.h"
 #include "runtime/gen.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
@@ -60,6 +61,9 @@ static void usage(FILE *f)
             "                        and the K (0..20) likeliest tokens, not with stream; echo: the prompt's text, and\n"
             "                        with logprobs its tokens', before the completion; vLLM's stop_token_ids,\n"
             "                        ignore_eos, include_stop_str_in_output)\n"
+            "  POST /v1/chat/completions  {\"messages\": [{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": TEXT},\n"
+            "                        ...], and the fields above but prompt, logprobs and echo} (the model's chat\n"
+            "                        template, or --chat-template)\n"
             "  GET  /v1/models       the served model\n"
             "  GET  /health          200 while serving\n"
             "  GET  /metrics         Prometheus counters and gauges (requests, tokens, KV blocks, prefix hits)\n\n"
@@ -68,6 +72,9 @@ static void usage(FILE *f)
             "  --host ADDR               IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N                  TCP port (default 8000; 0 = any free port, printed at start)\n"
             "  --served-model-name NAME  the model's name in the API (default: the file or folder's name)\n"
+            "  --chat-template NAME      llama2, mistral or zephyr (default: the one the model's own template is\n"
+            "                            (GGUF tokenizer.chat_template, HF tokenizer_config.json); without one, chat\n"
+            "                            requests get 400)\n"
             "  --kv-mem BYTES            KV cache size (default 512MiB), or --num-blocks N\n"
             "  --num-blocks N            KV blocks (overrides --kv-mem)\n"
             "  --block-size N            tokens per KV block (default 16)\n"
@@ -81,8 +88,9 @@ static void usage(FILE *f)
             "  --tp N                    tensor parallelism over N MPI ranks (default 1): run it as\n"
             "                            `mpirun -np N kvpage serve --tp N ...`; rank 0 serves HTTP and schedules,\n"
             "                            every rank holds 1/N of the heads and of the KV cache (--kv-mem is per rank)\n"
-            "  --json                    print the listening address, the model, the KV blocks and the pid (with\n"
-            "                            --tp: rank 0's, the one to signal) as one JSON object on stdout\n"
+            "  --json                    print the listening address, the model, the KV blocks, the chat template\n"
+            "                            and the pid (with --tp: rank 0's, the one to signal) as one JSON object\n"
+            "                            on stdout\n"
             "  -h, --help                this help\n\n"
             "Stops on SIGINT or SIGTERM: requests in flight get 503, then the process exits 0.\n");
 }
@@ -131,6 +139,7 @@ typedef struct job {
     int32_t logprobs; /* -1: none; else the top tokens listed at each place */
     int echo;
     int include_usage, continuous_usage; /* stream_options: usage in a last event / in every event */
+    int chat; /* /v1/chat/completions: messages in, chat.completion objects out */
     char *ptext[MAX_PROMPTS]; /* echo: the prompts' text, owned */
     choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
 } job;
@@ -144,6 +153,7 @@ typedef struct {
 typedef struct {
     kvp_model *m;
     kvp_tokenizer *tok;
+    kvp_chat_template chat;
     char name[256];
     kvp_gen_config cfg;
     pthread_mutex_t mu;
@@ -686,37 +696,13 @@ static int get_stream_options(const cJSON *req, job *j, char *err, size_t cap)
     return j->include_usage < 0 || j->continuous_usage < 0 ? 400 : 0;
 }
 
-/* Builds the job of a completion request: its prompts tokenized, its sampling parameters checked. */
-static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap)
+/* The prompts of a completion request ("prompt": a string, an array of token ids, or an array of either),
+ * tokenized into j->enc[], j->reqs[].prompt / n_prompt and j->n; with echo their text too. 0, or the HTTP
+ * error with err. */
+static int read_prompts(server *sv, const cJSON *req, job *j, char *err, size_t cap)
 {
-    const cJSON *model = cJSON_GetObjectItemCaseSensitive(req, "model");
-    if (model && !cJSON_IsNull(model) && (!cJSON_IsString(model) || strcmp(model->valuestring, sv->name) != 0)) {
-        snprintf(err, cap, "The model `%s` does not exist (this server serves `%s`).",
-                 cJSON_IsString(model) ? model->valuestring : "?", sv->name);
-        return 404;
-    }
-    if (unsupported(req, err, cap)) return 400;
-    double max_tokens, temperature, top_p, top_k, n, seed, best_of, logprobs;
-    if (!get_num(req, "max_tokens", 16, 0, 1 << 24, 1, &max_tokens, err, cap) ||
-        !get_num(req, "temperature", 1.0, 0, 1e6, 0, &temperature, err, cap) ||
-        !get_num(req, "top_p", 1.0, 1e-9, 1, 0, &top_p, err, cap) ||
-        !get_num(req, "top_k", -1, -1, INT32_MAX, 1, &top_k, err, cap) ||
-        !get_num(req, "n", 1, 1, 1000, 1, &n, err, cap) || !get_num(req, "seed", -1, 0, 9007199254740991.0, 1, &seed, err, cap) ||
-        !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap) ||
-        !get_num(req, "logprobs", -1, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap))
-        return 400;
-    j->logprobs = (int32_t)logprobs;
     const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size, maxlen = kvp_model_max_len(sv->m);
-    int code;
-    if ((j->stream = get_bool(req, "stream", err, cap)) < 0 || (j->echo = get_bool(req, "echo", err, cap)) < 0)
-        return 400;
-    if (j->stream && (j->echo || j->logprobs >= 0))
-        return snprintf(err, cap, "\"logprobs\" and \"echo\" are not supported with \"stream\""), 400;
-    if ((code = get_stream_options(req, j, err, cap))) return code;
-    if ((code = get_stop(req, V, j, err, cap))) return code;
-    j->nsamples = (int32_t)n;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
-    /* one prompt (a string, or an array of token ids) or an array of them */
     const int one = cJSON_IsString(p) || (cJSON_IsArray(p) && cJSON_IsNumber(p->child));
     const int32_t np = one ? 1 : cJSON_IsArray(p) ? cJSON_GetArraySize(p) : 0;
     if (np < 1 || np > MAX_PROMPTS) {
@@ -724,12 +710,6 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
                  MAX_PROMPTS);
         return 400;
     }
-    if (j->stream && np * (int32_t)n > MAX_STREAM)
-        return snprintf(err, cap, "a streamed request has at most %d choices (prompts x n)", MAX_STREAM), 400;
-    uint64_t base_seed;
-    pthread_mutex_lock(&sv->mu);
-    base_seed = seed >= 0 ? (uint64_t)seed : sv->next_seed++ * 1000003u; /* no seed: a new one per request */
-    pthread_mutex_unlock(&sv->mu);
     const cJSON *x = one ? p : p->child;
     for (int32_t i = 0; i < np; i++, x = one ? NULL : x->next) {
         int32_t len = 0;
@@ -759,9 +739,121 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         if (j->echo && (cJSON_IsArray(x) ? kvp_tok_decode(sv->tok, -1, j->enc[i], len, &j->ptext[i]) != KVP_OK
                                          : !(j->ptext[i] = dup_str(x->valuestring))))
             return snprintf(err, cap, "out of memory"), 500;
+        j->reqs[i].prompt = j->enc[i];
+        j->reqs[i].n_prompt = len;
+    }
+    return 0;
+}
+
+/* The prompt of a chat request: "messages" rendered by the server's chat template (a content is a string or
+ * an array of {"type": "text", "text": ...} parts, joined), tokenized into j->enc[0]. 0, or 400 with err. */
+static int read_messages(server *sv, const cJSON *req, job *j, char *err, size_t cap)
+{
+    if (sv->chat == KVP_CHAT_NONE)
+        return snprintf(err, cap, "the model has no chat template this server knows: start it with --chat-template "
+                                  "llama2, mistral or zephyr, or use /v1/completions"), 400;
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(req, "messages");
+    const int32_t n = cJSON_IsArray(ms) ? cJSON_GetArraySize(ms) : 0;
+    if (n < 1 || n > 1024) return snprintf(err, cap, "\"messages\" must be an array of 1 to 1024 messages"), 400;
+    kvp_chat_msg *m = kvp_calloc((size_t)n, sizeof *m);
+    char **joined = kvp_calloc((size_t)n, sizeof *joined);
+    int code = m && joined ? 0 : (snprintf(err, cap, "out of memory"), 500);
+    int32_t i = 0;
+    for (const cJSON *x = ms->child; !code && x; x = x->next, i++) {
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(x, "role"), *content = cJSON_GetObjectItemCaseSensitive(x, "content");
+        m[i].role = cJSON_IsString(role) ? role->valuestring : NULL;
+        if (cJSON_IsString(content)) {
+            m[i].content = content->valuestring;
+            continue;
+        }
+        size_t len = 0; /* text parts */
+        const cJSON *part;
+        cJSON_ArrayForEach(part, content) {
+            const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type"), *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(t)) {
+                code = (snprintf(err, cap, "message %d: only text content parts are supported", i), 400);
+                break;
+            }
+            len += strlen(t->valuestring);
+        }
+        if (code) break;
+        if (!cJSON_IsArray(content)) {
+            code = (snprintf(err, cap, "message %d: \"content\" must be a string or an array of text parts", i), 400);
+            break;
+        }
+        if (!(joined[i] = kvp_malloc(len + 1))) {
+            code = (snprintf(err, cap, "out of memory"), 500);
+            break;
+        }
+        joined[i][0] = '\0';
+        cJSON_ArrayForEach(part, content) strcat(joined[i], cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring);
+        m[i].content = joined[i];
+    }
+    const cJSON *ag = cJSON_GetObjectItemCaseSensitive(req, "add_generation_prompt"); /* vLLM's, default true */
+    const int agp = !ag || cJSON_IsNull(ag) ? 1 : get_bool(req, "add_generation_prompt", err, cap);
+    if (!code && agp < 0) code = 400;
+    int32_t len = 0;
+    if (!code && kvp_chat_render_ids(sv->chat, sv->tok, m, n, agp, &j->enc[0], &len) != KVP_OK)
+        code = (snprintf(err, cap, "%s", kvp_error_message()), 400);
+    for (i = 0; joined && i < n; i++) kvp_free(joined[i]);
+    kvp_free(joined);
+    kvp_free(m);
+    if (code) return code;
+    j->n = 1;
+    const int32_t maxlen = kvp_model_max_len(sv->m);
+    if (len >= maxlen) return snprintf(err, cap, "the conversation is %d tokens, the model's context is %d", len, maxlen), 400;
+    j->reqs[0].prompt = j->enc[0];
+    j->reqs[0].n_prompt = len;
+    return 0;
+}
+
+/* Builds the job of a completion request (or of a chat request, j->chat): its prompts tokenized, its
+ * sampling parameters checked. */
+static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap)
+{
+    const cJSON *model = cJSON_GetObjectItemCaseSensitive(req, "model");
+    if (model && !cJSON_IsNull(model) && (!cJSON_IsString(model) || strcmp(model->valuestring, sv->name) != 0)) {
+        snprintf(err, cap, "The model `%s` does not exist (this server serves `%s`).",
+                 cJSON_IsString(model) ? model->valuestring : "?", sv->name);
+        return 404;
+    }
+    if (unsupported(req, err, cap)) return 400;
+    if (cJSON_GetObjectItemCaseSensitive(req, j->chat ? "prompt" : "messages"))
+        return snprintf(err, cap, j->chat ? "\"prompt\" is for /v1/completions: a chat request has \"messages\""
+                                          : "\"messages\" is for /v1/chat/completions: a completion has a \"prompt\""), 400;
+    double max_tokens, temperature, top_p, top_k, n, seed, best_of, logprobs = -1;
+    if (!get_num(req, "max_tokens", 16, 0, 1 << 24, 1, &max_tokens, err, cap) ||
+        (j->chat && !get_num(req, "max_completion_tokens", max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap)) ||
+        !get_num(req, "temperature", 1.0, 0, 1e6, 0, &temperature, err, cap) ||
+        !get_num(req, "top_p", 1.0, 1e-9, 1, 0, &top_p, err, cap) ||
+        !get_num(req, "top_k", -1, -1, INT32_MAX, 1, &top_k, err, cap) ||
+        !get_num(req, "n", 1, 1, 1000, 1, &n, err, cap) || !get_num(req, "seed", -1, 0, 9007199254740991.0, 1, &seed, err, cap) ||
+        !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap) ||
+        (!j->chat && !get_num(req, "logprobs", -1, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)))
+        return 400;
+    j->logprobs = (int32_t)logprobs;
+    int code;
+    if ((j->stream = get_bool(req, "stream", err, cap)) < 0 || (j->echo = get_bool(req, "echo", err, cap)) < 0)
+        return 400;
+    if (j->chat) { /* a chat's logprobs is a flag (with top_logprobs): not implemented; echo is no chat field */
+        const int lp = get_bool(req, "logprobs", err, cap);
+        if (lp < 0) return 400;
+        if (lp || j->echo) return snprintf(err, cap, "\"%s\" is not supported on /v1/chat/completions", lp ? "logprobs" : "echo"), 400;
+    }
+    if (j->stream && (j->echo || j->logprobs >= 0))
+        return snprintf(err, cap, "\"logprobs\" and \"echo\" are not supported with \"stream\""), 400;
+    if ((code = get_stream_options(req, j, err, cap))) return code;
+    if ((code = get_stop(req, (int32_t)kvp_model_cfg(sv->m)->vocab_size, j, err, cap))) return code;
+    j->nsamples = (int32_t)n;
+    if ((code = j->chat ? read_messages(sv, req, j, err, cap) : read_prompts(sv, req, j, err, cap))) return code;
+    if (j->stream && j->n * (int32_t)n > MAX_STREAM)
+        return snprintf(err, cap, "a streamed request has at most %d choices (prompts x n)", MAX_STREAM), 400;
+    uint64_t base_seed;
+    pthread_mutex_lock(&sv->mu);
+    base_seed = seed >= 0 ? (uint64_t)seed : sv->next_seed++ * 1000003u; /* no seed: a new one per request */
+    pthread_mutex_unlock(&sv->mu);
+    for (int32_t i = 0; i < j->n; i++) {
         kvp_gen_request *r = &j->reqs[i];
-        r->prompt = j->enc[i];
-        r->n_prompt = len;
         r->max_tokens = (int32_t)max_tokens;
         r->n = (int32_t)n;
         r->sampler = (kvp_sampler_params){.temperature = temperature, .top_k = top_k < 0 ? 0 : (int32_t)top_k,
@@ -805,13 +897,14 @@ static void count_tokens(server *sv, const job *j)
 }
 
 /* A completion object's head (the whole answer's, or a streamed event's): id, object, created, model. */
-static cJSON *completion_head(const server *sv, uint64_t id, time_t created)
+static cJSON *completion_head(const server *sv, const job *j, uint64_t id, time_t created)
 {
     cJSON *o = cJSON_CreateObject();
     char idbuf[40];
-    snprintf(idbuf, sizeof idbuf, "cmpl-%llu", (unsigned long long)id);
+    snprintf(idbuf, sizeof idbuf, "%s-%llu", j->chat ? "chatcmpl" : "cmpl", (unsigned long long)id);
     cJSON_AddStringToObject(o, "id", idbuf);
-    cJSON_AddStringToObject(o, "object", "text_completion");
+    cJSON_AddStringToObject(o, "object", !j->chat ? "text_completion" : j->stream ? "chat.completion.chunk"
+                                                                                    : "chat.completion");
     cJSON_AddNumberToObject(o, "created", (double)created);
     cJSON_AddStringToObject(o, "model", sv->name);
     return o;
@@ -915,7 +1008,7 @@ static cJSON *usage_json(const job *j)
 /* The response of a finished job. */
 static cJSON *completion_json(server *sv, const job *j, uint64_t id)
 {
-    cJSON *o = completion_head(sv, id, time(NULL));
+    cJSON *o = completion_head(sv, j, id, time(NULL));
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int32_t i = 0; i < j->n; i++) {
         const kvp_gen_result *r = &j->res[i];
@@ -936,7 +1029,13 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
             cJSON *ch = cJSON_CreateObject();
             cJSON_AddItemToArray(choices, ch);
             cJSON_AddNumberToObject(ch, "index", (double)c);
-            kvp_json_add_text(ch, "text", echoed ? echoed : gen);
+            if (j->chat) {
+                cJSON *msg = cJSON_AddObjectToObject(ch, "message");
+                cJSON_AddStringToObject(msg, "role", "assistant");
+                kvp_json_add_text(msg, "content", gen);
+            } else {
+                kvp_json_add_text(ch, "text", echoed ? echoed : gen);
+            }
             kvp_free(text);
             kvp_free(echoed);
             if (j->echo && !echoed) {
@@ -996,6 +1095,7 @@ typedef struct {
     uint64_t id;
     time_t created;
     size_t sent[MAX_STREAM]; /* bytes of each choice's text sent */
+    unsigned char began[MAX_STREAM]; /* chat: the choice's first delta (with the role) was sent */
     char *out;
     size_t len, at, cap;
     int done; /* [DONE] is in out */
@@ -1039,11 +1139,18 @@ static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, i
     }
     memcpy(t, text, n);
     t[n] = '\0';
-    cJSON *o = completion_head(x->sv, x->id, x->created);
+    cJSON *o = completion_head(x->sv, x->j, x->id, x->created);
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
     cJSON_AddNumberToObject(ch, "index", c);
-    kvp_json_add_text(ch, "text", t);
+    if (x->j->chat) { /* OpenAI's chunks: the role in a choice's first delta, then its new content */
+        cJSON *d = cJSON_AddObjectToObject(ch, "delta");
+        if (!x->began[c]) cJSON_AddStringToObject(d, "role", "assistant");
+        if (n > 0 || !x->began[c]) kvp_json_add_text(d, "content", t);
+        x->began[c] = 1;
+    } else {
+        kvp_json_add_text(ch, "text", t);
+    }
     kvp_free(t);
     cJSON_AddNullToObject(ch, "logprobs");
     if (last) add_finish(ch, x->j, c);
@@ -1096,7 +1203,7 @@ static int stream_fill(stream_ctx *x)
                 for (int32_t c = 0; c < nc; c++) /* the rest of the text, then the finish reason */
                     stream_event(x, c, j->ch[c].text + x->sent[c], j->ch[c].len - x->sent[c], 1);
                 if (j->include_usage) { /* OpenAI's last event: no choices, the usage */
-                    cJSON *o = completion_head(sv, x->id, x->created);
+                    cJSON *o = completion_head(sv, j, x->id, x->created);
                     cJSON_AddArrayToObject(o, "choices");
                     cJSON_AddItemToObject(o, "usage", usage_json(j));
                     out_event(x, o);
@@ -1162,7 +1269,8 @@ static enum MHD_Result stream_reply(struct MHD_Connection *c, stream_ctx *x)
     return ret;
 }
 
-static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const body *b)
+/* POST /v1/completions (chat 0) or /v1/chat/completions (chat 1). */
+static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const body *b, int chat)
 {
     if (b->too_big) return reply_error(sv, c, 413, "the request body is larger than 1 MiB");
     cJSON *req = b->len ? cJSON_ParseWithLength(b->buf, b->len) : NULL;
@@ -1177,6 +1285,7 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const b
         return reply_error(sv, c, 500, "out of memory");
     }
     char err[512] = "";
+    j->chat = chat;
     int code = build_job(sv, req, j, err, sizeof err);
     cJSON_Delete(req);
     if (code) {
@@ -1343,7 +1452,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     }
     const int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
     if (strcmp(url, "/v1/completions") == 0)
-        return post ? completions(sv, c, b) : reply_error(sv, c, 405, "use POST for /v1/completions");
+        return post ? completions(sv, c, b, 0) : reply_error(sv, c, 405, "use POST for /v1/completions");
+    if (strcmp(url, "/v1/chat/completions") == 0)
+        return post ? completions(sv, c, b, 1) : reply_error(sv, c, 405, "use POST for /v1/chat/completions");
     if (strcmp(url, "/v1/models") == 0) return get ? models(sv, c) : reply_error(sv, c, 405, "use GET for /v1/models");
     if (strcmp(url, "/metrics") == 0) return get ? metrics(sv, c) : reply_error(sv, c, 405, "use GET for /metrics");
     if (strcmp(url, "/health") == 0) {
@@ -1368,7 +1479,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 /* ---------------------------------------------------------------- command */
 
 typedef struct {
-    const char *model, *tokenizer, *host, *name;
+    const char *model, *tokenizer, *host, *name, *chat_template;
     int32_t port, num_blocks, threads, max_conns, tp;
     int64_t kv_mem;
     int json;
@@ -1399,6 +1510,13 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
     sv.tp = o->tp;
     sv.cfg = *cfg;
     kvp_status st = kvp_tok_for_model(sv.m, o->model, o->tokenizer, &sv.tok);
+    int jinja = 0;
+    if (st == KVP_OK)
+        st = o->chat_template ? kvp_chat_template_parse(o->chat_template, &sv.chat)
+                              : kvp_chat_template_of_model(o->model, kvp_model_is_gguf(m), &sv.chat, &jinja);
+    if (st == KVP_OK && jinja && sv.chat == KVP_CHAT_NONE)
+        KVP_LOG_W("serve: the model's chat template is none of the built-in ones (llama2, mistral, zephyr): chat "
+                  "requests get 400 unless --chat-template names one");
     if (st == KVP_OK) st = kvp_gen_session_create(sv.m, &sv.cfg, &sv.s);
     if (o->name) {
         snprintf(sv.name, sizeof sv.name, "%s", o->name);
@@ -1455,6 +1573,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
                 cJSON_AddStringToObject(j, "model", sv.name);
                 cJSON_AddNumberToObject(j, "num_blocks", sv.cfg.num_blocks);
                 cJSON_AddNumberToObject(j, "block_size", sv.cfg.block_size);
+                cJSON_AddStringToObject(j, "chat_template", kvp_chat_template_name(sv.chat));
                 cJSON_AddNumberToObject(j, "pid", (double)getpid()); /* with --tp: rank 0's, the one to signal */
                 if (kvp_json_print(stdout, j) != KVP_OK) KVP_LOG_W("serve: cannot print the --json line");
                 cJSON_Delete(j);
@@ -1531,7 +1650,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
 int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_CONNS, O_TP, O_JSON };
+           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -1542,6 +1661,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
+        {"chat-template", required_argument, 0, O_CHAT},
         {0, 0, 0, 0}};
     serve_opts o = {.host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1,
                     .matmul = KVP_MATMUL_INVARIANT};
@@ -1556,6 +1676,12 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_HOST: o.host = optarg; break;
         case O_PORT: st = kvp_parse_i32(optarg, 0, 65535, &o.port); break;
         case O_NAME: o.name = optarg; break;
+        case O_CHAT: {
+            kvp_chat_template t;
+            st = kvp_chat_template_parse(optarg, &t);
+            o.chat_template = optarg;
+            break;
+        }
         case O_KVMEM: st = kvp_parse_bytes(optarg, &o.kv_mem); break;
         case O_NB: st = kvp_parse_i32(optarg, 1, INT32_MAX / 2, &cfg.num_blocks); break;
         case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &cfg.block_size); break;

@@ -18,6 +18,8 @@
 #include "cli_testutil.h"
 #include "common/json.h"
 #include "model_testutil.h"
+#include "runtime/chat.h"
+#include "runtime/tokenizer.h"
 
 typedef struct {
     pid_t pid;      /* the child: kvpage, or mpirun */
@@ -167,17 +169,20 @@ static int http(const server *s, const char *method, const char *path, const cha
     return code;
 }
 
-/* POST /v1/completions with body; the code must be want; returns the parsed answer. */
-static cJSON *complete(const server *s, const char *body, int want)
+/* POST path with body; the code must be want; returns the parsed answer. */
+static cJSON *post_json(const server *s, const char *path, const char *body, int want)
 {
     char *resp;
-    int code = http(s, "POST", "/v1/completions", body, &resp);
+    int code = http(s, "POST", path, body, &resp);
     cr_assert_eq(code, want, "%s -> %d: %s", body, code, resp);
     cJSON *j;
     cr_assert_eq(kvp_json_parse(resp, strlen(resp), "response", &j), KVP_OK, "%s", resp);
     free(resp);
     return j;
 }
+
+static cJSON *complete(const server *s, const char *body, int want) { return post_json(s, "/v1/completions", body, want); }
+static cJSON *chat(const server *s, const char *body, int want) { return post_json(s, "/v1/chat/completions", body, want); }
 
 static const char *choice_text(const cJSON *j, int i)
 {
@@ -880,4 +885,160 @@ Test(serve, stream_options_give_the_usage)
     }
     cJSON_Delete(whole);
     stop(&s);
+}
+
+/* The contents of a chat stream's choice 0, joined; *role: its first delta named the assistant (and no
+ * later one did); finish: the last finish reason. */
+static void chat_stream(const char *stream, char *content, size_t cap, int *role, char *finish)
+{
+    content[0] = finish[0] = '\0';
+    *role = 0;
+    int first = 1;
+    for (const char *p = stream; (p = strstr(p, "data: ")) != NULL;) {
+        p += 6;
+        if (strncmp(p, "[DONE]", 6) == 0) return;
+        const char *e = strstr(p, "\n\n");
+        cJSON *o;
+        cr_assert_eq(kvp_json_parse(p, (size_t)(e - p), "event", &o), KVP_OK);
+        cr_assert_str_eq(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion.chunk");
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+        const cJSON *d = cJSON_GetObjectItem(ch, "delta"), *r = cJSON_GetObjectItem(d, "role"), *c = cJSON_GetObjectItem(d, "content");
+        if (first) *role = cJSON_IsString(r) && strcmp(r->valuestring, "assistant") == 0;
+        else cr_assert_null(r, "the role comes in the first delta only");
+        first = 0;
+        if (cJSON_IsString(c)) strncat(content, c->valuestring, cap - 1 - strlen(content));
+        const cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
+        if (cJSON_IsString(f)) snprintf(finish, 16, "%s", f->valuestring);
+        cJSON_Delete(o);
+        p = e + 2;
+    }
+    cr_assert_fail("no [DONE]: %s", stream);
+}
+
+/* --chat-template llama2: a chat request's answer is the completion of the prompt the template renders
+ * (token ids from kvp_chat_render_ids, whose renderings the chat tests check against the models' own
+ * templates), whole, streamed and sampled; its usage counts that prompt; bad chats are named. */
+Test(serve, chat_completions_answer_the_rendered_prompt)
+{
+    server s = start("--num-blocks 256 --chat-template llama2");
+    kvp_gguf *g;
+    kvp_tokenizer *tok;
+    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
+    cr_assert_eq(kvp_tok_from_gguf(g, &tok), KVP_OK);
+    kvp_gguf_close(g);
+    const kvp_chat_msg m[4] = {{"system", "Be nice."}, {"user", "Tell me a story about Lily."},
+                               {"assistant", "Lily was a girl."}, {"user", "What did she do?"}};
+    int32_t *ids, n;
+    cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_LLAMA2, tok, m, 4, 1, &ids, &n), KVP_OK);
+    char idtext[4096] = "", body[8192], *resp;
+    for (int32_t i = 0; i < n; i++) snprintf(idtext + strlen(idtext), sizeof idtext - strlen(idtext), "%s%d", i ? "," : "", ids[i]);
+    const char *msgs = "[{\"role\":\"system\",\"content\":\"Be nice.\"},{\"role\":\"user\",\"content\":\"Tell me a story "
+                       "about Lily.\"},{\"role\":\"assistant\",\"content\":\"Lily was a girl.\"},{\"role\":\"user\","
+                       "\"content\":[{\"type\":\"text\",\"text\":\"What did \"},{\"type\":\"text\",\"text\":\"she do?\"}]}]";
+    const char *tails[2] = {"\"temperature\":0", "\"n\":3,\"seed\":11"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(body, sizeof body, "{\"messages\":%s,\"max_completion_tokens\":24,%s}", msgs, tails[k]);
+        cJSON *ans = chat(&s, body, 200);
+        snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":24,%s}", idtext, tails[k]);
+        cJSON *plain = complete(&s, body, 200);
+        cr_assert_str_eq(cJSON_GetObjectItem(ans, "object")->valuestring, "chat.completion");
+        cr_assert_eq(strncmp(cJSON_GetObjectItem(ans, "id")->valuestring, "chatcmpl-", 9), 0);
+        cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(ans, "usage"), "prompt_tokens")->valueint, n);
+        const int nc = k ? 3 : 1;
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(ans, "choices")), nc);
+        for (int c = 0; c < nc; c++) {
+            const cJSON *msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(ans, "choices"), c), "message");
+            cr_assert_str_eq(cJSON_GetObjectItem(msg, "role")->valuestring, "assistant");
+            cr_assert_str_eq(cJSON_GetObjectItem(msg, "content")->valuestring, choice_text(plain, c), "chat %d choice %d", k, c);
+        }
+        if (k == 0) { /* streamed */
+            snprintf(body, sizeof body, "{\"messages\":%s,\"max_tokens\":24,\"temperature\":0,\"stream\":true}", msgs);
+            cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, &resp), 200, "%s", resp);
+            char content[2048], finish[16];
+            int role;
+            chat_stream(resp, content, sizeof content, &role, finish);
+            cr_assert(role, "the first delta names the assistant");
+            cr_assert_str_eq(content, choice_text(plain, 0));
+            cr_assert_str_eq(finish, "length");
+            free(resp);
+        }
+        cJSON_Delete(ans);
+        cJSON_Delete(plain);
+    }
+    static const struct {
+        const char *body, *needle;
+    } bad[] = {
+        {"{\"messages\":[]}", "\"messages\" must be an array of 1 to"},
+        {"{\"max_tokens\":3}", "\"messages\" must be"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\",\"content\":\"b\"}]}", "roles must alternate"},
+        {"{\"messages\":[{\"role\":\"robot\",\"content\":\"a\"}]}", "role \"robot\""},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", "only text content parts"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "\"content\" must be a string or an array"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"prompt\":\"a\"}", "\"prompt\" is for /v1/completions"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true}", "\"logprobs\" is not supported on"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"add_generation_prompt\":3}", "\"add_generation_prompt\" must be"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *e = chat(&s, bad[i].body, 400);
+        const char *msg = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "message")->valuestring;
+        cr_assert(strstr(msg, bad[i].needle), "%s: %s", bad[i].body, msg);
+        cJSON_Delete(e);
+    }
+    cJSON *e = complete(&s, "{\"messages\":[]}", 400);
+    cr_assert(strstr(cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "message")->valuestring,
+                     "\"messages\" is for /v1/chat/completions"));
+    cJSON_Delete(e);
+    cr_assert_eq(http(&s, "GET", "/v1/chat/completions", NULL, &resp), 405);
+    free(resp);
+    kvp_free(ids);
+    kvp_tok_destroy(tok);
+    stop(&s);
+}
+
+/* The chat template comes from the model: none in stories260K's GGUF (chat answers 400 naming
+ * --chat-template), TinyLlama's zephyr template in an HF folder's tokenizer_config.json (found: the --json line
+ * names it and a chat is answered), and a tokenizer_config.json that is no JSON stops the server (exit 2, the
+ * file named). */
+Test(serve, chat_template_of_the_model)
+{
+    server s = start("--num-blocks 64");
+    char *resp;
+    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}]}", &resp), 400);
+    cr_assert(strstr(resp, "--chat-template"), "%s", resp);
+    free(resp);
+    stop(&s);
+    char dir[256], cmd[8192], path[512], *out, *err;
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char cwd[512];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    snprintf(cmd, sizeof cmd, "mkdir %s/hf && ln -s %s/%s/config.json %s/%s/model.safetensors %s/hf/ && ln -s %s/%s/llama2c %s/",
+             dir, cwd, S260_HF, cwd, S260_HF, dir, cwd, S260_DIR, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(path, sizeof path, "%s/hf/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"chat_template\": \"{% for message in messages %}\\n{% if message['role'] == 'user' %}\\n{{ '<|user|>\\\\n' + "
+          "message['content'] + eos_token }}\\n{% endif %}\\n{% if loop.last and add_generation_prompt %}\\n"
+          "{{ '<|assistant|>' }}\\n{% endif %}\\n{% endfor %}\", \"bos_token\": \"<s>\"}", f);
+    fclose(f);
+    char extra[600];
+    snprintf(extra, sizeof extra, "--num-blocks 64 --model %s/hf", dir);
+    s = start(extra);
+    out = (char *)tu_read_all(s.outpath, &(size_t){0});
+    cr_assert(strstr(out, "\"chat_template\":\t\"zephyr\""), "%s", out);
+    free(out);
+    cJSON *j = chat(&s, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3}", 200);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 1);
+    cJSON_Delete(j);
+    stop(&s);
+    f = fopen(path, "w");
+    fputs("{\"chat_template\": ", f);
+    fclose(f);
+    char run[1024];
+    snprintf(run, sizeof run, "%s serve --model %s/hf --port 0", kvp_test_bin(), dir);
+    cr_assert_eq(kvp_test_sh(run, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "tokenizer_config.json"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
 }

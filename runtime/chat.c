@@ -1,0 +1,282 @@
+/* runtime/chat.c — built-in chat templates (see chat.h). */
+#include "runtime/chat.h"
+
+#include <string.h>
+#include <sys/stat.h>
+
+#include "common/alloc.h"
+#include "common/json.h"
+#include "runtime/gguf.h"
+
+static const char *const k_names[] = {"none", "llama2", "mistral", "zephyr"};
+
+kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out)
+{
+    for (int t = KVP_CHAT_LLAMA2; t <= KVP_CHAT_ZEPHYR; t++)
+        if (strcmp(name, k_names[t]) == 0) {
+            *out = (kvp_chat_template)t;
+            return KVP_OK;
+        }
+    return KVP_ERR(KVP_EINVAL, "unknown chat template '%s' (llama2, mistral or zephyr)", name);
+}
+
+const char *kvp_chat_template_name(kvp_chat_template t)
+{
+    return (unsigned)t < sizeof k_names / sizeof k_names[0] ? k_names[t] : "?";
+}
+
+kvp_chat_template kvp_chat_template_detect(const char *jinja)
+{
+    if (!jinja) return KVP_CHAT_NONE;
+    if (strstr(jinja, "[INST]")) return strstr(jinja, "<<SYS>>") ? KVP_CHAT_LLAMA2 : KVP_CHAT_MISTRAL;
+    if (strstr(jinja, "<|user|>") && strstr(jinja, "<|assistant|>")) return KVP_CHAT_ZEPHYR;
+    return KVP_CHAT_NONE;
+}
+
+/* The Jinja template of a Hugging Face folder (or of the folder of a .safetensors file): tokenizer_config.json's
+ * chat_template, a string or a list of {name, template}. *out NULL when there is none. */
+static kvp_status hf_chat_template(const char *model_path, char **out)
+{
+    *out = NULL;
+    struct stat sb;
+    char path[4096];
+    if (stat(model_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        snprintf(path, sizeof path, "%s/tokenizer_config.json", model_path);
+    } else {
+        const char *slash = strrchr(model_path, '/');
+        snprintf(path, sizeof path, "%.*s/tokenizer_config.json", slash ? (int)(slash - model_path) : 1,
+                 slash ? model_path : ".");
+    }
+    if (stat(path, &sb) != 0) return KVP_OK;
+    cJSON *j;
+    KVP_TRY(kvp_json_parse_file(path, &j));
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(j, "chat_template"), *x;
+    if (cJSON_IsArray(t))
+        cJSON_ArrayForEach(x, t) {
+            const cJSON *name = cJSON_GetObjectItemCaseSensitive(x, "name");
+            if (cJSON_IsString(name) && strcmp(name->valuestring, "default") == 0) {
+                t = cJSON_GetObjectItemCaseSensitive(x, "template");
+                break;
+            }
+        }
+    kvp_status st = KVP_OK;
+    if (t && !cJSON_IsNull(t) && !cJSON_IsString(t))
+        st = KVP_ERR(KVP_EPARSE, "%s: chat_template is not a string (or a list holding a \"default\" one)", path);
+    else if (cJSON_IsString(t) && !(*out = kvp_malloc(strlen(t->valuestring) + 1)))
+        st = KVP_ERR(KVP_ENOMEM, "out of memory");
+    else if (cJSON_IsString(t))
+        strcpy(*out, t->valuestring);
+    cJSON_Delete(j);
+    return st;
+}
+
+kvp_status kvp_chat_template_of_model(const char *model_path, int is_gguf, kvp_chat_template *out, int *jinja_found)
+{
+    *out = KVP_CHAT_NONE;
+    *jinja_found = 0;
+    char *jinja = NULL;
+    if (is_gguf) {
+        kvp_gguf *g;
+        KVP_TRY(kvp_gguf_open(model_path, &g));
+        kvp_gguf_str s;
+        int present = 0;
+        kvp_status st = kvp_gguf_get_str(g, "tokenizer.chat_template", &s, &present);
+        if (st == KVP_OK && present && !(jinja = kvp_malloc(s.len + 1))) st = KVP_ERR(KVP_ENOMEM, "out of memory");
+        if (st == KVP_OK && present) {
+            memcpy(jinja, s.ptr, s.len);
+            jinja[s.len] = '\0';
+        }
+        kvp_gguf_close(g);
+        KVP_TRY(st);
+    } else {
+        KVP_TRY(hf_chat_template(model_path, &jinja));
+    }
+    *jinja_found = jinja != NULL;
+    *out = kvp_chat_template_detect(jinja);
+    kvp_free(jinja);
+    return KVP_OK;
+}
+
+/* Where a rendering goes: text with "<s>" / "</s>" markers (tok NULL), or token ids (each run of text
+ * between special tokens is held in text until the next special token or the end, then tokenized). */
+typedef struct {
+    const kvp_tokenizer *tok;
+    char *text;
+    size_t len, cap;
+    int32_t *ids;
+    size_t nids, cap_ids;
+    kvp_status st;
+} sink;
+
+static void put(sink *k, const char *s, size_t n)
+{
+    if (k->st != KVP_OK) return;
+    if ((k->st = kvp_grow((void **)&k->text, &k->cap, k->len + n + 1, 1)) != KVP_OK) return;
+    memcpy(k->text + k->len, s, n);
+    k->len += n;
+    k->text[k->len] = '\0';
+}
+
+static void puts_(sink *k, const char *s) { put(k, s, strlen(s)); }
+
+/* The text run so far, tokenized (ids mode). */
+static void flush(sink *k)
+{
+    if (k->st != KVP_OK || !k->tok || k->len == 0) return;
+    int32_t *enc = NULL, n = 0;
+    if ((k->st = kvp_tok_encode(k->tok, k->text, k->len, 0, &enc, &n)) != KVP_OK) return;
+    if ((k->st = kvp_grow((void **)&k->ids, &k->cap_ids, k->nids + (size_t)n, sizeof *k->ids)) == KVP_OK) {
+        memcpy(k->ids + k->nids, enc, (size_t)n * sizeof *enc);
+        k->nids += (size_t)n;
+    }
+    kvp_free(enc);
+    k->len = 0;
+}
+
+static void put_special(sink *k, int eos)
+{
+    if (!k->tok) {
+        puts_(k, eos ? "</s>" : "<s>");
+        return;
+    }
+    flush(k);
+    const int32_t id = eos ? kvp_tok_eos(k->tok) : kvp_tok_bos(k->tok);
+    if (k->st != KVP_OK || id < 0) return; /* a tokenizer without it: nothing, as HF's None token */
+    if ((k->st = kvp_grow((void **)&k->ids, &k->cap_ids, k->nids + 1, sizeof *k->ids)) == KVP_OK) k->ids[k->nids++] = id;
+}
+
+static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
+
+/* s without the whitespace around it (Python's str.strip for ASCII whitespace). */
+static void put_stripped(sink *k, const char *s)
+{
+    size_t a = 0, b = strlen(s);
+    while (a < b && is_space(s[a])) a++;
+    while (b > a && is_space(s[b - 1])) b--;
+    put(k, s + a, b - a);
+}
+
+enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
+
+static int role_of(const kvp_chat_msg *m)
+{
+    static const char *const roles[] = {"system", "user", "assistant"};
+    for (int r = 0; r < 3; r++)
+        if (m->role && strcmp(m->role, roles[r]) == 0) return r;
+    return -1;
+}
+
+/* Messages from i0 on must go user, assistant, user, ... (Hugging Face's templates raise otherwise). */
+static kvp_status check_alternation(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, int32_t i0)
+{
+    for (int32_t i = i0; i < n; i++) {
+        const int r = role_of(&m[i]);
+        if (r == ROLE_SYSTEM)
+            return t == KVP_CHAT_MISTRAL
+                       ? KVP_ERR(KVP_EINVAL, "chat: message %d: the mistral template has no system role", i)
+                       : KVP_ERR(KVP_EINVAL, "chat: message %d: a system message can only come first", i);
+        if ((r == ROLE_USER) != ((i - i0) % 2 == 0))
+            return KVP_ERR(KVP_EINVAL, "chat: message %d is %s: roles must alternate user, assistant, user, ...%s", i,
+                           m[i].role, i0 ? " after the system message" : "");
+    }
+    return KVP_OK;
+}
+
+static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, int agp, sink *k)
+{
+    if (t == KVP_CHAT_NONE) return KVP_ERR(KVP_EINVAL, "chat: no chat template");
+    if (n < 1 || !m) return KVP_ERR(KVP_EINVAL, "chat: no message");
+    for (int32_t i = 0; i < n; i++) {
+        if (role_of(&m[i]) < 0)
+            return KVP_ERR(KVP_EINVAL, "chat: message %d has role \"%s\" (system, user or assistant)", i,
+                           m[i].role ? m[i].role : "");
+        if (!m[i].content) return KVP_ERR(KVP_EINVAL, "chat: message %d has no content", i);
+    }
+    if (t == KVP_CHAT_ZEPHYR) {
+        for (int32_t i = 0; i < n; i++) {
+            puts_(k, "<|");
+            puts_(k, m[i].role);
+            puts_(k, "|>\n");
+            puts_(k, m[i].content);
+            put_special(k, 1);
+            puts_(k, "\n");
+        }
+        if (agp) puts_(k, "<|assistant|>\n");
+        return KVP_OK;
+    }
+    const int32_t i0 = t == KVP_CHAT_LLAMA2 && role_of(&m[0]) == ROLE_SYSTEM; /* llama2: the system message */
+    KVP_TRY(check_alternation(t, m, n, i0));
+    if (t == KVP_CHAT_MISTRAL) put_special(k, 0);
+    for (int32_t i = i0; i < n; i++) {
+        const int user = role_of(&m[i]) == ROLE_USER;
+        if (t == KVP_CHAT_MISTRAL) {
+            if (user) {
+                puts_(k, "[INST] ");
+                puts_(k, m[i].content);
+                puts_(k, " [/INST]");
+            } else {
+                puts_(k, m[i].content);
+                put_special(k, 1);
+            }
+            continue;
+        }
+        if (!user) { /* llama2 */
+            puts_(k, " ");
+            put_stripped(k, m[i].content);
+            puts_(k, " ");
+            put_special(k, 1);
+            continue;
+        }
+        put_special(k, 0);
+        puts_(k, "[INST] ");
+        if (i == i0 && i0 == 1) { /* the system message opens the first user message; the whole is stripped */
+            puts_(k, "<<SYS>>\n");
+            puts_(k, m[0].content);
+            puts_(k, "\n<</SYS>>\n\n");
+            const char *c = m[i].content;
+            size_t b = strlen(c);
+            while (b > 0 && is_space(c[b - 1])) b--;
+            put(k, c, b);
+        } else {
+            put_stripped(k, m[i].content);
+        }
+        puts_(k, " [/INST]");
+    }
+    return KVP_OK;
+}
+
+kvp_status kvp_chat_render_text(kvp_chat_template t, const kvp_chat_msg *msgs, int32_t n, int add_generation_prompt,
+                                char **out)
+{
+    *out = NULL;
+    sink k = {.st = KVP_OK};
+    kvp_status st = render(t, msgs, n, add_generation_prompt, &k);
+    if (st == KVP_OK) st = k.st;
+    if (st == KVP_OK && !k.text) put(&k, "", 0), st = k.st;
+    if (st != KVP_OK) {
+        kvp_free(k.text);
+        return st;
+    }
+    *out = k.text;
+    return KVP_OK;
+}
+
+kvp_status kvp_chat_render_ids(kvp_chat_template t, const kvp_tokenizer *tok, const kvp_chat_msg *msgs, int32_t n,
+                               int add_generation_prompt, int32_t **ids, int32_t *n_ids)
+{
+    *ids = NULL;
+    *n_ids = 0;
+    sink k = {.tok = tok, .st = KVP_OK};
+    kvp_status st = render(t, msgs, n, add_generation_prompt, &k);
+    flush(&k);
+    if (st == KVP_OK) st = k.st;
+    if (st == KVP_OK && k.nids == 0) st = KVP_ERR(KVP_EINVAL, "chat: the conversation renders to no token");
+    kvp_free(k.text);
+    if (st != KVP_OK) {
+        kvp_free(k.ids);
+        return st;
+    }
+    *ids = k.ids;
+    *n_ids = (int32_t)k.nids;
+    return KVP_OK;
+}

@@ -1,0 +1,52 @@
+/* runtime/chat.h — chat templates: a conversation (role, content messages) rendered into a prompt the way
+ * a model's chat template renders it (Hugging Face's apply_chat_template), for the sentencepiece chat models
+ * the tokenizer reads. Built-in templates, not a Jinja engine: a model's own template (GGUF metadata
+ * tokenizer.chat_template) is recognised by its markers, as llama.cpp did before it ran Jinja.
+ *
+ *   llama2   Llama-2-chat:  <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ...
+ *            (contents stripped of surrounding whitespace; roles alternate user/assistant after one system)
+ *   mistral  Mistral-7B-Instruct v0.1:  <s>[INST] {user} [/INST]{assistant}</s>[INST] ...  (no system role)
+ *   zephyr   Zephyr / TinyLlama-chat:  <|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n
+ *
+ * <s> and </s> are the BOS and EOS tokens, never text: a message that contains "</s>" gets those characters
+ * tokenized, not an EOS. Each run of text between them is tokenized on its own with sentencepiece's leading
+ * space, as llama.cpp and Hugging Face's legacy Llama tokenizer do. With add_generation_prompt the prompt
+ * ends where the assistant's reply starts (llama2 and mistral: after [/INST]; zephyr: "<|assistant|>\n").
+ */
+#ifndef KVP_RUNTIME_CHAT_H
+#define KVP_RUNTIME_CHAT_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+#include "runtime/tokenizer.h"
+
+typedef enum { KVP_CHAT_NONE = 0, KVP_CHAT_LLAMA2, KVP_CHAT_MISTRAL, KVP_CHAT_ZEPHYR } kvp_chat_template;
+
+/* "llama2" | "mistral" | "zephyr" (KVP_EINVAL naming the value and the choices). */
+kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out);
+const char *kvp_chat_template_name(kvp_chat_template t); /* "none" for KVP_CHAT_NONE */
+/* The built-in template a Jinja chat template is, by its markers; KVP_CHAT_NONE when it is none of them. */
+kvp_chat_template kvp_chat_template_detect(const char *jinja);
+
+/* The built-in template of a model's own chat template: a GGUF file's tokenizer.chat_template, or the
+ * chat_template of tokenizer_config.json in a Hugging Face folder (the one named "default" when it lists
+ * several). KVP_CHAT_NONE when the model has none or one of no built-in kind (*jinja_found says which).
+ * KVP_EPARSE naming the file for an unreadable tokenizer_config.json or a chat_template that is no string. */
+kvp_status kvp_chat_template_of_model(const char *model_path, int is_gguf, kvp_chat_template *out, int *jinja_found);
+
+typedef struct {
+    const char *role;    /* "system", "user" or "assistant" */
+    const char *content;
+} kvp_chat_msg;
+
+/* The prompt of msgs[0..n) as text, with "<s>" and "</s>" where BOS and EOS go (what apply_chat_template
+ * returns untokenized); *out owned by the caller (kvp_free). KVP_EINVAL naming the message and the problem
+ * (no message, an unknown role, roles out of order, a role the template has no place for); KVP_ENOMEM. */
+kvp_status kvp_chat_render_text(kvp_chat_template t, const kvp_chat_msg *msgs, int32_t n, int add_generation_prompt,
+                                char **out);
+/* The same prompt as token ids of tok (BOS and EOS as their ids); *ids owned by the caller (kvp_free). */
+kvp_status kvp_chat_render_ids(kvp_chat_template t, const kvp_tokenizer *tok, const kvp_chat_msg *msgs, int32_t n,
+                               int add_generation_prompt, int32_t **ids, int32_t *n_ids);
+
+#endif

@@ -1,0 +1,154 @@
+/* Chat template tests: the built-in templates against the prompts the models' own Jinja templates render
+ * (written out from their Hugging Face tokenizer_config.json templates and model cards), detection from
+ * those templates, token ids with BOS/EOS as ids (never from text), refusals, allocation failures. */
+#include <criterion/criterion.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "model_testutil.h"
+#include "runtime/chat.h"
+#include "runtime/tokenizer.h"
+
+static void expect_text(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, int agp, const char *want)
+{
+    char *got = NULL;
+    cr_assert_eq(kvp_chat_render_text(t, m, n, agp, &got), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_str_eq(got, want, "%s:\ngot  [%s]\nwant [%s]", kvp_chat_template_name(t), got, want);
+    kvp_free(got);
+}
+
+Test(chat, templates_render_as_the_models_own)
+{
+    const kvp_chat_msg sys_user[2] = {{"system", "You are a friendly chatbot who always responds in the style of a pirate"},
+                                      {"user", "How many helicopters can a human eat in one sitting?"}};
+    /* TinyLlama-1.1B-Chat-v1.0's model card */
+    expect_text(KVP_CHAT_ZEPHYR, sys_user, 2, 1,
+                "<|system|>\nYou are a friendly chatbot who always responds in the style of a pirate</s>\n<|user|>\n"
+                "How many helicopters can a human eat in one sitting?</s>\n<|assistant|>\n");
+    expect_text(KVP_CHAT_ZEPHYR, sys_user + 1, 1, 0, "<|user|>\nHow many helicopters can a human eat in one sitting?</s>\n");
+    /* Llama-2-chat: the system message inside the first [INST], contents stripped */
+    const kvp_chat_msg conv[4] = {{"system", "Be brief."}, {"user", "  Hi there!\n"}, {"assistant", " Hello! "},
+                                  {"user", "How are you?"}};
+    expect_text(KVP_CHAT_LLAMA2, conv, 4, 1,
+                "<s>[INST] <<SYS>>\nBe brief.\n<</SYS>>\n\n  Hi there! [/INST] Hello! </s><s>[INST] How are you? [/INST]");
+    expect_text(KVP_CHAT_LLAMA2, conv + 1, 3, 1, "<s>[INST] Hi there! [/INST] Hello! </s><s>[INST] How are you? [/INST]");
+    /* Mistral-7B-Instruct-v0.1: BOS once, the reply right after [/INST] */
+    expect_text(KVP_CHAT_MISTRAL, conv + 1, 3, 1, "<s>[INST]   Hi there!\n [/INST] Hello! </s>[INST] How are you? [/INST]");
+}
+
+Test(chat, detection_parsing_and_refusals)
+{
+    /* markers of the models' own templates (abridged) */
+    cr_assert_eq(kvp_chat_template_detect("{% if messages[0]['role'] == 'system' %}...{{ bos_token + '[INST] ' + "
+                                          "content.strip() + ' [/INST]' }}...'<<SYS>>\\n' + system_message"),
+                 KVP_CHAT_LLAMA2);
+    cr_assert_eq(kvp_chat_template_detect("{{ bos_token }}{% for message in messages %}{{ '[INST] ' + "
+                                          "message['content'] + ' [/INST]' }}"),
+                 KVP_CHAT_MISTRAL);
+    cr_assert_eq(kvp_chat_template_detect("{{ '<|user|>\\n' + message['content'] + eos_token }}{{ '<|assistant|>' }}"),
+                 KVP_CHAT_ZEPHYR);
+    cr_assert_eq(kvp_chat_template_detect("{{ '<|im_start|>' + message['role'] }}"), KVP_CHAT_NONE);
+    cr_assert_eq(kvp_chat_template_detect(NULL), KVP_CHAT_NONE);
+    kvp_chat_template t;
+    cr_assert_eq(kvp_chat_template_parse("mistral", &t), KVP_OK);
+    cr_assert_eq(t, KVP_CHAT_MISTRAL);
+    cr_assert_eq(kvp_chat_template_parse("chatml", &t), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "'chatml'"), "%s", kvp_error_message());
+    static const struct {
+        kvp_chat_template t;
+        kvp_chat_msg m[3];
+        int32_t n;
+        const char *needle;
+    } bad[] = {
+        {KVP_CHAT_LLAMA2, {{"user", "a"}, {"user", "b"}}, 2, "message 1 is user: roles must alternate"},
+        {KVP_CHAT_LLAMA2, {{"assistant", "a"}}, 1, "message 0 is assistant"},
+        {KVP_CHAT_LLAMA2, {{"user", "a"}, {"assistant", "b"}, {"system", "c"}}, 3, "a system message can only come first"},
+        {KVP_CHAT_MISTRAL, {{"system", "a"}, {"user", "b"}}, 2, "the mistral template has no system role"},
+        {KVP_CHAT_ZEPHYR, {{"tool", "a"}}, 1, "message 0 has role \"tool\""},
+        {KVP_CHAT_ZEPHYR, {{"user", NULL}}, 1, "message 0 has no content"},
+        {KVP_CHAT_ZEPHYR, {{"user", "a"}}, 0, "no message"},
+        {KVP_CHAT_NONE, {{"user", "a"}}, 1, "no chat template"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *out = (char *)1;
+        cr_assert_eq(kvp_chat_render_text(bad[i].t, bad[i].m, bad[i].n, 1, &out), KVP_EINVAL, "case %zu", i);
+        cr_assert_null(out);
+        cr_assert(strstr(kvp_error_message(), bad[i].needle), "case %zu: %s", i, kvp_error_message());
+    }
+}
+
+static kvp_tokenizer *g_tok;
+
+static void setup(void)
+{
+    tu_require_shared();
+    kvp_gguf *g;
+    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
+    cr_assert_eq(kvp_tok_from_gguf(g, &g_tok), KVP_OK);
+    kvp_gguf_close(g);
+}
+
+static void teardown(void) { kvp_tok_destroy(g_tok); }
+
+/* ids = [BOS] + encode(text run) + [EOS] + ... : each run between specials encoded alone; "</s>" written
+ * in a message stays text. */
+Test(chat, token_ids_put_bos_and_eos_as_ids, .init = setup, .fini = teardown)
+{
+    const kvp_chat_msg m[3] = {{"user", "Lily saw </s> a cat"}, {"assistant", "It ran."}, {"user", "Why?"}};
+    int32_t *ids, n;
+    cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_LLAMA2, g_tok, m, 3, 1, &ids, &n), KVP_OK, "%s", kvp_error_detail());
+    const char *runs[2] = {"[INST] Lily saw </s> a cat [/INST] It ran. ", "[INST] Why? [/INST]"};
+    int32_t at = 0;
+    for (int r = 0; r < 2; r++) {
+        cr_assert_eq(ids[at++], kvp_tok_bos(g_tok), "run %d starts with BOS", r);
+        int32_t *e, ne;
+        cr_assert_eq(kvp_tok_encode(g_tok, runs[r], strlen(runs[r]), 0, &e, &ne), KVP_OK);
+        cr_assert_leq(at + ne, n);
+        for (int32_t i = 0; i < ne; i++) cr_assert_eq(ids[at + i], e[i], "run %d token %d", r, i);
+        at += ne;
+        kvp_free(e);
+        if (r == 0) cr_assert_eq(ids[at++], kvp_tok_eos(g_tok), "the reply ends with EOS");
+    }
+    cr_assert_eq(at, n);
+    int eos = 0;
+    for (int32_t i = 0; i < n; i++) eos += ids[i] == kvp_tok_eos(g_tok);
+    cr_assert_eq(eos, 1, "text never becomes an EOS");
+    kvp_free(ids);
+}
+
+typedef struct {
+    kvp_chat_template t;
+    const kvp_chat_msg *m;
+    int32_t n;
+} render_ctx;
+
+static kvp_status make_ids(void *ctx, void **obj)
+{
+    render_ctx *c = ctx;
+    int32_t *ids, n;
+    kvp_status st = kvp_chat_render_ids(c->t, g_tok, c->m, c->n, 1, &ids, &n);
+    if (st == KVP_OK) *obj = ids;
+    return st;
+}
+
+static kvp_status make_text(void *ctx, void **obj)
+{
+    render_ctx *c = ctx;
+    char *s;
+    kvp_status st = kvp_chat_render_text(c->t, c->m, c->n, 1, &s);
+    if (st == KVP_OK) *obj = s;
+    return st;
+}
+
+static void destroy(void *obj) { kvp_free(obj); }
+
+Test(chat, every_allocation_failure, .init = setup, .fini = teardown)
+{
+    const kvp_chat_msg m[3] = {{"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello"}};
+    for (int t = KVP_CHAT_LLAMA2; t <= KVP_CHAT_ZEPHYR; t++) {
+        render_ctx c = {(kvp_chat_template)t, t == KVP_CHAT_MISTRAL ? m + 1 : m, t == KVP_CHAT_MISTRAL ? 2 : 3};
+        tu_every_alloc_failure("chat ids", make_ids, destroy, &c, 0);
+        tu_every_alloc_failure("chat text", make_text, destroy, &c, 0);
+    }
+}
