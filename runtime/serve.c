@@ -835,10 +835,13 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     int code;
     if ((j->stream = get_bool(req, "stream", err, cap)) < 0 || (j->echo = get_bool(req, "echo", err, cap)) < 0)
         return 400;
-    if (j->chat) { /* a chat's logprobs is a flag (with top_logprobs): not implemented; echo is no chat field */
+    if (j->chat) { /* a chat's logprobs is a flag, with top_logprobs; echo is no chat field */
         const int lp = get_bool(req, "logprobs", err, cap);
-        if (lp < 0) return 400;
-        if (lp || j->echo) return snprintf(err, cap, "\"%s\" is not supported on /v1/chat/completions", lp ? "logprobs" : "echo"), 400;
+        const cJSON *top = cJSON_GetObjectItemCaseSensitive(req, "top_logprobs");
+        if (lp < 0 || !get_num(req, "top_logprobs", 0, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)) return 400;
+        if (!lp && top && !cJSON_IsNull(top)) return snprintf(err, cap, "\"top_logprobs\" needs \"logprobs\": true"), 400;
+        if (j->echo) return snprintf(err, cap, "\"echo\" is not supported on /v1/chat/completions"), 400;
+        j->logprobs = lp ? (int32_t)logprobs : -1;
     }
     if (j->stream && (j->echo || j->logprobs >= 0))
         return snprintf(err, cap, "\"logprobs\" and \"echo\" are not supported with \"stream\""), 400;
@@ -993,6 +996,38 @@ static cJSON *logprobs_json(const server *sv, const job *j, int32_t i, int32_t k
     return o;
 }
 
+/* One token of a chat logprobs list: its text (as in token_text), log-probability and bytes. */
+static cJSON *chat_token(const server *sv, int32_t prev, int32_t id, float lp)
+{
+    char s[2048], b[512];
+    long chars;
+    token_text(sv, prev, id, s, sizeof s, &chars);
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddStringToObject(o, "token", s);
+    cJSON_AddItemToObject(o, "logprob", lp_number(lp));
+    cJSON *bytes = cJSON_AddArrayToObject(o, "bytes");
+    const int n = kvp_tok_decode_piece(sv->tok, prev, id, b, sizeof b);
+    for (int i = 0; i < n; i++) cJSON_AddItemToArray(bytes, cJSON_CreateNumber((unsigned char)b[i]));
+    return o;
+}
+
+/* OpenAI's chat logprobs object of sample k: content, the generated tokens each with its top_logprobs. */
+static cJSON *chat_logprobs_json(const server *sv, const job *j, int32_t k)
+{
+    const kvp_gen_request *q = &j->reqs[0];
+    const kvp_gen_result *r = &j->res[0];
+    const kvp_gen_logprobs *a = &r->logprobs[k];
+    cJSON *o = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(o, "content");
+    for (int32_t t = 0; t < r->n_tokens[k] && t < a->n; t++) {
+        const int32_t prev = t > 0 ? r->tokens[k][t - 1] : q->prompt[q->n_prompt - 1];
+        cJSON *e = chat_token(sv, prev, r->tokens[k][t], a->lp[t]), *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+        for (int32_t x = 0; x < a->k; x++)
+            cJSON_AddItemToArray(tops, chat_token(sv, prev, a->top_ids[t * a->k + x], a->top_lps[t * a->k + x]));
+        cJSON_AddItemToArray(content, e);
+    }
+    return o;
+}
+
 /* OpenAI's usage object of job j (see job_tokens). */
 static cJSON *usage_json(const job *j)
 {
@@ -1042,7 +1077,8 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
                 cJSON_Delete(o);
                 return NULL;
             }
-            if (j->logprobs >= 0) cJSON_AddItemToObject(ch, "logprobs", logprobs_json(sv, j, i, s));
+            if (j->logprobs >= 0)
+                cJSON_AddItemToObject(ch, "logprobs", j->chat ? chat_logprobs_json(sv, j, s) : logprobs_json(sv, j, i, s));
             else cJSON_AddNullToObject(ch, "logprobs");
             add_finish(ch, j, c);
         }

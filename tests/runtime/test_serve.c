@@ -541,9 +541,14 @@ static int send_raw(const server *s, const char *body)
 }
 
 /* A socket with a streamed request of 1000 tokens on s, read up to its first event with a word (in buf). */
+/* A request that runs for a while on any machine: 16 samples of 2,000 tokens (32,000 tokens, and more as they
+ * preempt each other in a small cache), so that a client that leaves is noticed long before its end. */
+#define LONG_REQUEST(more) "{\"prompt\":\"Once\",\"max_tokens\":2000,\"n\":16,\"temperature\":0" more "}"
+#define LONG_TOKENS (16 * 2000)
+
 static int stream_first_word(const server *s, char *buf, size_t cap)
 {
-    int fd = send_raw(s, "{\"prompt\":\"Once\",\"max_tokens\":1000,\"temperature\":0,\"stream\":true}");
+    int fd = send_raw(s, LONG_REQUEST(",\"stream\":true"));
     buf[0] = '\0';
     for (size_t got = 0; got < cap - 1 && !strstr(buf, "\"text\":\" ");) {
         ssize_t k = recv(fd, buf + got, cap - 1 - got, 0);
@@ -565,7 +570,7 @@ Test(serve, tokens_stream_while_the_request_runs_and_a_client_that_leaves_cancel
     for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
     cr_assert_eq(metric(&s, "kvpage_engine_requests_finished_total"), 1);
     cr_assert_eq(metric(&s, "kvpage_requests_cancelled_total"), 1);
-    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), 1000, "the engine went on after its client left");
+    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
     cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
     stop(&s);
@@ -599,12 +604,12 @@ Test(serve_cli, bad_command_lines)
 Test(serve, a_waiting_client_that_leaves_cancels_its_request)
 {
     server s = start("--num-blocks 256");
-    int fd = send_raw(&s, "{\"prompt\":\"Once\",\"max_tokens\":2000,\"temperature\":0}");
+    int fd = send_raw(&s, LONG_REQUEST(""));
     for (int i = 0; i < 500 && metric(&s, "kvpage_computed_tokens_total") < 20; i++) usleep(10 * 1000);
     close(fd);
     for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
     cr_assert_eq(metric(&s, "kvpage_requests_cancelled_total"), 1);
-    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), 1800, "the engine went on after its client left");
+    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
     cr_assert_eq(metric(&s, "kvpage_sequences_running"), 0);
     cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
@@ -965,6 +970,29 @@ Test(serve, chat_completions_answer_the_rendered_prompt)
         cJSON_Delete(ans);
         cJSON_Delete(plain);
     }
+    /* logprobs: OpenAI's chat form, the completion's numbers; the tokens' bytes add up to the content */
+    snprintf(body, sizeof body, "{\"messages\":%s,\"max_tokens\":10,\"temperature\":0,\"logprobs\":true,\"top_logprobs\":2}", msgs);
+    cJSON *ans = chat(&s, body, 200);
+    snprintf(body, sizeof body, "{\"prompt\":[%s],\"max_tokens\":10,\"temperature\":0,\"logprobs\":2}", idtext);
+    cJSON *plain = complete(&s, body, 200);
+    const cJSON *ch0 = cJSON_GetArrayItem(cJSON_GetObjectItem(ans, "choices"), 0);
+    const cJSON *content = cJSON_GetObjectItem(cJSON_GetObjectItem(ch0, "logprobs"), "content");
+    const cJSON *plps = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(plain, "choices"), 0),
+                                                                "logprobs"), "token_logprobs");
+    cr_assert_eq(cJSON_GetArraySize(content), 10);
+    char bytes[1024] = "";
+    for (int t = 0; t < 10; t++) {
+        const cJSON *e = cJSON_GetArrayItem(content, t), *tops = cJSON_GetObjectItem(e, "top_logprobs");
+        cr_assert_eq(cJSON_GetObjectItem(e, "logprob")->valuedouble, cJSON_GetArrayItem(plps, t)->valuedouble, "token %d", t);
+        cr_assert_eq(cJSON_GetArraySize(tops), 2);
+        cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(tops, 0), "token")->valuestring,
+                         cJSON_GetObjectItem(e, "token")->valuestring, "token %d is the greedy one", t);
+        const cJSON *b;
+        cJSON_ArrayForEach(b, cJSON_GetObjectItem(e, "bytes")) bytes[strlen(bytes)] = (char)b->valueint;
+    }
+    cr_assert_str_eq(bytes, cJSON_GetObjectItem(cJSON_GetObjectItem(ch0, "message"), "content")->valuestring);
+    cJSON_Delete(ans);
+    cJSON_Delete(plain);
     static const struct {
         const char *body, *needle;
     } bad[] = {
@@ -975,7 +1003,10 @@ Test(serve, chat_completions_answer_the_rendered_prompt)
         {"{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}", "only text content parts"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "\"content\" must be a string or an array"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"prompt\":\"a\"}", "\"prompt\" is for /v1/completions"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true}", "\"logprobs\" is not supported on"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":2}", "needs \"logprobs\": true"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,\"stream\":true}", "not supported with"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"echo\":true}", "\"echo\" is not supported on"},
+        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":3}", "\"logprobs\" must be true or false"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"add_generation_prompt\":3}", "\"add_generation_prompt\" must be"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
