@@ -8,19 +8,25 @@
 
 static const float logits8[8] = {1.0f, 2.5f, 0.0f, 2.0f, -1.0f, 2.5f, 0.5f, 1.5f};
 
-/* Exact probabilities after temperature, top-k, top-p (the reference, written independently: sort by value
- * with a stable rule, then cut). */
-static void reference(const float *l, int n, double temp, int top_k, double top_p, double *out)
+/* order[0..n) := the ids of l[0..n) by value, descending, lowest id first on ties (a plain exchange sort). */
+static void sort_desc(const float *l, int n, int32_t *order)
 {
-    int order[64];
     for (int i = 0; i < n; i++) order[i] = i;
     for (int i = 0; i < n; i++)
         for (int j = i + 1; j < n; j++)
             if (l[order[j]] > l[order[i]] || (l[order[j]] == l[order[i]] && order[j] < order[i])) {
-                int t = order[i];
+                int32_t t = order[i];
                 order[i] = order[j];
                 order[j] = t;
             }
+}
+
+/* Exact probabilities after temperature, top-k, top-p (the reference, written independently: sort by value
+ * with a stable rule, then cut). */
+static void reference(const float *l, int n, double temp, int top_k, double top_p, double *out)
+{
+    int32_t order[64];
+    sort_desc(l, n, order);
     int k = top_k > 0 && top_k < n ? top_k : n;
     double p[64], s = 0;
     for (int i = 0; i < k; i++) s += p[i] = exp(l[order[i]] / temp);
@@ -237,14 +243,7 @@ Test(sampler, top_logprobs_match_full_sort)
     kvp_rng_seed(&g, 5, 0);
     for (int trial = 0; trial < 50; trial++) {
         for (int i = 0; i < V; i++) l[i] = (float)(kvp_rng_next(&g) % 12) - 20.0f;
-        for (int i = 0; i < V; i++) order[i] = i;
-        for (int i = 0; i < V; i++)
-            for (int j = i + 1; j < V; j++)
-                if (l[order[j]] > l[order[i]] || (l[order[j]] == l[order[i]] && order[j] < order[i])) {
-                    int32_t t = order[i];
-                    order[i] = order[j];
-                    order[j] = t;
-                }
+        sort_desc(l, V, order);
         const int k = 1 + (int)(kvp_rng_next(&g) % V);
         kvp_top_logprobs(l, V, k, ids, lps);
         for (int i = 0; i < k; i++) {

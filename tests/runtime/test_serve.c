@@ -456,37 +456,39 @@ Test(serve, stops_cleanly_with_a_request_in_flight)
     free(c.resp);
 }
 
+/* The next event of a server-sent event stream at *p, parsed (the caller deletes it), or NULL at its final
+ * [DONE]. Fails on a stream that ends without [DONE] or an event that is not JSON. */
+static cJSON *sse_next(const char **p)
+{
+    const char *d = strstr(*p, "data: ");
+    cr_assert_not_null(d, "no [DONE] at the end of the stream");
+    d += 6;
+    const char *e = strstr(d, "\n\n");
+    cr_assert_not_null(e, "an event without its blank line: %s", d);
+    *p = e + 2;
+    if (strncmp(d, "[DONE]", 6) == 0) return NULL;
+    cJSON *o;
+    cr_assert_eq(kvp_json_parse(d, (size_t)(e - d), "event", &o), KVP_OK, "%.*s", (int)(e - d), d);
+    return o;
+}
+
 /* The text of each choice of a server-sent event stream, concatenated over its events, and the finish
  * reasons. Fails unless the stream ends with [DONE]. */
 static void sse_texts(const char *stream, char texts[][2048], char finish[][16], int nc)
 {
     for (int c = 0; c < nc; c++) texts[c][0] = finish[c][0] = '\0';
-    const char *p = stream, *last = NULL;
-    while ((p = strstr(p, "data: ")) != NULL) {
-        p += 6;
-        const char *e = strstr(p, "\n\n");
-        cr_assert_not_null(e, "an event without its blank line: %s", p);
-        last = p;
-        if (strncmp(p, "[DONE]", 6) == 0) break;
-        cJSON *o;
-        cr_assert_eq(kvp_json_parse(p, (size_t)(e - p), "event", &o), KVP_OK, "%.*s", (int)(e - p), p);
+    cJSON *o;
+    for (const char *p = stream; (o = sse_next(&p)) != NULL; cJSON_Delete(o)) {
         const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
-        cr_assert(ch || cJSON_IsObject(cJSON_GetObjectItem(o, "usage")), "%.*s", (int)(e - p), p);
-        if (!ch) { /* stream_options.include_usage: the usage, no choice */
-            cJSON_Delete(o);
-            p = e + 2;
-            continue;
-        }
+        cr_assert(ch || cJSON_IsObject(cJSON_GetObjectItem(o, "usage")), "an event without a choice or a usage");
+        if (!ch) continue; /* stream_options.include_usage: the usage, no choice */
         const int c = cJSON_GetObjectItem(ch, "index")->valueint;
         cr_assert(c >= 0 && c < nc);
         const char *t = cJSON_GetObjectItem(ch, "text")->valuestring;
         strncat(texts[c], t, 2047 - strlen(texts[c]));
         const cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
         if (cJSON_IsString(f)) snprintf(finish[c], 16, "%s", f->valuestring);
-        cJSON_Delete(o);
-        p = e + 2;
     }
-    cr_assert(last && strncmp(last, "[DONE]", 6) == 0, "no [DONE] at the end: %s", stream);
 }
 
 /* Streamed answers arrive in several events and add up to the unstreamed ones: greedy, seeded samples of two
@@ -859,12 +861,8 @@ Test(serve, stream_options_give_the_usage)
         cr_assert_eq(http(&s, "POST", "/v1/completions", body, &resp), 200, "%s", resp);
         int events = 0, with_usage = 0, last_empty = 0;
         double prev = -1;
-        for (const char *p = resp; (p = strstr(p, "data: ")) != NULL;) {
-            p += 6;
-            if (strncmp(p, "[DONE]", 6) == 0) break;
-            const char *e = strstr(p, "\n\n");
-            cJSON *o;
-            cr_assert_eq(kvp_json_parse(p, (size_t)(e - p), "event", &o), KVP_OK);
+        cJSON *o;
+        for (const char *p = resp; (o = sse_next(&p)) != NULL; cJSON_Delete(o)) {
             const cJSON *u = cJSON_GetObjectItem(o, "usage");
             events++;
             last_empty = cJSON_GetArraySize(cJSON_GetObjectItem(o, "choices")) == 0;
@@ -880,8 +878,6 @@ Test(serve, stream_options_give_the_usage)
                 cr_assert(k > 0 && u, "option set %d: an event without choices", k);
                 cr_assert(cJSON_Compare(u, wu, 1), "option set %d: the final usage differs from the whole answer's", k);
             }
-            cJSON_Delete(o);
-            p = e + 2;
         }
         cr_assert_eq(last_empty, k > 0, "option set %d: the last event", k);
         cr_assert_eq(with_usage, k == 0 ? 0 : k == 1 ? 1 : events, "option set %d: %d of %d events with a usage", k,
@@ -899,12 +895,8 @@ static void chat_stream(const char *stream, char *content, size_t cap, int *role
     content[0] = finish[0] = '\0';
     *role = 0;
     int first = 1;
-    for (const char *p = stream; (p = strstr(p, "data: ")) != NULL;) {
-        p += 6;
-        if (strncmp(p, "[DONE]", 6) == 0) return;
-        const char *e = strstr(p, "\n\n");
-        cJSON *o;
-        cr_assert_eq(kvp_json_parse(p, (size_t)(e - p), "event", &o), KVP_OK);
+    cJSON *o;
+    for (const char *p = stream; (o = sse_next(&p)) != NULL; cJSON_Delete(o)) {
         cr_assert_str_eq(cJSON_GetObjectItem(o, "object")->valuestring, "chat.completion.chunk");
         const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
         const cJSON *d = cJSON_GetObjectItem(ch, "delta"), *r = cJSON_GetObjectItem(d, "role"), *c = cJSON_GetObjectItem(d, "content");
@@ -914,10 +906,7 @@ static void chat_stream(const char *stream, char *content, size_t cap, int *role
         if (cJSON_IsString(c)) strncat(content, c->valuestring, cap - 1 - strlen(content));
         const cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
         if (cJSON_IsString(f)) snprintf(finish, 16, "%s", f->valuestring);
-        cJSON_Delete(o);
-        p = e + 2;
     }
-    cr_assert_fail("no [DONE]: %s", stream);
 }
 
 /* --chat-template llama2: a chat request's answer is the completion of the prompt the template renders
