@@ -127,6 +127,9 @@ struct kvp_gen_session {
     size_t cap_pre_s;
     kvp_sampler_ws *hws[GEN_SAMPLE_THREADS];
     float *hlsm[GEN_SAMPLE_THREADS];
+    /* logit bias and penalties: a copy of a row's logits and token counts (zeros), per sampling thread */
+    float *pen[GEN_SAMPLE_THREADS];
+    int32_t *cnt[GEN_SAMPLE_THREADS];
 };
 typedef kvp_gen_session gen_ctx;
 
@@ -475,9 +478,40 @@ static kvp_status emit(gen_ctx *g, int32_t idx, int32_t tok, double lp, const fl
     return KVP_OK;
 }
 
+/* Sampling thread k's scratch for draw (made on first use). */
+static kvp_status draw_scratch(gen_ctx *g, int k)
+{
+    if (!g->pen[k] && !(g->pen[k] = kvp_malloc((size_t)g->vocab * sizeof(float))))
+        return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    if (!g->cnt[k] && !(g->cnt[k] = kvp_calloc((size_t)g->vocab, sizeof(int32_t))))
+        return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+    return KVP_OK;
+}
+
+/* Sequence s's next token from its logits lg, drawn with rng by sampling thread k (scratch ws, lsm): with its
+ * request's logit bias and penalties applied to a copy first. *lp: the token's log-probability under lg. */
+static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *lg, int k, kvp_sampler_ws *ws,
+                    float *lsm, double *lp)
+{
+    const kvp_gen_request *r = &g->reqs[s->req];
+    const int32_t V = g->vocab;
+    if (r->n_bias == 0 && !kvp_sampler_penalized(&r->sampler)) return kvp_sample_logprob(&r->sampler, rng, lg, V, ws, lsm, lp);
+    float *x = g->pen[k];
+    memcpy(x, lg, (size_t)V * sizeof *x);
+    for (int32_t i = 0; i < r->n_bias; i++) x[r->bias_ids[i]] += r->bias[i];
+    kvp_apply_penalties(&r->sampler, x, V, s->toks, s->n_toks - s->n_gen, s->toks + (s->n_toks - s->n_gen), s->n_gen,
+                        g->cnt[k]);
+    double ignored;
+    const int32_t tok = kvp_sample_logprob(&r->sampler, rng, x, V, ws, lsm, &ignored);
+    kvp_log_softmax(lg, V, lsm);
+    *lp = lsm[tok];
+    return tok;
+}
+
 typedef struct {
     gen_ctx *g;
     int32_t i0, i1;
+    int k; /* sampling thread */
     kvp_sampler_ws *ws;
     float *lsm;
 } sample_job;
@@ -491,10 +525,9 @@ static void sample_main(void *arg, int k)
         presample *ps = &g->pre[i];
         if (!ps->eligible) continue;
         gseq *s = g->seqs[g->buf.sched[i]];
-        const kvp_gen_request *r = &g->reqs[s->req];
         const float *lg = g->logits + (int64_t)s->lrow * g->vocab;
         ps->before = ps->after = s->rng;
-        ps->tok = kvp_sample_logprob(&r->sampler, &ps->after, lg, g->vocab, j->ws, j->lsm, &ps->lp);
+        ps->tok = draw(g, s, &ps->after, lg, j->k, j->ws, j->lsm, &ps->lp);
     }
 }
 
@@ -511,6 +544,7 @@ static int presample_step(gen_ctx *g, int32_t ns)
     for (int k = 1; k < nt; k++) {
         if (!g->hws[k] && kvp_sampler_ws_create(g->vocab, &g->hws[k]) != KVP_OK) return 0;
         if (!g->hlsm[k] && !(g->hlsm[k] = kvp_malloc((size_t)g->vocab * sizeof(float)))) return 0;
+        if (draw_scratch(g, k) != KVP_OK) return 0;
     }
     int32_t n_el = 0;
     for (int32_t i = 0; i < ns; i++) {
@@ -524,7 +558,7 @@ static int presample_step(gen_ctx *g, int32_t ns)
     sample_job jobs[GEN_SAMPLE_THREADS];
     for (int k = 0; k < nt; k++)
         jobs[k] = (sample_job){.g = g, .i0 = (int32_t)((int64_t)ns * k / nt), .i1 = (int32_t)((int64_t)ns * (k + 1) / nt),
-                               .ws = k ? g->hws[k] : g->sws, .lsm = k ? g->hlsm[k] : g->lsm};
+                               .k = k, .ws = k ? g->hws[k] : g->sws, .lsm = k ? g->hlsm[k] : g->lsm};
     kvp_model_run(g->m, nt, sample_main, jobs); /* the model's sleeping workers: no thread made per step */
     return 1;
 }
@@ -891,10 +925,10 @@ static kvp_status step(gen_ctx *g)
             int32_t nk = r->n - 1 < 1024 ? r->n - 1 : 1023;
             for (int32_t k = 0; k < nk; k++) KVP_TRY(fork_seq(g, idx, k + 1, &kids[k]));
             double lp0, lp;
-            int32_t t0 = kvp_sample_logprob(&r->sampler, &s->rng, lg, g->vocab, g->sws, g->lsm, &lp0);
+            int32_t t0 = draw(g, s, &s->rng, lg, 0, g->sws, g->lsm, &lp0);
             for (int32_t k = 0; k < nk; k++) {
                 gseq *c = g->seqs[kids[k]];
-                int32_t t = kvp_sample_logprob(&r->sampler, &c->rng, lg, g->vocab, g->sws, g->lsm, &lp);
+                int32_t t = draw(g, c, &c->rng, lg, 0, g->sws, g->lsm, &lp);
                 KVP_TRY(emit(g, kids[k], t, lp, lg));
             }
             KVP_TRY(emit(g, idx, t0, lp0, lg));
@@ -907,7 +941,7 @@ static kvp_status step(gen_ctx *g)
             continue;
         }
         double lp;
-        int32_t t = kvp_sample_logprob(&r->sampler, &s->rng, lg, g->vocab, g->sws, g->lsm, &lp);
+        int32_t t = draw(g, s, &s->rng, lg, 0, g->sws, g->lsm, &lp);
         KVP_TRY(emit(g, idx, t, lp, lg));
     }
     for (int32_t i = 0; i < ns; i++)
@@ -934,6 +968,7 @@ static void ctx_free(gen_ctx *g)
     for (int32_t i = 0; i < g->nreq; i++) {
         kvp_free((void *)g->reqs[i].prompt);
         kvp_free((void *)g->reqs[i].stop_ids);
+        kvp_free((void *)g->reqs[i].bias_ids);
     }
     kvp_free(g->reqs);
     kvp_free(g->fin);
@@ -947,6 +982,8 @@ static void ctx_free(gen_ctx *g)
     for (int k = 0; k < GEN_SAMPLE_THREADS; k++) {
         kvp_sampler_ws_destroy(g->hws[k]);
         kvp_free(g->hlsm[k]);
+        kvp_free(g->pen[k]);
+        kvp_free(g->cnt[k]);
     }
     kvp_pc_destroy(g->pc);
     kvp_kv_cache_destroy(g->kv);
@@ -1053,6 +1090,14 @@ static kvp_status check_request(const kvp_model *m, const kvp_gen_request *r, in
         return KVP_ERR(KVP_EINVAL, "generate: request %d: max_tokens %d >= 0, n %d in 1..1000 and <= beam width %d", i,
                        r->max_tokens, r->n, r->beam_width);
     KVP_TRY(kvp_sampler_check(&r->sampler));
+    if (r->n_bias < 0 || r->n_bias > 1024 || (r->n_bias > 0 && (!r->bias_ids || !r->bias)) ||
+        (r->beam_width > 1 && (r->n_bias > 0 || kvp_sampler_penalized(&r->sampler))))
+        return KVP_ERR(KVP_EINVAL, "generate: request %d: %d logit biases (0 to 1024, and their arrays); a logit bias or "
+                                   "a penalty needs sampling, not beam search", i, r->n_bias);
+    for (int32_t j = 0; j < r->n_bias; j++)
+        if (r->bias_ids[j] < 0 || r->bias_ids[j] >= V || !(fabsf(r->bias[j]) <= 100.0f))
+            return KVP_ERR(KVP_EINVAL, "generate: request %d logit bias %d: token %d (vocabulary %lld), bias %g in "
+                                       "[-100, 100]", i, j, r->bias_ids[j], (long long)V, (double)r->bias[j]);
     if (r->top_logprobs < 0 || r->top_logprobs > KVP_GEN_MAX_TOP_LOGPROBS || r->top_logprobs > V ||
         (r->logprobs && r->beam_width > 1))
         return KVP_ERR(KVP_EINVAL, "generate: request %d: top_logprobs %d must be in 0..%d (and the vocabulary), "
@@ -1106,6 +1151,7 @@ kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_g
     if (st == KVP_OK) st = kvp_pc_create(c->cache, KVP_EVICT_LRU, kvp_bm_pool(g->bm), c->block_size, &g->pc);
     if (st == KVP_OK) st = kvp_kv_cache_create(m, c->kv_dtype, c->num_blocks, c->block_size, &g->kv);
     if (st == KVP_OK) st = kvp_sampler_ws_create(g->vocab, &g->sws);
+    if (st == KVP_OK) st = draw_scratch(g, 0);
     if (st == KVP_OK) {
         g->lsm = kvp_malloc((size_t)g->vocab * sizeof *g->lsm);
         if (!g->lsm) st = KVP_ERR(KVP_ENOMEM, "generate: out of memory");
@@ -1155,14 +1201,27 @@ kvp_status kvp_gen_session_add(kvp_gen_session *g, const kvp_gen_request *r, int
     int32_t *prompt, *stop_ids;
     KVP_TRY(dup_ids(r->prompt, r->n_prompt, &prompt));
     kvp_status st = dup_ids(r->stop_ids, r->n_stop_ids, &stop_ids);
+    int32_t *bias = NULL; /* the ids, then the biases */
+    if (st == KVP_OK && r->n_bias > 0) {
+        if (!(bias = kvp_malloc((size_t)r->n_bias * (sizeof(int32_t) + sizeof(float))))) {
+            st = KVP_ERR(KVP_ENOMEM, "generate: out of memory");
+        } else {
+            memcpy(bias, r->bias_ids, (size_t)r->n_bias * sizeof(int32_t));
+            memcpy(bias + r->n_bias, r->bias, (size_t)r->n_bias * sizeof(float));
+        }
+    }
     if (st != KVP_OK) {
         kvp_free(prompt);
+        kvp_free(stop_ids);
         return st;
     }
     g->reqs[i] = *r;
     g->reqs[i].prompt = prompt;
     g->reqs[i].stop_ids = stop_ids;
     g->reqs[i].n_stop_ids = stop_ids ? r->n_stop_ids : 0;
+    g->reqs[i].bias_ids = bias;
+    g->reqs[i].bias = bias ? (const float *)(bias + r->n_bias) : NULL;
+    g->reqs[i].n_bias = bias ? r->n_bias : 0;
     g->rq[i] = (greq){.t_add = kvp_now_s() - g->t0, .t_first = -1, .max_tokens = clamp_max_tokens(g->m, r)};
     g->rq[i].plp.a.k = r->prompt_logprobs ? r->top_logprobs : 0;
     if (g->rq[i].max_tokens < r->max_tokens)
@@ -1221,7 +1280,9 @@ kvp_status kvp_gen_session_take(kvp_gen_session *g, int32_t *id, kvp_gen_result 
         if (g->seqs[i] && g->seqs[i]->req == r) drop_seq(g, i);
     kvp_free((void *)g->reqs[r].prompt);
     kvp_free((void *)g->reqs[r].stop_ids);
-    g->reqs[r].prompt = g->reqs[r].stop_ids = NULL;
+    kvp_free((void *)g->reqs[r].bias_ids);
+    g->reqs[r].prompt = g->reqs[r].stop_ids = g->reqs[r].bias_ids = NULL;
+    g->reqs[r].bias = NULL;
     lp_free(&g->rq[r].plp.a);
     g->rq[r].taken = 1;
     if (id) *id = g->id_base + r;

@@ -57,6 +57,11 @@ typedef struct {
                               * borrowed (a session copies them); not used by beam search */
     int32_t n_stop_ids;
     int ignore_eos;        /* 1: EOS is an ordinary token for this request (whatever stop_at_eos says) */
+    const int32_t *bias_ids; /* (n_bias) OpenAI's logit_bias: bias[i] in [-100, 100] is added to the logit of
+                              * token bias_ids[i] before the penalties and the draw (the reported
+                              * log-probabilities are the model's); borrowed (a session copies them) */
+    const float *bias;
+    int32_t n_bias;        /* 0 .. 1024; with the sampler's penalties, sampling only (not beam search) */
     int logprobs;          /* 1: each generated token's log-probability (sampling only, not beam search) */
     int prompt_logprobs;   /* 1: each prompt token's log-probability given the tokens before it; the prompt is
                             * then computed whole at its first admission (no prefix-cache hit) */

@@ -37,6 +37,10 @@ static void usage(FILE *f)
             "  --top-k N               keep the N most likely tokens (default 0 = all)\n"
             "  --top-p F               nucleus sampling mass (default 1)\n"
             "  --seed N                sampling seed (default 0); prompt i uses seed + i\n"
+            "  --presence-penalty F    [-2, 2], subtracted once from the logit of each token already generated\n"
+            "  --frequency-penalty F   [-2, 2], subtracted as many times as the token was generated\n"
+            "  --repetition-penalty F  (0, 10]: logits of the prompt's and generated tokens divided by F (times F\n"
+            "                          when negative), as vLLM's (default 1: none)\n"
             "  --n N                   samples per prompt, forked from the prompt's blocks (default 1)\n"
             "  --beam-width W          beam search with W beams (default 0 = off); returns the --n best\n"
             "  --ignore-eos            keep generating after EOS\n"
@@ -116,6 +120,7 @@ typedef struct {
     strlist prompts;
     int32_t max_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads, tp;
     double temperature, top_p;
+    float presence, frequency, repetition;
     int64_t seed;
     kvp_pc_kind cache;
     kvp_matmul_kind matmul;
@@ -219,7 +224,9 @@ static int run(gen_opts *o)
                                     .prompt_logprobs = o->prompt_logprobs,
                                     .top_logprobs = o->logprobs >= 0 ? o->logprobs : 0,
                                     .sampler = {.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
-                                                .seed = (uint64_t)o->seed + (uint64_t)i}};
+                                                .seed = (uint64_t)o->seed + (uint64_t)i,
+                                                .presence_penalty = o->presence, .frequency_penalty = o->frequency,
+                                                .repetition_penalty = o->repetition}};
     }
     kvp_gen_config cfg = kvp_gen_config_default();
     cfg.block_size = o->block_size;
@@ -345,7 +352,7 @@ int kvp_cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP,
-           O_LOGPROBS, O_PROMPT_LOGPROBS };
+           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -359,6 +366,8 @@ int kvp_cmd_generate(int argc, char **argv)
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"kv-dtype", required_argument, 0, O_KV_DTYPE}, {"tp", required_argument, 0, O_TP},
         {"logprobs", required_argument, 0, O_LOGPROBS}, {"prompt-logprobs", no_argument, 0, O_PROMPT_LOGPROBS},
+        {"presence-penalty", required_argument, 0, O_PRESENCE}, {"frequency-penalty", required_argument, 0, O_FREQUENCY},
+        {"repetition-penalty", required_argument, 0, O_REPETITION},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     gen_opts o;
@@ -381,6 +390,7 @@ int kvp_cmd_generate(int argc, char **argv)
     int li = -1;
     while ((c = getopt_long(argc, argv, ":m:p:h", opts, &li)) != -1) {
         int64_t v;
+        double d;
         switch (c) {
         case 'm': o.model = optarg; break;
         case 'p': st = strlist_add(&o.prompts, optarg, strlen(optarg)); break;
@@ -408,6 +418,9 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_IGNORE_EOS: o.ignore_eos = 1; break;
         case O_LOGPROBS: st = kvp_parse_i32(optarg, 0, KVP_GEN_MAX_TOP_LOGPROBS, &o.logprobs); break;
         case O_PROMPT_LOGPROBS: o.prompt_logprobs = 1; break;
+        case O_PRESENCE: st = kvp_parse_f64(optarg, -2.0, 2.0, &d), o.presence = (float)d; break;
+        case O_FREQUENCY: st = kvp_parse_f64(optarg, -2.0, 2.0, &d), o.frequency = (float)d; break;
+        case O_REPETITION: st = kvp_parse_f64(optarg, 1e-6, 10.0, &d), o.repetition = (float)d; break;
         case 'h':
             usage(stdout);
             strlist_free(&o.prompts);
@@ -451,9 +464,10 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_cli_usage_error(CMD, "--n %d is larger than --beam-width %d", o.n, o.beam);
         goto done;
     }
-    if (o.beam > 1 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1)) { /* rather than silently ignored */
-        rc = kvp_cli_usage_error(CMD, "--temperature, --top-k and --top-p do not apply to --beam-width (beam search "
-                                      "keeps the most likely extensions)");
+    if (o.beam > 1 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1 || o.presence != 0 || o.frequency != 0 ||
+                       (o.repetition != 0 && o.repetition != 1))) { /* rather than silently ignored */
+        rc = kvp_cli_usage_error(CMD, "--temperature, --top-k, --top-p and the penalties do not apply to --beam-width "
+                                      "(beam search keeps the most likely extensions)");
         goto done;
     }
     rc = run(&o);

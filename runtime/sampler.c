@@ -26,7 +26,44 @@ kvp_status kvp_sampler_check(const kvp_sampler_params *p)
     if (p->top_k < 0) return KVP_ERR(KVP_EINVAL, "sampler: top_k %d must be >= 0", p->top_k);
     if (!(p->top_p > 0.0 && p->top_p <= 1.0))
         return KVP_ERR(KVP_EINVAL, "sampler: top_p %g must be in (0, 1]", p->top_p);
+    if (!(fabsf(p->presence_penalty) <= 2.0f) || !(fabsf(p->frequency_penalty) <= 2.0f))
+        return KVP_ERR(KVP_EINVAL, "sampler: presence_penalty %g and frequency_penalty %g must be in [-2, 2]",
+                       (double)p->presence_penalty, (double)p->frequency_penalty);
+    if (!(p->repetition_penalty >= 0.0f && p->repetition_penalty <= 10.0f))
+        return KVP_ERR(KVP_EINVAL, "sampler: repetition_penalty %g must be in (0, 10] (0 or 1: none)",
+                       (double)p->repetition_penalty);
     return KVP_OK;
+}
+
+int kvp_sampler_penalized(const kvp_sampler_params *p)
+{
+    return p->presence_penalty != 0.0f || p->frequency_penalty != 0.0f ||
+           (p->repetition_penalty != 0.0f && p->repetition_penalty != 1.0f);
+}
+
+void kvp_apply_penalties(const kvp_sampler_params *p, float *logits, int32_t vocab, const int32_t *prompt,
+                         int32_t n_prompt, const int32_t *out, int32_t n_out, int32_t *count)
+{
+    (void)vocab;
+    const float rep = p->repetition_penalty != 0.0f ? p->repetition_penalty : 1.0f;
+    for (int32_t i = 0; i < n_out; i++) count[out[i]]++;
+    /* each distinct token once: its count is set to -1 when it has been penalized */
+    for (int32_t i = 0; i < n_out; i++) {
+        const int32_t t = out[i];
+        if (count[t] < 0) continue;
+        float x = logits[t];
+        x = x > 0.0f ? x / rep : x * rep;
+        logits[t] = x - p->frequency_penalty * (float)count[t] - p->presence_penalty;
+        count[t] = -1;
+    }
+    for (int32_t i = 0; rep != 1.0f && i < n_prompt; i++) {
+        const int32_t t = prompt[i];
+        if (count[t] < 0) continue;
+        logits[t] = logits[t] > 0.0f ? logits[t] / rep : logits[t] * rep;
+        count[t] = -1;
+    }
+    for (int32_t i = 0; i < n_out; i++) count[out[i]] = 0;
+    for (int32_t i = 0; rep != 1.0f && i < n_prompt; i++) count[prompt[i]] = 0;
 }
 
 static uint64_t splitmix64(uint64_t *x)

@@ -1,6 +1,7 @@
 /* runtime/sampler.h — next-token choice from logits: greedy, temperature, top-k, top-p, seeded.
  *
- * Order of operations (as vLLM / llama.cpp): logits / temperature -> keep the top_k largest -> keep the
+ * Order of operations (as vLLM / llama.cpp): penalties (kvp_apply_penalties, on a copy of the logits made by
+ * the caller) -> logits / temperature -> keep the top_k largest -> keep the
  * smallest prefix (by probability, descending) whose mass reaches top_p -> renormalise -> draw one token
  * with the sequence's own generator. temperature 0 means greedy (argmax, lowest id on ties; top_k/top_p
  * ignored). Each sequence owns a kvp_rng, so a sequence's draws do not depend on the rest of the batch.
@@ -17,12 +18,25 @@ typedef struct {
     int32_t top_k;      /* >= 0; 0 = no limit */
     double top_p;       /* (0, 1]; 1 = no limit */
     uint64_t seed;
+    /* penalties on the tokens a sample has seen (OpenAI's and vLLM's): */
+    float presence_penalty;   /* [-2, 2]: subtracted once from the logit of each token the sample generated */
+    float frequency_penalty;  /* [-2, 2]: subtracted from it as many times as the sample generated it */
+    float repetition_penalty; /* 0 or 1: none; else (0, 10]: the logit of a token of the prompt or of the
+                               * sample, divided by it when positive, multiplied when not (CTRL's, as vLLM) */
 } kvp_sampler_params;
 
-/* temperature 0 (greedy), top_k 0, top_p 1, seed 0. */
+/* temperature 0 (greedy), top_k 0, top_p 1, seed 0, no penalty. */
 kvp_sampler_params kvp_sampler_default(void);
-/* KVP_EINVAL naming the bad field (temperature < 0 or not finite, top_k < 0, top_p outside (0, 1]). */
+/* KVP_EINVAL naming the bad field (temperature < 0 or not finite, top_k < 0, top_p outside (0, 1], a penalty
+ * outside its range). */
 kvp_status kvp_sampler_check(const kvp_sampler_params *p);
+/* Nonzero when p has a penalty to apply. */
+int kvp_sampler_penalized(const kvp_sampler_params *p);
+/* Applies p's penalties to logits[0..vocab) in vLLM's order (repetition, then frequency, then presence) for a
+ * sample with prompt[0..n_prompt) and generated out[0..n_out). count: vocab zeros of scratch, zeros again on
+ * return. */
+void kvp_apply_penalties(const kvp_sampler_params *p, float *logits, int32_t vocab, const int32_t *prompt,
+                         int32_t n_prompt, const int32_t *out, int32_t n_out, int32_t *count);
 
 /* splitmix64-seeded xoshiro256** generator. */
 typedef struct {

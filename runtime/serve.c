@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -44,6 +45,7 @@ enum {
     MAX_STOP = 16,   /* stop strings of a request */
     MAX_STOP_LEN = 256,
     MAX_STOP_IDS = 64,
+    MAX_BIAS = 1024, /* logit_bias entries */
 };
 
 static void usage(FILE *f)
@@ -60,7 +62,8 @@ static void usage(FILE *f)
             "                        vLLM's continuous_usage_stats; logprobs: each token's log-probability\n"
             "                        and the K (0..20) likeliest tokens, not with stream; echo: the prompt's text, and\n"
             "                        with logprobs its tokens', before the completion; vLLM's stop_token_ids,\n"
-            "                        ignore_eos, include_stop_str_in_output)\n"
+            "                        ignore_eos, include_stop_str_in_output; presence_penalty, frequency_penalty,\n"
+            "                        logit_bias, and vLLM's repetition_penalty)\n"
             "  POST /v1/chat/completions  {\"messages\": [{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": TEXT},\n"
             "                        ...], and the fields above but prompt, logprobs and echo} (the model's chat\n"
             "                        template, or --chat-template)\n"
@@ -136,6 +139,8 @@ typedef struct job {
     size_t stop_len[MAX_STOP], stop_max;
     int nstop, include_stop, ignore_eos;
     int32_t stop_ids[MAX_STOP_IDS], n_stop_ids;
+    int32_t bias_ids[MAX_BIAS], n_bias; /* logit_bias */
+    float bias[MAX_BIAS];
     int32_t logprobs; /* -1: none; else the top tokens listed at each place */
     int echo;
     int include_usage, continuous_usage; /* stream_options: usage in a last event / in every event */
@@ -213,6 +218,8 @@ static kvp_status sess_add(server *sv, const kvp_gen_request *r, int32_t *id)
         log_put(&sv->ops, r, sizeof *r);
         log_put(&sv->ops, r->prompt, (size_t)r->n_prompt * sizeof *r->prompt);
         log_put(&sv->ops, r->stop_ids, (size_t)r->n_stop_ids * sizeof *r->stop_ids);
+        log_put(&sv->ops, r->bias_ids, (size_t)r->n_bias * sizeof *r->bias_ids);
+        log_put(&sv->ops, r->bias, (size_t)r->n_bias * sizeof *r->bias);
     }
     return KVP_OK;
 }
@@ -251,12 +258,16 @@ static kvp_status apply_ops(kvp_gen_session *s, const unsigned char *p, size_t l
             kvp_gen_request r;
             memcpy(&r, p + at, sizeof r);
             at += sizeof r;
-            int32_t *prompt = kvp_malloc((size_t)r.n_prompt * sizeof *prompt + (size_t)r.n_stop_ids * sizeof *prompt + 1);
+            /* the prompt, stop ids, bias ids and biases: 4-byte items each */
+            const size_t items = (size_t)r.n_prompt + (size_t)r.n_stop_ids + 2 * (size_t)r.n_bias;
+            int32_t *prompt = kvp_malloc(items * sizeof *prompt + 1);
             if (!prompt) return KVP_ERR(KVP_ENOMEM, "serve: out of memory");
-            memcpy(prompt, p + at, (size_t)(r.n_prompt + r.n_stop_ids) * sizeof *prompt);
-            at += (size_t)(r.n_prompt + r.n_stop_ids) * sizeof *prompt;
+            memcpy(prompt, p + at, items * sizeof *prompt);
+            at += items * sizeof *prompt;
             r.prompt = prompt;
             r.stop_ids = prompt + r.n_prompt;
+            r.bias_ids = r.stop_ids + r.n_stop_ids;
+            r.bias = (const float *)(r.bias_ids + r.n_bias);
             r.user = NULL;
             kvp_status st = kvp_gen_session_add(s, &r, NULL); /* copies them */
             kvp_free(prompt);
@@ -615,7 +626,7 @@ static int get_num(const cJSON *req, const char *k, double def, double lo, doubl
 /* Rejects an option this server does not implement when it asks for something (rather than ignoring it). */
 static int unsupported(const cJSON *req, char *err, size_t cap)
 {
-    static const char *const keys[] = {"suffix", "logit_bias", "presence_penalty", "frequency_penalty"};
+    static const char *const keys[] = {"suffix"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, keys[i]);
         if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
@@ -678,6 +689,26 @@ static char *dup_str(const char *t)
 {
     char *d = kvp_malloc(strlen(t) + 1);
     return d ? strcpy(d, t) : NULL;
+}
+
+/* OpenAI's "logit_bias": {"token id": bias in [-100, 100], ...}. 0, or 400 with err. */
+static int get_logit_bias(const cJSON *req, int32_t vocab, job *j, char *err, size_t cap)
+{
+    const cJSON *lb = cJSON_GetObjectItemCaseSensitive(req, "logit_bias");
+    if (!lb || cJSON_IsNull(lb)) return 0;
+    if (!cJSON_IsObject(lb) || cJSON_GetArraySize(lb) > MAX_BIAS)
+        return snprintf(err, cap, "\"logit_bias\" must be an object of at most %d token ids", MAX_BIAS), 400;
+    for (const cJSON *x = lb->child; x; x = x->next) {
+        char *end;
+        const long id = strtol(x->string, &end, 10);
+        if (end == x->string || *end || id < 0 || id >= vocab)
+            return snprintf(err, cap, "\"logit_bias\" key \"%.40s\" is not a token id in [0, %d)", x->string, vocab), 400;
+        if (!cJSON_IsNumber(x) || !(fabs(x->valuedouble) <= 100))
+            return snprintf(err, cap, "\"logit_bias\" of token %ld must be a number in [-100, 100]", id), 400;
+        j->bias_ids[j->n_bias] = (int32_t)id;
+        j->bias[j->n_bias++] = (float)x->valuedouble;
+    }
+    return 0;
 }
 
 /* OpenAI's "stream_options" (with "stream" only): "include_usage" (a last event with the usage and no
@@ -821,7 +852,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if (cJSON_GetObjectItemCaseSensitive(req, j->chat ? "prompt" : "messages"))
         return snprintf(err, cap, j->chat ? "\"prompt\" is for /v1/completions: a chat request has \"messages\""
                                           : "\"messages\" is for /v1/chat/completions: a completion has a \"prompt\""), 400;
-    double max_tokens, temperature, top_p, top_k, n, seed, best_of, logprobs = -1;
+    double max_tokens, temperature, top_p, top_k, n, seed, best_of, logprobs = -1, presence, frequency, repetition;
     if (!get_num(req, "max_tokens", 16, 0, 1 << 24, 1, &max_tokens, err, cap) ||
         (j->chat && !get_num(req, "max_completion_tokens", max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap)) ||
         !get_num(req, "temperature", 1.0, 0, 1e6, 0, &temperature, err, cap) ||
@@ -829,6 +860,9 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         !get_num(req, "top_k", -1, -1, INT32_MAX, 1, &top_k, err, cap) ||
         !get_num(req, "n", 1, 1, 1000, 1, &n, err, cap) || !get_num(req, "seed", -1, 0, 9007199254740991.0, 1, &seed, err, cap) ||
         !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap) ||
+        !get_num(req, "presence_penalty", 0, -2, 2, 0, &presence, err, cap) ||
+        !get_num(req, "frequency_penalty", 0, -2, 2, 0, &frequency, err, cap) ||
+        !get_num(req, "repetition_penalty", 1, 1e-6, 10, 0, &repetition, err, cap) ||
         (!j->chat && !get_num(req, "logprobs", -1, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)))
         return 400;
     j->logprobs = (int32_t)logprobs;
@@ -846,7 +880,8 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if (j->stream && (j->echo || j->logprobs >= 0))
         return snprintf(err, cap, "\"logprobs\" and \"echo\" are not supported with \"stream\""), 400;
     if ((code = get_stream_options(req, j, err, cap))) return code;
-    if ((code = get_stop(req, (int32_t)kvp_model_cfg(sv->m)->vocab_size, j, err, cap))) return code;
+    const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size;
+    if ((code = get_stop(req, V, j, err, cap)) || (code = get_logit_bias(req, V, j, err, cap))) return code;
     j->nsamples = (int32_t)n;
     if ((code = j->chat ? read_messages(sv, req, j, err, cap) : read_prompts(sv, req, j, err, cap))) return code;
     if (j->stream && j->n * (int32_t)n > MAX_STREAM)
@@ -860,7 +895,12 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         r->max_tokens = (int32_t)max_tokens;
         r->n = (int32_t)n;
         r->sampler = (kvp_sampler_params){.temperature = temperature, .top_k = top_k < 0 ? 0 : (int32_t)top_k,
-                                          .top_p = top_p, .seed = base_seed + (uint64_t)i};
+                                          .top_p = top_p, .seed = base_seed + (uint64_t)i,
+                                          .presence_penalty = (float)presence, .frequency_penalty = (float)frequency,
+                                          .repetition_penalty = (float)repetition};
+        r->bias_ids = j->n_bias ? j->bias_ids : NULL;
+        r->bias = j->n_bias ? j->bias : NULL;
+        r->n_bias = j->n_bias;
         r->stop_ids = j->n_stop_ids ? j->stop_ids : NULL;
         r->n_stop_ids = j->n_stop_ids;
         r->ignore_eos = j->ignore_eos;

@@ -380,8 +380,8 @@ Test(generate, n4_shares_the_prompt_blocks, .init = setup, .fini = teardown)
     kvp_free((void *)both[2].prompt);
 }
 
-/* log-probabilities of the next token after each of `n` sequences (rows), via the model directly. */
-static void next_logprobs(const int32_t *const *seqs, const int32_t *lens, int32_t n, float *out)
+/* Logits of the next token after each of `n` sequences (rows), via the model directly. */
+static void next_logits(const int32_t *const *seqs, const int32_t *lens, int32_t n, float *logits)
 {
     int32_t bs = 16, total = 0, pages = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -411,13 +411,20 @@ static void next_logprobs(const int32_t *const *seqs, const int32_t *lens, int32
     }
     qo[n] = t;
     kvi[n] = p;
-    float *logits = malloc(sizeof(float) * (size_t)n * 512);
     kvp_fwd_batch b = {.num_seqs = n, .num_tokens = t, .tokens = toks, .positions = pos, .slot_mapping = slots,
                        .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = kvx, .kv_last_page_len = last};
     cr_assert_eq(kvp_model_forward(g_model, kv, &b, logits), KVP_OK, "%s", kvp_error_detail());
-    for (int32_t i = 0; i < n; i++) kvp_log_softmax(logits + (int64_t)i * 512, 512, out + (int64_t)i * 512);
-    free(toks), free(pos), free(slots), free(qo), free(kvi), free(kvx), free(last), free(logits);
+    free(toks), free(pos), free(slots), free(qo), free(kvi), free(kvx), free(last);
     kvp_kv_cache_destroy(kv);
+}
+
+/* log-probabilities of the next token after each of `n` sequences (rows), via the model directly. */
+static void next_logprobs(const int32_t *const *seqs, const int32_t *lens, int32_t n, float *out)
+{
+    float *logits = malloc(sizeof(float) * (size_t)n * 512);
+    next_logits(seqs, lens, n, logits);
+    for (int32_t i = 0; i < n; i++) kvp_log_softmax(logits + (int64_t)i * 512, 512, out + (int64_t)i * 512);
+    free(logits);
 }
 
 /* Exhaustive search over all 512 x 512 two-token continuations, made exact and cheap by branch and bound:
@@ -733,7 +740,8 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
 Test(generate, sampled_batch_same_on_1_2_3_threads, .init = setup, .fini = teardown)
 {
     /* Temperature-1 draws of a batch big enough for the threaded sampling pass (>= 16 plain samples), one
-     * request forking (n = 2): the tokens and log-probabilities do not depend on the thread count. */
+     * request forking (n = 2), a third of them with penalties and a logit bias: the tokens and
+     * log-probabilities do not depend on the thread count. */
     enum { NR = 24 };
     enc e[NPROMPTS];
     kvp_gen_request reqs[NR];
@@ -742,6 +750,15 @@ Test(generate, sampled_batch_same_on_1_2_3_threads, .init = setup, .fini = teard
         reqs[i] = (kvp_gen_request){.prompt = e[i % NPROMPTS].ids, .n_prompt = e[i % NPROMPTS].n, .max_tokens = 12,
                                     .n = i == 5 ? 2 : 1, .beam_width = 0,
                                     .sampler = {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 500 + (uint64_t)i}};
+    const int32_t bias_id = 300;
+    const float bias = 2.0f;
+    for (int i = 0; i < NR; i += 3) { /* every third with penalties and a logit bias: each thread's own scratch */
+        reqs[i].sampler.frequency_penalty = 0.5f;
+        reqs[i].sampler.repetition_penalty = 1.2f;
+        reqs[i].bias_ids = &bias_id;
+        reqs[i].bias = &bias;
+        reqs[i].n_bias = 1;
+    }
     kvp_gen_config cfg = kvp_gen_config_default();
     cfg.stop_at_eos = 0;
     kvp_gen_result one[NR], many[NR];
@@ -1333,5 +1350,91 @@ Test(generate, logprobs_run_fails_cleanly_at_every_allocation, .init = setup, .f
     x.r.top_logprobs = 2;
     x.cfg.max_batched_tokens = 2; /* the prompt in chunks */
     tu_every_alloc_failure("generate with logprobs", make_lp_run, destroy_lp_run, &x, 0);
+    kvp_free(e.ids);
+}
+
+/* Greedy decoding with a logit bias and penalties against a reference loop: the model run on each prefix,
+ * the bias added, then each token's penalty by vLLM's formulas (written out per token here), then the
+ * argmax. The penalties change the story (the test would prove nothing otherwise); a bias of +100 makes a
+ * token every token; the reported logprob stays the model's own. */
+Test(generate, logit_bias_and_penalties_match_a_reference_loop, .init = setup, .fini = teardown)
+{
+    enum { T = 24 };
+    enc e = encode("Once upon a time, there was a little dog");
+    const int32_t bias_ids[2] = {29, 410};
+    const float bias[2] = {3.5f, -2.0f};
+    const kvp_sampler_params sp[2] = {
+        {.top_p = 1, .frequency_penalty = 0.7f, .presence_penalty = 0.4f, .repetition_penalty = 1.3f},
+        {.top_p = 1, .frequency_penalty = -0.5f, .repetition_penalty = 0.8f}};
+    for (int k = 0; k < 2; k++) {
+        kvp_gen_request r = greedy_req(e, T);
+        r.sampler = sp[k];
+        r.bias_ids = bias_ids;
+        r.bias = bias;
+        r.n_bias = 2;
+        r.ignore_eos = 1;
+        kvp_gen_config cfg = kvp_gen_config_default();
+        kvp_gen_result res, plain;
+        run(&cfg, &r, 1, &res, NULL);
+        kvp_gen_request pr = greedy_req(e, T);
+        pr.ignore_eos = 1;
+        run(&cfg, &pr, 1, &plain, NULL);
+        int32_t *seq = malloc(sizeof(int32_t) * (size_t)(e.n + T));
+        memcpy(seq, e.ids, sizeof(int32_t) * (size_t)e.n);
+        int differs = 0;
+        double lp_sum = 0;
+        for (int t = 0; t < T; t++) {
+            float l[512], raw[512];
+            const int32_t *one[1] = {seq};
+            int32_t len = e.n + t;
+            next_logits(one, &len, 1, l);
+            kvp_log_softmax(l, 512, raw);
+            for (int i = 0; i < 2; i++) l[bias_ids[i]] += bias[i];
+            const float rep = sp[k].repetition_penalty;
+            for (int32_t v = 0; v < 512; v++) {
+                int c = 0, seen = 0;
+                for (int32_t i = e.n; i < len; i++) c += seq[i] == v;
+                for (int32_t i = 0; i < len; i++) seen |= seq[i] == v;
+                if (seen) l[v] = l[v] > 0.0f ? l[v] / rep : l[v] * rep;
+                l[v] = l[v] - sp[k].frequency_penalty * (float)c;
+                l[v] = l[v] - sp[k].presence_penalty * (c > 0 ? 1.0f : 0.0f);
+            }
+            int32_t best = 0;
+            for (int32_t v = 1; v < 512; v++) best = l[v] > l[best] ? v : best;
+            cr_assert_eq(res.tokens[0][t], best, "penalties %d token %d: %d, want %d", k, t, res.tokens[0][t], best);
+            lp_sum += raw[best];
+            seq[e.n + t] = best;
+            differs |= best != plain.tokens[0][t];
+        }
+        cr_assert(differs, "penalties %d did not change the greedy story", k);
+        cr_assert_float_eq(res.logprob[0], lp_sum, 1e-3, "the logprob is the model's, before bias and penalties");
+        kvp_gen_results_free(&res, 1);
+        kvp_gen_results_free(&plain, 1);
+        free(seq);
+    }
+    /* +100 on one token: it is every token */
+    kvp_gen_request r = greedy_req(e, 6);
+    const int32_t forced = 77;
+    const float plus = 100.0f;
+    r.bias_ids = &forced;
+    r.bias = &plus;
+    r.n_bias = 1;
+    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_gen_result res;
+    run(&cfg, &r, 1, &res, NULL);
+    for (int t = 0; t < 6; t++) cr_assert_eq(res.tokens[0][t], forced);
+    kvp_gen_results_free(&res, 1);
+    /* refused: a bias out of range or vocabulary, penalties with beam search */
+    const float huge = 101.0f;
+    r.bias = &huge;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    r.bias = &plus;
+    const int32_t outside = 512;
+    r.bias_ids = &outside;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    r = greedy_req(e, 4);
+    r.beam_width = 2;
+    r.sampler.presence_penalty = 1.0f;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
     kvp_free(e.ids);
 }

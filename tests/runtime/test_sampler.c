@@ -252,3 +252,42 @@ Test(sampler, top_logprobs_match_full_sort)
         }
     }
 }
+
+/* kvp_apply_penalties against a per-token reference (seen in the prompt or the output, count in the output,
+ * then vLLM's formulas one token at a time), random logits of both signs, repeated tokens; the scratch counts
+ * come back zero. */
+Test(sampler, penalties_match_a_per_token_reference)
+{
+    enum { V = 50 };
+    float l[V], got[V];
+    int32_t count[V] = {0}, prompt[20], out[30];
+    kvp_rng g;
+    kvp_rng_seed(&g, 3, 0);
+    for (int trial = 0; trial < 200; trial++) {
+        const kvp_sampler_params p = {.top_p = 1, .presence_penalty = (float)(kvp_rng_uniform(&g) * 4 - 2),
+                                      .frequency_penalty = (float)(kvp_rng_uniform(&g) * 4 - 2),
+                                      .repetition_penalty = trial % 3 == 0 ? 0.0f : (float)(0.5 + kvp_rng_uniform(&g) * 2)};
+        cr_assert_eq(kvp_sampler_check(&p), KVP_OK);
+        const int np = (int)(kvp_rng_next(&g) % 20), no = (int)(kvp_rng_next(&g) % 30);
+        for (int i = 0; i < np; i++) prompt[i] = (int32_t)(kvp_rng_next(&g) % V);
+        for (int i = 0; i < no; i++) out[i] = (int32_t)(kvp_rng_next(&g) % 12); /* repeats */
+        for (int t = 0; t < V; t++) got[t] = l[t] = (float)(kvp_rng_uniform(&g) * 20 - 10);
+        kvp_apply_penalties(&p, got, V, prompt, np, out, no, count);
+        const float rep = p.repetition_penalty == 0.0f ? 1.0f : p.repetition_penalty;
+        for (int t = 0; t < V; t++) {
+            int c = 0, seen = 0;
+            for (int i = 0; i < no; i++) c += out[i] == t;
+            for (int i = 0; i < np; i++) seen |= prompt[i] == t;
+            float x = l[t];
+            if (seen || c > 0) x = x > 0.0f ? x / rep : x * rep;
+            x = x - p.frequency_penalty * (float)c;
+            x = x - p.presence_penalty * (c > 0 ? 1.0f : 0.0f);
+            cr_assert_eq(got[t], x, "trial %d token %d: %.9g, want %.9g", trial, t, got[t], x);
+            cr_assert_eq(count[t], 0, "the scratch counts come back zero");
+        }
+    }
+    const kvp_sampler_params bad[3] = {{.top_p = 1, .presence_penalty = 2.5f}, {.top_p = 1, .frequency_penalty = -3},
+                                       {.top_p = 1, .repetition_penalty = -1}};
+    for (int i = 0; i < 3; i++) cr_assert_eq(kvp_sampler_check(&bad[i]), KVP_EINVAL, "case %d", i);
+    cr_assert(!kvp_sampler_penalized(&(kvp_sampler_params){.repetition_penalty = 1.0f}));
+}

@@ -366,6 +366,12 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"echo\":true}", 400,
          "not supported with \"stream\""},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"suffix\":\"x\"}", 400, "\"suffix\" is not supported"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":[1]}", 400, "\"logit_bias\" must be an object"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":{\"x1\":1}}", 400, "key \"x1\" is not a token id"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":{\"512\":1}}", 400, "key \"512\" is not a token id"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":{\"5\":101}}", 400, "of token 5 must be a number in"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"presence_penalty\":2.5}", 400, "\"presence_penalty\" must be"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"repetition_penalty\":0}", 400, "\"repetition_penalty\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":true}}", 400,
          "\"stream_options\" needs \"stream\": true"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"stream_options\":{\"usage\":true}}", 400,
@@ -738,6 +744,13 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     solo_answers(&one, solo);
     expect_concurrent_answers(&two, solo);
     for (int i = 0; i < NP; i++) cJSON_Delete(solo[i]);
+    /* a logit bias and penalties reach the other rank too (with the prompt's logprobs) */
+    const char *lb = "{\"prompt\":\"Tom\",\"max_tokens\":20,\"n\":2,\"seed\":8,\"logit_bias\":{\"300\":4,\"29\":-3},"
+                     "\"frequency_penalty\":0.5,\"repetition_penalty\":1.2,\"logprobs\":2,\"echo\":true}";
+    cJSON *a = complete(&one, lb, 200), *b = complete(&two, lb, 200);
+    for (int c = 0; c < 2; c++) cr_assert_str_eq(choice_text(a, c), choice_text(b, c), "choice %d", c);
+    cJSON_Delete(a);
+    cJSON_Delete(b);
     const char *fmt = "{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":40,\"n\":3,\"seed\":4,"
                       "\"stop\":[\" the\",\"ed \"]%s}";
     snprintf(body, sizeof body, fmt, "");
@@ -1061,4 +1074,41 @@ Test(serve, chat_template_of_the_model)
     free(err);
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);
+}
+
+/* Penalties and logit_bias over HTTP: the penalized greedy answer is `kvpage generate`'s with the same
+ * penalties (whose effect the generation tests check against a reference loop) and differs from the plain
+ * one; a +100 bias makes one token every token. */
+Test(serve, penalties_and_logit_bias)
+{
+    server s = start("--num-blocks 256");
+    const char *prompt = "Once upon a time, there was a little dog";
+    char body[1024], cmd[1024], *out, *err;
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true%s}", prompt,
+             ",\"frequency_penalty\":0.7,\"presence_penalty\":0.4,\"repetition_penalty\":1.3");
+    cJSON *pen = complete(&s, body, 200);
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true}", prompt);
+    cJSON *plain = complete(&s, body, 200);
+    cr_assert_str_neq(choice_text(pen, 0), choice_text(plain, 0), "the penalties changed nothing");
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '%s' --max-tokens 24 --ignore-eos --json "
+             "--frequency-penalty 0.7 --presence-penalty 0.4 --repetition-penalty 1.3", kvp_test_bin(), S260_GGUF, prompt);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+    cJSON *g;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate", &g), KVP_OK);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(g, "requests"), 0), "text")->valuestring,
+                     choice_text(pen, 0));
+    cJSON_Delete(g);
+    free(out);
+    free(err);
+    cJSON *forced = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":5,\"temperature\":0,\"logprobs\":0,"
+                                 "\"logit_bias\":{\"77\":100,\"78\":-5}}", 200);
+    const cJSON *toks = cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(forced, "choices"), 0),
+                                                                "logprobs"), "tokens");
+    cr_assert_eq(cJSON_GetArraySize(toks), 5);
+    for (int i = 1; i < 5; i++)
+        cr_assert_str_eq(cJSON_GetArrayItem(toks, i)->valuestring, cJSON_GetArrayItem(toks, 1)->valuestring);
+    cJSON_Delete(forced);
+    cJSON_Delete(pen);
+    cJSON_Delete(plain);
+    stop(&s);
 }
