@@ -1315,6 +1315,17 @@ kvp_status kvp_gen_session_partial(const kvp_gen_session *g, int32_t id, int32_t
     return KVP_OK; /* not admitted or not forked yet: nothing */
 }
 
+kvp_status kvp_gen_session_partial_logprobs(const kvp_gen_session *g, int32_t id, int32_t k, const kvp_gen_logprobs **lp)
+{
+    static const kvp_gen_logprobs none = {0};
+    *lp = &none;
+    const int32_t r = req_index(g, id);
+    if (r < 0 || !g->reqs[r].logprobs || k < 0 || k >= g->reqs[r].n) return KVP_ENOTFOUND;
+    const int32_t i = sample_seq(g, r, k);
+    if (i >= 0) *lp = &g->seqs[i]->glp.a;
+    return KVP_OK;
+}
+
 kvp_status kvp_gen_session_stop(kvp_gen_session *g, int32_t id, int32_t k)
 {
     const int32_t r = req_index(g, id);

@@ -172,6 +172,10 @@ kvp_status kvp_gen_session_take(kvp_gen_session *s, int32_t *id, kvp_gen_result 
 kvp_status kvp_gen_session_partial(const kvp_gen_session *s, int32_t id, int32_t k, const int32_t **tokens,
                                    int32_t *n);
 
+/* The log-probabilities of those tokens (a request with logprobs): borrowed as they are; n = 0 before the
+ * prompt is computed. KVP_ENOTFOUND as kvp_gen_session_partial, and for a request without logprobs. */
+kvp_status kvp_gen_session_partial_logprobs(const kvp_gen_session *s, int32_t id, int32_t k, const kvp_gen_logprobs **lp);
+
 /* Ends sample k of sampling request id now (a stop string found by the caller, say): it keeps the tokens it
  * has, finishes with KVP_FINISH_STOPPED, and its blocks are freed. KVP_ENOTFOUND, with no message, when that
  * sample is not running (unknown, already finished, not forked yet, a beam search). */

@@ -60,7 +60,8 @@ static void usage(FILE *f)
             "                        \"stop\": TEXT | [TEXT, ...], \"stream\": false, \"logprobs\": K, \"echo\": false}\n"
             "                        (stream: server-sent events, as OpenAI's, with stream_options include_usage and\n"
             "                        vLLM's continuous_usage_stats; logprobs: each token's log-probability\n"
-            "                        and the K (0..20) likeliest tokens, not with stream; echo: the prompt's text, and\n"
+            "                        and the K (0..20) likeliest tokens (streamed: each event's tokens'); echo (not\n"
+            "                        streamed): the prompt's text, and\n"
             "                        with logprobs its tokens', before the completion; vLLM's stop_token_ids,\n"
             "                        ignore_eos, include_stop_str_in_output; presence_penalty, frequency_penalty,\n"
             "                        logit_bias, and vLLM's repetition_penalty)\n"
@@ -106,6 +107,10 @@ typedef struct {
     size_t ready;  /* text[0, ready) may be sent: no stop string can start in it any more */
     int32_t ntok;  /* tokens decoded into text */
     int stop;      /* 1 + the index of the stop string that ended it, else 0 */
+    /* a streamed job with logprobs: its tokens and their log-probabilities so far (lp.n of them) */
+    int32_t *toks;
+    kvp_gen_logprobs lp;
+    size_t cap_toks, cap_lp, cap_ids, cap_lps;
 } choice;
 
 struct job;
@@ -328,7 +333,14 @@ static void job_free(job *j)
     }
     for (int i = 0; i < j->nstop; i++) kvp_free(j->stop[i]);
     if (j->ch)
-        for (int32_t c = 0; c < j->n * j->nsamples; c++) kvp_free(j->ch[c].text);
+        for (int32_t c = 0; c < j->n * j->nsamples; c++) {
+            choice *h = &j->ch[c];
+            kvp_free(h->text);
+            kvp_free(h->toks);
+            kvp_free(h->lp.lp);
+            kvp_free(h->lp.top_ids);
+            kvp_free(h->lp.top_lps);
+        }
     kvp_free(j->ch);
     pthread_cond_destroy(&j->done);
     kvp_free(j);
@@ -419,12 +431,38 @@ static size_t stop_prefix_held(const job *j, const choice *h)
     return 0;
 }
 
-/* Adds tokens[ntok, n) of choice c of job j (caller holds mu) to its text and looks for its stop strings
- * there; the first one found ends the sample (kvp_gen_session_stop) and cuts the text. A decode that fails
- * (out of memory) is tried again with the next tokens. Returns 1 when the text changed. */
-static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n)
+/* Copies the tokens of choice c with their log-probabilities lp (a streamed job with logprobs) up to the n
+ * tokens known; an allocation that fails is tried again with the next tokens. */
+static void keep_logprobs(job *j, int32_t c, const int32_t *tokens, int32_t n, const kvp_gen_logprobs *lp)
 {
     choice *h = &j->ch[c];
+    kvp_gen_logprobs *a = &h->lp;
+    const int32_t to = n < lp->n ? n : lp->n;
+    const size_t k = (size_t)lp->k;
+    if (to <= a->n || kvp_grow((void **)&h->toks, &h->cap_toks, (size_t)to, sizeof *h->toks) != KVP_OK ||
+        kvp_grow((void **)&a->lp, &h->cap_lp, (size_t)to, sizeof *a->lp) != KVP_OK ||
+        kvp_grow((void **)&a->top_ids, &h->cap_ids, (size_t)to * k + 1, sizeof *a->top_ids) != KVP_OK ||
+        kvp_grow((void **)&a->top_lps, &h->cap_lps, (size_t)to * k + 1, sizeof *a->top_lps) != KVP_OK)
+        return;
+    const size_t from = (size_t)a->n, cnt = (size_t)to - from;
+    memcpy(h->toks + from, tokens + from, cnt * sizeof *tokens);
+    memcpy(a->lp + from, lp->lp + from, cnt * sizeof *a->lp);
+    if (k) {
+        memcpy(a->top_ids + from * k, lp->top_ids + from * k, cnt * k * sizeof *a->top_ids);
+        memcpy(a->top_lps + from * k, lp->top_lps + from * k, cnt * k * sizeof *a->top_lps);
+    }
+    a->k = lp->k;
+    a->n = to;
+}
+
+/* Adds tokens[ntok, n) of choice c of job j (caller holds mu) to its text and looks for its stop strings
+ * there; the first one found ends the sample (kvp_gen_session_stop) and cuts the text. A decode that fails
+ * (out of memory) is tried again with the next tokens. lp (NULL: none): the tokens' log-probabilities, kept
+ * for a stream. Returns 1 when the text changed. */
+static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n, const kvp_gen_logprobs *lp)
+{
+    choice *h = &j->ch[c];
+    if (lp && j->stream) keep_logprobs(j, c, tokens, n, lp);
     const int32_t i = c / j->nsamples;
     if (h->stop || n <= h->ntok) return 0;
     const kvp_gen_request *r = &j->reqs[i];
@@ -474,8 +512,10 @@ static void track_progress(server *sv)
             for (int32_t k = 0; k < j->nsamples; k++) {
                 const int32_t *t;
                 int32_t n;
+                const kvp_gen_logprobs *lp = NULL;
+                if (j->logprobs >= 0 && kvp_gen_session_partial_logprobs(sv->s, j->ids[i], k, &lp) != KVP_OK) lp = NULL;
                 if (kvp_gen_session_partial(sv->s, j->ids[i], k, &t, &n) == KVP_OK)
-                    grew |= track_choice(sv, j, i * j->nsamples + k, t, n);
+                    grew |= track_choice(sv, j, i * j->nsamples + k, t, n, lp);
             }
         if (grew && j->stream) pthread_cond_signal(&j->done);
     }
@@ -534,7 +574,8 @@ static void *engine_main(void *arg)
             pthread_mutex_lock(&sv->mu);
             j->res[o->i] = res;
             for (int32_t k = 0; j->ch && k < res.n_samples; k++) /* what no step showed (a failed decode) */
-                track_choice(sv, j, o->i * j->nsamples + k, res.tokens[k], res.n_tokens[k]);
+                track_choice(sv, j, o->i * j->nsamples + k, res.tokens[k], res.n_tokens[k],
+                             res.logprobs ? &res.logprobs[k] : NULL);
             if (--j->remaining == 0) job_finish(sv, j, 0, NULL);
             pthread_mutex_unlock(&sv->mu);
         }
@@ -877,8 +918,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         if (j->echo) return snprintf(err, cap, "\"echo\" is not supported on /v1/chat/completions"), 400;
         j->logprobs = lp ? (int32_t)logprobs : -1;
     }
-    if (j->stream && (j->echo || j->logprobs >= 0))
-        return snprintf(err, cap, "\"logprobs\" and \"echo\" are not supported with \"stream\""), 400;
+    if (j->stream && j->echo) return snprintf(err, cap, "\"echo\" is not supported with \"stream\""), 400;
     if ((code = get_stream_options(req, j, err, cap))) return code;
     const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size;
     if ((code = get_stop(req, V, j, err, cap)) || (code = get_logit_bias(req, V, j, err, cap))) return code;
@@ -997,45 +1037,6 @@ static cJSON *lp_number(float lp)
     return isnan(lp) ? cJSON_CreateNull() : cJSON_CreateNumber(isinf(lp) ? -9999.0 : (double)lp);
 }
 
-/* OpenAI's logprobs object of choice (prompt i, sample k): tokens, token_logprobs, top_logprobs (the listed
- * tokens and the chosen one) and text_offset (characters into the choice's text), with echo the prompt's
- * places first (place 0, with nothing before it, has null ones). */
-static cJSON *logprobs_json(const server *sv, const job *j, int32_t i, int32_t k)
-{
-    const kvp_gen_request *q = &j->reqs[i];
-    const kvp_gen_result *r = &j->res[i];
-    cJSON *o = cJSON_CreateObject();
-    cJSON *toks = cJSON_AddArrayToObject(o, "tokens"), *lps = cJSON_AddArrayToObject(o, "token_logprobs");
-    cJSON *tops = cJSON_AddArrayToObject(o, "top_logprobs"), *offs = cJSON_AddArrayToObject(o, "text_offset");
-    const int32_t np = j->echo ? q->n_prompt : 0, ng = r->logprobs ? r->n_tokens[k] : 0;
-    long off = 0, chars, ignored;
-    char s[2048], alt[2048];
-    for (int32_t p = 0; p < np + ng; p++) {
-        const int gen = p >= np;
-        const kvp_gen_logprobs *a = gen ? &r->logprobs[k] : &r->prompt_logprobs;
-        const int32_t at = gen ? p - np : p, *seq = gen ? r->tokens[k] : q->prompt;
-        const int32_t prev = at > 0 ? seq[at - 1] : gen ? q->prompt[q->n_prompt - 1] : -1;
-        token_text(sv, prev, seq[at], s, sizeof s, &chars);
-        cJSON_AddItemToArray(toks, cJSON_CreateString(s));
-        cJSON_AddItemToArray(offs, cJSON_CreateNumber((double)off));
-        off += chars;
-        const int none = at >= a->n || isnan(a->lp[at]);
-        cJSON_AddItemToArray(lps, lp_number(none ? NAN : a->lp[at]));
-        if (none) {
-            cJSON_AddItemToArray(tops, cJSON_CreateNull());
-            continue;
-        }
-        cJSON *d = cJSON_CreateObject();
-        for (int32_t t = 0; t < a->k; t++) {
-            token_text(sv, prev, a->top_ids[at * a->k + t], alt, sizeof alt, &ignored);
-            if (!cJSON_HasObjectItem(d, alt)) cJSON_AddItemToObject(d, alt, lp_number(a->top_lps[at * a->k + t]));
-        }
-        if (!cJSON_HasObjectItem(d, s)) cJSON_AddItemToObject(d, s, lp_number(a->lp[at]));
-        cJSON_AddItemToArray(tops, d);
-    }
-    return o;
-}
-
 /* One token of a chat logprobs list: its text (as in token_text), log-probability and bytes. */
 static cJSON *chat_token(const server *sv, int32_t prev, int32_t id, float lp)
 {
@@ -1051,21 +1052,55 @@ static cJSON *chat_token(const server *sv, int32_t prev, int32_t id, float lp)
     return o;
 }
 
-/* OpenAI's chat logprobs object of sample k: content, the generated tokens each with its top_logprobs. */
-static cJSON *chat_logprobs_json(const server *sv, const job *j, int32_t k)
+/* An empty logprobs object: OpenAI's completion form (tokens, token_logprobs, top_logprobs, text_offset) or
+ * chat form (content). */
+static cJSON *lp_new(int chat)
 {
-    const kvp_gen_request *q = &j->reqs[0];
-    const kvp_gen_result *r = &j->res[0];
-    const kvp_gen_logprobs *a = &r->logprobs[k];
-    cJSON *o = cJSON_CreateObject(), *content = cJSON_AddArrayToObject(o, "content");
-    for (int32_t t = 0; t < r->n_tokens[k] && t < a->n; t++) {
-        const int32_t prev = t > 0 ? r->tokens[k][t - 1] : q->prompt[q->n_prompt - 1];
-        cJSON *e = chat_token(sv, prev, r->tokens[k][t], a->lp[t]), *tops = cJSON_AddArrayToObject(e, "top_logprobs");
-        for (int32_t x = 0; x < a->k; x++)
-            cJSON_AddItemToArray(tops, chat_token(sv, prev, a->top_ids[t * a->k + x], a->top_lps[t * a->k + x]));
-        cJSON_AddItemToArray(content, e);
+    cJSON *o = cJSON_CreateObject();
+    if (chat) {
+        cJSON_AddArrayToObject(o, "content");
+        return o;
     }
+    cJSON_AddArrayToObject(o, "tokens");
+    cJSON_AddArrayToObject(o, "token_logprobs");
+    cJSON_AddArrayToObject(o, "top_logprobs");
+    cJSON_AddArrayToObject(o, "text_offset");
     return o;
+}
+
+/* Appends places [from, to) of token list seq, with their log-probabilities a, to logprobs object o (lp_new);
+ * the token before seq[0] is prev0 (-1: none). Completion form: each token's text, log-probability (null for
+ * a place with nothing before it), the top tokens and the chosen one, and text offset (*off: the characters
+ * before place from, advanced); chat form: token, logprob, bytes and top_logprobs. */
+static void lp_append(const server *sv, int chat, cJSON *o, const int32_t *seq, int32_t from, int32_t to, int32_t prev0,
+                      const kvp_gen_logprobs *a, long *off)
+{
+    char s[2048], alt[2048];
+    long chars, ignored;
+    for (int32_t at = from; at < to; at++) {
+        const int32_t prev = at > 0 ? seq[at - 1] : prev0, k = a->k;
+        const int none = at >= a->n || isnan(a->lp[at]);
+        if (chat) {
+            if (none) continue;
+            cJSON *e = chat_token(sv, prev, seq[at], a->lp[at]), *tops = cJSON_AddArrayToObject(e, "top_logprobs");
+            for (int32_t x = 0; x < k; x++)
+                cJSON_AddItemToArray(tops, chat_token(sv, prev, a->top_ids[at * k + x], a->top_lps[at * k + x]));
+            cJSON_AddItemToArray(cJSON_GetObjectItem(o, "content"), e);
+            continue;
+        }
+        token_text(sv, prev, seq[at], s, sizeof s, &chars);
+        cJSON_AddItemToArray(cJSON_GetObjectItem(o, "tokens"), cJSON_CreateString(s));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(o, "text_offset"), cJSON_CreateNumber((double)*off));
+        *off += chars;
+        cJSON_AddItemToArray(cJSON_GetObjectItem(o, "token_logprobs"), lp_number(none ? NAN : a->lp[at]));
+        cJSON *d = none ? cJSON_CreateNull() : cJSON_CreateObject();
+        for (int32_t x = 0; !none && x < k; x++) {
+            token_text(sv, prev, a->top_ids[at * k + x], alt, sizeof alt, &ignored);
+            if (!cJSON_HasObjectItem(d, alt)) cJSON_AddItemToObject(d, alt, lp_number(a->top_lps[at * k + x]));
+        }
+        if (!none && !cJSON_HasObjectItem(d, s)) cJSON_AddItemToObject(d, s, lp_number(a->lp[at]));
+        cJSON_AddItemToArray(cJSON_GetObjectItem(o, "top_logprobs"), d);
+    }
 }
 
 /* OpenAI's usage object of job j (see job_tokens). */
@@ -1117,9 +1152,18 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
                 cJSON_Delete(o);
                 return NULL;
             }
-            if (j->logprobs >= 0)
-                cJSON_AddItemToObject(ch, "logprobs", j->chat ? chat_logprobs_json(sv, j, s) : logprobs_json(sv, j, i, s));
-            else cJSON_AddNullToObject(ch, "logprobs");
+            if (j->logprobs >= 0) { /* with echo the prompt's places first (its first has none) */
+                const kvp_gen_request *q = &j->reqs[i];
+                cJSON *lp = lp_new(j->chat);
+                long off = 0;
+                if (j->echo) lp_append(sv, 0, lp, q->prompt, 0, q->n_prompt, -1, &r->prompt_logprobs, &off);
+                if (r->logprobs)
+                    lp_append(sv, j->chat, lp, r->tokens[s], 0, r->n_tokens[s], q->prompt[q->n_prompt - 1],
+                              &r->logprobs[s], &off);
+                cJSON_AddItemToObject(ch, "logprobs", lp);
+            } else {
+                cJSON_AddNullToObject(ch, "logprobs");
+            }
             add_finish(ch, j, c);
         }
     }
@@ -1172,6 +1216,8 @@ typedef struct {
     time_t created;
     size_t sent[MAX_STREAM]; /* bytes of each choice's text sent */
     unsigned char began[MAX_STREAM]; /* chat: the choice's first delta (with the role) was sent */
+    int32_t lp_sent[MAX_STREAM];     /* logprobs: places of each choice sent */
+    long lp_off[MAX_STREAM];         /* and the text offset of the next one */
     char *out;
     size_t len, at, cap;
     int done; /* [DONE] is in out */
@@ -1228,7 +1274,17 @@ static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, i
         kvp_json_add_text(ch, "text", t);
     }
     kvp_free(t);
-    cJSON_AddNullToObject(ch, "logprobs");
+    const job *j = x->j;
+    if (j->logprobs >= 0) { /* the places decoded since the last event */
+        const choice *h = &j->ch[c];
+        const kvp_gen_request *q = &j->reqs[c / j->nsamples];
+        cJSON *lp = lp_new(j->chat);
+        lp_append(x->sv, j->chat, lp, h->toks, x->lp_sent[c], h->lp.n, q->prompt[q->n_prompt - 1], &h->lp, &x->lp_off[c]);
+        x->lp_sent[c] = h->lp.n;
+        cJSON_AddItemToObject(ch, "logprobs", lp);
+    } else {
+        cJSON_AddNullToObject(ch, "logprobs");
+    }
     if (last) add_finish(ch, x->j, c);
     else cJSON_AddNullToObject(ch, "finish_reason");
     if (x->j->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(x->j));

@@ -1006,7 +1006,6 @@ Test(serve, chat_completions_answer_the_rendered_prompt)
         {"{\"messages\":[{\"role\":\"user\",\"content\":5}]}", "\"content\" must be a string or an array"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"prompt\":\"a\"}", "\"prompt\" is for /v1/completions"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"top_logprobs\":2}", "needs \"logprobs\": true"},
-        {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":true,\"stream\":true}", "not supported with"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"echo\":true}", "\"echo\" is not supported on"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"logprobs\":3}", "\"logprobs\" must be true or false"},
         {"{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"add_generation_prompt\":3}", "\"add_generation_prompt\" must be"},
@@ -1110,5 +1109,57 @@ Test(serve, penalties_and_logit_bias)
     cJSON_Delete(forced);
     cJSON_Delete(pen);
     cJSON_Delete(plain);
+    stop(&s);
+}
+
+/* Streamed logprobs add up to the whole answer's: each event carries the places decoded since the last one,
+ * for completions (four arrays, offsets running on) and chats (content), sampled, with a stop string. */
+Test(serve, streamed_logprobs_add_up_to_the_whole_ones)
+{
+    server s = start("--num-blocks 256 --chat-template zephyr");
+    const char *bodies[2] = {"{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":30,\"n\":2,\"seed\":5,\"logprobs\":3,"
+                             "\"stop\":\" the\"%s}",
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"Tom\"}],\"max_tokens\":30,\"n\":2,\"seed\":5,"
+                             "\"logprobs\":true,\"top_logprobs\":2%s}"};
+    const char *paths[2] = {"/v1/completions", "/v1/chat/completions"};
+    for (int k = 0; k < 2; k++) {
+        char body[512], *resp;
+        snprintf(body, sizeof body, bodies[k], "");
+        cJSON *whole = post_json(&s, paths[k], body, 200);
+        snprintf(body, sizeof body, bodies[k], ",\"stream\":true");
+        cr_assert_eq(http(&s, "POST", paths[k], body, &resp), 200, "%s", resp);
+        const int nc = k ? 2 : 4;
+        const char *keys[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+        const int nkeys = k ? 1 : 4;
+        cJSON *joined[4][4]; /* [choice][key] */
+        for (int c = 0; c < nc; c++)
+            for (int i = 0; i < nkeys; i++) joined[c][i] = cJSON_CreateArray();
+        int events = 0;
+        cJSON *o;
+        for (const char *p = resp; (o = sse_next(&p)) != NULL; cJSON_Delete(o)) {
+            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+            const int c = cJSON_GetObjectItem(ch, "index")->valueint;
+            const cJSON *lp = cJSON_GetObjectItem(ch, "logprobs");
+            cr_assert(cJSON_IsObject(lp), "request %d: an event without logprobs", k);
+            events++;
+            for (int i = 0; i < nkeys; i++) {
+                const cJSON *x;
+                cJSON_ArrayForEach(x, cJSON_GetObjectItem(lp, k ? "content" : keys[i]))
+                    cJSON_AddItemToArray(joined[c][i], cJSON_Duplicate(x, 1));
+            }
+        }
+        cr_assert_gt(events, 2 * nc, "request %d: the logprobs came in %d events", k, events);
+        for (int c = 0; c < nc; c++) {
+            const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(whole, "choices"), c), "logprobs");
+            cr_assert_gt(cJSON_GetArraySize(joined[c][0]), 0);
+            for (int i = 0; i < nkeys; i++) {
+                cr_assert(cJSON_Compare(joined[c][i], cJSON_GetObjectItem(lp, k ? "content" : keys[i]), 1),
+                          "request %d choice %d: streamed %s differ", k, c, k ? "content" : keys[i]);
+                cJSON_Delete(joined[c][i]);
+            }
+        }
+        free(resp);
+        cJSON_Delete(whole);
+    }
     stop(&s);
 }
