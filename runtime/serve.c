@@ -68,6 +68,9 @@ static void usage(FILE *f)
             "                        ...], the fields above but prompt and echo; \"logprobs\": true, \"top_logprobs\": K}\n"
             "                        through the model's chat template, or --chat-template\n"
             "  GET  /v1/models       the served model\n"
+            "  POST /tokenize        vLLM's: {\"prompt\": TEXT, \"add_special_tokens\": true} or {\"messages\": [...]}\n"
+            "                        -> {\"count\", \"max_model_len\", \"tokens\"}\n"
+            "  POST /detokenize      vLLM's: {\"tokens\": [TOKEN_ID, ...]} -> {\"prompt\": TEXT}\n"
             "  GET  /health          200 while serving\n"
             "  GET  /metrics         Prometheus counters and gauges (requests, tokens, KV blocks, prefix hits)\n\n"
             "  --model PATH              a GGUF file or a Hugging Face folder\n"
@@ -1400,15 +1403,28 @@ static enum MHD_Result stream_reply(struct MHD_Connection *c, stream_ctx *x)
     return ret;
 }
 
-/* POST /v1/completions (chat 0) or /v1/chat/completions (chat 1). */
-static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const body *b, int chat)
+/* The request body as a JSON object, or NULL with the 4xx answer queued in *ret. */
+static cJSON *body_object(server *sv, struct MHD_Connection *c, const body *b, enum MHD_Result *ret)
 {
-    if (b->too_big) return reply_error(sv, c, 413, "the request body is larger than 1 MiB");
+    if (b->too_big) {
+        *ret = reply_error(sv, c, 413, "the request body is larger than 1 MiB");
+        return NULL;
+    }
     cJSON *req = b->len ? cJSON_ParseWithLength(b->buf, b->len) : NULL;
     if (!cJSON_IsObject(req)) {
         cJSON_Delete(req);
-        return reply_error(sv, c, 400, "the request body is not a JSON object");
+        *ret = reply_error(sv, c, 400, "the request body is not a JSON object");
+        return NULL;
     }
+    return req;
+}
+
+/* POST /v1/completions (chat 0) or /v1/chat/completions (chat 1). */
+static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const body *b, int chat)
+{
+    enum MHD_Result ret = MHD_NO;
+    cJSON *req = body_object(sv, c, b, &ret);
+    if (!req) return ret;
     job *j = kvp_calloc(1, sizeof *j);
     if (!j || pthread_cond_init(&j->done, NULL) != 0) {
         kvp_free(j);
@@ -1451,7 +1467,6 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const b
     }
     const int gone = j->cancelled;
     pthread_mutex_unlock(&sv->mu);
-    enum MHD_Result ret;
     if (gone) {
         ret = MHD_NO;
     } else if (j->status) {
@@ -1475,6 +1490,80 @@ static enum MHD_Result models(server *sv, struct MHD_Connection *c)
     cJSON_AddNumberToObject(m, "created", (double)sv->started);
     cJSON_AddStringToObject(m, "owned_by", "kvpage");
     cJSON_AddNumberToObject(m, "max_model_len", kvp_model_max_len(sv->m));
+    return reply_json(sv, c, 200, o);
+}
+
+/* vLLM's POST /tokenize: {"prompt": TEXT, "add_special_tokens": true} or {"messages": [...],
+ * "add_generation_prompt": true} (the chat template's prompt) -> {"count", "max_model_len", "tokens"}. */
+static enum MHD_Result tokenize(server *sv, struct MHD_Connection *c, const body *b)
+{
+    enum MHD_Result ret = MHD_NO;
+    cJSON *req = body_object(sv, c, b, &ret);
+    if (!req) return ret;
+    char err[512] = "";
+    int code = 0;
+    int32_t *ids = NULL, n = 0;
+    job *j = NULL;
+    const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
+    if (cJSON_GetObjectItemCaseSensitive(req, "messages")) {
+        if (!(j = kvp_calloc(1, sizeof *j)) || pthread_cond_init(&j->done, NULL) != 0) {
+            kvp_free(j);
+            j = NULL;
+            code = (snprintf(err, sizeof err, "out of memory"), 500);
+        } else if (!(code = read_messages(sv, req, j, err, sizeof err))) {
+            ids = j->enc[0];
+            n = j->reqs[0].n_prompt;
+        }
+    } else if (!cJSON_IsString(p)) {
+        code = (snprintf(err, sizeof err, "\"prompt\" must be a string (or give \"messages\")"), 400);
+    } else {
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(req, "add_special_tokens"); /* default true */
+        const int bos = !sp || cJSON_IsNull(sp) ? 1 : get_bool(req, "add_special_tokens", err, sizeof err);
+        if (bos < 0) code = 400;
+        else if (kvp_tok_encode(sv->tok, p->valuestring, strlen(p->valuestring), bos, &ids, &n) != KVP_OK)
+            code = (snprintf(err, sizeof err, "%s", kvp_error_message()), 400);
+    }
+    cJSON_Delete(req);
+    if (code) {
+        if (j) job_free(j);
+        return reply_error(sv, c, (unsigned)code, err);
+    }
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "count", n);
+    cJSON_AddNumberToObject(o, "max_model_len", kvp_model_max_len(sv->m));
+    cJSON *t = cJSON_AddArrayToObject(o, "tokens");
+    for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[i]));
+    if (j) job_free(j);
+    else kvp_free(ids);
+    return reply_json(sv, c, 200, o);
+}
+
+/* vLLM's POST /detokenize: {"tokens": [TOKEN_ID, ...]} -> {"prompt": TEXT}. */
+static enum MHD_Result detokenize(server *sv, struct MHD_Connection *c, const body *b)
+{
+    enum MHD_Result ret = MHD_NO;
+    cJSON *req = body_object(sv, c, b, &ret);
+    if (!req) return ret;
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(req, "tokens"), *x;
+    const int32_t n = cJSON_IsArray(t) ? cJSON_GetArraySize(t) : -1, V = (int32_t)kvp_model_cfg(sv->m)->vocab_size;
+    int32_t *ids = n > 0 ? kvp_malloc((size_t)n * sizeof *ids) : NULL, i = 0;
+    char err[128] = "", *text = NULL;
+    if (n < 0) snprintf(err, sizeof err, "\"tokens\" must be an array of token ids");
+    cJSON_ArrayForEach(x, t) {
+        const double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
+        if (!(v >= 0 && v < V && v == (double)(int32_t)v)) {
+            snprintf(err, sizeof err, "\"tokens\" item %d is not a token id in [0, %d)", i, V);
+            break;
+        }
+        if (ids) ids[i++] = (int32_t)v;
+    }
+    cJSON_Delete(req);
+    const int oom = !err[0] && ((n > 0 && !ids) || kvp_tok_decode(sv->tok, -1, ids, n, &text) != KVP_OK);
+    kvp_free(ids);
+    if (err[0] || oom) return reply_error(sv, c, err[0] ? 400 : 500, err[0] ? err : "out of memory");
+    cJSON *o = cJSON_CreateObject();
+    kvp_json_add_text(o, "prompt", text);
+    kvp_free(text);
     return reply_json(sv, c, 200, o);
 }
 
@@ -1587,6 +1676,9 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (strcmp(url, "/v1/chat/completions") == 0)
         return post ? completions(sv, c, b, 1) : reply_error(sv, c, 405, "use POST for /v1/chat/completions");
     if (strcmp(url, "/v1/models") == 0) return get ? models(sv, c) : reply_error(sv, c, 405, "use GET for /v1/models");
+    if (strcmp(url, "/tokenize") == 0) return post ? tokenize(sv, c, b) : reply_error(sv, c, 405, "use POST for /tokenize");
+    if (strcmp(url, "/detokenize") == 0)
+        return post ? detokenize(sv, c, b) : reply_error(sv, c, 405, "use POST for /detokenize");
     if (strcmp(url, "/metrics") == 0) return get ? metrics(sv, c) : reply_error(sv, c, 405, "use GET for /metrics");
     if (strcmp(url, "/health") == 0) {
         if (!get) return reply_error(sv, c, 405, "use GET for /health");

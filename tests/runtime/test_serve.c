@@ -1163,3 +1163,73 @@ Test(serve, streamed_logprobs_add_up_to_the_whole_ones)
     }
     stop(&s);
 }
+
+/* vLLM's /tokenize and /detokenize against the published tokens of golden.json (with and without BOS, and
+ * the 256-token story back to its text), a conversation through the chat template, bad input. */
+Test(serve, tokenize_and_detokenize)
+{
+    server s = start("--num-blocks 64 --chat-template zephyr");
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 0);
+    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
+    const cJSON *want = cJSON_GetObjectItem(c1, "prompt_tokens");
+    char body[8192];
+    for (int bos = 0; bos < 2; bos++) {
+        snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"add_special_tokens\":%s}",
+                 cJSON_GetObjectItem(c1, "prompt")->valuestring, bos ? "true" : "false");
+        cJSON *j = post_json(&s, "/tokenize", body, 200);
+        const cJSON *t = cJSON_GetObjectItem(j, "tokens");
+        cr_assert_eq(cJSON_GetArraySize(t), cJSON_GetArraySize(want) - !bos);
+        cr_assert_eq(cJSON_GetObjectItem(j, "count")->valueint, cJSON_GetArraySize(t));
+        for (int i = 0; i < cJSON_GetArraySize(t); i++)
+            cr_assert_eq(cJSON_GetArrayItem(t, i)->valueint, cJSON_GetArrayItem(want, i + !bos)->valueint, "token %d", i);
+        cJSON_Delete(j);
+    }
+    snprintf(body, sizeof body, "{\"tokens\":[1");
+    const cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItem(c0, "tokens_after_bos"))
+        snprintf(body + strlen(body), sizeof body - strlen(body), ",%d", x->valueint);
+    strcat(body, "]}");
+    cJSON *j = post_json(&s, "/detokenize", body, 200);
+    cr_assert_str_eq(cJSON_GetObjectItem(j, "prompt")->valuestring, cJSON_GetObjectItem(c0, "text")->valuestring);
+    cJSON_Delete(j);
+    /* a conversation: the template's tokens */
+    kvp_gguf *g;
+    kvp_tokenizer *tok;
+    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
+    cr_assert_eq(kvp_tok_from_gguf(g, &tok), KVP_OK);
+    kvp_gguf_close(g);
+    const kvp_chat_msg m[2] = {{"system", "Be brief."}, {"user", "Hi"}};
+    int32_t *ids, n;
+    cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_ZEPHYR, tok, m, 2, 1, &ids, &n), KVP_OK);
+    j = post_json(&s, "/tokenize", "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},{\"role\":\"user\","
+                                   "\"content\":\"Hi\"}]}", 200);
+    const cJSON *t = cJSON_GetObjectItem(j, "tokens");
+    cr_assert_eq(cJSON_GetArraySize(t), n);
+    for (int32_t i = 0; i < n; i++) cr_assert_eq(cJSON_GetArrayItem(t, i)->valueint, ids[i]);
+    cJSON_Delete(j);
+    kvp_free(ids);
+    kvp_tok_destroy(tok);
+    static const struct {
+        const char *path, *body, *needle;
+    } bad[] = {
+        {"/tokenize", "{\"prompt\":5}", "\"prompt\" must be a string"},
+        {"/tokenize", "{\"prompt\":\"a\",\"add_special_tokens\":1}", "\"add_special_tokens\" must be true or false"},
+        {"/tokenize", "{\"messages\":[{\"role\":\"robot\",\"content\":\"a\"}]}", "role \"robot\""},
+        {"/detokenize", "{\"tokens\":\"1 2\"}", "\"tokens\" must be an array"},
+        {"/detokenize", "{\"tokens\":[1,512]}", "\"tokens\" item 1 is not a token id"},
+        {"/detokenize", "[1]", "not a JSON object"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cJSON *e = post_json(&s, bad[i].path, bad[i].body, 400);
+        const char *msg = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "message")->valuestring;
+        cr_assert(strstr(msg, bad[i].needle), "%s %s: %s", bad[i].path, bad[i].body, msg);
+        cJSON_Delete(e);
+    }
+    char *resp;
+    cr_assert_eq(http(&s, "GET", "/tokenize", NULL, &resp), 405);
+    free(resp);
+    cJSON_Delete(gold);
+    stop(&s);
+}
