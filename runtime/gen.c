@@ -489,16 +489,22 @@ static kvp_status draw_scratch(gen_ctx *g, int k)
 }
 
 /* Sequence s's next token from its logits lg, drawn with rng by sampling thread k (scratch ws, lsm): with its
- * request's logit bias and penalties applied to a copy first. *lp: the token's log-probability under lg. */
+ * request's logit bias and penalties applied to a copy first, and before min_tokens, EOS and the stop ids
+ * masked. *lp: the token's log-probability under lg. */
 static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *lg, int k, kvp_sampler_ws *ws,
                     float *lsm, double *lp)
 {
     const kvp_gen_request *r = &g->reqs[s->req];
     const int32_t V = g->vocab;
-    if (r->n_bias == 0 && !kvp_sampler_penalized(&r->sampler)) return kvp_sample_logprob(&r->sampler, rng, lg, V, ws, lsm, lp);
+    const int early = s->n_gen < r->min_tokens;
+    if (r->n_bias == 0 && !kvp_sampler_penalized(&r->sampler) && !early)
+        return kvp_sample_logprob(&r->sampler, rng, lg, V, ws, lsm, lp);
     float *x = g->pen[k];
     memcpy(x, lg, (size_t)V * sizeof *x);
     for (int32_t i = 0; i < r->n_bias; i++) x[r->bias_ids[i]] += r->bias[i];
+    const int32_t eos = kvp_model_cfg(g->m)->eos_token_id;
+    if (early && eos >= 0 && eos < V && g->cfg->stop_at_eos && !r->ignore_eos) x[eos] = -INFINITY;
+    for (int32_t i = 0; early && i < r->n_stop_ids; i++) x[r->stop_ids[i]] = -INFINITY;
     kvp_apply_penalties(&r->sampler, x, V, s->toks, s->n_toks - s->n_gen, s->toks + (s->n_toks - s->n_gen), s->n_gen,
                         g->cnt[k]);
     double ignored;
@@ -1090,6 +1096,9 @@ static kvp_status check_request(const kvp_model *m, const kvp_gen_request *r, in
         return KVP_ERR(KVP_EINVAL, "generate: request %d: max_tokens %d >= 0, n %d in 1..1000 and <= beam width %d", i,
                        r->max_tokens, r->n, r->beam_width);
     KVP_TRY(kvp_sampler_check(&r->sampler));
+    if (r->min_tokens < 0 || r->min_tokens > r->max_tokens || (r->beam_width > 1 && r->min_tokens > 0))
+        return KVP_ERR(KVP_EINVAL, "generate: request %d: min_tokens %d must be in 0..max_tokens (%d), sampling only", i,
+                       r->min_tokens, r->max_tokens);
     if (r->n_bias < 0 || r->n_bias > 1024 || (r->n_bias > 0 && (!r->bias_ids || !r->bias)) ||
         (r->beam_width > 1 && (r->n_bias > 0 || kvp_sampler_penalized(&r->sampler))))
         return KVP_ERR(KVP_EINVAL, "generate: request %d: %d logit biases (0 to 1024, and their arrays); a logit bias or "

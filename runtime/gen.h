@@ -57,6 +57,7 @@ typedef struct {
                               * borrowed (a session copies them); not used by beam search */
     int32_t n_stop_ids;
     int ignore_eos;        /* 1: EOS is an ordinary token for this request (whatever stop_at_eos says) */
+    int32_t min_tokens;    /* vLLM's: EOS and the stop ids cannot be drawn before this many tokens (<= max_tokens) */
     const int32_t *bias_ids; /* (n_bias) OpenAI's logit_bias: bias[i] in [-100, 100] is added to the logit of
                               * token bias_ids[i] before the penalties and the draw (the reported
                               * log-probabilities are the model's); borrowed (a session copies them) */

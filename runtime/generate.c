@@ -44,6 +44,7 @@ static void usage(FILE *f)
             "  --n N                   samples per prompt, forked from the prompt's blocks (default 1)\n"
             "  --beam-width W          beam search with W beams (default 0 = off); returns the --n best\n"
             "  --ignore-eos            keep generating after EOS\n"
+            "  --min-tokens N          no EOS before N tokens (vLLM's min_tokens; at most --max-tokens)\n"
             "  --block-size N          tokens per KV block (default 16)\n"
             "  --num-blocks N          KV blocks (default 0 = enough for every request at once)\n"
             "  --kv-dtype T            KV cache element type: f32 (default), f16, bf16 or fp8 (e4m3, scale 1);\n"
@@ -118,7 +119,7 @@ static kvp_status read_prompts(const char *path, strlist *out)
 typedef struct {
     const char *model, *tokenizer, *prompts_file;
     strlist prompts;
-    int32_t max_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads, tp;
+    int32_t max_tokens, min_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads, tp;
     double temperature, top_p;
     float presence, frequency, repetition;
     int64_t seed;
@@ -219,7 +220,8 @@ static int run(gen_opts *o)
                                            i + 1, np, maxlen));
             goto out;
         }
-        reqs[i] = (kvp_gen_request){.prompt = enc[i], .n_prompt = np, .max_tokens = o->max_tokens, .n = o->n,
+        reqs[i] = (kvp_gen_request){.prompt = enc[i], .n_prompt = np, .max_tokens = o->max_tokens,
+                                    .min_tokens = o->min_tokens, .n = o->n,
                                     .beam_width = o->beam, .logprobs = o->logprobs >= 0,
                                     .prompt_logprobs = o->prompt_logprobs,
                                     .top_logprobs = o->logprobs >= 0 ? o->logprobs : 0,
@@ -352,7 +354,7 @@ int kvp_cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP,
-           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION };
+           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -367,7 +369,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"kv-dtype", required_argument, 0, O_KV_DTYPE}, {"tp", required_argument, 0, O_TP},
         {"logprobs", required_argument, 0, O_LOGPROBS}, {"prompt-logprobs", no_argument, 0, O_PROMPT_LOGPROBS},
         {"presence-penalty", required_argument, 0, O_PRESENCE}, {"frequency-penalty", required_argument, 0, O_FREQUENCY},
-        {"repetition-penalty", required_argument, 0, O_REPETITION},
+        {"repetition-penalty", required_argument, 0, O_REPETITION}, {"min-tokens", required_argument, 0, O_MIN_TOKENS},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     gen_opts o;
@@ -397,6 +399,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_PROMPTS_FILE: o.prompts_file = optarg; break;
         case O_TOK: o.tokenizer = optarg; break;
         case O_MAX_TOKENS: st = kvp_parse_i32(optarg, 0, 1 << 24, &o.max_tokens); break;
+        case O_MIN_TOKENS: st = kvp_parse_i32(optarg, 0, 1 << 24, &o.min_tokens); break;
         case O_TEMP: st = kvp_parse_f64(optarg, 0.0, 1e6, &o.temperature); break;
         case O_TOPK: st = kvp_parse_i32(optarg, 0, INT32_MAX, &o.top_k); break;
         case O_TOPP: st = kvp_parse_f64(optarg, 1e-9, 1.0, &o.top_p); break;
@@ -458,6 +461,11 @@ int kvp_cmd_generate(int argc, char **argv)
     }
     if (o.logprobs >= 0 && o.beam > 1) {
         rc = kvp_cli_usage_error(CMD, "--logprobs does not apply to --beam-width (each beam's score is its logprob)");
+        goto done;
+    }
+    if (o.min_tokens > o.max_tokens || (o.min_tokens > 0 && o.beam > 1)) {
+        rc = kvp_cli_usage_error(CMD, "--min-tokens %d must be at most --max-tokens %d, and needs sampling (no --beam-width)",
+                                 o.min_tokens, o.max_tokens);
         goto done;
     }
     if (o.beam > 1 && o.n > o.beam) {

@@ -62,7 +62,7 @@ static void usage(FILE *f)
             "                        continuous_usage_stats); logprobs: each token's log-probability and the K\n"
             "                        (0..20) likeliest tokens; echo (not streamed): the prompt's text first, with\n"
             "                        logprobs its tokens' too; also presence_penalty, frequency_penalty, logit_bias\n"
-            "                        and vLLM's repetition_penalty, stop_token_ids, ignore_eos,\n"
+            "                        and vLLM's repetition_penalty, min_tokens, stop_token_ids, ignore_eos,\n"
             "                        include_stop_str_in_output\n"
             "  POST /v1/chat/completions  {\"messages\": [{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": TEXT},\n"
             "                        ...], the fields above but prompt and echo; \"logprobs\": true, \"top_logprobs\": K}\n"
@@ -483,7 +483,7 @@ static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, in
     h->ntok = n;
     kvp_free(dec);
     size_t at = h->len;
-    for (int s = 0; s < j->nstop; s++) {
+    for (int s = 0; n >= r->min_tokens && s < j->nstop; s++) { /* vLLM's: no stop string before min_tokens */
         const char *p = memmem(h->text + from, h->len - from, j->stop[s], j->stop_len[s]);
         if (p && (size_t)(p - h->text) < at) {
             at = (size_t)(p - h->text);
@@ -895,7 +895,8 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if (cJSON_GetObjectItemCaseSensitive(req, j->chat ? "prompt" : "messages"))
         return snprintf(err, cap, j->chat ? "\"prompt\" is for /v1/completions: a chat request has \"messages\""
                                           : "\"messages\" is for /v1/chat/completions: a completion has a \"prompt\""), 400;
-    double max_tokens, temperature, top_p, top_k, n, seed, best_of, logprobs = -1, presence, frequency, repetition;
+    double max_tokens, temperature, top_p, top_k, n, seed, best_of, logprobs = -1, presence, frequency, repetition,
+        min_tokens;
     if (!get_num(req, "max_tokens", 16, 0, 1 << 24, 1, &max_tokens, err, cap) ||
         (j->chat && !get_num(req, "max_completion_tokens", max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap)) ||
         !get_num(req, "temperature", 1.0, 0, 1e6, 0, &temperature, err, cap) ||
@@ -906,6 +907,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         !get_num(req, "presence_penalty", 0, -2, 2, 0, &presence, err, cap) ||
         !get_num(req, "frequency_penalty", 0, -2, 2, 0, &frequency, err, cap) ||
         !get_num(req, "repetition_penalty", 1, 1e-6, 10, 0, &repetition, err, cap) ||
+        !get_num(req, "min_tokens", 0, 0, max_tokens, 1, &min_tokens, err, cap) ||
         (!j->chat && !get_num(req, "logprobs", -1, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)))
         return 400;
     j->logprobs = (int32_t)logprobs;
@@ -935,6 +937,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     for (int32_t i = 0; i < j->n; i++) {
         kvp_gen_request *r = &j->reqs[i];
         r->max_tokens = (int32_t)max_tokens;
+        r->min_tokens = (int32_t)min_tokens;
         r->n = (int32_t)n;
         r->sampler = (kvp_sampler_params){.temperature = temperature, .top_k = top_k < 0 ? 0 : (int32_t)top_k,
                                           .top_p = top_p, .seed = base_seed + (uint64_t)i,

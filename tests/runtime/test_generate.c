@@ -1057,6 +1057,18 @@ Test(generate_session, stop_ids_and_ignore_eos, .init = setup, .fini = teardown)
     cr_assert_eq(cut.finish[0], KVP_FINISH_STOP_TOKEN);
     cr_assert_eq(cut.stop_token[0], full.tokens[0][first]);
     cr_assert_eq(full.stop_token[0], -1);
+    /* min_tokens past the first stop: the stop ids cannot be drawn before it, so the greedy story turns
+     * elsewhere at that place (the next likeliest token), and nothing ends before min_tokens */
+    kvp_gen_result held;
+    r.min_tokens = first + 5;
+    run(&cfg, &r, 1, &held, NULL);
+    cr_assert_geq(held.n_tokens[0], first + 5);
+    expect_prefix(&held, 0, &full, 0, first, "min_tokens");
+    for (int32_t t = 0; t < first + 5; t++) cr_assert(held.tokens[0][t] != stop[0] && held.tokens[0][t] != stop[1]);
+    kvp_gen_results_free(&held, 1);
+    r.min_tokens = 61;
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &held, NULL), KVP_EINVAL, "min_tokens above max_tokens");
+    r.min_tokens = 0;
     kvp_gen_results_free(&cut, 1);
     kvp_gen_results_free(&full, 1);
     /* ignore_eos: the same model with EOS set to a token its greedy story makes (stories260K never makes
@@ -1086,6 +1098,12 @@ Test(generate_session, stop_ids_and_ignore_eos, .init = setup, .fini = teardown)
         expect_prefix(&cut, 0, &full, 0, cut.n_tokens[0], "ignore_eos");
         kvp_gen_results_free(&cut, 1);
     }
+    r.ignore_eos = 0; /* min_tokens holds EOS back too */
+    r.min_tokens = first + 3;
+    cr_assert_eq(kvp_gen_run(m, &cfg, &r, 1, &cut, NULL), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_geq(cut.n_tokens[0], first + 3);
+    for (int32_t t = 0; t < first + 3; t++) cr_assert_neq(cut.tokens[0][t], (int32_t)eos);
+    kvp_gen_results_free(&cut, 1);
     kvp_model_destroy(m);
     unlink(path);
     rmdir(dir);

@@ -372,6 +372,7 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":{\"5\":101}}", 400, "of token 5 must be a number in"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"presence_penalty\":2.5}", 400, "\"presence_penalty\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"repetition_penalty\":0}", 400, "\"repetition_penalty\" must be"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":4,\"min_tokens\":5}", 400, "\"min_tokens\" must be an integer in [0, 4]"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":true}}", 400,
          "\"stream_options\" needs \"stream\": true"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"stream_options\":{\"usage\":true}}", 400,
@@ -1231,5 +1232,25 @@ Test(serve, tokenize_and_detokenize)
     cr_assert_eq(http(&s, "GET", "/tokenize", NULL, &resp), 405);
     free(resp);
     cJSON_Delete(gold);
+    stop(&s);
+}
+
+/* min_tokens (vLLM's): a stop string that the greedy story makes at its 3rd word does not end it before
+ * min_tokens tokens (without min_tokens it does), and the text runs on past it. */
+Test(serve, min_tokens_hold_stop_strings_back)
+{
+    server s = start("--num-blocks 256");
+    cJSON *cut = complete(&s, "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,\"stop\":\" was\"}", 200);
+    cJSON *held = complete(&s, "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":0,\"stop\":\" was\","
+                               "\"min_tokens\":20}", 200);
+    const char *a = choice_text(cut, 0), *b = choice_text(held, 0);
+    cr_assert_lt(strlen(a), 20, "the stop string comes early: %s", a);
+    cr_assert_gt(strlen(b), strlen(a) + strlen(" was"), "min_tokens did not hold the stop string back: %s", b);
+    cr_assert_eq(strncmp(b, a, strlen(a)), 0);
+    cr_assert_eq(strncmp(b + strlen(a), " was", 4), 0, "%s", b);
+    const cJSON *u = cJSON_GetObjectItem(held, "usage");
+    cr_assert_geq(cJSON_GetObjectItem(u, "completion_tokens")->valueint, 20);
+    cJSON_Delete(cut);
+    cJSON_Delete(held);
     stop(&s);
 }
