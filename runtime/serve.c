@@ -33,6 +33,7 @@
 #include "runtime/commands.h"
 #include "runtime/chat.h"
 #include "runtime/gen.h"
+#include "runtime/stop_text.h"
 #include "runtime/model.h"
 #include "runtime/tokenizer.h"
 
@@ -102,14 +103,10 @@ static void usage(FILE *f)
 }
 
 /* What the engine keeps of one choice of a streamed job or of a job with stop strings (under mu): its text,
- * decoded as its tokens come, cut where a stop string starts (or ends, when it is kept). */
+ * decoded as its tokens come, cut where a stop string starts (or ends, when it is kept); with logprobs
+ * (streamed), its tokens and their log-probabilities so far (lp.n of them). */
 typedef struct {
-    char *text;
-    size_t len, cap;
-    size_t ready;  /* text[0, ready) may be sent: no stop string can start in it any more */
-    int32_t ntok;  /* tokens decoded into text */
-    int stop;      /* 1 + the index of the stop string that ended it, else 0 */
-    /* a streamed job with logprobs: its tokens and their log-probabilities so far (lp.n of them) */
+    kvp_stop_text t;
     int32_t *toks;
     kvp_gen_logprobs lp;
     size_t cap_toks, cap_lp, cap_ids, cap_lps;
@@ -145,6 +142,7 @@ typedef struct job {
     char *stop[MAX_STOP]; /* stop strings, owned */
     size_t stop_len[MAX_STOP], stop_max;
     int nstop, include_stop, ignore_eos;
+    kvp_stop_set stops; /* over stop[] */
     int32_t stop_ids[MAX_STOP_IDS], n_stop_ids;
     int32_t bias_ids[MAX_BIAS], n_bias; /* logit_bias */
     float bias[MAX_BIAS];
@@ -337,7 +335,7 @@ static void job_free(job *j)
     if (j->ch)
         for (int32_t c = 0; c < j->n * j->nsamples; c++) {
             choice *h = &j->ch[c];
-            kvp_free(h->text);
+            kvp_stop_text_free(&h->t);
             kvp_free(h->toks);
             kvp_free(h->lp.lp);
             kvp_free(h->lp.top_ids);
@@ -423,16 +421,6 @@ static void abort_cancelled(server *sv)
     pthread_mutex_unlock(&sv->mu);
 }
 
-/* Bytes at the end of h's text that could be the start of one of j's stop strings (held back). */
-static size_t stop_prefix_held(const job *j, const choice *h)
-{
-    if (j->nstop == 0) return 0;
-    for (size_t n = h->len < j->stop_max - 1 ? h->len : j->stop_max - 1; n > 0; n--)
-        for (int s = 0; s < j->nstop; s++)
-            if (j->stop_len[s] > n && memcmp(h->text + h->len - n, j->stop[s], n) == 0) return n;
-    return 0;
-}
-
 /* Copies the tokens of choice c with their log-probabilities lp (a streamed job with logprobs) up to the n
  * tokens known; an allocation that fails is tried again with the next tokens. */
 static void keep_logprobs(job *j, int32_t c, const int32_t *tokens, int32_t n, const kvp_gen_logprobs *lp)
@@ -457,49 +445,18 @@ static void keep_logprobs(job *j, int32_t c, const int32_t *tokens, int32_t n, c
     a->n = to;
 }
 
-/* Adds tokens[ntok, n) of choice c of job j (caller holds mu) to its text and looks for its stop strings
- * there; the first one found ends the sample (kvp_gen_session_stop) and cuts the text. A decode that fails
- * (out of memory) is tried again with the next tokens. lp (NULL: none): the tokens' log-probabilities, kept
- * for a stream. Returns 1 when the text changed. */
+/* Adds tokens[.., n) of choice c of job j (caller holds mu) to its text (stop_text.h); a stop string found
+ * ends the sample (kvp_gen_session_stop). lp (NULL: none): the tokens' log-probabilities, kept for a stream.
+ * Returns 1 when the text changed. */
 static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n, const kvp_gen_logprobs *lp)
 {
     choice *h = &j->ch[c];
     if (lp && j->stream) keep_logprobs(j, c, tokens, n, lp);
-    const int32_t i = c / j->nsamples;
-    if (h->stop || n <= h->ntok) return 0;
-    const kvp_gen_request *r = &j->reqs[i];
-    char *dec = NULL;
-    if (kvp_tok_decode(sv->tok, h->ntok > 0 ? tokens[h->ntok - 1] : r->prompt[r->n_prompt - 1], tokens + h->ntok,
-                       n - h->ntok, &dec) != KVP_OK)
-        return 0;
-    const size_t nd = strlen(dec);
-    if (kvp_grow((void **)&h->text, &h->cap, h->len + nd + 1, 1) != KVP_OK) {
-        kvp_free(dec);
-        return 0;
-    }
-    const size_t from = h->len + 1 > j->stop_max ? h->len + 1 - j->stop_max : 0; /* new matches start here */
-    memcpy(h->text + h->len, dec, nd + 1);
-    h->len += nd;
-    h->ntok = n;
-    kvp_free(dec);
-    size_t at = h->len;
-    for (int s = 0; n >= r->min_tokens && s < j->nstop; s++) { /* vLLM's: no stop string before min_tokens */
-        const char *p = memmem(h->text + from, h->len - from, j->stop[s], j->stop_len[s]);
-        if (p && (size_t)(p - h->text) < at) {
-            at = (size_t)(p - h->text);
-            h->stop = s + 1;
-        }
-    }
-    if (h->stop) {
-        h->len = at + (j->include_stop ? j->stop_len[h->stop - 1] : 0);
-        h->text[h->len] = '\0';
-        h->ready = h->len;
-        sess_stop(sv, j->ids[i], c % j->nsamples); /* after the final tokens: nothing */
-    } else {
-        const size_t ready = h->len - stop_prefix_held(j, h);
-        h->ready = ready > h->ready ? ready : h->ready;
-    }
-    return 1;
+    const kvp_gen_request *r = &j->reqs[c / j->nsamples];
+    const int had = h->t.stop;
+    const int grew = kvp_stop_text_add(&h->t, &j->stops, sv->tok, r->prompt[r->n_prompt - 1], tokens, n);
+    if (h->t.stop && !had) sess_stop(sv, j->ids[c / j->nsamples], c % j->nsamples); /* after the final tokens: nothing */
+    return grew;
 }
 
 /* After a step: the new tokens of every tracked choice go into its text (caller holds mu), and readers that
@@ -926,6 +883,8 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if ((code = get_stream_options(req, j, err, cap))) return code;
     const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size;
     if ((code = get_stop(req, V, j, err, cap)) || (code = get_logit_bias(req, V, j, err, cap))) return code;
+    j->stops = (kvp_stop_set){.stop = j->stop, .stop_len = j->stop_len, .nstop = j->nstop, .stop_max = j->stop_max,
+                              .include = j->include_stop, .min_tokens = (int32_t)min_tokens};
     j->nsamples = (int32_t)n;
     if ((code = j->chat ? read_messages(sv, req, j, err, cap) : read_prompts(sv, req, j, err, cap))) return code;
     if (j->stream && j->n * (int32_t)n > MAX_STREAM)
@@ -969,7 +928,7 @@ static void job_tokens(const job *j, int64_t *p, int64_t *g)
         *p += j->reqs[i].n_prompt;
         for (int32_t k = 0; k < j->nsamples; k++)
             *g += j->finished ? (k < j->res[i].n_samples ? j->res[i].n_tokens[k] : 0)
-                              : j->ch ? j->ch[i * j->nsamples + k].ntok : 0;
+                              : j->ch ? j->ch[i * j->nsamples + k].t.ntok : 0;
     }
 }
 
@@ -1004,7 +963,7 @@ static void add_finish(cJSON *o, const job *j, int32_t c)
 {
     const kvp_gen_result *r = &j->res[c / j->nsamples];
     const int32_t k = c % j->nsamples;
-    const int stop = j->ch ? j->ch[c].stop : 0;
+    const int stop = j->ch ? j->ch[c].t.stop : 0;
     const kvp_gen_finish f = k < r->n_samples ? r->finish[k] : KVP_FINISH_LENGTH;
     cJSON_AddStringToObject(o, "finish_reason", stop || f != KVP_FINISH_LENGTH ? "stop" : "length");
     if (stop) kvp_json_add_text(o, "stop_reason", j->stop[stop - 1]);
@@ -1135,7 +1094,7 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
                 cJSON_Delete(o);
                 return NULL;
             }
-            const char *gen = j->ch ? (j->ch[c].text ? j->ch[c].text : "") : text;
+            const char *gen = j->ch ? (j->ch[c].t.text ? j->ch[c].t.text : "") : text;
             char *echoed = j->echo ? kvp_malloc(strlen(j->ptext[i]) + strlen(gen) + 1) : NULL;
             if (echoed) {
                 strcpy(echoed, j->ptext[i]);
@@ -1323,7 +1282,7 @@ static int stream_fill(stream_ctx *x)
     pthread_mutex_lock(&sv->mu);
     for (;;) {
         for (int32_t c = 0; c < nc && !j->finished; c++) {
-            const choice *h = &j->ch[c];
+            const kvp_stop_text *h = &j->ch[c].t;
             const size_t n = h->ready > x->sent[c] ? utf8_whole(h->text + x->sent[c], h->ready - x->sent[c]) : 0;
             if (n == 0) continue;
             stream_event(x, c, h->text + x->sent[c], n, 0);
@@ -1338,7 +1297,7 @@ static int stream_fill(stream_ctx *x)
                 out_event(x, o);
             } else {
                 for (int32_t c = 0; c < nc; c++) /* the rest of the text, then the finish reason */
-                    stream_event(x, c, j->ch[c].text + x->sent[c], j->ch[c].len - x->sent[c], 1);
+                    stream_event(x, c, j->ch[c].t.text + x->sent[c], j->ch[c].t.len - x->sent[c], 1);
                 if (j->include_usage) { /* OpenAI's last event: no choices, the usage */
                     cJSON *o = completion_head(sv, j, x->id, x->created);
                     cJSON_AddArrayToObject(o, "choices");
