@@ -1384,6 +1384,13 @@ void kvp_gen_session_stats_get(const kvp_gen_session *g, kvp_gen_session_stats *
 kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n,
                        kvp_gen_result *results, kvp_gen_stats *stats)
 {
+    return kvp_gen_run_stepped(m, cfg, reqs, n, results, stats, NULL, NULL);
+}
+
+kvp_status kvp_gen_run_stepped(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n,
+                               kvp_gen_result *results, kvp_gen_stats *stats,
+                               void (*on_step)(void *ctx, kvp_gen_session *s), void *ctx)
+{
     if (!m || !cfg || (n > 0 && (!reqs || !results))) return KVP_ERR(KVP_EINVAL, "generate: NULL argument");
     if (cfg->block_size < 1 || cfg->max_num_seqs < 1 || cfg->max_batched_tokens < 1 || cfg->num_blocks < 0)
         return KVP_ERR(KVP_EINVAL, "generate: block_size, max_num_seqs and max_batched_tokens must be >= 1");
@@ -1404,7 +1411,8 @@ kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_re
     for (int32_t i = 0; st == KVP_OK && i < n; i++) st = kvp_gen_session_add(g, &reqs[i], NULL);
     g->t0 = kvp_now_s(); /* the run's clock: requests count from here */
     for (int32_t i = 0; i < g->nreq; i++) g->rq[i].t_add = 0;
-    while (st == KVP_OK && kvp_gen_session_pending(g)) st = step(g);
+    while (st == KVP_OK && kvp_gen_session_pending(g))
+        if ((st = step(g)) == KVP_OK && on_step) on_step(ctx, g);
     double wall = kvp_now_s() - g->t0;
     int32_t done = 0;
     while (st == KVP_OK && done < n) /* a failing collect leaves nothing behind in its result */

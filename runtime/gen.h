@@ -198,4 +198,10 @@ typedef struct {
 } kvp_gen_session_stats;
 void kvp_gen_session_stats_get(const kvp_gen_session *s, kvp_gen_session_stats *out);
 
+/* kvp_gen_run, calling on_step(ctx, s) after every step with the run's session, where request i has id i:
+ * the caller may read kvp_gen_session_partial and end samples with kvp_gen_session_stop (stop strings). */
+kvp_status kvp_gen_run_stepped(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n,
+                               kvp_gen_result *results, kvp_gen_stats *stats,
+                               void (*on_step)(void *ctx, kvp_gen_session *s), void *ctx);
+
 #endif

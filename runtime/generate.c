@@ -15,6 +15,7 @@
 #include "runtime/commands.h"
 #include "runtime/gen.h"
 #include "runtime/model.h"
+#include "runtime/stop_text.h"
 #include "runtime/tokenizer.h"
 
 static const char *const CMD = "generate";
@@ -44,6 +45,8 @@ static void usage(FILE *f)
             "  --n N                   samples per prompt, forked from the prompt's blocks (default 1)\n"
             "  --beam-width W          beam search with W beams (default 0 = off); returns the --n best\n"
             "  --ignore-eos            keep generating after EOS\n"
+            "  --stop TEXT             a stop string (repeatable, up to 16): a sample's text ends where the first\n"
+            "                          one starts, and its generation ends there (not with --beam-width)\n"
             "  --min-tokens N          no EOS before N tokens (vLLM's min_tokens; at most --max-tokens)\n"
             "  --block-size N          tokens per KV block (default 16)\n"
             "  --num-blocks N          KV blocks (default 0 = enough for every request at once)\n"
@@ -128,6 +131,7 @@ typedef struct {
     kvp_dtype kv_dtype;
     int json, ignore_eos;
     int32_t logprobs; /* -1: none */
+    strlist stops;
     int prompt_logprobs;
 } gen_opts;
 
@@ -161,6 +165,31 @@ static void logprobs_json(cJSON *obj, const char *prefix, const kvp_gen_logprobs
     }
 }
 
+/* Stop strings over the samples of a run: their texts, one per (prompt, sample). */
+typedef struct {
+    const kvp_tokenizer *tok;
+    const kvp_gen_request *reqs;
+    int32_t n, nsamples;
+    kvp_stop_set set;
+    kvp_stop_text *t; /* [n * nsamples] */
+} stop_track;
+
+/* After each step (kvp_gen_run_stepped): each sample's new tokens into its text; a sample whose text reached a
+ * stop string ends now. */
+static void track_stops(void *ctx, kvp_gen_session *s)
+{
+    stop_track *x = ctx;
+    for (int32_t i = 0; i < x->n; i++)
+        for (int32_t k = 0; k < x->nsamples; k++) {
+            kvp_stop_text *h = &x->t[i * x->nsamples + k];
+            const int32_t *toks;
+            int32_t nt;
+            if (h->stop || kvp_gen_session_partial(s, i, k, &toks, &nt) != KVP_OK) continue;
+            kvp_stop_text_add(h, &x->set, x->tok, x->reqs[i].prompt[x->reqs[i].n_prompt - 1], toks, nt);
+            if (h->stop) kvp_gen_session_stop(s, i, k);
+        }
+}
+
 /* A digest of every sample's tokens (lengths included: each token list is hashed after its length). */
 static uint64_t results_hash(const kvp_gen_result *res, int32_t n)
 {
@@ -181,6 +210,8 @@ static int run(gen_opts *o)
     kvp_gen_request *reqs = NULL;
     kvp_gen_result *res = NULL;
     int32_t **enc = NULL, nres = 0;
+    size_t stop_len[16];
+    stop_track stops = {.nsamples = o->n};
     int rc = KVP_EXIT_OK;
     kvp_status st;
     double t_load = kvp_now_s();
@@ -239,7 +270,23 @@ static int run(gen_opts *o)
     cfg.stop_at_eos = !o->ignore_eos;
     cfg.kv_dtype = o->kv_dtype;
     kvp_gen_stats stats;
-    if ((st = kvp_gen_run(m, &cfg, reqs, n, res, &stats)) != KVP_OK) {
+    if (o->stops.n > 0) {
+        for (int32_t i = 0; i < o->stops.n; i++) {
+            stop_len[i] = strlen(o->stops.items[i]);
+            stops.set.stop_max = stop_len[i] > stops.set.stop_max ? stop_len[i] : stops.set.stop_max;
+        }
+        stops.set.stop = o->stops.items;
+        stops.set.stop_len = stop_len;
+        stops.set.nstop = o->stops.n;
+        stops.tok = tok;
+        stops.reqs = reqs;
+        stops.n = n;
+        if (!(stops.t = kvp_calloc((size_t)n * (size_t)o->n, sizeof *stops.t))) {
+            rc = kvp_cli_fail(CMD, KVP_ERR(KVP_ENOMEM, "out of memory"));
+            goto out;
+        }
+    }
+    if ((st = kvp_gen_run_stepped(m, &cfg, reqs, n, res, &stats, stops.t ? track_stops : NULL, &stops)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
     }
@@ -273,7 +320,16 @@ static int run(gen_opts *o)
         for (int32_t s = 0; s < r->n_samples; s++) {
             char *text = NULL;
             int32_t prev = reqs[i].prompt[reqs[i].n_prompt - 1];
-            if ((st = kvp_tok_decode(tok, prev, r->tokens[s], r->n_tokens[s], &text)) != KVP_OK) {
+            kvp_stop_text *h = stops.t ? &stops.t[i * o->n + s] : NULL;
+            if (h) kvp_stop_text_add(h, &stops.set, tok, prev, r->tokens[s], r->n_tokens[s]); /* the last tokens */
+            if (h && h->ntok == r->n_tokens[s]) {
+                text = kvp_malloc(h->len + 1);
+                if (text) memcpy(text, h->text ? h->text : "", h->len + 1);
+                st = text ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory");
+            } else {
+                st = kvp_tok_decode(tok, prev, r->tokens[s], r->n_tokens[s], &text);
+            }
+            if (st != KVP_OK) {
                 rc = kvp_cli_fail(CMD, st);
                 cJSON_Delete(root);
                 goto out;
@@ -290,6 +346,7 @@ static int run(gen_opts *o)
                 kvp_json_add_text(so, "text", text);
                 cJSON_AddNumberToObject(so, "logprob", r->logprob[s]);
                 cJSON_AddStringToObject(so, "finish_reason", kvp_gen_finish_name(r->finish[s]));
+                if (h && h->stop) kvp_json_add_text(so, "stop_str", o->stops.items[h->stop - 1]);
                 if (r->logprobs) logprobs_json(so, "", &r->logprobs[s]);
             } else {
                 if (r->n_samples > 1) printf("--- sample %d ---\n", s + 1);
@@ -336,6 +393,8 @@ static int run(gen_opts *o)
             stats.prefix_hit_rate, (long long)stats.peak_token_states, (double)stats.kv_pool_bytes / (1 << 20),
             kvp_dtype_name(o->kv_dtype));
 out:
+    for (int32_t i = 0; stops.t && i < stops.n * stops.nsamples; i++) kvp_stop_text_free(&stops.t[i]);
+    kvp_free(stops.t);
     if (enc)
         for (int32_t i = 0; i < o->prompts.n; i++) kvp_free(enc[i]);
     kvp_free(enc);
@@ -354,7 +413,7 @@ int kvp_cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP,
-           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS };
+           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -370,6 +429,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"logprobs", required_argument, 0, O_LOGPROBS}, {"prompt-logprobs", no_argument, 0, O_PROMPT_LOGPROBS},
         {"presence-penalty", required_argument, 0, O_PRESENCE}, {"frequency-penalty", required_argument, 0, O_FREQUENCY},
         {"repetition-penalty", required_argument, 0, O_REPETITION}, {"min-tokens", required_argument, 0, O_MIN_TOKENS},
+        {"stop", required_argument, 0, O_STOP},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     gen_opts o;
@@ -421,15 +481,23 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_IGNORE_EOS: o.ignore_eos = 1; break;
         case O_LOGPROBS: st = kvp_parse_i32(optarg, 0, KVP_GEN_MAX_TOP_LOGPROBS, &o.logprobs); break;
         case O_PROMPT_LOGPROBS: o.prompt_logprobs = 1; break;
+        case O_STOP:
+            if (o.stops.n >= 16 || strlen(optarg) < 1 || strlen(optarg) > 256)
+                st = KVP_ERR(KVP_EINVAL, "at most 16 stop strings of 1 to 256 bytes");
+            else
+                st = strlist_add(&o.stops, optarg, strlen(optarg));
+            break;
         case O_PRESENCE: st = kvp_parse_f64(optarg, -2.0, 2.0, &d), o.presence = (float)d; break;
         case O_FREQUENCY: st = kvp_parse_f64(optarg, -2.0, 2.0, &d), o.frequency = (float)d; break;
         case O_REPETITION: st = kvp_parse_f64(optarg, 1e-6, 10.0, &d), o.repetition = (float)d; break;
         case 'h':
             usage(stdout);
             strlist_free(&o.prompts);
+            strlist_free(&o.stops);
             return KVP_EXIT_OK;
         default:
             strlist_free(&o.prompts);
+            strlist_free(&o.stops);
             return kvp_cli_getopt_error(CMD, c, argv);
         }
         if (st != KVP_OK) {
@@ -459,6 +527,10 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_cli_usage_error(CMD, "--logprobs needs --json, and --prompt-logprobs needs --logprobs");
         goto done;
     }
+    if (o.stops.n > 0 && o.beam > 1) {
+        rc = kvp_cli_usage_error(CMD, "--stop does not apply to --beam-width");
+        goto done;
+    }
     if (o.logprobs >= 0 && o.beam > 1) {
         rc = kvp_cli_usage_error(CMD, "--logprobs does not apply to --beam-width (each beam's score is its logprob)");
         goto done;
@@ -481,5 +553,6 @@ int kvp_cmd_generate(int argc, char **argv)
     rc = run(&o);
 done:
     strlist_free(&o.prompts);
+    strlist_free(&o.stops);
     return rc;
 }

@@ -727,6 +727,8 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
         {"--json --prompt-logprobs", "--prompt-logprobs needs --logprobs"},
         {"--json --logprobs 21", "--logprobs: 21 is out of range"},
         {"--json --logprobs 1 --beam-width 2", "--logprobs does not apply to --beam-width"},
+        {"--stop x --beam-width 2", "--stop does not apply to --beam-width"},
+        {"--stop ''", "1 to 256 bytes"},
     };
     kvp_test_cli_rejects("generate --model " S260_GGUF " --prompt hi", options, sizeof options / sizeof options[0]);
     char cmd[512], *out, *err;
@@ -1455,4 +1457,58 @@ Test(generate, logit_bias_and_penalties_match_a_reference_loop, .init = setup, .
     r.sampler.presence_penalty = 1.0f;
     cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
     kvp_free(e.ids);
+}
+
+/* --stop on the golden story (case 1): the text ends where the first stop string starts (a 5-byte string
+ * from the middle of the story, most likely over two tokens, among two), the sample ends there (fewer tokens
+ * computed than without), and seeded samples cut by stop strings are prefixes of their uncut runs. */
+Test(generate_cli, stop_strings_end_the_samples)
+{
+    tu_require_shared();
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
+    const char *prompt = cJSON_GetObjectItem(c1, "prompt")->valuestring;
+    const char *story = cJSON_GetObjectItem(c1, "text")->valuestring + strlen(prompt);
+    char stop[8], cmd[1024], *out, *err;
+    snprintf(stop, sizeof stop, "%.5s", story + 60);
+    const int cut = (int)(strstr(story, stop) - story);
+    const char *runs[2][2] = {{"--max-tokens 64", "--stop 'qqqz' --stop '%s' --max-tokens 64"},
+                              {"--max-tokens 40 --temperature 1 --n 3 --seed 2", "--stop ' the' --stop 'ed ' --max-tokens 40 --temperature 1 --n 3 --seed 2"}};
+    for (int k = 0; k < 2; k++) {
+        cJSON *j[2];
+        for (int w = 0; w < 2; w++) {
+            char opts[256];
+            snprintf(opts, sizeof opts, runs[k][w], stop);
+            snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '%s' --json %s", kvp_test_bin(), S260_GGUF, prompt, opts);
+            cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+            cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j[w]), KVP_OK, "%s", out);
+            free(out);
+            free(err);
+        }
+        const cJSON *samples[2] = {cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j[0], "requests"), 0), "samples"),
+                                   cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j[1], "requests"), 0), "samples")};
+        int stopped = 0;
+        for (int sm = 0; sm < cJSON_GetArraySize(samples[0]); sm++) {
+            const cJSON *a = cJSON_GetArrayItem(samples[0], sm), *b = cJSON_GetArrayItem(samples[1], sm);
+            const char *full = cJSON_GetObjectItem(a, "text")->valuestring, *text = cJSON_GetObjectItem(b, "text")->valuestring;
+            cr_assert_eq(strncmp(full, text, strlen(text)), 0, "run %d sample %d: %s is no prefix of %s", k, sm, text, full);
+            const cJSON *ss = cJSON_GetObjectItem(b, "stop_str");
+            if (!ss) continue;
+            stopped++;
+            cr_assert_str_eq(cJSON_GetObjectItem(b, "finish_reason")->valuestring, "stopped");
+            cr_assert_eq(strncmp(full + strlen(text), ss->valuestring, strlen(ss->valuestring)), 0, "run %d sample %d", k, sm);
+            cr_assert_lt(cJSON_GetArraySize(cJSON_GetObjectItem(b, "tokens")), cJSON_GetArraySize(cJSON_GetObjectItem(a, "tokens")));
+        }
+        cr_assert_gt(stopped, 0, "run %d: no sample met a stop string", k);
+        if (k == 0) {
+            cr_assert_eq((int)strlen(cJSON_GetObjectItem(cJSON_GetArrayItem(samples[1], 0), "text")->valuestring), cut);
+            cr_assert_lt(cJSON_GetObjectItem(cJSON_GetObjectItem(j[1], "totals"), "computed_tokens")->valueint,
+                         cJSON_GetObjectItem(cJSON_GetObjectItem(j[0], "totals"), "computed_tokens")->valueint,
+                         "the stop string ended the generation");
+        }
+        cJSON_Delete(j[0]);
+        cJSON_Delete(j[1]);
+    }
+    cJSON_Delete(gold);
 }
