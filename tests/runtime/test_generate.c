@@ -1283,15 +1283,21 @@ Test(generate, prompt_and_token_logprobs_match_the_model, .init = setup, .fini =
     kvp_free(e.ids);
 }
 
+/* golden.json (the caller deletes *gold) and its case i. */
+static const cJSON *golden_case(cJSON **gold, int i)
+{
+    tu_require_shared();
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, gold), KVP_OK);
+    return cJSON_GetArrayItem(cJSON_GetObjectItem(*gold, "cases"), i);
+}
+
 /* --logprobs and --prompt-logprobs on golden case 1, greedy: every prompt place but the first and every
  * generated token has a log-probability; the generated token is its place's likeliest (greedy), the top
  * pairs come likeliest first, and a sample's token log-probabilities add up to its logprob. */
 Test(generate_cli, logprobs_in_the_json_output)
 {
-    tu_require_shared();
     cJSON *gold;
-    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
-    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
+    const cJSON *c1 = golden_case(&gold, 1);
     char cmd[1024], *out, *err;
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '%s' --max-tokens 12 --json --logprobs 3 --prompt-logprobs",
              kvp_test_bin(), S260_GGUF, cJSON_GetObjectItem(c1, "prompt")->valuestring);
@@ -1464,10 +1470,8 @@ Test(generate, logit_bias_and_penalties_match_a_reference_loop, .init = setup, .
  * computed than without), and seeded samples cut by stop strings are prefixes of their uncut runs. */
 Test(generate_cli, stop_strings_end_the_samples)
 {
-    tu_require_shared();
     cJSON *gold;
-    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
-    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
+    const cJSON *c1 = golden_case(&gold, 1);
     const char *prompt = cJSON_GetObjectItem(c1, "prompt")->valuestring;
     const char *story = cJSON_GetObjectItem(c1, "text")->valuestring + strlen(prompt);
     char stop[8], cmd[1024], *out, *err;
