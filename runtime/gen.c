@@ -505,8 +505,9 @@ static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *
     const int32_t eos = kvp_model_cfg(g->m)->eos_token_id;
     if (early && eos >= 0 && eos < V && g->cfg->stop_at_eos && !r->ignore_eos) x[eos] = -INFINITY;
     for (int32_t i = 0; early && i < r->n_stop_ids; i++) x[r->stop_ids[i]] = -INFINITY;
-    kvp_apply_penalties(&r->sampler, x, V, s->toks, s->n_toks - s->n_gen, s->toks + (s->n_toks - s->n_gen), s->n_gen,
-                        g->cnt[k]);
+    if (kvp_sampler_penalized(&r->sampler))
+        kvp_apply_penalties(&r->sampler, x, V, s->toks, s->n_toks - s->n_gen, s->toks + (s->n_toks - s->n_gen),
+                            s->n_gen, g->cnt[k]);
     double ignored;
     const int32_t tok = kvp_sample_logprob(&r->sampler, rng, x, V, ws, lsm, &ignored);
     kvp_log_softmax(lg, V, lsm);
