@@ -1336,6 +1336,14 @@ kvp_status kvp_gen_session_partial_logprobs(const kvp_gen_session *g, int32_t id
     return KVP_OK;
 }
 
+kvp_status kvp_gen_session_prompt_logprobs(const kvp_gen_session *g, int32_t id, const kvp_gen_logprobs **lp)
+{
+    const int32_t r = req_index(g, id);
+    if (r < 0 || !g->reqs[r].prompt_logprobs) return KVP_ENOTFOUND;
+    *lp = &g->rq[r].plp.a;
+    return KVP_OK;
+}
+
 kvp_status kvp_gen_session_stop(kvp_gen_session *g, int32_t id, int32_t k)
 {
     const int32_t r = req_index(g, id);

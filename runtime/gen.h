@@ -177,6 +177,11 @@ kvp_status kvp_gen_session_partial(const kvp_gen_session *s, int32_t id, int32_t
  * prompt is computed. KVP_ENOTFOUND as kvp_gen_session_partial, and for a request without logprobs. */
 kvp_status kvp_gen_session_partial_logprobs(const kvp_gen_session *s, int32_t id, int32_t k, const kvp_gen_logprobs **lp);
 
+/* The prompt log-probabilities recorded so far for request id (a request with prompt_logprobs: complete when
+ * lp->n is its prompt's length); borrowed until the next step or take. KVP_ENOTFOUND, with no message, for an
+ * unknown or taken id or a request without prompt_logprobs. */
+kvp_status kvp_gen_session_prompt_logprobs(const kvp_gen_session *s, int32_t id, const kvp_gen_logprobs **lp);
+
 /* Ends sample k of sampling request id now (a stop string found by the caller, say): it keeps the tokens it
  * has, finishes with KVP_FINISH_STOPPED, and its blocks are freed. KVP_ENOTFOUND, with no message, when that
  * sample is not running (unknown, already finished, not forked yet, a beam search). */

@@ -61,7 +61,7 @@ static void usage(FILE *f)
             "                        \"stop\": TEXT | [TEXT, ...], \"stream\": false, \"logprobs\": K, \"echo\": false, ...}\n"
             "                        stream: server-sent events, as OpenAI's (stream_options: include_usage, vLLM's\n"
             "                        continuous_usage_stats); logprobs: each token's log-probability and the K\n"
-            "                        (0..20) likeliest tokens; echo (not streamed): the prompt's text first, with\n"
+            "                        (0..20) likeliest tokens; echo: the prompt's text first, with\n"
             "                        logprobs its tokens' too; also presence_penalty, frequency_penalty, logit_bias\n"
             "                        and vLLM's repetition_penalty, min_tokens, stop_token_ids, ignore_eos,\n"
             "                        include_stop_str_in_output\n"
@@ -151,6 +151,7 @@ typedef struct job {
     int include_usage, continuous_usage; /* stream_options: usage in a last event / in every event */
     int chat; /* /v1/chat/completions: messages in, chat.completion objects out */
     char *ptext[MAX_PROMPTS]; /* echo: the prompts' text, owned */
+    kvp_gen_logprobs *eplp; /* [n] a streamed echo with logprobs: each prompt's log-probabilities once known */
     choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
 } job;
 
@@ -329,6 +330,11 @@ static void job_free(job *j)
     for (int32_t i = 0; i < j->n; i++) {
         kvp_free(j->enc[i]);
         kvp_free(j->ptext[i]);
+        if (j->eplp) {
+            kvp_free(j->eplp[i].lp);
+            kvp_free(j->eplp[i].top_ids);
+            kvp_free(j->eplp[i].top_lps);
+        }
         kvp_gen_results_free(&j->res[i], 1);
     }
     for (int i = 0; i < j->nstop; i++) kvp_free(j->stop[i]);
@@ -342,6 +348,7 @@ static void job_free(job *j)
             kvp_free(h->lp.top_lps);
         }
     kvp_free(j->ch);
+    kvp_free(j->eplp);
     pthread_cond_destroy(&j->done);
     kvp_free(j);
 }
@@ -459,6 +466,29 @@ static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, in
     return grew;
 }
 
+/* A streamed echo with logprobs (caller holds mu): prompt i's log-probabilities, kept once they are all known
+ * (lp NULL or incomplete: not yet); an allocation that fails is tried again later. */
+static void keep_prompt_logprobs(job *j, int32_t i, const kvp_gen_logprobs *lp)
+{
+    kvp_gen_logprobs *a = &j->eplp[i];
+    if (a->n > 0 || !lp || lp->n < j->reqs[i].n_prompt) return;
+    const size_t n = (size_t)lp->n, nk = n * (size_t)lp->k;
+    float *l = kvp_malloc(n * sizeof *l), *tl = kvp_malloc((nk + 1) * sizeof *tl);
+    int32_t *ti = kvp_malloc((nk + 1) * sizeof *ti);
+    if (!l || !tl || !ti) {
+        kvp_free(l);
+        kvp_free(tl);
+        kvp_free(ti);
+        return;
+    }
+    memcpy(l, lp->lp, n * sizeof *l);
+    if (nk) {
+        memcpy(ti, lp->top_ids, nk * sizeof *ti);
+        memcpy(tl, lp->top_lps, nk * sizeof *tl);
+    }
+    *a = (kvp_gen_logprobs){.n = lp->n, .k = lp->k, .lp = l, .top_ids = ti, .top_lps = tl};
+}
+
 /* After a step: the new tokens of every tracked choice go into its text (caller holds mu), and readers that
  * have something new to send are woken. */
 static void track_progress(server *sv)
@@ -467,7 +497,9 @@ static void track_progress(server *sv)
         job *j = sv->live[x];
         if (!j->ch) continue;
         int grew = 0;
-        for (int32_t i = 0; i < j->added; i++)
+        for (int32_t i = 0; i < j->added; i++) {
+            const kvp_gen_logprobs *plp = NULL;
+            if (j->eplp && kvp_gen_session_prompt_logprobs(sv->s, j->ids[i], &plp) == KVP_OK) keep_prompt_logprobs(j, i, plp);
             for (int32_t k = 0; k < j->nsamples; k++) {
                 const int32_t *t;
                 int32_t n;
@@ -476,6 +508,7 @@ static void track_progress(server *sv)
                 if (kvp_gen_session_partial(sv->s, j->ids[i], k, &t, &n) == KVP_OK)
                     grew |= track_choice(sv, j, i * j->nsamples + k, t, n, lp);
             }
+        }
         if (grew && j->stream) pthread_cond_signal(&j->done);
     }
 }
@@ -532,6 +565,7 @@ static void *engine_main(void *arg)
             job *j = o->j;
             pthread_mutex_lock(&sv->mu);
             j->res[o->i] = res;
+            if (j->eplp) keep_prompt_logprobs(j, o->i, &res.prompt_logprobs);
             for (int32_t k = 0; j->ch && k < res.n_samples; k++) /* what no step showed (a failed decode) */
                 track_choice(sv, j, o->i * j->nsamples + k, res.tokens[k], res.n_tokens[k],
                              res.logprobs ? &res.logprobs[k] : NULL);
@@ -879,7 +913,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         if (j->echo) return snprintf(err, cap, "\"echo\" is not supported on /v1/chat/completions"), 400;
         j->logprobs = lp ? (int32_t)logprobs : -1;
     }
-    if (j->stream && j->echo) return snprintf(err, cap, "\"echo\" is not supported with \"stream\""), 400;
+
     if ((code = get_stream_options(req, j, err, cap))) return code;
     const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size;
     if ((code = get_stop(req, V, j, err, cap)) || (code = get_logit_bias(req, V, j, err, cap))) return code;
@@ -916,6 +950,8 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         j->ch = kvp_calloc((size_t)j->n * (size_t)j->nsamples, sizeof *j->ch);
         if (!j->ch) return snprintf(err, cap, "out of memory"), 500;
     }
+    if (j->stream && j->echo && j->logprobs >= 0 && !(j->eplp = kvp_calloc((size_t)j->n, sizeof *j->eplp)))
+        return snprintf(err, cap, "out of memory"), 500;
     return 0;
 }
 
@@ -1181,6 +1217,7 @@ typedef struct {
     size_t sent[MAX_STREAM]; /* bytes of each choice's text sent */
     unsigned char began[MAX_STREAM]; /* chat: the choice's first delta (with the role) was sent */
     int32_t lp_sent[MAX_STREAM];     /* logprobs: places of each choice sent */
+    unsigned char echoed[MAX_STREAM]; /* echo: the prompt went out in the choice's first event */
     long lp_off[MAX_STREAM];         /* and the text offset of the next one */
     char *out;
     size_t len, at, cap;
@@ -1218,13 +1255,18 @@ static void out_event(stream_ctx *x, cJSON *o);
  * usage so far). */
 static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, int last)
 {
-    char *t = kvp_malloc(n + 1);
+    const job *j = x->j;
+    const int32_t i = c / j->nsamples;
+    const char *echo = j->echo && !x->echoed[c] ? j->ptext[i] : ""; /* echo: the prompt leads the first event */
+    const size_t ne = strlen(echo);
+    char *t = kvp_malloc(ne + n + 1);
     if (!t) {
         x->oom = 1;
         return;
     }
-    memcpy(t, text, n);
-    t[n] = '\0';
+    memcpy(t, echo, ne);
+    memcpy(t + ne, text, n);
+    t[ne + n] = '\0';
     cJSON *o = completion_head(x->sv, x->j, x->id, x->created);
     cJSON *ch = cJSON_CreateObject();
     cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "choices"), ch);
@@ -1238,17 +1280,18 @@ static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, i
         kvp_json_add_text(ch, "text", t);
     }
     kvp_free(t);
-    const job *j = x->j;
-    if (j->logprobs >= 0) { /* the places decoded since the last event */
+    if (j->logprobs >= 0) { /* the places decoded since the last event (echo: the prompt's first) */
         const choice *h = &j->ch[c];
-        const kvp_gen_request *q = &j->reqs[c / j->nsamples];
+        const kvp_gen_request *q = &j->reqs[i];
         cJSON *lp = lp_new(j->chat);
+        if (j->echo && !x->echoed[c]) lp_append(x->sv, 0, lp, q->prompt, 0, q->n_prompt, -1, &j->eplp[i], &x->lp_off[c]);
         lp_append(x->sv, j->chat, lp, h->toks, x->lp_sent[c], h->lp.n, q->prompt[q->n_prompt - 1], &h->lp, &x->lp_off[c]);
         x->lp_sent[c] = h->lp.n;
         cJSON_AddItemToObject(ch, "logprobs", lp);
     } else {
         cJSON_AddNullToObject(ch, "logprobs");
     }
+    x->echoed[c] = 1;
     if (last) add_finish(ch, x->j, c);
     else cJSON_AddNullToObject(ch, "finish_reason");
     if (x->j->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(x->j));

@@ -363,8 +363,6 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"n\":100}", 400, "at most 64 choices"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":21}", 400, "\"logprobs\" must be an integer in [0, 20]"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"echo\":1}", 400, "\"echo\" must be true or false"},
-        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"echo\":true}", 400,
-         "not supported with \"stream\""},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"suffix\":\"x\"}", 400, "\"suffix\" is not supported"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":[1]}", 400, "\"logit_bias\" must be an object"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logit_bias\":{\"x1\":1}}", 400, "key \"x1\" is not a token id"},
@@ -1114,24 +1112,31 @@ Test(serve, penalties_and_logit_bias)
 }
 
 /* Streamed logprobs add up to the whole answer's: each event carries the places decoded since the last one,
- * for completions (four arrays, offsets running on) and chats (content), sampled, with a stop string. */
+ * for completions (four arrays, offsets running on) and chats (content), sampled, with a stop string; with
+ * echo the prompt's text and places lead each choice's first event (the texts add up too). */
 Test(serve, streamed_logprobs_add_up_to_the_whole_ones)
 {
     server s = start("--num-blocks 256 --chat-template zephyr");
-    const char *bodies[2] = {"{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":30,\"n\":2,\"seed\":5,\"logprobs\":3,"
+    const char *bodies[3] = {"{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":30,\"n\":2,\"seed\":5,\"logprobs\":3,"
                              "\"stop\":\" the\"%s}",
                              "{\"messages\":[{\"role\":\"user\",\"content\":\"Tom\"}],\"max_tokens\":30,\"n\":2,\"seed\":5,"
-                             "\"logprobs\":true,\"top_logprobs\":2%s}"};
-    const char *paths[2] = {"/v1/completions", "/v1/chat/completions"};
-    for (int k = 0; k < 2; k++) {
+                             "\"logprobs\":true,\"top_logprobs\":2%s}",
+                             "{\"prompt\":[\"Once upon a time\",[1,403,407]],\"max_tokens\":12,\"n\":2,\"seed\":6,"
+                             "\"logprobs\":2,\"echo\":true%s}"};
+    const char *paths[3] = {"/v1/completions", "/v1/chat/completions", "/v1/completions"};
+    for (int k = 0; k < 3; k++) {
         char body[512], *resp;
         snprintf(body, sizeof body, bodies[k], "");
         cJSON *whole = post_json(&s, paths[k], body, 200);
         snprintf(body, sizeof body, bodies[k], ",\"stream\":true");
         cr_assert_eq(http(&s, "POST", paths[k], body, &resp), 200, "%s", resp);
-        const int nc = k ? 2 : 4;
+        const int chat = k == 1, nc = chat ? 2 : 4, nkeys = chat ? 1 : 4;
         const char *keys[4] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
-        const int nkeys = k ? 1 : 4;
+        if (!chat) {
+            char texts[4][2048], finish[4][16];
+            sse_texts(resp, texts, finish, nc);
+            for (int c = 0; c < nc; c++) cr_assert_str_eq(texts[c], choice_text(whole, c), "request %d choice %d", k, c);
+        }
         cJSON *joined[4][4]; /* [choice][key] */
         for (int c = 0; c < nc; c++)
             for (int i = 0; i < nkeys; i++) joined[c][i] = cJSON_CreateArray();
@@ -1145,7 +1150,7 @@ Test(serve, streamed_logprobs_add_up_to_the_whole_ones)
             events++;
             for (int i = 0; i < nkeys; i++) {
                 const cJSON *x;
-                cJSON_ArrayForEach(x, cJSON_GetObjectItem(lp, k ? "content" : keys[i]))
+                cJSON_ArrayForEach(x, cJSON_GetObjectItem(lp, chat ? "content" : keys[i]))
                     cJSON_AddItemToArray(joined[c][i], cJSON_Duplicate(x, 1));
             }
         }
@@ -1154,8 +1159,8 @@ Test(serve, streamed_logprobs_add_up_to_the_whole_ones)
             const cJSON *lp = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(whole, "choices"), c), "logprobs");
             cr_assert_gt(cJSON_GetArraySize(joined[c][0]), 0);
             for (int i = 0; i < nkeys; i++) {
-                cr_assert(cJSON_Compare(joined[c][i], cJSON_GetObjectItem(lp, k ? "content" : keys[i]), 1),
-                          "request %d choice %d: streamed %s differ", k, c, k ? "content" : keys[i]);
+                cr_assert(cJSON_Compare(joined[c][i], cJSON_GetObjectItem(lp, chat ? "content" : keys[i]), 1),
+                          "request %d choice %d: streamed %s differ", k, c, chat ? "content" : keys[i]);
                 cJSON_Delete(joined[c][i]);
             }
         }
