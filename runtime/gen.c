@@ -162,7 +162,7 @@ static kvp_status push_tok(gseq *s, int32_t t)
 /* kvp_grow for any pointer type. */
 #define grow_to(pp, capp, need, elem) kvp_grow((void **)(pp), (capp), (need), (elem))
 
-static void lp_free(kvp_gen_logprobs *a)
+void kvp_gen_logprobs_free(kvp_gen_logprobs *a)
 {
     kvp_free(a->lp);
     kvp_free(a->top_ids);
@@ -192,15 +192,14 @@ static kvp_status lp_push(lp_acc *x, const float *logits, int32_t V, int32_t tok
     return KVP_OK;
 }
 
-/* *dst := a copy of src. */
-static kvp_status lp_copy(const kvp_gen_logprobs *src, kvp_gen_logprobs *dst)
+kvp_status kvp_gen_logprobs_copy(const kvp_gen_logprobs *src, kvp_gen_logprobs *dst)
 {
     const size_t n = (size_t)src->n, nk = n * (size_t)src->k;
     *dst = (kvp_gen_logprobs){.n = src->n, .k = src->k, .lp = kvp_malloc((n + 1) * sizeof(float)),
                               .top_ids = kvp_malloc((nk + 1) * sizeof(int32_t)),
                               .top_lps = kvp_malloc((nk + 1) * sizeof(float))};
     if (!dst->lp || !dst->top_ids || !dst->top_lps) {
-        lp_free(dst);
+        kvp_gen_logprobs_free(dst);
         return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
     }
     if (n) memcpy(dst->lp, src->lp, n * sizeof(float));
@@ -242,7 +241,7 @@ static kvp_status new_seq(gen_ctx *g, int32_t req, int32_t sample, const int32_t
 /* Frees sequence idx (done, or never admitted) and its slot. */
 static void drop_seq(gen_ctx *g, int32_t idx)
 {
-    lp_free(&g->seqs[idx]->glp.a);
+    kvp_gen_logprobs_free(&g->seqs[idx]->glp.a);
     kvp_free(g->seqs[idx]->toks);
     kvp_free(g->seqs[idx]);
     g->seqs[idx] = NULL;
@@ -961,7 +960,7 @@ static void ctx_free(gen_ctx *g)
     if (g->seqs)
         for (int32_t i = 0; i < g->nseqs; i++) {
             if (g->seqs[i]) {
-                lp_free(&g->seqs[i]->glp.a);
+                kvp_gen_logprobs_free(&g->seqs[i]->glp.a);
                 kvp_free(g->seqs[i]->toks);
             }
             kvp_free(g->seqs[i]);
@@ -970,7 +969,7 @@ static void ctx_free(gen_ctx *g)
     kvp_free(g->free_slots);
     kvp_free(g->running);
     kvp_free(g->preempted);
-    for (int32_t i = 0; g->rq && i < g->nreq; i++) lp_free(&g->rq[i].plp.a);
+    for (int32_t i = 0; g->rq && i < g->nreq; i++) kvp_gen_logprobs_free(&g->rq[i].plp.a);
     kvp_free(g->rq);
     for (int32_t i = 0; i < g->nreq; i++) {
         kvp_free((void *)g->reqs[i].prompt);
@@ -1008,9 +1007,9 @@ void kvp_gen_results_free(kvp_gen_result *res, int32_t n)
         kvp_free(res[i].logprob);
         kvp_free(res[i].finish);
         kvp_free(res[i].stop_token);
-        for (int32_t j = 0; res[i].logprobs && j < res[i].n_samples; j++) lp_free(&res[i].logprobs[j]);
+        for (int32_t j = 0; res[i].logprobs && j < res[i].n_samples; j++) kvp_gen_logprobs_free(&res[i].logprobs[j]);
         kvp_free(res[i].logprobs);
-        lp_free(&res[i].prompt_logprobs);
+        kvp_gen_logprobs_free(&res[i].prompt_logprobs);
         memset(&res[i], 0, sizeof res[i]);
     }
 }
@@ -1051,7 +1050,7 @@ static kvp_status collect(gen_ctx *g, int32_t r, kvp_gen_result *out)
     kvp_status st = out->tokens && out->n_tokens && out->logprob && out->finish && out->stop_token &&
                             (out->logprobs || !q->logprobs)
                         ? KVP_OK : KVP_ERR(KVP_ENOMEM, "generate: out of memory");
-    if (st == KVP_OK && q->prompt_logprobs) st = lp_copy(&g->rq[r].plp.a, &out->prompt_logprobs);
+    if (st == KVP_OK && q->prompt_logprobs) st = kvp_gen_logprobs_copy(&g->rq[r].plp.a, &out->prompt_logprobs);
     for (int32_t i = 0; st == KVP_OK && i < ns; i++) {
         gseq *s = g->seqs[order[i]];
         out->tokens[i] = kvp_malloc((size_t)(s->n_gen + 1) * sizeof(int32_t));
@@ -1064,7 +1063,7 @@ static kvp_status collect(gen_ctx *g, int32_t r, kvp_gen_result *out)
         out->logprob[i] = s->logprob;
         out->finish[i] = s->finish;
         out->stop_token[i] = s->stop_token;
-        if (q->logprobs && (st = lp_copy(&s->glp.a, &out->logprobs[i])) != KVP_OK) break;
+        if (q->logprobs && (st = kvp_gen_logprobs_copy(&s->glp.a, &out->logprobs[i])) != KVP_OK) break;
     }
     kvp_free(order);
     if (st != KVP_OK) {
@@ -1293,7 +1292,7 @@ kvp_status kvp_gen_session_take(kvp_gen_session *g, int32_t *id, kvp_gen_result 
     kvp_free((void *)g->reqs[r].bias_ids);
     g->reqs[r].prompt = g->reqs[r].stop_ids = g->reqs[r].bias_ids = NULL;
     g->reqs[r].bias = NULL;
-    lp_free(&g->rq[r].plp.a);
+    kvp_gen_logprobs_free(&g->rq[r].plp.a);
     g->rq[r].taken = 1;
     if (id) *id = g->id_base + r;
     compact_requests(g);

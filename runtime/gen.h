@@ -80,6 +80,10 @@ typedef struct {
     int32_t *top_ids; /* (n, k) the k most likely tokens, descending (kvp_top_logprobs) */
     float *top_lps;   /* (n, k) their log-probabilities */
 } kvp_gen_logprobs;
+/* *dst := an owned copy of src (KVP_ENOMEM: *dst empty). */
+kvp_status kvp_gen_logprobs_copy(const kvp_gen_logprobs *src, kvp_gen_logprobs *dst);
+/* Frees a's arrays; a is zeroed. */
+void kvp_gen_logprobs_free(kvp_gen_logprobs *a);
 
 /* Why a sample ended. */
 typedef enum {

@@ -330,11 +330,7 @@ static void job_free(job *j)
     for (int32_t i = 0; i < j->n; i++) {
         kvp_free(j->enc[i]);
         kvp_free(j->ptext[i]);
-        if (j->eplp) {
-            kvp_free(j->eplp[i].lp);
-            kvp_free(j->eplp[i].top_ids);
-            kvp_free(j->eplp[i].top_lps);
-        }
+        if (j->eplp) kvp_gen_logprobs_free(&j->eplp[i]);
         kvp_gen_results_free(&j->res[i], 1);
     }
     for (int i = 0; i < j->nstop; i++) kvp_free(j->stop[i]);
@@ -343,9 +339,7 @@ static void job_free(job *j)
             choice *h = &j->ch[c];
             kvp_stop_text_free(&h->t);
             kvp_free(h->toks);
-            kvp_free(h->lp.lp);
-            kvp_free(h->lp.top_ids);
-            kvp_free(h->lp.top_lps);
+            kvp_gen_logprobs_free(&h->lp);
         }
     kvp_free(j->ch);
     kvp_free(j->eplp);
@@ -470,23 +464,8 @@ static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, in
  * (lp NULL or incomplete: not yet); an allocation that fails is tried again later. */
 static void keep_prompt_logprobs(job *j, int32_t i, const kvp_gen_logprobs *lp)
 {
-    kvp_gen_logprobs *a = &j->eplp[i];
-    if (a->n > 0 || !lp || lp->n < j->reqs[i].n_prompt) return;
-    const size_t n = (size_t)lp->n, nk = n * (size_t)lp->k;
-    float *l = kvp_malloc(n * sizeof *l), *tl = kvp_malloc((nk + 1) * sizeof *tl);
-    int32_t *ti = kvp_malloc((nk + 1) * sizeof *ti);
-    if (!l || !tl || !ti) {
-        kvp_free(l);
-        kvp_free(tl);
-        kvp_free(ti);
-        return;
-    }
-    memcpy(l, lp->lp, n * sizeof *l);
-    if (nk) {
-        memcpy(ti, lp->top_ids, nk * sizeof *ti);
-        memcpy(tl, lp->top_lps, nk * sizeof *tl);
-    }
-    *a = (kvp_gen_logprobs){.n = lp->n, .k = lp->k, .lp = l, .top_ids = ti, .top_lps = tl};
+    if (j->eplp[i].n == 0 && lp && lp->n >= j->reqs[i].n_prompt && kvp_gen_logprobs_copy(lp, &j->eplp[i]) != KVP_OK)
+        kvp_error_clear();
 }
 
 /* After a step: the new tokens of every tracked choice go into its text (caller holds mu), and readers that
@@ -810,9 +789,9 @@ static int read_prompts(server *sv, const cJSON *req, job *j, char *err, size_t 
     return 0;
 }
 
-/* The prompt of a chat request: "messages" rendered by the server's chat template (a content is a string or
- * an array of {"type": "text", "text": ...} parts, joined), tokenized into j->enc[0]. 0, or 400 with err. */
-static int read_messages(server *sv, const cJSON *req, job *j, char *err, size_t cap)
+/* The "messages" of req rendered by the server's chat template (a content is a string or an array of
+ * {"type": "text", "text": ...} parts, joined) into token ids *ids (owned) and *len. 0, or 400/500 with err. */
+static int render_messages(server *sv, const cJSON *req, int32_t **ids, int32_t *len, char *err, size_t cap)
 {
     if (sv->chat == KVP_CHAT_NONE)
         return snprintf(err, cap, "the model has no chat template this server knows: start it with --chat-template "
@@ -857,12 +836,19 @@ static int read_messages(server *sv, const cJSON *req, job *j, char *err, size_t
     const cJSON *ag = cJSON_GetObjectItemCaseSensitive(req, "add_generation_prompt"); /* vLLM's, default true */
     const int agp = !ag || cJSON_IsNull(ag) ? 1 : get_bool(req, "add_generation_prompt", err, cap);
     if (!code && agp < 0) code = 400;
-    int32_t len = 0;
-    if (!code && kvp_chat_render_ids(sv->chat, sv->tok, m, n, agp, &j->enc[0], &len) != KVP_OK)
+    if (!code && kvp_chat_render_ids(sv->chat, sv->tok, m, n, agp, ids, len) != KVP_OK)
         code = (snprintf(err, cap, "%s", kvp_error_message()), 400);
     for (i = 0; joined && i < n; i++) kvp_free(joined[i]);
     kvp_free(joined);
     kvp_free(m);
+    return code;
+}
+
+/* The prompt of a chat request (render_messages) in j->enc[0]. 0, or the HTTP error with err. */
+static int read_messages(server *sv, const cJSON *req, job *j, char *err, size_t cap)
+{
+    int32_t len = 0;
+    const int code = render_messages(sv, req, &j->enc[0], &len, err, cap);
     if (code) return code;
     j->n = 1;
     const int32_t maxlen = kvp_model_max_len(sv->m);
@@ -1508,17 +1494,9 @@ static enum MHD_Result tokenize(server *sv, struct MHD_Connection *c, const body
     char err[512] = "";
     int code = 0;
     int32_t *ids = NULL, n = 0;
-    job *j = NULL;
     const cJSON *p = cJSON_GetObjectItemCaseSensitive(req, "prompt");
     if (cJSON_GetObjectItemCaseSensitive(req, "messages")) {
-        if (!(j = kvp_calloc(1, sizeof *j)) || pthread_cond_init(&j->done, NULL) != 0) {
-            kvp_free(j);
-            j = NULL;
-            code = (snprintf(err, sizeof err, "out of memory"), 500);
-        } else if (!(code = read_messages(sv, req, j, err, sizeof err))) {
-            ids = j->enc[0];
-            n = j->reqs[0].n_prompt;
-        }
+        code = render_messages(sv, req, &ids, &n, err, sizeof err);
     } else if (!cJSON_IsString(p)) {
         code = (snprintf(err, sizeof err, "\"prompt\" must be a string (or give \"messages\")"), 400);
     } else {
@@ -1530,7 +1508,7 @@ static enum MHD_Result tokenize(server *sv, struct MHD_Connection *c, const body
     }
     cJSON_Delete(req);
     if (code) {
-        if (j) job_free(j);
+        kvp_free(ids);
         return reply_error(sv, c, (unsigned)code, err);
     }
     cJSON *o = cJSON_CreateObject();
@@ -1538,8 +1516,7 @@ static enum MHD_Result tokenize(server *sv, struct MHD_Connection *c, const body
     cJSON_AddNumberToObject(o, "max_model_len", kvp_model_max_len(sv->m));
     cJSON *t = cJSON_AddArrayToObject(o, "tokens");
     for (int32_t i = 0; i < n; i++) cJSON_AddItemToArray(t, cJSON_CreateNumber(ids[i]));
-    if (j) job_free(j);
-    else kvp_free(ids);
+    kvp_free(ids);
     return reply_json(sv, c, 200, o);
 }
 
