@@ -4,9 +4,10 @@
  * text (normal and user-defined pieces). Encoding merges with a linked list of symbols and a heap of
  * candidate pairs (O(n log n)), picking the same pair at every step as run.c's quadratic scan.
  */
-#include "runtime/tokenizer.h"
+#include "runtime/tokenizer_internal.h"
 
 #include <dirent.h>
+#include <stdlib.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -18,19 +19,6 @@
 #include "runtime/model.h"
 #include "runtime/mapfile.h"
 
-struct kvp_tokenizer {
-    int32_t n;
-    char **pieces;    /* [n] owned, NUL-terminated */
-    uint32_t *lens;   /* [n] */
-    float *scores;    /* [n] */
-    uint8_t *types;   /* [n] kvp_tok_type */
-    int32_t byte_id[256];
-    int32_t bos, eos;
-    uint32_t max_len;
-    int32_t *table; /* [cap] ids, -1 empty */
-    uint64_t mask;
-};
-
 void kvp_tok_destroy(kvp_tokenizer *t)
 {
     if (!t) return;
@@ -41,10 +29,13 @@ void kvp_tok_destroy(kvp_tokenizer *t)
     kvp_free(t->scores);
     kvp_free(t->types);
     kvp_free(t->table);
+    kvp_free(t->merges);
+    kvp_free(t->special);
+    pcre2_code_free(t->pre);
     kvp_free(t);
 }
 
-static kvp_tokenizer *tok_alloc(int32_t n)
+kvp_tokenizer *kvp_tok_alloc(int32_t n)
 {
     kvp_tokenizer *t = kvp_calloc(1, sizeof *t);
     if (!t) return NULL;
@@ -57,10 +48,12 @@ static kvp_tokenizer *tok_alloc(int32_t n)
         kvp_tok_destroy(t);
         return NULL;
     }
+    t->add_bos = 1;
+    t->add_space_prefix = 1;
     return t;
 }
 
-static int32_t lookup(const kvp_tokenizer *t, const char *s, size_t len)
+int32_t kvp_tok_lookup(const kvp_tokenizer *t, const char *s, size_t len)
 {
     uint64_t h = XXH3_64bits(s, len) & t->mask;
     for (;;) {
@@ -86,35 +79,60 @@ static int hex_byte(const char *p, size_t len, int *out)
     return 1;
 }
 
-/* Byte ids, types defaults and the lookup table; called once the pieces are in. */
-static kvp_status finish(kvp_tokenizer *t, const char *what)
+static int u64_cmp(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return (x > y) - (x < y);
+}
+
+kvp_status kvp_tok_finish(kvp_tokenizer *t, const char *what)
 {
     for (int i = 0; i < 256; i++) t->byte_id[i] = -1;
     uint64_t cap = 16;
     while (cap < (uint64_t)t->n * 2) cap <<= 1;
     t->table = kvp_malloc(cap * sizeof *t->table);
-    if (!t->table) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", what);
+    t->special = kvp_malloc((size_t)t->n * sizeof *t->special);
+    /* the special list sorted longest piece first, then by id: (~len << 32 | id) ascending */
+    uint64_t *order = kvp_malloc((size_t)t->n * sizeof *order);
+    if (!t->table || !t->special || !order) {
+        kvp_free(order);
+        return KVP_ERR(KVP_ENOMEM, "%s: out of memory", what);
+    }
     memset(t->table, 0xff, cap * sizeof *t->table);
     t->mask = cap - 1;
     for (int32_t i = 0; i < t->n; i++) {
         int b;
-        if (hex_byte(t->pieces[i], t->lens[i], &b) && (t->types[i] == KVP_TOK_BYTE || t->types[i] == 0)) {
+        if (!t->byte_level && hex_byte(t->pieces[i], t->lens[i], &b) &&
+            (t->types[i] == KVP_TOK_BYTE || t->types[i] == 0)) {
             t->types[i] = KVP_TOK_BYTE;
             if (t->byte_id[b] < 0) t->byte_id[b] = i;
         }
         if (t->types[i] == 0) t->types[i] = KVP_TOK_NORMAL;
         if (t->lens[i] > t->max_len) t->max_len = t->lens[i];
-        if (t->types[i] != KVP_TOK_NORMAL && t->types[i] != KVP_TOK_USER) continue;
-        if (t->lens[i] == 0 || lookup(t, t->pieces[i], t->lens[i]) >= 0) continue; /* first one wins */
+        uint8_t ty = t->types[i];
+        if (t->lens[i] > 0 && (ty == KVP_TOK_CONTROL || ty == KVP_TOK_USER || ty == KVP_TOK_UNKNOWN)) {
+            order[t->nspecial++] = (uint64_t)(UINT32_MAX - t->lens[i]) << 32 | (uint32_t)i;
+            t->special_first[(unsigned char)t->pieces[i][0]] = 1;
+        }
+        if (ty != KVP_TOK_NORMAL && ty != KVP_TOK_USER) continue;
+        if (t->lens[i] == 0 || kvp_tok_lookup(t, t->pieces[i], t->lens[i]) >= 0) continue; /* first one wins */
         uint64_t h = XXH3_64bits(t->pieces[i], t->lens[i]) & t->mask;
         while (t->table[h] >= 0) h = (h + 1) & t->mask;
         t->table[h] = i;
     }
+    if (t->byte_level)
+        for (int b = 0; b < 256; b++) {
+            char c = (char)b;
+            t->byte_id[b] = kvp_tok_lookup(t, &c, 1);
+        }
+    qsort(order, (size_t)t->nspecial, sizeof *order, u64_cmp);
+    for (int32_t i = 0; i < t->nspecial; i++) t->special[i] = (int32_t)(order[i] & UINT32_MAX);
+    kvp_free(order);
     return KVP_OK;
 }
 
 /* Copies a piece replacing U+2581 (e2 96 81) with ' '. */
-static char *copy_piece(const char *s, size_t len, uint32_t *out_len)
+char *kvp_tok_copy_spm_piece(const char *s, size_t len, uint32_t *out_len)
 {
     char *d = kvp_malloc(len + 1);
     if (!d) return NULL;
@@ -133,6 +151,17 @@ static char *copy_piece(const char *s, size_t len, uint32_t *out_len)
     return d;
 }
 
+kvp_status kvp_tok_gguf_flags(const kvp_gguf *g, kvp_tokenizer *t)
+{
+    int64_t v;
+    int present;
+    KVP_TRY(kvp_gguf_get_int(g, "tokenizer.ggml.add_bos_token", &v, &present));
+    if (present) t->add_bos = v != 0;
+    KVP_TRY(kvp_gguf_get_int(g, "tokenizer.ggml.add_space_prefix", &v, &present));
+    if (present) t->add_space_prefix = v != 0;
+    return KVP_OK;
+}
+
 kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out)
 {
     const char *path = kvp_gguf_path(g);
@@ -140,27 +169,25 @@ kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out)
     int present = 0;
     KVP_TRY(kvp_gguf_get_str(g, "tokenizer.ggml.model", &model, &present));
     if (!present) return KVP_ERR(KVP_EPARSE, "%s: no tokenizer (tokenizer.ggml.model is missing)", path);
-    if (model.len != 5 || memcmp(model.ptr, "llama", 5) != 0)
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: tokenizer model '%.*s' is not supported (llama/sentencepiece is)", path,
-                       (int)(model.len > 64 ? 64 : model.len), model.ptr);
+    const int bpe = model.len == 4 && memcmp(model.ptr, "gpt2", 4) == 0;
+    if (!bpe && (model.len != 5 || memcmp(model.ptr, "llama", 5) != 0))
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: tokenizer model '%.*s' is not supported (llama/sentencepiece and "
+                                         "gpt2/byte-level BPE are)",
+                       path, (int)(model.len > 64 ? 64 : model.len), model.ptr);
     const kvp_gguf_str *toks;
     uint64_t n;
     KVP_TRY(kvp_gguf_arr_str(g, "tokenizer.ggml.tokens", &toks, &n));
     if (n == 0 || n > (1u << 24)) return KVP_ERR(KVP_EPARSE, "%s: tokenizer.ggml.tokens has %llu entries", path, (unsigned long long)n);
-    kvp_tokenizer *t = tok_alloc((int32_t)n);
+    kvp_tokenizer *t = kvp_tok_alloc((int32_t)n);
     if (!t) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
+    if (bpe) { /* llama.cpp's defaults for BPE vocabularies; the flags below may say otherwise */
+        t->byte_level = 1;
+        t->add_bos = 0;
+        t->add_space_prefix = 0;
+    }
     kvp_status st = KVP_OK;
     kvp_gguf_type et;
     uint64_t m;
-    for (uint64_t i = 0; i < n; i++) {
-        t->pieces[i] = copy_piece(toks[i].ptr, toks[i].len, &t->lens[i]);
-        if (!t->pieces[i]) {
-            st = KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
-            goto fail;
-        }
-    }
-    if ((st = kvp_gguf_get_arr(g, "tokenizer.ggml.scores", &et, &m, &present)) != KVP_OK) goto fail;
-    if (present && (st = kvp_gguf_arr_f32(g, "tokenizer.ggml.scores", t->scores, n)) != KVP_OK) goto fail;
     if ((st = kvp_gguf_get_arr(g, "tokenizer.ggml.token_type", &et, &m, &present)) != KVP_OK) goto fail;
     if (present) {
         int32_t *ty = kvp_malloc(n * sizeof *ty);
@@ -180,12 +207,23 @@ kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out)
         kvp_free(ty);
         if (st != KVP_OK) goto fail;
     }
+    for (uint64_t i = 0; i < n; i++) {
+        t->pieces[i] = bpe ? kvp_tok_bpe_piece(toks[i].ptr, toks[i].len, t->types[i], &t->lens[i])
+                           : kvp_tok_copy_spm_piece(toks[i].ptr, toks[i].len, &t->lens[i]);
+        if (!t->pieces[i]) {
+            st = KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+    }
+    if ((st = kvp_gguf_get_arr(g, "tokenizer.ggml.scores", &et, &m, &present)) != KVP_OK) goto fail;
+    if (present && (st = kvp_gguf_arr_f32(g, "tokenizer.ggml.scores", t->scores, n)) != KVP_OK) goto fail;
     int64_t bos, eos;
     if ((st = kvp_gguf_special_token(g, "tokenizer.ggml.bos_token_id", (int64_t)n, &bos)) != KVP_OK) goto fail;
     if ((st = kvp_gguf_special_token(g, "tokenizer.ggml.eos_token_id", (int64_t)n, &eos)) != KVP_OK) goto fail;
     t->bos = (int32_t)bos;
     t->eos = (int32_t)eos;
-    if ((st = finish(t, path)) != KVP_OK) goto fail;
+    if ((st = kvp_tok_gguf_flags(g, t)) != KVP_OK || (st = kvp_tok_finish(t, path)) != KVP_OK) goto fail;
+    if (bpe && (st = kvp_tok_bpe_gguf_setup(g, t)) != KVP_OK) goto fail;
     *out = t;
     return KVP_OK;
 fail:
@@ -226,7 +264,7 @@ kvp_status kvp_tok_load_llama2c(const char *path, int32_t vocab_size, kvp_tokeni
         st = KVP_ERR(KVP_EPARSE, "%s: truncated: %d tokens, expected %d", path, count, vocab_size);
         goto out;
     }
-    t = tok_alloc(count);
+    t = kvp_tok_alloc(count);
     if (!t) {
         st = KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
         goto out;
@@ -252,7 +290,7 @@ kvp_status kvp_tok_load_llama2c(const char *path, int32_t vocab_size, kvp_tokeni
     if (count > 2) t->types[2] = KVP_TOK_CONTROL;
     t->bos = count > 1 ? 1 : -1;
     t->eos = count > 2 ? 2 : -1;
-    st = finish(t, path);
+    st = kvp_tok_finish(t, path);
 out:
     kvp_mapfile_close(&m);
     if (st != KVP_OK) {
@@ -264,6 +302,7 @@ out:
 }
 
 int32_t kvp_tok_vocab_size(const kvp_tokenizer *t) { return t->n; }
+int kvp_tok_adds_bos(const kvp_tokenizer *t) { return t->add_bos && t->bos >= 0; }
 int32_t kvp_tok_bos(const kvp_tokenizer *t) { return t->bos; }
 int32_t kvp_tok_eos(const kvp_tokenizer *t) { return t->eos; }
 
@@ -334,104 +373,229 @@ static merge_cand heap_pop(merge_cand *h, size_t *n)
     return top;
 }
 
-/* Queues the pair (l, r) of symbols sym[] when their pieces concatenate to a piece. Only scores above
- * -1e30 merge (run.c starts its best score there and keeps a pair only when strictly better; NaN never is). */
-static void push_pair(const kvp_tokenizer *t, const int32_t *sym, int32_t l, int32_t r, char *buf, merge_cand *h,
-                      size_t *nh)
+/* The merge of pieces (l, r) in a BPE merge list, or NULL. */
+static const kvp_tok_merge *find_merge(const kvp_tokenizer *t, int32_t l, int32_t r)
 {
-    uint32_t a = t->lens[sym[l]], b = t->lens[sym[r]];
-    if (a + b > t->max_len) return;
-    memcpy(buf, t->pieces[sym[l]], a);
-    memcpy(buf + a, t->pieces[sym[r]], b);
-    int32_t id = lookup(t, buf, a + b);
-    if (id < 0 || !(t->scores[id] > -1e30f)) return;
-    heap_push(h, nh, (merge_cand){.score = t->scores[id], .l = l, .r = r, .lid = sym[l], .rid = sym[r], .id = id});
+    uint64_t key = (uint64_t)(uint32_t)l << 32 | (uint32_t)r;
+    for (uint64_t h = XXH3_64bits(&key, sizeof key) & t->merge_mask;; h = (h + 1) & t->merge_mask) {
+        if (t->merges[h].key == key) return &t->merges[h];
+        if (t->merges[h].key == UINT64_MAX) return NULL;
+    }
 }
 
-kvp_status kvp_tok_encode(const kvp_tokenizer *t, const char *text, size_t len, int add_bos, int32_t **ids_out,
-                          int32_t *n_out)
+/* Scratch space of one encode call, sized for the whole text. */
+typedef struct {
+    int32_t *next, *prev;
+    merge_cand *heap;
+    char *buf;
+    pcre2_match_data *md;
+} scratch;
+
+/* Queues the pair (l, r) of symbols sym[] when they merge. With a merge list, by rank (the lowest first:
+ * score = -rank, exact in a float below 2^24 merges). Otherwise when their pieces concatenate to a piece,
+ * by its score: only scores above -1e30 merge (run.c starts its best score there and keeps a pair only when
+ * strictly better; NaN never is). */
+static void push_pair(const kvp_tokenizer *t, const int32_t *sym, int32_t l, int32_t r, scratch *s, size_t *nh)
 {
-    if (len > (size_t)INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "text of %zu bytes is too long to encode", len);
-    int32_t *ids = kvp_malloc((len + 2) * sizeof *ids);
-    char *buf = kvp_malloc((size_t)t->max_len * 2 + 8);
-    int32_t *next = kvp_malloc((len + 1) * sizeof *next);
-    int32_t *prev = kvp_malloc((len + 1) * sizeof *prev);
-    /* At most one entry per initial pair plus two per merge: fewer than 3 per symbol. */
-    merge_cand *heap = kvp_malloc((len + 1) * 3 * sizeof *heap);
-    kvp_status st = KVP_OK;
-    if (!ids || !buf || !next || !prev || !heap) {
-        st = KVP_ERR(KVP_ENOMEM, "tokenizer: out of memory encoding %zu bytes", len);
-        goto out;
+    merge_cand c = {.l = l, .r = r, .lid = sym[l], .rid = sym[r]};
+    if (t->merges) {
+        const kvp_tok_merge *m = find_merge(t, sym[l], sym[r]);
+        if (!m) return;
+        c.score = -(float)m->rank;
+        c.id = m->id;
+    } else {
+        uint32_t a = t->lens[sym[l]], b = t->lens[sym[r]];
+        if (a + b > t->max_len) return;
+        memcpy(s->buf, t->pieces[sym[l]], a);
+        memcpy(s->buf + a, t->pieces[sym[r]], b);
+        c.id = kvp_tok_lookup(t, s->buf, a + b);
+        if (c.id < 0 || !(t->scores[c.id] > -1e30f)) return;
+        c.score = t->scores[c.id];
     }
-    int32_t n = 0;
-    if (add_bos && t->bos >= 0) ids[n++] = t->bos;
-    int32_t first = n;
-    if (len > 0) {
-        int32_t sp = lookup(t, " ", 1);
-        if (sp >= 0) ids[n++] = sp;
-        else if (t->byte_id[' '] >= 0) ids[n++] = t->byte_id[' '];
-    }
-    for (size_t i = 0; i < len;) {
-        size_t cl = utf8_len((unsigned char)text[i]);
-        if (cl > len - i) cl = 1;
-        for (size_t j = 1; j < cl; j++)
-            if (((unsigned char)text[i + j] & 0xc0) != 0x80) cl = 1;
-        int32_t id = lookup(t, text + i, cl);
-        if (id >= 0) {
-            ids[n++] = id;
-        } else {
-            for (size_t j = 0; j < cl; j++) {
-                int32_t b = t->byte_id[(unsigned char)text[i + j]];
-                if (b < 0) {
-                    st = KVP_ERR(KVP_EINVAL, "tokenizer: byte 0x%02x at offset %zu has no piece and no <0x%02X> "
-                                             "byte-fallback token",
-                                 (unsigned char)text[i + j], i + j, (unsigned char)text[i + j]);
-                    goto out;
-                }
-                ids[n++] = b;
-            }
-        }
-        i += cl;
-    }
-    /* Merges, O(n log n): the symbols sym[0..ns) (initially one per piece, in text order) form a doubly linked
-     * list; a merge keeps the left symbol with the merged id and unlinks the right one (id -1). The heap
-     * holds every adjacent pair that merges, best first, plus stale pairs skipped when popped.
-     *
-     *   sym:  [ a ]<->[ b ]<->[ c ]<->[ d ]     merge (b, c) = bc:   [ a ]<->[ bc ]<->[ d ]   [ c ] = -1
-     *   heap: (a,b) (b,c) (c,d)                 then push (a, bc) and (bc, d); (a,b), (c,d) are stale
-     *
-     * Each step takes the same pair as run.c's scan (highest score, leftmost on ties), so the result is
-     * token-for-token the same. */
-    int32_t *sym = ids + first, ns = n - first;
+    heap_push(s->heap, nh, c);
+}
+
+/* Merges the symbols sym[0..ns) in place, O(n log n); returns how many remain. The symbols form a doubly
+ * linked list; a merge keeps the left symbol with the merged id and unlinks the right one (id -1). The heap
+ * holds every adjacent pair that merges, best first, plus stale pairs skipped when popped.
+ *
+ *   sym:  [ a ]<->[ b ]<->[ c ]<->[ d ]     merge (b, c) = bc:   [ a ]<->[ bc ]<->[ d ]   [ c ] = -1
+ *   heap: (a,b) (b,c) (c,d)                 then push (a, bc) and (bc, d); (a,b), (c,d) are stale
+ *
+ * Each step takes the same pair as run.c's scan (highest score, leftmost on ties) or as Hugging Face's BPE
+ * (lowest rank, leftmost on ties), so the result is token-for-token theirs. */
+static int32_t merge_run(const kvp_tokenizer *t, int32_t *sym, int32_t ns, scratch *s)
+{
+    int32_t *next = s->next, *prev = s->prev;
     size_t nh = 0;
     for (int32_t i = 0; i < ns; i++) {
         prev[i] = i - 1;
         next[i] = i + 1 < ns ? i + 1 : -1;
     }
-    for (int32_t i = 0; i + 1 < ns; i++) push_pair(t, sym, i, i + 1, buf, heap, &nh);
+    for (int32_t i = 0; i + 1 < ns; i++) push_pair(t, sym, i, i + 1, s, &nh);
     while (nh > 0) {
-        merge_cand c = heap_pop(heap, &nh);
+        merge_cand c = heap_pop(s->heap, &nh);
         if (sym[c.l] != c.lid || next[c.l] != c.r || sym[c.r] != c.rid) continue; /* stale */
         sym[c.l] = c.id;
         sym[c.r] = -1;
         next[c.l] = next[c.r];
         if (next[c.l] >= 0) prev[next[c.l]] = c.l;
-        if (prev[c.l] >= 0) push_pair(t, sym, prev[c.l], c.l, buf, heap, &nh);
-        if (next[c.l] >= 0) push_pair(t, sym, c.l, next[c.l], buf, heap, &nh);
+        if (prev[c.l] >= 0) push_pair(t, sym, prev[c.l], c.l, s, &nh);
+        if (next[c.l] >= 0) push_pair(t, sym, c.l, next[c.l], s, &nh);
     }
     /* Symbol 0 never merges away (a merge keeps the left symbol): walk the list from it. */
     int32_t m = 0;
     for (int32_t i = ns > 0 ? 0 : -1; i >= 0; i = next[i]) sym[m++] = sym[i];
+    return m;
+}
+
+static kvp_status no_byte_piece(const char *text, size_t at)
+{
+    unsigned char c = (unsigned char)text[at];
+    return KVP_ERR(KVP_EINVAL, "tokenizer: byte 0x%02x at offset %zu has no piece and no <0x%02X> byte-fallback token",
+                   c, at, c);
+}
+
+/* Byte-level BPE of one pre-token text[a..b) (offsets into the whole text, for messages). */
+static kvp_status encode_pretoken(const kvp_tokenizer *t, const char *text, size_t a, size_t b, int32_t *ids,
+                                  int32_t *n, scratch *s)
+{
+    int32_t whole = t->ignore_merges ? kvp_tok_lookup(t, text + a, b - a) : -1;
+    if (whole >= 0) {
+        ids[(*n)++] = whole;
+        return KVP_OK;
+    }
+    int32_t first = *n;
+    for (size_t i = a; i < b; i++) {
+        int32_t id = t->byte_id[(unsigned char)text[i]];
+        if (id < 0) return no_byte_piece(text, i);
+        ids[(*n)++] = id;
+    }
+    *n = first + merge_run(t, ids + first, *n - first, s);
+    return KVP_OK;
+}
+
+/* Appends the ids of text[a..b), a run with no special piece in it, at ids[*n]. */
+static kvp_status encode_run(const kvp_tokenizer *t, const char *text, size_t a, size_t b, int32_t *ids,
+                             int32_t *n, scratch *s)
+{
+    if (t->byte_level) {
+        /* The pre-tokenizer's matches and the gaps between them are the pre-tokens (Hugging Face's Split with
+         * behavior "Isolated"). Every pattern it knows matches any valid UTF-8 text; invalid bytes fall in
+         * gaps. An empty match is skipped over one code point. */
+        size_t at = a;
+        while (at < b) {
+            size_t ms = b, me = b;
+            if (t->pre) {
+                int rc = pcre2_match(t->pre, (PCRE2_SPTR)text, b, at, 0, s->md, NULL);
+                if (rc >= 0) {
+                    const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
+                    ms = ov[0];
+                    me = ov[1] > ov[0] ? ov[1] : ov[0] + 1;
+                    while (me < b && ((unsigned char)text[me] & 0xc0) == 0x80) me++;
+                } else if (rc != PCRE2_ERROR_NOMATCH) {
+                    return KVP_ERR(KVP_EINVAL, "tokenizer: the pre-tokenizer's regex failed at offset %zu (PCRE2 error %d)",
+                                   at, rc);
+                }
+            } else {
+                ms = at;
+            }
+            if (ms > at) KVP_TRY(encode_pretoken(t, text, at, ms, ids, n, s));
+            if (me > ms) KVP_TRY(encode_pretoken(t, text, ms, me, ids, n, s));
+            at = me;
+        }
+        return KVP_OK;
+    }
+    /* sentencepiece: a dummy-prefix space, one symbol per code point (or its <0xNN> bytes), then merges */
+    int32_t first = *n;
+    if (b > a && t->add_space_prefix) {
+        int32_t sp = kvp_tok_lookup(t, " ", 1);
+        if (sp >= 0) ids[(*n)++] = sp;
+        else if (t->byte_id[' '] >= 0) ids[(*n)++] = t->byte_id[' '];
+    }
+    for (size_t i = a; i < b;) {
+        size_t cl = utf8_len((unsigned char)text[i]);
+        if (cl > b - i) cl = 1;
+        for (size_t j = 1; j < cl; j++)
+            if (((unsigned char)text[i + j] & 0xc0) != 0x80) cl = 1;
+        int32_t id = kvp_tok_lookup(t, text + i, cl);
+        if (id >= 0) {
+            ids[(*n)++] = id;
+        } else {
+            for (size_t j = 0; j < cl; j++) {
+                int32_t bid = t->byte_id[(unsigned char)text[i + j]];
+                if (bid < 0) return no_byte_piece(text, i + j);
+                ids[(*n)++] = bid;
+            }
+        }
+        i += cl;
+    }
+    *n = first + merge_run(t, ids + first, *n - first, s);
+    return KVP_OK;
+}
+
+/* The special piece at text[i..len) (the longest), or -1. Control and unknown pieces only with parse_special;
+ * user-defined pieces always (as Hugging Face's added tokens and llama.cpp's user-defined tokens). */
+static int32_t special_at(const kvp_tokenizer *t, const char *text, size_t i, size_t len, int parse_special)
+{
+    if (!t->special_first[(unsigned char)text[i]]) return -1;
+    for (int32_t k = 0; k < t->nspecial; k++) {
+        int32_t id = t->special[k];
+        if (!parse_special && t->types[id] != KVP_TOK_USER) continue;
+        if (t->lens[id] <= len - i && memcmp(text + i, t->pieces[id], t->lens[id]) == 0) return id;
+    }
+    return -1;
+}
+
+kvp_status kvp_tok_encode_ex(const kvp_tokenizer *t, const char *text, size_t len, unsigned flags,
+                             int32_t **ids_out, int32_t *n_out)
+{
+    if (len > (size_t)INT32_MAX / 4) return KVP_ERR(KVP_EINVAL, "text of %zu bytes is too long to encode", len);
+    /* At most one id per byte, plus BOS, plus a dummy-prefix space per run (a run follows a special piece of
+     * at least one byte): below 2 per byte + 2. The heap takes fewer than 3 entries per symbol of a run. */
+    int32_t *ids = kvp_malloc((2 * len + 2) * sizeof *ids);
+    scratch s = {.next = kvp_malloc((len + 2) * sizeof *s.next),
+                 .prev = kvp_malloc((len + 2) * sizeof *s.prev),
+                 .heap = kvp_malloc((len + 2) * 3 * sizeof *s.heap),
+                 .buf = kvp_malloc((size_t)t->max_len * 2 + 8),
+                 .md = t->pre ? pcre2_match_data_create_from_pattern(t->pre, NULL) : NULL};
+    kvp_status st = KVP_OK;
+    if (!ids || !s.next || !s.prev || !s.heap || !s.buf || (t->pre && !s.md)) {
+        st = KVP_ERR(KVP_ENOMEM, "tokenizer: out of memory encoding %zu bytes", len);
+        goto out;
+    }
+    int32_t n = 0;
+    if ((flags & KVP_TOK_ADD_BOS) && t->add_bos && t->bos >= 0) ids[n++] = t->bos;
+    size_t run = 0;
+    for (size_t i = 0; i < len;) {
+        int32_t sp = special_at(t, text, i, len, (flags & KVP_TOK_PARSE_SPECIAL) != 0);
+        if (sp < 0) {
+            i++;
+            continue;
+        }
+        if ((st = encode_run(t, text, run, i, ids, &n, &s)) != KVP_OK) goto out;
+        ids[n++] = sp;
+        i += t->lens[sp];
+        run = i;
+    }
+    if ((st = encode_run(t, text, run, len, ids, &n, &s)) != KVP_OK) goto out;
     *ids_out = ids;
-    *n_out = first + m;
+    *n_out = n;
     ids = NULL;
 out:
     kvp_free(ids);
-    kvp_free(buf);
-    kvp_free(next);
-    kvp_free(prev);
-    kvp_free(heap);
+    kvp_free(s.next);
+    kvp_free(s.prev);
+    kvp_free(s.heap);
+    kvp_free(s.buf);
+    pcre2_match_data_free(s.md);
     return st;
+}
+
+kvp_status kvp_tok_encode(const kvp_tokenizer *t, const char *text, size_t len, int add_bos, int32_t **ids,
+                          int32_t *n)
+{
+    return kvp_tok_encode_ex(t, text, len, add_bos ? KVP_TOK_ADD_BOS : 0, ids, n);
 }
 
 int kvp_tok_decode_piece(const kvp_tokenizer *t, int32_t prev, int32_t id, char *buf, size_t cap)
@@ -447,7 +611,7 @@ int kvp_tok_decode_piece(const kvp_tokenizer *t, int32_t prev, int32_t id, char 
         buf[0] = (char)b;
         return 1;
     }
-    if (prev >= 0 && prev == t->bos && len > 0 && p[0] == ' ') {
+    if (t->add_space_prefix && prev >= 0 && prev == t->bos && len > 0 && p[0] == ' ') {
         p++;
         len--;
     }
@@ -510,6 +674,31 @@ static int find_tok_bin(const char *dir, char *buf, size_t n)
     return found;
 }
 
+/* Grows t to n ids with unused, empty pieces (rows of the embedding past the vocabulary). */
+static kvp_status pad(kvp_tokenizer *t, int32_t n, const char *what)
+{
+    char **pieces = kvp_realloc(t->pieces, (size_t)n * sizeof *pieces);
+    if (pieces) t->pieces = pieces;
+    uint32_t *lens = kvp_realloc(t->lens, (size_t)n * sizeof *lens);
+    if (lens) t->lens = lens;
+    float *scores = kvp_realloc(t->scores, (size_t)n * sizeof *scores);
+    if (scores) t->scores = scores;
+    uint8_t *types = kvp_realloc(t->types, (size_t)n * sizeof *types);
+    if (types) t->types = types;
+    if (!pieces || !lens || !scores || !types) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", what);
+    for (int32_t i = t->n; i < n; i++) {
+        t->pieces[i] = NULL;
+        t->lens[i] = 0;
+        t->scores[i] = 0;
+        t->types[i] = KVP_TOK_UNUSED;
+    }
+    int32_t old = t->n;
+    t->n = n; /* destroy frees every piece below n: the new ones are NULL until set */
+    for (int32_t i = old; i < n; i++)
+        if (!(t->pieces[i] = kvp_calloc(1, 1))) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", what);
+    return KVP_OK;
+}
+
 kvp_status kvp_tok_for_model(const kvp_model *m, const char *model_path, const char *tok_path, kvp_tokenizer **out)
 {
     int32_t vocab = (int32_t)kvp_model_cfg(m)->vocab_size;
@@ -520,12 +709,14 @@ kvp_status kvp_tok_for_model(const kvp_model *m, const char *model_path, const c
             path = model_path;
         } else {
             const char *dir = is_dir(model_path) ? model_path : ".";
-            snprintf(buf, sizeof buf, "%s/tokenizer.bin", dir);
+            snprintf(buf, sizeof buf, "%s/tokenizer.json", dir);
+            if (!exists(buf)) snprintf(buf, sizeof buf, "%s/tokenizer.bin", dir);
             if (!exists(buf) && !find_tok_bin(dir, buf, sizeof buf)) {
                 char sib[1100];
                 snprintf(sib, sizeof sib, "%s/../llama2c", dir);
                 if (!find_tok_bin(sib, buf, sizeof buf))
-                    return KVP_ERR(KVP_EINVAL, "%s: no tokenizer this build can read (a llama2.c tokenizer.bin); "
+                    return KVP_ERR(KVP_EINVAL, "%s: no tokenizer this build can read (tokenizer.json or a llama2.c "
+                                               "tokenizer.bin); "
                                                "pass --tokenizer PATH",
                                    model_path);
             }
@@ -540,10 +731,17 @@ kvp_status kvp_tok_for_model(const kvp_model *m, const char *model_path, const c
         KVP_TRY(kvp_gguf_open(path, &g));
         st = kvp_tok_from_gguf(g, out);
         kvp_gguf_close(g);
+    } else if (pl >= 5 && strcmp(path + pl - 5, ".json") == 0) {
+        st = kvp_tok_from_hf_json(path, out);
     } else {
         st = kvp_tok_load_llama2c(path, vocab, out);
     }
     KVP_TRY(st);
+    if (kvp_tok_vocab_size(*out) < vocab && (st = pad(*out, vocab, path)) != KVP_OK) {
+        kvp_tok_destroy(*out);
+        *out = NULL;
+        return st;
+    }
     if (kvp_tok_vocab_size(*out) != vocab) {
         int32_t tv = kvp_tok_vocab_size(*out);
         kvp_tok_destroy(*out);

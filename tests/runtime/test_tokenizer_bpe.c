@@ -1,0 +1,274 @@
+/* Byte-level BPE tokenizers (Llama-3, Qwen2 and GPT-2 pre-tokenizers) against Hugging Face's tokenizers.
+ *
+ * tests/data/tokenizers/ (written by scripts/bpe-tokenizer-fixture.py) holds three small vocabularies trained
+ * by Hugging Face's trainer, each as tokenizer.json and as the GGUF llama.cpp's converter writes, and
+ * cases.json: Hugging Face's own encodings of fixed and random strings. Both files of each vocabulary must
+ * give exactly those ids, and decode them back to the text.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/alloc.h"
+#include "common/json.h"
+#include "model_testutil.h"
+#include "runtime/gguf.h"
+#include "runtime/tokenizer.h"
+
+#define TOKDIR "tests/data/tokenizers"
+static const char *const k_families[] = {"llama3", "qwen2", "gpt2"};
+
+static kvp_tokenizer *load_json(const char *family)
+{
+    char path[256];
+    snprintf(path, sizeof path, TOKDIR "/%s/tokenizer.json", family);
+    kvp_tokenizer *t = NULL;
+    cr_assert_eq(kvp_tok_from_hf_json(path, &t), KVP_OK, "%s", kvp_error_detail());
+    return t;
+}
+
+static kvp_tokenizer *load_gguf(const char *family)
+{
+    char path[256];
+    snprintf(path, sizeof path, TOKDIR "/%s.gguf", family);
+    kvp_gguf *g;
+    cr_assert_eq(kvp_gguf_open(path, &g), KVP_OK, "%s", kvp_error_detail());
+    kvp_tokenizer *t = NULL;
+    cr_assert_eq(kvp_tok_from_gguf(g, &t), KVP_OK, "%s", kvp_error_detail());
+    kvp_gguf_close(g);
+    return t;
+}
+
+static cJSON *load_cases(void)
+{
+    cJSON *c;
+    cr_assert_eq(kvp_json_parse_file(TOKDIR "/cases.json", &c), KVP_OK, "the fixture is missing: %s", kvp_error_detail());
+    return c;
+}
+
+/* Every case of `family` encodes to Hugging Face's ids and decodes back to its text. */
+static void check_cases(const kvp_tokenizer *t, const cJSON *cases, const char *family, const char *src)
+{
+    const cJSON *rows = cJSON_GetObjectItem(cases, family), *r;
+    cr_assert_geq(cJSON_GetArraySize(rows), 70, "%s: too few cases", family);
+    int k = 0;
+    cJSON_ArrayForEach(r, rows)
+    {
+        const char *text = cJSON_GetObjectItem(r, "text")->valuestring;
+        const cJSON *want = cJSON_GetObjectItem(r, "ids");
+        int special = cJSON_IsTrue(cJSON_GetObjectItem(r, "special"));
+        int32_t *ids, n;
+        unsigned flags = KVP_TOK_ADD_BOS | (special ? KVP_TOK_PARSE_SPECIAL : 0);
+        cr_assert_eq(kvp_tok_encode_ex(t, text, strlen(text), flags, &ids, &n), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(n, cJSON_GetArraySize(want), "%s %s case %d '%s': %d ids, Hugging Face %d", family, src, k, text, n,
+                     cJSON_GetArraySize(want));
+        for (int32_t i = 0; i < n; i++)
+            cr_assert_eq(ids[i], cJSON_GetArrayItem(want, i)->valueint, "%s %s case %d '%s': id %d is %d, Hugging Face %d",
+                         family, src, k, text, i, ids[i], cJSON_GetArrayItem(want, i)->valueint);
+        if (!special) {
+            char *back;
+            cr_assert_eq(kvp_tok_decode(t, -1, ids, n, &back), KVP_OK);
+            cr_assert_str_eq(back, text, "%s %s case %d: the decode is not the text", family, src, k);
+            kvp_free(back);
+        }
+        kvp_free(ids);
+        k++;
+    }
+}
+
+Test(tokenizer_bpe, json_and_gguf_match_hugging_face)
+{
+    cJSON *cases = load_cases();
+    for (size_t f = 0; f < sizeof k_families / sizeof *k_families; f++) {
+        kvp_tokenizer *j = load_json(k_families[f]), *g = load_gguf(k_families[f]);
+        check_cases(j, cases, k_families[f], "tokenizer.json");
+        check_cases(g, cases, k_families[f], "gguf");
+        cr_assert_eq(kvp_tok_vocab_size(j), kvp_tok_vocab_size(g));
+        cr_assert_eq(kvp_tok_bos(j), kvp_tok_bos(g), "%s", k_families[f]);
+        cr_assert_eq(kvp_tok_adds_bos(j), kvp_tok_adds_bos(g), "%s", k_families[f]);
+        cr_assert_eq(kvp_tok_eos(j), kvp_tok_eos(g), "%s", k_families[f]);
+        kvp_tok_destroy(j);
+        kvp_tok_destroy(g);
+    }
+    cJSON_Delete(cases);
+}
+
+/* The Llama-2-style tokenizer.json of stories260K's vocabulary (merges instead of scores) gives Hugging Face's
+ * ids, and so does the same vocabulary read from the model's GGUF (scores, run.c's algorithm). */
+Test(tokenizer_bpe, llama2_style_json_and_the_gguf_match_hugging_face)
+{
+    tu_require_shared();
+    cJSON *cases = load_cases();
+    kvp_tokenizer *j = load_json("spm");
+    kvp_gguf *g;
+    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
+    kvp_tokenizer *s = NULL;
+    cr_assert_eq(kvp_tok_from_gguf(g, &s), KVP_OK);
+    kvp_gguf_close(g);
+    check_cases(j, cases, "spm", "tokenizer.json");
+    check_cases(s, cases, "spm", "stories260K.gguf");
+    cr_assert_eq(kvp_tok_bos(j), 1);
+    cr_assert_eq(kvp_tok_eos(j), 2);
+    kvp_tok_destroy(j);
+    kvp_tok_destroy(s);
+    cJSON_Delete(cases);
+}
+
+/* Llama-3 adds BOS, Qwen2 and GPT-2 do not; EOS is the configured one. */
+Test(tokenizer_bpe, bos_and_eos)
+{
+    kvp_tokenizer *l = load_json("llama3"), *q = load_gguf("qwen2");
+    size_t len;
+    cr_assert(kvp_tok_adds_bos(l));
+    cr_assert_str_eq(kvp_tok_piece(l, kvp_tok_bos(l), &len), "<|begin_of_text|>");
+    cr_assert_str_eq(kvp_tok_piece(l, kvp_tok_eos(l), &len), "<|eot_id|>");
+    cr_assert_not(kvp_tok_adds_bos(q));
+    cr_assert_str_eq(kvp_tok_piece(q, kvp_tok_eos(q), &len), "<|im_end|>");
+    int32_t *ids, n;
+    cr_assert_eq(kvp_tok_encode(q, "hi", 2, 1, &ids, &n), KVP_OK);
+    cr_assert(n >= 1 && kvp_tok_type_of(q, ids[0]) == KVP_TOK_NORMAL, "no BOS for Qwen2");
+    kvp_free(ids);
+    kvp_tok_destroy(l);
+    kvp_tok_destroy(q);
+}
+
+/* Without KVP_TOK_PARSE_SPECIAL a control piece written in the text is text: no control id comes out and
+ * the ids decode back to the text; with it, the piece is its id. */
+Test(tokenizer_bpe, control_pieces_in_text_only_when_asked)
+{
+    kvp_tokenizer *t = load_gguf("qwen2");
+    const char *text = "a<|im_start|>b";
+    int32_t *ids, n;
+    cr_assert_eq(kvp_tok_encode_ex(t, text, strlen(text), 0, &ids, &n), KVP_OK);
+    for (int32_t i = 0; i < n; i++) cr_assert_eq(kvp_tok_type_of(t, ids[i]), KVP_TOK_NORMAL, "id %d", i);
+    char *back;
+    cr_assert_eq(kvp_tok_decode(t, -1, ids, n, &back), KVP_OK);
+    cr_assert_str_eq(back, text);
+    kvp_free(back);
+    kvp_free(ids);
+    cr_assert_eq(kvp_tok_encode_ex(t, text, strlen(text), KVP_TOK_PARSE_SPECIAL, &ids, &n), KVP_OK);
+    int found = 0;
+    for (int32_t i = 0; i < n; i++) {
+        size_t len;
+        found += kvp_tok_type_of(t, ids[i]) == KVP_TOK_CONTROL &&
+                 strcmp(kvp_tok_piece(t, ids[i], &len), "<|im_start|>") == 0;
+    }
+    cr_assert_eq(found, 1);
+    kvp_free(ids);
+    kvp_tok_destroy(t);
+}
+
+/* Bytes that are not UTF-8 still encode (each is a piece of a byte-level vocabulary) and decode back. */
+Test(tokenizer_bpe, invalid_utf8_round_trips)
+{
+    kvp_tokenizer *t = load_json("llama3");
+    const char text[] = "ok \xff\xfe caf\xc3 \xe2\x82 end\x80";
+    int32_t *ids, n;
+    cr_assert_eq(kvp_tok_encode(t, text, sizeof text - 1, 0, &ids, &n), KVP_OK, "%s", kvp_error_detail());
+    char *back;
+    cr_assert_eq(kvp_tok_decode(t, -1, ids, n, &back), KVP_OK);
+    cr_assert_str_eq(back, text);
+    kvp_free(back);
+    kvp_free(ids);
+    kvp_tok_destroy(t);
+}
+
+/* ---- bad files */
+
+/* Writes the llama3 tokenizer.json with the first occurrence of `from` replaced by `to` into a temporary
+ * folder, and loads it: the status, and the message in msg. */
+static kvp_status load_edited(const char *from, const char *to, char *msg, size_t cap)
+{
+    size_t len;
+    char *s = (char *)tu_read_all(TOKDIR "/llama3/tokenizer.json", &len);
+    char *at = strstr(s, from);
+    cr_assert(at, "'%s' is not in the file", from);
+    char path[300];
+    snprintf(path, sizeof path, "%s/tokenizer.json", tu_tmpdir());
+    FILE *f = fopen(path, "wb");
+    cr_assert(f);
+    fwrite(s, 1, (size_t)(at - s), f);
+    fputs(to, f);
+    fputs(at + strlen(from), f);
+    fclose(f);
+    free(s);
+    kvp_tokenizer *t = NULL;
+    kvp_status st = kvp_tok_from_hf_json(path, &t);
+    snprintf(msg, cap, "%s", st == KVP_OK ? "" : kvp_error_message());
+    if (st == KVP_OK) kvp_tok_destroy(t);
+    else cr_assert_null(t);
+    return st;
+}
+
+Test(tokenizer_bpe, bad_tokenizer_json_names_the_problem)
+{
+    char msg[512];
+    const struct {
+        const char *from, *to;
+        kvp_status st;
+        const char *says;
+    } cases[] = {
+        {"\"type\": \"BPE\"", "\"type\": \"Unigram\"", KVP_EUNSUPPORTED, "Unigram"},
+        {"\"merges\": [", "\"merges\": [[\"Ġ\", \"zzqq\"], ", KVP_EPARSE, "merge 0"},
+        {"\"merges\": [", "\"merges\": [\"Ġ\", ", KVP_EPARSE, "merge 0"},
+        {"\"merges\": [", "\"merges\": [[\"Ġ\", \"Ġ\", \"Ġ\"], ", KVP_EPARSE, "merge 0"},
+        {"\"Ġ\": 225", "\"Ġ\": -3", KVP_EPARSE, "model.vocab"},
+        {"\"id\": 0,", "\"id\": \"zero\",", KVP_EPARSE, "added_tokens[0]"},
+        {"(?i:'s", "(?i:('s", KVP_EUNSUPPORTED, "regex"},
+        {"\"type\": \"Split\"", "\"type\": \"Whitespace\"", KVP_EUNSUPPORTED, "Whitespace"},
+        {"{", "[", KVP_EPARSE, "tokenizer.json"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        kvp_status st = load_edited(cases[i].from, cases[i].to, msg, sizeof msg);
+        cr_assert_eq(st, cases[i].st, "case %zu: %s (%s)", i, kvp_status_str(st), msg);
+        cr_assert(strstr(msg, "tokenizer.json") && strstr(msg, cases[i].says), "case %zu: %s", i, msg);
+    }
+}
+
+Test(tokenizer_bpe, unknown_gguf_pre_tokenizer_is_refused)
+{
+    size_t len;
+    unsigned char *b = tu_read_all(TOKDIR "/qwen2.gguf", &len);
+    size_t at = tu_gguf_find_str(b, len, "qwen2");
+    cr_assert(at > 0);
+    memcpy(b + at + 8, "qwenX", 5);
+    char path[300];
+    snprintf(path, sizeof path, "%s/pre.gguf", tu_tmpdir());
+    tu_write_all(path, b, len);
+    free(b);
+    kvp_gguf *g;
+    cr_assert_eq(kvp_gguf_open(path, &g), KVP_OK);
+    kvp_tokenizer *t = NULL;
+    cr_assert_eq(kvp_tok_from_gguf(g, &t), KVP_EUNSUPPORTED);
+    cr_assert(strstr(kvp_error_message(), "qwenX") && strstr(kvp_error_message(), "pre.gguf"), "%s", kvp_error_message());
+    cr_assert_null(t);
+    kvp_gguf_close(g);
+}
+
+static kvp_status tok_json(void *path, void **t) { return kvp_tok_from_hf_json(path, (kvp_tokenizer **)t); }
+static kvp_status tok_gguf(void *g, void **t) { return kvp_tok_from_gguf(g, (kvp_tokenizer **)t); }
+static void destroy_tok(void *t) { kvp_tok_destroy(t); }
+
+typedef struct {
+    kvp_tokenizer *t;
+    const char *text;
+} enc_ctx;
+static kvp_status encode(void *c, void **ids)
+{
+    enc_ctx *e = c;
+    int32_t n;
+    return kvp_tok_encode_ex(e->t, e->text, strlen(e->text), KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL, (int32_t **)ids, &n);
+}
+
+Test(tokenizer_bpe, survives_every_allocation_failure)
+{
+    tu_every_alloc_failure("qwen2 tokenizer.json", tok_json, destroy_tok, TOKDIR "/qwen2/tokenizer.json", 0);
+    kvp_gguf *g;
+    cr_assert_eq(kvp_gguf_open(TOKDIR "/llama3.gguf", &g), KVP_OK);
+    tu_every_alloc_failure("llama3 gguf", tok_gguf, destroy_tok, g, 0);
+    kvp_gguf_close(g);
+    enc_ctx e = {load_json("llama3"), "Hello<|eot_id|> world's 12345"};
+    tu_every_alloc_failure("encode", encode, kvp_free, &e, 0);
+    kvp_tok_destroy(e.t);
+}
