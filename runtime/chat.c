@@ -8,16 +8,26 @@
 #include "common/json.h"
 #include "runtime/gguf.h"
 
-static const char *const k_names[] = {"none", "llama2", "mistral", "zephyr"};
+static const char *const k_names[] = {"none", "llama2", "mistral", "zephyr", "llama3", "chatml", "qwen2", "qwen2.5"};
+#define N_TEMPLATES ((int)(sizeof k_names / sizeof k_names[0]))
+
+/* The system message Qwen's templates put first when the conversation has none. */
+static const char *default_system(kvp_chat_template t)
+{
+    if (t == KVP_CHAT_QWEN2) return "You are a helpful assistant.";
+    if (t == KVP_CHAT_QWEN25) return "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+    return NULL;
+}
 
 kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out)
 {
-    for (int t = KVP_CHAT_LLAMA2; t <= KVP_CHAT_ZEPHYR; t++)
+    for (int t = KVP_CHAT_LLAMA2; t < N_TEMPLATES; t++)
         if (strcmp(name, k_names[t]) == 0) {
             *out = (kvp_chat_template)t;
             return KVP_OK;
         }
-    return KVP_ERR(KVP_EINVAL, "unknown chat template '%s' (llama2, mistral or zephyr)", name);
+    return KVP_ERR(KVP_EINVAL, "unknown chat template '%s' (llama2, mistral, zephyr, llama3, chatml, qwen2 or qwen2.5)",
+                   name);
 }
 
 const char *kvp_chat_template_name(kvp_chat_template t)
@@ -30,6 +40,14 @@ kvp_chat_template kvp_chat_template_detect(const char *jinja)
     if (!jinja) return KVP_CHAT_NONE;
     if (strstr(jinja, "[INST]")) return strstr(jinja, "<<SYS>>") ? KVP_CHAT_LLAMA2 : KVP_CHAT_MISTRAL;
     if (strstr(jinja, "<|user|>") && strstr(jinja, "<|assistant|>")) return KVP_CHAT_ZEPHYR;
+    /* Llama 3.1 and later templates open with a dated system preamble: not this template */
+    if (strstr(jinja, "<|start_header_id|>") && strstr(jinja, "<|eot_id|>"))
+        return strstr(jinja, "Cutting Knowledge Date") ? KVP_CHAT_NONE : KVP_CHAT_LLAMA3;
+    if (strstr(jinja, "<|im_start|>") && strstr(jinja, "<|im_end|>")) {
+        if (strstr(jinja, default_system(KVP_CHAT_QWEN25))) return KVP_CHAT_QWEN25;
+        if (strstr(jinja, default_system(KVP_CHAT_QWEN2))) return KVP_CHAT_QWEN2;
+        return KVP_CHAT_CHATML;
+    }
     return KVP_CHAT_NONE;
 }
 
@@ -145,6 +163,24 @@ static void put_special(sink *k, int eos)
     if ((k->st = kvp_grow((void **)&k->ids, &k->cap_ids, k->nids + 1, sizeof *k->ids)) == KVP_OK) k->ids[k->nids++] = id;
 }
 
+/* A control token of the template written by its text ("<|im_start|>"): the text, or in ids mode its id
+ * (the tokenizer's piece of exactly that text). */
+static void put_marker(sink *k, const char *marker)
+{
+    if (!k->tok) {
+        puts_(k, marker);
+        return;
+    }
+    flush(k);
+    if (k->st != KVP_OK) return;
+    const int32_t id = kvp_tok_special_id(k->tok, marker);
+    if (id < 0) {
+        k->st = KVP_ERR(KVP_EINVAL, "chat: the template needs a '%s' token, which the tokenizer does not have", marker);
+        return;
+    }
+    if ((k->st = kvp_grow((void **)&k->ids, &k->cap_ids, k->nids + 1, sizeof *k->ids)) == KVP_OK) k->ids[k->nids++] = id;
+}
+
 static int is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f'; }
 
 /* s without the whitespace around it (Python's str.strip for ASCII whitespace). */
@@ -204,6 +240,41 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         if (agp) puts_(k, "<|assistant|>\n");
         return KVP_OK;
     }
+    if (t == KVP_CHAT_LLAMA3) { /* BOS, then each message's header and stripped content */
+        put_special(k, 0);
+        for (int32_t i = 0; i < n; i++) {
+            put_marker(k, "<|start_header_id|>");
+            puts_(k, m[i].role);
+            put_marker(k, "<|end_header_id|>");
+            puts_(k, "\n\n");
+            put_stripped(k, m[i].content);
+            put_marker(k, "<|eot_id|>");
+        }
+        if (agp) {
+            put_marker(k, "<|start_header_id|>");
+            puts_(k, "assistant");
+            put_marker(k, "<|end_header_id|>");
+            puts_(k, "\n\n");
+        }
+        return KVP_OK;
+    }
+    if (t == KVP_CHAT_CHATML || t == KVP_CHAT_QWEN2 || t == KVP_CHAT_QWEN25) {
+        const kvp_chat_msg sys = {"system", default_system(t)};
+        for (int32_t i = sys.content && role_of(&m[0]) != ROLE_SYSTEM ? -1 : 0; i < n; i++) {
+            const kvp_chat_msg *x = i < 0 ? &sys : &m[i];
+            put_marker(k, "<|im_start|>");
+            puts_(k, x->role);
+            puts_(k, "\n");
+            puts_(k, x->content);
+            put_marker(k, "<|im_end|>");
+            puts_(k, "\n");
+        }
+        if (agp) {
+            put_marker(k, "<|im_start|>");
+            puts_(k, "assistant\n");
+        }
+        return KVP_OK;
+    }
     const int32_t i0 = t == KVP_CHAT_LLAMA2 && role_of(&m[0]) == ROLE_SYSTEM; /* llama2: the system message */
     KVP_TRY(check_alternation(t, m, n, i0));
     if (t == KVP_CHAT_MISTRAL) put_special(k, 0);
@@ -243,6 +314,13 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         puts_(k, " [/INST]");
     }
     return KVP_OK;
+}
+
+int32_t kvp_chat_end_of_turn(kvp_chat_template t, const kvp_tokenizer *tok)
+{
+    if (t == KVP_CHAT_LLAMA3) return kvp_tok_special_id(tok, "<|eot_id|>");
+    if (t == KVP_CHAT_CHATML || t == KVP_CHAT_QWEN2 || t == KVP_CHAT_QWEN25) return kvp_tok_special_id(tok, "<|im_end|>");
+    return kvp_tok_eos(tok);
 }
 
 kvp_status kvp_chat_render_text(kvp_chat_template t, const kvp_chat_msg *msgs, int32_t n, int add_generation_prompt,

@@ -7,11 +7,18 @@
  *            (contents stripped of surrounding whitespace; roles alternate user/assistant after one system)
  *   mistral  Mistral-7B-Instruct v0.1:  <s>[INST] {user} [/INST]{assistant}</s>[INST] ...  (no system role)
  *   zephyr   Zephyr / TinyLlama-chat:  <|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n
+ *   llama3   Llama-3-Instruct:  <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>...
+ *            (contents stripped; the 3.1+ templates, with their dated system preamble, are not this one)
+ *   chatml   ChatML (Qwen3, and others):  <|im_start|>{role}\n{content}<|im_end|>\n...
+ *   qwen2    ChatML with Qwen2-Instruct's default system message ("You are a helpful assistant.")
+ *   qwen2.5  ChatML with Qwen2.5-Instruct's ("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")
  *
- * <s> and </s> are the BOS and EOS tokens, never text: a message that contains "</s>" gets those characters
- * tokenized, not an EOS. Each run of text between them is tokenized on its own with sentencepiece's leading
+ * <s> and </s> are the BOS and EOS tokens, and <|im_start|>, <|eot_id|>, ... the tokenizer's control tokens of
+ * that text, never text: a message that contains "</s>" or "<|im_end|>" gets those characters tokenized, not
+ * the token. Each run of text between them is tokenized on its own with sentencepiece's leading
  * space, as llama.cpp and Hugging Face's legacy Llama tokenizer do. With add_generation_prompt the prompt
- * ends where the assistant's reply starts (llama2 and mistral: after [/INST]; zephyr: "<|assistant|>\n").
+ * ends where the assistant's reply starts (llama2 and mistral: after [/INST]; zephyr: "<|assistant|>\n";
+ * llama3: "<|start_header_id|>assistant<|end_header_id|>\n\n"; ChatML: "<|im_start|>assistant\n").
  */
 #ifndef KVP_RUNTIME_CHAT_H
 #define KVP_RUNTIME_CHAT_H
@@ -21,9 +28,19 @@
 #include "common/status.h"
 #include "runtime/tokenizer.h"
 
-typedef enum { KVP_CHAT_NONE = 0, KVP_CHAT_LLAMA2, KVP_CHAT_MISTRAL, KVP_CHAT_ZEPHYR } kvp_chat_template;
+typedef enum {
+    KVP_CHAT_NONE = 0,
+    KVP_CHAT_LLAMA2,
+    KVP_CHAT_MISTRAL,
+    KVP_CHAT_ZEPHYR,
+    KVP_CHAT_LLAMA3,
+    KVP_CHAT_CHATML,
+    KVP_CHAT_QWEN2,
+    KVP_CHAT_QWEN25
+} kvp_chat_template;
 
-/* "llama2" | "mistral" | "zephyr" (KVP_EINVAL naming the value and the choices). */
+/* "llama2" | "mistral" | "zephyr" | "llama3" | "chatml" | "qwen2" | "qwen2.5" (KVP_EINVAL naming the value and
+ * the choices). */
 kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out);
 const char *kvp_chat_template_name(kvp_chat_template t); /* "none" for KVP_CHAT_NONE */
 /* The built-in template a Jinja chat template is, by its markers; KVP_CHAT_NONE when it is none of them. */
@@ -45,8 +62,13 @@ typedef struct {
  * (no message, an unknown role, roles out of order, a role the template has no place for); KVP_ENOMEM. */
 kvp_status kvp_chat_render_text(kvp_chat_template t, const kvp_chat_msg *msgs, int32_t n, int add_generation_prompt,
                                 char **out);
-/* The same prompt as token ids of tok (BOS and EOS as their ids); *ids owned by the caller (kvp_free). */
+/* The same prompt as token ids of tok (BOS, EOS and the template's control tokens as their ids); *ids owned by
+ * the caller (kvp_free). KVP_EINVAL also when the tokenizer lacks a control token the template needs. */
 kvp_status kvp_chat_render_ids(kvp_chat_template t, const kvp_tokenizer *tok, const kvp_chat_msg *msgs, int32_t n,
                                int add_generation_prompt, int32_t **ids, int32_t *n_ids);
+
+/* The token that ends an assistant's turn: <|eot_id|> (llama3), <|im_end|> (ChatML), else EOS; -1 when the
+ * tokenizer has none. A reply ends there, whatever the model's configured EOS. */
+int32_t kvp_chat_end_of_turn(kvp_chat_template t, const kvp_tokenizer *tok);
 
 #endif

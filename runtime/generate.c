@@ -26,12 +26,14 @@ static void usage(FILE *f)
             "usage: kvpage generate --model PATH (--prompt TEXT ... | --prompts-file FILE) [options]\n\n"
             "Runs a Llama-family model (llama, mistral, qwen2, qwen3) on the CPU through the paged KV cache:\n"
             "all prompts run concurrently (continuous batching), sharing prefixes through the prefix cache.\n\n"
-            "  --model PATH            a GGUF file (F32/F16/BF16/Q8_0) or a Hugging Face folder (config.json +\n"
+            "  --model PATH            a GGUF file (F32/F16/BF16, or quantized Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K..Q6_K:\n"
+            "                          converted to f32 at load) or a Hugging Face folder (config.json +\n"
             "                          safetensors, F32/F16/BF16)\n"
-            "  --tokenizer PATH        a llama2.c tokenizer.bin or a GGUF holding a llama tokenizer (default: the\n"
-            "                          GGUF's own; for an HF folder: tokenizer.bin or tok*.bin in the folder or in\n"
-            "                          ../llama2c beside it)\n"
-            "  --prompt TEXT           a prompt (repeatable); BOS is prepended\n"
+            "  --tokenizer PATH        a Hugging Face tokenizer.json, a GGUF holding a tokenizer, or a llama2.c\n"
+            "                          tokenizer.bin (default: the GGUF's own; for an HF folder: its tokenizer.json,\n"
+            "                          else tokenizer.bin or tok*.bin in the folder or in ../llama2c beside it)\n"
+            "  --prompt TEXT           a prompt (repeatable); BOS is prepended when the model's tokenizer adds it;\n"
+            "                          control tokens written in it (<s>, <|im_start|>) are those tokens\n"
             "  --prompts-file FILE     one prompt a line (empty lines are empty prompts)\n"
             "  --max-tokens N          tokens generated after each prompt (default 64)\n"
             "  --temperature F         0 = greedy (default 0)\n"
@@ -242,7 +244,8 @@ static int run(gen_opts *o)
     const int32_t maxlen = kvp_model_max_len(m);
     for (int32_t i = 0; i < n; i++) {
         int32_t np;
-        if ((st = kvp_tok_encode(tok, o->prompts.items[i], strlen(o->prompts.items[i]), 1, &enc[i], &np)) != KVP_OK) {
+        if ((st = kvp_tok_encode_ex(tok, o->prompts.items[i], strlen(o->prompts.items[i]),
+                                    KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL, &enc[i], &np)) != KVP_OK) {
             rc = kvp_cli_fail(CMD, st);
             goto out;
         }

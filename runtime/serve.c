@@ -79,9 +79,9 @@ static void usage(FILE *f)
             "  --host ADDR               IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N                  TCP port (default 8000; 0 = any free port, printed at start)\n"
             "  --served-model-name NAME  the model's name in the API (default: the file or folder's name)\n"
-            "  --chat-template NAME      llama2, mistral or zephyr (default: the one the model's own template is\n"
-            "                            (GGUF tokenizer.chat_template, HF tokenizer_config.json); without one, chat\n"
-            "                            requests get 400)\n"
+            "  --chat-template NAME      llama2, mistral, zephyr, llama3, chatml, qwen2 or qwen2.5 (default: the one\n"
+            "                            the model's own template is (GGUF tokenizer.chat_template, HF\n"
+            "                            tokenizer_config.json); without one, chat requests get 400)\n"
             "  --kv-mem BYTES            KV cache size (default 512MiB), or --num-blocks N\n"
             "  --num-blocks N            KV blocks (overrides --kv-mem)\n"
             "  --block-size N            tokens per KV block (default 16)\n"
@@ -143,7 +143,7 @@ typedef struct job {
     size_t stop_len[MAX_STOP], stop_max;
     int nstop, include_stop, ignore_eos;
     kvp_stop_set stops; /* over stop[] */
-    int32_t stop_ids[MAX_STOP_IDS], n_stop_ids;
+    int32_t stop_ids[MAX_STOP_IDS + 1], n_stop_ids; /* + the chat template's end of turn */
     int32_t bias_ids[MAX_BIAS], n_bias; /* logit_bias */
     float bias[MAX_BIAS];
     int32_t logprobs; /* -1: none; else the top tokens listed at each place */
@@ -773,7 +773,8 @@ static int read_prompts(server *sv, const cJSON *req, job *j, char *err, size_t 
                 j->enc[i][t++] = (int32_t)v;
             }
         } else if (cJSON_IsString(x)) {
-            if (kvp_tok_encode(sv->tok, x->valuestring, strlen(x->valuestring), 1, &j->enc[i], &len) != KVP_OK)
+            if (kvp_tok_encode_ex(sv->tok, x->valuestring, strlen(x->valuestring), KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL,
+                                  &j->enc[i], &len) != KVP_OK)
                 return snprintf(err, cap, "prompt %d: %s", i, kvp_error_message()), 400;
             j->n = i + 1;
             if (len >= maxlen) return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
@@ -795,7 +796,7 @@ static int render_messages(server *sv, const cJSON *req, int32_t **ids, int32_t 
 {
     if (sv->chat == KVP_CHAT_NONE)
         return snprintf(err, cap, "the model has no chat template this server knows: start it with --chat-template "
-                                  "llama2, mistral or zephyr, or use /v1/completions"), 400;
+                                  "llama2, mistral, zephyr, llama3, chatml, qwen2 or qwen2.5, or use /v1/completions"), 400;
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(req, "messages");
     const int32_t n = cJSON_IsArray(ms) ? cJSON_GetArraySize(ms) : 0;
     if (n < 1 || n > 1024) return snprintf(err, cap, "\"messages\" must be an array of 1 to 1024 messages"), 400;
@@ -903,6 +904,12 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if ((code = get_stream_options(req, j, err, cap))) return code;
     const int32_t V = (int32_t)kvp_model_cfg(sv->m)->vocab_size;
     if ((code = get_stop(req, V, j, err, cap)) || (code = get_logit_bias(req, V, j, err, cap))) return code;
+    if (j->chat && !j->ignore_eos) { /* a reply ends at the template's end of turn (<|eot_id|>, <|im_end|>) */
+        const int32_t eot = kvp_chat_end_of_turn(sv->chat, sv->tok);
+        int have = eot < 0 || eot == kvp_model_cfg(sv->m)->eos_token_id;
+        for (int32_t i = 0; i < j->n_stop_ids; i++) have |= j->stop_ids[i] == eot;
+        if (!have) j->stop_ids[j->n_stop_ids++] = eot;
+    }
     j->stops = (kvp_stop_set){.stop = j->stop, .stop_len = j->stop_len, .nstop = j->nstop, .stop_max = j->stop_max,
                               .include = j->include_stop, .min_tokens = (int32_t)min_tokens};
     j->nsamples = (int32_t)n;
@@ -1503,7 +1510,8 @@ static enum MHD_Result tokenize(server *sv, struct MHD_Connection *c, const body
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(req, "add_special_tokens"); /* default true */
         const int bos = !sp || cJSON_IsNull(sp) ? 1 : get_bool(req, "add_special_tokens", err, sizeof err);
         if (bos < 0) code = 400;
-        else if (kvp_tok_encode(sv->tok, p->valuestring, strlen(p->valuestring), bos, &ids, &n) != KVP_OK)
+        else if (kvp_tok_encode_ex(sv->tok, p->valuestring, strlen(p->valuestring),
+                                   (bos ? KVP_TOK_ADD_BOS : 0) | KVP_TOK_PARSE_SPECIAL, &ids, &n) != KVP_OK)
             code = (snprintf(err, sizeof err, "%s", kvp_error_message()), 400);
     }
     cJSON_Delete(req);

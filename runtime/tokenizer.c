@@ -313,6 +313,14 @@ const char *kvp_tok_piece(const kvp_tokenizer *t, int32_t id, size_t *len)
     return t->pieces[id];
 }
 
+int32_t kvp_tok_special_id(const kvp_tokenizer *t, const char *text)
+{
+    size_t len = strlen(text);
+    for (int32_t k = 0; k < t->nspecial; k++)
+        if (t->lens[t->special[k]] == len && memcmp(t->pieces[t->special[k]], text, len) == 0) return t->special[k];
+    return -1;
+}
+
 float kvp_tok_score(const kvp_tokenizer *t, int32_t id) { return id >= 0 && id < t->n ? t->scores[id] : 0.0f; }
 kvp_tok_type kvp_tok_type_of(const kvp_tokenizer *t, int32_t id)
 {

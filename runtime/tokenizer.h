@@ -69,6 +69,8 @@ int32_t kvp_tok_eos(const kvp_tokenizer *t); /* -1 when none */
 /* The piece of a token (spaces as ' ', NUL-terminated) and its length; NULL for an id out of range. */
 const char *kvp_tok_piece(const kvp_tokenizer *t, int32_t id, size_t *len);
 float kvp_tok_score(const kvp_tokenizer *t, int32_t id);
+/* The control, user-defined or unknown piece spelled exactly `text` ("<|im_end|>"), or -1. */
+int32_t kvp_tok_special_id(const kvp_tokenizer *t, const char *text);
 kvp_tok_type kvp_tok_type_of(const kvp_tokenizer *t, int32_t id);
 
 enum {

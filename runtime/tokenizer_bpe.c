@@ -214,13 +214,11 @@ static const cJSON *component(const cJSON *o, const char *list, const char *type
     return NULL;
 }
 
-/* The id of the piece spelled exactly s, searched from the end (added tokens sit there), or -1. */
+/* The id of the piece spelled exactly s (a special one first), or -1. */
 static int32_t id_of_text(const kvp_tokenizer *t, const char *s)
 {
-    size_t len = strlen(s);
-    for (int32_t i = t->n - 1; i >= 0; i--)
-        if (t->lens[i] == len && memcmp(t->pieces[i], s, len) == 0) return i;
-    return -1;
+    int32_t id = kvp_tok_special_id(t, s);
+    return id >= 0 ? id : kvp_tok_lookup(t, s, strlen(s));
 }
 
 /* tokenizer_config.json's bos_token / eos_token: a string, or an object with "content". */

@@ -5,7 +5,8 @@
     scripts/bpe-tokenizer-fixture.py tests/data/tokenizers
 
 For three pre-tokenizer families (llama3: Llama-3's regex, ignore_merges and BOS; qwen2: Qwen2's regex,
-single digits, no BOS; gpt2: GPT-2's ByteLevel regex) it trains a small byte-level BPE (about 600 tokens) with
+single digits, no BOS; gpt2: GPT-2's ByteLevel regex) it trains a small byte-level BPE (512 tokens: the size
+of stories260K's vocabulary, so that tests can run that model with these tokenizers) with
 Hugging Face's trainer on a mixed text (stories, numbers, contractions, code, accents, CJK, emoji), and writes
 
     NAME/tokenizer.json, NAME/tokenizer_config.json   the Hugging Face form
@@ -99,7 +100,7 @@ def train(name):
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=600, special_tokens=specials, show_progress=False,
+    trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     tok.train_from_iterator(CORPUS, trainer=trainer)
     if bos:

@@ -37,6 +37,94 @@ Test(chat, templates_render_as_the_models_own)
     expect_text(KVP_CHAT_MISTRAL, conv + 1, 3, 1, "<s>[INST]   Hi there!\n [/INST] Hello! </s>[INST] How are you? [/INST]");
 }
 
+/* Llama-3 and ChatML: the strings jinja2 renders from Meta-Llama-3-8B-Instruct's, Qwen2-Instruct's,
+ * Qwen2.5-Instruct's (no tools) and plain ChatML's chat_template for the same two conversations. In text
+ * form BOS is written "<s>" (the llama3 template writes bos_token, "<|begin_of_text|>"). */
+Test(chat, llama3_and_chatml_render_as_the_models_own)
+{
+    const kvp_chat_msg su[2] = {{"system", "Be brief."}, {"user", "  Hi there!\n"}};
+    const kvp_chat_msg multi[3] = {{"user", "Hi"}, {"assistant", " Hello! "}, {"user", "How are you?"}};
+    expect_text(KVP_CHAT_LLAMA3, su, 2, 1,
+                "<s><|start_header_id|>system<|end_header_id|>\n\nBe brief.<|eot_id|><|start_header_id|>user"
+                "<|end_header_id|>\n\nHi there!<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+    expect_text(KVP_CHAT_LLAMA3, multi, 3, 0,
+                "<s><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant"
+                "<|end_header_id|>\n\nHello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHow are you?<|eot_id|>");
+    const char *with_sys = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n  Hi there!\n<|im_end|>\n"
+                           "<|im_start|>assistant\n";
+    expect_text(KVP_CHAT_CHATML, su, 2, 1, with_sys);
+    expect_text(KVP_CHAT_QWEN2, su, 2, 1, with_sys);
+    expect_text(KVP_CHAT_QWEN25, su, 2, 1, with_sys);
+    const char *turns = "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n Hello! <|im_end|>\n"
+                        "<|im_start|>user\nHow are you?<|im_end|>\n";
+    char want[1024];
+    expect_text(KVP_CHAT_CHATML, multi, 3, 0, turns);
+    snprintf(want, sizeof want, "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n%s<|im_start|>assistant\n", turns);
+    expect_text(KVP_CHAT_QWEN2, multi, 3, 1, want);
+    snprintf(want, sizeof want, "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+                                "assistant.<|im_end|>\n%s",
+             turns);
+    expect_text(KVP_CHAT_QWEN25, multi, 3, 0, want);
+}
+
+/* In ids, the markers are the tokenizer's control tokens: the same ids as the rendered text tokenized with
+ * control pieces parsed (what apply_chat_template(tokenize=True) gives), except that a marker written inside
+ * a message stays text. The byte-level fixtures of tests/data/tokenizers have these control tokens. */
+Test(chat, llama3_and_chatml_ids_use_the_control_tokens)
+{
+    const struct {
+        kvp_chat_template t;
+        const char *tok;
+    } cases[] = {{KVP_CHAT_LLAMA3, "llama3"}, {KVP_CHAT_QWEN25, "qwen2"}};
+    const kvp_chat_msg m[3] = {{"system", "Be brief."}, {"user", "Say <|im_end|> or <|eot_id|>."}, {"assistant", "Ok."}};
+    for (size_t c = 0; c < 2; c++) {
+        char path[128];
+        snprintf(path, sizeof path, "tests/data/tokenizers/%s/tokenizer.json", cases[c].tok);
+        kvp_tokenizer *t;
+        cr_assert_eq(kvp_tok_from_hf_json(path, &t), KVP_OK, "%s", kvp_error_detail());
+        int32_t *ids, n, *want, nw;
+        cr_assert_eq(kvp_chat_render_ids(cases[c].t, t, m, 3, 1, &ids, &n), KVP_OK, "%s", kvp_error_detail());
+        const kvp_chat_msg plain[3] = {m[0], {"user", "Say it."}, m[2]};
+        char *text;
+        cr_assert_eq(kvp_chat_render_text(cases[c].t, plain, 3, 1, &text), KVP_OK);
+        if (strncmp(text, "<s>", 3) == 0) { /* the llama3 text form writes BOS as <s> */
+            memmove(text, text + 3, strlen(text + 3) + 1);
+            int32_t *r, nr;
+            cr_assert_eq(kvp_tok_encode_ex(t, text, strlen(text), KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL, &r, &nr), KVP_OK);
+            want = r, nw = nr;
+        } else {
+            cr_assert_eq(kvp_tok_encode_ex(t, text, strlen(text), KVP_TOK_PARSE_SPECIAL, &want, &nw), KVP_OK);
+        }
+        /* the two renderings differ only in the user message's text: compare the control tokens in order */
+        int32_t a = 0, b = 0;
+        for (;;) {
+            while (a < n && kvp_tok_type_of(t, ids[a]) != KVP_TOK_CONTROL) a++;
+            while (b < nw && kvp_tok_type_of(t, want[b]) != KVP_TOK_CONTROL) b++;
+            if (a == n || b == nw) break;
+            cr_assert_eq(ids[a], want[b], "%s: control token %d vs %d", cases[c].tok, a, b);
+            a++, b++;
+        }
+        cr_assert(a == n && b == nw, "%s: as many control tokens", cases[c].tok);
+        cr_assert_eq(ids[n - 1], want[nw - 1]);
+        cr_assert_gt(kvp_chat_end_of_turn(cases[c].t, t), 0);
+        cr_assert_eq(kvp_tok_type_of(t, kvp_chat_end_of_turn(cases[c].t, t)), KVP_TOK_CONTROL);
+        kvp_free(ids);
+        kvp_free(want);
+        kvp_free(text);
+        kvp_tok_destroy(t);
+    }
+    /* the stories260K vocabulary has no <|im_start|>: a clear refusal */
+    kvp_gguf *g;
+    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
+    kvp_tokenizer *s;
+    cr_assert_eq(kvp_tok_from_gguf(g, &s), KVP_OK);
+    kvp_gguf_close(g);
+    int32_t *ids, n;
+    cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_CHATML, s, m, 3, 1, &ids, &n), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "'<|im_start|>'"), "%s", kvp_error_message());
+    kvp_tok_destroy(s);
+}
+
 Test(chat, detection_parsing_and_refusals)
 {
     /* markers of the models' own templates (abridged) */
@@ -48,13 +136,29 @@ Test(chat, detection_parsing_and_refusals)
                  KVP_CHAT_MISTRAL);
     cr_assert_eq(kvp_chat_template_detect("{{ '<|user|>\\n' + message['content'] + eos_token }}{{ '<|assistant|>' }}"),
                  KVP_CHAT_ZEPHYR);
-    cr_assert_eq(kvp_chat_template_detect("{{ '<|im_start|>' + message['role'] }}"), KVP_CHAT_NONE);
+    cr_assert_eq(kvp_chat_template_detect("{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                                          "'<|im_end|>' }}"),
+                 KVP_CHAT_CHATML);
+    cr_assert_eq(kvp_chat_template_detect("{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>' }}"),
+                 KVP_CHAT_QWEN2);
+    cr_assert_eq(kvp_chat_template_detect("'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
+                                          "helpful assistant.<|im_end|>\\n'"),
+                 KVP_CHAT_QWEN25);
+    cr_assert_eq(kvp_chat_template_detect("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}"
+                                          "{{ content | trim + '<|eot_id|>' }}"),
+                 KVP_CHAT_LLAMA3);
+    cr_assert_eq(kvp_chat_template_detect("{{- \"Cutting Knowledge Date: December 2023\\n\" }}<|start_header_id|>"
+                                          "<|eot_id|>"),
+                 KVP_CHAT_NONE);
+    cr_assert_eq(kvp_chat_template_detect("{{ '<start_of_turn>' + role }}"), KVP_CHAT_NONE);
     cr_assert_eq(kvp_chat_template_detect(NULL), KVP_CHAT_NONE);
     kvp_chat_template t;
     cr_assert_eq(kvp_chat_template_parse("mistral", &t), KVP_OK);
     cr_assert_eq(t, KVP_CHAT_MISTRAL);
-    cr_assert_eq(kvp_chat_template_parse("chatml", &t), KVP_EINVAL);
-    cr_assert(strstr(kvp_error_message(), "'chatml'"), "%s", kvp_error_message());
+    cr_assert_eq(kvp_chat_template_parse("qwen2.5", &t), KVP_OK);
+    cr_assert_eq(t, KVP_CHAT_QWEN25);
+    cr_assert_eq(kvp_chat_template_parse("vicuna", &t), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "'vicuna'"), "%s", kvp_error_message());
     static const struct {
         kvp_chat_template t;
         kvp_chat_msg m[3];

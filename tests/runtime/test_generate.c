@@ -608,6 +608,49 @@ Test(generate_cli, golden_story_from_gguf_and_hf_folder)
     cJSON_Delete(gold);
 }
 
+static const cJSON *golden_case(cJSON **gold, int i)
+{
+    tu_require_shared();
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, gold), KVP_OK);
+    return cJSON_GetArrayItem(cJSON_GetObjectItem(*gold, "cases"), i);
+}
+
+/* A Hugging Face folder as downloaded carries tokenizer.json, not a llama2.c tokenizer: stories260K's
+ * weights beside the Llama-2-style tokenizer.json of its vocabulary (tests/data/tokenizers/spm, made as
+ * transformers' converter makes one) encode golden case 1's prompt to its published ids and continue it
+ * with the published story. (The folder has no other tokenizer, nor a ../llama2c beside it.) */
+Test(generate_cli, hf_folder_with_tokenizer_json)
+{
+    cJSON *gold;
+    const cJSON *c1 = golden_case(&gold, 1);
+    const char *dir = tu_tmpdir();
+    char cmd[2048], *out, *err;
+    snprintf(cmd, sizeof cmd, "ln -s \"$PWD/%s/config.json\" \"$PWD/%s/model.safetensors\" %s/ && "
+                              "cp tests/data/tokenizers/spm/tokenizer.json %s/",
+             S260_HF, S260_HF, dir, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    const cJSON *want = cJSON_GetObjectItem(c1, "tokens_after_bos"), *pt = cJSON_GetObjectItem(c1, "prompt_tokens");
+    const int np = cJSON_GetArraySize(pt);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '%s' --max-tokens %d --ignore-eos --json", kvp_test_bin(),
+             dir, cJSON_GetObjectItem(c1, "prompt")->valuestring, cJSON_GetArraySize(want) - (np - 1));
+    int rc = kvp_test_sh(cmd, &out, &err);
+    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    const cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0);
+    const cJSON *got_pt = cJSON_GetObjectItem(r0, "prompt_tokens"), *toks = cJSON_GetObjectItem(r0, "tokens");
+    cr_assert_eq(cJSON_GetArraySize(got_pt), np);
+    for (int i = 0; i < np; i++)
+        cr_assert_eq(cJSON_GetArrayItem(got_pt, i)->valueint, cJSON_GetArrayItem(pt, i)->valueint, "prompt token %d", i);
+    cr_assert_eq(cJSON_GetArraySize(toks), cJSON_GetArraySize(want) - (np - 1));
+    for (int i = 0; i < cJSON_GetArraySize(toks); i++)
+        cr_assert_eq(cJSON_GetArrayItem(toks, i)->valueint, cJSON_GetArrayItem(want, np - 1 + i)->valueint, "token %d", i);
+    cJSON_Delete(j);
+    free(out);
+    free(err);
+    cJSON_Delete(gold);
+}
+
 /* A small token budget admits the second prompt after the first one's prefill: it hits the cache. */
 Test(generate_cli, prompts_file_batches_and_hits_the_cache)
 {
@@ -1284,13 +1327,6 @@ Test(generate, prompt_and_token_logprobs_match_the_model, .init = setup, .fini =
 }
 
 /* golden.json (the caller deletes *gold) and its case i. */
-static const cJSON *golden_case(cJSON **gold, int i)
-{
-    tu_require_shared();
-    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, gold), KVP_OK);
-    return cJSON_GetArrayItem(cJSON_GetObjectItem(*gold, "cases"), i);
-}
-
 /* --logprobs and --prompt-logprobs on golden case 1, greedy: every prompt place but the first and every
  * generated token has a log-probability; the generated token is its place's likeliest (greedy), the top
  * pairs come likeliest first, and a sample's token log-probabilities add up to its logprob. */

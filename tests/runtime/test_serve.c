@@ -1240,6 +1240,82 @@ Test(serve, tokenize_and_detokenize)
     stop(&s);
 }
 
+/* A byte-level (Qwen2-style) tokenizer and its ChatML template end to end: stories260K's weights beside the
+ * 512-token tokenizer.json of tests/data/tokenizers/qwen2 and a tokenizer_config.json holding (an abridged)
+ * Qwen2.5 chat_template. Control tokens written in a prompt are parsed (as vLLM does), a conversation is the
+ * template's ids, samples at a high temperature (byte pieces of CJK and emoji split over steps) stream to
+ * their whole text, and a reply ends at <|im_end|>, the template's end of turn, not in the content. */
+Test(serve, byte_level_tokenizer_and_chatml)
+{
+    char dir[256], cmd[4096], path[512];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir());
+    char cwd[512];
+    cr_assert_not_null(getcwd(cwd, sizeof cwd));
+    snprintf(cmd, sizeof cmd, "ln -s %s/%s/config.json %s/%s/model.safetensors %s/ && cp tests/data/tokenizers/qwen2/tokenizer.json %s/",
+             cwd, S260_HF, cwd, S260_HF, dir, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
+    FILE *f = fopen(path, "w");
+    fputs("{\"eos_token\": \"<|im_end|>\", \"bos_token\": null, \"chat_template\": \"{%- if messages[0]['role'] == "
+          "'system' %}...{%- else %}{{- '<|im_start|>system\\\\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
+          "assistant.<|im_end|>\\\\n' }}{%- endif %}...{{- '<|im_start|>' + message.role + '\\\\n' + message.content + "
+          "'<|im_end|>' + '\\\\n' }}...\"}", f);
+    fclose(f);
+    char extra[600];
+    snprintf(extra, sizeof extra, "--num-blocks 256 --model %s", dir);
+    server s = start(extra);
+    char *out = (char *)tu_read_all(s.outpath, &(size_t){0});
+    cr_assert(strstr(out, "\"chat_template\":\t\"qwen2.5\""), "%s", out);
+    free(out);
+    kvp_tokenizer *tok;
+    snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+    cr_assert_eq(kvp_tok_from_hf_json(path, &tok), KVP_OK, "%s", kvp_error_detail());
+    const int32_t im_start = kvp_tok_special_id(tok, "<|im_start|>"), im_end = kvp_tok_special_id(tok, "<|im_end|>");
+    cr_assert(im_start >= 0 && im_end >= 0);
+    /* control tokens in a prompt */
+    cJSON *j = post_json(&s, "/tokenize", "{\"prompt\":\"a<|im_start|>b\"}", 200);
+    const cJSON *t = cJSON_GetObjectItem(j, "tokens");
+    cr_assert_eq(cJSON_GetArraySize(t), 3, "no BOS for this tokenizer; a, the control token, b");
+    cr_assert_eq(cJSON_GetArrayItem(t, 1)->valueint, im_start);
+    cJSON_Delete(j);
+    /* a conversation: the template's ids, the default system message included */
+    const kvp_chat_msg m[1] = {{"user", "Hi \xe6\x97\xa5\xe6\x9c\xac!"}};
+    int32_t *ids, n;
+    cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_QWEN25, tok, m, 1, 1, &ids, &n), KVP_OK);
+    j = post_json(&s, "/tokenize", "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi \xe6\x97\xa5\xe6\x9c\xac!\"}]}", 200);
+    t = cJSON_GetObjectItem(j, "tokens");
+    cr_assert_eq(cJSON_GetArraySize(t), n);
+    for (int32_t i = 0; i < n; i++) cr_assert_eq(cJSON_GetArrayItem(t, i)->valueint, ids[i], "token %d", i);
+    cr_assert_eq(ids[0], im_start);
+    cJSON_Delete(j);
+    kvp_free(ids);
+    /* streamed samples add up to the whole ones */
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":1000,\"n\":4,\"seed\":3%s}";
+    char b[256], *resp;
+    snprintf(b, sizeof b, body, "");
+    cJSON *whole = complete(&s, b, 200);
+    snprintf(b, sizeof b, body, ",\"stream\":true");
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b, &resp), 200, "%s", resp);
+    char texts[4][2048], finish[4][16];
+    sse_texts(resp, texts, finish, 4);
+    for (int c = 0; c < 4; c++) cr_assert_str_eq(texts[c], choice_text(whole, c), "choice %d", c);
+    free(resp);
+    cJSON_Delete(whole);
+    /* <|im_end|> made certain by a bias: the reply ends there, with no content */
+    snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":8,\"logit_bias\":{\"%d\":100}}",
+             im_end);
+    j = chat(&s, b, 200);
+    const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "content")->valuestring, "");
+    cr_assert_str_eq(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "stop");
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint, 0);
+    cJSON_Delete(j);
+    kvp_tok_destroy(tok);
+    stop(&s);
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+}
+
 /* min_tokens (vLLM's): a stop string that the greedy story makes at its 3rd word does not end it before
  * min_tokens tokens (without min_tokens it does), and the text runs on past it. */
 Test(serve, min_tokens_hold_stop_strings_back)
