@@ -192,24 +192,27 @@ static kvp_status parse_kv(cursor *c, gguf_kv *kv, uint64_t idx)
     return KVP_OK;
 }
 
-static int ggml_to_wtype(uint32_t t, kvp_wtype *dt)
-{
-    switch (t) {
-    case 0: *dt = KVP_WT_F32; return 1;
-    case 1: *dt = KVP_WT_F16; return 1;
-    case 8: *dt = KVP_WT_Q8_0; return 1;
-    case 30: *dt = KVP_WT_BF16; return 1;
-    default: return 0;
-    }
-}
-
+/* Names of ggml's types, for messages about the ones we cannot read. */
 static const char *ggml_type_name(uint32_t t)
 {
-    static const char *const n[] = {"F32",  "F16",  "Q4_0", "Q4_1", "Q4_2", "Q4_3", "Q5_0", "Q5_1",
-                                    "Q8_0", "Q8_1", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K"};
+    static const char *const n[] = {"F32",     "F16",    "Q4_0",    "Q4_1",  "Q4_2",   "Q4_3",  "Q5_0",  "Q5_1",
+                                    "Q8_0",    "Q8_1",   "Q2_K",    "Q3_K",  "Q4_K",   "Q5_K",  "Q6_K",  "Q8_K",
+                                    "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS",
+                                    "I8",      "I16",    "I32",     "I64",   "F64",    "IQ1_M", "BF16"};
     if (t < sizeof n / sizeof n[0]) return n[t];
-    if (t == 30) return "BF16";
+    if (t == 34 || t == 35) return t == 34 ? "TQ1_0" : "TQ2_0";
+    if (t == 39) return "MXFP4";
     return "an unknown type";
+}
+
+static kvp_status unsupported_type(const cursor *c, const gguf_tensor *t)
+{
+    char list[160] = "";
+    size_t at = 0;
+    for (int i = 0; i < KVP_WT_COUNT && at < sizeof list; i++)
+        at += (size_t)snprintf(list + at, sizeof list - at, "%s%s", i ? ", " : "", kvp_wtype_name((kvp_wtype)i));
+    return KVP_ERR(KVP_EUNSUPPORTED, "%s: tensor '%s' has type %u (%s); supported: %s", c->path, t->name,
+                   t->ggml_type, ggml_type_name(t->ggml_type), list);
 }
 
 static kvp_status parse_tensor(cursor *c, gguf_tensor *t, uint64_t idx)
@@ -241,12 +244,12 @@ static kvp_status parse_tensor(cursor *c, gguf_tensor *t, uint64_t idx)
     t->numel = (int64_t)numel;
     KVP_TRY(rd_u32(c, &t->ggml_type, t->name));
     KVP_TRY(rd_u64(c, &t->offset, t->name));
-    if (!ggml_to_wtype(t->ggml_type, &t->dtype))
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: tensor '%s' has type %u (%s); supported: F32, F16, BF16, Q8_0", c->path,
-                       t->name, t->ggml_type, ggml_type_name(t->ggml_type));
-    if (t->dtype == KVP_WT_Q8_0 && t->shape[nd - 1] % KVP_Q8_0_BLOCK)
-        return KVP_ERR(KVP_EPARSE, "%s: Q8_0 tensor '%s' has a row of %" PRId64 " elements, not a multiple of 32",
-                       c->path, t->name, t->shape[nd - 1]);
+    if (!kvp_wtype_from_ggml(t->ggml_type, &t->dtype)) return unsupported_type(c, t);
+    int32_t block = kvp_wtype_block(t->dtype);
+    if (t->shape[nd - 1] % block)
+        return KVP_ERR(KVP_EPARSE, "%s: %s tensor '%s' has a row of %" PRId64 " elements, not a multiple of its "
+                                   "block of %d",
+                       c->path, kvp_wtype_name(t->dtype), t->name, t->shape[nd - 1], block);
     t->nbytes = kvp_wtype_nbytes(t->dtype, t->numel);
     return KVP_OK;
 }

@@ -6,7 +6,9 @@
  *
  * Every count, length and offset is checked against the file's size before it is used, and no two tensors'
  * data may overlap: a truncated or corrupted file gives KVP_EPARSE (KVP_EUNSUPPORTED for a valid but
- * unsupported version or tensor type) with a message naming the file, the field and the byte offset. Tensor types: F32, F16, BF16, Q8_0.
+ * unsupported version or tensor type) with a message naming the file, the field and the byte offset.
+ * Tensor types: F32, F16, BF16 and ggml's quantized Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K,
+ * Q6_K (runtime/tensor.h); a quantized tensor's rows must be whole blocks (KVP_EPARSE naming it otherwise).
  *
  * Ownership: kvp_gguf_open returns an owned handle (kvp_gguf_close; NULL is a no-op). Every pointer the
  * getters return (strings, tensor data, names) points into the handle and stays valid until close.

@@ -193,11 +193,11 @@ Test(loaders, gguf_rejects_unsupported_type_and_offsets_outside)
 {
     const char *dir = tu_tmpdir();
     char path[300];
-    snprintf(path, sizeof path, "%s/q4.gguf", dir);
-    write_small_gguf(path, 2 /* Q4_0 */, 0);
+    snprintf(path, sizeof path, "%s/iq4.gguf", dir);
+    write_small_gguf(path, 23 /* IQ4_XS */, 0);
     kvp_gguf *g = NULL;
     cr_assert_eq(kvp_gguf_open(path, &g), KVP_EUNSUPPORTED);
-    cr_assert(strstr(kvp_error_message(), "Q4_0") && strstr(kvp_error_message(), "q4.gguf"), "%s",
+    cr_assert(strstr(kvp_error_message(), "IQ4_XS") && strstr(kvp_error_message(), "iq4.gguf"), "%s",
               kvp_error_message());
     cr_assert_null(g);
     snprintf(path, sizeof path, "%s/off.gguf", dir);
