@@ -458,9 +458,8 @@ static kvp_status emit(gen_ctx *g, int32_t idx, int32_t tok, double lp, const fl
     greq *r = &g->rq[s->req];
     if (r->t_first < 0) r->t_first = kvp_now_s() - g->t0;
     const kvp_gen_request *q = &g->reqs[s->req];
-    const int eos = kvp_model_cfg(g->m)->eos_token_id;
     kvp_gen_finish why = KVP_FINISH_LENGTH;
-    if (!is_beam(g, s) && g->cfg->stop_at_eos && !q->ignore_eos && eos >= 0 && tok == eos) why = KVP_FINISH_EOS;
+    if (!is_beam(g, s) && g->cfg->stop_at_eos && !q->ignore_eos && kvp_model_is_eos(g->m, tok)) why = KVP_FINISH_EOS;
     for (int32_t i = 0; why == KVP_FINISH_LENGTH && !is_beam(g, s) && i < q->n_stop_ids; i++)
         if (q->stop_ids[i] == tok) why = KVP_FINISH_STOP_TOKEN;
     if (why != KVP_FINISH_LENGTH) {
@@ -501,8 +500,9 @@ static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *
     float *x = g->pen[k];
     memcpy(x, lg, (size_t)V * sizeof *x);
     for (int32_t i = 0; i < r->n_bias; i++) x[r->bias_ids[i]] += r->bias[i];
-    const int32_t eos = kvp_model_cfg(g->m)->eos_token_id;
-    if (early && eos >= 0 && eos < V && g->cfg->stop_at_eos && !r->ignore_eos) x[eos] = -INFINITY;
+    const kvp_model_config *mc = kvp_model_cfg(g->m);
+    for (int32_t i = 0; early && g->cfg->stop_at_eos && !r->ignore_eos && i < mc->n_eos; i++)
+        x[mc->eos_token_ids[i]] = -INFINITY; /* ids checked against the vocabulary at load */
     for (int32_t i = 0; early && i < r->n_stop_ids; i++) x[r->stop_ids[i]] = -INFINITY;
     if (kvp_sampler_penalized(&r->sampler))
         kvp_apply_penalties(&r->sampler, x, V, s->toks, s->n_toks - s->n_gen, s->toks + (s->n_toks - s->n_gen),

@@ -647,7 +647,17 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     c.qk_norm = kvp_gguf_tensor(g, "blk.0.attn_q_norm.weight", &qb) == KVP_OK;
     kvp_error_clear();
     KVP_TRY(kvp_gguf_special_token(g, "tokenizer.ggml.bos_token_id", c.vocab_size, &c.bos_token_id));
-    KVP_TRY(kvp_gguf_special_token(g, "tokenizer.ggml.eos_token_id", c.vocab_size, &c.eos_token_id));
+    /* EOS, then llama.cpp's end-of-turn and end-of-message ids (Llama-3-Instruct's <|eot_id|>): each ends
+     * generation */
+    static const char *const eos_keys[] = {"tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id",
+                                           "tokenizer.ggml.eom_token_id"};
+    c.eos_token_id = -1;
+    c.n_eos = 0;
+    for (int i = 0; i < 3; i++) {
+        int64_t id;
+        KVP_TRY(kvp_gguf_special_token(g, eos_keys[i], c.vocab_size, &id));
+        kvp_model_config_add_eos(&c, id);
+    }
     c.moe_layer_step = 1;
     *cfg = c;
     return KVP_OK;

@@ -13,6 +13,7 @@
 
 #include "attention/attention.h"
 #include "common/alloc.h"
+#include "common/json.h"
 #include "parallel/comm.h"
 #include "parallel/shard.h"
 #include "runtime/gguf.h"
@@ -497,13 +498,29 @@ static kvp_status check_config(const kvp_model_config *c, const char *what, cons
     if (!(c->rope_theta > 0 && isfinite(c->rope_theta)))
         return KVP_ERR(KVP_EPARSE, "%s: \"%s\": %g is out of range (a positive finite number)", cfg_file, theta_key,
                        c->rope_theta);
-    const int64_t ids[2] = {c->bos_token_id, c->eos_token_id};
-    for (int i = 0; i < 2; i++)
-        if (ids[i] >= c->vocab_size)
+    for (int i = 0; i <= c->n_eos; i++) {
+        const int64_t id = i == 0 ? c->bos_token_id : c->eos_token_ids[i - 1];
+        if (id >= c->vocab_size)
             return KVP_ERR(KVP_EPARSE, "%s: \"%s%s_token_id\": %lld is outside the vocabulary (%lld tokens)", cfg_file,
-                           gguf ? "tokenizer.ggml." : "", i ? "eos" : "bos", (long long)ids[i],
-                           (long long)c->vocab_size);
+                           gguf ? "tokenizer.ggml." : "", i ? "eos" : "bos", (long long)id, (long long)c->vocab_size);
+    }
     return KVP_OK;
+}
+
+/* generation_config.json beside config.json (when there is one): its eos_token_id ids end generation too, as
+ * in transformers and vLLM (Llama-3-Instruct lists <|eot_id|> there). */
+static kvp_status generation_config_eos(const char *cfgpath, kvp_model_config *c)
+{
+    char path[1200];
+    const char *slash = strrchr(cfgpath, '/');
+    snprintf(path, sizeof path, "%.*sgeneration_config.json", slash ? (int)(slash - cfgpath + 1) : 0, cfgpath);
+    struct stat sb;
+    if (stat(path, &sb) != 0) return KVP_OK;
+    cJSON *j;
+    KVP_TRY(kvp_json_parse_file(path, &j));
+    kvp_status st = kvp_model_config_eos(j, path, c);
+    cJSON_Delete(j);
+    return st;
 }
 
 static kvp_status init_rope(kvp_model *m)
@@ -590,6 +607,7 @@ kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out)
             snprintf(cfgpath, sizeof cfgpath, "%.*s/config.json", dl, slash ? path : ".");
         }
         if ((st = kvp_model_config_load(cfgpath, &m->cfg)) != KVP_OK) goto fail;
+        if ((st = generation_config_eos(cfgpath, &m->cfg)) != KVP_OK) goto fail;
         m->rope = KVP_ROPE_HALF;
         if ((st = kvp_st_open(path, &s)) != KVP_OK) goto fail;
         src.s = s;
@@ -615,6 +633,12 @@ kvp_comm *kvp_model_comm(const kvp_model *m) { return m->comm; }
 kvp_rope_style kvp_model_rope_style(const kvp_model *m) { return m->rope; }
 const char *kvp_model_path(const kvp_model *m) { return m->path; }
 int kvp_model_is_gguf(const kvp_model *m) { return m->is_gguf; }
+int kvp_model_is_eos(const kvp_model *m, int32_t id)
+{
+    for (int32_t i = 0; i < m->cfg.n_eos; i++)
+        if (m->cfg.eos_token_ids[i] == id) return 1;
+    return 0;
+}
 int32_t kvp_model_max_len(const kvp_model *m)
 {
     int64_t n = m->cfg.max_position_embeddings;

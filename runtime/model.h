@@ -60,6 +60,8 @@ const kvp_model_config *kvp_model_cfg(const kvp_model *m);
 kvp_rope_style kvp_model_rope_style(const kvp_model *m);
 const char *kvp_model_path(const kvp_model *m); /* as given to load */
 int kvp_model_is_gguf(const kvp_model *m);
+/* 1 when id ends generation as EOS does (any of the config's eos_token_ids). */
+int kvp_model_is_eos(const kvp_model *m, int32_t id);
 /* Maximum positions (max_position_embeddings / GGUF context_length). */
 int32_t kvp_model_max_len(const kvp_model *m);
 

@@ -95,17 +95,53 @@ static kvp_status opt_bool(const cJSON *o, const char *what, const char *key, in
 }
 
 /* bos/eos ids: an integer or a list of integers (the first one is kept). */
-static kvp_status token_id(const cJSON *o, const char *what, const char *key, int64_t *out)
+void kvp_model_config_add_eos(kvp_model_config *c, int64_t id)
 {
-    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (id < 0 || c->n_eos >= KVP_MAX_EOS_IDS) return;
+    for (int32_t i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] == id) return;
+    c->eos_token_ids[c->n_eos++] = id;
+    c->eos_token_id = c->eos_token_ids[0];
+}
+
+/* One token id (v may be NULL or null: -1). */
+static kvp_status token_value(const cJSON *v, const char *what, const char *key, int64_t *out)
+{
     *out = -1;
-    if (cJSON_IsArray(v)) v = cJSON_GetArrayItem(v, 0);
     if (v == NULL || cJSON_IsNull(v)) return KVP_OK;
     if (!cJSON_IsNumber(v) || v->valuedouble < 0)
         return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be a token id or a list of them", what, key);
     if (v->valuedouble > JSON_INT_MAX)
         return KVP_ERR(KVP_EINVAL, "%s: \"%s\": %g is out of range [0, %.0f]", what, key, v->valuedouble, JSON_INT_MAX);
     *out = (int64_t)v->valuedouble;
+    return KVP_OK;
+}
+
+/* A token id, or the first of a list. */
+static kvp_status token_id(const cJSON *o, const char *what, const char *key, int64_t *out)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    return token_value(cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : v, what, key, out);
+}
+
+kvp_status kvp_model_config_eos(const cJSON *o, const char *what, kvp_model_config *c)
+{
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, "eos_token_id"), *x;
+    if (!cJSON_IsArray(v)) {
+        int64_t id;
+        KVP_TRY(token_value(v, what, "eos_token_id", &id));
+        kvp_model_config_add_eos(c, id);
+        return KVP_OK;
+    }
+    if (cJSON_GetArraySize(v) > KVP_MAX_EOS_IDS)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: \"eos_token_id\" lists %d ids (at most %d are read)", what,
+                       cJSON_GetArraySize(v), KVP_MAX_EOS_IDS);
+    cJSON_ArrayForEach(x, v)
+    {
+        int64_t id;
+        KVP_TRY(token_value(x, what, "eos_token_id", &id));
+        kvp_model_config_add_eos(c, id);
+    }
     return KVP_OK;
 }
 
@@ -283,7 +319,9 @@ kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_m
     KVP_TRY(read_sliding(o, what, &c));
     KVP_TRY(read_moe(o, what, &c));
     KVP_TRY(token_id(o, what, "bos_token_id", &c.bos_token_id));
-    KVP_TRY(token_id(o, what, "eos_token_id", &c.eos_token_id));
+    c.eos_token_id = -1;
+    c.n_eos = 0;
+    KVP_TRY(kvp_model_config_eos(o, what, &c));
     KVP_TRY(check_param_count(&c, what));
     *out = c;
     return KVP_OK;

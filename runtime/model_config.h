@@ -33,6 +33,8 @@ enum { KVP_MAX_LAYERS = 1024 };
  * exactly. Every count below it is exact, and every byte size derived from it fits in int64_t. */
 #define KVP_MODEL_MAX_PARAMS (1LL << 53)
 
+enum { KVP_MAX_EOS_IDS = 8 };
+
 typedef struct {
     char model_type[64];
     kvp_model_family family;
@@ -85,7 +87,17 @@ typedef struct {
 
     int64_t bos_token_id;          /* -1 when absent */
     int64_t eos_token_id;          /* first one when a list; -1 when absent */
+    /* Every id that ends generation as EOS does (eos_token_ids[0] == eos_token_id): config.json's list, plus
+     * generation_config.json's beside it, or a GGUF's eot/eom ids (Llama-3-Instruct's <|eot_id|>). */
+    int64_t eos_token_ids[KVP_MAX_EOS_IDS];
+    int32_t n_eos;
 } kvp_model_config;
+
+/* Adds id to cfg's EOS ids (a no-op for -1, an id already there, or a full list). */
+void kvp_model_config_add_eos(kvp_model_config *cfg, int64_t id);
+/* The "eos_token_id" of a config.json or generation_config.json object (a token id or a list of them), added
+ * to cfg's EOS ids; `what` names the file in errors. */
+kvp_status kvp_model_config_eos(const cJSON *obj, const char *what, kvp_model_config *cfg);
 
 /* Reads `path` (a config.json). Errors (KVP_EIO, KVP_EPARSE, KVP_EUNSUPPORTED, KVP_EINVAL) name the file
  * and the field. *cfg is written only on success.

@@ -906,7 +906,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if ((code = get_stop(req, V, j, err, cap)) || (code = get_logit_bias(req, V, j, err, cap))) return code;
     if (j->chat && !j->ignore_eos) { /* a reply ends at the template's end of turn (<|eot_id|>, <|im_end|>) */
         const int32_t eot = kvp_chat_end_of_turn(sv->chat, sv->tok);
-        int have = eot < 0 || eot == kvp_model_cfg(sv->m)->eos_token_id;
+        int have = eot < 0 || kvp_model_is_eos(sv->m, eot);
         for (int32_t i = 0; i < j->n_stop_ids; i++) have |= j->stop_ids[i] == eot;
         if (!have) j->stop_ids[j->n_stop_ids++] = eot;
     }

@@ -651,6 +651,50 @@ Test(generate_cli, hf_folder_with_tokenizer_json)
     cJSON_Delete(gold);
 }
 
+/* generation_config.json's eos_token_id list ends generation too (as transformers and vLLM read it): with a
+ * token of the golden story listed there, the greedy story stops right before that token's first place. */
+Test(generate_cli, generation_config_eos_ids_end_the_story)
+{
+    cJSON *gold;
+    const cJSON *c0 = golden_case(&gold, 0);
+    const cJSON *want = cJSON_GetObjectItem(c0, "tokens_after_bos");
+    int at = 8; /* the first place from 8 on whose token has not come before */
+    for (;; at++) {
+        int seen = 0;
+        for (int i = 0; i < at; i++) seen |= cJSON_GetArrayItem(want, i)->valueint == cJSON_GetArrayItem(want, at)->valueint;
+        if (!seen) break;
+    }
+    const char *dir = tu_tmpdir();
+    char cmd[2048], *out, *err;
+    snprintf(cmd, sizeof cmd, "ln -s \"$PWD/%s/config.json\" \"$PWD/%s/model.safetensors\" %s/ && "
+                              "printf '{\"eos_token_id\": [2, %d]}' > %s/generation_config.json",
+             S260_HF, S260_HF, dir, cJSON_GetArrayItem(want, at)->valueint, dir);
+    cr_assert_eq(system(cmd), 0, "%s", cmd);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --tokenizer %s --prompt '' --max-tokens 100 --json", kvp_test_bin(),
+             dir, S260_TOKBIN);
+    int rc = kvp_test_sh(cmd, &out, &err);
+    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    const cJSON *toks = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens");
+    cr_assert_eq(cJSON_GetArraySize(toks), at, "stops before place %d", at);
+    for (int i = 0; i < at; i++)
+        cr_assert_eq(cJSON_GetArrayItem(toks, i)->valueint, cJSON_GetArrayItem(want, i)->valueint, "token %d", i);
+    cJSON_Delete(j);
+    free(out);
+    free(err);
+    /* an id outside the vocabulary there is named */
+    snprintf(cmd, sizeof cmd, "printf '{\"eos_token_id\": [2, 512]}' > %s/generation_config.json && %s generate --model %s "
+                              "--tokenizer %s --prompt ''",
+             dir, kvp_test_bin(), dir, S260_TOKBIN);
+    rc = kvp_test_sh(cmd, &out, &err);
+    cr_assert_eq(rc, 2, "%s", err);
+    cr_assert(strstr(err, "eos_token_id") && strstr(err, "512"), "%s", err);
+    free(out);
+    free(err);
+    cJSON_Delete(gold);
+}
+
 /* A small token budget admits the second prompt after the first one's prefill: it hits the cache. */
 Test(generate_cli, prompts_file_batches_and_hits_the_cache)
 {

@@ -123,6 +123,19 @@ Test(model_config, family_specific_fields)
 
     c = load("derived/llama3_1_8b.json");
     cr_assert_eq(c.eos_token_id, 128001, "first of an eos list");
+    cr_assert_eq(c.n_eos, 3, "every id of the list ends generation");
+    cr_assert(c.eos_token_ids[0] == 128001 && c.eos_token_ids[1] == 128008 && c.eos_token_ids[2] == 128009);
+    /* generation_config.json's ids add to them, once each */
+    cJSON *gen = cJSON_Parse("{\"eos_token_id\": [128009, 7]}");
+    cr_assert_eq(kvp_model_config_eos(gen, "generation_config.json", &c), KVP_OK);
+    cr_assert_eq(c.n_eos, 4);
+    cr_assert_eq(c.eos_token_ids[3], 7);
+    cJSON_Delete(gen);
+    gen = cJSON_Parse("{\"eos_token_id\": [1,2,3,4,5,6,7,8,9]}");
+    cr_assert_eq(kvp_model_config_eos(gen, "generation_config.json", &c), KVP_EUNSUPPORTED);
+    cr_assert(strstr(kvp_error_message(), "generation_config.json") && strstr(kvp_error_message(), "9 ids"), "%s",
+              kvp_error_message());
+    cJSON_Delete(gen);
 }
 
 static kvp_status from_text(const char *text, kvp_model_config *c)
@@ -206,6 +219,7 @@ Test(model_config, too_large_fields_are_out_of_range)
         {LLAMA_WITH("\"intermediate_size\":8,\"vocab_size\":8,\"max_position_embeddings\":1e17"),
          "\"max_position_embeddings\""},
         {LLAMA_WITH("\"intermediate_size\":8,\"vocab_size\":8,\"eos_token_id\":1e999"), "\"eos_token_id\""},
+        {LLAMA_WITH("\"intermediate_size\":8,\"vocab_size\":8,\"eos_token_id\":[2,1e999]"), "\"eos_token_id\""},
         {MIXTRAL_WITH("1000000000"), "\"num_local_experts\""},
         {MIXTRAL_WITH("2147483647"), "\"num_local_experts\""},
         {"{\"model_type\":\"llama\",\"num_hidden_layers\":2,\"hidden_size\":2097152,\"num_attention_heads\":4,"
