@@ -6,5 +6,6 @@ int kvp_cmd_plan(int argc, char **argv);
 int kvp_cmd_simulate(int argc, char **argv);
 int kvp_cmd_generate(int argc, char **argv);
 int kvp_cmd_serve(int argc, char **argv);
+int kvp_cmd_tokenize(int argc, char **argv);
 
 #endif

@@ -707,54 +707,68 @@ static kvp_status pad(kvp_tokenizer *t, int32_t n, const char *what)
     return KVP_OK;
 }
 
-kvp_status kvp_tok_for_model(const kvp_model *m, const char *model_path, const char *tok_path, kvp_tokenizer **out)
+static int ends_with(const char *s, const char *suf)
 {
-    int32_t vocab = (int32_t)kvp_model_cfg(m)->vocab_size;
+    size_t a = strlen(s), b = strlen(suf);
+    return a >= b && strcmp(s + a - b, suf) == 0;
+}
+
+/* 1 when the file starts with GGUF's magic. */
+static int is_gguf_file(const char *p)
+{
+    char magic[4] = {0};
+    FILE *f = fopen(p, "rb");
+    if (!f) return 0;
+    size_t n = fread(magic, 1, 4, f);
+    fclose(f);
+    return n == 4 && memcmp(magic, "GGUF", 4) == 0;
+}
+
+kvp_status kvp_tok_load(const char *path, int32_t vocab, kvp_tokenizer **out)
+{
     char buf[2048];
-    const char *path = tok_path;
-    if (!path) {
-        if (kvp_model_is_gguf(m)) {
-            path = model_path;
-        } else {
-            const char *dir = is_dir(model_path) ? model_path : ".";
-            snprintf(buf, sizeof buf, "%s/tokenizer.json", dir);
-            if (!exists(buf)) snprintf(buf, sizeof buf, "%s/tokenizer.bin", dir);
-            if (!exists(buf) && !find_tok_bin(dir, buf, sizeof buf)) {
-                char sib[1100];
-                snprintf(sib, sizeof sib, "%s/../llama2c", dir);
-                if (!find_tok_bin(sib, buf, sizeof buf))
-                    return KVP_ERR(KVP_EINVAL, "%s: no tokenizer this build can read (tokenizer.json or a llama2.c "
-                                               "tokenizer.bin); "
-                                               "pass --tokenizer PATH",
-                                   model_path);
-            }
-            path = buf;
-            KVP_LOG_I("tokenizer %s", path);
+    if (is_dir(path) || ends_with(path, ".safetensors")) {
+        char dir[1100];
+        const char *slash = strrchr(path, '/');
+        if (is_dir(path)) snprintf(dir, sizeof dir, "%s", path);
+        else snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+        snprintf(buf, sizeof buf, "%s/tokenizer.json", dir);
+        if (!exists(buf)) snprintf(buf, sizeof buf, "%s/tokenizer.bin", dir);
+        if (!exists(buf) && !find_tok_bin(dir, buf, sizeof buf)) {
+            char sib[1200];
+            snprintf(sib, sizeof sib, "%s/../llama2c", dir);
+            if (!find_tok_bin(sib, buf, sizeof buf))
+                return KVP_ERR(KVP_EINVAL, "%s: no tokenizer this build can read (tokenizer.json or a llama2.c "
+                                           "tokenizer.bin); pass --tokenizer PATH",
+                               path);
         }
+        path = buf;
+        KVP_LOG_I("tokenizer %s", path);
     }
-    size_t pl = strlen(path);
-    kvp_status st;
-    if (pl > 5 && strcmp(path + pl - 5, ".gguf") == 0) {
+    if (is_gguf_file(path)) {
         kvp_gguf *g;
         KVP_TRY(kvp_gguf_open(path, &g));
-        st = kvp_tok_from_gguf(g, out);
+        kvp_status st = kvp_tok_from_gguf(g, out);
         kvp_gguf_close(g);
-    } else if (pl >= 5 && strcmp(path + pl - 5, ".json") == 0) {
-        st = kvp_tok_from_hf_json(path, out);
-    } else {
-        st = kvp_tok_load_llama2c(path, vocab, out);
-    }
-    KVP_TRY(st);
-    if (kvp_tok_vocab_size(*out) < vocab && (st = pad(*out, vocab, path)) != KVP_OK) {
-        kvp_tok_destroy(*out);
-        *out = NULL;
         return st;
     }
-    if (kvp_tok_vocab_size(*out) != vocab) {
-        int32_t tv = kvp_tok_vocab_size(*out);
+    if (ends_with(path, ".json")) return kvp_tok_from_hf_json(path, out);
+    return kvp_tok_load_llama2c(path, vocab, out);
+}
+
+kvp_status kvp_tok_for_model(const kvp_model *m, const char *model_path, const char *tok_path, kvp_tokenizer **out)
+{
+    const int32_t vocab = (int32_t)kvp_model_cfg(m)->vocab_size;
+    const char *path = tok_path ? tok_path : model_path;
+    KVP_TRY(kvp_tok_load(path, vocab, out));
+    kvp_status st = KVP_OK;
+    if (kvp_tok_vocab_size(*out) < vocab) st = pad(*out, vocab, path);
+    else if (kvp_tok_vocab_size(*out) > vocab)
+        st = KVP_ERR(KVP_EINVAL, "%s: tokenizer has %d tokens but the model's vocabulary is %d", path,
+                     kvp_tok_vocab_size(*out), vocab);
+    if (st != KVP_OK) {
         kvp_tok_destroy(*out);
         *out = NULL;
-        return KVP_ERR(KVP_EINVAL, "%s: tokenizer has %d tokens but the model's vocabulary is %d", path, tv, vocab);
     }
-    return KVP_OK;
+    return st;
 }

@@ -94,6 +94,12 @@ int kvp_tok_decode_piece(const kvp_tokenizer *t, int32_t prev, int32_t id, char 
  * out of range; KVP_ENOMEM. */
 kvp_status kvp_tok_decode(const kvp_tokenizer *t, int32_t prev, const int32_t *ids, int32_t n, char **text);
 
+/* The tokenizer at path: a GGUF file (by its magic), a Hugging Face tokenizer.json, a llama2.c tokenizer file
+ * (vocab_size as for kvp_tok_load_llama2c), or a folder (or the folder of a .safetensors file): its
+ * tokenizer.json, else tokenizer.bin or tok*.bin in it or in ../llama2c beside it. KVP_EINVAL when a folder
+ * has none. */
+kvp_status kvp_tok_load(const char *path, int32_t vocab_size, kvp_tokenizer **out);
+
 struct kvp_model;
 /* The tokenizer of model m loaded from model_path: tok_path when given (a tokenizer.json, a GGUF or a
  * llama2.c tokenizer.bin), else the GGUF's own, else for an HF folder its tokenizer.json, or tokenizer.bin

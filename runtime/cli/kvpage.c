@@ -17,6 +17,7 @@ static const struct {
     {"simulate", kvp_cmd_simulate, "serving simulator: a trace through scheduler + block manager on a cost model"},
     {"generate", kvp_cmd_generate, "run a real model on the CPU (GGUF or HF) over the paged KV cache"},
     {"serve", kvp_cmd_serve, "OpenAI-compatible HTTP server (completions, models, metrics) with continuous batching"},
+    {"tokenize", kvp_cmd_tokenize, "a model's tokenizer: texts to token ids, or ids to text"},
     {"bench", kvp_cmd_bench, "benchmarks and sweeps: memory, blockmgr, prefix, attention, generate, attention-cuda"},
     {NULL, NULL, NULL},
 };

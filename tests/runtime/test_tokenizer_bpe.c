@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_testutil.h"
 #include "common/alloc.h"
 #include "common/json.h"
 #include "model_testutil.h"
@@ -271,4 +272,59 @@ Test(tokenizer_bpe, survives_every_allocation_failure)
     enc_ctx e = {load_json("llama3"), "Hello<|eot_id|> world's 12345"};
     tu_every_alloc_failure("encode", encode, kvp_free, &e, 0);
     kvp_tok_destroy(e.t);
+}
+
+/* `kvpage tokenize`: Hugging Face's ids for the fixed cases of each vocabulary (texts passed as --text, read
+ * from a tokenizer.json, a GGUF or a folder), --decode back to the texts, and bad command lines exit 2. */
+Test(tokenizer_cli, tokenize_prints_hugging_faces_ids)
+{
+    cJSON *cases = load_cases();
+    const char *srcs[3] = {TOKDIR "/qwen2/tokenizer.json", TOKDIR "/llama3.gguf", TOKDIR "/gpt2"};
+    const char *fams[3] = {"qwen2", "llama3", "gpt2"};
+    for (int k = 0; k < 3; k++) {
+        const cJSON *rows = cJSON_GetObjectItem(cases, fams[k]);
+        for (int c = 1; c < 6; c++) { /* cases 1..5: plain ASCII text, safe in single quotes */
+            const cJSON *r = cJSON_GetArrayItem(rows, c), *want = cJSON_GetObjectItem(r, "ids");
+            const char *text = cJSON_GetObjectItem(r, "text")->valuestring;
+            char cmd[2048], *out, *err, exp[1024] = "";
+            if (strchr(text, '\'')) continue;
+            snprintf(cmd, sizeof cmd, "%s tokenize --tokenizer %s --text '%s'", kvp_test_bin(), srcs[k], text);
+            cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+            for (int i = 0; i < cJSON_GetArraySize(want); i++)
+                snprintf(exp + strlen(exp), sizeof exp - strlen(exp), i ? " %d" : "%d", cJSON_GetArrayItem(want, i)->valueint);
+            strcat(exp, "\n");
+            cr_assert_str_eq(out, exp, "%s '%s'", fams[k], text);
+            free(out);
+            free(err);
+            snprintf(cmd, sizeof cmd, "%s tokenize --tokenizer %s --decode --text '%s'", kvp_test_bin(), srcs[k], exp);
+            cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+            cr_assert_eq(strncmp(out, text, strlen(text)), 0, "decode: '%s' vs '%s'", out, text);
+            free(out);
+            free(err);
+        }
+    }
+    cJSON_Delete(cases);
+    char cmd0[512], *o0, *e0;
+    snprintf(cmd0, sizeof cmd0, "%s tokenize --help", kvp_test_bin());
+    cr_assert_eq(kvp_test_sh(cmd0, &o0, &e0), 0);
+    cr_assert(strstr(o0, "usage: kvpage tokenize"), "%s", o0);
+    free(o0);
+    free(e0);
+    static const struct {
+        const char *args, *says;
+    } bad[] = {
+        {"tokenize --text hi", "--tokenizer"},
+        {"tokenize --tokenizer " TOKDIR "/qwen2.gguf --frobnicate", "frobnicate"},
+        {"tokenize --tokenizer /nonexistent.gguf --text hi", "nonexistent"},
+        {"tokenize --tokenizer " TOKDIR "/qwen2.gguf --decode --text '1 512'", "'512' is not a token id"},
+        {"tokenize --tokenizer /tmp --text hi", "no tokenizer"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        char cmd[1024], *out, *err;
+        snprintf(cmd, sizeof cmd, "%s %s", kvp_test_bin(), bad[i].args);
+        cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s: %s", bad[i].args, err);
+        cr_assert(strstr(err, bad[i].says), "%s: %s", bad[i].args, err);
+        free(out);
+        free(err);
+    }
 }
