@@ -28,10 +28,11 @@ void kvp_tok_destroy(kvp_tokenizer *t)
     kvp_free(t->lens);
     kvp_free(t->scores);
     kvp_free(t->types);
+    kvp_free(t->raw);
     kvp_free(t->table);
     kvp_free(t->merges);
     kvp_free(t->special);
-    pcre2_code_free(t->pre);
+    for (int i = 0; i < t->npre; i++) pcre2_code_free(t->pre[i]);
     kvp_free(t);
 }
 
@@ -44,7 +45,8 @@ kvp_tokenizer *kvp_tok_alloc(int32_t n)
     t->lens = kvp_calloc((size_t)n, sizeof *t->lens);
     t->scores = kvp_calloc((size_t)n, sizeof *t->scores);
     t->types = kvp_calloc((size_t)n, sizeof *t->types);
-    if (!t->pieces || !t->lens || !t->scores || !t->types) {
+    t->raw = kvp_calloc((size_t)n, sizeof *t->raw);
+    if (!t->pieces || !t->lens || !t->scores || !t->types || !t->raw) {
         kvp_tok_destroy(t);
         return NULL;
     }
@@ -114,7 +116,7 @@ kvp_status kvp_tok_finish(kvp_tokenizer *t, const char *what)
             order[t->nspecial++] = (uint64_t)(UINT32_MAX - t->lens[i]) << 32 | (uint32_t)i;
             t->special_first[(unsigned char)t->pieces[i][0]] = 1;
         }
-        if (ty != KVP_TOK_NORMAL && ty != KVP_TOK_USER) continue;
+        if ((ty != KVP_TOK_NORMAL && ty != KVP_TOK_USER) || t->raw[i]) continue;
         if (t->lens[i] == 0 || kvp_tok_lookup(t, t->pieces[i], t->lens[i]) >= 0) continue; /* first one wins */
         uint64_t h = XXH3_64bits(t->pieces[i], t->lens[i]) & t->mask;
         while (t->table[h] >= 0) h = (h + 1) & t->mask;
@@ -208,9 +210,8 @@ kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out)
         if (st != KVP_OK) goto fail;
     }
     for (uint64_t i = 0; i < n; i++) {
-        t->pieces[i] = bpe ? kvp_tok_bpe_piece(toks[i].ptr, toks[i].len, t->types[i], &t->lens[i])
-                           : kvp_tok_copy_spm_piece(toks[i].ptr, toks[i].len, &t->lens[i]);
-        if (!t->pieces[i]) {
+        if (bpe ? !kvp_tok_bpe_set_piece(t, (int32_t)i, toks[i].ptr, toks[i].len)
+                : !(t->pieces[i] = kvp_tok_copy_spm_piece(toks[i].ptr, toks[i].len, &t->lens[i]))) {
             st = KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
             goto fail;
         }
@@ -483,37 +484,39 @@ static kvp_status encode_pretoken(const kvp_tokenizer *t, const char *text, size
     return KVP_OK;
 }
 
+/* Pre-tokenizer step k on text[a..b) (a piece the steps before it left): its matches and the gaps between them
+ * go on to step k + 1, and past the last step to the merges. The regex sees the piece as a whole subject (^, $
+ * and lookarounds stop at its ends). An empty match is skipped over one code point; invalid UTF-8 bytes never
+ * match and fall in gaps. */
+static kvp_status pre_split(const kvp_tokenizer *t, int k, const char *text, size_t a, size_t b, int32_t *ids,
+                            int32_t *n, scratch *s)
+{
+    if (k == t->npre) return encode_pretoken(t, text, a, b, ids, n, s);
+    size_t at = a;
+    while (at < b) {
+        size_t ms = b, me = b;
+        int rc = pcre2_match(t->pre[k], (PCRE2_SPTR)(text + a), b - a, at - a, 0, s->md, NULL);
+        if (rc >= 0) { /* 0: the ovector holds only the whole match, all we read */
+            const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
+            ms = a + ov[0];
+            me = ov[1] > ov[0] ? a + ov[1] : ms + 1;
+            while (me < b && ((unsigned char)text[me] & 0xc0) == 0x80) me++;
+        } else if (rc != PCRE2_ERROR_NOMATCH) {
+            return KVP_ERR(KVP_EINVAL, "tokenizer: pre-tokenizer regex %d failed at offset %zu (PCRE2 error %d)", k, at,
+                           rc);
+        }
+        if (ms > at) KVP_TRY(pre_split(t, k + 1, text, at, ms, ids, n, s));
+        if (me > ms) KVP_TRY(pre_split(t, k + 1, text, ms, me, ids, n, s));
+        at = me;
+    }
+    return KVP_OK;
+}
+
 /* Appends the ids of text[a..b), a run with no special piece in it, at ids[*n]. */
 static kvp_status encode_run(const kvp_tokenizer *t, const char *text, size_t a, size_t b, int32_t *ids,
                              int32_t *n, scratch *s)
 {
-    if (t->byte_level) {
-        /* The pre-tokenizer's matches and the gaps between them are the pre-tokens (Hugging Face's Split with
-         * behavior "Isolated"). Every pattern it knows matches any valid UTF-8 text; invalid bytes fall in
-         * gaps. An empty match is skipped over one code point. */
-        size_t at = a;
-        while (at < b) {
-            size_t ms = b, me = b;
-            if (t->pre) {
-                int rc = pcre2_match(t->pre, (PCRE2_SPTR)text, b, at, 0, s->md, NULL);
-                if (rc >= 0) {
-                    const PCRE2_SIZE *ov = pcre2_get_ovector_pointer(s->md);
-                    ms = ov[0];
-                    me = ov[1] > ov[0] ? ov[1] : ov[0] + 1;
-                    while (me < b && ((unsigned char)text[me] & 0xc0) == 0x80) me++;
-                } else if (rc != PCRE2_ERROR_NOMATCH) {
-                    return KVP_ERR(KVP_EINVAL, "tokenizer: the pre-tokenizer's regex failed at offset %zu (PCRE2 error %d)",
-                                   at, rc);
-                }
-            } else {
-                ms = at;
-            }
-            if (ms > at) KVP_TRY(encode_pretoken(t, text, at, ms, ids, n, s));
-            if (me > ms) KVP_TRY(encode_pretoken(t, text, ms, me, ids, n, s));
-            at = me;
-        }
-        return KVP_OK;
-    }
+    if (t->byte_level) return a < b ? pre_split(t, 0, text, a, b, ids, n, s) : KVP_OK;
     /* sentencepiece: a dummy-prefix space, one symbol per code point (or its <0xNN> bytes), then merges */
     int32_t first = *n;
     if (b > a && t->add_space_prefix) {
@@ -566,9 +569,9 @@ kvp_status kvp_tok_encode_ex(const kvp_tokenizer *t, const char *text, size_t le
                  .prev = kvp_malloc((len + 2) * sizeof *s.prev),
                  .heap = kvp_malloc((len + 2) * 3 * sizeof *s.heap),
                  .buf = kvp_malloc((size_t)t->max_len * 2 + 8),
-                 .md = t->pre ? pcre2_match_data_create_from_pattern(t->pre, NULL) : NULL};
+                 .md = t->npre ? pcre2_match_data_create(1, NULL) : NULL}; /* the whole match is all we read */
     kvp_status st = KVP_OK;
-    if (!ids || !s.next || !s.prev || !s.heap || !s.buf || (t->pre && !s.md)) {
+    if (!ids || !s.next || !s.prev || !s.heap || !s.buf || (t->npre && !s.md)) {
         st = KVP_ERR(KVP_ENOMEM, "tokenizer: out of memory encoding %zu bytes", len);
         goto out;
     }
@@ -693,12 +696,15 @@ static kvp_status pad(kvp_tokenizer *t, int32_t n, const char *what)
     if (scores) t->scores = scores;
     uint8_t *types = kvp_realloc(t->types, (size_t)n * sizeof *types);
     if (types) t->types = types;
-    if (!pieces || !lens || !scores || !types) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", what);
+    uint8_t *raw = kvp_realloc(t->raw, (size_t)n * sizeof *raw);
+    if (raw) t->raw = raw;
+    if (!pieces || !lens || !scores || !types || !raw) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", what);
     for (int32_t i = t->n; i < n; i++) {
         t->pieces[i] = NULL;
         t->lens[i] = 0;
         t->scores[i] = 0;
         t->types[i] = KVP_TOK_UNUSED;
+        t->raw[i] = 0;
     }
     int32_t old = t->n;
     t->n = n; /* destroy frees every piece below n: the new ones are NULL until set */

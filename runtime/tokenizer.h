@@ -14,7 +14,8 @@
  * ("▁"); they are stored with plain spaces.
  *
  * Byte-level encoding follows Hugging Face's tokenizers: the text is split into pre-tokens by the model's
- * regex (Llama-3's, Qwen2's or GPT-2's, run by PCRE2 with Unicode properties), each pre-token's bytes are
+ * regexes in turn (Llama-3's, Qwen2's, GPT-2's, DeepSeek's, ...; run by PCRE2 with Unicode properties, each
+ * splitting what the ones before it left into matches and gaps), each pre-token's bytes are
  * one symbol each, and the adjacent pair with the lowest rank in the merge list merges first (the leftmost
  * on ties) until none does; with ignore_merges (Llama-3) a pre-token that is itself a piece is that piece.
  * Both merge loops are O(n log n) in the text length (a heap of candidate pairs).
@@ -46,11 +47,11 @@ typedef enum { KVP_TOK_NORMAL = 1, KVP_TOK_UNKNOWN = 2, KVP_TOK_CONTROL = 3, KVP
 
 /* From GGUF metadata tokenizer.ggml.{model, tokens, scores, token_type, merges, pre, bos/eos_token_id,
  * add_bos_token, add_space_prefix}: model "llama" (sentencepiece) or "gpt2" (byte-level BPE, with `pre`
- * one of llama-bpe/llama3, qwen2, gpt-2/default; absent means gpt-2). KVP_EUNSUPPORTED for another model
- * or pre-tokenizer; KVP_EPARSE naming the file and the key otherwise, e.g. a bos/eos_token_id outside the
+ * one of default/gpt-2/mpt, llama-bpe/llama3/llama-v3, qwen2, starcoder/refact/command-r, falcon,
+ * deepseek-coder, deepseek-llm; absent means gpt-2). KVP_EUNSUPPORTED for another model or pre-tokenizer; KVP_EPARSE naming the file and the key otherwise, e.g. a bos/eos_token_id outside the
  * token list (-1 and 0xFFFFFFFF mean "none") or a merge of pieces not in the list. */
 kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out);
-/* A Hugging Face tokenizer.json (model "BPE": byte-level with a Split-regex or ByteLevel pre-tokenizer, or
+/* A Hugging Face tokenizer.json (model "BPE": byte-level with Split (regex), Digits and ByteLevel steps, or
  * sentencepiece-like with byte_fallback and a "▁" normalizer or Metaspace pre-tokenizer), with BOS from its
  * post-processor and bos/eos_token from tokenizer_config.json beside it when there is one. KVP_EUNSUPPORTED
  * naming what is not supported (a Unigram or WordPiece model, another pre-tokenizer); KVP_EPARSE naming the

@@ -16,12 +16,44 @@
 #include "runtime/gguf.h"
 #include "runtime/tokenizer_internal.h"
 
-/* Pre-tokenizer regexes, as llama.cpp and the models' tokenizer.json files spell them. */
-static const char k_re_gpt2[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
-static const char k_re_llama3[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "
-                                  "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
-static const char k_re_qwen2[] = "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "
-                                 "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+/* Pre-tokenizer regexes, as the models' tokenizer.json files (and llama.cpp) spell them. */
+#define RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+#define RE_LLAMA3                                                                                              \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|" \
+    "\\s+(?!\\S)|\\s+"
+#define RE_QWEN2                                                                                               \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|" \
+    "\\s+(?!\\S)|\\s+"
+#define RE_CJK "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+
+/* tokenizer.ggml.pre: the regexes, in order, and ignore_merges. Only those checked against the model's own
+ * Hugging Face encodings (scripts/check-llama-cpp-vocabs.py) are listed. */
+static const struct {
+    const char *names[3];
+    int ignore_merges;
+    const char *re[KVP_TOK_MAX_PRE];
+} k_pre[] = {
+    {{"default", "gpt-2", "mpt"}, 0, {RE_GPT2}},
+    {{"llama-bpe", "llama3", "llama-v3"}, 1, {RE_LLAMA3}},
+    {{"qwen2"}, 0, {RE_QWEN2}},
+    {{"starcoder", "refact", "command-r"}, 0, {"\\p{N}", RE_GPT2}},
+    {{"falcon"}, 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
+    {{"deepseek-coder"}, 0, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}},
+    {{"deepseek-llm"},
+     0,
+     {"[\r\n]",
+      "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
+      "\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-\u0481\u048a-\u052f"
+      "\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77"
+      "\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d"
+      "\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4"
+      "\u1ff6-\u1ffc\u2102\u2107\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139"
+      "\u213c-\u213f\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d"
+      "\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17\uff21-\uff3a"
+      "\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-\U00010cb2"
+      "\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+",
+      "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+", "\\s+$", RE_CJK, "\\p{N}+"}},
+};
 
 static int printable(uint32_t b) { return (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255); }
 
@@ -60,16 +92,20 @@ static int unmap(const char *s, size_t len, char *out, uint32_t *out_len)
     return 1;
 }
 
-char *kvp_tok_bpe_piece(const char *s, size_t len, uint8_t type, uint32_t *out_len)
+int kvp_tok_bpe_set_piece(kvp_tokenizer *t, int32_t id, const char *s, size_t len)
 {
     char *d = kvp_malloc(len + 1);
-    if (!d) return NULL;
-    if ((type != 0 && type != KVP_TOK_NORMAL) || !unmap(s, len, d, out_len)) {
+    if (!d) return 0;
+    const uint8_t type = t->types[id];
+    const int normal = type == 0 || type == KVP_TOK_NORMAL;
+    if (!normal || !unmap(s, len, d, &t->lens[id])) {
         memcpy(d, s, len);
-        *out_len = (uint32_t)len;
+        t->lens[id] = (uint32_t)len;
+        t->raw[id] = normal;
     }
-    d[*out_len] = '\0';
-    return d;
+    d[t->lens[id]] = '\0';
+    t->pieces[id] = d;
+    return 1;
 }
 
 /* A piece of a merge, spelled as the vocabulary spells it, as its id; -1 when it is not a piece. */
@@ -142,19 +178,24 @@ static kvp_status merge_add_line(merge_build *mb, int32_t rank, const char *s, s
     return merge_add(mb, rank, s, (size_t)(sp - s), sp + 1, len - (size_t)(sp - s) - 1);
 }
 
+/* Appends a regex to t's pre-tokenizer steps. */
 static kvp_status compile_pre(kvp_tokenizer *t, const char *pattern, const char *what)
 {
+    if (t->npre == KVP_TOK_MAX_PRE)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: a pre-tokenizer of more than %d regex steps is not supported", what,
+                       KVP_TOK_MAX_PRE);
     int err;
     PCRE2_SIZE off;
-    t->pre = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF,
-                           &err, &off, NULL);
-    if (!t->pre) {
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, PCRE2_ZERO_TERMINATED,
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | PCRE2_DOLLAR_ENDONLY, &err, &off, NULL);
+    if (!re) {
         PCRE2_UCHAR msg[160];
         pcre2_get_error_message(err, msg, sizeof msg);
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: the pre-tokenizer regex does not compile at offset %zu: %s", what,
                        (size_t)off, (const char *)msg);
     }
-    (void)pcre2_jit_compile(t->pre, PCRE2_JIT_COMPLETE); /* faster when the JIT is there; correct without */
+    (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE); /* faster when the JIT is there; correct without */
+    t->pre[t->npre++] = re;
     return KVP_OK;
 }
 
@@ -164,21 +205,17 @@ kvp_status kvp_tok_bpe_gguf_setup(const kvp_gguf *g, kvp_tokenizer *t)
     kvp_gguf_str pre = {0};
     int present;
     KVP_TRY(kvp_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &present));
-    const char *re = k_re_gpt2;
-#define PRE_IS(s) (pre.len == sizeof s - 1 && memcmp(pre.ptr, s, pre.len) == 0)
-    if (!present || PRE_IS("default") || PRE_IS("gpt-2")) {
-        re = k_re_gpt2;
-    } else if (PRE_IS("llama-bpe") || PRE_IS("llama3") || PRE_IS("llama-v3")) {
-        re = k_re_llama3;
-        t->ignore_merges = 1; /* as llama.cpp does for Llama-3 */
-    } else if (PRE_IS("qwen2")) {
-        re = k_re_qwen2;
-    } else {
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' is not supported (llama-bpe, llama3, qwen2, "
-                                         "gpt-2 and default are)",
+    int found = -1;
+    for (size_t i = 0; found < 0 && i < sizeof k_pre / sizeof *k_pre; i++)
+        for (int j = 0; j < 3 && k_pre[i].names[j]; j++)
+            if (!present ? i == 0 : strlen(k_pre[i].names[j]) == pre.len && memcmp(pre.ptr, k_pre[i].names[j], pre.len) == 0)
+                found = (int)i;
+    if (found < 0)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' is not supported (default, gpt-2, mpt, llama-bpe, "
+                                         "llama3, llama-v3, qwen2, starcoder, refact, command-r, falcon, deepseek-coder "
+                                         "and deepseek-llm are)",
                        path, (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
-    }
-#undef PRE_IS
+    t->ignore_merges = k_pre[found].ignore_merges;
     const kvp_gguf_str *merges;
     uint64_t n;
     KVP_TRY(kvp_gguf_arr_str(g, "tokenizer.ggml.merges", &merges, &n));
@@ -189,8 +226,9 @@ kvp_status kvp_tok_bpe_gguf_setup(const kvp_gguf *g, kvp_tokenizer *t)
     kvp_status st = merges_alloc(&mb, t, n, what);
     for (uint64_t i = 0; st == KVP_OK && i < n; i++) st = merge_add_line(&mb, (int32_t)i, merges[i].ptr, merges[i].len);
     kvp_free(mb.buf);
-    KVP_TRY(st);
-    return compile_pre(t, re, path);
+    for (int k = 0; st == KVP_OK && k < KVP_TOK_MAX_PRE && k_pre[found].re[k]; k++)
+        st = compile_pre(t, k_pre[found].re[k], path);
+    return st;
 }
 
 /* ---- Hugging Face tokenizer.json */
@@ -243,9 +281,9 @@ static kvp_status hf_pieces(const hf_json *h, kvp_tokenizer *t)
         int32_t id = (int32_t)x->valuedouble;
         if (t->pieces[id]) return KVP_ERR(KVP_EPARSE, "%s: model.vocab gives id %d to two pieces", h->path, id);
         size_t len = strlen(x->string);
-        t->pieces[id] = t->byte_level ? kvp_tok_bpe_piece(x->string, len, 0, &t->lens[id])
-                                      : kvp_tok_copy_spm_piece(x->string, len, &t->lens[id]);
-        if (!t->pieces[id]) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", h->path);
+        if (t->byte_level ? !kvp_tok_bpe_set_piece(t, id, x->string, len)
+                          : !(t->pieces[id] = kvp_tok_copy_spm_piece(x->string, len, &t->lens[id])))
+            return KVP_ERR(KVP_ENOMEM, "%s: out of memory", h->path);
     }
     cJSON_ArrayForEach(x, h->added)
     {
@@ -253,14 +291,15 @@ static kvp_status hf_pieces(const hf_json *h, kvp_tokenizer *t)
         const char *content = cJSON_GetObjectItemCaseSensitive(x, "content")->valuestring;
         t->types[id] = cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(x, "special")) ? KVP_TOK_CONTROL : KVP_TOK_USER;
         kvp_free(t->pieces[id]);
-        if (!(t->pieces[id] = kvp_tok_bpe_piece(content, strlen(content), t->types[id], &t->lens[id])))
+        t->pieces[id] = NULL;
+        t->raw[id] = 0;
+        if (!kvp_tok_bpe_set_piece(t, id, content, strlen(content)))
             return KVP_ERR(KVP_ENOMEM, "%s: out of memory", h->path);
     }
     for (int32_t i = 0; i < t->n; i++)
         if (!t->pieces[i]) { /* an id no piece has */
             t->types[i] = KVP_TOK_UNUSED;
-            if (!(t->pieces[i] = kvp_tok_bpe_piece("", 0, t->types[i], &t->lens[i])))
-                return KVP_ERR(KVP_ENOMEM, "%s: out of memory", h->path);
+            if (!kvp_tok_bpe_set_piece(t, i, "", 0)) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", h->path);
         }
     return KVP_OK;
 }
@@ -290,37 +329,42 @@ static kvp_status hf_merges(const hf_json *h, kvp_tokenizer *t)
     return st;
 }
 
-static kvp_status known_step(const hf_json *h, const cJSON *step)
+/* One step of a byte-level vocabulary's pre-tokenizer as a regex step of t: Split (a regex, behavior
+ * "Isolated"), Digits ("\p{N}" one by one, or runs), ByteLevel (GPT-2's regex when use_regex). */
+static kvp_status hf_pre_step(const hf_json *h, const cJSON *step, kvp_tokenizer *t)
 {
-    if (strcmp(type_of(step), "Split") == 0 || strcmp(type_of(step), "ByteLevel") == 0) return KVP_OK;
-    return KVP_ERR(KVP_EUNSUPPORTED, "%s: pre_tokenizer '%s' is not supported with a byte-level vocabulary (Split and "
-                                     "ByteLevel are)",
-                   h->path, type_of(step));
-}
-
-/* The pre-tokenizer of a byte-level vocabulary: a Split regex, or ByteLevel's own (GPT-2's) regex. */
-static kvp_status hf_pre(const hf_json *h, kvp_tokenizer *t)
-{
-    const int seq = strcmp(type_of(h->pre), "Sequence") == 0;
-    const cJSON *x, *steps = seq ? cJSON_GetObjectItemCaseSensitive(h->pre, "pretokenizers") : NULL;
-    cJSON_ArrayForEach(x, steps) KVP_TRY(known_step(h, x));
-    if (cJSON_IsObject(h->pre) && !seq) KVP_TRY(known_step(h, h->pre));
-    const cJSON *bl = component(h->pre, "pretokenizers", "ByteLevel");
-    const cJSON *split = component(h->pre, "pretokenizers", "Split");
-    if (bl && cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(bl, "add_prefix_space")))
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: pre_tokenizer ByteLevel with add_prefix_space is not supported", h->path);
-    if (split) {
-        const cJSON *re = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(split, "pattern"), "Regex");
-        if (!cJSON_IsString(re))
-            return KVP_ERR(KVP_EUNSUPPORTED, "%s: pre_tokenizer Split without a \"Regex\" pattern is not supported", h->path);
-        int n = 0;
-        cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(h->pre, "pretokenizers")) n += strcmp(type_of(x), "Split") == 0;
-        if (n > 1) return KVP_ERR(KVP_EUNSUPPORTED, "%s: a pre_tokenizer with %d Split steps is not supported (one is)", h->path, n);
+    const char *ty = type_of(step);
+    if (strcmp(ty, "Split") == 0) {
+        const cJSON *re = cJSON_GetObjectItemCaseSensitive(cJSON_GetObjectItemCaseSensitive(step, "pattern"), "Regex");
+        const cJSON *bh = cJSON_GetObjectItemCaseSensitive(step, "behavior");
+        if (!cJSON_IsString(re) || !cJSON_IsString(bh) || strcmp(bh->valuestring, "Isolated") != 0 ||
+            cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(step, "invert")))
+            return KVP_ERR(KVP_EUNSUPPORTED, "%s: pre_tokenizer Split is supported with a \"Regex\" pattern, behavior "
+                                             "\"Isolated\" and no invert",
+                           h->path);
         return compile_pre(t, re->valuestring, h->path);
     }
-    const cJSON *use = bl ? cJSON_GetObjectItemCaseSensitive(bl, "use_regex") : NULL;
-    if (bl && !cJSON_IsFalse(use)) return compile_pre(t, k_re_gpt2, h->path);
-    return KVP_OK; /* ByteLevel without a regex: the whole text is one pre-token */
+    if (strcmp(ty, "Digits") == 0)
+        return compile_pre(t, cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(step, "individual_digits")) ? "\\p{N}" : "\\p{N}+",
+                           h->path);
+    if (strcmp(ty, "ByteLevel") == 0) {
+        if (cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(step, "add_prefix_space")))
+            return KVP_ERR(KVP_EUNSUPPORTED, "%s: pre_tokenizer ByteLevel with add_prefix_space is not supported", h->path);
+        return cJSON_IsFalse(cJSON_GetObjectItemCaseSensitive(step, "use_regex")) ? KVP_OK : compile_pre(t, RE_GPT2, h->path);
+    }
+    return KVP_ERR(KVP_EUNSUPPORTED, "%s: pre_tokenizer '%s' is not supported with a byte-level vocabulary (Split, Digits "
+                                     "and ByteLevel are)",
+                   h->path, ty);
+}
+
+/* The pre-tokenizer of a byte-level vocabulary: its steps in order (a Sequence, or one step). */
+static kvp_status hf_pre(const hf_json *h, kvp_tokenizer *t)
+{
+    if (!cJSON_IsObject(h->pre)) return KVP_OK; /* none: the whole text is one pre-token */
+    if (strcmp(type_of(h->pre), "Sequence") != 0) return hf_pre_step(h, h->pre, t);
+    const cJSON *x;
+    cJSON_ArrayForEach(x, cJSON_GetObjectItemCaseSensitive(h->pre, "pretokenizers")) KVP_TRY(hf_pre_step(h, x, t));
+    return KVP_OK;
 }
 
 /* Checks the shape of the file before anything is trusted; fills h. */

@@ -10,6 +10,8 @@
 
 #include "runtime/tokenizer.h"
 
+enum { KVP_TOK_MAX_PRE = 8 };
+
 /* One merge of a BPE merge list: pieces (l, r) make piece id, at priority rank (lower merges first).
  * key = l << 32 | r; UINT64_MAX marks an empty slot. */
 typedef struct {
@@ -23,6 +25,8 @@ struct kvp_tokenizer {
     uint32_t *lens;   /* [n] */
     float *scores;    /* [n] sentencepiece scores (0 for BPE vocabularies) */
     uint8_t *types;   /* [n] kvp_tok_type */
+    uint8_t *raw;     /* [n] 1: a byte-level vocabulary's normal piece not spelled in GPT-2's form (it decodes to
+                       * its text but never matches text: Hugging Face's byte-level encoder cannot reach it) */
     int32_t byte_id[256]; /* the piece of each single byte (<0xNN> pieces, or byte-level's 256 pieces) */
     int32_t bos, eos;
     int add_bos;          /* prompts start with BOS (GGUF add_bos_token; HF post-processor) */
@@ -34,7 +38,11 @@ struct kvp_tokenizer {
     uint64_t mask;
     kvp_tok_merge *merges; /* [merge_mask + 1]; NULL: merge by piece score (sentencepiece) */
     uint64_t merge_mask;
-    pcre2_code *pre;       /* pre-tokenizer; NULL: a run of text is one pre-token */
+    /* The pre-tokenizer: regexes applied in turn, each splitting every piece of text the ones before it left
+     * into its matches and the gaps between them (Hugging Face's Sequence of Split steps, "Isolated");
+     * none: a run of text is one pre-token. */
+    pcre2_code *pre[KVP_TOK_MAX_PRE];
+    int npre;
     int32_t *special;      /* [nspecial] control / user-defined / unknown ids, longest piece first */
     int32_t nspecial;
     uint8_t special_first[256]; /* 1 when some special piece starts with this byte */
@@ -47,10 +55,10 @@ kvp_status kvp_tok_finish(kvp_tokenizer *t, const char *what);
 int32_t kvp_tok_lookup(const kvp_tokenizer *t, const char *s, size_t len);
 /* tokenizer.ggml.add_bos_token and .add_space_prefix into t when present. */
 kvp_status kvp_tok_gguf_flags(const kvp_gguf *g, kvp_tokenizer *t);
-/* tokenizer_bpe.c: a byte-level piece (GPT-2's unicode spelling of bytes) as the bytes it stands for, for
- * normal pieces (type 0 or KVP_TOK_NORMAL); other pieces, and any that spell no bytes, copied as they are.
- * NULL when out of memory. */
-char *kvp_tok_bpe_piece(const char *s, size_t len, uint8_t type, uint32_t *out_len);
+/* tokenizer_bpe.c: sets piece `id` of a byte-level vocabulary from its spelling s[0..len): a normal piece
+ * (type 0 or KVP_TOK_NORMAL) spelled in GPT-2's unicode form as the bytes it stands for; other pieces copied
+ * as they are, and a normal piece that spells no bytes too, marked raw. 0 when out of memory. */
+int kvp_tok_bpe_set_piece(kvp_tokenizer *t, int32_t id, const char *s, size_t len);
 /* The merge list (tokenizer.ggml.merges) and the pre-tokenizer (tokenizer.ggml.pre) of a GGUF "gpt2"
  * vocabulary, into t once kvp_tok_finish has run. */
 kvp_status kvp_tok_bpe_gguf_setup(const kvp_gguf *g, kvp_tokenizer *t);

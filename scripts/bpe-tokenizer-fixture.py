@@ -4,8 +4,9 @@
     pip install tokenizers gguf      # Hugging Face's tokenizers (Rust) and llama.cpp's gguf-py
     scripts/bpe-tokenizer-fixture.py tests/data/tokenizers
 
-For three pre-tokenizer families (llama3: Llama-3's regex, ignore_merges and BOS; qwen2: Qwen2's regex,
-single digits, no BOS; gpt2: GPT-2's ByteLevel regex) it trains a small byte-level BPE (512 tokens: the size
+For five pre-tokenizer families (llama3: Llama-3's regex, ignore_merges and BOS; qwen2: Qwen2's regex,
+single digits, no BOS; gpt2: GPT-2's ByteLevel regex; deepseek: DeepSeek-Coder's five Split steps; commandr:
+Command-R's Digits and ByteLevel steps) it trains a small byte-level BPE (512 tokens: the size
 of stories260K's vocabulary, so that tests can run that model with these tokenizers) with
 Hugging Face's trainer on a mixed text (stories, numbers, contractions, code, accents, CJK, emoji), and writes
 
@@ -76,6 +77,12 @@ FAMILIES = {
                "llama-bpe"),
     "qwen2": (QWEN2_RE, False, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "qwen2"),
     "gpt2": (None, False, ["<|endoftext|>"], None, "<|endoftext|>", "gpt-2"),
+    # several pre-tokenizer steps: DeepSeek-Coder's Split regexes, and Command-R's Digits + ByteLevel regex
+    "deepseek": ([r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}"], False,
+                 ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"], "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
+                 "deepseek-coder"),
+    "commandr": ("digits", False, ["<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"], "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>",
+                 "command-r"),
 }
 
 
@@ -93,10 +100,15 @@ def random_cases(n=60, seed=7):
 def train(name):
     regex, ignore_merges, specials, bos, eos, _ = FAMILIES[name]
     tok = Tokenizer(models.BPE(ignore_merges=ignore_merges))
-    if regex:
+    if regex == "digits":
         tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)])
+    elif regex:
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(r), behavior="isolated", invert=False) for r in
+             (regex if isinstance(regex, list) else [regex])] +
+            [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     else:
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     tok.decoder = decoders.ByteLevel()

@@ -1,6 +1,7 @@
-/* Byte-level BPE tokenizers (Llama-3, Qwen2 and GPT-2 pre-tokenizers) against Hugging Face's tokenizers.
+/* BPE tokenizers (Llama-3, Qwen2, GPT-2, DeepSeek-Coder and Command-R pre-tokenizers; Llama-2's sentencepiece
+ * vocabulary as tokenizer.json) against Hugging Face's tokenizers.
  *
- * tests/data/tokenizers/ (written by scripts/bpe-tokenizer-fixture.py) holds three small vocabularies trained
+ * tests/data/tokenizers/ (written by scripts/bpe-tokenizer-fixture.py) holds five small vocabularies trained
  * by Hugging Face's trainer, each as tokenizer.json and as the GGUF llama.cpp's converter writes, and
  * cases.json: Hugging Face's own encodings of fixed and random strings. Both files of each vocabulary must
  * give exactly those ids, and decode them back to the text.
@@ -18,7 +19,7 @@
 #include "runtime/tokenizer.h"
 
 #define TOKDIR "tests/data/tokenizers"
-static const char *const k_families[] = {"llama3", "qwen2", "gpt2"};
+static const char *const k_families[] = {"llama3", "qwen2", "gpt2", "deepseek", "commandr"};
 
 static kvp_tokenizer *load_json(const char *family)
 {
@@ -200,6 +201,48 @@ static kvp_status load_edited(const char *from, const char *to, char *msg, size_
     if (st == KVP_OK) kvp_tok_destroy(t);
     else cr_assert_null(t);
     return st;
+}
+
+/* A normal piece not spelled in GPT-2's byte form (Command-R's vocabulary has some: "\u200d" beside its byte
+ * spelling "âĢį") decodes to its text, but text never encodes to it: Hugging Face's byte-level encoder
+ * looks pieces up by their byte spelling. */
+Test(tokenizer_bpe, raw_spelled_pieces_never_match_text)
+{
+    kvp_tokenizer *plain = load_json("llama3");
+    /* the same file with a piece 512 spelled "\u200d" raw (a code point GPT-2's byte map does not use; its
+     * bytes e2 80 8d spell "âĢį"); under Llama-3's ignore_merges a pre-token of exactly those bytes would be
+     * looked up whole */
+    size_t len;
+    char *s = (char *)tu_read_all(TOKDIR "/llama3/tokenizer.json", &len);
+    char *at = strstr(s, "\"vocab\": {");
+    cr_assert(at);
+    at += strlen("\"vocab\": {");
+    char path[300];
+    snprintf(path, sizeof path, "%s/tokenizer.json", tu_tmpdir());
+    FILE *f = fopen(path, "wb");
+    fwrite(s, 1, (size_t)(at - s), f);
+    fputs("\"\\u200d\": 512, ", f);
+    fputs(at, f);
+    fclose(f);
+    free(s);
+    kvp_tokenizer *t = NULL;
+    cr_assert_eq(kvp_tok_from_hf_json(path, &t), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_tok_vocab_size(t), 513);
+    const char *text = "a\xe2\x80\x8d b \xe2\x80\x8d";
+    int32_t *a, na, *b, nb;
+    cr_assert_eq(kvp_tok_encode(plain, text, strlen(text), 1, &a, &na), KVP_OK);
+    cr_assert_eq(kvp_tok_encode(t, text, strlen(text), 1, &b, &nb), KVP_OK);
+    cr_assert_eq(na, nb);
+    for (int32_t i = 0; i < na; i++) cr_assert_eq(a[i], b[i], "token %d", i);
+    int32_t id = 512;
+    char *dec;
+    cr_assert_eq(kvp_tok_decode(t, -1, &id, 1, &dec), KVP_OK);
+    cr_assert_str_eq(dec, "\xe2\x80\x8d");
+    kvp_free(dec);
+    kvp_free(a);
+    kvp_free(b);
+    kvp_tok_destroy(t);
+    kvp_tok_destroy(plain);
 }
 
 Test(tokenizer_bpe, bad_tokenizer_json_names_the_problem)
