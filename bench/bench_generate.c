@@ -3,8 +3,8 @@
  * loop (runtime/gen.h) as `kvpage generate`.
  *
  * Before timing, the model's greedy output is validated: on stories260K the single-stream greedy tokens
- * from an empty prompt must equal golden.json's published story (not with an fp8 KV cache, whose rounding
- * changes the story), and one prompt's greedy tokens must be the same alone and inside the batch (batch
+ * from an empty prompt must equal golden.json's published story (not with an fp8 KV cache or bf16 weights,
+ * whose rounding changes the story), and one prompt's greedy tokens must be the same alone and inside the batch (batch
  * invariance). Timed runs sample at temperature 1 with per sequence seeds (so the N sequences differ) and
  * ignore EOS, so every run generates exactly sequences x max_tokens tokens. tokens_per_s is wall time;
  * tokens_per_cpu_s uses the process CPU time, which a busy shared machine disturbs less. The two modes are
@@ -28,7 +28,7 @@
 #include "runtime/model.h"
 
 static const char *const k_fields[] = {"model",      "mode",         "sequences",        "threads",
-                                       "matmul",     "block_size",   "kv_dtype",         "max_tokens",
+                                       "matmul",     "block_size",   "kv_dtype",         "weight_dtype",     "max_tokens",
                                        "reps",       "generated",    "wall_s",           "cpu_s",
                                        "tokens_per_s", "tokens_per_cpu_s", "speedup_vs_single", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
@@ -44,6 +44,7 @@ static void usage(FILE *f)
                "  --matmul LIST         invariant,blas (default invariant)\n"
                "  --block-size N        KV block size (default 16)\n"
                "  --kv-dtype T          KV cache element type: f32, f16, bf16 or fp8 (default f32)\n"
+               "  --weight-dtype T      weight matrices in f32, f16 or bf16 (default f32)\n"
                "  --reps N              rounds of (single, batched), fastest round reported (default 3)\n"
                "  --golden PATH         golden.json to validate against (default: golden.json beside the model)\n"
                "  --format table|csv|json  (default table)\n"
@@ -66,7 +67,7 @@ static kvp_status validate(kvp_model *m, const char *golden, int32_t block_size,
     cfg.block_size = block_size;
     cfg.stop_at_eos = 0;
     cfg.kv_dtype = kv_dtype;
-    if (golden && kv_dtype != KVP_DTYPE_FP8_E4M3) {
+    if (golden && kv_dtype != KVP_DTYPE_FP8_E4M3 && kvp_model_weight_dtype(m) != KVP_DTYPE_BF16) {
         cJSON *g;
         KVP_TRY(kvp_json_parse_file(golden, &g));
         const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(g, "cases"), 0);
@@ -151,14 +152,15 @@ int kvp_bench_generate(int argc, char **argv)
     kvp_matmul_kind matmul_v[4] = {KVP_MATMUL_INVARIANT};
     int nthreads = 1, nmatmul = 1;
     int32_t batch = 64, max_tokens = 256, bs = 16, reps = 3;
-    kvp_dtype kv_dtype = KVP_DTYPE_F32;
+    kvp_dtype kv_dtype = KVP_DTYPE_F32, wdtype = KVP_DTYPE_F32;
     kvp_format fmt = KVP_FMT_TABLE;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},      {"batch", required_argument, 0, 'b'},
                                          {"max-tokens", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
                                          {"matmul", required_argument, 0, 'x'},     {"block-size", required_argument, 0, 's'},
                                          {"golden", required_argument, 0, 'g'},     {"format", required_argument, 0, 'f'},
                                          {"reps", required_argument, 0, 'r'},       {"kv-dtype", required_argument, 0, 'k'},
-                                         {"help", no_argument, 0, 'h'},             {0, 0, 0, 0}};
+                                         {"weight-dtype", required_argument, 0, 'w'}, {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     int c, li = 0;
     optind = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
@@ -173,6 +175,7 @@ int kvp_bench_generate(int argc, char **argv)
         case 'g': golden = optarg; break;
         case 'r': st = kvp_parse_i32(optarg, 1, 1000, &reps); break;
         case 'k': st = kvp_dtype_parse(optarg, &kv_dtype); break;
+        case 'w': st = kvp_dtype_parse(optarg, &wdtype); break;
         case 'f': st = kvp_format_parse(optarg, &fmt); break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
@@ -190,7 +193,7 @@ int kvp_bench_generate(int argc, char **argv)
         }
     }
     kvp_model *m;
-    kvp_status st = kvp_model_load(model, &m);
+    kvp_status st = kvp_model_load_ex(model, NULL, wdtype, &m);
     if (st != KVP_OK) return kvp_cli_fail(cmd, st);
     kvp_report *rep;
     if ((st = kvp_report_create(k_fields, NFIELDS, &rep)) != KVP_OK) {
@@ -243,6 +246,7 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddStringToObject(row, "matmul", ms);
                 cJSON_AddNumberToObject(row, "block_size", bs);
                 cJSON_AddStringToObject(row, "kv_dtype", kvp_dtype_name(kv_dtype));
+                cJSON_AddStringToObject(row, "weight_dtype", kvp_dtype_name(wdtype));
                 cJSON_AddNumberToObject(row, "max_tokens", max_tokens);
                 cJSON_AddNumberToObject(row, "reps", reps);
                 cJSON_AddNumberToObject(row, "generated", (double)gen[mode]);

@@ -63,6 +63,8 @@ static void usage(FILE *f)
             "                          of the MLP and of the vocabulary, and 1/N of the KV cache; rank 0 prints\n"
             "  --matmul invariant|blas invariant: batch-invariant kernels, the same greedy tokens in any batch\n"
             "                          (default); blas: OpenBLAS sgemm and tiled prefill attention\n"
+            "  --weight-dtype T        weight matrices held as f32 (default), f16 or bf16 (half the memory and the\n"
+            "                          bytes each decode step reads; rounded at load; blas makes an f32 copy)\n"
             "  --json                  one JSON object: per-prompt results and totals\n"
             "  --logprobs K            with --json: each generated token's log-probability and the K (0..20) likeliest\n"
             "                          tokens at its place ([id, logprob] pairs), per sample (not with --beam-width)\n"
@@ -130,6 +132,7 @@ typedef struct {
     int64_t seed;
     kvp_pc_kind cache;
     kvp_matmul_kind matmul;
+    kvp_dtype weight_dtype;
     kvp_dtype kv_dtype;
     int json, ignore_eos;
     int32_t logprobs; /* -1: none */
@@ -219,7 +222,7 @@ static int run(gen_opts *o)
     double t_load = kvp_now_s();
     st = o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
     if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
-    if (st == KVP_OK) st = kvp_model_load_tp(o->model, comm, &m);
+    if (st == KVP_OK) st = kvp_model_load_ex(o->model, comm, o->weight_dtype, &m);
     if (st != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         if (comm) kvp_comm_abort(comm, rc);
@@ -384,6 +387,7 @@ static int run(gen_opts *o)
         cJSON_AddNumberToObject(t, "threads", o->threads);
         cJSON_AddNumberToObject(t, "tp", o->tp);
         cJSON_AddStringToObject(t, "matmul", kvp_matmul_kind_name(o->matmul));
+        cJSON_AddStringToObject(t, "weight_dtype", kvp_dtype_name(o->weight_dtype));
         st = kvp_json_print(stdout, root);
         cJSON_Delete(root);
         if (st != KVP_OK) rc = kvp_cli_fail(CMD, st);
@@ -415,7 +419,7 @@ out:
 int kvp_cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
-           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP,
+           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE,
            O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
@@ -429,6 +433,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"kv-dtype", required_argument, 0, O_KV_DTYPE}, {"tp", required_argument, 0, O_TP},
+        {"weight-dtype", required_argument, 0, O_WDTYPE},
         {"logprobs", required_argument, 0, O_LOGPROBS}, {"prompt-logprobs", no_argument, 0, O_PROMPT_LOGPROBS},
         {"presence-penalty", required_argument, 0, O_PRESENCE}, {"frequency-penalty", required_argument, 0, O_FREQUENCY},
         {"repetition-penalty", required_argument, 0, O_REPETITION}, {"min-tokens", required_argument, 0, O_MIN_TOKENS},
@@ -448,6 +453,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.tp = 1;
     o.matmul = KVP_MATMUL_INVARIANT;
     o.kv_dtype = KVP_DTYPE_F32;
+    o.weight_dtype = KVP_DTYPE_F32;
     o.logprobs = -1;
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;
@@ -473,6 +479,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_NB: st = kvp_parse_i32(optarg, 0, INT32_MAX / 2, &o.num_blocks); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &o.cache); break;
         case O_KV_DTYPE: st = kvp_dtype_parse(optarg, &o.kv_dtype); break;
+        case O_WDTYPE: st = kvp_dtype_parse(optarg, &o.weight_dtype); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &o.max_batched); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;

@@ -24,15 +24,17 @@ enum { KVP_MM_PANEL = 16 };
 /* A weight matrix W [out = N, in = K] in the layouts the two matmul kinds read:
  *
  *   p: packed panels of 16 outputs, (ceil(N/16), K, 16):  p[(o/16)*K*16 + k*16 + o%16] = W[o][k]
- *      (zero past N). The invariant kernel streams one panel (K x 64 bytes, contiguous) per tile: a
- *      transposed (K, N) matrix read 16 columns at a time strides by N floats per k, which for N = 512
- *      (an LM head) lands every row of the tile in the same two L1 sets.
- *   t: (K, N) = W^T for OpenBLAS, made from p on the first BLAS forward pass (NULL until then).
+ *      (zero past N), elements of dt: f32, or f16 / bf16 (half the memory and the bytes a decode step
+ *      reads; widened to f32 in registers). The invariant kernel streams one panel (K x 16 elements,
+ *      contiguous) per tile: a transposed (K, N) matrix read 16 columns at a time strides by N floats per
+ *      k, which for N = 512 (an LM head) lands every row of the tile in the same two L1 sets.
+ *   t: (K, N) = W^T in f32 for OpenBLAS, made from p on the first BLAS forward pass (NULL until then).
  */
 typedef struct {
-    float *p;
+    void *p;
     float *t;
     int64_t K, N;
+    kvp_dtype dt;
 } mat_w;
 
 typedef struct {
@@ -88,6 +90,7 @@ struct kvp_model {
     kvp_model_config cfg;
     kvp_rope_style rope;
     kvp_matmul_kind matmul;
+    kvp_dtype wdtype; /* of the matrices' panels */
     int threads;
     int is_gguf;
     char path[1024];
@@ -280,15 +283,17 @@ static kvp_status load_part(const source *src, const char *name, int64_t d0, int
     return KVP_OK;
 }
 
-/* Loads outputs [o0, o0 + no) and inputs [i0, i0 + ni) of an [out, in] matrix into packed panels (mat_w). */
+/* Loads outputs [o0, o0 + no) and inputs [i0, i0 + ni) of an [out, in] matrix into packed panels (mat_w) of
+ * element type dt (f16 / bf16 rounded to nearest even). */
 static kvp_status load_mat(const source *src, const char *name, int64_t out_full, int64_t in_full, int64_t o0,
-                           int64_t no, int64_t i0, int64_t ni, mat_w *out)
+                           int64_t no, int64_t i0, int64_t ni, kvp_dtype dt, mat_w *out)
 {
     float *w;
     KVP_TRY(load_part(src, name, out_full, in_full, o0, no, i0, ni, &w));
     const int64_t out_f = no, in_f = ni;
     const int64_t np = (out_f + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
-    float *p = kvp_aligned_alloc(64, (size_t)(np * in_f * KVP_MM_PANEL) * sizeof(float));
+    const size_t es = dt == KVP_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    void *p = kvp_aligned_alloc(64, (size_t)(np * in_f * KVP_MM_PANEL) * es);
     if (!p) {
         kvp_free(w);
         return KVP_ERR(KVP_ENOMEM, "out of memory for tensor '%s'", name);
@@ -296,12 +301,23 @@ static kvp_status load_mat(const source *src, const char *name, int64_t out_full
     for (int64_t pi = 0; pi < np; pi++)
         for (int64_t k = 0; k < in_f; k++)
             for (int64_t j = 0; j < KVP_MM_PANEL; j++) {
-                int64_t o = pi * KVP_MM_PANEL + j;
-                p[(pi * in_f + k) * KVP_MM_PANEL + j] = o < out_f ? w[o * in_f + k] : 0.0f;
+                const int64_t o = pi * KVP_MM_PANEL + j, at = (pi * in_f + k) * KVP_MM_PANEL + j;
+                const float x = o < out_f ? w[o * in_f + k] : 0.0f;
+                if (dt == KVP_DTYPE_F32) ((float *)p)[at] = x;
+                else ((uint16_t *)p)[at] = dt == KVP_DTYPE_F16 ? kvp_f32_to_f16(x) : kvp_f32_to_bf16(x);
             }
     kvp_free(w);
-    *out = (mat_w){.p = p, .t = NULL, .K = in_f, .N = out_f};
+    *out = (mat_w){.p = p, .t = NULL, .K = in_f, .N = out_f, .dt = dt};
     return KVP_OK;
+}
+
+/* W[o][k] as f32. */
+static float mat_at(const mat_w *w, int64_t o, int64_t k)
+{
+    const int64_t at = ((o / KVP_MM_PANEL) * w->K + k) * KVP_MM_PANEL + o % KVP_MM_PANEL;
+    if (w->dt == KVP_DTYPE_F32) return ((const float *)w->p)[at];
+    const uint16_t h = ((const uint16_t *)w->p)[at];
+    return w->dt == KVP_DTYPE_F16 ? kvp_f16_to_f32(h) : kvp_bf16_to_f32(h);
 }
 
 static void mat_free(mat_w *w)
@@ -320,7 +336,7 @@ static kvp_status mat_need_t(mat_w *w)
                            (long long)w->N, (long long)w->K);
     for (int64_t k = 0; k < w->K; k++)
         for (int64_t o = 0; o < w->N; o++)
-            t[k * w->N + o] = w->p[((o / KVP_MM_PANEL) * w->K + k) * KVP_MM_PANEL + o % KVP_MM_PANEL];
+            t[k * w->N + o] = mat_at(w, o, k);
     w->t = t;
     return KVP_OK;
 }
@@ -365,13 +381,14 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
     const kvp_tp_shard *t = &m->tp;
     const int64_t q0 = t->q0 * hd, nqd = t->nq * hd, k0 = t->kv0 * hd, nkd = t->nkv * hd;
     const int g = src->g != NULL;
+    const kvp_dtype wd = m->wdtype;
     char n[256];
     const char *emb = g ? "token_embd.weight" : "model.embed_tokens.weight";
     KVP_TRY(load_part(src, emb, V, H, t->v0, t->nv, 0, H, &m->embed));
     KVP_TRY(load_t(src, g ? "output_norm.weight" : "model.norm.weight", H, 0, &m->out_norm));
     const char *lm = g ? "output.weight" : "lm_head.weight";
     if (c->tie_word_embeddings && !src_has(src, lm)) lm = emb;
-    KVP_TRY(load_mat(src, lm, V, H, t->v0, t->nv, 0, H, &m->lm_head));
+    KVP_TRY(load_mat(src, lm, V, H, t->v0, t->nv, 0, H, wd, &m->lm_head));
     if (g && src_has(src, "rope_freqs.weight")) {
         /* llama.cpp's form of llama3 rope scaling: one divisor per frequency, theta_i = pos * inv_freq_i /
          * factor_i (what rope_scaling computes from config.json in an HF folder; GGUF metadata has no
@@ -394,10 +411,13 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
         layer_w *w = &m->layers[l];
 #define NAME(gg, hf) (snprintf(n, sizeof n, g ? "blk.%d." gg : "model.layers.%d." hf, l), n)
         KVP_TRY(load_t(src, NAME("attn_norm.weight", "input_layernorm.weight"), H, 0, &w->attn_norm));
-        KVP_TRY(load_mat(src, NAME("attn_q.weight", "self_attn.q_proj.weight"), nq * hd, H, q0, nqd, 0, H, &w->wq));
-        KVP_TRY(load_mat(src, NAME("attn_k.weight", "self_attn.k_proj.weight"), nkv * hd, H, k0, nkd, 0, H, &w->wk));
-        KVP_TRY(load_mat(src, NAME("attn_v.weight", "self_attn.v_proj.weight"), nkv * hd, H, k0, nkd, 0, H, &w->wv));
-        KVP_TRY(load_mat(src, NAME("attn_output.weight", "self_attn.o_proj.weight"), H, nq * hd, 0, H, q0, nqd,
+        KVP_TRY(load_mat(src, NAME("attn_q.weight", "self_attn.q_proj.weight"), nq * hd, H, q0, nqd, 0, H, wd,
+                         &w->wq));
+        KVP_TRY(load_mat(src, NAME("attn_k.weight", "self_attn.k_proj.weight"), nkv * hd, H, k0, nkd, 0, H, wd,
+                         &w->wk));
+        KVP_TRY(load_mat(src, NAME("attn_v.weight", "self_attn.v_proj.weight"), nkv * hd, H, k0, nkd, 0, H, wd,
+                         &w->wv));
+        KVP_TRY(load_mat(src, NAME("attn_output.weight", "self_attn.o_proj.weight"), H, nq * hd, 0, H, q0, nqd, wd,
                          &w->wo));
         if (c->attention_bias) {
             KVP_TRY(load_part(src, NAME("attn_q.bias", "self_attn.q_proj.bias"), nq * hd, 0, q0, nqd, 0, 0, &w->bq));
@@ -411,10 +431,11 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
             KVP_TRY(load_t(src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, 0, &w->k_norm));
         }
         KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
-        KVP_TRY(load_mat(src, NAME("ffn_gate.weight", "mlp.gate_proj.weight"), FF, H, t->ff0, t->nff, 0, H,
+        KVP_TRY(load_mat(src, NAME("ffn_gate.weight", "mlp.gate_proj.weight"), FF, H, t->ff0, t->nff, 0, H, wd,
                          &w->w_gate));
-        KVP_TRY(load_mat(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, t->ff0, t->nff, 0, H, &w->w_up));
-        KVP_TRY(load_mat(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, 0, H, t->ff0, t->nff,
+        KVP_TRY(load_mat(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, t->ff0, t->nff, 0, H, wd,
+                         &w->w_up));
+        KVP_TRY(load_mat(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, 0, H, t->ff0, t->nff, wd,
                          &w->w_down));
 #undef NAME
         w->window_left = -1;
@@ -579,12 +600,21 @@ kvp_status kvp_model_load(const char *path, kvp_model **out) { return kvp_model_
 
 kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out)
 {
+    return kvp_model_load_ex(path, comm, KVP_DTYPE_F32, out);
+}
+
+kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_dtype weights, kvp_model **out)
+{
     if (!path || !out) return KVP_ERR(KVP_EINVAL, "kvp_model_load: NULL argument");
     if (strlen(path) >= 900) return KVP_ERR(KVP_EINVAL, "model path too long");
+    if (weights != KVP_DTYPE_F32 && weights != KVP_DTYPE_F16 && weights != KVP_DTYPE_BF16)
+        return KVP_ERR(KVP_EUNSUPPORTED, "weights in %s are not supported (f32, f16 or bf16 are)",
+                       kvp_dtype_name(weights));
     kvp_model *m = kvp_calloc(1, sizeof *m);
     if (!m) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
     snprintf(m->path, sizeof m->path, "%s", path);
     m->threads = 1;
+    m->wdtype = weights;
     kvp_status st = KVP_OK;
     kvp_gguf *g = NULL;
     kvp_st *s = NULL;
@@ -633,6 +663,7 @@ kvp_comm *kvp_model_comm(const kvp_model *m) { return m->comm; }
 kvp_rope_style kvp_model_rope_style(const kvp_model *m) { return m->rope; }
 const char *kvp_model_path(const kvp_model *m) { return m->path; }
 int kvp_model_is_gguf(const kvp_model *m) { return m->is_gguf; }
+kvp_dtype kvp_model_weight_dtype(const kvp_model *m) { return m->wdtype; }
 int kvp_model_is_eos(const kvp_model *m, int32_t id)
 {
     for (int32_t i = 0; i < m->cfg.n_eos; i++)
@@ -758,16 +789,41 @@ MM_INLINE void mm_store16(float *restrict y, const kvp_v8f *a0, const kvp_v8f *a
     memcpy(y, tmp, (size_t)ncols * sizeof(float));
 }
 
+/* Elements 16 i .. 16 i + 15 of panel memory pan (of type DT, a constant at every call) as two f32 vectors:
+ * f16 through F16C's conversion, bf16 by a shift into the high half of each lane (exact). */
+MM_INLINE void mm_load16(const void *restrict pan, int64_t i, const kvp_dtype DT, kvp_v8f *w0, kvp_v8f *w1)
+{
+    if (DT == KVP_DTYPE_F32) {
+        const float *p = (const float *)pan + i * KVP_MM_PANEL;
+        V8_LD(*w0, p);
+        V8_LD(*w1, p + 8);
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)pan + i * KVP_MM_PANEL;
+    __m128i lo, hi;
+    memcpy(&lo, h, sizeof lo);
+    memcpy(&hi, h + 8, sizeof hi);
+    __m256 f0, f1;
+    if (DT == KVP_DTYPE_F16) {
+        f0 = _mm256_cvtph_ps(lo);
+        f1 = _mm256_cvtph_ps(hi);
+    } else {
+        f0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(lo), 16));
+        f1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(hi), 16));
+    }
+    memcpy(w0, &f0, sizeof f0);
+    memcpy(w1, &f1, sizeof f1);
+}
+
 /* R rows (1..6) x one panel: y[r][0..ncols) for rows x + r*K. */
 MM_INLINE void mm_rows_panel(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
-                             const float *restrict pan, int64_t ncols, const int R)
+                             const void *restrict pan, int64_t ncols, const int R, const kvp_dtype DT)
 {
     kvp_v8f a[6][2];
     for (int r = 0; r < R; r++) a[r][0] = a[r][1] = (kvp_v8f){0};
     for (int64_t k = 0; k < K; k++) {
         kvp_v8f w0, w1;
-        V8_LD(w0, pan + k * KVP_MM_PANEL);
-        V8_LD(w1, pan + k * KVP_MM_PANEL + 8);
+        mm_load16(pan, k, DT, &w0, &w1);
         for (int r = 0; r < R; r++) {
             const kvp_v8f b = V8_BC(x[r * K + k]);
             a[r][0] = V8_MAC(a[r][0], b, w0);
@@ -778,22 +834,17 @@ MM_INLINE void mm_rows_panel(float *restrict y, int64_t ldy, const float *restri
 }
 
 /* One row x 4 full panels (64 outputs). */
-MM_INLINE void mm_row_4panels(float *restrict y, const float *restrict x, int64_t K, const float *restrict pan)
+MM_INLINE void mm_row_4panels(float *restrict y, const float *restrict x, int64_t K, const void *restrict pan,
+                              const kvp_dtype DT)
 {
-    const int64_t ps = K * KVP_MM_PANEL;
     kvp_v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
     for (int64_t k = 0; k < K; k++) {
-        const float *w = pan + k * KVP_MM_PANEL;
         const kvp_v8f b = V8_BC(x[k]);
-        kvp_v8f w0, w1, w2, w3, w4, w5, w6, w7;
-        V8_LD(w0, w);
-        V8_LD(w1, w + 8);
-        V8_LD(w2, w + ps);
-        V8_LD(w3, w + ps + 8);
-        V8_LD(w4, w + 2 * ps);
-        V8_LD(w5, w + 2 * ps + 8);
-        V8_LD(w6, w + 3 * ps);
-        V8_LD(w7, w + 3 * ps + 8);
+        kvp_v8f w0, w1, w2, w3, w4, w5, w6, w7; /* row k of panels 0..3: 16-element rows K apart */
+        mm_load16(pan, k, DT, &w0, &w1);
+        mm_load16(pan, K + k, DT, &w2, &w3);
+        mm_load16(pan, 2 * K + k, DT, &w4, &w5);
+        mm_load16(pan, 3 * K + k, DT, &w6, &w7);
         a0 = V8_MAC(a0, b, w0);
         a1 = V8_MAC(a1, b, w1);
         a2 = V8_MAC(a2, b, w2);
@@ -813,37 +864,51 @@ MM_INLINE void mm_row_4panels(float *restrict y, const float *restrict x, int64_
     V8_ST(y + 56, a7);
 }
 
-static void mm_tile4(float *restrict y, int64_t ldy, const float *restrict x, int64_t K, const float *restrict pan,
-                     int64_t ncols)
+/* Calls CALL with DT the constant of w->dt: every kernel is compiled once per weight type. */
+#define MM_BY_DTYPE(w, CALL)                                                                                 \
+    do {                                                                                                     \
+        if ((w)->dt == KVP_DTYPE_F16) {                                                                      \
+            const kvp_dtype DT = KVP_DTYPE_F16;                                                              \
+            CALL;                                                                                            \
+        } else if ((w)->dt == KVP_DTYPE_BF16) {                                                              \
+            const kvp_dtype DT = KVP_DTYPE_BF16;                                                             \
+            CALL;                                                                                            \
+        } else {                                                                                             \
+            const kvp_dtype DT = KVP_DTYPE_F32;                                                              \
+            CALL;                                                                                            \
+        }                                                                                                    \
+    } while (0)
+
+/* Panel p of w. */
+static const void *mm_panel(const mat_w *w, int64_t p)
 {
-    mm_rows_panel(y, ldy, x, K, pan, ncols, 4);
+    const size_t es = w->dt == KVP_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
+    return (const char *)w->p + (size_t)(p * w->K * KVP_MM_PANEL) * es;
 }
 
-static void mm_tile_r(float *restrict y, int64_t ldy, const float *restrict x, int64_t K, const float *restrict pan,
-                      int64_t ncols, int64_t rows)
+/* R = 2..6 rows x panel p (6 rows: 12 accumulators, 8 loads per 12 multiply-adds; 4 rows: 6 per 8). */
+static void mm_tile(float *restrict y, int64_t ldy, const float *restrict x, const mat_w *w, int64_t p,
+                    int64_t ncols, int R)
 {
-    if (rows == 3)
-        mm_rows_panel(y, ldy, x, K, pan, ncols, 3);
-    else
-        mm_rows_panel(y, ldy, x, K, pan, ncols, 2);
-}
-
-/* 6 rows: 12 accumulators, 8 loads per 12 multiply-adds (4 rows: 6 per 8). */
-static void mm_tile6(float *restrict y, int64_t ldy, const float *restrict x, int64_t K, const float *restrict pan,
-                     int64_t ncols)
-{
-    mm_rows_panel(y, ldy, x, K, pan, ncols, 6);
+    const void *pan = mm_panel(w, p);
+    const int64_t K = w->K;
+    switch (R) {
+    case 6: MM_BY_DTYPE(w, mm_rows_panel(y, ldy, x, K, pan, ncols, 6, DT)); break;
+    case 4: MM_BY_DTYPE(w, mm_rows_panel(y, ldy, x, K, pan, ncols, 4, DT)); break;
+    case 3: MM_BY_DTYPE(w, mm_rows_panel(y, ldy, x, K, pan, ncols, 3, DT)); break;
+    default: MM_BY_DTYPE(w, mm_rows_panel(y, ldy, x, K, pan, ncols, 2, DT)); break;
+    }
 }
 
 /* One row, panels p0 .. p1-1 (4 full panels at a time, then one by one). */
 static void mm_row_panels(float *restrict y, const float *restrict x, const mat_w *w, int64_t p0, int64_t p1)
 {
-    const int64_t K = w->K, N = w->N, ps = K * KVP_MM_PANEL, full = N / KVP_MM_PANEL;
+    const int64_t K = w->K, N = w->N, full = N / KVP_MM_PANEL;
     int64_t p = p0;
-    for (; p + 4 <= p1 && p + 4 <= full; p += 4) mm_row_4panels(y + p * KVP_MM_PANEL, x, K, w->p + p * ps);
+    for (; p + 4 <= p1 && p + 4 <= full; p += 4) MM_BY_DTYPE(w, mm_row_4panels(y + p * KVP_MM_PANEL, x, K, mm_panel(w, p), DT));
     for (; p < p1; p++) {
         int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-        mm_rows_panel(y + o, 0, x, K, w->p + p * ps, nc, 1);
+        MM_BY_DTYPE(w, mm_rows_panel(y + o, 0, x, K, mm_panel(w, p), nc, 1, DT));
     }
 }
 
@@ -859,7 +924,7 @@ static void mm_row(float *restrict y, const float *restrict x, const mat_w *w)
  * Every output goes through the same multiply-add chain whatever the split. */
 static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, int64_t T)
 {
-    const int64_t K = w->K, N = w->N, ps = K * KVP_MM_PANEL, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
+    const int64_t K = w->K, N = w->N, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
     const int64_t ntb = T / 4;
     const int nt = T * N * K >= (1 << 18) ? threads : 1; /* 1 MiB of weights for one row: worth a fork/join */
     if (nt > 1) {
@@ -868,7 +933,7 @@ static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, in
             for (int64_t p = 0; p < np; p++)
                 for (int64_t tb = 0; tb < ntb; tb++) {
                     int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-                    mm_tile4(y + tb * 4 * N + o, N, x + tb * 4 * K, K, w->p + p * ps, nc);
+                    mm_tile(y + tb * 4 * N + o, N, x + tb * 4 * K, w, p, nc, 4);
                 }
         }
         if (ntb * 4 < T) {
@@ -896,10 +961,9 @@ static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, in
     const int64_t t4 = n6 * 6, tl = t4 + n4 * 4;
     for (int64_t p = 0; p < np; p++) {
         int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-        const float *pan = w->p + p * ps;
-        for (int64_t tb = 0; tb < n6; tb++) mm_tile6(y + tb * 6 * N + o, N, x + tb * 6 * K, K, pan, nc);
-        for (int64_t tb = 0; tb < n4; tb++) mm_tile4(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, K, pan, nc);
-        if (left >= 2) mm_tile_r(y + tl * N + o, N, x + tl * K, K, pan, nc, left);
+        for (int64_t tb = 0; tb < n6; tb++) mm_tile(y + tb * 6 * N + o, N, x + tb * 6 * K, w, p, nc, 6);
+        for (int64_t tb = 0; tb < n4; tb++) mm_tile(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, w, p, nc, 4);
+        if (left >= 2) mm_tile(y + tl * N + o, N, x + tl * K, w, p, nc, (int)left);
     }
     if (left == 1) mm_row(y + tl * N, x + tl * K, w);
 }

@@ -52,6 +52,11 @@ kvp_status kvp_model_load(const char *path, kvp_model **out);
  * it must outlive the model) and returns the whole logits on every rank. KV caches made for this model hold
  * the rank's KV heads only. comm NULL: one rank. KVP_EINVAL when the heads do not split over the ranks. */
 kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out);
+/* kvp_model_load_tp with the weight matrices (projections, FFN, LM head) held as `weights`: f32, or f16 / bf16
+ * rounded to nearest even at load (half the memory, and half the bytes a decode step reads; widened to f32 in
+ * registers, the sums stay f32). Embeddings and norms stay f32. KVP_EUNSUPPORTED for another type. */
+kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_dtype weights, kvp_model **out);
+kvp_dtype kvp_model_weight_dtype(const kvp_model *m);
 /* The communicator given to kvp_model_load_tp (NULL: one rank). */
 kvp_comm *kvp_model_comm(const kvp_model *m);
 void kvp_model_destroy(kvp_model *m);

@@ -91,6 +91,7 @@ static void usage(FILE *f)
             "  --max-batched-tokens N    tokens per step (default 2048)\n"
             "  --threads N               CPU threads (default 1)\n"
             "  --matmul invariant|blas   as for generate (default invariant)\n"
+            "  --weight-dtype T          as for generate: f32 (default), f16 or bf16\n"
             "  --max-connections N       open connections at most, one thread each (default 4096)\n"
             "  --tp N                    tensor parallelism over N MPI ranks (default 1): run it as\n"
             "                            `mpirun -np N kvpage serve --tp N ...`; rank 0 serves HTTP and schedules,\n"
@@ -1697,6 +1698,7 @@ typedef struct {
     int64_t kv_mem;
     int json;
     kvp_matmul_kind matmul;
+    kvp_dtype weight_dtype;
 } serve_opts;
 
 /* SIGINT/SIGTERM write a byte to this pipe, whichever thread they reach (OpenBLAS starts threads before
@@ -1831,7 +1833,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
     kvp_model *m = NULL;
     kvp_status st = o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
     if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
-    if (st == KVP_OK) st = kvp_model_load_tp(o->model, comm, &m);
+    if (st == KVP_OK) st = kvp_model_load_ex(o->model, comm, o->weight_dtype, &m);
     if (st == KVP_OK) {
         kvp_model_set_threads(m, o->threads);
         kvp_model_set_matmul(m, o->matmul);
@@ -1863,13 +1865,14 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
 int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT };
+           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
         {"served-model-name", required_argument, 0, O_NAME}, {"kv-mem", required_argument, 0, O_KVMEM},
         {"num-blocks", required_argument, 0, O_NB},  {"block-size", required_argument, 0, O_BS},
         {"kv-dtype", required_argument, 0, O_DT},    {"cache", required_argument, 0, O_CACHE},
+        {"weight-dtype", required_argument, 0, O_WDTYPE},
         {"max-num-seqs", required_argument, 0, O_SEQS}, {"max-batched-tokens", required_argument, 0, O_BATCH},
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
@@ -1899,6 +1902,7 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_NB: st = kvp_parse_i32(optarg, 1, INT32_MAX / 2, &cfg.num_blocks); break;
         case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &cfg.block_size); break;
         case O_DT: st = kvp_dtype_parse(optarg, &cfg.kv_dtype); break;
+        case O_WDTYPE: st = kvp_dtype_parse(optarg, &o.weight_dtype); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &cfg.cache); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.max_num_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.max_batched_tokens); break;

@@ -651,6 +651,37 @@ Test(generate_cli, hf_folder_with_tokenizer_json)
     cJSON_Delete(gold);
 }
 
+/* --weight-dtype f16 (the matrices held in 16 bits) still reproduces the published 256-token story on
+ * stories260K (bf16, with 8 bits of mantissa, leaves it after ~185 tokens); fp8 weights are refused. */
+Test(generate_cli, f16_weights_keep_the_golden_story)
+{
+    cJSON *gold;
+    const cJSON *c0 = golden_case(&gold, 0);
+    const cJSON *want = cJSON_GetObjectItem(c0, "tokens_after_bos");
+    char cmd[1024], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --max-tokens %d --ignore-eos --weight-dtype f16 --json",
+             kvp_test_bin(), S260_GGUF, cJSON_GetArraySize(want));
+    int rc = kvp_test_sh(cmd, &out, &err);
+    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    const cJSON *toks = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens");
+    cr_assert_eq(cJSON_GetArraySize(toks), cJSON_GetArraySize(want));
+    for (int i = 0; i < cJSON_GetArraySize(want); i++)
+        cr_assert_eq(cJSON_GetArrayItem(toks, i)->valueint, cJSON_GetArrayItem(want, i)->valueint, "token %d", i);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "totals"), "weight_dtype")->valuestring, "f16");
+    cJSON_Delete(j);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --weight-dtype fp8", kvp_test_bin(), S260_GGUF);
+    rc = kvp_test_sh(cmd, &out, &err);
+    cr_assert_eq(rc, 2, "%s", err);
+    cr_assert(strstr(err, "fp8"), "%s", err);
+    free(out);
+    free(err);
+    cJSON_Delete(gold);
+}
+
 /* generation_config.json's eos_token_id list ends generation too (as transformers and vLLM read it): with a
  * token of the golden story listed there, the greedy story stops right before that token's first place. */
 Test(generate_cli, generation_config_eos_ids_end_the_story)

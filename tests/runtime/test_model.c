@@ -390,7 +390,8 @@ Test(model, gguf_f16_and_q8_0_weights_track_f32)
     kvp_model_destroy(ref);
 }
 
-/* Rewrites the HF safetensors in F16 or BF16 (config.json copied). */
+/* Rewrites the HF safetensors in F16 or BF16 (config.json copied); loads each as f32 and with its matrices
+ * in 16 bits. */
 Test(model, hf_f16_and_bf16_safetensors_track_f32)
 {
     tu_require_shared();
@@ -442,6 +443,23 @@ Test(model, hf_f16_and_bf16_safetensors_track_f32)
         cr_assert_lt(e, bf ? 0.2 : 0.03, "%s: max relative logit error %g", bf ? "bf16" : "f16", e);
         cr_assert_gt(e, 0.0);
         for (int r = 0; r < 5; r++) cr_assert_eq(kvp_argmax(got + r * 512, 512), kvp_argmax(want + r * 512, 512));
+        /* the same file with its matrices held in 16 bits (kvp_model_load_ex): the values are the file's, widened
+         * in registers, so the logits are the f32 load's bit for bit, with either matmul */
+        kvp_model *h;
+        cr_assert_eq(kvp_model_load_ex(dir, NULL, bf ? KVP_DTYPE_BF16 : KVP_DTYPE_F16, &h), KVP_OK, "%s",
+                     kvp_error_detail());
+        cr_assert_eq(kvp_model_weight_dtype(h), bf ? KVP_DTYPE_BF16 : KVP_DTYPE_F16);
+        float got16[5 * 512];
+        for (int blas = 0; blas < 2; blas++) {
+            kvp_model_set_matmul(m, blas ? KVP_MATMUL_BLAS : KVP_MATMUL_INVARIANT);
+            kvp_model_set_matmul(h, blas ? KVP_MATMUL_BLAS : KVP_MATMUL_INVARIANT);
+            logits_of(m, got);
+            logits_of(h, got16);
+            for (int i = 0; i < 5 * 512; i++)
+                cr_assert_eq(got16[i], got[i], "%s weights, %s: logit %d: %g vs %g", bf ? "bf16" : "f16",
+                             blas ? "blas" : "invariant", i, got16[i], got[i]);
+        }
+        kvp_model_destroy(h);
         kvp_model_destroy(m);
     }
     kvp_st_close(s);
