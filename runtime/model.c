@@ -2,7 +2,7 @@
 #include "runtime/model.h"
 
 #include <cblas.h>
-#ifdef __FMA__
+#if defined(__FMA__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 #include <math.h>
@@ -800,6 +800,12 @@ MM_INLINE void mm_load16(const void *restrict pan, int64_t i, const kvp_dtype DT
         return;
     }
     const uint16_t *h = (const uint16_t *)pan + i * KVP_MM_PANEL;
+#if !(defined(__F16C__) && defined(__AVX2__))
+    float f[KVP_MM_PANEL]; /* builds without them (the sanitizer build): the same values, one by one */
+    for (int j = 0; j < KVP_MM_PANEL; j++) f[j] = DT == KVP_DTYPE_F16 ? kvp_f16_to_f32(h[j]) : kvp_bf16_to_f32(h[j]);
+    V8_LD(*w0, f);
+    V8_LD(*w1, f + 8);
+#else
     __m128i lo, hi;
     memcpy(&lo, h, sizeof lo);
     memcpy(&hi, h + 8, sizeof hi);
@@ -813,6 +819,7 @@ MM_INLINE void mm_load16(const void *restrict pan, int64_t i, const kvp_dtype DT
     }
     memcpy(w0, &f0, sizeof f0);
     memcpy(w1, &f1, sizeof f1);
+#endif
 }
 
 /* R rows (1..6) x one panel: y[r][0..ncols) for rows x + r*K. */

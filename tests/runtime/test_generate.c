@@ -615,6 +615,24 @@ static const cJSON *golden_case(cJSON **gold, int i)
     return cJSON_GetArrayItem(cJSON_GetObjectItem(*gold, "cases"), i);
 }
 
+/* Runs `cmd` (a `generate --json` command line), which must exit 0, and checks its first request's generated
+ * tokens are exactly want[from .. from + n). Returns the parsed output (cJSON_Delete). */
+static cJSON *expect_generated(const char *cmd, const cJSON *want, int from, int n)
+{
+    char *out, *err;
+    int rc = kvp_test_sh(cmd, &out, &err);
+    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    const cJSON *toks = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens");
+    cr_assert_eq(cJSON_GetArraySize(toks), n, "%d tokens, want %d: %s", cJSON_GetArraySize(toks), n, cmd);
+    for (int i = 0; i < n; i++)
+        cr_assert_eq(cJSON_GetArrayItem(toks, i)->valueint, cJSON_GetArrayItem(want, from + i)->valueint, "token %d", i);
+    free(out);
+    free(err);
+    return j;
+}
+
 /* A Hugging Face folder as downloaded carries tokenizer.json, not a llama2.c tokenizer: stories260K's
  * weights beside the Llama-2-style tokenizer.json of its vocabulary (tests/data/tokenizers/spm, made as
  * transformers' converter makes one) encode golden case 1's prompt to its published ids and continue it
@@ -624,7 +642,7 @@ Test(generate_cli, hf_folder_with_tokenizer_json)
     cJSON *gold;
     const cJSON *c1 = golden_case(&gold, 1);
     const char *dir = tu_tmpdir();
-    char cmd[2048], *out, *err;
+    char cmd[2048];
     snprintf(cmd, sizeof cmd, "ln -s \"$PWD/%s/config.json\" \"$PWD/%s/model.safetensors\" %s/ && "
                               "cp tests/data/tokenizers/spm/tokenizer.json %s/",
              S260_HF, S260_HF, dir, dir);
@@ -633,21 +651,12 @@ Test(generate_cli, hf_folder_with_tokenizer_json)
     const int np = cJSON_GetArraySize(pt);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '%s' --max-tokens %d --ignore-eos --json", kvp_test_bin(),
              dir, cJSON_GetObjectItem(c1, "prompt")->valuestring, cJSON_GetArraySize(want) - (np - 1));
-    int rc = kvp_test_sh(cmd, &out, &err);
-    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
-    cJSON *j;
-    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
-    const cJSON *r0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0);
-    const cJSON *got_pt = cJSON_GetObjectItem(r0, "prompt_tokens"), *toks = cJSON_GetObjectItem(r0, "tokens");
+    cJSON *j = expect_generated(cmd, want, np - 1, cJSON_GetArraySize(want) - (np - 1));
+    const cJSON *got_pt = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "prompt_tokens");
     cr_assert_eq(cJSON_GetArraySize(got_pt), np);
     for (int i = 0; i < np; i++)
         cr_assert_eq(cJSON_GetArrayItem(got_pt, i)->valueint, cJSON_GetArrayItem(pt, i)->valueint, "prompt token %d", i);
-    cr_assert_eq(cJSON_GetArraySize(toks), cJSON_GetArraySize(want) - (np - 1));
-    for (int i = 0; i < cJSON_GetArraySize(toks); i++)
-        cr_assert_eq(cJSON_GetArrayItem(toks, i)->valueint, cJSON_GetArrayItem(want, np - 1 + i)->valueint, "token %d", i);
     cJSON_Delete(j);
-    free(out);
-    free(err);
     cJSON_Delete(gold);
 }
 
@@ -661,20 +670,11 @@ Test(generate_cli, f16_weights_keep_the_golden_story)
     char cmd[1024], *out, *err;
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --max-tokens %d --ignore-eos --weight-dtype f16 --json",
              kvp_test_bin(), S260_GGUF, cJSON_GetArraySize(want));
-    int rc = kvp_test_sh(cmd, &out, &err);
-    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
-    cJSON *j;
-    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
-    const cJSON *toks = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens");
-    cr_assert_eq(cJSON_GetArraySize(toks), cJSON_GetArraySize(want));
-    for (int i = 0; i < cJSON_GetArraySize(want); i++)
-        cr_assert_eq(cJSON_GetArrayItem(toks, i)->valueint, cJSON_GetArrayItem(want, i)->valueint, "token %d", i);
+    cJSON *j = expect_generated(cmd, want, 0, cJSON_GetArraySize(want));
     cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "totals"), "weight_dtype")->valuestring, "f16");
     cJSON_Delete(j);
-    free(out);
-    free(err);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --weight-dtype fp8", kvp_test_bin(), S260_GGUF);
-    rc = kvp_test_sh(cmd, &out, &err);
+    int rc = kvp_test_sh(cmd, &out, &err);
     cr_assert_eq(rc, 2, "%s", err);
     cr_assert(strstr(err, "fp8"), "%s", err);
     free(out);
@@ -703,22 +703,12 @@ Test(generate_cli, generation_config_eos_ids_end_the_story)
     cr_assert_eq(system(cmd), 0, "%s", cmd);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --tokenizer %s --prompt '' --max-tokens 100 --json", kvp_test_bin(),
              dir, S260_TOKBIN);
-    int rc = kvp_test_sh(cmd, &out, &err);
-    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
-    cJSON *j;
-    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
-    const cJSON *toks = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens");
-    cr_assert_eq(cJSON_GetArraySize(toks), at, "stops before place %d", at);
-    for (int i = 0; i < at; i++)
-        cr_assert_eq(cJSON_GetArrayItem(toks, i)->valueint, cJSON_GetArrayItem(want, i)->valueint, "token %d", i);
-    cJSON_Delete(j);
-    free(out);
-    free(err);
+    cJSON_Delete(expect_generated(cmd, want, 0, at)); /* it stops before place `at` */
     /* an id outside the vocabulary there is named */
     snprintf(cmd, sizeof cmd, "printf '{\"eos_token_id\": [2, 512]}' > %s/generation_config.json && %s generate --model %s "
                               "--tokenizer %s --prompt ''",
              dir, kvp_test_bin(), dir, S260_TOKBIN);
-    rc = kvp_test_sh(cmd, &out, &err);
+    int rc = kvp_test_sh(cmd, &out, &err);
     cr_assert_eq(rc, 2, "%s", err);
     cr_assert(strstr(err, "eos_token_id") && strstr(err, "512"), "%s", err);
     free(out);
