@@ -3,12 +3,14 @@
 
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "common/json.h"
 #include "runtime/gguf.h"
 
-static const char *const k_names[] = {"none", "llama2", "mistral", "zephyr", "llama3", "chatml", "qwen2", "qwen2.5"};
+static const char *const k_names[] = {"none",   "llama2", "mistral", "zephyr",  "llama3",
+                                      "chatml", "qwen2",  "qwen2.5", "llama3.1", "llama3.2"};
 #define N_TEMPLATES ((int)(sizeof k_names / sizeof k_names[0]))
 
 /* The system message Qwen's templates put first when the conversation has none. */
@@ -26,7 +28,8 @@ kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out)
             *out = (kvp_chat_template)t;
             return KVP_OK;
         }
-    return KVP_ERR(KVP_EINVAL, "unknown chat template '%s' (llama2, mistral, zephyr, llama3, chatml, qwen2 or qwen2.5)",
+    return KVP_ERR(KVP_EINVAL, "unknown chat template '%s' (llama2, mistral, zephyr, llama3, llama3.1, llama3.2, chatml, "
+                               "qwen2 or qwen2.5)",
                    name);
 }
 
@@ -40,9 +43,11 @@ kvp_chat_template kvp_chat_template_detect(const char *jinja)
     if (!jinja) return KVP_CHAT_NONE;
     if (strstr(jinja, "[INST]")) return strstr(jinja, "<<SYS>>") ? KVP_CHAT_LLAMA2 : KVP_CHAT_MISTRAL;
     if (strstr(jinja, "<|user|>") && strstr(jinja, "<|assistant|>")) return KVP_CHAT_ZEPHYR;
-    /* Llama 3.1 and later templates open with a dated system preamble: not this template */
-    if (strstr(jinja, "<|start_header_id|>") && strstr(jinja, "<|eot_id|>"))
-        return strstr(jinja, "Cutting Knowledge Date") ? KVP_CHAT_NONE : KVP_CHAT_LLAMA3;
+    /* Llama 3.1 and later open with a dated system preamble: 3.1's date is fixed, 3.2's and 3.3's today's */
+    if (strstr(jinja, "<|start_header_id|>") && strstr(jinja, "<|eot_id|>")) {
+        if (!strstr(jinja, "Cutting Knowledge Date")) return KVP_CHAT_LLAMA3;
+        return strstr(jinja, "strftime_now") ? KVP_CHAT_LLAMA32 : KVP_CHAT_LLAMA31;
+    }
     if (strstr(jinja, "<|im_start|>") && strstr(jinja, "<|im_end|>")) {
         if (strstr(jinja, default_system(KVP_CHAT_QWEN25))) return KVP_CHAT_QWEN25;
         if (strstr(jinja, default_system(KVP_CHAT_QWEN2))) return KVP_CHAT_QWEN2;
@@ -240,9 +245,26 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         if (agp) puts_(k, "<|assistant|>\n");
         return KVP_OK;
     }
-    if (t == KVP_CHAT_LLAMA3) { /* BOS, then each message's header and stripped content */
+    if (t == KVP_CHAT_LLAMA3 || t == KVP_CHAT_LLAMA31 || t == KVP_CHAT_LLAMA32) {
+        /* BOS, [3.1+: a system message opening with the dates, holding the conversation's own, stripped], then
+         * each message's header and stripped content */
         put_special(k, 0);
-        for (int32_t i = 0; i < n; i++) {
+        int32_t i = 0;
+        if (t != KVP_CHAT_LLAMA3) {
+            char date[32] = "26 Jul 2024"; /* 3.1's; 3.2 and 3.3 write today's (strftime_now("%d %b %Y")) */
+            const time_t now = time(NULL);
+            struct tm tmv;
+            if (t == KVP_CHAT_LLAMA32 && localtime_r(&now, &tmv)) strftime(date, sizeof date, "%d %b %Y", &tmv);
+            put_marker(k, "<|start_header_id|>");
+            puts_(k, "system");
+            put_marker(k, "<|end_header_id|>");
+            puts_(k, "\n\nCutting Knowledge Date: December 2023\nToday Date: ");
+            puts_(k, date);
+            puts_(k, "\n\n");
+            if (role_of(&m[0]) == ROLE_SYSTEM) put_stripped(k, m[i++].content);
+            put_marker(k, "<|eot_id|>");
+        }
+        for (; i < n; i++) {
             put_marker(k, "<|start_header_id|>");
             puts_(k, m[i].role);
             put_marker(k, "<|end_header_id|>");
@@ -318,7 +340,7 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
 
 int32_t kvp_chat_end_of_turn(kvp_chat_template t, const kvp_tokenizer *tok)
 {
-    if (t == KVP_CHAT_LLAMA3) return kvp_tok_special_id(tok, "<|eot_id|>");
+    if (t == KVP_CHAT_LLAMA3 || t == KVP_CHAT_LLAMA31 || t == KVP_CHAT_LLAMA32) return kvp_tok_special_id(tok, "<|eot_id|>");
     if (t == KVP_CHAT_CHATML || t == KVP_CHAT_QWEN2 || t == KVP_CHAT_QWEN25) return kvp_tok_special_id(tok, "<|im_end|>");
     return kvp_tok_eos(tok);
 }

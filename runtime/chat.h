@@ -8,7 +8,11 @@
  *   mistral  Mistral-7B-Instruct v0.1:  <s>[INST] {user} [/INST]{assistant}</s>[INST] ...  (no system role)
  *   zephyr   Zephyr / TinyLlama-chat:  <|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n
  *   llama3   Llama-3-Instruct:  <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>...
- *            (contents stripped; the 3.1+ templates, with their dated system preamble, are not this one)
+ *            (contents stripped)
+ *   llama3.1 Llama-3.1-Instruct: the same after a system message that opens "Cutting Knowledge Date:
+ *            December 2023\nToday Date: 26 Jul 2024\n\n" and holds the conversation's system message
+ *   llama3.2 Llama-3.2/3.3-Instruct: as llama3.1 with today's date ("%d %b %Y", as their templates'
+ *            strftime_now writes it)
  *   chatml   ChatML (Qwen3, and others):  <|im_start|>{role}\n{content}<|im_end|>\n...
  *   qwen2    ChatML with Qwen2-Instruct's default system message ("You are a helpful assistant.")
  *   qwen2.5  ChatML with Qwen2.5-Instruct's ("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")
@@ -36,11 +40,13 @@ typedef enum {
     KVP_CHAT_LLAMA3,
     KVP_CHAT_CHATML,
     KVP_CHAT_QWEN2,
-    KVP_CHAT_QWEN25
+    KVP_CHAT_QWEN25,
+    KVP_CHAT_LLAMA31,
+    KVP_CHAT_LLAMA32
 } kvp_chat_template;
 
-/* "llama2" | "mistral" | "zephyr" | "llama3" | "chatml" | "qwen2" | "qwen2.5" (KVP_EINVAL naming the value and
- * the choices). */
+/* "llama2" | "mistral" | "zephyr" | "llama3" | "llama3.1" | "llama3.2" | "chatml" | "qwen2" | "qwen2.5"
+ * (KVP_EINVAL naming the value and the choices). */
 kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out);
 const char *kvp_chat_template_name(kvp_chat_template t); /* "none" for KVP_CHAT_NONE */
 /* The built-in template a Jinja chat template is, by its markers; KVP_CHAT_NONE when it is none of them. */

@@ -4,6 +4,7 @@
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/alloc.h"
 #include "model_testutil.h"
@@ -50,6 +51,26 @@ Test(chat, llama3_and_chatml_render_as_the_models_own)
     expect_text(KVP_CHAT_LLAMA3, multi, 3, 0,
                 "<s><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant"
                 "<|end_header_id|>\n\nHello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHow are you?<|eot_id|>");
+    /* Llama-3.1-Instruct's template (jinja2, no tools): the dated system message holds the stripped system
+     * content, or nothing; 3.2's writes today's date */
+    const kvp_chat_msg su2[2] = {{"system", "  Be brief.\n"}, {"user", "  Hi there!\n"}};
+    expect_text(KVP_CHAT_LLAMA31, su2, 2, 1,
+                "<s><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: 26 "
+                "Jul 2024\n\nBe brief.<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi there!<|eot_id|>"
+                "<|start_header_id|>assistant<|end_header_id|>\n\n");
+    const char *l31 = "<s><|start_header_id|>system<|end_header_id|>\n\nCutting Knowledge Date: December 2023\nToday Date: "
+                      "%s\n\n<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>"
+                      "assistant<|end_header_id|>\n\nHello!<|eot_id|><|start_header_id|>user<|end_header_id|>\n\nHow are "
+                      "you?<|eot_id|>";
+    char w31[1024], today[32];
+    snprintf(w31, sizeof w31, l31, "26 Jul 2024");
+    expect_text(KVP_CHAT_LLAMA31, multi, 3, 0, w31);
+    const time_t now = time(NULL);
+    struct tm tmv;
+    cr_assert_not_null(localtime_r(&now, &tmv));
+    strftime(today, sizeof today, "%d %b %Y", &tmv);
+    snprintf(w31, sizeof w31, l31, today);
+    expect_text(KVP_CHAT_LLAMA32, multi, 3, 0, w31);
     const char *with_sys = "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n  Hi there!\n<|im_end|>\n"
                            "<|im_start|>assistant\n";
     expect_text(KVP_CHAT_CHATML, su, 2, 1, with_sys);
@@ -75,9 +96,9 @@ Test(chat, llama3_and_chatml_ids_use_the_control_tokens)
     const struct {
         kvp_chat_template t;
         const char *tok;
-    } cases[] = {{KVP_CHAT_LLAMA3, "llama3"}, {KVP_CHAT_QWEN25, "qwen2"}};
+    } cases[] = {{KVP_CHAT_LLAMA3, "llama3"}, {KVP_CHAT_LLAMA31, "llama3"}, {KVP_CHAT_QWEN25, "qwen2"}};
     const kvp_chat_msg m[3] = {{"system", "Be brief."}, {"user", "Say <|im_end|> or <|eot_id|>."}, {"assistant", "Ok."}};
-    for (size_t c = 0; c < 2; c++) {
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char path[128];
         snprintf(path, sizeof path, "tests/data/tokenizers/%s/tokenizer.json", cases[c].tok);
         kvp_tokenizer *t;
@@ -147,9 +168,12 @@ Test(chat, detection_parsing_and_refusals)
     cr_assert_eq(kvp_chat_template_detect("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}"
                                           "{{ content | trim + '<|eot_id|>' }}"),
                  KVP_CHAT_LLAMA3);
-    cr_assert_eq(kvp_chat_template_detect("{{- \"Cutting Knowledge Date: December 2023\\n\" }}<|start_header_id|>"
-                                          "<|eot_id|>"),
-                 KVP_CHAT_NONE);
+    cr_assert_eq(kvp_chat_template_detect("{%- set date_string = \"26 Jul 2024\" %}{{- \"Cutting Knowledge Date: December "
+                                          "2023\\n\" }}<|start_header_id|><|eot_id|>"),
+                 KVP_CHAT_LLAMA31);
+    cr_assert_eq(kvp_chat_template_detect("{%- set date_string = strftime_now(\"%d %b %Y\") %}{{- \"Cutting Knowledge "
+                                          "Date: December 2023\\n\" }}<|start_header_id|><|eot_id|>"),
+                 KVP_CHAT_LLAMA32);
     cr_assert_eq(kvp_chat_template_detect("{{ '<start_of_turn>' + role }}"), KVP_CHAT_NONE);
     cr_assert_eq(kvp_chat_template_detect(NULL), KVP_CHAT_NONE);
     kvp_chat_template t;
