@@ -64,7 +64,8 @@ static void usage(FILE *f)
             "  --matmul invariant|blas invariant: batch-invariant kernels, the same greedy tokens in any batch\n"
             "                          (default); blas: OpenBLAS sgemm and tiled prefill attention\n"
             "  --weight-dtype T        weight matrices held as f32 (default), f16 or bf16 (half the memory and the\n"
-            "                          bytes each decode step reads; rounded at load; blas makes an f32 copy)\n"
+            "                          bytes each decode step reads) or q8_0 (ggml's Q8_0: about a quarter);\n"
+            "                          rounded at load; blas makes an f32 copy\n"
             "  --json                  one JSON object: per-prompt results and totals\n"
             "  --logprobs K            with --json: each generated token's log-probability and the K (0..20) likeliest\n"
             "                          tokens at its place ([id, logprob] pairs), per sample (not with --beam-width)\n"
@@ -132,7 +133,7 @@ typedef struct {
     int64_t seed;
     kvp_pc_kind cache;
     kvp_matmul_kind matmul;
-    kvp_dtype weight_dtype;
+    kvp_weight_type weight_dtype;
     kvp_dtype kv_dtype;
     int json, ignore_eos;
     int32_t logprobs; /* -1: none */
@@ -387,7 +388,7 @@ static int run(gen_opts *o)
         cJSON_AddNumberToObject(t, "threads", o->threads);
         cJSON_AddNumberToObject(t, "tp", o->tp);
         cJSON_AddStringToObject(t, "matmul", kvp_matmul_kind_name(o->matmul));
-        cJSON_AddStringToObject(t, "weight_dtype", kvp_dtype_name(o->weight_dtype));
+        cJSON_AddStringToObject(t, "weight_dtype", kvp_weight_type_name(o->weight_dtype));
         st = kvp_json_print(stdout, root);
         cJSON_Delete(root);
         if (st != KVP_OK) rc = kvp_cli_fail(CMD, st);
@@ -453,7 +454,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.tp = 1;
     o.matmul = KVP_MATMUL_INVARIANT;
     o.kv_dtype = KVP_DTYPE_F32;
-    o.weight_dtype = KVP_DTYPE_F32;
+    o.weight_dtype = KVP_WEIGHT_F32;
     o.logprobs = -1;
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;
@@ -479,7 +480,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_NB: st = kvp_parse_i32(optarg, 0, INT32_MAX / 2, &o.num_blocks); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &o.cache); break;
         case O_KV_DTYPE: st = kvp_dtype_parse(optarg, &o.kv_dtype); break;
-        case O_WDTYPE: st = kvp_dtype_parse(optarg, &o.weight_dtype); break;
+        case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &o.max_batched); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;

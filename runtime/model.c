@@ -25,17 +25,21 @@ enum { KVP_MM_PANEL = 16 };
  *
  *   p: packed panels of 16 outputs, (ceil(N/16), K, 16):  p[(o/16)*K*16 + k*16 + o%16] = W[o][k]
  *      (zero past N), elements of dt: f32, or f16 / bf16 (half the memory and the bytes a decode step
- *      reads; widened to f32 in registers). The invariant kernel streams one panel (K x 16 elements,
- *      contiguous) per tile: a transposed (K, N) matrix read 16 columns at a time strides by N floats per
- *      k, which for N = 512 (an LM head) lands every row of the tile in the same two L1 sets.
+ *      reads; widened to f32 in registers), or Q8_0 (when K is a multiple of 32): a panel is K/32 blocks
+ *      of 16 f32 scales (one per output, ggml's f16 scale d) then 32 x 16 int8 quants q, k-major, and
+ *      W[o][k] = d[o] * q[k][o] (exact in f32). The invariant kernel streams one panel (contiguous) per
+ *      tile: a transposed (K, N) matrix read 16 columns at a time strides by N floats per k, which for
+ *      N = 512 (an LM head) lands every row of the tile in the same two L1 sets.
  *   t: (K, N) = W^T in f32 for OpenBLAS, made from p on the first BLAS forward pass (NULL until then).
  */
 typedef struct {
     void *p;
     float *t;
     int64_t K, N;
-    kvp_dtype dt;
+    kvp_weight_type dt;
 } mat_w;
+
+enum { KVP_Q8_BLOCK = 32, KVP_Q8_BLOCK_BYTES = KVP_MM_PANEL * 4 + KVP_Q8_BLOCK * KVP_MM_PANEL }; /* per panel */
 
 typedef struct {
     float *attn_norm;     /* (hidden) */
@@ -90,7 +94,7 @@ struct kvp_model {
     kvp_model_config cfg;
     kvp_rope_style rope;
     kvp_matmul_kind matmul;
-    kvp_dtype wdtype; /* of the matrices' panels */
+    kvp_weight_type wtype; /* of the matrices' panels */
     int threads;
     int is_gguf;
     char path[1024];
@@ -283,29 +287,59 @@ static kvp_status load_part(const source *src, const char *name, int64_t d0, int
     return KVP_OK;
 }
 
+/* Bytes of one panel of a K-input matrix in type dt. */
+static size_t panel_bytes(kvp_weight_type dt, int64_t K)
+{
+    if (dt == KVP_WEIGHT_Q8_0) return (size_t)(K / KVP_Q8_BLOCK) * KVP_Q8_BLOCK_BYTES;
+    return (size_t)(K * KVP_MM_PANEL) * (dt == KVP_WEIGHT_F32 ? sizeof(float) : sizeof(uint16_t));
+}
+
+/* Quantizes w[o][k0 .. k0 + 32) of the panel's 16 outputs (rows past out_f: zero) into one Q8_0 block, as
+ * ggml's quantize_row_q8_0_ref does: d = amax / 127 kept as f16, q = round(x / d). */
+static void q8_block(const float *w, int64_t in_f, int64_t o0, int64_t out_f, int64_t k0, unsigned char *blk)
+{
+    float *d = (float *)blk;
+    int8_t *q = (int8_t *)(blk + KVP_MM_PANEL * sizeof(float));
+    for (int j = 0; j < KVP_MM_PANEL; j++) {
+        const float *x = o0 + j < out_f ? w + (o0 + j) * in_f + k0 : NULL;
+        float amax = 0.0f;
+        for (int k = 0; x && k < KVP_Q8_BLOCK; k++) amax = fabsf(x[k]) > amax ? fabsf(x[k]) : amax;
+        const float dj = amax / 127.0f, id = dj != 0.0f ? 1.0f / dj : 0.0f;
+        d[j] = kvp_f16_to_f32(kvp_f32_to_f16(dj));
+        for (int k = 0; k < KVP_Q8_BLOCK; k++) q[k * KVP_MM_PANEL + j] = x ? (int8_t)roundf(x[k] * id) : 0;
+    }
+}
+
 /* Loads outputs [o0, o0 + no) and inputs [i0, i0 + ni) of an [out, in] matrix into packed panels (mat_w) of
- * element type dt (f16 / bf16 rounded to nearest even). */
+ * type dt (f16 / bf16 rounded to nearest even; Q8_0 only when the inputs are a multiple of 32, else f32). */
 static kvp_status load_mat(const source *src, const char *name, int64_t out_full, int64_t in_full, int64_t o0,
-                           int64_t no, int64_t i0, int64_t ni, kvp_dtype dt, mat_w *out)
+                           int64_t no, int64_t i0, int64_t ni, kvp_weight_type dt, mat_w *out)
 {
     float *w;
     KVP_TRY(load_part(src, name, out_full, in_full, o0, no, i0, ni, &w));
     const int64_t out_f = no, in_f = ni;
     const int64_t np = (out_f + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
-    const size_t es = dt == KVP_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
-    void *p = kvp_aligned_alloc(64, (size_t)(np * in_f * KVP_MM_PANEL) * es);
+    if (dt == KVP_WEIGHT_Q8_0 && in_f % KVP_Q8_BLOCK != 0) dt = KVP_WEIGHT_F32;
+    const size_t pb = panel_bytes(dt, in_f);
+    unsigned char *p = kvp_aligned_alloc(64, (size_t)np * pb);
     if (!p) {
         kvp_free(w);
         return KVP_ERR(KVP_ENOMEM, "out of memory for tensor '%s'", name);
     }
-    for (int64_t pi = 0; pi < np; pi++)
+    for (int64_t pi = 0; pi < np; pi++) {
+        if (dt == KVP_WEIGHT_Q8_0) {
+            for (int64_t kb = 0; kb < in_f / KVP_Q8_BLOCK; kb++)
+                q8_block(w, in_f, pi * KVP_MM_PANEL, out_f, kb * KVP_Q8_BLOCK, p + pi * pb + kb * KVP_Q8_BLOCK_BYTES);
+            continue;
+        }
         for (int64_t k = 0; k < in_f; k++)
             for (int64_t j = 0; j < KVP_MM_PANEL; j++) {
                 const int64_t o = pi * KVP_MM_PANEL + j, at = (pi * in_f + k) * KVP_MM_PANEL + j;
                 const float x = o < out_f ? w[o * in_f + k] : 0.0f;
-                if (dt == KVP_DTYPE_F32) ((float *)p)[at] = x;
-                else ((uint16_t *)p)[at] = dt == KVP_DTYPE_F16 ? kvp_f32_to_f16(x) : kvp_f32_to_bf16(x);
+                if (dt == KVP_WEIGHT_F32) ((float *)p)[at] = x;
+                else ((uint16_t *)p)[at] = dt == KVP_WEIGHT_F16 ? kvp_f32_to_f16(x) : kvp_f32_to_bf16(x);
             }
+    }
     kvp_free(w);
     *out = (mat_w){.p = p, .t = NULL, .K = in_f, .N = out_f, .dt = dt};
     return KVP_OK;
@@ -314,10 +348,16 @@ static kvp_status load_mat(const source *src, const char *name, int64_t out_full
 /* W[o][k] as f32. */
 static float mat_at(const mat_w *w, int64_t o, int64_t k)
 {
-    const int64_t at = ((o / KVP_MM_PANEL) * w->K + k) * KVP_MM_PANEL + o % KVP_MM_PANEL;
-    if (w->dt == KVP_DTYPE_F32) return ((const float *)w->p)[at];
-    const uint16_t h = ((const uint16_t *)w->p)[at];
-    return w->dt == KVP_DTYPE_F16 ? kvp_f16_to_f32(h) : kvp_bf16_to_f32(h);
+    const unsigned char *pan = (const unsigned char *)w->p + (size_t)(o / KVP_MM_PANEL) * panel_bytes(w->dt, w->K);
+    const int64_t j = o % KVP_MM_PANEL;
+    if (w->dt == KVP_WEIGHT_Q8_0) {
+        const unsigned char *blk = pan + (k / KVP_Q8_BLOCK) * KVP_Q8_BLOCK_BYTES;
+        const int8_t q = ((const int8_t *)(blk + KVP_MM_PANEL * sizeof(float)))[(k % KVP_Q8_BLOCK) * KVP_MM_PANEL + j];
+        return ((const float *)blk)[j] * (float)q;
+    }
+    if (w->dt == KVP_WEIGHT_F32) return ((const float *)pan)[k * KVP_MM_PANEL + j];
+    const uint16_t h = ((const uint16_t *)pan)[k * KVP_MM_PANEL + j];
+    return w->dt == KVP_WEIGHT_F16 ? kvp_f16_to_f32(h) : kvp_bf16_to_f32(h);
 }
 
 static void mat_free(mat_w *w)
@@ -381,7 +421,7 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
     const kvp_tp_shard *t = &m->tp;
     const int64_t q0 = t->q0 * hd, nqd = t->nq * hd, k0 = t->kv0 * hd, nkd = t->nkv * hd;
     const int g = src->g != NULL;
-    const kvp_dtype wd = m->wdtype;
+    const kvp_weight_type wd = m->wtype;
     char n[256];
     const char *emb = g ? "token_embd.weight" : "model.embed_tokens.weight";
     KVP_TRY(load_part(src, emb, V, H, t->v0, t->nv, 0, H, &m->embed));
@@ -600,21 +640,36 @@ kvp_status kvp_model_load(const char *path, kvp_model **out) { return kvp_model_
 
 kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out)
 {
-    return kvp_model_load_ex(path, comm, KVP_DTYPE_F32, out);
+    return kvp_model_load_ex(path, comm, KVP_WEIGHT_F32, out);
 }
 
-kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_dtype weights, kvp_model **out)
+static const char *const k_weight_names[] = {"f32", "f16", "bf16", "q8_0"};
+
+kvp_status kvp_weight_type_parse(const char *s, kvp_weight_type *out)
+{
+    for (int i = 0; i < (int)(sizeof k_weight_names / sizeof *k_weight_names); i++)
+        if (strcmp(s, k_weight_names[i]) == 0) {
+            *out = (kvp_weight_type)i;
+            return KVP_OK;
+        }
+    return KVP_ERR(KVP_EINVAL, "unknown weight type '%s' (f32, f16, bf16 or q8_0)", s);
+}
+
+const char *kvp_weight_type_name(kvp_weight_type t)
+{
+    return (unsigned)t < sizeof k_weight_names / sizeof *k_weight_names ? k_weight_names[t] : "?";
+}
+
+kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type weights, kvp_model **out)
 {
     if (!path || !out) return KVP_ERR(KVP_EINVAL, "kvp_model_load: NULL argument");
     if (strlen(path) >= 900) return KVP_ERR(KVP_EINVAL, "model path too long");
-    if (weights != KVP_DTYPE_F32 && weights != KVP_DTYPE_F16 && weights != KVP_DTYPE_BF16)
-        return KVP_ERR(KVP_EUNSUPPORTED, "weights in %s are not supported (f32, f16 or bf16 are)",
-                       kvp_dtype_name(weights));
+    if ((unsigned)weights > KVP_WEIGHT_Q8_0) return KVP_ERR(KVP_EINVAL, "kvp_model_load_ex: weight type %d", (int)weights);
     kvp_model *m = kvp_calloc(1, sizeof *m);
     if (!m) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
     snprintf(m->path, sizeof m->path, "%s", path);
     m->threads = 1;
-    m->wdtype = weights;
+    m->wtype = weights;
     kvp_status st = KVP_OK;
     kvp_gguf *g = NULL;
     kvp_st *s = NULL;
@@ -663,7 +718,7 @@ kvp_comm *kvp_model_comm(const kvp_model *m) { return m->comm; }
 kvp_rope_style kvp_model_rope_style(const kvp_model *m) { return m->rope; }
 const char *kvp_model_path(const kvp_model *m) { return m->path; }
 int kvp_model_is_gguf(const kvp_model *m) { return m->is_gguf; }
-kvp_dtype kvp_model_weight_dtype(const kvp_model *m) { return m->wdtype; }
+kvp_weight_type kvp_model_weight_type(const kvp_model *m) { return m->wtype; }
 int kvp_model_is_eos(const kvp_model *m, int32_t id)
 {
     for (int32_t i = 0; i < m->cfg.n_eos; i++)
@@ -789,28 +844,53 @@ MM_INLINE void mm_store16(float *restrict y, const kvp_v8f *a0, const kvp_v8f *a
     memcpy(y, tmp, (size_t)ncols * sizeof(float));
 }
 
-/* Elements 16 i .. 16 i + 15 of panel memory pan (of type DT, a constant at every call) as two f32 vectors:
- * f16 through F16C's conversion, bf16 by a shift into the high half of each lane (exact). */
-MM_INLINE void mm_load16(const void *restrict pan, int64_t i, const kvp_dtype DT, kvp_v8f *w0, kvp_v8f *w1)
+/* Row k (W[o][k] of the panel's 16 outputs) of panel pan (of type DT, a constant at every call) as two f32
+ * vectors: f16 through F16C's conversion, bf16 by a shift into the high half of each lane, Q8_0 as d * q
+ * (all exact). */
+MM_INLINE void mm_load16(const void *restrict pan, int64_t k, const kvp_weight_type DT, kvp_v8f *w0, kvp_v8f *w1)
 {
-    if (DT == KVP_DTYPE_F32) {
-        const float *p = (const float *)pan + i * KVP_MM_PANEL;
+    if (DT == KVP_WEIGHT_F32) {
+        const float *p = (const float *)pan + k * KVP_MM_PANEL;
         V8_LD(*w0, p);
         V8_LD(*w1, p + 8);
         return;
     }
-    const uint16_t *h = (const uint16_t *)pan + i * KVP_MM_PANEL;
+    float f[KVP_MM_PANEL];
+    if (DT == KVP_WEIGHT_Q8_0) {
+        const unsigned char *blk = (const unsigned char *)pan + (k / KVP_Q8_BLOCK) * KVP_Q8_BLOCK_BYTES;
+        const int8_t *q = (const int8_t *)(blk + KVP_MM_PANEL * sizeof(float)) + (k % KVP_Q8_BLOCK) * KVP_MM_PANEL;
+        kvp_v8f d0, d1;
+        V8_LD(d0, blk);
+        V8_LD(d1, blk + 8 * sizeof(float));
+#if defined(__AVX2__)
+        __m128i v;
+        memcpy(&v, q, sizeof v);
+        const __m256 q0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+        const __m256 q1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(v, 8)));
+        memcpy(w0, &q0, sizeof q0);
+        memcpy(w1, &q1, sizeof q1);
+#else
+        for (int j = 0; j < KVP_MM_PANEL; j++) f[j] = (float)q[j];
+        V8_LD(*w0, f);
+        V8_LD(*w1, f + 8);
+#endif
+        *w0 *= d0;
+        *w1 *= d1;
+        return;
+    }
+    const uint16_t *h = (const uint16_t *)pan + k * KVP_MM_PANEL;
 #if !(defined(__F16C__) && defined(__AVX2__))
-    float f[KVP_MM_PANEL]; /* builds without them (the sanitizer build): the same values, one by one */
-    for (int j = 0; j < KVP_MM_PANEL; j++) f[j] = DT == KVP_DTYPE_F16 ? kvp_f16_to_f32(h[j]) : kvp_bf16_to_f32(h[j]);
+    /* builds without them (the sanitizer build): the same values, one by one */
+    for (int j = 0; j < KVP_MM_PANEL; j++) f[j] = DT == KVP_WEIGHT_F16 ? kvp_f16_to_f32(h[j]) : kvp_bf16_to_f32(h[j]);
     V8_LD(*w0, f);
     V8_LD(*w1, f + 8);
 #else
+    (void)f;
     __m128i lo, hi;
     memcpy(&lo, h, sizeof lo);
     memcpy(&hi, h + 8, sizeof hi);
     __m256 f0, f1;
-    if (DT == KVP_DTYPE_F16) {
+    if (DT == KVP_WEIGHT_F16) {
         f0 = _mm256_cvtph_ps(lo);
         f1 = _mm256_cvtph_ps(hi);
     } else {
@@ -824,7 +904,7 @@ MM_INLINE void mm_load16(const void *restrict pan, int64_t i, const kvp_dtype DT
 
 /* R rows (1..6) x one panel: y[r][0..ncols) for rows x + r*K. */
 MM_INLINE void mm_rows_panel(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
-                             const void *restrict pan, int64_t ncols, const int R, const kvp_dtype DT)
+                             const void *restrict pan, int64_t ncols, const int R, const kvp_weight_type DT)
 {
     kvp_v8f a[6][2];
     for (int r = 0; r < R; r++) a[r][0] = a[r][1] = (kvp_v8f){0};
@@ -840,18 +920,19 @@ MM_INLINE void mm_rows_panel(float *restrict y, int64_t ldy, const float *restri
     for (int r = 0; r < R; r++) mm_store16(y + r * ldy, &a[r][0], &a[r][1], ncols);
 }
 
-/* One row x 4 full panels (64 outputs). */
+/* One row x 4 full panels (64 outputs), panel pan and the 3 after it (pb bytes apart). */
 MM_INLINE void mm_row_4panels(float *restrict y, const float *restrict x, int64_t K, const void *restrict pan,
-                              const kvp_dtype DT)
+                              size_t pb, const kvp_weight_type DT)
 {
+    const char *p0 = pan, *p1 = p0 + pb, *p2 = p1 + pb, *p3 = p2 + pb;
     kvp_v8f a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0}, a4 = {0}, a5 = {0}, a6 = {0}, a7 = {0};
     for (int64_t k = 0; k < K; k++) {
         const kvp_v8f b = V8_BC(x[k]);
-        kvp_v8f w0, w1, w2, w3, w4, w5, w6, w7; /* row k of panels 0..3: 16-element rows K apart */
-        mm_load16(pan, k, DT, &w0, &w1);
-        mm_load16(pan, K + k, DT, &w2, &w3);
-        mm_load16(pan, 2 * K + k, DT, &w4, &w5);
-        mm_load16(pan, 3 * K + k, DT, &w6, &w7);
+        kvp_v8f w0, w1, w2, w3, w4, w5, w6, w7; /* row k of panels 0..3 */
+        mm_load16(p0, k, DT, &w0, &w1);
+        mm_load16(p1, k, DT, &w2, &w3);
+        mm_load16(p2, k, DT, &w4, &w5);
+        mm_load16(p3, k, DT, &w6, &w7);
         a0 = V8_MAC(a0, b, w0);
         a1 = V8_MAC(a1, b, w1);
         a2 = V8_MAC(a2, b, w2);
@@ -874,14 +955,17 @@ MM_INLINE void mm_row_4panels(float *restrict y, const float *restrict x, int64_
 /* Calls CALL with DT the constant of w->dt: every kernel is compiled once per weight type. */
 #define MM_BY_DTYPE(w, CALL)                                                                                 \
     do {                                                                                                     \
-        if ((w)->dt == KVP_DTYPE_F16) {                                                                      \
-            const kvp_dtype DT = KVP_DTYPE_F16;                                                              \
+        if ((w)->dt == KVP_WEIGHT_F16) {                                                                     \
+            const kvp_weight_type DT = KVP_WEIGHT_F16;                                                       \
             CALL;                                                                                            \
-        } else if ((w)->dt == KVP_DTYPE_BF16) {                                                              \
-            const kvp_dtype DT = KVP_DTYPE_BF16;                                                             \
+        } else if ((w)->dt == KVP_WEIGHT_BF16) {                                                             \
+            const kvp_weight_type DT = KVP_WEIGHT_BF16;                                                      \
+            CALL;                                                                                            \
+        } else if ((w)->dt == KVP_WEIGHT_Q8_0) {                                                             \
+            const kvp_weight_type DT = KVP_WEIGHT_Q8_0;                                                      \
             CALL;                                                                                            \
         } else {                                                                                             \
-            const kvp_dtype DT = KVP_DTYPE_F32;                                                              \
+            const kvp_weight_type DT = KVP_WEIGHT_F32;                                                       \
             CALL;                                                                                            \
         }                                                                                                    \
     } while (0)
@@ -889,8 +973,7 @@ MM_INLINE void mm_row_4panels(float *restrict y, const float *restrict x, int64_
 /* Panel p of w. */
 static const void *mm_panel(const mat_w *w, int64_t p)
 {
-    const size_t es = w->dt == KVP_DTYPE_F32 ? sizeof(float) : sizeof(uint16_t);
-    return (const char *)w->p + (size_t)(p * w->K * KVP_MM_PANEL) * es;
+    return (const char *)w->p + (size_t)p * panel_bytes(w->dt, w->K);
 }
 
 /* R = 2..6 rows x panel p (6 rows: 12 accumulators, 8 loads per 12 multiply-adds; 4 rows: 6 per 8). */
@@ -912,7 +995,9 @@ static void mm_row_panels(float *restrict y, const float *restrict x, const mat_
 {
     const int64_t K = w->K, N = w->N, full = N / KVP_MM_PANEL;
     int64_t p = p0;
-    for (; p + 4 <= p1 && p + 4 <= full; p += 4) MM_BY_DTYPE(w, mm_row_4panels(y + p * KVP_MM_PANEL, x, K, mm_panel(w, p), DT));
+    const size_t pb = panel_bytes(w->dt, K);
+    for (; p + 4 <= p1 && p + 4 <= full; p += 4)
+        MM_BY_DTYPE(w, mm_row_4panels(y + p * KVP_MM_PANEL, x, K, mm_panel(w, p), pb, DT));
     for (; p < p1; p++) {
         int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
         MM_BY_DTYPE(w, mm_rows_panel(y + o, 0, x, K, mm_panel(w, p), nc, 1, DT));

@@ -52,11 +52,17 @@ kvp_status kvp_model_load(const char *path, kvp_model **out);
  * it must outlive the model) and returns the whole logits on every rank. KV caches made for this model hold
  * the rank's KV heads only. comm NULL: one rank. KVP_EINVAL when the heads do not split over the ranks. */
 kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out);
-/* kvp_model_load_tp with the weight matrices (projections, FFN, LM head) held as `weights`: f32, or f16 / bf16
- * rounded to nearest even at load (half the memory, and half the bytes a decode step reads; widened to f32 in
- * registers, the sums stay f32). Embeddings and norms stay f32. KVP_EUNSUPPORTED for another type. */
-kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_dtype weights, kvp_model **out);
-kvp_dtype kvp_model_weight_dtype(const kvp_model *m);
+/* How the weight matrices (projections, FFN, LM head) are held: f32; f16 / bf16 (rounded to nearest even at
+ * load: half the memory and half the bytes a decode step reads); q8_0 (ggml's Q8_0 per 32 inputs: about a
+ * quarter; matrices whose inputs are not a multiple of 32 stay f32). All are widened to f32 in registers
+ * and summed in f32. Embeddings and norms stay f32. */
+typedef enum { KVP_WEIGHT_F32 = 0, KVP_WEIGHT_F16, KVP_WEIGHT_BF16, KVP_WEIGHT_Q8_0 } kvp_weight_type;
+/* "f32" | "f16" | "bf16" | "q8_0" (KVP_EINVAL naming the value and the choices). */
+kvp_status kvp_weight_type_parse(const char *s, kvp_weight_type *out);
+const char *kvp_weight_type_name(kvp_weight_type t);
+/* kvp_model_load_tp with the matrices held as `weights`. */
+kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type weights, kvp_model **out);
+kvp_weight_type kvp_model_weight_type(const kvp_model *m);
 /* The communicator given to kvp_model_load_tp (NULL: one rank). */
 kvp_comm *kvp_model_comm(const kvp_model *m);
 void kvp_model_destroy(kvp_model *m);

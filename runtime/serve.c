@@ -92,7 +92,7 @@ static void usage(FILE *f)
             "  --max-batched-tokens N    tokens per step (default 2048)\n"
             "  --threads N               CPU threads (default 1)\n"
             "  --matmul invariant|blas   as for generate (default invariant)\n"
-            "  --weight-dtype T          as for generate: f32 (default), f16 or bf16\n"
+            "  --weight-dtype T          as for generate: f32 (default), f16, bf16 or q8_0\n"
             "  --max-connections N       open connections at most, one thread each (default 4096)\n"
             "  --tp N                    tensor parallelism over N MPI ranks (default 1): run it as\n"
             "                            `mpirun -np N kvpage serve --tp N ...`; rank 0 serves HTTP and schedules,\n"
@@ -1700,7 +1700,7 @@ typedef struct {
     int64_t kv_mem;
     int json;
     kvp_matmul_kind matmul;
-    kvp_dtype weight_dtype;
+    kvp_weight_type weight_dtype;
 } serve_opts;
 
 /* SIGINT/SIGTERM write a byte to this pipe, whichever thread they reach (OpenBLAS starts threads before
@@ -1904,7 +1904,7 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_NB: st = kvp_parse_i32(optarg, 1, INT32_MAX / 2, &cfg.num_blocks); break;
         case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &cfg.block_size); break;
         case O_DT: st = kvp_dtype_parse(optarg, &cfg.kv_dtype); break;
-        case O_WDTYPE: st = kvp_dtype_parse(optarg, &o.weight_dtype); break;
+        case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &cfg.cache); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.max_num_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.max_batched_tokens); break;

@@ -367,6 +367,28 @@ static void write_quantized_gguf(const char *path, int q8)
     kvp_gguf_close(g);
 }
 
+/* The file at path loaded with its matrices held as `wt` (kvp_model_load_ex) gives the logits of its f32 load
+ * m bit for bit, with either matmul: the values held are the file's, widened in registers (Q8_0: d * q, exact
+ * in f32, as the f32 load dequantizes them). */
+static void expect_held_as_stored(const char *path, kvp_model *m, kvp_weight_type wt)
+{
+    kvp_model *h;
+    cr_assert_eq(kvp_model_load_ex(path, NULL, wt, &h), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_model_weight_type(h), wt);
+    float a[5 * 512], b[5 * 512];
+    for (int blas = 0; blas < 2; blas++) {
+        kvp_model_set_matmul(m, blas ? KVP_MATMUL_BLAS : KVP_MATMUL_INVARIANT);
+        kvp_model_set_matmul(h, blas ? KVP_MATMUL_BLAS : KVP_MATMUL_INVARIANT);
+        logits_of(m, a);
+        logits_of(h, b);
+        for (int i = 0; i < 5 * 512; i++)
+            cr_assert_eq(b[i], a[i], "%s held as %s, %s: logit %d: %g vs %g", path, kvp_weight_type_name(wt),
+                         blas ? "blas" : "invariant", i, b[i], a[i]);
+    }
+    kvp_model_set_matmul(m, KVP_MATMUL_INVARIANT);
+    kvp_model_destroy(h);
+}
+
 Test(model, gguf_f16_and_q8_0_weights_track_f32)
 {
     tu_require_shared();
@@ -385,6 +407,7 @@ Test(model, gguf_f16_and_q8_0_weights_track_f32)
         cr_assert_lt(e, q8 ? 0.25 : 0.03, "%s: max relative logit error %g", path, e);
         cr_assert_gt(e, 0.0, "%s: the conversion changed nothing?", path);
         for (int r = 0; r < 5; r++) cr_assert_eq(kvp_argmax(got + r * 512, 512), kvp_argmax(want + r * 512, 512));
+        expect_held_as_stored(path, m, q8 ? KVP_WEIGHT_Q8_0 : KVP_WEIGHT_F16);
         kvp_model_destroy(m);
     }
     kvp_model_destroy(ref);
@@ -443,23 +466,7 @@ Test(model, hf_f16_and_bf16_safetensors_track_f32)
         cr_assert_lt(e, bf ? 0.2 : 0.03, "%s: max relative logit error %g", bf ? "bf16" : "f16", e);
         cr_assert_gt(e, 0.0);
         for (int r = 0; r < 5; r++) cr_assert_eq(kvp_argmax(got + r * 512, 512), kvp_argmax(want + r * 512, 512));
-        /* the same file with its matrices held in 16 bits (kvp_model_load_ex): the values are the file's, widened
-         * in registers, so the logits are the f32 load's bit for bit, with either matmul */
-        kvp_model *h;
-        cr_assert_eq(kvp_model_load_ex(dir, NULL, bf ? KVP_DTYPE_BF16 : KVP_DTYPE_F16, &h), KVP_OK, "%s",
-                     kvp_error_detail());
-        cr_assert_eq(kvp_model_weight_dtype(h), bf ? KVP_DTYPE_BF16 : KVP_DTYPE_F16);
-        float got16[5 * 512];
-        for (int blas = 0; blas < 2; blas++) {
-            kvp_model_set_matmul(m, blas ? KVP_MATMUL_BLAS : KVP_MATMUL_INVARIANT);
-            kvp_model_set_matmul(h, blas ? KVP_MATMUL_BLAS : KVP_MATMUL_INVARIANT);
-            logits_of(m, got);
-            logits_of(h, got16);
-            for (int i = 0; i < 5 * 512; i++)
-                cr_assert_eq(got16[i], got[i], "%s weights, %s: logit %d: %g vs %g", bf ? "bf16" : "f16",
-                             blas ? "blas" : "invariant", i, got16[i], got[i]);
-        }
-        kvp_model_destroy(h);
+        expect_held_as_stored(dir, m, bf ? KVP_WEIGHT_BF16 : KVP_WEIGHT_F16);
         kvp_model_destroy(m);
     }
     kvp_st_close(s);
