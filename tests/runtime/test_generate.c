@@ -661,7 +661,8 @@ Test(generate_cli, hf_folder_with_tokenizer_json)
 }
 
 /* --weight-dtype f16 (the matrices held in 16 bits) still reproduces the published 256-token story on
- * stories260K (bf16, with 8 bits of mantissa, leaves it after ~185 tokens); fp8 weights are refused. */
+ * stories260K (bf16, with 8 bits of mantissa, leaves it after ~185 tokens); q8_0 its first 100 tokens; fp8
+ * weights are refused. */
 Test(generate_cli, f16_weights_keep_the_golden_story)
 {
     cJSON *gold;
@@ -672,6 +673,12 @@ Test(generate_cli, f16_weights_keep_the_golden_story)
              kvp_test_bin(), S260_GGUF, cJSON_GetArraySize(want));
     cJSON *j = expect_generated(cmd, want, 0, cJSON_GetArraySize(want));
     cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "totals"), "weight_dtype")->valuestring, "f16");
+    cJSON_Delete(j);
+    /* q8_0 weights (quantized at load) follow the story for its first 100 tokens (114 measured) */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --max-tokens 100 --ignore-eos --weight-dtype q8_0 --json",
+             kvp_test_bin(), S260_GGUF);
+    j = expect_generated(cmd, want, 0, 100);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "totals"), "weight_dtype")->valuestring, "q8_0");
     cJSON_Delete(j);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --weight-dtype fp8", kvp_test_bin(), S260_GGUF);
     int rc = kvp_test_sh(cmd, &out, &err);
