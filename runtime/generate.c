@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "common/parse.h"
 #include "common/timer.h"
+#include "runtime/chat.h"
 #include "runtime/commands.h"
 #include "runtime/gen.h"
 #include "runtime/model.h"
@@ -47,6 +48,12 @@ static void usage(FILE *f)
             "  --n N                   samples per prompt, forked from the prompt's blocks (default 1)\n"
             "  --beam-width W          beam search with W beams (default 0 = off); returns the --n best\n"
             "  --ignore-eos            keep generating after EOS\n"
+            "  --chat                  each prompt is a user message, through the model's chat template (GGUF\n"
+            "                          tokenizer.chat_template, HF tokenizer_config.json); a reply ends at the\n"
+            "                          template's end of turn\n"
+            "  --chat-template NAME    --chat with a built-in template: llama2, mistral, zephyr, llama3, llama3.1,\n"
+            "                          llama3.2, chatml, qwen2, qwen2.5\n"
+            "  --system TEXT           with --chat: a system message before each prompt\n"
             "  --stop TEXT             a stop string (repeatable, up to 16): a sample's text ends where the first\n"
             "                          one starts, and its generation ends there (not with --beam-width)\n"
             "  --min-tokens N          no EOS before N tokens (vLLM's min_tokens; at most --max-tokens)\n"
@@ -139,6 +146,9 @@ typedef struct {
     int32_t logprobs; /* -1: none */
     strlist stops;
     int prompt_logprobs;
+    int chat;                   /* each prompt is a user message through the chat template */
+    const char *chat_template;  /* NULL: the model's own */
+    const char *system;         /* a system message before each prompt, or NULL */
 } gen_opts;
 
 static cJSON *ids_json(const int32_t *ids, int32_t n)
@@ -246,10 +256,29 @@ static int run(gen_opts *o)
         goto out;
     }
     const int32_t maxlen = kvp_model_max_len(m);
+    kvp_chat_template tmpl = KVP_CHAT_NONE;
+    int32_t eot = -1; /* with --chat: the template's end of turn, a stop token unless it is EOS already */
+    if (o->chat) {
+        int jinja = 0;
+        st = o->chat_template ? kvp_chat_template_parse(o->chat_template, &tmpl)
+                              : kvp_chat_template_of_model(o->model, kvp_model_is_gguf(m), &tmpl, &jinja);
+        if (st == KVP_OK && tmpl == KVP_CHAT_NONE)
+            st = KVP_ERR(KVP_EINVAL, "%s: the model has %s: name one with --chat-template", o->model,
+                         jinja ? "a chat template that is none of the built-in ones" : "no chat template");
+        if (st != KVP_OK) {
+            rc = kvp_cli_fail(CMD, st);
+            goto out;
+        }
+        eot = kvp_chat_end_of_turn(tmpl, tok);
+        if (eot >= 0 && kvp_model_is_eos(m, eot)) eot = -1;
+    }
     for (int32_t i = 0; i < n; i++) {
         int32_t np;
-        if ((st = kvp_tok_encode_ex(tok, o->prompts.items[i], strlen(o->prompts.items[i]),
-                                    KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL, &enc[i], &np)) != KVP_OK) {
+        const kvp_chat_msg msgs[2] = {{"system", o->system}, {"user", o->prompts.items[i]}};
+        st = o->chat ? kvp_chat_render_ids(tmpl, tok, msgs + !o->system, 1 + !!o->system, 1, &enc[i], &np)
+                     : kvp_tok_encode_ex(tok, o->prompts.items[i], strlen(o->prompts.items[i]),
+                                         KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL, &enc[i], &np);
+        if (st != KVP_OK) {
             rc = kvp_cli_fail(CMD, st);
             goto out;
         }
@@ -267,6 +296,10 @@ static int run(gen_opts *o)
                                                 .seed = (uint64_t)o->seed + (uint64_t)i,
                                                 .presence_penalty = o->presence, .frequency_penalty = o->frequency,
                                                 .repetition_penalty = o->repetition}};
+        if (eot >= 0 && !o->ignore_eos) {
+            reqs[i].stop_ids = &eot;
+            reqs[i].n_stop_ids = 1;
+        }
     }
     kvp_gen_config cfg = kvp_gen_config_default();
     cfg.block_size = o->block_size;
@@ -421,7 +454,7 @@ int kvp_cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE,
-           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP };
+           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -438,7 +471,8 @@ int kvp_cmd_generate(int argc, char **argv)
         {"logprobs", required_argument, 0, O_LOGPROBS}, {"prompt-logprobs", no_argument, 0, O_PROMPT_LOGPROBS},
         {"presence-penalty", required_argument, 0, O_PRESENCE}, {"frequency-penalty", required_argument, 0, O_FREQUENCY},
         {"repetition-penalty", required_argument, 0, O_REPETITION}, {"min-tokens", required_argument, 0, O_MIN_TOKENS},
-        {"stop", required_argument, 0, O_STOP},
+        {"stop", required_argument, 0, O_STOP},       {"chat", no_argument, 0, O_CHAT},
+        {"chat-template", required_argument, 0, O_CHAT_TEMPLATE}, {"system", required_argument, 0, O_SYSTEM},
         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0}};
     gen_opts o;
@@ -492,6 +526,9 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_IGNORE_EOS: o.ignore_eos = 1; break;
         case O_LOGPROBS: st = kvp_parse_i32(optarg, 0, KVP_GEN_MAX_TOP_LOGPROBS, &o.logprobs); break;
         case O_PROMPT_LOGPROBS: o.prompt_logprobs = 1; break;
+        case O_CHAT: o.chat = 1; break;
+        case O_CHAT_TEMPLATE: o.chat = 1, o.chat_template = optarg; break;
+        case O_SYSTEM: o.system = optarg; break;
         case O_STOP:
             if (o.stops.n >= 16 || strlen(optarg) < 1 || strlen(optarg) > 256)
                 st = KVP_ERR(KVP_EINVAL, "at most 16 stop strings of 1 to 256 bytes");
@@ -536,6 +573,10 @@ int kvp_cmd_generate(int argc, char **argv)
     }
     if ((o.logprobs >= 0 && !o.json) || (o.prompt_logprobs && o.logprobs < 0)) {
         rc = kvp_cli_usage_error(CMD, "--logprobs needs --json, and --prompt-logprobs needs --logprobs");
+        goto done;
+    }
+    if (o.system && !o.chat) {
+        rc = kvp_cli_usage_error(CMD, "--system needs --chat or --chat-template");
         goto done;
     }
     if (o.stops.n > 0 && o.beam > 1) {

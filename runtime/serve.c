@@ -1732,8 +1732,8 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
         st = o->chat_template ? kvp_chat_template_parse(o->chat_template, &sv.chat)
                               : kvp_chat_template_of_model(o->model, kvp_model_is_gguf(m), &sv.chat, &jinja);
     if (st == KVP_OK && jinja && sv.chat == KVP_CHAT_NONE)
-        KVP_LOG_W("serve: the model's chat template is none of the built-in ones (llama2, mistral, zephyr): chat "
-                  "requests get 400 unless --chat-template names one");
+        KVP_LOG_W("serve: the model's chat template is none of the built-in ones (see --help): chat requests get "
+                  "400 unless --chat-template names one");
     if (st == KVP_OK) st = kvp_gen_session_create(sv.m, &sv.cfg, &sv.s);
     if (o->name) {
         snprintf(sv.name, sizeof sv.name, "%s", o->name);

@@ -12,6 +12,7 @@
 #include "common/json.h"
 #include "cli_testutil.h"
 #include "model_testutil.h"
+#include "runtime/chat.h"
 #include "runtime/gen.h"
 #include "runtime/tokenizer.h"
 
@@ -687,6 +688,45 @@ Test(generate_cli, f16_weights_keep_the_golden_story)
     free(out);
     free(err);
     cJSON_Delete(gold);
+}
+
+/* --chat-template with --system: each prompt goes through the template as a user message after the system
+ * message (the prompt tokens are kvp_chat_render_ids's, which the chat tests check against the models' own
+ * templates); --chat on a model without a template, and --system without --chat, are refused. */
+Test(generate_cli, chat_prompts_through_the_template)
+{
+    tu_require_shared();
+    kvp_gguf *g;
+    kvp_tokenizer *tok;
+    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
+    cr_assert_eq(kvp_tok_from_gguf(g, &tok), KVP_OK);
+    kvp_gguf_close(g);
+    const kvp_chat_msg m[2] = {{"system", "Be brief."}, {"user", "Tell me a story."}};
+    int32_t *ids, n;
+    cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_ZEPHYR, tok, m, 2, 1, &ids, &n), KVP_OK);
+    char cmd[1024], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --chat-template zephyr --system 'Be brief.' --prompt "
+                              "'Tell me a story.' --max-tokens 4 --json",
+             kvp_test_bin(), S260_GGUF);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    const cJSON *pt = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "prompt_tokens");
+    cr_assert_eq(cJSON_GetArraySize(pt), n);
+    for (int32_t i = 0; i < n; i++) cr_assert_eq(cJSON_GetArrayItem(pt, i)->valueint, ids[i], "prompt token %d", i);
+    cJSON_Delete(j);
+    free(out);
+    free(err);
+    kvp_free(ids);
+    kvp_tok_destroy(tok);
+    const char *bad[2][2] = {{"--chat --prompt hi", "--chat-template"}, {"--system x --prompt hi", "--system needs --chat"}};
+    for (int i = 0; i < 2; i++) {
+        snprintf(cmd, sizeof cmd, "%s generate --model %s %s", kvp_test_bin(), S260_GGUF, bad[i][0]);
+        cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", err);
+        cr_assert(strstr(err, bad[i][1]), "%s", err);
+        free(out);
+        free(err);
+    }
 }
 
 /* generation_config.json's eos_token_id list ends generation too (as transformers and vLLM read it): with a
