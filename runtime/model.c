@@ -855,7 +855,6 @@ MM_INLINE void mm_load16(const void *restrict pan, int64_t k, const kvp_weight_t
         V8_LD(*w1, p + 8);
         return;
     }
-    float f[KVP_MM_PANEL];
     if (DT == KVP_WEIGHT_Q8_0) {
         const unsigned char *blk = (const unsigned char *)pan + (k / KVP_Q8_BLOCK) * KVP_Q8_BLOCK_BYTES;
         const int8_t *q = (const int8_t *)(blk + KVP_MM_PANEL * sizeof(float)) + (k % KVP_Q8_BLOCK) * KVP_MM_PANEL;
@@ -870,6 +869,7 @@ MM_INLINE void mm_load16(const void *restrict pan, int64_t k, const kvp_weight_t
         memcpy(w0, &q0, sizeof q0);
         memcpy(w1, &q1, sizeof q1);
 #else
+        float f[KVP_MM_PANEL];
         for (int j = 0; j < KVP_MM_PANEL; j++) f[j] = (float)q[j];
         V8_LD(*w0, f);
         V8_LD(*w1, f + 8);
@@ -880,12 +880,11 @@ MM_INLINE void mm_load16(const void *restrict pan, int64_t k, const kvp_weight_t
     }
     const uint16_t *h = (const uint16_t *)pan + k * KVP_MM_PANEL;
 #if !(defined(__F16C__) && defined(__AVX2__))
-    /* builds without them (the sanitizer build): the same values, one by one */
+    float f[KVP_MM_PANEL]; /* builds without them (the sanitizer build): the same values, one by one */
     for (int j = 0; j < KVP_MM_PANEL; j++) f[j] = DT == KVP_WEIGHT_F16 ? kvp_f16_to_f32(h[j]) : kvp_bf16_to_f32(h[j]);
     V8_LD(*w0, f);
     V8_LD(*w1, f + 8);
 #else
-    (void)f;
     __m128i lo, hi;
     memcpy(&lo, h, sizeof lo);
     memcpy(&hi, h + 8, sizeof hi);

@@ -135,11 +135,8 @@ Test(chat, llama3_and_chatml_ids_use_the_control_tokens)
         kvp_tok_destroy(t);
     }
     /* the stories260K vocabulary has no <|im_start|>: a clear refusal */
-    kvp_gguf *g;
-    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
     kvp_tokenizer *s;
-    cr_assert_eq(kvp_tok_from_gguf(g, &s), KVP_OK);
-    kvp_gguf_close(g);
+    cr_assert_eq(kvp_tok_load(S260_GGUF, 0, &s), KVP_OK, "%s", kvp_error_detail());
     int32_t *ids, n;
     cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_CHATML, s, m, 3, 1, &ids, &n), KVP_EINVAL);
     cr_assert(strstr(kvp_error_message(), "'<|im_start|>'"), "%s", kvp_error_message());
@@ -211,10 +208,7 @@ static kvp_tokenizer *g_tok;
 static void setup(void)
 {
     tu_require_shared();
-    kvp_gguf *g;
-    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
-    cr_assert_eq(kvp_tok_from_gguf(g, &g_tok), KVP_OK);
-    kvp_gguf_close(g);
+    cr_assert_eq(kvp_tok_load(S260_GGUF, 0, &g_tok), KVP_OK, "%s", kvp_error_detail());
 }
 
 static void teardown(void) { kvp_tok_destroy(g_tok); }

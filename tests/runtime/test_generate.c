@@ -23,10 +23,7 @@ static void setup(void)
 {
     tu_require_shared();
     cr_assert_eq(kvp_model_load(S260_GGUF, &g_model), KVP_OK, "%s", kvp_error_detail());
-    kvp_gguf *g;
-    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
-    cr_assert_eq(kvp_tok_from_gguf(g, &g_tok), KVP_OK);
-    kvp_gguf_close(g);
+    cr_assert_eq(kvp_tok_load(S260_GGUF, 0, &g_tok), KVP_OK, "%s", kvp_error_detail());
 }
 
 static void teardown(void)
@@ -696,11 +693,8 @@ Test(generate_cli, f16_weights_keep_the_golden_story)
 Test(generate_cli, chat_prompts_through_the_template)
 {
     tu_require_shared();
-    kvp_gguf *g;
     kvp_tokenizer *tok;
-    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
-    cr_assert_eq(kvp_tok_from_gguf(g, &tok), KVP_OK);
-    kvp_gguf_close(g);
+    cr_assert_eq(kvp_tok_load(S260_GGUF, 0, &tok), KVP_OK, "%s", kvp_error_detail());
     const kvp_chat_msg m[2] = {{"system", "Be brief."}, {"user", "Tell me a story."}};
     int32_t *ids, n;
     cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_ZEPHYR, tok, m, 2, 1, &ids, &n), KVP_OK);

@@ -927,11 +927,8 @@ static void chat_stream(const char *stream, char *content, size_t cap, int *role
 Test(serve, chat_completions_answer_the_rendered_prompt)
 {
     server s = start("--num-blocks 256 --chat-template llama2");
-    kvp_gguf *g;
     kvp_tokenizer *tok;
-    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
-    cr_assert_eq(kvp_tok_from_gguf(g, &tok), KVP_OK);
-    kvp_gguf_close(g);
+    cr_assert_eq(kvp_tok_load(S260_GGUF, 0, &tok), KVP_OK, "%s", kvp_error_detail());
     const kvp_chat_msg m[4] = {{"system", "Be nice."}, {"user", "Tell me a story about Lily."},
                                {"assistant", "Lily was a girl."}, {"user", "What did she do?"}};
     int32_t *ids, n;
@@ -1201,11 +1198,8 @@ Test(serve, tokenize_and_detokenize)
     cr_assert_str_eq(cJSON_GetObjectItem(j, "prompt")->valuestring, cJSON_GetObjectItem(c0, "text")->valuestring);
     cJSON_Delete(j);
     /* a conversation: the template's tokens */
-    kvp_gguf *g;
     kvp_tokenizer *tok;
-    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
-    cr_assert_eq(kvp_tok_from_gguf(g, &tok), KVP_OK);
-    kvp_gguf_close(g);
+    cr_assert_eq(kvp_tok_load(S260_GGUF, 0, &tok), KVP_OK, "%s", kvp_error_detail());
     const kvp_chat_msg m[2] = {{"system", "Be brief."}, {"user", "Hi"}};
     int32_t *ids, n;
     cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_ZEPHYR, tok, m, 2, 1, &ids, &n), KVP_OK);

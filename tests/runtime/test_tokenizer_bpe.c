@@ -34,11 +34,8 @@ static kvp_tokenizer *load_gguf(const char *family)
 {
     char path[256];
     snprintf(path, sizeof path, TOKDIR "/%s.gguf", family);
-    kvp_gguf *g;
-    cr_assert_eq(kvp_gguf_open(path, &g), KVP_OK, "%s", kvp_error_detail());
     kvp_tokenizer *t = NULL;
-    cr_assert_eq(kvp_tok_from_gguf(g, &t), KVP_OK, "%s", kvp_error_detail());
-    kvp_gguf_close(g);
+    cr_assert_eq(kvp_tok_load(path, 0, &t), KVP_OK, "%s", kvp_error_detail());
     return t;
 }
 
@@ -103,11 +100,8 @@ Test(tokenizer_bpe, llama2_style_json_and_the_gguf_match_hugging_face)
     tu_require_shared();
     cJSON *cases = load_cases();
     kvp_tokenizer *j = load_json("spm");
-    kvp_gguf *g;
-    cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
     kvp_tokenizer *s = NULL;
-    cr_assert_eq(kvp_tok_from_gguf(g, &s), KVP_OK);
-    kvp_gguf_close(g);
+    cr_assert_eq(kvp_tok_load(S260_GGUF, 0, &s), KVP_OK, "%s", kvp_error_detail());
     check_cases(j, cases, "spm", "tokenizer.json");
     check_cases(s, cases, "spm", "stories260K.gguf");
     cr_assert_eq(kvp_tok_bos(j), 1);
