@@ -44,7 +44,7 @@ static void usage(FILE *f)
                "  --matmul LIST         invariant,blas (default invariant)\n"
                "  --block-size N        KV block size (default 16)\n"
                "  --kv-dtype T          KV cache element type: f32, f16, bf16 or fp8 (default f32)\n"
-               "  --weight-dtype T      weight matrices in f32, f16, bf16 or q8_0 (default f32)\n"
+               "  --weight-dtype T      weight matrices in f32, f16, bf16, q8_0 or auto (default: as stored)\n"
                "  --reps N              rounds of (single, batched), fastest round reported (default 3)\n"
                "  --golden PATH         golden.json to validate against (default: golden.json beside the model)\n"
                "  --format table|csv|json  (default table)\n"
@@ -154,7 +154,7 @@ int kvp_bench_generate(int argc, char **argv)
     int nthreads = 1, nmatmul = 1;
     int32_t batch = 64, max_tokens = 256, bs = 16, reps = 3;
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
-    kvp_weight_type wdtype = KVP_WEIGHT_F32;
+    kvp_weight_type wdtype = KVP_WEIGHT_AUTO;
     kvp_format fmt = KVP_FMT_TABLE;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},      {"batch", required_argument, 0, 'b'},
                                          {"max-tokens", required_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
@@ -248,7 +248,7 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddStringToObject(row, "matmul", ms);
                 cJSON_AddNumberToObject(row, "block_size", bs);
                 cJSON_AddStringToObject(row, "kv_dtype", kvp_dtype_name(kv_dtype));
-                cJSON_AddStringToObject(row, "weight_dtype", kvp_weight_type_name(wdtype));
+                cJSON_AddStringToObject(row, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));
                 cJSON_AddNumberToObject(row, "max_tokens", max_tokens);
                 cJSON_AddNumberToObject(row, "reps", reps);
                 cJSON_AddNumberToObject(row, "generated", (double)gen[mode]);

@@ -70,9 +70,10 @@ static void usage(FILE *f)
             "                          of the MLP and of the vocabulary, and 1/N of the KV cache; rank 0 prints\n"
             "  --matmul invariant|blas invariant: batch-invariant kernels, the same greedy tokens in any batch\n"
             "                          (default); blas: OpenBLAS sgemm and tiled prefill attention\n"
-            "  --weight-dtype T        weight matrices held as f32 (default), f16 or bf16 (half the memory and the\n"
-            "                          bytes each decode step reads) or q8_0 (ggml's Q8_0: about a quarter);\n"
-            "                          rounded at load; blas makes an f32 copy\n"
+            "  --weight-dtype T        weight matrices held as f32, f16 or bf16 (half the memory and the bytes each\n"
+            "                          decode step reads) or q8_0 (ggml's Q8_0: about a quarter), rounded at load;\n"
+            "                          auto (default): as the file stores each one (F32, F16, BF16, Q8_0), GGUF's\n"
+            "                          other quantized types as q8_0; blas makes an f32 copy\n"
             "  --json                  one JSON object: per-prompt results and totals\n"
             "  --logprobs K            with --json: each generated token's log-probability and the K (0..20) likeliest\n"
             "                          tokens at its place ([id, logprob] pairs), per sample (not with --beam-width)\n"
@@ -421,7 +422,7 @@ static int run(gen_opts *o)
         cJSON_AddNumberToObject(t, "threads", o->threads);
         cJSON_AddNumberToObject(t, "tp", o->tp);
         cJSON_AddStringToObject(t, "matmul", kvp_matmul_kind_name(o->matmul));
-        cJSON_AddStringToObject(t, "weight_dtype", kvp_weight_type_name(o->weight_dtype));
+        cJSON_AddStringToObject(t, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));
         st = kvp_json_print(stdout, root);
         cJSON_Delete(root);
         if (st != KVP_OK) rc = kvp_cli_fail(CMD, st);
@@ -488,7 +489,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.tp = 1;
     o.matmul = KVP_MATMUL_INVARIANT;
     o.kv_dtype = KVP_DTYPE_F32;
-    o.weight_dtype = KVP_WEIGHT_F32;
+    o.weight_dtype = KVP_WEIGHT_AUTO;
     o.logprobs = -1;
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;

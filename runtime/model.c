@@ -310,11 +310,29 @@ static void q8_block(const float *w, int64_t in_f, int64_t o0, int64_t out_f, in
     }
 }
 
+/* The held type `auto` gives tensor `name` (see kvp_weight_type); a missing tensor gets f32 and fails in
+ * load_part. */
+static kvp_weight_type held_as_stored(const source *src, const char *name)
+{
+    kvp_tensor_view v;
+    if ((src->g ? kvp_gguf_tensor(src->g, name, &v) : kvp_st_tensor(src->s, name, &v)) != KVP_OK) {
+        kvp_error_clear();
+        return KVP_WEIGHT_F32;
+    }
+    switch (v.dtype) {
+    case KVP_WT_F32: return KVP_WEIGHT_F32;
+    case KVP_WT_F16: return KVP_WEIGHT_F16;
+    case KVP_WT_BF16: return KVP_WEIGHT_BF16;
+    default: return KVP_WEIGHT_Q8_0;
+    }
+}
+
 /* Loads outputs [o0, o0 + no) and inputs [i0, i0 + ni) of an [out, in] matrix into packed panels (mat_w) of
  * type dt (f16 / bf16 rounded to nearest even; Q8_0 only when the inputs are a multiple of 32, else f32). */
 static kvp_status load_mat(const source *src, const char *name, int64_t out_full, int64_t in_full, int64_t o0,
                            int64_t no, int64_t i0, int64_t ni, kvp_weight_type dt, mat_w *out)
 {
+    if (dt == KVP_WEIGHT_AUTO) dt = held_as_stored(src, name);
     float *w;
     KVP_TRY(load_part(src, name, out_full, in_full, o0, no, i0, ni, &w));
     const int64_t out_f = no, in_f = ni;
@@ -381,6 +399,28 @@ static kvp_status mat_need_t(mat_w *w)
     return KVP_OK;
 }
 
+enum { KVP_LAYER_MATS = 7 };
+
+/* The matrices of layer w. */
+static void layer_mats(layer_w *w, mat_w *ms[KVP_LAYER_MATS])
+{
+    mat_w *all[KVP_LAYER_MATS] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+    memcpy(ms, all, sizeof all);
+}
+
+/* The type every matrix is held in, or KVP_WEIGHT_AUTO when they differ. */
+static kvp_weight_type held_type(kvp_model *m)
+{
+    kvp_weight_type t = m->lm_head.dt;
+    for (int32_t l = 0; l < m->cfg.num_layers; l++) {
+        mat_w *ms[KVP_LAYER_MATS];
+        layer_mats(&m->layers[l], ms);
+        for (int i = 0; i < KVP_LAYER_MATS; i++)
+            if (ms[i]->dt != t) return KVP_WEIGHT_AUTO;
+    }
+    return t;
+}
+
 static void free_weights(kvp_model *m)
 {
     if (m->layers)
@@ -388,8 +428,9 @@ static void free_weights(kvp_model *m)
             layer_w *w = &m->layers[l];
             float *ps[] = {w->attn_norm, w->bq, w->bk, w->bv, w->bo, w->q_norm, w->k_norm, w->ffn_norm};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_free(ps[i]);
-            mat_w *ms[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-            for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) mat_free(ms[i]);
+            mat_w *ms[KVP_LAYER_MATS];
+            layer_mats(w, ms);
+            for (int i = 0; i < KVP_LAYER_MATS; i++) mat_free(ms[i]);
         }
     kvp_free(m->layers);
     mat_free(&m->lm_head);
@@ -643,7 +684,7 @@ kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out)
     return kvp_model_load_ex(path, comm, KVP_WEIGHT_F32, out);
 }
 
-static const char *const k_weight_names[] = {"f32", "f16", "bf16", "q8_0"};
+static const char *const k_weight_names[] = {"f32", "f16", "bf16", "q8_0", "auto"};
 
 kvp_status kvp_weight_type_parse(const char *s, kvp_weight_type *out)
 {
@@ -652,7 +693,7 @@ kvp_status kvp_weight_type_parse(const char *s, kvp_weight_type *out)
             *out = (kvp_weight_type)i;
             return KVP_OK;
         }
-    return KVP_ERR(KVP_EINVAL, "unknown weight type '%s' (f32, f16, bf16 or q8_0)", s);
+    return KVP_ERR(KVP_EINVAL, "unknown weight type '%s' (f32, f16, bf16, q8_0 or auto)", s);
 }
 
 const char *kvp_weight_type_name(kvp_weight_type t)
@@ -664,7 +705,7 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
 {
     if (!path || !out) return KVP_ERR(KVP_EINVAL, "kvp_model_load: NULL argument");
     if (strlen(path) >= 900) return KVP_ERR(KVP_EINVAL, "model path too long");
-    if ((unsigned)weights > KVP_WEIGHT_Q8_0) return KVP_ERR(KVP_EINVAL, "kvp_model_load_ex: weight type %d", (int)weights);
+    if ((unsigned)weights > KVP_WEIGHT_AUTO) return KVP_ERR(KVP_EINVAL, "kvp_model_load_ex: weight type %d", (int)weights);
     kvp_model *m = kvp_calloc(1, sizeof *m);
     if (!m) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
     snprintf(m->path, sizeof m->path, "%s", path);
@@ -701,6 +742,7 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
     if ((st = shard(m, comm, path)) != KVP_OK) goto fail;
     if ((st = init_rope(m)) != KVP_OK) goto fail;
     if ((st = load_weights(m, &src)) != KVP_OK) goto fail;
+    if (weights == KVP_WEIGHT_AUTO) m->wtype = held_type(m);
     kvp_gguf_close(g);
     kvp_st_close(s);
     kvp_model_set_threads(m, 1);
@@ -1427,9 +1469,9 @@ static kvp_status need_blas_layout(kvp_model *m)
 {
     if (m->lm_head.t) return KVP_OK; /* made last: everything before it exists */
     for (int32_t l = 0; l < m->cfg.num_layers; l++) {
-        layer_w *w = &m->layers[l];
-        mat_w *ms[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-        for (size_t i = 0; i < sizeof ms / sizeof ms[0]; i++) KVP_TRY(mat_need_t(ms[i]));
+        mat_w *ms[KVP_LAYER_MATS];
+        layer_mats(&m->layers[l], ms);
+        for (int i = 0; i < KVP_LAYER_MATS; i++) KVP_TRY(mat_need_t(ms[i]));
     }
     return mat_need_t(&m->lm_head);
 }

@@ -55,9 +55,14 @@ kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out);
 /* How the weight matrices (projections, FFN, LM head) are held: f32; f16 / bf16 (rounded to nearest even at
  * load: half the memory and half the bytes a decode step reads); q8_0 (ggml's Q8_0 per 32 inputs: about a
  * quarter; matrices whose inputs are not a multiple of 32 stay f32). All are widened to f32 in registers
- * and summed in f32. Embeddings and norms stay f32. */
-typedef enum { KVP_WEIGHT_F32 = 0, KVP_WEIGHT_F16, KVP_WEIGHT_BF16, KVP_WEIGHT_Q8_0 } kvp_weight_type;
-/* "f32" | "f16" | "bf16" | "q8_0" (KVP_EINVAL naming the value and the choices). */
+ * and summed in f32. Embeddings and norms stay f32.
+ * auto: each matrix as its file stores it (F32, F16, BF16, Q8_0: exact, as vLLM's dtype "auto" keeps a
+ * checkpoint's dtype), and GGUF's other quantized types (Q4_0 .. Q6_K) as q8_0, the held type closest to
+ * their size (its rounding, about 1/254 of a block's largest weight, is small beside theirs).
+ * kvp_model_weight_type gives the type asked for, or with auto the matrices' one held type (KVP_WEIGHT_AUTO
+ * when they differ). */
+typedef enum { KVP_WEIGHT_F32 = 0, KVP_WEIGHT_F16, KVP_WEIGHT_BF16, KVP_WEIGHT_Q8_0, KVP_WEIGHT_AUTO } kvp_weight_type;
+/* "f32" | "f16" | "bf16" | "q8_0" | "auto" (KVP_EINVAL naming the value and the choices). */
 kvp_status kvp_weight_type_parse(const char *s, kvp_weight_type *out);
 const char *kvp_weight_type_name(kvp_weight_type t);
 /* kvp_model_load_tp with the matrices held as `weights`. */

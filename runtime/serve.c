@@ -92,7 +92,7 @@ static void usage(FILE *f)
             "  --max-batched-tokens N    tokens per step (default 2048)\n"
             "  --threads N               CPU threads (default 1)\n"
             "  --matmul invariant|blas   as for generate (default invariant)\n"
-            "  --weight-dtype T          as for generate: f32 (default), f16, bf16 or q8_0\n"
+            "  --weight-dtype T          as for generate: auto (default), f32, f16, bf16 or q8_0\n"
             "  --max-connections N       open connections at most, one thread each (default 4096)\n"
             "  --tp N                    tensor parallelism over N MPI ranks (default 1): run it as\n"
             "                            `mpirun -np N kvpage serve --tp N ...`; rank 0 serves HTTP and schedules,\n"
@@ -1882,7 +1882,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"chat-template", required_argument, 0, O_CHAT},
         {0, 0, 0, 0}};
     serve_opts o = {.host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1,
-                    .matmul = KVP_MATMUL_INVARIANT};
+                    .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO};
     kvp_gen_config cfg = kvp_gen_config_default();
     int c, li = -1;
     kvp_status st = KVP_OK;

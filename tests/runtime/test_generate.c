@@ -598,6 +598,8 @@ Test(generate_cli, golden_story_from_gguf_and_hf_folder)
         cr_assert_not_null(cJSON_GetObjectItem(tot, "prefix_hit_rate"));
         cr_assert_eq(cJSON_GetObjectItem(tot, "kv_token_states")->valueint, 256);
         cr_assert_str_eq(cJSON_GetObjectItem(tot, "kv_dtype")->valuestring, "f32");
+        /* the default --weight-dtype auto keeps both f32 files in f32 */
+        cr_assert_str_eq(cJSON_GetObjectItem(tot, "weight_dtype")->valuestring, "f32");
         cr_assert_gt(cJSON_GetObjectItem(tot, "kv_pool_bytes")->valuedouble, 0);
         cJSON_Delete(j);
         free(out);
@@ -681,7 +683,7 @@ Test(generate_cli, f16_weights_keep_the_golden_story)
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --weight-dtype fp8", kvp_test_bin(), S260_GGUF);
     int rc = kvp_test_sh(cmd, &out, &err);
     cr_assert_eq(rc, 2, "%s", err);
-    cr_assert(strstr(err, "fp8"), "%s", err);
+    cr_assert(strstr(err, "fp8") && strstr(err, "auto"), "%s", err);
     free(out);
     free(err);
     cJSON_Delete(gold);

@@ -310,8 +310,11 @@ static double max_rel(const float *a, const float *b, int n)
     return e;
 }
 
-/* Rewrites stories260K.gguf with 2-D weights in Q8_0 (rows of a multiple of 32) or F16, norms in F32. */
-static void write_quantized_gguf(const char *path, int q8)
+enum { QF16, QQ8_0, QQ4_0 };
+
+/* Rewrites stories260K.gguf with 2-D weights in F16, or in Q8_0 / Q4_0 (rows of a multiple of 32; the
+ * others in F16), norms in F32. */
+static void write_quantized_gguf(const char *path, int mode)
 {
     size_t len;
     unsigned char *src = tu_read_all(S260_GGUF, &len);
@@ -331,7 +334,7 @@ static void write_quantized_gguf(const char *path, int q8)
         kvp_tensor_to_f32(&v, f);
         uint32_t type = 0;
         int64_t ne0 = v.shape[v.ndim - 1];
-        if (v.ndim == 2) type = q8 && ne0 % 32 == 0 ? 8 : 1;
+        if (v.ndim == 2) type = mode != QF16 && ne0 % 32 == 0 ? (mode == QQ8_0 ? 8 : 2) : 1;
         tu_pad(&data, 32);
         tu_str(&hdr, v.name);
         tu_u32(&hdr, (uint32_t)v.ndim);
@@ -356,6 +359,19 @@ static void write_quantized_gguf(const char *path, int q8)
                     tu_put(&data, &q, 1);
                 }
             }
+        if (type == 2) /* ggml's quantize_row_q4_0_ref: d = (the weight of largest magnitude) / -8 */
+            for (int64_t b0 = 0; b0 < v.numel; b0 += 32) {
+                float mx = 0;
+                for (int j = 0; j < 32; j++) mx = fabsf(f[b0 + j]) > fabsf(mx) ? f[b0 + j] : mx;
+                const float d = mx / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+                uint16_t dh = kvp_wt_f32_to_f16(d);
+                tu_put(&data, &dh, 2);
+                for (int j = 0; j < 16; j++) {
+                    int lo = (int)(f[b0 + j] * id + 8.5f), hi = (int)(f[b0 + 16 + j] * id + 8.5f);
+                    uint8_t qs = (uint8_t)((lo > 15 ? 15 : lo) | (hi > 15 ? 15 : hi) << 4);
+                    tu_put(&data, &qs, 1);
+                }
+            }
         free(f);
     }
     tu_pad(&hdr, 32);
@@ -367,14 +383,15 @@ static void write_quantized_gguf(const char *path, int q8)
     kvp_gguf_close(g);
 }
 
-/* The file at path loaded with its matrices held as `wt` (kvp_model_load_ex) gives the logits of its f32 load
- * m bit for bit, with either matmul: the values held are the file's, widened in registers (Q8_0: d * q, exact
- * in f32, as the f32 load dequantizes them). */
-static void expect_held_as_stored(const char *path, kvp_model *m, kvp_weight_type wt)
+/* The file at path loaded with its matrices held as `wt` (kvp_model_load_ex) gives the logits of m bit for
+ * bit, with either matmul: m is its f32 load, and the values held are the file's, widened in registers
+ * (Q8_0: d * q, exact in f32, as the f32 load dequantizes them). `want` is the type the load reports. */
+static void expect_same_logits(const char *path, kvp_model *m, kvp_weight_type wt, kvp_weight_type want)
 {
     kvp_model *h;
     cr_assert_eq(kvp_model_load_ex(path, NULL, wt, &h), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_model_weight_type(h), wt);
+    cr_assert_eq(kvp_model_weight_type(h), want, "%s held as %s: reports %s, not %s", path, kvp_weight_type_name(wt),
+                 kvp_weight_type_name(kvp_model_weight_type(h)), kvp_weight_type_name(want));
     float a[5 * 512], b[5 * 512];
     for (int blas = 0; blas < 2; blas++) {
         kvp_model_set_matmul(m, blas ? KVP_MATMUL_BLAS : KVP_MATMUL_INVARIANT);
@@ -389,6 +406,13 @@ static void expect_held_as_stored(const char *path, kvp_model *m, kvp_weight_typ
     kvp_model_destroy(h);
 }
 
+/* expect_same_logits held as wt, and held as stored (auto), which reports auto_wt. */
+static void expect_held_as_stored(const char *path, kvp_model *m, kvp_weight_type wt, kvp_weight_type auto_wt)
+{
+    expect_same_logits(path, m, wt, wt);
+    expect_same_logits(path, m, KVP_WEIGHT_AUTO, auto_wt);
+}
+
 Test(model, gguf_f16_and_q8_0_weights_track_f32)
 {
     tu_require_shared();
@@ -399,7 +423,7 @@ Test(model, gguf_f16_and_q8_0_weights_track_f32)
     for (int q8 = 0; q8 < 2; q8++) {
         char path[400];
         snprintf(path, sizeof path, "%s/s260_%s.gguf", dir, q8 ? "q8_0" : "f16");
-        write_quantized_gguf(path, q8);
+        write_quantized_gguf(path, q8 ? QQ8_0 : QF16);
         kvp_model *m = load(path);
         logits_of(m, got);
         double e = max_rel(got, want, 5 * 512);
@@ -407,10 +431,36 @@ Test(model, gguf_f16_and_q8_0_weights_track_f32)
         cr_assert_lt(e, q8 ? 0.25 : 0.03, "%s: max relative logit error %g", path, e);
         cr_assert_gt(e, 0.0, "%s: the conversion changed nothing?", path);
         for (int r = 0; r < 5; r++) cr_assert_eq(kvp_argmax(got + r * 512, 512), kvp_argmax(want + r * 512, 512));
-        expect_held_as_stored(path, m, q8 ? KVP_WEIGHT_Q8_0 : KVP_WEIGHT_F16);
+        /* auto: Q8_0 and F16 matrices (inputs not a multiple of 32) held side by side, reported as auto */
+        expect_held_as_stored(path, m, q8 ? KVP_WEIGHT_Q8_0 : KVP_WEIGHT_F16, q8 ? KVP_WEIGHT_AUTO : KVP_WEIGHT_F16);
         kvp_model_destroy(m);
     }
     kvp_model_destroy(ref);
+}
+
+/* auto holds an f32 file in f32, and GGUF's other quantized types as q8_0: the logits of an explicit q8_0
+ * load, bit for bit (the Q4_0 matrices dequantized, then quantized to Q8_0 the same way; the F16 ones, whose
+ * inputs are not a multiple of 32, exact in f16 under auto and in f32 under q8_0). */
+Test(model, auto_weights_keep_f32_and_hold_other_quant_types_as_q8_0)
+{
+    tu_require_shared();
+    kvp_model *f32 = load(S260_GGUF);
+    expect_same_logits(S260_GGUF, f32, KVP_WEIGHT_AUTO, KVP_WEIGHT_F32);
+    kvp_model_destroy(f32);
+    char path[400];
+    snprintf(path, sizeof path, "%s/s260_q4_0.gguf", tu_tmpdir());
+    write_quantized_gguf(path, QQ4_0);
+    kvp_model *q8;
+    cr_assert_eq(kvp_model_load_ex(path, NULL, KVP_WEIGHT_Q8_0, &q8), KVP_OK, "%s", kvp_error_detail());
+    expect_same_logits(path, q8, KVP_WEIGHT_AUTO, KVP_WEIGHT_AUTO);
+    /* and Q4_0 is really what was read: the f32 load differs from the q8_0 one */
+    kvp_model *q4 = load(path);
+    float a[5 * 512], b[5 * 512];
+    logits_of(q4, a);
+    logits_of(q8, b);
+    cr_assert_gt(max_rel(a, b, 5 * 512), 0.0);
+    kvp_model_destroy(q4);
+    kvp_model_destroy(q8);
 }
 
 /* Rewrites the HF safetensors in F16 or BF16 (config.json copied); loads each as f32 and with its matrices
@@ -466,7 +516,7 @@ Test(model, hf_f16_and_bf16_safetensors_track_f32)
         cr_assert_lt(e, bf ? 0.2 : 0.03, "%s: max relative logit error %g", bf ? "bf16" : "f16", e);
         cr_assert_gt(e, 0.0);
         for (int r = 0; r < 5; r++) cr_assert_eq(kvp_argmax(got + r * 512, 512), kvp_argmax(want + r * 512, 512));
-        expect_held_as_stored(dir, m, bf ? KVP_WEIGHT_BF16 : KVP_WEIGHT_F16);
+        expect_held_as_stored(dir, m, bf ? KVP_WEIGHT_BF16 : KVP_WEIGHT_F16, bf ? KVP_WEIGHT_BF16 : KVP_WEIGHT_F16);
         kvp_model_destroy(m);
     }
     kvp_st_close(s);
