@@ -160,10 +160,12 @@ KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p)
     for (int i = 0; i < 8; i++) r.x[i] = kvp_fp8e4m3_to_f32(p[i]);
     return r;
 }
+/* As the AVX2 version: NaN reads as -126 (maxps returns its second operand), and the exponent stays in
+ * range whatever the input (NaN or huge scores from corrupt weights: no undefined conversion). */
 KVP_INLINE kvp_v8 v8_exp2(kvp_v8 x)
 {
     for (int i = 0; i < 8; i++) {
-        float xc = x.x[i] < -126.0f ? -126.0f : x.x[i];
+        float xc = x.x[i] > -126.0f ? (x.x[i] < 127.0f ? x.x[i] : 127.0f) : -126.0f;
         float n = rintf(xc), f = xc - n;
         float p = 1.5403530393381606e-4f;
         p = p * f + 1.3333558146428443e-3f;

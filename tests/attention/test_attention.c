@@ -392,6 +392,35 @@ Test(attention, large_group_mqa_and_single_thread)
     case_free(&c);
 }
 
+/* Scores from corrupt weights: a query scaled by 1e30 (softmax exactly one-hot: the other keys' 2^x fall
+ * below 2^-126) matches the float64 reference; NaN and infinite queries in another sequence stay in their rows
+ * (the sanitizer build checks that exp2 never converts a NaN or huge exponent to an integer). */
+Test(attention, extreme_and_nan_scores_stay_in_their_rows)
+{
+    const int32_t dims[2] = {8, 128}, hkv = 2, hq = 4;
+    for (int di = 0; di < 2; di++) {
+        const int32_t D = dims[di];
+        int32_t lens[3] = {40, 33, 20};
+        kcase c;
+        case_build(&c, KVP_DTYPE_F32, D, hkv, 16, 3, lens, 7100 + (uint64_t)di);
+        const size_t per_seq = (size_t)hq * D, nout = 3 * per_seq;
+        float *q = randv(nout, 7200), *out = kvp_malloc(sizeof(float) * nout), *ref = kvp_malloc(sizeof(float) * nout);
+        for (size_t i = 0; i < per_seq; i++) q[i] *= 1e30f;
+        q[per_seq] = NAN;                       /* sequence 1, head 0 */
+        q[per_seq + (size_t)D] = INFINITY;      /* head 1 */
+        q[per_seq + 2 * (size_t)D] = -1e38f;    /* head 2: scores overflow to -inf */
+        q[per_seq + 2 * (size_t)D + 1] = 1e38f; /* and +inf */
+        kvp_attn_params p = kvp_attn_default_params(hq);
+        cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 3, hkv, D, q, ref, &p), KVP_OK);
+        cr_assert(rel_err(out, ref, per_seq) < 1e-5, "D=%d, query x 1e30: err %g", D, rel_err(out, ref, per_seq));
+        cr_assert(rel_err(out + 2 * per_seq, ref + 2 * per_seq, per_seq) < 1e-5, "D=%d: a NaN query elsewhere changed "
+                  "sequence 2: err %g", D, rel_err(out + 2 * per_seq, ref + 2 * per_seq, per_seq));
+        kvp_free(q), kvp_free(out), kvp_free(ref);
+        case_free(&c);
+    }
+}
+
 Test(attention, unsupported_head_dims_and_dtypes_rejected)
 {
     kvp_paged_kv kv;
