@@ -1645,6 +1645,12 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         b = kvp_calloc(1, sizeof *b);
         if (!b) return MHD_NO;
         *con_cls = b;
+        /* a body announced larger than we take: answered now, not after reading (and dropping) all of it */
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > MAX_BODY) {
+            b->too_big = 1;
+            return reply_error(sv, c, 413, "the request body is larger than 1 MiB");
+        }
         return MHD_YES;
     }
     if (*upload_size > 0) {
