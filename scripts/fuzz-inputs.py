@@ -1,0 +1,334 @@
+#!/usr/bin/env python3
+"""Feeds kvpage mutated inputs and reports every crash, hang and sanitizer report.
+
+Three targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by
+`make test`, which has AddressSanitizer, LeakSanitizer and UBSan):
+
+    models      stories260K's GGUF, HF safetensors and config.json: truncations, flipped bytes, extreme
+                header and metadata numbers, lying tensor shapes, dtypes and offsets, odd config values;
+                each through `kvpage generate` (3 tokens).
+    tokenizers  the tokenizer fixtures (tokenizer.json and GGUF vocabularies): truncations, flipped bytes,
+                inserted junk, and edits to the JSON structure; each through `kvpage tokenize`.
+    serve       one `kvpage serve`, sent odd OpenAI requests: wrong types and out-of-range values in every
+                field, broken JSON, lying Content-Length, chunked bodies, long headers, truncated requests.
+
+    scripts/fuzz-inputs.py models|tokenizers|serve [-n N] [--seed S] [--kvpage build-asan/kvpage]
+
+A run is bad when the exit code is neither 0 nor 2 (the CLI's code for bad input), when it runs past 60 s,
+or when the sanitizers print anything; the server is bad when it dies or reports. Bad inputs are kept under
+--keep (default /tmp/kvpage-fuzz) and the script exits 1. Not part of CI: a few thousand runs take minutes.
+"""
+import argparse
+import json
+import os
+import random
+import shutil
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+S260 = os.path.join(ROOT, '..', 'shared', 'models', 'stories260K')
+ENV = dict(os.environ, ASAN_OPTIONS='allocator_may_return_null=1:detect_leaks=1',
+           UBSAN_OPTIONS='print_stacktrace=1:halt_on_error=1')
+I32 = [0, 1, 3, 17, 1 << 20, 0x7fffffff, 0x80000000, 0xffffffff]
+I64 = [0, 1, 12345678, 1 << 32, 1 << 40, 1 << 62, (1 << 64) - 1]
+
+
+def odd_value(rng):
+    return rng.choice([0, -1, 1, 2, 5, 1 << 31, -(1 << 31), 1 << 62, 1e308, -1e308, 0.5, 1e-30, 'x', '', None,
+                       True, [], {}, [1, 2, 3], [[1]], {'a': 1}, [-1, 99999], '<|im_start|>', 'x' * 5000])
+
+
+def sanitized(err):
+    return 'Sanitizer' in err or 'runtime error' in err
+
+
+def run_cli(args):
+    try:
+        p = subprocess.run(args, env=ENV, capture_output=True, timeout=60)
+        return p.returncode, p.stderr.decode(errors='replace')
+    except subprocess.TimeoutExpired:
+        return 'timeout', ''
+
+
+# ---------------------------------------------------------------- models
+
+def mutate_gguf(rng, gguf):
+    b = bytearray(gguf)
+    end = gguf.find(b'token_embd.weight') + 2000  # metadata and tensor infos
+    k = rng.randrange(6)
+    if k == 0:
+        return bytes(b[:rng.randrange(len(b))])
+    if k == 1:
+        for _ in range(rng.randint(1, 8)):
+            b[rng.randrange(end)] ^= 1 << rng.randrange(8)
+    elif k in (2, 3):
+        w = 4 if k == 2 else 8
+        o = rng.randrange(0, end - w)
+        b[o:o + w] = struct.pack('<I' if w == 4 else '<Q', rng.choice(I32 if w == 4 else I64))
+    elif k == 4:  # the type or value of a metadata key
+        keys = [x.encode() for x in ('llama.embedding_length', 'llama.block_count', 'llama.attention.head_count',
+                                     'llama.attention.head_count_kv', 'llama.context_length', 'llama.rope.dimension_count',
+                                     'llama.feed_forward_length', 'tokenizer.ggml.tokens', 'tokenizer.ggml.scores',
+                                     'tokenizer.ggml.token_type', 'llama.rope.freq_base', 'tokenizer.ggml.bos_token_id',
+                                     'general.architecture', 'tokenizer.ggml.model')]
+        key = rng.choice(keys)
+        o = b.find(key)
+        if o >= 0:
+            key_end = o + len(key)  # then the value's u32 type and the value
+            if rng.random() < 0.3:
+                b[key_end:key_end + 4] = struct.pack('<I', rng.randrange(14))
+            else:
+                w = rng.choice([4, 8])
+                b[key_end + 4:key_end + 4 + w] = struct.pack('<I' if w == 4 else '<Q', rng.choice(I32 if w == 4 else I64))
+    else:  # tensor infos: dims, types, offsets
+        o = gguf.find(b'token_embd.weight') + rng.randrange(0, 1500)
+        w = rng.choice([4, 8])
+        b[o:o + w] = struct.pack('<I' if w == 4 else '<Q', rng.choice(I32 if w == 4 else I64))
+    return bytes(b)
+
+
+def mutate_safetensors(rng, st):
+    hlen = struct.unpack('<Q', st[:8])[0]
+    k = rng.randrange(5)
+    if k == 0:
+        return st[:rng.randrange(len(st))]
+    if k == 1:
+        b = bytearray(st)
+        for _ in range(rng.randint(1, 6)):
+            b[rng.randrange(8 + hlen)] ^= 1 << rng.randrange(8)
+        return bytes(b)
+    if k == 2:
+        return struct.pack('<Q', rng.choice(I64 + [hlen - 1, hlen + 1])) + st[8:]
+    h = json.loads(st[8:8 + hlen])
+    t = h[rng.choice([n for n in h if n != '__metadata__'])]
+    field = rng.choice(['dtype', 'shape', 'data_offsets'])
+    if field == 'dtype':
+        t['dtype'] = rng.choice(['F64', 'I8', 'F16', 'BF16', 'Q8', '', 5])
+    elif field == 'shape' and t['shape'] and rng.random() < 0.7:
+        t['shape'][rng.randrange(len(t['shape']))] = odd_value(rng)
+    elif field == 'shape':
+        t['shape'] = rng.choice([[], [1, 2, 3, 4, 5], 'x', [0]])
+    else:
+        t['data_offsets'][rng.randrange(2)] = odd_value(rng)
+    hb = json.dumps(h).encode()
+    return struct.pack('<Q', len(hb)) + hb + st[8 + hlen:]
+
+
+def mutate_config(rng, cfg):
+    c = dict(cfg)
+    for _ in range(rng.randint(1, 3)):
+        key = rng.choice(list(c) + ['rope_scaling', 'sliding_window', 'head_dim', 'eos_token_id', 'layer_types'])
+        r = rng.random()
+        if r < 0.15:
+            c.pop(key, None)
+        elif key == 'rope_scaling' and r < 0.6:
+            c[key] = {'rope_type': rng.choice(['llama3', 'linear', 'yarn', 'x']), 'factor': odd_value(rng),
+                      'low_freq_factor': odd_value(rng), 'high_freq_factor': odd_value(rng),
+                      'original_max_position_embeddings': odd_value(rng)}
+        else:
+            c[key] = odd_value(rng)
+    return json.dumps(c)
+
+
+def fuzz_models(a, rng, keep):
+    gguf = open(os.path.join(S260, 'stories260K.gguf'), 'rb').read()
+    st = open(os.path.join(S260, 'hf', 'model.safetensors'), 'rb').read()
+    cfg = json.load(open(os.path.join(S260, 'hf', 'config.json')))
+    work = os.path.join(keep, 'work')
+    bad = 0
+    for i in range(a.n):
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        kind = rng.choice(['gguf', 'gguf', 'safetensors', 'config'])
+        if kind == 'gguf':
+            path = os.path.join(work, 'm.gguf')
+            open(path, 'wb').write(mutate_gguf(rng, gguf))
+        else:
+            path = work
+            shutil.copy(os.path.join(S260, 'llama2c', 'tok512.bin'), work)
+            if kind == 'safetensors':
+                open(os.path.join(work, 'model.safetensors'), 'wb').write(mutate_safetensors(rng, st))
+                shutil.copy(os.path.join(S260, 'hf', 'config.json'), work)
+            else:
+                shutil.copy(os.path.join(S260, 'hf', 'model.safetensors'), work)
+                open(os.path.join(work, 'config.json'), 'w').write(mutate_config(rng, cfg))
+        rc, err = run_cli([a.kvpage, 'generate', '--model', path, '--prompt', 'Once upon', '--max-tokens', '3'])
+        if rc not in (0, 2) or sanitized(err):
+            bad += 1
+            shutil.copytree(work, os.path.join(keep, 'model%d' % bad))
+            print('BAD', i, kind, rc, err[-1500:], flush=True)
+    return bad
+
+
+# ---------------------------------------------------------------- tokenizers
+
+def fuzz_tokenizers(a, rng, keep):
+    srcs = ['tests/data/tokenizers/qwen2/tokenizer.json', 'tests/data/tokenizers/llama3.gguf',
+            'tests/data/tokenizers/deepseek/tokenizer.json', 'tests/data/tokenizers/spm/tokenizer.json',
+            'tests/data/tokenizers/commandr.gguf', 'tests/data/quant_types.gguf']
+    bad = 0
+    for i in range(a.n):
+        src = rng.choice(srcs)
+        data = bytearray(open(os.path.join(ROOT, src), 'rb').read())
+        kind = rng.randrange(4)
+        if kind == 0:
+            data = data[:rng.randrange(len(data))]
+        elif kind == 1:
+            for _ in range(rng.randrange(1, 20)):
+                data[rng.randrange(len(data))] = rng.randrange(256)
+        elif kind == 2 and src.endswith('.json'):
+            j = json.loads(data)
+            m = j['model']
+            ch = rng.randrange(6)
+            if ch == 0:
+                m['merges'] = m['merges'][:rng.randrange(len(m['merges']) + 1)] + [rng.choice(['a', '', ' ', 'Ġ Ġ Ġ', ['x'], [1, 2], None])]
+            elif ch == 1:
+                j['added_tokens'].append({'id': rng.choice([-1, 0, 5, 1 << 30, 3.5]), 'content': rng.choice(['', '<|x|>', None]), 'special': True})
+            elif ch == 2:
+                j['pre_tokenizer'] = rng.choice([None, {'type': 'Split', 'pattern': {'Regex': '('}}, {'type': 'Digits'}, 5,
+                                                 {'type': 'Sequence', 'pretokenizers': [{'type': 'Split', 'pattern': {'Regex': 'a'}, 'behavior': 'Isolated'}] * 9}])
+            elif ch == 3:
+                m['vocab'][rng.choice(['Ġ', 'zz', ''])] = rng.choice([0, 511, 600, -5, 'x'])
+            elif ch == 4:
+                j['post_processor'] = {'type': 'TemplateProcessing', 'single': [{'SpecialToken': {'id': rng.choice(['<nope>', 5, None])}}]}
+            else:
+                m['ignore_merges'] = rng.choice([True, 'yes', None])
+            data = bytearray(json.dumps(j).encode())
+        else:
+            at = rng.randrange(len(data))
+            data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 50)))
+        work = os.path.join(keep, 'work')
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        path = os.path.join(work, 'tokenizer.json' if src.endswith('.json') else 'm.gguf')
+        open(path, 'wb').write(data)
+        text = rng.choice(['Hello world 123', '日本語 😀 \'ll', '', '<|im_start|>x<|eot_id|>', '\xff'])
+        rc, err = run_cli([a.kvpage, 'tokenize', '--tokenizer', path, '--special', '--json', '--text', text])
+        if rc not in (0, 2) or sanitized(err):
+            bad += 1
+            shutil.copytree(work, os.path.join(keep, 'tokenizer%d' % bad))
+            print('BAD', i, src, kind, rc, err[-1500:], flush=True)
+    return bad
+
+
+# ---------------------------------------------------------------- serve
+
+KEYS = ['prompt', 'max_tokens', 'temperature', 'top_k', 'top_p', 'n', 'stream', 'seed', 'stop', 'logprobs', 'echo',
+        'best_of', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'logit_bias', 'min_tokens',
+        'ignore_eos', 'messages', 'model', 'stream_options', 'top_logprobs', 'max_completion_tokens', 'text',
+        'tokens', 'add_special_tokens', 'suffix', 'response_format', 'stop_token_ids', 'skip_special_tokens', 'min_p']
+
+
+def odd_body(rng):
+    b = {'prompt': 'Once', 'max_tokens': 4}
+    if rng.random() < 0.4:
+        b = {'messages': [{'role': 'user', 'content': 'Hi'}], 'max_tokens': 4}
+    for _ in range(rng.choice([0, 1, 1, 2, 3])):
+        k = rng.choice(KEYS)
+        if k == 'messages' and rng.random() < 0.6:
+            b[k] = [{'role': rng.choice(['user', 'system', 'assistant', 'tool', 'x', 5]), 'content': odd_value(rng)}
+                    for _ in range(rng.randint(0, 3))]
+        elif k == 'logit_bias' and rng.random() < 0.6:
+            b[k] = {str(rng.choice([0, 1, 511, 512, -1, 'x'])): odd_value(rng)}
+        else:
+            b[k] = odd_value(rng)
+    s = json.dumps(b)
+    r = rng.random()
+    if r < 0.1:
+        s = s[:rng.randrange(len(s) + 1)]
+    elif r < 0.2:
+        at = rng.randrange(len(s))
+        s = s[:at] + rng.choice('{}[]",:\\0x\x00\xff') + s[at + 1:]
+    return s.encode('utf-8', 'surrogatepass')
+
+
+def send(port, rng, path, data):
+    head = b'POST ' + path.encode() + b' HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
+    r = rng.random()
+    if r < 0.05:
+        head += b'Content-Length: %d\r\n' % rng.choice([0, len(data) + 10, 1 << 40, -5])
+    elif r < 0.1:
+        head += b'Transfer-Encoding: chunked\r\n'
+    else:
+        head += b'Content-Length: %d\r\n' % len(data)
+    if rng.random() < 0.05:
+        head += b'X: ' + b'a' * rng.choice([100, 10000, 100000]) + b'\r\n'
+    msg = head + b'\r\n' + data
+    if rng.random() < 0.05:
+        msg = msg[:rng.randrange(len(msg))]
+    try:
+        with socket.create_connection(('127.0.0.1', port), timeout=30) as s:
+            s.sendall(msg)
+            s.shutdown(socket.SHUT_WR)  # the server may take this for a client gone: any answer will do
+            out = b''
+            while True:
+                c = s.recv(65536)
+                if not c:
+                    return out[9:12]
+                out += c
+    except OSError:
+        return b'err'
+
+
+def fuzz_serve(a, rng, keep):
+    log = os.path.join(keep, 'serve.err')
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        port = s.getsockname()[1]
+    errf = open(log, 'w')
+    srv = subprocess.Popen([a.kvpage, 'serve', '--model', os.path.join(S260, 'stories260K.gguf'), '--port', str(port),
+                            '--kv-mem', '8MiB'], env=ENV, stdout=subprocess.DEVNULL, stderr=errf)
+    for _ in range(150):
+        try:
+            socket.create_connection(('127.0.0.1', port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.2)
+    paths = ['/v1/completions'] * 4 + ['/v1/chat/completions'] * 4 + ['/tokenize', '/detokenize', '/nope']
+    codes, bad = {}, 0
+    for i in range(a.n):
+        code = send(port, rng, rng.choice(paths), odd_body(rng)).decode(errors='replace') or 'closed'
+        codes[code] = codes.get(code, 0) + 1
+        if srv.poll() is not None:
+            print('BAD: the server died at request', i, 'exit code', srv.returncode, flush=True)
+            bad += 1
+            break
+    srv.terminate()
+    try:
+        srv.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        srv.kill()
+        bad += 1
+        print('BAD: the server did not stop on SIGTERM')
+    errf.close()
+    err = open(log).read()
+    if sanitized(err) or srv.returncode not in (0, -15):
+        bad += 1
+        print('BAD: server exit code', srv.returncode, err[-3000:])
+    print('answers:', dict(sorted(codes.items())))
+    return bad
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    ap.add_argument('target', choices=['models', 'tokenizers', 'serve'])
+    ap.add_argument('-n', type=int, default=500, help='inputs (requests for serve) to try (default 500)')
+    ap.add_argument('--seed', type=int, default=1)
+    ap.add_argument('--kvpage', default=os.path.join(ROOT, 'build-asan', 'kvpage'))
+    ap.add_argument('--keep', default='/tmp/kvpage-fuzz', help='folder for bad inputs (default /tmp/kvpage-fuzz)')
+    a = ap.parse_args()
+    if not os.access(a.kvpage, os.X_OK):
+        sys.exit('%s: not found (run `make test` first, or pass --kvpage)' % a.kvpage)
+    os.makedirs(a.keep, exist_ok=True)
+    rng = random.Random(a.seed)
+    bad = {'models': fuzz_models, 'tokenizers': fuzz_tokenizers, 'serve': fuzz_serve}[a.target](a, rng, a.keep)
+    print('%s: %d inputs, %d bad' % (a.target, a.n, bad))
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == '__main__':
+    main()
