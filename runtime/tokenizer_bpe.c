@@ -26,17 +26,19 @@
     "\\s+(?!\\S)|\\s+"
 #define RE_CJK "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
 
-/* tokenizer.ggml.pre: the regexes, in order, and ignore_merges. Only those checked against the model's own
- * Hugging Face encodings (scripts/check-llama-cpp-vocabs.py) are listed. */
+/* tokenizer.ggml.pre: the regexes, in order, and ignore_merges. Only regex sets checked against a model's own
+ * Hugging Face encodings (scripts/check-llama-cpp-vocabs.py) are listed; the names after the first ones of a
+ * row (olmo, jais, exaone4; smollm, codeshell, exaone, minerva-7b) are those llama.cpp gives the same regexes. */
+enum { KVP_PRE_NAMES = 8 };
 static const struct {
-    const char *names[3];
+    const char *names[KVP_PRE_NAMES];
     int ignore_merges;
     const char *re[KVP_TOK_MAX_PRE];
 } k_pre[] = {
-    {{"default", "gpt-2", "mpt"}, 0, {RE_GPT2}},
+    {{"default", "gpt-2", "mpt", "olmo", "jais", "exaone4"}, 0, {RE_GPT2}},
     {{"llama-bpe", "llama3", "llama-v3"}, 1, {RE_LLAMA3}},
     {{"qwen2"}, 0, {RE_QWEN2}},
-    {{"starcoder", "refact", "command-r"}, 0, {"\\p{N}", RE_GPT2}},
+    {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"}, 0, {"\\p{N}", RE_GPT2}},
     {{"falcon"}, 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
     {{"deepseek-coder"}, 0, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}},
     {{"deepseek-llm"},
@@ -206,15 +208,17 @@ kvp_status kvp_tok_bpe_gguf_setup(const kvp_gguf *g, kvp_tokenizer *t)
     int present;
     KVP_TRY(kvp_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &present));
     int found = -1;
+    char known[512] = "";
+    size_t at = 0;
     for (size_t i = 0; found < 0 && i < sizeof k_pre / sizeof *k_pre; i++)
-        for (int j = 0; j < 3 && k_pre[i].names[j]; j++)
+        for (int j = 0; j < KVP_PRE_NAMES && k_pre[i].names[j]; j++) {
             if (!present ? i == 0 : strlen(k_pre[i].names[j]) == pre.len && memcmp(pre.ptr, k_pre[i].names[j], pre.len) == 0)
                 found = (int)i;
+            if (at < sizeof known) at += (size_t)snprintf(known + at, sizeof known - at, "%s%s", at ? ", " : "", k_pre[i].names[j]);
+        }
     if (found < 0)
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' is not supported (default, gpt-2, mpt, llama-bpe, "
-                                         "llama3, llama-v3, qwen2, starcoder, refact, command-r, falcon, deepseek-coder "
-                                         "and deepseek-llm are)",
-                       path, (int)(pre.len > 64 ? 64 : pre.len), pre.ptr);
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' is not supported (%s are)", path,
+                       (int)(pre.len > 64 ? 64 : pre.len), pre.ptr, known);
     t->ignore_merges = k_pre[found].ignore_merges;
     const kvp_gguf_str *merges;
     uint64_t n;

@@ -284,6 +284,41 @@ Test(tokenizer_bpe, unknown_gguf_pre_tokenizer_is_refused)
     kvp_gguf_close(g);
 }
 
+/* Names llama.cpp gives the same regexes as a checked family: the family's GGUF with its tokenizer.ggml.pre
+ * renamed still gives Hugging Face's ids for every case of the family. */
+Test(tokenizer_bpe, gguf_pre_aliases_take_their_familys_regexes)
+{
+    static const struct {
+        const char *family, *pre, *alias;
+    } k[] = {{"gpt2", "gpt-2", "olmo"},           {"gpt2", "gpt-2", "jais"},        {"gpt2", "gpt-2", "exaone4"},
+             {"commandr", "command-r", "smollm"}, {"commandr", "command-r", "codeshell"},
+             {"commandr", "command-r", "exaone"}, {"commandr", "command-r", "minerva-7b"}};
+    cJSON *cases = load_cases();
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        char path[300];
+        snprintf(path, sizeof path, TOKDIR "/%s.gguf", k[i].family);
+        size_t len, old = strlen(k[i].pre), now = strlen(k[i].alias);
+        unsigned char *b = tu_read_all(path, &len);
+        size_t at = tu_gguf_find_str(b, len, k[i].pre); /* its u64 length, then the bytes; no tensors follow */
+        cr_assert(at > 0, "%s: no '%s'", path, k[i].pre);
+        tu_buf f = {0};
+        uint64_t n = now;
+        tu_put(&f, b, at);
+        tu_put(&f, &n, 8);
+        tu_put(&f, k[i].alias, now);
+        tu_put(&f, b + at + 8 + old, len - at - 8 - old);
+        snprintf(path, sizeof path, "%s/%s.gguf", tu_tmpdir(), k[i].alias);
+        tu_write_all(path, f.p, f.n);
+        free(f.p);
+        free(b);
+        kvp_tokenizer *t = NULL;
+        cr_assert_eq(kvp_tok_load(path, 0, &t), KVP_OK, "%s: %s", k[i].alias, kvp_error_detail());
+        check_cases(t, cases, k[i].family, k[i].alias);
+        kvp_tok_destroy(t);
+    }
+    cJSON_Delete(cases);
+}
+
 static kvp_status tok_json(void *path, void **t) { return kvp_tok_from_hf_json(path, (kvp_tokenizer **)t); }
 static kvp_status tok_gguf(void *g, void **t) { return kvp_tok_from_gguf(g, (kvp_tokenizer **)t); }
 static void destroy_tok(void *t) { kvp_tok_destroy(t); }
