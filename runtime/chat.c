@@ -9,15 +9,16 @@
 #include "common/json.h"
 #include "runtime/gguf.h"
 
-static const char *const k_names[] = {"none",   "llama2", "mistral", "zephyr",  "llama3",
-                                      "chatml", "qwen2",  "qwen2.5", "llama3.1", "llama3.2"};
+static const char *const k_names[] = {"none",   "llama2", "mistral", "zephyr",   "llama3",  "chatml",
+                                      "qwen2",  "qwen2.5", "llama3.1", "llama3.2", "smollm2"};
 #define N_TEMPLATES ((int)(sizeof k_names / sizeof k_names[0]))
 
-/* The system message Qwen's templates put first when the conversation has none. */
+/* The system message Qwen's and SmolLM2's templates put first when the conversation has none. */
 static const char *default_system(kvp_chat_template t)
 {
     if (t == KVP_CHAT_QWEN2) return "You are a helpful assistant.";
     if (t == KVP_CHAT_QWEN25) return "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+    if (t == KVP_CHAT_SMOLLM2) return "You are a helpful AI assistant named SmolLM, trained by Hugging Face";
     return NULL;
 }
 
@@ -28,9 +29,12 @@ kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out)
             *out = (kvp_chat_template)t;
             return KVP_OK;
         }
-    return KVP_ERR(KVP_EINVAL, "unknown chat template '%s' (llama2, mistral, zephyr, llama3, llama3.1, llama3.2, chatml, "
-                               "qwen2 or qwen2.5)",
-                   name);
+    return KVP_ERR(KVP_EINVAL, "unknown chat template '%s' (%s)", name, kvp_chat_template_list());
+}
+
+const char *kvp_chat_template_list(void)
+{
+    return "llama2, mistral, zephyr, llama3, llama3.1, llama3.2, chatml, qwen2, qwen2.5 or smollm2";
 }
 
 const char *kvp_chat_template_name(kvp_chat_template t)
@@ -49,7 +53,8 @@ kvp_chat_template kvp_chat_template_detect(const char *jinja)
         return strstr(jinja, "strftime_now") ? KVP_CHAT_LLAMA32 : KVP_CHAT_LLAMA31;
     }
     if (strstr(jinja, "<|im_start|>") && strstr(jinja, "<|im_end|>")) {
-        if (strstr(jinja, default_system(KVP_CHAT_QWEN25))) return KVP_CHAT_QWEN25;
+        if (strstr(jinja, default_system(KVP_CHAT_QWEN25))) return KVP_CHAT_QWEN25; /* it holds Qwen2's text */
+        if (strstr(jinja, default_system(KVP_CHAT_SMOLLM2))) return KVP_CHAT_SMOLLM2;
         if (strstr(jinja, default_system(KVP_CHAT_QWEN2))) return KVP_CHAT_QWEN2;
         return KVP_CHAT_CHATML;
     }
@@ -280,7 +285,7 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         }
         return KVP_OK;
     }
-    if (t == KVP_CHAT_CHATML || t == KVP_CHAT_QWEN2 || t == KVP_CHAT_QWEN25) {
+    if (t == KVP_CHAT_CHATML || default_system(t)) { /* ChatML, with the model's default system message */
         const kvp_chat_msg sys = {"system", default_system(t)};
         for (int32_t i = sys.content && role_of(&m[0]) != ROLE_SYSTEM ? -1 : 0; i < n; i++) {
             const kvp_chat_msg *x = i < 0 ? &sys : &m[i];
@@ -341,7 +346,7 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
 int32_t kvp_chat_end_of_turn(kvp_chat_template t, const kvp_tokenizer *tok)
 {
     if (t == KVP_CHAT_LLAMA3 || t == KVP_CHAT_LLAMA31 || t == KVP_CHAT_LLAMA32) return kvp_tok_special_id(tok, "<|eot_id|>");
-    if (t == KVP_CHAT_CHATML || t == KVP_CHAT_QWEN2 || t == KVP_CHAT_QWEN25) return kvp_tok_special_id(tok, "<|im_end|>");
+    if (t == KVP_CHAT_CHATML || default_system(t)) return kvp_tok_special_id(tok, "<|im_end|>");
     return kvp_tok_eos(tok);
 }
 

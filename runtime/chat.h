@@ -42,13 +42,15 @@ typedef enum {
     KVP_CHAT_QWEN2,
     KVP_CHAT_QWEN25,
     KVP_CHAT_LLAMA31,
-    KVP_CHAT_LLAMA32
+    KVP_CHAT_LLAMA32,
+    KVP_CHAT_SMOLLM2
 } kvp_chat_template;
 
 /* "llama2" | "mistral" | "zephyr" | "llama3" | "llama3.1" | "llama3.2" | "chatml" | "qwen2" | "qwen2.5"
  * (KVP_EINVAL naming the value and the choices). */
 kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out);
 const char *kvp_chat_template_name(kvp_chat_template t); /* "none" for KVP_CHAT_NONE */
+const char *kvp_chat_template_list(void);                 /* the built-in names, for messages */
 /* The built-in template a Jinja chat template is, by its markers; KVP_CHAT_NONE when it is none of them. */
 kvp_chat_template kvp_chat_template_detect(const char *jinja);
 

@@ -79,8 +79,8 @@ static void usage(FILE *f)
             "  --host ADDR               IPv4 address to listen on (default 127.0.0.1)\n"
             "  --port N                  TCP port (default 8000; 0 = any free port, printed at start)\n"
             "  --served-model-name NAME  the model's name in the API (default: the file or folder's name)\n"
-            "  --chat-template NAME      llama2, mistral, zephyr, llama3, llama3.1, llama3.2, chatml, qwen2 or\n"
-            "                            qwen2.5 (default: the one the model's own template is (GGUF\n"
+            "  --chat-template NAME      llama2, mistral, zephyr, llama3, llama3.1, llama3.2, chatml, qwen2,\n"
+            "                            qwen2.5 or smollm2 (default: the one the model's own template is (GGUF\n"
             "                            tokenizer.chat_template, HF tokenizer_config.json); without one, chat\n"
             "                            requests get 400)\n"
             "  --kv-mem BYTES            KV cache size (default 512MiB), or --num-blocks N\n"
@@ -798,8 +798,7 @@ static int render_messages(server *sv, const cJSON *req, int32_t **ids, int32_t 
 {
     if (sv->chat == KVP_CHAT_NONE)
         return snprintf(err, cap, "the model has no chat template this server knows: start it with --chat-template "
-                                  "llama2, mistral, zephyr, llama3, llama3.1, llama3.2, chatml, qwen2 or qwen2.5, or use "
-                                  "/v1/completions"), 400;
+                                  "NAME (%s), or use /v1/completions", kvp_chat_template_list()), 400;
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(req, "messages");
     const int32_t n = cJSON_IsArray(ms) ? cJSON_GetArraySize(ms) : 0;
     if (n < 1 || n > 1024) return snprintf(err, cap, "\"messages\" must be an array of 1 to 1024 messages"), 400;

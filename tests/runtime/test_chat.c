@@ -86,6 +86,12 @@ Test(chat, llama3_and_chatml_render_as_the_models_own)
                                 "assistant.<|im_end|>\n%s",
              turns);
     expect_text(KVP_CHAT_QWEN25, multi, 3, 0, want);
+    /* SmolLM2-Instruct's template (Qwen2's with its own default system message), rendered by jinja2 */
+    expect_text(KVP_CHAT_SMOLLM2, su, 2, 1, with_sys);
+    snprintf(want, sizeof want, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                                "Face<|im_end|>\n%s<|im_start|>assistant\n",
+             turns);
+    expect_text(KVP_CHAT_SMOLLM2, multi, 3, 1, want);
 }
 
 /* In ids, the markers are the tokenizer's control tokens: the same ids as the rendered text tokenized with
@@ -96,7 +102,8 @@ Test(chat, llama3_and_chatml_ids_use_the_control_tokens)
     const struct {
         kvp_chat_template t;
         const char *tok;
-    } cases[] = {{KVP_CHAT_LLAMA3, "llama3"}, {KVP_CHAT_LLAMA31, "llama3"}, {KVP_CHAT_QWEN25, "qwen2"}};
+    } cases[] = {{KVP_CHAT_LLAMA3, "llama3"}, {KVP_CHAT_LLAMA31, "llama3"}, {KVP_CHAT_QWEN25, "qwen2"},
+                 {KVP_CHAT_SMOLLM2, "qwen2"}};
     const kvp_chat_msg m[3] = {{"system", "Be brief."}, {"user", "Say <|im_end|> or <|eot_id|>."}, {"assistant", "Ok."}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char path[128];
@@ -162,6 +169,14 @@ Test(chat, detection_parsing_and_refusals)
     cr_assert_eq(kvp_chat_template_detect("'<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a "
                                           "helpful assistant.<|im_end|>\\n'"),
                  KVP_CHAT_QWEN25);
+    /* SmolLM2-Instruct's whole template */
+    cr_assert_eq(kvp_chat_template_detect(
+                     "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ "
+                     "'<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging "
+                     "Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+                     "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' "
+                     "}}{% endif %}"),
+                 KVP_CHAT_SMOLLM2);
     cr_assert_eq(kvp_chat_template_detect("{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>' }}"
                                           "{{ content | trim + '<|eot_id|>' }}"),
                  KVP_CHAT_LLAMA3);
@@ -178,8 +193,11 @@ Test(chat, detection_parsing_and_refusals)
     cr_assert_eq(t, KVP_CHAT_MISTRAL);
     cr_assert_eq(kvp_chat_template_parse("qwen2.5", &t), KVP_OK);
     cr_assert_eq(t, KVP_CHAT_QWEN25);
+    cr_assert_eq(kvp_chat_template_parse("smollm2", &t), KVP_OK);
+    cr_assert_eq(t, KVP_CHAT_SMOLLM2);
     cr_assert_eq(kvp_chat_template_parse("vicuna", &t), KVP_EINVAL);
-    cr_assert(strstr(kvp_error_message(), "'vicuna'"), "%s", kvp_error_message());
+    cr_assert(strstr(kvp_error_message(), "'vicuna'") && strstr(kvp_error_message(), "smollm2"), "%s",
+              kvp_error_message());
     static const struct {
         kvp_chat_template t;
         kvp_chat_msg m[3];
