@@ -373,6 +373,31 @@ Test(attention, one_long_sequence_auto_split_matches_reference)
     case_free(&c);
 }
 
+/* Groups that are not a power of two: SmolLM2 has 3 query heads per KV head (9 / 3, 15 / 5), Qwen2.5-0.5B 7
+ * (14 / 2); rows then split into multiply-add tiles of 4, 2 and 1. Decode and prefill vs the reference. */
+Test(attention, odd_gqa_groups_match_reference)
+{
+    const int32_t groups[3] = {3, 5, 7}, hkv = 2, D = 64;
+    for (int gi = 0; gi < 3; gi++) {
+        const int32_t hq = hkv * groups[gi];
+        int32_t lens[3] = {77, 16, 3};
+        kcase c;
+        case_build(&c, KVP_DTYPE_F16, D, hkv, 16, 3, lens, 7300 + (uint64_t)gi);
+        double e = decode_err(&c, hq, 7310 + (uint64_t)gi, 0);
+        cr_assert(e < KERNEL_BOUND, "decode G=%d: err %g", groups[gi], e);
+        int32_t qo[4] = {0, 20, 36, 39}; /* the last 20, all 16 and all 3 tokens are new */
+        size_t nout = (size_t)39 * hq * D;
+        float *q = randv(nout, 7320 + (uint64_t)gi), *out = kvp_malloc(sizeof(float) * nout),
+              *ref = kvp_malloc(sizeof(float) * nout);
+        kvp_attn_params p = kvp_attn_default_params(hq);
+        cr_assert_eq(kvp_attn_prefill_cpu(&c.kv, q, qo, out, &p), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_attn_prefill_ref(c.kd, c.vd, c.seq_indptr, 3, hkv, D, q, qo, ref, &p), KVP_OK);
+        cr_assert(rel_err(out, ref, nout) < 1e-5, "prefill G=%d: err %g", groups[gi], rel_err(out, ref, nout));
+        kvp_free(q), kvp_free(out), kvp_free(ref);
+        case_free(&c);
+    }
+}
+
 Test(attention, large_group_mqa_and_single_thread)
 {
     /* 48 query heads on one KV head: more rows than one work item holds */
