@@ -97,9 +97,9 @@ static void usage(FILE *f)
             "  --tp N                    tensor parallelism over N MPI ranks (default 1): run it as\n"
             "                            `mpirun -np N kvpage serve --tp N ...`; rank 0 serves HTTP and schedules,\n"
             "                            every rank holds 1/N of the heads and of the KV cache (--kv-mem is per rank)\n"
-            "  --json                    print the listening address, the model, the KV blocks, the chat template\n"
-            "                            and the pid (with --tp: rank 0's, the one to signal) as one JSON object\n"
-            "                            on stdout\n"
+            "  --json                    print the listening address, the model, the KV blocks, the chat template,\n"
+            "                            the held weight type and the pid (with --tp: rank 0's, the one to signal)\n"
+            "                            as one JSON object on stdout\n"
             "  -h, --help                this help\n\n"
             "Stops on SIGINT or SIGTERM: requests in flight get 503, then the process exits 0.\n");
 }
@@ -1796,6 +1796,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
                 cJSON_AddNumberToObject(j, "num_blocks", sv.cfg.num_blocks);
                 cJSON_AddNumberToObject(j, "block_size", sv.cfg.block_size);
                 cJSON_AddStringToObject(j, "chat_template", kvp_chat_template_name(sv.chat));
+                cJSON_AddStringToObject(j, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));
                 cJSON_AddNumberToObject(j, "pid", (double)getpid()); /* with --tp: rank 0's, the one to signal */
                 if (kvp_json_print(stdout, j) != KVP_OK) KVP_LOG_W("serve: cannot print the --json line");
                 cJSON_Delete(j);

@@ -64,6 +64,8 @@ static server start_with(const char *prefix, const char *extra)
         if (j) {
             cr_assert_eq(sscanf(cJSON_GetObjectItem(j, "url")->valuestring, "http://127.0.0.1:%d", &s.port), 1, "%s", out);
             s.serving = (pid_t)cJSON_GetObjectItem(j, "pid")->valuedouble;
+            if (!strstr(extra, "--weight-dtype")) /* the default, auto, holds stories260K's f32 matrices in f32 */
+                cr_assert_str_eq(cJSON_GetObjectItem(j, "weight_dtype")->valuestring, "f32", "%s", out);
             cJSON_Delete(j);
         }
         free(out);
