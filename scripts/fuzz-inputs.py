@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Feeds kvpage mutated inputs and reports every crash, hang and sanitizer report.
 
-Three targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by
+Five targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by
 `make test`, which has AddressSanitizer, LeakSanitizer and UBSan):
 
     models      stories260K's GGUF, HF safetensors and config.json: truncations, flipped bytes, extreme
@@ -9,10 +9,14 @@ Three targets, each a mutation of a known-good input, run through the sanitizer 
                 each through `kvpage generate` (3 tokens).
     tokenizers  the tokenizer fixtures (tokenizer.json and GGUF vocabularies): truncations, flipped bytes,
                 inserted junk, and edits to the JSON structure; each through `kvpage tokenize`.
+    configs     the shared Hugging Face config.json files with odd values at any depth, dropped keys, or
+                truncated; each through `kvpage plan`.
+    traces      the Azure and Mooncake traces with odd fields, flipped bytes, shuffled or truncated lines;
+                each through `kvpage simulate` (Qwen3-0.6B, 100 requests).
     serve       one `kvpage serve`, sent odd OpenAI requests: wrong types and out-of-range values in every
                 field, broken JSON, lying Content-Length, chunked bodies, long headers, truncated requests.
 
-    scripts/fuzz-inputs.py models|tokenizers|serve [-n N] [--seed S] [--kvpage build-asan/kvpage]
+    scripts/fuzz-inputs.py models|tokenizers|configs|traces|serve [-n N] [--seed S] [--kvpage build-asan/kvpage]
 
 A run is bad when the exit code is neither 0 nor 2 (the CLI's code for bad input), when it runs past 60 s,
 or when the sanitizers print anything; the server is bad when it dies or reports. Bad inputs are kept under
@@ -215,6 +219,106 @@ def fuzz_tokenizers(a, rng, keep):
     return bad
 
 
+# ---------------------------------------------------------------- configs and traces
+
+def mutate_json_values(rng, obj, edits):
+    """obj with `edits` random values replaced by odd ones, keys dropped, or objects emptied, at any depth."""
+    def walk(o, depth):
+        if isinstance(o, dict) and o:
+            k = rng.choice(list(o))
+            r = rng.random()
+            if r < 0.15:
+                del o[k]
+            elif r < 0.6 or depth > 3:
+                o[k] = odd_value(rng)
+            else:
+                walk(o[k], depth + 1)
+        elif isinstance(o, list) and o:
+            i = rng.randrange(len(o))
+            if rng.random() < 0.5:
+                o[i] = odd_value(rng)
+            else:
+                walk(o[i], depth + 1)
+    for _ in range(edits):
+        walk(obj, 0)
+    return obj
+
+
+def fuzz_configs(a, rng, keep):
+    """`kvpage plan` on the shared Hugging Face config.json files, mutated."""
+    cdir = os.path.join(ROOT, '..', 'shared', 'data', 'configs')
+    srcs = [os.path.join(cdir, f) for f in sorted(os.listdir(cdir)) if f.endswith('.json')]
+    srcs += [os.path.join(cdir, 'derived', f) for f in sorted(os.listdir(os.path.join(cdir, 'derived'))) if f.endswith('.json')]
+    work = os.path.join(keep, 'work')
+    bad = 0
+    for i in range(a.n):
+        src = rng.choice(srcs)
+        text = open(src, 'rb').read()
+        if rng.random() < 0.15:
+            data = text[:rng.randrange(len(text))]
+        else:
+            data = json.dumps(mutate_json_values(rng, json.loads(text), rng.randint(1, 4))).encode()
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        path = os.path.join(work, 'config.json')
+        open(path, 'wb').write(data)
+        extra = rng.choice([[], ['--tp', '2'], ['--kv-dtype', 'fp8', '--train'], ['--seq-len', '100000', '--num-seqs', '64']])
+        rc, err = run_cli([a.kvpage, 'plan', '--config', path, '--gpu', 'H200', '--json'] + extra)
+        if rc not in (0, 2) or sanitized(err):
+            bad += 1
+            shutil.copytree(work, os.path.join(keep, 'config%d' % bad))
+            print('BAD', i, src, extra, rc, err[-1500:], flush=True)
+    return bad
+
+
+def fuzz_traces(a, rng, keep):
+    """`kvpage simulate` on the Azure and Mooncake traces (their first 200 lines), mutated."""
+    tdir = os.path.join(ROOT, '..', 'shared', 'data', 'traces')
+    srcs = [os.path.join(tdir, 'azure_llm_2023', 'AzureLLMInferenceTrace_code.csv'),
+            os.path.join(tdir, 'mooncake', 'arxiv_trace_first20.jsonl'),
+            os.path.join(tdir, 'mooncake', 'synthetic_trace.jsonl')]
+    model = os.path.join(ROOT, '..', 'shared', 'data', 'configs', 'Qwen3-0.6B.json')
+    work = os.path.join(keep, 'work')
+    bad = 0
+    for i in range(a.n):
+        src = rng.choice(srcs)
+        lines = open(src, 'rb').read().split(b'\n')[:200]
+        k = rng.randrange(4)
+        if k == 0:  # a field of a line replaced
+            j = rng.randrange(1, len(lines))
+            if src.endswith('.csv'):
+                f = lines[j].split(b',')
+                f[rng.randrange(len(f))] = rng.choice([b'', b'-1', b'0', b'1e300', b'nan', b'x', b'99999999999999999999',
+                                                       b'2023-13-45 99:99:99', b'"', b'4,5'])
+                lines[j] = b','.join(f)
+            else:
+                try:
+                    lines[j] = json.dumps(mutate_json_values(rng, json.loads(lines[j]), 1)).encode()
+                except ValueError:
+                    pass
+        elif k == 1:  # flipped bytes
+            b = bytearray(b'\n'.join(lines))
+            for _ in range(rng.randint(1, 10)):
+                b[rng.randrange(len(b))] = rng.randrange(256)
+            lines = bytes(b).split(b'\n')
+        elif k == 2:  # lines dropped, repeated or shuffled (time going backwards)
+            rng.shuffle(lines) if rng.random() < 0.5 else lines.insert(rng.randrange(len(lines)), lines[-2])
+        else:  # truncated
+            b = b'\n'.join(lines)
+            lines = [b[:rng.randrange(len(b))]]
+        shutil.rmtree(work, ignore_errors=True)
+        os.makedirs(work)
+        path = os.path.join(work, os.path.basename(src))
+        open(path, 'wb').write(b'\n'.join(lines))
+        extra = rng.choice([[], ['--rate', '5'], ['--rate', 'inf'], ['--duration', '30']])
+        rc, err = run_cli([a.kvpage, 'simulate', '--model', model, '--trace', path, '--num-requests', '100'] + extra)
+        if rc not in (0, 2) or sanitized(err):
+            bad += 1
+            shutil.copytree(work, os.path.join(keep, 'trace%d' % bad))
+            print('BAD', i, src, k, extra, rc, err[-1500:], flush=True)
+    return bad
+
+
 # ---------------------------------------------------------------- serve
 
 KEYS = ['prompt', 'max_tokens', 'temperature', 'top_k', 'top_p', 'n', 'stream', 'seed', 'stop', 'logprobs', 'echo',
@@ -315,7 +419,7 @@ def fuzz_serve(a, rng, keep):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('target', choices=['models', 'tokenizers', 'serve'])
+    ap.add_argument('target', choices=['models', 'tokenizers', 'configs', 'traces', 'serve'])
     ap.add_argument('-n', type=int, default=500, help='inputs (requests for serve) to try (default 500)')
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--kvpage', default=os.path.join(ROOT, 'build-asan', 'kvpage'))
@@ -325,7 +429,8 @@ def main():
         sys.exit('%s: not found (run `make test` first, or pass --kvpage)' % a.kvpage)
     os.makedirs(a.keep, exist_ok=True)
     rng = random.Random(a.seed)
-    bad = {'models': fuzz_models, 'tokenizers': fuzz_tokenizers, 'serve': fuzz_serve}[a.target](a, rng, a.keep)
+    bad = {'models': fuzz_models, 'tokenizers': fuzz_tokenizers, 'configs': fuzz_configs, 'traces': fuzz_traces,
+           'serve': fuzz_serve}[a.target](a, rng, a.keep)
     print('%s: %d inputs, %d bad' % (a.target, a.n, bad))
     sys.exit(1 if bad else 0)
 
