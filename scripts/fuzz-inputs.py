@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Feeds kvpage mutated inputs and reports every crash, hang and sanitizer report.
 
-Five targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by
+Six targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by
 `make test`, which has AddressSanitizer, LeakSanitizer and UBSan):
 
     models      stories260K's GGUF, HF safetensors and config.json: truncations, flipped bytes, extreme
@@ -13,10 +13,12 @@ Five targets, each a mutation of a known-good input, run through the sanitizer b
                 truncated; each through `kvpage plan`.
     traces      the Azure and Mooncake traces with odd fields, flipped bytes, shuffled or truncated lines;
                 each through `kvpage simulate` (Qwen3-0.6B, 100 requests).
+    cli         plan, simulate, generate and tokenize with 1..4 of their own options given odd values
+                (negative, huge, NaN, empty, wrong words, missing paths) or an unknown option.
     serve       one `kvpage serve`, sent odd OpenAI requests: wrong types and out-of-range values in every
                 field, broken JSON, lying Content-Length, chunked bodies, long headers, truncated requests.
 
-    scripts/fuzz-inputs.py models|tokenizers|configs|traces|serve [-n N] [--seed S] [--kvpage build-asan/kvpage]
+    scripts/fuzz-inputs.py models|tokenizers|configs|traces|cli|serve [-n N] [--seed S] [--kvpage build-asan/kvpage]
 
 A run is bad when the exit code is neither 0 nor 2 (the CLI's code for bad input), when it runs past 60 s,
 or when the sanitizers print anything; the server is bad when it dies or reports. Bad inputs are kept under
@@ -319,6 +321,52 @@ def fuzz_traces(a, rng, keep):
     return bad
 
 
+# ---------------------------------------------------------------- command lines
+
+def options_of(kvpage, cmd):
+    """The --options of `kvpage CMD --help`: (name, takes a value)."""
+    out = subprocess.run([kvpage] + cmd + ['--help'], capture_output=True, env=ENV, timeout=60)
+    opts = []
+    for line in (out.stdout + out.stderr).decode(errors='replace').splitlines():
+        w = line.strip().split()
+        if w and w[0].startswith('--') and w[0] not in ('--help', '--tp'):
+            opts.append((w[0].rstrip(','), len(w) > 1 and (w[1].isupper() or '|' in w[1])))
+    return opts
+
+
+def fuzz_cli(a, rng, keep):
+    """Each command with a working base command line plus 1..4 of its own options given odd values."""
+    s260 = os.path.join(S260, 'stories260K.gguf')
+    cfg = os.path.join(ROOT, '..', 'shared', 'data', 'configs', 'Qwen3-0.6B.json')
+    bases = {'plan': ['plan', '--config', cfg],
+             'simulate': ['simulate', '--model', cfg, '--workload', 'sharegpt:n=20'],
+             'generate': ['generate', '--model', s260, '--prompt', 'Once', '--max-tokens', '4'],
+             'tokenize': ['tokenize', '--tokenizer', s260, '--text', 'Once upon a time']}
+    opts = {c: options_of(a.kvpage, [c]) for c in bases}
+    values = ['-1', '0', '1', '2', '3', '7', '64', '1e309', 'nan', 'inf', '-inf', '0.5', 'abc', '', '99999999999999999999',
+              '2GiB', '1e-40', 'H200', 'A100-40G', 'f16', 'fp8', 'bf16', 'q8_0', 'auto', 'radix', 'none', 'blas',
+              'sharegpt:n=-5', 'system:n=3', s260, cfg, '/nonexistent', '/', 'x' * 3000]
+    bad = slow = 0
+    for i in range(a.n):
+        c = rng.choice(list(bases))
+        args = list(bases[c])
+        for _ in range(rng.randint(1, 4)):
+            name, takes = rng.choice(opts[c]) if rng.random() < 0.95 else ('--no-such-option', False)
+            args += [name, rng.choice(values)] if takes else [name]
+        try:
+            p = subprocess.run([a.kvpage] + args, env=ENV, capture_output=True, timeout=30)
+            rc, err = p.returncode, p.stderr.decode(errors='replace')
+        except subprocess.TimeoutExpired:
+            slow += 1  # a valid but long run (a long generation, a big simulation): not an error by itself
+            print('SLOW', i, args[:12], flush=True)
+            continue
+        if rc not in (0, 2) or sanitized(err):
+            bad += 1
+            print('BAD', i, rc, args, err[-1500:], flush=True)
+    print('runs past 30 s (look at them):', slow)
+    return bad
+
+
 # ---------------------------------------------------------------- serve
 
 KEYS = ['prompt', 'max_tokens', 'temperature', 'top_k', 'top_p', 'n', 'stream', 'seed', 'stop', 'logprobs', 'echo',
@@ -419,7 +467,7 @@ def fuzz_serve(a, rng, keep):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('target', choices=['models', 'tokenizers', 'configs', 'traces', 'serve'])
+    ap.add_argument('target', choices=['models', 'tokenizers', 'configs', 'traces', 'cli', 'serve'])
     ap.add_argument('-n', type=int, default=500, help='inputs (requests for serve) to try (default 500)')
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--kvpage', default=os.path.join(ROOT, 'build-asan', 'kvpage'))
@@ -430,7 +478,7 @@ def main():
     os.makedirs(a.keep, exist_ok=True)
     rng = random.Random(a.seed)
     bad = {'models': fuzz_models, 'tokenizers': fuzz_tokenizers, 'configs': fuzz_configs, 'traces': fuzz_traces,
-           'serve': fuzz_serve}[a.target](a, rng, a.keep)
+           'cli': fuzz_cli, 'serve': fuzz_serve}[a.target](a, rng, a.keep)
     print('%s: %d inputs, %d bad' % (a.target, a.n, bad))
     sys.exit(1 if bad else 0)
 
