@@ -126,7 +126,6 @@ struct kvp_gen_session {
     presample *pre;
     size_t cap_pre_s;
     kvp_sampler_ws *hws[GEN_SAMPLE_THREADS];
-    float *hlsm[GEN_SAMPLE_THREADS];
     /* logit bias and penalties: a copy of a row's logits and token counts (zeros), per sampling thread */
     float *pen[GEN_SAMPLE_THREADS];
     int32_t *cnt[GEN_SAMPLE_THREADS];
@@ -486,17 +485,17 @@ static kvp_status draw_scratch(gen_ctx *g, int k)
     return KVP_OK;
 }
 
-/* Sequence s's next token from its logits lg, drawn with rng by sampling thread k (scratch ws, lsm): with its
+/* Sequence s's next token from its logits lg, drawn with rng by sampling thread k (scratch ws): with its
  * request's logit bias and penalties applied to a copy first, and before min_tokens, EOS and the stop ids
  * masked. *lp: the token's log-probability under lg. */
 static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *lg, int k, kvp_sampler_ws *ws,
-                    float *lsm, double *lp)
+                    double *lp)
 {
     const kvp_gen_request *r = &g->reqs[s->req];
     const int32_t V = g->vocab;
     const int early = s->n_gen < r->min_tokens;
     if (r->n_bias == 0 && !kvp_sampler_penalized(&r->sampler) && !early)
-        return kvp_sample_logprob(&r->sampler, rng, lg, V, ws, lsm, lp);
+        return kvp_sample_logprob(&r->sampler, rng, lg, V, ws, lp);
     float *x = g->pen[k];
     memcpy(x, lg, (size_t)V * sizeof *x);
     for (int32_t i = 0; i < r->n_bias; i++) x[r->bias_ids[i]] += r->bias[i];
@@ -507,10 +506,8 @@ static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *
     if (kvp_sampler_penalized(&r->sampler))
         kvp_apply_penalties(&r->sampler, x, V, s->toks, s->n_toks - s->n_gen, s->toks + (s->n_toks - s->n_gen),
                             s->n_gen, g->cnt[k]);
-    double ignored;
-    const int32_t tok = kvp_sample_logprob(&r->sampler, rng, x, V, ws, lsm, &ignored);
-    kvp_log_softmax(lg, V, lsm);
-    *lp = lsm[tok];
+    const int32_t tok = kvp_sample(&r->sampler, rng, x, V, ws);
+    *lp = kvp_token_logprob(lg, V, tok);
     return tok;
 }
 
@@ -519,7 +516,6 @@ typedef struct {
     int32_t i0, i1;
     int k; /* sampling thread */
     kvp_sampler_ws *ws;
-    float *lsm;
 } sample_job;
 
 /* Draws the eligible presamples of batch rows i0 .. i1-1 (reads logits and sequences, writes only pre[]). */
@@ -533,7 +529,7 @@ static void sample_main(void *arg, int k)
         gseq *s = g->seqs[g->buf.sched[i]];
         const float *lg = g->logits + (int64_t)s->lrow * g->vocab;
         ps->before = ps->after = s->rng;
-        ps->tok = draw(g, s, &ps->after, lg, j->k, j->ws, j->lsm, &ps->lp);
+        ps->tok = draw(g, s, &ps->after, lg, j->k, j->ws, &ps->lp);
     }
 }
 
@@ -549,7 +545,6 @@ static int presample_step(gen_ctx *g, int32_t ns)
     if (grow_to(&g->pre, &g->cap_pre_s, (size_t)ns, sizeof *g->pre) != KVP_OK) return 0;
     for (int k = 1; k < nt; k++) {
         if (!g->hws[k] && kvp_sampler_ws_create(g->vocab, &g->hws[k]) != KVP_OK) return 0;
-        if (!g->hlsm[k] && !(g->hlsm[k] = kvp_malloc((size_t)g->vocab * sizeof(float)))) return 0;
         if (draw_scratch(g, k) != KVP_OK) return 0;
     }
     int32_t n_el = 0;
@@ -564,7 +559,7 @@ static int presample_step(gen_ctx *g, int32_t ns)
     sample_job jobs[GEN_SAMPLE_THREADS];
     for (int k = 0; k < nt; k++)
         jobs[k] = (sample_job){.g = g, .i0 = (int32_t)((int64_t)ns * k / nt), .i1 = (int32_t)((int64_t)ns * (k + 1) / nt),
-                               .k = k, .ws = k ? g->hws[k] : g->sws, .lsm = k ? g->hlsm[k] : g->lsm};
+                               .k = k, .ws = k ? g->hws[k] : g->sws};
     kvp_model_run(g->m, nt, sample_main, jobs); /* the model's sleeping workers: no thread made per step */
     return 1;
 }
@@ -931,10 +926,10 @@ static kvp_status step(gen_ctx *g)
             int32_t nk = r->n - 1 < 1024 ? r->n - 1 : 1023;
             for (int32_t k = 0; k < nk; k++) KVP_TRY(fork_seq(g, idx, k + 1, &kids[k]));
             double lp0, lp;
-            int32_t t0 = draw(g, s, &s->rng, lg, 0, g->sws, g->lsm, &lp0);
+            int32_t t0 = draw(g, s, &s->rng, lg, 0, g->sws, &lp0);
             for (int32_t k = 0; k < nk; k++) {
                 gseq *c = g->seqs[kids[k]];
-                int32_t t = draw(g, c, &c->rng, lg, 0, g->sws, g->lsm, &lp);
+                int32_t t = draw(g, c, &c->rng, lg, 0, g->sws, &lp);
                 KVP_TRY(emit(g, kids[k], t, lp, lg));
             }
             KVP_TRY(emit(g, idx, t0, lp0, lg));
@@ -947,7 +942,7 @@ static kvp_status step(gen_ctx *g)
             continue;
         }
         double lp;
-        int32_t t = draw(g, s, &s->rng, lg, 0, g->sws, g->lsm, &lp);
+        int32_t t = draw(g, s, &s->rng, lg, 0, g->sws, &lp);
         KVP_TRY(emit(g, idx, t, lp, lg));
     }
     for (int32_t i = 0; i < ns; i++)
@@ -987,7 +982,6 @@ static void ctx_free(gen_ctx *g)
     kvp_free(g->pre);
     for (int k = 0; k < GEN_SAMPLE_THREADS; k++) {
         kvp_sampler_ws_destroy(g->hws[k]);
-        kvp_free(g->hlsm[k]);
         kvp_free(g->pen[k]);
         kvp_free(g->cnt[k]);
     }

@@ -203,7 +203,8 @@ static void exp_inplace(double *x, int32_t n)
     }
 }
 
-void kvp_log_softmax(const float *logits, int32_t vocab, float *out)
+/* log sum_i exp(logits[i]) as max + log(sum exp(logits[i] - max)), summed in id order in double. */
+static double log_sum_exp(const float *logits, int32_t vocab)
 {
     float mx = logits[kvp_argmax(logits, vocab)];
     double sum = 0.0;
@@ -214,7 +215,12 @@ void kvp_log_softmax(const float *logits, int32_t vocab, float *out)
         exp_inplace(e, cnt);
         for (int32_t j = 0; j < cnt; j++) sum += e[j]; /* in id order */
     }
-    double lse = mx + log(sum);
+    return mx + log(sum);
+}
+
+void kvp_log_softmax(const float *logits, int32_t vocab, float *out)
+{
+    const double lse = log_sum_exp(logits, vocab);
     for (int32_t i = 0; i < vocab; i++) out[i] = (float)((double)logits[i] - lse);
 }
 
@@ -325,8 +331,13 @@ int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logit
     return sample(p, rng, logits, vocab, ws, NULL);
 }
 
+double kvp_token_logprob(const float *logits, int32_t vocab, int32_t tok)
+{
+    return (float)((double)logits[tok] - log_sum_exp(logits, vocab));
+}
+
 int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab,
-                           kvp_sampler_ws *ws, float *lsm, double *logprob)
+                           kvp_sampler_ws *ws, double *logprob)
 {
     double sum = -1.0;
     int32_t tok = sample(p, rng, logits, vocab, ws, p->temperature == 1.0 ? &sum : NULL);
@@ -337,7 +348,6 @@ int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const floa
         *logprob = (float)((double)logits[tok] - (mx + log(sum)));
         return tok;
     }
-    kvp_log_softmax(logits, vocab, lsm);
-    *logprob = lsm[tok];
+    *logprob = kvp_token_logprob(logits, vocab, tok);
     return tok;
 }

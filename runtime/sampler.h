@@ -57,9 +57,11 @@ int32_t kvp_argmax(const float *logits, int32_t vocab);
 int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab,
                    kvp_sampler_ws *ws);
 /* kvp_sample, and in *logprob the token's log-probability under the untempered logits, bit-identical to
- * kvp_log_softmax(logits)[token] (one pass of exp instead of two at temperature 1; lsm (vocab) is scratch). */
+ * kvp_log_softmax(logits)[token] (one pass of exp instead of two at temperature 1; no vocabulary-long write). */
 int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab,
-                           kvp_sampler_ws *ws, float *lsm, double *logprob);
+                           kvp_sampler_ws *ws, double *logprob);
+/* kvp_log_softmax(logits)[tok], bit for bit, without writing the others. */
+double kvp_token_logprob(const float *logits, int32_t vocab, int32_t tok);
 /* out[i] = log softmax(logits)[i] (double accumulation); out may alias nothing. */
 void kvp_log_softmax(const float *logits, int32_t vocab, float *out);
 /* The k largest of lsm[0..vocab) (k <= vocab): ids[i], lps[i] in descending order, lowest id first on ties. */
