@@ -60,6 +60,23 @@ def run_cli(args):
         return 'timeout', ''
 
 
+def fresh_work(keep):
+    """An empty folder for the next input."""
+    work = os.path.join(keep, 'work')
+    shutil.rmtree(work, ignore_errors=True)
+    os.makedirs(work)
+    return work
+
+
+def judge(rc, err, work, keep, tag, bad, *what):
+    """1 (and the input kept as keep/TAG<n>, the run printed) when the run went wrong, else 0."""
+    if rc in (0, 2) and not sanitized(err):
+        return 0
+    shutil.copytree(work, os.path.join(keep, '%s%d' % (tag, bad + 1)))
+    print('BAD', *what, rc, err[-1500:], flush=True)
+    return 1
+
+
 # ---------------------------------------------------------------- models
 
 def mutate_gguf(rng, gguf):
@@ -144,11 +161,9 @@ def fuzz_models(a, rng, keep):
     gguf = open(os.path.join(S260, 'stories260K.gguf'), 'rb').read()
     st = open(os.path.join(S260, 'hf', 'model.safetensors'), 'rb').read()
     cfg = json.load(open(os.path.join(S260, 'hf', 'config.json')))
-    work = os.path.join(keep, 'work')
     bad = 0
     for i in range(a.n):
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
+        work = fresh_work(keep)
         kind = rng.choice(['gguf', 'gguf', 'safetensors', 'config'])
         if kind == 'gguf':
             path = os.path.join(work, 'm.gguf')
@@ -163,10 +178,7 @@ def fuzz_models(a, rng, keep):
                 shutil.copy(os.path.join(S260, 'hf', 'model.safetensors'), work)
                 open(os.path.join(work, 'config.json'), 'w').write(mutate_config(rng, cfg))
         rc, err = run_cli([a.kvpage, 'generate', '--model', path, '--prompt', 'Once upon', '--max-tokens', '3'])
-        if rc not in (0, 2) or sanitized(err):
-            bad += 1
-            shutil.copytree(work, os.path.join(keep, 'model%d' % bad))
-            print('BAD', i, kind, rc, err[-1500:], flush=True)
+        bad += judge(rc, err, work, keep, 'model', bad, i, kind)
     return bad
 
 
@@ -207,17 +219,12 @@ def fuzz_tokenizers(a, rng, keep):
         else:
             at = rng.randrange(len(data))
             data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 50)))
-        work = os.path.join(keep, 'work')
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
+        work = fresh_work(keep)
         path = os.path.join(work, 'tokenizer.json' if src.endswith('.json') else 'm.gguf')
         open(path, 'wb').write(data)
         text = rng.choice(['Hello world 123', '日本語 😀 \'ll', '', '<|im_start|>x<|eot_id|>', '\xff'])
         rc, err = run_cli([a.kvpage, 'tokenize', '--tokenizer', path, '--special', '--json', '--text', text])
-        if rc not in (0, 2) or sanitized(err):
-            bad += 1
-            shutil.copytree(work, os.path.join(keep, 'tokenizer%d' % bad))
-            print('BAD', i, src, kind, rc, err[-1500:], flush=True)
+        bad += judge(rc, err, work, keep, 'tokenizer', bad, i, src, kind)
     return bad
 
 
@@ -251,7 +258,6 @@ def fuzz_configs(a, rng, keep):
     cdir = os.path.join(ROOT, '..', 'shared', 'data', 'configs')
     srcs = [os.path.join(cdir, f) for f in sorted(os.listdir(cdir)) if f.endswith('.json')]
     srcs += [os.path.join(cdir, 'derived', f) for f in sorted(os.listdir(os.path.join(cdir, 'derived'))) if f.endswith('.json')]
-    work = os.path.join(keep, 'work')
     bad = 0
     for i in range(a.n):
         src = rng.choice(srcs)
@@ -260,16 +266,12 @@ def fuzz_configs(a, rng, keep):
             data = text[:rng.randrange(len(text))]
         else:
             data = json.dumps(mutate_json_values(rng, json.loads(text), rng.randint(1, 4))).encode()
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
+        work = fresh_work(keep)
         path = os.path.join(work, 'config.json')
         open(path, 'wb').write(data)
         extra = rng.choice([[], ['--tp', '2'], ['--kv-dtype', 'fp8', '--train'], ['--seq-len', '100000', '--num-seqs', '64']])
         rc, err = run_cli([a.kvpage, 'plan', '--config', path, '--gpu', 'H200', '--json'] + extra)
-        if rc not in (0, 2) or sanitized(err):
-            bad += 1
-            shutil.copytree(work, os.path.join(keep, 'config%d' % bad))
-            print('BAD', i, src, extra, rc, err[-1500:], flush=True)
+        bad += judge(rc, err, work, keep, 'config', bad, i, src, extra)
     return bad
 
 
@@ -280,7 +282,6 @@ def fuzz_traces(a, rng, keep):
             os.path.join(tdir, 'mooncake', 'arxiv_trace_first20.jsonl'),
             os.path.join(tdir, 'mooncake', 'synthetic_trace.jsonl')]
     model = os.path.join(ROOT, '..', 'shared', 'data', 'configs', 'Qwen3-0.6B.json')
-    work = os.path.join(keep, 'work')
     bad = 0
     for i in range(a.n):
         src = rng.choice(srcs)
@@ -308,16 +309,12 @@ def fuzz_traces(a, rng, keep):
         else:  # truncated
             b = b'\n'.join(lines)
             lines = [b[:rng.randrange(len(b))]]
-        shutil.rmtree(work, ignore_errors=True)
-        os.makedirs(work)
+        work = fresh_work(keep)
         path = os.path.join(work, os.path.basename(src))
         open(path, 'wb').write(b'\n'.join(lines))
         extra = rng.choice([[], ['--rate', '5'], ['--rate', 'inf'], ['--duration', '30']])
         rc, err = run_cli([a.kvpage, 'simulate', '--model', model, '--trace', path, '--num-requests', '100'] + extra)
-        if rc not in (0, 2) or sanitized(err):
-            bad += 1
-            shutil.copytree(work, os.path.join(keep, 'trace%d' % bad))
-            print('BAD', i, src, k, extra, rc, err[-1500:], flush=True)
+        bad += judge(rc, err, work, keep, 'trace', bad, i, src, k, extra)
     return bad
 
 
