@@ -283,20 +283,28 @@ Test(attention, sliding_window_matches_reference)
     int32_t windows[] = {0, 1, 7, 16, 50};
     for (int w = 0; w < 5; w++) check_prefill(KVP_DTYPE_F32, 64, 4, 16, windows[w], 3000 + w);
     check_prefill(KVP_DTYPE_F16, 128, 8, 1, 31, 3100);
-    /* decode with a window */
-    int32_t lens[3] = {300, 17, 64};
-    kcase c;
-    case_build(&c, KVP_DTYPE_BF16, 128, 2, 16, 3, lens, 3200);
-    size_t nout = (size_t)3 * 8 * 128;
-    float *q = randv(nout, 5), *out = kvp_malloc(sizeof(float) * nout), *ref = kvp_malloc(sizeof(float) * nout);
-    kvp_attn_params p = kvp_attn_default_params(8);
-    p.window_left = 40;
-    p.kv_chunk_size = 32; /* chunks wholly outside the window must contribute nothing */
-    cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 3, 2, 128, q, ref, &p), KVP_OK);
-    cr_assert(rel_err(out, ref, nout) < 1e-5, "windowed decode err %g", rel_err(out, ref, nout));
-    kvp_free(q), kvp_free(out), kvp_free(ref);
-    case_free(&c);
+    /* head dims 8 and 16 (rows shorter than a cache line: their own score and value loops) */
+    for (int w = 0; w < 5; w++) {
+        check_prefill(KVP_DTYPE_F32, 8, 2, 5, windows[w], 3050 + w);
+        check_prefill(KVP_DTYPE_F16, 16, 4, 16, windows[w], 3060 + w);
+    }
+    /* decode with a window, split into chunks (bf16 at head_dim 128, f32 at 8) */
+    for (int k = 0; k < 2; k++) {
+        const int32_t D = k ? 8 : 128;
+        int32_t lens[3] = {300, 17, 64};
+        kcase c;
+        case_build(&c, k ? KVP_DTYPE_F32 : KVP_DTYPE_BF16, D, 2, 16, 3, lens, 3200 + (uint64_t)k);
+        size_t nout = (size_t)3 * 8 * D;
+        float *q = randv(nout, 5), *out = kvp_malloc(sizeof(float) * nout), *ref = kvp_malloc(sizeof(float) * nout);
+        kvp_attn_params p = kvp_attn_default_params(8);
+        p.window_left = 40;
+        p.kv_chunk_size = 32; /* chunks wholly outside the window must contribute nothing */
+        cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 3, 2, D, q, ref, &p), KVP_OK);
+        cr_assert(rel_err(out, ref, nout) < 1e-5, "windowed decode D=%d err %g", D, rel_err(out, ref, nout));
+        kvp_free(q), kvp_free(out), kvp_free(ref);
+        case_free(&c);
+    }
 }
 
 Test(attention, chunked_prefill_equals_one_shot)
