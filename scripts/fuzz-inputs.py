@@ -396,12 +396,17 @@ def odd_body(rng):
 
 
 def send(port, rng, path, data):
-    head = b'POST ' + path.encode() + b' HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n'
+    """The answer's status code (b'closed': none). Well-framed requests (an honest Content-Length, whole)
+    wait for their answer; the others are half-closed after sending, so the server sees their end."""
+    head = b'POST ' + path.encode() + b' HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n'
+    framed = True
     r = rng.random()
     if r < 0.05:
         head += b'Content-Length: %d\r\n' % rng.choice([0, len(data) + 10, 1 << 40, -5])
+        framed = False
     elif r < 0.1:
-        head += b'Transfer-Encoding: chunked\r\n'
+        head += b'Transfer-Encoding: chunked\r\n'  # with an unchunked body: malformed
+        framed = False
     else:
         head += b'Content-Length: %d\r\n' % len(data)
     if rng.random() < 0.05:
@@ -409,15 +414,17 @@ def send(port, rng, path, data):
     msg = head + b'\r\n' + data
     if rng.random() < 0.05:
         msg = msg[:rng.randrange(len(msg))]
+        framed = False
     try:
-        with socket.create_connection(('127.0.0.1', port), timeout=30) as s:
+        with socket.create_connection(('127.0.0.1', port), timeout=60) as s:
             s.sendall(msg)
-            s.shutdown(socket.SHUT_WR)  # the server may take this for a client gone: any answer will do
+            if not framed:
+                s.shutdown(socket.SHUT_WR)  # the server may take this for a client gone: no answer is fine
             out = b''
             while True:
                 c = s.recv(65536)
                 if not c:
-                    return out[9:12]
+                    return out[9:12] or (b'closed' if framed else b'closed (not framed)')
                 out += c
     except OSError:
         return b'err'
@@ -440,8 +447,11 @@ def fuzz_serve(a, rng, keep):
     paths = ['/v1/completions'] * 4 + ['/v1/chat/completions'] * 4 + ['/tokenize', '/detokenize', '/nope']
     codes, bad = {}, 0
     for i in range(a.n):
-        code = send(port, rng, rng.choice(paths), odd_body(rng)).decode(errors='replace') or 'closed'
+        code = send(port, rng, rng.choice(paths), odd_body(rng)).decode(errors='replace')
         codes[code] = codes.get(code, 0) + 1
+        if code in ('closed', 'err'):  # a whole request the server dropped without an answer
+            print('BAD: no answer to request', i, flush=True)
+            bad += 1
         if srv.poll() is not None:
             print('BAD: the server died at request', i, 'exit code', srv.returncode, flush=True)
             bad += 1
