@@ -1,6 +1,7 @@
 /* runtime/chat.c — built-in chat templates (see chat.h). */
 #include "runtime/chat.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -29,12 +30,18 @@ kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out)
             *out = (kvp_chat_template)t;
             return KVP_OK;
         }
-    return KVP_ERR(KVP_EINVAL, "unknown chat template '%s' (%s)", name, kvp_chat_template_list());
+    char names[256];
+    kvp_chat_template_list(names, sizeof names);
+    return KVP_ERR(KVP_EINVAL, "unknown chat template '%s' (%s)", name, names);
 }
 
-const char *kvp_chat_template_list(void)
+void kvp_chat_template_list(char *buf, size_t cap)
 {
-    return "llama2, mistral, zephyr, llama3, llama3.1, llama3.2, chatml, qwen2, qwen2.5 or smollm2";
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int t = KVP_CHAT_LLAMA2; t < N_TEMPLATES && at < cap; t++)
+        at += (size_t)snprintf(buf + at, cap - at, "%s%s", t == KVP_CHAT_LLAMA2 ? "" : t + 1 == N_TEMPLATES ? " or " : ", ",
+                               k_names[t]);
 }
 
 const char *kvp_chat_template_name(kvp_chat_template t)

@@ -27,6 +27,7 @@
 #ifndef KVP_RUNTIME_CHAT_H
 #define KVP_RUNTIME_CHAT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -50,7 +51,8 @@ typedef enum {
  * (KVP_EINVAL naming the value and the choices). */
 kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out);
 const char *kvp_chat_template_name(kvp_chat_template t); /* "none" for KVP_CHAT_NONE */
-const char *kvp_chat_template_list(void);                 /* the built-in names, for messages */
+/* "llama2, mistral, ... or smollm2": the built-in names, for messages (cut to cap bytes). */
+void kvp_chat_template_list(char *buf, size_t cap);
 /* The built-in template a Jinja chat template is, by its markers; KVP_CHAT_NONE when it is none of them. */
 kvp_chat_template kvp_chat_template_detect(const char *jinja);
 

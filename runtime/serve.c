@@ -796,9 +796,12 @@ static int read_prompts(server *sv, const cJSON *req, job *j, char *err, size_t 
  * {"type": "text", "text": ...} parts, joined) into token ids *ids (owned) and *len. 0, or 400/500 with err. */
 static int render_messages(server *sv, const cJSON *req, int32_t **ids, int32_t *len, char *err, size_t cap)
 {
-    if (sv->chat == KVP_CHAT_NONE)
+    if (sv->chat == KVP_CHAT_NONE) {
+        char names[256];
+        kvp_chat_template_list(names, sizeof names);
         return snprintf(err, cap, "the model has no chat template this server knows: start it with --chat-template "
-                                  "NAME (%s), or use /v1/completions", kvp_chat_template_list()), 400;
+                                  "NAME (%s), or use /v1/completions", names), 400;
+    }
     const cJSON *ms = cJSON_GetObjectItemCaseSensitive(req, "messages");
     const int32_t n = cJSON_IsArray(ms) ? cJSON_GetArraySize(ms) : 0;
     if (n < 1 || n > 1024) return snprintf(err, cap, "\"messages\" must be an array of 1 to 1024 messages"), 400;
@@ -1403,11 +1406,16 @@ static enum MHD_Result stream_reply(struct MHD_Connection *c, stream_ctx *x)
     return ret;
 }
 
+static enum MHD_Result reply_too_big(server *sv, struct MHD_Connection *c)
+{
+    return reply_error(sv, c, 413, "the request body is larger than 1 MiB");
+}
+
 /* The request body as a JSON object, or NULL with the 4xx answer queued in *ret. */
 static cJSON *body_object(server *sv, struct MHD_Connection *c, const body *b, enum MHD_Result *ret)
 {
     if (b->too_big) {
-        *ret = reply_error(sv, c, 413, "the request body is larger than 1 MiB");
+        *ret = reply_too_big(sv, c);
         return NULL;
     }
     cJSON *req = b->len ? cJSON_ParseWithLength(b->buf, b->len) : NULL;
@@ -1648,7 +1656,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > MAX_BODY) {
             b->too_big = 1;
-            return reply_error(sv, c, 413, "the request body is larger than 1 MiB");
+            return reply_too_big(sv, c);
         }
         return MHD_YES;
     }

@@ -208,17 +208,19 @@ kvp_status kvp_tok_bpe_gguf_setup(const kvp_gguf *g, kvp_tokenizer *t)
     int present;
     KVP_TRY(kvp_gguf_get_str(g, "tokenizer.ggml.pre", &pre, &present));
     int found = -1;
-    char known[512] = "";
-    size_t at = 0;
     for (size_t i = 0; found < 0 && i < sizeof k_pre / sizeof *k_pre; i++)
-        for (int j = 0; j < KVP_PRE_NAMES && k_pre[i].names[j]; j++) {
+        for (int j = 0; j < KVP_PRE_NAMES && k_pre[i].names[j]; j++)
             if (!present ? i == 0 : strlen(k_pre[i].names[j]) == pre.len && memcmp(pre.ptr, k_pre[i].names[j], pre.len) == 0)
                 found = (int)i;
-            if (at < sizeof known) at += (size_t)snprintf(known + at, sizeof known - at, "%s%s", at ? ", " : "", k_pre[i].names[j]);
-        }
-    if (found < 0)
+    if (found < 0) {
+        char known[512] = "";
+        size_t at = 0;
+        for (size_t i = 0; i < sizeof k_pre / sizeof *k_pre; i++)
+            for (int j = 0; j < KVP_PRE_NAMES && k_pre[i].names[j] && at < sizeof known; j++)
+                at += (size_t)snprintf(known + at, sizeof known - at, "%s%s", at ? ", " : "", k_pre[i].names[j]);
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' is not supported (%s are)", path,
                        (int)(pre.len > 64 ? 64 : pre.len), pre.ptr, known);
+    }
     t->ignore_merges = k_pre[found].ignore_merges;
     const kvp_gguf_str *merges;
     uint64_t n;

@@ -344,24 +344,31 @@ Test(serve, seeded_samples_repeat)
 }
 
 /* Every bad request gets its error code and a message naming the problem; the server keeps serving. */
-/* POST /v1/completions with the header lines `head` (CRLF-terminated) and then blen bytes of body (none when
- * NULL): the status code of the answer, or -1 when none comes within 30 s. */
-static int raw_status(const server *s, const char *head, const char *body, size_t blen)
+/* A socket to s that has sent POST /v1/completions with the header lines `head` (CRLF-terminated) and blen
+ * bytes of body, as far as the server takes them (the answer not read yet). */
+static int post_raw(const server *s, const char *head, const char *body, size_t blen)
 {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
     inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
     cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    struct timeval tv = {.tv_sec = 30};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     char req[512];
     int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\n%s\r\n", head);
     cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
     for (size_t at = 0; at < blen;) {
         ssize_t k = send(fd, body + at, blen - at, MSG_NOSIGNAL);
-        if (k <= 0) break;
+        if (k <= 0) break; /* the server may answer (413) and close before reading it all */
         at += (size_t)k;
     }
+    return fd;
+}
+
+/* post_raw's answer: its status code, or -1 when none comes within 30 s. */
+static int raw_status(const server *s, const char *head, const char *body, size_t blen)
+{
+    int fd = post_raw(s, head, body, blen);
+    struct timeval tv = {.tv_sec = 30};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
     char ans[64] = "";
     int code = -1;
     if (recv(fd, ans, sizeof ans - 1, 0) > 0 && sscanf(ans, "HTTP/1.1 %d", &code) != 1) code = -1;
@@ -568,15 +575,9 @@ Test(serve, streamed_answers_add_up_to_the_whole_ones)
 /* A socket to s that has sent POST /v1/completions with body (the answer not read yet). */
 static int send_raw(const server *s, const char *body)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    char req[512];
-    int n = snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
-                     strlen(body), body);
-    cr_assert_eq(send(fd, req, (size_t)n, MSG_NOSIGNAL), n);
-    return fd;
+    char head[64];
+    snprintf(head, sizeof head, "Content-Length: %zu\r\n", strlen(body));
+    return post_raw(s, head, body, strlen(body));
 }
 
 /* A socket with a streamed request of 1000 tokens on s, read up to its first event with a word (in buf). */
