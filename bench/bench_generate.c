@@ -10,7 +10,9 @@
  * tokens_per_cpu_s uses the process CPU time, which a busy shared machine disturbs less. The two modes are timed
  * interleaved, --reps rounds of (single, batched), and each reports its fastest round: a load swing
  * on the shared machine hits both alike, and a single-stream run (tens of milliseconds) is not judged on
- * one sample.
+ * one sample. kv_read_gbps is the K/V bytes the attention read in that round (each row's keys and values up
+ * to its position, every layer; kvp_gen_stats.attended_positions) over its wall time, to read against the
+ * machine's memory bandwidth once a batch's KV outgrows the caches.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -30,13 +32,15 @@
 static const char *const k_fields[] = {"model",      "mode",         "sequences",        "threads",
                                        "matmul",     "block_size",   "kv_dtype",         "weight_dtype",     "max_tokens",
                                        "reps",       "generated",    "wall_s",           "cpu_s",
-                                       "tokens_per_s", "tokens_per_cpu_s", "speedup_vs_single", "validated"};
+                                       "tokens_per_s", "tokens_per_cpu_s", "speedup_vs_single", "kv_read_gbps",
+                                       "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: kvpage bench generate [options]\n\n"
-               "Decode tokens/s of the CPU executor: one sequence vs a batch of concurrent sequences.\n\n"
+               "Decode tokens/s of the CPU executor: one sequence vs a batch of concurrent sequences, and\n"
+               "kv_read_gbps, the K/V bytes the attention read per second (every row's keys and values, every layer).\n\n"
                "  --model PATH          GGUF file or HF folder (default ../shared/models/stories260K/stories260K.gguf)\n"
                "  --batch N             concurrent sequences of the batched run (default 64)\n"
                "  --max-tokens N        tokens generated per sequence (default 256)\n"
@@ -111,7 +115,7 @@ static kvp_status validate(kvp_model *m, const char *golden, int32_t block_size,
 }
 
 static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, int32_t block_size, kvp_dtype kv_dtype,
-                        double *wall, double *cpu, int64_t *gen)
+                        double *wall, double *cpu, int64_t *gen, int64_t *attended)
 {
     int32_t bos = 1;
     kvp_gen_request *rs = kvp_calloc((size_t)nseq, sizeof *rs);
@@ -136,6 +140,7 @@ static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, int32_t 
     if (s == KVP_OK) {
         *wall = st.wall_s;
         *gen = st.generated_tokens;
+        *attended = st.attended_positions;
         kvp_gen_results_free(res, nseq);
     }
     kvp_free(rs);
@@ -217,19 +222,19 @@ int kvp_bench_generate(int argc, char **argv)
             }
             /* fastest round of each mode (wall time; cpu time of that round) */
             double wall[2] = {0, 0}, cpu[2] = {0, 0};
-            int64_t gen[2] = {0, 0};
+            int64_t gen[2] = {0, 0}, att[2] = {0, 0};
             for (int r = 0; r < reps && rc == KVP_EXIT_OK; r++)
                 for (int mode = 0; mode < 2; mode++) {
                     int32_t nseq = mode ? batch : 1;
                     double w = 0, cs = 0;
-                    int64_t g = 0;
+                    int64_t g = 0, a = 0;
                     fprintf(stderr, "bench generate: round %d/%d, %s, %d sequence(s), %d threads, %s ...\n", r + 1, reps,
                             mode ? "batched" : "single", nseq, threads, ms);
-                    if ((st = timed(m, nseq, max_tokens, bs, kv_dtype, &w, &cs, &g)) != KVP_OK) {
+                    if ((st = timed(m, nseq, max_tokens, bs, kv_dtype, &w, &cs, &g, &a)) != KVP_OK) {
                         rc = kvp_cli_fail(cmd, st);
                         break;
                     }
-                    if (r == 0 || w < wall[mode]) wall[mode] = w, cpu[mode] = cs, gen[mode] = g;
+                    if (r == 0 || w < wall[mode]) wall[mode] = w, cpu[mode] = cs, gen[mode] = g, att[mode] = a;
                 }
             double single_tps = 0;
             for (int mode = 0; mode < 2 && rc == KVP_EXIT_OK; mode++) {
@@ -257,6 +262,9 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddNumberToObject(row, "tokens_per_s", tps);
                 cJSON_AddNumberToObject(row, "tokens_per_cpu_s", cpu[mode] > 0 ? gen[mode] / cpu[mode] : 0);
                 cJSON_AddNumberToObject(row, "speedup_vs_single", single_tps > 0 ? tps / single_tps : 0);
+                /* the K/V bytes attention read (every row's keys, every layer), per second of the round */
+                cJSON_AddNumberToObject(row, "kv_read_gbps",
+                                        (double)att[mode] * kvp_kv_cache_bytes(m, kv_dtype, 1, 1) / wall[mode] / 1e9);
                 cJSON_AddBoolToObject(row, "validated", ok);
             }
         }

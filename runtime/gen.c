@@ -814,8 +814,11 @@ static kvp_status step(gen_ctx *g)
         if (s->chunk > 0) B->sched[s->row] = g->running[i];
     }
     int32_t ns = nsched, nt = 0, nkvx = 0, nrows = 0;
+    int64_t attended = 0;
     for (int32_t r = 0; r < ns; r++) {
         gseq *s = g->seqs[B->sched[r]];
+        /* rows at positions n_computed .. n_computed + chunk - 1, each attending its position + 1 keys */
+        attended += (int64_t)s->chunk * s->n_computed + (int64_t)s->chunk * (s->chunk + 1) / 2;
         B->every[r] = (uint8_t)wants_prompt_logits(g, s);
         nrows += B->every[r] ? s->chunk : 1;
         s->lrow = nrows - 1;
@@ -880,6 +883,7 @@ static kvp_status step(gen_ctx *g)
                        .all_logits_of = nrows > ns ? B->every : NULL};
     KVP_TRY(kvp_model_forward(g->m, g->kv, &b, g->logits));
     g->st.computed_tokens += nt;
+    g->st.attended_positions += attended;
     g->st.steps++;
     /* (5) sample / fork / finish, in batch order */
     for (int32_t i = 0; i < ns; i++) {

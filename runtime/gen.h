@@ -119,6 +119,9 @@ typedef struct {
     int64_t prompt_tokens;     /* sum of prompt lengths */
     int64_t generated_tokens;  /* tokens of the returned samples (beam search: of the n best beams) */
     int64_t computed_tokens;   /* rows through the forward pass (recomputation included) */
+    int64_t attended_positions; /* over those rows, the key positions each attends (its position + 1),
+                                 * summed: times kvp_kv_cache_bytes(m, kv_dtype, 1, 1), the K/V bytes the
+                                 * attention reads (layers with a sliding window read fewer) */
     double tokens_per_s;       /* generated_tokens / wall_s */
     double prefix_hit_rate;    /* prefix_hit_tokens / prompt_tokens (as the engine's) */
     int64_t prefix_hit_tokens; /* prompt tokens the prefix cache served at each request's first admission */

@@ -1,6 +1,7 @@
 /* Tests of `kvpage bench generate` end to end on stories260K: the greedy output is validated (golden story,
  * batch invariance) before timing, each mode generates exactly sequences x max_tokens tokens in its fastest
- * of --reps rounds, the batched row's speedup is its tokens/s over the single row's; bad input exits 2. */
+ * of --reps rounds, the batched row's speedup is its tokens/s over the single row's, kv_read_gbps counts the
+ * keys each row reads; bad input exits 2. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,6 +37,11 @@ Test(bench_generate, validated_rows_per_mode, .timeout = 120)
         cr_assert_gt(kvp_test_num(r, "wall_s"), 0);
         cr_assert_float_eq(kvp_test_num(r, "tokens_per_s"), kvp_test_num(r, "generated") / kvp_test_num(r, "wall_s"),
                            1e-6 * kvp_test_num(r, "tokens_per_s"));
+        /* each sequence's rows sit at positions 0 .. 11 (BOS, then 11 sampled tokens) and read 1 + ... + 12
+         * keys; a key is K and V of 4 KV heads x 8 dims in f32 in each of stories260K's 5 layers */
+        const double kv_bytes = kvp_test_num(r, "sequences") * (12 * 13 / 2) * (5 * 2 * 4 * 8 * 4.0);
+        cr_assert_float_eq(kvp_test_num(r, "kv_read_gbps"), kv_bytes / kvp_test_num(r, "wall_s") / 1e9,
+                           1e-6 * kvp_test_num(r, "kv_read_gbps"));
         if (batched) {
             const cJSON *single = cJSON_GetArrayItem(rows, i - 1);
             cr_assert_float_eq(kvp_test_num(r, "speedup_vs_single"),

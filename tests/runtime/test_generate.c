@@ -358,6 +358,9 @@ Test(generate, n4_shares_the_prompt_blocks, .init = setup, .fini = teardown)
     for (int s = 0; s < 4; s++) cr_assert_eq(res.n_tokens[s], 8);
     /* The prompt was computed once: 40 prefill rows + 4 samples x 7 decode rows. */
     cr_assert_eq(st.computed_tokens, 40 + 4 * 7, "computed %lld", (long long)st.computed_tokens);
+    /* Row at position p attends p + 1 keys: prefill 1 + ... + 40, each sample's decode rows 41 + ... + 47. */
+    cr_assert_eq(st.attended_positions, 40 * 41 / 2 + 4 * (41 + 42 + 43 + 44 + 45 + 46 + 47), "attended %lld",
+                 (long long)st.attended_positions);
     /* Stored once: 2 shared full blocks + one private third block per sample (3 CoW copies, the last
      * sample writes into the original). Without sharing it would be 4 x 3 = 12 blocks. */
     cr_assert_eq(st.cow_copies, 3, "copies %lld", (long long)st.cow_copies);
