@@ -16,6 +16,7 @@
 #include <microhttpd.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,7 +74,8 @@ static void usage(FILE *f)
             "                        -> {\"count\", \"max_model_len\", \"tokens\"}\n"
             "  POST /detokenize      vLLM's: {\"tokens\": [TOKEN_ID, ...]} -> {\"prompt\": TEXT}\n"
             "  GET  /health          200 while serving\n"
-            "  GET  /metrics         Prometheus counters and gauges (requests, tokens, KV blocks, prefix hits)\n\n"
+            "  GET  /metrics         Prometheus counters and gauges (requests, tokens, KV blocks, prefix hits)\n"
+            "                        and latency histograms (time to first token, per output token, end to end)\n\n"
             "  --model PATH              a GGUF file or a Hugging Face folder\n"
             "  --tokenizer PATH          as for generate\n"
             "  --host ADDR               IPv4 address to listen on (default 127.0.0.1)\n"
@@ -163,6 +165,24 @@ typedef struct {
     int oom; /* an operation could not be logged: the ranks cannot stay in step */
 } oplog;
 
+/* A Prometheus histogram of seconds over the bounds k_lat_le (then +Inf): n[i] observations in bucket i
+ * (not cumulative), their sum. Bounds from 100 us (a token of a tiny model on the CPU) to 1000 s. */
+static const double k_lat_le[] = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
+                                  0.5,  1,      2.5,  5,    10,     25,   50,   100,  250,   500,  1000};
+#define NLAT ((int)(sizeof k_lat_le / sizeof k_lat_le[0]))
+typedef struct {
+    int64_t n[NLAT + 1];
+    double sum;
+} histo;
+
+static void histo_add(histo *h, double x)
+{
+    int i = 0;
+    while (i < NLAT && !(x <= k_lat_le[i])) i++;
+    h->n[i]++;
+    h->sum += x;
+}
+
 typedef struct {
     kvp_model *m;
     kvp_tokenizer *tok;
@@ -187,6 +207,7 @@ typedef struct {
     int64_t answered[3]; /* 2xx, 4xx, 5xx */
     int64_t cancelled;   /* requests whose client left before the answer */
     int64_t prompt_tokens, completion_tokens;
+    histo ttft, tpot, e2e; /* per finished prompt, from the engine's taking it (kvp_gen_result's times) */
     uint64_t next_seed, next_id;
     time_t started;
 } server;
@@ -545,6 +566,11 @@ static void *engine_main(void *arg)
             const prompt_ref *o = res.user;
             job *j = o->j;
             pthread_mutex_lock(&sv->mu);
+            histo_add(&sv->ttft, res.ttft_s);
+            histo_add(&sv->e2e, res.finish_s);
+            int32_t most = 0; /* tokens of the prompt's longest sample: tpot needs two or more */
+            for (int32_t k = 0; k < res.n_samples; k++) most = res.n_tokens[k] > most ? res.n_tokens[k] : most;
+            if (most > 1) histo_add(&sv->tpot, res.tpot_s);
             j->res[o->i] = res;
             if (j->eplp) keep_prompt_logprobs(j, o->i, &res.prompt_logprobs);
             for (int32_t k = 0; j->ch && k < res.n_samples; k++) /* what no step showed (a failed decode) */
@@ -1568,17 +1594,46 @@ static enum MHD_Result detokenize(server *sv, struct MHD_Connection *c, const bo
 }
 
 /* Prometheus text format 0.0.4. */
+/* Appends printf-style text at t + *len, cut to the cap bytes of t (*len stays < cap). */
+static void appendf(char *t, size_t cap, size_t *len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+static void appendf(char *t, size_t cap, size_t *len, const char *fmt, ...)
+{
+    if (*len + 1 >= cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    const int n = vsnprintf(t + *len, cap - *len, fmt, ap);
+    va_end(ap);
+    if (n > 0) *len = *len + (size_t)n < cap ? *len + (size_t)n : cap - 1;
+}
+
+/* Appends histogram h as Prometheus text: cumulative buckets, +Inf, sum, count. */
+static void histo_print(char *t, size_t cap, size_t *len, const char *name, const char *help, const histo *h)
+{
+    appendf(t, cap, len, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    int64_t cum = 0;
+    for (int i = 0; i < NLAT; i++) {
+        cum += h->n[i];
+        appendf(t, cap, len, "%s_bucket{le=\"%g\"} %lld\n", name, k_lat_le[i], (long long)cum);
+    }
+    cum += h->n[NLAT];
+    appendf(t, cap, len, "%s_bucket{le=\"+Inf\"} %lld\n%s_sum %.9g\n%s_count %lld\n", name, (long long)cum, name,
+            h->sum, name, (long long)cum);
+}
+
 static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
 {
-    char *t = kvp_malloc(8192);
+    const size_t cap = 16384;
+    char *t = kvp_malloc(cap);
     if (!t) return reply_error(sv, c, 500, "out of memory");
     pthread_mutex_lock(&sv->mu);
     const kvp_gen_session_stats s = sv->stats;
     const int64_t a[3] = {sv->answered[0], sv->answered[1], sv->answered[2]};
     const int64_t pt = sv->prompt_tokens, ct = sv->completion_tokens, cancelled = sv->cancelled;
+    const histo ttft = sv->ttft, tpot = sv->tpot, e2e = sv->e2e;
     pthread_mutex_unlock(&sv->mu);
     const double used = s.num_blocks > 0 ? 1.0 - (double)s.free_blocks / s.num_blocks : 0.0;
-    snprintf(t, 8192,
+    size_t len = 0;
+    appendf(t, cap, &len,
              "# HELP kvpage_http_responses_total HTTP responses (completions, models, errors) by status class.\n"
              "# TYPE kvpage_http_responses_total counter\n"
              "kvpage_http_responses_total{code=\"200\"} %lld\n"
@@ -1636,6 +1691,12 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
              (long long)s.finished, (long long)s.waiting, (long long)s.running_seqs, (long long)s.preempted_seqs,
              (long long)s.steps, (long long)s.computed_tokens, (long long)s.preemptions,
              (long long)s.admitted_prompt_tokens, (long long)s.prefix_hit_tokens, s.num_blocks, s.free_blocks, used);
+    histo_print(t, cap, &len, "kvpage_time_to_first_token_seconds",
+                "Finished prompts: time from the engine taking the prompt to its first token.", &ttft);
+    histo_print(t, cap, &len, "kvpage_time_per_output_token_seconds",
+                "Finished prompts of two tokens or more: mean time per token after the first.", &tpot);
+    histo_print(t, cap, &len, "kvpage_e2e_request_latency_seconds",
+                "Finished prompts: time from the engine taking the prompt to its last token.", &e2e);
     count_answer(sv, 200);
     enum MHD_Result r = reply(c, 200, "text/plain; version=0.0.4", t);
     kvp_free(t);

@@ -207,6 +207,51 @@ static double metric(const server *s, const char *name)
     return v;
 }
 
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Histogram `name` of /metrics, checked: 23 buckets (le 1e-4 .. 1000, then +Inf), cumulative counts that never
+ * decrease, +Inf equal to _count. Returns _count; *sum gets _sum. */
+static double histogram(const server *s, const char *name, double *sum)
+{
+    char *resp, key[160];
+    cr_assert_eq(http(s, "GET", "/metrics", NULL, &resp), 200);
+    snprintf(key, sizeof key, "# TYPE %s histogram\n", name);
+    cr_assert_not_null(strstr(resp, key), "no histogram %s in %s", name, resp);
+    snprintf(key, sizeof key, "\n%s_bucket{le=\"", name);
+    double prev = 0, le_prev = 0, inf = -1;
+    int nb = 0;
+    for (const char *p = strstr(resp, key); p; p = strstr(p + 1, key), nb++) {
+        const char *le = p + strlen(key), *end = strchr(le, '"');
+        cr_assert_not_null(end);
+        const double v = atof(end + 3); /* past "} " */
+        cr_assert_geq(v, prev, "%s: bucket %d has %g, fewer than the one before (%g)", name, nb, v, prev);
+        prev = v;
+        if (strncmp(le, "+Inf", 4) == 0) {
+            inf = v;
+        } else {
+            cr_assert_gt(atof(le), le_prev, "%s: bucket bounds must rise", name);
+            le_prev = atof(le);
+        }
+    }
+    cr_assert_eq(nb, 23, "%s: %d buckets", name, nb);
+    snprintf(key, sizeof key, "\n%s_sum ", name);
+    const char *ps = strstr(resp, key);
+    cr_assert_not_null(ps, "%s: no _sum", name);
+    *sum = atof(ps + strlen(key));
+    snprintf(key, sizeof key, "\n%s_count ", name);
+    const char *pc = strstr(resp, key);
+    cr_assert_not_null(pc, "%s: no _count", name);
+    const double count = atof(pc + strlen(key));
+    cr_assert_eq(inf, count, "%s: +Inf bucket %g vs count %g", name, inf, count);
+    free(resp);
+    return count;
+}
+
 Test(serve, endpoints_and_the_golden_story)
 {
     server s = start("--num-blocks 256 --served-model-name tiny");
@@ -311,6 +356,7 @@ Test(serve, concurrent_clients_share_batches_and_get_their_solo_answers)
 {
     server s = start("--num-blocks 512");
     cJSON *solo[NP];
+    const double t0 = now_s();
     solo_answers(&s, solo);
     expect_concurrent_answers(&s, solo);
     const double steps0 = metric(&s, "kvpage_engine_steps_total");
@@ -324,6 +370,18 @@ Test(serve, concurrent_clients_share_batches_and_get_their_solo_answers)
     cr_assert(steps >= 48 && steps <= 50, "6 prompts x 48 tokens in one request took %g steps", steps);
     cr_assert_eq(metric(&s, "kvpage_engine_requests_finished_total"), 3 * NP);
     cr_assert_eq(metric(&s, "kvpage_sequences_running"), 0);
+    /* every finished prompt observed once in seconds: its first token no later than its last, its last within
+     * the test's time; each answered 48 tokens, so each has a time per output token */
+    const double wall = now_s() - t0;
+    double ttft, tpot, e2e;
+    cr_assert_eq(histogram(&s, "kvpage_time_to_first_token_seconds", &ttft), 3 * NP);
+    cr_assert_eq(histogram(&s, "kvpage_e2e_request_latency_seconds", &e2e), 3 * NP);
+    cr_assert_eq(histogram(&s, "kvpage_time_per_output_token_seconds", &tpot), 3 * NP);
+    cr_assert(ttft > 0 && ttft <= e2e && e2e <= 3 * NP * wall, "ttft %g s, e2e %g s, %d prompts in %g s", ttft, e2e,
+              3 * NP, wall);
+    for (int i = 0; i < NP; i++)
+        cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(solo[i], "usage"), "completion_tokens")->valueint, 48);
+    cr_assert(tpot > 0 && tpot * 47 <= e2e, "tpot %g s: 47 tokens after the first take at most e2e %g s", tpot, e2e);
     for (int i = 0; i < NP; i++) cJSON_Delete(solo[i]);
     stop(&s);
 }
