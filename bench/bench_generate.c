@@ -47,7 +47,8 @@ static void usage(FILE *f)
                "  --threads LIST        comma-separated thread counts (default 2)\n"
                "  --matmul LIST         invariant,blas (default invariant)\n"
                "  --block-size N        KV block size (default 16)\n"
-               "  --kv-dtype T          KV cache element type: f32, f16, bf16 or fp8 (default f32)\n"
+               "  --kv-dtype T          KV cache element type: auto (the model's dtype), f32, f16, bf16 or fp8\n"
+               "                        (default auto)\n"
                "  --weight-dtype T      weight matrices in f32, f16, bf16, q8_0 or auto (default: as stored)\n"
                "  --reps N              rounds of (single, batched), fastest round reported (default 3)\n"
                "  --golden PATH         golden.json to validate against (default: golden.json beside the model)\n"
@@ -159,6 +160,7 @@ int kvp_bench_generate(int argc, char **argv)
     int nthreads = 1, nmatmul = 1;
     int32_t batch = 64, max_tokens = 256, bs = 16, reps = 3;
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
+    int kv_auto = 1;
     kvp_weight_type wdtype = KVP_WEIGHT_AUTO;
     kvp_format fmt = KVP_FMT_TABLE;
     static const struct option opts[] = {{"model", required_argument, 0, 'm'},      {"batch", required_argument, 0, 'b'},
@@ -181,7 +183,7 @@ int kvp_bench_generate(int argc, char **argv)
         case 's': st = kvp_parse_i32(optarg, 1, 4096, &bs); break;
         case 'g': golden = optarg; break;
         case 'r': st = kvp_parse_i32(optarg, 1, 1000, &reps); break;
-        case 'k': st = kvp_dtype_parse(optarg, &kv_dtype); break;
+        case 'k': st = kvp_kv_dtype_parse(optarg, &kv_dtype, &kv_auto); break;
         case 'w': st = kvp_weight_type_parse(optarg, &wdtype); break;
         case 'f': st = kvp_format_parse(optarg, &fmt); break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
@@ -202,6 +204,7 @@ int kvp_bench_generate(int argc, char **argv)
     kvp_model *m;
     kvp_status st = kvp_model_load_ex(model, NULL, wdtype, &m);
     if (st != KVP_OK) return kvp_cli_fail(cmd, st);
+    if (kv_auto) kv_dtype = kvp_model_kv_dtype_auto(m);
     kvp_report *rep;
     if ((st = kvp_report_create(k_fields, NFIELDS, &rep)) != KVP_OK) {
         kvp_model_destroy(m);

@@ -59,8 +59,10 @@ static void usage(FILE *f)
             "  --min-tokens N          no EOS before N tokens (vLLM's min_tokens; at most --max-tokens)\n"
             "  --block-size N          tokens per KV block (default 16)\n"
             "  --num-blocks N          KV blocks (default 0 = enough for every request at once)\n"
-            "  --kv-dtype T            KV cache element type: f32 (default), f16, bf16 or fp8 (e4m3, scale 1);\n"
-            "                          f16/bf16 halve the cache, fp8 quarters it (new K/V rows are rounded)\n"
+            "  --kv-dtype T            KV cache element type: auto (default: the model's dtype, as vLLM's; f32\n"
+            "                          for f32 weights, bf16 for bf16, else f16), f32, f16, bf16 or fp8 (e4m3,\n"
+            "                          scale 1); f16/bf16 halve an f32 cache, fp8 quarters it (new K/V rows are\n"
+            "                          rounded)\n"
             "  --cache radix|hash|none prefix cache across requests (default radix)\n"
             "  --max-num-seqs N        running sequences at most (default 256)\n"
             "  --max-batched-tokens N  tokens per step (default 2048)\n"
@@ -142,7 +144,8 @@ typedef struct {
     kvp_pc_kind cache;
     kvp_matmul_kind matmul;
     kvp_weight_type weight_dtype;
-    kvp_dtype kv_dtype;
+    kvp_dtype kv_dtype; /* resolved after the model loads when kv_auto */
+    int kv_auto;
     int json, ignore_eos;
     int32_t logprobs; /* -1: none */
     strlist stops;
@@ -243,6 +246,7 @@ static int run(gen_opts *o)
     }
     kvp_model_set_threads(m, o->threads);
     kvp_model_set_matmul(m, o->matmul);
+    if (o->kv_auto) o->kv_dtype = kvp_model_kv_dtype_auto(m);
     if ((st = kvp_tok_for_model(m, o->model, o->tokenizer, &tok)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
@@ -489,6 +493,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.tp = 1;
     o.matmul = KVP_MATMUL_INVARIANT;
     o.kv_dtype = KVP_DTYPE_F32;
+    o.kv_auto = 1;
     o.weight_dtype = KVP_WEIGHT_AUTO;
     o.logprobs = -1;
     int c, rc = KVP_EXIT_OK;
@@ -514,7 +519,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &o.block_size); break;
         case O_NB: st = kvp_parse_i32(optarg, 0, INT32_MAX / 2, &o.num_blocks); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &o.cache); break;
-        case O_KV_DTYPE: st = kvp_dtype_parse(optarg, &o.kv_dtype); break;
+        case O_KV_DTYPE: st = kvp_kv_dtype_parse(optarg, &o.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &o.max_batched); break;

@@ -761,6 +761,23 @@ kvp_rope_style kvp_model_rope_style(const kvp_model *m) { return m->rope; }
 const char *kvp_model_path(const kvp_model *m) { return m->path; }
 int kvp_model_is_gguf(const kvp_model *m) { return m->is_gguf; }
 kvp_weight_type kvp_model_weight_type(const kvp_model *m) { return m->wtype; }
+
+kvp_dtype kvp_model_kv_dtype_auto(const kvp_model *m)
+{
+    switch (m->wtype) {
+    case KVP_WEIGHT_F32: return KVP_DTYPE_F32;
+    case KVP_WEIGHT_BF16: return KVP_DTYPE_BF16;
+    default: return KVP_DTYPE_F16;
+    }
+}
+
+kvp_status kvp_kv_dtype_parse(const char *s, kvp_dtype *out, int *is_auto)
+{
+    *is_auto = strcmp(s, "auto") == 0;
+    if (*is_auto) return KVP_OK;
+    if (kvp_dtype_parse(s, out) == KVP_OK) return KVP_OK;
+    return KVP_ERR(KVP_EINVAL, "unknown KV cache dtype '%s' (use auto, f32, f16, bf16 or fp8)", s);
+}
 int kvp_model_is_eos(const kvp_model *m, int32_t id)
 {
     for (int32_t i = 0; i < m->cfg.n_eos; i++)

@@ -68,6 +68,12 @@ const char *kvp_weight_type_name(kvp_weight_type t);
 /* kvp_model_load_tp with the matrices held as `weights`. */
 kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type weights, kvp_model **out);
 kvp_weight_type kvp_model_weight_type(const kvp_model *m);
+/* The KV cache element type of `--kv-dtype auto`, vLLM's kv_cache_dtype "auto" (the model's dtype): the
+ * matrices' held type when it is f32, f16 or bf16; f16 when they are q8_0 or of several types (llama.cpp's
+ * default cache type for quantized models). */
+kvp_dtype kvp_model_kv_dtype_auto(const kvp_model *m);
+/* "auto" (*is_auto = 1, *out untouched) or a KV element type's name (kvp_dtype_parse; *is_auto = 0). */
+kvp_status kvp_kv_dtype_parse(const char *s, kvp_dtype *out, int *is_auto);
 /* The communicator given to kvp_model_load_tp (NULL: one rank). */
 kvp_comm *kvp_model_comm(const kvp_model *m);
 void kvp_model_destroy(kvp_model *m);

@@ -88,7 +88,8 @@ static void usage(FILE *f)
             "  --kv-mem BYTES            KV cache size (default 512MiB), or --num-blocks N\n"
             "  --num-blocks N            KV blocks (overrides --kv-mem)\n"
             "  --block-size N            tokens per KV block (default 16)\n"
-            "  --kv-dtype T              f32 (default), f16, bf16 or fp8\n"
+            "  --kv-dtype T              auto (default: the model's dtype, as for generate), f32, f16, bf16\n"
+            "                            or fp8\n"
             "  --cache radix|hash|none   prefix cache (default radix)\n"
             "  --max-num-seqs N          running sequences at most (default 256)\n"
             "  --max-batched-tokens N    tokens per step (default 2048)\n"
@@ -1775,6 +1776,7 @@ typedef struct {
     int json;
     kvp_matmul_kind matmul;
     kvp_weight_type weight_dtype;
+    int kv_auto; /* --kv-dtype auto: the gen config's kv_dtype is set once the model is loaded */
 } serve_opts;
 
 /* SIGINT/SIGTERM write a byte to this pipe, whichever thread they reach (OpenBLAS starts threads before
@@ -1866,6 +1868,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
                 cJSON_AddNumberToObject(j, "block_size", sv.cfg.block_size);
                 cJSON_AddStringToObject(j, "chat_template", kvp_chat_template_name(sv.chat));
                 cJSON_AddStringToObject(j, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));
+                cJSON_AddStringToObject(j, "kv_dtype", kvp_dtype_name(sv.cfg.kv_dtype));
                 cJSON_AddNumberToObject(j, "pid", (double)getpid()); /* with --tp: rank 0's, the one to signal */
                 if (kvp_json_print(stdout, j) != KVP_OK) KVP_LOG_W("serve: cannot print the --json line");
                 cJSON_Delete(j);
@@ -1914,6 +1917,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
     if (st == KVP_OK) {
         kvp_model_set_threads(m, o->threads);
         kvp_model_set_matmul(m, o->matmul);
+        if (o->kv_auto) cfg.kv_dtype = kvp_model_kv_dtype_auto(m);
     }
     if (st == KVP_OK && cfg.num_blocks == 0) { /* this rank's bytes per block: the same on every rank */
         const double per_block = kvp_kv_cache_bytes(m, cfg.kv_dtype, 1, cfg.block_size);
@@ -1957,7 +1961,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"chat-template", required_argument, 0, O_CHAT},
         {0, 0, 0, 0}};
     serve_opts o = {.host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1,
-                    .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO};
+                    .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO, .kv_auto = 1};
     kvp_gen_config cfg = kvp_gen_config_default();
     int c, li = -1;
     kvp_status st = KVP_OK;
@@ -1978,7 +1982,7 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_KVMEM: st = kvp_parse_bytes(optarg, &o.kv_mem); break;
         case O_NB: st = kvp_parse_i32(optarg, 1, INT32_MAX / 2, &cfg.num_blocks); break;
         case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &cfg.block_size); break;
-        case O_DT: st = kvp_dtype_parse(optarg, &cfg.kv_dtype); break;
+        case O_DT: st = kvp_kv_dtype_parse(optarg, &cfg.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &cfg.cache); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.max_num_seqs); break;

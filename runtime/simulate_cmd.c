@@ -55,7 +55,8 @@ static void usage(FILE *f)
             "                            cpu: the KV cache's size (default 1GiB)\n"
             "  --swap-space BYTES        host swap space per GPU (default 4GiB; cpu: 1GiB, with --preempt swap)\n"
             "  --threads N               cpu: threads (default 1)\n"
-            "  --kv-dtype T              cpu: KV element type f32 (default), f16, bf16 or fp8\n"
+            "  --kv-dtype T              cpu: KV element type auto (default: the model's dtype), f32, f16, bf16\n"
+            "                            or fp8\n"
             "memory management:\n"
             "  --block-size B            tokens per KV block (default 16)\n"
             "  --alloc KIND              paged | orca-max | orca-pow2 | orca-oracle (default paged)\n"
@@ -116,8 +117,8 @@ static void fit_vocab(kvp_workload *w, int64_t vocab)
 
 /* The cpu executor: loads the model at path (this rank's shard with comm), sizes its KV cache (and, with swap preemption, host pools)
  * from hw in whole blocks of ec->block_size, and fills ec's capacity and max_model_len (the model's
- * context unless given, never above it). */
-static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype dt, const kvp_sim_hw *hw, int max_len_set,
+ * context unless given, never above it). *dt: the KV element type, or with kv_auto set to the model's. */
+static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype *dtp, int kv_auto, const kvp_sim_hw *hw, int max_len_set,
                               kvp_comm *comm, kvp_engine_config *ec, kvp_model **lm, kvp_executor *ex,
                               kvp_sim_memory *mem)
 {
@@ -126,6 +127,8 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype dt, const
         return KVP_ERR(KVP_EINVAL, "%s: --executor cpu runs a model: give a GGUF file or a Hugging Face folder", path);
     KVP_TRY(kvp_model_load_tp(path, comm, lm));
     kvp_model_set_threads(*lm, threads);
+    if (kv_auto) *dtp = kvp_model_kv_dtype_auto(*lm);
+    const kvp_dtype dt = *dtp;
     const int32_t ctx = kvp_model_max_len(*lm), bs = ec->block_size;
     if (!max_len_set) ec->max_model_len = ctx;
     else if (ec->max_model_len > ctx)
@@ -286,6 +289,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, max_tok_set = 0, cpu = 0, threads = 1;
     const char *sim_only = NULL, *cpu_only = NULL; /* an option given that the other executor does not take */
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
+    int kv_auto = 1;
     kvp_engine_config ec;
     kvp_engine_config_default(&ec);
     kvp_sim_hw hw;
@@ -354,7 +358,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
             cpu_only = "--threads";
             break;
         case O_KVDTYPE:
-            st = kvp_dtype_parse(optarg, &kv_dtype);
+            st = kvp_kv_dtype_parse(optarg, &kv_dtype, &kv_auto);
             cpu_only = "--kv-dtype";
             break;
         case O_REQOUT: req_out = optarg; break;
@@ -387,7 +391,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     }
     if (cpu) {
         if (!swap_set) hw.swap_bytes = CPU_MEM_DEFAULT;
-        st = cpu_prepare(model, threads, kv_dtype, &hw, max_len_set, *comm, &ec, &lm, &ex, &mem);
+        st = cpu_prepare(model, threads, &kv_dtype, kv_auto, &hw, max_len_set, *comm, &ec, &lm, &ex, &mem);
         if (st == KVP_OK) cfg = *kvp_model_cfg(lm);
     } else {
         st = kvp_gpu_profile_find(gpu_name, &gpu);

@@ -692,6 +692,44 @@ Test(generate_cli, f16_weights_keep_the_golden_story)
     cJSON_Delete(gold);
 }
 
+/* --kv-dtype auto (the default) is the model's dtype, as vLLM's: f32 for stories260K's f32 weights, bf16 and
+ * f16 for weights held so, f16 for q8_0; each run gives the tokens of the same type asked for by name and
+ * reports it, and the cache of a 16-bit type is half the f32 one. */
+Test(generate_cli, kv_dtype_auto_follows_the_weights)
+{
+    static const struct {
+        const char *weights, *kv;
+    } cases[] = {{"f32", "f32"}, {"bf16", "bf16"}, {"f16", "f16"}, {"q8_0", "f16"}};
+    double f32_bytes = 0;
+    for (int i = 0; i < 4; i++) {
+        cJSON *j[2];
+        for (int named = 0; named < 2; named++) {
+            char cmd[1024], *out, *err;
+            snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Lily had a' --max-tokens 40 --weight-dtype %s%s%s "
+                     "--json", kvp_test_bin(), S260_GGUF, cases[i].weights, named ? " --kv-dtype " : "", named ? cases[i].kv : "");
+            int rc = kvp_test_sh(cmd, &out, &err);
+            cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
+            cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j[named]), KVP_OK, "%s", out);
+            const cJSON *tot = cJSON_GetObjectItem(j[named], "totals");
+            cr_assert_str_eq(cJSON_GetObjectItem(tot, "kv_dtype")->valuestring, cases[i].kv, "%s", cmd);
+            const double bytes = cJSON_GetObjectItem(tot, "kv_pool_bytes")->valuedouble;
+            if (i == 0) f32_bytes = bytes;
+            else cr_assert_eq(bytes * 2, f32_bytes, "%s: a 16-bit cache is half the f32 one", cmd);
+            free(out);
+            free(err);
+        }
+        const cJSON *a = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j[0], "requests"), 0), "tokens");
+        const cJSON *b = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j[1], "requests"), 0), "tokens");
+        cr_assert_eq(cJSON_GetArraySize(a), 40);
+        cr_assert_eq(cJSON_GetArraySize(b), 40);
+        for (int t = 0; t < 40; t++)
+            cr_assert_eq(cJSON_GetArrayItem(a, t)->valueint, cJSON_GetArrayItem(b, t)->valueint, "%s weights, token %d",
+                         cases[i].weights, t);
+        cJSON_Delete(j[0]);
+        cJSON_Delete(j[1]);
+    }
+}
+
 /* --chat-template with --system: each prompt goes through the template as a user message after the system
  * message (the prompt tokens are kvp_chat_render_ids's, which the chat tests check against the models' own
  * templates); --chat on a model without a template, and --system without --chat, are refused. */
@@ -872,7 +910,7 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     static const kvp_cli_case options[] = {
         {"--top-p 3", "--top-p"},
         {"--bogus", "--bogus"},
-        {"--kv-dtype f17", "--kv-dtype: unknown dtype 'f17'"},
+        {"--kv-dtype f17", "--kv-dtype: unknown KV cache dtype 'f17' (use auto"},
         /* 1.9 TiB of KV cache: refused before anything is allocated (it used to run into the OOM killer) */
         {"--num-blocks 100000000", "more than this machine's"},
         {"--matmul fast", "error: --matmul: unknown matmul 'fast'"},

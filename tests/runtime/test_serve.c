@@ -25,6 +25,8 @@ typedef struct {
     pid_t pid;      /* the child: kvpage, or mpirun */
     pid_t serving;  /* the process that serves (rank 0 under mpirun): the one to signal */
     int port;
+    int num_blocks;  /* of its --json line */
+    char kv_dtype[8];
     char errpath[64], outpath[64];
 } server;
 
@@ -64,6 +66,8 @@ static server start_with(const char *prefix, const char *extra)
         if (j) {
             cr_assert_eq(sscanf(cJSON_GetObjectItem(j, "url")->valuestring, "http://127.0.0.1:%d", &s.port), 1, "%s", out);
             s.serving = (pid_t)cJSON_GetObjectItem(j, "pid")->valuedouble;
+            s.num_blocks = cJSON_GetObjectItem(j, "num_blocks")->valueint;
+            snprintf(s.kv_dtype, sizeof s.kv_dtype, "%s", cJSON_GetObjectItem(j, "kv_dtype")->valuestring);
             if (!strstr(extra, "--weight-dtype")) /* the default, auto, holds stories260K's f32 matrices in f32 */
                 cr_assert_str_eq(cJSON_GetObjectItem(j, "weight_dtype")->valuestring, "f32", "%s", out);
             cJSON_Delete(j);
@@ -1260,6 +1264,29 @@ Test(serve, streamed_logprobs_add_up_to_the_whole_ones)
 
 /* vLLM's /tokenize and /detokenize against the published tokens of golden.json (with and without BOS, and
  * the 256-token story back to its text), a conversation through the chat template, bad input. */
+/* --kv-dtype auto (the default) is the model's dtype: f32 for stories260K's f32 weights, bf16 for weights
+ * held in bf16, whose --kv-mem then holds twice the blocks; a type named is kept. */
+Test(serve, kv_dtype_auto_follows_the_weights)
+{
+    static const struct {
+        const char *extra, *kv;
+        int blocks_x; /* blocks of 1 MiB, in units of the f32 cache's */
+    } cases[] = {{"", "f32", 1}, {"--weight-dtype bf16", "bf16", 2}, {"--weight-dtype bf16 --kv-dtype f32", "f32", 1},
+                 {"--kv-dtype auto --weight-dtype q8_0", "f16", 2}};
+    int f32_blocks = 0;
+    for (int i = 0; i < 4; i++) {
+        char extra[128];
+        snprintf(extra, sizeof extra, "--kv-mem 1MiB %s", cases[i].extra);
+        server s = start(extra);
+        cr_assert_str_eq(s.kv_dtype, cases[i].kv, "%s", extra);
+        if (i == 0) f32_blocks = s.num_blocks;
+        cr_assert_eq(s.num_blocks, cases[i].blocks_x * f32_blocks, "%s: %d blocks (f32: %d)", extra, s.num_blocks, f32_blocks);
+        cJSON *j = complete(&s, "{\"prompt\":\"Lily\",\"max_tokens\":4,\"temperature\":0}", 200);
+        cJSON_Delete(j);
+        stop(&s);
+    }
+}
+
 Test(serve, tokenize_and_detokenize)
 {
     server s = start("--num-blocks 64 --chat-template zephyr");

@@ -399,7 +399,7 @@ Test(simulate_cli, cpu_executor_bad_input)
         {"--executor cpu --model " S260_GGUF " --alloc orca-max", "needs --executor sim"},
         {"--executor cpu --model " S260_GGUF " --max-model-len 5000", "exceeds the context"},
         {"--executor cpu --model " S260_GGUF " --kv-mem 1KB", "holds no block"},
-        {"--executor cpu --model " S260_GGUF " --kv-dtype f8", "unknown dtype 'f8'"},
+        {"--executor cpu --model " S260_GGUF " --kv-dtype f8", "unknown KV cache dtype 'f8'"},
         {"--executor cpu --model ../shared/models/nope.gguf", "nope.gguf"},
     };
     kvp_test_cli_rejects("simulate --workload system:n=4 --rate inf", cases, sizeof cases / sizeof cases[0]);
