@@ -1128,15 +1128,21 @@ static void lp_append(const server *sv, int chat, cJSON *o, const int32_t *seq, 
     }
 }
 
-/* OpenAI's usage object of job j (see job_tokens). */
+/* OpenAI's usage object of job j (see job_tokens); once j is finished, with prompt_tokens_details.cached_tokens:
+ * its prompts' tokens the prefix cache served at admission (OpenAI's field, vLLM's with
+ * --enable-prompt-tokens-details). */
 static cJSON *usage_json(const job *j)
 {
-    int64_t ptoks, ctoks;
+    int64_t ptoks, ctoks, cached = 0;
     job_tokens(j, &ptoks, &ctoks);
     cJSON *u = cJSON_CreateObject();
     cJSON_AddNumberToObject(u, "prompt_tokens", (double)ptoks);
     cJSON_AddNumberToObject(u, "completion_tokens", (double)ctoks);
     cJSON_AddNumberToObject(u, "total_tokens", (double)(ptoks + ctoks));
+    if (j->finished) {
+        for (int32_t i = 0; i < j->n; i++) cached += j->res[i].prompt_cached_tokens;
+        cJSON_AddNumberToObject(cJSON_AddObjectToObject(u, "prompt_tokens_details"), "cached_tokens", (double)cached);
+    }
     return u;
 }
 

@@ -400,6 +400,15 @@ Test(serve, seeded_samples_repeat)
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(a, "choices")), 3);
     for (int i = 0; i < 3; i++) cr_assert_str_eq(choice_text(a, i), choice_text(b, i), "choice %d", i);
     cr_assert_gt(metric(&s, "kvpage_prefix_cache_hits_total"), 0, "the second request found the first's prompt");
+    /* usage.prompt_tokens_details.cached_tokens: none for the first, the full blocks of 4 the cache served (all
+     * the hits) for the second, short of its whole prompt */
+    const cJSON *ua = cJSON_GetObjectItem(a, "usage"), *ub = cJSON_GetObjectItem(b, "usage");
+    const int ca = cJSON_GetObjectItem(cJSON_GetObjectItem(ua, "prompt_tokens_details"), "cached_tokens")->valueint;
+    const int cb = cJSON_GetObjectItem(cJSON_GetObjectItem(ub, "prompt_tokens_details"), "cached_tokens")->valueint;
+    const int pt = cJSON_GetObjectItem(ub, "prompt_tokens")->valueint;
+    cr_assert_eq(ca, 0);
+    cr_assert_eq(cb, metric(&s, "kvpage_prefix_cache_hits_total"));
+    cr_assert(cb % 4 == 0 && cb > 0 && cb < pt, "%d of %d prompt tokens cached", cb, pt);
     cJSON_Delete(a);
     cJSON_Delete(b);
     stop(&s);
