@@ -25,23 +25,33 @@
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|" \
     "\\s+(?!\\S)|\\s+"
 #define RE_CJK "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+/* Mistral-Nemo's (Tekken): upper-case runs apart from lower-case ones, single digits */
+#define RE_TEKKEN                                                                                              \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"             \
+    "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]*|\\p{N}|"      \
+    " ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 
-/* tokenizer.ggml.pre: the regexes, in order, and ignore_merges. Only regex sets checked against a model's own
- * Hugging Face encodings (scripts/check-llama-cpp-vocabs.py) are listed; the names after the first ones of a
- * row (olmo, jais, exaone4; smollm, codeshell, exaone, minerva-7b) are those llama.cpp gives the same regexes. */
+/* tokenizer.ggml.pre: the regexes, in order, ignore_merges, and whether BOS is added when the file does not
+ * say (tokenizer.ggml.add_bos_token), as llama.cpp decides. Only regex sets checked against a model's own
+ * Hugging Face encodings (scripts/check-llama-cpp-vocabs.py), or against Hugging Face's tokenizers running the
+ * model's tokenizer.json regex on a trained vocabulary (tekken: scripts/bpe-tokenizer-fixture.py), are listed;
+ * the names after the first ones of a row (olmo, jais, exaone4; smollm, codeshell, exaone, minerva-7b) are
+ * those llama.cpp gives the same regexes. */
 enum { KVP_PRE_NAMES = 8 };
 static const struct {
     const char *names[KVP_PRE_NAMES];
-    int ignore_merges;
+    int ignore_merges, add_bos;
     const char *re[KVP_TOK_MAX_PRE];
 } k_pre[] = {
-    {{"default", "gpt-2", "mpt", "olmo", "jais", "exaone4"}, 0, {RE_GPT2}},
-    {{"llama-bpe", "llama3", "llama-v3"}, 1, {RE_LLAMA3}},
-    {{"qwen2"}, 0, {RE_QWEN2}},
-    {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"}, 0, {"\\p{N}", RE_GPT2}},
-    {{"falcon"}, 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
-    {{"deepseek-coder"}, 0, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}},
+    {{"default", "gpt-2", "mpt", "olmo", "jais", "exaone4"}, 0, 0, {RE_GPT2}},
+    {{"llama-bpe", "llama3", "llama-v3"}, 1, 1, {RE_LLAMA3}},
+    {{"qwen2"}, 0, 0, {RE_QWEN2}},
+    {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"}, 0, 0, {"\\p{N}", RE_GPT2}},
+    {{"falcon"}, 0, 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
+    {{"deepseek-coder"}, 0, 0, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}},
+    {{"tekken"}, 1, 1, {RE_TEKKEN}},
     {{"deepseek-llm"},
+     0,
      0,
      {"[\r\n]",
       "\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
@@ -222,6 +232,10 @@ kvp_status kvp_tok_bpe_gguf_setup(const kvp_gguf *g, kvp_tokenizer *t)
                        (int)(pre.len > 64 ? 64 : pre.len), pre.ptr, known);
     }
     t->ignore_merges = k_pre[found].ignore_merges;
+    int64_t v;
+    int says;
+    KVP_TRY(kvp_gguf_get_int(g, "tokenizer.ggml.add_bos_token", &v, &says));
+    if (!says) t->add_bos = k_pre[found].add_bos;
     const kvp_gguf_str *merges;
     uint64_t n;
     KVP_TRY(kvp_gguf_arr_str(g, "tokenizer.ggml.merges", &merges, &n));

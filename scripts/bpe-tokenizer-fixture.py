@@ -2,11 +2,11 @@
 """Writes the BPE tokenizer fixtures of tests/runtime/test_tokenizer_bpe.c:
 
     pip install tokenizers gguf      # Hugging Face's tokenizers (Rust) and llama.cpp's gguf-py
-    scripts/bpe-tokenizer-fixture.py tests/data/tokenizers
+    scripts/bpe-tokenizer-fixture.py tests/data/tokenizers [--only=NAME ...]   # NAME's files and cases only
 
-For five pre-tokenizer families (llama3: Llama-3's regex, ignore_merges and BOS; qwen2: Qwen2's regex,
+For six pre-tokenizer families (llama3: Llama-3's regex, ignore_merges and BOS; qwen2: Qwen2's regex,
 single digits, no BOS; gpt2: GPT-2's ByteLevel regex; deepseek: DeepSeek-Coder's five Split steps; commandr:
-Command-R's Digits and ByteLevel steps) it trains a small byte-level BPE (512 tokens: the size
+Command-R's Digits and ByteLevel steps; tekken: Mistral-Nemo's regex, ignore_merges and BOS) it trains a small byte-level BPE (512 tokens: the size
 of stories260K's vocabulary, so that tests can run that model with these tokenizers) with
 Hugging Face's trainer on a mixed text (stories, numbers, contractions, code, accents, CJK, emoji), and writes
 
@@ -35,6 +35,11 @@ LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Mistral-Nemo's tokenizer.json (Tekken): upper-case runs split from lower-case ones, single digits, "/" kept
+# after punctuation
+TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+             r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}"
+             r"| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 CORPUS = [
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine.",
@@ -83,6 +88,15 @@ FAMILIES = {
                  "deepseek-coder"),
     "commandr": ("digits", False, ["<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"], "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>",
                  "command-r"),
+    "tekken": (TEKKEN_RE, True, ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>", "tekken"),
+}
+
+# strings for one family only (its regex's own corners)
+EXTRA_CASES = {
+    "tekken": ["CamelCaseWords HTTPServer iPhone McDonald's XMLHttpRequest ABCdef abcDEF",
+               "\u00c9COLE \u00e9cole \u0416\u0443\u043a \u0416\u0423\u041a \u0394\u03b5\u03bb\u03c4\u03b1 a\u0301b\u0301C\u0301",
+               "path/to/file.txt, https://example.com/a/b?c=1 ../up//double/// end/\nnext",
+               "x1y22z333 3.14 v2.0.1 \u0663\u0664 \u2167 \u00bd"],
 }
 
 
@@ -169,9 +183,16 @@ def write_gguf(name, tok, path):
 
 
 def main():
-    out = sys.argv[1] if len(sys.argv) > 1 else "tests/data/tokenizers"
+    args = [a for a in sys.argv[1:] if not a.startswith("--only=")]
+    only = [a[len("--only="):] for a in sys.argv[1:] if a.startswith("--only=")]
+    out = args[0] if args else "tests/data/tokenizers"
     cases = {}
+    if only:  # the named families rewritten, the others' files and cases kept as they are
+        with open(os.path.join(out, "cases.json")) as f:
+            cases = json.load(f)
     for name in FAMILIES:
+        if only and name not in only:
+            continue
         tok = train(name)
         d = os.path.join(out, name)
         os.makedirs(d, exist_ok=True)
@@ -181,7 +202,7 @@ def main():
             json.dump({"bos_token": bos, "eos_token": eos, "add_bos_token": bos is not None}, f, indent=1)
         write_gguf(name, tok, os.path.join(out, name + ".gguf"))
         rows = []
-        for text in CASES + random_cases():
+        for text in CASES + EXTRA_CASES.get(name, []) + random_cases():
             ids = tok.encode(text).ids
             assert tok.decode(ids, skip_special_tokens=True) == text, (name, text)
             rows.append({"text": text, "ids": ids})
@@ -191,12 +212,18 @@ def main():
         rows.append({"text": text, "ids": tok.encode(text).ids, "special": True})
         cases[name] = rows
     here = os.path.dirname(os.path.abspath(__file__))
+    if only and "spm" not in only:
+        return write_cases(out, cases)
     tok = spm_from_stories(os.path.join(here, "..", "..", "shared", "models", "stories260K", "stories260K.gguf"))
     os.makedirs(os.path.join(out, "spm"), exist_ok=True)
     tok.save(os.path.join(out, "spm", "tokenizer.json"))
     with open(os.path.join(out, "spm", "tokenizer_config.json"), "w") as f:
         json.dump({"bos_token": "<s>", "eos_token": "</s>", "add_bos_token": True}, f, indent=1)
     cases["spm"] = [{"text": t, "ids": tok.encode(t).ids} for t in CASES + random_cases()]
+    write_cases(out, cases)
+
+
+def write_cases(out, cases):
     with open(os.path.join(out, "cases.json"), "w") as f:
         f.write("{\n" + ",\n".join(
             json.dumps(name) + ": [\n" + ",\n".join(json.dumps(r, ensure_ascii=False) for r in rows) + "\n]"

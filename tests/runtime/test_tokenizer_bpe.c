@@ -1,7 +1,7 @@
-/* BPE tokenizers (Llama-3, Qwen2, GPT-2, DeepSeek-Coder and Command-R pre-tokenizers; Llama-2's sentencepiece
+/* BPE tokenizers (Llama-3, Qwen2, GPT-2, DeepSeek-Coder, Command-R and Tekken pre-tokenizers; Llama-2's sentencepiece
  * vocabulary as tokenizer.json) against Hugging Face's tokenizers.
  *
- * tests/data/tokenizers/ (written by scripts/bpe-tokenizer-fixture.py) holds five small vocabularies trained
+ * tests/data/tokenizers/ (written by scripts/bpe-tokenizer-fixture.py) holds six small vocabularies trained
  * by Hugging Face's trainer, each as tokenizer.json and as the GGUF llama.cpp's converter writes, and
  * cases.json: Hugging Face's own encodings of fixed and random strings. Both files of each vocabulary must
  * give exactly those ids, and decode them back to the text.
@@ -19,7 +19,7 @@
 #include "runtime/tokenizer.h"
 
 #define TOKDIR "tests/data/tokenizers"
-static const char *const k_families[] = {"llama3", "qwen2", "gpt2", "deepseek", "commandr"};
+static const char *const k_families[] = {"llama3", "qwen2", "gpt2", "deepseek", "commandr", "tekken"};
 
 static kvp_tokenizer *load_json(const char *family)
 {
@@ -282,6 +282,38 @@ Test(tokenizer_bpe, unknown_gguf_pre_tokenizer_is_refused)
     cr_assert(strstr(kvp_error_message(), "qwenX") && strstr(kvp_error_message(), "pre.gguf"), "%s", kvp_error_message());
     cr_assert_null(t);
     kvp_gguf_close(g);
+}
+
+/* Without tokenizer.ggml.add_bos_token, BOS is added as llama.cpp decides for the pre-tokenizer: tekken and
+ * llama-bpe add it, deepseek-coder does not; with the key, the key decides (all three fixtures say true). */
+Test(tokenizer_bpe, gguf_without_add_bos_takes_the_pre_tokenizers_default)
+{
+    static const struct {
+        const char *family;
+        int adds;
+    } k[] = {{"tekken", 1}, {"llama3", 1}, {"deepseek", 0}};
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        char path[300];
+        snprintf(path, sizeof path, TOKDIR "/%s.gguf", k[i].family);
+        kvp_tokenizer *said = load_gguf(k[i].family);
+        cr_assert(kvp_tok_adds_bos(said), "%s: the file says add BOS", k[i].family);
+        kvp_tok_destroy(said);
+        size_t len;
+        unsigned char *b = tu_read_all(path, &len);
+        size_t at = tu_gguf_find_str(b, len, "tokenizer.ggml.add_bos_token"); /* the key: renamed, so absent */
+        cr_assert(at > 0, "%s: no add_bos_token key", path);
+        memcpy(b + at + 8, "tokenizer.ggml.add_bos_tokeX", 28);
+        snprintf(path, sizeof path, "%s/nobos-%s.gguf", tu_tmpdir(), k[i].family);
+        tu_write_all(path, b, len);
+        free(b);
+        kvp_gguf *g;
+        cr_assert_eq(kvp_gguf_open(path, &g), KVP_OK);
+        kvp_tokenizer *t = NULL;
+        cr_assert_eq(kvp_tok_from_gguf(g, &t), KVP_OK, "%s", kvp_error_message());
+        cr_assert_eq(kvp_tok_adds_bos(t), k[i].adds, "%s without the key", k[i].family);
+        kvp_tok_destroy(t);
+        kvp_gguf_close(g);
+    }
 }
 
 /* Names llama.cpp gives the same regexes as a checked family: the family's GGUF with its tokenizer.ggml.pre
