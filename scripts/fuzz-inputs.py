@@ -187,7 +187,7 @@ def fuzz_models(a, rng, keep):
 def fuzz_tokenizers(a, rng, keep):
     srcs = ['tests/data/tokenizers/qwen2/tokenizer.json', 'tests/data/tokenizers/llama3.gguf',
             'tests/data/tokenizers/deepseek/tokenizer.json', 'tests/data/tokenizers/spm/tokenizer.json',
-            'tests/data/tokenizers/commandr.gguf', 'tests/data/quant_types.gguf']
+            'tests/data/tokenizers/commandr.gguf', 'tests/data/tokenizers/tekken.gguf', 'tests/data/quant_types.gguf']
     bad = 0
     for i in range(a.n):
         src = rng.choice(srcs)
