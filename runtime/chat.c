@@ -10,8 +10,9 @@
 #include "common/json.h"
 #include "runtime/gguf.h"
 
-static const char *const k_names[] = {"none",   "llama2", "mistral", "zephyr",   "llama3",  "chatml",
-                                      "qwen2",  "qwen2.5", "llama3.1", "llama3.2", "smollm2"};
+static const char *const k_names[] = {"none",     "llama2",   "mistral",  "zephyr",     "llama3",
+                                      "chatml",   "qwen2",    "qwen2.5",  "llama3.1",   "llama3.2",
+                                      "smollm2",  "mistral-v3", "mistral-v3-tekken", "mistral-v7"};
 #define N_TEMPLATES ((int)(sizeof k_names / sizeof k_names[0]))
 
 /* The system message Qwen's and SmolLM2's templates put first when the conversation has none. */
@@ -52,7 +53,12 @@ const char *kvp_chat_template_name(kvp_chat_template t)
 kvp_chat_template kvp_chat_template_detect(const char *jinja)
 {
     if (!jinja) return KVP_CHAT_NONE;
-    if (strstr(jinja, "[INST]")) return strstr(jinja, "<<SYS>>") ? KVP_CHAT_LLAMA2 : KVP_CHAT_MISTRAL;
+    if (strstr(jinja, "[INST]")) { /* mistralai's v7 has a system prompt token, v3-tekken no space after [INST] */
+        if (strstr(jinja, "[SYSTEM_PROMPT]")) return KVP_CHAT_MISTRAL_V7;
+        if (strstr(jinja, "<<SYS>>")) return KVP_CHAT_LLAMA2;
+        if (strstr(jinja, "\"[INST]\"") || strstr(jinja, "'[INST]'")) return KVP_CHAT_MISTRAL_V3_TEKKEN;
+        return strstr(jinja, "[AVAILABLE_TOOLS]") ? KVP_CHAT_MISTRAL_V3 : KVP_CHAT_MISTRAL;
+    }
     if (strstr(jinja, "<|user|>") && strstr(jinja, "<|assistant|>")) return KVP_CHAT_ZEPHYR;
     /* Llama 3.1 and later open with a dated system preamble: 3.1's date is fixed, 3.2's and 3.3's today's */
     if (strstr(jinja, "<|start_header_id|>") && strstr(jinja, "<|eot_id|>")) {
@@ -309,11 +315,49 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         }
         return KVP_OK;
     }
-    const int32_t i0 = t == KVP_CHAT_LLAMA2 && role_of(&m[0]) == ROLE_SYSTEM; /* llama2: the system message */
+    if (t == KVP_CHAT_MISTRAL_V7) { /* every message in order, the system ones as [SYSTEM_PROMPT] */
+        put_special(k, 0);
+        for (int32_t i = 0; i < n; i++) {
+            const int r = role_of(&m[i]);
+            if (r == ROLE_ASSISTANT) {
+                puts_(k, " ");
+                puts_(k, m[i].content);
+                put_special(k, 1);
+                continue;
+            }
+            put_marker(k, r == ROLE_USER ? "[INST]" : "[SYSTEM_PROMPT]");
+            puts_(k, " ");
+            puts_(k, m[i].content);
+            put_marker(k, r == ROLE_USER ? "[/INST]" : "[/SYSTEM_PROMPT]");
+        }
+        return KVP_OK;
+    }
+    const int v3 = t == KVP_CHAT_MISTRAL_V3 || t == KVP_CHAT_MISTRAL_V3_TEKKEN;
+    /* llama2 and mistral v3: the system message (v3: inside the last message when it is the user's) */
+    const int32_t i0 = (t == KVP_CHAT_LLAMA2 || v3) && role_of(&m[0]) == ROLE_SYSTEM;
     KVP_TRY(check_alternation(t, m, n, i0));
-    if (t == KVP_CHAT_MISTRAL) put_special(k, 0);
+    if (t == KVP_CHAT_MISTRAL || v3) put_special(k, 0);
     for (int32_t i = i0; i < n; i++) {
         const int user = role_of(&m[i]) == ROLE_USER;
+        if (v3) { /* v3: "[INST] " and " " + the stripped answer; v3-tekken: "[INST]" and the answer as it is */
+            const int tekken = t == KVP_CHAT_MISTRAL_V3_TEKKEN;
+            if (user) {
+                put_marker(k, "[INST]");
+                if (!tekken) puts_(k, " ");
+                if (i0 && i == n - 1) {
+                    puts_(k, m[0].content);
+                    puts_(k, "\n\n");
+                }
+                puts_(k, m[i].content);
+                put_marker(k, "[/INST]");
+            } else {
+                if (!tekken) puts_(k, " ");
+                if (tekken) puts_(k, m[i].content);
+                else put_stripped(k, m[i].content);
+                put_special(k, 1);
+            }
+            continue;
+        }
         if (t == KVP_CHAT_MISTRAL) {
             if (user) {
                 puts_(k, "[INST] ");

@@ -6,6 +6,13 @@
  *   llama2   Llama-2-chat:  <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ...
  *            (contents stripped of surrounding whitespace; roles alternate user/assistant after one system)
  *   mistral  Mistral-7B-Instruct v0.1:  <s>[INST] {user} [/INST]{assistant}</s>[INST] ...  (no system role)
+ *   mistral-v3  mistralai's "v3" (Mistral-Large-Instruct-2407):  <s>[INST] {user}[/INST] {assistant, stripped}</s>
+ *            [INST] ...; a system message goes before the last message when that is the user's: "{system}\n\n{user}"
+ *   mistral-v3-tekken  mistralai's "v3-tekken" (Mistral-Nemo-Instruct-2407):  as v3 without the spaces and with the
+ *            answer as it is:  <s>[INST]{user}[/INST]{assistant}</s>[INST]...
+ *   mistral-v7  mistralai's "v7" (Mistral-Large-Instruct-2411):  <s>[SYSTEM_PROMPT] {system}[/SYSTEM_PROMPT][INST]
+ *            {user}[/INST] {assistant}</s>... (every message in order; [INST], [SYSTEM_PROMPT] are control tokens)
+ *            (none of the mistral templates writes a generation prompt: the prompt ends at [/INST])
  *   zephyr   Zephyr / TinyLlama-chat:  <|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n
  *   llama3   Llama-3-Instruct:  <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>...
  *            (contents stripped)
@@ -21,7 +28,7 @@
  * that text, never text: a message that contains "</s>" or "<|im_end|>" gets those characters tokenized, not
  * the token. Each run of text between them is tokenized on its own with sentencepiece's leading
  * space, as llama.cpp and Hugging Face's legacy Llama tokenizer do. With add_generation_prompt the prompt
- * ends where the assistant's reply starts (llama2 and mistral: after [/INST]; zephyr: "<|assistant|>\n";
+ * ends where the assistant's reply starts (llama2 and the mistral ones: after [/INST]; zephyr: "<|assistant|>\n";
  * llama3: "<|start_header_id|>assistant<|end_header_id|>\n\n"; ChatML: "<|im_start|>assistant\n").
  */
 #ifndef KVP_RUNTIME_CHAT_H
@@ -44,11 +51,14 @@ typedef enum {
     KVP_CHAT_QWEN25,
     KVP_CHAT_LLAMA31,
     KVP_CHAT_LLAMA32,
-    KVP_CHAT_SMOLLM2
+    KVP_CHAT_SMOLLM2,
+    KVP_CHAT_MISTRAL_V3,
+    KVP_CHAT_MISTRAL_V3_TEKKEN,
+    KVP_CHAT_MISTRAL_V7
 } kvp_chat_template;
 
-/* "llama2" | "mistral" | "zephyr" | "llama3" | "llama3.1" | "llama3.2" | "chatml" | "qwen2" | "qwen2.5"
- * (KVP_EINVAL naming the value and the choices). */
+/* "llama2" | "mistral" | "zephyr" | "llama3" | "llama3.1" | "llama3.2" | "chatml" | "qwen2" | "qwen2.5" |
+ * "smollm2" | "mistral-v3" | "mistral-v3-tekken" | "mistral-v7" (KVP_EINVAL naming the value and the choices). */
 kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out);
 const char *kvp_chat_template_name(kvp_chat_template t); /* "none" for KVP_CHAT_NONE */
 /* "llama2, mistral, ... or smollm2": the built-in names, for messages (cut to cap bytes). */

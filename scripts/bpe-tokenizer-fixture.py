@@ -88,7 +88,8 @@ FAMILIES = {
                  "deepseek-coder"),
     "commandr": ("digits", False, ["<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"], "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>",
                  "command-r"),
-    "tekken": (TEKKEN_RE, True, ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"], "<s>", "</s>", "tekken"),
+    "tekken": (TEKKEN_RE, True, ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"],
+               "<s>", "</s>", "tekken"),
 }
 
 # strings for one family only (its regex's own corners)

@@ -7,6 +7,7 @@
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/json.h"
 #include "model_testutil.h"
 #include "runtime/chat.h"
 #include "runtime/tokenizer.h"
@@ -94,6 +95,60 @@ Test(chat, llama3_and_chatml_render_as_the_models_own)
     expect_text(KVP_CHAT_SMOLLM2, multi, 3, 1, want);
 }
 
+/* mistralai's v3, v3-tekken and v7 templates against jinja2's renderings of the models' own templates
+ * (tests/data/chat: Mistral-Large-Instruct-2407's, Mistral-Nemo-Instruct-2407's and Mistral-Large-Instruct-2411's,
+ * written by scripts/chat-template-fixture.py), every conversation with and without a generation prompt: the
+ * same text, or a refusal where the template raises. Each template file is detected as its built-in. */
+Test(chat, mistral_v3_v3_tekken_and_v7_render_as_jinja2_does)
+{
+    static const struct {
+        const char *name, *file;
+        kvp_chat_template t;
+    } k[] = {{"mistral-v3", "mistral-large-instruct-2407.jinja", KVP_CHAT_MISTRAL_V3},
+             {"mistral-v3-tekken", "mistral-nemo-instruct-2407.jinja", KVP_CHAT_MISTRAL_V3_TEKKEN},
+             {"mistral-v7", "mistral-large-instruct-2411.jinja", KVP_CHAT_MISTRAL_V7}};
+    cJSON *cases;
+    cr_assert_eq(kvp_json_parse_file("tests/data/chat/cases.json", &cases), KVP_OK, "%s", kvp_error_detail());
+    for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
+        char path[128];
+        snprintf(path, sizeof path, "tests/data/chat/%s", k[i].file);
+        size_t len;
+        char *jinja = (char *)tu_read_all(path, &len);
+        jinja[len] = '\0';
+        cr_assert_eq(kvp_chat_template_detect(jinja), k[i].t, "%s is detected as %s", k[i].file, k[i].name);
+        free(jinja);
+        kvp_chat_template t;
+        cr_assert_eq(kvp_chat_template_parse(k[i].name, &t), KVP_OK);
+        cr_assert_eq(t, k[i].t);
+        const cJSON *rows = cJSON_GetObjectItem(cases, k[i].name), *row;
+        int nrows = 0, nerr = 0;
+        cJSON_ArrayForEach(row, rows) {
+            kvp_chat_msg m[8];
+            int32_t n = 0;
+            const cJSON *msg;
+            cJSON_ArrayForEach(msg, cJSON_GetObjectItem(row, "messages")) {
+                cr_assert_lt(n, 8);
+                m[n++] = (kvp_chat_msg){cJSON_GetObjectItem(msg, "role")->valuestring,
+                                        cJSON_GetObjectItem(msg, "content")->valuestring};
+            }
+            const int agp = cJSON_IsTrue(cJSON_GetObjectItem(row, "add_generation_prompt"));
+            const cJSON *text = cJSON_GetObjectItem(row, "text");
+            if (cJSON_IsString(text)) {
+                expect_text(t, m, n, agp, text->valuestring);
+            } else {
+                char *got = NULL;
+                cr_assert_eq(kvp_chat_render_text(t, m, n, agp, &got), KVP_EINVAL, "%s, row %d: jinja2 raises, we gave [%s]",
+                             k[i].name, nrows, got ? got : "");
+                nerr++;
+            }
+            nrows++;
+        }
+        cr_assert_eq(nrows, 18, "%s: %d rows", k[i].name, nrows);
+        cr_assert_eq(nerr, k[i].t == KVP_CHAT_MISTRAL_V7 ? 0 : 6, "%s: %d refusals", k[i].name, nerr);
+    }
+    cJSON_Delete(cases);
+}
+
 /* In ids, the markers are the tokenizer's control tokens: the same ids as the rendered text tokenized with
  * control pieces parsed (what apply_chat_template(tokenize=True) gives), except that a marker written inside
  * a message stays text. The byte-level fixtures of tests/data/tokenizers have these control tokens. */
@@ -102,8 +157,9 @@ Test(chat, llama3_and_chatml_ids_use_the_control_tokens)
     const struct {
         kvp_chat_template t;
         const char *tok;
-    } cases[] = {{KVP_CHAT_LLAMA3, "llama3"}, {KVP_CHAT_LLAMA31, "llama3"}, {KVP_CHAT_QWEN25, "qwen2"},
-                 {KVP_CHAT_SMOLLM2, "qwen2"}};
+    } cases[] = {{KVP_CHAT_LLAMA3, "llama3"},          {KVP_CHAT_LLAMA31, "llama3"},           {KVP_CHAT_QWEN25, "qwen2"},
+                 {KVP_CHAT_SMOLLM2, "qwen2"},          {KVP_CHAT_MISTRAL_V3, "tekken"},        {KVP_CHAT_MISTRAL_V3_TEKKEN, "tekken"},
+                 {KVP_CHAT_MISTRAL_V7, "tekken"}};
     const kvp_chat_msg m[3] = {{"system", "Be brief."}, {"user", "Say <|im_end|> or <|eot_id|>."}, {"assistant", "Ok."}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char path[128];
