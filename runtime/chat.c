@@ -12,7 +12,8 @@
 
 static const char *const k_names[] = {"none",     "llama2",   "mistral",  "zephyr",     "llama3",
                                       "chatml",   "qwen2",    "qwen2.5",  "llama3.1",   "llama3.2",
-                                      "smollm2",  "mistral-v3", "mistral-v3-tekken", "mistral-v7"};
+                                      "smollm2",  "mistral-v3", "mistral-v3-tekken", "mistral-v7",
+                                      "qwen3-thinking", "deepseek-r1"};
 #define N_TEMPLATES ((int)(sizeof k_names / sizeof k_names[0]))
 
 /* The system message Qwen's and SmolLM2's templates put first when the conversation has none. */
@@ -60,12 +61,15 @@ kvp_chat_template kvp_chat_template_detect(const char *jinja)
         return strstr(jinja, "[AVAILABLE_TOOLS]") ? KVP_CHAT_MISTRAL_V3 : KVP_CHAT_MISTRAL;
     }
     if (strstr(jinja, "<|user|>") && strstr(jinja, "<|assistant|>")) return KVP_CHAT_ZEPHYR;
+    if (strstr(jinja, "<\uff5cUser\uff5c>") && strstr(jinja, "<\uff5cAssistant\uff5c>"))
+        return KVP_CHAT_DEEPSEEK_R1; /* <｜User｜>, <｜Assistant｜> (U+FF5C) */
     /* Llama 3.1 and later open with a dated system preamble: 3.1's date is fixed, 3.2's and 3.3's today's */
     if (strstr(jinja, "<|start_header_id|>") && strstr(jinja, "<|eot_id|>")) {
         if (!strstr(jinja, "Cutting Knowledge Date")) return KVP_CHAT_LLAMA3;
         return strstr(jinja, "strftime_now") ? KVP_CHAT_LLAMA32 : KVP_CHAT_LLAMA31;
     }
     if (strstr(jinja, "<|im_start|>") && strstr(jinja, "<|im_end|>")) {
+        if (strstr(jinja, "<|im_start|>assistant\\n<think>\\n")) return KVP_CHAT_QWEN3_THINKING; /* its prompt opens a thought */
         if (strstr(jinja, default_system(KVP_CHAT_QWEN25))) return KVP_CHAT_QWEN25; /* it holds Qwen2's text */
         if (strstr(jinja, default_system(KVP_CHAT_SMOLLM2))) return KVP_CHAT_SMOLLM2;
         if (strstr(jinja, default_system(KVP_CHAT_QWEN2))) return KVP_CHAT_QWEN2;
@@ -241,6 +245,109 @@ static kvp_status check_alternation(kvp_chat_template t, const kvp_chat_msg *m, 
     return KVP_OK;
 }
 
+/* s[0..n) without the run of newlines at its start (lead) and at its end (trail): Python's lstrip('\n') and
+ * rstrip('\n'). */
+static void put_trimmed_nl(sink *k, const char *s, size_t n, int lead, int trail)
+{
+    size_t a = 0;
+    while (lead && a < n && s[a] == '\n') a++;
+    while (trail && n > a && s[n - 1] == '\n') n--;
+    put(k, s + a, n - a);
+}
+
+/* The last occurrence of sub in s, or NULL. */
+static const char *last_of(const char *s, const char *sub)
+{
+    const char *last = NULL;
+    for (const char *p = strstr(s, sub); p; p = strstr(p + 1, sub)) last = p;
+    return last;
+}
+
+/* Qwen3-4B-Thinking-2507's template (no tools): ChatML; an answer's reasoning ("<think>...</think>" in its
+ * content) is kept only after the last user message, where it is rewritten "<think>\n{reasoning}\n</think>\n\n"
+ * (and the last answer always gets one); the generation prompt opens a thought. */
+static kvp_status render_qwen3_thinking(const kvp_chat_msg *m, int32_t n, int agp, sink *k)
+{
+    int32_t last_query = n - 1;
+    for (int32_t i = n - 1; i >= 0; i--) {
+        const char *c = m[i].content;
+        const size_t cl = strlen(c);
+        const int wrapped = strncmp(c, "<tool_response>", 15) == 0 && cl >= 16 && strcmp(c + cl - 16, "</tool_response>") == 0;
+        if (role_of(&m[i]) == ROLE_USER && !wrapped) {
+            last_query = i;
+            break;
+        }
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const int r = role_of(&m[i]);
+        const char *c = m[i].content;
+        put_marker(k, "<|im_start|>");
+        puts_(k, m[i].role);
+        puts_(k, "\n");
+        if (r != ROLE_ASSISTANT) {
+            puts_(k, c);
+            put_marker(k, "<|im_end|>");
+            puts_(k, "\n");
+            continue;
+        }
+        const char *end = strstr(c, "</think>"), *after = c;
+        const char *reason = "";
+        size_t rlen = 0;
+        if (end) { /* reasoning: before the first </think>, after the last <think> there; the answer after the last </think> */
+            const char *open = c;
+            for (const char *p = strstr(c, "<think>"); p && p < end; p = strstr(p + 1, "<think>")) open = p + 7;
+            reason = open;
+            rlen = (size_t)(end - open);
+            while (rlen > 0 && reason[rlen - 1] == '\n') rlen--; /* rstrip, then the lstrip below */
+            while (rlen > 0 && reason[0] == '\n') reason++, rlen--;
+            after = last_of(c, "</think>") + 8;
+            while (*after == '\n') after++;
+        }
+        if (i > last_query && (i == n - 1 || rlen > 0)) {
+            puts_(k, "<think>\n");
+            put_trimmed_nl(k, reason, rlen, 1, 1);
+            puts_(k, "\n</think>\n\n");
+            put_trimmed_nl(k, after, strlen(after), 1, 0);
+        } else {
+            puts_(k, after);
+        }
+        put_marker(k, "<|im_end|>");
+        puts_(k, "\n");
+    }
+    if (agp) {
+        put_marker(k, "<|im_start|>");
+        puts_(k, "assistant\n<think>\n");
+    }
+    return KVP_OK;
+}
+
+/* DeepSeek-R1-Distill's template (no tools): BOS, the (last) system message's text, then <｜User｜>{user} and
+ * <｜Assistant｜>{answer after its last </think>}<｜end▁of▁sentence｜>; the generation prompt is <｜Assistant｜>. */
+static kvp_status render_deepseek_r1(const kvp_chat_msg *m, int32_t n, int agp, sink *k)
+{
+    static const char user[] = "<\uff5cUser\uff5c>", assistant[] = "<\uff5cAssistant\uff5c>",
+                      eos[] = "<\uff5cend\u2581of\u2581sentence\uff5c>";
+    put_special(k, 0);
+    const char *sys = NULL;
+    for (int32_t i = 0; i < n; i++)
+        if (role_of(&m[i]) == ROLE_SYSTEM) sys = m[i].content;
+    if (sys) puts_(k, sys);
+    for (int32_t i = 0; i < n; i++) {
+        const int r = role_of(&m[i]);
+        if (r == ROLE_USER) {
+            put_marker(k, user);
+            puts_(k, m[i].content);
+        } else if (r == ROLE_ASSISTANT) {
+            const char *end = last_of(m[i].content, "</think>");
+            put_marker(k, assistant);
+            puts_(k, end ? end + 8 : m[i].content);
+            put_marker(k, eos);
+        }
+    }
+    if (agp) put_marker(k, assistant);
+    return KVP_OK;
+}
+
 static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, int agp, sink *k)
 {
     if (t == KVP_CHAT_NONE) return KVP_ERR(KVP_EINVAL, "chat: no chat template");
@@ -251,6 +358,8 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
                            m[i].role ? m[i].role : "");
         if (!m[i].content) return KVP_ERR(KVP_EINVAL, "chat: message %d has no content", i);
     }
+    if (t == KVP_CHAT_QWEN3_THINKING) return render_qwen3_thinking(m, n, agp, k);
+    if (t == KVP_CHAT_DEEPSEEK_R1) return render_deepseek_r1(m, n, agp, k);
     if (t == KVP_CHAT_ZEPHYR) {
         for (int32_t i = 0; i < n; i++) {
             puts_(k, "<|");
@@ -397,7 +506,7 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
 int32_t kvp_chat_end_of_turn(kvp_chat_template t, const kvp_tokenizer *tok)
 {
     if (t == KVP_CHAT_LLAMA3 || t == KVP_CHAT_LLAMA31 || t == KVP_CHAT_LLAMA32) return kvp_tok_special_id(tok, "<|eot_id|>");
-    if (t == KVP_CHAT_CHATML || default_system(t)) return kvp_tok_special_id(tok, "<|im_end|>");
+    if (t == KVP_CHAT_CHATML || t == KVP_CHAT_QWEN3_THINKING || default_system(t)) return kvp_tok_special_id(tok, "<|im_end|>");
     return kvp_tok_eos(tok);
 }
 

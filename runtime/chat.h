@@ -13,6 +13,11 @@
  *   mistral-v7  mistralai's "v7" (Mistral-Large-Instruct-2411):  <s>[SYSTEM_PROMPT] {system}[/SYSTEM_PROMPT][INST]
  *            {user}[/INST] {assistant}</s>... (every message in order; [INST], [SYSTEM_PROMPT] are control tokens)
  *            (none of the mistral templates writes a generation prompt: the prompt ends at [/INST])
+ *   qwen3-thinking  Qwen3-4B-Thinking-2507: ChatML; an answer's "<think>..</think>" reasoning is dropped before the
+ *            last user message and rewritten "<think>\n{reasoning}\n</think>\n\n{answer}" after it; the generation
+ *            prompt is "<|im_start|>assistant\n<think>\n"
+ *   deepseek-r1  DeepSeek-R1-Distill-*: <s>{system}<｜User｜>{user}<｜Assistant｜>{answer after its </think>}
+ *            <｜end▁of▁sentence｜>...; the generation prompt is <｜Assistant｜>
  *   zephyr   Zephyr / TinyLlama-chat:  <|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n
  *   llama3   Llama-3-Instruct:  <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>...
  *            (contents stripped)
@@ -54,11 +59,14 @@ typedef enum {
     KVP_CHAT_SMOLLM2,
     KVP_CHAT_MISTRAL_V3,
     KVP_CHAT_MISTRAL_V3_TEKKEN,
-    KVP_CHAT_MISTRAL_V7
+    KVP_CHAT_MISTRAL_V7,
+    KVP_CHAT_QWEN3_THINKING,
+    KVP_CHAT_DEEPSEEK_R1
 } kvp_chat_template;
 
 /* "llama2" | "mistral" | "zephyr" | "llama3" | "llama3.1" | "llama3.2" | "chatml" | "qwen2" | "qwen2.5" |
- * "smollm2" | "mistral-v3" | "mistral-v3-tekken" | "mistral-v7" (KVP_EINVAL naming the value and the choices). */
+ * "smollm2" | "mistral-v3" | "mistral-v3-tekken" | "mistral-v7" | "qwen3-thinking" | "deepseek-r1" (KVP_EINVAL
+ * naming the value and the choices). */
 kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out);
 const char *kvp_chat_template_name(kvp_chat_template t); /* "none" for KVP_CHAT_NONE */
 /* "llama2, mistral, ... or smollm2": the built-in names, for messages (cut to cap bytes). */
@@ -87,7 +95,7 @@ kvp_status kvp_chat_render_text(kvp_chat_template t, const kvp_chat_msg *msgs, i
 kvp_status kvp_chat_render_ids(kvp_chat_template t, const kvp_tokenizer *tok, const kvp_chat_msg *msgs, int32_t n,
                                int add_generation_prompt, int32_t **ids, int32_t *n_ids);
 
-/* The token that ends an assistant's turn: <|eot_id|> (llama3), <|im_end|> (ChatML), else EOS; -1 when the
+/* The token that ends an assistant's turn: <|eot_id|> (llama3), <|im_end|> (ChatML, qwen3-thinking), else EOS; -1 when the
  * tokenizer has none. A reply ends there, whatever the model's configured EOS. */
 int32_t kvp_chat_end_of_turn(kvp_chat_template t, const kvp_tokenizer *tok);
 

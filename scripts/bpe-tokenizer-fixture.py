@@ -84,8 +84,8 @@ FAMILIES = {
     "gpt2": (None, False, ["<|endoftext|>"], None, "<|endoftext|>", "gpt-2"),
     # several pre-tokenizer steps: DeepSeek-Coder's Split regexes, and Command-R's Digits + ByteLevel regex
     "deepseek": ([r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}"], False,
-                 ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"], "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>",
-                 "deepseek-coder"),
+                 ["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>"],
+                 "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "deepseek-coder"),
     "commandr": ("digits", False, ["<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"], "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>",
                  "command-r"),
     "tekken": (TEKKEN_RE, True, ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"],

@@ -11,6 +11,8 @@ script writes beside it
                                         trim before an answer, a space after [AVAILABLE_TOOLS], [TOOL_CALLS]
                                         and [TOOL_RESULTS] (as llama.cpp's test-chat-template.cpp quotes it)
     mistral-large-instruct-2411.jinja   mistralai's "v7" template (as test-chat-template.cpp quotes it)
+and renders as well the two real tokenizer_config.json templates of ../shared/data/configs/tokenizer_configs/
+(Qwen3-4B-Thinking-2507's, DeepSeek-R1-Distill-Qwen-32B's), read from there:
     cases.json                          each template rendered by jinja2 as transformers' apply_chat_template
                                         renders it (trim_blocks, lstrip_blocks, raise_exception), bos "<s>",
                                         eos "</s>", for a set of conversations: {"TEMPLATE": [{"messages",
@@ -52,7 +54,15 @@ CONVERSATIONS = [
     [("system", "S1"), ("user", "u"), ("system", "S2"), ("user", "v")],
     [("assistant", "x")],
     [("system", "only")],
+    # answers with reasoning, for the templates that drop or rewrite it
+    [("user", "What is 2+2?"), ("assistant", "<think>\nadd them\n</think>\n\n4"), ("user", "And 3+3?")],
+    [("system", "Be brief."), ("user", "Hi"), ("assistant", "<think>greet</think>Hello!")],
+    [("user", "Hi"), ("assistant", "Hello!")],
+    [("user", "x"), ("assistant", "\n<think>a<think>b\n</think>c</think>\n\nd\n")],
 ]
+
+SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "data", "configs",
+                      "tokenizer_configs")
 
 
 def render(template, messages, agp):
@@ -75,10 +85,14 @@ def main():
     templates = {"mistral-v3-tekken": ("mistral-nemo-instruct-2407.jinja", nemo),
                  "mistral-v3": ("mistral-large-instruct-2407.jinja", v3),
                  "mistral-v7": ("mistral-large-instruct-2411.jinja", V7)}
+    for name, model in (("qwen3-thinking", "Qwen3-4B-Thinking-2507"), ("deepseek-r1", "DeepSeek-R1-Distill-Qwen-32B")):
+        with open(os.path.join(SHARED, model + ".tokenizer_config.json")) as f:
+            templates[name] = (None, json.load(f)["chat_template"])
     cases = {}
     for name, (fname, text) in templates.items():
-        with open(os.path.join(out, fname), "w") as f:
-            f.write(text)
+        if fname:
+            with open(os.path.join(out, fname), "w") as f:
+                f.write(text)
         rows = []
         for conv in CONVERSATIONS:
             for agp in (True, False):

@@ -95,34 +95,49 @@ Test(chat, llama3_and_chatml_render_as_the_models_own)
     expect_text(KVP_CHAT_SMOLLM2, multi, 3, 1, want);
 }
 
-/* mistralai's v3, v3-tekken and v7 templates against jinja2's renderings of the models' own templates
- * (tests/data/chat: Mistral-Large-Instruct-2407's, Mistral-Nemo-Instruct-2407's and Mistral-Large-Instruct-2411's,
- * written by scripts/chat-template-fixture.py), every conversation with and without a generation prompt: the
- * same text, or a refusal where the template raises. Each template file is detected as its built-in. */
-Test(chat, mistral_v3_v3_tekken_and_v7_render_as_jinja2_does)
+/* Templates against jinja2's renderings of the models' own (tests/data/chat/cases.json, written by
+ * scripts/chat-template-fixture.py): mistralai's v3, v3-tekken and v7 (Mistral-Large-Instruct-2407's,
+ * Mistral-Nemo-Instruct-2407's and Mistral-Large-Instruct-2411's templates, in tests/data/chat), and the real
+ * tokenizer_config.json templates of Qwen3-4B-Thinking-2507 and DeepSeek-R1-Distill-Qwen-32B (in
+ * ../shared/data/configs/tokenizer_configs), every conversation with and without a generation prompt: the
+ * same text, or a refusal where the template raises. Each template is detected as its built-in. */
+Test(chat, templates_render_as_jinja2_renders_the_models_own)
 {
+    tu_require_shared();
     static const struct {
-        const char *name, *file;
+        const char *name, *jinja, *config; /* the template: a .jinja file, or a tokenizer_config.json's */
         kvp_chat_template t;
-    } k[] = {{"mistral-v3", "mistral-large-instruct-2407.jinja", KVP_CHAT_MISTRAL_V3},
-             {"mistral-v3-tekken", "mistral-nemo-instruct-2407.jinja", KVP_CHAT_MISTRAL_V3_TEKKEN},
-             {"mistral-v7", "mistral-large-instruct-2411.jinja", KVP_CHAT_MISTRAL_V7}};
+        int refusals;
+    } k[] = {{"mistral-v3", "tests/data/chat/mistral-large-instruct-2407.jinja", NULL, KVP_CHAT_MISTRAL_V3, 6},
+             {"mistral-v3-tekken", "tests/data/chat/mistral-nemo-instruct-2407.jinja", NULL, KVP_CHAT_MISTRAL_V3_TEKKEN, 6},
+             {"mistral-v7", "tests/data/chat/mistral-large-instruct-2411.jinja", NULL, KVP_CHAT_MISTRAL_V7, 0},
+             {"qwen3-thinking", NULL, "Qwen3-4B-Thinking-2507", KVP_CHAT_QWEN3_THINKING, 0},
+             {"deepseek-r1", NULL, "DeepSeek-R1-Distill-Qwen-32B", KVP_CHAT_DEEPSEEK_R1, 0}};
     cJSON *cases;
     cr_assert_eq(kvp_json_parse_file("tests/data/chat/cases.json", &cases), KVP_OK, "%s", kvp_error_detail());
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
-        char path[128];
-        snprintf(path, sizeof path, "tests/data/chat/%s", k[i].file);
-        size_t len;
-        char *jinja = (char *)tu_read_all(path, &len);
-        jinja[len] = '\0';
-        cr_assert_eq(kvp_chat_template_detect(jinja), k[i].t, "%s is detected as %s", k[i].file, k[i].name);
-        free(jinja);
+        if (k[i].jinja) {
+            size_t len;
+            char *jinja = (char *)tu_read_all(k[i].jinja, &len);
+            jinja[len] = '\0';
+            cr_assert_eq(kvp_chat_template_detect(jinja), k[i].t, "%s is detected as %s", k[i].jinja, k[i].name);
+            free(jinja);
+        } else {
+            char path[256];
+            snprintf(path, sizeof path, "../shared/data/configs/tokenizer_configs/%s.tokenizer_config.json", k[i].config);
+            cJSON *cfg;
+            cr_assert_eq(kvp_json_parse_file(path, &cfg), KVP_OK, "%s", kvp_error_detail());
+            const cJSON *tmpl = cJSON_GetObjectItem(cfg, "chat_template");
+            cr_assert(cJSON_IsString(tmpl), "%s: no chat_template", path);
+            cr_assert_eq(kvp_chat_template_detect(tmpl->valuestring), k[i].t, "%s is detected as %s", path, k[i].name);
+            cJSON_Delete(cfg);
+        }
         kvp_chat_template t;
         cr_assert_eq(kvp_chat_template_parse(k[i].name, &t), KVP_OK);
         cr_assert_eq(t, k[i].t);
-        const cJSON *rows = cJSON_GetObjectItem(cases, k[i].name), *row;
+        const cJSON *row;
         int nrows = 0, nerr = 0;
-        cJSON_ArrayForEach(row, rows) {
+        cJSON_ArrayForEach(row, cJSON_GetObjectItem(cases, k[i].name)) {
             kvp_chat_msg m[8];
             int32_t n = 0;
             const cJSON *msg;
@@ -143,8 +158,8 @@ Test(chat, mistral_v3_v3_tekken_and_v7_render_as_jinja2_does)
             }
             nrows++;
         }
-        cr_assert_eq(nrows, 18, "%s: %d rows", k[i].name, nrows);
-        cr_assert_eq(nerr, k[i].t == KVP_CHAT_MISTRAL_V7 ? 0 : 6, "%s: %d refusals", k[i].name, nerr);
+        cr_assert_eq(nrows, 26, "%s: %d rows", k[i].name, nrows);
+        cr_assert_eq(nerr, k[i].refusals, "%s: %d refusals", k[i].name, nerr);
     }
     cJSON_Delete(cases);
 }
@@ -159,7 +174,7 @@ Test(chat, llama3_and_chatml_ids_use_the_control_tokens)
         const char *tok;
     } cases[] = {{KVP_CHAT_LLAMA3, "llama3"},          {KVP_CHAT_LLAMA31, "llama3"},           {KVP_CHAT_QWEN25, "qwen2"},
                  {KVP_CHAT_SMOLLM2, "qwen2"},          {KVP_CHAT_MISTRAL_V3, "tekken"},        {KVP_CHAT_MISTRAL_V3_TEKKEN, "tekken"},
-                 {KVP_CHAT_MISTRAL_V7, "tekken"}};
+                 {KVP_CHAT_MISTRAL_V7, "tekken"},      {KVP_CHAT_QWEN3_THINKING, "qwen2"},     {KVP_CHAT_DEEPSEEK_R1, "deepseek"}};
     const kvp_chat_msg m[3] = {{"system", "Be brief."}, {"user", "Say <|im_end|> or <|eot_id|>."}, {"assistant", "Ok."}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char path[128];
