@@ -245,15 +245,6 @@ static kvp_status check_alternation(kvp_chat_template t, const kvp_chat_msg *m, 
     return KVP_OK;
 }
 
-/* s[0..n) without the run of newlines at its start (lead) and at its end (trail): Python's lstrip('\n') and
- * rstrip('\n'). */
-static void put_trimmed_nl(sink *k, const char *s, size_t n, int lead, int trail)
-{
-    size_t a = 0;
-    while (lead && a < n && s[a] == '\n') a++;
-    while (trail && n > a && s[n - 1] == '\n') n--;
-    put(k, s + a, n - a);
-}
 
 /* The last occurrence of sub in s, or NULL. */
 static const char *last_of(const char *s, const char *sub)
@@ -305,9 +296,10 @@ static kvp_status render_qwen3_thinking(const kvp_chat_msg *m, int32_t n, int ag
         }
         if (i > last_query && (i == n - 1 || rlen > 0)) {
             puts_(k, "<think>\n");
-            put_trimmed_nl(k, reason, rlen, 1, 1);
+            put(k, reason, rlen);
             puts_(k, "\n</think>\n\n");
-            put_trimmed_nl(k, after, strlen(after), 1, 0);
+            while (*after == '\n') after++; /* lstrip('\n') */
+            puts_(k, after);
         } else {
             puts_(k, after);
         }
@@ -460,9 +452,12 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
                 puts_(k, m[i].content);
                 put_marker(k, "[/INST]");
             } else {
-                if (!tekken) puts_(k, " ");
-                if (tekken) puts_(k, m[i].content);
-                else put_stripped(k, m[i].content);
+                if (tekken) {
+                    puts_(k, m[i].content);
+                } else {
+                    puts_(k, " ");
+                    put_stripped(k, m[i].content);
+                }
                 put_special(k, 1);
             }
             continue;
