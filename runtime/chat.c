@@ -299,10 +299,8 @@ static kvp_status render_qwen3_thinking(const kvp_chat_msg *m, int32_t n, int ag
             put(k, reason, rlen);
             puts_(k, "\n</think>\n\n");
             while (*after == '\n') after++; /* lstrip('\n') */
-            puts_(k, after);
-        } else {
-            puts_(k, after);
         }
+        puts_(k, after);
         put_marker(k, "<|im_end|>");
         puts_(k, "\n");
     }
