@@ -36,6 +36,7 @@
 #include "runtime/gen.h"
 #include "runtime/stop_text.h"
 #include "runtime/model.h"
+#include "runtime/reasoning.h"
 #include "runtime/tokenizer.h"
 
 static const char *const CMD = "serve";
@@ -87,6 +88,10 @@ static void usage(FILE *f)
             "                            (default: the one the model's own template is (GGUF\n"
             "                            tokenizer.chat_template, HF tokenizer_config.json); without one, chat\n"
             "                            requests get 400)\n"
+            "  --reasoning-parser NAME   deepseek_r1 (vLLM's): a chat answer's text up to the first </think> (a\n"
+            "                            leading <think> left out) is its message's reasoning_content, the rest its\n"
+            "                            content (null while no </think> came); streamed as such deltas. For\n"
+            "                            DeepSeek-R1 distills and Qwen3-Thinking-2507, whose prompts open the thought\n"
             "  --kv-mem BYTES            KV cache size (default 512MiB), or --num-blocks N\n"
             "  --num-blocks N            KV blocks (overrides --kv-mem)\n"
             "  --block-size N            tokens per KV block (default 16)\n"
@@ -190,6 +195,7 @@ typedef struct {
     kvp_model *m;
     kvp_tokenizer *tok;
     kvp_chat_template chat;
+    int reasoning; /* --reasoning-parser deepseek_r1: chat answers split at </think> (see split_reasoning) */
     char name[256];
     kvp_gen_config cfg;
     pthread_mutex_t mu;
@@ -1148,6 +1154,27 @@ static cJSON *usage_json(const job *j)
     return u;
 }
 
+/* obj[key] = the text s[0, n) (kvp_json_add_text's checks). */
+static void add_text_n(cJSON *obj, const char *key, const char *s, size_t n)
+{
+    char *t = kvp_malloc(n + 1);
+    if (!t) return;
+    memcpy(t, s, n);
+    t[n] = '\0';
+    kvp_json_add_text(obj, key, t);
+    kvp_free(t);
+}
+
+/* An answer's message under --reasoning-parser (runtime/reasoning.h): reasoning_content, and content or null
+ * when no </think> came (the whole answer is reasoning). */
+static void add_reasoning_message(cJSON *msg, const char *gen)
+{
+    const kvp_reasoning_parts p = kvp_reasoning_split(gen, strlen(gen));
+    add_text_n(msg, "reasoning_content", p.reasoning, p.reasoning_len);
+    if (p.content) kvp_json_add_text(msg, "content", p.content);
+    else cJSON_AddNullToObject(msg, "content");
+}
+
 /* The response of a finished job. */
 static cJSON *completion_json(server *sv, const job *j, uint64_t id)
 {
@@ -1175,7 +1202,8 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
             if (j->chat) {
                 cJSON *msg = cJSON_AddObjectToObject(ch, "message");
                 cJSON_AddStringToObject(msg, "role", "assistant");
-                kvp_json_add_text(msg, "content", gen);
+                if (sv->reasoning) add_reasoning_message(msg, gen);
+                else kvp_json_add_text(msg, "content", gen);
             } else {
                 kvp_json_add_text(ch, "text", echoed ? echoed : gen);
             }
@@ -1249,6 +1277,7 @@ typedef struct {
     time_t created;
     size_t sent[MAX_STREAM]; /* bytes of each choice's text sent */
     unsigned char began[MAX_STREAM]; /* chat: the choice's first delta (with the role) was sent */
+    kvp_reasoning_stream thought[MAX_STREAM]; /* --reasoning-parser: where each choice's text stands */
     int32_t lp_sent[MAX_STREAM];     /* logprobs: places of each choice sent */
     unsigned char echoed[MAX_STREAM]; /* echo: the prompt went out in the choice's first event */
     long lp_off[MAX_STREAM];         /* and the text offset of the next one */
@@ -1284,9 +1313,9 @@ static size_t utf8_whole(const char *s, size_t n)
 
 static void out_event(stream_ctx *x, cJSON *o);
 
-/* One event of choice c: text[0, n) and, with last, its finish reason (and with continuous_usage_stats, the
- * usage so far). */
-static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, int last)
+/* One event of choice c: text[0, n) (chat with --reasoning-parser: reasoning[0, rn) too) and, with last, its
+ * finish reason (and with continuous_usage_stats, the usage so far). */
+static void stream_event(stream_ctx *x, int32_t c, const char *reasoning, size_t rn, const char *text, size_t n, int last)
 {
     const job *j = x->j;
     const int32_t i = c / j->nsamples;
@@ -1307,7 +1336,8 @@ static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, i
     if (x->j->chat) { /* OpenAI's chunks: the role in a choice's first delta, then its new content */
         cJSON *d = cJSON_AddObjectToObject(ch, "delta");
         if (!x->began[c]) cJSON_AddStringToObject(d, "role", "assistant");
-        if (n > 0 || !x->began[c]) kvp_json_add_text(d, "content", t);
+        if (rn > 0) add_text_n(d, "reasoning_content", reasoning, rn);
+        if (n > 0 || (!x->began[c] && rn == 0)) kvp_json_add_text(d, "content", t);
         x->began[c] = 1;
     } else {
         kvp_json_add_text(ch, "text", t);
@@ -1329,6 +1359,21 @@ static void stream_event(stream_ctx *x, int32_t c, const char *text, size_t n, i
     else cJSON_AddNullToObject(ch, "finish_reason");
     if (x->j->continuous_usage) cJSON_AddItemToObject(o, "usage", usage_json(x->j));
     out_event(x, o);
+}
+
+/* Sends choice c's text[sent, len) (whole UTF-8 characters), or with last what is left and the finish reason;
+ * chat with --reasoning-parser: as reasoning_content and content (runtime/reasoning.h). */
+static void stream_text(stream_ctx *x, int32_t c, const char *text, size_t len, int last)
+{
+    if (!x->sv->reasoning || !x->j->chat) {
+        stream_event(x, c, NULL, 0, text + x->sent[c], len - x->sent[c], last);
+        x->sent[c] = len;
+        return;
+    }
+    const kvp_reasoning_parts p = kvp_reasoning_next(&x->thought[c], text, len, last);
+    if (p.reasoning_len > 0 || p.content || last)
+        stream_event(x, c, p.reasoning, p.reasoning_len, p.content ? p.content : "", p.content_len, last);
+    x->sent[c] = x->thought[c].sent;
 }
 
 /* Event o (deleted here) as "data: JSON". */
@@ -1360,9 +1405,7 @@ static int stream_fill(stream_ctx *x)
         for (int32_t c = 0; c < nc && !j->finished; c++) {
             const kvp_stop_text *h = &j->ch[c].t;
             const size_t n = h->ready > x->sent[c] ? utf8_whole(h->text + x->sent[c], h->ready - x->sent[c]) : 0;
-            if (n == 0) continue;
-            stream_event(x, c, h->text + x->sent[c], n, 0);
-            x->sent[c] += n;
+            if (n > 0) stream_text(x, c, h->text, x->sent[c] + n, 0);
         }
         if (x->len > 0) break;
         if (j->finished) {
@@ -1373,7 +1416,7 @@ static int stream_fill(stream_ctx *x)
                 out_event(x, o);
             } else {
                 for (int32_t c = 0; c < nc; c++) /* the rest of the text, then the finish reason */
-                    stream_event(x, c, j->ch[c].t.text + x->sent[c], j->ch[c].t.len - x->sent[c], 1);
+                    stream_text(x, c, j->ch[c].t.text, j->ch[c].t.len, 1);
                 if (j->include_usage) { /* OpenAI's last event: no choices, the usage */
                     cJSON *o = completion_head(sv, j, x->id, x->created);
                     cJSON_AddArrayToObject(o, "choices");
@@ -1785,6 +1828,7 @@ typedef struct {
     kvp_matmul_kind matmul;
     kvp_weight_type weight_dtype;
     int kv_auto; /* --kv-dtype auto: the gen config's kv_dtype is set once the model is loaded */
+    int reasoning;
 } serve_opts;
 
 /* SIGINT/SIGTERM write a byte to this pipe, whichever thread they reach (OpenBLAS starts threads before
@@ -1809,6 +1853,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
     sv.m = m;
     sv.comm = comm;
     sv.tp = o->tp;
+    sv.reasoning = o->reasoning;
     sv.cfg = *cfg;
     kvp_status st = kvp_tok_for_model(sv.m, o->model, o->tokenizer, &sv.tok);
     int jinja = 0;
@@ -1954,7 +1999,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
 int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE };
+           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -1966,7 +2011,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
-        {"chat-template", required_argument, 0, O_CHAT},
+        {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON},
         {0, 0, 0, 0}};
     serve_opts o = {.host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1,
                     .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO, .kv_auto = 1};
@@ -2000,6 +2045,10 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_CONNS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_conns); break;
         case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &o.tp); break;
         case O_JSON: o.json = 1; break;
+        case O_REASON:
+            o.reasoning = strcmp(optarg, "deepseek_r1") == 0;
+            if (!o.reasoning) st = KVP_ERR(KVP_EINVAL, "unknown reasoning parser '%s' (deepseek_r1)", optarg);
+            break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(CMD, c, argv);
         }

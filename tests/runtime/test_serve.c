@@ -707,6 +707,7 @@ Test(serve_cli, bad_command_lines)
         {"--model /nonexistent.gguf --port 0", "/nonexistent.gguf"},
         {"--model " S260_GGUF " --kv-mem 100 --port 0", "holds no block"},
         {"--model " S260_GGUF " --bogus", "--bogus"},
+        {"--model " S260_GGUF " --reasoning-parser qwen9 --port 0", "unknown reasoning parser 'qwen9'"},
     };
     kvp_test_cli_rejects("serve", cases, sizeof cases / sizeof cases[0]);
 }
@@ -1023,6 +1024,55 @@ static void chat_stream(const char *stream, char *content, size_t cap, int *role
         const cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
         if (cJSON_IsString(f)) snprintf(finish, 16, "%s", f->valuestring);
     }
+}
+
+/* --reasoning-parser deepseek_r1: stories260K never writes </think>, so its whole answer is reasoning_content
+ * (the completion of the rendered prompt) and content is null; streamed, the reasoning_content deltas join to
+ * it and no content comes. (The split at </think>, and streams cut anywhere, are tests/runtime/test_reasoning.c's.) */
+Test(serve, reasoning_parser_keeps_an_unclosed_thought_apart)
+{
+    server s = start("--num-blocks 256 --chat-template llama2 --reasoning-parser deepseek_r1");
+    kvp_tokenizer *tok;
+    cr_assert_eq(kvp_tok_load(S260_GGUF, 0, &tok), KVP_OK, "%s", kvp_error_detail());
+    const kvp_chat_msg m[1] = {{"user", "Tell me a story about Lily."}};
+    int32_t *ids, n;
+    cr_assert_eq(kvp_chat_render_ids(KVP_CHAT_LLAMA2, tok, m, 1, 1, &ids, &n), KVP_OK);
+    char body[4096] = "{\"max_tokens\":24,\"temperature\":0,\"prompt\":[", *resp;
+    for (int32_t i = 0; i < n; i++) snprintf(body + strlen(body), sizeof body - strlen(body), "%s%d", i ? "," : "", ids[i]);
+    strcat(body, "]}");
+    cJSON *plain = complete(&s, body, 200);
+    const char *chat_body = "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story about Lily.\"}],"
+                            "\"max_tokens\":24,\"temperature\":0";
+    snprintf(body, sizeof body, "%s}", chat_body);
+    cJSON *ans = chat(&s, body, 200);
+    const cJSON *msg = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(ans, "choices"), 0), "message");
+    cr_assert(cJSON_IsNull(cJSON_GetObjectItem(msg, "content")), "no </think>: no content");
+    cr_assert_str_eq(cJSON_GetObjectItem(msg, "reasoning_content")->valuestring, choice_text(plain, 0));
+    cr_assert_gt(strlen(choice_text(plain, 0)), 0);
+    snprintf(body, sizeof body, "%s,\"stream\":true}", chat_body);
+    cr_assert_eq(http(&s, "POST", "/v1/chat/completions", body, &resp), 200, "%s", resp);
+    char reasoning[2048] = "", finish[16] = "";
+    cJSON *o;
+    int events = 0;
+    for (const char *p = resp; (o = sse_next(&p)) != NULL; cJSON_Delete(o), events++) {
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), *d = cJSON_GetObjectItem(ch, "delta");
+        const cJSON *r = cJSON_GetObjectItem(d, "reasoning_content"), *c = cJSON_GetObjectItem(d, "content");
+        if (events == 0) cr_assert_str_eq(cJSON_GetObjectItem(d, "role")->valuestring, "assistant");
+        if (cJSON_IsString(r)) strncat(reasoning, r->valuestring, sizeof reasoning - 1 - strlen(reasoning));
+        cr_assert(!cJSON_IsString(c) || c->valuestring[0] == '\0', "content delta [%s] before any </think>",
+                  c->valuestring);
+        const cJSON *f = cJSON_GetObjectItem(ch, "finish_reason");
+        if (cJSON_IsString(f)) snprintf(finish, sizeof finish, "%s", f->valuestring);
+    }
+    cr_assert_gt(events, 0);
+    cr_assert_str_eq(reasoning, choice_text(plain, 0));
+    cr_assert_str_eq(finish, "length");
+    free(resp);
+    cJSON_Delete(ans);
+    cJSON_Delete(plain);
+    kvp_free(ids);
+    kvp_tok_destroy(tok);
+    stop(&s);
 }
 
 /* --chat-template llama2: a chat request's answer is the completion of the prompt the template renders
