@@ -16,7 +16,6 @@ kvp_reasoning_parts kvp_reasoning_next(kvp_reasoning_stream *s, const char *text
 {
     kvp_reasoning_parts p = {text + s->sent, NULL, 0, 0};
     if (s->phase == 2) {
-        p.reasoning = NULL;
         p.content = text + s->sent;
         p.content_len = len - s->sent;
         s->sent = len;

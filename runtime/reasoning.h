@@ -13,7 +13,7 @@
 #include <stddef.h>
 
 typedef struct {
-    const char *reasoning, *content; /* content NULL: none (no "</think>" yet) */
+    const char *reasoning, *content; /* reasoning never NULL; content NULL: none (no "</think>" yet) */
     size_t reasoning_len, content_len;
 } kvp_reasoning_parts;
 
