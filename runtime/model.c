@@ -778,6 +778,7 @@ kvp_status kvp_kv_dtype_parse(const char *s, kvp_dtype *out, int *is_auto)
     if (kvp_dtype_parse(s, out) == KVP_OK) return KVP_OK;
     return KVP_ERR(KVP_EINVAL, "unknown KV cache dtype '%s' (use auto, f32, f16, bf16 or fp8)", s);
 }
+
 int kvp_model_is_eos(const kvp_model *m, int32_t id)
 {
     for (int32_t i = 0; i < m->cfg.n_eos; i++)

@@ -195,7 +195,7 @@ typedef struct {
     kvp_model *m;
     kvp_tokenizer *tok;
     kvp_chat_template chat;
-    int reasoning; /* --reasoning-parser deepseek_r1: chat answers split at </think> (see split_reasoning) */
+    int reasoning; /* --reasoning-parser deepseek_r1: chat answers split at </think> (runtime/reasoning.h) */
     char name[256];
     kvp_gen_config cfg;
     pthread_mutex_t mu;
@@ -1645,7 +1645,6 @@ static enum MHD_Result detokenize(server *sv, struct MHD_Connection *c, const bo
     return reply_json(sv, c, 200, o);
 }
 
-/* Prometheus text format 0.0.4. */
 /* Appends printf-style text at t + *len, cut to the cap bytes of t (*len stays < cap). */
 static void appendf(char *t, size_t cap, size_t *len, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 static void appendf(char *t, size_t cap, size_t *len, const char *fmt, ...)
@@ -1672,6 +1671,7 @@ static void histo_print(char *t, size_t cap, size_t *len, const char *name, cons
             h->sum, name, (long long)cum);
 }
 
+/* Prometheus text format 0.0.4. */
 static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
 {
     const size_t cap = 16384;

@@ -117,7 +117,7 @@ static void fit_vocab(kvp_workload *w, int64_t vocab)
 
 /* The cpu executor: loads the model at path (this rank's shard with comm), sizes its KV cache (and, with swap preemption, host pools)
  * from hw in whole blocks of ec->block_size, and fills ec's capacity and max_model_len (the model's
- * context unless given, never above it). *dt: the KV element type, or with kv_auto set to the model's. */
+ * context unless given, never above it). *dtp: the KV element type, or with kv_auto set to the model's. */
 static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype *dtp, int kv_auto, const kvp_sim_hw *hw, int max_len_set,
                               kvp_comm *comm, kvp_engine_config *ec, kvp_model **lm, kvp_executor *ex,
                               kvp_sim_memory *mem)

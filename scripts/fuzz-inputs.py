@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Feeds kvpage mutated inputs and reports every crash, hang and sanitizer report.
 
-Six targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by
+Seven targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by
 `make test`, which has AddressSanitizer, LeakSanitizer and UBSan):
 
     models      stories260K's GGUF, HF safetensors and config.json: truncations, flipped bytes, extreme
@@ -17,8 +17,11 @@ Six targets, each a mutation of a known-good input, run through the sanitizer bu
                 (negative, huge, NaN, empty, wrong words, missing paths) or an unknown option.
     serve       one `kvpage serve`, sent odd OpenAI requests: wrong types and out-of-range values in every
                 field, broken JSON, lying Content-Length, chunked bodies, long headers, truncated requests.
+    chat        `kvpage generate --chat` with every built-in template and the byte-level tokenizer fixtures,
+                messages made of the templates' own markers (<think>, [INST], <|im_end|>, ...), newlines,
+                multi-byte characters, empty ones.
 
-    scripts/fuzz-inputs.py models|tokenizers|configs|traces|cli|serve [-n N] [--seed S] [--kvpage build-asan/kvpage]
+    scripts/fuzz-inputs.py models|tokenizers|configs|traces|cli|serve|chat [-n N] [--seed S] [--kvpage build-asan/kvpage]
 
 A run is bad when the exit code is neither 0 nor 2 (the CLI's code for bad input), when it runs past 60 s,
 or when the sanitizers print anything; the server is bad when it dies or reports. Bad inputs are kept under
@@ -364,6 +367,35 @@ def fuzz_cli(a, rng, keep):
     return bad
 
 
+# ---------------------------------------------------------------- chat
+
+TEMPLATES = ['llama2', 'mistral', 'zephyr', 'llama3', 'llama3.1', 'llama3.2', 'chatml', 'qwen2', 'qwen2.5', 'smollm2',
+             'mistral-v3', 'mistral-v3-tekken', 'mistral-v7', 'qwen3-thinking', 'deepseek-r1']
+
+
+def fuzz_chat(a, rng, keep):
+    """A prompt and maybe a system message of the templates' markers and odd text, through each template."""
+    toks = [os.path.join(ROOT, 'tests', 'data', 'tokenizers', t) for t in
+            ('qwen2/tokenizer.json', 'llama3.gguf', 'tekken.gguf', 'deepseek/tokenizer.json', 'gpt2.gguf')]
+    pieces = ['<think>', '</think>', '\n', '\n\n', ' ', '  ', '[INST]', '[/INST]', '[SYSTEM_PROMPT]', '<|im_start|>',
+              '<|im_end|>', '<|eot_id|>', '<<SYS>>', '<\uff5cUser\uff5c>', '<tool_response>', '</tool_response>', '<s>',
+              '</s>', 'Lily', '\u00e9', '\U0001f600', '\t']
+    bad = 0
+    for i in range(a.n):
+        def text(k):
+            return ''.join(rng.choice(pieces) for _ in range(rng.randrange(k)))
+        args = ['generate', '--model', os.path.join(S260, 'stories260K.gguf'), '--tokenizer', rng.choice(toks), '--chat',
+                '--chat-template', rng.choice(TEMPLATES), '--prompt', text(9), '--max-tokens', '2', '--json']
+        if rng.random() < 0.5:
+            args += ['--system', text(6)]
+        p = subprocess.run([a.kvpage] + args, env=ENV, capture_output=True, timeout=60)
+        err = p.stderr.decode(errors='replace')
+        if p.returncode not in (0, 2) or sanitized(err):
+            bad += 1
+            print('BAD', i, p.returncode, args, err[-1500:], flush=True)
+    return bad
+
+
 # ---------------------------------------------------------------- serve
 
 KEYS = ['prompt', 'max_tokens', 'temperature', 'top_k', 'top_p', 'n', 'stream', 'seed', 'stop', 'logprobs', 'echo',
@@ -474,7 +506,7 @@ def fuzz_serve(a, rng, keep):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('target', choices=['models', 'tokenizers', 'configs', 'traces', 'cli', 'serve'])
+    ap.add_argument('target', choices=['models', 'tokenizers', 'configs', 'traces', 'cli', 'serve', 'chat'])
     ap.add_argument('-n', type=int, default=500, help='inputs (requests for serve) to try (default 500)')
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--kvpage', default=os.path.join(ROOT, 'build-asan', 'kvpage'))
@@ -485,7 +517,7 @@ def main():
     os.makedirs(a.keep, exist_ok=True)
     rng = random.Random(a.seed)
     bad = {'models': fuzz_models, 'tokenizers': fuzz_tokenizers, 'configs': fuzz_configs, 'traces': fuzz_traces,
-           'cli': fuzz_cli, 'serve': fuzz_serve}[a.target](a, rng, a.keep)
+           'cli': fuzz_cli, 'serve': fuzz_serve, 'chat': fuzz_chat}[a.target](a, rng, a.keep)
     print('%s: %d inputs, %d bad' % (a.target, a.n, bad))
     sys.exit(1 if bad else 0)
 
