@@ -25,6 +25,10 @@
     "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|" \
     "\\s+(?!\\S)|\\s+"
 #define RE_CJK "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+"
+/* Qwen3.5's: letters with their combining marks (\p{M}) in one piece */
+#define RE_QWEN35                                                                                              \
+    "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|" \
+    "\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
 /* Mistral-Nemo's (Tekken): upper-case runs apart from lower-case ones, single digits */
 #define RE_TEKKEN                                                                                              \
     "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+|"             \
@@ -46,6 +50,7 @@ static const struct {
     {{"default", "gpt-2", "mpt", "olmo", "jais", "exaone4"}, 0, 0, {RE_GPT2}},
     {{"llama-bpe", "llama3", "llama-v3"}, 1, 1, {RE_LLAMA3}},
     {{"qwen2"}, 0, 0, {RE_QWEN2}},
+    {{"qwen35"}, 0, 0, {RE_QWEN35}},
     {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"}, 0, 0, {"\\p{N}", RE_GPT2}},
     {{"falcon"}, 0, 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},
     {{"deepseek-coder"}, 0, 0, {"[\r\n]", "\\s?\\p{L}+", "\\s?\\p{P}+", RE_CJK, "\\p{N}"}},

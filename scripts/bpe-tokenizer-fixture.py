@@ -4,9 +4,10 @@
     pip install tokenizers gguf      # Hugging Face's tokenizers (Rust) and llama.cpp's gguf-py
     scripts/bpe-tokenizer-fixture.py tests/data/tokenizers [--only=NAME ...]   # NAME's files and cases only
 
-For six pre-tokenizer families (llama3: Llama-3's regex, ignore_merges and BOS; qwen2: Qwen2's regex,
+For seven pre-tokenizer families (llama3: Llama-3's regex, ignore_merges and BOS; qwen2: Qwen2's regex,
 single digits, no BOS; gpt2: GPT-2's ByteLevel regex; deepseek: DeepSeek-Coder's five Split steps; commandr:
-Command-R's Digits and ByteLevel steps; tekken: Mistral-Nemo's regex, ignore_merges and BOS) it trains a small byte-level BPE (512 tokens: the size
+Command-R's Digits and ByteLevel steps; qwen35: Qwen3.5's regex, combining marks kept with their letters;
+tekken: Mistral-Nemo's regex, ignore_merges and BOS) it trains a small byte-level BPE (512 tokens: the size
 of stories260K's vocabulary, so that tests can run that model with these tokenizers) with
 Hugging Face's trainer on a mixed text (stories, numbers, contractions, code, accents, CJK, emoji), and writes
 
@@ -35,6 +36,9 @@ LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
              r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Qwen3.5's: letters and their combining marks (\p{M}) in one piece
+QWEN35_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 # Mistral-Nemo's tokenizer.json (Tekken): upper-case runs split from lower-case ones, single digits, "/" kept
 # after punctuation
 TEKKEN_RE = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
@@ -88,12 +92,21 @@ FAMILIES = {
                  "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "deepseek-coder"),
     "commandr": ("digits", False, ["<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>"], "<BOS_TOKEN>", "<|END_OF_TURN_TOKEN|>",
                  "command-r"),
+    "qwen35": (QWEN35_RE, False, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], None, "<|im_end|>", "qwen35"),
     "tekken": (TEKKEN_RE, True, ["<unk>", "<s>", "</s>", "[INST]", "[/INST]", "[SYSTEM_PROMPT]", "[/SYSTEM_PROMPT]"],
                "<s>", "</s>", "tekken"),
 }
 
+# training text for one family only: qwen35's and tekken's merges must join letters and their combining marks
+# for their regexes (which keep them in one piece) to give other ids than regexes that split them
+MARKS = ["e\u0301cole a\u0301b\u0301 na\u0308i\u0308ve \u0915\u093f\u0924\u093e\u092c "
+         "\u0645\u064e\u0631\u0652\u062d\u064e\u0628\u064b\u0627 caf\u0065\u0301 E\u0301COLE"] * 40
+EXTRA_CORPUS = {"qwen35": MARKS, "tekken": MARKS}
+
 # strings for one family only (its regex's own corners)
 EXTRA_CASES = {
+    "qwen35": ["a\u0301b\u0301 e\u0301cole \u0915\u093f\u0924\u093e\u092c \u0645\u064e\u0631\u0652\u062d\u064e\u0628\u064b\u0627 x\u20dd'\u0301s",
+               "na\u0308i\u0308ve \u00e9\u0301\u0302 \u05e9\u05b8\u05c1\u05dc\u05d5\u05b9\u05dd 1\u0301 .\u0301 \u0301\u0301"],
     "tekken": ["CamelCaseWords HTTPServer iPhone McDonald's XMLHttpRequest ABCdef abcDEF",
                "\u00c9COLE \u00e9cole \u0416\u0443\u043a \u0416\u0423\u041a \u0394\u03b5\u03bb\u03c4\u03b1 a\u0301b\u0301C\u0301",
                "path/to/file.txt, https://example.com/a/b?c=1 ../up//double/// end/\nnext",
@@ -129,7 +142,7 @@ def train(name):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=512, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    tok.train_from_iterator(CORPUS, trainer=trainer)
+    tok.train_from_iterator(CORPUS + EXTRA_CORPUS.get(name, []), trainer=trainer)
     if bos:
         tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
     return tok

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checks kvpage's tokenizer on real model vocabularies against Hugging Face's encodings.
 
-llama.cpp keeps vocabulary-only GGUF files of real models (models/ggml-vocab-*.gguf: Llama-3's, Qwen2's,
+llama.cpp keeps vocabulary-only GGUF files of real models (models/ggml-vocab-*.gguf: Llama-3's, Qwen2's, Qwen3.5's,
 GPT-2's, DeepSeek's, Falcon's, StarCoder's, Command-R's, Llama-2's and Phi-3's sentencepiece, ...) with test strings (*.inp) and the ids Hugging Face's tokenizer gives
 them (*.out). They ship inside llama-cpp-python's source package on PyPI. This script fetches it (or uses
 a folder that has them), runs `kvpage tokenize --no-bos` on every test string and compares the ids:
@@ -18,7 +18,7 @@ import sys
 import tarfile
 import tempfile
 
-VOCABS = ["llama-bpe", "qwen2", "gpt-2", "llama-spm", "phi-3", "deepseek-llm", "deepseek-coder", "falcon", "starcoder", "refact",
+VOCABS = ["llama-bpe", "qwen2", "qwen35", "gpt-2", "llama-spm", "phi-3", "deepseek-llm", "deepseek-coder", "falcon", "starcoder", "refact",
           "command-r", "mpt"]
 SEP = "\n__ggml_vocab_test__\n"
 

@@ -19,7 +19,7 @@
 #include "runtime/tokenizer.h"
 
 #define TOKDIR "tests/data/tokenizers"
-static const char *const k_families[] = {"llama3", "qwen2", "gpt2", "deepseek", "commandr", "tekken"};
+static const char *const k_families[] = {"llama3", "qwen2", "gpt2", "deepseek", "commandr", "tekken", "qwen35"};
 
 static kvp_tokenizer *load_json(const char *family)
 {
