@@ -39,17 +39,21 @@
  * say (tokenizer.ggml.add_bos_token), as llama.cpp decides. Only regex sets checked against a model's own
  * Hugging Face encodings (scripts/check-llama-cpp-vocabs.py), or against Hugging Face's tokenizers running the
  * model's tokenizer.json regex on a trained vocabulary (tekken: scripts/bpe-tokenizer-fixture.py), are listed;
- * the names after the first ones of a row (olmo, jais, exaone4; smollm, codeshell, exaone, minerva-7b) are
- * those llama.cpp gives the same regexes. */
-enum { KVP_PRE_NAMES = 8 };
+ * the names after the first ones of a row (olmo, jais, ...; falcon3, pixtral, ...; deepseek-r1-qwen, ...; smollm,
+ * codeshell, ...) are those llama.cpp gives the same regexes and flags. */
+enum { KVP_PRE_NAMES = 16 };
 static const struct {
     const char *names[KVP_PRE_NAMES];
     int ignore_merges, add_bos;
     const char *re[KVP_TOK_MAX_PRE];
 } k_pre[] = {
-    {{"default", "gpt-2", "mpt", "olmo", "jais", "exaone4"}, 0, 0, {RE_GPT2}},
-    {{"llama-bpe", "llama3", "llama-v3"}, 1, 1, {RE_LLAMA3}},
-    {{"qwen2"}, 0, 0, {RE_QWEN2}},
+    {{"default", "gpt-2", "mpt", "olmo", "jais", "exaone4", "phi-2", "gigachat", "a.x-4.0", "mellum", "trillion",
+      "granite-docling"},
+     0,
+     0,
+     {RE_GPT2}},
+    {{"llama-bpe", "llama3", "llama-v3", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2"}, 1, 1, {RE_LLAMA3}},
+    {{"qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "megrez", "stablelm2", "hunyuan", "solar-open"}, 0, 0, {RE_QWEN2}},
     {{"qwen35"}, 0, 0, {RE_QWEN35}},
     {{"starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b"}, 0, 0, {"\\p{N}", RE_GPT2}},
     {{"falcon"}, 0, 0, {"[\\p{P}\\$\\+<=>\\^~\\|`]+", RE_GPT2, "[0-9][0-9][0-9]"}},

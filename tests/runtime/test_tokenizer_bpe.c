@@ -323,6 +323,13 @@ Test(tokenizer_bpe, gguf_pre_aliases_take_their_familys_regexes)
     static const struct {
         const char *family, *pre, *alias;
     } k[] = {{"gpt2", "gpt-2", "olmo"},           {"gpt2", "gpt-2", "jais"},        {"gpt2", "gpt-2", "exaone4"},
+             {"gpt2", "gpt-2", "phi-2"},          {"gpt2", "gpt-2", "gigachat"},    {"gpt2", "gpt-2", "a.x-4.0"},
+             {"gpt2", "gpt-2", "mellum"},         {"gpt2", "gpt-2", "trillion"},    {"gpt2", "gpt-2", "granite-docling"},
+             {"llama3", "llama-bpe", "falcon3"},  {"llama3", "llama-bpe", "falcon-h1"}, {"llama3", "llama-bpe", "pixtral"},
+             {"llama3", "llama-bpe", "midm-2.0"}, {"llama3", "llama-bpe", "lfm2"},
+             {"qwen2", "qwen2", "deepseek-r1-qwen"}, {"qwen2", "qwen2", "kormo"}, {"qwen2", "qwen2", "f2llmv2"},
+             {"qwen2", "qwen2", "megrez"},        {"qwen2", "qwen2", "stablelm2"}, {"qwen2", "qwen2", "hunyuan"},
+             {"qwen2", "qwen2", "solar-open"},
              {"commandr", "command-r", "smollm"}, {"commandr", "command-r", "codeshell"},
              {"commandr", "command-r", "exaone"}, {"commandr", "command-r", "minerva-7b"}};
     cJSON *cases = load_cases();
