@@ -232,7 +232,7 @@ kvp_status kvp_tok_bpe_gguf_setup(const kvp_gguf *g, kvp_tokenizer *t)
             if (!present ? i == 0 : strlen(k_pre[i].names[j]) == pre.len && memcmp(pre.ptr, k_pre[i].names[j], pre.len) == 0)
                 found = (int)i;
     if (found < 0) {
-        char known[512] = "";
+        char known[1024] = "";
         size_t at = 0;
         for (size_t i = 0; i < sizeof k_pre / sizeof *k_pre; i++)
             for (int j = 0; j < KVP_PRE_NAMES && k_pre[i].names[j] && at < sizeof known; j++)
