@@ -13,7 +13,7 @@
 static const char *const k_names[] = {"none",     "llama2",   "mistral",  "zephyr",     "llama3",
                                       "chatml",   "qwen2",    "qwen2.5",  "llama3.1",   "llama3.2",
                                       "smollm2",  "mistral-v3", "mistral-v3-tekken", "mistral-v7",
-                                      "qwen3-thinking", "deepseek-r1"};
+                                      "qwen3-thinking", "deepseek-r1", "mistral-small-3"};
 #define N_TEMPLATES ((int)(sizeof k_names / sizeof k_names[0]))
 
 /* The system message Qwen's and SmolLM2's templates put first when the conversation has none. */
@@ -55,7 +55,8 @@ kvp_chat_template kvp_chat_template_detect(const char *jinja)
 {
     if (!jinja) return KVP_CHAT_NONE;
     if (strstr(jinja, "[INST]")) { /* mistralai's v7 has a system prompt token, v3-tekken no space after [INST] */
-        if (strstr(jinja, "[SYSTEM_PROMPT]")) return KVP_CHAT_MISTRAL_V7;
+        if (strstr(jinja, "[SYSTEM_PROMPT]")) /* v7, or v7-tekken (Mistral-Small-3.x: no space after [INST]) */
+            return strstr(jinja, "'[INST]'") || strstr(jinja, "\"[INST]\"") ? KVP_CHAT_MISTRAL_SMALL3 : KVP_CHAT_MISTRAL_V7;
         if (strstr(jinja, "<<SYS>>")) return KVP_CHAT_LLAMA2;
         if (strstr(jinja, "\"[INST]\"") || strstr(jinja, "'[INST]'")) return KVP_CHAT_MISTRAL_V3_TEKKEN;
         return strstr(jinja, "[AVAILABLE_TOOLS]") ? KVP_CHAT_MISTRAL_V3 : KVP_CHAT_MISTRAL;
@@ -411,6 +412,42 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         if (agp) {
             put_marker(k, "<|im_start|>");
             puts_(k, "assistant\n");
+        }
+        return KVP_OK;
+    }
+    if (t == KVP_CHAT_MISTRAL_SMALL3) { /* one [SYSTEM_PROMPT] first (the model's default one, dated, when none) */
+        const int32_t i0 = role_of(&m[0]) == ROLE_SYSTEM;
+        for (int32_t i = i0; i < n; i++) /* its role check never runs (a Jinja scoping slip): only a late system raises */
+            if (role_of(&m[i]) == ROLE_SYSTEM)
+                return KVP_ERR(KVP_EINVAL, "chat: message %d: a system message can only come first", i);
+        put_special(k, 0);
+        put_marker(k, "[SYSTEM_PROMPT]");
+        if (i0) {
+            puts_(k, m[0].content);
+        } else { /* its Jinja text, whose backslash-newlines jinja2 drops */
+            char today[16] = "";
+            const time_t now = time(NULL);
+            struct tm tmv;
+            if (localtime_r(&now, &tmv)) strftime(today, sizeof today, "%Y-%m-%d", &tmv);
+            puts_(k, "You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a French startup "
+                     "headquartered in Paris.Your knowledge base was last updated on 2023-10-01. The current date is ");
+            puts_(k, today);
+            puts_(k, ".When you're not sure about some information, you say that you don't have the information and "
+                     "don't make up anything.If the user's question is not clear, ambiguous, or does not provide enough "
+                     "context for you to accurately answer the question, you do not try to answer it right away and you "
+                     "rather ask the user to clarify their request (e.g. \"What are some good restaurants around me?\" => "
+                     "\"Where are you?\" or \"When is the next flight to Tokyo\" => \"Where do you travel from?\")");
+        }
+        put_marker(k, "[/SYSTEM_PROMPT]");
+        for (int32_t i = i0; i < n; i++) {
+            if (role_of(&m[i]) == ROLE_USER) {
+                put_marker(k, "[INST]");
+                puts_(k, m[i].content);
+                put_marker(k, "[/INST]");
+            } else {
+                puts_(k, m[i].content);
+                put_special(k, 1);
+            }
         }
         return KVP_OK;
     }

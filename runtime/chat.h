@@ -13,6 +13,8 @@
  *   mistral-v7  mistralai's "v7" (Mistral-Large-Instruct-2411):  <s>[SYSTEM_PROMPT] {system}[/SYSTEM_PROMPT][INST]
  *            {user}[/INST] {assistant}</s>... (every message in order; [INST], [SYSTEM_PROMPT] are control tokens)
  *            (none of the mistral templates writes a generation prompt: the prompt ends at [/INST])
+ *   mistral-small-3  mistralai's "v7-tekken" (Mistral-Small-3.1-24B-Instruct-2503):  <s>[SYSTEM_PROMPT]{system, or
+ *            the model's default one with today's date}[/SYSTEM_PROMPT][INST]{user}[/INST]{assistant}</s>...
  *   qwen3-thinking  Qwen3-4B-Thinking-2507: ChatML; an answer's "<think>..</think>" reasoning is dropped before the
  *            last user message and rewritten "<think>\n{reasoning}\n</think>\n\n{answer}" after it; the generation
  *            prompt is "<|im_start|>assistant\n<think>\n"
@@ -61,12 +63,13 @@ typedef enum {
     KVP_CHAT_MISTRAL_V3_TEKKEN,
     KVP_CHAT_MISTRAL_V7,
     KVP_CHAT_QWEN3_THINKING,
-    KVP_CHAT_DEEPSEEK_R1
+    KVP_CHAT_DEEPSEEK_R1,
+    KVP_CHAT_MISTRAL_SMALL3
 } kvp_chat_template;
 
 /* "llama2" | "mistral" | "zephyr" | "llama3" | "llama3.1" | "llama3.2" | "chatml" | "qwen2" | "qwen2.5" |
- * "smollm2" | "mistral-v3" | "mistral-v3-tekken" | "mistral-v7" | "qwen3-thinking" | "deepseek-r1" (KVP_EINVAL
- * naming the value and the choices). */
+ * "smollm2" | "mistral-v3" | "mistral-v3-tekken" | "mistral-v7" | "qwen3-thinking" | "deepseek-r1" |
+ * "mistral-small-3" (KVP_EINVAL naming the value and the choices). */
 kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out);
 const char *kvp_chat_template_name(kvp_chat_template t); /* "none" for KVP_CHAT_NONE */
 /* "llama2, mistral, ... or smollm2": the built-in names, for messages (cut to cap bytes). */

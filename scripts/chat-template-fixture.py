@@ -11,6 +11,8 @@ script writes beside it
                                         trim before an answer, a space after [AVAILABLE_TOOLS], [TOOL_CALLS]
                                         and [TOOL_RESULTS] (as llama.cpp's test-chat-template.cpp quotes it)
     mistral-large-instruct-2411.jinja   mistralai's "v7" template (as test-chat-template.cpp quotes it)
+and takes mistral-small-3.1-24b-instruct-2503.jinja (mistralai's "v7-tekken", Mistral-Small-3.1's as llama.cpp
+keeps it) as it is; its default system message holds today's date, rendered as %TODAY% for the test to fill;
 and renders as well the two real tokenizer_config.json templates of ../shared/data/configs/tokenizer_configs/
 (Qwen3-4B-Thinking-2507's, DeepSeek-R1-Distill-Qwen-32B's), read from there:
     cases.json                          each template rendered by jinja2 as transformers' apply_chat_template
@@ -70,6 +72,7 @@ def render(template, messages, agp):
         raise jinja2.exceptions.TemplateError(msg)
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
     env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: "%TODAY%"
     t = env.from_string(template)
     return t.render(messages=[{"role": r, "content": c} for r, c in messages], bos_token="<s>", eos_token="</s>",
                     add_generation_prompt=agp)
@@ -85,6 +88,8 @@ def main():
     templates = {"mistral-v3-tekken": ("mistral-nemo-instruct-2407.jinja", nemo),
                  "mistral-v3": ("mistral-large-instruct-2407.jinja", v3),
                  "mistral-v7": ("mistral-large-instruct-2411.jinja", V7)}
+    with open(os.path.join(out, "mistral-small-3.1-24b-instruct-2503.jinja")) as f:
+        templates["mistral-small-3"] = (None, f.read())
     for name, model in (("qwen3-thinking", "Qwen3-4B-Thinking-2507"), ("deepseek-r1", "DeepSeek-R1-Distill-Qwen-32B")):
         with open(os.path.join(SHARED, model + ".tokenizer_config.json")) as f:
             templates[name] = (None, json.load(f)["chat_template"])

@@ -370,7 +370,7 @@ def fuzz_cli(a, rng, keep):
 # ---------------------------------------------------------------- chat
 
 TEMPLATES = ['llama2', 'mistral', 'zephyr', 'llama3', 'llama3.1', 'llama3.2', 'chatml', 'qwen2', 'qwen2.5', 'smollm2',
-             'mistral-v3', 'mistral-v3-tekken', 'mistral-v7', 'qwen3-thinking', 'deepseek-r1']
+             'mistral-v3', 'mistral-v3-tekken', 'mistral-v7', 'mistral-small-3', 'qwen3-thinking', 'deepseek-r1']
 
 
 def fuzz_chat(a, rng, keep):

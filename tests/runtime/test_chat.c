@@ -97,7 +97,8 @@ Test(chat, llama3_and_chatml_render_as_the_models_own)
 
 /* Templates against jinja2's renderings of the models' own (tests/data/chat/cases.json, written by
  * scripts/chat-template-fixture.py): mistralai's v3, v3-tekken and v7 (Mistral-Large-Instruct-2407's,
- * Mistral-Nemo-Instruct-2407's and Mistral-Large-Instruct-2411's templates, in tests/data/chat), and the real
+ * Mistral-Nemo-Instruct-2407's and Mistral-Large-Instruct-2411's templates, and v7-tekken, Mistral-Small-3.1's, in
+ * tests/data/chat), and the real
  * tokenizer_config.json templates of Qwen3-4B-Thinking-2507 and DeepSeek-R1-Distill-Qwen-32B (in
  * ../shared/data/configs/tokenizer_configs), every conversation with and without a generation prompt: the
  * same text, or a refusal where the template raises. Each template is detected as its built-in. */
@@ -112,7 +113,8 @@ Test(chat, templates_render_as_jinja2_renders_the_models_own)
              {"mistral-v3-tekken", "tests/data/chat/mistral-nemo-instruct-2407.jinja", NULL, KVP_CHAT_MISTRAL_V3_TEKKEN, 6},
              {"mistral-v7", "tests/data/chat/mistral-large-instruct-2411.jinja", NULL, KVP_CHAT_MISTRAL_V7, 0},
              {"qwen3-thinking", NULL, "Qwen3-4B-Thinking-2507", KVP_CHAT_QWEN3_THINKING, 0},
-             {"deepseek-r1", NULL, "DeepSeek-R1-Distill-Qwen-32B", KVP_CHAT_DEEPSEEK_R1, 0}};
+             {"deepseek-r1", NULL, "DeepSeek-R1-Distill-Qwen-32B", KVP_CHAT_DEEPSEEK_R1, 0},
+             {"mistral-small-3", "tests/data/chat/mistral-small-3.1-24b-instruct-2503.jinja", NULL, KVP_CHAT_MISTRAL_SMALL3, 2}};
     cJSON *cases;
     cr_assert_eq(kvp_json_parse_file("tests/data/chat/cases.json", &cases), KVP_OK, "%s", kvp_error_detail());
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
@@ -148,8 +150,16 @@ Test(chat, templates_render_as_jinja2_renders_the_models_own)
             }
             const int agp = cJSON_IsTrue(cJSON_GetObjectItem(row, "add_generation_prompt"));
             const cJSON *text = cJSON_GetObjectItem(row, "text");
-            if (cJSON_IsString(text)) {
-                expect_text(t, m, n, agp, text->valuestring);
+            if (cJSON_IsString(text)) { /* %TODAY%: the date a template writes, today's */
+                char want[4096], today[16];
+                const time_t now = time(NULL);
+                struct tm tmv;
+                cr_assert_not_null(localtime_r(&now, &tmv));
+                strftime(today, sizeof today, "%Y-%m-%d", &tmv);
+                const char *at = strstr(text->valuestring, "%TODAY%");
+                if (at) snprintf(want, sizeof want, "%.*s%s%s", (int)(at - text->valuestring), text->valuestring, today, at + 7);
+                else snprintf(want, sizeof want, "%s", text->valuestring);
+                expect_text(t, m, n, agp, want);
             } else {
                 char *got = NULL;
                 cr_assert_eq(kvp_chat_render_text(t, m, n, agp, &got), KVP_EINVAL, "%s, row %d: jinja2 raises, we gave [%s]",
@@ -174,7 +184,8 @@ Test(chat, llama3_and_chatml_ids_use_the_control_tokens)
         const char *tok;
     } cases[] = {{KVP_CHAT_LLAMA3, "llama3"},          {KVP_CHAT_LLAMA31, "llama3"},           {KVP_CHAT_QWEN25, "qwen2"},
                  {KVP_CHAT_SMOLLM2, "qwen2"},          {KVP_CHAT_MISTRAL_V3, "tekken"},        {KVP_CHAT_MISTRAL_V3_TEKKEN, "tekken"},
-                 {KVP_CHAT_MISTRAL_V7, "tekken"},      {KVP_CHAT_QWEN3_THINKING, "qwen2"},     {KVP_CHAT_DEEPSEEK_R1, "deepseek"}};
+                 {KVP_CHAT_MISTRAL_V7, "tekken"},      {KVP_CHAT_QWEN3_THINKING, "qwen2"},     {KVP_CHAT_DEEPSEEK_R1, "deepseek"},
+                 {KVP_CHAT_MISTRAL_SMALL3, "tekken"}};
     const kvp_chat_msg m[3] = {{"system", "Be brief."}, {"user", "Say <|im_end|> or <|eot_id|>."}, {"assistant", "Ok."}};
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char path[128];
