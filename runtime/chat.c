@@ -220,6 +220,30 @@ static void put_stripped(sink *k, const char *s)
     put(k, s + a, b - a);
 }
 
+/* ChatML's "<|im_start|>{role}\n" and "<|im_end|>\n" around a turn. */
+static void chatml_open(sink *k, const char *role)
+{
+    put_marker(k, "<|im_start|>");
+    puts_(k, role);
+    puts_(k, "\n");
+}
+
+static void chatml_close(sink *k)
+{
+    put_marker(k, "<|im_end|>");
+    puts_(k, "\n");
+}
+
+/* Today's local date as strftime writes it with fmt (a template's strftime_now); "" when there is none. */
+static void put_today(sink *k, const char *fmt)
+{
+    char date[32] = "";
+    const time_t now = time(NULL);
+    struct tm tmv;
+    if (localtime_r(&now, &tmv)) strftime(date, sizeof date, fmt, &tmv);
+    puts_(k, date);
+}
+
 enum { ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT };
 
 static int role_of(const kvp_chat_msg *m)
@@ -273,13 +297,10 @@ static kvp_status render_qwen3_thinking(const kvp_chat_msg *m, int32_t n, int ag
     for (int32_t i = 0; i < n; i++) {
         const int r = role_of(&m[i]);
         const char *c = m[i].content;
-        put_marker(k, "<|im_start|>");
-        puts_(k, m[i].role);
-        puts_(k, "\n");
+        chatml_open(k, m[i].role);
         if (r != ROLE_ASSISTANT) {
             puts_(k, c);
-            put_marker(k, "<|im_end|>");
-            puts_(k, "\n");
+            chatml_close(k);
             continue;
         }
         const char *end = strstr(c, "</think>"), *after = c;
@@ -302,12 +323,11 @@ static kvp_status render_qwen3_thinking(const kvp_chat_msg *m, int32_t n, int ag
             while (*after == '\n') after++; /* lstrip('\n') */
         }
         puts_(k, after);
-        put_marker(k, "<|im_end|>");
-        puts_(k, "\n");
+        chatml_close(k);
     }
     if (agp) {
-        put_marker(k, "<|im_start|>");
-        puts_(k, "assistant\n<think>\n");
+        chatml_open(k, "assistant");
+        puts_(k, "<think>\n");
     }
     return KVP_OK;
 }
@@ -369,15 +389,12 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         put_special(k, 0);
         int32_t i = 0;
         if (t != KVP_CHAT_LLAMA3) {
-            char date[32] = "26 Jul 2024"; /* 3.1's; 3.2 and 3.3 write today's (strftime_now("%d %b %Y")) */
-            const time_t now = time(NULL);
-            struct tm tmv;
-            if (t == KVP_CHAT_LLAMA32 && localtime_r(&now, &tmv)) strftime(date, sizeof date, "%d %b %Y", &tmv);
             put_marker(k, "<|start_header_id|>");
             puts_(k, "system");
             put_marker(k, "<|end_header_id|>");
             puts_(k, "\n\nCutting Knowledge Date: December 2023\nToday Date: ");
-            puts_(k, date);
+            if (t == KVP_CHAT_LLAMA32) put_today(k, "%d %b %Y"); /* strftime_now("%d %b %Y") */
+            else puts_(k, "26 Jul 2024");                        /* 3.1's, fixed */
             puts_(k, "\n\n");
             if (role_of(&m[0]) == ROLE_SYSTEM) put_stripped(k, m[i++].content);
             put_marker(k, "<|eot_id|>");
@@ -402,17 +419,11 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         const kvp_chat_msg sys = {"system", default_system(t)};
         for (int32_t i = sys.content && role_of(&m[0]) != ROLE_SYSTEM ? -1 : 0; i < n; i++) {
             const kvp_chat_msg *x = i < 0 ? &sys : &m[i];
-            put_marker(k, "<|im_start|>");
-            puts_(k, x->role);
-            puts_(k, "\n");
+            chatml_open(k, x->role);
             puts_(k, x->content);
-            put_marker(k, "<|im_end|>");
-            puts_(k, "\n");
+            chatml_close(k);
         }
-        if (agp) {
-            put_marker(k, "<|im_start|>");
-            puts_(k, "assistant\n");
-        }
+        if (agp) chatml_open(k, "assistant");
         return KVP_OK;
     }
     if (t == KVP_CHAT_MISTRAL_SMALL3) { /* one [SYSTEM_PROMPT] first (the model's default one, dated, when none) */
@@ -425,13 +436,9 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         if (i0) {
             puts_(k, m[0].content);
         } else { /* its Jinja text, whose backslash-newlines jinja2 drops */
-            char today[16] = "";
-            const time_t now = time(NULL);
-            struct tm tmv;
-            if (localtime_r(&now, &tmv)) strftime(today, sizeof today, "%Y-%m-%d", &tmv);
             puts_(k, "You are Mistral Small 3, a Large Language Model (LLM) created by Mistral AI, a French startup "
                      "headquartered in Paris.Your knowledge base was last updated on 2023-10-01. The current date is ");
-            puts_(k, today);
+            put_today(k, "%Y-%m-%d");
             puts_(k, ".When you're not sure about some information, you say that you don't have the information and "
                      "don't make up anything.If the user's question is not clear, ambiguous, or does not provide enough "
                      "context for you to accurately answer the question, you do not try to answer it right away and you "
