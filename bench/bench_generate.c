@@ -30,7 +30,7 @@
 #include "runtime/model.h"
 
 static const char *const k_fields[] = {"model",      "mode",         "sequences",        "threads",
-                                       "matmul",     "block_size",   "kv_dtype",         "weight_dtype",     "max_tokens",
+                                       "matmul",     "lanes",        "block_size",   "kv_dtype",         "weight_dtype",     "max_tokens",
                                        "reps",       "generated",    "wall_s",           "cpu_s",
                                        "tokens_per_s", "tokens_per_cpu_s", "speedup_vs_single", "kv_read_gbps",
                                        "validated"};
@@ -46,6 +46,8 @@ static void usage(FILE *f)
                "  --max-tokens N        tokens generated per sequence (default 256)\n"
                "  --threads LIST        comma-separated thread counts (default 2)\n"
                "  --matmul LIST         invariant,blas (default invariant)\n"
+               "  --lanes LIST          vector lanes of the invariant matmul: 8, 16 (AVX-512F; the same bits)\n"
+               "                        (default: the widest this CPU has; blas rows report 0)\n"
                "  --block-size N        KV block size (default 16)\n"
                "  --kv-dtype T          KV cache element type: auto (the model's dtype), f32, f16, bf16 or fp8\n"
                "                        (default auto)\n"
@@ -157,7 +159,8 @@ int kvp_bench_generate(int argc, char **argv)
     const char *model = "../shared/models/stories260K/stories260K.gguf", *golden = NULL;
     int32_t threads_v[16] = {2};
     kvp_matmul_kind matmul_v[4] = {KVP_MATMUL_INVARIANT};
-    int nthreads = 1, nmatmul = 1;
+    int32_t lanes_v[2];
+    int nthreads = 1, nmatmul = 1, nlanes = 0;
     int32_t batch = 64, max_tokens = 256, bs = 16, reps = 3;
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
     int kv_auto = 1;
@@ -168,7 +171,8 @@ int kvp_bench_generate(int argc, char **argv)
                                          {"matmul", required_argument, 0, 'x'},     {"block-size", required_argument, 0, 's'},
                                          {"golden", required_argument, 0, 'g'},     {"format", required_argument, 0, 'f'},
                                          {"reps", required_argument, 0, 'r'},       {"kv-dtype", required_argument, 0, 'k'},
-                                         {"weight-dtype", required_argument, 0, 'w'}, {"help", no_argument, 0, 'h'},
+                                         {"weight-dtype", required_argument, 0, 'w'}, {"lanes", required_argument, 0, 'l'},
+                                         {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c, li = 0;
     optind = 0;
@@ -180,6 +184,7 @@ int kvp_bench_generate(int argc, char **argv)
         case 'n': st = kvp_parse_i32(optarg, 1, 1 << 20, &max_tokens); break;
         case 't': st = kvp_parse_i32_list(optarg, 1, 1024, threads_v, 16, &nthreads); break;
         case 'x': st = kvp_parse_list(optarg, parse_matmul, matmul_v, sizeof matmul_v[0], 4, &nmatmul); break;
+        case 'l': st = kvp_parse_i32_list(optarg, 8, 16, lanes_v, 2, &nlanes); break;
         case 's': st = kvp_parse_i32(optarg, 1, 4096, &bs); break;
         case 'g': golden = optarg; break;
         case 'r': st = kvp_parse_i32(optarg, 1, 1000, &reps); break;
@@ -191,6 +196,7 @@ int kvp_bench_generate(int argc, char **argv)
         }
         if (st != KVP_OK) return kvp_cli_usage_error(cmd, "--%s: %s", opts[li].name, kvp_error_message());
     }
+    if (nlanes == 0) lanes_v[nlanes++] = kvp_matmul_max_lanes();
     char golden_buf[1200];
     if (!golden) {
         const char *slash = strrchr(model, '/');
@@ -213,11 +219,17 @@ int kvp_bench_generate(int argc, char **argv)
     int rc = KVP_EXIT_OK;
     for (int ti = 0; ti < nthreads && rc == KVP_EXIT_OK; ti++) {
         const int32_t threads = threads_v[ti];
-        for (int mi = 0; mi < nmatmul && rc == KVP_EXIT_OK; mi++) {
-            const kvp_matmul_kind mk = matmul_v[mi];
+        for (int mli = 0; mli < nmatmul * nlanes && rc == KVP_EXIT_OK; mli++) {
+            const kvp_matmul_kind mk = matmul_v[mli / nlanes];
             const char *ms = kvp_matmul_kind_name(mk);
+            const int32_t lanes = mk == KVP_MATMUL_BLAS ? 0 : lanes_v[mli % nlanes];
+            if (mk == KVP_MATMUL_BLAS && mli % nlanes > 0) continue; /* OpenBLAS picks its own kernels */
             kvp_model_set_threads(m, threads);
             kvp_model_set_matmul(m, mk);
+            if (lanes && (st = kvp_model_set_lanes(m, lanes)) != KVP_OK) {
+                rc = kvp_cli_fail(cmd, st);
+                break;
+            }
             int ok = 0;
             if ((st = validate(m, golden, bs, kv_dtype, &ok)) != KVP_OK) {
                 rc = kvp_cli_fail(cmd, st);
@@ -254,6 +266,7 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddNumberToObject(row, "sequences", nseq);
                 cJSON_AddNumberToObject(row, "threads", threads);
                 cJSON_AddStringToObject(row, "matmul", ms);
+                cJSON_AddNumberToObject(row, "lanes", lanes);
                 cJSON_AddNumberToObject(row, "block_size", bs);
                 cJSON_AddStringToObject(row, "kv_dtype", kvp_dtype_name(kv_dtype));
                 cJSON_AddStringToObject(row, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));

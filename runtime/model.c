@@ -20,6 +20,9 @@
 #include "runtime/safetensors.h"
 
 enum { KVP_MM_PANEL = 16 };
+#if defined(__x86_64__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX2__)
+#define KVP_MM_AVX512 1 /* a build for x86-64-v3 also carries the 16-lane kernels, used where the CPU has them */
+#endif
 
 /* A weight matrix W [out = N, in = K] in the layouts the two matmul kinds read:
  *
@@ -94,6 +97,7 @@ struct kvp_model {
     kvp_model_config cfg;
     kvp_rope_style rope;
     kvp_matmul_kind matmul;
+    int lanes;             /* of the invariant matmul's vectors: 8, or 16 where the CPU has AVX-512F */
     kvp_weight_type wtype; /* of the matrices' panels */
     int threads;
     int is_gguf;
@@ -710,6 +714,7 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
     if (!m) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
     snprintf(m->path, sizeof m->path, "%s", path);
     m->threads = 1;
+    m->lanes = kvp_matmul_max_lanes();
     m->wtype = weights;
     kvp_status st = KVP_OK;
     kvp_gguf *g = NULL;
@@ -802,6 +807,27 @@ void kvp_model_set_threads(kvp_model *m, int n)
 }
 
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k) { m->matmul = k; }
+
+int kvp_matmul_max_lanes(void)
+{
+#ifdef KVP_MM_AVX512
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 16;
+#endif
+    return 8;
+}
+
+kvp_status kvp_model_set_lanes(kvp_model *m, int lanes)
+{
+    if (lanes != 8 && lanes != 16)
+        return KVP_ERR(KVP_EINVAL, "matmul lanes must be 8 or 16, not %d", lanes);
+    if (lanes > kvp_matmul_max_lanes())
+        return KVP_ERR(KVP_EUNSUPPORTED, "16-lane matmul needs AVX-512F, which this CPU (or build) lacks");
+    m->lanes = lanes;
+    return KVP_OK;
+}
+
+int kvp_model_lanes(const kvp_model *m) { return m->lanes; }
 
 kvp_status kvp_matmul_kind_parse(const char *s, kvp_matmul_kind *out)
 {
@@ -1063,20 +1089,110 @@ static void mm_row_panels(float *restrict y, const float *restrict x, const mat_
     }
 }
 
-static void mm_row(float *restrict y, const float *restrict x, const mat_w *w)
+/* The same kernels on 16-lane vectors (AVX-512F, chosen at run time where the CPU has it): one panel row
+ * is one vector, so a tile of R rows keeps R accumulators (up to 12) and a single row takes 8 panels at
+ * once. Every output goes through the same fused multiply-add chain in k order as on 8 lanes: the
+ * results are the same bits (tests/runtime/test_model.c compares the two). */
+#ifdef KVP_MM_AVX512
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+/* Row k of panel pan (type DT) as one 16-lane f32 vector. */
+MM_INLINE __m512 mm512_load16(const void *restrict pan, int64_t k, const kvp_weight_type DT)
 {
-    mm_row_panels(y, x, w, 0, (w->N + KVP_MM_PANEL - 1) / KVP_MM_PANEL);
+    if (DT == KVP_WEIGHT_F32) return _mm512_loadu_ps((const float *)pan + k * KVP_MM_PANEL);
+    if (DT == KVP_WEIGHT_Q8_0) {
+        const unsigned char *blk = (const unsigned char *)pan + (k / KVP_Q8_BLOCK) * KVP_Q8_BLOCK_BYTES;
+        const int8_t *q = (const int8_t *)(blk + KVP_MM_PANEL * sizeof(float)) + (k % KVP_Q8_BLOCK) * KVP_MM_PANEL;
+        const __m512 qf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)q)));
+        return _mm512_mul_ps(qf, _mm512_loadu_ps((const float *)blk));
+    }
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)pan + k * KVP_MM_PANEL));
+    if (DT == KVP_WEIGHT_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* The invariant matmul over T rows: when large enough, 4-row tiles per panel split over `threads`, then
- * the remaining rows with their panels split over the threads in runs of 4 (a single row of a model whose
- * weights do not fit in cache is bound by reading them: one core alone does not reach the machine's
- * bandwidth); on one thread 6-row tiles then one 4-row tile per panel, the remaining rows one at a time.
- * Every output goes through the same multiply-add chain whatever the split. */
-static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, int64_t T)
+/* R rows (1..12) x one panel: y[r][0..ncols) for rows x + r*K. */
+MM_INLINE void mm512_rows_panel(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
+                                const void *restrict pan, int64_t ncols, const int R, const kvp_weight_type DT)
+{
+    __m512 a[12];
+    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m512 w = mm512_load16(pan, k, DT);
+        for (int r = 0; r < R; r++) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k]), w, a[r]);
+    }
+    const __mmask16 keep = (__mmask16)((1u << ncols) - 1u);
+    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + r * ldy, keep, a[r]);
+}
+
+/* One row x 8 full panels (128 outputs), panel pan and the 7 after it (pb bytes apart). */
+MM_INLINE void mm512_row_8panels(float *restrict y, const float *restrict x, int64_t K, const void *restrict pan,
+                                 size_t pb, const kvp_weight_type DT)
+{
+    __m512 a[8];
+    for (int i = 0; i < 8; i++) a[i] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m512 b = _mm512_set1_ps(x[k]);
+        for (int i = 0; i < 8; i++)
+            a[i] = _mm512_fmadd_ps(b, mm512_load16((const char *)pan + i * pb, k, DT), a[i]);
+    }
+    for (int i = 0; i < 8; i++) _mm512_storeu_ps(y + i * KVP_MM_PANEL, a[i]);
+}
+
+/* R = 1..12 rows x panel p. */
+static void mm512_tile(float *restrict y, int64_t ldy, const float *restrict x, const mat_w *w, int64_t p,
+                       int64_t ncols, int R)
+{
+    const void *pan = mm_panel(w, p);
+    const int64_t K = w->K;
+    switch (R) {
+    case 12: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 12, DT)); break;
+    case 8: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 8, DT)); break;
+    case 4: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 4, DT)); break;
+    case 3: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 3, DT)); break;
+    case 2: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 2, DT)); break;
+    default: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 1, DT)); break;
+    }
+}
+
+/* One row, panels p0 .. p1-1 (8 full panels at a time, then one by one). */
+static void mm512_row_panels(float *restrict y, const float *restrict x, const mat_w *w, int64_t p0, int64_t p1)
+{
+    const int64_t K = w->K, N = w->N, full = N / KVP_MM_PANEL;
+    int64_t p = p0;
+    const size_t pb = panel_bytes(w->dt, K);
+    for (; p + 8 <= p1 && p + 8 <= full; p += 8)
+        MM_BY_DTYPE(w, mm512_row_8panels(y + p * KVP_MM_PANEL, x, K, mm_panel(w, p), pb, DT));
+    for (; p < p1; p++) {
+        const int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
+        mm512_tile(y + o, 0, x, w, p, nc, 1);
+    }
+}
+#pragma GCC pop_options
+#endif
+
+typedef void (*mm_tile_fn)(float *restrict, int64_t, const float *restrict, const mat_w *, int64_t, int64_t, int);
+typedef void (*mm_rows_fn)(float *restrict, const float *restrict, const mat_w *, int64_t, int64_t);
+
+/* The invariant matmul over T rows, on 8 lanes or (wide) 16: when large enough, tiles of 4 (wide: 8)
+ * rows per panel split over `threads`, then the remaining rows with their panels split over the threads
+ * in runs of 4 (a single row of a model whose weights do not fit in cache is bound by reading them: one
+ * core alone does not reach the machine's bandwidth); on one thread tiles of 6 then 4 rows (wide: 12,
+ * 8, 4, then what is left) per panel, a single row across several panels at once. Every output goes
+ * through the same multiply-add chain whatever the split and the lanes. */
+static void matmul_inv(int threads, int wide, float *y, const float *x, const mat_w *w, int64_t T)
 {
     const int64_t K = w->K, N = w->N, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
-    const int64_t ntb = T / 4;
+    mm_tile_fn tile = mm_tile;
+    mm_rows_fn row_panels = mm_row_panels;
+#ifdef KVP_MM_AVX512
+    if (wide) {
+        tile = mm512_tile;
+        row_panels = mm512_row_panels;
+    }
+#endif
+    const int RT = wide ? 8 : 4; /* rows of a tile in the threaded split */
+    const int64_t ntb = T / RT;
     const int nt = T * N * K >= (1 << 18) ? threads : 1; /* 1 MiB of weights for one row: worth a fork/join */
     if (nt > 1) {
         if (ntb > 0) {
@@ -1084,39 +1200,47 @@ static void matmul_inv(int threads, float *y, const float *x, const mat_w *w, in
             for (int64_t p = 0; p < np; p++)
                 for (int64_t tb = 0; tb < ntb; tb++) {
                     int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-                    mm_tile(y + tb * 4 * N + o, N, x + tb * 4 * K, w, p, nc, 4);
+                    tile(y + tb * RT * N + o, N, x + tb * RT * K, w, p, nc, RT);
                 }
         }
-        if (ntb * 4 < T) {
+        if (ntb * RT < T) {
             const int64_t runs = (np + 3) / 4; /* runs of 4 panels, split evenly */
 #pragma omp parallel for num_threads(nt) schedule(static)
             for (int c = 0; c < nt; c++) {
                 int64_t p0 = 4 * (runs * c / nt), p1 = 4 * (runs * (c + 1) / nt);
                 if (p1 > np) p1 = np;
-                for (int64_t t = ntb * 4; t < T; t++) mm_row_panels(y + t * N, x + t * K, w, p0, p1);
+                for (int64_t t = ntb * RT; t < T; t++) row_panels(y + t * N, x + t * K, w, p0, p1);
             }
         }
         return;
     }
-    /* rows = 6 n6 + 4 n4 + left, left < 4 (32 = 4 x 6 + 2 x 4); 2 or 3 left rows take one more tile
-     * per panel, a single one takes mm_row */
-    int64_t n6 = T / 6, n4 = 0, left = T % 6;
-    if ((left == 2 || left == 3) && n6 > 0) {
-        n6--;
+    /* one thread: row tiles per panel. 8 lanes: 6 rows (12 accumulators), then 4 (twice rather than
+     * leave 2 or 3 behind 6s: 32 = 4 x 6 + 2 x 4), then a pair or a triple; 16 lanes: 12 rows, then 8, 4,
+     * then what is left (R accumulators each). A single row left takes several panels at once. */
+    const int big = wide ? 12 : 6;
+    int64_t n_big = T / big, n8 = 0, n4 = 0, left = T % big;
+    if (wide) {
+        n8 = left >= 8;
+        left -= 8 * n8;
+        n4 = left >= 4;
+        left -= 4 * n4;
+    } else if ((left == 2 || left == 3) && n_big > 0) {
+        n_big--;
         n4 = 2;
         left -= 2;
     } else if (left >= 4) {
         n4 = 1;
         left -= 4;
     }
-    const int64_t t4 = n6 * 6, tl = t4 + n4 * 4;
+    const int64_t t8 = n_big * big, t4 = t8 + n8 * 8, tl = t4 + n4 * 4;
     for (int64_t p = 0; p < np; p++) {
         int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-        for (int64_t tb = 0; tb < n6; tb++) mm_tile(y + tb * 6 * N + o, N, x + tb * 6 * K, w, p, nc, 6);
-        for (int64_t tb = 0; tb < n4; tb++) mm_tile(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, w, p, nc, 4);
-        if (left >= 2) mm_tile(y + tl * N + o, N, x + tl * K, w, p, nc, (int)left);
+        for (int64_t tb = 0; tb < n_big; tb++) tile(y + tb * big * N + o, N, x + tb * big * K, w, p, nc, big);
+        if (n8) tile(y + t8 * N + o, N, x + t8 * K, w, p, nc, 8);
+        for (int64_t tb = 0; tb < n4; tb++) tile(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, w, p, nc, 4);
+        if (left >= 2) tile(y + tl * N + o, N, x + tl * K, w, p, nc, (int)left);
     }
-    if (left == 1) mm_row(y + tl * N, x + tl * K, w);
+    if (left == 1) row_panels(y + tl * N, x + tl * K, w, 0, np);
 }
 
 static void matmul(const kvp_model *m, int threads, float *y, const float *x, const mat_w *w, int64_t T)
@@ -1130,7 +1254,7 @@ static void matmul(const kvp_model *m, int threads, float *y, const float *x, co
                     (int)w->N, 0.0f, y, (int)w->N);
         return;
     }
-    matmul_inv(threads, y, x, w, T);
+    matmul_inv(threads, m->lanes == 16, y, x, w, T);
 }
 
 /* exp(x) on 8 lanes (Cephes expf: 2^n * p(r), |r| <= ln2/2, about 1 ulp), x clamped to [-87, 88] so 2^n

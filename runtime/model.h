@@ -92,6 +92,13 @@ int32_t kvp_model_max_len(const kvp_model *m);
 void kvp_model_set_threads(kvp_model *m, int n);
 int kvp_model_get_threads(const kvp_model *m);
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k);
+/* Vector lanes of the invariant matmul: 8 (AVX2), or 16 (AVX-512F) where the CPU has it, the default
+ * kvp_model_load picks. Both give the same bits (one fused multiply-add chain per output in k order);
+ * 16 lanes do twice the multiply-adds a cycle when the weights are reused across rows (batches, prefill).
+ * kvp_matmul_max_lanes: 16 where the CPU and the build allow it, else 8. */
+int kvp_matmul_max_lanes(void);
+kvp_status kvp_model_set_lanes(kvp_model *m, int lanes); /* KVP_EUNSUPPORTED: 16 without AVX-512F */
+int kvp_model_lanes(const kvp_model *m);
 
 /* Runs fn(arg, i) for every i in [0, n) and returns when all are done: task 0 on the calling thread, the
  * others on the model's worker threads (started on first use, asleep between runs, joined by

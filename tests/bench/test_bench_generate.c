@@ -79,6 +79,34 @@ Test(bench_generate, kv_dtype_rows, .timeout = 120)
     }
 }
 
+/* --lanes picks the invariant matmul's vectors (the default: the widest the CPU has); blas rows report 0 and
+ * come once. */
+Test(bench_generate, lanes_rows, .timeout = 120)
+{
+    static char out[1 << 14], err[1 << 14];
+    int rc = kvp_test_cli("bench generate --batch 2 --max-tokens 4 --reps 1 --lanes 8 --matmul invariant,blas "
+                          "--format json",
+                          out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cJSON *o = cJSON_Parse(out);
+    cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
+    const cJSON *rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
+    cr_assert_eq(cJSON_GetArraySize(rows), 4, "invariant and blas x (single, batched)");
+    for (int i = 0; i < 4; i++) {
+        const cJSON *r = cJSON_GetArrayItem(rows, i);
+        cr_assert_eq(kvp_test_num(r, "lanes"), i < 2 ? 8 : 0, "row %d", i);
+        cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")), "row %d", i);
+    }
+    cJSON_Delete(o);
+    rc = kvp_test_cli("bench generate --batch 2 --max-tokens 4 --reps 1 --format json", out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cr_assert_not_null(o = cJSON_Parse(out));
+    rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
+    const double lanes = kvp_test_num(cJSON_GetArrayItem(rows, 0), "lanes");
+    cr_assert(lanes == 8 || lanes == 16, "default lanes %g", lanes);
+    cJSON_Delete(o);
+}
+
 Test(bench_generate, bad_input_exits_2)
 {
     static const kvp_cli_case cases[] = {
@@ -91,6 +119,8 @@ Test(bench_generate, bad_input_exits_2)
         {"--model ../shared/models/nope.gguf", "nope.gguf"},
         {"--bogus", "bogus"},
         {"--kv-dtype f17", "--kv-dtype"},
+        {"--lanes 4", "--lanes"},
+        {"--lanes 12", "8 or 16"},
         /* a golden file with nothing to compare would validate any model */
         {"--golden /tmp/kvp_bg_empty_golden.json", "no \"cases\"[0].\"tokens_after_bos\" token list"},
     };

@@ -656,13 +656,12 @@ Test(model, run_runs_every_task_once)
     kvp_model_destroy(m);
 }
 
-/* Invariant matmul tiling (6-, 4-, 3-, 2-row tiles and single rows, every panel including the partial
- * one of the 172-wide FFN; from 33 rows on, the LM head's 4-row tiles and left-over rows split over the
- * threads): a prompt of n = 1..40 tokens in one forward pass gives, row for row, the same bits as feeding
- * the tokens one at a time, on 1 and 2 threads. */
-/* One token a step, then batches of 1..40 tokens of one sequence: every row equals the same token alone, bit
- * for bit, on 1 and 2 threads. */
-static void expect_batch_invariant(kvp_model *m, const char *what)
+/* Invariant matmul tiling (every row tile of the lane count, single rows, every panel including the partial
+ * one of the 172-wide FFN; from 8 rows on, the LM head's tiles and left-over rows split over the threads):
+ * one token a step, then prompts of n = 1..40 tokens in one forward pass; every row equals the same token
+ * alone, bit for bit, on 1 and 2 threads. ref (40 x V): with *have_ref, the tokens alone must give it too
+ * (another lane count's results); else it gets them. */
+static void expect_batch_invariant(kvp_model *m, const char *what, float *ref, int *have_ref)
 {
     enum { NMAX = 40, V = 512 };
     int32_t toks[NMAX], pos[NMAX], blocks[2] = {0, 1};
@@ -686,6 +685,13 @@ static void expect_batch_invariant(kvp_model *m, const char *what)
                                .kv_last_page_len = &last};
             cr_assert_eq(kvp_model_forward(m, kv, &b, one + i * V), KVP_OK, "%s", kvp_error_detail());
         }
+        if (*have_ref)
+            for (int r = 0; r < NMAX; r++)
+                cr_assert(memcmp(ref + r * V, one + r * V, sizeof(float) * V) == 0,
+                          "%s, %d threads: token %d alone differs from the 8-lane matmul's result", what,
+                          threads, r);
+        memcpy(ref, one, sizeof one);
+        *have_ref = 1;
         for (int n = 1; n <= NMAX; n++) {
             int32_t qo[2] = {0, n}, kvi[2] = {0, (n - 1) / 32 + 1}, last = (n - 1) % 32 + 1;
             kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = n, .tokens = toks, .positions = pos, .slot_mapping = slots,
@@ -695,23 +701,38 @@ static void expect_batch_invariant(kvp_model *m, const char *what)
             cr_assert_eq(kvp_model_forward(m, kv, &b, all), KVP_OK, "%s", kvp_error_detail());
             for (int r = 0; r < n; r++)
                 cr_assert(memcmp(all + r * V, one + r * V, sizeof(float) * V) == 0,
-                          "%s weights, %d threads, batch of %d: row %d differs from the same token alone", what, threads,
+                          "%s, %d threads, batch of %d: row %d differs from the same token alone", what, threads,
                           n, r);
         }
         kvp_kv_cache_destroy(kv);
     }
 }
 
-/* Every weight type: batches go through the 6-, 4- and 2..3-row tiles, a single row through mm_row, each
- * widening 16-bit and Q8_0 panels in registers (w_down, whose 172 inputs are not a multiple of 32, stays f32
- * under q8_0). */
+/* Every weight type, on 8 lanes then 16 where the CPU has AVX-512F: batches go through the row tiles (8
+ * lanes: 6, 4, 2..3 rows; 16: 12, 8, 4, 1..3), a single row through several panels at once, each widening
+ * 16-bit and Q8_0 panels in registers (w_down, whose 172 inputs are not a multiple of 32, stays f32 under
+ * q8_0); the two lane counts give the same bits. */
 Test(model, invariant_rows_bit_identical_for_every_batch_size)
 {
     tu_require_shared();
+    static float ref[40 * 512];
     for (kvp_weight_type wt = KVP_WEIGHT_F32; wt <= KVP_WEIGHT_Q8_0; wt++) {
         kvp_model *m;
         cr_assert_eq(kvp_model_load_ex(S260_GGUF, NULL, wt, &m), KVP_OK, "%s", kvp_error_detail());
-        expect_batch_invariant(m, kvp_weight_type_name(wt));
+        cr_assert_eq(kvp_model_lanes(m), kvp_matmul_max_lanes(), "a load takes the widest matmul the CPU has");
+        cr_assert_eq(kvp_model_set_lanes(m, 4), KVP_EINVAL);
+        int have_ref = 0;
+        for (int lanes = 8; lanes <= 16; lanes *= 2) {
+            if (lanes > kvp_matmul_max_lanes()) {
+                cr_assert_eq(kvp_model_set_lanes(m, lanes), KVP_EUNSUPPORTED);
+                cr_log_warn("this CPU lacks AVX-512F: the 16-lane matmul is not compared with the 8-lane one");
+                continue;
+            }
+            cr_assert_eq(kvp_model_set_lanes(m, lanes), KVP_OK);
+            char what[64];
+            snprintf(what, sizeof what, "%s weights, %d lanes", kvp_weight_type_name(wt), lanes);
+            expect_batch_invariant(m, what, ref, &have_ref);
+        }
         kvp_model_destroy(m);
     }
 }
