@@ -124,10 +124,30 @@ void kvp_sampler_ws_destroy(kvp_sampler_ws *w)
 
 int32_t kvp_argmax(const float *logits, int32_t vocab)
 {
-    int32_t best = 0;
-    for (int32_t i = 1; i < vocab; i++)
-        if (logits[i] > logits[best]) best = i;
-    return best;
+    /* the first id holding the largest value, NaNs skipped (a NaN logits[0] is kept: nothing compares
+     * greater): the largest value on 8 lanes, then a scan for it (no per-id dependence on `best`) */
+    typedef float v8 __attribute__((vector_size(32)));
+    typedef int32_t v8i __attribute__((vector_size(32)));
+    if (vocab < 16 || isnan(logits[0])) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < vocab; i++)
+            if (logits[i] > logits[best]) best = i;
+        return best;
+    }
+    v8 m = {logits[0], logits[0], logits[0], logits[0], logits[0], logits[0], logits[0], logits[0]};
+    int32_t i = 0;
+    for (; i + 8 <= vocab; i += 8) {
+        v8 x;
+        memcpy(&x, logits + i, sizeof x);
+        const v8i gt = x > m; /* lane-wise; a NaN x keeps m */
+        m = (v8)((gt & (v8i)x) | (~gt & (v8i)m));
+    }
+    float mx = logits[0];
+    for (int j = 0; j < 8; j++) mx = m[j] > mx ? m[j] : mx;
+    for (; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+    for (i = 0; logits[i] != mx; i++) {
+    }
+    return i;
 }
 
 /* *io = exp(*io) on four lanes of double: 2^n * p(r) with r = x - n ln2 (n

@@ -88,6 +88,27 @@ Test(sampler, greedy_picks_first_maximum)
     kvp_sampler_ws_destroy(ws);
 }
 
+/* kvp_argmax against the one-id-at-a-time definition (first id holding the largest value; NaN never
+ * larger, a NaN at id 0 kept): every length 1..80, values drawn from a few levels (ties), with -inf, +inf
+ * and NaNs sprinkled, the largest value anywhere (the vector part, the tail). */
+Test(sampler, argmax_matches_the_scalar_definition)
+{
+    kvp_rng rng;
+    kvp_rng_seed(&rng, 7, 0);
+    float l[80];
+    for (int trial = 0; trial < 20000; trial++) {
+        const int n = 1 + trial % 80;
+        for (int i = 0; i < n; i++) {
+            const uint64_t r = kvp_rng_next(&rng) % 16;
+            l[i] = r == 0 ? NAN : r == 1 ? -INFINITY : r == 2 && trial % 7 == 0 ? INFINITY : (float)(r % 5) - 2.0f;
+        }
+        int32_t want = 0;
+        for (int i = 1; i < n; i++)
+            if (l[i] > l[want]) want = i;
+        cr_assert_eq(kvp_argmax(l, n), want, "trial %d, n = %d", trial, n);
+    }
+}
+
 Test(sampler, temperature_top_k_top_p_statistics)
 {
     check_stats(1.0, 0, 1.0, 42);
