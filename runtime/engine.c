@@ -22,6 +22,7 @@
 #include "blockmgr/contiguous.h"
 #include "common/alloc.h"
 #include "common/log.h"
+#include "common/stats.h"
 
 typedef struct {
     const kvp_request *req;
@@ -1079,30 +1080,6 @@ kvp_status kvp_engine_run(kvp_engine *e, const kvp_workload *w, kvp_progress_fn 
 
 /* ---------------------------------------------------------------- metrics */
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Linear interpolation between closest ranks (numpy's default); 0 for an empty set. */
-static double percentile(const double *v, int64_t n, double p)
-{
-    if (n <= 0) return 0;
-    double pos = p / 100.0 * (double)(n - 1);
-    int64_t lo = (int64_t)floor(pos);
-    if (lo >= n - 1) return v[n - 1];
-    double f = pos - (double)lo;
-    return v[lo] + f * (v[lo + 1] - v[lo]);
-}
-
-static double mean_of(const double *v, int64_t n)
-{
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) s += v[i];
-    return n > 0 ? s / (double)n : 0;
-}
-
 kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
 {
     if (e == NULL || m == NULL) return KVP_ERR(KVP_EINVAL, "engine metrics: NULL argument");
@@ -1128,9 +1105,9 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
         m->output_tokens += s->num_generated;
         if (s->num_generated >= 2) tpot[np++] = (s->finish_s - s->first_token_s) / (s->num_generated - 1);
     }
-    qsort(ttft, (size_t)nt, sizeof *ttft, cmp_double);
-    qsort(tpot, (size_t)np, sizeof *tpot, cmp_double);
-    qsort(e2e, (size_t)nt, sizeof *e2e, cmp_double);
+    kvp_sort_doubles(ttft, nt);
+    kvp_sort_doubles(tpot, np);
+    kvp_sort_doubles(e2e, nt);
     m->requests = e->n_seqs;
     m->finished = e->finished;
     m->rejected = e->rejected;
@@ -1142,14 +1119,14 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
     m->throughput_tok_s = d > 0 ? (double)m->output_tokens / d : 0;
     m->total_tok_s = d > 0 ? (double)(m->output_tokens + m->prompt_tokens) / d : 0;
     m->req_per_s = d > 0 ? (double)m->finished / d : 0;
-    m->ttft_p50_s = percentile(ttft, nt, 50);
-    m->ttft_p99_s = percentile(ttft, nt, 99);
-    m->ttft_mean_s = mean_of(ttft, nt);
-    m->tpot_p50_s = percentile(tpot, np, 50);
-    m->tpot_p99_s = percentile(tpot, np, 99);
-    m->tpot_mean_s = mean_of(tpot, np);
-    m->e2e_p50_s = percentile(e2e, nt, 50);
-    m->e2e_p99_s = percentile(e2e, nt, 99);
+    m->ttft_p50_s = kvp_percentile(ttft, nt, 50);
+    m->ttft_p99_s = kvp_percentile(ttft, nt, 99);
+    m->ttft_mean_s = kvp_mean(ttft, nt);
+    m->tpot_p50_s = kvp_percentile(tpot, np, 50);
+    m->tpot_p99_s = kvp_percentile(tpot, np, 99);
+    m->tpot_mean_s = kvp_mean(tpot, np);
+    m->e2e_p50_s = kvp_percentile(e2e, nt, 50);
+    m->e2e_p99_s = kvp_percentile(e2e, nt, 99);
     kvp_free(ttft);
     kvp_free(tpot);
     kvp_free(e2e);

@@ -6,7 +6,7 @@ set -eu
 pkgs=(
   build-essential cmake pkg-config
   libcjson-dev libjemalloc-dev libcriterion-dev libopenblas-dev
-  libopenmpi-dev openmpi-bin libxxhash-dev libmicrohttpd-dev libpcre2-dev
+  libopenmpi-dev openmpi-bin libxxhash-dev libmicrohttpd-dev libpcre2-dev libcurl4-openssl-dev
   python3 python3-matplotlib
 )
 

@@ -7,6 +7,7 @@
 #include "common/json.h"
 #include "common/parse.h"
 #include "common/report.h"
+#include "common/stats.h"
 #include "common/status.h"
 #include "common/timer.h"
 
@@ -224,4 +225,23 @@ Test(common, timer_is_monotonic)
     int64_t a = kvp_now_ns(), b = kvp_now_ns();
     cr_assert_geq(b, a);
     cr_assert_gt(kvp_now_s(), 0.0);
+}
+
+/* Percentiles interpolate between closest ranks as numpy.percentile does (values from numpy). */
+Test(common, stats_percentiles_match_numpy)
+{
+    double v[5] = {4.0, 1.0, 3.0, 2.0, 10.0};
+    kvp_sort_doubles(v, 5);
+    static const double sorted[5] = {1, 2, 3, 4, 10};
+    for (int i = 0; i < 5; i++) cr_assert_eq(v[i], sorted[i]);
+    cr_assert_float_eq(kvp_percentile(v, 5, 50), 3.0, 1e-12);
+    cr_assert_float_eq(kvp_percentile(v, 5, 90), 7.6, 1e-12);  /* numpy: 7.6 */
+    cr_assert_float_eq(kvp_percentile(v, 5, 99), 9.76, 1e-12); /* numpy: 9.76 */
+    cr_assert_float_eq(kvp_percentile(v, 4, 99), 3.97, 1e-12); /* [1, 2, 3, 4] */
+    cr_assert_eq(kvp_percentile(v, 5, 100), 10.0);
+    cr_assert_eq(kvp_percentile(v, 5, 0), 1.0);
+    cr_assert_eq(kvp_percentile(v, 1, 99), 1.0);
+    cr_assert_eq(kvp_percentile(v, 0, 50), 0.0);
+    cr_assert_float_eq(kvp_mean(v, 5), 4.0, 1e-12);
+    cr_assert_eq(kvp_mean(v, 0), 0.0);
 }
