@@ -19,6 +19,7 @@ static const struct {
     {"prefix", kvp_bench_prefix, "prefix-cache hit rates: radix/hash/none x eviction policies x capacities"},
     {"attention", kvp_bench_attention, "paged vs contiguous CPU attention (decode, prefill) vs copy bandwidth"},
     {"generate", kvp_bench_generate, "CPU decode tokens/s of a real model: one sequence vs a batch"},
+    {"serve", kvp_bench_serve, "load generator for a serving endpoint: TTFT, TPOT, ITL, throughput"},
     {"attention-cuda", kvp_bench_attention_cuda, "the CUDA decode kernel, paged vs contiguous vs device copy bandwidth"},
     {NULL, NULL, NULL},
 };

@@ -14,6 +14,7 @@ int kvp_bench_blockmgr(int argc, char **argv); /* bench/bench_blockmgr.c */
 int kvp_bench_memory(int argc, char **argv);    /* bench/bench_memory.c */
 int kvp_bench_attention(int argc, char **argv); /* bench/bench_attention.c */
 int kvp_bench_generate(int argc, char **argv);  /* bench/bench_generate.c */
+int kvp_bench_serve(int argc, char **argv);     /* bench/bench_serve.c */
 int kvp_bench_attention_cuda(int argc, char **argv); /* bench/bench_attention_cuda.c */
 
 #endif

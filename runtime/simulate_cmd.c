@@ -92,29 +92,6 @@ enum {
 
 enum { CPU_MEM_DEFAULT = 1 << 30 }; /* KV cache and swap space of the cpu executor when not given */
 
-/* 32-bit mix (murmur3's finalizer): a bijection, so distinct ids stay distinct before the reduction. */
-static uint32_t mix32(uint32_t x)
-{
-    x ^= x >> 16;
-    x *= 0x85ebca6bu;
-    x ^= x >> 13;
-    x *= 0xc2b2ae35u;
-    return x ^ (x >> 16);
-}
-
-/* Maps a workload's token ids, prompts and known answers (hash-derived, or drawn from another vocabulary),
- * into [0, vocab) by a hash: equal ids stay equal, so shared prefixes stay shared, and distinct ids rarely
- * collide (a plain modulo would make every 512-token block of a Mooncake trace the same text). */
-static void fit_vocab(kvp_workload *w, int64_t vocab)
-{
-    for (int64_t i = 0; i < w->n + w->n_pins; i++) {
-        kvp_request *r = i < w->n ? &w->reqs[i] : &w->pins[i - w->n];
-        for (int32_t j = 0; j < r->prompt_len; j++) r->tokens[j] = (int32_t)(mix32((uint32_t)r->tokens[j]) % vocab);
-        for (int32_t j = 0; r->output_tokens && j < r->output_len; j++)
-            r->output_tokens[j] = (int32_t)(mix32((uint32_t)r->output_tokens[j]) % vocab);
-    }
-}
-
 /* The cpu executor: loads the model at path (this rank's shard with comm), sizes its KV cache (and, with swap preemption, host pools)
  * from hw in whole blocks of ec->block_size, and fills ec's capacity and max_model_len (the model's
  * context unless given, never above it). *dtp: the KV element type, or with kv_auto set to the model's. */
@@ -424,7 +401,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         ec.on_step_ctx = sf.f;
     }
     if (st == KVP_OK) {
-        if (cpu) fit_vocab(w, cfg.vocab_size);
+        if (cpu) kvp_workload_fit_vocab(w, cfg.vocab_size);
         kvp_progress_bar bar;
         kvp_progress_bar_init(&bar, "simulate");
         st = cpu ? kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req)

@@ -623,3 +623,23 @@ kvp_status kvp_workload_load(const char *spec, int skip_bad, kvp_workload **out)
     }
     return kvp_workload_generate(spec, out);
 }
+
+/* 32-bit mix (murmur3's finalizer): a bijection, so distinct ids stay distinct before the reduction. */
+static uint32_t mix32(uint32_t x)
+{
+    x ^= x >> 16;
+    x *= 0x85ebca6bu;
+    x ^= x >> 13;
+    x *= 0xc2b2ae35u;
+    return x ^ (x >> 16);
+}
+
+void kvp_workload_fit_vocab(kvp_workload *w, int64_t vocab)
+{
+    for (int64_t i = 0; i < w->n + w->n_pins; i++) {
+        kvp_request *r = i < w->n ? &w->reqs[i] : &w->pins[i - w->n];
+        for (int32_t j = 0; j < r->prompt_len; j++) r->tokens[j] = (int32_t)(mix32((uint32_t)r->tokens[j]) % vocab);
+        for (int32_t j = 0; r->output_tokens && j < r->output_len; j++)
+            r->output_tokens[j] = (int32_t)(mix32((uint32_t)r->output_tokens[j]) % vocab);
+    }
+}

@@ -112,6 +112,11 @@ int32_t kvp_mooncake_token(int64_t hash_id, int32_t j);
  * killer. */
 #define KVP_MAX_PROMPT_TOKENS (1 << 24)
 
+/* Maps the token ids of every prompt and known answer (hash-derived, or drawn from another vocabulary)
+ * into [0, vocab) by a hash: equal ids stay equal, so shared prefixes stay shared, and distinct ids rarely
+ * collide (a plain modulo would make every 512-token block of a Mooncake trace the same text). For a real
+ * model's vocabulary (simulate --executor cpu, bench serve). */
+void kvp_workload_fit_vocab(kvp_workload *w, int64_t vocab);
 /* A synthetic workload from a spec "NAME[:key=value,...]" (see above). */
 kvp_status kvp_workload_generate(const char *spec, kvp_workload **out);
 

@@ -1,0 +1,774 @@
+/* bench/bench_serve.c — `kvpage bench serve`: a load generator for an OpenAI-compatible completions server,
+ * as vLLM's `vllm bench serve`: the requests of a trace or a synthetic workload (the simulator's, so the
+ * same prompts, lengths and arrival times can be replayed by `kvpage simulate`) are sent at their arrival
+ * times as streamed completions, and the client measures each one:
+ *
+ *     TTFT  send -> the first streamed chunk with text      TPOT  (e2e - TTFT) / (output tokens - 1)
+ *     ITL   gaps between successive chunks with text        E2E   send -> the stream's end
+ *
+ * Prompts are the workload's token ids hashed into the model's vocabulary (kvp_workload_fit_vocab, as
+ * `simulate --executor cpu` feeds them), sent as token arrays with max_tokens = the request's output length
+ * and ignore_eos, so every request generates exactly its length; the server's usage event gives the
+ * prompt, output and cached (prefix-cache hit) tokens. A chat turn waits for the previous turn's answer
+ * (then its think time), as in the simulator.
+ *
+ * Without --url the command starts `kvpage serve --model PATH --port 0` itself (the options after `--` go to
+ * it), reads its address from its --json line, and stops it at the end. Transfers run on one thread over
+ * libcurl's multi interface.
+ */
+#include <curl/curl.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench/bench.h"
+#include "common/alloc.h"
+#include "common/cli.h"
+#include "common/json.h"
+#include "common/parse.h"
+#include "common/report.h"
+#include "common/stats.h"
+#include "common/timer.h"
+#include "runtime/simulate.h"
+#include "runtime/tokenizer.h"
+#include "runtime/workload.h"
+
+static const char *const k_fields[] = {
+    "workload",        "rate",           "max_concurrency", "requests",        "completed",       "failed",
+    "skipped",         "duration_s",     "input_tokens",    "output_tokens",   "cached_tokens",   "prefix_hit_rate",
+    "request_per_s",   "output_tok_s",   "total_tok_s",     "peak_in_flight",  "ttft_mean_ms",    "ttft_p50_ms",
+    "ttft_p99_ms",     "tpot_mean_ms",   "tpot_p50_ms",     "tpot_p99_ms",     "itl_mean_ms",     "itl_p50_ms",
+    "itl_p99_ms",      "e2e_mean_ms",    "e2e_p50_ms",      "e2e_p99_ms",      "chunks_per_token"};
+#define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kvpage bench serve --model PATH (--trace FILE | --workload SPEC) [options] [-- SERVE-OPTIONS]\n\n"
+            "Load generator for an OpenAI-compatible server (vLLM's `vllm bench serve`): the requests of a trace\n"
+            "or workload are sent at their arrival times as streamed /v1/completions (token-id prompts, hashed\n"
+            "into the model's vocabulary; max_tokens = the output length, ignore_eos), and each is timed: TTFT\n"
+            "(send to the first chunk with text), TPOT ((end - TTFT) / (tokens - 1)), ITL (gaps between chunks\n"
+            "with text), end to end.\n"
+            "Without --url it starts `kvpage serve --model PATH --port 0 SERVE-OPTIONS` and stops it after.\n\n"
+            "  --model PATH              the model (GGUF file or HF folder): its tokenizer's vocabulary, and what\n"
+            "                            the started server loads\n"
+            "  --url URL                 a running server instead (e.g. http://127.0.0.1:8000)\n"
+            "  --trace FILE              Azure LLM trace CSV (*.csv) or Mooncake JSONL\n"
+            "  --workload SPEC           sharegpt | alpaca | system:... | chat:... | fewshot:... | branch:...\n"
+            "                            (as for simulate; runtime/workload.h)\n"
+            "  --rate R                  requests/s (> 0, or inf: all at once); traces are rescaled to it\n"
+            "  --num-requests N          keep the first N requests\n"
+            "  --duration S              keep the requests arriving in the first S seconds\n"
+            "  --max-concurrency N       requests in flight at most (default: no limit); the others wait\n"
+            "  --timeout S               seconds a request may take (default 600)\n"
+            "  --requests-out FILE       also a CSV row per request: id, the id of the turn it waited for (-1:\n"
+            "                            none), arrival, send time, lengths asked and served, cached tokens,\n"
+            "                            TTFT, TPOT, end to end, chunks, state (completed, failed, skipped)\n"
+            "  --format table|csv|json   (default table)\n"
+            "  --json                    same as --format json\n"
+            "  -h, --help                this help\n\n"
+            "Requests longer than the server's max_model_len (prompt + output) are skipped and counted.\n"
+            "Exit status: 0 when every request sent completed, 1 when some failed, 2 on bad input.\n");
+}
+
+/* What the client measured of one request (times in seconds; send_s from the run's start). */
+typedef struct {
+    double send_s, ttft_s, e2e_s, last_s;
+    int64_t prompt_tokens, output_tokens, cached_tokens, chunks;
+    int state; /* 0 not sent, 1 in flight, 2 completed, 3 failed, 4 skipped (too long) */
+    char err[160];
+} rec_t;
+
+/* An in-flight transfer. */
+typedef struct {
+    CURL *h;
+    struct curl_slist *hdr;
+    char *body;
+    char *buf; /* received bytes not yet parsed (SSE events), or the whole body of an error answer */
+    size_t len, cap;
+    int64_t idx;
+    int done, usage;
+    struct run *run;
+} xfer_t;
+
+typedef struct {
+    double t;
+    int64_t idx;
+} ready_t;
+
+typedef struct run {
+    const kvp_workload *w;
+    rec_t *rec;
+    double t0;
+    double *itl; /* every gap between chunks, all requests */
+    size_t n_itl, cap_itl;
+    kvp_status st; /* first error that stops the run (out of memory) */
+    ready_t *heap; /* requests whose time is known, earliest first */
+    int64_t n_heap;
+    int64_t *child, *sibling; /* chat turns waiting for request i: child[i], then sibling[...]; -1 ends */
+    xfer_t **live;            /* live[i]: request i's transfer while in flight */
+} run_t;
+
+static double since(const run_t *r) { return kvp_now_s() - r->t0; }
+
+static void heap_push(run_t *r, double t, int64_t idx)
+{
+    int64_t i = r->n_heap++;
+    for (; i > 0 && r->heap[(i - 1) / 2].t > t; i = (i - 1) / 2) r->heap[i] = r->heap[(i - 1) / 2];
+    r->heap[i] = (ready_t){t, idx};
+}
+
+static ready_t heap_pop(run_t *r)
+{
+    ready_t top = r->heap[0], last = r->heap[--r->n_heap];
+    int64_t i = 0;
+    for (;;) {
+        int64_t c = 2 * i + 1;
+        if (c >= r->n_heap) break;
+        if (c + 1 < r->n_heap && r->heap[c + 1].t < r->heap[c].t) c++;
+        if (!(r->heap[c].t < last.t)) break;
+        r->heap[i] = r->heap[c];
+        i = c;
+    }
+    if (r->n_heap > 0) r->heap[i] = last;
+    return top;
+}
+
+static void fail(rec_t *q, const char *fmt, const char *detail)
+{
+    q->state = 3;
+    snprintf(q->err, sizeof q->err, fmt, detail);
+}
+
+/* One server-sent event's data (a JSON chunk, or [DONE]). */
+static void on_event(xfer_t *x, const char *data, size_t n)
+{
+    run_t *r = x->run;
+    rec_t *q = &r->rec[x->idx];
+    if (n == 6 && memcmp(data, "[DONE]", 6) == 0) {
+        x->done = 1;
+        return;
+    }
+    cJSON *j = cJSON_ParseWithLength(data, n);
+    if (!j) return;
+    const cJSON *ch = cJSON_GetObjectItemCaseSensitive(j, "choices"), *c;
+    int text = 0; /* a chunk counts when it carries text (not the finish reason alone) */
+    cJSON_ArrayForEach(c, ch)
+    {
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(c, "text");
+        text |= cJSON_IsString(t) && t->valuestring[0] != '\0';
+    }
+    if (text) {
+        const double now = since(r);
+        if (q->chunks == 0) {
+            q->ttft_s = now - q->send_s;
+        } else if (kvp_grow((void **)&r->itl, &r->cap_itl, r->n_itl + 1, sizeof *r->itl) == KVP_OK) {
+            r->itl[r->n_itl++] = now - q->last_s;
+        } else if (r->st == KVP_OK) {
+            r->st = KVP_ERR(KVP_ENOMEM, "out of memory for inter-token latencies");
+        }
+        q->last_s = now;
+        q->chunks++;
+    }
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(j, "usage");
+    if (cJSON_IsObject(u)) {
+        const cJSON *pt = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens"),
+                    *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens"),
+                    *d = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
+        const cJSON *cached = cJSON_IsObject(d) ? cJSON_GetObjectItemCaseSensitive(d, "cached_tokens") : NULL;
+        if (cJSON_IsNumber(pt) && cJSON_IsNumber(ct)) {
+            q->prompt_tokens = (int64_t)pt->valuedouble;
+            q->output_tokens = (int64_t)ct->valuedouble;
+            q->cached_tokens = cJSON_IsNumber(cached) ? (int64_t)cached->valuedouble : 0;
+            x->usage = 1;
+        }
+    }
+    const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");
+    if (e && q->state == 1) {
+        const cJSON *msg = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
+        fail(q, "server error: %s", cJSON_IsString(msg) ? msg->valuestring : "(no message)");
+    }
+    cJSON_Delete(j);
+}
+
+/* libcurl's write callback: buffers the answer and hands each complete event ("data: ...\n\n") on. */
+static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
+{
+    xfer_t *x = arg;
+    const size_t n = size * nmemb;
+    if (x->len + n + 1 > x->cap) {
+        size_t cap = x->cap ? x->cap : 4096;
+        while (cap < x->len + n + 1) cap *= 2;
+        char *nb = kvp_realloc(x->buf, cap);
+        if (!nb) return 0; /* libcurl ends the transfer with a write error */
+        x->buf = nb;
+        x->cap = cap;
+    }
+    memcpy(x->buf + x->len, p, n);
+    x->len += n;
+    x->buf[x->len] = '\0';
+    long code = 0;
+    curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &code);
+    if (code != 200) return n; /* an error answer: kept whole for the message */
+    size_t at = 0;
+    for (;;) {
+        char *end = strstr(x->buf + at, "\n\n");
+        if (!end) break;
+        for (char *line = x->buf + at; line < end;) {
+            char *nl = memchr(line, '\n', (size_t)(end - line));
+            char *le = nl ? nl : end;
+            size_t ll = (size_t)(le - line);
+            if (ll > 0 && line[ll - 1] == '\r') ll--;
+            if (ll >= 5 && memcmp(line, "data:", 5) == 0) {
+                const char *d = line + 5;
+                size_t dl = ll - 5;
+                if (dl > 0 && *d == ' ') d++, dl--;
+                on_event(x, d, dl);
+            }
+            line = le + 1;
+        }
+        at = (size_t)(end - x->buf) + 2;
+    }
+    memmove(x->buf, x->buf + at, x->len - at + 1);
+    x->len -= at;
+    return n;
+}
+
+static void xfer_free(xfer_t *x)
+{
+    if (!x) return;
+    if (x->h) curl_easy_cleanup(x->h);
+    curl_slist_free_all(x->hdr);
+    kvp_free(x->body);
+    kvp_free(x->buf);
+    kvp_free(x);
+}
+
+/* The JSON body of request i. */
+static char *request_body(const kvp_request *q, const char *model)
+{
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    if (model) cJSON_AddStringToObject(o, "model", model);
+    cJSON *p = cJSON_AddArrayToObject(o, "prompt");
+    for (int32_t j = 0; p && j < q->prompt_len; j++) cJSON_AddItemToArray(p, cJSON_CreateNumber(q->tokens[j]));
+    cJSON_AddNumberToObject(o, "max_tokens", q->output_len > 0 ? q->output_len : 1);
+    cJSON_AddNumberToObject(o, "temperature", 0);
+    cJSON_AddBoolToObject(o, "ignore_eos", 1);
+    cJSON_AddBoolToObject(o, "stream", 1);
+    cJSON_AddBoolToObject(cJSON_AddObjectToObject(o, "stream_options"), "include_usage", 1);
+    char *s = cJSON_PrintUnformatted(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+static kvp_status launch(run_t *r, CURLM *mh, const char *url, const char *model, double timeout_s, int64_t idx)
+{
+    xfer_t *x = kvp_calloc(1, sizeof *x);
+    if (!x) return KVP_ERR(KVP_ENOMEM, "out of memory for a request");
+    x->idx = idx;
+    x->run = r;
+    x->h = curl_easy_init();
+    x->body = request_body(&r->w->reqs[idx], model);
+    x->hdr = curl_slist_append(NULL, "Content-Type: application/json");
+    if (!x->h || !x->body || !x->hdr) {
+        xfer_free(x);
+        return KVP_ERR(KVP_ENOMEM, "out of memory for a request");
+    }
+    curl_easy_setopt(x->h, CURLOPT_URL, url);
+    curl_easy_setopt(x->h, CURLOPT_HTTPHEADER, x->hdr);
+    curl_easy_setopt(x->h, CURLOPT_POSTFIELDS, x->body);
+    curl_easy_setopt(x->h, CURLOPT_WRITEFUNCTION, on_data);
+    curl_easy_setopt(x->h, CURLOPT_WRITEDATA, x);
+    curl_easy_setopt(x->h, CURLOPT_PRIVATE, x);
+    curl_easy_setopt(x->h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(x->h, CURLOPT_TIMEOUT_MS, (long)(timeout_s * 1000));
+    rec_t *q = &r->rec[idx];
+    q->state = 1;
+    q->send_s = since(r);
+    if (curl_multi_add_handle(mh, x->h) != CURLM_OK) {
+        xfer_free(x);
+        fail(q, "%s", "libcurl refused the transfer");
+        return KVP_OK;
+    }
+    r->live[idx] = x;
+    return KVP_OK;
+}
+
+/* A finished transfer: the request's outcome, and the chat turns that waited for it become ready. */
+static void finish(run_t *r, CURLM *mh, CURL *h, CURLcode res)
+{
+    xfer_t *x = NULL;
+    curl_easy_getinfo(h, CURLINFO_PRIVATE, (char **)&x);
+    rec_t *q = &r->rec[x->idx];
+    long code = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    const double now = since(r);
+    if (q->state == 1) {
+        if (res != CURLE_OK) {
+            fail(q, "%s", curl_easy_strerror(res));
+        } else if (code != 200) {
+            char detail[120];
+            snprintf(detail, sizeof detail, "HTTP %ld: %.100s", code, x->buf ? x->buf : "");
+            fail(q, "%s", detail);
+        } else if (!x->done || !x->usage) {
+            fail(q, "%s", "the stream ended without its usage and [DONE]");
+        } else {
+            q->state = 2;
+            q->e2e_s = now - q->send_s;
+            if (q->chunks == 0) q->ttft_s = q->e2e_s; /* no text at all: the first token came with the end */
+        }
+    }
+    curl_multi_remove_handle(mh, h);
+    r->live[x->idx] = NULL;
+    xfer_free(x);
+    const kvp_request *wq = r->w->reqs;
+    for (int64_t c = r->child[q - r->rec]; c >= 0; c = r->sibling[c])
+        if (r->rec[c].state == 0) {
+            const double t = now + wq[c].think_s;
+            heap_push(r, wq[c].arrival_s > t ? wq[c].arrival_s : t, c);
+        }
+}
+
+/* Sends every request of w that is not skipped, at its time, at most max_conc at once. */
+static kvp_status run_load(run_t *r, const char *url, const char *model, int64_t max_conc, double timeout_s,
+                           int64_t *peak)
+{
+    const kvp_workload *w = r->w;
+    CURLM *mh = curl_multi_init();
+    if (!mh) return KVP_ERR(KVP_ENOMEM, "libcurl: cannot create a multi handle");
+    for (int64_t i = 0; i < w->n; i++) {
+        const int64_t dep = w->reqs[i].after - 1;
+        if (r->rec[i].state != 0) continue;
+        if (dep >= 0 && dep < i && r->rec[dep].state != 4) { /* a turn waits for its predecessor */
+            r->sibling[i] = r->child[dep];
+            r->child[dep] = i;
+        } else {
+            heap_push(r, w->reqs[i].arrival_s, i);
+        }
+    }
+    int64_t left = 0, in_flight = 0;
+    for (int64_t i = 0; i < w->n; i++) left += r->rec[i].state == 0;
+    r->t0 = kvp_now_s();
+    kvp_status st = KVP_OK;
+    while (left > 0 && st == KVP_OK && r->st == KVP_OK) {
+        while (r->n_heap > 0 && r->heap[0].t <= since(r) && (max_conc <= 0 || in_flight < max_conc)) {
+            const ready_t q = heap_pop(r);
+            if ((st = launch(r, mh, url, model, timeout_s, q.idx)) != KVP_OK) break;
+            if (r->rec[q.idx].state == 1) in_flight++;
+            else left--; /* refused at once */
+            if (in_flight > *peak) *peak = in_flight;
+        }
+        int running = 0;
+        curl_multi_perform(mh, &running);
+        CURLMsg *msg;
+        int nq;
+        while ((msg = curl_multi_info_read(mh, &nq)) != NULL)
+            if (msg->msg == CURLMSG_DONE) {
+                finish(r, mh, msg->easy_handle, msg->data.result);
+                in_flight--;
+                left--;
+            }
+        if (left == 0 || st != KVP_OK) break;
+        double wait = 0.25;
+        if (r->n_heap > 0 && (max_conc <= 0 || in_flight < max_conc)) wait = r->heap[0].t - since(r);
+        if (wait > 0.25) wait = 0.25;
+        if (wait > 0) curl_multi_poll(mh, NULL, 0, (int)ceil(wait * 1000), NULL);
+        if (r->n_heap == 0 && in_flight == 0 && left > 0) /* waiting on nothing: cannot happen; do not spin */
+            st = KVP_ERR(KVP_EINVAL, "%lld requests wait on a turn that never ran", (long long)left);
+    }
+    for (int64_t i = 0; i < w->n; i++) /* still in flight after an error: cancelled */
+        if (r->live[i]) {
+            fail(&r->rec[i], "%s", "cancelled");
+            curl_multi_remove_handle(mh, r->live[i]->h);
+            xfer_free(r->live[i]);
+            r->live[i] = NULL;
+        }
+    curl_multi_cleanup(mh);
+    return st != KVP_OK ? st : r->st;
+}
+
+/* ---------------------------------------------------------------- the server */
+
+typedef struct {
+    pid_t pid; /* 0: none started */
+    int out;   /* its stdout, kept open (a closed pipe would kill it on a later write) */
+} server_t;
+
+/* Starts `kvpage serve --model model --port 0 --json extra...` (this program) and reads its address into
+ * url from the JSON object it prints once it listens. Its stderr is ours. */
+static kvp_status start_server(const char *model, char **extra, int nextra, server_t *sv, char *url, size_t cap)
+{
+    char **av = kvp_calloc((size_t)nextra + 8, sizeof *av);
+    int fd[2];
+    if (!av) return KVP_ERR(KVP_ENOMEM, "out of memory");
+    if (pipe(fd) != 0) {
+        kvp_free(av);
+        return KVP_ERR(KVP_EIO, "cannot make a pipe for the server: %s", strerror(errno));
+    }
+    const char *fixed[] = {"kvpage", "serve", "--model", model, "--port", "0", "--json"};
+    for (int i = 0; i < 7; i++) av[i] = (char *)fixed[i];
+    for (int i = 0; i < nextra; i++) av[7 + i] = extra[i];
+    fflush(stdout);
+    fflush(stderr);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* it goes when this process does, however that ends */
+        dup2(fd[1], STDOUT_FILENO);
+        close(fd[0]);
+        close(fd[1]);
+        execv("/proc/self/exe", av);
+        _exit(127);
+    }
+    kvp_free(av);
+    close(fd[1]);
+    if (pid < 0) {
+        close(fd[0]);
+        return KVP_ERR(KVP_EIO, "cannot start kvpage serve: %s", strerror(errno));
+    }
+    *sv = (server_t){.pid = pid, .out = fd[0]};
+    char buf[4096];
+    size_t len = 0;
+    const double deadline = kvp_now_s() + 600;
+    for (;;) {
+        struct pollfd pf = {.fd = fd[0], .events = POLLIN};
+        if (poll(&pf, 1, 1000) > 0) {
+            const ssize_t n = read(fd[0], buf + len, sizeof buf - 1 - len);
+            if (n <= 0 || len + (size_t)n >= sizeof buf - 1) break;
+            len += (size_t)n;
+            buf[len] = '\0';
+            cJSON *j = cJSON_Parse(buf);
+            const cJSON *u = j ? cJSON_GetObjectItemCaseSensitive(j, "url") : NULL;
+            if (cJSON_IsString(u)) {
+                snprintf(url, cap, "%s", u->valuestring);
+                cJSON_Delete(j);
+                return KVP_OK;
+            }
+            cJSON_Delete(j);
+        }
+        if (kvp_now_s() > deadline) {
+            kill(pid, SIGKILL);
+            break;
+        }
+    }
+    int ws = 0;
+    waitpid(pid, &ws, 0);
+    close(fd[0]);
+    sv->pid = 0;
+    if (WIFEXITED(ws) && WEXITSTATUS(ws) == KVP_EXIT_USAGE) /* its own error is on stderr already */
+        return KVP_ERR(KVP_EINVAL, "kvpage serve refused its options (exit 2; its error is above)");
+    return KVP_ERR(KVP_EIO, "kvpage serve did not start listening (%s %d)", WIFEXITED(ws) ? "exit" : "signal",
+                   WIFEXITED(ws) ? WEXITSTATUS(ws) : WIFSIGNALED(ws) ? WTERMSIG(ws) : -1);
+}
+
+/* SIGTERM (serve answers 503 to what is left and exits), SIGKILL after 30 s. */
+static void stop_server(server_t *sv)
+{
+    if (sv->pid <= 0) return;
+    kill(sv->pid, SIGTERM);
+    int ws;
+    for (int i = 0; i < 3000 && waitpid(sv->pid, &ws, WNOHANG) == 0; i++) usleep(10000);
+    if (waitpid(sv->pid, &ws, WNOHANG) == 0) {
+        kill(sv->pid, SIGKILL);
+        waitpid(sv->pid, &ws, 0);
+    }
+    close(sv->out);
+    sv->pid = 0;
+}
+
+static size_t keep_body(char *p, size_t size, size_t nmemb, void *arg)
+{
+    char *b = arg;
+    const size_t n = size * nmemb, have = strlen(b), room = 4095 - have;
+    memcpy(b + have, p, n < room ? n : room);
+    b[have + (n < room ? n : room)] = '\0';
+    return n;
+}
+
+/* GET base/v1/models: the first model's id (into id) and max_model_len (0 when the server does not say). */
+static kvp_status server_model(const char *base, char *id, size_t cap, int64_t *max_len)
+{
+    char url[1100], body[4096] = "";
+    snprintf(url, sizeof url, "%s/v1/models", base);
+    CURL *h = curl_easy_init();
+    if (!h) return KVP_ERR(KVP_ENOMEM, "libcurl: cannot create a handle");
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, keep_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)body);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
+    const CURLcode res = curl_easy_perform(h);
+    long code = 0;
+    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+    curl_easy_cleanup(h);
+    if (res != CURLE_OK) return KVP_ERR(KVP_EIO, "GET %s: %s", url, curl_easy_strerror(res));
+    if (code != 200) return KVP_ERR(KVP_EIO, "GET %s: HTTP %ld", url, code);
+    cJSON *j = cJSON_Parse(body);
+    const cJSON *d = j ? cJSON_GetObjectItemCaseSensitive(j, "data") : NULL, *m0 = cJSON_GetArrayItem(d, 0);
+    const cJSON *mid = cJSON_GetObjectItemCaseSensitive(m0, "id"), *ml = cJSON_GetObjectItemCaseSensitive(m0, "max_model_len");
+    if (!cJSON_IsString(mid)) {
+        cJSON_Delete(j);
+        return KVP_ERR(KVP_EIO, "GET %s: no model in the answer (%.80s)", url, body);
+    }
+    snprintf(id, cap, "%s", mid->valuestring);
+    *max_len = cJSON_IsNumber(ml) && ml->valuedouble >= 2 ? (int64_t)ml->valuedouble : 0;
+    cJSON_Delete(j);
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- the command */
+
+static const char *const k_states[] = {"unsent", "in_flight", "completed", "failed", "skipped"};
+
+static kvp_status write_requests(const char *path, const kvp_workload *w, const rec_t *rec)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return KVP_ERR(KVP_EIO, "--requests-out: cannot write '%s': %s", path, strerror(errno));
+    fprintf(f, "id,after,arrival_s,send_s,prompt_len,prompt_tokens,output_len,output_tokens,cached_tokens,ttft_s,"
+               "tpot_s,e2e_s,chunks,state,error\n");
+    for (int64_t i = 0; i < w->n; i++) {
+        const rec_t *q = &rec[i];
+        const kvp_request *r = &w->reqs[i];
+        const int ok = q->state == 2;
+        const double tpot = ok && q->output_tokens >= 2 ? (q->e2e_s - q->ttft_s) / (double)(q->output_tokens - 1) : 0;
+        char err[sizeof q->err];
+        snprintf(err, sizeof err, "%s", q->err);
+        for (char *c = err; *c; c++)
+            if (*c == ',' || *c == '"' || *c == '\n' || *c == '\r') *c = ' ';
+        const long long after = r->after > 0 ? (long long)w->reqs[r->after - 1].id : -1;
+        fprintf(f, "%lld,%lld,%.6f,%.6f,%d,%lld,%d,%lld,%lld,%.6f,%.6f,%.6f,%lld,%s,%s\n", (long long)r->id, after,
+                r->arrival_s,
+                q->state >= 1 && q->state <= 3 ? q->send_s : 0.0, r->prompt_len, (long long)q->prompt_tokens,
+                r->output_len, (long long)q->output_tokens, (long long)q->cached_tokens, ok ? q->ttft_s : 0.0, tpot,
+                ok ? q->e2e_s : 0.0, (long long)q->chunks, k_states[q->state], err);
+    }
+    if (fclose(f) != 0) return KVP_ERR(KVP_EIO, "--requests-out: cannot write '%s': %s", path, strerror(errno));
+    return KVP_OK;
+}
+
+/* The run's row: counts, throughputs and latency statistics of the completed requests (ITL: every gap
+ * between streamed chunks). */
+static kvp_status summarize(const run_t *r, double wall, double rate, int64_t max_conc, int64_t peak, cJSON *row)
+{
+    const kvp_workload *w = r->w;
+    const int64_t n = w->n;
+    double *ttft = kvp_malloc((size_t)(n + 1) * sizeof(double)), *tpot = kvp_malloc((size_t)(n + 1) * sizeof(double)),
+           *e2e = kvp_malloc((size_t)(n + 1) * sizeof(double));
+    if (!ttft || !tpot || !e2e) {
+        kvp_free(ttft), kvp_free(tpot), kvp_free(e2e);
+        return KVP_ERR(KVP_ENOMEM, "out of memory for the latency statistics");
+    }
+    int64_t count[5] = {0}, nt = 0, np = 0, in = 0, out = 0, cached = 0, chunks = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const rec_t *q = &r->rec[i];
+        count[q->state]++;
+        if (q->state != 2) continue;
+        ttft[nt] = q->ttft_s * 1e3;
+        e2e[nt++] = q->e2e_s * 1e3;
+        if (q->output_tokens >= 2) tpot[np++] = (q->e2e_s - q->ttft_s) * 1e3 / (double)(q->output_tokens - 1);
+        in += q->prompt_tokens;
+        out += q->output_tokens;
+        cached += q->cached_tokens;
+        chunks += q->chunks;
+    }
+    kvp_sort_doubles(ttft, nt);
+    kvp_sort_doubles(tpot, np);
+    kvp_sort_doubles(e2e, nt);
+    kvp_sort_doubles(r->itl, (int64_t)r->n_itl);
+    cJSON_AddStringToObject(row, "workload", w->name);
+    if (isinf(rate)) cJSON_AddStringToObject(row, "rate", "inf");
+    else if (rate > 0) cJSON_AddNumberToObject(row, "rate", rate);
+    else cJSON_AddStringToObject(row, "rate", "trace");
+    cJSON_AddNumberToObject(row, "max_concurrency", (double)max_conc);
+    cJSON_AddNumberToObject(row, "requests", (double)(n - count[4]));
+    cJSON_AddNumberToObject(row, "completed", (double)count[2]);
+    cJSON_AddNumberToObject(row, "failed", (double)count[3]);
+    cJSON_AddNumberToObject(row, "skipped", (double)count[4]);
+    cJSON_AddNumberToObject(row, "duration_s", wall);
+    cJSON_AddNumberToObject(row, "input_tokens", (double)in);
+    cJSON_AddNumberToObject(row, "output_tokens", (double)out);
+    cJSON_AddNumberToObject(row, "cached_tokens", (double)cached);
+    cJSON_AddNumberToObject(row, "prefix_hit_rate", in > 0 ? (double)cached / (double)in : 0);
+    cJSON_AddNumberToObject(row, "request_per_s", wall > 0 ? (double)count[2] / wall : 0);
+    cJSON_AddNumberToObject(row, "output_tok_s", wall > 0 ? (double)out / wall : 0);
+    cJSON_AddNumberToObject(row, "total_tok_s", wall > 0 ? (double)(in + out) / wall : 0);
+    cJSON_AddNumberToObject(row, "peak_in_flight", (double)peak);
+    const struct {
+        const char *name;
+        const double *v;
+        int64_t n;
+    } sets[] = {{"ttft", ttft, nt}, {"tpot", tpot, np}, {"itl", NULL, (int64_t)r->n_itl}, {"e2e", e2e, nt}};
+    for (int k = 0; k < 4; k++) {
+        char key[32];
+        double *v = (double *)sets[k].v;
+        if (!v) { /* ITL: seconds, converted here */
+            for (size_t i = 0; i < r->n_itl; i++) r->itl[i] *= 1e3;
+            v = r->itl;
+        }
+        snprintf(key, sizeof key, "%s_mean_ms", sets[k].name);
+        cJSON_AddNumberToObject(row, key, kvp_mean(v, sets[k].n));
+        snprintf(key, sizeof key, "%s_p50_ms", sets[k].name);
+        cJSON_AddNumberToObject(row, key, kvp_percentile(v, sets[k].n, 50));
+        snprintf(key, sizeof key, "%s_p99_ms", sets[k].name);
+        cJSON_AddNumberToObject(row, key, kvp_percentile(v, sets[k].n, 99));
+    }
+    cJSON_AddNumberToObject(row, "chunks_per_token", out > 0 ? (double)chunks / (double)out : 0);
+    kvp_free(ttft), kvp_free(tpot), kvp_free(e2e);
+    return KVP_OK;
+}
+
+/* Table format: one field a line (a run is one row of many fields), as vLLM's summary. */
+static void print_vertical(const cJSON *row)
+{
+    for (int i = 0; i < NFIELDS; i++) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(row, k_fields[i]);
+        if (cJSON_IsString(v)) printf("%-18s %s\n", k_fields[i], v->valuestring);
+        else if (cJSON_IsNumber(v)) printf("%-18s %.6g\n", k_fields[i], v->valuedouble);
+    }
+    const cJSON *m = cJSON_GetObjectItemCaseSensitive(row, "machine"), *c = cJSON_GetObjectItemCaseSensitive(row, "commit");
+    printf("# machine: %s; commit: %s\n", cJSON_IsString(m) ? m->valuestring : "?", cJSON_IsString(c) ? c->valuestring : "?");
+}
+
+enum { O_MODEL = 256, O_URL, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_MAXCONC, O_TIMEOUT, O_REQOUT, O_FORMAT, O_JSON };
+
+int kvp_bench_serve(int argc, char **argv)
+{
+    const char *cmd = "bench serve";
+    static const struct option opts[] = {
+        {"model", required_argument, NULL, O_MODEL},       {"url", required_argument, NULL, O_URL},
+        {"trace", required_argument, NULL, O_TRACE},       {"workload", required_argument, NULL, O_WORKLOAD},
+        {"rate", required_argument, NULL, O_RATE},         {"num-requests", required_argument, NULL, O_NUMREQ},
+        {"duration", required_argument, NULL, O_DURATION}, {"max-concurrency", required_argument, NULL, O_MAXCONC},
+        {"timeout", required_argument, NULL, O_TIMEOUT},   {"requests-out", required_argument, NULL, O_REQOUT},
+        {"format", required_argument, NULL, O_FORMAT},     {"json", no_argument, NULL, O_JSON},
+        {"help", no_argument, NULL, 'h'},                  {NULL, 0, NULL, 0},
+    };
+    const char *model = NULL, *url = NULL, *trace = NULL, *spec = NULL, *req_out = NULL;
+    double rate = 0, duration = 0, timeout_s = 600;
+    int64_t num_req = 0, max_conc = 0;
+    kvp_format fmt = KVP_FMT_TABLE;
+    kvp_status st = KVP_OK;
+    int c, li = -1;
+    optind = 0;
+    while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
+        switch (c) {
+        case O_MODEL: model = optarg; break;
+        case O_URL: url = optarg; break;
+        case O_TRACE: trace = optarg; break;
+        case O_WORKLOAD: spec = optarg; break;
+        case O_RATE: st = kvp_parse_rate(optarg, &rate); break;
+        case O_NUMREQ: st = kvp_parse_i64(optarg, 1, INT32_MAX, &num_req); break;
+        case O_DURATION: st = kvp_parse_f64(optarg, 1e-9, 1e9, &duration); break;
+        case O_MAXCONC: st = kvp_parse_i64(optarg, 1, 1 << 20, &max_conc); break;
+        case O_TIMEOUT: st = kvp_parse_f64(optarg, 1e-3, 1e6, &timeout_s); break;
+        case O_REQOUT: req_out = optarg; break;
+        case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
+        case O_JSON: fmt = KVP_FMT_JSON; break;
+        case 'h': usage(stdout); return KVP_EXIT_OK;
+        default: return kvp_cli_getopt_error(cmd, c, argv);
+        }
+        if (st != KVP_OK) return kvp_cli_usage_error(cmd, "--%s: %s", opts[li].name, kvp_error_message());
+    }
+    const int has_dashes = optind > 0 && optind <= argc && strcmp(argv[optind - 1], "--") == 0;
+    if (optind < argc && !has_dashes) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
+    if (model == NULL) return kvp_cli_usage_error(cmd, "--model PATH is required (the tokenizer's vocabulary)");
+    if ((trace == NULL) == (spec == NULL)) return kvp_cli_usage_error(cmd, "give exactly one of --trace and --workload");
+    if (url && optind < argc)
+        return kvp_cli_usage_error(cmd, "options after -- go to the server this command starts, not to --url's");
+    if (url && strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
+        return kvp_cli_usage_error(cmd, "--url: '%s' is not an http:// or https:// URL", url);
+
+    kvp_workload *w = NULL; /* read once before the server starts, so that a bad one is refused at once */
+    if ((st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, 32768, &w)) != KVP_OK) return kvp_cli_fail(cmd, st);
+    kvp_workload_destroy(w);
+    w = NULL;
+    kvp_tokenizer *tok = NULL;
+    if ((st = kvp_tok_load(model, 0, &tok)) != KVP_OK) return kvp_cli_fail(cmd, st);
+    const int64_t vocab = kvp_tok_vocab_size(tok);
+    kvp_tok_destroy(tok);
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+        return kvp_cli_fail(cmd, KVP_ERR(KVP_EIO, "libcurl: global initialisation failed"));
+    server_t sv = {0};
+    char base[1024], mid[256], compl[1100];
+    int64_t max_len = 0;
+    run_t r = {0};
+    kvp_report *rep = NULL;
+    int rc = KVP_EXIT_OK;
+    if (url) snprintf(base, sizeof base, "%s", url);
+    else st = start_server(model, argv + optind, argc - optind, &sv, base, sizeof base);
+    for (size_t n = strlen(base); st == KVP_OK && n > 0 && base[n - 1] == '/'; n--) base[n - 1] = '\0';
+    if (st == KVP_OK) st = server_model(base, mid, sizeof mid, &max_len);
+    snprintf(compl, sizeof compl, "%s/v1/completions", base);
+    if (st == KVP_OK) /* again, lengths drawn within the server's context (as simulate draws them in the model's) */
+        st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, max_len > 0 ? (int32_t)max_len : 32768, &w);
+    if (st == KVP_OK) {
+        kvp_workload_fit_vocab(w, vocab);
+        r.w = w;
+        r.rec = kvp_calloc((size_t)w->n + 1, sizeof *r.rec);
+        r.heap = kvp_calloc((size_t)w->n + 1, sizeof *r.heap);
+        r.child = kvp_malloc(((size_t)w->n + 1) * sizeof *r.child);
+        r.sibling = kvp_malloc(((size_t)w->n + 1) * sizeof *r.sibling);
+        r.live = kvp_calloc((size_t)w->n + 1, sizeof *r.live);
+        if (!r.rec || !r.heap || !r.child || !r.sibling || !r.live)
+            st = KVP_ERR(KVP_ENOMEM, "out of memory for %lld requests", (long long)w->n);
+    }
+    int64_t peak = 0;
+    double wall = 0;
+    if (st == KVP_OK) {
+        for (int64_t i = 0; i < w->n; i++) {
+            const kvp_request *q = &w->reqs[i];
+            r.child[i] = r.sibling[i] = -1;
+            if (max_len > 0 && (int64_t)q->prompt_len + (q->output_len > 0 ? q->output_len : 1) > max_len) {
+                r.rec[i].state = 4;
+                snprintf(r.rec[i].err, sizeof r.rec[i].err, "prompt + output > max_model_len %lld", (long long)max_len);
+            }
+        }
+        int64_t sendable = 0;
+        for (int64_t i = 0; i < w->n; i++) sendable += r.rec[i].state == 0;
+        if (sendable == 0)
+            st = KVP_ERR(KVP_EINVAL, "every request of the workload is longer than the server's max_model_len %lld",
+                         (long long)max_len);
+    }
+    if (st == KVP_OK) {
+        fprintf(stderr, "kvpage bench serve: %lld requests of %s to %s (model %s, vocabulary %lld)\n",
+                (long long)w->n, w->name, compl, mid, (long long)vocab);
+        const double t = kvp_now_s();
+        st = run_load(&r, compl, mid, max_conc, timeout_s, &peak);
+        wall = kvp_now_s() - t;
+    }
+    stop_server(&sv);
+    cJSON *row = NULL;
+    if (st == KVP_OK && req_out) st = write_requests(req_out, w, r.rec);
+    if (st == KVP_OK) st = kvp_report_create(k_fields, NFIELDS, &rep);
+    if (st == KVP_OK) st = kvp_report_row(rep, &row);
+    if (st == KVP_OK) st = summarize(&r, wall, rate, max_conc, peak, row);
+    if (st == KVP_OK) {
+        if (fmt == KVP_FMT_TABLE) print_vertical(row);
+        else st = kvp_report_print(rep, stdout, fmt);
+    }
+    if (st != KVP_OK) {
+        rc = kvp_cli_fail(cmd, st);
+    } else {
+        for (int64_t i = 0; i < w->n; i++)
+            if (r.rec[i].state == 3) {
+                fprintf(stderr, "kvpage %s: error: request %lld failed: %s\n", cmd, (long long)w->reqs[i].id,
+                        r.rec[i].err);
+                rc = KVP_EXIT_FAIL;
+                break;
+            }
+    }
+    kvp_report_destroy(rep);
+    kvp_free(r.rec), kvp_free(r.heap), kvp_free(r.child), kvp_free(r.sibling), kvp_free(r.live), kvp_free(r.itl);
+    kvp_workload_destroy(w);
+    curl_global_cleanup();
+    return rc;
+}

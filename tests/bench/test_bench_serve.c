@@ -1,0 +1,292 @@
+/* Tests of `kvpage bench serve` against kvpage serve on stories260K: every request completes with the
+ * lengths it asked for (the server's usage), the per-request CSV and the summary agree, prefix-cache hits
+ * come back as cached tokens (and none without a cache), chat turns wait for their predecessors' answers,
+ * requests too long for the context are skipped, a running server is reached by --url; bad input exits 2. */
+#include <criterion/criterion.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/json.h"
+
+#include "cli_testutil.h"
+
+#define MODEL "--model ../shared/models/stories260K/stories260K.gguf"
+
+enum { MAXREQ = 64, NCOL = 15 };
+
+/* One row of --requests-out. */
+typedef struct {
+    long long id, after;
+    double arrival, send;
+    long long prompt_len, prompt_tokens, output_len, output_tokens, cached;
+    double ttft, tpot, e2e;
+    long long chunks;
+    char state[16];
+} req_row;
+
+/* Reads the --requests-out CSV at path (header checked) into rows; returns how many. */
+static int read_requests(const char *path, req_row *rows)
+{
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s was not written", path);
+    char line[1024];
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    cr_assert_str_eq(line, "id,after,arrival_s,send_s,prompt_len,prompt_tokens,output_len,output_tokens,cached_tokens,"
+                           "ttft_s,tpot_s,e2e_s,chunks,state,error\n");
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        cr_assert_lt(n, MAXREQ);
+        req_row *r = &rows[n++];
+        int got = sscanf(line, "%lld,%lld,%lf,%lf,%lld,%lld,%lld,%lld,%lld,%lf,%lf,%lf,%lld,%15[a-z_]", &r->id, &r->after,
+                         &r->arrival, &r->send, &r->prompt_len, &r->prompt_tokens, &r->output_len, &r->output_tokens,
+                         &r->cached, &r->ttft, &r->tpot, &r->e2e, &r->chunks, r->state);
+        cr_assert_eq(got, NCOL - 1, "row %d: %s", n, line);
+    }
+    fclose(f);
+    return n;
+}
+
+/* Runs bench serve with args (plus --json and --requests-out into a temporary file); returns the summary
+ * row (caller deletes *doc) and the request rows. */
+static const cJSON *run(const char *args, int want_rc, cJSON **doc, req_row *rows, int *nrows)
+{
+    static char out[1 << 16], err[1 << 16];
+    char path[] = "/tmp/kvp_bs_req_XXXXXX", cmd[2048];
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    /* the options after -- go to the server: keep --json and the CSV before them */
+    const char *dashes = strstr(args, " -- ");
+    snprintf(cmd, sizeof cmd, "bench serve " MODEL " --json --requests-out %s %.*s%s", path,
+             dashes ? (int)(dashes - args) : (int)strlen(args), args, dashes ? dashes : "");
+    int rc = kvp_test_cli(cmd, out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, want_rc, "%s: exit %d: %s", cmd, rc, err);
+    *doc = cJSON_Parse(out);
+    cr_assert_not_null(*doc, "stdout is not JSON: %.300s (stderr %.300s)", out, err);
+    const cJSON *rs = cJSON_IsArray(*doc) ? *doc : cJSON_GetObjectItemCaseSensitive(*doc, "rows");
+    cr_assert_eq(cJSON_GetArraySize(rs), 1);
+    *nrows = read_requests(path, rows);
+    unlink(path);
+    return cJSON_GetArrayItem(rs, 0);
+}
+
+/* Sums of the completed rows equal the summary's totals; each completed request got the lengths it asked
+ * for (ignore_eos) and was timed consistently. */
+static void expect_consistent(const cJSON *s, const req_row *rows, int n)
+{
+    long long in = 0, out = 0, cached = 0, done = 0;
+    for (int i = 0; i < n; i++) {
+        const req_row *r = &rows[i];
+        if (strcmp(r->state, "completed") != 0) continue;
+        done++;
+        cr_assert_eq(r->prompt_tokens, r->prompt_len, "request %lld: the server saw another prompt", r->id);
+        cr_assert_eq(r->output_tokens, r->output_len > 0 ? r->output_len : 1, "request %lld", r->id);
+        cr_assert(r->cached >= 0 && r->cached <= r->prompt_len && r->cached % 16 == 0, "request %lld: cached %lld",
+                  r->id, r->cached);
+        cr_assert(r->ttft > 0 && r->ttft <= r->e2e, "request %lld: ttft %g, e2e %g", r->id, r->ttft, r->e2e);
+        cr_assert(r->chunks >= 1 && r->chunks <= r->output_tokens, "request %lld: %lld chunks", r->id, r->chunks);
+        cr_assert_geq(r->send + 1e-6, r->arrival, "request %lld sent before its arrival", r->id);
+        if (r->output_tokens >= 2)
+            cr_assert_float_eq(r->tpot, (r->e2e - r->ttft) / (double)(r->output_tokens - 1), 1e-5);
+        in += r->prompt_tokens;
+        out += r->output_tokens;
+        cached += r->cached;
+    }
+    cr_assert_eq(kvp_test_num(s, "completed"), done);
+    cr_assert_eq(kvp_test_num(s, "input_tokens"), in);
+    cr_assert_eq(kvp_test_num(s, "output_tokens"), out);
+    cr_assert_eq(kvp_test_num(s, "cached_tokens"), cached);
+    cr_assert_float_eq(kvp_test_num(s, "prefix_hit_rate"), in ? (double)cached / in : 0, 1e-9);
+    const double dur = kvp_test_num(s, "duration_s");
+    cr_assert_gt(dur, 0);
+    cr_assert_float_eq(kvp_test_num(s, "output_tok_s"), out / dur, 1e-6 * (out / dur));
+    cr_assert_float_eq(kvp_test_num(s, "request_per_s"), done / dur, 1e-6 * (done / dur));
+    cr_assert_leq(kvp_test_num(s, "ttft_p50_ms"), kvp_test_num(s, "ttft_p99_ms"));
+    cr_assert_leq(kvp_test_num(s, "ttft_p50_ms"), kvp_test_num(s, "e2e_p99_ms"));
+}
+
+/* One request at a time: after the first, every prompt finds the 64-token system prompt (4 blocks) cached. */
+Test(bench_serve, sequential_requests_hit_the_shared_prefix, .timeout = 120)
+{
+    static req_row rows[MAXREQ];
+    int n;
+    cJSON *doc;
+    const cJSON *s = run("--workload system:n=12,prefix=64,suffix=16,output=6,vocab=512 --rate 400 "
+                         "--max-concurrency 1",
+                         0, &doc, rows, &n);
+    cr_assert_eq(n, 12);
+    cr_assert_eq(kvp_test_num(s, "completed"), 12);
+    cr_assert_eq(kvp_test_num(s, "failed"), 0);
+    cr_assert_eq(kvp_test_num(s, "peak_in_flight"), 1);
+    expect_consistent(s, rows, n);
+    cr_assert_eq(rows[0].cached, 0, "the first request has nothing to find");
+    for (int i = 1; i < n; i++) {
+        cr_assert_geq(rows[i].cached, 64, "request %d: %lld cached tokens", i, rows[i].cached);
+        cr_assert_geq(rows[i].send, rows[i - 1].send + rows[i - 1].e2e, "request %d overlapped its predecessor", i);
+    }
+    cJSON_Delete(doc);
+}
+
+/* Without a prefix cache nothing is found; all at once, requests overlap. */
+Test(bench_serve, cache_none_serves_no_hits, .timeout = 120)
+{
+    static req_row rows[MAXREQ];
+    int n;
+    cJSON *doc;
+    const cJSON *s = run("--workload system:n=12,prefix=64,suffix=16,output=6,vocab=512 --rate inf -- --cache none", 0,
+                         &doc, rows, &n);
+    expect_consistent(s, rows, n);
+    cr_assert_eq(kvp_test_num(s, "cached_tokens"), 0);
+    cr_assert_gt(kvp_test_num(s, "peak_in_flight"), 1);
+    cJSON_Delete(doc);
+}
+
+/* A chat turn is sent only after the answer of the turn before it (and it finds that turn's prompt cached). */
+Test(bench_serve, chat_turns_wait_for_their_answers, .timeout = 120)
+{
+    static req_row rows[MAXREQ];
+    int n;
+    cJSON *doc;
+    const cJSON *s = run("--workload chat:conversations=4,turns=3,system=32,user=16,assistant=8,vocab=512 --rate inf", 0,
+                         &doc, rows, &n);
+    cr_assert_eq(n, 12);
+    expect_consistent(s, rows, n);
+    int waited = 0;
+    for (int i = 0; i < n; i++) {
+        if (rows[i].after < 0) continue;
+        const req_row *p = NULL;
+        for (int k = 0; k < n; k++)
+            if (rows[k].id == rows[i].after) p = &rows[k];
+        cr_assert_not_null(p, "request %lld waits for an unknown id %lld", rows[i].id, rows[i].after);
+        cr_assert_geq(rows[i].send, p->send + p->e2e, "turn %lld was sent before turn %lld's answer ended", rows[i].id,
+                      p->id);
+        cr_assert_geq(rows[i].cached, 32, "turn %lld repeats an earlier prompt", rows[i].id);
+        waited++;
+    }
+    cr_assert_eq(waited, 8, "4 conversations of 3 turns: 8 turns wait");
+    cJSON_Delete(doc);
+}
+
+/* Prompt + output over the model's 2048 positions: skipped, the others served. */
+Test(bench_serve, requests_too_long_are_skipped, .timeout = 120)
+{
+    static req_row rows[MAXREQ];
+    int n;
+    cJSON *doc;
+    const cJSON *s = run("--workload system:n=16,prefix=1900,suffix=200,output=40,vocab=512 --rate inf", 0, &doc, rows, &n);
+    int skipped = 0;
+    for (int i = 0; i < n; i++) {
+        const int too_long = rows[i].prompt_len + (rows[i].output_len > 0 ? rows[i].output_len : 1) > 2048;
+        cr_assert_str_eq(rows[i].state, too_long ? "skipped" : "completed", "request %d", i);
+        skipped += too_long;
+    }
+    cr_assert(skipped > 0 && skipped < n, "%d of %d skipped: the case tests nothing", skipped, n);
+    cr_assert_eq(kvp_test_num(s, "skipped"), skipped);
+    cr_assert_eq(kvp_test_num(s, "requests"), n - skipped);
+    expect_consistent(s, rows, n);
+    cJSON_Delete(doc);
+}
+
+/* --url: a server started here (as a user would), then the same server gone. */
+Test(bench_serve, url_of_a_running_server, .timeout = 120)
+{
+    int fd[2];
+    cr_assert_eq(pipe(fd), 0);
+    const pid_t pid = fork();
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* not left running when an assertion ends this test */
+        dup2(fd[1], 1);
+        close(fd[0]);
+        execl(kvp_test_bin(), "kvpage", "serve", "--model", "../shared/models/stories260K/stories260K.gguf", "--port",
+              "0", "--json", (char *)NULL);
+        _exit(127);
+    }
+    close(fd[1]);
+    char buf[2048] = "";
+    size_t len = 0;
+    cJSON *j = NULL;
+    while (!j && len < sizeof buf - 1) {
+        ssize_t got = read(fd[0], buf + len, sizeof buf - 1 - len);
+        cr_assert_gt(got, 0, "the server ended before printing its address");
+        len += (size_t)got;
+        buf[len] = '\0';
+        j = cJSON_Parse(buf);
+    }
+    const cJSON *u = cJSON_GetObjectItemCaseSensitive(j, "url");
+    cr_assert(cJSON_IsString(u));
+    char args[512];
+    snprintf(args, sizeof args, "--url %s/ --workload system:n=6,prefix=32,suffix=8,output=4,vocab=512 --rate inf",
+             u->valuestring);
+    static req_row rows[MAXREQ];
+    int n;
+    cJSON *doc;
+    const cJSON *s = run(args, 0, &doc, rows, &n);
+    cr_assert_eq(kvp_test_num(s, "completed"), 6);
+    expect_consistent(s, rows, n);
+    cJSON_Delete(doc);
+    kill(pid, SIGTERM);
+    int ws;
+    waitpid(pid, &ws, 0);
+    close(fd[0]);
+    /* the same address with nobody listening: an error naming it (the URL is bad input) */
+    static char out[1 << 12], err[1 << 12];
+    snprintf(args, sizeof args, "bench serve " MODEL " --url %s --workload system:n=2,vocab=512 --rate inf", u->valuestring);
+    int rc = kvp_test_cli(args, out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+    cr_assert(strstr(err, "/v1/models") != NULL && strstr(err, "connect") != NULL, "%s", err);
+    cJSON_Delete(j);
+}
+
+/* Requests that fail (here: each allowed a millisecond for 64 tokens after a 1,000-token prompt) are
+ * counted, the first one named, and the exit status is 1. */
+Test(bench_serve, failed_requests_exit_1, .timeout = 120)
+{
+    static req_row rows[MAXREQ];
+    int n;
+    cJSON *doc;
+    const cJSON *s = run("--workload system:n=3,output=64,vocab=512 --rate inf --timeout 0.001", 1, &doc, rows, &n);
+    cr_assert_eq(kvp_test_num(s, "failed"), 3);
+    cr_assert_eq(kvp_test_num(s, "completed"), 0);
+    for (int i = 0; i < n; i++) cr_assert_str_eq(rows[i].state, "failed");
+    cJSON_Delete(doc);
+}
+
+Test(bench_serve, bad_input_exits_2, .timeout = 120)
+{
+    static const kvp_cli_case cases[] = {
+        {"--rate 0", "--rate"},
+        {"--max-concurrency 0", "--max-concurrency"},
+        {"--timeout -1", "--timeout"},
+        {"--bogus", "bogus"},
+        {"--format xml", "--format"},
+        {"--trace x.csv", "exactly one of --trace and --workload"},
+        {"--url ftp://x", "not an http"},
+        {"--url http://127.0.0.1:9 -- --cache none", "options after --"},
+        {"--num-requests 2 --workload nope", "unknown workload 'nope'"},
+    };
+    kvp_test_cli_rejects("bench serve " MODEL " --workload system:n=2,vocab=512 --rate inf", cases,
+                         sizeof cases / sizeof cases[0]);
+    static char out[1 << 12], err[1 << 12];
+    int rc = kvp_test_cli("bench serve --workload system:n=2 --rate inf", out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 2);
+    cr_assert(strstr(err, "--model") != NULL, "%s", err);
+    rc = kvp_test_cli("bench serve --model ../shared/models/nope.gguf --workload system:n=2 --rate inf", out, sizeof out,
+                      err, sizeof err);
+    cr_assert_eq(rc, 2);
+    cr_assert(strstr(err, "nope.gguf") != NULL, "%s", err);
+    /* found once the server runs (its own lines are on stderr too): options it refuses, a workload whose
+     * every request is longer than the model's 2048 positions */
+    rc = kvp_test_cli("bench serve " MODEL " --workload system:n=2,vocab=512 --rate inf -- --block-size 0", out,
+                      sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 2, "%s", err);
+    cr_assert(strstr(err, "--block-size") != NULL && strstr(err, "refused its options") != NULL, "%s", err);
+    rc = kvp_test_cli("bench serve " MODEL " --workload system:n=3,prefix=3000,suffix=10,vocab=512 --rate inf", out,
+                      sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 2, "%s", err);
+    cr_assert(strstr(err, "longer than the server's max_model_len 2048") != NULL, "%s", err);
+}
