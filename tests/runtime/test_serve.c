@@ -641,6 +641,35 @@ Test(serve, streamed_answers_add_up_to_the_whole_ones)
     stop(&s);
 }
 
+/* --stream-interval 8: a streamed answer of 41 tokens comes in at most 1 + 40 / 8 + 1 events with text (the
+ * first token at once, then every 8 steps, the rest with the finish reason), and adds up to the whole one,
+ * for each of 4 samples. */
+Test(serve, stream_interval_sends_every_n_steps)
+{
+    server s = start("--stream-interval 8");
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":41,\"n\":4,\"seed\":3,\"ignore_eos\":true%s}";
+    char b[256], *resp;
+    snprintf(b, sizeof b, body, "");
+    cJSON *whole = complete(&s, b, 200);
+    snprintf(b, sizeof b, body, ",\"stream\":true");
+    cr_assert_eq(http(&s, "POST", "/v1/completions", b, &resp), 200, "%s", resp);
+    char texts[4][2048], finish[4][16];
+    sse_texts(resp, texts, finish, 4);
+    int events[4] = {0};
+    cJSON *o;
+    for (const char *p = resp; (o = sse_next(&p)) != NULL; cJSON_Delete(o)) {
+        const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+        if (ch && cJSON_GetObjectItem(ch, "text")->valuestring[0]) events[cJSON_GetObjectItem(ch, "index")->valueint]++;
+    }
+    for (int c = 0; c < 4; c++) {
+        cr_assert_str_eq(texts[c], choice_text(whole, c), "choice %d", c);
+        cr_assert(events[c] >= 1 && events[c] <= 7, "choice %d came in %d events with text", c, events[c]);
+    }
+    free(resp);
+    cJSON_Delete(whole);
+    stop(&s);
+}
+
 /* The first tokens of a long streamed answer arrive while it is still being generated; a client that
  * leaves mid-stream cancels its request: the engine stops generating for it, and the server goes on. */
 /* A socket to s that has sent POST /v1/completions with body (the answer not read yet). */
