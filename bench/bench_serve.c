@@ -42,7 +42,7 @@
 #include "runtime/workload.h"
 
 static const char *const k_fields[] = {
-    "workload",        "rate",           "max_concurrency", "requests",        "completed",       "failed",
+    "server",          "workload",        "rate",           "max_concurrency", "requests",        "completed",       "failed",
     "skipped",         "duration_s",     "input_tokens",    "output_tokens",   "cached_tokens",   "prefix_hit_rate",
     "request_per_s",   "output_tok_s",   "total_tok_s",     "peak_in_flight",  "ttft_mean_ms",    "ttft_p50_ms",
     "ttft_p99_ms",     "tpot_mean_ms",   "tpot_p50_ms",     "tpot_p99_ms",     "itl_mean_ms",     "itl_p50_ms",
@@ -557,7 +557,8 @@ static kvp_status write_requests(const char *path, const kvp_workload *w, const 
 
 /* The run's row: counts, throughputs and latency statistics of the completed requests (ITL: every gap
  * between streamed chunks). */
-static kvp_status summarize(const run_t *r, double wall, double rate, int64_t max_conc, int64_t peak, cJSON *row)
+static kvp_status summarize(const run_t *r, const char *server, double wall, double rate, int64_t max_conc, int64_t peak,
+                            cJSON *row)
 {
     const kvp_workload *w = r->w;
     const int64_t n = w->n;
@@ -584,6 +585,7 @@ static kvp_status summarize(const run_t *r, double wall, double rate, int64_t ma
     kvp_sort_doubles(tpot, np);
     kvp_sort_doubles(e2e, nt);
     kvp_sort_doubles(r->itl, (int64_t)r->n_itl);
+    cJSON_AddStringToObject(row, "server", server);
     cJSON_AddStringToObject(row, "workload", w->name);
     if (isinf(rate)) cJSON_AddStringToObject(row, "rate", "inf");
     else if (rate > 0) cJSON_AddNumberToObject(row, "rate", rate);
@@ -750,7 +752,15 @@ int kvp_bench_serve(int argc, char **argv)
     if (st == KVP_OK && req_out) st = write_requests(req_out, w, r.rec);
     if (st == KVP_OK) st = kvp_report_create(k_fields, NFIELDS, &rep);
     if (st == KVP_OK) st = kvp_report_row(rep, &row);
-    if (st == KVP_OK) st = summarize(&r, wall, rate, max_conc, peak, row);
+    char server[1024]; /* the URL given, or the options of the server started */
+    if (url) {
+        snprintf(server, sizeof server, "%s", url);
+    } else {
+        size_t at = (size_t)snprintf(server, sizeof server, "kvpage serve");
+        for (int i = optind; i < argc && at < sizeof server; i++)
+            at += (size_t)snprintf(server + at, sizeof server - at, " %s", argv[i]);
+    }
+    if (st == KVP_OK) st = summarize(&r, server, wall, rate, max_conc, peak, row);
     if (st == KVP_OK) {
         if (fmt == KVP_FMT_TABLE) print_vertical(row);
         else st = kvp_report_print(rep, stdout, fmt);

@@ -141,6 +141,7 @@ Test(bench_serve, cache_none_serves_no_hits, .timeout = 120)
     const cJSON *s = run("--workload system:n=12,prefix=64,suffix=16,output=6,vocab=512 --rate inf -- --cache none", 0,
                          &doc, rows, &n);
     expect_consistent(s, rows, n);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(s, "server")->valuestring, "kvpage serve --cache none");
     cr_assert_eq(kvp_test_num(s, "cached_tokens"), 0);
     cr_assert_gt(kvp_test_num(s, "peak_in_flight"), 1);
     cJSON_Delete(doc);
