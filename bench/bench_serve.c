@@ -20,6 +20,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stddef.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -46,7 +47,8 @@ static const char *const k_fields[] = {
     "skipped",         "duration_s",     "input_tokens",    "output_tokens",   "cached_tokens",   "prefix_hit_rate",
     "request_per_s",   "output_tok_s",   "total_tok_s",     "peak_in_flight",  "ttft_mean_ms",    "ttft_p50_ms",
     "ttft_p99_ms",     "tpot_mean_ms",   "tpot_p50_ms",     "tpot_p99_ms",     "itl_mean_ms",     "itl_p50_ms",
-    "itl_p99_ms",      "e2e_mean_ms",    "e2e_p50_ms",      "e2e_p99_ms",      "chunks_per_token"};
+    "itl_p99_ms",      "e2e_mean_ms",    "e2e_p50_ms",      "e2e_p99_ms",      "chunks_per_token", "running_mean",
+    "running_peak",    "waiting_peak",   "kv_usage_mean",   "kv_usage_peak",   "preemptions",     "metrics_samples"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
 
 static void usage(FILE *f)
@@ -70,6 +72,10 @@ static void usage(FILE *f)
             "  --duration S              keep the requests arriving in the first S seconds\n"
             "  --max-concurrency N       requests in flight at most (default: no limit); the others wait\n"
             "  --timeout S               seconds a request may take (default 600)\n"
+            "  --metrics-interval S      read the server's /metrics every S seconds (default 0.1; 0: never):\n"
+            "                            running and waiting requests, KV cache usage, preemptions (kvpage's\n"
+            "                            or vLLM's gauges), summarized as means and peaks\n"
+            "  --metrics-out FILE        also those readings as CSV: t_s, running, waiting, kv_usage, preemptions\n"
             "  --requests-out FILE       also a CSV row per request: id, the id of the turn it waited for (-1:\n"
             "                            none), arrival, send time, lengths asked and served, cached tokens,\n"
             "                            TTFT, TPOT, end to end, chunks, state (completed, failed, skipped)\n"
@@ -105,6 +111,22 @@ typedef struct {
     int64_t idx;
 } ready_t;
 
+/* One reading of the server's /metrics (kvpage's names, or vLLM's: a gauge's values summed over labels). */
+typedef struct {
+    double t, running, waiting, kv_usage, preemptions;
+} msample;
+
+/* The /metrics poller: one GET in flight at most, every interval seconds of the run. */
+typedef struct {
+    CURL *h; /* NULL: not polling */
+    int busy;
+    char *buf;
+    size_t len, cap;
+    double interval, next_s;
+    msample *s;
+    size_t n, cap_s;
+} mpoll;
+
 typedef struct run {
     const kvp_workload *w;
     rec_t *rec;
@@ -116,6 +138,7 @@ typedef struct run {
     int64_t n_heap;
     int64_t *child, *sibling; /* chat turns waiting for request i: child[i], then sibling[...]; -1 ends */
     xfer_t **live;            /* live[i]: request i's transfer while in flight */
+    mpoll mp;
 } run_t;
 
 static double since(const run_t *r) { return kvp_now_s() - r->t0; }
@@ -339,6 +362,94 @@ static void finish(run_t *r, CURLM *mh, CURL *h, CURLcode res)
         }
 }
 
+/* Reads the gauges bench serve follows from a Prometheus text page into *m (missing ones stay 0); the number
+ * of lines it recognised. */
+static int parse_metrics(const char *text, msample *m)
+{
+    static const struct {
+        const char *name;
+        size_t off;
+    } known[] = {
+        {"kvpage_sequences_running", offsetof(msample, running)},
+        {"vllm:num_requests_running", offsetof(msample, running)},
+        {"kvpage_requests_waiting", offsetof(msample, waiting)},
+        {"vllm:num_requests_waiting", offsetof(msample, waiting)},
+        {"kvpage_kv_cache_usage_ratio", offsetof(msample, kv_usage)},
+        {"vllm:kv_cache_usage_perc", offsetof(msample, kv_usage)},
+        {"vllm:gpu_cache_usage_perc", offsetof(msample, kv_usage)},
+        {"kvpage_preemptions_total", offsetof(msample, preemptions)},
+        {"vllm:num_preemptions_total", offsetof(msample, preemptions)},
+    };
+    int found = 0;
+    for (const char *line = text; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line)) {
+        if (*line == '#') continue;
+        const size_t nlen = strcspn(line, "{ \n");
+        for (size_t k = 0; k < sizeof known / sizeof known[0]; k++) {
+            if (strlen(known[k].name) != nlen || strncmp(line, known[k].name, nlen) != 0) continue;
+            const char *eol = strchr(line, '\n'), *sp = line + nlen;
+            if (*sp == '{') sp = strchr(sp, '}'); /* labels */
+            if (!sp || (eol && sp > eol)) break;
+            char *end;
+            const double v = strtod(sp + 1, &end);
+            if (end != sp + 1 && isfinite(v)) {
+                *(double *)((char *)m + known[k].off) += v;
+                found++;
+            }
+            break;
+        }
+    }
+    return found;
+}
+
+static size_t on_metrics(char *p, size_t size, size_t nmemb, void *arg)
+{
+    mpoll *mp = arg;
+    const size_t n = size * nmemb;
+    if (mp->len + n + 1 > (1u << 24)) return 0; /* a page over 16 MiB is not a metrics page */
+    if (kvp_grow((void **)&mp->buf, &mp->cap, mp->len + n + 1, 1) != KVP_OK) return 0;
+    memcpy(mp->buf + mp->len, p, n);
+    mp->len += n;
+    mp->buf[mp->len] = '\0';
+    return n;
+}
+
+/* A finished GET /metrics: its reading is kept when the page had any of the gauges. */
+static void metrics_done(run_t *r, CURLcode res)
+{
+    mpoll *mp = &r->mp;
+    long code = 0;
+    curl_easy_getinfo(mp->h, CURLINFO_RESPONSE_CODE, &code);
+    msample m = {.t = since(r)};
+    if (res == CURLE_OK && code == 200 && mp->buf && parse_metrics(mp->buf, &m) > 0 &&
+        kvp_grow((void **)&mp->s, &mp->cap_s, mp->n + 1, sizeof *mp->s) == KVP_OK)
+        mp->s[mp->n++] = m;
+    mp->len = 0;
+    mp->busy = 0;
+}
+
+static kvp_status metrics_start(mpoll *mp, const char *base, double interval)
+{
+    if (!(interval > 0)) return KVP_OK;
+    char url[1100];
+    snprintf(url, sizeof url, "%s/metrics", base);
+    if (!(mp->h = curl_easy_init())) return KVP_ERR(KVP_ENOMEM, "libcurl: cannot create a handle");
+    curl_easy_setopt(mp->h, CURLOPT_URL, url);
+    curl_easy_setopt(mp->h, CURLOPT_WRITEFUNCTION, on_metrics);
+    curl_easy_setopt(mp->h, CURLOPT_WRITEDATA, (void *)mp);
+    curl_easy_setopt(mp->h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(mp->h, CURLOPT_TIMEOUT, 10L);
+    mp->interval = interval;
+    return KVP_OK;
+}
+
+static void metrics_free(mpoll *mp)
+{
+    if (mp->h) curl_easy_cleanup(mp->h);
+    kvp_free(mp->buf);
+    kvp_free(mp->s);
+    *mp = (mpoll){0};
+}
+
 /* Sends every request of w that is not skipped, at its time, at most max_conc at once. */
 static kvp_status run_load(run_t *r, const char *url, const char *model, int64_t max_conc, double timeout_s,
                            int64_t *peak)
@@ -360,7 +471,12 @@ static kvp_status run_load(run_t *r, const char *url, const char *model, int64_t
     for (int64_t i = 0; i < w->n; i++) left += r->rec[i].state == 0;
     r->t0 = kvp_now_s();
     kvp_status st = KVP_OK;
+    mpoll *mp = &r->mp;
     while (left > 0 && st == KVP_OK && r->st == KVP_OK) {
+        if (mp->h && !mp->busy && since(r) >= mp->next_s && curl_multi_add_handle(mh, mp->h) == CURLM_OK) {
+            mp->busy = 1;
+            mp->next_s += mp->interval;
+        }
         while (r->n_heap > 0 && r->heap[0].t <= since(r) && (max_conc <= 0 || in_flight < max_conc)) {
             const ready_t q = heap_pop(r);
             if ((st = launch(r, mh, url, model, timeout_s, q.idx)) != KVP_OK) break;
@@ -373,7 +489,11 @@ static kvp_status run_load(run_t *r, const char *url, const char *model, int64_t
         CURLMsg *msg;
         int nq;
         while ((msg = curl_multi_info_read(mh, &nq)) != NULL)
-            if (msg->msg == CURLMSG_DONE) {
+            if (msg->msg == CURLMSG_DONE && msg->easy_handle == mp->h) {
+                const CURLcode res = msg->data.result;
+                curl_multi_remove_handle(mh, mp->h);
+                metrics_done(r, res);
+            } else if (msg->msg == CURLMSG_DONE) {
                 finish(r, mh, msg->easy_handle, msg->data.result);
                 in_flight--;
                 left--;
@@ -381,10 +501,16 @@ static kvp_status run_load(run_t *r, const char *url, const char *model, int64_t
         if (left == 0 || st != KVP_OK) break;
         double wait = 0.25;
         if (r->n_heap > 0 && (max_conc <= 0 || in_flight < max_conc)) wait = r->heap[0].t - since(r);
+        if (mp->h && !mp->busy && mp->next_s - since(r) < wait) wait = mp->next_s - since(r);
         if (wait > 0.25) wait = 0.25;
         if (wait > 0) curl_multi_poll(mh, NULL, 0, (int)ceil(wait * 1000), NULL);
         if (r->n_heap == 0 && in_flight == 0 && left > 0) /* waiting on nothing: cannot happen; do not spin */
             st = KVP_ERR(KVP_EINVAL, "%lld requests wait on a turn that never ran", (long long)left);
+    }
+    if (mp->busy) curl_multi_remove_handle(mh, mp->h);
+    mp->busy = 0;
+    if (mp->h && st == KVP_OK) { /* a last reading, after every answer */
+        metrics_done(r, curl_easy_perform(mp->h));
     }
     for (int64_t i = 0; i < w->n; i++) /* still in flight after an error: cancelled */
         if (r->live[i]) {
@@ -555,6 +681,18 @@ static kvp_status write_requests(const char *path, const kvp_workload *w, const 
     return KVP_OK;
 }
 
+static kvp_status write_metrics(const char *path, const mpoll *mp)
+{
+    FILE *f = fopen(path, "w");
+    if (!f) return KVP_ERR(KVP_EIO, "--metrics-out: cannot write '%s': %s", path, strerror(errno));
+    fprintf(f, "t_s,running,waiting,kv_usage,preemptions\n");
+    for (size_t i = 0; i < mp->n; i++)
+        fprintf(f, "%.6f,%g,%g,%.6f,%g\n", mp->s[i].t, mp->s[i].running, mp->s[i].waiting, mp->s[i].kv_usage,
+                mp->s[i].preemptions);
+    if (fclose(f) != 0) return KVP_ERR(KVP_EIO, "--metrics-out: cannot write '%s': %s", path, strerror(errno));
+    return KVP_OK;
+}
+
 /* The run's row: counts, throughputs and latency statistics of the completed requests (ITL: every gap
  * between streamed chunks). */
 static kvp_status summarize(const run_t *r, const char *server, double wall, double rate, int64_t max_conc, int64_t peak,
@@ -624,6 +762,24 @@ static kvp_status summarize(const run_t *r, const char *server, double wall, dou
         cJSON_AddNumberToObject(row, key, kvp_percentile(v, sets[k].n, 99));
     }
     cJSON_AddNumberToObject(row, "chunks_per_token", out > 0 ? (double)chunks / (double)out : 0);
+    /* the server's gauges over the readings (means: every reading counts the same, they are evenly spaced) */
+    const mpoll *mp = &r->mp;
+    double run_sum = 0, run_peak = 0, wait_peak = 0, kv_sum = 0, kv_peak = 0;
+    for (size_t i = 0; i < mp->n; i++) {
+        const msample *m = &mp->s[i];
+        run_sum += m->running;
+        kv_sum += m->kv_usage;
+        run_peak = m->running > run_peak ? m->running : run_peak;
+        wait_peak = m->waiting > wait_peak ? m->waiting : wait_peak;
+        kv_peak = m->kv_usage > kv_peak ? m->kv_usage : kv_peak;
+    }
+    cJSON_AddNumberToObject(row, "running_mean", mp->n ? run_sum / (double)mp->n : 0);
+    cJSON_AddNumberToObject(row, "running_peak", run_peak);
+    cJSON_AddNumberToObject(row, "waiting_peak", wait_peak);
+    cJSON_AddNumberToObject(row, "kv_usage_mean", mp->n ? kv_sum / (double)mp->n : 0);
+    cJSON_AddNumberToObject(row, "kv_usage_peak", kv_peak);
+    cJSON_AddNumberToObject(row, "preemptions", mp->n ? mp->s[mp->n - 1].preemptions - mp->s[0].preemptions : 0);
+    cJSON_AddNumberToObject(row, "metrics_samples", (double)mp->n);
     kvp_free(ttft), kvp_free(tpot), kvp_free(e2e);
     return KVP_OK;
 }
@@ -640,7 +796,10 @@ static void print_vertical(const cJSON *row)
     printf("# machine: %s; commit: %s\n", cJSON_IsString(m) ? m->valuestring : "?", cJSON_IsString(c) ? c->valuestring : "?");
 }
 
-enum { O_MODEL = 256, O_URL, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_MAXCONC, O_TIMEOUT, O_REQOUT, O_FORMAT, O_JSON };
+enum {
+    O_MODEL = 256, O_URL, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_MAXCONC, O_TIMEOUT, O_REQOUT, O_FORMAT,
+    O_JSON, O_MINTERVAL, O_MOUT
+};
 
 int kvp_bench_serve(int argc, char **argv)
 {
@@ -652,10 +811,11 @@ int kvp_bench_serve(int argc, char **argv)
         {"duration", required_argument, NULL, O_DURATION}, {"max-concurrency", required_argument, NULL, O_MAXCONC},
         {"timeout", required_argument, NULL, O_TIMEOUT},   {"requests-out", required_argument, NULL, O_REQOUT},
         {"format", required_argument, NULL, O_FORMAT},     {"json", no_argument, NULL, O_JSON},
+        {"metrics-interval", required_argument, NULL, O_MINTERVAL}, {"metrics-out", required_argument, NULL, O_MOUT},
         {"help", no_argument, NULL, 'h'},                  {NULL, 0, NULL, 0},
     };
-    const char *model = NULL, *url = NULL, *trace = NULL, *spec = NULL, *req_out = NULL;
-    double rate = 0, duration = 0, timeout_s = 600;
+    const char *model = NULL, *url = NULL, *trace = NULL, *spec = NULL, *req_out = NULL, *m_out = NULL;
+    double rate = 0, duration = 0, timeout_s = 600, m_interval = 0.1;
     int64_t num_req = 0, max_conc = 0;
     kvp_format fmt = KVP_FMT_TABLE;
     kvp_status st = KVP_OK;
@@ -673,6 +833,8 @@ int kvp_bench_serve(int argc, char **argv)
         case O_MAXCONC: st = kvp_parse_i64(optarg, 1, 1 << 20, &max_conc); break;
         case O_TIMEOUT: st = kvp_parse_f64(optarg, 1e-3, 1e6, &timeout_s); break;
         case O_REQOUT: req_out = optarg; break;
+        case O_MINTERVAL: st = kvp_parse_f64(optarg, 0, 3600, &m_interval); break;
+        case O_MOUT: m_out = optarg; break;
         case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
         case O_JSON: fmt = KVP_FMT_JSON; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
@@ -686,6 +848,7 @@ int kvp_bench_serve(int argc, char **argv)
     if ((trace == NULL) == (spec == NULL)) return kvp_cli_usage_error(cmd, "give exactly one of --trace and --workload");
     if (url && optind < argc)
         return kvp_cli_usage_error(cmd, "options after -- go to the server this command starts, not to --url's");
+    if (m_out && !(m_interval > 0)) return kvp_cli_usage_error(cmd, "--metrics-out needs --metrics-interval > 0");
     if (url && strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
         return kvp_cli_usage_error(cmd, "--url: '%s' is not an http:// or https:// URL", url);
 
@@ -744,12 +907,14 @@ int kvp_bench_serve(int argc, char **argv)
         fprintf(stderr, "kvpage bench serve: %lld requests of %s to %s (model %s, vocabulary %lld)\n",
                 (long long)w->n, w->name, compl, mid, (long long)vocab);
         const double t = kvp_now_s();
-        st = run_load(&r, compl, mid, max_conc, timeout_s, &peak);
+        st = metrics_start(&r.mp, base, m_interval);
+        if (st == KVP_OK) st = run_load(&r, compl, mid, max_conc, timeout_s, &peak);
         wall = kvp_now_s() - t;
     }
     stop_server(&sv);
     cJSON *row = NULL;
     if (st == KVP_OK && req_out) st = write_requests(req_out, w, r.rec);
+    if (st == KVP_OK && m_out) st = write_metrics(m_out, &r.mp);
     if (st == KVP_OK) st = kvp_report_create(k_fields, NFIELDS, &rep);
     if (st == KVP_OK) st = kvp_report_row(rep, &row);
     char server[1024]; /* the URL given, or the options of the server started */
@@ -777,6 +942,7 @@ int kvp_bench_serve(int argc, char **argv)
             }
     }
     kvp_report_destroy(rep);
+    metrics_free(&r.mp);
     kvp_free(r.rec), kvp_free(r.heap), kvp_free(r.child), kvp_free(r.sibling), kvp_free(r.live), kvp_free(r.itl);
     kvp_workload_destroy(w);
     curl_global_cleanup();

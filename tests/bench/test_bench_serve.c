@@ -147,6 +147,48 @@ Test(bench_serve, cache_none_serves_no_hits, .timeout = 120)
     cJSON_Delete(doc);
 }
 
+/* The server's /metrics read during the run: with a KV cache too small for the 16 requests at once, it fills
+ * (usage 1) and preempts; without one, the readings still show the requests running. */
+Test(bench_serve, metrics_follow_the_server, .timeout = 120)
+{
+    static req_row rows[MAXREQ];
+    int n;
+    cJSON *doc;
+    char mpath[] = "/tmp/kvp_bs_metrics_XXXXXX", args[512];
+    int fd = mkstemp(mpath);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    snprintf(args, sizeof args, "--workload system:n=16,prefix=64,suffix=64,output=300,vocab=512 --rate inf "
+                                "--metrics-interval 0.005 --metrics-out %s -- --num-blocks 48 --cache none", mpath);
+    const cJSON *s = run(args, 0, &doc, rows, &n);
+    expect_consistent(s, rows, n);
+    const double samples = kvp_test_num(s, "metrics_samples");
+    cr_assert_geq(samples, 3);
+    cr_assert_eq(kvp_test_num(s, "kv_usage_peak"), 1.0, "48 blocks for 16 requests of ~400 tokens");
+    cr_assert_gt(kvp_test_num(s, "preemptions"), 0);
+    cr_assert_geq(kvp_test_num(s, "running_peak"), 2);
+    cr_assert_leq(kvp_test_num(s, "running_peak"), 16);
+    cr_assert(kvp_test_num(s, "kv_usage_mean") > 0 && kvp_test_num(s, "kv_usage_mean") <= 1);
+    FILE *f = fopen(mpath, "r");
+    cr_assert_not_null(f);
+    char line[256];
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    cr_assert_str_eq(line, "t_s,running,waiting,kv_usage,preemptions\n");
+    double prev_t = -1, prev_p = 0, t, run_, wait_, kv, pre;
+    int lines = 0;
+    while (fscanf(f, "%lf,%lf,%lf,%lf,%lf\n", &t, &run_, &wait_, &kv, &pre) == 5) {
+        cr_assert_gt(t, prev_t, "readings in time order");
+        cr_assert_geq(pre, prev_p, "preemptions only grow");
+        cr_assert(kv >= 0 && kv <= 1 && run_ >= 0 && run_ <= 16);
+        prev_t = t, prev_p = pre;
+        lines++;
+    }
+    fclose(f);
+    unlink(mpath);
+    cr_assert_eq(lines, samples);
+    cJSON_Delete(doc);
+}
+
 /* A chat turn is sent only after the answer of the turn before it (and it finds that turn's prompt cached). */
 Test(bench_serve, chat_turns_wait_for_their_answers, .timeout = 120)
 {
@@ -269,6 +311,8 @@ Test(bench_serve, bad_input_exits_2, .timeout = 120)
         {"--url ftp://x", "not an http"},
         {"--url http://127.0.0.1:9 -- --cache none", "options after --"},
         {"--num-requests 2 --workload nope", "unknown workload 'nope'"},
+        {"--metrics-interval -1", "--metrics-interval"},
+        {"--metrics-interval 0 --metrics-out /tmp/x.csv", "--metrics-out needs"},
     };
     kvp_test_cli_rejects("bench serve " MODEL " --workload system:n=2,vocab=512 --rate inf", cases,
                          sizeof cases / sizeof cases[0]);
