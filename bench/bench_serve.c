@@ -172,6 +172,15 @@ static void fail(rec_t *q, const char *fmt, const char *detail)
     snprintf(q->err, sizeof q->err, fmt, detail);
 }
 
+/* *out = v when v is a whole number of tokens (0 .. 2^40). */
+static int token_count(const cJSON *v, int64_t *out)
+{
+    if (!cJSON_IsNumber(v) || !(v->valuedouble >= 0 && v->valuedouble <= 0x1p40) || v->valuedouble != floor(v->valuedouble))
+        return 0;
+    *out = (int64_t)v->valuedouble;
+    return 1;
+}
+
 /* One server-sent event's data (a JSON chunk, or [DONE]). */
 static void on_event(xfer_t *x, const char *data, size_t n)
 {
@@ -208,11 +217,14 @@ static void on_event(xfer_t *x, const char *data, size_t n)
                     *ct = cJSON_GetObjectItemCaseSensitive(u, "completion_tokens"),
                     *d = cJSON_GetObjectItemCaseSensitive(u, "prompt_tokens_details");
         const cJSON *cached = cJSON_IsObject(d) ? cJSON_GetObjectItemCaseSensitive(d, "cached_tokens") : NULL;
-        if (cJSON_IsNumber(pt) && cJSON_IsNumber(ct)) {
-            q->prompt_tokens = (int64_t)pt->valuedouble;
-            q->output_tokens = (int64_t)ct->valuedouble;
-            q->cached_tokens = cJSON_IsNumber(cached) ? (int64_t)cached->valuedouble : 0;
+        int64_t np, nc, nk = 0;
+        if (token_count(pt, &np) && token_count(ct, &nc) && (!cached || token_count(cached, &nk))) {
+            q->prompt_tokens = np;
+            q->output_tokens = nc;
+            q->cached_tokens = nk;
             x->usage = 1;
+        } else if (q->state == 1) {
+            fail(q, "%s", "the usage event's token counts are not counts");
         }
     }
     const cJSON *e = cJSON_GetObjectItemCaseSensitive(j, "error");

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Feeds kvpage mutated inputs and reports every crash, hang and sanitizer report.
 
-Seven targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by
+Eight targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by
 `make test`, which has AddressSanitizer, LeakSanitizer and UBSan):
 
     models      stories260K's GGUF, HF safetensors and config.json: truncations, flipped bytes, extreme
@@ -20,8 +20,12 @@ Seven targets, each a mutation of a known-good input, run through the sanitizer 
     chat        `kvpage generate --chat` with every built-in template and the byte-level tokenizer fixtures,
                 messages made of the templates' own markers (<think>, [INST], <|im_end|>, ...), newlines,
                 multi-byte characters, empty ones.
+    client      `kvpage bench serve --url` against a fake server whose /v1/models, /v1/completions streams
+                and /metrics are mutated: broken JSON and events, odd values and status codes, streams cut
+                short, without [DONE] or blank lines, huge lines, garbage bytes (exit 1, failed requests, is
+                fine there).
 
-    scripts/fuzz-inputs.py models|tokenizers|configs|traces|cli|serve|chat [-n N] [--seed S] [--kvpage build-asan/kvpage]
+    scripts/fuzz-inputs.py models|tokenizers|configs|traces|cli|serve|chat|client [-n N] [--seed S] [--kvpage build-asan/kvpage]
 
 A run is bad when the exit code is neither 0 nor 2 (the CLI's code for bad input), when it runs past 60 s,
 or when the sanitizers print anything; the server is bad when it dies or reports. Bad inputs are kept under
@@ -504,9 +508,112 @@ def fuzz_serve(a, rng, keep):
     return bad
 
 
+# ---------------------------------------------------------------- client (bench serve)
+
+def odd_stream(rng):
+    """A mutated answer to a streamed completion: (status, body bytes)."""
+    ev = []
+    for k in range(rng.randint(0, 6)):
+        chunk = {'id': 'cmpl-0', 'object': 'text_completion', 'choices': [{'index': 0, 'text': rng.choice(
+            ['a', ' b', '', 'é', '\u0000', 'x' * 3000]), 'finish_reason': None}]}
+        if rng.random() < 0.3:
+            chunk = mutate_json_values(rng, chunk, rng.randint(1, 3))
+        ev.append(json.dumps(chunk))
+    usage = {'prompt_tokens': rng.choice([3, 3, 3, 0, -1, 1e308, 'x', None]), 'completion_tokens': rng.choice([4, 4, 0, -5, 1e20]),
+             'prompt_tokens_details': rng.choice([{'cached_tokens': 2}, {'cached_tokens': -3}, None, [], 'x'])}
+    if rng.random() < 0.8:
+        ev.append(json.dumps({'choices': [], 'usage': usage}))
+    if rng.random() < 0.2:
+        ev.append(json.dumps({'error': rng.choice([{'message': 'boom'}, 'boom', 5, None, {'message': 7}])}))
+    if rng.random() < 0.85:
+        ev.append('[DONE]')
+    sep = rng.choice(['\n\n'] * 6 + ['\r\n\r\n', '\n', ''])
+    body = ''.join(rng.choice(['data: ', 'data:', 'data: ', 'event: x\ndata: ', '']) + e + sep for e in ev)
+    b = body.encode()
+    r = rng.random()
+    if r < 0.1:
+        b = b[:rng.randint(0, len(b))]
+    elif r < 0.2:
+        b = bytes(rng.getrandbits(8) for _ in range(rng.randint(0, 300)))
+    elif r < 0.25:
+        b = b'data: ' + b'{' * 100000 + b'\n\n'
+    status = rng.choice([200] * 8 + [400, 500, 503, 204, 302])
+    return status, b
+
+
+def odd_models(rng):
+    good = {'object': 'list', 'data': [{'id': 'm', 'object': 'model', 'max_model_len': 2048}]}
+    r = rng.random()
+    if r < 0.7:
+        return 200, json.dumps(good).encode()
+    if r < 0.9:
+        return 200, json.dumps(mutate_json_values(rng, good, rng.randint(1, 3))).encode()
+    return rng.choice([200, 404, 500]), rng.choice([b'', b'{', b'null', b'[]', b'\xff\xfe'])
+
+
+def odd_metrics(rng):
+    lines = ['# HELP x', 'kvpage_sequences_running 3', 'vllm:num_requests_running{model_name="m"} 2',
+             'kvpage_kv_cache_usage_ratio 0.5', 'vllm:kv_cache_usage_perc{a="}"} nan', 'kvpage_preemptions_total inf',
+             'kvpage_requests_waiting', 'kvpage_requests_waiting {', 'vllm:num_preemptions_total{x="1" 7',
+             '\x00\x01', 'kvpage_sequences_running ' + '9' * 400]
+    return 200, '\n'.join(rng.choice(lines) for _ in range(rng.randint(0, 12))).encode()
+
+
+def fuzz_client(a, rng, keep):
+    import http.server
+    import threading
+    state = {'rng': random.Random(0)}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = 'HTTP/1.1'
+
+        def log_message(self, *args):
+            pass
+
+        def answer(self, status, body, stream=False):
+            try:
+                self.send_response(status)
+                self.send_header('Content-Type', 'text/event-stream' if stream else 'application/json')
+                if state['rng'].random() < 0.9:
+                    self.send_header('Content-Length', str(len(body)))
+                self.send_header('Connection', 'close')
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:
+                pass
+
+        def do_GET(self):
+            rng = state['rng']
+            self.answer(*(odd_models(rng) if self.path.startswith('/v1/models') else odd_metrics(rng)))
+
+        def do_POST(self):
+            n = int(self.headers.get('Content-Length') or 0)
+            self.rfile.read(n)
+            self.answer(*odd_stream(state['rng']), stream=True)
+
+    srv = http.server.ThreadingHTTPServer(('127.0.0.1', 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = 'http://127.0.0.1:%d' % srv.server_address[1]
+    bad = 0
+    codes = {}
+    for i in range(a.n):
+        state['rng'] = random.Random(rng.getrandbits(32))
+        args = [a.kvpage, 'bench', 'serve', '--model', os.path.join(S260, 'stories260K.gguf'), '--url', url,
+                '--workload', 'system:n=%d,prefix=16,suffix=8,output=4,vocab=512' % rng.randint(1, 4), '--rate', 'inf',
+                '--timeout', '5', '--metrics-interval', rng.choice(['0', '0.01', '0.1'])]
+        rc, err = run_cli(args)
+        codes[rc] = codes.get(rc, 0) + 1
+        if rc not in (0, 1, 2) or sanitized(err):
+            bad += 1
+            print('BAD', i, rc, err[-1500:], flush=True)
+    srv.shutdown()
+    print('exit codes:', codes)
+    return bad
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    ap.add_argument('target', choices=['models', 'tokenizers', 'configs', 'traces', 'cli', 'serve', 'chat'])
+    ap.add_argument('target', choices=['models', 'tokenizers', 'configs', 'traces', 'cli', 'serve', 'chat', 'client'])
     ap.add_argument('-n', type=int, default=500, help='inputs (requests for serve) to try (default 500)')
     ap.add_argument('--seed', type=int, default=1)
     ap.add_argument('--kvpage', default=os.path.join(ROOT, 'build-asan', 'kvpage'))
@@ -517,7 +624,8 @@ def main():
     os.makedirs(a.keep, exist_ok=True)
     rng = random.Random(a.seed)
     bad = {'models': fuzz_models, 'tokenizers': fuzz_tokenizers, 'configs': fuzz_configs, 'traces': fuzz_traces,
-           'cli': fuzz_cli, 'serve': fuzz_serve, 'chat': fuzz_chat}[a.target](a, rng, a.keep)
+           'cli': fuzz_cli, 'serve': fuzz_serve, 'chat': fuzz_chat,
+           'client': fuzz_client}[a.target](a, rng, a.keep)
     print('%s: %d inputs, %d bad' % (a.target, a.n, bad))
     sys.exit(1 if bad else 0)
 
