@@ -1089,10 +1089,11 @@ static void mm_row_panels(float *restrict y, const float *restrict x, const mat_
     }
 }
 
-/* The same kernels on 16-lane vectors (AVX-512F, chosen at run time where the CPU has it): one panel row
- * is one vector, so a tile of R rows keeps R accumulators (up to 12) and a single row takes 8 panels at
- * once. Every output goes through the same fused multiply-add chain in k order as on 8 lanes: the
- * results are the same bits (tests/runtime/test_model.c compares the two). */
+/* The row tiles on 16-lane vectors (AVX-512F, chosen at run time where the CPU has it): one panel row is one
+ * vector, so a tile of R rows keeps R accumulators (up to 12). Every output goes through the same fused
+ * multiply-add chain in k order as on 8 lanes: the results are the same bits (tests/runtime/test_model.c
+ * compares the two). Single rows keep the 8-lane kernel: a row's chains wait on the multiply-add latency, and
+ * two 8-lane chains per panel keep twice as many going as one 16-lane chain. */
 #ifdef KVP_MM_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f")
@@ -1111,7 +1112,7 @@ MM_INLINE __m512 mm512_load16(const void *restrict pan, int64_t k, const kvp_wei
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* R rows (1..12) x one panel: y[r][0..ncols) for rows x + r*K. */
+/* R rows (up to 12) x one panel: y[r][0..ncols) for rows x + r*K. */
 MM_INLINE void mm512_rows_panel(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
                                 const void *restrict pan, int64_t ncols, const int R, const kvp_weight_type DT)
 {
@@ -1125,21 +1126,7 @@ MM_INLINE void mm512_rows_panel(float *restrict y, int64_t ldy, const float *res
     for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + r * ldy, keep, a[r]);
 }
 
-/* One row x 8 full panels (128 outputs), panel pan and the 7 after it (pb bytes apart). */
-MM_INLINE void mm512_row_8panels(float *restrict y, const float *restrict x, int64_t K, const void *restrict pan,
-                                 size_t pb, const kvp_weight_type DT)
-{
-    __m512 a[8];
-    for (int i = 0; i < 8; i++) a[i] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        const __m512 b = _mm512_set1_ps(x[k]);
-        for (int i = 0; i < 8; i++)
-            a[i] = _mm512_fmadd_ps(b, mm512_load16((const char *)pan + i * pb, k, DT), a[i]);
-    }
-    for (int i = 0; i < 8; i++) _mm512_storeu_ps(y + i * KVP_MM_PANEL, a[i]);
-}
-
-/* R = 1..12 rows x panel p. */
+/* R = 4, 8 or 12 rows x panel p. */
 static void mm512_tile(float *restrict y, int64_t ldy, const float *restrict x, const mat_w *w, int64_t p,
                        int64_t ncols, int R)
 {
@@ -1148,48 +1135,27 @@ static void mm512_tile(float *restrict y, int64_t ldy, const float *restrict x, 
     switch (R) {
     case 12: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 12, DT)); break;
     case 8: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 8, DT)); break;
-    case 4: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 4, DT)); break;
-    case 3: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 3, DT)); break;
-    case 2: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 2, DT)); break;
-    default: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 1, DT)); break;
+    default: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 4, DT)); break;
     }
 }
 
-/* One row, panels p0 .. p1-1 (8 full panels at a time, then one by one). */
-static void mm512_row_panels(float *restrict y, const float *restrict x, const mat_w *w, int64_t p0, int64_t p1)
-{
-    const int64_t K = w->K, N = w->N, full = N / KVP_MM_PANEL;
-    int64_t p = p0;
-    const size_t pb = panel_bytes(w->dt, K);
-    for (; p + 8 <= p1 && p + 8 <= full; p += 8)
-        MM_BY_DTYPE(w, mm512_row_8panels(y + p * KVP_MM_PANEL, x, K, mm_panel(w, p), pb, DT));
-    for (; p < p1; p++) {
-        const int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-        mm512_tile(y + o, 0, x, w, p, nc, 1);
-    }
-}
 #pragma GCC pop_options
 #endif
 
 typedef void (*mm_tile_fn)(float *restrict, int64_t, const float *restrict, const mat_w *, int64_t, int64_t, int);
-typedef void (*mm_rows_fn)(float *restrict, const float *restrict, const mat_w *, int64_t, int64_t);
 
 /* The invariant matmul over T rows, on 8 lanes or (wide) 16: when large enough, tiles of 4 (wide: 8)
  * rows per panel split over `threads`, then the remaining rows with their panels split over the threads
  * in runs of 4 (a single row of a model whose weights do not fit in cache is bound by reading them: one
  * core alone does not reach the machine's bandwidth); on one thread tiles of 6 then 4 rows (wide: 12,
- * 8, 4, then what is left) per panel, a single row across several panels at once. Every output goes
- * through the same multiply-add chain whatever the split and the lanes. */
+ * 8, 4) per panel, then 2 or 3 rows, a single row across several panels at once (8 lanes). Every output
+ * goes through the same multiply-add chain whatever the split and the lanes. */
 static void matmul_inv(int threads, int wide, float *y, const float *x, const mat_w *w, int64_t T)
 {
     const int64_t K = w->K, N = w->N, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
     mm_tile_fn tile = mm_tile;
-    mm_rows_fn row_panels = mm_row_panels;
 #ifdef KVP_MM_AVX512
-    if (wide) {
-        tile = mm512_tile;
-        row_panels = mm512_row_panels;
-    }
+    if (wide) tile = mm512_tile;
 #endif
     const int RT = wide ? 8 : 4; /* rows of a tile in the threaded split */
     const int64_t ntb = T / RT;
@@ -1209,14 +1175,14 @@ static void matmul_inv(int threads, int wide, float *y, const float *x, const ma
             for (int c = 0; c < nt; c++) {
                 int64_t p0 = 4 * (runs * c / nt), p1 = 4 * (runs * (c + 1) / nt);
                 if (p1 > np) p1 = np;
-                for (int64_t t = ntb * RT; t < T; t++) row_panels(y + t * N, x + t * K, w, p0, p1);
+                for (int64_t t = ntb * RT; t < T; t++) mm_row_panels(y + t * N, x + t * K, w, p0, p1);
             }
         }
         return;
     }
     /* one thread: row tiles per panel. 8 lanes: 6 rows (12 accumulators), then 4 (twice rather than
-     * leave 2 or 3 behind 6s: 32 = 4 x 6 + 2 x 4), then a pair or a triple; 16 lanes: 12 rows, then 8, 4,
-     * then what is left (R accumulators each). A single row left takes several panels at once. */
+     * leave 2 or 3 behind 6s: 32 = 4 x 6 + 2 x 4); 16 lanes: 12 rows, then 8, then 4 (R accumulators each);
+     * then a pair or a triple on 8 lanes. A single row left takes several panels at once. */
     const int big = wide ? 12 : 6;
     int64_t n_big = T / big, n8 = 0, n4 = 0, left = T % big;
     if (wide) {
@@ -1238,9 +1204,9 @@ static void matmul_inv(int threads, int wide, float *y, const float *x, const ma
         for (int64_t tb = 0; tb < n_big; tb++) tile(y + tb * big * N + o, N, x + tb * big * K, w, p, nc, big);
         if (n8) tile(y + t8 * N + o, N, x + t8 * K, w, p, nc, 8);
         for (int64_t tb = 0; tb < n4; tb++) tile(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, w, p, nc, 4);
-        if (left >= 2) tile(y + tl * N + o, N, x + tl * K, w, p, nc, (int)left);
+        if (left >= 2) mm_tile(y + tl * N + o, N, x + tl * K, w, p, nc, (int)left); /* 8 lanes: 2 chains a row */
     }
-    if (left == 1) row_panels(y + tl * N, x + tl * K, w, 0, np);
+    if (left == 1) mm_row_panels(y + tl * N, x + tl * K, w, 0, np);
 }
 
 static void matmul(const kvp_model *m, int threads, float *y, const float *x, const mat_w *w, int64_t T)
