@@ -306,6 +306,18 @@ static char *request_body(const kvp_request *q, const char *model)
     return s;
 }
 
+/* The chat turns that waited for request i (ended at now) become ready: at their arrival, or after their
+ * think time. */
+static void release_turns(run_t *r, int64_t i, double now)
+{
+    const kvp_request *wq = r->w->reqs;
+    for (int64_t c = r->child[i]; c >= 0; c = r->sibling[c])
+        if (r->rec[c].state == 0) {
+            const double t = now + wq[c].think_s;
+            heap_push(r, wq[c].arrival_s > t ? wq[c].arrival_s : t, c);
+        }
+}
+
 static kvp_status launch(run_t *r, CURLM *mh, const char *url, const char *model, double timeout_s, int64_t idx)
 {
     xfer_t *x = kvp_calloc(1, sizeof *x);
@@ -333,6 +345,7 @@ static kvp_status launch(run_t *r, CURLM *mh, const char *url, const char *model
     if (curl_multi_add_handle(mh, x->h) != CURLM_OK) {
         xfer_free(x);
         fail(q, "%s", "libcurl refused the transfer");
+        release_turns(r, idx, q->send_s);
         return KVP_OK;
     }
     r->live[idx] = x;
@@ -366,12 +379,7 @@ static void finish(run_t *r, CURLM *mh, CURL *h, CURLcode res)
     curl_multi_remove_handle(mh, h);
     r->live[x->idx] = NULL;
     xfer_free(x);
-    const kvp_request *wq = r->w->reqs;
-    for (int64_t c = r->child[q - r->rec]; c >= 0; c = r->sibling[c])
-        if (r->rec[c].state == 0) {
-            const double t = now + wq[c].think_s;
-            heap_push(r, wq[c].arrival_s > t ? wq[c].arrival_s : t, c);
-        }
+    release_turns(r, q - r->rec, now);
 }
 
 /* Reads the gauges bench serve follows from a Prometheus text page into *m (missing ones stay 0); the number
@@ -403,7 +411,7 @@ static int parse_metrics(const char *text, msample *m)
             if (!sp || (eol && sp > eol)) break;
             char *end;
             const double v = strtod(sp + 1, &end);
-            if (end != sp + 1 && isfinite(v)) {
+            if (end != sp + 1 && (!eol || end <= eol) && isfinite(v)) { /* a value on the name's own line */
                 *(double *)((char *)m + known[k].off) += v;
                 found++;
             }
@@ -632,7 +640,8 @@ static size_t keep_body(char *p, size_t size, size_t nmemb, void *arg)
     return n;
 }
 
-/* GET base/v1/models: the first model's id (into id) and max_model_len (0 when the server does not say). */
+/* GET base/v1/models: the first model's id (into id) and max_model_len (0 when the server does not say, or says
+ * something that is not a length). */
 static kvp_status server_model(const char *base, char *id, size_t cap, int64_t *max_len)
 {
     char url[1100], body[4096] = "";
@@ -658,7 +667,7 @@ static kvp_status server_model(const char *base, char *id, size_t cap, int64_t *
         return KVP_ERR(KVP_EIO, "GET %s: no model in the answer (%.80s)", url, body);
     }
     snprintf(id, cap, "%s", mid->valuestring);
-    *max_len = cJSON_IsNumber(ml) && ml->valuedouble >= 2 ? (int64_t)ml->valuedouble : 0;
+    *max_len = cJSON_IsNumber(ml) && ml->valuedouble >= 2 && ml->valuedouble <= INT32_MAX ? (int64_t)ml->valuedouble : 0;
     cJSON_Delete(j);
     return KVP_OK;
 }
@@ -875,7 +884,7 @@ int kvp_bench_serve(int argc, char **argv)
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         return kvp_cli_fail(cmd, KVP_ERR(KVP_EIO, "libcurl: global initialisation failed"));
     server_t sv = {0};
-    char base[1024], mid[256], compl[1100];
+    char base[1024] = "", mid[256] = "", compl[1100];
     int64_t max_len = 0;
     run_t r = {0};
     kvp_report *rep = NULL;
