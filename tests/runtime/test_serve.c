@@ -606,6 +606,21 @@ static void sse_texts(const char *stream, char texts[][2048], char finish[][16],
     }
 }
 
+/* The completion of body (a format with one %s for more fields) asked whole, then streamed: the streamed
+ * choices' texts (first nc) must add up to the whole ones. Returns the stream (malloc'ed) for more checks. */
+static char *expect_stream_adds_up(const server *s, const char *body, int nc)
+{
+    char b[256], *resp, texts[8][2048], finish[8][16];
+    snprintf(b, sizeof b, body, "");
+    cJSON *whole = complete(s, b, 200);
+    snprintf(b, sizeof b, body, ",\"stream\":true");
+    cr_assert_eq(http(s, "POST", "/v1/completions", b, &resp), 200, "%s", resp);
+    sse_texts(resp, texts, finish, nc);
+    for (int c = 0; c < nc; c++) cr_assert_str_eq(texts[c], choice_text(whole, c), "%s: choice %d", body, c);
+    cJSON_Delete(whole);
+    return resp;
+}
+
 /* Streamed answers arrive in several events and add up to the unstreamed ones: greedy, seeded samples of two
  * prompts (four choices), samples at a high temperature, samples cut by stop strings. */
 Test(serve, streamed_answers_add_up_to_the_whole_ones)
@@ -647,26 +662,17 @@ Test(serve, streamed_answers_add_up_to_the_whole_ones)
 Test(serve, stream_interval_sends_every_n_steps)
 {
     server s = start("--stream-interval 8");
-    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":41,\"n\":4,\"seed\":3,\"ignore_eos\":true%s}";
-    char b[256], *resp;
-    snprintf(b, sizeof b, body, "");
-    cJSON *whole = complete(&s, b, 200);
-    snprintf(b, sizeof b, body, ",\"stream\":true");
-    cr_assert_eq(http(&s, "POST", "/v1/completions", b, &resp), 200, "%s", resp);
-    char texts[4][2048], finish[4][16];
-    sse_texts(resp, texts, finish, 4);
+    char *resp = expect_stream_adds_up(
+        &s, "{\"prompt\":\"Once upon a time\",\"max_tokens\":41,\"n\":4,\"seed\":3,\"ignore_eos\":true%s}", 4);
     int events[4] = {0};
     cJSON *o;
     for (const char *p = resp; (o = sse_next(&p)) != NULL; cJSON_Delete(o)) {
         const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
         if (ch && cJSON_GetObjectItem(ch, "text")->valuestring[0]) events[cJSON_GetObjectItem(ch, "index")->valueint]++;
     }
-    for (int c = 0; c < 4; c++) {
-        cr_assert_str_eq(texts[c], choice_text(whole, c), "choice %d", c);
+    for (int c = 0; c < 4; c++)
         cr_assert(events[c] >= 1 && events[c] <= 7, "choice %d came in %d events with text", c, events[c]);
-    }
     free(resp);
-    cJSON_Delete(whole);
     stop(&s);
 }
 
@@ -1490,17 +1496,9 @@ Test(serve, byte_level_tokenizer_and_chatml)
     cJSON_Delete(j);
     kvp_free(ids);
     /* streamed samples add up to the whole ones */
-    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":1000,\"n\":4,\"seed\":3%s}";
-    char b[256], *resp;
-    snprintf(b, sizeof b, body, "");
-    cJSON *whole = complete(&s, b, 200);
-    snprintf(b, sizeof b, body, ",\"stream\":true");
-    cr_assert_eq(http(&s, "POST", "/v1/completions", b, &resp), 200, "%s", resp);
-    char texts[4][2048], finish[4][16];
-    sse_texts(resp, texts, finish, 4);
-    for (int c = 0; c < 4; c++) cr_assert_str_eq(texts[c], choice_text(whole, c), "choice %d", c);
-    free(resp);
-    cJSON_Delete(whole);
+    free(expect_stream_adds_up(
+        &s, "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"temperature\":1000,\"n\":4,\"seed\":3%s}", 4));
+    char b[256];
     /* <|im_end|> made certain by a bias: the reply ends there, with no content */
     snprintf(b, sizeof b, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"max_tokens\":8,\"logit_bias\":{\"%d\":100}}",
              im_end);
