@@ -743,6 +743,7 @@ Test(serve_cli, bad_command_lines)
         {"--model " S260_GGUF " --kv-mem 100 --port 0", "holds no block"},
         {"--model " S260_GGUF " --bogus", "--bogus"},
         {"--model " S260_GGUF " --reasoning-parser qwen9 --port 0", "unknown reasoning parser 'qwen9'"},
+        {"--model " S260_GGUF " --stream-interval 0 --port 0", "--stream-interval"},
     };
     kvp_test_cli_rejects("serve", cases, sizeof cases / sizeof cases[0]);
 }
