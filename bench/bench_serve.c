@@ -45,7 +45,7 @@
 static const char *const k_fields[] = {
     "server",          "workload",        "rate",           "max_concurrency", "requests",        "completed",       "failed",
     "skipped",         "duration_s",     "input_tokens",    "output_tokens",   "cached_tokens",   "prefix_hit_rate",
-    "request_per_s",   "output_tok_s",   "total_tok_s",     "peak_in_flight",  "ttft_mean_ms",    "ttft_p50_ms",
+    "request_per_s",   "goodput_req_s",  "output_tok_s",   "total_tok_s",     "peak_in_flight",  "ttft_mean_ms",    "ttft_p50_ms",
     "ttft_p99_ms",     "tpot_mean_ms",   "tpot_p50_ms",     "tpot_p99_ms",     "itl_mean_ms",     "itl_p50_ms",
     "itl_p99_ms",      "e2e_mean_ms",    "e2e_p50_ms",      "e2e_p99_ms",      "chunks_per_token", "running_mean",
     "running_peak",    "waiting_peak",   "kv_usage_mean",   "kv_usage_peak",   "preemptions",     "metrics_samples"};
@@ -72,6 +72,9 @@ static void usage(FILE *f)
             "  --duration S              keep the requests arriving in the first S seconds\n"
             "  --max-concurrency N       requests in flight at most (default: no limit); the others wait\n"
             "  --timeout S               seconds a request may take (default 600)\n"
+            "  --goodput SLOS            service-level objectives in ms, e.g. ttft:200,tpot:50,e2e:2000 (vLLM's\n"
+            "                            --goodput): goodput_req_s counts the completed requests that meet\n"
+            "                            every one (without it, every completed request)\n"
             "  --metrics-interval S      read the server's /metrics every S seconds (default 0.1; 0: never):\n"
             "                            running and waiting requests, KV cache usage, preemptions (kvpage's\n"
             "                            or vLLM's gauges), summarized as means and peaks\n"
@@ -714,10 +717,44 @@ static kvp_status write_metrics(const char *path, const mpoll *mp)
     return KVP_OK;
 }
 
+/* Service-level objectives in seconds (0: none). */
+typedef struct {
+    double ttft, tpot, e2e;
+} slo_t;
+
+/* "ttft:MS,tpot:MS,e2e:MS", any subset, each once, each > 0. */
+static kvp_status parse_slos(const char *arg, slo_t *slo)
+{
+    char buf[256];
+    if (snprintf(buf, sizeof buf, "%s", arg) >= (int)sizeof buf) return KVP_ERR(KVP_EINVAL, "too long");
+    *slo = (slo_t){0};
+    char *save = NULL;
+    for (char *item = strtok_r(buf, ",", &save); item; item = strtok_r(NULL, ",", &save)) {
+        char *colon = strchr(item, ':');
+        if (!colon) return KVP_ERR(KVP_EINVAL, "'%s' is not NAME:MS", item);
+        *colon = '\0';
+        double *v = strcmp(item, "ttft") == 0 ? &slo->ttft : strcmp(item, "tpot") == 0 ? &slo->tpot
+                                                         : strcmp(item, "e2e") == 0  ? &slo->e2e
+                                                                                     : NULL;
+        if (!v) return KVP_ERR(KVP_EINVAL, "unknown objective '%s' (ttft, tpot or e2e)", item);
+        if (*v > 0) return KVP_ERR(KVP_EINVAL, "'%s' given twice", item);
+        double ms;
+        KVP_TRY(kvp_parse_f64(colon + 1, 1e-9, 1e12, &ms));
+        *v = ms / 1e3;
+    }
+    return KVP_OK;
+}
+
+static int meets(const rec_t *q, const slo_t *slo)
+{
+    const double tpot = q->output_tokens >= 2 ? (q->e2e_s - q->ttft_s) / (double)(q->output_tokens - 1) : 0;
+    return (!slo->ttft || q->ttft_s <= slo->ttft) && (!slo->tpot || tpot <= slo->tpot) && (!slo->e2e || q->e2e_s <= slo->e2e);
+}
+
 /* The run's row: counts, throughputs and latency statistics of the completed requests (ITL: every gap
  * between streamed chunks). */
-static kvp_status summarize(const run_t *r, const char *server, double wall, double rate, int64_t max_conc, int64_t peak,
-                            cJSON *row)
+static kvp_status summarize(const run_t *r, const char *server, const slo_t *slo, double wall, double rate,
+                            int64_t max_conc, int64_t peak, cJSON *row)
 {
     const kvp_workload *w = r->w;
     const int64_t n = w->n;
@@ -727,7 +764,7 @@ static kvp_status summarize(const run_t *r, const char *server, double wall, dou
         kvp_free(ttft), kvp_free(tpot), kvp_free(e2e);
         return KVP_ERR(KVP_ENOMEM, "out of memory for the latency statistics");
     }
-    int64_t count[5] = {0}, nt = 0, np = 0, in = 0, out = 0, cached = 0, chunks = 0;
+    int64_t count[5] = {0}, nt = 0, np = 0, in = 0, out = 0, cached = 0, chunks = 0, good = 0;
     for (int64_t i = 0; i < n; i++) {
         const rec_t *q = &r->rec[i];
         count[q->state]++;
@@ -739,6 +776,7 @@ static kvp_status summarize(const run_t *r, const char *server, double wall, dou
         out += q->output_tokens;
         cached += q->cached_tokens;
         chunks += q->chunks;
+        good += meets(q, slo);
     }
     kvp_sort_doubles(ttft, nt);
     kvp_sort_doubles(tpot, np);
@@ -760,6 +798,7 @@ static kvp_status summarize(const run_t *r, const char *server, double wall, dou
     cJSON_AddNumberToObject(row, "cached_tokens", (double)cached);
     cJSON_AddNumberToObject(row, "prefix_hit_rate", in > 0 ? (double)cached / (double)in : 0);
     cJSON_AddNumberToObject(row, "request_per_s", wall > 0 ? (double)count[2] / wall : 0);
+    cJSON_AddNumberToObject(row, "goodput_req_s", wall > 0 ? (double)good / wall : 0);
     cJSON_AddNumberToObject(row, "output_tok_s", wall > 0 ? (double)out / wall : 0);
     cJSON_AddNumberToObject(row, "total_tok_s", wall > 0 ? (double)(in + out) / wall : 0);
     cJSON_AddNumberToObject(row, "peak_in_flight", (double)peak);
@@ -819,7 +858,7 @@ static void print_vertical(const cJSON *row)
 
 enum {
     O_MODEL = 256, O_URL, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_MAXCONC, O_TIMEOUT, O_REQOUT, O_FORMAT,
-    O_JSON, O_MINTERVAL, O_MOUT
+    O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT
 };
 
 int kvp_bench_serve(int argc, char **argv)
@@ -833,11 +872,13 @@ int kvp_bench_serve(int argc, char **argv)
         {"timeout", required_argument, NULL, O_TIMEOUT},   {"requests-out", required_argument, NULL, O_REQOUT},
         {"format", required_argument, NULL, O_FORMAT},     {"json", no_argument, NULL, O_JSON},
         {"metrics-interval", required_argument, NULL, O_MINTERVAL}, {"metrics-out", required_argument, NULL, O_MOUT},
+        {"goodput", required_argument, NULL, O_GOODPUT},
         {"help", no_argument, NULL, 'h'},                  {NULL, 0, NULL, 0},
     };
     const char *model = NULL, *url = NULL, *trace = NULL, *spec = NULL, *req_out = NULL, *m_out = NULL;
     double rate = 0, duration = 0, timeout_s = 600, m_interval = 0.1;
     int64_t num_req = 0, max_conc = 0;
+    slo_t slo = {0};
     kvp_format fmt = KVP_FMT_TABLE;
     kvp_status st = KVP_OK;
     int c, li = -1;
@@ -856,6 +897,7 @@ int kvp_bench_serve(int argc, char **argv)
         case O_REQOUT: req_out = optarg; break;
         case O_MINTERVAL: st = kvp_parse_f64(optarg, 0, 3600, &m_interval); break;
         case O_MOUT: m_out = optarg; break;
+        case O_GOODPUT: st = parse_slos(optarg, &slo); break;
         case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
         case O_JSON: fmt = KVP_FMT_JSON; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
@@ -946,7 +988,7 @@ int kvp_bench_serve(int argc, char **argv)
         for (int i = optind; i < argc && at < sizeof server; i++)
             at += (size_t)snprintf(server + at, sizeof server - at, " %s", argv[i]);
     }
-    if (st == KVP_OK) st = summarize(&r, server, wall, rate, max_conc, peak, row);
+    if (st == KVP_OK) st = summarize(&r, server, &slo, wall, rate, max_conc, peak, row);
     if (st == KVP_OK) {
         if (fmt == KVP_FMT_TABLE) print_vertical(row);
         else st = kvp_report_print(rep, stdout, fmt);

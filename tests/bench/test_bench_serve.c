@@ -117,12 +117,13 @@ Test(bench_serve, sequential_requests_hit_the_shared_prefix, .timeout = 120)
     int n;
     cJSON *doc;
     const cJSON *s = run("--workload system:n=12,prefix=64,suffix=16,output=6,vocab=512 --rate 400 "
-                         "--max-concurrency 1",
+                         "--max-concurrency 1 --goodput ttft:1e-6,e2e:1e9",
                          0, &doc, rows, &n);
     cr_assert_eq(n, 12);
     cr_assert_eq(kvp_test_num(s, "completed"), 12);
     cr_assert_eq(kvp_test_num(s, "failed"), 0);
     cr_assert_eq(kvp_test_num(s, "peak_in_flight"), 1);
+    cr_assert_eq(kvp_test_num(s, "goodput_req_s"), 0, "no request answers within a nanosecond");
     expect_consistent(s, rows, n);
     cr_assert_eq(rows[0].cached, 0, "the first request has nothing to find");
     for (int i = 1; i < n; i++) {
@@ -143,6 +144,7 @@ Test(bench_serve, cache_none_serves_no_hits, .timeout = 120)
     expect_consistent(s, rows, n);
     cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(s, "server")->valuestring, "kvpage serve --cache none");
     cr_assert_eq(kvp_test_num(s, "cached_tokens"), 0);
+    cr_assert_eq(kvp_test_num(s, "goodput_req_s"), kvp_test_num(s, "request_per_s"), "no objectives: every one counts");
     cr_assert_gt(kvp_test_num(s, "peak_in_flight"), 1);
     cJSON_Delete(doc);
 }
@@ -312,6 +314,10 @@ Test(bench_serve, bad_input_exits_2, .timeout = 120)
         {"--url http://127.0.0.1:9 -- --cache none", "options after --"},
         {"--num-requests 2 --workload nope", "unknown workload 'nope'"},
         {"--metrics-interval -1", "--metrics-interval"},
+        {"--goodput foo:1", "unknown objective 'foo'"},
+        {"--goodput ttft:5,ttft:6", "'ttft' given twice"},
+        {"--goodput ttft", "not NAME:MS"},
+        {"--goodput tpot:-3", "--goodput"},
         {"--metrics-interval 0 --metrics-out /tmp/x.csv", "--metrics-out needs"},
     };
     kvp_test_cli_rejects("bench serve " MODEL " --workload system:n=2,vocab=512 --rate inf", cases,
