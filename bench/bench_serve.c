@@ -67,7 +67,9 @@ static void usage(FILE *f)
             "  --trace FILE              Azure LLM trace CSV (*.csv) or Mooncake JSONL\n"
             "  --workload SPEC           sharegpt | alpaca | system:... | chat:... | fewshot:... | branch:...\n"
             "                            (as for simulate; runtime/workload.h)\n"
-            "  --rate R                  requests/s (> 0, or inf: all at once); traces are rescaled to it\n"
+            "  --rate R[,R...]           requests/s (> 0, or inf: all at once); traces are rescaled to it. A list\n"
+            "                            runs the workload once per rate, each on a fresh server (unless --url,\n"
+            "                            whose prefix cache then carries over), one row each\n"
             "  --num-requests N          keep the first N requests\n"
             "  --duration S              keep the requests arriving in the first S seconds\n"
             "  --max-concurrency N       requests in flight at most (default: no limit); the others wait\n"
@@ -856,6 +858,89 @@ static void print_vertical(const cJSON *row)
     printf("# machine: %s; commit: %s\n", cJSON_IsString(m) ? m->valuestring : "?", cJSON_IsString(c) ? c->valuestring : "?");
 }
 
+/* The options of one `bench serve` command. */
+typedef struct {
+    const char *model, *url, *trace, *spec, *req_out, *m_out;
+    double duration, timeout_s, m_interval;
+    int64_t num_req, max_conc;
+    slo_t slo;
+    char **extra; /* the started server's options (after --) */
+    int nextra;
+    int64_t vocab;
+    char server[1024]; /* the URL given, or the options of the server started */
+} bs_opts;
+
+/* One run at rate (0: the trace's times): a fresh server unless --url, the workload at that rate, its row in
+ * rep. *failed: requests that failed (the first is named on stderr). */
+static kvp_status one_rate(const bs_opts *o, double rate, kvp_report *rep, int64_t *failed)
+{
+    server_t sv = {0};
+    char base[1024] = "", mid[256] = "", compl[1100];
+    int64_t max_len = 0, peak = 0;
+    double wall = 0;
+    kvp_workload *w = NULL;
+    run_t r = {0};
+    kvp_status st = KVP_OK;
+    if (o->url) snprintf(base, sizeof base, "%s", o->url);
+    else st = start_server(o->model, o->extra, o->nextra, &sv, base, sizeof base);
+    for (size_t n = strlen(base); st == KVP_OK && n > 0 && base[n - 1] == '/'; n--) base[n - 1] = '\0';
+    if (st == KVP_OK) st = server_model(base, mid, sizeof mid, &max_len);
+    snprintf(compl, sizeof compl, "%s/v1/completions", base);
+    if (st == KVP_OK) /* lengths drawn within the server's context (as simulate draws them in the model's) */
+        st = kvp_sim_load_workload(o->trace, o->spec, o->num_req, o->duration, rate, max_len > 0 ? (int32_t)max_len : 32768,
+                                   &w);
+    if (st == KVP_OK) {
+        kvp_workload_fit_vocab(w, o->vocab);
+        r.w = w;
+        r.rec = kvp_calloc((size_t)w->n + 1, sizeof *r.rec);
+        r.heap = kvp_calloc((size_t)w->n + 1, sizeof *r.heap);
+        r.child = kvp_malloc(((size_t)w->n + 1) * sizeof *r.child);
+        r.sibling = kvp_malloc(((size_t)w->n + 1) * sizeof *r.sibling);
+        r.live = kvp_calloc((size_t)w->n + 1, sizeof *r.live);
+        if (!r.rec || !r.heap || !r.child || !r.sibling || !r.live)
+            st = KVP_ERR(KVP_ENOMEM, "out of memory for %lld requests", (long long)w->n);
+    }
+    if (st == KVP_OK) {
+        int64_t sendable = 0;
+        for (int64_t i = 0; i < w->n; i++) {
+            const kvp_request *q = &w->reqs[i];
+            r.child[i] = r.sibling[i] = -1;
+            if (max_len > 0 && (int64_t)q->prompt_len + (q->output_len > 0 ? q->output_len : 1) > max_len) {
+                r.rec[i].state = 4;
+                snprintf(r.rec[i].err, sizeof r.rec[i].err, "prompt + output > max_model_len %lld", (long long)max_len);
+            }
+            sendable += r.rec[i].state == 0;
+        }
+        if (sendable == 0)
+            st = KVP_ERR(KVP_EINVAL, "every request of the workload is longer than the server's max_model_len %lld",
+                         (long long)max_len);
+    }
+    if (st == KVP_OK) {
+        fprintf(stderr, "kvpage bench serve: %lld requests of %s to %s (model %s, vocabulary %lld)\n",
+                (long long)w->n, w->name, compl, mid, (long long)o->vocab);
+        const double t = kvp_now_s();
+        st = metrics_start(&r.mp, base, o->m_interval);
+        if (st == KVP_OK) st = run_load(&r, compl, mid, o->max_conc, o->timeout_s, &peak);
+        wall = kvp_now_s() - t;
+    }
+    stop_server(&sv);
+    cJSON *row = NULL;
+    if (st == KVP_OK && o->req_out) st = write_requests(o->req_out, w, r.rec);
+    if (st == KVP_OK && o->m_out) st = write_metrics(o->m_out, &r.mp);
+    if (st == KVP_OK) st = kvp_report_row(rep, &row);
+    if (st == KVP_OK) st = summarize(&r, o->server, &o->slo, wall, rate, o->max_conc, peak, row);
+    *failed = 0;
+    for (int64_t i = 0; st == KVP_OK && i < w->n; i++)
+        if (r.rec[i].state == 3 && (*failed)++ == 0)
+            fprintf(stderr, "kvpage bench serve: error: request %lld failed: %s\n", (long long)w->reqs[i].id, r.rec[i].err);
+    metrics_free(&r.mp);
+    kvp_free(r.rec), kvp_free(r.heap), kvp_free(r.child), kvp_free(r.sibling), kvp_free(r.live), kvp_free(r.itl);
+    kvp_workload_destroy(w);
+    return st;
+}
+
+static kvp_status parse_rate_item(const char *s, void *out) { return kvp_parse_rate(s, out); }
+
 enum {
     O_MODEL = 256, O_URL, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_MAXCONC, O_TIMEOUT, O_REQOUT, O_FORMAT,
     O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT
@@ -872,32 +957,31 @@ int kvp_bench_serve(int argc, char **argv)
         {"timeout", required_argument, NULL, O_TIMEOUT},   {"requests-out", required_argument, NULL, O_REQOUT},
         {"format", required_argument, NULL, O_FORMAT},     {"json", no_argument, NULL, O_JSON},
         {"metrics-interval", required_argument, NULL, O_MINTERVAL}, {"metrics-out", required_argument, NULL, O_MOUT},
-        {"goodput", required_argument, NULL, O_GOODPUT},
-        {"help", no_argument, NULL, 'h'},                  {NULL, 0, NULL, 0},
+        {"goodput", required_argument, NULL, O_GOODPUT},   {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0},
     };
-    const char *model = NULL, *url = NULL, *trace = NULL, *spec = NULL, *req_out = NULL, *m_out = NULL;
-    double rate = 0, duration = 0, timeout_s = 600, m_interval = 0.1;
-    int64_t num_req = 0, max_conc = 0;
-    slo_t slo = {0};
+    bs_opts o = {.timeout_s = 600, .m_interval = 0.1};
+    double rates[32] = {0};
+    int nrates = 1;
     kvp_format fmt = KVP_FMT_TABLE;
     kvp_status st = KVP_OK;
     int c, li = -1;
     optind = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
         switch (c) {
-        case O_MODEL: model = optarg; break;
-        case O_URL: url = optarg; break;
-        case O_TRACE: trace = optarg; break;
-        case O_WORKLOAD: spec = optarg; break;
-        case O_RATE: st = kvp_parse_rate(optarg, &rate); break;
-        case O_NUMREQ: st = kvp_parse_i64(optarg, 1, INT32_MAX, &num_req); break;
-        case O_DURATION: st = kvp_parse_f64(optarg, 1e-9, 1e9, &duration); break;
-        case O_MAXCONC: st = kvp_parse_i64(optarg, 1, 1 << 20, &max_conc); break;
-        case O_TIMEOUT: st = kvp_parse_f64(optarg, 1e-3, 1e6, &timeout_s); break;
-        case O_REQOUT: req_out = optarg; break;
-        case O_MINTERVAL: st = kvp_parse_f64(optarg, 0, 3600, &m_interval); break;
-        case O_MOUT: m_out = optarg; break;
-        case O_GOODPUT: st = parse_slos(optarg, &slo); break;
+        case O_MODEL: o.model = optarg; break;
+        case O_URL: o.url = optarg; break;
+        case O_TRACE: o.trace = optarg; break;
+        case O_WORKLOAD: o.spec = optarg; break;
+        case O_RATE: st = kvp_parse_list(optarg, parse_rate_item, rates, sizeof rates[0], 32, &nrates); break;
+        case O_NUMREQ: st = kvp_parse_i64(optarg, 1, INT32_MAX, &o.num_req); break;
+        case O_DURATION: st = kvp_parse_f64(optarg, 1e-9, 1e9, &o.duration); break;
+        case O_MAXCONC: st = kvp_parse_i64(optarg, 1, 1 << 20, &o.max_conc); break;
+        case O_TIMEOUT: st = kvp_parse_f64(optarg, 1e-3, 1e6, &o.timeout_s); break;
+        case O_REQOUT: o.req_out = optarg; break;
+        case O_MINTERVAL: st = kvp_parse_f64(optarg, 0, 3600, &o.m_interval); break;
+        case O_MOUT: o.m_out = optarg; break;
+        case O_GOODPUT: st = parse_slos(optarg, &o.slo); break;
         case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
         case O_JSON: fmt = KVP_FMT_JSON; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
@@ -907,107 +991,51 @@ int kvp_bench_serve(int argc, char **argv)
     }
     const int has_dashes = optind > 0 && optind <= argc && strcmp(argv[optind - 1], "--") == 0;
     if (optind < argc && !has_dashes) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
-    if (model == NULL) return kvp_cli_usage_error(cmd, "--model PATH is required (the tokenizer's vocabulary)");
-    if ((trace == NULL) == (spec == NULL)) return kvp_cli_usage_error(cmd, "give exactly one of --trace and --workload");
-    if (url && optind < argc)
+    if (o.model == NULL) return kvp_cli_usage_error(cmd, "--model PATH is required (the tokenizer's vocabulary)");
+    if ((o.trace == NULL) == (o.spec == NULL))
+        return kvp_cli_usage_error(cmd, "give exactly one of --trace and --workload");
+    if (o.url && optind < argc)
         return kvp_cli_usage_error(cmd, "options after -- go to the server this command starts, not to --url's");
-    if (m_out && !(m_interval > 0)) return kvp_cli_usage_error(cmd, "--metrics-out needs --metrics-interval > 0");
-    if (url && strncmp(url, "http://", 7) != 0 && strncmp(url, "https://", 8) != 0)
-        return kvp_cli_usage_error(cmd, "--url: '%s' is not an http:// or https:// URL", url);
-
-    kvp_workload *w = NULL; /* read once before the server starts, so that a bad one is refused at once */
-    if ((st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, 32768, &w)) != KVP_OK) return kvp_cli_fail(cmd, st);
-    kvp_workload_destroy(w);
-    w = NULL;
+    if (o.m_out && !(o.m_interval > 0)) return kvp_cli_usage_error(cmd, "--metrics-out needs --metrics-interval > 0");
+    if ((o.m_out || o.req_out) && nrates > 1)
+        return kvp_cli_usage_error(cmd, "--requests-out and --metrics-out take a single --rate");
+    if (o.url && strncmp(o.url, "http://", 7) != 0 && strncmp(o.url, "https://", 8) != 0)
+        return kvp_cli_usage_error(cmd, "--url: '%s' is not an http:// or https:// URL", o.url);
+    o.extra = argv + optind;
+    o.nextra = argc - optind;
+    if (o.url) {
+        snprintf(o.server, sizeof o.server, "%s", o.url);
+    } else {
+        size_t at = (size_t)snprintf(o.server, sizeof o.server, "kvpage serve");
+        for (int i = 0; i < o.nextra && at < sizeof o.server; i++)
+            at += (size_t)snprintf(o.server + at, sizeof o.server - at, " %s", o.extra[i]);
+    }
+    for (int k = 0; k < nrates; k++) { /* read before any server starts, so that a bad workload is refused at once */
+        kvp_workload *w = NULL;
+        if ((st = kvp_sim_load_workload(o.trace, o.spec, o.num_req, o.duration, rates[k], 32768, &w)) != KVP_OK)
+            return kvp_cli_fail(cmd, st);
+        kvp_workload_destroy(w);
+    }
     kvp_tokenizer *tok = NULL;
-    if ((st = kvp_tok_load(model, 0, &tok)) != KVP_OK) return kvp_cli_fail(cmd, st);
-    const int64_t vocab = kvp_tok_vocab_size(tok);
+    if ((st = kvp_tok_load(o.model, 0, &tok)) != KVP_OK) return kvp_cli_fail(cmd, st);
+    o.vocab = kvp_tok_vocab_size(tok);
     kvp_tok_destroy(tok);
     if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
         return kvp_cli_fail(cmd, KVP_ERR(KVP_EIO, "libcurl: global initialisation failed"));
-    server_t sv = {0};
-    char base[1024] = "", mid[256] = "", compl[1100];
-    int64_t max_len = 0;
-    run_t r = {0};
     kvp_report *rep = NULL;
-    int rc = KVP_EXIT_OK;
-    if (url) snprintf(base, sizeof base, "%s", url);
-    else st = start_server(model, argv + optind, argc - optind, &sv, base, sizeof base);
-    for (size_t n = strlen(base); st == KVP_OK && n > 0 && base[n - 1] == '/'; n--) base[n - 1] = '\0';
-    if (st == KVP_OK) st = server_model(base, mid, sizeof mid, &max_len);
-    snprintf(compl, sizeof compl, "%s/v1/completions", base);
-    if (st == KVP_OK) /* again, lengths drawn within the server's context (as simulate draws them in the model's) */
-        st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, max_len > 0 ? (int32_t)max_len : 32768, &w);
-    if (st == KVP_OK) {
-        kvp_workload_fit_vocab(w, vocab);
-        r.w = w;
-        r.rec = kvp_calloc((size_t)w->n + 1, sizeof *r.rec);
-        r.heap = kvp_calloc((size_t)w->n + 1, sizeof *r.heap);
-        r.child = kvp_malloc(((size_t)w->n + 1) * sizeof *r.child);
-        r.sibling = kvp_malloc(((size_t)w->n + 1) * sizeof *r.sibling);
-        r.live = kvp_calloc((size_t)w->n + 1, sizeof *r.live);
-        if (!r.rec || !r.heap || !r.child || !r.sibling || !r.live)
-            st = KVP_ERR(KVP_ENOMEM, "out of memory for %lld requests", (long long)w->n);
-    }
-    int64_t peak = 0;
-    double wall = 0;
-    if (st == KVP_OK) {
-        for (int64_t i = 0; i < w->n; i++) {
-            const kvp_request *q = &w->reqs[i];
-            r.child[i] = r.sibling[i] = -1;
-            if (max_len > 0 && (int64_t)q->prompt_len + (q->output_len > 0 ? q->output_len : 1) > max_len) {
-                r.rec[i].state = 4;
-                snprintf(r.rec[i].err, sizeof r.rec[i].err, "prompt + output > max_model_len %lld", (long long)max_len);
-            }
-        }
-        int64_t sendable = 0;
-        for (int64_t i = 0; i < w->n; i++) sendable += r.rec[i].state == 0;
-        if (sendable == 0)
-            st = KVP_ERR(KVP_EINVAL, "every request of the workload is longer than the server's max_model_len %lld",
-                         (long long)max_len);
+    int64_t failed = 0;
+    st = kvp_report_create(k_fields, NFIELDS, &rep);
+    for (int k = 0; k < nrates && st == KVP_OK; k++) { /* each rate on a fresh server (unless --url) */
+        int64_t f = 0;
+        st = one_rate(&o, rates[k], rep, &f);
+        failed += f;
     }
     if (st == KVP_OK) {
-        fprintf(stderr, "kvpage bench serve: %lld requests of %s to %s (model %s, vocabulary %lld)\n",
-                (long long)w->n, w->name, compl, mid, (long long)vocab);
-        const double t = kvp_now_s();
-        st = metrics_start(&r.mp, base, m_interval);
-        if (st == KVP_OK) st = run_load(&r, compl, mid, max_conc, timeout_s, &peak);
-        wall = kvp_now_s() - t;
-    }
-    stop_server(&sv);
-    cJSON *row = NULL;
-    if (st == KVP_OK && req_out) st = write_requests(req_out, w, r.rec);
-    if (st == KVP_OK && m_out) st = write_metrics(m_out, &r.mp);
-    if (st == KVP_OK) st = kvp_report_create(k_fields, NFIELDS, &rep);
-    if (st == KVP_OK) st = kvp_report_row(rep, &row);
-    char server[1024]; /* the URL given, or the options of the server started */
-    if (url) {
-        snprintf(server, sizeof server, "%s", url);
-    } else {
-        size_t at = (size_t)snprintf(server, sizeof server, "kvpage serve");
-        for (int i = optind; i < argc && at < sizeof server; i++)
-            at += (size_t)snprintf(server + at, sizeof server - at, " %s", argv[i]);
-    }
-    if (st == KVP_OK) st = summarize(&r, server, &slo, wall, rate, max_conc, peak, row);
-    if (st == KVP_OK) {
-        if (fmt == KVP_FMT_TABLE) print_vertical(row);
+        if (fmt == KVP_FMT_TABLE && nrates == 1) print_vertical(cJSON_GetArrayItem(kvp_report_rows(rep), 0));
         else st = kvp_report_print(rep, stdout, fmt);
     }
-    if (st != KVP_OK) {
-        rc = kvp_cli_fail(cmd, st);
-    } else {
-        for (int64_t i = 0; i < w->n; i++)
-            if (r.rec[i].state == 3) {
-                fprintf(stderr, "kvpage %s: error: request %lld failed: %s\n", cmd, (long long)w->reqs[i].id,
-                        r.rec[i].err);
-                rc = KVP_EXIT_FAIL;
-                break;
-            }
-    }
     kvp_report_destroy(rep);
-    metrics_free(&r.mp);
-    kvp_free(r.rec), kvp_free(r.heap), kvp_free(r.child), kvp_free(r.sibling), kvp_free(r.live), kvp_free(r.itl);
-    kvp_workload_destroy(w);
     curl_global_cleanup();
-    return rc;
+    if (st != KVP_OK) return kvp_cli_fail(cmd, st);
+    return failed > 0 ? KVP_EXIT_FAIL : KVP_EXIT_OK;
 }

@@ -301,6 +301,32 @@ Test(bench_serve, failed_requests_exit_1, .timeout = 120)
     cJSON_Delete(doc);
 }
 
+/* A list of rates: one run, on a fresh server, and one row each (the second run finds nothing the first one
+ * cached). */
+Test(bench_serve, rate_sweep_rows, .timeout = 120)
+{
+    static char out[1 << 16], err[1 << 16];
+    int rc = kvp_test_cli("bench serve " MODEL " --workload system:n=6,prefix=64,suffix=8,output=4,vocab=512 "
+                          "--rate 50,inf --max-concurrency 1 --json",
+                          out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cJSON *doc = cJSON_Parse(out);
+    cr_assert_not_null(doc, "%.300s", out);
+    const cJSON *rs = cJSON_IsArray(doc) ? doc : cJSON_GetObjectItemCaseSensitive(doc, "rows");
+    cr_assert_eq(cJSON_GetArraySize(rs), 2);
+    const cJSON *a = cJSON_GetArrayItem(rs, 0), *b = cJSON_GetArrayItem(rs, 1);
+    cr_assert_eq(kvp_test_num(a, "rate"), 50);
+    cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(b, "rate")->valuestring, "inf");
+    for (int k = 0; k < 2; k++) {
+        const cJSON *r = cJSON_GetArrayItem(rs, k);
+        cr_assert_eq(kvp_test_num(r, "completed"), 6);
+        /* one at a time: the 5 requests after the first find the 64-token prefix, never the first one */
+        cr_assert_geq(kvp_test_num(r, "cached_tokens"), 5 * 64, "run %d", k);
+        cr_assert_lt(kvp_test_num(r, "cached_tokens"), 6 * 64, "run %d: the first request found a cache warmed", k);
+    }
+    cJSON_Delete(doc);
+}
+
 Test(bench_serve, bad_input_exits_2, .timeout = 120)
 {
     static const kvp_cli_case cases[] = {
@@ -315,6 +341,8 @@ Test(bench_serve, bad_input_exits_2, .timeout = 120)
         {"--num-requests 2 --workload nope", "unknown workload 'nope'"},
         {"--metrics-interval -1", "--metrics-interval"},
         {"--goodput foo:1", "unknown objective 'foo'"},
+        {"--rate 1,2 --requests-out /tmp/x.csv", "take a single --rate"},
+        {"--rate 1,,2", "--rate"},
         {"--goodput ttft:5,ttft:6", "'ttft' given twice"},
         {"--goodput ttft", "not NAME:MS"},
         {"--goodput tpot:-3", "--goodput"},
