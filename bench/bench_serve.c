@@ -41,6 +41,7 @@
 #include "runtime/simulate.h"
 #include "runtime/tokenizer.h"
 #include "runtime/workload.h"
+#include "runtime/workload_synth.h"
 
 static const char *const k_fields[] = {
     "server",          "workload",        "rate",           "max_concurrency", "requests",        "completed",       "failed",
@@ -870,6 +871,23 @@ typedef struct {
     char server[1024]; /* the URL given, or the options of the server started */
 } bs_opts;
 
+/* The workload at rate (0: the trace's times), prompt + output drawn within max_total where the generator
+ * draws lengths. The same requests at every rate: an infinite rate takes the workload drawn at 1 req/s with
+ * every arrival put at 0 (a ShareGPT/Alpaca one drawn at an infinite rate would have other lengths). */
+static kvp_status load_workload(const bs_opts *o, double rate, int32_t max_total, kvp_workload **w)
+{
+    const int all_at_once = isinf(rate);
+    KVP_TRY(kvp_sim_load_workload(o->trace, o->spec, o->num_req, all_at_once ? 0 : o->duration, all_at_once ? 1.0 : rate,
+                                  max_total, w));
+    if (!all_at_once) return KVP_OK;
+    kvp_status st = kvp_workload_set_rate(*w, INFINITY);
+    if (st != KVP_OK) {
+        kvp_workload_destroy(*w);
+        *w = NULL;
+    }
+    return st;
+}
+
 /* One run at rate (0: the trace's times): a fresh server unless --url, the workload at that rate, its row in
  * rep. *failed: requests that failed (the first is named on stderr). */
 static kvp_status one_rate(const bs_opts *o, double rate, kvp_report *rep, int64_t *failed)
@@ -887,8 +905,7 @@ static kvp_status one_rate(const bs_opts *o, double rate, kvp_report *rep, int64
     if (st == KVP_OK) st = server_model(base, mid, sizeof mid, &max_len);
     snprintf(compl, sizeof compl, "%s/v1/completions", base);
     if (st == KVP_OK) /* lengths drawn within the server's context (as simulate draws them in the model's) */
-        st = kvp_sim_load_workload(o->trace, o->spec, o->num_req, o->duration, rate, max_len > 0 ? (int32_t)max_len : 32768,
-                                   &w);
+        st = load_workload(o, rate, max_len > 0 ? (int32_t)max_len : 32768, &w);
     if (st == KVP_OK) {
         kvp_workload_fit_vocab(w, o->vocab);
         r.w = w;
@@ -1012,8 +1029,7 @@ int kvp_bench_serve(int argc, char **argv)
     }
     for (int k = 0; k < nrates; k++) { /* read before any server starts, so that a bad workload is refused at once */
         kvp_workload *w = NULL;
-        if ((st = kvp_sim_load_workload(o.trace, o.spec, o.num_req, o.duration, rates[k], 32768, &w)) != KVP_OK)
-            return kvp_cli_fail(cmd, st);
+        if ((st = load_workload(&o, rates[k], 32768, &w)) != KVP_OK) return kvp_cli_fail(cmd, st);
         kvp_workload_destroy(w);
     }
     kvp_tokenizer *tok = NULL;

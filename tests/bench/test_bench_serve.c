@@ -325,6 +325,16 @@ Test(bench_serve, rate_sweep_rows, .timeout = 120)
         cr_assert_lt(kvp_test_num(r, "cached_tokens"), 6 * 64, "run %d: the first request found a cache warmed", k);
     }
     cJSON_Delete(doc);
+    /* the same requests at every rate, all at once too (a ShareGPT-like workload draws its lengths itself) */
+    rc = kvp_test_cli("bench serve " MODEL " --workload sharegpt:n=8 --rate 40,inf --json", out, sizeof out, err,
+                      sizeof err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cr_assert_not_null(doc = cJSON_Parse(out));
+    rs = cJSON_IsArray(doc) ? doc : cJSON_GetObjectItemCaseSensitive(doc, "rows");
+    a = cJSON_GetArrayItem(rs, 0), b = cJSON_GetArrayItem(rs, 1);
+    cr_assert_eq(kvp_test_num(a, "input_tokens"), kvp_test_num(b, "input_tokens"));
+    cr_assert_eq(kvp_test_num(a, "output_tokens"), kvp_test_num(b, "output_tokens"));
+    cJSON_Delete(doc);
 }
 
 Test(bench_serve, bad_input_exits_2, .timeout = 120)
