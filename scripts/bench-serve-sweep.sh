@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The `kvpage bench serve` runs the README quotes, on stories260K with 2 threads, into one CSV
-# (default bench/results/serve.csv): 300 ShareGPT-like requests all at once with --stream-interval 1, 4 and
-# 16; the same at 50 and 100 requests/s; 40 four-turn chats with the prefix cache and without.
+# (default bench/results/serve.csv): 300 ShareGPT-like requests at 50 and 100 requests/s and all at once,
+# all at once again with --stream-interval 4 and 16; 40 four-turn chats with the prefix cache and without.
 # Usage: scripts/bench-serve-sweep.sh [KVPAGE_BIN] [OUT_CSV]
 set -eu
 bin=${1:-build/kvpage}
@@ -18,8 +18,8 @@ run() {
   if [ ! -s "$out.part" ]; then head -1 "$tmp" >"$out.part"; fi
   tail -n +2 "$tmp" >>"$out.part"
 }
-for iv in 1 4 16; do run $sharegpt --rate inf -- --threads 2 --stream-interval "$iv"; done
-for rate in 50 100; do run $sharegpt --rate "$rate" -- --threads 2; done
+run $sharegpt --rate 50,100,inf -- --threads 2
+for iv in 4 16; do run $sharegpt --rate inf -- --threads 2 --stream-interval "$iv"; done
 for cache in radix none; do run $chat -- --threads 2 --cache "$cache"; done
 mv "$out.part" "$out"
 echo "bench-serve-sweep: wrote $out" >&2
