@@ -218,6 +218,9 @@ typedef struct {
     job **live; /* jobs added to the session and not finished (under mu too) */
     size_t cap_live;
     int32_t nlive;
+    job **wake_list; /* streams whose readers this step wakes, once the lock is released (room for nlive) */
+    size_t cap_wake;
+    int32_t nwake;
     /* under mu */
     kvp_gen_session_stats stats;
     int64_t answered[3]; /* 2xx, 4xx, 5xx */
@@ -420,6 +423,8 @@ static void add_job(server *sv, job *j)
     const int gone = j->cancelled;
     pthread_mutex_unlock(&sv->mu);
     kvp_status st = gone ? KVP_OK : kvp_grow((void **)&sv->live, &sv->cap_live, (size_t)sv->nlive + 1, sizeof *sv->live);
+    if (!gone && st == KVP_OK)
+        st = kvp_grow((void **)&sv->wake_list, &sv->cap_wake, (size_t)sv->nlive + 1, sizeof *sv->wake_list);
     for (int32_t i = 0; !gone && st == KVP_OK && i < j->n; i++) {
         j->ref[i] = (prompt_ref){j, i};
         j->reqs[i].user = &j->ref[i];
@@ -531,7 +536,7 @@ static void track_progress(server *sv)
             /* its first text at once (time to first token), then every stream_interval steps: each wake costs
              * its reader a context switch and the lock, with hundreds of streams per step */
             for (int32_t c = 0; c < j->n * j->nsamples; c++) j->ch[c].released = j->ch[c].t.ready;
-            pthread_cond_signal(&j->done);
+            sv->wake_list[sv->nwake++] = j;
             j->woken = 1;
             j->held = 0;
         }
@@ -580,9 +585,13 @@ static void *engine_main(void *arg)
             continue;
         }
         pthread_mutex_lock(&sv->mu); /* before any answer: a client that reads /metrics next sees this step */
+        sv->nwake = 0;
         track_progress(sv);
         kvp_gen_session_stats_get(sv->s, &sv->stats);
         pthread_mutex_unlock(&sv->mu);
+        /* woken after the unlock, not into a lock the engine still holds; the jobs are live (the engine's
+         * reference), so their condition variables are too */
+        for (int32_t i = 0; i < sv->nwake; i++) pthread_cond_signal(&sv->wake_list[i]->done);
         int32_t id;
         kvp_gen_result res;
         while ((st = kvp_gen_session_take(sv->s, &id, &res)) == KVP_OK) {
@@ -1990,6 +1999,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
         rc = kvp_cli_fail(CMD, st);
     kvp_gen_session_destroy(sv.s);
     kvp_free(sv.live);
+    kvp_free(sv.wake_list);
     kvp_free(sv.ops.buf);
     pthread_cond_destroy(&sv.wake);
     pthread_mutex_destroy(&sv.mu);
