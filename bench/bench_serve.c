@@ -65,6 +65,9 @@ static void usage(FILE *f)
             "  --model PATH              the model (GGUF file or HF folder): its tokenizer's vocabulary, and what\n"
             "                            the started server loads\n"
             "  --url URL                 a running server instead (e.g. http://127.0.0.1:8000)\n"
+            "  --endpoint completions|chat  completions: token-id prompts to /v1/completions (default); chat:\n"
+            "                            each prompt decoded to text, one user message to /v1/chat/completions\n"
+            "                            (through the server's chat template, so the served prompt is longer)\n"
             "  --trace FILE              Azure LLM trace CSV (*.csv) or Mooncake JSONL\n"
             "  --workload SPEC           sharegpt | alpaca | system:... | chat:... | fewshot:... | branch:...\n"
             "                            (as for simulate; runtime/workload.h)\n"
@@ -145,6 +148,7 @@ typedef struct run {
     int64_t *child, *sibling; /* chat turns waiting for request i: child[i], then sibling[...]; -1 ends */
     xfer_t **live;            /* live[i]: request i's transfer while in flight */
     mpoll mp;
+    const kvp_tokenizer *chat; /* --endpoint chat: prompts decoded to text with it; NULL: token-id completions */
 } run_t;
 
 static double since(const run_t *r) { return kvp_now_s() - r->t0; }
@@ -202,8 +206,10 @@ static void on_event(xfer_t *x, const char *data, size_t n)
     int text = 0; /* a chunk counts when it carries text (not the finish reason alone) */
     cJSON_ArrayForEach(c, ch)
     {
-        const cJSON *t = cJSON_GetObjectItemCaseSensitive(c, "text");
-        text |= cJSON_IsString(t) && t->valuestring[0] != '\0';
+        const cJSON *d = cJSON_GetObjectItemCaseSensitive(c, "delta"); /* chat chunks */
+        const cJSON *t[3] = {cJSON_GetObjectItemCaseSensitive(c, "text"), cJSON_GetObjectItemCaseSensitive(d, "content"),
+                             cJSON_GetObjectItemCaseSensitive(d, "reasoning_content")};
+        for (int k = 0; k < 3; k++) text |= cJSON_IsString(t[k]) && t[k]->valuestring[0] != '\0';
     }
     if (text) {
         const double now = since(r);
@@ -295,13 +301,29 @@ static void xfer_free(xfer_t *x)
 }
 
 /* The JSON body of request i. */
-static char *request_body(const kvp_request *q, const char *model)
+/* The JSON body of request q: a completion of its token ids, or (chat != NULL) a chat whose one user message
+ * is its prompt decoded to text. */
+static char *request_body(const kvp_request *q, const char *model, const kvp_tokenizer *chat)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     if (model) cJSON_AddStringToObject(o, "model", model);
-    cJSON *p = cJSON_AddArrayToObject(o, "prompt");
-    for (int32_t j = 0; p && j < q->prompt_len; j++) cJSON_AddItemToArray(p, cJSON_CreateNumber(q->tokens[j]));
+    if (chat) {
+        char *text = NULL;
+        cJSON *m = cJSON_CreateObject();
+        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "messages"), m);
+        cJSON_AddStringToObject(m, "role", "user");
+        if (kvp_tok_decode(chat, -1, q->tokens, q->prompt_len, &text) != KVP_OK ||
+            kvp_json_add_text(m, "content", text) != KVP_OK) {
+            kvp_free(text);
+            cJSON_Delete(o);
+            return NULL;
+        }
+        kvp_free(text);
+    } else {
+        cJSON *p = cJSON_AddArrayToObject(o, "prompt");
+        for (int32_t j = 0; p && j < q->prompt_len; j++) cJSON_AddItemToArray(p, cJSON_CreateNumber(q->tokens[j]));
+    }
     cJSON_AddNumberToObject(o, "max_tokens", q->output_len > 0 ? q->output_len : 1);
     cJSON_AddNumberToObject(o, "temperature", 0);
     cJSON_AddBoolToObject(o, "ignore_eos", 1);
@@ -331,7 +353,7 @@ static kvp_status launch(run_t *r, CURLM *mh, const char *url, const char *model
     x->idx = idx;
     x->run = r;
     x->h = curl_easy_init();
-    x->body = request_body(&r->w->reqs[idx], model);
+    x->body = request_body(&r->w->reqs[idx], model, r->chat);
     x->hdr = curl_slist_append(NULL, "Content-Type: application/json");
     if (!x->h || !x->body || !x->hdr) {
         xfer_free(x);
@@ -868,6 +890,7 @@ typedef struct {
     char **extra; /* the started server's options (after --) */
     int nextra;
     int64_t vocab;
+    const kvp_tokenizer *chat; /* --endpoint chat: the model's tokenizer (prompts sent as text); else NULL */
     char server[1024]; /* the URL given, or the options of the server started */
 } bs_opts;
 
@@ -903,12 +926,13 @@ static kvp_status one_rate(const bs_opts *o, double rate, kvp_report *rep, int64
     else st = start_server(o->model, o->extra, o->nextra, &sv, base, sizeof base);
     for (size_t n = strlen(base); st == KVP_OK && n > 0 && base[n - 1] == '/'; n--) base[n - 1] = '\0';
     if (st == KVP_OK) st = server_model(base, mid, sizeof mid, &max_len);
-    snprintf(compl, sizeof compl, "%s/v1/completions", base);
+    snprintf(compl, sizeof compl, "%s/v1/%s", base, o->chat ? "chat/completions" : "completions");
     if (st == KVP_OK) /* lengths drawn within the server's context (as simulate draws them in the model's) */
         st = load_workload(o, rate, max_len > 0 ? (int32_t)max_len : 32768, &w);
     if (st == KVP_OK) {
         kvp_workload_fit_vocab(w, o->vocab);
         r.w = w;
+        r.chat = o->chat;
         r.rec = kvp_calloc((size_t)w->n + 1, sizeof *r.rec);
         r.heap = kvp_calloc((size_t)w->n + 1, sizeof *r.heap);
         r.child = kvp_malloc(((size_t)w->n + 1) * sizeof *r.child);
@@ -960,7 +984,7 @@ static kvp_status parse_rate_item(const char *s, void *out) { return kvp_parse_r
 
 enum {
     O_MODEL = 256, O_URL, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_MAXCONC, O_TIMEOUT, O_REQOUT, O_FORMAT,
-    O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT
+    O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT, O_ENDPOINT
 };
 
 int kvp_bench_serve(int argc, char **argv)
@@ -974,12 +998,13 @@ int kvp_bench_serve(int argc, char **argv)
         {"timeout", required_argument, NULL, O_TIMEOUT},   {"requests-out", required_argument, NULL, O_REQOUT},
         {"format", required_argument, NULL, O_FORMAT},     {"json", no_argument, NULL, O_JSON},
         {"metrics-interval", required_argument, NULL, O_MINTERVAL}, {"metrics-out", required_argument, NULL, O_MOUT},
-        {"goodput", required_argument, NULL, O_GOODPUT},   {"help", no_argument, NULL, 'h'},
+        {"goodput", required_argument, NULL, O_GOODPUT},   {"endpoint", required_argument, NULL, O_ENDPOINT},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bs_opts o = {.timeout_s = 600, .m_interval = 0.1};
     double rates[32] = {0};
-    int nrates = 1;
+    int nrates = 1, chat = 0;
     kvp_format fmt = KVP_FMT_TABLE;
     kvp_status st = KVP_OK;
     int c, li = -1;
@@ -999,6 +1024,11 @@ int kvp_bench_serve(int argc, char **argv)
         case O_MINTERVAL: st = kvp_parse_f64(optarg, 0, 3600, &o.m_interval); break;
         case O_MOUT: o.m_out = optarg; break;
         case O_GOODPUT: st = parse_slos(optarg, &o.slo); break;
+        case O_ENDPOINT:
+            chat = strcmp(optarg, "chat") == 0;
+            if (!chat && strcmp(optarg, "completions") != 0)
+                st = KVP_ERR(KVP_EINVAL, "unknown endpoint '%s' (completions or chat)", optarg);
+            break;
         case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
         case O_JSON: fmt = KVP_FMT_JSON; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
@@ -1035,9 +1065,11 @@ int kvp_bench_serve(int argc, char **argv)
     kvp_tokenizer *tok = NULL;
     if ((st = kvp_tok_load(o.model, 0, &tok)) != KVP_OK) return kvp_cli_fail(cmd, st);
     o.vocab = kvp_tok_vocab_size(tok);
-    kvp_tok_destroy(tok);
-    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+    o.chat = chat ? tok : NULL;
+    if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) {
+        kvp_tok_destroy(tok);
         return kvp_cli_fail(cmd, KVP_ERR(KVP_EIO, "libcurl: global initialisation failed"));
+    }
     kvp_report *rep = NULL;
     int64_t failed = 0;
     st = kvp_report_create(k_fields, NFIELDS, &rep);
@@ -1051,6 +1083,7 @@ int kvp_bench_serve(int argc, char **argv)
         else st = kvp_report_print(rep, stdout, fmt);
     }
     kvp_report_destroy(rep);
+    kvp_tok_destroy(tok);
     curl_global_cleanup();
     if (st != KVP_OK) return kvp_cli_fail(cmd, st);
     return failed > 0 ? KVP_EXIT_FAIL : KVP_EXIT_OK;

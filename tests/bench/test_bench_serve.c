@@ -337,6 +337,33 @@ Test(bench_serve, rate_sweep_rows, .timeout = 120)
     cJSON_Delete(doc);
 }
 
+/* --endpoint chat: each prompt decoded to text goes through the server's chat template (llama2's here), so
+ * the server counts more prompt tokens than the workload's; the lengths asked for still come back, and after
+ * the first request the template's opening and the 64-token system prompt are found cached. Without a
+ * template the server refuses every request (exit 1, the reason named). */
+Test(bench_serve, chat_endpoint, .timeout = 120)
+{
+    static req_row rows[MAXREQ];
+    int n;
+    cJSON *doc;
+    const cJSON *s = run("--workload system:n=6,prefix=64,suffix=16,output=8,vocab=512 --rate 200 --max-concurrency 1 "
+                         "--endpoint chat -- --chat-template llama2",
+                         0, &doc, rows, &n);
+    cr_assert_eq(kvp_test_num(s, "completed"), 6);
+    for (int i = 0; i < n; i++) {
+        cr_assert_gt(rows[i].prompt_tokens, rows[i].prompt_len, "request %d: the template adds tokens", i);
+        cr_assert_eq(rows[i].output_tokens, rows[i].output_len > 0 ? rows[i].output_len : 1, "request %d", i);
+        cr_assert(rows[i].ttft > 0 && rows[i].ttft <= rows[i].e2e && rows[i].chunks >= 1, "request %d", i);
+        if (i > 0) cr_assert_geq(rows[i].cached, 64, "request %d: %lld cached", i, rows[i].cached);
+    }
+    cJSON_Delete(doc);
+    static char out[1 << 14], err[1 << 14];
+    int rc = kvp_test_cli("bench serve " MODEL " --workload system:n=2,vocab=512 --rate inf --endpoint chat", out,
+                          sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 1, "exit %d: %s", rc, err);
+    cr_assert(strstr(err, "HTTP 400") != NULL && strstr(err, "--chat-template") != NULL, "%s", err);
+}
+
 Test(bench_serve, bad_input_exits_2, .timeout = 120)
 {
     static const kvp_cli_case cases[] = {
@@ -353,6 +380,7 @@ Test(bench_serve, bad_input_exits_2, .timeout = 120)
         {"--goodput foo:1", "unknown objective 'foo'"},
         {"--rate 1,2 --requests-out /tmp/x.csv", "take a single --rate"},
         {"--rate 1,,2", "--rate"},
+        {"--endpoint embeddings", "unknown endpoint 'embeddings'"},
         {"--goodput ttft:5,ttft:6", "'ttft' given twice"},
         {"--goodput ttft", "not NAME:MS"},
         {"--goodput tpot:-3", "--goodput"},
