@@ -103,13 +103,34 @@ typedef struct {
     char err[160];
 } rec_t;
 
+/* Bytes received, NUL-terminated. */
+typedef struct {
+    char *p;
+    size_t len, cap;
+} text_buf;
+
+/* Appends p[0, n); 0 when it would pass 16 MiB (no answer this client reads is that long) or memory ran out. */
+static int text_append(text_buf *b, const char *p, size_t n)
+{
+    if (b->len + n + 1 > ((size_t)1 << 24) || kvp_grow((void **)&b->p, &b->cap, b->len + n + 1, 1) != KVP_OK) return 0;
+    memcpy(b->p + b->len, p, n);
+    b->len += n;
+    b->p[b->len] = '\0';
+    return 1;
+}
+
+/* libcurl's write callback of a whole answer kept in a text_buf (returning less than n ends the transfer). */
+static size_t on_body(char *p, size_t size, size_t nmemb, void *arg)
+{
+    return text_append(arg, p, size * nmemb) ? size * nmemb : 0;
+}
+
 /* An in-flight transfer. */
 typedef struct {
     CURL *h;
     struct curl_slist *hdr;
     char *body;
-    char *buf; /* received bytes not yet parsed (SSE events), or the whole body of an error answer */
-    size_t len, cap;
+    text_buf in; /* received bytes not yet parsed (SSE events), or the whole body of an error answer */
     int64_t idx;
     int done, usage;
     struct run *run;
@@ -129,8 +150,7 @@ typedef struct {
 typedef struct {
     CURL *h; /* NULL: not polling */
     int busy;
-    char *buf;
-    size_t len, cap;
+    text_buf page;
     double interval, next_s;
     msample *s;
     size_t n, cap_s;
@@ -140,7 +160,7 @@ typedef struct run {
     const kvp_workload *w;
     rec_t *rec;
     double t0;
-    double *itl; /* every gap between chunks, all requests */
+    double *itl; /* every gap between chunks with text, all requests, in ms */
     size_t n_itl, cap_itl;
     kvp_status st; /* first error that stops the run (out of memory) */
     ready_t *heap; /* requests whose time is known, earliest first */
@@ -174,6 +194,12 @@ static ready_t heap_pop(run_t *r)
     }
     if (r->n_heap > 0) r->heap[i] = last;
     return top;
+}
+
+/* A completed request's time per output token after the first (0 with fewer than two tokens). */
+static double tpot_of(const rec_t *q)
+{
+    return q->output_tokens >= 2 ? (q->e2e_s - q->ttft_s) / (double)(q->output_tokens - 1) : 0;
 }
 
 static void fail(rec_t *q, const char *fmt, const char *detail)
@@ -216,7 +242,7 @@ static void on_event(xfer_t *x, const char *data, size_t n)
         if (q->chunks == 0) {
             q->ttft_s = now - q->send_s;
         } else if (kvp_grow((void **)&r->itl, &r->cap_itl, r->n_itl + 1, sizeof *r->itl) == KVP_OK) {
-            r->itl[r->n_itl++] = now - q->last_s;
+            r->itl[r->n_itl++] = (now - q->last_s) * 1e3;
         } else if (r->st == KVP_OK) {
             r->st = KVP_ERR(KVP_ENOMEM, "out of memory for inter-token latencies");
         }
@@ -252,25 +278,15 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
 {
     xfer_t *x = arg;
     const size_t n = size * nmemb;
-    if (x->len + n + 1 > x->cap) {
-        size_t cap = x->cap ? x->cap : 4096;
-        while (cap < x->len + n + 1) cap *= 2;
-        char *nb = kvp_realloc(x->buf, cap);
-        if (!nb) return 0; /* libcurl ends the transfer with a write error */
-        x->buf = nb;
-        x->cap = cap;
-    }
-    memcpy(x->buf + x->len, p, n);
-    x->len += n;
-    x->buf[x->len] = '\0';
+    if (!text_append(&x->in, p, n)) return 0;
     long code = 0;
     curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &code);
     if (code != 200) return n; /* an error answer: kept whole for the message */
     size_t at = 0;
     for (;;) {
-        char *end = strstr(x->buf + at, "\n\n");
+        char *end = strstr(x->in.p + at, "\n\n");
         if (!end) break;
-        for (char *line = x->buf + at; line < end;) {
+        for (char *line = x->in.p + at; line < end;) {
             char *nl = memchr(line, '\n', (size_t)(end - line));
             char *le = nl ? nl : end;
             size_t ll = (size_t)(le - line);
@@ -283,10 +299,10 @@ static size_t on_data(char *p, size_t size, size_t nmemb, void *arg)
             }
             line = le + 1;
         }
-        at = (size_t)(end - x->buf) + 2;
+        at = (size_t)(end - x->in.p) + 2;
     }
-    memmove(x->buf, x->buf + at, x->len - at + 1);
-    x->len -= at;
+    memmove(x->in.p, x->in.p + at, x->in.len - at + 1);
+    x->in.len -= at;
     return n;
 }
 
@@ -296,7 +312,7 @@ static void xfer_free(xfer_t *x)
     if (x->h) curl_easy_cleanup(x->h);
     curl_slist_free_all(x->hdr);
     kvp_free(x->body);
-    kvp_free(x->buf);
+    kvp_free(x->in.p);
     kvp_free(x);
 }
 
@@ -394,7 +410,7 @@ static void finish(run_t *r, CURLM *mh, CURL *h, CURLcode res)
             fail(q, "%s", curl_easy_strerror(res));
         } else if (code != 200) {
             char detail[120];
-            snprintf(detail, sizeof detail, "HTTP %ld: %.100s", code, x->buf ? x->buf : "");
+            snprintf(detail, sizeof detail, "HTTP %ld: %.100s", code, x->in.p ? x->in.p : "");
             fail(q, "%s", detail);
         } else if (!x->done || !x->usage) {
             fail(q, "%s", "the stream ended without its usage and [DONE]");
@@ -449,18 +465,6 @@ static int parse_metrics(const char *text, msample *m)
     return found;
 }
 
-static size_t on_metrics(char *p, size_t size, size_t nmemb, void *arg)
-{
-    mpoll *mp = arg;
-    const size_t n = size * nmemb;
-    if (mp->len + n + 1 > (1u << 24)) return 0; /* a page over 16 MiB is not a metrics page */
-    if (kvp_grow((void **)&mp->buf, &mp->cap, mp->len + n + 1, 1) != KVP_OK) return 0;
-    memcpy(mp->buf + mp->len, p, n);
-    mp->len += n;
-    mp->buf[mp->len] = '\0';
-    return n;
-}
-
 /* A finished GET /metrics: its reading is kept when the page had any of the gauges. */
 static void metrics_done(run_t *r, CURLcode res)
 {
@@ -468,10 +472,10 @@ static void metrics_done(run_t *r, CURLcode res)
     long code = 0;
     curl_easy_getinfo(mp->h, CURLINFO_RESPONSE_CODE, &code);
     msample m = {.t = since(r)};
-    if (res == CURLE_OK && code == 200 && mp->buf && parse_metrics(mp->buf, &m) > 0 &&
+    if (res == CURLE_OK && code == 200 && mp->page.p && parse_metrics(mp->page.p, &m) > 0 &&
         kvp_grow((void **)&mp->s, &mp->cap_s, mp->n + 1, sizeof *mp->s) == KVP_OK)
         mp->s[mp->n++] = m;
-    mp->len = 0;
+    mp->page.len = 0;
     mp->busy = 0;
 }
 
@@ -482,8 +486,8 @@ static kvp_status metrics_start(mpoll *mp, const char *base, double interval)
     snprintf(url, sizeof url, "%s/metrics", base);
     if (!(mp->h = curl_easy_init())) return KVP_ERR(KVP_ENOMEM, "libcurl: cannot create a handle");
     curl_easy_setopt(mp->h, CURLOPT_URL, url);
-    curl_easy_setopt(mp->h, CURLOPT_WRITEFUNCTION, on_metrics);
-    curl_easy_setopt(mp->h, CURLOPT_WRITEDATA, (void *)mp);
+    curl_easy_setopt(mp->h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(mp->h, CURLOPT_WRITEDATA, (void *)&mp->page);
     curl_easy_setopt(mp->h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(mp->h, CURLOPT_TIMEOUT, 10L);
     mp->interval = interval;
@@ -493,7 +497,7 @@ static kvp_status metrics_start(mpoll *mp, const char *base, double interval)
 static void metrics_free(mpoll *mp)
 {
     if (mp->h) curl_easy_cleanup(mp->h);
-    kvp_free(mp->buf);
+    kvp_free(mp->page.p);
     kvp_free(mp->s);
     *mp = (mpoll){0};
 }
@@ -659,45 +663,38 @@ static void stop_server(server_t *sv)
     sv->pid = 0;
 }
 
-static size_t keep_body(char *p, size_t size, size_t nmemb, void *arg)
-{
-    char *b = arg;
-    const size_t n = size * nmemb, have = strlen(b), room = 4095 - have;
-    memcpy(b + have, p, n < room ? n : room);
-    b[have + (n < room ? n : room)] = '\0';
-    return n;
-}
-
 /* GET base/v1/models: the first model's id (into id) and max_model_len (0 when the server does not say, or says
  * something that is not a length). */
 static kvp_status server_model(const char *base, char *id, size_t cap, int64_t *max_len)
 {
-    char url[1100], body[4096] = "";
+    char url[1100];
+    text_buf body = {0};
     snprintf(url, sizeof url, "%s/v1/models", base);
     CURL *h = curl_easy_init();
     if (!h) return KVP_ERR(KVP_ENOMEM, "libcurl: cannot create a handle");
     curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, keep_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)&body);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
     const CURLcode res = curl_easy_perform(h);
     long code = 0;
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
     curl_easy_cleanup(h);
-    if (res != CURLE_OK) return KVP_ERR(KVP_EIO, "GET %s: %s", url, curl_easy_strerror(res));
-    if (code != 200) return KVP_ERR(KVP_EIO, "GET %s: HTTP %ld", url, code);
-    cJSON *j = cJSON_Parse(body);
+    cJSON *j = res == CURLE_OK && code == 200 && body.p ? cJSON_Parse(body.p) : NULL;
     const cJSON *d = j ? cJSON_GetObjectItemCaseSensitive(j, "data") : NULL, *m0 = cJSON_GetArrayItem(d, 0);
     const cJSON *mid = cJSON_GetObjectItemCaseSensitive(m0, "id"), *ml = cJSON_GetObjectItemCaseSensitive(m0, "max_model_len");
-    if (!cJSON_IsString(mid)) {
-        cJSON_Delete(j);
-        return KVP_ERR(KVP_EIO, "GET %s: no model in the answer (%.80s)", url, body);
+    kvp_status st = KVP_OK;
+    if (res != CURLE_OK) st = KVP_ERR(KVP_EIO, "GET %s: %s", url, curl_easy_strerror(res));
+    else if (code != 200) st = KVP_ERR(KVP_EIO, "GET %s: HTTP %ld", url, code);
+    else if (!cJSON_IsString(mid)) st = KVP_ERR(KVP_EIO, "GET %s: no model in the answer (%.80s)", url, body.p ? body.p : "");
+    if (st == KVP_OK) {
+        snprintf(id, cap, "%s", mid->valuestring);
+        *max_len = cJSON_IsNumber(ml) && ml->valuedouble >= 2 && ml->valuedouble <= INT32_MAX ? (int64_t)ml->valuedouble : 0;
     }
-    snprintf(id, cap, "%s", mid->valuestring);
-    *max_len = cJSON_IsNumber(ml) && ml->valuedouble >= 2 && ml->valuedouble <= INT32_MAX ? (int64_t)ml->valuedouble : 0;
     cJSON_Delete(j);
-    return KVP_OK;
+    kvp_free(body.p);
+    return st;
 }
 
 /* ---------------------------------------------------------------- the command */
@@ -714,7 +711,7 @@ static kvp_status write_requests(const char *path, const kvp_workload *w, const 
         const rec_t *q = &rec[i];
         const kvp_request *r = &w->reqs[i];
         const int ok = q->state == 2;
-        const double tpot = ok && q->output_tokens >= 2 ? (q->e2e_s - q->ttft_s) / (double)(q->output_tokens - 1) : 0;
+        const double tpot = ok ? tpot_of(q) : 0;
         char err[sizeof q->err];
         snprintf(err, sizeof err, "%s", q->err);
         for (char *c = err; *c; c++)
@@ -772,7 +769,7 @@ static kvp_status parse_slos(const char *arg, slo_t *slo)
 
 static int meets(const rec_t *q, const slo_t *slo)
 {
-    const double tpot = q->output_tokens >= 2 ? (q->e2e_s - q->ttft_s) / (double)(q->output_tokens - 1) : 0;
+    const double tpot = tpot_of(q);
     return (!slo->ttft || q->ttft_s <= slo->ttft) && (!slo->tpot || tpot <= slo->tpot) && (!slo->e2e || q->e2e_s <= slo->e2e);
 }
 
@@ -796,7 +793,7 @@ static kvp_status summarize(const run_t *r, const char *server, const slo_t *slo
         if (q->state != 2) continue;
         ttft[nt] = q->ttft_s * 1e3;
         e2e[nt++] = q->e2e_s * 1e3;
-        if (q->output_tokens >= 2) tpot[np++] = (q->e2e_s - q->ttft_s) * 1e3 / (double)(q->output_tokens - 1);
+        if (q->output_tokens >= 2) tpot[np++] = tpot_of(q) * 1e3;
         in += q->prompt_tokens;
         out += q->output_tokens;
         cached += q->cached_tokens;
@@ -831,14 +828,10 @@ static kvp_status summarize(const run_t *r, const char *server, const slo_t *slo
         const char *name;
         const double *v;
         int64_t n;
-    } sets[] = {{"ttft", ttft, nt}, {"tpot", tpot, np}, {"itl", NULL, (int64_t)r->n_itl}, {"e2e", e2e, nt}};
+    } sets[] = {{"ttft", ttft, nt}, {"tpot", tpot, np}, {"itl", r->itl, (int64_t)r->n_itl}, {"e2e", e2e, nt}};
     for (int k = 0; k < 4; k++) {
         char key[32];
-        double *v = (double *)sets[k].v;
-        if (!v) { /* ITL: seconds, converted here */
-            for (size_t i = 0; i < r->n_itl; i++) r->itl[i] *= 1e3;
-            v = r->itl;
-        }
+        const double *v = sets[k].v;
         snprintf(key, sizeof key, "%s_mean_ms", sets[k].name);
         cJSON_AddNumberToObject(row, key, kvp_mean(v, sets[k].n));
         snprintf(key, sizeof key, "%s_p50_ms", sets[k].name);
@@ -1057,11 +1050,9 @@ int kvp_bench_serve(int argc, char **argv)
         for (int i = 0; i < o.nextra && at < sizeof o.server; i++)
             at += (size_t)snprintf(o.server + at, sizeof o.server - at, " %s", o.extra[i]);
     }
-    for (int k = 0; k < nrates; k++) { /* read before any server starts, so that a bad workload is refused at once */
-        kvp_workload *w = NULL;
-        if ((st = load_workload(&o, rates[k], 32768, &w)) != KVP_OK) return kvp_cli_fail(cmd, st);
-        kvp_workload_destroy(w);
-    }
+    kvp_workload *w = NULL; /* read before any server starts, so that a bad workload is refused at once */
+    if ((st = load_workload(&o, rates[0], 32768, &w)) != KVP_OK) return kvp_cli_fail(cmd, st);
+    kvp_workload_destroy(w);
     kvp_tokenizer *tok = NULL;
     if ((st = kvp_tok_load(o.model, 0, &tok)) != KVP_OK) return kvp_cli_fail(cmd, st);
     o.vocab = kvp_tok_vocab_size(tok);
