@@ -20,6 +20,14 @@ static inline double kvp_test_num(const cJSON *row, const char *k)
     return v->valuedouble;
 }
 
+/* The rows of a benchmark's --json output (an array, or an object's "rows"); fails the test when there are none. */
+static inline const cJSON *kvp_test_rows(const cJSON *doc)
+{
+    const cJSON *rows = cJSON_IsArray(doc) ? doc : cJSON_GetObjectItemCaseSensitive(doc, "rows");
+    cr_assert(cJSON_IsArray(rows), "the --json output holds no rows");
+    return rows;
+}
+
 /* Reads f to its end, keeping at most cap-1 bytes in buf (NUL-terminated; the rest is read and dropped, so
  * a writer into a pipe never dies of SIGPIPE); buf may be NULL to discard everything. */
 static inline void kvp_test_slurp(FILE *f, char *buf, size_t cap)

@@ -36,12 +36,11 @@ Test(bench_blockmgr, quick_json_rows_are_complete_and_validated)
     cr_assert_eq(run("--quick --reps 1 --block-size 8 --json", 1, out, sizeof out), 0);
     cJSON *j = cJSON_Parse(out);
     cr_assert_not_null(j, "stdout is JSON: %s", out);
-    cJSON *rows = cJSON_IsArray(j) ? j : cJSON_GetObjectItem(j, "rows");
-    cr_assert(cJSON_IsArray(rows), "rows array in %s", out);
+    const cJSON *rows = kvp_test_rows(j);
     const char *want[] = {"alloc_free_1", "append_1", "append_1_by_id", "fork_128", "free_128_shared", "allocate_128", "free_128", "mixed"};
     cr_assert_eq(cJSON_GetArraySize(rows), 8);
     for (int i = 0; i < 8; i++) {
-        cJSON *r = cJSON_GetArrayItem(rows, i);
+        const cJSON *r = cJSON_GetArrayItem(rows, i);
         cr_assert_str_eq(cJSON_GetObjectItem(r, "case")->valuestring, want[i]);
         cr_assert_eq(cJSON_GetObjectItem(r, "block_size")->valueint, 8);
         cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(r, "validated")), "%s validated", want[i]);

@@ -19,8 +19,7 @@ Test(bench_generate, validated_rows_per_mode, .timeout = 120)
     cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
     cJSON *o = cJSON_Parse(out);
     cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
-    const cJSON *rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
-    cr_assert(cJSON_IsArray(rows));
+    const cJSON *rows = kvp_test_rows(o);
     cr_assert_eq(cJSON_GetArraySize(rows), 4, "two thread counts x (single, batched)");
     for (int i = 0; i < 4; i++) {
         const cJSON *r = cJSON_GetArrayItem(rows, i);
@@ -67,7 +66,7 @@ Test(bench_generate, kv_dtype_rows, .timeout = 120)
         cr_assert_eq(rc, 0, "%s: exit %d: %s", dts[k], rc, err);
         cJSON *o = cJSON_Parse(out);
         cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
-        const cJSON *rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
+        const cJSON *rows = kvp_test_rows(o);
         cr_assert_eq(cJSON_GetArraySize(rows), 2);
         for (int i = 0; i < 2; i++) {
             const cJSON *r = cJSON_GetArrayItem(rows, i);
@@ -90,7 +89,7 @@ Test(bench_generate, lanes_rows, .timeout = 120)
     cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
     cJSON *o = cJSON_Parse(out);
     cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
-    const cJSON *rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
+    const cJSON *rows = kvp_test_rows(o);
     cr_assert_eq(cJSON_GetArraySize(rows), 4, "invariant and blas x (single, batched)");
     for (int i = 0; i < 4; i++) {
         const cJSON *r = cJSON_GetArrayItem(rows, i);
@@ -101,7 +100,7 @@ Test(bench_generate, lanes_rows, .timeout = 120)
     rc = kvp_test_cli("bench generate --batch 2 --max-tokens 4 --reps 1 --format json", out, sizeof out, err, sizeof err);
     cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
     cr_assert_not_null(o = cJSON_Parse(out));
-    rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
+    rows = kvp_test_rows(o);
     const double lanes = kvp_test_num(cJSON_GetArrayItem(rows, 0), "lanes");
     cr_assert(lanes == 8 || lanes == 16, "default lanes %g", lanes);
     cJSON_Delete(o);
@@ -148,7 +147,7 @@ Test(bench_generate, synthetic_model_runs, .timeout = 120)
     cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
     cJSON *o = cJSON_Parse(out);
     cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
-    const cJSON *rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
+    const cJSON *rows = kvp_test_rows(o);
     cr_assert_eq(cJSON_GetArraySize(rows), 2);
     const cJSON *r;
     cJSON_ArrayForEach(r, rows)

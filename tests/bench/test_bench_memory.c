@@ -34,8 +34,7 @@ Test(bench_memory, shares_orderings_and_files, .timeout = 120)
     cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
     cJSON *o = cJSON_Parse(out);
     cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
-    const cJSON *rows = cJSON_IsArray(o) ? o : cJSON_GetObjectItemCaseSensitive(o, "rows");
-    cr_assert(cJSON_IsArray(rows));
+    const cJSON *rows = kvp_test_rows(o);
     cr_assert_eq(cJSON_GetArraySize(rows), 3 * 2 + 3, "three orca strategies in two arenas, three block sizes");
     const cJSON *r;
     cJSON_ArrayForEach(r, rows)

@@ -68,7 +68,7 @@ static const cJSON *run(const char *args, int want_rc, cJSON **doc, req_row *row
     cr_assert_eq(rc, want_rc, "%s: exit %d: %s", cmd, rc, err);
     *doc = cJSON_Parse(out);
     cr_assert_not_null(*doc, "stdout is not JSON: %.300s (stderr %.300s)", out, err);
-    const cJSON *rs = cJSON_IsArray(*doc) ? *doc : cJSON_GetObjectItemCaseSensitive(*doc, "rows");
+    const cJSON *rs = kvp_test_rows(*doc);
     cr_assert_eq(cJSON_GetArraySize(rs), 1);
     *nrows = read_requests(path, rows);
     unlink(path);
@@ -312,7 +312,7 @@ Test(bench_serve, rate_sweep_rows, .timeout = 120)
     cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
     cJSON *doc = cJSON_Parse(out);
     cr_assert_not_null(doc, "%.300s", out);
-    const cJSON *rs = cJSON_IsArray(doc) ? doc : cJSON_GetObjectItemCaseSensitive(doc, "rows");
+    const cJSON *rs = kvp_test_rows(doc);
     cr_assert_eq(cJSON_GetArraySize(rs), 2);
     const cJSON *a = cJSON_GetArrayItem(rs, 0), *b = cJSON_GetArrayItem(rs, 1);
     cr_assert_eq(kvp_test_num(a, "rate"), 50);
@@ -330,7 +330,7 @@ Test(bench_serve, rate_sweep_rows, .timeout = 120)
                       sizeof err);
     cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
     cr_assert_not_null(doc = cJSON_Parse(out));
-    rs = cJSON_IsArray(doc) ? doc : cJSON_GetObjectItemCaseSensitive(doc, "rows");
+    rs = kvp_test_rows(doc);
     a = cJSON_GetArrayItem(rs, 0), b = cJSON_GetArrayItem(rs, 1);
     cr_assert_eq(kvp_test_num(a, "input_tokens"), kvp_test_num(b, "input_tokens"));
     cr_assert_eq(kvp_test_num(a, "output_tokens"), kvp_test_num(b, "output_tokens"));
