@@ -29,11 +29,10 @@
 #include "runtime/gen.h"
 #include "runtime/model.h"
 
-static const char *const k_fields[] = {"model",      "mode",         "sequences",        "threads",
-                                       "matmul",     "lanes",        "block_size",   "kv_dtype",         "weight_dtype",     "max_tokens",
-                                       "reps",       "generated",    "wall_s",           "cpu_s",
-                                       "tokens_per_s", "tokens_per_cpu_s", "speedup_vs_single", "kv_read_gbps",
-                                       "validated"};
+static const char *const k_fields[] = {"model",        "mode",         "sequences",        "threads",          "matmul",
+                                       "lanes",        "block_size",   "kv_dtype",         "weight_dtype",     "max_tokens",
+                                       "reps",         "generated",    "wall_s",           "cpu_s",            "tokens_per_s",
+                                       "tokens_per_cpu_s", "speedup_vs_single", "kv_read_gbps", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
 
 static void usage(FILE *f)
