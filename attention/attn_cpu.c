@@ -18,6 +18,7 @@
 #include <math.h>
 #include <omp.h>
 #include <stdatomic.h>
+#include <string.h>
 
 #include "attention/attention.h"
 #include "attention/attn_simd.h"
@@ -36,6 +37,48 @@ int kvp_attn_get_threads(void)
 {
     int n = atomic_load(&g_threads);
     return n > 0 ? n : omp_get_num_procs();
+}
+
+static atomic_int g_lanes; /* 0: automatic */
+
+int kvp_attn_max_lanes(void)
+{
+#ifdef KVP_ATTN_AVX512
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f")) return 16;
+#endif
+    return 8;
+}
+
+kvp_status kvp_attn_set_lanes(int lanes)
+{
+    if (lanes != 0 && lanes != 8 && lanes != 16)
+        return KVP_ERR(KVP_EINVAL, "attention lanes must be 0 (automatic), 8 or 16, not %d", lanes);
+    if (lanes > kvp_attn_max_lanes())
+        return KVP_ERR(KVP_EUNSUPPORTED, "16-lane attention needs AVX-512F, which this CPU (or build) lacks");
+    atomic_store(&g_lanes, lanes);
+    return KVP_OK;
+}
+
+int kvp_attn_get_lanes(void) { return atomic_load(&g_lanes); }
+
+int kvp_attn_lanes_for(const kvp_paged_kv *kv, int decode)
+{
+    const int set = atomic_load(&g_lanes);
+    if (set != 0) return set;
+    /* Prefill reuses each K/V row for many query rows and is bound by arithmetic: 16 lanes measured 1.5x
+     * (4 x 1024 tokens, f16, head_dim 128, 2 threads). Decode reuses a row only for its GQA group and is
+     * bound by memory on most machines: there 16 lanes measured 8-12 % slower when the memory was busy
+     * and 15 % faster when it was not (32 x 4096 tokens, f16, 2 threads), so it stays on 8 unless asked. */
+    return !decode && kv != NULL && kv->head_dim >= 16 ? kvp_attn_max_lanes() : 8;
+}
+
+kvp_status kvp_attn_lanes_parse(const char *s, int *lanes)
+{
+    if (s != NULL && strcmp(s, "auto") == 0) return *lanes = 0, KVP_OK;
+    if (s != NULL && strcmp(s, "8") == 0) return *lanes = 8, KVP_OK;
+    if (s != NULL && strcmp(s, "16") == 0) return *lanes = 16, KVP_OK;
+    return KVP_ERR(KVP_EINVAL, "'%s' is not a lane count (auto, 8 or 16)", s ? s : "(null)");
 }
 
 kvp_attn_params kvp_attn_default_params(int32_t num_q_heads)
@@ -69,6 +112,22 @@ typedef struct {
     int64_t part;
 } merge_t;
 
+/* Rows to fetch while a unit is computed: token element offsets off[0..n) plus shift, relative to the
+ * unit's head base (off NULL: none). */
+typedef struct {
+    const int64_t *off;
+    int64_t shift;
+    int n;
+} pf_t;
+
+/* The 16-lane score and value passes of one dtype and head_dim (row blocks of RB = 1, 2 or 4 rows). */
+typedef void (*scores16_fn)(const float *qs, const void *kbase, const int64_t *off, int n, float *S, int RB,
+                            const pf_t *pf);
+typedef void (*values16_fn)(float *acc, const float *P, const void *vbase, const int64_t *off, int n, int RB,
+                            const pf_t *pf);
+
+KVP_INLINE int64_t elem_bytes(const kvp_dtype T) { return T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2; }
+
 typedef struct {
     const kvp_paged_kv *kv;
     const float *q;
@@ -79,6 +138,8 @@ typedef struct {
     float oscale; /* v_scale */
     float *lse;   /* optional user output */
     float *part_o, *part_lse;
+    scores16_fn scores16; /* NULL: the 8-lane passes (inlined) */
+    values16_fn values16;
 } job_t;
 
 static inline int64_t q_row(const job_t *j, int32_t seq, int32_t tok)
@@ -111,14 +172,6 @@ KVP_INLINE void scores8_rb(const float *qs, const void *kbase, const int64_t *of
         }
     }
 }
-
-/* Rows to fetch while a unit is computed: token element offsets off[0..n) plus shift, relative to the
- * unit's head base (off NULL: none). */
-typedef struct {
-    const int64_t *off;
-    int64_t shift;
-    int n;
-} pf_t;
 
 /* Prefetches every 64-byte line of the rows of tokens i0 .. i1-1 of pf (NULL: nothing). Rows shorter than a
  * line are left to prefetch_short_rows (one prefetch per row here cost ~20 % of such a decode). */
@@ -154,7 +207,7 @@ KVP_INLINE void prefetch_short_rows(const void *base, const int64_t *off, int n,
 KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
                           const int D, const kvp_dtype T, const pf_t *pf)
 {
-    const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2;
+    const int64_t es = elem_bytes(T);
     if (D == 8) {
         prefetch_span(kbase, pf, 0, n, es, D * es);
         scores8_rb(qs, kbase, off, n, S, RB, T);
@@ -191,7 +244,7 @@ KVP_INLINE void scores_rb(const float *qs, const void *kbase, const int64_t *off
 KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
                           const int D, const kvp_dtype T, const pf_t *pf)
 {
-    const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2;
+    const int64_t es = elem_bytes(T);
     int d = 0;
     for (; d + 16 <= D; d += 16) {
         kvp_v8 a[4], b[4];
@@ -235,6 +288,162 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
         }
         for (int r = 0; r < RB; r++)
             v8_storef(acc + r * D + d, v8_add(v8_add(a[r][0], a[r][1]), v8_add(a[r][2], a[r][3])));
+    }
+}
+
+/* ---- 16 lanes (AVX-512F): the score and value passes of head_dim >= 16 as scores_rb / values_rb, with
+ * vectors twice as wide: half the multiply-adds, loads and conversions per key. The 8-lane f16 decode at
+ * head_dim 128 ran at ~15 multiply-adds per cycle of 16, bound by arithmetic, not memory. run_item is also
+ * built without avx512f, so it calls these through a table (one call per row block of a unit). */
+#ifdef KVP_ATTN_AVX512
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+KVP_INLINE void scores16_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
+                            const int D, const kvp_dtype T, const pf_t *pf)
+{
+    const int64_t es = elem_bytes(T);
+    const int KB = 8 / RB;
+    for (int i = 0; i < n; i += KB) {
+        prefetch_span(kbase, pf, i, i + KB, es, D * es);
+        int64_t o[8];
+        for (int k = 0; k < KB; k++) o[k] = off[i + k < n ? i + k : n - 1];
+        kvp_v16 a[8];
+        for (int t = 0; t < 8; t++) a[t] = v16_zero();
+        for (int d = 0; d < D; d += 16) {
+            kvp_v16 kk[8];
+            for (int k = 0; k < KB; k++) kk[k] = v16_load_elem(kbase, o[k] + d, T);
+            for (int r = 0; r < RB; r++) {
+                kvp_v16 qv = v16_loadf(qs + r * D + d);
+                if (KB > 1) v16_pin(qv);
+                for (int k = 0; k < KB; k++) a[r * KB + k] = v16_fma(qv, kk[k], a[r * KB + k]);
+            }
+        }
+        kvp_v8 h[8];
+        for (int t = 0; t < 8; t++) h[t] = v16_fold(a[t]);
+        float s[8];
+        v8_storef(s, v8_hsum8(h));
+        for (int r = 0; r < RB; r++)
+            for (int k = 0; k < KB; k++) S[r * TILE + i + k] = s[r * KB + k];
+    }
+}
+
+/* Strips of 32 values (two vectors per row); the 16 left at head_dim 16 and 80 take even and odd tokens
+ * into two accumulators per row (one would wait on the multiply-add latency). Row i is prefetched during
+ * strip i mod strips, as in values_rb. */
+KVP_INLINE void values16_rb(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
+                            const int D, const kvp_dtype T, const pf_t *pf)
+{
+    const int64_t es = elem_bytes(T);
+    const int strips = (D + 31) / 32;
+    int d = 0;
+    for (; d + 32 <= D; d += 32) {
+        kvp_v16 a[4], b[4];
+        for (int r = 0; r < RB; r++) {
+            a[r] = v16_loadf(acc + r * D + d);
+            b[r] = v16_loadf(acc + r * D + d + 16);
+        }
+        for (int i = 0; i < n; i++) {
+            if (i % strips == d / 32) prefetch_span(vbase, pf, i, i + 1, es, D * es);
+            kvp_v16 v0 = v16_load_elem(vbase, off[i] + d, T), v1 = v16_load_elem(vbase, off[i] + d + 16, T);
+            for (int r = 0; r < RB; r++) {
+                kvp_v16 p = v16_set1(P[r * TILE + i]);
+                a[r] = v16_fma(p, v0, a[r]);
+                b[r] = v16_fma(p, v1, b[r]);
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            v16_storef(acc + r * D + d, a[r]);
+            v16_storef(acc + r * D + d + 16, b[r]);
+        }
+    }
+    if (d < D) {
+        kvp_v16 a[4], b[4];
+        for (int r = 0; r < RB; r++) {
+            a[r] = v16_loadf(acc + r * D + d);
+            b[r] = v16_zero();
+        }
+        for (int i = 0; i < n; i += 2) {
+            const int two = i + 1 < n;
+            for (int t = i; t <= i + two; t++)
+                if (t % strips == strips - 1) prefetch_span(vbase, pf, t, t + 1, es, D * es);
+            kvp_v16 v0 = v16_load_elem(vbase, off[i] + d, T);
+            for (int r = 0; r < RB; r++) a[r] = v16_fma(v16_set1(P[r * TILE + i]), v0, a[r]);
+            if (two) {
+                kvp_v16 v1 = v16_load_elem(vbase, off[i + 1] + d, T);
+                for (int r = 0; r < RB; r++) b[r] = v16_fma(v16_set1(P[r * TILE + i + 1]), v1, b[r]);
+            }
+        }
+        for (int r = 0; r < RB; r++) v16_storef(acc + r * D + d, v16_add(a[r], b[r]));
+    }
+}
+
+#define KVP_PASSES16(T, TN, D)                                                                                      \
+    static void scores16_##TN##_##D(const float *qs, const void *kb, const int64_t *off, int n, float *S, int RB,  \
+                                    const pf_t *pf)                                                                 \
+    {                                                                                                               \
+        if (RB == 4) scores16_rb(qs, kb, off, n, S, 4, D, T, pf);                                                   \
+        else if (RB == 2) scores16_rb(qs, kb, off, n, S, 2, D, T, pf);                                              \
+        else scores16_rb(qs, kb, off, n, S, 1, D, T, pf);                                                           \
+    }                                                                                                               \
+    static void values16_##TN##_##D(float *acc, const float *P, const void *vb, const int64_t *off, int n, int RB, \
+                                    const pf_t *pf)                                                                 \
+    {                                                                                                               \
+        if (RB == 4) values16_rb(acc, P, vb, off, n, 4, D, T, pf);                                                  \
+        else if (RB == 2) values16_rb(acc, P, vb, off, n, 2, D, T, pf);                                             \
+        else values16_rb(acc, P, vb, off, n, 1, D, T, pf);                                                          \
+    }
+#define KVP_PASSES16_ALL(T, TN) \
+    KVP_PASSES16(T, TN, 16)     \
+    KVP_PASSES16(T, TN, 32)     \
+    KVP_PASSES16(T, TN, 64)     \
+    KVP_PASSES16(T, TN, 80)     \
+    KVP_PASSES16(T, TN, 96)     \
+    KVP_PASSES16(T, TN, 128)    \
+    KVP_PASSES16(T, TN, 256)
+KVP_PASSES16_ALL(KVP_DTYPE_F32, f32)
+KVP_PASSES16_ALL(KVP_DTYPE_F16, f16)
+KVP_PASSES16_ALL(KVP_DTYPE_BF16, bf16)
+KVP_PASSES16_ALL(KVP_DTYPE_FP8_E4M3, fp8)
+#pragma GCC pop_options
+
+/* Indexed like k_head_dims: head_dim 8 keeps its 8-lane passes (a key row is half a 16-lane vector). */
+#define KVP_PASSES16_ROW(P, TN) {NULL, P##_##TN##_16, P##_##TN##_32, P##_##TN##_64, P##_##TN##_80, P##_##TN##_96, \
+                                 P##_##TN##_128, P##_##TN##_256}
+static const scores16_fn k_scores16[KVP_DTYPE_COUNT][NUM_HEAD_DIMS] = {
+    KVP_PASSES16_ROW(scores16, f32), KVP_PASSES16_ROW(scores16, f16), KVP_PASSES16_ROW(scores16, bf16),
+    KVP_PASSES16_ROW(scores16, fp8)};
+static const values16_fn k_values16[KVP_DTYPE_COUNT][NUM_HEAD_DIMS] = {
+    KVP_PASSES16_ROW(values16, f32), KVP_PASSES16_ROW(values16, f16), KVP_PASSES16_ROW(values16, bf16),
+    KVP_PASSES16_ROW(values16, fp8)};
+#endif
+
+/* The score (or value) pass of rows r0 .. r1-1 of a unit, in blocks of 4, 2, then 1 rows; the first
+ * block also prefetches pf. */
+KVP_INLINE void scores_rows(const job_t *j, const float *qs, const void *kb, const int64_t *off, int n, float *S,
+                            int r0, int r1, const int D, const kvp_dtype T, const pf_t *pf)
+{
+    for (int r = r0; r < r1;) {
+        const int rb = r1 - r >= 4 ? 4 : r1 - r >= 2 ? 2 : 1;
+        const pf_t *p = r == r0 ? pf : NULL;
+        if (j->scores16) j->scores16(qs + r * D, kb, off, n, S + r * TILE, rb, p);
+        else if (rb == 4) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, p);
+        else if (rb == 2) scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, p);
+        else scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, p);
+        r += rb;
+    }
+}
+
+KVP_INLINE void values_rows(const job_t *j, float *acc, const float *S, const void *vb, const int64_t *off, int n,
+                            int r0, int r1, const int D, const kvp_dtype T, const pf_t *pf)
+{
+    for (int r = r0; r < r1;) {
+        const int rb = r1 - r >= 4 ? 4 : r1 - r >= 2 ? 2 : 1;
+        const pf_t *p = r == r0 ? pf : NULL;
+        if (j->values16) j->values16(acc + r * D, S + r * TILE, vb, off, n, rb, p);
+        else if (rb == 4) values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, p);
+        else if (rb == 2) values_rb(acc + r * D, S + r * TILE, vb, off, n, 2, D, T, p);
+        else values_rb(acc + r * D, S + r * TILE, vb, off, n, 1, D, T, p);
+        r += rb;
     }
 }
 
@@ -294,7 +503,7 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
         hi_max = b > hi_max ? b : hi_max;
     }
     const int32_t *pages = kv->kv_indices + kv->kv_indptr[it->seq];
-    const int64_t es = T == KVP_DTYPE_F32 ? 4 : T == KVP_DTYPE_FP8_E4M3 ? 1 : 2, row_bytes = D * es;
+    const int64_t es = elem_bytes(T), row_bytes = D * es;
     const int64_t sh = kv->stride_head;
     /* tile length: 16 tokens for rows of 256 bytes and more (a unit, its K and V rows, then stays within
      * 8 KiB, so it and the next unit prefetched meanwhile fit in L1 together); 64 for rows shorter than a
@@ -341,16 +550,10 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             /* rows to prefetch (the next unit), relative to this head's kb / vb */
             const pf_t pfs = {h + 1 < it->nh ? off : pfn, h + 1 < it->nh ? sh : -h * sh, h + 1 < it->nh ? n : nn};
             const pf_t *pf = &pfs;
-            int r;
             if (h < short_pf_heads) prefetch_short_rows(kb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
-            for (r = r0; r + 4 <= r1; r += 4)
-                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 4, D, T, r == r0 ? pf : NULL);
-            for (; r + 2 <= r1; r += 2)
-                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 2, D, T, r == r0 ? pf : NULL);
-            for (; r < r1; r++)
-                scores_rb(qs + r * D, kb, off, n, S + r * TILE, 1, D, T, r == r0 ? pf : NULL);
+            scores_rows(j, qs, kb, off, n, S, r0, r1, D, T, pf);
             const int nv = (n + 7) & ~7; /* the tile's scores, in whole vectors (lanes past n: masked) */
-            for (r = r0; r < r1; r++) {
+            for (int r = r0; r < r1; r++) {
                 float *sr = S + r * TILE;
                 for (int i = n; i < nv; i++) sr[i] = -INFINITY;
                 if (masked)
@@ -381,12 +584,7 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
                 l[r] += v8_hsum(sum);
             }
             if (h < short_pf_heads) prefetch_short_rows(vb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
-            for (r = r0; r + 4 <= r1; r += 4)
-                values_rb(acc + r * D, S + r * TILE, vb, off, n, 4, D, T, r == r0 ? pf : NULL);
-            for (; r + 2 <= r1; r += 2)
-                values_rb(acc + r * D, S + r * TILE, vb, off, n, 2, D, T, r == r0 ? pf : NULL);
-            for (; r < r1; r++)
-                values_rb(acc + r * D, S + r * TILE, vb, off, n, 1, D, T, r == r0 ? pf : NULL);
+            values_rows(j, acc, S, vb, off, n, r0, r1, D, T, pf);
         }
         cur ^= 1;
     }
@@ -573,6 +771,12 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
                .window_left = p->window_left, .qscale = sm * 1.4426950408889634f * (fp8 ? kv->k_scale : 1.0f),
                .oscale = fp8 ? kv->v_scale : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse};
     item_fn fn = k_dispatch[kv->dtype][head_dim_index(D)];
+#ifdef KVP_ATTN_AVX512
+    if (kvp_attn_lanes_for(kv, qo_indptr == NULL) == 16 && D >= 16) {
+        j.scores16 = k_scores16[kv->dtype][head_dim_index(D)];
+        j.values16 = k_values16[kv->dtype][head_dim_index(D)];
+    }
+#endif
     int threads = nitems < nt ? (int)(nitems > 0 ? nitems : 1) : nt;
     if (threads == 1) {
         /* one thread (e.g. inside the forward pass's data-parallel groups): no OpenMP team per call, and

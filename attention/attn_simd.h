@@ -196,6 +196,50 @@ KVP_INLINE float v8_hmax(kvp_v8 a)
 #define KVP_PREFETCH(p) __builtin_prefetch((const void *)(p))
 #endif
 
+/* 16 lanes (AVX-512F): an x86-64-v3 build also carries them, for the CPUs that have them (attn_cpu.c asks
+ * the CPU at run time). Functions using them must be compiled for avx512f too (the pragma below, or the
+ * same pragma around their own definitions). */
+#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define KVP_ATTN_AVX512 1
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+typedef __m512 kvp_v16;
+KVP_INLINE kvp_v16 v16_zero(void) { return _mm512_setzero_ps(); }
+KVP_INLINE kvp_v16 v16_set1(float x) { return _mm512_set1_ps(x); }
+KVP_INLINE kvp_v16 v16_loadf(const float *p) { return _mm512_loadu_ps(p); }
+KVP_INLINE void v16_storef(float *p, kvp_v16 a) { _mm512_storeu_ps(p, a); }
+KVP_INLINE kvp_v16 v16_fma(kvp_v16 a, kvp_v16 b, kvp_v16 c) { return _mm512_fmadd_ps(a, b, c); }
+KVP_INLINE kvp_v16 v16_add(kvp_v16 a, kvp_v16 b) { return _mm512_add_ps(a, b); }
+/* Lane i = a[i] + a[i + 8]: the two halves folded into 8 lanes. */
+KVP_INLINE kvp_v8 v16_fold(kvp_v16 a)
+{
+    return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+#define v16_pin(a) __asm__("" : "+v"(a))
+/* 16 elements of type T at element offset off of pool base, as floats; the conversions of the 8-lane
+ * loaders above, twice as wide. */
+KVP_INLINE kvp_v16 v16_load_elem(const void *base, int64_t off, const kvp_dtype T)
+{
+    switch (T) {
+    case KVP_DTYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off)));
+    case KVP_DTYPE_BF16:
+        return _mm512_castsi512_ps(
+            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off))), 16));
+    case KVP_DTYPE_FP8_E4M3: {
+        const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)base + off)));
+        const __m512i em = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
+        const __m512 mag = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(em, 20)), _mm512_set1_ps(0x1p120f));
+        const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+        const __m512i bits = _mm512_or_si512(_mm512_castps_si512(mag), sign);
+        const __mmask16 is_nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
+        return _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, is_nan, bits, _mm512_set1_epi32(0x7fc00000)));
+    }
+    default: return _mm512_loadu_ps((const float *)base + off);
+    }
+}
+#pragma GCC pop_options
+#endif
+
 /* 8 elements of type T at element offset off of pool base, as floats (fp8: unscaled code values). */
 KVP_INLINE kvp_v8 v8_load_elem(const void *base, int64_t off, const kvp_dtype T)
 {

@@ -41,7 +41,7 @@
 #include "common/timer.h"
 
 static const char *const k_fields[] = {"kernel",  "layout",   "dtype",     "block_size", "batch",  "ctx",
-                                       "new_tokens", "q_heads", "kv_heads", "head_dim", "threads", "reps",
+                                       "new_tokens", "q_heads", "kv_heads", "head_dim", "threads", "lanes", "reps",
                                        "time_ms", "cpu_ms", "kv_bytes", "kv_gbps",   "copy_gbps",  "pct_copy_bw", "read_gbps", "pct_read_bw", "gflops",
                                        "paged_over_contig", "paged_over_contig_cpu", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
@@ -56,6 +56,7 @@ typedef struct {
 
 typedef struct {
     int threads, reps, quick;
+    int lanes[3], nlanes; /* lane settings compared (0: automatic), each layout timed with each */
     double copy_gbps; /* the memcpy row (start of the run) */
     char *ca, *cb;    /* copy buffers, cn bytes each, kept for the copy measured beside every row */
     size_t cn;
@@ -243,7 +244,7 @@ static double read_pass(const bopts *o, const kvp_paged_kv *kv)
     return (double)total;
 }
 
-static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t bs, int reps, double ms,
+static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t bs, int lanes, int reps, double ms,
                           double cpu_ms, double contig_ms, double contig_cpu_ms, double copy_now, double read_ms,
                           int validated)
 {
@@ -265,6 +266,7 @@ static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t b
     cJSON_AddNumberToObject(row, "kv_heads", c->hkv);
     cJSON_AddNumberToObject(row, "head_dim", c->D);
     cJSON_AddNumberToObject(row, "threads", strcmp(layout, "dense_ref") == 0 ? 1 : o->threads);
+    if (lanes > 0) cJSON_AddNumberToObject(row, "lanes", lanes);
     cJSON_AddNumberToObject(row, "reps", reps);
     cJSON_AddNumberToObject(row, "time_ms", sig4(ms));
     cJSON_AddNumberToObject(row, "cpu_ms", sig4(cpu_ms));
@@ -325,15 +327,16 @@ static kvp_status run_config(bopts *o, const bcfg *c)
     size_t nout = (size_t)nq_total * c->hq * c->D;
     int nl = 1; /* layouts: contiguous, then one per block size */
     while (c->block_sizes[nl - 1]) nl++;
+    const int nk = nl * o->nlanes; /* runs per round: run k = layout k / nlanes with lane setting k % nlanes */
     float *ks = kvp_malloc(sizeof(float) * nsrc), *vs = kvp_malloc(sizeof(float) * nsrc);
     float *q = kvp_malloc(sizeof(float) * nout), *out = kvp_malloc(sizeof(float) * nout);
     float *cout = kvp_malloc(sizeof(float) * nout);
     int32_t *qo = kvp_malloc(sizeof(int32_t) * ((size_t)c->batch + 1));
     bcache *caches = kvp_calloc((size_t)nl, sizeof *caches);
-    double *ms = kvp_malloc(sizeof(double) * (size_t)nl * 3), *cms = ms ? ms + nl : NULL, *rms = ms ? ms + 2 * nl : NULL;
+    double *ms = kvp_malloc(sizeof(double) * (size_t)nk * 3), *cms = ms ? ms + nk : NULL, *rms = ms ? ms + 2 * nk : NULL;
     const int rfloor = strcmp(c->kernel, "decode") == 0; /* the plain read: decode reads each row once */
     double sink = 0;
-    int *same = kvp_calloc((size_t)nl, sizeof *same);
+    int *same = kvp_calloc((size_t)nk, sizeof *same);
     kvp_status st = (ks && vs && q && out && cout && qo && caches && ms && same)
                         ? KVP_OK
                         : KVP_ERR(KVP_ENOMEM, "out of memory (bench buffers)");
@@ -351,39 +354,44 @@ static kvp_status run_config(bopts *o, const bcfg *c)
     for (int l = 0; l < nl && st == KVP_OK; l++) st = cache_build(c, l == 0 ? c->ctx : c->block_sizes[l - 1], ks, vs, &caches[l]);
     if (st != KVP_OK) goto done;
     int ref_ok = 0;
-    for (int l = 0; l < nl && st == KVP_OK; l++) {
-        st = run_kernel(c, &caches[l].kv, q, qo, l == 0 ? cout : out, &p);
+    for (int k = 0; k < nk && st == KVP_OK; k++) {
+        const int l = k / o->nlanes;
+        kvp_attn_set_lanes(o->lanes[k % o->nlanes]);
+        st = run_kernel(c, &caches[l].kv, q, qo, k == 0 ? cout : out, &p);
         if (st != KVP_OK) break;
-        if (l == 0) {
+        if (k == 0) {
             /* reference on the first sequences (one for prefill: the float64 reference is slow) */
             int nref = strcmp(c->kernel, "decode") == 0 ? 2 : 1;
             st = check_ref(c, &caches[0], q, qo, cout, &p, c->batch < nref ? c->batch : nref, &ref_ok);
             same[0] = 1;
             continue;
         }
-        /* equal up to rounding: small blocks change the work split (and the split-KV chunks) */
+        /* equal up to rounding: small blocks change the work split (and the split-KV chunks), lane counts
+         * the order of the sums */
         double num = 0, den = 0;
         for (size_t e = 0; e < nout; e++) {
             double d = fabs((double)out[e] - cout[e]);
             num = d > num || d != d ? d : num;
             den = fabs((double)cout[e]) > den ? fabs((double)cout[e]) : den;
         }
-        same[l] = num <= 1e-5 * den;
-        if (!same[l])
-            KVP_LOG_W("%s bs=%d: paged output differs from contiguous (relative error %g)", c->kernel,
-                      c->block_sizes[l - 1], num / den);
+        same[k] = num <= 1e-5 * den;
+        if (!same[k])
+            KVP_LOG_W("%s bs=%d lanes=%d: output differs from the contiguous one (relative error %g)", c->kernel,
+                      l ? c->block_sizes[l - 1] : c->ctx, o->lanes[k % o->nlanes], num / den);
     }
     if (st != KVP_OK) goto done;
-    for (int l = 0; l < nl; l++) ms[l] = cms[l] = rms[l] = 1e30;
+    for (int k = 0; k < nk; k++) ms[k] = cms[k] = rms[k] = 1e30;
     double copy_now = 0;
     for (int r = 0; r < reps && st == KVP_OK; r++) {
-        for (int l = 0; l < nl && st == KVP_OK; l++) {
+        for (int k = 0; k < nk && st == KVP_OK; k++) {
+            const int l = k / o->nlanes;
+            kvp_attn_set_lanes(o->lanes[k % o->nlanes]);
             double c0 = cpu_s(), t0 = kvp_now_s();
             st = run_kernel(c, &caches[l].kv, q, qo, out, &p);
             double dt = (kvp_now_s() - t0) * 1e3, dc = (cpu_s() - c0) * 1e3;
-            ms[l] = dt < ms[l] ? dt : ms[l];
-            cms[l] = dc < cms[l] ? dc : cms[l];
-            if (rfloor) {
+            ms[k] = dt < ms[k] ? dt : ms[k];
+            cms[k] = dc < cms[k] ? dc : cms[k];
+            if (rfloor && k % o->nlanes == 0) { /* the plain read, once per layout */
                 t0 = kvp_now_s();
                 sink += read_pass(o, &caches[l].kv);
                 dt = (kvp_now_s() - t0) * 1e3;
@@ -393,9 +401,14 @@ static kvp_status run_config(bopts *o, const bcfg *c)
         double cg = copy_gbps(o, 1); /* the best copy of the rounds: the same load as the kernels saw */
         copy_now = cg > copy_now ? cg : copy_now;
     }
-    for (int l = 0; l < nl && st == KVP_OK; l++)
-        st = add_row(o, c, l == 0 ? "contiguous" : "paged", l == 0 ? c->ctx : c->block_sizes[l - 1], reps, ms[l], cms[l],
-                     ms[0], cms[0], copy_now, rfloor ? rms[l] : 0, same[l] && ref_ok);
+    for (int k = 0; k < nk && st == KVP_OK; k++) {
+        const int l = k / o->nlanes, li = k % o->nlanes;
+        const int32_t bs = l == 0 ? c->ctx : c->block_sizes[l - 1];
+        kvp_attn_set_lanes(o->lanes[li]);
+        const kvp_paged_kv shape = {.head_dim = c->D, .block_size = bs};
+        st = add_row(o, c, l == 0 ? "contiguous" : "paged", bs, kvp_attn_lanes_for(&shape, rfloor), reps, ms[k], cms[k],
+                     ms[li], cms[li], copy_now, rfloor ? rms[l] : 0, same[k] && ref_ok);
+    }
     if (rfloor) KVP_LOG_D("plain read checksum %g", sink);
     if (st == KVP_OK && c->time_ref) {
         /* the dense float64 reference, one thread, on the gathered f32 K/V (one timed run) */
@@ -411,7 +424,7 @@ static kvp_status run_config(bopts *o, const bcfg *c)
         if (st == KVP_OK) st = kvp_attn_prefill_ref(k, v, ind, c->batch, c->hkv, c->D, q, qo, out, &p);
         double tref = (kvp_now_s() - t0) * 1e3, rcms = (cpu_s() - c0) * 1e3;
         kvp_free(k), kvp_free(v), kvp_free(ind);
-        if (st == KVP_OK) st = add_row(o, c, "dense_ref", 0, 1, tref, rcms, ms[0], cms[0], copy_gbps(o, 2), 0, 1);
+        if (st == KVP_OK) st = add_row(o, c, "dense_ref", 0, 0, 1, tref, rcms, ms[0], cms[0], copy_gbps(o, 2), 0, 1);
     }
 done:
     for (int l = 0; caches && l < nl; l++) cache_free(&caches[l]);
@@ -437,6 +450,12 @@ static void usage(FILE *f)
             "options:\n"
             "  --quick            a small sweep (seconds; for smoke tests)\n"
             "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"
+            "  --lanes LIST       vector lanes of the score and value loops at head_dim >= 16: auto, 8,\n"
+            "                     or 16 (AVX-512F), or a list (8,16): every layout is then timed with\n"
+            "                     each, interleaved on the same pools, paged_over_contig against the\n"
+            "                     contiguous run with the same setting (default auto: prefill 16\n"
+            "                     where the CPU has them, decode 8); column lanes: the count each row\n"
+            "                     used\n"
             "  --reps N           interleaved rounds (timed runs per layout), minimum taken (default 5;\n"
             "                     prefill at most 3)\n"
             "  --case N           run only the N-th configuration of the sweep (1-based)\n"
@@ -453,10 +472,10 @@ int kvp_bench_attention(int argc, char **argv)
                                          {"reps", required_argument, NULL, 'r'}, {"format", required_argument, NULL, 'f'},
                                          {"json", no_argument, NULL, 'j'},      {"out-dir", required_argument, NULL, 'o'},
                                          {"no-write", no_argument, NULL, 'n'},  {"help", no_argument, NULL, 'h'},
-                                         {"case", required_argument, NULL, 'c'},
+                                         {"case", required_argument, NULL, 'c'}, {"lanes", required_argument, NULL, 'l'},
                                          {NULL, 0, NULL, 0}};
     const char *cmd = "bench attention", *out_dir = "bench/results";
-    bopts o = {.threads = 0, .reps = 5};
+    bopts o = {.threads = 0, .reps = 5, .lanes = {0}, .nlanes = 1};
     kvp_format fmt = KVP_FMT_TABLE;
     int write = 1, c, only = 0;
     int32_t v32;
@@ -479,6 +498,20 @@ int kvp_bench_attention(int argc, char **argv)
             if (kvp_parse_i32(optarg, 1, 1000, &v32) != KVP_OK) return kvp_cli_usage_error(cmd, "--case: %s", kvp_error_message());
             only = v32;
             break;
+        case 'l': {
+            char buf[64], *save = NULL;
+            snprintf(buf, sizeof buf, "%s", optarg);
+            o.nlanes = 0;
+            for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+                if (o.nlanes == 3) return kvp_cli_usage_error(cmd, "--lanes: at most 3 settings");
+                if (kvp_attn_lanes_parse(t, &o.lanes[o.nlanes]) != KVP_OK ||
+                    kvp_attn_set_lanes(o.lanes[o.nlanes]) != KVP_OK)
+                    return kvp_cli_usage_error(cmd, "--lanes: %s", kvp_error_message());
+                o.nlanes++;
+            }
+            if (o.nlanes == 0) return kvp_cli_usage_error(cmd, "--lanes: empty list");
+            break;
+        }
         case 'o': out_dir = optarg; break;
         case 'n': write = 0; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "attention/attention.h"
 #include "bench/bench.h"
 #include "common/alloc.h"
 #include "common/cli.h"
@@ -30,7 +31,8 @@
 #include "runtime/model.h"
 
 static const char *const k_fields[] = {"model",        "mode",         "sequences",        "threads",          "matmul",
-                                       "lanes",        "block_size",   "kv_dtype",         "weight_dtype",     "max_tokens",
+                                       "lanes",        "attn_lanes",   "block_size",       "kv_dtype",         "weight_dtype",
+                                       "max_tokens",
                                        "reps",         "generated",    "wall_s",           "cpu_s",            "tokens_per_s",
                                        "tokens_per_cpu_s", "speedup_vs_single", "kv_read_gbps", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
@@ -47,6 +49,8 @@ static void usage(FILE *f)
                "  --matmul LIST         invariant,blas (default invariant)\n"
                "  --lanes LIST          vector lanes of the invariant matmul: 8, 16 (AVX-512F; the same bits)\n"
                "                        (default: the widest this CPU has; blas rows report 0)\n"
+               "  --attn-lanes L        vector lanes of the attention at head_dim >= 16: auto, 8 or 16 (AVX-512F;\n"
+               "                        equal to rounding) (default auto; column attn_lanes: what decode used)\n"
                "  --block-size N        KV block size (default 16)\n"
                "  --kv-dtype T          KV cache element type: auto (the model's dtype), f32, f16, bf16 or fp8\n"
                "                        (default auto)\n"
@@ -159,7 +163,7 @@ int kvp_bench_generate(int argc, char **argv)
     int32_t threads_v[16] = {2};
     kvp_matmul_kind matmul_v[4] = {KVP_MATMUL_INVARIANT};
     int32_t lanes_v[2];
-    int nthreads = 1, nmatmul = 1, nlanes = 0;
+    int nthreads = 1, nmatmul = 1, nlanes = 0, attn_lanes = 0;
     int32_t batch = 64, max_tokens = 256, bs = 16, reps = 3;
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
     int kv_auto = 1;
@@ -171,6 +175,7 @@ int kvp_bench_generate(int argc, char **argv)
                                          {"golden", required_argument, 0, 'g'},     {"format", required_argument, 0, 'f'},
                                          {"reps", required_argument, 0, 'r'},       {"kv-dtype", required_argument, 0, 'k'},
                                          {"weight-dtype", required_argument, 0, 'w'}, {"lanes", required_argument, 0, 'l'},
+                                         {"attn-lanes", required_argument, 0, 'a'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c, li = 0;
@@ -184,6 +189,9 @@ int kvp_bench_generate(int argc, char **argv)
         case 't': st = kvp_parse_i32_list(optarg, 1, 1024, threads_v, 16, &nthreads); break;
         case 'x': st = kvp_parse_list(optarg, parse_matmul, matmul_v, sizeof matmul_v[0], 4, &nmatmul); break;
         case 'l': st = kvp_parse_i32_list(optarg, 8, 16, lanes_v, 2, &nlanes); break;
+        case 'a':
+            if ((st = kvp_attn_lanes_parse(optarg, &attn_lanes)) == KVP_OK) st = kvp_attn_set_lanes(attn_lanes);
+            break;
         case 's': st = kvp_parse_i32(optarg, 1, 4096, &bs); break;
         case 'g': golden = optarg; break;
         case 'r': st = kvp_parse_i32(optarg, 1, 1000, &reps); break;
@@ -266,6 +274,8 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddNumberToObject(row, "threads", threads);
                 cJSON_AddStringToObject(row, "matmul", ms);
                 cJSON_AddNumberToObject(row, "lanes", lanes);
+                const kvp_paged_kv shape = {.head_dim = kvp_model_cfg(m)->head_dim, .block_size = bs};
+                cJSON_AddNumberToObject(row, "attn_lanes", kvp_attn_lanes_for(&shape, 1));
                 cJSON_AddNumberToObject(row, "block_size", bs);
                 cJSON_AddStringToObject(row, "kv_dtype", kvp_dtype_name(kv_dtype));
                 cJSON_AddStringToObject(row, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));

@@ -241,6 +241,76 @@ Test(attention, quantization_error_vs_unquantized_inputs_within_dtype_bound)
         }
 }
 
+/* Lane counts: the automatic choice, and 8 or 16 forced (16 only where the CPU has AVX-512F). */
+Test(attention, lane_choice_rules_and_errors)
+{
+    const int max = kvp_attn_max_lanes();
+    cr_assert(max == 8 || max == 16, "max lanes %d", max);
+    cr_assert_eq(kvp_attn_set_lanes(12), KVP_EINVAL);
+    cr_assert_eq(kvp_attn_set_lanes(-1), KVP_EINVAL);
+    cr_assert_eq(kvp_attn_get_lanes(), 0, "a refused count changed the setting");
+    kvp_paged_kv kv = {.head_dim = 128, .block_size = 16};
+    cr_assert_eq(kvp_attn_lanes_for(&kv, 1), 8, "automatic decode: 8 lanes");
+    cr_assert_eq(kvp_attn_lanes_for(&kv, 0), max, "automatic prefill: the widest");
+    kv.head_dim = 8;
+    cr_assert_eq(kvp_attn_lanes_for(&kv, 0), 8, "head_dim 8 keeps its 8-lane passes");
+    kv.head_dim = 128;
+    cr_assert_eq(kvp_attn_set_lanes(8), KVP_OK);
+    cr_assert_eq(kvp_attn_lanes_for(&kv, 0), 8);
+    if (max == 16) {
+        cr_assert_eq(kvp_attn_set_lanes(16), KVP_OK);
+        cr_assert_eq(kvp_attn_lanes_for(&kv, 1), 16, "a forced count applies to decode too");
+    } else {
+        cr_assert_eq(kvp_attn_set_lanes(16), KVP_EUNSUPPORTED);
+    }
+    cr_assert_eq(kvp_attn_set_lanes(0), KVP_OK);
+}
+
+/* Decode and prefill with 8 and with 16 lanes forced, every dtype and head_dim >= 16 (head_dim 16 and 80
+ * take the 16-lane passes' half-strip tail), GQA ratios and block sizes rotating, block size 1 included:
+ * each against the float64 reference, and the two lane counts against each other. */
+Test(attention, both_lane_counts_match_reference_and_each_other)
+{
+    const int counts[] = {8, 16}, nl = kvp_attn_max_lanes() == 16 ? 2 : 1;
+    if (nl == 1) cr_log_info("this CPU (or build) has no AVX-512F: 8 lanes only");
+    int n = 0;
+    for (int ti = 0; ti < 4; ti++)
+        for (int di = 1; di < 8; di++, n++) {
+            kvp_dtype t = k_dtypes[ti];
+            int32_t D = k_dims[di], G = k_groups[n % 4], bs = k_block_sizes[(n / 4 + ti) % 4], hkv = 2, hq = hkv * G;
+            int32_t lens[3] = {150, 1, 37}, qo[4] = {0, 20, 21, 21 + 37};
+            kcase c;
+            case_build(&c, t, D, hkv, bs, 3, lens, 2600 + (uint64_t)n);
+            size_t nd = (size_t)3 * hq * D, np = (size_t)qo[3] * hq * D;
+            float *q = randv(np, 2700 + (uint64_t)n), *ref = kvp_malloc(sizeof(float) * np);
+            float *out[2][2] = {{NULL}}; /* [lanes][decode, prefill] */
+            kvp_attn_params p = kvp_attn_default_params(hq);
+            for (int li = 0; li < nl; li++) {
+                cr_assert_eq(kvp_attn_set_lanes(counts[li]), KVP_OK);
+                out[li][0] = kvp_malloc(sizeof(float) * nd);
+                out[li][1] = kvp_malloc(sizeof(float) * np);
+                cr_assert_eq(kvp_attn_decode_cpu(&c.kv, q, out[li][0], &p), KVP_OK, "%s", kvp_error_detail());
+                cr_assert_eq(kvp_attn_prefill_cpu(&c.kv, q, qo, out[li][1], &p), KVP_OK, "%s", kvp_error_detail());
+                cr_assert_eq(kvp_attn_decode_ref(c.kd, c.vd, c.seq_indptr, 3, hkv, D, q, ref, &p), KVP_OK);
+                double e = rel_err(out[li][0], ref, nd);
+                cr_assert(e < KERNEL_BOUND, "decode %d lanes %s D=%d G=%d bs=%d: err %g", counts[li], kvp_dtype_name(t),
+                          D, G, bs, e);
+                cr_assert_eq(kvp_attn_prefill_ref(c.kd, c.vd, c.seq_indptr, 3, hkv, D, q, qo, ref, &p), KVP_OK);
+                e = rel_err(out[li][1], ref, np);
+                cr_assert(e < KERNEL_BOUND, "prefill %d lanes %s D=%d G=%d bs=%d: err %g", counts[li],
+                          kvp_dtype_name(t), D, G, bs, e);
+            }
+            if (nl == 2) {
+                cr_assert(rel_err(out[1][0], out[0][0], nd) < KERNEL_BOUND, "decode: 16 lanes vs 8 disagree");
+                cr_assert(rel_err(out[1][1], out[0][1], np) < KERNEL_BOUND, "prefill: 16 lanes vs 8 disagree");
+            }
+            for (int li = 0; li < nl; li++) kvp_free(out[li][0]), kvp_free(out[li][1]);
+            kvp_free(q), kvp_free(ref);
+            case_free(&c);
+        }
+    cr_assert_eq(kvp_attn_set_lanes(0), KVP_OK);
+}
+
 /* Prefill with a cached prefix: sequence s has lens[s] tokens of which nq[s] are new. */
 static void check_prefill(kvp_dtype t, int32_t D, int32_t G, int32_t bs, int32_t window, uint64_t seed)
 {

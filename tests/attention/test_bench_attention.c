@@ -2,12 +2,14 @@
  * validated (paged == contiguous to 1e-5, contiguous vs the float64 reference). No timing is asserted. */
 #include <cjson/cJSON.h>
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "attention/attention.h"
 #include "cli_testutil.h"
 
 /* Runs kvpage bench attention with args; captures stdout or stderr; returns the exit code. */
@@ -24,6 +26,7 @@ Test(bench_attention, bad_input_exits_2_with_one_line)
         {"--reps 0", "--reps"},           {"--threads 0", "--threads"},     {"--threads x", "--threads"},
         {"--format xml", "xml"},          {"--frobnicate", "frobnicate"},   {"extra", "unexpected argument"},
         {"--reps", "--reps"},             {"--out-dir /nonexistent/dir", "/nonexistent/dir"},
+        {"--lanes 9", "'9'"},             {"--lanes 8,16,8,16", "at most 3"}, {"--lanes ,", "empty list"},
     };
     kvp_test_cli_rejects("bench attention", cases, sizeof cases / sizeof cases[0]);
     static char err[8192];
@@ -86,6 +89,52 @@ Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
     cr_assert_eq(access(path, R_OK), 0);
     unlink(path);
     rmdir(dir);
+}
+
+/* Automatic lanes: decode rows on 8, prefill rows on the widest. A lane list times every layout with each
+ * setting (rows in layout order, settings inside), and each paged row's ratio is against the contiguous
+ * row of its own setting. */
+Test(bench_attention, lane_list_rows_per_setting_and_ratios_within_setting)
+{
+    static char out[1 << 17];
+    const int max = kvp_attn_max_lanes();
+    cr_assert_eq(run("--quick --reps 1 --threads 2 --json --no-write", 1, out, sizeof out), 0);
+    cJSON *rows = cJSON_Parse(out);
+    cr_assert(cJSON_IsArray(rows));
+    int seen = 0;
+    for (cJSON *r = rows->child; r; r = r->next) {
+        const char *k = cJSON_GetObjectItem(r, "kernel")->valuestring, *l = cJSON_GetObjectItem(r, "layout")->valuestring;
+        if (strcmp(l, "dense_ref") == 0 || strncmp(k, "mem", 3) == 0) continue;
+        cr_assert_eq(cJSON_GetObjectItem(r, "lanes")->valueint, strcmp(k, "decode") == 0 ? 8 : max, "%s %s", k, l);
+        seen++;
+    }
+    cr_assert_eq(seen, 6);
+    cJSON_Delete(rows);
+    char args[128];
+    snprintf(args, sizeof args, "--quick --reps 1 --threads 2 --json --no-write --lanes %s", max == 16 ? "8,16" : "8,8");
+    cr_assert_eq(run(args, 1, out, sizeof out), 0);
+    rows = cJSON_Parse(out);
+    cr_assert(cJSON_IsArray(rows));
+    /* memcpy, memread, decode 3 layouts x 2 + dense_ref, prefill 3 layouts x 2 */
+    cr_assert_eq(cJSON_GetArraySize(rows), 2 + 7 + 6);
+    double contig[2] = {0, 0};
+    int i = 0;
+    for (cJSON *r = rows->child; r; r = r->next, i++) {
+        const char *l = cJSON_GetObjectItem(r, "layout")->valuestring;
+        if (i < 2 || strcmp(l, "dense_ref") == 0) continue;
+        const int pos = (i < 9 ? i - 2 : i - 9), li = pos % 2;
+        cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(r, "validated")), "row %d validated", i);
+        cr_assert_eq(cJSON_GetObjectItem(r, "lanes")->valueint, max == 16 && li ? 16 : 8, "row %d", i);
+        const double t = cJSON_GetObjectItem(r, "time_ms")->valuedouble;
+        if (pos < 2) {
+            cr_assert_str_eq(l, "contiguous");
+            contig[li] = t;
+            continue;
+        }
+        const double ratio = cJSON_GetObjectItem(r, "paged_over_contig")->valuedouble;
+        cr_assert(fabs(ratio - t / contig[li]) <= 2e-3 * ratio, "row %d: ratio %g vs %g / %g", i, ratio, t, contig[li]);
+    }
+    cJSON_Delete(rows);
 }
 
 Test(bench_attention, cuda_bad_input_exits_2_before_touching_a_device)
