@@ -62,15 +62,19 @@ kvp_status kvp_attn_set_lanes(int lanes)
 
 int kvp_attn_get_lanes(void) { return atomic_load(&g_lanes); }
 
-int kvp_attn_lanes_for(const kvp_paged_kv *kv, int decode)
+void kvp_attn_lanes_for(const kvp_paged_kv *kv, int decode, int *score_lanes, int *value_lanes)
 {
-    const int set = atomic_load(&g_lanes);
-    if (set != 0) return set;
-    /* Prefill reuses each K/V row for many query rows and is bound by arithmetic: 16 lanes measured 1.5x
-     * (4 x 1024 tokens, f16, head_dim 128, 2 threads). Decode reuses a row only for its GQA group and is
-     * bound by memory on most machines: there 16 lanes measured 8-12 % slower when the memory was busy
-     * and 15 % faster when it was not (32 x 4096 tokens, f16, 2 threads), so it stays on 8 unless asked. */
-    return !decode && kv != NULL && kv->head_dim >= 16 ? kvp_attn_max_lanes() : 8;
+    const int set = atomic_load(&g_lanes), wide = kv != NULL && kv->head_dim >= 16 ? kvp_attn_max_lanes() : 8;
+    /* Automatic: prefill reuses each K row for many query rows and is bound by arithmetic, 16 lanes
+     * measured 1.39-1.48x (4 x 1024 tokens, head_dim 128, 2 threads). Decode is mostly bound by memory:
+     * there the 16-lane score pass measured up to 17 % slower than the 8-lane one when the memory bus was
+     * busy (32 x 4096 tokens, f16), while with 16-lane values only it stayed within 6 % of all-8 there and
+     * gained 14 % when the bus was not busy (and 9-21 % on decodes whose K/V mostly fit in cache), so decode
+     * takes 8-lane scores and 16-lane values; with f32 rows (twice the bytes per multiply-add) the 16-lane
+     * values measured 2-3 % slower, so f32 decode stays on 8. */
+    const int f32_decode = decode && kv != NULL && kv->dtype == KVP_DTYPE_F32;
+    *score_lanes = set == 16 ? wide : set == 8 || decode ? 8 : wide;
+    *value_lanes = set == 16 ? wide : set == 8 || f32_decode ? 8 : wide;
 }
 
 kvp_status kvp_attn_lanes_parse(const char *s, int *lanes)
@@ -772,10 +776,10 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
                .oscale = fp8 ? kv->v_scale : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse};
     item_fn fn = k_dispatch[kv->dtype][head_dim_index(D)];
 #ifdef KVP_ATTN_AVX512
-    if (kvp_attn_lanes_for(kv, qo_indptr == NULL) == 16 && D >= 16) {
-        j.scores16 = k_scores16[kv->dtype][head_dim_index(D)];
-        j.values16 = k_values16[kv->dtype][head_dim_index(D)];
-    }
+    int score_lanes, value_lanes;
+    kvp_attn_lanes_for(kv, qo_indptr == NULL, &score_lanes, &value_lanes);
+    if (score_lanes == 16) j.scores16 = k_scores16[kv->dtype][head_dim_index(D)];
+    if (value_lanes == 16) j.values16 = k_values16[kv->dtype][head_dim_index(D)];
 #endif
     int threads = nitems < nt ? (int)(nitems > 0 ? nitems : 1) : nt;
     if (threads == 1) {

@@ -41,7 +41,7 @@
 #include "common/timer.h"
 
 static const char *const k_fields[] = {"kernel",  "layout",   "dtype",     "block_size", "batch",  "ctx",
-                                       "new_tokens", "q_heads", "kv_heads", "head_dim", "threads", "lanes", "reps",
+                                       "new_tokens", "q_heads", "kv_heads", "head_dim", "threads", "score_lanes", "value_lanes", "reps",
                                        "time_ms", "cpu_ms", "kv_bytes", "kv_gbps",   "copy_gbps",  "pct_copy_bw", "read_gbps", "pct_read_bw", "gflops",
                                        "paged_over_contig", "paged_over_contig_cpu", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
@@ -244,7 +244,7 @@ static double read_pass(const bopts *o, const kvp_paged_kv *kv)
     return (double)total;
 }
 
-static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t bs, int lanes, int reps, double ms,
+static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t bs, const int *lanes, int reps, double ms,
                           double cpu_ms, double contig_ms, double contig_cpu_ms, double copy_now, double read_ms,
                           int validated)
 {
@@ -266,7 +266,10 @@ static kvp_status add_row(bopts *o, const bcfg *c, const char *layout, int32_t b
     cJSON_AddNumberToObject(row, "kv_heads", c->hkv);
     cJSON_AddNumberToObject(row, "head_dim", c->D);
     cJSON_AddNumberToObject(row, "threads", strcmp(layout, "dense_ref") == 0 ? 1 : o->threads);
-    if (lanes > 0) cJSON_AddNumberToObject(row, "lanes", lanes);
+    if (lanes != NULL) { /* of the score and value passes */
+        cJSON_AddNumberToObject(row, "score_lanes", lanes[0]);
+        cJSON_AddNumberToObject(row, "value_lanes", lanes[1]);
+    }
     cJSON_AddNumberToObject(row, "reps", reps);
     cJSON_AddNumberToObject(row, "time_ms", sig4(ms));
     cJSON_AddNumberToObject(row, "cpu_ms", sig4(cpu_ms));
@@ -405,8 +408,10 @@ static kvp_status run_config(bopts *o, const bcfg *c)
         const int l = k / o->nlanes, li = k % o->nlanes;
         const int32_t bs = l == 0 ? c->ctx : c->block_sizes[l - 1];
         kvp_attn_set_lanes(o->lanes[li]);
-        const kvp_paged_kv shape = {.head_dim = c->D, .block_size = bs};
-        st = add_row(o, c, l == 0 ? "contiguous" : "paged", bs, kvp_attn_lanes_for(&shape, rfloor), reps, ms[k], cms[k],
+        const kvp_paged_kv shape = {.dtype = c->dtype, .head_dim = c->D, .block_size = bs};
+        int lanes[2];
+        kvp_attn_lanes_for(&shape, rfloor, &lanes[0], &lanes[1]);
+        st = add_row(o, c, l == 0 ? "contiguous" : "paged", bs, lanes, reps, ms[k], cms[k],
                      ms[li], cms[li], copy_now, rfloor ? rms[l] : 0, same[k] && ref_ok);
     }
     if (rfloor) KVP_LOG_D("plain read checksum %g", sink);
@@ -424,7 +429,7 @@ static kvp_status run_config(bopts *o, const bcfg *c)
         if (st == KVP_OK) st = kvp_attn_prefill_ref(k, v, ind, c->batch, c->hkv, c->D, q, qo, out, &p);
         double tref = (kvp_now_s() - t0) * 1e3, rcms = (cpu_s() - c0) * 1e3;
         kvp_free(k), kvp_free(v), kvp_free(ind);
-        if (st == KVP_OK) st = add_row(o, c, "dense_ref", 0, 0, 1, tref, rcms, ms[0], cms[0], copy_gbps(o, 2), 0, 1);
+        if (st == KVP_OK) st = add_row(o, c, "dense_ref", 0, NULL, 1, tref, rcms, ms[0], cms[0], copy_gbps(o, 2), 0, 1);
     }
 done:
     for (int l = 0; caches && l < nl; l++) cache_free(&caches[l]);
@@ -450,12 +455,12 @@ static void usage(FILE *f)
             "options:\n"
             "  --quick            a small sweep (seconds; for smoke tests)\n"
             "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"
-            "  --lanes LIST       vector lanes of the score and value loops at head_dim >= 16: auto, 8,\n"
+            "  --lanes LIST       vector lanes of the score and value passes at head_dim >= 16: auto, 8,\n"
             "                     or 16 (AVX-512F), or a list (8,16): every layout is then timed with\n"
             "                     each, interleaved on the same pools, paged_over_contig against the\n"
-            "                     contiguous run with the same setting (default auto: prefill 16\n"
-            "                     where the CPU has them, decode 8); column lanes: the count each row\n"
-            "                     used\n"
+            "                     contiguous run with the same setting (default auto: prefill 16 where\n"
+            "                     the CPU has them; decode scores 8, values 16, f32 decode 8); columns\n"
+            "                     score_lanes, value_lanes: what each row used\n"
             "  --reps N           interleaved rounds (timed runs per layout), minimum taken (default 5;\n"
             "                     prefill at most 3)\n"
             "  --case N           run only the N-th configuration of the sweep (1-based)\n"

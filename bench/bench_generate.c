@@ -50,7 +50,8 @@ static void usage(FILE *f)
                "  --lanes LIST          vector lanes of the invariant matmul: 8, 16 (AVX-512F; the same bits)\n"
                "                        (default: the widest this CPU has; blas rows report 0)\n"
                "  --attn-lanes L        vector lanes of the attention at head_dim >= 16: auto, 8 or 16 (AVX-512F;\n"
-               "                        equal to rounding) (default auto; column attn_lanes: what decode used)\n"
+               "                        equal to rounding) (default auto; column attn_lanes: the score/value\n"
+               "                        passes' lanes in decode)\n"
                "  --block-size N        KV block size (default 16)\n"
                "  --kv-dtype T          KV cache element type: auto (the model's dtype), f32, f16, bf16 or fp8\n"
                "                        (default auto)\n"
@@ -274,8 +275,12 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddNumberToObject(row, "threads", threads);
                 cJSON_AddStringToObject(row, "matmul", ms);
                 cJSON_AddNumberToObject(row, "lanes", lanes);
-                const kvp_paged_kv shape = {.head_dim = kvp_model_cfg(m)->head_dim, .block_size = bs};
-                cJSON_AddNumberToObject(row, "attn_lanes", kvp_attn_lanes_for(&shape, 1));
+                const kvp_paged_kv shape = {.dtype = kv_dtype, .head_dim = kvp_model_cfg(m)->head_dim, .block_size = bs};
+                int sl, vl;
+                kvp_attn_lanes_for(&shape, 1, &sl, &vl);
+                char al[16];
+                snprintf(al, sizeof al, "%d/%d", sl, vl);
+                cJSON_AddStringToObject(row, "attn_lanes", al);
                 cJSON_AddNumberToObject(row, "block_size", bs);
                 cJSON_AddStringToObject(row, "kv_dtype", kvp_dtype_name(kv_dtype));
                 cJSON_AddStringToObject(row, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));

@@ -249,17 +249,29 @@ Test(attention, lane_choice_rules_and_errors)
     cr_assert_eq(kvp_attn_set_lanes(12), KVP_EINVAL);
     cr_assert_eq(kvp_attn_set_lanes(-1), KVP_EINVAL);
     cr_assert_eq(kvp_attn_get_lanes(), 0, "a refused count changed the setting");
-    kvp_paged_kv kv = {.head_dim = 128, .block_size = 16};
-    cr_assert_eq(kvp_attn_lanes_for(&kv, 1), 8, "automatic decode: 8 lanes");
-    cr_assert_eq(kvp_attn_lanes_for(&kv, 0), max, "automatic prefill: the widest");
+    kvp_paged_kv kv = {.dtype = KVP_DTYPE_F16, .head_dim = 128, .block_size = 16};
+    int sl, vl;
+    kvp_attn_lanes_for(&kv, 1, &sl, &vl);
+    cr_assert(sl == 8 && vl == max, "automatic decode: scores on 8, values on the widest (%d/%d)", sl, vl);
+    kv.dtype = KVP_DTYPE_F32;
+    kvp_attn_lanes_for(&kv, 1, &sl, &vl);
+    cr_assert(sl == 8 && vl == 8, "automatic f32 decode: 8 lanes (%d/%d)", sl, vl);
+    kvp_attn_lanes_for(&kv, 0, &sl, &vl);
+    cr_assert(sl == max && vl == max, "automatic f32 prefill: the widest (%d/%d)", sl, vl);
+    kv.dtype = KVP_DTYPE_F16;
+    kvp_attn_lanes_for(&kv, 0, &sl, &vl);
+    cr_assert(sl == max && vl == max, "automatic prefill: the widest (%d/%d)", sl, vl);
     kv.head_dim = 8;
-    cr_assert_eq(kvp_attn_lanes_for(&kv, 0), 8, "head_dim 8 keeps its 8-lane passes");
+    kvp_attn_lanes_for(&kv, 0, &sl, &vl);
+    cr_assert(sl == 8 && vl == 8, "head_dim 8 keeps its 8-lane passes (%d/%d)", sl, vl);
     kv.head_dim = 128;
     cr_assert_eq(kvp_attn_set_lanes(8), KVP_OK);
-    cr_assert_eq(kvp_attn_lanes_for(&kv, 0), 8);
+    kvp_attn_lanes_for(&kv, 0, &sl, &vl);
+    cr_assert(sl == 8 && vl == 8);
     if (max == 16) {
         cr_assert_eq(kvp_attn_set_lanes(16), KVP_OK);
-        cr_assert_eq(kvp_attn_lanes_for(&kv, 1), 16, "a forced count applies to decode too");
+        kvp_attn_lanes_for(&kv, 1, &sl, &vl);
+        cr_assert(sl == 16 && vl == 16, "a forced count applies to decode's both passes too");
     } else {
         cr_assert_eq(kvp_attn_set_lanes(16), KVP_EUNSUPPORTED);
     }

@@ -91,7 +91,7 @@ Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
     rmdir(dir);
 }
 
-/* Automatic lanes: decode rows on 8, prefill rows on the widest. A lane list times every layout with each
+/* Automatic lanes: decode scores on 8 and values on the widest, prefill on the widest. A lane list times every layout with each
  * setting (rows in layout order, settings inside), and each paged row's ratio is against the contiguous
  * row of its own setting. */
 Test(bench_attention, lane_list_rows_per_setting_and_ratios_within_setting)
@@ -105,7 +105,8 @@ Test(bench_attention, lane_list_rows_per_setting_and_ratios_within_setting)
     for (cJSON *r = rows->child; r; r = r->next) {
         const char *k = cJSON_GetObjectItem(r, "kernel")->valuestring, *l = cJSON_GetObjectItem(r, "layout")->valuestring;
         if (strcmp(l, "dense_ref") == 0 || strncmp(k, "mem", 3) == 0) continue;
-        cr_assert_eq(cJSON_GetObjectItem(r, "lanes")->valueint, strcmp(k, "decode") == 0 ? 8 : max, "%s %s", k, l);
+        cr_assert_eq(cJSON_GetObjectItem(r, "score_lanes")->valueint, strcmp(k, "decode") == 0 ? 8 : max, "%s %s", k, l);
+        cr_assert_eq(cJSON_GetObjectItem(r, "value_lanes")->valueint, max, "%s %s", k, l);
         seen++;
     }
     cr_assert_eq(seen, 6);
@@ -124,7 +125,8 @@ Test(bench_attention, lane_list_rows_per_setting_and_ratios_within_setting)
         if (i < 2 || strcmp(l, "dense_ref") == 0) continue;
         const int pos = (i < 9 ? i - 2 : i - 9), li = pos % 2;
         cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(r, "validated")), "row %d validated", i);
-        cr_assert_eq(cJSON_GetObjectItem(r, "lanes")->valueint, max == 16 && li ? 16 : 8, "row %d", i);
+        cr_assert_eq(cJSON_GetObjectItem(r, "score_lanes")->valueint, max == 16 && li ? 16 : 8, "row %d", i);
+        cr_assert_eq(cJSON_GetObjectItem(r, "value_lanes")->valueint, max == 16 && li ? 16 : 8, "row %d", i);
         const double t = cJSON_GetObjectItem(r, "time_ms")->valuedouble;
         if (pos < 2) {
             cr_assert_str_eq(l, "contiguous");

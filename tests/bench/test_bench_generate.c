@@ -103,6 +103,10 @@ Test(bench_generate, lanes_rows, .timeout = 120)
     rows = kvp_test_rows(o);
     const double lanes = kvp_test_num(cJSON_GetArrayItem(rows, 0), "lanes");
     cr_assert(lanes == 8 || lanes == 16, "default lanes %g", lanes);
+    /* stories260K's head_dim 8 keeps the attention on 8 lanes whatever is asked */
+    const cJSON *al = cJSON_GetObjectItemCaseSensitive(cJSON_GetArrayItem(rows, 0), "attn_lanes");
+    cr_assert(cJSON_IsString(al) && strcmp(al->valuestring, "8/8") == 0, "attn_lanes %s",
+              cJSON_IsString(al) ? al->valuestring : "(missing)");
     cJSON_Delete(o);
 }
 
@@ -120,6 +124,7 @@ Test(bench_generate, bad_input_exits_2)
         {"--kv-dtype f17", "--kv-dtype"},
         {"--lanes 4", "--lanes"},
         {"--lanes 12", "8 or 16"},
+        {"--attn-lanes 9", "'9' is not a lane count"},
         /* a golden file with nothing to compare would validate any model */
         {"--golden /tmp/kvp_bg_empty_golden.json", "no \"cases\"[0].\"tokens_after_bos\" token list"},
     };
