@@ -311,7 +311,7 @@ static void xfer_free(xfer_t *x)
     if (!x) return;
     if (x->h) curl_easy_cleanup(x->h);
     curl_slist_free_all(x->hdr);
-    kvp_free(x->body);
+    cJSON_free(x->body); /* cJSON_PrintUnformatted's (cJSON's allocator, not kvp_malloc's) */
     kvp_free(x->in.p);
     kvp_free(x);
 }

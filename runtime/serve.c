@@ -1,14 +1,17 @@
 /* `kvpage serve` — an OpenAI-compatible HTTP server over the online generation session (runtime/gen.h).
  *
- *   HTTP threads (libmicrohttpd, one per connection)       engine thread (owns the session)
+ *   HTTP thread (libmicrohttpd, event-driven)              engine thread (owns the session)
  *   -----------------------------------------------        -----------------------------------------
- *   parse JSON, tokenize, queue a job, wait on it    --->  add the queued jobs' prompts to the session
- *                                                          step (one batch of every running sequence)
- *   decode, answer                                   <---  hand each finished request to its job
+ *   parse JSON, tokenize, queue a job, suspend the   --->  add the queued jobs' prompts to the session
+ *   connection                                             step (one batch of every running sequence)
+ *   (resumed) decode, answer or send the new text    <---  hand each finished request (or a stream's new
+ *                                                          text) to its job, resume its connection
  *
  * so requests from different connections share batches (continuous batching), and a request arriving while
- * others run joins them at the next step. Endpoints: POST /v1/completions, GET /v1/models, GET /health,
- * GET /metrics (Prometheus text). Text to clients; logs to stderr. */
+ * others run joins them at the next step. One thread serves every connection: a connection waiting on the
+ * engine is suspended (it costs nothing until resumed), not a blocked thread of its own. Endpoints: POST
+ * /v1/completions, GET /v1/models, GET /health, GET /metrics (Prometheus text). Text to clients; logs to
+ * stderr. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <getopt.h>
@@ -103,7 +106,7 @@ static void usage(FILE *f)
             "  --threads N               CPU threads (default 1)\n"
             "  --matmul invariant|blas   as for generate (default invariant)\n"
             "  --weight-dtype T          as for generate: auto (default), f32, f16, bf16 or q8_0\n"
-            "  --max-connections N       open connections at most, one thread each (default 4096)\n"
+            "  --max-connections N       open connections at most (default 4096)\n"
             "  --stream-interval N       a stream's new text is sent every N engine steps (its first at once,\n"
             "                            its last at the end; SGLang's): fewer events and wake-ups, higher\n"
             "                            throughput, burstier tokens (default 1)\n"
@@ -150,9 +153,10 @@ typedef struct job {
     int finished;      /* set by the engine thread when the handler may answer */
     int status;        /* 0, or the HTTP error to answer with err */
     char err[512];
-    pthread_cond_t done; /* finished, or (stream) new text */
+    struct MHD_Connection *conn; /* its client's connection, suspended while it waits on the engine */
+    int suspended;               /* (under mu) resumed by the engine when finished or (stream) new text */
     int stream;
-    int refs;      /* the engine's and (stream) the response's (under mu; the last one frees) */
+    int refs;      /* the engine's and the handler's or response's (under mu; the last one frees) */
     int cancelled; /* the client left (under mu): the engine aborts the job's requests */
     int aborted;   /* engine thread: it did */
     char *stop[MAX_STOP]; /* stop strings, owned */
@@ -169,8 +173,8 @@ typedef struct job {
     char *ptext[MAX_PROMPTS]; /* echo: the prompts' text, owned */
     kvp_gen_logprobs *eplp; /* [n] a streamed echo with logprobs: each prompt's log-probabilities once known */
     choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
-    int woken;    /* stream: its reader was woken for new text once (engine thread, under mu) */
-    int32_t held; /* stream: steps with new text since then (woken every --stream-interval of them) */
+    int woken;    /* stream: its first text was released (engine thread, under mu) */
+    int32_t held; /* stream: steps with new text since then (resumed every --stream-interval of them) */
 } job;
 
 typedef struct {
@@ -202,7 +206,7 @@ typedef struct {
     kvp_tokenizer *tok;
     kvp_chat_template chat;
     int reasoning; /* --reasoning-parser deepseek_r1: chat answers split at </think> (runtime/reasoning.h) */
-    int32_t stream_interval; /* --stream-interval: a stream's reader is woken every N steps that extend it */
+    int32_t stream_interval; /* --stream-interval: a stream is resumed every N steps that extend it */
     char name[256];
     kvp_gen_config cfg;
     pthread_mutex_t mu;
@@ -218,9 +222,10 @@ typedef struct {
     job **live; /* jobs added to the session and not finished (under mu too) */
     size_t cap_live;
     int32_t nlive;
-    job **wake_list; /* streams whose readers this step wakes, once the lock is released (room for nlive) */
+    struct MHD_Connection **wake_list; /* streams this step resumes, once the lock is released (room for nlive) */
     size_t cap_wake;
     int32_t nwake;
+    double last_scan; /* engine thread: when it last looked for clients gone (monotonic seconds) */
     /* under mu */
     kvp_gen_session_stats stats;
     int64_t answered[3]; /* 2xx, 4xx, 5xx */
@@ -385,7 +390,6 @@ static void job_free(job *j)
         }
     kvp_free(j->ch);
     kvp_free(j->eplp);
-    pthread_cond_destroy(&j->done);
     kvp_free(j);
 }
 
@@ -393,6 +397,23 @@ static void job_free(job *j)
 static void job_release(job *j)
 {
     if (--j->refs == 0) job_free(j);
+}
+
+/* Job j's connection goes on (caller holds mu) if it waits suspended. Only the engine resumes, and only a
+ * connection it saw suspended: MHD forbids resuming one that is not. */
+static void job_resume(job *j)
+{
+    if (!j->suspended) return;
+    j->suspended = 0;
+    MHD_resume_connection(j->conn);
+}
+
+/* Job j waits on the engine (caller holds mu): its connection is suspended until job_resume. */
+static void job_suspend(job *j, struct MHD_Connection *c)
+{
+    j->conn = c;
+    j->suspended = 1;
+    MHD_suspend_connection(c);
 }
 
 /* Ends job j (caller holds mu): answered with status/err unless 0. The engine lets go of the job here:
@@ -404,13 +425,13 @@ static void job_finish(server *sv, job *j, int status, const char *err)
         snprintf(j->err, sizeof j->err, "%s", err);
     }
     j->finished = 1;
-    pthread_cond_signal(&j->done);
+    job_resume(j);
     for (int32_t i = 0; i < sv->nlive; i++)
         if (sv->live[i] == j) {
             sv->live[i] = sv->live[--sv->nlive];
             break;
         }
-    if (j->stream) job_release(j); /* a plain job is freed by its handler */
+    job_release(j);
 }
 
 /* Adds a job's prompts to the session; one that is refused ends the job with 400 once the prompts already
@@ -533,14 +554,36 @@ static void track_progress(server *sv)
             }
         }
         if (grew && j->stream && (!j->woken || ++j->held >= sv->stream_interval)) {
-            /* its first text at once (time to first token), then every stream_interval steps: each wake costs
-             * its reader a context switch and the lock, with hundreds of streams per step */
+            /* its first text at once (time to first token), then every stream_interval steps: each event
+             * costs the HTTP thread the lock, a JSON object and a write, with hundreds of streams per step */
             for (int32_t c = 0; c < j->n * j->nsamples; c++) j->ch[c].released = j->ch[c].t.ready;
-            sv->wake_list[sv->nwake++] = j;
+            if (j->suspended) {
+                j->suspended = 0;
+                sv->wake_list[sv->nwake++] = j->conn;
+            }
             j->woken = 1;
             j->held = 0;
         }
     }
+}
+
+static int client_gone(struct MHD_Connection *c);
+static void cancel_job(server *sv, job *j);
+
+/* Every quarter of a second: a job waiting suspended whose client has closed its connection is cancelled
+ * (its connection is resumed when the engine has aborted it, and then closed). MHD does not watch a
+ * suspended connection, so the engine looks. */
+static void look_for_gone_clients(server *sv)
+{
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    const double t = (double)now.tv_sec + now.tv_nsec * 1e-9;
+    if (t - sv->last_scan < 0.25) return;
+    sv->last_scan = t;
+    pthread_mutex_lock(&sv->mu);
+    for (int32_t x = 0; x < sv->nlive; x++)
+        if (sv->live[x]->suspended && client_gone(sv->live[x]->conn)) cancel_job(sv, sv->live[x]);
+    pthread_mutex_unlock(&sv->mu);
 }
 
 static void *engine_main(void *arg)
@@ -589,9 +632,10 @@ static void *engine_main(void *arg)
         track_progress(sv);
         kvp_gen_session_stats_get(sv->s, &sv->stats);
         pthread_mutex_unlock(&sv->mu);
-        /* woken after the unlock, not into a lock the engine still holds; the jobs are live (the engine's
-         * reference), so their condition variables are too */
-        for (int32_t i = 0; i < sv->nwake; i++) pthread_cond_signal(&sv->wake_list[i]->done);
+        /* resumed after the unlock, not into a lock the engine still holds; a suspended connection stays
+         * open, and no one else resumes these (their jobs' flags are cleared) */
+        for (int32_t i = 0; i < sv->nwake; i++) MHD_resume_connection(sv->wake_list[i]);
+        look_for_gone_clients(sv);
         int32_t id;
         kvp_gen_result res;
         while ((st = kvp_gen_session_take(sv->s, &id, &res)) == KVP_OK) {
@@ -635,6 +679,8 @@ typedef struct {
     char *buf;
     size_t len;
     int too_big;
+    struct job *j; /* a completion waiting (suspended) for its answer: the handler's reference */
+    uint64_t id;
 } body;
 
 static enum MHD_Result reply(struct MHD_Connection *c, unsigned code, const char *ctype, const char *text)
@@ -1278,19 +1324,6 @@ static void cancel_job(server *sv, job *j)
     pthread_cond_signal(&sv->wake);
 }
 
-/* Waits on cv (caller holds mu) for a quarter of a second at most: the waiter then looks at its client. */
-static void wait_a_while(pthread_cond_t *cv, pthread_mutex_t *mu)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_REALTIME, &t);
-    t.tv_nsec += 250 * 1000 * 1000;
-    if (t.tv_nsec >= 1000 * 1000 * 1000) {
-        t.tv_sec++;
-        t.tv_nsec -= 1000 * 1000 * 1000;
-    }
-    pthread_cond_timedwait(cv, mu, &t);
-}
-
 /* A streamed response: what the reader has sent per choice, and the bytes it has ready to send. */
 typedef struct {
     server *sv;
@@ -1430,7 +1463,7 @@ static int stream_fill(stream_ctx *x)
     size_t slen[MAX_STREAM] = {0};
     int sliced = 0, gone = 0;
     pthread_mutex_lock(&sv->mu);
-    for (;;) {
+    do {
         for (int32_t c = 0; c < nc && !j->finished; c++) {
             const kvp_stop_text *h = &j->ch[c].t;
             const size_t rel = j->ch[c].released; /* <= h->ready */
@@ -1468,13 +1501,9 @@ static int stream_fill(stream_ctx *x)
             x->done = 1;
             break;
         }
-        if (client_gone(x->c)) {
-            cancel_job(sv, j);
-            gone = 1;
-            break;
-        }
-        wait_a_while(&j->done, &sv->mu);
-    }
+        if (j->cancelled) gone = 1;        /* its client left (the engine found it gone) */
+        else job_suspend(j, x->c); /* nothing new: resumed by the engine when there is */
+    } while (0);
     pthread_mutex_unlock(&sv->mu);
     for (int32_t c = 0; c < nc; c++)
         if (slice[c]) {
@@ -1496,6 +1525,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max)
         x->at = x->len = 0;
         if (x->done || x->oom) return MHD_CONTENT_READER_END_OF_STREAM; /* out of memory: cut short */
         if (!stream_fill(x)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (x->len == 0) return 0; /* suspended until the engine has more */
     }
     size_t n = x->len - x->at < max ? x->len - x->at : max;
     memcpy(buf, x->out + x->at, n);
@@ -1508,6 +1538,7 @@ static void stream_done(void *cls)
 {
     stream_ctx *x = cls;
     pthread_mutex_lock(&x->sv->mu);
+    x->j->suspended = 0; /* the connection is going: no one may resume it */
     cancel_job(x->sv, x->j);
     job_release(x->j);
     pthread_mutex_unlock(&x->sv->mu);
@@ -1551,14 +1582,13 @@ static cJSON *body_object(server *sv, struct MHD_Connection *c, const body *b, e
 }
 
 /* POST /v1/completions (chat 0) or /v1/chat/completions (chat 1). */
-static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const body *b, int chat)
+static enum MHD_Result completions(server *sv, struct MHD_Connection *c, body *b, int chat)
 {
     enum MHD_Result ret = MHD_NO;
     cJSON *req = body_object(sv, c, b, &ret);
     if (!req) return ret;
     job *j = kvp_calloc(1, sizeof *j);
-    if (!j || pthread_cond_init(&j->done, NULL) != 0) {
-        kvp_free(j);
+    if (!j) {
         cJSON_Delete(req);
         return reply_error(sv, c, 500, "out of memory");
     }
@@ -1578,7 +1608,7 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const b
     }
     pthread_mutex_lock(&sv->mu);
     id = sv->next_id++;
-    j->refs = j->stream ? 2 : 1; /* the engine's (released by job_finish) and the response's */
+    j->refs = 2; /* the engine's (released by job_finish) and the handler's or the response's */
     if (sv->stop) {
         job_finish(sv, j, 503, "the server is shutting down");
     } else {
@@ -1592,9 +1622,26 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const b
         *x = (stream_ctx){.sv = sv, .j = j, .c = c, .id = id, .created = time(NULL)};
         return stream_reply(c, x);
     }
-    while (!j->finished) { /* a client that leaves meanwhile cancels its job, and gets no answer */
-        if (client_gone(c)) cancel_job(sv, j);
-        wait_a_while(&j->done, &sv->mu);
+    /* answered by completion_answer when the engine has finished the job and resumed the connection (a
+     * client that leaves meanwhile cancels its job, and gets no answer) */
+    b->j = j;
+    b->id = id;
+    if (!j->finished) job_suspend(j, c);
+    pthread_mutex_unlock(&sv->mu);
+    return MHD_YES;
+}
+
+/* The answer of b's completion, called again by MHD until the job is finished (then the handler lets go
+ * of it). */
+static enum MHD_Result completion_answer(server *sv, struct MHD_Connection *c, body *b)
+{
+    job *j = b->j;
+    enum MHD_Result ret;
+    pthread_mutex_lock(&sv->mu);
+    if (!j->finished) { /* not for us yet */
+        if (!j->suspended) job_suspend(j, c);
+        pthread_mutex_unlock(&sv->mu);
+        return MHD_YES;
     }
     const int gone = j->cancelled;
     pthread_mutex_unlock(&sv->mu);
@@ -1603,10 +1650,13 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, const b
     } else if (j->status) {
         ret = reply_error(sv, c, (unsigned)j->status, j->err);
     } else {
-        cJSON *o = completion_json(sv, j, id);
+        cJSON *o = completion_json(sv, j, b->id);
         ret = o ? reply_json(sv, c, 200, o) : reply_error(sv, c, 500, "cannot decode the generated tokens");
     }
-    job_free(j);
+    pthread_mutex_lock(&sv->mu);
+    job_release(j);
+    pthread_mutex_unlock(&sv->mu);
+    b->j = NULL;
     return ret;
 }
 
@@ -1834,6 +1884,7 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *upload_size = 0;
         return MHD_YES;
     }
+    if (b->j) return completion_answer(sv, c, b);
     const int get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
     if (strcmp(url, "/v1/completions") == 0)
         return post ? completions(sv, c, b, 0) : reply_error(sv, c, 405, "use POST for /v1/completions");
@@ -1856,8 +1907,16 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
 
 static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode why)
 {
-    (void)cls, (void)c, (void)why;
+    (void)c, (void)why;
+    server *sv = cls;
     body *b = *con_cls;
+    if (b && b->j) { /* ended before its answer (the daemon stopping): the engine aborts the job */
+        pthread_mutex_lock(&sv->mu);
+        b->j->suspended = 0; /* the connection is going: no one may resume it */
+        cancel_job(sv, b->j);
+        job_release(b->j);
+        pthread_mutex_unlock(&sv->mu);
+    }
     if (b) kvp_free(b->buf);
     kvp_free(b);
     *con_cls = NULL;
@@ -1945,10 +2004,12 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
     } else if (pthread_create(&engine, NULL, engine_main, &sv) != 0) {
         rc = kvp_cli_fail(CMD, KVP_ERR(KVP_ENOMEM, "cannot start the engine thread"));
     } else {
-        /* poll(), not select(): descriptors past FD_SETSIZE (1024 open connections) are served too */
-        d = MHD_start_daemon(MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ITC, 0, NULL,
+        /* one event-driven thread over poll() (descriptors past FD_SETSIZE are served too; MHD's epoll mode
+         * left half-closed connections with an unfinished request open, found by the serve fuzz target),
+         * connections suspended while they wait on the engine */
+        d = MHD_start_daemon(MHD_USE_POLL_INTERNAL_THREAD | MHD_ALLOW_SUSPEND_RESUME, 0, NULL,
                              NULL, handle, &sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                             MHD_OPTION_NOTIFY_COMPLETED, request_done, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
+                             MHD_OPTION_NOTIFY_COMPLETED, request_done, &sv, MHD_OPTION_CONNECTION_TIMEOUT,
                              (unsigned)600, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o->max_conns, MHD_OPTION_END);
         if (!d) {
             rc = kvp_cli_fail(CMD, KVP_ERR(KVP_EIO, "cannot listen on %s:%d (in use, or not an address of this "
