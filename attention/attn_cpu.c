@@ -1,4 +1,5 @@
-/* attention/attn_cpu.c — paged decode and prefill on the CPU (OpenMP threads, 8-lane vector inner loops).
+/* attention/attn_cpu.c — paged decode and prefill on the CPU (OpenMP threads, 8-lane vector inner loops; the
+ * score and value passes also on 16 lanes where the CPU has AVX-512F, see kvp_attn_lanes_for).
  *
  * Work split: one item = (sequence, KV head, tile of query tokens, group of query heads, KV chunk).
  * Its rows are the (query token, query head) pairs sharing one KV head (GQA: each K/V row is loaded and
@@ -23,6 +24,7 @@
 #include "attention/attention.h"
 #include "attention/attn_simd.h"
 #include "common/alloc.h"
+#include "common/cpu.h"
 
 enum { TILE = 64, MAXROWS = 32, MAXD = 256 }; /* TILE: the longest tile (and the stride of S) */
 
@@ -41,14 +43,7 @@ int kvp_attn_get_threads(void)
 
 static atomic_int g_lanes; /* 0: automatic */
 
-int kvp_attn_max_lanes(void)
-{
-#ifdef KVP_ATTN_AVX512
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return 16;
-#endif
-    return 8;
-}
+int kvp_attn_max_lanes(void) { return kvp_cpu_max_lanes(); }
 
 kvp_status kvp_attn_set_lanes(int lanes)
 {
@@ -296,10 +291,10 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
 }
 
 /* ---- 16 lanes (AVX-512F): the score and value passes of head_dim >= 16 as scores_rb / values_rb, with
- * vectors twice as wide: half the multiply-adds, loads and conversions per key. The 8-lane f16 decode at
- * head_dim 128 ran at ~15 multiply-adds per cycle of 16, bound by arithmetic, not memory. run_item is also
+ * vectors twice as wide: half the multiply-adds, loads and conversions per key. With the memory bus free, the
+ * 8-lane f16 decode at head_dim 128 ran at ~15 multiply-adds per cycle of 16: bound by arithmetic. run_item is also
  * built without avx512f, so it calls these through a table (one call per row block of a unit). */
-#ifdef KVP_ATTN_AVX512
+#ifdef KVP_BUILD_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 KVP_INLINE void scores16_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
@@ -775,7 +770,7 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
                .window_left = p->window_left, .qscale = sm * 1.4426950408889634f * (fp8 ? kv->k_scale : 1.0f),
                .oscale = fp8 ? kv->v_scale : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse};
     item_fn fn = k_dispatch[kv->dtype][head_dim_index(D)];
-#ifdef KVP_ATTN_AVX512
+#ifdef KVP_BUILD_AVX512
     int score_lanes, value_lanes;
     kvp_attn_lanes_for(kv, qo_indptr == NULL, &score_lanes, &value_lanes);
     if (score_lanes == 16) j.scores16 = k_scores16[kv->dtype][head_dim_index(D)];

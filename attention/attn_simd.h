@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "attention/paged_kv.h"
+#include "common/cpu.h"
 
 #define KVP_INLINE static inline __attribute__((always_inline))
 
@@ -196,11 +197,10 @@ KVP_INLINE float v8_hmax(kvp_v8 a)
 #define KVP_PREFETCH(p) __builtin_prefetch((const void *)(p))
 #endif
 
-/* 16 lanes (AVX-512F): an x86-64-v3 build also carries them, for the CPUs that have them (attn_cpu.c asks
- * the CPU at run time). Functions using them must be compiled for avx512f too (the pragma below, or the
- * same pragma around their own definitions). */
-#if defined(__x86_64__) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define KVP_ATTN_AVX512 1
+/* 16 lanes (AVX-512F): an x86-64-v3 build also carries them (common/cpu.h), for the CPUs that have them.
+ * Functions using them must be compiled for avx512f too (the pragma below, or the same pragma around their
+ * own definitions). */
+#ifdef KVP_BUILD_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 typedef __m512 kvp_v16;

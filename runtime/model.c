@@ -13,6 +13,7 @@
 
 #include "attention/attention.h"
 #include "common/alloc.h"
+#include "common/cpu.h"
 #include "common/json.h"
 #include "parallel/comm.h"
 #include "parallel/shard.h"
@@ -20,9 +21,6 @@
 #include "runtime/safetensors.h"
 
 enum { KVP_MM_PANEL = 16 };
-#if defined(__x86_64__) && defined(__FMA__) && defined(__F16C__) && defined(__AVX2__)
-#define KVP_MM_AVX512 1 /* a build for x86-64-v3 also carries the 16-lane kernels, used where the CPU has them */
-#endif
 
 /* A weight matrix W [out = N, in = K] in the layouts the two matmul kinds read:
  *
@@ -808,14 +806,7 @@ void kvp_model_set_threads(kvp_model *m, int n)
 
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k) { m->matmul = k; }
 
-int kvp_matmul_max_lanes(void)
-{
-#ifdef KVP_MM_AVX512
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) return 16;
-#endif
-    return 8;
-}
+int kvp_matmul_max_lanes(void) { return kvp_cpu_max_lanes(); }
 
 kvp_status kvp_model_set_lanes(kvp_model *m, int lanes)
 {
@@ -1094,7 +1085,7 @@ static void mm_row_panels(float *restrict y, const float *restrict x, const mat_
  * multiply-add chain in k order as on 8 lanes: the results are the same bits (tests/runtime/test_model.c
  * compares the two). Single rows keep the 8-lane kernel: a row's chains wait on the multiply-add latency, and
  * two 8-lane chains per panel keep twice as many going as one 16-lane chain. */
-#ifdef KVP_MM_AVX512
+#ifdef KVP_BUILD_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f")
 /* Row k of panel pan (type DT) as one 16-lane f32 vector. */
@@ -1154,7 +1145,7 @@ static void matmul_inv(int threads, int wide, float *y, const float *x, const ma
 {
     const int64_t K = w->K, N = w->N, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
     mm_tile_fn tile = mm_tile;
-#ifdef KVP_MM_AVX512
+#ifdef KVP_BUILD_AVX512
     if (wide) tile = mm512_tile;
 #endif
     const int RT = wide ? 8 : 4; /* rows of a tile in the threaded split */
