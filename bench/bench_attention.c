@@ -585,6 +585,8 @@ int kvp_bench_attention(int argc, char **argv)
         {"decode", KVP_DTYPE_F16, 32, 512, 1, 32, 8, 128, bs16, 0},
         {"decode", KVP_DTYPE_F16, 4, 32768, 1, 32, 8, 128, main_bs, 0},
         {"decode", KVP_DTYPE_F16, 1, 65536, 1, 32, 8, 128, main_bs, 0},
+        /* stories260K's shape (head_dim 8, 8/4 heads, f32): the attention of the batched decode of issue #7 */
+        {"decode", KVP_DTYPE_F32, 64, 256, 1, 8, 4, 8, main_bs, 0},
         /* prefill: whole prompts, and a chunk after a cached prefix (chunked prefill) */
         {"prefill", KVP_DTYPE_F16, 4, 1024, 1024, 32, 8, 128, main_bs, 0},
         {"prefill", KVP_DTYPE_F16, 4, 2560, 512, 32, 8, 128, main_bs, 0},
