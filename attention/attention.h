@@ -34,6 +34,7 @@
 #include <stdint.h>
 
 #include "attention/paged_kv.h"
+#include "common/cpu.h"
 #include "common/status.h"
 
 #ifdef __cplusplus
@@ -63,15 +64,13 @@ void kvp_attn_set_threads(int n);
 int kvp_attn_get_threads(void);
 
 /* Vector lanes of the *_cpu score and value passes at head_dim >= 16 (head_dim 8 always uses 8): 8 (AVX2,
- * or portable C) or 16 (AVX-512F, where the CPU and the build have it). Results agree to rounding, not bit
- * for bit (the dot products are summed in another order). kvp_attn_set_lanes: 0 (automatic, the default:
- * prefill, bound by arithmetic, on 16 lanes where available; decode, mostly bound by memory, with its
- * score pass on 8, which measured faster than 16 on a busy memory bus, and its value pass on 16, but f32
- * decode on 8 for both), 8 or 16
- * (both passes); KVP_EINVAL for other counts, KVP_EUNSUPPORTED for 16 without AVX-512F. Process-wide, like
- * the thread count. kvp_attn_lanes_for: the lanes of each pass of a decode (decode != 0) or a prefill over
- * kv now. */
-int kvp_attn_max_lanes(void);
+ * or portable C) or 16 (AVX-512F, where the CPU and the build have it: kvp_cpu_max_lanes). Results agree to
+ * rounding, not bit for bit (the dot products are summed in another order). kvp_attn_set_lanes: 0
+ * (automatic, the default: prefill, bound by arithmetic, on 16 lanes where available; decode, mostly bound
+ * by memory, with its score pass on 8, which measured faster than 16 on a busy memory bus, and its value
+ * pass on 16, but f32 decode on 8 for both), 8 or 16 (both passes); KVP_EINVAL for other counts,
+ * KVP_EUNSUPPORTED for 16 without AVX-512F. Process-wide, like the thread count. kvp_attn_lanes_for: the
+ * lanes of each pass of a decode (decode != 0) or a prefill over kv now. */
 kvp_status kvp_attn_set_lanes(int lanes);
 int kvp_attn_get_lanes(void);
 void kvp_attn_lanes_for(const kvp_paged_kv *kv, int decode, int *score_lanes, int *value_lanes);

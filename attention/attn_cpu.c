@@ -43,13 +43,11 @@ int kvp_attn_get_threads(void)
 
 static atomic_int g_lanes; /* 0: automatic */
 
-int kvp_attn_max_lanes(void) { return kvp_cpu_max_lanes(); }
-
 kvp_status kvp_attn_set_lanes(int lanes)
 {
     if (lanes != 0 && lanes != 8 && lanes != 16)
         return KVP_ERR(KVP_EINVAL, "attention lanes must be 0 (automatic), 8 or 16, not %d", lanes);
-    if (lanes > kvp_attn_max_lanes())
+    if (lanes > kvp_cpu_max_lanes())
         return KVP_ERR(KVP_EUNSUPPORTED, "16-lane attention needs AVX-512F, which this CPU (or build) lacks");
     atomic_store(&g_lanes, lanes);
     return KVP_OK;
@@ -59,7 +57,7 @@ int kvp_attn_get_lanes(void) { return atomic_load(&g_lanes); }
 
 void kvp_attn_lanes_for(const kvp_paged_kv *kv, int decode, int *score_lanes, int *value_lanes)
 {
-    const int set = atomic_load(&g_lanes), wide = kv != NULL && kv->head_dim >= 16 ? kvp_attn_max_lanes() : 8;
+    const int set = atomic_load(&g_lanes), wide = kv != NULL && kv->head_dim >= 16 ? kvp_cpu_max_lanes() : 8;
     /* Automatic: prefill reuses each K row for many query rows and is bound by arithmetic, 16 lanes
      * measured 1.39-1.48x (4 x 1024 tokens, head_dim 128, 2 threads). Decode is mostly bound by memory:
      * there the 16-lane score pass measured up to 17 % slower than the 8-lane one when the memory bus was

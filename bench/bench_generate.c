@@ -204,7 +204,7 @@ int kvp_bench_generate(int argc, char **argv)
         }
         if (st != KVP_OK) return kvp_cli_usage_error(cmd, "--%s: %s", opts[li].name, kvp_error_message());
     }
-    if (nlanes == 0) lanes_v[nlanes++] = kvp_matmul_max_lanes();
+    if (nlanes == 0) lanes_v[nlanes++] = kvp_cpu_max_lanes();
     char golden_buf[1200];
     if (!golden) {
         const char *slash = strrchr(model, '/');

@@ -712,7 +712,7 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
     if (!m) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", path);
     snprintf(m->path, sizeof m->path, "%s", path);
     m->threads = 1;
-    m->lanes = kvp_matmul_max_lanes();
+    m->lanes = kvp_cpu_max_lanes();
     m->wtype = weights;
     kvp_status st = KVP_OK;
     kvp_gguf *g = NULL;
@@ -806,13 +806,11 @@ void kvp_model_set_threads(kvp_model *m, int n)
 
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k) { m->matmul = k; }
 
-int kvp_matmul_max_lanes(void) { return kvp_cpu_max_lanes(); }
-
 kvp_status kvp_model_set_lanes(kvp_model *m, int lanes)
 {
     if (lanes != 8 && lanes != 16)
         return KVP_ERR(KVP_EINVAL, "matmul lanes must be 8 or 16, not %d", lanes);
-    if (lanes > kvp_matmul_max_lanes())
+    if (lanes > kvp_cpu_max_lanes())
         return KVP_ERR(KVP_EUNSUPPORTED, "16-lane matmul needs AVX-512F, which this CPU (or build) lacks");
     m->lanes = lanes;
     return KVP_OK;

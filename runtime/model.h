@@ -30,8 +30,9 @@
 #include <stdint.h>
 
 #include "attention/paged_kv.h"
-#include "parallel/comm.h"
+#include "common/cpu.h"
 #include "common/status.h"
+#include "parallel/comm.h"
 #include "runtime/model_config.h"
 
 typedef enum { KVP_ROPE_PAIRS = 0, KVP_ROPE_HALF } kvp_rope_style;
@@ -95,8 +96,7 @@ void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k);
 /* Vector lanes of the invariant matmul: 8 (AVX2), or 16 (AVX-512F) where the CPU has it, the default
  * kvp_model_load picks. Both give the same bits (one fused multiply-add chain per output in k order);
  * 16 lanes do twice the multiply-adds a cycle when the weights are reused across rows (batches, prefill).
- * kvp_matmul_max_lanes: 16 where the CPU and the build allow it, else 8. */
-int kvp_matmul_max_lanes(void);
+ * The widest a CPU allows: kvp_cpu_max_lanes (common/cpu.h). */
 kvp_status kvp_model_set_lanes(kvp_model *m, int lanes); /* KVP_EUNSUPPORTED: 16 without AVX-512F */
 int kvp_model_lanes(const kvp_model *m);
 

@@ -244,7 +244,7 @@ Test(attention, quantization_error_vs_unquantized_inputs_within_dtype_bound)
 /* Lane counts: the automatic choice, and 8 or 16 forced (16 only where the CPU has AVX-512F). */
 Test(attention, lane_choice_rules_and_errors)
 {
-    const int max = kvp_attn_max_lanes();
+    const int max = kvp_cpu_max_lanes();
     cr_assert(max == 8 || max == 16, "max lanes %d", max);
     cr_assert_eq(kvp_attn_set_lanes(12), KVP_EINVAL);
     cr_assert_eq(kvp_attn_set_lanes(-1), KVP_EINVAL);
@@ -283,7 +283,7 @@ Test(attention, lane_choice_rules_and_errors)
  * each against the float64 reference, and the two lane counts against each other. */
 Test(attention, both_lane_counts_match_reference_and_each_other)
 {
-    const int counts[] = {8, 16}, nl = kvp_attn_max_lanes() == 16 ? 2 : 1;
+    const int counts[] = {8, 16}, nl = kvp_cpu_max_lanes() == 16 ? 2 : 1;
     if (nl == 1) cr_log_info("this CPU (or build) has no AVX-512F: 8 lanes only");
     int n = 0;
     for (int ti = 0; ti < 4; ti++)

@@ -97,7 +97,7 @@ Test(bench_attention, quick_json_rows_complete_validated_and_files_written)
 Test(bench_attention, lane_list_rows_per_setting_and_ratios_within_setting)
 {
     static char out[1 << 17];
-    const int max = kvp_attn_max_lanes();
+    const int max = kvp_cpu_max_lanes();
     cr_assert_eq(run("--quick --reps 1 --threads 2 --json --no-write", 1, out, sizeof out), 0);
     cJSON *rows = cJSON_Parse(out);
     cr_assert(cJSON_IsArray(rows));

@@ -719,11 +719,11 @@ Test(model, invariant_rows_bit_identical_for_every_batch_size)
     for (kvp_weight_type wt = KVP_WEIGHT_F32; wt <= KVP_WEIGHT_Q8_0; wt++) {
         kvp_model *m;
         cr_assert_eq(kvp_model_load_ex(S260_GGUF, NULL, wt, &m), KVP_OK, "%s", kvp_error_detail());
-        cr_assert_eq(kvp_model_lanes(m), kvp_matmul_max_lanes(), "a load takes the widest matmul the CPU has");
+        cr_assert_eq(kvp_model_lanes(m), kvp_cpu_max_lanes(), "a load takes the widest matmul the CPU has");
         cr_assert_eq(kvp_model_set_lanes(m, 4), KVP_EINVAL);
         int have_ref = 0;
         for (int lanes = 8; lanes <= 16; lanes *= 2) {
-            if (lanes > kvp_matmul_max_lanes()) {
+            if (lanes > kvp_cpu_max_lanes()) {
                 cr_assert_eq(kvp_model_set_lanes(m, lanes), KVP_EUNSUPPORTED);
                 cr_log_info("this CPU lacks AVX-512F: the 16-lane matmul is not compared with the 8-lane one");
                 continue;
