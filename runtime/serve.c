@@ -125,7 +125,7 @@ static void usage(FILE *f)
  * (streamed), its tokens and their log-probabilities so far (lp.n of them). */
 typedef struct {
     kvp_stop_text t;
-    size_t released; /* stream: bytes of t's text its reader may send (t.ready when last woken) */
+    size_t released; /* stream: bytes of t's text its reader may send (t.ready when last released) */
     int32_t *toks;
     kvp_gen_logprobs lp;
     size_t cap_toks, cap_lp, cap_ids, cap_lps;
@@ -399,13 +399,20 @@ static void job_release(job *j)
     if (--j->refs == 0) job_free(j);
 }
 
-/* Job j's connection goes on (caller holds mu) if it waits suspended. Only the engine resumes, and only a
- * connection it saw suspended: MHD forbids resuming one that is not. */
+/* Job j's connection if it waits suspended (caller holds mu), now no longer marked so: the caller resumes
+ * it, at once or after unlocking. Only the engine resumes, and only a connection it saw suspended: MHD
+ * forbids resuming one that is not, or one twice. */
+static struct MHD_Connection *job_unsuspend(job *j)
+{
+    if (!j->suspended) return NULL;
+    j->suspended = 0;
+    return j->conn;
+}
+
 static void job_resume(job *j)
 {
-    if (!j->suspended) return;
-    j->suspended = 0;
-    MHD_resume_connection(j->conn);
+    struct MHD_Connection *c = job_unsuspend(j);
+    if (c) MHD_resume_connection(c);
 }
 
 /* Job j waits on the engine (caller holds mu): its connection is suspended until job_resume. */
@@ -557,10 +564,8 @@ static void track_progress(server *sv)
             /* its first text at once (time to first token), then every stream_interval steps: each event
              * costs the HTTP thread the lock, a JSON object and a write, with hundreds of streams per step */
             for (int32_t c = 0; c < j->n * j->nsamples; c++) j->ch[c].released = j->ch[c].t.ready;
-            if (j->suspended) {
-                j->suspended = 0;
-                sv->wake_list[sv->nwake++] = j->conn;
-            }
+            struct MHD_Connection *c = job_unsuspend(j);
+            if (c) sv->wake_list[sv->nwake++] = c;
             j->woken = 1;
             j->held = 0;
         }
@@ -1456,54 +1461,54 @@ static int stream_fill(stream_ctx *x)
     job *j = x->j;
     const int32_t nc = j->n * j->nsamples;
     /* A plain stream's new text is copied under the lock and its events made after it: the engine and every
-     * other stream wait on the lock, and a step wakes every stream at once. Logprobs, echo, running usage
+     * other stream wait on the lock, and a step resumes every stream at once. Logprobs, echo, running usage
      * and reasoning read more of the job: those events are made under the lock. */
     const int plain = j->logprobs < 0 && !j->echo && !j->continuous_usage && !(sv->reasoning && j->chat);
     char *slice[MAX_STREAM] = {0};
     size_t slen[MAX_STREAM] = {0};
     int sliced = 0, gone = 0;
     pthread_mutex_lock(&sv->mu);
-    do {
-        for (int32_t c = 0; c < nc && !j->finished; c++) {
-            const kvp_stop_text *h = &j->ch[c].t;
-            const size_t rel = j->ch[c].released; /* <= h->ready */
-            const size_t n = rel > x->sent[c] ? utf8_whole(h->text + x->sent[c], rel - x->sent[c]) : 0;
-            if (n == 0) continue;
-            if (!plain) {
-                stream_text(x, c, h->text, x->sent[c] + n, 0);
-            } else if ((slice[c] = kvp_malloc(n)) != NULL) {
-                memcpy(slice[c], h->text + x->sent[c], n);
-                slen[c] = n;
-                x->sent[c] += n;
-                sliced = 1;
-            } else {
-                x->oom = 1;
-            }
+    for (int32_t c = 0; c < nc && !j->finished; c++) {
+        const kvp_stop_text *h = &j->ch[c].t;
+        const size_t rel = j->ch[c].released; /* <= h->ready */
+        const size_t n = rel > x->sent[c] ? utf8_whole(h->text + x->sent[c], rel - x->sent[c]) : 0;
+        if (n == 0) continue;
+        if (!plain) {
+            stream_text(x, c, h->text, x->sent[c] + n, 0);
+        } else if ((slice[c] = kvp_malloc(n)) != NULL) {
+            memcpy(slice[c], h->text + x->sent[c], n);
+            slen[c] = n;
+            x->sent[c] += n;
+            sliced = 1;
+        } else {
+            x->oom = 1;
         }
-        if (x->len > 0 || sliced || x->oom) break;
-        if (j->finished) {
-            if (j->status) { /* OpenAI's error object as the last event */
-                cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-                cJSON_AddStringToObject(e, "message", j->err);
-                cJSON_AddNumberToObject(e, "code", j->status);
+    }
+    if (x->len > 0 || sliced || x->oom) {
+        /* new text to send */
+    } else if (j->finished) {
+        if (j->status) { /* OpenAI's error object as the last event */
+            cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
+            cJSON_AddStringToObject(e, "message", j->err);
+            cJSON_AddNumberToObject(e, "code", j->status);
+            out_event(x, o);
+        } else {
+            for (int32_t c = 0; c < nc; c++) /* the rest of the text, then the finish reason */
+                stream_text(x, c, j->ch[c].t.text, j->ch[c].t.len, 1);
+            if (j->include_usage) { /* OpenAI's last event: no choices, the usage */
+                cJSON *o = completion_head(sv, j, x->id, x->created);
+                cJSON_AddArrayToObject(o, "choices");
+                cJSON_AddItemToObject(o, "usage", usage_json(j));
                 out_event(x, o);
-            } else {
-                for (int32_t c = 0; c < nc; c++) /* the rest of the text, then the finish reason */
-                    stream_text(x, c, j->ch[c].t.text, j->ch[c].t.len, 1);
-                if (j->include_usage) { /* OpenAI's last event: no choices, the usage */
-                    cJSON *o = completion_head(sv, j, x->id, x->created);
-                    cJSON_AddArrayToObject(o, "choices");
-                    cJSON_AddItemToObject(o, "usage", usage_json(j));
-                    out_event(x, o);
-                }
             }
-            out_add(x, "data: [DONE]\n\n");
-            x->done = 1;
-            break;
         }
-        if (j->cancelled) gone = 1;        /* its client left (the engine found it gone) */
-        else job_suspend(j, x->c); /* nothing new: resumed by the engine when there is */
-    } while (0);
+        out_add(x, "data: [DONE]\n\n");
+        x->done = 1;
+    } else if (j->cancelled) {
+        gone = 1; /* its client left (the engine found it gone) */
+    } else {
+        job_suspend(j, x->c); /* nothing new: resumed by the engine when there is */
+    }
     pthread_mutex_unlock(&sv->mu);
     for (int32_t c = 0; c < nc; c++)
         if (slice[c]) {
