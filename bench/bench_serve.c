@@ -31,6 +31,7 @@
 #include <unistd.h>
 
 #include "bench/bench.h"
+#include "bench/plot.h"
 #include "common/alloc.h"
 #include "common/cli.h"
 #include "common/json.h"
@@ -85,6 +86,9 @@ static void usage(FILE *f)
             "                            running and waiting requests, KV cache usage, preemptions (kvpage's\n"
             "                            or vLLM's gauges), summarized as means and peaks\n"
             "  --metrics-out FILE        also those readings as CSV: t_s, running, waiting, kv_usage, preemptions\n"
+            "  --plot PNG                with a list of rates: the latency-throughput curve, TTFT, TPOT and E2E\n"
+            "                            medians against output tokens/s, in rate order (bench/plot.py,\n"
+            "                            python3-matplotlib)\n"
             "  --requests-out FILE       also a CSV row per request: id, the id of the turn it waited for (-1:\n"
             "                            none), arrival, send time, lengths asked and served, cached tokens,\n"
             "                            TTFT, TPOT, end to end, chunks, state (completed, failed, skipped)\n"
@@ -977,8 +981,29 @@ static kvp_status parse_rate_item(const char *s, void *out) { return kvp_parse_r
 
 enum {
     O_MODEL = 256, O_URL, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_MAXCONC, O_TIMEOUT, O_REQOUT, O_FORMAT,
-    O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT, O_ENDPOINT
+    O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT, O_ENDPOINT, O_PLOT
 };
+
+/* The rows of rep (one per rate) as the latency-throughput curve in PNG png. */
+static kvp_status plot_curve(const kvp_report *rep, const char *png, const char *title)
+{
+    char csv[] = "/tmp/kvpage-bench-serve-XXXXXX.csv";
+    const int fd = mkstemps(csv, 4);
+    if (fd < 0) return KVP_ERR(KVP_EIO, "--plot: cannot create a temporary CSV: %s", strerror(errno));
+    FILE *f = fdopen(fd, "w");
+    if (f == NULL) {
+        close(fd);
+        unlink(csv);
+        return KVP_ERR(KVP_EIO, "--plot: cannot write a temporary CSV: %s", strerror(errno));
+    }
+    kvp_status st = kvp_report_print(rep, f, KVP_FMT_CSV);
+    if (fclose(f) != 0 && st == KVP_OK) st = KVP_ERR(KVP_EIO, "--plot: cannot write a temporary CSV: %s", strerror(errno));
+    const char *args[] = {"lines", csv, png, "--x", "output_tok_s", "--y", "ttft_p50_ms,tpot_p50_ms,e2e_p50_ms", "--logy",
+                          "--in-order", "--annotate", "rate", "--title", title, "--xlabel", "output tokens/s", "--ylabel", "median latency (ms)", NULL};
+    if (st == KVP_OK && (st = kvp_bench_plot(args)) != KVP_OK) st = KVP_ERR(st, "--plot: %s", kvp_error_message());
+    unlink(csv);
+    return st;
+}
 
 int kvp_bench_serve(int argc, char **argv)
 {
@@ -992,12 +1017,13 @@ int kvp_bench_serve(int argc, char **argv)
         {"format", required_argument, NULL, O_FORMAT},     {"json", no_argument, NULL, O_JSON},
         {"metrics-interval", required_argument, NULL, O_MINTERVAL}, {"metrics-out", required_argument, NULL, O_MOUT},
         {"goodput", required_argument, NULL, O_GOODPUT},   {"endpoint", required_argument, NULL, O_ENDPOINT},
-        {"help", no_argument, NULL, 'h'},
+        {"plot", required_argument, NULL, O_PLOT},         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bs_opts o = {.timeout_s = 600, .m_interval = 0.1};
     double rates[32] = {0};
     int nrates = 1, chat = 0;
+    const char *plot = NULL;
     kvp_format fmt = KVP_FMT_TABLE;
     kvp_status st = KVP_OK;
     int c, li = -1;
@@ -1016,6 +1042,7 @@ int kvp_bench_serve(int argc, char **argv)
         case O_REQOUT: o.req_out = optarg; break;
         case O_MINTERVAL: st = kvp_parse_f64(optarg, 0, 3600, &o.m_interval); break;
         case O_MOUT: o.m_out = optarg; break;
+        case O_PLOT: plot = optarg; break;
         case O_GOODPUT: st = parse_slos(optarg, &o.slo); break;
         case O_ENDPOINT:
             chat = strcmp(optarg, "chat") == 0;
@@ -1039,6 +1066,15 @@ int kvp_bench_serve(int argc, char **argv)
     if (o.m_out && !(o.m_interval > 0)) return kvp_cli_usage_error(cmd, "--metrics-out needs --metrics-interval > 0");
     if ((o.m_out || o.req_out) && nrates > 1)
         return kvp_cli_usage_error(cmd, "--requests-out and --metrics-out take a single --rate");
+    if (plot && nrates < 2) return kvp_cli_usage_error(cmd, "--plot draws a curve: give a list of at least two --rate");
+    if (plot) { /* refused now, not after the runs */
+        char dir[4096];
+        snprintf(dir, sizeof dir, "%s", plot);
+        char *slash = strrchr(dir, '/');
+        if (slash) slash[slash == dir] = '\0';
+        if (access(slash ? dir : ".", W_OK) != 0)
+            return kvp_cli_usage_error(cmd, "--plot: cannot write into the folder of '%s': %s", plot, strerror(errno));
+    }
     if (o.url && strncmp(o.url, "http://", 7) != 0 && strncmp(o.url, "https://", 8) != 0)
         return kvp_cli_usage_error(cmd, "--url: '%s' is not an http:// or https:// URL", o.url);
     o.extra = argv + optind;
@@ -1072,6 +1108,11 @@ int kvp_bench_serve(int argc, char **argv)
     if (st == KVP_OK) {
         if (fmt == KVP_FMT_TABLE && nrates == 1) print_vertical(cJSON_GetArrayItem(kvp_report_rows(rep), 0));
         else st = kvp_report_print(rep, stdout, fmt);
+    }
+    if (st == KVP_OK && plot) {
+        char title[320];
+        snprintf(title, sizeof title, "%.120s: %.190s", o.trace ? o.trace : o.spec, o.server);
+        st = plot_curve(rep, plot, title);
     }
     kvp_report_destroy(rep);
     kvp_tok_destroy(tok);

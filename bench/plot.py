@@ -6,9 +6,12 @@
       one stacked bar per row (labelled by COL) of the share columns A, B, C (values in [0, 1], shown in %),
       in the style of the PagedAttention paper's Figure 2; --line adds a second axis with one more column
       (e.g. the mean number of running requests) as markers.
-  plot.py lines CSV PNG --x COL --y COL [--series COL] [--logx] [--title T] [--xlabel X] [--ylabel Y]
-      one line per distinct value of --series (in order of first appearance); rows whose x or y is not a
-      number are skipped, and with --logx rows with x <= 0 too.
+  plot.py lines CSV PNG --x COL --y COL[,COL...] [--series COL] [--logx] [--logy] [--in-order]
+                   [--annotate COL] [--title T] [--xlabel X] [--ylabel Y]
+      one line per distinct value of --series (in order of first appearance) and --y column; rows whose x or
+      y is not a number are skipped, and on a log axis points <= 0 too. Points are joined in x order, or in
+      row order with --in-order (a latency-throughput curve: throughput falls back past saturation);
+      --annotate writes that column's value beside each point of the last line.
 """
 import argparse
 import csv
@@ -68,29 +71,37 @@ def stacked(a, rows):
 
 
 def lines(a, rows):
-    for c in [a.x, a.y] + ([a.series] if a.series else []):
+    ys = a.y.split(",")
+    for c in [a.x] + ys + [c for c in (a.series, a.annotate) if c]:
         if c not in rows[0]:
             sys.exit(f"plot.py: no column '{c}' in {a.csv}")
     series = {}
     for r in rows:
-        x, y = num(r[a.x]), num(r[a.y])
-        if x != x or y != y or (a.logx and x <= 0):
-            continue
-        series.setdefault(r[a.series] if a.series else "", []).append((x, y))
+        for yc in ys:
+            x, y = num(r[a.x]), num(r[yc])
+            if x != x or y != y or (a.logx and x <= 0) or (a.logy and y <= 0):
+                continue
+            name = " ".join(n for n in [r[a.series] if a.series else "", yc.replace("_", " ") if len(ys) > 1 else ""] if n)
+            series.setdefault(name, []).append((x, y, r[a.annotate] if a.annotate else ""))
     if not series:
         sys.exit(f"plot.py: no numeric ({a.x}, {a.y}) points in {a.csv}")
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
     markers = "os^vDP*Xh<>"
     for i, (name, pts) in enumerate(series.items()):
-        pts.sort()
+        if not a.in_order:
+            pts.sort()
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "-", marker=markers[i % len(markers)],
                 label=name or a.y, markersize=3)
+    for x, y, text in pts if a.annotate else []:
+        ax.annotate(text, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
     if a.logx:
         ax.set_xscale("log", base=2)
+    if a.logy:
+        ax.set_yscale("log")
     ax.set_xlabel(a.xlabel or a.x.replace("_", " "))
     ax.set_ylabel(a.ylabel or a.y.replace("_", " "))
     ax.grid(alpha=0.3)
-    if a.series:
+    if len(series) > 1 or a.series:
         ax.legend(fontsize=8)
     if a.title:
         ax.set_title(a.title, fontsize=10)
@@ -110,6 +121,9 @@ def main():
     p.add_argument("--y")
     p.add_argument("--series")
     p.add_argument("--logx", action="store_true")
+    p.add_argument("--logy", action="store_true")
+    p.add_argument("--in-order", action="store_true")
+    p.add_argument("--annotate")
     p.add_argument("--title")
     p.add_argument("--xlabel")
     p.add_argument("--ylabel")

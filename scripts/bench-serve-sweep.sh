@@ -2,6 +2,8 @@
 # The `kvpage bench serve` runs the README quotes, on stories260K with 2 threads, into one CSV
 # (default bench/results/serve.csv): 300 ShareGPT-like requests at 50 and 100 requests/s and all at once,
 # all at once again with --stream-interval 4 and 16; 40 four-turn chats with the prefix cache and without.
+# Then the latency-throughput curve beside it (OUT_CSV's folder): serve_curve.csv and serve_curve.png, the
+# same 300 requests at 25, 50, 75, 100 and 150 requests/s and all at once.
 # Usage: scripts/bench-serve-sweep.sh [KVPAGE_BIN] [OUT_CSV]
 set -eu
 bin=${1:-build/kvpage}
@@ -23,3 +25,9 @@ for iv in 4 16; do run $sharegpt --rate inf -- --threads 2 --stream-interval "$i
 for cache in radix none; do run $chat -- --threads 2 --cache "$cache"; done
 mv "$out.part" "$out"
 echo "bench-serve-sweep: wrote $out" >&2
+curve=$(dirname "$out")/serve_curve
+echo "bench-serve-sweep: the curve" >&2
+"$bin" bench serve --model "$model" --format csv $sharegpt --rate 25,50,75,100,150,inf --plot "$curve.png" \
+  -- --threads 2 >"$tmp"
+mv "$tmp" "$curve.csv"
+echo "bench-serve-sweep: wrote $curve.csv and $curve.png" >&2

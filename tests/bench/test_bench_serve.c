@@ -325,10 +325,22 @@ Test(bench_serve, rate_sweep_rows, .timeout = 120)
         cr_assert_lt(kvp_test_num(r, "cached_tokens"), 6 * 64, "run %d: the first request found a cache warmed", k);
     }
     cJSON_Delete(doc);
-    /* the same requests at every rate, all at once too (a ShareGPT-like workload draws its lengths itself) */
-    rc = kvp_test_cli("bench serve " MODEL " --workload sharegpt:n=8 --rate 40,inf --json", out, sizeof out, err,
-                      sizeof err);
+    /* the same requests at every rate, all at once too (a ShareGPT-like workload draws its lengths itself);
+     * --plot draws the curve */
+    char png[] = "/tmp/kvp_bs_curve_XXXXXX.png", cmd[256];
+    int fd = mkstemps(png, 4);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    snprintf(cmd, sizeof cmd, "bench serve " MODEL " --workload sharegpt:n=8 --rate 40,inf --json --plot %s", png);
+    rc = kvp_test_cli(cmd, out, sizeof out, err, sizeof err);
     cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    FILE *f = fopen(png, "rb");
+    unsigned char magic[8] = {0};
+    cr_assert_not_null(f);
+    cr_assert_eq(fread(magic, 1, 8, f), 8, "%s is shorter than a PNG header", png);
+    fclose(f);
+    unlink(png);
+    cr_assert_eq(memcmp(magic, "\x89PNG\r\n\x1a\n", 8), 0, "%s is not a PNG", png);
     cr_assert_not_null(doc = cJSON_Parse(out));
     rs = kvp_test_rows(doc);
     a = cJSON_GetArrayItem(rs, 0), b = cJSON_GetArrayItem(rs, 1);
@@ -385,6 +397,8 @@ Test(bench_serve, bad_input_exits_2, .timeout = 120)
         {"--goodput ttft", "not NAME:MS"},
         {"--goodput tpot:-3", "--goodput"},
         {"--metrics-interval 0 --metrics-out /tmp/x.csv", "--metrics-out needs"},
+        {"--plot /tmp/x.png", "at least two --rate"},
+        {"--rate 1,2 --plot /nonexistent-kvp-dir/x.png", "--plot: cannot write into the folder"},
     };
     kvp_test_cli_rejects("bench serve " MODEL " --workload system:n=2,vocab=512 --rate inf", cases,
                          sizeof cases / sizeof cases[0]);
