@@ -69,7 +69,8 @@ static void usage(FILE *f)
             "                        (0..20) likeliest tokens; echo: the prompt's text first, with\n"
             "                        logprobs its tokens' too; also presence_penalty, frequency_penalty, logit_bias\n"
             "                        and vLLM's repetition_penalty, min_tokens, stop_token_ids, ignore_eos,\n"
-            "                        include_stop_str_in_output\n"
+            "                        include_stop_str_in_output, return_token_ids (prompt_token_ids and\n"
+            "                        token_ids in each choice; streamed, the ids since the last event)\n"
             "  POST /v1/chat/completions  {\"messages\": [{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": TEXT},\n"
             "                        ...], the fields above but prompt and echo; \"logprobs\": true, \"top_logprobs\": K}\n"
             "                        through the model's chat template, or --chat-template\n"
@@ -121,12 +122,13 @@ static void usage(FILE *f)
 }
 
 /* What the engine keeps of one choice of a streamed job or of a job with stop strings (under mu): its text,
- * decoded as its tokens come, cut where a stop string starts (or ends, when it is kept); with logprobs
- * (streamed), its tokens and their log-probabilities so far (lp.n of them). */
+ * decoded as its tokens come, cut where a stop string starts (or ends, when it is kept); streamed with
+ * logprobs or return_token_ids, its tokens so far (n_toks), and with logprobs their log-probabilities (lp.n
+ * of them, <= n_toks). */
 typedef struct {
     kvp_stop_text t;
     size_t released; /* stream: bytes of t's text its reader may send (t.ready when last released) */
-    int32_t *toks;
+    int32_t *toks, n_toks;
     kvp_gen_logprobs lp;
     size_t cap_toks, cap_lp, cap_ids, cap_lps;
 } choice;
@@ -168,6 +170,7 @@ typedef struct job {
     float bias[MAX_BIAS];
     int32_t logprobs; /* -1: none; else the top tokens listed at each place */
     int echo;
+    int return_ids; /* vLLM's return_token_ids: each choice gives its prompt's and its own token ids */
     int include_usage, continuous_usage; /* stream_options: usage in a last event / in every event */
     int chat; /* /v1/chat/completions: messages in, chat.completion objects out */
     char *ptext[MAX_PROMPTS]; /* echo: the prompts' text, owned */
@@ -494,21 +497,25 @@ static void abort_cancelled(server *sv)
     pthread_mutex_unlock(&sv->mu);
 }
 
-/* Copies the tokens of choice c with their log-probabilities lp (a streamed job with logprobs) up to the n
- * tokens known; an allocation that fails is tried again with the next tokens. */
-static void keep_logprobs(job *j, int32_t c, const int32_t *tokens, int32_t n, const kvp_gen_logprobs *lp)
+/* A streamed choice's tokens (with logprobs or return_token_ids) up to the n known, and their
+ * log-probabilities lp (those of kept tokens); an allocation that fails is tried again with the next tokens. */
+static void keep_tokens(choice *h, const int32_t *tokens, int32_t n)
 {
-    choice *h = &j->ch[c];
+    if (n <= h->n_toks || kvp_grow((void **)&h->toks, &h->cap_toks, (size_t)n, sizeof *h->toks) != KVP_OK) return;
+    memcpy(h->toks + h->n_toks, tokens + h->n_toks, (size_t)(n - h->n_toks) * sizeof *tokens);
+    h->n_toks = n;
+}
+
+static void keep_logprobs(choice *h, const kvp_gen_logprobs *lp)
+{
     kvp_gen_logprobs *a = &h->lp;
-    const int32_t to = n < lp->n ? n : lp->n;
+    const int32_t to = h->n_toks < lp->n ? h->n_toks : lp->n; /* places whose token is kept */
     const size_t k = (size_t)lp->k;
-    if (to <= a->n || kvp_grow((void **)&h->toks, &h->cap_toks, (size_t)to, sizeof *h->toks) != KVP_OK ||
-        kvp_grow((void **)&a->lp, &h->cap_lp, (size_t)to, sizeof *a->lp) != KVP_OK ||
+    if (to <= a->n || kvp_grow((void **)&a->lp, &h->cap_lp, (size_t)to, sizeof *a->lp) != KVP_OK ||
         kvp_grow((void **)&a->top_ids, &h->cap_ids, (size_t)to * k + 1, sizeof *a->top_ids) != KVP_OK ||
         kvp_grow((void **)&a->top_lps, &h->cap_lps, (size_t)to * k + 1, sizeof *a->top_lps) != KVP_OK)
         return;
     const size_t from = (size_t)a->n, cnt = (size_t)to - from;
-    memcpy(h->toks + from, tokens + from, cnt * sizeof *tokens);
     memcpy(a->lp + from, lp->lp + from, cnt * sizeof *a->lp);
     if (k) {
         memcpy(a->top_ids + from * k, lp->top_ids + from * k, cnt * k * sizeof *a->top_ids);
@@ -524,7 +531,8 @@ static void keep_logprobs(job *j, int32_t c, const int32_t *tokens, int32_t n, c
 static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n, const kvp_gen_logprobs *lp)
 {
     choice *h = &j->ch[c];
-    if (lp && j->stream) keep_logprobs(j, c, tokens, n, lp);
+    if (j->stream && (lp || j->return_ids)) keep_tokens(h, tokens, n);
+    if (j->stream && lp) keep_logprobs(h, lp);
     const kvp_gen_request *r = &j->reqs[c / j->nsamples];
     const int had = h->t.stop;
     const int grew = kvp_stop_text_add(&h->t, &j->stops, sv->tok, r->prompt[r->n_prompt - 1], tokens, n);
@@ -1004,7 +1012,8 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         return 400;
     j->logprobs = (int32_t)logprobs;
     int code;
-    if ((j->stream = get_bool(req, "stream", err, cap)) < 0 || (j->echo = get_bool(req, "echo", err, cap)) < 0)
+    if ((j->stream = get_bool(req, "stream", err, cap)) < 0 || (j->echo = get_bool(req, "echo", err, cap)) < 0 ||
+        (j->return_ids = get_bool(req, "return_token_ids", err, cap)) < 0)
         return 400;
     if (j->chat) { /* a chat's logprobs is a flag, with top_logprobs; echo is no chat field */
         const int lp = get_bool(req, "logprobs", err, cap);
@@ -1299,6 +1308,10 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
             } else {
                 cJSON_AddNullToObject(ch, "logprobs");
             }
+            if (j->return_ids) {
+                cJSON_AddItemToObject(ch, "prompt_token_ids", cJSON_CreateIntArray(j->reqs[i].prompt, j->reqs[i].n_prompt));
+                cJSON_AddItemToObject(ch, "token_ids", cJSON_CreateIntArray(r->tokens[s], r->n_tokens[s]));
+            }
             add_finish(ch, j, c);
         }
     }
@@ -1342,6 +1355,8 @@ typedef struct {
     int32_t lp_sent[MAX_STREAM];     /* logprobs: places of each choice sent */
     unsigned char echoed[MAX_STREAM]; /* echo: the prompt went out in the choice's first event */
     long lp_off[MAX_STREAM];         /* and the text offset of the next one */
+    int32_t ids_sent[MAX_STREAM];    /* return_token_ids: tokens of each choice sent */
+    unsigned char ids_began[MAX_STREAM]; /* and its prompt's ids */
     char *out;
     size_t len, at, cap;
     int done; /* [DONE] is in out */
@@ -1415,6 +1430,14 @@ static void stream_event(stream_ctx *x, int32_t c, const char *reasoning, size_t
     } else {
         cJSON_AddNullToObject(ch, "logprobs");
     }
+    if (j->return_ids) { /* the prompt's ids in the choice's first event, then the tokens since the last one */
+        const kvp_gen_request *q = &j->reqs[i];
+        if (!x->ids_began[c]) cJSON_AddItemToObject(ch, "prompt_token_ids", cJSON_CreateIntArray(q->prompt, q->n_prompt));
+        x->ids_began[c] = 1;
+        cJSON_AddItemToObject(ch, "token_ids", cJSON_CreateIntArray(j->ch[c].toks + x->ids_sent[c],
+                                                                    j->ch[c].n_toks - x->ids_sent[c]));
+        x->ids_sent[c] = j->ch[c].n_toks;
+    }
     x->echoed[c] = 1;
     if (last) add_finish(ch, x->j, c);
     else cJSON_AddNullToObject(ch, "finish_reason");
@@ -1463,7 +1486,7 @@ static int stream_fill(stream_ctx *x)
     /* A plain stream's new text is copied under the lock and its events made after it: the engine and every
      * other stream wait on the lock, and a step resumes every stream at once. Logprobs, echo, running usage
      * and reasoning read more of the job: those events are made under the lock. */
-    const int plain = j->logprobs < 0 && !j->echo && !j->continuous_usage && !(sv->reasoning && j->chat);
+    const int plain = j->logprobs < 0 && !j->echo && !j->continuous_usage && !j->return_ids && !(sv->reasoning && j->chat);
     char *slice[MAX_STREAM] = {0};
     size_t slen[MAX_STREAM] = {0};
     int sliced = 0, gone = 0;

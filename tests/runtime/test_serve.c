@@ -1357,8 +1357,90 @@ Test(serve, streamed_logprobs_add_up_to_the_whole_ones)
     stop(&s);
 }
 
-/* vLLM's /tokenize and /detokenize against the published tokens of golden.json (with and without BOS, and
- * the 256-token story back to its text), a conversation through the chat template, bad input. */
+/* An array of ints as a comma-separated list into out (for a JSON body). */
+static void ids_list(const cJSON *a, char *out, size_t cap)
+{
+    out[0] = '\0';
+    const cJSON *x;
+    cJSON_ArrayForEach(x, a) snprintf(out + strlen(out), cap - strlen(out), "%s%d", out[0] ? "," : "", x->valueint);
+}
+
+/* vLLM's return_token_ids: each choice gives its prompt's ids and its generated ids, which /detokenize turns
+ * back into the prompt and the text; streamed, the first event of a choice has the prompt's ids and the
+ * events' ids add up to the whole answer's (greedy, seeded samples, a stop string); a chat's prompt ids are
+ * the rendered template's. */
+Test(serve, return_token_ids_give_the_answers_tokens)
+{
+    server s = start("--num-blocks 256 --chat-template zephyr");
+    const char *bodies[3] = {"{\"prompt\":[1,403,407],\"max_tokens\":24,\"temperature\":0,\"return_token_ids\":true%s}",
+                             "{\"prompt\":[\"Once upon a time\",\"Tom\"],\"max_tokens\":30,\"n\":2,\"seed\":3,"
+                             "\"stop\":\" the\",\"return_token_ids\":true%s}",
+                             "{\"messages\":[{\"role\":\"user\",\"content\":\"Tom\"}],\"max_tokens\":20,\"n\":2,"
+                             "\"seed\":5,\"return_token_ids\":true%s}"};
+    const int nc[3] = {1, 4, 2};
+    for (int k = 0; k < 3; k++) {
+        const char *path = k == 2 ? "/v1/chat/completions" : "/v1/completions";
+        char body[512], *resp, list[8192], more[4096], b2[12400];
+        snprintf(body, sizeof body, bodies[k], "");
+        cJSON *whole = post_json(&s, path, body, 200);
+        const cJSON *usage = cJSON_GetObjectItem(whole, "usage");
+        int gen = 0;
+        for (int c = 0; c < nc[k]; c++) {
+            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(whole, "choices"), c);
+            const cJSON *pids = cJSON_GetObjectItem(ch, "prompt_token_ids"), *ids = cJSON_GetObjectItem(ch, "token_ids");
+            cr_assert(cJSON_IsArray(pids) && cJSON_IsArray(ids), "request %d choice %d: no token ids", k, c);
+            cr_assert_gt(cJSON_GetArraySize(ids), 0, "request %d choice %d", k, c);
+            gen += cJSON_GetArraySize(ids);
+            if (k == 0) cr_assert_eq(cJSON_GetArraySize(pids), 3);
+            if (k == 2) cr_assert_eq(cJSON_GetArraySize(pids), cJSON_GetObjectItem(usage, "prompt_tokens")->valueint);
+            if (k == 1) continue; /* a stop string cuts the text, not the tokens */
+            /* the prompt's ids and the answer's, detokenized: the prompt's text and the answer */
+            ids_list(pids, list, sizeof list);
+            ids_list(ids, more, sizeof more);
+            snprintf(b2, sizeof b2, "{\"tokens\":[%s]}", list);
+            cJSON *pt = post_json(&s, "/detokenize", b2, 200);
+            snprintf(b2, sizeof b2, "{\"tokens\":[%s,%s]}", list, more);
+            cJSON *all = post_json(&s, "/detokenize", b2, 200);
+            const char *ptext = cJSON_GetObjectItem(pt, "prompt")->valuestring, *atext = cJSON_GetObjectItem(all, "prompt")->valuestring;
+            cr_assert_eq(strncmp(atext, ptext, strlen(ptext)), 0, "request %d: %s / %s", k, ptext, atext);
+            const char *text = k == 2 ? cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "content")->valuestring
+                                      : cJSON_GetObjectItem(ch, "text")->valuestring;
+            cr_assert_str_eq(atext + strlen(ptext), text, "request %d choice %d", k, c);
+            cJSON_Delete(pt);
+            cJSON_Delete(all);
+        }
+        cr_assert_eq(gen, cJSON_GetObjectItem(usage, "completion_tokens")->valueint, "request %d", k);
+        /* streamed: the same ids */
+        snprintf(body, sizeof body, bodies[k], ",\"stream\":true");
+        cr_assert_eq(http(&s, "POST", path, body, &resp), 200, "%s", resp);
+        cJSON *joined[4], *o;
+        int firsts[4] = {0};
+        for (int c = 0; c < nc[k]; c++) joined[c] = cJSON_CreateArray();
+        for (const char *p = resp; (o = sse_next(&p)) != NULL; cJSON_Delete(o)) {
+            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0);
+            const int c = cJSON_GetObjectItem(ch, "index")->valueint;
+            const cJSON *ids = cJSON_GetObjectItem(ch, "token_ids"), *x;
+            cr_assert(cJSON_IsArray(ids), "request %d: an event without token_ids", k);
+            const cJSON *pids = cJSON_GetObjectItem(ch, "prompt_token_ids");
+            cr_assert_eq(pids != NULL, firsts[c] == 0, "request %d choice %d: prompt ids in the first event only", k, c);
+            firsts[c]++;
+            cJSON_ArrayForEach(x, ids) cJSON_AddItemToArray(joined[c], cJSON_Duplicate(x, 1));
+        }
+        for (int c = 0; c < nc[k]; c++) {
+            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(whole, "choices"), c);
+            cr_assert(cJSON_Compare(joined[c], cJSON_GetObjectItem(ch, "token_ids"), 1), "request %d choice %d", k, c);
+            cJSON_Delete(joined[c]);
+        }
+        free(resp);
+        cJSON_Delete(whole);
+    }
+    cJSON *e = complete(&s, "{\"prompt\":\"Tom\",\"return_token_ids\":\"yes\"}", 400);
+    const char *msg = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "message")->valuestring;
+    cr_assert(strstr(msg, "return_token_ids") != NULL, "%s", msg);
+    cJSON_Delete(e);
+    stop(&s);
+}
+
 /* --kv-dtype auto (the default) is the model's dtype: f32 for stories260K's f32 weights, bf16 for weights
  * held in bf16, whose --kv-mem then holds twice the blocks; a type named is kept. */
 Test(serve, kv_dtype_auto_follows_the_weights)
@@ -1382,6 +1464,8 @@ Test(serve, kv_dtype_auto_follows_the_weights)
     }
 }
 
+/* vLLM's /tokenize and /detokenize against the published tokens of golden.json (with and without BOS, and
+ * the 256-token story back to its text), a conversation through the chat template, bad input. */
 Test(serve, tokenize_and_detokenize)
 {
     server s = start("--num-blocks 64 --chat-template zephyr");
