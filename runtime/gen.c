@@ -290,10 +290,24 @@ static int32_t seats_of(const gen_ctx *g, const gseq *s)
     return s->fork_pending ? group_size(&g->reqs[s->req]) : 1;
 }
 
-/* Frees a sequence's blocks and marks it done. */
+/* Offers the full blocks of sequence s's computed tokens, generated ones too, to the prefix cache (before its
+ * blocks are freed): a later request that starts with them (the next turn of a chat carries this answer)
+ * finds them there, as in the engine. */
+static kvp_status offer_computed(gen_ctx *g, const gseq *s)
+{
+    const int32_t nfull = s->n_computed / kvp_bm_block_size(g->bm);
+    if (!g->pc || nfull < 1) return KVP_OK;
+    kvp_bm_table_view tv;
+    KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
+    return kvp_pc_insert(g->pc, s->toks, s->n_computed, tv.blocks, nfull, NULL, 0, NULL);
+}
+
+/* Frees a sequence's blocks (a kept one's full blocks go to the prefix cache first: a failure there only
+ * loses those hits) and marks it done. */
 static void finish_seq(gen_ctx *g, int32_t idx)
 {
     gseq *s = g->seqs[idx];
+    if (!s->dropped) (void)offer_computed(g, s);
     kvp_bm_free(g->bm, s->id);
     kvp_error_clear();
     s->state = SEQ_DONE;
@@ -386,12 +400,7 @@ static kvp_status preempt(gen_ctx *g, int32_t idx)
     size_t cap = g->cap_pre;
     KVP_TRY(kvp_grow((void **)&g->preempted, &cap, (size_t)g->npre + 1, sizeof *g->preempted));
     g->cap_pre = cap;
-    const int32_t nfull = s->n_computed / kvp_bm_block_size(g->bm);
-    if (g->pc && nfull > 0) {
-        kvp_bm_table_view tv;
-        KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
-        KVP_TRY(kvp_pc_insert(g->pc, s->toks, s->n_computed, tv.blocks, nfull, NULL, 0, NULL));
-    }
+    KVP_TRY(offer_computed(g, s));
     KVP_TRY(kvp_bm_free(g->bm, s->id));
     s->n_computed = 0;
     s->n_alloc = 0;

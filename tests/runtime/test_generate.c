@@ -1042,6 +1042,52 @@ Test(generate_session, requests_join_a_running_loop_and_match_their_solo_runs, .
     }
 }
 
+/* A finished request's generated tokens stay cached with its prompt: the next turn of a chat, whose prompt is
+ * that prompt, the answer and a new message, finds the full blocks of every computed token (prompt + answer
+ * - 1), and generates what it generates without the cache. */
+static void run_one(kvp_gen_session *s, const kvp_gen_request *r, kvp_gen_result *res)
+{
+    int32_t id, got;
+    cr_assert_eq(kvp_gen_session_add(s, r, &id), KVP_OK, "%s", kvp_error_detail());
+    while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_gen_session_take(s, &got, res), KVP_OK);
+    cr_assert_eq(got, id);
+}
+
+Test(generate_session, the_next_turn_finds_the_answer_cached, .init = setup, .fini = teardown)
+{
+    enc e = encode(prompts[0]), more = encode(" Then Tom came.");
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.num_blocks = 64;
+    cfg.block_size = 16;
+    kvp_gen_session *s;
+    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    kvp_gen_request a = greedy_req(e, 40);
+    a.ignore_eos = 1;
+    kvp_gen_result ra, rb, solo;
+    run_one(s, &a, &ra);
+    cr_assert_eq(ra.n_tokens[0], 40);
+    const int32_t n = e.n + 40 + (more.n - 1); /* the second text without its BOS */
+    int32_t *turn = kvp_malloc((size_t)n * sizeof *turn);
+    memcpy(turn, e.ids, (size_t)e.n * sizeof *turn);
+    memcpy(turn + e.n, ra.tokens[0], 40 * sizeof *turn);
+    memcpy(turn + e.n + 40, more.ids + 1, (size_t)(more.n - 1) * sizeof *turn);
+    kvp_gen_request b = greedy_req((enc){turn, n}, 20);
+    run_one(s, &b, &rb);
+    cr_assert_geq(rb.prompt_cached_tokens, (e.n + 40 - 1) / 16 * 16, "%d of the %d computed tokens' full blocks found",
+                  rb.prompt_cached_tokens, e.n + 40 - 1);
+    kvp_gen_session_destroy(s);
+    cfg.cache = KVP_PC_NONE;
+    run(&cfg, &b, 1, &solo, NULL);
+    expect_same(&rb, &solo, "the answer's cached blocks vs none", 1);
+    kvp_gen_results_free(&ra, 1);
+    kvp_gen_results_free(&rb, 1);
+    kvp_gen_results_free(&solo, 1);
+    kvp_free(turn);
+    free(e.ids);
+    free(more.ids);
+}
+
 /* A bad request or one that can never fit is refused and leaves the session as it was; a step with
  * nothing pending does nothing; the session's creation fails cleanly at every allocation. */
 static kvp_status make_session(void *cfg, void **s) { return kvp_gen_session_create(g_model, cfg, (kvp_gen_session **)s); }
