@@ -45,7 +45,7 @@
 #include "runtime/workload_synth.h"
 
 static const char *const k_fields[] = {
-    "server",          "workload",        "rate",           "max_concurrency", "requests",        "completed",       "failed",
+    "server",          "workload",        "answers",         "rate",           "max_concurrency", "requests",        "completed",       "failed",
     "skipped",         "duration_s",     "input_tokens",    "output_tokens",   "cached_tokens",   "prefix_hit_rate",
     "request_per_s",   "goodput_req_s",  "output_tok_s",   "total_tok_s",     "peak_in_flight",  "ttft_mean_ms",    "ttft_p50_ms",
     "ttft_p99_ms",     "tpot_mean_ms",   "tpot_p50_ms",     "tpot_p99_ms",     "itl_mean_ms",     "itl_p50_ms",
@@ -69,6 +69,9 @@ static void usage(FILE *f)
             "  --endpoint completions|chat  completions: token-id prompts to /v1/completions (default); chat:\n"
             "                            each prompt decoded to text, one user message to /v1/chat/completions\n"
             "                            (through the server's chat template, so the served prompt is longer)\n"
+            "  --answers workload|server  a chat turn's prompt carries the turn before's answer: the workload's\n"
+            "                            (default), or the one the server generated (return_token_ids; with\n"
+            "                            completions), as a real conversation does: its blocks can be cached\n"
             "  --trace FILE              Azure LLM trace CSV (*.csv) or Mooncake JSONL\n"
             "  --workload SPEC           sharegpt | alpaca | system:... | chat:... | fewshot:... | branch:...\n"
             "                            (as for simulate; runtime/workload.h)\n"
@@ -160,6 +163,13 @@ typedef struct {
     size_t n, cap_s;
 } mpoll;
 
+/* --answers server: the ids the server generated for a request (return_token_ids), and the prompt it was sent
+ * with when that is not the workload's (a chat turn carrying the server's answer to the turn before). */
+typedef struct {
+    int32_t *ids, n, *prompt, plen;
+    size_t cap;
+} answer_t;
+
 typedef struct run {
     const kvp_workload *w;
     rec_t *rec;
@@ -173,6 +183,8 @@ typedef struct run {
     xfer_t **live;            /* live[i]: request i's transfer while in flight */
     mpoll mp;
     const kvp_tokenizer *chat; /* --endpoint chat: prompts decoded to text with it; NULL: token-id completions */
+    answer_t *ans;             /* [n] --answers server: what each request sent and got back; NULL: workload's */
+    int64_t spliced;           /* chat turns sent with the server's answer to the turn before */
 } run_t;
 
 static double since(const run_t *r) { return kvp_now_s() - r->t0; }
@@ -240,6 +252,18 @@ static void on_event(xfer_t *x, const char *data, size_t n)
         const cJSON *t[3] = {cJSON_GetObjectItemCaseSensitive(c, "text"), cJSON_GetObjectItemCaseSensitive(d, "content"),
                              cJSON_GetObjectItemCaseSensitive(d, "reasoning_content")};
         for (int k = 0; k < 3; k++) text |= cJSON_IsString(t[k]) && t[k]->valuestring[0] != '\0';
+        answer_t *a = r->ans ? &r->ans[x->idx] : NULL; /* --answers server: the ids of the text */
+        const cJSON *ids = a ? cJSON_GetObjectItemCaseSensitive(c, "token_ids") : NULL, *id;
+        cJSON_ArrayForEach(id, ids)
+        {
+            if (!cJSON_IsNumber(id) || id->valuedouble < 0 || id->valuedouble > INT32_MAX) {
+                if (q->state == 1) fail(q, "%s", "\"token_ids\" holds something that is not a token id");
+            } else if (kvp_grow((void **)&a->ids, &a->cap, (size_t)a->n + 1, sizeof *a->ids) == KVP_OK) {
+                a->ids[a->n++] = (int32_t)id->valuedouble;
+            } else if (r->st == KVP_OK) {
+                r->st = KVP_ERR(KVP_ENOMEM, "out of memory for the answers' token ids");
+            }
+        }
     }
     if (text) {
         const double now = since(r);
@@ -320,10 +344,9 @@ static void xfer_free(xfer_t *x)
     kvp_free(x);
 }
 
-/* The JSON body of request i. */
 /* The JSON body of request q: a completion of its token ids, or (chat != NULL) a chat whose one user message
  * is its prompt decoded to text. */
-static char *request_body(const kvp_request *q, const char *model, const kvp_tokenizer *chat)
+static char *request_body(const kvp_request *q, const char *model, const kvp_tokenizer *chat, int return_ids)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
@@ -347,6 +370,7 @@ static char *request_body(const kvp_request *q, const char *model, const kvp_tok
     cJSON_AddNumberToObject(o, "max_tokens", q->output_len > 0 ? q->output_len : 1);
     cJSON_AddNumberToObject(o, "temperature", 0);
     cJSON_AddBoolToObject(o, "ignore_eos", 1);
+    if (return_ids) cJSON_AddBoolToObject(o, "return_token_ids", 1);
     cJSON_AddBoolToObject(o, "stream", 1);
     cJSON_AddBoolToObject(cJSON_AddObjectToObject(o, "stream_options"), "include_usage", 1);
     char *s = cJSON_PrintUnformatted(o);
@@ -366,6 +390,37 @@ static void release_turns(run_t *r, int64_t i, double now)
         }
 }
 
+/* --answers server: request i as it is sent. A chat turn whose previous turn p completed carries p's prompt
+ * as sent and the server's answer to it in place of the workload's, then its own new message: the workload's
+ * turn is p's prompt + p's answer (output_len tokens) + the new message. Any other request, or a turn whose
+ * prompt is not built that way, goes as the workload has it. */
+static kvp_request as_sent(run_t *r, int64_t i)
+{
+    kvp_request q = r->w->reqs[i];
+    answer_t *a = r->ans;
+    const int64_t p = q.after - 1;
+    if (!a || p < 0 || r->rec[p].state != 2 || a[p].n == 0) return q;
+    const kvp_request *wp = &r->w->reqs[p];
+    const int32_t fixed = wp->prompt_len + wp->output_len; /* p's prompt and the workload's answer */
+    if (q.prompt_len < fixed || memcmp(q.tokens, wp->tokens, (size_t)wp->prompt_len * sizeof *q.tokens) != 0 ||
+        (wp->output_tokens &&
+         memcmp(q.tokens + wp->prompt_len, wp->output_tokens, (size_t)wp->output_len * sizeof *q.tokens) != 0))
+        return q;
+    const int32_t *pp = a[p].prompt ? a[p].prompt : wp->tokens, plen = a[p].prompt ? a[p].plen : wp->prompt_len;
+    const int32_t n = plen + a[p].n + (q.prompt_len - fixed);
+    int32_t *t = kvp_malloc((size_t)n * sizeof *t);
+    if (!t) return q; /* the workload's prompt, then */
+    memcpy(t, pp, (size_t)plen * sizeof *t);
+    memcpy(t + plen, a[p].ids, (size_t)a[p].n * sizeof *t);
+    memcpy(t + plen + a[p].n, q.tokens + fixed, (size_t)(q.prompt_len - fixed) * sizeof *t);
+    a[i].prompt = t;
+    a[i].plen = n;
+    r->spliced++;
+    q.tokens = t;
+    q.prompt_len = n;
+    return q;
+}
+
 static kvp_status launch(run_t *r, CURLM *mh, const char *url, const char *model, double timeout_s, int64_t idx)
 {
     xfer_t *x = kvp_calloc(1, sizeof *x);
@@ -373,7 +428,8 @@ static kvp_status launch(run_t *r, CURLM *mh, const char *url, const char *model
     x->idx = idx;
     x->run = r;
     x->h = curl_easy_init();
-    x->body = request_body(&r->w->reqs[idx], model, r->chat);
+    const kvp_request q0 = as_sent(r, idx);
+    x->body = request_body(&q0, model, r->chat, r->ans != NULL);
     x->hdr = curl_slist_append(NULL, "Content-Type: application/json");
     if (!x->h || !x->body || !x->hdr) {
         xfer_free(x);
@@ -705,7 +761,7 @@ static kvp_status server_model(const char *base, char *id, size_t cap, int64_t *
 
 static const char *const k_states[] = {"unsent", "in_flight", "completed", "failed", "skipped"};
 
-static kvp_status write_requests(const char *path, const kvp_workload *w, const rec_t *rec)
+static kvp_status write_requests(const char *path, const kvp_workload *w, const rec_t *rec, const answer_t *ans)
 {
     FILE *f = fopen(path, "w");
     if (!f) return KVP_ERR(KVP_EIO, "--requests-out: cannot write '%s': %s", path, strerror(errno));
@@ -723,7 +779,8 @@ static kvp_status write_requests(const char *path, const kvp_workload *w, const 
         const long long after = r->after > 0 ? (long long)w->reqs[r->after - 1].id : -1;
         fprintf(f, "%lld,%lld,%.6f,%.6f,%d,%lld,%d,%lld,%lld,%.6f,%.6f,%.6f,%lld,%s,%s\n", (long long)r->id, after,
                 r->arrival_s,
-                q->state >= 1 && q->state <= 3 ? q->send_s : 0.0, r->prompt_len, (long long)q->prompt_tokens,
+                q->state >= 1 && q->state <= 3 ? q->send_s : 0.0, ans && ans[i].prompt ? ans[i].plen : r->prompt_len,
+                (long long)q->prompt_tokens,
                 r->output_len, (long long)q->output_tokens, (long long)q->cached_tokens, ok ? q->ttft_s : 0.0, tpot,
                 ok ? q->e2e_s : 0.0, (long long)q->chunks, k_states[q->state], err);
     }
@@ -810,6 +867,7 @@ static kvp_status summarize(const run_t *r, const char *server, const slo_t *slo
     kvp_sort_doubles(r->itl, (int64_t)r->n_itl);
     cJSON_AddStringToObject(row, "server", server);
     cJSON_AddStringToObject(row, "workload", w->name);
+    cJSON_AddStringToObject(row, "answers", r->ans ? "server" : "workload");
     if (isinf(rate)) cJSON_AddStringToObject(row, "rate", "inf");
     else if (rate > 0) cJSON_AddNumberToObject(row, "rate", rate);
     else cJSON_AddStringToObject(row, "rate", "trace");
@@ -888,6 +946,7 @@ typedef struct {
     int nextra;
     int64_t vocab;
     const kvp_tokenizer *chat; /* --endpoint chat: the model's tokenizer (prompts sent as text); else NULL */
+    int server_answers;        /* --answers server */
     char server[1024]; /* the URL given, or the options of the server started */
 } bs_opts;
 
@@ -935,7 +994,8 @@ static kvp_status one_rate(const bs_opts *o, double rate, kvp_report *rep, int64
         r.child = kvp_malloc(((size_t)w->n + 1) * sizeof *r.child);
         r.sibling = kvp_malloc(((size_t)w->n + 1) * sizeof *r.sibling);
         r.live = kvp_calloc((size_t)w->n + 1, sizeof *r.live);
-        if (!r.rec || !r.heap || !r.child || !r.sibling || !r.live)
+        r.ans = o->server_answers ? kvp_calloc((size_t)w->n + 1, sizeof *r.ans) : NULL;
+        if (!r.rec || !r.heap || !r.child || !r.sibling || !r.live || (o->server_answers && !r.ans))
             st = KVP_ERR(KVP_ENOMEM, "out of memory for %lld requests", (long long)w->n);
     }
     if (st == KVP_OK) {
@@ -963,7 +1023,13 @@ static kvp_status one_rate(const bs_opts *o, double rate, kvp_report *rep, int64
     }
     stop_server(&sv);
     cJSON *row = NULL;
-    if (st == KVP_OK && o->req_out) st = write_requests(o->req_out, w, r.rec);
+    if (st == KVP_OK && o->req_out) st = write_requests(o->req_out, w, r.rec, r.ans);
+    if (st == KVP_OK && r.ans) {
+        int64_t turns = 0;
+        for (int64_t i = 0; i < w->n; i++) turns += w->reqs[i].after > 0;
+        fprintf(stderr, "kvpage bench serve: %lld of %lld chat turns carried the server's answer to the turn before\n",
+                (long long)r.spliced, (long long)turns);
+    }
     if (st == KVP_OK && o->m_out) st = write_metrics(o->m_out, &r.mp);
     if (st == KVP_OK) st = kvp_report_row(rep, &row);
     if (st == KVP_OK) st = summarize(&r, o->server, &o->slo, wall, rate, o->max_conc, peak, row);
@@ -972,7 +1038,9 @@ static kvp_status one_rate(const bs_opts *o, double rate, kvp_report *rep, int64
         if (r.rec[i].state == 3 && (*failed)++ == 0)
             fprintf(stderr, "kvpage bench serve: error: request %lld failed: %s\n", (long long)w->reqs[i].id, r.rec[i].err);
     metrics_free(&r.mp);
+    for (int64_t i = 0; r.ans && i < w->n; i++) kvp_free(r.ans[i].ids), kvp_free(r.ans[i].prompt);
     kvp_free(r.rec), kvp_free(r.heap), kvp_free(r.child), kvp_free(r.sibling), kvp_free(r.live), kvp_free(r.itl);
+    kvp_free(r.ans);
     kvp_workload_destroy(w);
     return st;
 }
@@ -981,7 +1049,7 @@ static kvp_status parse_rate_item(const char *s, void *out) { return kvp_parse_r
 
 enum {
     O_MODEL = 256, O_URL, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_MAXCONC, O_TIMEOUT, O_REQOUT, O_FORMAT,
-    O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT, O_ENDPOINT, O_PLOT
+    O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT, O_ENDPOINT, O_PLOT, O_ANSWERS
 };
 
 /* The rows of rep (one per rate) as the latency-throughput curve in PNG png. */
@@ -1017,7 +1085,8 @@ int kvp_bench_serve(int argc, char **argv)
         {"format", required_argument, NULL, O_FORMAT},     {"json", no_argument, NULL, O_JSON},
         {"metrics-interval", required_argument, NULL, O_MINTERVAL}, {"metrics-out", required_argument, NULL, O_MOUT},
         {"goodput", required_argument, NULL, O_GOODPUT},   {"endpoint", required_argument, NULL, O_ENDPOINT},
-        {"plot", required_argument, NULL, O_PLOT},         {"help", no_argument, NULL, 'h'},
+        {"plot", required_argument, NULL, O_PLOT},         {"answers", required_argument, NULL, O_ANSWERS},
+        {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
     bs_opts o = {.timeout_s = 600, .m_interval = 0.1};
@@ -1043,6 +1112,11 @@ int kvp_bench_serve(int argc, char **argv)
         case O_MINTERVAL: st = kvp_parse_f64(optarg, 0, 3600, &o.m_interval); break;
         case O_MOUT: o.m_out = optarg; break;
         case O_PLOT: plot = optarg; break;
+        case O_ANSWERS:
+            o.server_answers = strcmp(optarg, "server") == 0;
+            if (!o.server_answers && strcmp(optarg, "workload") != 0)
+                st = KVP_ERR(KVP_EINVAL, "unknown answers '%s' (workload or server)", optarg);
+            break;
         case O_GOODPUT: st = parse_slos(optarg, &o.slo); break;
         case O_ENDPOINT:
             chat = strcmp(optarg, "chat") == 0;
@@ -1066,6 +1140,8 @@ int kvp_bench_serve(int argc, char **argv)
     if (o.m_out && !(o.m_interval > 0)) return kvp_cli_usage_error(cmd, "--metrics-out needs --metrics-interval > 0");
     if ((o.m_out || o.req_out) && nrates > 1)
         return kvp_cli_usage_error(cmd, "--requests-out and --metrics-out take a single --rate");
+    if (o.server_answers && chat)
+        return kvp_cli_usage_error(cmd, "--answers server splices token ids: it needs --endpoint completions");
     if (plot && nrates < 2) return kvp_cli_usage_error(cmd, "--plot draws a curve: give a list of at least two --rate");
     if (plot) { /* refused now, not after the runs */
         char dir[4096];

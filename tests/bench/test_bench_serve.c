@@ -217,6 +217,40 @@ Test(bench_serve, chat_turns_wait_for_their_answers, .timeout = 120)
     cJSON_Delete(doc);
 }
 
+/* --answers server: each turn after the first is sent with the server's answer to the turn before (same
+ * lengths), and finds that turn's prompt and answer cached (the full blocks of its computed tokens: the
+ * server caches generated tokens too); with the workload's answers a turn finds at most the turn before's
+ * prompt, so fewer tokens in all. */
+Test(bench_serve, server_answers_are_found_cached_by_the_next_turn, .timeout = 120)
+{
+    static req_row rows[MAXREQ];
+    int n;
+    long long cached[2] = {0, 0};
+    for (int mode = 0; mode < 2; mode++) {
+        cJSON *doc;
+        char args[256];
+        snprintf(args, sizeof args, "--workload chat:conversations=4,turns=3,system=64,user=16,assistant=40,vocab=512 "
+                                    "--rate 100 --answers %s", mode ? "server" : "workload");
+        const cJSON *s = run(args, 0, &doc, rows, &n);
+        cr_assert_eq(n, 12);
+        expect_consistent(s, rows, n);
+        for (int i = 0; i < n; i++) {
+            if (rows[i].after < 0) continue;
+            const req_row *p = NULL;
+            for (int k = 0; k < n; k++)
+                if (rows[k].id == rows[i].after) p = &rows[k];
+            cr_assert_not_null(p);
+            const long long prompt_blocks = p->prompt_len / 16 * 16, all_blocks = (p->prompt_len + p->output_tokens - 1) / 16 * 16;
+            if (mode) cr_assert_geq(rows[i].cached, all_blocks, "turn %lld: %lld cached, the turn before computed %lld",
+                                    rows[i].id, rows[i].cached, all_blocks);
+            else cr_assert_leq(rows[i].cached, prompt_blocks, "turn %lld: the workload's answer was found", rows[i].id);
+        }
+        cached[mode] = (long long)kvp_test_num(s, "cached_tokens");
+        cJSON_Delete(doc);
+    }
+    cr_assert_gt(cached[1], cached[0] + 8 * 16, "server answers: %lld cached, workload answers: %lld", cached[1], cached[0]);
+}
+
 /* Prompt + output over the model's 2048 positions: skipped, the others served. */
 Test(bench_serve, requests_too_long_are_skipped, .timeout = 120)
 {
@@ -395,6 +429,8 @@ Test(bench_serve, bad_input_exits_2, .timeout = 120)
         {"--endpoint embeddings", "unknown endpoint 'embeddings'"},
         {"--goodput ttft:5,ttft:6", "'ttft' given twice"},
         {"--goodput ttft", "not NAME:MS"},
+        {"--answers model", "unknown answers 'model'"},
+        {"--answers server --endpoint chat", "needs --endpoint completions"},
         {"--goodput tpot:-3", "--goodput"},
         {"--metrics-interval 0 --metrics-out /tmp/x.csv", "--metrics-out needs"},
         {"--plot /tmp/x.png", "at least two --rate"},
