@@ -405,7 +405,8 @@ def fuzz_chat(a, rng, keep):
 KEYS = ['prompt', 'max_tokens', 'temperature', 'top_k', 'top_p', 'n', 'stream', 'seed', 'stop', 'logprobs', 'echo',
         'best_of', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'logit_bias', 'min_tokens',
         'ignore_eos', 'messages', 'model', 'stream_options', 'top_logprobs', 'max_completion_tokens', 'text',
-        'tokens', 'add_special_tokens', 'suffix', 'response_format', 'stop_token_ids', 'skip_special_tokens', 'min_p']
+        'tokens', 'add_special_tokens', 'suffix', 'response_format', 'stop_token_ids', 'skip_special_tokens', 'min_p',
+        'return_token_ids']
 
 
 def odd_body(rng):
@@ -516,6 +517,8 @@ def odd_stream(rng):
     for k in range(rng.randint(0, 6)):
         chunk = {'id': 'cmpl-0', 'object': 'text_completion', 'choices': [{'index': 0, 'text': rng.choice(
             ['a', ' b', '', 'é', '\u0000', 'x' * 3000]), 'finish_reason': None}]}
+        if rng.random() < 0.5:  # --answers server reads them
+            chunk['choices'][0]['token_ids'] = rng.choice([[5, 6], [7], [], [-1], [1e20], [2.5], 'x', None, {}, [3] * 5000])
         if rng.random() < 0.3:
             chunk = mutate_json_values(rng, chunk, rng.randint(1, 3))
         ev.append(json.dumps(chunk))
@@ -598,9 +601,11 @@ def fuzz_client(a, rng, keep):
     codes = {}
     for i in range(a.n):
         state['rng'] = random.Random(rng.getrandbits(32))
-        args = [a.kvpage, 'bench', 'serve', '--model', os.path.join(S260, 'stories260K.gguf'), '--url', url,
-                '--workload', 'system:n=%d,prefix=16,suffix=8,output=4,vocab=512' % rng.randint(1, 4), '--rate', 'inf',
-                '--timeout', '5', '--metrics-interval', rng.choice(['0', '0.01', '0.1'])]
+        load = ['--workload', 'system:n=%d,prefix=16,suffix=8,output=4,vocab=512' % rng.randint(1, 4)]
+        if rng.random() < 0.4:  # chat turns carrying the (fake) server's answers
+            load = ['--workload', 'chat:conversations=2,turns=3,system=16,user=8,assistant=4,vocab=512', '--answers', 'server']
+        args = [a.kvpage, 'bench', 'serve', '--model', os.path.join(S260, 'stories260K.gguf'), '--url', url] + load + [
+                '--rate', 'inf', '--timeout', '5', '--metrics-interval', rng.choice(['0', '0.01', '0.1'])]
         rc, err = run_cli(args)
         codes[rc] = codes.get(rc, 0) + 1
         if rc not in (0, 1, 2) or sanitized(err):
