@@ -76,8 +76,9 @@ static void usage(FILE *f)
             "  --workload SPEC           sharegpt | alpaca | system:... | chat:... | fewshot:... | branch:...\n"
             "                            (as for simulate; runtime/workload.h)\n"
             "  --rate R[,R...]           requests/s (> 0, or inf: all at once); traces are rescaled to it. A list\n"
-            "                            runs the workload once per rate, each on a fresh server (unless --url,\n"
-            "                            whose prefix cache then carries over), one row each\n"
+            "                            runs the workload once per rate, each on a fresh server (with --url, the\n"
+            "                            server's prefix cache is emptied between them: POST /reset_prefix_cache,\n"
+            "                            vLLM's, or /flush_cache, SGLang's), one row each\n"
             "  --num-requests N          keep the first N requests\n"
             "  --duration S              keep the requests arriving in the first S seconds\n"
             "  --max-concurrency N       requests in flight at most (default: no limit); the others wait\n"
@@ -757,6 +758,32 @@ static kvp_status server_model(const char *base, char *id, size_t cap, int64_t *
     return st;
 }
 
+/* POST base/reset_prefix_cache (vLLM's; kvpage serve's), else base/flush_cache (SGLang's): 1 when either
+ * answered 200. */
+static int reset_server_cache(const char *base)
+{
+    static const char *const paths[] = {"/reset_prefix_cache", "/flush_cache"};
+    for (int k = 0; k < 2; k++) {
+        char url[1100];
+        text_buf body = {0};
+        snprintf(url, sizeof url, "%s%s", base, paths[k]);
+        CURL *h = curl_easy_init();
+        if (!h) return 0;
+        curl_easy_setopt(h, CURLOPT_URL, url);
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
+        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+        curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)&body);
+        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+        curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
+        long code = 0;
+        if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
+        curl_easy_cleanup(h);
+        kvp_free(body.p);
+        if (code == 200) return 1;
+    }
+    return 0;
+}
+
 /* ---------------------------------------------------------------- the command */
 
 static const char *const k_states[] = {"unsent", "in_flight", "completed", "failed", "skipped"};
@@ -967,9 +994,10 @@ static kvp_status load_workload(const bs_opts *o, double rate, int32_t max_total
     return st;
 }
 
-/* One run at rate (0: the trace's times): a fresh server unless --url, the workload at that rate, its row in
- * rep. *failed: requests that failed (the first is named on stderr). */
-static kvp_status one_rate(const bs_opts *o, double rate, kvp_report *rep, int64_t *failed)
+/* One run at rate (0: the trace's times): a fresh server unless --url (then, with reset, its prefix cache is
+ * emptied first), the workload at that rate, its row in rep. *failed: requests that failed (the first is named
+ * on stderr). */
+static kvp_status one_rate(const bs_opts *o, double rate, int reset, kvp_report *rep, int64_t *failed)
 {
     server_t sv = {0};
     char base[1024] = "", mid[256] = "", compl[1100];
@@ -982,6 +1010,9 @@ static kvp_status one_rate(const bs_opts *o, double rate, kvp_report *rep, int64
     else st = start_server(o->model, o->extra, o->nextra, &sv, base, sizeof base);
     for (size_t n = strlen(base); st == KVP_OK && n > 0 && base[n - 1] == '/'; n--) base[n - 1] = '\0';
     if (st == KVP_OK) st = server_model(base, mid, sizeof mid, &max_len);
+    if (st == KVP_OK && o->url && reset && !reset_server_cache(base))
+        fprintf(stderr, "kvpage bench serve: warning: %s has no /reset_prefix_cache or /flush_cache: this run finds "
+                        "what the run before cached\n", base);
     snprintf(compl, sizeof compl, "%s/v1/%s", base, o->chat ? "chat/completions" : "completions");
     if (st == KVP_OK) /* lengths drawn within the server's context (as simulate draws them in the model's) */
         st = load_workload(o, rate, max_len > 0 ? (int32_t)max_len : 32768, &w);
@@ -1178,7 +1209,7 @@ int kvp_bench_serve(int argc, char **argv)
     st = kvp_report_create(k_fields, NFIELDS, &rep);
     for (int k = 0; k < nrates && st == KVP_OK; k++) { /* each rate on a fresh server (unless --url) */
         int64_t f = 0;
-        st = one_rate(&o, rates[k], rep, &f);
+        st = one_rate(&o, rates[k], k > 0, rep, &f);
         failed += f;
     }
     if (st == KVP_OK) {

@@ -1376,6 +1376,15 @@ kvp_status kvp_gen_session_abort(kvp_gen_session *g, int32_t id)
     return KVP_OK;
 }
 
+kvp_status kvp_gen_session_reset_prefix_cache(kvp_gen_session *g, int64_t *evicted)
+{
+    int64_t n = 0;
+    for (int64_t k; g->pc && (k = kvp_pc_num_evictable(g->pc)) > 0; n += k) /* a radix leaf's parent comes next */
+        KVP_TRY(kvp_pc_evict(g->pc, k > INT32_MAX ? INT32_MAX : (int32_t)k, NULL));
+    if (evicted) *evicted = n;
+    return KVP_OK;
+}
+
 void kvp_gen_session_stats_get(const kvp_gen_session *g, kvp_gen_session_stats *out)
 {
     memset(out, 0, sizeof *out);

@@ -197,6 +197,10 @@ kvp_status kvp_gen_session_stop(kvp_gen_session *s, int32_t id, int32_t k);
  * finish with KVP_FINISH_ABORTED; a request not admitted yet finishes with no sample. It is then taken like
  * any other. KVP_ENOTFOUND, with no message, when id is unknown, finished or taken. */
 kvp_status kvp_gen_session_abort(kvp_gen_session *s, int32_t id);
+/* Empties the prefix cache (vLLM's reset_prefix_cache, SGLang's flush_cache): every cached block is dropped;
+ * those a running sequence holds stay its own, the others are free again. *evicted (may be NULL): blocks
+ * dropped. Requests added later find nothing cached. */
+kvp_status kvp_gen_session_reset_prefix_cache(kvp_gen_session *s, int64_t *evicted);
 
 typedef struct {
     int64_t requests, finished, waiting;   /* added, finished (taken or not), not admitted yet */

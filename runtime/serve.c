@@ -78,6 +78,8 @@ static void usage(FILE *f)
             "  POST /tokenize        vLLM's: {\"prompt\": TEXT, \"add_special_tokens\": true} or {\"messages\": [...]}\n"
             "                        -> {\"count\", \"max_model_len\", \"tokens\"}\n"
             "  POST /detokenize      vLLM's: {\"tokens\": [TOKEN_ID, ...]} -> {\"prompt\": TEXT}\n"
+            "  POST /reset_prefix_cache  vLLM's (SGLang's /flush_cache too): empties the prefix cache, before\n"
+            "                        the requests that come after it -> {\"evicted_blocks\"}\n"
             "  GET  /health          200 while serving\n"
             "  GET  /metrics         Prometheus counters and gauges (requests, tokens, KV blocks, prefix hits)\n"
             "                        and latency histograms (time to first token, per output token, end to end)\n\n"
@@ -173,6 +175,8 @@ typedef struct job {
     int return_ids; /* vLLM's return_token_ids: each choice gives its prompt's and its own token ids */
     int include_usage, continuous_usage; /* stream_options: usage in a last event / in every event */
     int chat; /* /v1/chat/completions: messages in, chat.completion objects out */
+    int reset_cache;       /* POST /reset_prefix_cache: no prompts; the engine empties the prefix cache */
+    int64_t evicted;       /* and the blocks it dropped */
     char *ptext[MAX_PROMPTS]; /* echo: the prompts' text, owned */
     kvp_gen_logprobs *eplp; /* [n] a streamed echo with logprobs: each prompt's log-probabilities once known */
     choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
@@ -245,7 +249,7 @@ typedef struct {
  * step, from the operations rank 0 broadcasts before each step: the requests it added, the samples it stopped
  * and the requests it aborted, in the order it made them. The same operations on the same state make the same
  * decisions on every rank (the forward pass gives every rank the same logits, bit for bit). */
-enum { OP_ADD = 1, OP_STOP, OP_ABORT, OP_QUIT };
+enum { OP_ADD = 1, OP_STOP, OP_ABORT, OP_QUIT, OP_RESET_CACHE };
 
 static void log_put(oplog *l, const void *p, size_t n)
 {
@@ -288,6 +292,13 @@ static void sess_stop(server *sv, int32_t id, int32_t k)
 static void sess_abort(server *sv, int32_t id)
 {
     if (kvp_gen_session_abort(sv->s, id) == KVP_OK && sv->tp > 1) log_op(&sv->ops, OP_ABORT, id, 0);
+}
+
+static kvp_status sess_reset_cache(server *sv, int64_t *evicted)
+{
+    KVP_TRY(kvp_gen_session_reset_prefix_cache(sv->s, evicted));
+    if (sv->tp > 1) log_op(&sv->ops, OP_RESET_CACHE, 0, 0);
+    return KVP_OK;
 }
 
 /* Rank 0: broadcasts the operations logged since the last step (its length, then the bytes). */
@@ -334,6 +345,8 @@ static kvp_status apply_ops(kvp_gen_session *s, const unsigned char *p, size_t l
             kvp_gen_session_abort(s, a);
         } else if (op == OP_QUIT) {
             *quit = 1;
+        } else if (op == OP_RESET_CACHE) {
+            KVP_TRY(kvp_gen_session_reset_prefix_cache(s, NULL));
         }
     }
     return KVP_OK;
@@ -454,6 +467,7 @@ static void add_job(server *sv, job *j)
     const int gone = j->cancelled;
     pthread_mutex_unlock(&sv->mu);
     kvp_status st = gone ? KVP_OK : kvp_grow((void **)&sv->live, &sv->cap_live, (size_t)sv->nlive + 1, sizeof *sv->live);
+    if (!gone && st == KVP_OK && j->reset_cache) st = sess_reset_cache(sv, &j->evicted);
     if (!gone && st == KVP_OK)
         st = kvp_grow((void **)&sv->wake_list, &sv->cap_wake, (size_t)sv->nlive + 1, sizeof *sv->wake_list);
     for (int32_t i = 0; !gone && st == KVP_OK && i < j->n; i++) {
@@ -462,13 +476,14 @@ static void add_job(server *sv, job *j)
         if ((st = sess_add(sv, &j->reqs[i], &j->ids[i])) != KVP_OK) break;
         added++;
     }
-    if (st != KVP_OK) snprintf(err, sizeof err, "prompt %d: %s", added, kvp_error_message());
+    if (st != KVP_OK && j->reset_cache) snprintf(err, sizeof err, "resetting the prefix cache: %s", kvp_error_message());
+    else if (st != KVP_OK) snprintf(err, sizeof err, "prompt %d: %s", added, kvp_error_message());
     pthread_mutex_lock(&sv->mu);
     j->added = added;
     if (added > 0) sv->live[sv->nlive++] = j; /* room made above */
     j->remaining = added;
     if (err[0]) {
-        j->status = 400;
+        j->status = j->reset_cache ? 500 : 400;
         snprintf(j->err, sizeof j->err, "%s", err);
     }
     if (added == 0) job_finish(sv, j, 0, NULL);
@@ -1610,6 +1625,44 @@ static cJSON *body_object(server *sv, struct MHD_Connection *c, const body *b, e
 }
 
 /* POST /v1/completions (chat 0) or /v1/chat/completions (chat 1). */
+/* Queues job j for the engine and answers when it is done: a stream through x, else (x NULL) by
+ * completion_answer once the engine has finished the job and resumed the connection (a client that leaves
+ * meanwhile cancels its job, and gets no answer). */
+static enum MHD_Result enqueue(server *sv, struct MHD_Connection *c, body *b, job *j, stream_ctx *x)
+{
+    pthread_mutex_lock(&sv->mu);
+    const uint64_t id = sv->next_id++;
+    j->refs = 2; /* the engine's (released by job_finish) and the handler's or the response's */
+    if (sv->stop) {
+        job_finish(sv, j, 503, "the server is shutting down");
+    } else {
+        if (sv->tail) sv->tail->next = j;
+        else sv->head = j;
+        sv->tail = j;
+        pthread_cond_signal(&sv->wake);
+    }
+    if (x) {
+        pthread_mutex_unlock(&sv->mu);
+        *x = (stream_ctx){.sv = sv, .j = j, .c = c, .id = id, .created = time(NULL)};
+        return stream_reply(c, x);
+    }
+    b->j = j;
+    b->id = id;
+    if (!j->finished) job_suspend(j, c);
+    pthread_mutex_unlock(&sv->mu);
+    return MHD_YES;
+}
+
+/* vLLM's POST /reset_prefix_cache (SGLang's /flush_cache): done by the engine between two steps, before the
+ * requests that came after it are added. */
+static enum MHD_Result reset_cache(server *sv, struct MHD_Connection *c, body *b)
+{
+    job *j = kvp_calloc(1, sizeof *j);
+    if (!j) return reply_error(sv, c, 500, "out of memory");
+    j->reset_cache = 1;
+    return enqueue(sv, c, b, j, NULL);
+}
+
 static enum MHD_Result completions(server *sv, struct MHD_Connection *c, body *b, int chat)
 {
     enum MHD_Result ret = MHD_NO;
@@ -1628,35 +1681,12 @@ static enum MHD_Result completions(server *sv, struct MHD_Connection *c, body *b
         job_free(j);
         return reply_error(sv, c, (unsigned)code, err);
     }
-    uint64_t id;
     stream_ctx *x = j->stream ? kvp_calloc(1, sizeof *x) : NULL;
     if (j->stream && !x) {
         job_free(j);
         return reply_error(sv, c, 500, "out of memory");
     }
-    pthread_mutex_lock(&sv->mu);
-    id = sv->next_id++;
-    j->refs = 2; /* the engine's (released by job_finish) and the handler's or the response's */
-    if (sv->stop) {
-        job_finish(sv, j, 503, "the server is shutting down");
-    } else {
-        if (sv->tail) sv->tail->next = j;
-        else sv->head = j;
-        sv->tail = j;
-        pthread_cond_signal(&sv->wake);
-    }
-    if (x) {
-        pthread_mutex_unlock(&sv->mu);
-        *x = (stream_ctx){.sv = sv, .j = j, .c = c, .id = id, .created = time(NULL)};
-        return stream_reply(c, x);
-    }
-    /* answered by completion_answer when the engine has finished the job and resumed the connection (a
-     * client that leaves meanwhile cancels its job, and gets no answer) */
-    b->j = j;
-    b->id = id;
-    if (!j->finished) job_suspend(j, c);
-    pthread_mutex_unlock(&sv->mu);
-    return MHD_YES;
+    return enqueue(sv, c, b, j, x);
 }
 
 /* The answer of b's completion, called again by MHD until the job is finished (then the handler lets go
@@ -1677,6 +1707,10 @@ static enum MHD_Result completion_answer(server *sv, struct MHD_Connection *c, b
         ret = MHD_NO;
     } else if (j->status) {
         ret = reply_error(sv, c, (unsigned)j->status, j->err);
+    } else if (j->reset_cache) {
+        cJSON *o = cJSON_CreateObject();
+        cJSON_AddNumberToObject(o, "evicted_blocks", (double)j->evicted);
+        ret = reply_json(sv, c, 200, o);
     } else {
         cJSON *o = completion_json(sv, j, b->id);
         ret = o ? reply_json(sv, c, 200, o) : reply_error(sv, c, 500, "cannot decode the generated tokens");
@@ -1923,6 +1957,8 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
     if (strcmp(url, "/detokenize") == 0)
         return post ? detokenize(sv, c, b) : reply_error(sv, c, 405, "use POST for /detokenize");
     if (strcmp(url, "/metrics") == 0) return get ? metrics(sv, c) : reply_error(sv, c, 405, "use GET for /metrics");
+    if (strcmp(url, "/reset_prefix_cache") == 0 || strcmp(url, "/flush_cache") == 0)
+        return post ? reset_cache(sv, c, b) : reply_error(sv, c, 405, "use POST to reset the prefix cache");
     if (strcmp(url, "/health") == 0) {
         if (!get) return reply_error(sv, c, 405, "use GET for /health");
         count_answer(sv, 200);

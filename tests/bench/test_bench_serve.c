@@ -271,7 +271,8 @@ Test(bench_serve, requests_too_long_are_skipped, .timeout = 120)
     cJSON_Delete(doc);
 }
 
-/* --url: a server started here (as a user would), then the same server gone. */
+/* --url: a server started here (as a user would), a rate list against it (its prefix cache reset between the
+ * runs), then the same server gone. */
 Test(bench_serve, url_of_a_running_server, .timeout = 120)
 {
     int fd[2];
@@ -308,14 +309,25 @@ Test(bench_serve, url_of_a_running_server, .timeout = 120)
     cr_assert_eq(kvp_test_num(s, "completed"), 6);
     expect_consistent(s, rows, n);
     cJSON_Delete(doc);
+    /* a list of rates, one request at a time: the first run finds the 32-token prefix the run above cached
+     * (6 x 32 tokens), the second comes after the server's prefix cache was reset (its first request misses) */
+    static char out[1 << 16], err[1 << 16];
+    snprintf(args, sizeof args, "bench serve " MODEL " --url %s --workload system:n=6,prefix=32,suffix=8,output=4,"
+                                "vocab=512 --rate 50,inf --max-concurrency 1 --json", u->valuestring);
+    int rc = kvp_test_cli(args, out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cr_assert_not_null(doc = cJSON_Parse(out));
+    const cJSON *rs = kvp_test_rows(doc);
+    cr_assert_eq(kvp_test_num(cJSON_GetArrayItem(rs, 0), "cached_tokens"), 6 * 32);
+    cr_assert_eq(kvp_test_num(cJSON_GetArrayItem(rs, 1), "cached_tokens"), 5 * 32, "the cache was not reset");
+    cJSON_Delete(doc);
     kill(pid, SIGTERM);
     int ws;
     waitpid(pid, &ws, 0);
     close(fd[0]);
     /* the same address with nobody listening: an error naming it (the URL is bad input) */
-    static char out[1 << 12], err[1 << 12];
     snprintf(args, sizeof args, "bench serve " MODEL " --url %s --workload system:n=2,vocab=512 --rate inf", u->valuestring);
-    int rc = kvp_test_cli(args, out, sizeof out, err, sizeof err);
+    rc = kvp_test_cli(args, out, sizeof out, err, sizeof err);
     cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
     cr_assert(strstr(err, "/v1/models") != NULL && strstr(err, "connect") != NULL, "%s", err);
     cJSON_Delete(j);

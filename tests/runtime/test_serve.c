@@ -197,6 +197,13 @@ static const char *choice_text(const cJSON *j, int i)
     return cJSON_GetObjectItem(c, "text")->valuestring;
 }
 
+/* The prompt tokens the prefix cache served (usage.prompt_tokens_details.cached_tokens). */
+static double cached_of(const cJSON *j)
+{
+    return cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens_details"),
+                               "cached_tokens")->valuedouble;
+}
+
 /* A metric's value from /metrics. */
 static double metric(const server *s, const char *name)
 {
@@ -908,6 +915,17 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     for (int i = 0; i < 2400 && metric(&two, "kvpage_sequences_running") > 0; i++) usleep(50 * 1000);
     cr_assert_eq(metric(&two, "kvpage_requests_cancelled_total"), 1);
     cr_assert_eq(metric(&two, "kvpage_sequences_running"), 0);
+    /* a reset of the prefix cache reaches the other rank: a 40-token prompt found cached is computed again on
+     * both (the ranks' final check compares the tokens they computed) */
+    strcpy(body, "{\"prompt\":[1");
+    for (int i = 2; i <= 40; i++) snprintf(body + strlen(body), sizeof body - strlen(body), ",%d", 100 + i);
+    strcat(body, "],\"max_tokens\":3,\"temperature\":0}");
+    for (int k = 0; k < 3; k++) {
+        if (k == 2) cJSON_Delete(post_json(&two, "/reset_prefix_cache", "", 200));
+        j = complete(&two, body, 200);
+        cr_assert_eq(cached_of(j), k == 1 ? 32 : 0, "request %d", k);
+        cJSON_Delete(j);
+    }
     j = complete(&two, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
     stop(&two);
@@ -1438,6 +1456,37 @@ Test(serve, return_token_ids_give_the_answers_tokens)
     const char *msg = cJSON_GetObjectItem(cJSON_GetObjectItem(e, "error"), "message")->valuestring;
     cr_assert(strstr(msg, "return_token_ids") != NULL, "%s", msg);
     cJSON_Delete(e);
+    stop(&s);
+}
+
+/* POST /reset_prefix_cache (and SGLang's /flush_cache) empties the prefix cache: a prompt found cached is
+ * not found after it, and is found again after it ran once more; other methods are refused. */
+Test(serve, reset_prefix_cache_empties_it)
+{
+    server s = start("--num-blocks 64");
+    char body[1024] = "{\"prompt\":[1";
+    for (int i = 2; i <= 70; i++) snprintf(body + strlen(body), sizeof body - strlen(body), ",%d", 100 + i);
+    strcat(body, "],\"max_tokens\":3,\"temperature\":0}");
+    cJSON *j = complete(&s, body, 200);
+    cJSON_Delete(j);
+    j = complete(&s, body, 200);
+    cr_assert_eq(cached_of(j), 64, "the 70-token prompt's 4 full blocks");
+    cJSON_Delete(j);
+    const char *paths[2] = {"/reset_prefix_cache", "/flush_cache"};
+    for (int k = 0; k < 2; k++) {
+        j = post_json(&s, paths[k], "", 200);
+        cr_assert_geq(cJSON_GetObjectItem(j, "evicted_blocks")->valuedouble, 4, "%s", paths[k]);
+        cJSON_Delete(j);
+        j = complete(&s, body, 200);
+        cr_assert_eq(cached_of(j), 0, "after %s", paths[k]);
+        cJSON_Delete(j);
+        j = complete(&s, body, 200);
+        cr_assert_eq(cached_of(j), 64, "cached again after %s", paths[k]);
+        cJSON_Delete(j);
+    }
+    char *resp;
+    cr_assert_eq(http(&s, "GET", "/reset_prefix_cache", NULL, &resp), 405, "%s", resp);
+    free(resp);
     stop(&s);
 }
 
