@@ -70,8 +70,9 @@ static void usage(FILE *f)
             "                            each prompt decoded to text, one user message to /v1/chat/completions\n"
             "                            (through the server's chat template, so the served prompt is longer)\n"
             "  --answers workload|server  a chat turn's prompt carries the turn before's answer: the workload's\n"
-            "                            (default), or the one the server generated (return_token_ids; with\n"
-            "                            completions), as a real conversation does: its blocks can be cached\n"
+            "                            (default), or the one the server generated, as a real conversation\n"
+            "                            does (completions: its token ids, asked with return_token_ids; chat: the\n"
+            "                            turns as user messages and the answers as assistant messages)\n"
             "  --trace FILE              Azure LLM trace CSV (*.csv) or Mooncake JSONL\n"
             "  --workload SPEC           sharegpt | alpaca | system:... | chat:... | fewshot:... | branch:...\n"
             "                            (as for simulate; runtime/workload.h)\n"
@@ -164,11 +165,13 @@ typedef struct {
     size_t n, cap_s;
 } mpoll;
 
-/* --answers server: the ids the server generated for a request (return_token_ids), and the prompt it was sent
- * with when that is not the workload's (a chat turn carrying the server's answer to the turn before). */
+/* --answers server: what the server generated for a request, its ids (completions, return_token_ids) or its
+ * text (chat), and the prompt it was sent with when that is not the workload's (a completion carrying the
+ * server's answer to the turn before). */
 typedef struct {
     int32_t *ids, n, *prompt, plen;
     size_t cap;
+    text_buf text;
 } answer_t;
 
 typedef struct run {
@@ -253,7 +256,10 @@ static void on_event(xfer_t *x, const char *data, size_t n)
         const cJSON *t[3] = {cJSON_GetObjectItemCaseSensitive(c, "text"), cJSON_GetObjectItemCaseSensitive(d, "content"),
                              cJSON_GetObjectItemCaseSensitive(d, "reasoning_content")};
         for (int k = 0; k < 3; k++) text |= cJSON_IsString(t[k]) && t[k]->valuestring[0] != '\0';
-        answer_t *a = r->ans ? &r->ans[x->idx] : NULL; /* --answers server: the ids of the text */
+        answer_t *a = r->ans ? &r->ans[x->idx] : NULL; /* --answers server: the ids of the text, or a chat's text */
+        if (a && r->chat && cJSON_IsString(t[1]) && !text_append(&a->text, t[1]->valuestring, strlen(t[1]->valuestring)) &&
+            r->st == KVP_OK)
+            r->st = KVP_ERR(KVP_ENOMEM, "out of memory for the answers' text");
         const cJSON *ids = a ? cJSON_GetObjectItemCaseSensitive(c, "token_ids") : NULL, *id;
         cJSON_ArrayForEach(id, ids)
         {
@@ -345,25 +351,76 @@ static void xfer_free(xfer_t *x)
     kvp_free(x);
 }
 
-/* The JSON body of request q: a completion of its token ids, or (chat != NULL) a chat whose one user message
- * is its prompt decoded to text. */
-static char *request_body(const kvp_request *q, const char *model, const kvp_tokenizer *chat, int return_ids)
+/* 1 when request i's prompt is request p's, then p's answer (output_len tokens), then a new message: a chat
+ * turn and the turn before it (returns the new message's offset in *at). */
+static int continues(const kvp_workload *w, int64_t i, int64_t p, int32_t *at)
+{
+    const kvp_request *q = &w->reqs[i], *wp = &w->reqs[p];
+    const int32_t fixed = wp->prompt_len + wp->output_len;
+    if (q->prompt_len < fixed || memcmp(q->tokens, wp->tokens, (size_t)wp->prompt_len * sizeof *q->tokens) != 0 ||
+        (wp->output_tokens &&
+         memcmp(q->tokens + wp->prompt_len, wp->output_tokens, (size_t)wp->output_len * sizeof *q->tokens) != 0))
+        return 0;
+    *at = fixed;
+    return 1;
+}
+
+/* Appends a message of role with tokens[0, n) decoded (text NULL) or text; 0 when out of memory. */
+static int add_message(cJSON *msgs, const char *role, const kvp_tokenizer *tok, const int32_t *tokens, int32_t n,
+                       const char *text)
+{
+    char *dec = NULL;
+    cJSON *m = cJSON_CreateObject();
+    if (!m || !cJSON_AddItemToArray(msgs, m) || !cJSON_AddStringToObject(m, "role", role)) return 0;
+    if (!text && kvp_tok_decode(tok, -1, tokens, n, &dec) != KVP_OK) return 0;
+    const int ok = kvp_json_add_text(m, "content", text ? text : dec) == KVP_OK;
+    kvp_free(dec);
+    return ok;
+}
+
+/* --answers server, --endpoint chat: request i as a conversation, its turns' new messages as user messages and
+ * the server's answers to them as assistant messages: 1. 0 (msgs unchanged) when some turn before it did not
+ * complete or its prompt is not built from the turn before's (see continues): then i goes as one message.
+ * -1: out of memory. */
+static int conversation(run_t *r, int64_t i, cJSON *msgs)
+{
+    int64_t n = 1;
+    for (int64_t c = i; r->w->reqs[c].after > 0; c = r->w->reqs[c].after - 1, n++) {
+        const int64_t p = r->w->reqs[c].after - 1;
+        int32_t at;
+        if (r->rec[p].state != 2 || !continues(r->w, c, p, &at)) return 0;
+    }
+    if (n == 1) return 0;
+    int64_t *chain = kvp_malloc((size_t)n * sizeof *chain); /* [0]: the first turn, [n-1]: i */
+    if (!chain) return -1;
+    for (int64_t k = n - 1, c = i; k >= 0; k--, c = r->w->reqs[c].after - 1) chain[k] = c;
+    int ok = 1;
+    for (int64_t k = 0; k < n && ok; k++) {
+        const kvp_request *q = &r->w->reqs[chain[k]];
+        int32_t at = 0;
+        if (k > 0) continues(r->w, chain[k], chain[k - 1], &at);
+        ok = add_message(msgs, "user", r->chat, q->tokens + at, q->prompt_len - at, NULL) &&
+             (k == n - 1 || add_message(msgs, "assistant", NULL, NULL, 0, r->ans[chain[k]].text.p ? r->ans[chain[k]].text.p : ""));
+    }
+    kvp_free(chain);
+    return ok ? 1 : -1;
+}
+
+/* The JSON body of request q (request i of the run): a completion of its token ids, or (--endpoint chat) a
+ * chat whose one user message is its prompt decoded to text, or with --answers server its conversation. */
+static char *request_body(run_t *r, int64_t i, const kvp_request *q, const char *model)
 {
     cJSON *o = cJSON_CreateObject();
     if (!o) return NULL;
     if (model) cJSON_AddStringToObject(o, "model", model);
-    if (chat) {
-        char *text = NULL;
-        cJSON *m = cJSON_CreateObject();
-        cJSON_AddItemToArray(cJSON_AddArrayToObject(o, "messages"), m);
-        cJSON_AddStringToObject(m, "role", "user");
-        if (kvp_tok_decode(chat, -1, q->tokens, q->prompt_len, &text) != KVP_OK ||
-            kvp_json_add_text(m, "content", text) != KVP_OK) {
-            kvp_free(text);
+    if (r->chat) {
+        cJSON *msgs = cJSON_AddArrayToObject(o, "messages");
+        const int conv = r->ans ? conversation(r, i, msgs) : 0;
+        r->spliced += conv > 0;
+        if (conv < 0 || (conv == 0 && !add_message(msgs, "user", r->chat, q->tokens, q->prompt_len, NULL))) {
             cJSON_Delete(o);
             return NULL;
         }
-        kvp_free(text);
     } else {
         cJSON *p = cJSON_AddArrayToObject(o, "prompt");
         for (int32_t j = 0; p && j < q->prompt_len; j++) cJSON_AddItemToArray(p, cJSON_CreateNumber(q->tokens[j]));
@@ -371,7 +428,7 @@ static char *request_body(const kvp_request *q, const char *model, const kvp_tok
     cJSON_AddNumberToObject(o, "max_tokens", q->output_len > 0 ? q->output_len : 1);
     cJSON_AddNumberToObject(o, "temperature", 0);
     cJSON_AddBoolToObject(o, "ignore_eos", 1);
-    if (return_ids) cJSON_AddBoolToObject(o, "return_token_ids", 1);
+    if (r->ans && !r->chat) cJSON_AddBoolToObject(o, "return_token_ids", 1);
     cJSON_AddBoolToObject(o, "stream", 1);
     cJSON_AddBoolToObject(cJSON_AddObjectToObject(o, "stream_options"), "include_usage", 1);
     char *s = cJSON_PrintUnformatted(o);
@@ -391,22 +448,18 @@ static void release_turns(run_t *r, int64_t i, double now)
         }
 }
 
-/* --answers server: request i as it is sent. A chat turn whose previous turn p completed carries p's prompt
- * as sent and the server's answer to it in place of the workload's, then its own new message: the workload's
- * turn is p's prompt + p's answer (output_len tokens) + the new message. Any other request, or a turn whose
- * prompt is not built that way, goes as the workload has it. */
+/* --answers server, completions: request i's token ids as sent. A chat turn whose previous turn p completed
+ * carries p's prompt as sent and the server's answer to it in place of the workload's, then its own new
+ * message (see continues). Any other request, or a turn whose prompt is not built that way, goes as the
+ * workload has it. */
 static kvp_request as_sent(run_t *r, int64_t i)
 {
     kvp_request q = r->w->reqs[i];
     answer_t *a = r->ans;
     const int64_t p = q.after - 1;
-    if (!a || p < 0 || r->rec[p].state != 2 || a[p].n == 0) return q;
+    int32_t fixed;
+    if (!a || r->chat || p < 0 || r->rec[p].state != 2 || a[p].n == 0 || !continues(r->w, i, p, &fixed)) return q;
     const kvp_request *wp = &r->w->reqs[p];
-    const int32_t fixed = wp->prompt_len + wp->output_len; /* p's prompt and the workload's answer */
-    if (q.prompt_len < fixed || memcmp(q.tokens, wp->tokens, (size_t)wp->prompt_len * sizeof *q.tokens) != 0 ||
-        (wp->output_tokens &&
-         memcmp(q.tokens + wp->prompt_len, wp->output_tokens, (size_t)wp->output_len * sizeof *q.tokens) != 0))
-        return q;
     const int32_t *pp = a[p].prompt ? a[p].prompt : wp->tokens, plen = a[p].prompt ? a[p].plen : wp->prompt_len;
     const int32_t n = plen + a[p].n + (q.prompt_len - fixed);
     int32_t *t = kvp_malloc((size_t)n * sizeof *t);
@@ -430,7 +483,7 @@ static kvp_status launch(run_t *r, CURLM *mh, const char *url, const char *model
     x->run = r;
     x->h = curl_easy_init();
     const kvp_request q0 = as_sent(r, idx);
-    x->body = request_body(&q0, model, r->chat, r->ans != NULL);
+    x->body = request_body(r, idx, &q0, model);
     x->hdr = curl_slist_append(NULL, "Content-Type: application/json");
     if (!x->h || !x->body || !x->hdr) {
         xfer_free(x);
@@ -1069,7 +1122,7 @@ static kvp_status one_rate(const bs_opts *o, double rate, int reset, kvp_report 
         if (r.rec[i].state == 3 && (*failed)++ == 0)
             fprintf(stderr, "kvpage bench serve: error: request %lld failed: %s\n", (long long)w->reqs[i].id, r.rec[i].err);
     metrics_free(&r.mp);
-    for (int64_t i = 0; r.ans && i < w->n; i++) kvp_free(r.ans[i].ids), kvp_free(r.ans[i].prompt);
+    for (int64_t i = 0; r.ans && i < w->n; i++) kvp_free(r.ans[i].ids), kvp_free(r.ans[i].prompt), kvp_free(r.ans[i].text.p);
     kvp_free(r.rec), kvp_free(r.heap), kvp_free(r.child), kvp_free(r.sibling), kvp_free(r.live), kvp_free(r.itl);
     kvp_free(r.ans);
     kvp_workload_destroy(w);
@@ -1171,8 +1224,6 @@ int kvp_bench_serve(int argc, char **argv)
     if (o.m_out && !(o.m_interval > 0)) return kvp_cli_usage_error(cmd, "--metrics-out needs --metrics-interval > 0");
     if ((o.m_out || o.req_out) && nrates > 1)
         return kvp_cli_usage_error(cmd, "--requests-out and --metrics-out take a single --rate");
-    if (o.server_answers && chat)
-        return kvp_cli_usage_error(cmd, "--answers server splices token ids: it needs --endpoint completions");
     if (plot && nrates < 2) return kvp_cli_usage_error(cmd, "--plot draws a curve: give a list of at least two --rate");
     if (plot) { /* refused now, not after the runs */
         char dir[4096];

@@ -515,8 +515,11 @@ def odd_stream(rng):
     """A mutated answer to a streamed completion: (status, body bytes)."""
     ev = []
     for k in range(rng.randint(0, 6)):
-        chunk = {'id': 'cmpl-0', 'object': 'text_completion', 'choices': [{'index': 0, 'text': rng.choice(
-            ['a', ' b', '', 'é', '\u0000', 'x' * 3000]), 'finish_reason': None}]}
+        text = rng.choice(['a', ' b', '', 'é', '\u0000', 'x' * 3000])
+        chunk = {'id': 'cmpl-0', 'object': 'text_completion', 'choices': [{'index': 0, 'text': text, 'finish_reason': None}]}
+        if rng.random() < 0.3:  # a chat chunk
+            chunk['choices'][0] = {'index': 0, 'delta': rng.choice([{'content': text}, {'role': 'assistant'}, {'content': 5},
+                                                                    {'content': None}, 'x']), 'finish_reason': None}
         if rng.random() < 0.5:  # --answers server reads them
             chunk['choices'][0]['token_ids'] = rng.choice([[5, 6], [7], [], [-1], [1e20], [2.5], 'x', None, {}, [3] * 5000])
         if rng.random() < 0.3:
@@ -604,6 +607,7 @@ def fuzz_client(a, rng, keep):
         load = ['--workload', 'system:n=%d,prefix=16,suffix=8,output=4,vocab=512' % rng.randint(1, 4)]
         if rng.random() < 0.4:  # chat turns carrying the (fake) server's answers
             load = ['--workload', 'chat:conversations=2,turns=3,system=16,user=8,assistant=4,vocab=512', '--answers', 'server']
+            load += ['--endpoint', 'chat'] if rng.random() < 0.5 else []
         args = [a.kvpage, 'bench', 'serve', '--model', os.path.join(S260, 'stories260K.gguf'), '--url', url] + load + [
                 '--rate', 'inf', '--timeout', '5', '--metrics-interval', rng.choice(['0', '0.01', '0.1'])]
         rc, err = run_cli(args)

@@ -220,7 +220,7 @@ Test(bench_serve, chat_turns_wait_for_their_answers, .timeout = 120)
 /* --answers server: each turn after the first is sent with the server's answer to the turn before (same
  * lengths), and finds that turn's prompt and answer cached (the full blocks of its computed tokens: the
  * server caches generated tokens too); with the workload's answers a turn finds at most the turn before's
- * prompt, so fewer tokens in all. */
+ * prompt, so fewer tokens in all. The same through /v1/chat/completions. */
 Test(bench_serve, server_answers_are_found_cached_by_the_next_turn, .timeout = 120)
 {
     static req_row rows[MAXREQ];
@@ -249,6 +249,27 @@ Test(bench_serve, server_answers_are_found_cached_by_the_next_turn, .timeout = 1
         cJSON_Delete(doc);
     }
     cr_assert_gt(cached[1], cached[0] + 8 * 16, "server answers: %lld cached, workload answers: %lld", cached[1], cached[0]);
+    /* --endpoint chat: each turn goes as the conversation so far (its answers as assistant messages), which the
+     * server renders through its template; zephyr's puts an answer right after the generation prompt, so the
+     * answer's tokens are found again (as far as its text tokenizes back to them) */
+    static char out[1 << 16], err[1 << 16];
+    for (int mode = 0; mode < 2; mode++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "bench serve " MODEL " --workload chat:conversations=4,turns=3,system=64,user=16,"
+                                  "assistant=40,vocab=512 --rate 100 --endpoint chat --answers %s --json -- "
+                                  "--chat-template zephyr", mode ? "server" : "workload");
+        int rc = kvp_test_cli(cmd, out, sizeof out, err, sizeof err);
+        cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+        if (mode) cr_assert(strstr(err, "8 of 8 chat turns carried") != NULL, "%s", err);
+        cJSON *doc = cJSON_Parse(out);
+        cr_assert_not_null(doc, "%.300s", out);
+        const cJSON *row = cJSON_GetArrayItem(kvp_test_rows(doc), 0);
+        cr_assert_eq(kvp_test_num(row, "completed"), 12);
+        cached[mode] = (long long)kvp_test_num(row, "cached_tokens");
+        cJSON_Delete(doc);
+    }
+    cr_assert_gt(cached[1], cached[0] + 4 * 16, "chat, server answers: %lld cached, workload answers: %lld", cached[1],
+                 cached[0]);
 }
 
 /* Prompt + output over the model's 2048 positions: skipped, the others served. */
@@ -442,7 +463,6 @@ Test(bench_serve, bad_input_exits_2, .timeout = 120)
         {"--goodput ttft:5,ttft:6", "'ttft' given twice"},
         {"--goodput ttft", "not NAME:MS"},
         {"--answers model", "unknown answers 'model'"},
-        {"--answers server --endpoint chat", "needs --endpoint completions"},
         {"--goodput tpot:-3", "--goodput"},
         {"--metrics-interval 0 --metrics-out /tmp/x.csv", "--metrics-out needs"},
         {"--plot /tmp/x.png", "at least two --rate"},
