@@ -45,8 +45,9 @@
 #include "runtime/workload_synth.h"
 
 static const char *const k_fields[] = {
-    "server",          "workload",        "answers",         "rate",           "max_concurrency", "requests",        "completed",       "failed",
-    "skipped",         "duration_s",     "input_tokens",    "output_tokens",   "cached_tokens",   "prefix_hit_rate",
+    "server",          "workload",       "answers",         "rate",            "max_concurrency", "requests",
+    "completed",       "failed",         "skipped",         "duration_s",      "input_tokens",    "output_tokens",
+    "cached_tokens",   "prefix_hit_rate",
     "request_per_s",   "goodput_req_s",  "output_tok_s",   "total_tok_s",     "peak_in_flight",  "ttft_mean_ms",    "ttft_p50_ms",
     "ttft_p99_ms",     "tpot_mean_ms",   "tpot_p50_ms",     "tpot_p99_ms",     "itl_mean_ms",     "itl_p50_ms",
     "itl_p99_ms",      "e2e_mean_ms",    "e2e_p50_ms",      "e2e_p99_ms",      "chunks_per_token", "running_mean",
@@ -257,8 +258,8 @@ static void on_event(xfer_t *x, const char *data, size_t n)
                              cJSON_GetObjectItemCaseSensitive(d, "reasoning_content")};
         for (int k = 0; k < 3; k++) text |= cJSON_IsString(t[k]) && t[k]->valuestring[0] != '\0';
         answer_t *a = r->ans ? &r->ans[x->idx] : NULL; /* --answers server: the ids of the text, or a chat's text */
-        if (a && r->chat && cJSON_IsString(t[1]) && !text_append(&a->text, t[1]->valuestring, strlen(t[1]->valuestring)) &&
-            r->st == KVP_OK)
+        if (a && r->chat && cJSON_IsString(t[1]) &&
+            !text_append(&a->text, t[1]->valuestring, strlen(t[1]->valuestring)) && r->st == KVP_OK)
             r->st = KVP_ERR(KVP_ENOMEM, "out of memory for the answers' text");
         const cJSON *ids = a ? cJSON_GetObjectItemCaseSensitive(c, "token_ids") : NULL, *id;
         cJSON_ArrayForEach(id, ids)
@@ -399,8 +400,9 @@ static int conversation(run_t *r, int64_t i, cJSON *msgs)
         const kvp_request *q = &r->w->reqs[chain[k]];
         int32_t at = 0;
         if (k > 0) continues(r->w, chain[k], chain[k - 1], &at);
+        const char *answer = r->ans[chain[k]].text.p ? r->ans[chain[k]].text.p : "";
         ok = add_message(msgs, "user", r->chat, q->tokens + at, q->prompt_len - at, NULL) &&
-             (k == n - 1 || add_message(msgs, "assistant", NULL, NULL, 0, r->ans[chain[k]].text.p ? r->ans[chain[k]].text.p : ""));
+             (k == n - 1 || add_message(msgs, "assistant", NULL, NULL, 0, answer));
     }
     kvp_free(chain);
     return ok ? 1 : -1;
@@ -1122,7 +1124,8 @@ static kvp_status one_rate(const bs_opts *o, double rate, int reset, kvp_report 
         if (r.rec[i].state == 3 && (*failed)++ == 0)
             fprintf(stderr, "kvpage bench serve: error: request %lld failed: %s\n", (long long)w->reqs[i].id, r.rec[i].err);
     metrics_free(&r.mp);
-    for (int64_t i = 0; r.ans && i < w->n; i++) kvp_free(r.ans[i].ids), kvp_free(r.ans[i].prompt), kvp_free(r.ans[i].text.p);
+    for (int64_t i = 0; r.ans && i < w->n; i++)
+        kvp_free(r.ans[i].ids), kvp_free(r.ans[i].prompt), kvp_free(r.ans[i].text.p);
     kvp_free(r.rec), kvp_free(r.heap), kvp_free(r.child), kvp_free(r.sibling), kvp_free(r.live), kvp_free(r.itl);
     kvp_free(r.ans);
     kvp_workload_destroy(w);
@@ -1150,8 +1153,9 @@ static kvp_status plot_curve(const kvp_report *rep, const char *png, const char 
     }
     kvp_status st = kvp_report_print(rep, f, KVP_FMT_CSV);
     if (fclose(f) != 0 && st == KVP_OK) st = KVP_ERR(KVP_EIO, "--plot: cannot write a temporary CSV: %s", strerror(errno));
-    const char *args[] = {"lines", csv, png, "--x", "output_tok_s", "--y", "ttft_p50_ms,tpot_p50_ms,e2e_p50_ms", "--logy",
-                          "--in-order", "--annotate", "rate", "--title", title, "--xlabel", "output tokens/s", "--ylabel", "median latency (ms)", NULL};
+    const char *args[] = {"lines",    csv,         png,      "--x",       "output_tok_s", "--y",
+                          "ttft_p50_ms,tpot_p50_ms,e2e_p50_ms", "--logy", "--in-order", "--annotate", "rate",
+                          "--title",  title,       "--xlabel", "output tokens/s", "--ylabel", "median latency (ms)", NULL};
     if (st == KVP_OK && (st = kvp_bench_plot(args)) != KVP_OK) st = KVP_ERR(st, "--plot: %s", kvp_error_message());
     unlink(csv);
     return st;

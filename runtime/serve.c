@@ -1324,7 +1324,8 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
                 cJSON_AddNullToObject(ch, "logprobs");
             }
             if (j->return_ids) {
-                cJSON_AddItemToObject(ch, "prompt_token_ids", cJSON_CreateIntArray(j->reqs[i].prompt, j->reqs[i].n_prompt));
+                const kvp_gen_request *q = &j->reqs[i];
+                cJSON_AddItemToObject(ch, "prompt_token_ids", cJSON_CreateIntArray(q->prompt, q->n_prompt));
                 cJSON_AddItemToObject(ch, "token_ids", cJSON_CreateIntArray(r->tokens[s], r->n_tokens[s]));
             }
             add_finish(ch, j, c);

@@ -240,7 +240,8 @@ Test(bench_serve, server_answers_are_found_cached_by_the_next_turn, .timeout = 1
             for (int k = 0; k < n; k++)
                 if (rows[k].id == rows[i].after) p = &rows[k];
             cr_assert_not_null(p);
-            const long long prompt_blocks = p->prompt_len / 16 * 16, all_blocks = (p->prompt_len + p->output_tokens - 1) / 16 * 16;
+            const long long prompt_blocks = p->prompt_len / 16 * 16,
+                            all_blocks = (p->prompt_len + p->output_tokens - 1) / 16 * 16;
             if (mode) cr_assert_geq(rows[i].cached, all_blocks, "turn %lld: %lld cached, the turn before computed %lld",
                                     rows[i].id, rows[i].cached, all_blocks);
             else cr_assert_leq(rows[i].cached, prompt_blocks, "turn %lld: the workload's answer was found", rows[i].id);

@@ -1419,7 +1419,8 @@ Test(serve, return_token_ids_give_the_answers_tokens)
             cJSON *pt = post_json(&s, "/detokenize", b2, 200);
             snprintf(b2, sizeof b2, "{\"tokens\":[%s,%s]}", list, more);
             cJSON *all = post_json(&s, "/detokenize", b2, 200);
-            const char *ptext = cJSON_GetObjectItem(pt, "prompt")->valuestring, *atext = cJSON_GetObjectItem(all, "prompt")->valuestring;
+            const char *ptext = cJSON_GetObjectItem(pt, "prompt")->valuestring,
+                       *atext = cJSON_GetObjectItem(all, "prompt")->valuestring;
             cr_assert_eq(strncmp(atext, ptext, strlen(ptext)), 0, "request %d: %s / %s", k, ptext, atext);
             const char *text = k == 2 ? cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "content")->valuestring
                                       : cJSON_GetObjectItem(ch, "text")->valuestring;
