@@ -2,7 +2,8 @@
 # The `kvpage bench serve` runs the README quotes, on stories260K with 2 threads, into one CSV
 # (default bench/results/serve.csv): 300 ShareGPT-like requests at 50 and 100 requests/s and all at once,
 # all at once again with --stream-interval 4 and 16; 40 four-turn chats with the prefix cache and without, and
-# with the cache and the server's own answers in the next turns (--answers server).
+# with the cache and the server's own answers in the next turns (--answers server); the same chats through
+# /v1/chat/completions and zephyr's template, with the workload's answers and the server's.
 # Then the latency-throughput curve beside it (OUT_CSV's folder): serve_curve.csv and serve_curve.png, the
 # same 300 requests at 25, 50, 75, 100 and 150 requests/s and all at once.
 # Usage: scripts/bench-serve-sweep.sh [KVPAGE_BIN] [OUT_CSV]
@@ -25,6 +26,9 @@ run $sharegpt --rate 50,100,inf -- --threads 2
 for iv in 4 16; do run $sharegpt --rate inf -- --threads 2 --stream-interval "$iv"; done
 for cache in radix none; do run $chat -- --threads 2 --cache "$cache"; done
 run $chat --answers server -- --threads 2 --cache radix
+for answers in workload server; do # the chats as conversations through a chat template
+  run $chat --endpoint chat --answers "$answers" -- --threads 2 --cache radix --chat-template zephyr
+done
 mv "$out.part" "$out"
 echo "bench-serve-sweep: wrote $out" >&2
 curve=$(dirname "$out")/serve_curve
