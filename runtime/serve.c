@@ -512,8 +512,8 @@ static void abort_cancelled(server *sv)
     pthread_mutex_unlock(&sv->mu);
 }
 
-/* A streamed choice's tokens (with logprobs or return_token_ids) up to the n known, and their
- * log-probabilities lp (those of kept tokens); an allocation that fails is tried again with the next tokens. */
+/* A streamed choice's tokens (with logprobs or return_token_ids) up to the n known; an allocation that fails
+ * is tried again with the next tokens. */
 static void keep_tokens(choice *h, const int32_t *tokens, int32_t n)
 {
     if (n <= h->n_toks || kvp_grow((void **)&h->toks, &h->cap_toks, (size_t)n, sizeof *h->toks) != KVP_OK) return;
@@ -521,6 +521,7 @@ static void keep_tokens(choice *h, const int32_t *tokens, int32_t n)
     h->n_toks = n;
 }
 
+/* And the log-probabilities lp of its kept tokens (a streamed job with logprobs), as keep_tokens. */
 static void keep_logprobs(choice *h, const kvp_gen_logprobs *lp)
 {
     kvp_gen_logprobs *a = &h->lp;
@@ -1625,7 +1626,6 @@ static cJSON *body_object(server *sv, struct MHD_Connection *c, const body *b, e
     return req;
 }
 
-/* POST /v1/completions (chat 0) or /v1/chat/completions (chat 1). */
 /* Queues job j for the engine and answers when it is done: a stream through x, else (x NULL) by
  * completion_answer once the engine has finished the job and resumed the connection (a client that leaves
  * meanwhile cancels its job, and gets no answer). */
@@ -1664,6 +1664,7 @@ static enum MHD_Result reset_cache(server *sv, struct MHD_Connection *c, body *b
     return enqueue(sv, c, b, j, NULL);
 }
 
+/* POST /v1/completions (chat 0) or /v1/chat/completions (chat 1). */
 static enum MHD_Result completions(server *sv, struct MHD_Connection *c, body *b, int chat)
 {
     enum MHD_Result ret = MHD_NO;
