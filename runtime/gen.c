@@ -496,15 +496,16 @@ static kvp_status draw_scratch(gen_ctx *g, int k)
 
 /* Sequence s's next token from its logits lg, drawn with rng by sampling thread k (scratch ws): with its
  * request's logit bias and penalties applied to a copy first, and before min_tokens, EOS and the stop ids
- * masked. *lp: the token's log-probability under lg. */
+ * masked. *lp: the token's log-probability under lg (0 with skip_logprob). */
 static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *lg, int k, kvp_sampler_ws *ws,
                     double *lp)
 {
     const kvp_gen_request *r = &g->reqs[s->req];
     const int32_t V = g->vocab;
-    const int early = s->n_gen < r->min_tokens;
+    const int early = s->n_gen < r->min_tokens, skip = g->cfg->skip_logprob;
+    *lp = 0.0;
     if (r->n_bias == 0 && !kvp_sampler_penalized(&r->sampler) && !early)
-        return kvp_sample_logprob(&r->sampler, rng, lg, V, ws, lp);
+        return skip ? kvp_sample(&r->sampler, rng, lg, V, ws) : kvp_sample_logprob(&r->sampler, rng, lg, V, ws, lp);
     float *x = g->pen[k];
     memcpy(x, lg, (size_t)V * sizeof *x);
     for (int32_t i = 0; i < r->n_bias; i++) x[r->bias_ids[i]] += r->bias[i];
@@ -516,7 +517,7 @@ static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *
         kvp_apply_penalties(&r->sampler, x, V, s->toks, s->n_toks - s->n_gen, s->toks + (s->n_toks - s->n_gen),
                             s->n_gen, g->cnt[k]);
     const int32_t tok = kvp_sample(&r->sampler, rng, x, V, ws);
-    *lp = kvp_token_logprob(lg, V, tok);
+    if (!skip) *lp = kvp_token_logprob(lg, V, tok);
     return tok;
 }
 

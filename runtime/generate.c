@@ -315,6 +315,7 @@ static int run(gen_opts *o)
     cfg.max_batched_tokens = o->max_batched;
     cfg.stop_at_eos = !o->ignore_eos;
     cfg.kv_dtype = o->kv_dtype;
+    cfg.skip_logprob = !o->json; /* only --json prints each sample's log-probability */
     kvp_gen_stats stats;
     if (o->stops.n > 0) {
         for (int32_t i = 0; i < o->stops.n; i++) {

@@ -2192,6 +2192,7 @@ int kvp_cmd_serve(int argc, char **argv)
     serve_opts o = {.host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1, .stream_interval = 1,
                     .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO, .kv_auto = 1};
     kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.skip_logprob = 1; /* no answer carries a sample's cumulative log-probability ("logprobs" are their own) */
     int c, li = -1;
     kvp_status st = KVP_OK;
     optind = 0;

@@ -497,6 +497,33 @@ Test(generate, greedy_logprob_is_the_tokens_log_probability, .init = setup, .fin
     kvp_free(e.ids);
 }
 
+/* skip_logprob (serve's, generate's without --json): the same tokens, greedy, sampled at temperature 1 and
+ * penalized (the three ways a token is drawn), with every sample's logprob 0 instead of a sum below 0. */
+Test(generate, skip_logprob_draws_the_same_tokens, .init = setup, .fini = teardown)
+{
+    enc e = encode("Once upon a time");
+    kvp_gen_request r[3] = {greedy_req(e, 12), greedy_req(e, 12), greedy_req(e, 12)};
+    r[1].sampler = (kvp_sampler_params){.temperature = 1.0, .top_p = 1.0, .seed = 5};
+    r[2].sampler = (kvp_sampler_params){.temperature = 0.7, .top_k = 20, .top_p = 0.9, .seed = 6,
+                                        .presence_penalty = 0.5f, .repetition_penalty = 1.2f};
+    for (int i = 0; i < 3; i++) r[i].n = 2;
+    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_gen_result with[3], without[3];
+    run(&cfg, r, 3, with, NULL);
+    cfg.skip_logprob = 1;
+    run(&cfg, r, 3, without, NULL);
+    for (int i = 0; i < 3; i++) {
+        expect_same(&with[i], &without[i], "skip_logprob", i);
+        for (int k = 0; k < 2; k++) {
+            cr_assert_lt(with[i].logprob[k], 0, "request %d sample %d", i, k);
+            cr_assert_eq(without[i].logprob[k], 0, "request %d sample %d", i, k);
+        }
+    }
+    kvp_gen_results_free(with, 3);
+    kvp_gen_results_free(without, 3);
+    kvp_free(e.ids);
+}
+
 Test(generate, beam_search_matches_exhaustive_search, .init = setup, .fini = teardown)
 {
     const char *texts[2] = {"Once upon a time", "The dog was"};
