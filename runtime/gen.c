@@ -89,7 +89,7 @@ struct kvp_gen_session {
     int32_t id_base;
     int32_t front;             /* reqs[0 .. front) are taken */
     int32_t unfinished;        /* requests not finished */
-    int32_t waiting_aborted;   /* aborted requests at or after next_req (admission skips them) */
+    int32_t waiting;           /* requests neither admitted nor aborted (all at or after next_req) */
     int64_t n_added, n_finished, n_aborted;
     int32_t *fin;              /* finished requests not taken yet, FIFO from fin_head */
     int64_t admitted_prompt_tokens;
@@ -703,6 +703,28 @@ static kvp_status record_prompt_logprobs(gen_ctx *g, gseq *s)
     return KVP_OK;
 }
 
+/* The waiting request to admit next (g->next_req is the oldest): see kvp_gen_config.sched. */
+static kvp_status pick_request(gen_ctx *g, int32_t *out)
+{
+    *out = g->next_req;
+    if (g->cfg->sched == KVP_SCHED_FCFS) return KVP_OK;
+    const int lpm = g->cfg->sched == KVP_SCHED_LPM, bs = g->cfg->block_size;
+    int32_t best_key = 0, seen = 0;
+    for (int32_t i = g->next_req; i < g->nreq && (!lpm || seen < KVP_LPM_WINDOW); i++) {
+        if (g->rq[i].admitted || g->rq[i].aborted) continue;
+        const kvp_gen_request *r = &g->reqs[i];
+        int32_t key = r->priority; /* the smallest key wins, the oldest among equals */
+        if (lpm) {                 /* a look only: nothing locked */
+            int32_t hit[4096], n_hit = 0, cap = (r->n_prompt - 1) / bs;
+            if (!r->prompt_logprobs)
+                KVP_TRY(kvp_pc_match(g->pc, r->prompt, r->n_prompt, NULL, 0, hit, cap < 4096 ? cap : 4096, &n_hit));
+            key = -n_hit;
+        }
+        if (seen++ == 0 || key < best_key) *out = i, best_key = key;
+    }
+    return KVP_OK;
+}
+
 static kvp_status step(gen_ctx *g)
 {
     const kvp_gen_config *cfg = g->cfg;
@@ -715,7 +737,7 @@ static kvp_status step(gen_ctx *g)
         if (s->n_alloc == s->n_toks - 1) budget--;
         seats += seats_of(g, s);
     }
-    /* (1) admission: preempted first, then new requests, FCFS, head-of-line. */
+    /* (1) admission: preempted first, then new requests in the policy's order (pick_request), head-of-line. */
     int blocked = 0;
     while (!blocked && g->npre > 0) {
         int32_t idx = g->preempted[0];
@@ -730,18 +752,16 @@ static kvp_status step(gen_ctx *g)
         g->npre--;
         seats += seats_of(g, g->seqs[idx]);
     }
-    while (!blocked && g->next_req < g->nreq && budget > 0) {
-        if (g->rq[g->next_req].aborted) { /* finished before its admission */
-            g->next_req++;
-            g->waiting_aborted--;
-            continue;
-        }
-        const kvp_gen_request *r = &g->reqs[g->next_req];
+    int32_t ri = g->next_req; /* the request admission tried last */
+    while (!blocked && g->waiting > 0 && budget > 0) {
+        while (g->rq[g->next_req].admitted || g->rq[g->next_req].aborted) g->next_req++; /* a waiting one follows */
+        KVP_TRY(pick_request(g, &ri));
+        const kvp_gen_request *r = &g->reqs[ri];
         if (seats + group_size(r) > cfg->max_num_seqs && g->nrun > 0) break;
-        const int32_t reserve = r->beam_width > 1 ? beam_blocks(g, g->next_req) : 0;
+        const int32_t reserve = r->beam_width > 1 ? beam_blocks(g, ri) : 0;
         if (reserve > 0 && g->beam_reserved > 0 && (int64_t)g->beam_reserved + reserve > cfg->num_blocks) break;
         int32_t idx = -1;
-        KVP_TRY(new_seq(g, g->next_req, 0, r->prompt, r->n_prompt, &idx));
+        KVP_TRY(new_seq(g, ri, 0, r->prompt, r->n_prompt, &idx));
         g->seqs[idx]->fork_pending = group_size(r) > 1 || r->beam_width > 1;
         int ok;
         KVP_TRY(admit(g, idx, &budget, &ok));
@@ -750,20 +770,20 @@ static kvp_status step(gen_ctx *g)
             g->next_id--;
             break;
         }
-        g->rq[g->next_req].n_live = 1;
+        g->rq[ri].n_live = 1;
         seats += group_size(r);
         g->admitted_prompt_tokens += r->n_prompt;
-        g->rq[g->next_req].reserved = reserve;
+        g->rq[ri].reserved = reserve;
         g->beam_reserved += reserve;
-        g->next_req++;
+        g->waiting--;
     }
     if (g->nrun == 0) {
         if (kvp_gen_session_pending(g)) {
             const gseq *w = g->npre > 0 ? g->seqs[g->preempted[0]] : NULL;
             return KVP_ERR(KVP_ENOBLOCKS, "generate: the KV cache (%d blocks of %d tokens) cannot hold request %d at %d "
                                           "tokens; raise --num-blocks",
-                           cfg->num_blocks, bs, g->id_base + (w ? w->req : g->next_req),
-                           w ? w->n_toks : g->reqs[g->next_req].n_prompt);
+                           cfg->num_blocks, bs, g->id_base + (w ? w->req : ri),
+                           w ? w->n_toks : g->reqs[ri].n_prompt);
         }
         return KVP_OK;
     }
@@ -1246,6 +1266,7 @@ kvp_status kvp_gen_session_add(kvp_gen_session *g, const kvp_gen_request *r, int
                   g->rq[i].max_tokens, kvp_model_max_len(g->m));
     g->nreq++;
     g->unfinished++;
+    g->waiting++;
     g->n_added++;
     if (id) *id = g->id_base + i;
     return KVP_OK;
@@ -1253,7 +1274,7 @@ kvp_status kvp_gen_session_add(kvp_gen_session *g, const kvp_gen_request *r, int
 
 int kvp_gen_session_pending(const kvp_gen_session *g)
 {
-    return g->nrun > 0 || g->npre > 0 || g->nreq - g->next_req - g->waiting_aborted > 0;
+    return g->nrun > 0 || g->npre > 0 || g->waiting > 0;
 }
 
 kvp_status kvp_gen_session_step(kvp_gen_session *g) { return kvp_gen_session_pending(g) ? step(g) : KVP_OK; }
@@ -1272,10 +1293,7 @@ static void compact_requests(gen_ctx *g)
     while (g->front < g->nreq && g->rq[g->front].taken) g->front++;
     const int32_t d = g->front;
     if (d < 64 || 2 * d < g->nreq) return;
-    if (g->next_req < d) { /* taken before admission: aborted ones the admission did not pass yet */
-        g->waiting_aborted -= d - g->next_req;
-        g->next_req = d;
-    }
+    if (g->next_req < d) g->next_req = d; /* taken before admission: aborted ones the admission did not pass yet */
     memmove(g->reqs, g->reqs + d, (size_t)(g->nreq - d) * sizeof *g->reqs);
     memmove(g->rq, g->rq + d, (size_t)(g->nreq - d) * sizeof *g->rq);
     for (int32_t i = 0; i < g->nseqs; i++)
@@ -1368,7 +1386,7 @@ kvp_status kvp_gen_session_abort(kvp_gen_session *g, int32_t id)
     g->rq[r].aborted = 1;
     g->n_aborted++;
     if (!g->rq[r].admitted) { /* no sequence yet: admission will pass it */
-        g->waiting_aborted++;
+        g->waiting--;
         finish_req(g, r);
         return KVP_OK;
     }
@@ -1392,7 +1410,7 @@ void kvp_gen_session_stats_get(const kvp_gen_session *g, kvp_gen_session_stats *
     out->requests = g->n_added;
     out->finished = g->n_finished;
     out->aborted = g->n_aborted;
-    out->waiting = g->nreq - g->next_req - g->waiting_aborted;
+    out->waiting = g->waiting;
     out->request_records = g->nreq;
     out->seq_records = g->nseqs - g->nfree;
     out->running_seqs = g->nrun;

@@ -30,6 +30,7 @@
 
 #include "common/status.h"
 #include "prefix_cache/prefix_cache.h"
+#include "runtime/engine.h"
 #include "runtime/model.h"
 #include "runtime/sampler.h"
 
@@ -43,9 +44,14 @@ typedef struct {
     kvp_dtype kv_dtype;         /* element type of the KV cache (kvp_kv_cache_create) */
     int skip_logprob;           /* 1: results' logprob stays 0 (beam search aside): no pass over the vocabulary
                                    per sampled token for it (~200 us a token at a 128k vocabulary) */
+    kvp_sched_policy sched;     /* the order waiting requests are admitted in (preempted sequences first, always):
+                                   FCFS arrival; PRIORITY each request's priority (lowest first, as vLLM), then
+                                   arrival; LPM (SGLang's) the most prompt blocks found in the prefix cache among
+                                   the KVP_LPM_WINDOW oldest, then arrival. Admission stops at the first that does
+                                   not fit. */
 } kvp_gen_config;
 
-/* block 16, auto blocks, radix cache, 256 seqs, 2048 tokens, stop at EOS, f32 KV cache. */
+/* block 16, auto blocks, radix cache, 256 seqs, 2048 tokens, stop at EOS, f32 KV cache, FCFS. */
 kvp_gen_config kvp_gen_config_default(void);
 
 typedef struct {
@@ -69,6 +75,7 @@ typedef struct {
     int prompt_logprobs;   /* 1: each prompt token's log-probability given the tokens before it; the prompt is
                             * then computed whole at its first admission (no prefix-cache hit) */
     int32_t top_logprobs;  /* 0 .. KVP_GEN_MAX_TOP_LOGPROBS: with either, the most likely tokens at each place */
+    int32_t priority;      /* with KVP_SCHED_PRIORITY: lower values are admitted first (vLLM's), 0 by default */
     void *user;            /* the caller's tag, handed back in the result; not used by the session */
 } kvp_gen_request;
 

@@ -65,6 +65,8 @@ static void usage(FILE *f)
             "                          scale 1); f16/bf16 halve an f32 cache, fp8 quarters it (new K/V rows are\n"
             "                          rounded)\n"
             "  --cache radix|hash|none prefix cache across requests (default radix)\n"
+            "  --sched fcfs|lpm        admission order of waiting prompts (default fcfs): arrival, or the most\n"
+            "                          prompt blocks found cached first (SGLang's lpm)\n"
             "  --max-num-seqs N        running sequences at most (default 256)\n"
             "  --max-batched-tokens N  tokens per step (default 2048)\n"
             "  --threads N             CPU threads (default 1)\n"
@@ -143,6 +145,7 @@ typedef struct {
     float presence, frequency, repetition;
     int64_t seed;
     kvp_pc_kind cache;
+    kvp_sched_policy sched;
     kvp_matmul_kind matmul;
     kvp_weight_type weight_dtype;
     kvp_dtype kv_dtype; /* resolved after the model loads when kv_auto */
@@ -311,6 +314,7 @@ static int run(gen_opts *o)
     cfg.block_size = o->block_size;
     cfg.num_blocks = o->num_blocks;
     cfg.cache = o->cache;
+    cfg.sched = o->sched;
     cfg.max_num_seqs = o->max_seqs;
     cfg.max_batched_tokens = o->max_batched;
     cfg.stop_at_eos = !o->ignore_eos;
@@ -461,7 +465,8 @@ int kvp_cmd_generate(int argc, char **argv)
 {
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE,
-           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM };
+           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM,
+           O_SCHED };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -470,6 +475,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"n", required_argument, 0, O_N},              {"beam-width", required_argument, 0, O_BEAM},
         {"block-size", required_argument, 0, O_BS},    {"num-blocks", required_argument, 0, O_NB},
         {"cache", required_argument, 0, O_CACHE},      {"max-num-seqs", required_argument, 0, O_SEQS},
+        {"sched", required_argument, 0, O_SCHED},
         {"max-batched-tokens", required_argument, 0, O_BATCH}, {"threads", required_argument, 0, O_THREADS},
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
@@ -521,6 +527,10 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &o.block_size); break;
         case O_NB: st = kvp_parse_i32(optarg, 0, INT32_MAX / 2, &o.num_blocks); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &o.cache); break;
+        case O_SCHED:
+            if ((st = kvp_sched_policy_parse(optarg, &o.sched)) == KVP_OK && o.sched == KVP_SCHED_PRIORITY)
+                st = KVP_ERR(KVP_EINVAL, "'priority' needs each request's priority (kvpage serve takes them): fcfs or lpm");
+            break;
         case O_KV_DTYPE: st = kvp_kv_dtype_parse(optarg, &o.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;

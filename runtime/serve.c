@@ -70,7 +70,8 @@ static void usage(FILE *f)
             "                        logprobs its tokens' too; also presence_penalty, frequency_penalty, logit_bias\n"
             "                        and vLLM's repetition_penalty, min_tokens, stop_token_ids, ignore_eos,\n"
             "                        include_stop_str_in_output, return_token_ids (prompt_token_ids and\n"
-            "                        token_ids in each choice; streamed, the ids since the last event)\n"
+            "                        token_ids in each choice; streamed, the ids since the last event), priority\n"
+            "                        (with --sched priority: lower first)\n"
             "  POST /v1/chat/completions  {\"messages\": [{\"role\": \"system\"|\"user\"|\"assistant\", \"content\": TEXT},\n"
             "                        ...], the fields above but prompt and echo; \"logprobs\": true, \"top_logprobs\": K}\n"
             "                        through the model's chat template, or --chat-template\n"
@@ -104,6 +105,9 @@ static void usage(FILE *f)
             "  --kv-dtype T              auto (default: the model's dtype, as for generate), f32, f16, bf16\n"
             "                            or fp8\n"
             "  --cache radix|hash|none   prefix cache (default radix)\n"
+            "  --sched fcfs|lpm|priority  the order waiting requests are admitted in (default fcfs): arrival; the\n"
+            "                            most prompt blocks cached first (SGLang's lpm); a request's \"priority\"\n"
+            "                            (vLLM's: lowest first), then arrival\n"
             "  --max-num-seqs N          running sequences at most (default 256)\n"
             "  --max-batched-tokens N    tokens per step (default 2048)\n"
             "  --threads N               CPU threads (default 1)\n"
@@ -1012,7 +1016,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         return snprintf(err, cap, j->chat ? "\"prompt\" is for /v1/completions: a chat request has \"messages\""
                                           : "\"messages\" is for /v1/chat/completions: a completion has a \"prompt\""), 400;
     double max_tokens, temperature, top_p, top_k, n, seed, best_of, logprobs = -1, presence, frequency, repetition,
-        min_tokens;
+        min_tokens, priority;
     if (!get_num(req, "max_tokens", 16, 0, 1 << 24, 1, &max_tokens, err, cap) ||
         (j->chat && !get_num(req, "max_completion_tokens", max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap)) ||
         !get_num(req, "temperature", 1.0, 0, 1e6, 0, &temperature, err, cap) ||
@@ -1024,9 +1028,12 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         !get_num(req, "frequency_penalty", 0, -2, 2, 0, &frequency, err, cap) ||
         !get_num(req, "repetition_penalty", 1, 1e-6, 10, 0, &repetition, err, cap) ||
         !get_num(req, "min_tokens", 0, 0, max_tokens, 1, &min_tokens, err, cap) ||
+        !get_num(req, "priority", 0, INT32_MIN, INT32_MAX, 1, &priority, err, cap) ||
         (!j->chat && !get_num(req, "logprobs", -1, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)))
         return 400;
     j->logprobs = (int32_t)logprobs;
+    if (priority != 0 && sv->cfg.sched != KVP_SCHED_PRIORITY)
+        return snprintf(err, cap, "\"priority\" needs a server started with --sched priority"), 400;
     int code;
     if ((j->stream = get_bool(req, "stream", err, cap)) < 0 || (j->echo = get_bool(req, "echo", err, cap)) < 0 ||
         (j->return_ids = get_bool(req, "return_token_ids", err, cap)) < 0)
@@ -1076,6 +1083,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         r->ignore_eos = j->ignore_eos;
         r->logprobs = j->logprobs >= 0;
         r->prompt_logprobs = j->logprobs >= 0 && j->echo;
+        r->priority = (int32_t)priority;
         r->top_logprobs = j->logprobs >= 0 ? j->logprobs : 0;
     }
     if (j->stream || j->nstop > 0) { /* the engine keeps these choices' text */
@@ -2174,7 +2182,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
 int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV };
+           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -2185,7 +2193,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"max-num-seqs", required_argument, 0, O_SEQS}, {"max-batched-tokens", required_argument, 0, O_BATCH},
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
-        {"stream-interval", required_argument, 0, O_STREAMIV},
+        {"stream-interval", required_argument, 0, O_STREAMIV}, {"sched", required_argument, 0, O_SCHED},
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
         {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON},
         {0, 0, 0, 0}};
@@ -2215,6 +2223,7 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_DT: st = kvp_kv_dtype_parse(optarg, &cfg.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &cfg.cache); break;
+        case O_SCHED: st = kvp_sched_policy_parse(optarg, &cfg.sched); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.max_num_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.max_batched_tokens); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;

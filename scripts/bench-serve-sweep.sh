@@ -5,7 +5,8 @@
 # with the cache and the server's own answers in the next turns (--answers server); the same chats through
 # /v1/chat/completions and zephyr's template, with the workload's answers and the server's.
 # Then the latency-throughput curve beside it (OUT_CSV's folder): serve_curve.csv and serve_curve.png, the
-# same 300 requests at 25, 50, 75, 100 and 150 requests/s and all at once.
+# same 300 requests at 25, 50, 75, 100 and 150 requests/s and all at once; and serve_sched.csv, admission
+# orders under cache pressure.
 # Usage: scripts/bench-serve-sweep.sh [KVPAGE_BIN] [OUT_CSV]
 set -eu
 bin=${1:-build/kvpage}
@@ -37,3 +38,17 @@ echo "bench-serve-sweep: the curve" >&2
   -- --threads 2 >"$tmp"
 mv "$tmp" "$curve.csv"
 echo "bench-serve-sweep: wrote $curve.csv and $curve.png" >&2
+# admission order under cache pressure: 200 few-shot requests (8 tasks of 4 x 64-token examples) all at once, 160
+# KV blocks, 16 running at most, FCFS against SGLang's longest-prefix-match
+sched=$(dirname "$out")/serve_sched.csv
+: >"$sched.part"
+for pol in fcfs lpm; do
+  echo "bench-serve-sweep: --sched $pol" >&2
+  "$bin" bench serve --model "$model" --format csv \
+    --workload fewshot:n=200,tasks=8,examples=4,example=64,question=32,output=32,vocab=512 --rate inf \
+    -- --threads 2 --num-blocks 160 --max-num-seqs 16 --sched "$pol" >"$tmp"
+  if [ ! -s "$sched.part" ]; then head -1 "$tmp" >"$sched.part"; fi
+  tail -n +2 "$tmp" >>"$sched.part"
+done
+mv "$sched.part" "$sched"
+echo "bench-serve-sweep: wrote $sched" >&2

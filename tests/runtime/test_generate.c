@@ -941,6 +941,7 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
         /* 1.9 TiB of KV cache: refused before anything is allocated (it used to run into the OOM killer) */
         {"--num-blocks 100000000", "more than this machine's"},
         {"--matmul fast", "error: --matmul: unknown matmul 'fast'"},
+        {"--sched priority", "'priority' needs each request's priority"},
         {"--beam-width 2 --temperature 0.5", "do not apply to --beam-width"},
         {"--logprobs 2", "--logprobs needs --json"},
         {"--json --prompt-logprobs", "--prompt-logprobs needs --logprobs"},
@@ -1113,6 +1114,51 @@ Test(generate_session, the_next_turn_finds_the_answer_cached, .init = setup, .fi
     kvp_free(turn);
     free(e.ids);
     free(more.ids);
+}
+
+/* The scheduling policies, one request running at a time (so requests finish in the order they are admitted):
+ * after a first request cached prompt P, three wait: A (another prompt), B (P and more), C (another). FCFS
+ * admits A, B, C; LPM B first (its P is cached), then A, C; PRIORITY (A 5, B 1, C -2) C, B, A. */
+Test(generate_session, lpm_and_priority_pick_the_next_request, .init = setup, .fini = teardown)
+{
+    int32_t p[40], a[40], b[44], c[40];
+    for (int i = 0; i < 40; i++) p[i] = b[i] = 100 + i, a[i] = 200 + i, c[i] = 300 + i;
+    for (int i = 40; i < 44; i++) b[i] = 50 + i;
+    p[0] = a[0] = b[0] = c[0] = 1;
+    const enc pe = {p, 40}, ae = {a, 40}, be = {b, 44}, ce = {c, 40};
+    const kvp_sched_policy pol[3] = {KVP_SCHED_FCFS, KVP_SCHED_LPM, KVP_SCHED_PRIORITY};
+    const int32_t want[3][3] = {{0, 1, 2}, {1, 0, 2}, {2, 1, 0}}; /* indices into {A, B, C} */
+    for (int k = 0; k < 3; k++) {
+        kvp_gen_config cfg = kvp_gen_config_default();
+        cfg.num_blocks = 64;
+        cfg.max_num_seqs = 1;
+        cfg.sched = pol[k];
+        kvp_gen_session *s;
+        cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+        kvp_gen_request first = greedy_req(pe, 2), w[3] = {greedy_req(ae, 2), greedy_req(be, 2), greedy_req(ce, 2)};
+        w[0].priority = 5, w[1].priority = 1, w[2].priority = -2;
+        kvp_gen_result res;
+        run_one(s, &first, &res);
+        kvp_gen_results_free(&res, 1);
+        int32_t ids[3], id, order = 0;
+        for (int i = 0; i < 3; i++) cr_assert_eq(kvp_gen_session_add(s, &w[i], &ids[i]), KVP_OK);
+        while (kvp_gen_session_pending(s)) {
+            cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+            while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+                cr_assert_lt(order, 3);
+                cr_assert_eq(id, ids[want[k][order]], "%s: finished %d-th: request %d, want %d",
+                             kvp_sched_policy_name(pol[k]), order, id, ids[want[k][order]]);
+                if (id == ids[1]) cr_assert_eq(res.prompt_cached_tokens, 32, "B finds P's two full blocks");
+                order++;
+                kvp_gen_results_free(&res, 1);
+            }
+        }
+        cr_assert_eq(order, 3);
+        kvp_gen_session_stats st;
+        kvp_gen_session_stats_get(s, &st);
+        cr_assert_eq(st.waiting, 0);
+        kvp_gen_session_destroy(s);
+    }
 }
 
 /* A bad request or one that can never fit is refused and leaves the session as it was; a step with

@@ -483,6 +483,8 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"presence_penalty\":2.5}", 400, "\"presence_penalty\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"repetition_penalty\":0}", 400, "\"repetition_penalty\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":4,\"min_tokens\":5}", 400, "\"min_tokens\" must be an integer in [0, 4]"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"priority\":3}", 400, "\"priority\" needs a server started with --sched priority"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"priority\":0.5}", 400, "\"priority\" must be an integer"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":true}}", 400,
          "\"stream_options\" needs \"stream\": true"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"stream_options\":{\"usage\":true}}", 400,
@@ -751,6 +753,7 @@ Test(serve_cli, bad_command_lines)
         {"--model " S260_GGUF " --bogus", "--bogus"},
         {"--model " S260_GGUF " --reasoning-parser qwen9 --port 0", "unknown reasoning parser 'qwen9'"},
         {"--model " S260_GGUF " --stream-interval 0 --port 0", "--stream-interval"},
+        {"--model " S260_GGUF " --sched sjf --port 0", "unknown scheduling policy 'sjf'"},
     };
     kvp_test_cli_rejects("serve", cases, sizeof cases / sizeof cases[0]);
 }
@@ -1489,6 +1492,21 @@ Test(serve, reset_prefix_cache_empties_it)
     cr_assert_eq(http(&s, "GET", "/reset_prefix_cache", NULL, &resp), 405, "%s", resp);
     free(resp);
     stop(&s);
+}
+
+/* --sched priority takes each request's "priority" (the order it implies is tested on the session, in
+ * test_generate.c); --sched lpm serves as fcfs does, with the same greedy answers. */
+Test(serve, sched_policies_take_requests)
+{
+    server p = start("--num-blocks 64 --sched priority"), l = start("--num-blocks 64 --sched lpm");
+    const char *body = "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,\"temperature\":0,\"priority\":-3}";
+    cJSON *a = complete(&p, body, 200), *b = complete(&l, "{\"prompt\":\"Once upon a time\",\"max_tokens\":8,"
+                                                          "\"temperature\":0}", 200);
+    cr_assert_str_eq(choice_text(a, 0), choice_text(b, 0));
+    cJSON_Delete(a);
+    cJSON_Delete(b);
+    stop(&p);
+    stop(&l);
 }
 
 /* --kv-dtype auto (the default) is the model's dtype: f32 for stories260K's f32 weights, bf16 for weights
