@@ -406,7 +406,7 @@ KEYS = ['prompt', 'max_tokens', 'temperature', 'top_k', 'top_p', 'n', 'stream', 
         'best_of', 'presence_penalty', 'frequency_penalty', 'repetition_penalty', 'logit_bias', 'min_tokens',
         'ignore_eos', 'messages', 'model', 'stream_options', 'top_logprobs', 'max_completion_tokens', 'text',
         'tokens', 'add_special_tokens', 'suffix', 'response_format', 'stop_token_ids', 'skip_special_tokens', 'min_p',
-        'return_token_ids']
+        'return_token_ids', 'priority']
 
 
 def odd_body(rng):
