@@ -1,11 +1,12 @@
 /* runtime/gen.h — text generation on the CPU executor: a continuous-batching loop over the block manager
  * (blockmgr/), the prefix cache (prefix_cache/) and the model's paged KV cache (runtime/model.h).
  *
- * Each step: (1) waiting work is admitted in FCFS order (preempted sequences first) while the running set,
- * the token budget and the free + evictable blocks allow it, with a prefix-cache match on its tokens;
- * (2) every running sequence gets its next tokens — decodes first (1 token each), then prompt chunks with
- * what is left of the budget (chunked prefill); slots come from kvp_bm_append, evicting cached blocks and
- * then preempting (recompute) the most recently admitted preemptible sequence when blocks run out;
+ * Each step: (1) waiting work is admitted in the policy's order (kvp_gen_config.sched; preempted sequences
+ * first) while the running set, the token budget and the free + evictable blocks allow it, with a
+ * prefix-cache match on its tokens; (2) every running sequence gets its next tokens — decodes first (1 token
+ * each), then prompt chunks with what is left of the budget (chunked prefill); slots come from
+ * kvp_bm_append, evicting cached blocks and then preempting (recompute) the most recently admitted
+ * preemptible sequence (under the priority policy the least urgent) when blocks run out;
  * (3) copy-on-write copies are run; (4) one batched forward pass over all of them; (5) sequences that
  * reached the end of their known tokens sample, fork or finish; a finished sequence frees its blocks at once.
  *
@@ -48,7 +49,7 @@ typedef struct {
                                    FCFS arrival; PRIORITY each request's priority (lowest first, as vLLM), then
                                    arrival; LPM (SGLang's) the most prompt blocks found in the prefix cache among
                                    the KVP_LPM_WINDOW oldest, then arrival. Admission stops at the first that does
-                                   not fit. */
+                                   not fit. PRIORITY also preempts the least urgent sequence when blocks run out. */
 } kvp_gen_config;
 
 /* block 16, auto blocks, radix cache, 256 seqs, 2048 tokens, stop at EOS, f32 KV cache, FCFS. */

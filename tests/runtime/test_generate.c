@@ -1161,6 +1161,45 @@ Test(generate_session, lpm_and_priority_pick_the_next_request, .init = setup, .f
     }
 }
 
+/* Under the priority policy a cache too small for two sequences preempts the less urgent one, even when it was
+ * admitted first: B (priority 5) runs alone for a step, then A (priority 0) joins; A never waits, so it ends
+ * first, and B is the one preempted. Under FCFS the most recent, A, is preempted and B ends first. */
+Test(generate_session, priority_preempts_the_least_urgent, .init = setup, .fini = teardown)
+{
+    int32_t a[17], b[17];
+    for (int i = 0; i < 17; i++) a[i] = 200 + i, b[i] = 300 + i;
+    a[0] = b[0] = 1;
+    const kvp_sched_policy pol[2] = {KVP_SCHED_FCFS, KVP_SCHED_PRIORITY};
+    for (int k = 0; k < 2; k++) {
+        kvp_gen_config cfg = kvp_gen_config_default();
+        cfg.num_blocks = 12; /* one sequence of 117 tokens takes 8 */
+        cfg.sched = pol[k];
+        kvp_gen_session *s;
+        cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+        kvp_gen_request rb = greedy_req((enc){b, 17}, 100), ra = greedy_req((enc){a, 17}, 100);
+        rb.priority = 5, ra.priority = 0;
+        rb.ignore_eos = ra.ignore_eos = 1;
+        int32_t idb, ida, id, first = -1;
+        cr_assert_eq(kvp_gen_session_add(s, &rb, &idb), KVP_OK);
+        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_gen_session_add(s, &ra, &ida), KVP_OK);
+        kvp_gen_result res;
+        while (kvp_gen_session_pending(s)) {
+            cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+            while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+                if (first < 0) first = id;
+                cr_assert_eq(res.n_tokens[0], 100);
+                kvp_gen_results_free(&res, 1);
+            }
+        }
+        kvp_gen_session_stats st;
+        kvp_gen_session_stats_get(s, &st);
+        cr_assert_gt(st.preemptions, 0, "%s: the cache must be tight enough to preempt", kvp_sched_policy_name(pol[k]));
+        cr_assert_eq(first, k ? ida : idb, "%s: request %d ended first", kvp_sched_policy_name(pol[k]), first);
+        kvp_gen_session_destroy(s);
+    }
+}
+
 /* A bad request or one that can never fit is refused and leaves the session as it was; a step with
  * nothing pending does nothing; the session's creation fails cleanly at every allocation. */
 static kvp_status make_session(void *cfg, void **s) { return kvp_gen_session_create(g_model, cfg, (kvp_gen_session **)s); }
