@@ -411,6 +411,9 @@ static kvp_status preempt(gen_ctx *g, int32_t idx)
     return KVP_OK;
 }
 
+/* The priority of sequence idx's request (lower: more urgent). */
+static int32_t seq_priority(const gen_ctx *g, int32_t idx) { return g->reqs[g->seqs[idx]->req].priority; }
+
 /* Preempts (recompute) a preemptible running sequence other than `keep` (not a beam, not scheduled this step):
  * the most recently admitted, or under the priority policy the least urgent (the largest priority, then the
  * most recent), unless keep is less urgent still. Returns 0 in *done when none goes (the caller then preempts
@@ -420,15 +423,14 @@ static kvp_status preempt_one(gen_ctx *g, int32_t keep, int *done)
     *done = 0;
     const int prio = g->cfg->sched == KVP_SCHED_PRIORITY;
     int32_t victim = -1;
-#define PRIO(idx) g->reqs[g->seqs[idx]->req].priority
     for (int32_t i = g->nrun - 1; i >= 0 && (victim < 0 || prio); i--) {
         int32_t idx = g->running[i];
         gseq *s = g->seqs[idx];
         if (idx == keep || is_beam(g, s) || s->chunk > 0) continue;
-        if (victim < 0 || PRIO(idx) > PRIO(victim)) victim = idx;
+        if (victim < 0 || seq_priority(g, idx) > seq_priority(g, victim)) victim = idx;
     }
-    if (victim < 0 || (prio && !is_beam(g, g->seqs[keep]) && PRIO(keep) > PRIO(victim))) return KVP_OK;
-#undef PRIO
+    if (victim < 0 || (prio && !is_beam(g, g->seqs[keep]) && seq_priority(g, keep) > seq_priority(g, victim)))
+        return KVP_OK;
     KVP_TRY(preempt(g, victim));
     *done = 1;
     return KVP_OK;
@@ -805,9 +807,9 @@ static kvp_status step(gen_ctx *g)
     memcpy(g->buf.snap, g->running, (size_t)nsnap * sizeof *g->buf.snap);
     if (cfg->sched == KVP_SCHED_PRIORITY) /* the most urgent get their slots first (stable: then admission order) */
         for (int32_t i = 1; i < nsnap; i++) {
-            const int32_t x = g->buf.snap[i], px = g->reqs[g->seqs[x]->req].priority;
+            const int32_t x = g->buf.snap[i];
             int32_t k = i;
-            for (; k > 0 && g->reqs[g->seqs[g->buf.snap[k - 1]]->req].priority > px; k--) g->buf.snap[k] = g->buf.snap[k - 1];
+            for (; k > 0 && seq_priority(g, g->buf.snap[k - 1]) > seq_priority(g, x); k--) g->buf.snap[k] = g->buf.snap[k - 1];
             g->buf.snap[k] = x;
         }
     for (int pass = 0; pass < 2; pass++)
