@@ -781,22 +781,32 @@ static void stop_server(server_t *sv)
 
 /* GET base/v1/models: the first model's id (into id) and max_model_len (0 when the server does not say, or says
  * something that is not a length). */
+/* One blocking request to url: a GET, or a POST of post; the answer into body (the caller frees body->p), its
+ * status into *code (0 without an answer). */
+static CURLcode fetch(const char *url, const char *post, long timeout_s, text_buf *body, long *code)
+{
+    *code = 0;
+    CURL *h = curl_easy_init();
+    if (!h) return CURLE_FAILED_INIT;
+    curl_easy_setopt(h, CURLOPT_URL, url);
+    if (post) curl_easy_setopt(h, CURLOPT_POSTFIELDS, post);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)body);
+    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(h, CURLOPT_TIMEOUT, timeout_s);
+    const CURLcode res = curl_easy_perform(h);
+    if (res == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, code);
+    curl_easy_cleanup(h);
+    return res;
+}
+
 static kvp_status server_model(const char *base, char *id, size_t cap, int64_t *max_len)
 {
     char url[1100];
     text_buf body = {0};
     snprintf(url, sizeof url, "%s/v1/models", base);
-    CURL *h = curl_easy_init();
-    if (!h) return KVP_ERR(KVP_ENOMEM, "libcurl: cannot create a handle");
-    curl_easy_setopt(h, CURLOPT_URL, url);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-    curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)&body);
-    curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT, 30L);
-    const CURLcode res = curl_easy_perform(h);
-    long code = 0;
-    curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
-    curl_easy_cleanup(h);
+    long code;
+    const CURLcode res = fetch(url, NULL, 30, &body, &code);
     cJSON *j = res == CURLE_OK && code == 200 && body.p ? cJSON_Parse(body.p) : NULL;
     const cJSON *d = j ? cJSON_GetObjectItemCaseSensitive(j, "data") : NULL, *m0 = cJSON_GetArrayItem(d, 0);
     const cJSON *mid = cJSON_GetObjectItemCaseSensitive(m0, "id"), *ml = cJSON_GetObjectItemCaseSensitive(m0, "max_model_len");
@@ -822,17 +832,8 @@ static int reset_server_cache(const char *base)
         char url[1100];
         text_buf body = {0};
         snprintf(url, sizeof url, "%s%s", base, paths[k]);
-        CURL *h = curl_easy_init();
-        if (!h) return 0;
-        curl_easy_setopt(h, CURLOPT_URL, url);
-        curl_easy_setopt(h, CURLOPT_POSTFIELDS, "");
-        curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
-        curl_easy_setopt(h, CURLOPT_WRITEDATA, (void *)&body);
-        curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-        curl_easy_setopt(h, CURLOPT_TIMEOUT, 60L);
-        long code = 0;
-        if (curl_easy_perform(h) == CURLE_OK) curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &code);
-        curl_easy_cleanup(h);
+        long code;
+        fetch(url, "", 60, &body, &code);
         kvp_free(body.p);
         if (code == 200) return 1;
     }
