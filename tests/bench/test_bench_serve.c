@@ -150,7 +150,7 @@ Test(bench_serve, cache_none_serves_no_hits, .timeout = 120)
 }
 
 /* The server's /metrics read during the run: with a KV cache too small for the 16 requests at once, it fills
- * (usage 1) and preempts; without one, the readings still show the requests running. */
+ * (usage near 1) and preempts; without one, the readings still show the requests running. */
 Test(bench_serve, metrics_follow_the_server, .timeout = 120)
 {
     static req_row rows[MAXREQ];
@@ -166,7 +166,9 @@ Test(bench_serve, metrics_follow_the_server, .timeout = 120)
     expect_consistent(s, rows, n);
     const double samples = kvp_test_num(s, "metrics_samples");
     cr_assert_geq(samples, 3);
-    cr_assert_eq(kvp_test_num(s, "kv_usage_peak"), 1.0, "48 blocks for 16 requests of ~400 tokens");
+    /* A reading every 5 ms need not land on the very step that took the last block (47 of 48 was seen), so
+     * "filled" is at least 44 of them; the preemptions say it ran out. */
+    cr_assert_geq(kvp_test_num(s, "kv_usage_peak"), 44.0 / 48, "48 blocks for 16 requests of ~400 tokens");
     cr_assert_gt(kvp_test_num(s, "preemptions"), 0);
     cr_assert_geq(kvp_test_num(s, "running_peak"), 2);
     cr_assert_leq(kvp_test_num(s, "running_peak"), 16);
