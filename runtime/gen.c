@@ -8,6 +8,7 @@
 
 #include "blockmgr/block_mgr.h"
 #include "common/alloc.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "common/timer.h"
 
@@ -38,6 +39,9 @@ typedef struct {
     kvp_rng rng;
     lp_acc glp;          /* request.logprobs: the generated tokens' */
     /* per step */
+    int32_t ndraft;      /* speculation: drafts at the end of toks, computed this step (0: none) */
+    int32_t step_gen0;   /* n_gen before this step's tokens were drawn when it speculated, else INT32_MAX */
+    double step_lp[KVP_GEN_MAX_SPEC + 1]; /* logprob before each of them (kvp_gen_session_stop_at) */
     int32_t chunk;       /* tokens computed this step (0: not scheduled) */
     int32_t row;         /* place in this step's schedule */
     int32_t lrow;        /* logits row of its last new token this step */
@@ -141,8 +145,57 @@ const char *kvp_gen_finish_name(kvp_gen_finish f)
 kvp_gen_config kvp_gen_config_default(void)
 {
     kvp_gen_config c = {.block_size = 16, .num_blocks = 0, .cache = KVP_PC_RADIX, .max_num_seqs = 256,
-                        .max_batched_tokens = 2048, .stop_at_eos = 1, .kv_dtype = KVP_DTYPE_F32};
+                        .max_batched_tokens = 2048, .stop_at_eos = 1, .kv_dtype = KVP_DTYPE_F32,
+                        .spec_ngram_min = 5, .spec_ngram_max = 5};
     return c;
+}
+
+/* Integer member key of o in 1 .. hi into *out (absent: *out unchanged, *given 0). */
+static kvp_status spec_int(const cJSON *o, const char *key, int32_t hi, int32_t *out, int *given)
+{
+    int64_t v = 0;
+    KVP_TRY(kvp_json_int(o, key, &v, given));
+    if (*given && (v < 1 || v > hi))
+        return KVP_ERR(KVP_EINVAL, "speculative config: \"%s\" is %lld, not in 1..%d", key, (long long)v, hi);
+    if (*given) *out = (int32_t)v;
+    return KVP_OK;
+}
+
+kvp_status kvp_gen_spec_parse(const char *json, kvp_gen_config *cfg)
+{
+    cJSON *o;
+    KVP_TRY(kvp_json_parse(json, strlen(json), "the speculative config", &o));
+    static const char *const keys[] = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"};
+    enum { NKEYS = sizeof keys / sizeof keys[0] };
+    kvp_status st = cJSON_IsObject(o) ? KVP_OK : KVP_ERR(KVP_EPARSE, "speculative config: not a JSON object");
+    for (const cJSON *it = st == KVP_OK ? o->child : NULL; st == KVP_OK && it; it = it->next) {
+        size_t k = 0;
+        while (k < NKEYS && strcmp(it->string, keys[k]) != 0) k++;
+        if (k == NKEYS)
+            st = KVP_ERR(KVP_EINVAL, "speculative config: unknown key \"%s\" (method, num_speculative_tokens, "
+                                     "prompt_lookup_max, prompt_lookup_min)", it->string);
+    }
+    const char *method = NULL;
+    int has = 0, gk = 0, gmax = 0, gmin = 0;
+    int32_t k = 0, nmax = 5, nmin = 5;
+    if (st == KVP_OK) st = kvp_json_str(o, "method", &method, &has);
+    if (st == KVP_OK && (!has || strcmp(method, "ngram") != 0))
+        st = KVP_ERR(KVP_EINVAL, "speculative config: \"method\" is %s%s%s, not \"ngram\" (the other methods need a "
+                                 "draft model)", has ? "\"" : "missing", has ? method : "", has ? "\"" : "");
+    if (st == KVP_OK) st = spec_int(o, "num_speculative_tokens", KVP_GEN_MAX_SPEC, &k, &gk);
+    if (st == KVP_OK && !gk) st = KVP_ERR(KVP_EINVAL, "speculative config: \"num_speculative_tokens\" is required");
+    if (st == KVP_OK) st = spec_int(o, "prompt_lookup_max", KVP_GEN_MAX_NGRAM, &nmax, &gmax);
+    if (st == KVP_OK) st = spec_int(o, "prompt_lookup_min", KVP_GEN_MAX_NGRAM, &nmin, &gmin);
+    if (gmax && !gmin) nmin = nmax;
+    if (gmin && !gmax) nmax = nmin;
+    if (st == KVP_OK && nmin > nmax)
+        st = KVP_ERR(KVP_EINVAL, "speculative config: prompt_lookup_min %d is above prompt_lookup_max %d", nmin, nmax);
+    cJSON_Delete(o);
+    if (st != KVP_OK) return st;
+    cfg->spec_tokens = k;
+    cfg->spec_ngram_min = nmin;
+    cfg->spec_ngram_max = nmax;
+    return KVP_OK;
 }
 
 static kvp_status push_tok(gseq *s, int32_t t)
@@ -230,6 +283,7 @@ static kvp_status new_seq(gen_ctx *g, int32_t req, int32_t sample, const int32_t
     s->sample = sample;
     s->state = SEQ_WAITING;
     s->stop_token = -1;
+    s->step_gen0 = INT32_MAX;
     s->glp.a.k = g->reqs[req].logprobs ? g->reqs[req].top_logprobs : 0;
     kvp_rng_seed(&s->rng, g->reqs[req].sampler.seed, (uint64_t)sample);
     *index = g->nfree > 0 ? g->free_slots[--g->nfree] : g->nseqs++;
@@ -436,6 +490,48 @@ static kvp_status preempt_one(gen_ctx *g, int32_t keep, int *done)
     return KVP_OK;
 }
 
+/* n-gram prompt lookup: the tokens that followed the latest earlier occurrence of the last n of t[0, len), for
+ * the longest n in nmin .. nmax that has one; at most max_out of them into out. Returns how many. */
+static int32_t ngram_propose(const int32_t *t, int32_t len, int32_t nmin, int32_t nmax, int32_t max_out, int32_t *out)
+{
+    for (int32_t n = nmax < len - 1 ? nmax : len - 1; n >= nmin && max_out > 0; n--) {
+        const int32_t *suf = t + len - n;
+        for (int32_t j = len - n - 1; j >= 0; j--) /* t[j, j + n) and at least one token after it */
+            if (t[j + n - 1] == suf[n - 1] && memcmp(t + j, suf, (size_t)n * sizeof *t) == 0) {
+                const int32_t c = len - (j + n) < max_out ? len - (j + n) : max_out;
+                memcpy(out, t + j + n, (size_t)c * sizeof *t);
+                return c;
+            }
+    }
+    return 0;
+}
+
+/* Speculation for decoding sequence idx (kvp_gen_config.spec_tokens): proposes drafts and appends them to its
+ * tokens (s->ndraft), as many as the step's budget left, its remaining max_tokens and the free blocks allow. */
+static kvp_status propose_drafts(gen_ctx *g, int32_t idx, int32_t budget)
+{
+    gseq *s = g->seqs[idx];
+    const kvp_gen_config *c = g->cfg;
+    s->ndraft = 0;
+    if (c->spec_tokens < 1 || is_beam(g, s) || s->fork_pending) return KVP_OK;
+    /* drawing k drafts' places gives k + 1 tokens: the last place needs no draft */
+    int32_t k = g->rq[s->req].max_tokens - s->n_gen - 1;
+    k = k < c->spec_tokens ? k : c->spec_tokens;
+    k = k < budget - 1 ? k : budget - 1;
+    if (k < 1) return KVP_OK;
+    int32_t d[KVP_GEN_MAX_SPEC];
+    k = ngram_propose(s->toks, s->n_toks, c->spec_ngram_min, c->spec_ngram_max, k, d);
+    for (int32_t need = 0; k > 0; k--) { /* free blocks only: a draft never evicts or preempts */
+        KVP_TRY(kvp_bm_append_blocks_needed(g->bm, s->id, 1 + k, &need));
+        if (need <= kvp_bm_num_free(g->bm)) break;
+    }
+    for (int32_t i = 0; i < k; i++) KVP_TRY(push_tok(s, d[i]));
+    s->ndraft = k;
+    g->st.spec_drafts += k > 0;
+    g->st.spec_draft_tokens += k;
+    return KVP_OK;
+}
+
 /* Gets slots for `n` new tokens of sequence idx, evicting cached blocks and preempting unscheduled others
  * (most recent first) as needed; as a last resort the sequence preempts itself (*self = 1, no slots). */
 static kvp_status append_slots(gen_ctx *g, int32_t idx, int32_t n, int32_t *slots, int *self)
@@ -571,7 +667,7 @@ static int presample_step(gen_ctx *g, int32_t ns)
         gseq *s = g->seqs[g->buf.sched[i]];
         const kvp_gen_request *r = &g->reqs[s->req];
         g->pre[i].eligible = s->state == SEQ_RUNNING && s->n_computed >= s->n_toks &&
-                             g->rq[s->req].max_tokens != 0 && r->beam_width <= 1 && !s->fork_pending;
+                             g->rq[s->req].max_tokens != 0 && r->beam_width <= 1 && !s->fork_pending && !s->ndraft;
         n_el += g->pre[i].eligible;
     }
     if (n_el < 16) return 0;
@@ -696,6 +792,36 @@ static kvp_status beam_step(gen_ctx *g, int32_t r, const int32_t *beams, int32_t
     return st;
 }
 
+/* Speculating sequence idx after the forward pass: its last token and its drafts were computed (rows lrow - ndraft ..
+ * lrow). Each place's token is drawn as without speculation and emitted; a draft equal to it is kept (its K/V
+ * stays valid) and the next place is drawn, else the drawing stops there. Then the slots past the kept tokens
+ * are truncated away. */
+static kvp_status verify_drafts(gen_ctx *g, int32_t idx)
+{
+    gseq *s = g->seqs[idx];
+    const int32_t k = s->ndraft, base = s->n_toks - k; /* toks[base ..) are the drafts */
+    int32_t d[KVP_GEN_MAX_SPEC];
+    memcpy(d, s->toks + base, (size_t)k * sizeof *d);
+    s->ndraft = 0;
+    s->n_toks = s->n_computed = base; /* the last token's K/V is in; drafts count once kept */
+    s->step_gen0 = s->n_gen;
+    const float *row0 = g->logits + (int64_t)(s->lrow - k) * g->vocab;
+    for (int32_t i = 0; i <= k; i++) {
+        const float *lg = row0 + (int64_t)i * g->vocab;
+        double lp;
+        s->step_lp[i] = s->logprob;
+        const int32_t t = draw(g, s, &s->rng, lg, 0, g->sws, &lp);
+        KVP_TRY(emit(g, idx, t, lp, lg));
+        if (s->state == SEQ_DONE || i == k || t != d[i]) break;
+        s->n_computed++;
+        g->st.spec_accepted_tokens++;
+    }
+    if (s->state == SEQ_DONE) return KVP_OK; /* its blocks are freed */
+    KVP_TRY(kvp_bm_truncate(g->bm, s->id, s->n_computed));
+    s->n_alloc = s->n_computed;
+    return KVP_OK;
+}
+
 /* The prompt places sequence s's step (a chunk of its prompt, every token's logits from row lrow - chunk + 1)
  * predicts, recorded once each: the logits at position p are those of token p + 1. */
 static kvp_status record_prompt_logprobs(gen_ctx *g, gseq *s)
@@ -801,7 +927,11 @@ static kvp_status step(gen_ctx *g)
      * budget. Iterate over a snapshot: preemption edits the running list. */
     budget = cfg->max_batched_tokens;
     int32_t ntok = 0, nsched = 0;
-    for (int32_t i = 0; i < g->nrun; i++) g->seqs[g->running[i]]->chunk = 0;
+    for (int32_t i = 0; i < g->nrun; i++) {
+        gseq *s = g->seqs[g->running[i]];
+        s->chunk = s->ndraft = 0;
+        s->step_gen0 = INT32_MAX;
+    }
     KVP_TRY(grow_to(&g->buf.snap, &g->buf.cap_snap, (size_t)g->nrun, sizeof *g->buf.snap));
     int32_t nsnap = g->nrun;
     memcpy(g->buf.snap, g->running, (size_t)nsnap * sizeof *g->buf.snap);
@@ -826,11 +956,14 @@ static kvp_status step(gen_ctx *g)
             }
             KVP_TRY(grow_to(&g->buf.slots, &g->buf.cap_slots, (size_t)(ntok + n), sizeof *g->buf.slots));
             if (is_decode) {
-                int32_t slot;
+                KVP_TRY(propose_drafts(g, idx, budget));
+                n = 1 + s->ndraft;
+                KVP_TRY(grow_to(&g->buf.slots, &g->buf.cap_slots, (size_t)(ntok + n), sizeof *g->buf.slots));
+                int32_t slot[1 + KVP_GEN_MAX_SPEC];
                 int self;
-                KVP_TRY(append_slots(g, idx, 1, &slot, &self));
+                KVP_TRY(append_slots(g, idx, n, slot, &self)); /* drafts fit free blocks: never self with them */
                 if (self) continue;
-                g->buf.slots[ntok] = slot;
+                for (int32_t j = 0; j < n; j++) g->buf.slots[ntok + j] = slot[j];
             } else {
                 kvp_bm_table_view tv;
                 KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
@@ -865,7 +998,7 @@ static kvp_status step(gen_ctx *g)
         gseq *s = g->seqs[B->sched[r]];
         /* rows at positions n_computed .. n_computed + chunk - 1, each attending its position + 1 keys */
         attended += (int64_t)s->chunk * s->n_computed + (int64_t)s->chunk * (s->chunk + 1) / 2;
-        B->every[r] = (uint8_t)wants_prompt_logits(g, s);
+        B->every[r] = (uint8_t)(wants_prompt_logits(g, s) || s->ndraft > 0); /* a draft's place is drawn too */
         nrows += B->every[r] ? s->chunk : 1;
         s->lrow = nrows - 1;
         B->qo[r] = nt;
@@ -935,7 +1068,7 @@ static kvp_status step(gen_ctx *g)
     for (int32_t i = 0; i < ns; i++) {
         int32_t idx = B->sched[i];
         gseq *s = g->seqs[idx];
-        if (B->every[i]) KVP_TRY(record_prompt_logprobs(g, s));
+        if (B->every[i] && s->ndraft == 0) KVP_TRY(record_prompt_logprobs(g, s));
         s->n_computed += s->chunk;
         if (!s->inserted && s->n_computed >= g->reqs[s->req].n_prompt) {
             int32_t nfull = g->reqs[s->req].n_prompt / bs;
@@ -968,6 +1101,10 @@ static kvp_status step(gen_ctx *g)
                 }
             }
             KVP_TRY(beam_step(g, s->req, beams, nb));
+            continue;
+        }
+        if (s->ndraft > 0) {
+            KVP_TRY(verify_drafts(g, idx));
             continue;
         }
         if (s->fork_pending) {
@@ -1188,6 +1325,11 @@ kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_g
     if (!m || !cfg || !out) return KVP_ERR(KVP_EINVAL, "generate: NULL argument");
     if (cfg->block_size < 1 || cfg->max_num_seqs < 1 || cfg->max_batched_tokens < 1 || cfg->num_blocks < 1)
         return KVP_ERR(KVP_EINVAL, "generate: block_size, num_blocks, max_num_seqs and max_batched_tokens must be >= 1");
+    if (cfg->spec_tokens < 0 || cfg->spec_tokens > KVP_GEN_MAX_SPEC ||
+        (cfg->spec_tokens > 0 && (cfg->spec_ngram_min < 1 || cfg->spec_ngram_min > cfg->spec_ngram_max ||
+                                  cfg->spec_ngram_max > KVP_GEN_MAX_NGRAM)))
+        return KVP_ERR(KVP_EINVAL, "generate: spec_tokens %d in 0..%d, n-gram lengths %d..%d within 1..%d",
+                       cfg->spec_tokens, KVP_GEN_MAX_SPEC, cfg->spec_ngram_min, cfg->spec_ngram_max, KVP_GEN_MAX_NGRAM);
     gen_ctx *g = kvp_calloc(1, sizeof *g);
     if (!g) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
     g->m = m;
@@ -1387,11 +1529,29 @@ kvp_status kvp_gen_session_prompt_logprobs(const kvp_gen_session *g, int32_t id,
 
 kvp_status kvp_gen_session_stop(kvp_gen_session *g, int32_t id, int32_t k)
 {
+    return kvp_gen_session_stop_at(g, id, k, INT32_MAX);
+}
+
+kvp_status kvp_gen_session_stop_at(kvp_gen_session *g, int32_t id, int32_t k, int32_t n_keep)
+{
     const int32_t r = req_index(g, id);
     if (r < 0 || g->reqs[r].beam_width > 1) return KVP_ENOTFOUND;
     const int32_t i = sample_seq(g, r, k);
-    if (i < 0 || g->seqs[i]->state == SEQ_DONE || g->seqs[i]->fork_pending) return KVP_ENOTFOUND;
-    end_seq(g, i, KVP_FINISH_STOPPED);
+    if (i < 0 || g->seqs[i]->fork_pending) return KVP_ENOTFOUND;
+    gseq *s = g->seqs[i];
+    const int cut = n_keep >= s->step_gen0 && n_keep < s->n_gen; /* only this step's tokens */
+    if (s->state == SEQ_DONE && !cut) return KVP_ENOTFOUND;
+    if (cut) {
+        const int32_t drop = s->n_gen - n_keep;
+        s->logprob = s->step_lp[n_keep - s->step_gen0];
+        s->n_toks -= drop;
+        s->n_gen = n_keep;
+        if (s->glp.a.n > n_keep) s->glp.a.n = n_keep;
+        if (s->n_computed > s->n_toks) s->n_computed = s->n_toks;
+        s->stop_token = -1;
+    }
+    if (s->state == SEQ_DONE) s->finish = KVP_FINISH_STOPPED;
+    else end_seq(g, i, KVP_FINISH_STOPPED);
     return KVP_OK;
 }
 
@@ -1435,9 +1595,17 @@ void kvp_gen_session_stats_get(const kvp_gen_session *g, kvp_gen_session_stats *
     out->computed_tokens = g->st.computed_tokens;
     out->prefix_hit_tokens = g->st.prefix_hit_tokens;
     out->preemptions = g->st.preemptions;
+    out->spec_drafts = g->st.spec_drafts;
+    out->spec_draft_tokens = g->st.spec_draft_tokens;
+    out->spec_accepted_tokens = g->st.spec_accepted_tokens;
     out->num_blocks = g->cfg->num_blocks;
     out->free_blocks = kvp_bm_num_free(g->bm);
     out->admitted_prompt_tokens = g->admitted_prompt_tokens; /* kept as requests are admitted: this runs every step of a server */
+}
+
+double kvp_gen_spec_acceptance(const kvp_gen_stats *st)
+{
+    return st->spec_draft_tokens > 0 ? (double)st->spec_accepted_tokens / (double)st->spec_draft_tokens : 0.0;
 }
 
 kvp_status kvp_gen_run(kvp_model *m, const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n,

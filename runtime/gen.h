@@ -4,11 +4,12 @@
  * Each step: (1) waiting work is admitted in the policy's order (kvp_gen_config.sched; preempted sequences
  * first) while the running set, the token budget and the free + evictable blocks allow it, with a
  * prefix-cache match on its tokens; (2) every running sequence gets its next tokens — decodes first (1 token
- * each), then prompt chunks with what is left of the budget (chunked prefill); slots come from
+ * each, plus its drafts with speculation), then prompt chunks with what is left of the budget (chunked prefill); slots come from
  * kvp_bm_append, evicting cached blocks and then preempting (recompute) the most recently admitted
  * preemptible sequence (under the priority policy the least urgent) when blocks run out;
  * (3) copy-on-write copies are run; (4) one batched forward pass over all of them; (5) sequences that
- * reached the end of their known tokens sample, fork or finish; a finished sequence frees its blocks at once.
+ * reached the end of their known tokens sample, fork or finish (a speculating one verifies its drafts, then
+ * truncates the slots of those rejected); a finished sequence frees its blocks at once.
  *
  *   request (n = 1)       one sequence
  *   request (n > 1)       one sequence prefills the prompt, then forks into n (kvp_bm_fork: the prompt's
@@ -50,10 +51,28 @@ typedef struct {
                                    arrival; LPM (SGLang's) the most prompt blocks found in the prefix cache among
                                    the KVP_LPM_WINDOW oldest, then arrival. Admission stops at the first that does
                                    not fit. PRIORITY also preempts the least urgent sequence when blocks run out. */
+    /* n-gram speculative decoding (vLLM's "ngram" method, prompt lookup): each decoding sample (not a beam
+     * search) looks for the latest earlier occurrence of its last n tokens (the longest n in spec_ngram_min ..
+     * spec_ngram_max that has one) and proposes the tokens that followed it, up to spec_tokens of them, computed
+     * in the same step as its next token. Each place's token is drawn as without speculation (the same
+     * sampler, rng draw and logits), and drafts are kept while they equal what was drawn: results are those of
+     * decoding without it, and a step gains the drafts kept. Rejected drafts' slots are truncated away. Drafts
+     * take only free blocks (never evict or preempt) and what is left of the step's token budget. */
+    int32_t spec_tokens;     /* drafts per sample and step, 0 (off) .. KVP_GEN_MAX_SPEC */
+    int32_t spec_ngram_min;  /* 1 <= min <= max <= KVP_GEN_MAX_NGRAM when spec_tokens > 0 */
+    int32_t spec_ngram_max;
 } kvp_gen_config;
 
-/* block 16, auto blocks, radix cache, 256 seqs, 2048 tokens, stop at EOS, f32 KV cache, FCFS. */
+enum { KVP_GEN_MAX_SPEC = 16, KVP_GEN_MAX_NGRAM = 64 };
+
+/* block 16, auto blocks, radix cache, 256 seqs, 2048 tokens, stop at EOS, f32 KV cache, FCFS, no speculation. */
 kvp_gen_config kvp_gen_config_default(void);
+
+/* Sets cfg's speculation from vLLM's --speculative-config JSON: {"method": "ngram", "num_speculative_tokens": K,
+ * "prompt_lookup_max": N, "prompt_lookup_min": M} (N and M default to each other, both to 5 as vLLM's).
+ * KVP_EPARSE for malformed JSON; KVP_EINVAL naming the key for an unknown key, a method other than ngram (the
+ * others need a draft model) or a value out of range. On error cfg is unchanged. */
+kvp_status kvp_gen_spec_parse(const char *json, kvp_gen_config *cfg);
 
 typedef struct {
     const int32_t *prompt; /* (n_prompt) token ids, BOS included when wanted; borrowed */
@@ -137,6 +156,9 @@ typedef struct {
     double prefix_hit_rate;    /* prefix_hit_tokens / prompt_tokens (as the engine's) */
     int64_t prefix_hit_tokens; /* prompt tokens the prefix cache served at each request's first admission */
     int64_t preemptions;
+    int64_t spec_drafts;       /* speculation: steps of a sample that proposed drafts */
+    int64_t spec_draft_tokens; /* tokens proposed */
+    int64_t spec_accepted_tokens; /* of them, kept */
     int64_t cow_copies;        /* copy-on-write block copies */
     int64_t peak_used_blocks;  /* blocks held by sequences (not counting cache-only blocks) */
     int64_t peak_token_states; /* slots holding a token (shared ones once) */
@@ -146,6 +168,9 @@ typedef struct {
     int32_t num_blocks, block_size;
     int64_t kv_pool_bytes;     /* the KV cache's pools, every layer, K and V (num_blocks of kv_dtype) */
 } kvp_gen_stats;
+
+/* spec_accepted_tokens / spec_draft_tokens (0 with no draft). */
+double kvp_gen_spec_acceptance(const kvp_gen_stats *st);
 
 /* Runs every request to completion. KVP_EINVAL naming the request for bad parameters or a prompt that
  * does not fit the model's context (max_tokens is clamped so that prompt + max_tokens <= context, with a
@@ -204,6 +229,12 @@ kvp_status kvp_gen_session_prompt_logprobs(const kvp_gen_session *s, int32_t id,
  * has, finishes with KVP_FINISH_STOPPED, and its blocks are freed. KVP_ENOTFOUND, with no message, when that
  * sample is not running (unknown, already finished, not forked yet, a beam search). */
 kvp_status kvp_gen_session_stop(kvp_gen_session *s, int32_t id, int32_t k);
+/* kvp_gen_session_stop, keeping the first n_keep generated tokens of the sample (a stop string found inside
+ * the several tokens a speculative step adds): the tokens after them, their log-probabilities and their share
+ * of the cumulative one are dropped. n_keep >= the tokens it has: as kvp_gen_session_stop. A sample that
+ * finished in the last step (not taken yet) is cut as well, and its finish becomes KVP_FINISH_STOPPED.
+ * Tokens of an earlier step are never cut (it is stopped keeping them). KVP_ENOTFOUND as kvp_gen_session_stop. */
+kvp_status kvp_gen_session_stop_at(kvp_gen_session *s, int32_t id, int32_t k, int32_t n_keep);
 /* Ends request id now, whatever its stage (its client left, say): running samples keep what they have and
  * finish with KVP_FINISH_ABORTED; a request not admitted yet finishes with no sample. It is then taken like
  * any other. KVP_ENOTFOUND, with no message, when id is unknown, finished or taken. */
@@ -221,6 +252,7 @@ typedef struct {
                                             * sequences of requests not taken */
     int64_t running_seqs, preempted_seqs;  /* now */
     int64_t steps, computed_tokens, prefix_hit_tokens, preemptions, admitted_prompt_tokens;
+    int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens; /* as kvp_gen_stats */
     int32_t num_blocks, free_blocks;       /* free: neither held by a sequence nor cached */
 } kvp_gen_session_stats;
 void kvp_gen_session_stats_get(const kvp_gen_session *s, kvp_gen_session_stats *out);

@@ -67,6 +67,11 @@ static void usage(FILE *f)
             "  --cache radix|hash|none prefix cache across requests (default radix)\n"
             "  --sched fcfs|lpm        admission order of waiting prompts (default fcfs): arrival, or the most\n"
             "                          prompt blocks found cached first (SGLang's lpm)\n"
+            "  --speculative-config J  n-gram speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"
+            "                          \"num_speculative_tokens\": K (1..16), \"prompt_lookup_max\": N,\n"
+            "                          \"prompt_lookup_min\": M} (1..64, default each other, else 5): up to K\n"
+            "                          tokens that followed an earlier occurrence of a sample's last N..M tokens\n"
+            "                          are checked in one step; the results are those without it\n"
             "  --max-num-seqs N        running sequences at most (default 256)\n"
             "  --max-batched-tokens N  tokens per step (default 2048)\n"
             "  --threads N             CPU threads (default 1)\n"
@@ -157,6 +162,7 @@ typedef struct {
     int chat;                   /* each prompt is a user message through the chat template */
     const char *chat_template;  /* NULL: the model's own */
     const char *system;         /* a system message before each prompt, or NULL */
+    kvp_gen_config spec;        /* --speculative-config: its spec_* fields */
 } gen_opts;
 
 static cJSON *ids_json(const int32_t *ids, int32_t n)
@@ -210,7 +216,7 @@ static void track_stops(void *ctx, kvp_gen_session *s)
             int32_t nt;
             if (h->stop || kvp_gen_session_partial(s, i, k, &toks, &nt) != KVP_OK) continue;
             kvp_stop_text_add(h, &x->set, x->tok, x->reqs[i].prompt[x->reqs[i].n_prompt - 1], toks, nt);
-            if (h->stop) kvp_gen_session_stop(s, i, k);
+            if (h->stop) kvp_gen_session_stop_at(s, i, k, h->ntok); /* a step may add tokens after it */
         }
 }
 
@@ -320,6 +326,9 @@ static int run(gen_opts *o)
     cfg.stop_at_eos = !o->ignore_eos;
     cfg.kv_dtype = o->kv_dtype;
     cfg.skip_logprob = !o->json; /* only --json prints each sample's log-probability */
+    cfg.spec_tokens = o->spec.spec_tokens;
+    cfg.spec_ngram_min = o->spec.spec_ngram_min;
+    cfg.spec_ngram_max = o->spec.spec_ngram_max;
     kvp_gen_stats stats;
     if (o->stops.n > 0) {
         for (int32_t i = 0; i < o->stops.n; i++) {
@@ -420,6 +429,11 @@ static int run(gen_opts *o)
         cJSON_AddNumberToObject(t, "prefix_hit_tokens", (double)stats.prefix_hit_tokens);
         cJSON_AddNumberToObject(t, "preemptions", (double)stats.preemptions);
         cJSON_AddNumberToObject(t, "cow_copies", (double)stats.cow_copies);
+        if (cfg.spec_tokens > 0) {
+            cJSON_AddNumberToObject(t, "spec_draft_tokens", (double)stats.spec_draft_tokens);
+            cJSON_AddNumberToObject(t, "spec_accepted_tokens", (double)stats.spec_accepted_tokens);
+            cJSON_AddNumberToObject(t, "spec_acceptance_rate", kvp_gen_spec_acceptance(&stats));
+        }
         cJSON_AddNumberToObject(t, "kv_token_states", (double)stats.peak_token_states);
         cJSON_AddNumberToObject(t, "kv_logical_tokens", (double)stats.peak_logical_tokens);
         cJSON_AddNumberToObject(t, "kv_shared_savings", (double)stats.peak_shared_savings);
@@ -444,6 +458,10 @@ static int run(gen_opts *o)
             n, (long long)stats.generated_tokens, stats.wall_s, stats.tokens_per_s, (long long)stats.steps,
             stats.prefix_hit_rate, (long long)stats.peak_token_states, (double)stats.kv_pool_bytes / (1 << 20),
             kvp_dtype_name(o->kv_dtype));
+    if (kvp_comm_rank(comm) == 0 && cfg.spec_tokens > 0)
+        fprintf(stderr, "kvpage generate: speculation: %lld draft tokens in %lld steps, %lld kept (%.1f %%)\n",
+                (long long)stats.spec_draft_tokens, (long long)stats.spec_drafts, (long long)stats.spec_accepted_tokens,
+                100.0 * kvp_gen_spec_acceptance(&stats));
 out:
     for (int32_t i = 0; stops.t && i < stops.n * stops.nsamples; i++) kvp_stop_text_free(&stops.t[i]);
     kvp_free(stops.t);
@@ -466,7 +484,7 @@ int kvp_cmd_generate(int argc, char **argv)
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE,
            O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM,
-           O_SCHED };
+           O_SCHED, O_SPEC };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -475,7 +493,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"n", required_argument, 0, O_N},              {"beam-width", required_argument, 0, O_BEAM},
         {"block-size", required_argument, 0, O_BS},    {"num-blocks", required_argument, 0, O_NB},
         {"cache", required_argument, 0, O_CACHE},      {"max-num-seqs", required_argument, 0, O_SEQS},
-        {"sched", required_argument, 0, O_SCHED},
+        {"sched", required_argument, 0, O_SCHED},     {"speculative-config", required_argument, 0, O_SPEC},
         {"max-batched-tokens", required_argument, 0, O_BATCH}, {"threads", required_argument, 0, O_THREADS},
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
@@ -504,6 +522,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.kv_auto = 1;
     o.weight_dtype = KVP_WEIGHT_AUTO;
     o.logprobs = -1;
+    o.spec = kvp_gen_config_default();
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;
     optind = 0;
@@ -531,6 +550,7 @@ int kvp_cmd_generate(int argc, char **argv)
             if ((st = kvp_sched_policy_parse(optarg, &o.sched)) == KVP_OK && o.sched == KVP_SCHED_PRIORITY)
                 st = KVP_ERR(KVP_EINVAL, "'priority' needs each request's priority (kvpage serve takes them): fcfs or lpm");
             break;
+        case O_SPEC: st = kvp_gen_spec_parse(optarg, &o.spec); break;
         case O_KV_DTYPE: st = kvp_kv_dtype_parse(optarg, &o.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;

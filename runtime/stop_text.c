@@ -15,10 +15,10 @@ static size_t prefix_held(const kvp_stop_text *h, const kvp_stop_set *set)
     return 0;
 }
 
-int kvp_stop_text_add(kvp_stop_text *h, const kvp_stop_set *set, const kvp_tokenizer *tok, int32_t prev0,
-                      const int32_t *tokens, int32_t n)
+/* kvp_stop_text_add of tokens[h->ntok, n) at once. */
+static int add_upto(kvp_stop_text *h, const kvp_stop_set *set, const kvp_tokenizer *tok, int32_t prev0,
+                    const int32_t *tokens, int32_t n)
 {
-    if (h->stop || n <= h->ntok) return 0;
     char *dec = NULL;
     if (kvp_tok_decode(tok, h->ntok > 0 ? tokens[h->ntok - 1] : prev0, tokens + h->ntok, n - h->ntok, &dec) != KVP_OK)
         return 0;
@@ -49,6 +49,16 @@ int kvp_stop_text_add(kvp_stop_text *h, const kvp_stop_set *set, const kvp_token
         h->ready = ready > h->ready ? ready : h->ready;
     }
     return 1;
+}
+
+int kvp_stop_text_add(kvp_stop_text *h, const kvp_stop_set *set, const kvp_tokenizer *tok, int32_t prev0,
+                      const int32_t *tokens, int32_t n)
+{
+    if (h->stop || n <= h->ntok) return 0;
+    if (set->nstop == 0) return add_upto(h, set, tok, prev0, tokens, n);
+    int grew = 0; /* a token at a time: the stop lands on the token that completes it (and min_tokens counts) */
+    while (!h->stop && h->ntok < n && add_upto(h, set, tok, prev0, tokens, h->ntok + 1)) grew = 1;
+    return grew;
 }
 
 void kvp_stop_text_free(kvp_stop_text *h)

@@ -32,8 +32,10 @@ typedef struct {
     int stop;      /* 1 + the index of the stop string that cut it, else 0 */
 } kvp_stop_text;
 
-/* Adds tokens[h->ntok, n) of a sample (tokens[0] follows token prev0, -1: none) to h's text. Returns 1
- * when the text changed; nothing changes after a stop string was found. A decode or an allocation that
+/* Adds tokens[h->ntok, n) of a sample (tokens[0] follows token prev0, -1: none) to h's text, a token at a time
+ * when there are stop strings: when one is found, h->ntok is the count up to the token that completed it (the
+ * sample keeps those: kvp_gen_session_stop_at). Returns 1 when the text changed; nothing changes after a stop
+ * string was found. A decode or an allocation that
  * fails leaves h as it was (the next call tries again with more tokens). */
 int kvp_stop_text_add(kvp_stop_text *h, const kvp_stop_set *set, const kvp_tokenizer *tok, int32_t prev0,
                       const int32_t *tokens, int32_t n);
