@@ -108,6 +108,7 @@ static void usage(FILE *f)
             "  --sched fcfs|lpm|priority  the order waiting requests are admitted in (default fcfs): arrival; the\n"
             "                            most prompt blocks cached first (SGLang's lpm); a request's \"priority\"\n"
             "                            (vLLM's: lowest first), then arrival\n"
+            "  --speculative-config J    n-gram speculative decoding, as for generate (vLLM's JSON)\n"
             "  --max-num-seqs N          running sequences at most (default 256)\n"
             "  --max-batched-tokens N    tokens per step (default 2048)\n"
             "  --threads N               CPU threads (default 1)\n"
@@ -288,9 +289,12 @@ static kvp_status sess_add(server *sv, const kvp_gen_request *r, int32_t *id)
     return KVP_OK;
 }
 
-static void sess_stop(server *sv, int32_t id, int32_t k)
+static void sess_stop(server *sv, int32_t id, int32_t k, int32_t n_keep)
 {
-    if (kvp_gen_session_stop(sv->s, id, k) == KVP_OK && sv->tp > 1) log_op(&sv->ops, OP_STOP, id, k);
+    if (kvp_gen_session_stop_at(sv->s, id, k, n_keep) == KVP_OK && sv->tp > 1) {
+        log_op(&sv->ops, OP_STOP, id, k);
+        log_put(&sv->ops, &n_keep, sizeof n_keep);
+    }
 }
 
 static void sess_abort(server *sv, int32_t id)
@@ -344,7 +348,10 @@ static kvp_status apply_ops(kvp_gen_session *s, const unsigned char *p, size_t l
             kvp_free(prompt);
             KVP_TRY(st);
         } else if (op == OP_STOP) {
-            kvp_gen_session_stop(s, a, b);
+            int32_t n_keep;
+            memcpy(&n_keep, p + at, sizeof n_keep);
+            at += sizeof n_keep;
+            kvp_gen_session_stop_at(s, a, b, n_keep);
         } else if (op == OP_ABORT) {
             kvp_gen_session_abort(s, a);
         } else if (op == OP_QUIT) {
@@ -551,12 +558,14 @@ static void keep_logprobs(choice *h, const kvp_gen_logprobs *lp)
 static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n, const kvp_gen_logprobs *lp)
 {
     choice *h = &j->ch[c];
-    if (j->stream && (lp || j->return_ids)) keep_tokens(h, tokens, n);
-    if (j->stream && lp) keep_logprobs(h, lp);
     const kvp_gen_request *r = &j->reqs[c / j->nsamples];
     const int had = h->t.stop;
     const int grew = kvp_stop_text_add(&h->t, &j->stops, sv->tok, r->prompt[r->n_prompt - 1], tokens, n);
-    if (h->t.stop && !had) sess_stop(sv, j->ids[c / j->nsamples], c % j->nsamples); /* after the final tokens: nothing */
+    if (h->t.stop && !had) /* after the final tokens: nothing; a speculative step may have added tokens after it */
+        sess_stop(sv, j->ids[c / j->nsamples], c % j->nsamples, h->t.ntok);
+    if (h->t.stop && n > h->t.ntok) n = h->t.ntok;
+    if (j->stream && (lp || j->return_ids)) keep_tokens(h, tokens, n);
+    if (j->stream && lp) keep_logprobs(h, lp);
     return grew;
 }
 
@@ -1891,6 +1900,15 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
              "# HELP kvpage_preemptions_total Sequences preempted.\n"
              "# TYPE kvpage_preemptions_total counter\n"
              "kvpage_preemptions_total %lld\n"
+             "# HELP kvpage_spec_decode_num_drafts_total Speculation: steps of a sample that proposed drafts.\n"
+             "# TYPE kvpage_spec_decode_num_drafts_total counter\n"
+             "kvpage_spec_decode_num_drafts_total %lld\n"
+             "# HELP kvpage_spec_decode_num_draft_tokens_total Speculation: draft tokens proposed.\n"
+             "# TYPE kvpage_spec_decode_num_draft_tokens_total counter\n"
+             "kvpage_spec_decode_num_draft_tokens_total %lld\n"
+             "# HELP kvpage_spec_decode_num_accepted_tokens_total Speculation: draft tokens kept.\n"
+             "# TYPE kvpage_spec_decode_num_accepted_tokens_total counter\n"
+             "kvpage_spec_decode_num_accepted_tokens_total %lld\n"
              "# HELP kvpage_prefix_cache_queries_total Prompt tokens looked up in the prefix cache at admission.\n"
              "# TYPE kvpage_prefix_cache_queries_total counter\n"
              "kvpage_prefix_cache_queries_total %lld\n"
@@ -1908,7 +1926,8 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
              "kvpage_kv_cache_usage_ratio %.6f\n",
              (long long)a[0], (long long)a[1], (long long)a[2], (long long)cancelled, (long long)pt, (long long)ct, (long long)s.requests,
              (long long)s.finished, (long long)s.waiting, (long long)s.running_seqs, (long long)s.preempted_seqs,
-             (long long)s.steps, (long long)s.computed_tokens, (long long)s.preemptions,
+             (long long)s.steps, (long long)s.computed_tokens, (long long)s.preemptions, (long long)s.spec_drafts,
+             (long long)s.spec_draft_tokens, (long long)s.spec_accepted_tokens,
              (long long)s.admitted_prompt_tokens, (long long)s.prefix_hit_tokens, s.num_blocks, s.free_blocks, used);
     histo_print(t, cap, &len, "kvpage_time_to_first_token_seconds",
                 "Finished prompts: time from the engine taking the prompt to its first token.", &ttft);
@@ -2182,7 +2201,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
 int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED };
+           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED, O_SPEC };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -2194,6 +2213,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
         {"stream-interval", required_argument, 0, O_STREAMIV}, {"sched", required_argument, 0, O_SCHED},
+        {"speculative-config", required_argument, 0, O_SPEC},
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
         {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON},
         {0, 0, 0, 0}};
@@ -2224,6 +2244,7 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_CACHE: st = kvp_pc_kind_parse(optarg, &cfg.cache); break;
         case O_SCHED: st = kvp_sched_policy_parse(optarg, &cfg.sched); break;
+        case O_SPEC: st = kvp_gen_spec_parse(optarg, &cfg); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.max_num_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.max_batched_tokens); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;

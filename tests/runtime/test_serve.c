@@ -877,7 +877,9 @@ Test(serve, many_idle_connections_do_not_lock_clients_out)
 Test(serve_tp, two_ranks_answer_as_one_process)
 {
     server one = start("--num-blocks 512");
-    server two = start_with(MPIRUN " -np 2", "--tp 2 --num-blocks 512");
+    /* speculating too: its stops (cut inside a step) and drafts must keep the ranks together */
+    server two = start_with(MPIRUN " -np 2", "--tp 2 --num-blocks 512 --speculative-config "
+                            "'{\"method\":\"ngram\",\"num_speculative_tokens\":4,\"prompt_lookup_max\":3,\"prompt_lookup_min\":1}'");
     cJSON *gold;
     cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
     const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
@@ -931,6 +933,7 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     }
     j = complete(&two, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
+    cr_assert_gt(metric(&two, "kvpage_spec_decode_num_accepted_tokens_total"), 0);
     stop(&two);
     stop(&one);
 }
@@ -1685,4 +1688,75 @@ Test(serve, min_tokens_hold_stop_strings_back)
     cJSON_Delete(cut);
     cJSON_Delete(held);
     stop(&s);
+}
+
+/* --speculative-config (n-gram speculative decoding) changes no answer: greedy with logprobs, seeded samples
+ * cut by stop strings (inside a step's tokens), a chat; whole and streamed, with token ids; the server counts
+ * the drafts in /metrics. */
+Test(serve, speculation_changes_no_answer)
+{
+    server plain = start("--num-blocks 256 --chat-template zephyr");
+    server spec = start("--num-blocks 256 --chat-template zephyr --speculative-config "
+                        "'{\"method\":\"ngram\",\"num_speculative_tokens\":6,\"prompt_lookup_max\":3,\"prompt_lookup_min\":1}'");
+    const char *rep = "Lily had a red ball. Lily had a red ball. Lily had a red ball. Lily had a";
+    char bodies[3][512];
+    snprintf(bodies[0], sizeof bodies[0], "{\"prompt\":\"%s\",\"max_tokens\":60,\"temperature\":0,\"logprobs\":2,"
+             "\"return_token_ids\":true%%s}", rep);
+    /* greedy, "her ball" is found inside a step's kept drafts: the tokens after it must not stay */
+    snprintf(bodies[1], sizeof bodies[1], "{\"prompt\":[\"%s\",\"One day\"],\"max_tokens\":50,\"temperature\":0,"
+             "\"stop\":[\"her ball\",\"park\"],\"return_token_ids\":true%%s}", rep);
+    snprintf(bodies[2], sizeof bodies[2], "{\"messages\":[{\"role\":\"user\",\"content\":\"%s\"}],\"max_tokens\":40,"
+             "\"n\":2,\"seed\":2,\"stop\":\"play\",\"return_token_ids\":true%%s}", rep);
+    const int nc[3] = {1, 2, 2};
+    int stopped = 0;
+    for (int k = 0; k < 3; k++) {
+        const char *path = k == 2 ? "/v1/chat/completions" : "/v1/completions";
+        char body[600], *resp[2];
+        snprintf(body, sizeof body, bodies[k], "");
+        cJSON *a = post_json(&plain, path, body, 200), *b = post_json(&spec, path, body, 200);
+        cr_assert(cJSON_Compare(cJSON_GetObjectItem(a, "choices"), cJSON_GetObjectItem(b, "choices"), 1),
+                  "request %d: the choices differ", k);
+        cr_assert(cJSON_Compare(cJSON_GetObjectItem(a, "usage"), cJSON_GetObjectItem(b, "usage"), 1), "request %d", k);
+        for (int c = 0; c < nc[k]; c++) {
+            const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(a, "choices"), c);
+            stopped += strcmp(cJSON_GetObjectItem(ch, "finish_reason")->valuestring, "stop") == 0;
+        }
+        /* streamed: the same texts (completions) and token ids */
+        snprintf(body, sizeof body, bodies[k], ",\"stream\":true");
+        for (int w = 0; w < 2; w++)
+            cr_assert_eq(http(w ? &spec : &plain, "POST", path, body, &resp[w]), 200, "%s", resp[w]);
+        for (int w = 0; w < 2; w++) {
+            cJSON *ids[4], *o;
+            char text[4][2048] = {{0}};
+            for (int c = 0; c < nc[k]; c++) ids[c] = cJSON_CreateArray();
+            for (const char *p = resp[w]; (o = sse_next(&p)) != NULL; cJSON_Delete(o)) {
+                const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(o, "choices"), 0), *x;
+                const int c = cJSON_GetObjectItem(ch, "index")->valueint;
+                cJSON_ArrayForEach(x, cJSON_GetObjectItem(ch, "token_ids")) cJSON_AddItemToArray(ids[c], cJSON_Duplicate(x, 1));
+                const cJSON *t = k == 2 ? cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "delta"), "content")
+                                        : cJSON_GetObjectItem(ch, "text");
+                if (cJSON_IsString(t)) strncat(text[c], t->valuestring, sizeof text[c] - 1 - strlen(text[c]));
+            }
+            for (int c = 0; c < nc[k]; c++) {
+                const cJSON *ch = cJSON_GetArrayItem(cJSON_GetObjectItem(a, "choices"), c);
+                cr_assert(cJSON_Compare(ids[c], cJSON_GetObjectItem(ch, "token_ids"), 1), "request %d choice %d, %s: "
+                          "streamed token ids", k, c, w ? "speculating" : "plain");
+                const char *want = k == 2 ? cJSON_GetObjectItem(cJSON_GetObjectItem(ch, "message"), "content")->valuestring
+                                          : cJSON_GetObjectItem(ch, "text")->valuestring;
+                cr_assert_str_eq(text[c], want, "request %d choice %d, %s: streamed text", k, c, w ? "speculating" : "plain");
+                cJSON_Delete(ids[c]);
+            }
+            free(resp[w]);
+        }
+        cJSON_Delete(a);
+        cJSON_Delete(b);
+    }
+    cr_assert_gt(stopped, 0, "a stop string should end a choice");
+    const double kept = metric(&spec, "kvpage_spec_decode_num_accepted_tokens_total");
+    cr_assert_gt(kept, 0);
+    cr_assert_gt(metric(&spec, "kvpage_spec_decode_num_draft_tokens_total"), kept);
+    cr_assert_gt(metric(&spec, "kvpage_spec_decode_num_drafts_total"), 0);
+    cr_assert_eq(metric(&plain, "kvpage_spec_decode_num_draft_tokens_total"), 0);
+    stop(&spec);
+    stop(&plain);
 }
