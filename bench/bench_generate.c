@@ -12,7 +12,8 @@
  * on the shared machine hits both alike, and a single-stream run (tens of milliseconds) is not judged on
  * one sample. kv_read_gbps is the K/V bytes the attention read in that round (each row's keys and values up
  * to its position, every layer; kvp_gen_stats.attended_positions) over its wall time, to read against the
- * machine's memory bandwidth once a batch's KV outgrows the caches.
+ * machine's memory bandwidth once a batch's KV outgrows the caches. With --speculative-config every run (the
+ * validation too) speculates; spec_acceptance is the share of draft tokens kept and steps the round's steps.
  */
 #include <getopt.h>
 #include <stdio.h>
@@ -32,9 +33,10 @@
 
 static const char *const k_fields[] = {"model",        "mode",         "sequences",        "threads",          "matmul",
                                        "lanes",        "attn_lanes",   "block_size",       "kv_dtype",         "weight_dtype",
-                                       "max_tokens",
+                                       "max_tokens",   "temperature",  "spec_tokens",
                                        "reps",         "generated",    "wall_s",           "cpu_s",            "tokens_per_s",
-                                       "tokens_per_cpu_s", "speedup_vs_single", "kv_read_gbps", "validated"};
+                                       "tokens_per_cpu_s", "speedup_vs_single", "kv_read_gbps", "steps",
+                                       "spec_acceptance", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
 
 static void usage(FILE *f)
@@ -56,6 +58,8 @@ static void usage(FILE *f)
                "  --kv-dtype T          KV cache element type: auto (the model's dtype), f32, f16, bf16 or fp8\n"
                "                        (default auto)\n"
                "  --weight-dtype T      weight matrices in f32, f16, bf16, q8_0 or auto (default: as stored)\n"
+               "  --temperature F       of the timed runs (default 1; 0: greedy)\n"
+               "  --speculative-config J  n-gram speculative decoding in every run, vLLM's JSON (as for generate)\n"
                "  --reps N              rounds of (single, batched), fastest round reported (default 3)\n"
                "  --golden PATH         golden.json to validate against (default: golden.json beside the model)\n"
                "  --format table|csv|json  (default table)\n"
@@ -69,15 +73,26 @@ static double cpu_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+/* The config of a run: sp's block size, KV type and speculation, no EOS stop. */
+static kvp_gen_config run_config(const kvp_gen_config *sp)
+{
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.block_size = sp->block_size;
+    cfg.kv_dtype = sp->kv_dtype;
+    cfg.spec_tokens = sp->spec_tokens;
+    cfg.spec_ngram_min = sp->spec_ngram_min;
+    cfg.spec_ngram_max = sp->spec_ngram_max;
+    cfg.stop_at_eos = 0;
+    return cfg;
+}
+
 /* Greedy checks: the golden story (when a golden file is given) and batch invariance. */
-static kvp_status validate(kvp_model *m, const char *golden, int32_t block_size, kvp_dtype kv_dtype, int *ok)
+static kvp_status validate(kvp_model *m, const char *golden, const kvp_gen_config *sp, int *ok)
 {
     *ok = 1;
     int32_t bos = 1;
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.block_size = block_size;
-    cfg.stop_at_eos = 0;
-    cfg.kv_dtype = kv_dtype;
+    const kvp_dtype kv_dtype = sp->kv_dtype;
+    kvp_gen_config cfg = run_config(sp);
     const kvp_weight_type wt = kvp_model_weight_type(m);
     if (golden && kv_dtype != KVP_DTYPE_FP8_E4M3 && (wt == KVP_WEIGHT_F32 || wt == KVP_WEIGHT_F16)) {
         cJSON *g;
@@ -121,8 +136,8 @@ static kvp_status validate(kvp_model *m, const char *golden, int32_t block_size,
     return st;
 }
 
-static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, int32_t block_size, kvp_dtype kv_dtype,
-                        double *wall, double *cpu, int64_t *gen, int64_t *attended)
+static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, double temperature, const kvp_gen_config *sp,
+                        double *cpu, kvp_gen_stats *st)
 {
     int32_t bos = 1;
     kvp_gen_request *rs = kvp_calloc((size_t)nseq, sizeof *rs);
@@ -134,22 +149,13 @@ static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, int32_t 
     }
     for (int32_t i = 0; i < nseq; i++)
         rs[i] = (kvp_gen_request){.prompt = &bos, .n_prompt = 1, .max_tokens = max_tokens, .n = 1,
-                                  .sampler = {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 1000 + (uint64_t)i}};
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.block_size = block_size;
-    cfg.stop_at_eos = 0;
+                                  .sampler = {.temperature = temperature, .top_k = 0, .top_p = 1.0, .seed = 1000 + (uint64_t)i}};
+    kvp_gen_config cfg = run_config(sp);
     cfg.cache = KVP_PC_NONE;
-    cfg.kv_dtype = kv_dtype;
-    kvp_gen_stats st;
     double c0 = cpu_s();
-    kvp_status s = kvp_gen_run(m, &cfg, rs, nseq, res, &st);
+    kvp_status s = kvp_gen_run(m, &cfg, rs, nseq, res, st);
     *cpu = cpu_s() - c0;
-    if (s == KVP_OK) {
-        *wall = st.wall_s;
-        *gen = st.generated_tokens;
-        *attended = st.attended_positions;
-        kvp_gen_results_free(res, nseq);
-    }
+    if (s == KVP_OK) kvp_gen_results_free(res, nseq);
     kvp_free(rs);
     kvp_free(res);
     return s;
@@ -167,6 +173,8 @@ int kvp_bench_generate(int argc, char **argv)
     int nthreads = 1, nmatmul = 1, nlanes = 0, attn_lanes = 0;
     int32_t batch = 64, max_tokens = 256, bs = 16, reps = 3;
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
+    double temperature = 1.0;
+    kvp_gen_config sp = kvp_gen_config_default(); /* its speculation (--speculative-config) */
     int kv_auto = 1;
     kvp_weight_type wdtype = KVP_WEIGHT_AUTO;
     kvp_format fmt = KVP_FMT_TABLE;
@@ -177,6 +185,8 @@ int kvp_bench_generate(int argc, char **argv)
                                          {"reps", required_argument, 0, 'r'},       {"kv-dtype", required_argument, 0, 'k'},
                                          {"weight-dtype", required_argument, 0, 'w'}, {"lanes", required_argument, 0, 'l'},
                                          {"attn-lanes", required_argument, 0, 'a'},
+                                         {"temperature", required_argument, 0, 'T'},
+                                         {"speculative-config", required_argument, 0, 'S'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c, li = 0;
@@ -198,6 +208,8 @@ int kvp_bench_generate(int argc, char **argv)
         case 'r': st = kvp_parse_i32(optarg, 1, 1000, &reps); break;
         case 'k': st = kvp_kv_dtype_parse(optarg, &kv_dtype, &kv_auto); break;
         case 'w': st = kvp_weight_type_parse(optarg, &wdtype); break;
+        case 'T': st = kvp_parse_f64(optarg, 0.0, 1e6, &temperature); break;
+        case 'S': st = kvp_gen_spec_parse(optarg, &sp); break;
         case 'f': st = kvp_format_parse(optarg, &fmt); break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
@@ -219,6 +231,8 @@ int kvp_bench_generate(int argc, char **argv)
     kvp_status st = kvp_model_load_ex(model, NULL, wdtype, &m);
     if (st != KVP_OK) return kvp_cli_fail(cmd, st);
     if (kv_auto) kv_dtype = kvp_model_kv_dtype_auto(m);
+    sp.block_size = bs;
+    sp.kv_dtype = kv_dtype;
     kvp_report *rep;
     if ((st = kvp_report_create(k_fields, NFIELDS, &rep)) != KVP_OK) {
         kvp_model_destroy(m);
@@ -239,30 +253,31 @@ int kvp_bench_generate(int argc, char **argv)
                 break;
             }
             int ok = 0;
-            if ((st = validate(m, golden, bs, kv_dtype, &ok)) != KVP_OK) {
+            if ((st = validate(m, golden, &sp, &ok)) != KVP_OK) {
                 rc = kvp_cli_fail(cmd, st);
                 break;
             }
             /* fastest round of each mode (wall time; cpu time of that round) */
-            double wall[2] = {0, 0}, cpu[2] = {0, 0};
-            int64_t gen[2] = {0, 0}, att[2] = {0, 0};
+            double cpu[2] = {0, 0};
+            kvp_gen_stats best[2];
             for (int r = 0; r < reps && rc == KVP_EXIT_OK; r++)
                 for (int mode = 0; mode < 2; mode++) {
                     int32_t nseq = mode ? batch : 1;
-                    double w = 0, cs = 0;
-                    int64_t g = 0, a = 0;
+                    double cs = 0;
+                    kvp_gen_stats gs;
                     fprintf(stderr, "bench generate: round %d/%d, %s, %d sequence(s), %d threads, %s ...\n", r + 1, reps,
                             mode ? "batched" : "single", nseq, threads, ms);
-                    if ((st = timed(m, nseq, max_tokens, bs, kv_dtype, &w, &cs, &g, &a)) != KVP_OK) {
+                    if ((st = timed(m, nseq, max_tokens, temperature, &sp, &cs, &gs)) != KVP_OK) {
                         rc = kvp_cli_fail(cmd, st);
                         break;
                     }
-                    if (r == 0 || w < wall[mode]) wall[mode] = w, cpu[mode] = cs, gen[mode] = g, att[mode] = a;
+                    if (r == 0 || gs.wall_s < best[mode].wall_s) best[mode] = gs, cpu[mode] = cs;
                 }
             double single_tps = 0;
             for (int mode = 0; mode < 2 && rc == KVP_EXIT_OK; mode++) {
                 int32_t nseq = mode ? batch : 1;
-                double tps = gen[mode] / wall[mode];
+                const kvp_gen_stats *b = &best[mode];
+                double tps = b->generated_tokens / b->wall_s;
                 if (!mode) single_tps = tps;
                 cJSON *row;
                 if ((st = kvp_report_row(rep, &row)) != KVP_OK) {
@@ -285,16 +300,20 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddStringToObject(row, "kv_dtype", kvp_dtype_name(kv_dtype));
                 cJSON_AddStringToObject(row, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));
                 cJSON_AddNumberToObject(row, "max_tokens", max_tokens);
+                cJSON_AddNumberToObject(row, "temperature", temperature);
+                cJSON_AddNumberToObject(row, "spec_tokens", sp.spec_tokens);
                 cJSON_AddNumberToObject(row, "reps", reps);
-                cJSON_AddNumberToObject(row, "generated", (double)gen[mode]);
-                cJSON_AddNumberToObject(row, "wall_s", wall[mode]);
+                cJSON_AddNumberToObject(row, "generated", (double)b->generated_tokens);
+                cJSON_AddNumberToObject(row, "wall_s", b->wall_s);
                 cJSON_AddNumberToObject(row, "cpu_s", cpu[mode]);
                 cJSON_AddNumberToObject(row, "tokens_per_s", tps);
-                cJSON_AddNumberToObject(row, "tokens_per_cpu_s", cpu[mode] > 0 ? gen[mode] / cpu[mode] : 0);
+                cJSON_AddNumberToObject(row, "tokens_per_cpu_s", cpu[mode] > 0 ? b->generated_tokens / cpu[mode] : 0);
                 cJSON_AddNumberToObject(row, "speedup_vs_single", single_tps > 0 ? tps / single_tps : 0);
                 /* the K/V bytes attention read (every row's keys, every layer), per second of the round */
                 cJSON_AddNumberToObject(row, "kv_read_gbps",
-                                        (double)att[mode] * kvp_kv_cache_bytes(m, kv_dtype, 1, 1) / wall[mode] / 1e9);
+                                        (double)b->attended_positions * kvp_kv_cache_bytes(m, kv_dtype, 1, 1) / b->wall_s / 1e9);
+                cJSON_AddNumberToObject(row, "steps", (double)b->steps);
+                cJSON_AddNumberToObject(row, "spec_acceptance", kvp_gen_spec_acceptance(b));
                 cJSON_AddBoolToObject(row, "validated", ok);
             }
         }

@@ -490,18 +490,24 @@ static kvp_status preempt_one(gen_ctx *g, int32_t keep, int *done)
     return KVP_OK;
 }
 
-/* n-gram prompt lookup: the tokens that followed the latest earlier occurrence of the last n of t[0, len), for
- * the longest n in nmin .. nmax that has one; at most max_out of them into out. Returns how many. */
+/* n-gram prompt lookup: for the longest n in nmin .. nmax whose last n tokens of t[0, len) occurred before, the
+ * tokens that followed the latest occurrence with max_out tokens after it (else the earliest: the most after it;
+ * a run of one token then proposes more of it), at most max_out of them into out. Returns how many. */
 static int32_t ngram_propose(const int32_t *t, int32_t len, int32_t nmin, int32_t nmax, int32_t max_out, int32_t *out)
 {
     for (int32_t n = nmax < len - 1 ? nmax : len - 1; n >= nmin && max_out > 0; n--) {
         const int32_t *suf = t + len - n;
-        for (int32_t j = len - n - 1; j >= 0; j--) /* t[j, j + n) and at least one token after it */
+        int32_t at = -1;
+        for (int32_t j = len - n - 1; j >= 0; j--) /* t[j, j + n), and at least one token after it */
             if (t[j + n - 1] == suf[n - 1] && memcmp(t + j, suf, (size_t)n * sizeof *t) == 0) {
-                const int32_t c = len - (j + n) < max_out ? len - (j + n) : max_out;
-                memcpy(out, t + j + n, (size_t)c * sizeof *t);
-                return c;
+                at = j;
+                if (len - (j + n) >= max_out) break;
             }
+        if (at >= 0) {
+            const int32_t c = len - (at + n) < max_out ? len - (at + n) : max_out;
+            memcpy(out, t + at + n, (size_t)c * sizeof *t);
+            return c;
+        }
     }
     return 0;
 }
