@@ -1,7 +1,8 @@
 /* Tests of `kvpage bench generate` end to end on stories260K: the greedy output is validated (golden story,
  * batch invariance) before timing, each mode generates exactly sequences x max_tokens tokens in its fastest
  * of --reps rounds, the batched row's speedup is its tokens/s over the single row's, kv_read_gbps counts the
- * keys each row reads; bad input exits 2. */
+ * keys each row reads; with --speculative-config the rows speculate (fewer steps, the same validation); bad
+ * input exits 2. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -49,6 +50,31 @@ Test(bench_generate, validated_rows_per_mode, .timeout = 120)
         } else {
             cr_assert_eq(kvp_test_num(r, "speedup_vs_single"), 1);
         }
+    }
+    cJSON_Delete(o);
+}
+
+/* --speculative-config: the greedy validation (golden story, batch invariance) passes speculating, each mode
+ * still generates exactly sequences x max_tokens tokens, in fewer steps than tokens, with drafts kept. */
+Test(bench_generate, speculative_rows, .timeout = 120)
+{
+    static char out[1 << 15], err[1 << 14];
+    int rc = kvp_test_cli("bench generate --batch 3 --max-tokens 120 --reps 1 --temperature 0 --format json "
+                          "--speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":4,"
+                          "\"prompt_lookup_max\":3,\"prompt_lookup_min\":2}'", out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
+    cJSON *o = cJSON_Parse(out);
+    cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
+    const cJSON *rows = kvp_test_rows(o);
+    cr_assert_eq(cJSON_GetArraySize(rows), 2);
+    for (int i = 0; i < 2; i++) {
+        const cJSON *r = cJSON_GetArrayItem(rows, i);
+        cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")), "row %d not validated", i);
+        cr_assert_eq(kvp_test_num(r, "spec_tokens"), 4);
+        cr_assert_eq(kvp_test_num(r, "temperature"), 0);
+        cr_assert_eq(kvp_test_num(r, "generated"), kvp_test_num(r, "sequences") * 120);
+        cr_assert_lt(kvp_test_num(r, "steps"), 120, "row %d: no step gained a token", i);
+        cr_assert(kvp_test_num(r, "spec_acceptance") > 0 && kvp_test_num(r, "spec_acceptance") <= 1, "row %d", i);
     }
     cJSON_Delete(o);
 }
@@ -125,6 +151,8 @@ Test(bench_generate, bad_input_exits_2)
         {"--lanes 4", "--lanes"},
         {"--lanes 12", "8 or 16"},
         {"--attn-lanes 9", "'9' is not a lane count"},
+        {"--temperature -1", "--temperature"},
+        {"--speculative-config '{\"method\":\"eagle\",\"num_speculative_tokens\":2}'", "not \"ngram\""},
         /* a golden file with nothing to compare would validate any model */
         {"--golden /tmp/kvp_bg_empty_golden.json", "no \"cases\"[0].\"tokens_after_bos\" token list"},
     };

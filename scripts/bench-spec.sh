@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# n-gram speculative decoding against plain decoding, greedy, into one CSV (default
+# bench/results/generate_spec.csv): stories260K (256 tokens a sequence, 1 and 64 sequences) off, and with 2 and 4
+# draft tokens; a synthetic 23.5M-parameter model (scripts/synth-model.py, written to /tmp when missing; 64
+# tokens, 1 and 16 sequences) off, and with 4 and 8. Its random weights repeat a token, so nearly every draft
+# is kept: the bound of what speculation gives a model whose decode reads its weights.
+# Usage: scripts/bench-spec.sh [KVPAGE_BIN] [OUT_CSV]
+set -eu
+bin=${1:-build/kvpage}
+out=${2:-bench/results/generate_spec.csv}
+synth=/tmp/kvp-synth-23.5M
+[ -f "$synth/model.safetensors" ] || python3 "$(dirname "$0")/synth-model.py" "$synth"
+tmp=$(mktemp)
+trap 'rm -f "$tmp"' EXIT
+: >"$out.part"
+spec() { echo "{\"method\":\"ngram\",\"num_speculative_tokens\":$1,\"prompt_lookup_max\":3,\"prompt_lookup_min\":2}"; }
+run() {
+  echo "bench-spec: $*" >&2
+  "$bin" bench generate --format csv --temperature 0 "$@" >"$tmp"
+  if [ ! -s "$out.part" ]; then head -1 "$tmp" >"$out.part"; fi
+  tail -n +2 "$tmp" >>"$out.part"
+}
+run --reps 5
+for k in 2 4; do run --reps 5 --speculative-config "$(spec $k)"; done
+run --model "$synth" --max-tokens 64 --batch 16 --reps 3
+for k in 4 8; do run --model "$synth" --max-tokens 64 --batch 16 --reps 3 --speculative-config "$(spec $k)"; done
+mv "$out.part" "$out"
+echo "bench-spec: wrote $out" >&2
