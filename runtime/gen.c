@@ -490,26 +490,26 @@ static kvp_status preempt_one(gen_ctx *g, int32_t keep, int *done)
     return KVP_OK;
 }
 
-/* n-gram prompt lookup: for the longest n in nmin .. nmax whose last n tokens of t[0, len) occurred before, the
- * tokens that followed the latest occurrence with max_out tokens after it (else the earliest: the most after it;
- * a run of one token then proposes more of it), at most max_out of them into out. Returns how many. */
-static int32_t ngram_propose(const int32_t *t, int32_t len, int32_t nmin, int32_t nmax, int32_t max_out, int32_t *out)
+int32_t kvp_ngram_propose(const int32_t *t, int32_t len, int32_t nmin, int32_t nmax, int32_t max_out, int32_t *out)
 {
-    for (int32_t n = nmax < len - 1 ? nmax : len - 1; n >= nmin && max_out > 0; n--) {
-        const int32_t *suf = t + len - n;
-        int32_t at = -1;
-        for (int32_t j = len - n - 1; j >= 0; j--) /* t[j, j + n), and at least one token after it */
-            if (t[j + n - 1] == suf[n - 1] && memcmp(t + j, suf, (size_t)n * sizeof *t) == 0) {
-                at = j;
-                if (len - (j + n) >= max_out) break;
-            }
-        if (at >= 0) {
-            const int32_t c = len - (at + n) < max_out ? len - (at + n) : max_out;
-            memcpy(out, t + at + n, (size_t)c * sizeof *t);
-            return c;
-        }
+    if (nmax > len - 1) nmax = len - 1;
+    if (nmin < 1 || nmax < nmin || max_out < 1) return 0;
+    /* one pass from the latest end e of an occurrence (t[e] = the last token) to the earliest: the longest match
+     * so far (n), and where its occurrence ends (at; settled once it has max_out tokens after it) */
+    int32_t n = 0, at = -1, settled = 0;
+    for (int32_t e = len - 2; e >= 0; e--) {
+        if (t[e] != t[len - 1]) continue;
+        int32_t m = 1;
+        while (m < nmax && m <= e && t[e - m] == t[len - 1 - m]) m++;
+        if (m < nmin || m < n || (m == n && settled)) continue;
+        n = m; /* longer: this n's first (latest) occurrence; as long: an earlier one, with more after it */
+        at = e;
+        settled = len - 1 - e >= max_out;
     }
-    return 0;
+    if (at < 0) return 0;
+    const int32_t c = len - 1 - at < max_out ? len - 1 - at : max_out;
+    memcpy(out, t + at + 1, (size_t)c * sizeof *t);
+    return c;
 }
 
 /* Speculation for decoding sequence idx (kvp_gen_config.spec_tokens): proposes drafts and appends them to its
@@ -526,7 +526,7 @@ static kvp_status propose_drafts(gen_ctx *g, int32_t idx, int32_t budget)
     k = k < budget - 1 ? k : budget - 1;
     if (k < 1) return KVP_OK;
     int32_t d[KVP_GEN_MAX_SPEC];
-    k = ngram_propose(s->toks, s->n_toks, c->spec_ngram_min, c->spec_ngram_max, k, d);
+    k = kvp_ngram_propose(s->toks, s->n_toks, c->spec_ngram_min, c->spec_ngram_max, k, d);
     for (int32_t need = 0; k > 0; k--) { /* free blocks only: a draft never evicts or preempts */
         KVP_TRY(kvp_bm_append_blocks_needed(g->bm, s->id, 1 + k, &need));
         if (need <= kvp_bm_num_free(g->bm)) break;

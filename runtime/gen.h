@@ -169,6 +169,12 @@ typedef struct {
     int64_t kv_pool_bytes;     /* the KV cache's pools, every layer, K and V (num_blocks of kv_dtype) */
 } kvp_gen_stats;
 
+/* The n-gram lookup of speculation: for the longest n in nmin .. nmax such that the last n tokens of t[0, len)
+ * occurred before (ending before its last token; overlaps allowed), the tokens that followed the latest such
+ * occurrence with max_out tokens after it, else the earliest (the most after it: a run of one token proposes
+ * more of it); at most max_out of them into out. Returns how many (0: no occurrence). */
+int32_t kvp_ngram_propose(const int32_t *t, int32_t len, int32_t nmin, int32_t nmax, int32_t max_out, int32_t *out);
+
 /* spec_accepted_tokens / spec_draft_tokens (0 with no draft). */
 double kvp_gen_spec_acceptance(const kvp_gen_stats *st);
 

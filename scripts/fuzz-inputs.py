@@ -15,7 +15,7 @@ Eight targets, each a mutation of a known-good input, run through the sanitizer 
                 each through `kvpage simulate` (Qwen3-0.6B, 100 requests).
     cli         plan, simulate, generate and tokenize with 1..4 of their own options given odd values
                 (negative, huge, NaN, empty, wrong words, missing paths) or an unknown option.
-    serve       one `kvpage serve`, sent odd OpenAI requests: wrong types and out-of-range values in every
+    serve       one `kvpage serve` (speculating: n-gram, 4 drafts), sent odd OpenAI requests: wrong types and out-of-range values in every
                 field, broken JSON, lying Content-Length, chunked bodies, long headers, truncated requests.
     chat        `kvpage generate --chat` with every built-in template and the byte-level tokenizer fixtures,
                 messages made of the templates' own markers (<think>, [INST], <|im_end|>, ...), newlines,
@@ -349,7 +349,11 @@ def fuzz_cli(a, rng, keep):
     opts = {c: options_of(a.kvpage, [c]) for c in bases}
     values = ['-1', '0', '1', '2', '3', '7', '64', '1e309', 'nan', 'inf', '-inf', '0.5', 'abc', '', '99999999999999999999',
               '2GiB', '1e-40', 'H200', 'A100-40G', 'f16', 'fp8', 'bf16', 'q8_0', 'auto', 'radix', 'none', 'blas',
-              'sharegpt:n=-5', 'system:n=3', s260, cfg, '/nonexistent', '/', 'x' * 3000]
+              'sharegpt:n=-5', 'system:n=3', s260, cfg, '/nonexistent', '/', 'x' * 3000,
+              # --speculative-config: good ones and bad ones
+              '{"method":"ngram","num_speculative_tokens":3,"prompt_lookup_max":2}',
+              '{"method":"ngram","num_speculative_tokens":16,"prompt_lookup_min":1,"prompt_lookup_max":64}',
+              '{"method":"ngram"', '{"method":1}', '[]', '{"method":"ngram","num_speculative_tokens":1e99}']
     bad = slow = 0
     for i in range(a.n):
         c = rng.choice(list(bases))
@@ -474,7 +478,9 @@ def fuzz_serve(a, rng, keep):
         port = s.getsockname()[1]
     errf = open(log, 'w')
     srv = subprocess.Popen([a.kvpage, 'serve', '--model', os.path.join(S260, 'stories260K.gguf'), '--port', str(port),
-                            '--kv-mem', '8MiB'], env=ENV, stdout=subprocess.DEVNULL, stderr=errf)
+                            '--kv-mem', '8MiB', '--speculative-config',
+                            '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3,"prompt_lookup_min":1}'],
+                           env=ENV, stdout=subprocess.DEVNULL, stderr=errf)
     for _ in range(150):
         try:
             socket.create_connection(('127.0.0.1', port), timeout=0.2).close()

@@ -91,6 +91,51 @@ static void expect_same(const kvp_gen_result *a, const kvp_gen_result *b, const 
     }
 }
 
+/* The n-gram lookup against a brute-force search over every (n, start) pair, on random token lists over 2 to 4
+ * ids (so that matches are many and overlap). */
+static int32_t brute_propose(const int32_t *t, int32_t len, int32_t nmin, int32_t nmax, int32_t max_out, int32_t *out)
+{
+    for (int32_t n = nmax; n >= nmin && n >= 1; n--) {
+        int32_t earliest = -1, latest_enough = -1;
+        for (int32_t j = 0; j + n <= len - 1; j++) { /* t[j, j + n) with a token after it */
+            int same = 1;
+            for (int32_t i = 0; i < n; i++) same &= t[j + i] == t[len - n + i];
+            if (!same) continue;
+            if (earliest < 0) earliest = j;
+            if (len - (j + n) >= max_out) latest_enough = j;
+        }
+        const int32_t j = latest_enough >= 0 ? latest_enough : earliest;
+        if (j < 0) continue;
+        int32_t c = 0;
+        for (; c < max_out && j + n + c < len; c++) out[c] = t[j + n + c];
+        return c;
+    }
+    return 0;
+}
+
+Test(spec, ngram_lookup_matches_brute_force)
+{
+    kvp_rng rng;
+    kvp_rng_seed(&rng, 42, 0);
+    int found = 0;
+    for (int it = 0; it < 20000; it++) {
+        int32_t t[64], a[16], b[16];
+        const int32_t len = 1 + (int32_t)(kvp_rng_next(&rng) % 60), ids = 2 + (int32_t)(kvp_rng_next(&rng) % 3);
+        for (int32_t i = 0; i < len; i++) t[i] = (int32_t)(kvp_rng_next(&rng) % (uint64_t)ids);
+        const int32_t nmin = 1 + (int32_t)(kvp_rng_next(&rng) % 5), nmax = nmin + (int32_t)(kvp_rng_next(&rng) % 4);
+        const int32_t k = 1 + (int32_t)(kvp_rng_next(&rng) % 10);
+        const int32_t na = kvp_ngram_propose(t, len, nmin, nmax, k, a), nb = brute_propose(t, len, nmin, nmax, k, b);
+        cr_assert_eq(na, nb, "case %d (len %d, n %d..%d, k %d): %d vs %d drafts", it, len, nmin, nmax, k, na, nb);
+        for (int32_t i = 0; i < na; i++) cr_assert_eq(a[i], b[i], "case %d draft %d", it, i);
+        found += na > 0;
+    }
+    cr_assert_gt(found, 10000, "most lists should find a match");
+    int32_t run[6] = {7, 7, 7, 7, 7, 7}, d[4];
+    cr_assert_eq(kvp_ngram_propose(run, 6, 2, 3, 4, d), 3, "a run of 6: no 3-gram has 4 tokens after it, the earliest 3");
+    cr_assert_eq(kvp_ngram_propose(run, 6, 1, 1, 4, d), 4, "the latest 1-gram with 4 after it");
+    cr_assert_eq(kvp_ngram_propose(run, 1, 1, 3, 4, d), 0, "nothing before the last token");
+}
+
 /* The golden greedy stories, token for token, with drafts kept often enough that a step gains tokens. */
 Test(spec, golden_stories, .init = setup, .fini = teardown)
 {
