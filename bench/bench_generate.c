@@ -73,15 +73,10 @@ static double cpu_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* The config of a run: sp's block size, KV type and speculation, no EOS stop. */
+/* The config of a run: sp (the defaults with the bench's block size, KV type and speculation), no EOS stop. */
 static kvp_gen_config run_config(const kvp_gen_config *sp)
 {
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.block_size = sp->block_size;
-    cfg.kv_dtype = sp->kv_dtype;
-    cfg.spec_tokens = sp->spec_tokens;
-    cfg.spec_ngram_min = sp->spec_ngram_min;
-    cfg.spec_ngram_max = sp->spec_ngram_max;
+    kvp_gen_config cfg = *sp;
     cfg.stop_at_eos = 0;
     return cfg;
 }

@@ -65,7 +65,7 @@ typedef struct {
 typedef struct {
     int32_t *tokens, *pos, *qo, *kvi, *kvx, *last, *sched, *snap;
     int64_t *slots;
-    uint8_t *every; /* sequences that get the logits of every new token (prompt logprobs) */
+    uint8_t *every; /* sequences that get the logits of every new token (prompt logprobs, drafts) */
     size_t cap_tokens, cap_pos, cap_qo, cap_kvi, cap_kvx, cap_last, cap_sched, cap_snap, cap_slots, cap_every;
 } step_buf;
 
@@ -960,11 +960,12 @@ static kvp_status step(gen_ctx *g)
                 if (budget <= 0) continue;
                 if (n > budget) n = budget;
             }
-            KVP_TRY(grow_to(&g->buf.slots, &g->buf.cap_slots, (size_t)(ntok + n), sizeof *g->buf.slots));
             if (is_decode) {
                 KVP_TRY(propose_drafts(g, idx, budget));
                 n = 1 + s->ndraft;
-                KVP_TRY(grow_to(&g->buf.slots, &g->buf.cap_slots, (size_t)(ntok + n), sizeof *g->buf.slots));
+            }
+            KVP_TRY(grow_to(&g->buf.slots, &g->buf.cap_slots, (size_t)(ntok + n), sizeof *g->buf.slots));
+            if (is_decode) {
                 int32_t slot[1 + KVP_GEN_MAX_SPEC];
                 int self;
                 KVP_TRY(append_slots(g, idx, n, slot, &self)); /* drafts fit free blocks: never self with them */

@@ -162,7 +162,7 @@ typedef struct {
     int chat;                   /* each prompt is a user message through the chat template */
     const char *chat_template;  /* NULL: the model's own */
     const char *system;         /* a system message before each prompt, or NULL */
-    kvp_gen_config spec;        /* --speculative-config: its spec_* fields */
+    kvp_gen_config spec;        /* the default config with --speculative-config's spec_* fields */
 } gen_opts;
 
 static cJSON *ids_json(const int32_t *ids, int32_t n)
@@ -316,7 +316,7 @@ static int run(gen_opts *o)
             reqs[i].n_stop_ids = 1;
         }
     }
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_gen_config cfg = o->spec; /* the defaults, with --speculative-config's speculation */
     cfg.block_size = o->block_size;
     cfg.num_blocks = o->num_blocks;
     cfg.cache = o->cache;
@@ -326,9 +326,6 @@ static int run(gen_opts *o)
     cfg.stop_at_eos = !o->ignore_eos;
     cfg.kv_dtype = o->kv_dtype;
     cfg.skip_logprob = !o->json; /* only --json prints each sample's log-probability */
-    cfg.spec_tokens = o->spec.spec_tokens;
-    cfg.spec_ngram_min = o->spec.spec_ngram_min;
-    cfg.spec_ngram_max = o->spec.spec_ngram_max;
     kvp_gen_stats stats;
     if (o->stops.n > 0) {
         for (int32_t i = 0; i < o->stops.n; i++) {

@@ -54,19 +54,30 @@ Test(bench_generate, validated_rows_per_mode, .timeout = 120)
     cJSON_Delete(o);
 }
 
+/* `bench generate ARGS --reps 1 --format json` (exit 0): its rows, a single and a batched one; *doc is the
+ * report (the caller deletes it). */
+static const cJSON *two_rows(const char *args, cJSON **doc)
+{
+    static char out[1 << 15], err[1 << 14];
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "bench generate %s --reps 1 --format json", args);
+    int rc = kvp_test_cli(cmd, out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 0, "%s: exit %d: %s", args, rc, err);
+    *doc = cJSON_Parse(out);
+    cr_assert_not_null(*doc, "stdout is not JSON: %.200s", out);
+    const cJSON *rows = kvp_test_rows(*doc);
+    cr_assert_eq(cJSON_GetArraySize(rows), 2);
+    return rows;
+}
+
 /* --speculative-config: the greedy validation (golden story, batch invariance) passes speculating, each mode
  * still generates exactly sequences x max_tokens tokens, in fewer steps than tokens, with drafts kept. */
 Test(bench_generate, speculative_rows, .timeout = 120)
 {
-    static char out[1 << 15], err[1 << 14];
-    int rc = kvp_test_cli("bench generate --batch 3 --max-tokens 120 --reps 1 --temperature 0 --format json "
-                          "--speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":4,"
-                          "\"prompt_lookup_max\":3,\"prompt_lookup_min\":2}'", out, sizeof out, err, sizeof err);
-    cr_assert_eq(rc, 0, "exit %d: %s", rc, err);
-    cJSON *o = cJSON_Parse(out);
-    cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
-    const cJSON *rows = kvp_test_rows(o);
-    cr_assert_eq(cJSON_GetArraySize(rows), 2);
+    cJSON *o;
+    const cJSON *rows = two_rows("--batch 3 --max-tokens 120 --temperature 0 --speculative-config "
+                                 "'{\"method\":\"ngram\",\"num_speculative_tokens\":4,\"prompt_lookup_max\":3,"
+                                 "\"prompt_lookup_min\":2}'", &o);
     for (int i = 0; i < 2; i++) {
         const cJSON *r = cJSON_GetArrayItem(rows, i);
         cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")), "row %d not validated", i);
@@ -85,15 +96,10 @@ Test(bench_generate, kv_dtype_rows, .timeout = 120)
 {
     static const char *const dts[2] = {"f16", "fp8"};
     for (int k = 0; k < 2; k++) {
-        static char out[1 << 14], err[1 << 14];
-        char cmd[256];
-        snprintf(cmd, sizeof cmd, "bench generate --batch 3 --max-tokens 8 --reps 1 --kv-dtype %s --format json", dts[k]);
-        int rc = kvp_test_cli(cmd, out, sizeof out, err, sizeof err);
-        cr_assert_eq(rc, 0, "%s: exit %d: %s", dts[k], rc, err);
-        cJSON *o = cJSON_Parse(out);
-        cr_assert_not_null(o, "stdout is not JSON: %.200s", out);
-        const cJSON *rows = kvp_test_rows(o);
-        cr_assert_eq(cJSON_GetArraySize(rows), 2);
+        char args[64];
+        snprintf(args, sizeof args, "--batch 3 --max-tokens 8 --kv-dtype %s", dts[k]);
+        cJSON *o;
+        const cJSON *rows = two_rows(args, &o);
         for (int i = 0; i < 2; i++) {
             const cJSON *r = cJSON_GetArrayItem(rows, i);
             cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r, "kv_dtype")->valuestring, dts[k]);

@@ -58,6 +58,16 @@ static inline void tu_golden_load(tu_golden *g)
     cJSON_Delete(gold);
 }
 
+/* Adds r to session s, steps it until nothing is pending and takes the result (r's own) into res. */
+static inline void tu_run_one(kvp_gen_session *s, const kvp_gen_request *r, kvp_gen_result *res)
+{
+    int32_t id, got;
+    cr_assert_eq(kvp_gen_session_add(s, r, &id), KVP_OK, "%s", kvp_error_detail());
+    while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_gen_session_take(s, &got, res), KVP_OK);
+    cr_assert_eq(got, id);
+}
+
 /* Calls make(ctx, &obj) with the 1st, 2nd, ... allocation failing until a call makes fewer allocations than
  * that (and succeeds; obj is then destroyed). Every failing call must return KVP_ENOMEM (any error when
  * any_error) and leave obj NULL. */

@@ -1073,15 +1073,6 @@ Test(generate_session, requests_join_a_running_loop_and_match_their_solo_runs, .
 /* A finished request's generated tokens stay cached with its prompt: the next turn of a chat, whose prompt is
  * that prompt, the answer and a new message, finds the full blocks of every computed token (prompt + answer
  * - 1), and generates what it generates without the cache. */
-static void run_one(kvp_gen_session *s, const kvp_gen_request *r, kvp_gen_result *res)
-{
-    int32_t id, got;
-    cr_assert_eq(kvp_gen_session_add(s, r, &id), KVP_OK, "%s", kvp_error_detail());
-    while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_gen_session_take(s, &got, res), KVP_OK);
-    cr_assert_eq(got, id);
-}
-
 Test(generate_session, the_next_turn_finds_the_answer_cached, .init = setup, .fini = teardown)
 {
     enc e = encode(prompts[0]), more = encode(" Then Tom came.");
@@ -1093,7 +1084,7 @@ Test(generate_session, the_next_turn_finds_the_answer_cached, .init = setup, .fi
     kvp_gen_request a = greedy_req(e, 40);
     a.ignore_eos = 1;
     kvp_gen_result ra, rb, solo;
-    run_one(s, &a, &ra);
+    tu_run_one(s, &a, &ra);
     cr_assert_eq(ra.n_tokens[0], 40);
     const int32_t n = e.n + 40 + (more.n - 1); /* the second text without its BOS */
     int32_t *turn = kvp_malloc((size_t)n * sizeof *turn);
@@ -1101,7 +1092,7 @@ Test(generate_session, the_next_turn_finds_the_answer_cached, .init = setup, .fi
     memcpy(turn + e.n, ra.tokens[0], 40 * sizeof *turn);
     memcpy(turn + e.n + 40, more.ids + 1, (size_t)(more.n - 1) * sizeof *turn);
     kvp_gen_request b = greedy_req((enc){turn, n}, 20);
-    run_one(s, &b, &rb);
+    tu_run_one(s, &b, &rb);
     cr_assert_geq(rb.prompt_cached_tokens, (e.n + 40 - 1) / 16 * 16, "%d of the %d computed tokens' full blocks found",
                   rb.prompt_cached_tokens, e.n + 40 - 1);
     kvp_gen_session_destroy(s);
@@ -1138,7 +1129,7 @@ Test(generate_session, lpm_and_priority_pick_the_next_request, .init = setup, .f
         kvp_gen_request first = greedy_req(pe, 2), w[3] = {greedy_req(ae, 2), greedy_req(be, 2), greedy_req(ce, 2)};
         w[0].priority = 5, w[1].priority = 1, w[2].priority = -2;
         kvp_gen_result res;
-        run_one(s, &first, &res);
+        tu_run_one(s, &first, &res);
         kvp_gen_results_free(&res, 1);
         int32_t ids[3], id, order = 0;
         for (int i = 0; i < 3; i++) cr_assert_eq(kvp_gen_session_add(s, &w[i], &ids[i]), KVP_OK);

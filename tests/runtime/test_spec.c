@@ -270,15 +270,6 @@ Test(spec, rejected_drafts_give_their_blocks_back, .init = setup, .fini = teardo
     free(ids);
 }
 
-static void run_one(kvp_gen_session *s, const kvp_gen_request *r, kvp_gen_result *res)
-{
-    int32_t id, got;
-    cr_assert_eq(kvp_gen_session_add(s, r, &id), KVP_OK, "%s", kvp_error_detail());
-    while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_gen_session_take(s, &got, res), KVP_OK);
-    cr_assert_eq(got, id);
-}
-
 /* A finished speculating sequence offers only verified tokens to the prefix cache: the next turn (its prompt
  * and answer) finds them and generates what it generates with no cache. */
 Test(spec, the_next_turn_finds_the_verified_answer_cached, .init = setup, .fini = teardown)
@@ -292,7 +283,7 @@ Test(spec, the_next_turn_finds_the_verified_answer_cached, .init = setup, .fini 
     kvp_gen_request a = {.prompt = ids, .n_prompt = n, .max_tokens = 61, .n = 1, .ignore_eos = 1,
                          .sampler = kvp_sampler_default()};
     kvp_gen_result ra, rb, solo;
-    run_one(s, &a, &ra);
+    tu_run_one(s, &a, &ra);
     int32_t *turn = kvp_malloc((size_t)(n + 61) * sizeof *turn);
     memcpy(turn, ids, (size_t)n * sizeof *turn);
     memcpy(turn + n, ra.tokens[0], 61 * sizeof *turn);
@@ -300,7 +291,7 @@ Test(spec, the_next_turn_finds_the_verified_answer_cached, .init = setup, .fini 
     b.prompt = turn;
     b.n_prompt = n + 61;
     b.max_tokens = 40;
-    run_one(s, &b, &rb);
+    tu_run_one(s, &b, &rb);
     cr_assert_geq(rb.prompt_cached_tokens, (n + 61 - 1) / 4 * 4, "%d cached", rb.prompt_cached_tokens);
     kvp_gen_session_stats st;
     kvp_gen_session_stats_get(s, &st);
