@@ -51,7 +51,8 @@ static const char *const k_fields[] = {
     "request_per_s",   "goodput_req_s",  "output_tok_s",   "total_tok_s",     "peak_in_flight",  "ttft_mean_ms",    "ttft_p50_ms",
     "ttft_p99_ms",     "tpot_mean_ms",   "tpot_p50_ms",     "tpot_p99_ms",     "itl_mean_ms",     "itl_p50_ms",
     "itl_p99_ms",      "e2e_mean_ms",    "e2e_p50_ms",      "e2e_p99_ms",      "chunks_per_token", "running_mean",
-    "running_peak",    "waiting_peak",   "kv_usage_mean",   "kv_usage_peak",   "preemptions",     "metrics_samples"};
+    "running_peak",    "waiting_peak",   "kv_usage_mean",   "kv_usage_peak",   "preemptions",     "spec_acceptance",
+    "spec_accept_len", "metrics_samples"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
 
 static void usage(FILE *f)
@@ -90,7 +91,9 @@ static void usage(FILE *f)
             "                            every one (without it, every completed request)\n"
             "  --metrics-interval S      read the server's /metrics every S seconds (default 0.1; 0: never):\n"
             "                            running and waiting requests, KV cache usage, preemptions (kvpage's\n"
-            "                            or vLLM's gauges), summarized as means and peaks\n"
+            "                            or vLLM's gauges), summarized as means and peaks; with speculative\n"
+            "                            decoding the share of draft tokens kept (spec_acceptance) and vLLM's\n"
+            "                            mean acceptance length (1 + kept / drafts), over the readings\n"
             "  --metrics-out FILE        also those readings as CSV: t_s, running, waiting, kv_usage, preemptions\n"
             "  --plot PNG                with a list of rates: the latency-throughput curve, TTFT, TPOT and E2E\n"
             "                            medians against output tokens/s, in rate order (bench/plot.py,\n"
@@ -154,6 +157,7 @@ typedef struct {
 /* One reading of the server's /metrics (kvpage's names, or vLLM's: a gauge's values summed over labels). */
 typedef struct {
     double t, running, waiting, kv_usage, preemptions;
+    double drafts, draft_tokens, accepted; /* speculative decoding's counters */
 } msample;
 
 /* The /metrics poller: one GET in flight at most, every interval seconds of the run. */
@@ -559,6 +563,12 @@ static int parse_metrics(const char *text, msample *m)
         {"vllm:gpu_cache_usage_perc", offsetof(msample, kv_usage)},
         {"kvpage_preemptions_total", offsetof(msample, preemptions)},
         {"vllm:num_preemptions_total", offsetof(msample, preemptions)},
+        {"kvpage_spec_decode_num_drafts_total", offsetof(msample, drafts)},
+        {"vllm:spec_decode_num_drafts_total", offsetof(msample, drafts)},
+        {"kvpage_spec_decode_num_draft_tokens_total", offsetof(msample, draft_tokens)},
+        {"vllm:spec_decode_num_draft_tokens_total", offsetof(msample, draft_tokens)},
+        {"kvpage_spec_decode_num_accepted_tokens_total", offsetof(msample, accepted)},
+        {"vllm:spec_decode_num_accepted_tokens_total", offsetof(msample, accepted)},
     };
     int found = 0;
     for (const char *line = text; *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : line + strlen(line)) {
@@ -1001,7 +1011,12 @@ static kvp_status summarize(const run_t *r, const char *server, const slo_t *slo
     cJSON_AddNumberToObject(row, "waiting_peak", wait_peak);
     cJSON_AddNumberToObject(row, "kv_usage_mean", mp->n ? kv_sum / (double)mp->n : 0);
     cJSON_AddNumberToObject(row, "kv_usage_peak", kv_peak);
-    cJSON_AddNumberToObject(row, "preemptions", mp->n ? mp->s[mp->n - 1].preemptions - mp->s[0].preemptions : 0);
+    const msample *m0 = mp->n ? &mp->s[0] : NULL, *m1 = mp->n ? &mp->s[mp->n - 1] : NULL; /* counters: last - first */
+    cJSON_AddNumberToObject(row, "preemptions", mp->n ? m1->preemptions - m0->preemptions : 0);
+    const double drafts = mp->n ? m1->drafts - m0->drafts : 0, dtok = mp->n ? m1->draft_tokens - m0->draft_tokens : 0,
+                 kept = mp->n ? m1->accepted - m0->accepted : 0;
+    cJSON_AddNumberToObject(row, "spec_acceptance", dtok > 0 ? kept / dtok : 0);
+    cJSON_AddNumberToObject(row, "spec_accept_len", drafts > 0 ? 1 + kept / drafts : 0);
     cJSON_AddNumberToObject(row, "metrics_samples", (double)mp->n);
     kvp_free(ttft), kvp_free(tpot), kvp_free(e2e);
     return KVP_OK;

@@ -190,6 +190,26 @@ Test(bench_serve, metrics_follow_the_server, .timeout = 120)
     fclose(f);
     unlink(mpath);
     cr_assert_eq(lines, samples);
+    cr_assert_eq(kvp_test_num(s, "spec_acceptance"), 0, "the server does not speculate");
+    cr_assert_eq(kvp_test_num(s, "spec_accept_len"), 0);
+    cJSON_Delete(doc);
+}
+
+/* A speculating server's draft counters, read from /metrics during the run: a share of drafts kept and vLLM's
+ * mean acceptance length (1 + kept tokens per step that proposed). */
+Test(bench_serve, spec_acceptance_from_the_server, .timeout = 120)
+{
+    static req_row rows[MAXREQ];
+    int n;
+    cJSON *doc;
+    const cJSON *s = run("--workload system:n=8,prefix=64,suffix=16,output=200,vocab=512 --rate inf --metrics-interval 0.002 "
+                         "-- --speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":4,"
+                         "\"prompt_lookup_max\":3,\"prompt_lookup_min\":1}'", 0, &doc, rows, &n);
+    expect_consistent(s, rows, n);
+    cr_assert_geq(kvp_test_num(s, "metrics_samples"), 3);
+    const double acc = kvp_test_num(s, "spec_acceptance"), len = kvp_test_num(s, "spec_accept_len");
+    cr_assert(acc > 0 && acc <= 1, "spec_acceptance %g", acc);
+    cr_assert(len > 1 && len <= 5, "spec_accept_len %g (1 + at most 4 kept a step)", len);
     cJSON_Delete(doc);
 }
 
