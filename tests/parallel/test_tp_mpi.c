@@ -93,8 +93,8 @@ Test(tp_mpi, golden_story_on_2_4_and_8_ranks_from_gguf_and_hf)
     cJSON_Delete(gold);
 }
 
-/* Sampling, parallel samples forked from the prompt's blocks, several prompts batched, block size 1: every
- * rank must draw the same tokens (the command checks that the ranks agree and fails otherwise), and the
+/* Sampling, parallel samples forked from the prompt's blocks, several prompts batched, block size 1, with and
+ * without speculative decoding: every rank must draw the same tokens (the command checks that the ranks agree and fails otherwise), and the
  * split sums' rounding must leave greedy log-probabilities as on one rank. */
 Test(tp_mpi, sampled_batched_runs_agree_across_ranks)
 {
@@ -105,6 +105,17 @@ Test(tp_mpi, sampled_batched_runs_agree_across_ranks)
     const cJSON *reqs = field(j, "requests");
     cr_assert_eq(cJSON_GetArraySize(reqs), 3);
     for (int i = 0; i < 3; i++) cr_assert_eq(cJSON_GetArraySize(field(cJSON_GetArrayItem(reqs, i), "samples")), 3);
+    /* speculating, the ranks still agree, and draw what they drew without it */
+    char spec[1024];
+    snprintf(spec, sizeof spec, "%s --speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":4,"
+             "\"prompt_lookup_max\":2,\"prompt_lookup_min\":1}'", args);
+    cJSON *k = generate(2, spec);
+    for (int i = 0; i < 3; i++)
+        cr_assert(cJSON_Compare(field(cJSON_GetArrayItem(reqs, i), "samples"),
+                                field(cJSON_GetArrayItem(field(k, "requests"), i), "samples"), 1),
+                  "prompt %d: the speculating ranks drew other samples", i);
+    cr_assert_gt(field(field(k, "totals"), "spec_accepted_tokens")->valuedouble, 0);
+    cJSON_Delete(k);
     cJSON_Delete(j);
 
     const char *greedy = "--model " S260_GGUF " --prompt 'Once upon a time' --prompt 'Lily' --max-tokens 40";
