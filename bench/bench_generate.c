@@ -33,7 +33,7 @@
 
 static const char *const k_fields[] = {"model",        "mode",         "sequences",        "threads",          "matmul",
                                        "lanes",        "attn_lanes",   "block_size",       "kv_dtype",         "weight_dtype",
-                                       "max_tokens",   "temperature",  "spec_tokens",
+                                       "max_tokens",   "temperature",  "spec_tokens",      "spec_max_batch",
                                        "reps",         "generated",    "wall_s",           "cpu_s",            "tokens_per_s",
                                        "tokens_per_cpu_s", "speedup_vs_single", "kv_read_gbps", "steps",
                                        "spec_acceptance", "validated"};
@@ -297,6 +297,7 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddNumberToObject(row, "max_tokens", max_tokens);
                 cJSON_AddNumberToObject(row, "temperature", temperature);
                 cJSON_AddNumberToObject(row, "spec_tokens", sp.spec_tokens);
+                cJSON_AddNumberToObject(row, "spec_max_batch", sp.spec_max_batch);
                 cJSON_AddNumberToObject(row, "reps", reps);
                 cJSON_AddNumberToObject(row, "generated", (double)b->generated_tokens);
                 cJSON_AddNumberToObject(row, "wall_s", b->wall_s);

@@ -150,14 +150,16 @@ kvp_gen_config kvp_gen_config_default(void)
     return c;
 }
 
-/* Integer member key of o in 1 .. hi into *out (absent: *out unchanged, *given 0). */
+/* Integer member key of o in 1 .. hi into *out (absent: *out unchanged, *given 0; given may be NULL). */
 static kvp_status spec_int(const cJSON *o, const char *key, int32_t hi, int32_t *out, int *given)
 {
     int64_t v = 0;
-    KVP_TRY(kvp_json_int(o, key, &v, given));
-    if (*given && (v < 1 || v > hi))
+    int has = 0;
+    KVP_TRY(kvp_json_int(o, key, &v, &has));
+    if (has && (v < 1 || v > hi))
         return KVP_ERR(KVP_EINVAL, "speculative config: \"%s\" is %lld, not in 1..%d", key, (long long)v, hi);
-    if (*given) *out = (int32_t)v;
+    if (has) *out = (int32_t)v;
+    if (given) *given = has;
     return KVP_OK;
 }
 
@@ -165,7 +167,8 @@ kvp_status kvp_gen_spec_parse(const char *json, kvp_gen_config *cfg)
 {
     cJSON *o;
     KVP_TRY(kvp_json_parse(json, strlen(json), "the speculative config", &o));
-    static const char *const keys[] = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"};
+    static const char *const keys[] = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
+                                       "disable_by_batch_size"};
     enum { NKEYS = sizeof keys / sizeof keys[0] };
     kvp_status st = cJSON_IsObject(o) ? KVP_OK : KVP_ERR(KVP_EPARSE, "speculative config: not a JSON object");
     for (const cJSON *it = st == KVP_OK ? o->child : NULL; st == KVP_OK && it; it = it->next) {
@@ -173,11 +176,11 @@ kvp_status kvp_gen_spec_parse(const char *json, kvp_gen_config *cfg)
         while (k < NKEYS && strcmp(it->string, keys[k]) != 0) k++;
         if (k == NKEYS)
             st = KVP_ERR(KVP_EINVAL, "speculative config: unknown key \"%s\" (method, num_speculative_tokens, "
-                                     "prompt_lookup_max, prompt_lookup_min)", it->string);
+                                     "prompt_lookup_max, prompt_lookup_min, disable_by_batch_size)", it->string);
     }
     const char *method = NULL;
     int has = 0, gk = 0, gmax = 0, gmin = 0;
-    int32_t k = 0, nmax = 5, nmin = 5;
+    int32_t k = 0, nmax = 5, nmin = 5, batch = 0;
     if (st == KVP_OK) st = kvp_json_str(o, "method", &method, &has);
     if (st == KVP_OK && (!has || strcmp(method, "ngram") != 0))
         st = KVP_ERR(KVP_EINVAL, "speculative config: \"method\" is %s%s%s, not \"ngram\" (the other methods need a "
@@ -186,6 +189,7 @@ kvp_status kvp_gen_spec_parse(const char *json, kvp_gen_config *cfg)
     if (st == KVP_OK && !gk) st = KVP_ERR(KVP_EINVAL, "speculative config: \"num_speculative_tokens\" is required");
     if (st == KVP_OK) st = spec_int(o, "prompt_lookup_max", KVP_GEN_MAX_NGRAM, &nmax, &gmax);
     if (st == KVP_OK) st = spec_int(o, "prompt_lookup_min", KVP_GEN_MAX_NGRAM, &nmin, &gmin);
+    if (st == KVP_OK) st = spec_int(o, "disable_by_batch_size", 1 << 20, &batch, NULL);
     if (gmax && !gmin) nmin = nmax;
     if (gmin && !gmax) nmax = nmin;
     if (st == KVP_OK && nmin > nmax)
@@ -195,6 +199,7 @@ kvp_status kvp_gen_spec_parse(const char *json, kvp_gen_config *cfg)
     cfg->spec_tokens = k;
     cfg->spec_ngram_min = nmin;
     cfg->spec_ngram_max = nmax;
+    cfg->spec_max_batch = batch;
     return KVP_OK;
 }
 
@@ -512,14 +517,16 @@ int32_t kvp_ngram_propose(const int32_t *t, int32_t len, int32_t nmin, int32_t n
     return c;
 }
 
-/* Speculation for decoding sequence idx (kvp_gen_config.spec_tokens): proposes drafts and appends them to its
- * tokens (s->ndraft), as many as the step's budget left, its remaining max_tokens and the free blocks allow. */
-static kvp_status propose_drafts(gen_ctx *g, int32_t idx, int32_t budget)
+/* Speculation for decoding sequence idx (kvp_gen_config.spec_tokens) in a step that started with `running`
+ * sequences: proposes drafts and appends them to its tokens (s->ndraft), as many as the step's budget left, its
+ * remaining max_tokens and the free blocks allow. */
+static kvp_status propose_drafts(gen_ctx *g, int32_t idx, int32_t budget, int32_t running)
 {
     gseq *s = g->seqs[idx];
     const kvp_gen_config *c = g->cfg;
     s->ndraft = 0;
-    if (c->spec_tokens < 1 || is_beam(g, s) || s->fork_pending) return KVP_OK;
+    if (c->spec_tokens < 1 || is_beam(g, s) || s->fork_pending || (c->spec_max_batch > 0 && running > c->spec_max_batch))
+        return KVP_OK;
     /* drawing k drafts' places gives k + 1 tokens: the last place needs no draft */
     int32_t k = g->rq[s->req].max_tokens - s->n_gen - 1;
     k = k < c->spec_tokens ? k : c->spec_tokens;
@@ -961,7 +968,7 @@ static kvp_status step(gen_ctx *g)
                 if (n > budget) n = budget;
             }
             if (is_decode) {
-                KVP_TRY(propose_drafts(g, idx, budget));
+                KVP_TRY(propose_drafts(g, idx, budget, nsnap));
                 n = 1 + s->ndraft;
             }
             KVP_TRY(grow_to(&g->buf.slots, &g->buf.cap_slots, (size_t)(ntok + n), sizeof *g->buf.slots));
@@ -1337,6 +1344,7 @@ kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_g
                                   cfg->spec_ngram_max > KVP_GEN_MAX_NGRAM)))
         return KVP_ERR(KVP_EINVAL, "generate: spec_tokens %d in 0..%d, n-gram lengths %d..%d within 1..%d",
                        cfg->spec_tokens, KVP_GEN_MAX_SPEC, cfg->spec_ngram_min, cfg->spec_ngram_max, KVP_GEN_MAX_NGRAM);
+    if (cfg->spec_max_batch < 0) return KVP_ERR(KVP_EINVAL, "generate: spec_max_batch %d < 0", cfg->spec_max_batch);
     gen_ctx *g = kvp_calloc(1, sizeof *g);
     if (!g) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
     g->m = m;

@@ -61,6 +61,9 @@ typedef struct {
     int32_t spec_tokens;     /* drafts per sample and step, 0 (off) .. KVP_GEN_MAX_SPEC */
     int32_t spec_ngram_min;  /* 1 <= min <= max <= KVP_GEN_MAX_NGRAM when spec_tokens > 0 */
     int32_t spec_ngram_max;
+    int32_t spec_max_batch;  /* vLLM's disable_by_batch_size: no drafts in a step that starts with more running
+                                sequences than this (a large batch is compute-bound: drafts cost more than they
+                                save); 0: no limit */
 } kvp_gen_config;
 
 enum { KVP_GEN_MAX_SPEC = 16, KVP_GEN_MAX_NGRAM = 64 };
@@ -69,7 +72,8 @@ enum { KVP_GEN_MAX_SPEC = 16, KVP_GEN_MAX_NGRAM = 64 };
 kvp_gen_config kvp_gen_config_default(void);
 
 /* Sets cfg's speculation from vLLM's --speculative-config JSON: {"method": "ngram", "num_speculative_tokens": K,
- * "prompt_lookup_max": N, "prompt_lookup_min": M} (N and M default to each other, both to 5 as vLLM's).
+ * "prompt_lookup_max": N, "prompt_lookup_min": M, "disable_by_batch_size": B} (N and M default to each other,
+ * both to 5 as vLLM's; B to none).
  * KVP_EPARSE for malformed JSON; KVP_EINVAL naming the key for an unknown key, a method other than ngram (the
  * others need a draft model) or a value out of range. On error cfg is unchanged. */
 kvp_status kvp_gen_spec_parse(const char *json, kvp_gen_config *cfg);

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # n-gram speculative decoding against plain decoding, greedy, into one CSV (default
-# bench/results/generate_spec.csv): stories260K (256 tokens a sequence, 1 and 64 sequences) off, and with 2 and 4
-# draft tokens; a synthetic 23.5M-parameter model (scripts/synth-model.py, written to /tmp when missing; 64
-# tokens, 1 and 16 sequences) off, and with 4 and 8. Its random weights repeat a token, so nearly every draft
-# is kept: the bound of what speculation gives a model whose decode reads its weights.
+# bench/results/generate_spec.csv): stories260K (256 tokens a sequence, 1 and 64 sequences) off, with 2 and 4
+# draft tokens, and with 4 and disable_by_batch_size 8 (the batch of 64 then does not speculate); a synthetic
+# 23.5M-parameter model (scripts/synth-model.py, written to /tmp when missing; 64 tokens, 1 and 16 sequences)
+# off, and with 4 and 8. Its random weights repeat a token, so nearly every draft is kept: the bound of what
+# speculation gives a model whose decode reads its weights.
 # Usage: scripts/bench-spec.sh [KVPAGE_BIN] [OUT_CSV]
 set -eu
 bin=${1:-build/kvpage}
@@ -22,6 +23,7 @@ run() {
 }
 run --reps 5
 for k in 2 4; do run --reps 5 --speculative-config "$(spec $k)"; done
+run --reps 5 --speculative-config "$(spec 4 | sed 's/}$/,"disable_by_batch_size":8}/')"
 run --model "$synth" --max-tokens 64 --batch 16 --reps 3
 for k in 4 8; do run --model "$synth" --max-tokens 64 --batch 16 --reps 3 --speculative-config "$(spec $k)"; done
 mv "$out.part" "$out"

@@ -403,8 +403,12 @@ Test(spec, config_parse_and_refusals, .init = setup, .fini = teardown)
     cr_assert_eq(kvp_gen_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"prompt_lookup_min\": 2, "
                                     "\"prompt_lookup_max\": 3}", &c), KVP_OK);
     cr_assert(c.spec_tokens == 2 && c.spec_ngram_min == 2 && c.spec_ngram_max == 3);
-    cr_assert_eq(kvp_gen_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3}", &c), KVP_OK);
+    cr_assert_eq(kvp_gen_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"disable_by_batch_size\": 8}",
+                                    &c), KVP_OK);
     cr_assert(c.spec_ngram_min == 5 && c.spec_ngram_max == 5, "vLLM's defaults");
+    cr_assert_eq(c.spec_max_batch, 8);
+    cr_assert_eq(kvp_gen_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3}", &c), KVP_OK);
+    cr_assert_eq(c.spec_max_batch, 0, "no batch limit unless given");
     const struct {
         const char *json, *says;
     } bad[] = {
@@ -420,6 +424,7 @@ Test(spec, config_parse_and_refusals, .init = setup, .fini = teardown)
          "prompt_lookup_min 4 is above prompt_lookup_max 2"},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"model\": \"x\"}", "unknown key \"model\""},
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"prompt_lookup_max\": 65}", "is 65, not in 1..64"},
+        {"{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"disable_by_batch_size\": 0}", "disable_by_batch_size\" is 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         kvp_gen_config before = c;
@@ -434,6 +439,34 @@ Test(spec, config_parse_and_refusals, .init = setup, .fini = teardown)
     c = spec_cfg(3, 4, 2);
     c.num_blocks = 8;
     cr_assert_eq(kvp_gen_session_create(g_model, &c, &s), KVP_EINVAL);
+}
+
+/* disable_by_batch_size B: a step that starts with more than B running sequences proposes nothing. Six
+ * greedy requests of one prompt run together to the end: with B = 5 never a draft, with B = 6 drafts. */
+Test(spec, no_drafts_above_the_batch_limit, .init = setup, .fini = teardown)
+{
+    int32_t n, *ids = encode(prompts[0], &n);
+    kvp_gen_request r[6];
+    for (int i = 0; i < 6; i++)
+        r[i] = (kvp_gen_request){.prompt = ids, .n_prompt = n, .max_tokens = 40, .n = 1, .ignore_eos = 1,
+                                 .sampler = kvp_sampler_default()};
+    kvp_gen_result ref[6], got[6];
+    kvp_gen_stats st;
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.cache = KVP_PC_NONE; /* all six prefill in the first step */
+    run(&cfg, r, 6, ref, NULL);
+    for (int32_t b = 5; b <= 6; b++) {
+        cfg = spec_cfg(4, 1, 3);
+        cfg.cache = KVP_PC_NONE;
+        cfg.spec_max_batch = b;
+        run(&cfg, r, 6, got, &st);
+        for (int i = 0; i < 6; i++) expect_same(&ref[i], &got[i], "batch limit", i);
+        if (b == 5) cr_assert_eq(st.spec_draft_tokens, 0, "6 running > 5: no draft");
+        else cr_assert_gt(st.spec_accepted_tokens, 0, "6 running <= 6: drafts kept");
+        kvp_gen_results_free(got, 6);
+    }
+    kvp_gen_results_free(ref, 6);
+    free(ids);
 }
 
 typedef struct {
