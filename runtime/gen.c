@@ -851,6 +851,16 @@ static kvp_status record_prompt_logprobs(gen_ctx *g, gseq *s)
     return KVP_OK;
 }
 
+/* The preempted sequence to readmit next, its place in g->preempted: the first preempted, or under the priority
+ * policy the most urgent (then the first preempted), as vLLM's waiting queue orders them. */
+static int32_t pick_preempted(const gen_ctx *g)
+{
+    int32_t at = 0;
+    for (int32_t i = 1; g->cfg->sched == KVP_SCHED_PRIORITY && i < g->npre; i++)
+        if (seq_priority(g, g->preempted[i]) < seq_priority(g, g->preempted[at])) at = i;
+    return at;
+}
+
 /* The waiting request to admit next (g->next_req is the oldest): see kvp_gen_config.sched. */
 static kvp_status pick_request(gen_ctx *g, int32_t *out)
 {
@@ -888,7 +898,7 @@ static kvp_status step(gen_ctx *g)
     /* (1) admission: preempted first, then new requests in the policy's order (pick_request), head-of-line. */
     int blocked = 0;
     while (!blocked && g->npre > 0) {
-        int32_t idx = g->preempted[0];
+        const int32_t at = pick_preempted(g), idx = g->preempted[at];
         if (seats + seats_of(g, g->seqs[idx]) > cfg->max_num_seqs) break;
         int ok;
         KVP_TRY(admit(g, idx, &budget, &ok));
@@ -896,7 +906,7 @@ static kvp_status step(gen_ctx *g)
             blocked = 1;
             break;
         }
-        memmove(g->preempted, g->preempted + 1, (size_t)(g->npre - 1) * sizeof *g->preempted);
+        memmove(g->preempted + at, g->preempted + at + 1, (size_t)(g->npre - at - 1) * sizeof *g->preempted);
         g->npre--;
         seats += seats_of(g, g->seqs[idx]);
     }

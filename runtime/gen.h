@@ -50,7 +50,8 @@ typedef struct {
                                    FCFS arrival; PRIORITY each request's priority (lowest first, as vLLM), then
                                    arrival; LPM (SGLang's) the most prompt blocks found in the prefix cache among
                                    the KVP_LPM_WINDOW oldest, then arrival. Admission stops at the first that does
-                                   not fit. PRIORITY also preempts the least urgent sequence when blocks run out. */
+                                   not fit. PRIORITY also preempts the least urgent sequence when blocks run out,
+                                   and readmits the most urgent preempted one first. */
     /* n-gram speculative decoding (vLLM's "ngram" method, prompt lookup): each decoding sample (not a beam
      * search) looks for the latest earlier occurrence of its last n tokens (the longest n in spec_ngram_min ..
      * spec_ngram_max that has one) and proposes the tokens that followed it, up to spec_tokens of them, computed

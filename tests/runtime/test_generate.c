@@ -1191,6 +1191,57 @@ Test(generate_session, priority_preempts_the_least_urgent, .init = setup, .fini 
     }
 }
 
+/* Under the priority policy preempted sequences come back most urgent first: B (priority 5) and C (3) run, then A
+ * (0) arrives; as blocks run out B, then C are preempted (least urgent first), and when A's end frees blocks, C
+ * (preempted after B) is readmitted before B. The step they come back in is seen as the first one their
+ * tokens grow again. */
+Test(generate_session, priority_readmits_the_most_urgent_first, .init = setup, .fini = teardown)
+{
+    int32_t p[3][17];
+    for (int r = 0; r < 3; r++)
+        for (int i = 0; i < 17; i++) p[r][i] = i ? 100 * (r + 2) + i : 1;
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.num_blocks = 12;          /* one sequence of 117 tokens takes 8 */
+    cfg.max_batched_tokens = 64;  /* a readmission's recompute takes the step's budget: one comes back a step */
+    cfg.sched = KVP_SCHED_PRIORITY;
+    kvp_gen_session *s;
+    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    kvp_gen_request rb = greedy_req((enc){p[0], 17}, 100), rc = greedy_req((enc){p[1], 17}, 100),
+                    ra = greedy_req((enc){p[2], 17}, 100);
+    rb.priority = 5, rc.priority = 3, ra.priority = 0;
+    rb.ignore_eos = rc.ignore_eos = ra.ignore_eos = 1;
+    int32_t id[3]; /* B, C, A */
+    cr_assert_eq(kvp_gen_session_add(s, &rb, &id[0]), KVP_OK);
+    cr_assert_eq(kvp_gen_session_add(s, &rc, &id[1]), KVP_OK);
+    cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_gen_session_add(s, &ra, &id[2]), KVP_OK);
+    int32_t n[3] = {0, 0, 0};
+    int both_out = 0, back = -1; /* back: which of B (0) and C (1) grew first after A's end */
+    while (kvp_gen_session_pending(s)) {
+        const int a_done = n[2] == 100;
+        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        kvp_gen_session_stats st;
+        kvp_gen_session_stats_get(s, &st);
+        both_out |= st.preempted_seqs == 2 && n[2] < 100;
+        int grew[3];
+        for (int r = 0; r < 3; r++) {
+            const int32_t *t;
+            int32_t m = 0;
+            kvp_gen_session_partial(s, id[r], 0, &t, &m);
+            grew[r] = m > n[r];
+            n[r] = m;
+        }
+        if (a_done && back < 0 && (grew[0] || grew[1])) {
+            cr_assert(!(grew[0] && grew[1]), "B and C came back in the same step");
+            back = grew[1];
+        }
+    }
+    cr_assert(both_out, "B and C were never preempted together while A ran");
+    cr_assert_eq(back, 1, "B (priority 5) came back before C (3)");
+    cr_assert(n[0] == 100 && n[1] == 100 && n[2] == 100);
+    kvp_gen_session_destroy(s);
+}
+
 /* A bad request or one that can never fit is refused and leaves the session as it was; a step with
  * nothing pending does nothing; the session's creation fails cleanly at every allocation. */
 static kvp_status make_session(void *cfg, void **s) { return kvp_gen_session_create(g_model, cfg, (kvp_gen_session **)s); }
