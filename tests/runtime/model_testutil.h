@@ -68,6 +68,50 @@ static inline void tu_run_one(kvp_gen_session *s, const kvp_gen_request *r, kvp_
     cr_assert_eq(got, id);
 }
 
+/* The next turn of a chat, on a session of m with cfg (block size bs): turn A (prompt p[0, n), `answer` greedy
+ * tokens, EOS ignored), then on the same session turn B = p, A's answer and more[0, n_more) (20 tokens). B must
+ * find at least the full blocks of A's computed tokens (prompt + answer - 1) cached, and generate the tokens it
+ * generates alone with no prefix cache. *st: the session's stats after B. */
+static inline void tu_next_turn(kvp_model *m, const kvp_gen_config *cfg, const int32_t *p, int32_t n, int32_t answer,
+                                const int32_t *more, int32_t n_more, kvp_gen_session_stats *st)
+{
+    kvp_gen_session *s;
+    cr_assert_eq(kvp_gen_session_create(m, cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    kvp_gen_request a = {.prompt = p, .n_prompt = n, .max_tokens = answer, .n = 1, .ignore_eos = 1,
+                         .sampler = kvp_sampler_default()};
+    kvp_gen_result ra, rb, solo;
+    tu_run_one(s, &a, &ra);
+    cr_assert_eq(ra.n_tokens[0], answer);
+    const int32_t nb = n + answer + n_more;
+    int32_t *turn = kvp_malloc((size_t)nb * sizeof *turn);
+    memcpy(turn, p, (size_t)n * sizeof *turn);
+    memcpy(turn + n, ra.tokens[0], (size_t)answer * sizeof *turn);
+    if (n_more) memcpy(turn + n + answer, more, (size_t)n_more * sizeof *turn);
+    kvp_gen_request b = {.prompt = turn, .n_prompt = nb, .max_tokens = 20, .n = 1, .sampler = kvp_sampler_default()};
+    tu_run_one(s, &b, &rb);
+    const int32_t bs = cfg->block_size, computed = n + answer - 1;
+    cr_assert_geq(rb.prompt_cached_tokens, computed / bs * bs, "%d of the %d computed tokens' full blocks found",
+                  rb.prompt_cached_tokens, computed);
+    kvp_gen_session_stats_get(s, st);
+    kvp_gen_session_destroy(s);
+    kvp_gen_config none = *cfg;
+    none.cache = KVP_PC_NONE;
+    none.spec_tokens = 0;
+    none.num_blocks = 0;
+    cr_assert_eq(kvp_gen_run(m, &none, &b, 1, &solo, NULL), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(rb.n_tokens[0], solo.n_tokens[0], "the cached turn: %d tokens, alone %d", rb.n_tokens[0],
+                 solo.n_tokens[0]);
+    for (int32_t i = 0; i < solo.n_tokens[0]; i++)
+        cr_assert_eq(rb.tokens[0][i], solo.tokens[0][i], "the cached turn's token %d", i);
+    cr_assert_eq(rb.finish[0], solo.finish[0]);
+    cr_assert_eq(rb.logprob[0], solo.logprob[0], "the cached turn's logprob %.17g, alone %.17g", rb.logprob[0],
+                 solo.logprob[0]);
+    kvp_gen_results_free(&ra, 1);
+    kvp_gen_results_free(&rb, 1);
+    kvp_gen_results_free(&solo, 1);
+    kvp_free(turn);
+}
+
 /* Calls make(ctx, &obj) with the 1st, 2nd, ... allocation failing until a call makes fewer allocations than
  * that (and succeeds; obj is then destroyed). Every failing call must return KVP_ENOMEM (any error when
  * any_error) and leave obj NULL. */

@@ -278,33 +278,10 @@ Test(spec, the_next_turn_finds_the_verified_answer_cached, .init = setup, .fini 
     kvp_gen_config cfg = spec_cfg(8, 1, 4);
     cfg.num_blocks = 128;
     cfg.block_size = 4;
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
-    kvp_gen_request a = {.prompt = ids, .n_prompt = n, .max_tokens = 61, .n = 1, .ignore_eos = 1,
-                         .sampler = kvp_sampler_default()};
-    kvp_gen_result ra, rb, solo;
-    tu_run_one(s, &a, &ra);
-    int32_t *turn = kvp_malloc((size_t)(n + 61) * sizeof *turn);
-    memcpy(turn, ids, (size_t)n * sizeof *turn);
-    memcpy(turn + n, ra.tokens[0], 61 * sizeof *turn);
-    kvp_gen_request b = a;
-    b.prompt = turn;
-    b.n_prompt = n + 61;
-    b.max_tokens = 40;
-    tu_run_one(s, &b, &rb);
-    cr_assert_geq(rb.prompt_cached_tokens, (n + 61 - 1) / 4 * 4, "%d cached", rb.prompt_cached_tokens);
     kvp_gen_session_stats st;
-    kvp_gen_session_stats_get(s, &st);
+    tu_next_turn(g_model, &cfg, ids, n, 61, NULL, 0, &st);
     cr_assert_gt(st.spec_draft_tokens, st.spec_accepted_tokens, "drafts were rejected (their K/V must not be cached)");
-    kvp_gen_session_destroy(s);
-    kvp_gen_config none = kvp_gen_config_default();
-    none.cache = KVP_PC_NONE;
-    run(&none, &b, 1, &solo, NULL);
-    expect_same(&rb, &solo, "the cached answer vs none", 1);
-    kvp_gen_results_free(&ra, 1);
-    kvp_gen_results_free(&rb, 1);
-    kvp_gen_results_free(&solo, 1);
-    kvp_free(turn);
+    cr_assert_gt(st.spec_accepted_tokens, 0);
     free(ids);
 }
 
