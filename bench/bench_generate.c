@@ -73,21 +73,12 @@ static double cpu_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* The config of a run: sp (the defaults with the bench's block size, KV type and speculation), no EOS stop. */
-static kvp_gen_config run_config(const kvp_gen_config *sp)
-{
-    kvp_gen_config cfg = *sp;
-    cfg.stop_at_eos = 0;
-    return cfg;
-}
-
-/* Greedy checks: the golden story (when a golden file is given) and batch invariance. */
+/* Greedy checks with the runs' config sp: the golden story (when a golden file is given) and batch invariance. */
 static kvp_status validate(kvp_model *m, const char *golden, const kvp_gen_config *sp, int *ok)
 {
     *ok = 1;
     int32_t bos = 1;
     const kvp_dtype kv_dtype = sp->kv_dtype;
-    kvp_gen_config cfg = run_config(sp);
     const kvp_weight_type wt = kvp_model_weight_type(m);
     if (golden && kv_dtype != KVP_DTYPE_FP8_E4M3 && (wt == KVP_WEIGHT_F32 || wt == KVP_WEIGHT_F16)) {
         cJSON *g;
@@ -103,7 +94,7 @@ static kvp_status validate(kvp_model *m, const char *golden, const kvp_gen_confi
         }
         kvp_gen_request r = {.prompt = &bos, .n_prompt = 1, .max_tokens = n, .sampler = kvp_sampler_default(), .n = 1};
         kvp_gen_result res;
-        kvp_status st = kvp_gen_run(m, &cfg, &r, 1, &res, NULL);
+        kvp_status st = kvp_gen_run(m, sp, &r, 1, &res, NULL);
         if (st != KVP_OK) {
             cJSON_Delete(g);
             return st;
@@ -119,8 +110,8 @@ static kvp_status validate(kvp_model *m, const char *golden, const kvp_gen_confi
         rs[i] = (kvp_gen_request){.prompt = &bos, .n_prompt = 1, .max_tokens = 32, .n = 1,
                                   .sampler = {.temperature = i ? 1.0 : 0.0, .top_k = 0, .top_p = 1.0, .seed = (uint64_t)i}};
     kvp_gen_result a, all[8];
-    KVP_TRY(kvp_gen_run(m, &cfg, rs, 1, &a, NULL));
-    kvp_status st = kvp_gen_run(m, &cfg, rs, 8, all, NULL);
+    KVP_TRY(kvp_gen_run(m, sp, rs, 1, &a, NULL));
+    kvp_status st = kvp_gen_run(m, sp, rs, 8, all, NULL);
     if (st == KVP_OK) {
         if (a.n_tokens[0] != all[0].n_tokens[0] ||
             memcmp(a.tokens[0], all[0].tokens[0], sizeof(int32_t) * (size_t)a.n_tokens[0]) != 0)
@@ -145,7 +136,7 @@ static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, double t
     for (int32_t i = 0; i < nseq; i++)
         rs[i] = (kvp_gen_request){.prompt = &bos, .n_prompt = 1, .max_tokens = max_tokens, .n = 1,
                                   .sampler = {.temperature = temperature, .top_k = 0, .top_p = 1.0, .seed = 1000 + (uint64_t)i}};
-    kvp_gen_config cfg = run_config(sp);
+    kvp_gen_config cfg = *sp;
     cfg.cache = KVP_PC_NONE;
     double c0 = cpu_s();
     kvp_status s = kvp_gen_run(m, &cfg, rs, nseq, res, st);
@@ -169,7 +160,7 @@ int kvp_bench_generate(int argc, char **argv)
     int32_t batch = 64, max_tokens = 256, bs = 16, reps = 3;
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
     double temperature = 1.0;
-    kvp_gen_config sp = kvp_gen_config_default(); /* its speculation (--speculative-config) */
+    kvp_gen_config sp = kvp_gen_config_default(); /* the runs' config: speculation (--speculative-config), and below */
     int kv_auto = 1;
     kvp_weight_type wdtype = KVP_WEIGHT_AUTO;
     kvp_format fmt = KVP_FMT_TABLE;
@@ -228,6 +219,7 @@ int kvp_bench_generate(int argc, char **argv)
     if (kv_auto) kv_dtype = kvp_model_kv_dtype_auto(m);
     sp.block_size = bs;
     sp.kv_dtype = kv_dtype;
+    sp.stop_at_eos = 0; /* every sequence generates max_tokens */
     kvp_report *rep;
     if ((st = kvp_report_create(k_fields, NFIELDS, &rep)) != KVP_OK) {
         kvp_model_destroy(m);
