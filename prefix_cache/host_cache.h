@@ -1,0 +1,68 @@
+/* prefix_cache/host_cache.h — a second tier of the prefix cache in host memory (CPU offloading, as vLLM's
+ * OffloadingConnector and SGLang's HiCache do): full KV blocks copied from the device to host slots, keyed by
+ * the chain hash of the prefix they complete (kvp_pc_block_hash), so that a prompt whose prefix has left
+ * the device cache loads it back over PCIe instead of computing it again.
+ *
+ *   device prefix cache (radix / hash)      host cache: capacity slots, LRU
+ *     match: n_hit blocks  ─────────────►   match the chain hashes of blocks n_hit.. : n_load more blocks,
+ *                                            copied host slot -> fresh device block (a "load")
+ *     insert (computed blocks) ─────────►   store (write-through): each full block not yet held gets a slot
+ *                                            and is copied device block -> host slot (a "store")
+ *
+ * The host cache holds no KV itself: it only says which slot holds which block, and the caller moves the
+ * data (the engine hands the moves to its executor; `bench prefix` only counts them). Slots are
+ * [0, capacity). Nothing is locked: a load is copied before anything else can evict its slot.
+ *
+ * Eviction is LRU over blocks. A match touches its hits from the deepest to the first, and a store stores
+ * from the last block to the first, so that within a prompt the deeper blocks are older and leave first:
+ * the held set of a prompt stays a prefix (a hit needs a run of consecutive blocks).
+ *
+ * Every call but create is O(blocks given) and never allocates: the map and the lists are sized at create.
+ * A 64-bit chain hash names a block (a collision would load a wrong block, as in vLLM's hash cache).
+ * Not thread-safe: one owner at a time.
+ */
+#ifndef KVP_PREFIX_CACHE_HOST_CACHE_H
+#define KVP_PREFIX_CACHE_HOST_CACHE_H
+
+#include <stdint.h>
+
+#include "common/status.h"
+
+typedef struct kvp_host_cache kvp_host_cache;
+
+typedef struct {
+    int64_t lookups;        /* kvp_hc_match calls with n > 0 */
+    int64_t queried_blocks; /* blocks asked for by those calls */
+    int64_t hit_blocks;     /* blocks found (to be loaded) */
+    int64_t stored_blocks;  /* blocks given a slot (to be copied to the host) */
+    int64_t evicted_blocks; /* blocks dropped to make room */
+    int64_t held_blocks;    /* blocks held now */
+} kvp_hc_stats;
+
+/* capacity >= 1 slots (KVP_EINVAL otherwise); KVP_ENOMEM. *out is owned by the caller. */
+kvp_status kvp_hc_create(int32_t capacity, kvp_host_cache **out);
+void kvp_hc_destroy(kvp_host_cache *hc); /* NULL: no-op */
+int32_t kvp_hc_capacity(const kvp_host_cache *hc);
+
+/* The longest run hashes[0..k) held, k <= n: slots_out[0..k) their slots (slots_out holds n entries).
+ * Touches them (most recently used, the first block last). Returns k (0 for n <= 0). */
+int32_t kvp_hc_match(kvp_host_cache *hc, const uint64_t *hashes, int32_t n, int32_t *slots_out);
+
+/* Write-through of the full blocks hashes[0..n) of one sequence, first block first. Each block not held
+ * gets a slot (evicting the least recently used block when the cache is full): slots_out[i] = that slot, to
+ * be filled with the block's KV; a block already held is touched and gets slots_out[i] = -1. When n exceeds
+ * the capacity, only the first `capacity` blocks are stored (the rest get -1). Returns the number of new
+ * slots (copies to make). */
+int32_t kvp_hc_store(kvp_host_cache *hc, const uint64_t *hashes, int32_t n, int32_t *slots_out);
+
+void kvp_hc_get_stats(const kvp_host_cache *hc, kvp_hc_stats *out);
+
+/* Invariant walker (tests): the LRU list and the free list partition the slots, the map holds exactly the
+ * listed slots under their hashes, held_blocks agrees. KVP_OK or KVP_ESTATE naming the first violation. */
+kvp_status kvp_hc_check(const kvp_host_cache *hc);
+
+/* The chain hashes of the first n_blocks full blocks of tokens (extra key 0): h[i] = kvp_pc_block_hash(h[i-1],
+ * block i). The key of both tiers' blocks. */
+void kvp_pc_chain_hashes(const int32_t *tokens, int32_t n_blocks, int32_t block_size, uint64_t *out);
+
+#endif
