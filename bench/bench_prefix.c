@@ -22,6 +22,7 @@
 #include "common/parse.h"
 #include "common/report.h"
 #include "common/timer.h"
+#include "prefix_cache/host_cache.h"
 
 /* ---- replay ---------------------------------------------------------------------------------------- */
 
@@ -39,6 +40,8 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
     if (w == NULL || cfg == NULL || out == NULL) return KVP_ERR(KVP_EINVAL, "kvp_prefix_replay: NULL argument");
     if (cfg->block_size < 1) return KVP_ERR(KVP_EINVAL, "block size %d < 1", cfg->block_size);
     if (cfg->capacity < 0) return KVP_ERR(KVP_EINVAL, "capacity %lld < 0", (long long)cfg->capacity);
+    if (cfg->host_capacity < 0 || cfg->host_capacity > INT32_MAX)
+        return KVP_ERR(KVP_EINVAL, "host capacity %lld blocks is out of [0, %d]", (long long)cfg->host_capacity, INT32_MAX);
     const int32_t bs = cfg->block_size;
     double t0 = kvp_now_s();
     int64_t na = w->n_pins + w->n, total_blocks = 0, max_blocks = 1, full_blocks = 0;
@@ -75,8 +78,13 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
 
     kvp_block_pool *pool = NULL;
     kvp_prefix_cache *pc = NULL;
+    kvp_host_cache *hc = NULL;
     int32_t *blocks = kvp_malloc((size_t)max_blocks * sizeof *blocks);
     int32_t *hit = kvp_malloc((size_t)max_blocks * sizeof *hit);
+    int32_t *slots = cfg->host_capacity > 0 ? kvp_malloc((size_t)max_blocks * sizeof *slots) : NULL;
+    uint64_t *hashes = cfg->host_capacity > 0 ? kvp_malloc((size_t)max_blocks * sizeof *hashes) : NULL;
+    if (st == KVP_OK && cfg->host_capacity > 0 && !(slots && hashes)) st = KVP_ERR(KVP_ENOMEM, "out of memory for the replay");
+    if (st == KVP_OK && cfg->host_capacity > 0) st = kvp_hc_create((int32_t)cfg->host_capacity, &hc);
     int64_t *nu_flat = NULL, **nu = NULL;
     int32_t *mlens = NULL;
     if (st == KVP_OK && !(blocks && hit)) st = KVP_ERR(KVP_ENOMEM, "out of memory for the replay");
@@ -109,6 +117,11 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         cache_ns += kvp_now_ns() - c0;
         cache_cpu += cpu_ns() - u0;
         if (st != KVP_OK) break;
+        int32_t nload = 0; /* blocks after the device hit found in the host tier */
+        if (hc) {
+            kvp_pc_chain_hashes(toks[a], nfull, bs, hashes);
+            if (!is_pin) nload = kvp_hc_match(hc, hashes + nh, (n - 1) / bs - nh, slots);
+        }
         for (int32_t i = 0; i < nh; i++) kvp_pool_incref(pool, hit[i]);
         memcpy(blocks, hit, (size_t)nh * sizeof *blocks);
         int32_t need = nb - nh, fr = kvp_pool_num_free(pool);
@@ -122,7 +135,9 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         if (st == KVP_OK) st = kvp_pool_alloc(pool, got, blocks + nh);
         if (st != KVP_OK) break;
         if (got < need && !is_pin) out->short_requests++;
+        if (nload > got) nload = got;
         int32_t ncache = nh + got < nfull ? nh + got : nfull;
+        if (hc) out->host_stored_blocks += kvp_hc_store(hc, hashes, ncache, slots);
         c0 = kvp_now_ns();
         u0 = cpu_ns();
         st = kvp_pc_insert(pc, toks[a], len, blocks, ncache, &hint, 0, NULL);
@@ -135,6 +150,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
             out->requests++;
             out->prompt_tokens += n;
             out->hit_blocks += nh;
+            out->host_hit_tokens += (int64_t)nload * bs;
             out->prompt_blocks += (n + bs - 1) / bs;
         }
     }
@@ -146,13 +162,18 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         out->evicted_blocks = ps.evicted_blocks;
         out->peak_cached_blocks = ps.peak_cached_blocks;
         out->hit_rate = out->prompt_tokens ? (double)out->hit_tokens / (double)out->prompt_tokens : 0;
+        out->host_hit_rate = out->prompt_tokens ? (double)out->host_hit_tokens / (double)out->prompt_tokens : 0;
+        out->total_hit_rate = out->hit_rate + out->host_hit_rate;
         out->block_hit_rate = out->prompt_blocks ? (double)out->hit_blocks / (double)out->prompt_blocks : 0;
         out->cache_s = (double)cache_ns * 1e-9;
         out->cache_cpu_s = (double)cache_cpu * 1e-9;
         out->wall_s = kvp_now_s() - t0;
     }
     kvp_pc_destroy(pc);
+    kvp_hc_destroy(hc);
     kvp_pool_destroy(pool);
+    kvp_free(slots);
+    kvp_free(hashes);
     kvp_free(blocks);
     kvp_free(hit);
     kvp_free(nu_flat);
@@ -168,7 +189,8 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
 
 static const char *const FIELDS[] = {"workload",      "cache",          "evict",           "block_size",  "capacity",
                                      "capacity_eff",  "capacity_tokens", "series",         "requests",        "prompt_tokens", "hit_tokens",
-                                     "hit_rate",      "block_hit_rate", "inserted_blocks", "evicted_blocks",
+                                     "hit_rate",      "block_hit_rate", "host_capacity", "host_hit_tokens",
+                                     "host_hit_rate", "total_hit_rate", "host_stored_blocks", "inserted_blocks", "evicted_blocks",
                                      "peak_cached_blocks", "short_requests", "wall_s",     "cache_mtok_per_s",
                                      "cache_cpu_mtok_per_s"};
 #define NFIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
@@ -191,7 +213,11 @@ static void usage(FILE *f)
             "                          without it: 0 and 5, 10, 20, 40, 70 %% of the unbounded peak)\n"
             "  --capacity-tokens LIST  pool size in tokens, converted per block size (ceil(tokens / block size)\n"
             "                          blocks), to compare block sizes at equal memory; 0 = unbounded\n"
-            "  --sweep                 write OUT/NAME.csv and OUT/NAME.png (hit rate against capacity, one line\n"
+            "  --host-capacity LIST    a second tier in host memory of that many blocks (tokens with\n"
+            "                          --capacity-tokens), LRU, filled write-through with every cached block;\n"
+            "                          the blocks after a device hit are looked up there (comma list; 0 = none,\n"
+            "                          the default)\n"
+            "  --sweep                 write OUT/NAME.csv and OUT/NAME.png (total hit rate against capacity, one line\n"
             "                          per cache/policy); implied by more than one combination\n"
             "  --out DIR               output folder of a sweep (default bench/results)\n"
             "  --name NAME             file stem of a sweep (default prefix_<workload>)\n"
@@ -201,7 +227,8 @@ static void usage(FILE *f)
             "\n"
             "Fields: workload cache evict block_size capacity capacity_eff (capacity, or the peak when unbounded)\n"
             "capacity_tokens (capacity_eff x block_size) series requests prompt_tokens hit_tokens hit_rate\n"
-            "block_hit_rate inserted_blocks evicted_blocks peak_cached_blocks short_requests wall_s\n"
+            "block_hit_rate host_capacity host_hit_tokens host_hit_rate total_hit_rate (hit_rate + host_hit_rate)\n"
+            "host_stored_blocks inserted_blocks evicted_blocks peak_cached_blocks short_requests wall_s\n"
             "cache_mtok_per_s (prompt tokens per second of wall time inside match + insert)\n"
             "cache_cpu_mtok_per_s (the same per second of thread CPU time) machine commit.\n"
             "Example: kvpage bench prefix --trace mooncake:../shared/data/traces/mooncake/synthetic_trace.jsonl \\\n"
@@ -236,7 +263,7 @@ static int split_list(const char *s, strlist *l)
 
 static int run_plot(const char *csv, const char *png, const char *title)
 {
-    const char *args[] = {"lines", csv, png, "--x", "capacity_tokens", "--y", "hit_rate", "--series", "series", "--logx",
+    const char *args[] = {"lines", csv, png, "--x", "capacity_tokens", "--y", "total_hit_rate", "--series", "series", "--logx",
                           "--title", title, "--xlabel", "cache capacity (tokens)", "--ylabel", "prefix hit rate (tokens)",
                           NULL};
     if (kvp_bench_plot(args) != KVP_OK) {
@@ -247,13 +274,15 @@ static int run_plot(const char *csv, const char *png, const char *title)
 }
 
 static int add_row(kvp_report *rep, const kvp_workload *w, const kvp_prefix_replay_cfg *c, const kvp_prefix_replay_result *r,
-                   int multi_bs)
+                   int multi_bs, int multi_host)
 {
     cJSON *row;
     if (kvp_report_row(rep, &row) != KVP_OK) return -1;
-    char series[96];
-    if (multi_bs) snprintf(series, sizeof series, "%s/%s/bs%d", kvp_pc_kind_name(c->kind), kvp_evict_policy_name(c->policy), c->block_size);
-    else snprintf(series, sizeof series, "%s/%s", kvp_pc_kind_name(c->kind), kvp_evict_policy_name(c->policy));
+    char series[128], bs_part[24] = "", host_part[40] = "";
+    if (multi_bs) snprintf(bs_part, sizeof bs_part, "/bs%d", c->block_size);
+    if (multi_host) snprintf(host_part, sizeof host_part, "/host%lld", (long long)c->host_capacity);
+    snprintf(series, sizeof series, "%s/%s%s%s", kvp_pc_kind_name(c->kind), kvp_evict_policy_name(c->policy), bs_part,
+             host_part);
     cJSON_AddStringToObject(row, "workload", w->name);
     cJSON_AddStringToObject(row, "cache", kvp_pc_kind_name(c->kind));
     cJSON_AddStringToObject(row, "evict", kvp_evict_policy_name(c->policy));
@@ -268,6 +297,11 @@ static int add_row(kvp_report *rep, const kvp_workload *w, const kvp_prefix_repl
     cJSON_AddNumberToObject(row, "hit_tokens", (double)r->hit_tokens);
     cJSON_AddNumberToObject(row, "hit_rate", r->hit_rate);
     cJSON_AddNumberToObject(row, "block_hit_rate", r->block_hit_rate);
+    cJSON_AddNumberToObject(row, "host_capacity", (double)c->host_capacity);
+    cJSON_AddNumberToObject(row, "host_hit_tokens", (double)r->host_hit_tokens);
+    cJSON_AddNumberToObject(row, "host_hit_rate", r->host_hit_rate);
+    cJSON_AddNumberToObject(row, "total_hit_rate", r->total_hit_rate);
+    cJSON_AddNumberToObject(row, "host_stored_blocks", (double)r->host_stored_blocks);
     cJSON_AddNumberToObject(row, "inserted_blocks", (double)r->inserted_blocks);
     cJSON_AddNumberToObject(row, "evicted_blocks", (double)r->evicted_blocks);
     cJSON_AddNumberToObject(row, "peak_cached_blocks", (double)r->peak_cached_blocks);
@@ -286,13 +320,14 @@ int kvp_bench_prefix(int argc, char **argv)
         {"skip-bad", no_argument, NULL, 'S'},     {"cache", required_argument, NULL, 'c'},
         {"evict", required_argument, NULL, 'e'},  {"block-size", required_argument, NULL, 'b'},
         {"capacity", required_argument, NULL, 'C'}, {"capacity-tokens", required_argument, NULL, 'T'},
+        {"host-capacity", required_argument, NULL, 'H'},
         {"sweep", no_argument, NULL, 's'},
         {"out", required_argument, NULL, 'o'},    {"name", required_argument, NULL, 'n'},
         {"format", required_argument, NULL, 'f'}, {"json", no_argument, NULL, 'j'},
         {"no-plot", no_argument, NULL, 'P'},      {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *trace = NULL, *spec = NULL, *cache_s = "radix", *evict_s = "lru", *bs_s = "16", *cap_s = NULL;
+    const char *trace = NULL, *spec = NULL, *cache_s = "radix", *evict_s = "lru", *bs_s = "16", *cap_s = NULL, *host_s = "0";
     const char *outdir = "bench/results", *name = NULL;
     int skip_bad = 0, sweep = 0, plot = 1, cap_tokens = 0, c;
     kvp_format fmt = KVP_FMT_TABLE;
@@ -311,6 +346,7 @@ int kvp_bench_prefix(int argc, char **argv)
             cap_s = optarg;
             cap_tokens = c == 'T';
             break;
+        case 'H': host_s = optarg; break;
         case 's': sweep = 1; break;
         case 'o': outdir = optarg; break;
         case 'n': name = optarg; break;
@@ -330,8 +366,8 @@ int kvp_bench_prefix(int argc, char **argv)
     kvp_pc_kind kinds[MAXL];
     kvp_evict_policy pols[MAXL];
     int32_t bss[MAXL];
-    int64_t caps[MAXL];
-    int nk = 0, np = 0, nbs = 0, ncap = 0;
+    int64_t caps[MAXL], hosts[MAXL];
+    int nk = 0, np = 0, nbs = 0, ncap = 0, nhost = 0;
     if (kvp_parse_list(cache_s, parse_cache, kinds, sizeof kinds[0], MAXL, &nk) != KVP_OK)
         return kvp_cli_usage_error("bench prefix", "--cache: %s", kvp_error_message());
     if (split_list(evict_s, &le) != 0) return kvp_cli_usage_error("bench prefix", "bad --evict list '%s'", evict_s);
@@ -354,7 +390,9 @@ int kvp_bench_prefix(int argc, char **argv)
     } else {
         caps[ncap++] = 0;
     }
-    if (nk * np * nbs * ncap > 1) sweep = 1;
+    if (kvp_parse_list(host_s, cap_tokens ? parse_cap_tokens : parse_cap_blocks, hosts, sizeof hosts[0], MAXL, &nhost) != KVP_OK)
+        return kvp_cli_usage_error("bench prefix", "--host-capacity: %s", kvp_error_message());
+    if (nk * np * nbs * ncap * nhost > 1) sweep = 1;
     if (sweep && name && (name[0] == '\0' || strchr(name, '/')))
         return kvp_cli_usage_error("bench prefix", "--name: '%s' is not a file name (no '/', not empty)", name);
     if (sweep && kvp_bench_out_dir("--out", outdir) != KVP_OK)
@@ -388,7 +426,7 @@ int kvp_bench_prefix(int argc, char **argv)
         int64_t cl[MAXL];
         int ncl = ncap;
         if (ncap < 0) {
-            kvp_prefix_replay_cfg c0 = {KVP_PC_RADIX, KVP_EVICT_LRU, bss[ib], 0};
+            kvp_prefix_replay_cfg c0 = {KVP_PC_RADIX, KVP_EVICT_LRU, bss[ib], 0, 0};
             kvp_prefix_replay_result r0;
             if ((st = kvp_prefix_replay(w, &c0, &r0)) != KVP_OK) break;
             static const double frac[] = {0.05, 0.1, 0.2, 0.4, 0.7};
@@ -403,14 +441,18 @@ int kvp_bench_prefix(int argc, char **argv)
         }
         for (int ik = 0; ik < nk && st == KVP_OK; ik++)
             for (int ip = 0; ip < np && st == KVP_OK; ip++)
-                for (int ic = 0; ic < ncl && st == KVP_OK; ic++) {
-                    kvp_prefix_replay_cfg cfg = {kinds[ik], pols[ip], bss[ib], cl[ic]};
-                    kvp_prefix_replay_result r;
-                    KVP_LOG_I("bench prefix: %s/%s bs %d capacity %lld", kvp_pc_kind_name(cfg.kind),
-                              kvp_evict_policy_name(cfg.policy), cfg.block_size, (long long)cfg.capacity);
-                    if ((st = kvp_prefix_replay(w, &cfg, &r)) != KVP_OK) break;
-                    if (add_row(rep, w, &cfg, &r, nbs > 1) != 0) st = KVP_ERR(KVP_ENOMEM, "out of memory for the report");
-                }
+                for (int ih = 0; ih < nhost && st == KVP_OK; ih++)
+                    for (int ic = 0; ic < ncl && st == KVP_OK; ic++) {
+                        int64_t host = cap_tokens ? (hosts[ih] + bss[ib] - 1) / bss[ib] : hosts[ih];
+                        kvp_prefix_replay_cfg cfg = {kinds[ik], pols[ip], bss[ib], cl[ic], host};
+                        kvp_prefix_replay_result r;
+                        KVP_LOG_I("bench prefix: %s/%s bs %d capacity %lld host %lld", kvp_pc_kind_name(cfg.kind),
+                                  kvp_evict_policy_name(cfg.policy), cfg.block_size, (long long)cfg.capacity,
+                                  (long long)host);
+                        if ((st = kvp_prefix_replay(w, &cfg, &r)) != KVP_OK) break;
+                        if (add_row(rep, w, &cfg, &r, nbs > 1, nhost > 1) != 0)
+                            st = KVP_ERR(KVP_ENOMEM, "out of memory for the report");
+                    }
     }
     int rc = KVP_EXIT_OK;
     if (st != KVP_OK) rc = kvp_cli_fail("bench prefix", st);

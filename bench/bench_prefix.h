@@ -9,6 +9,9 @@
  *      short; a request larger than what can be freed gets what there is (counted in short_requests) and
  *      caches only those blocks;
  *   3. insert the full blocks; 4. unlock and drop the request's references (the request is over).
+ * With a host tier (host_capacity > 0 blocks, prefix_cache/host_cache.h): the blocks after the device hit
+ * are matched there too (host hits: loaded, not computed; they take device blocks as computed ones do), and
+ * every full block inserted in step 3 is stored there too (write-through).
  * Workload pins (e.g. a system prompt) are inserted first with their priority.
  * belady gets, for every block of every access, the index of the next request whose matchable prefix holds
  * it (kvp_pc_next_use over pins + requests).
@@ -27,6 +30,7 @@ typedef struct {
     kvp_evict_policy policy;
     int32_t block_size;
     int64_t capacity; /* blocks; 0 = unbounded */
+    int64_t host_capacity; /* blocks of the host tier; 0 = none */
 } kvp_prefix_replay_cfg;
 
 typedef struct {
@@ -35,7 +39,11 @@ typedef struct {
     int64_t inserted_blocks, evicted_blocks, peak_cached_blocks;
     int64_t short_requests; /* requests that could not get all their blocks */
     int64_t pool_blocks;
-    double hit_rate;        /* hit_tokens / prompt_tokens */
+    int64_t host_hit_tokens;     /* prompt tokens loaded from the host tier */
+    int64_t host_stored_blocks;  /* blocks copied to the host tier */
+    double hit_rate;        /* hit_tokens / prompt_tokens (the device cache) */
+    double host_hit_rate;   /* host_hit_tokens / prompt_tokens */
+    double total_hit_rate;  /* hit_rate + host_hit_rate: prompt tokens not computed */
     double block_hit_rate;  /* hit_blocks / prompt_blocks */
     double wall_s;          /* whole replay (next-use precomputation included) */
     double cache_s;         /* wall time inside kvp_pc_match + kvp_pc_insert only */

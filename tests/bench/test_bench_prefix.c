@@ -18,7 +18,7 @@
 
 static kvp_prefix_replay_result replay(const kvp_workload *w, kvp_pc_kind k, kvp_evict_policy p, int32_t bs, int64_t cap)
 {
-    kvp_prefix_replay_cfg c = {k, p, bs, cap};
+    kvp_prefix_replay_cfg c = {k, p, bs, cap, 0};
     kvp_prefix_replay_result r;
     cr_assert_eq(kvp_prefix_replay(w, &c, &r), KVP_OK, "%s", kvp_error_detail());
     return r;
@@ -124,13 +124,52 @@ Test(bench_prefix, requests_larger_than_the_cache)
     cr_assert_eq(r.requests, 20);
     cr_assert_eq(r.short_requests, 20, "every prompt needs more than 8 blocks");
     cr_assert_leq(r.peak_cached_blocks, 8);
-    kvp_prefix_replay_cfg bad = {KVP_PC_RADIX, KVP_EVICT_LRU, 16, -1};
+    kvp_prefix_replay_cfg bad = {KVP_PC_RADIX, KVP_EVICT_LRU, 16, -1, 0};
     cr_assert_eq(kvp_prefix_replay(w, &bad, &r), KVP_EINVAL);
+    kvp_prefix_replay_cfg bad_host = {KVP_PC_RADIX, KVP_EVICT_LRU, 16, 8, -1};
+    cr_assert_eq(kvp_prefix_replay(w, &bad_host, &r), KVP_EINVAL);
     /* a pool too large for int32 block ids: an error, with nothing leaked (the sanitizer build checks) */
-    kvp_prefix_replay_cfg huge = {KVP_PC_RADIX, KVP_EVICT_LRU, 16, INT32_MAX};
+    kvp_prefix_replay_cfg huge = {KVP_PC_RADIX, KVP_EVICT_LRU, 16, INT32_MAX, 0};
     cr_assert_eq(kvp_prefix_replay(w, &huge, &r), KVP_EINVAL);
     cr_assert(strstr(kvp_error_message(), "too large"), "%s", kvp_error_message());
     kvp_workload_destroy(w);
+}
+
+/* A host tier that never evicts holds every block ever cached (write-through), so a small device cache in
+ * front of it finds, device and host hits together, exactly what an unbounded device cache finds; the
+ * device cache's own hits do not change (loaded blocks are inserted as computed ones are). A bounded host
+ * tier finds less, and no host tier finds nothing there. */
+Test(bench_prefix, a_host_tier_restores_the_unbounded_hit_rate)
+{
+    const char *specs[] = {"chat:conversations=60", "fewshot:n=200,tasks=16", "fewshot:n=200", "branch:n=200"};
+    for (int i = 0; i < 4; i++) {
+        kvp_workload *w;
+        cr_assert_eq(kvp_workload_generate(specs[i], &w), KVP_OK);
+        for (int k = KVP_PC_RADIX; k <= KVP_PC_HASH; k++) {
+            kvp_prefix_replay_result unb = replay(w, (kvp_pc_kind)k, KVP_EVICT_LRU, 16, 0);
+            int64_t cap = unb.peak_cached_blocks / 10 > 64 ? unb.peak_cached_blocks / 10 : 64;
+            kvp_prefix_replay_result dev = replay(w, (kvp_pc_kind)k, KVP_EVICT_LRU, 16, cap);
+            cr_assert_eq(dev.short_requests, 0);
+            cr_assert_lt(dev.hit_tokens, unb.hit_tokens, "%s: the device cache of %lld blocks must lose hits", specs[i],
+                         (long long)cap);
+            cr_assert_eq(dev.host_hit_tokens, 0);
+            cr_assert_eq(dev.total_hit_rate, dev.hit_rate);
+            int64_t hosts[2] = {unb.peak_cached_blocks + 1, cap};
+            kvp_prefix_replay_result two[2];
+            for (int h = 0; h < 2; h++) {
+                kvp_prefix_replay_cfg c = {(kvp_pc_kind)k, KVP_EVICT_LRU, 16, cap, hosts[h]};
+                cr_assert_eq(kvp_prefix_replay(w, &c, &two[h]), KVP_OK, "%s", kvp_error_detail());
+                cr_assert_eq(two[h].hit_tokens, dev.hit_tokens, "%s: host loads changed the device hits", specs[i]);
+                cr_assert_leq(two[h].host_stored_blocks, two[h].inserted_blocks);
+            }
+            cr_assert_eq(two[0].hit_tokens + two[0].host_hit_tokens, unb.hit_tokens,
+                         "%s/%s: device %lld + host %lld != unbounded %lld", specs[i], kvp_pc_kind_name((kvp_pc_kind)k),
+                         (long long)two[0].hit_tokens, (long long)two[0].host_hit_tokens, (long long)unb.hit_tokens);
+            cr_assert_gt(two[0].host_hit_tokens, 0);
+            cr_assert_leq(two[1].host_hit_tokens, two[0].host_hit_tokens);
+        }
+        kvp_workload_destroy(w);
+    }
 }
 
 /* ---- command line ---------------------------------------------------------------------------------- */
@@ -160,6 +199,8 @@ Test(bench_prefix, cli)
         {"--block-size 16,", "--block-size"},
         {"--evict lru,,fifo", "--evict"},
         {"--capacity 5 --capacity-tokens 100", "not both"},
+        {"--host-capacity -4", "--host-capacity: -4 is out of range"},
+        {"--host-capacity 10,x", "--host-capacity"},
         {"--capacity 1,2 --no-plot --out /tmp --name a/b", "--name: 'a/b' is not a file name"},
         {"--capacity 1,2 --no-plot --out /dev/null/x", "--out: cannot create"},
     };
@@ -171,7 +212,8 @@ Test(bench_prefix, cli)
     cJSON *j;
     cr_assert_eq(kvp_json_parse(out, strlen(out), "stdout", &j), KVP_OK, "%s", out);
     cJSON *row = cJSON_GetArrayItem(j, 0);
-    const char *keys[] = {"requests", "prompt_tokens", "hit_tokens", "hit_rate", "evicted_blocks", "peak_cached_blocks", "wall_s"};
+    const char *keys[] = {"requests", "prompt_tokens", "hit_tokens", "hit_rate", "evicted_blocks", "peak_cached_blocks", "wall_s",
+                          "host_capacity", "host_hit_tokens", "host_hit_rate", "total_hit_rate", "host_stored_blocks"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(row, keys[i])), "--json lacks %s", keys[i]);
     cr_assert_eq(cJSON_GetObjectItem(row, "requests")->valuedouble, 40);
