@@ -76,7 +76,7 @@ static kvp_status log_token(cpu_ctx *c, int64_t req_id, int32_t tok)
 static kvp_status move_blocks(cpu_ctx *c, const kvp_block_copy *moves, int32_t n, int to_host)
 {
     if (n == 0) return KVP_OK;
-    if (!c->host) return KVP_ERR(KVP_EUNSUPPORTED, "cpu executor: swap requested but no host blocks were given");
+    if (!c->host) return KVP_ERR(KVP_EUNSUPPORTED, "cpu executor: a move to or from the host, but no host blocks were given");
     KVP_TRY(GROW(c, pairs, 2 * (size_t)n));
     for (int32_t i = 0; i < n; i++) {
         c->pairs[2 * i] = moves[i].src;
@@ -107,8 +107,10 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
     if (b->n > 0 && b->block_size != bs)
         return KVP_ERR(KVP_EINVAL, "cpu executor: block size %d, the engine uses %d (or contiguous allocation)", bs,
                        b->block_size);
+    KVP_TRY(move_blocks(c, b->offload.store, b->offload.n_store, 1));
     KVP_TRY(move_blocks(c, b->ops.swap_out, b->ops.n_swap_out, 1));
     KVP_TRY(move_blocks(c, b->ops.swap_in, b->ops.n_swap_in, 0));
+    KVP_TRY(move_blocks(c, b->offload.load, b->offload.n_load, 0));
     if (b->ops.n_copies > 0) {
         KVP_TRY(GROW(c, pairs, 2 * (size_t)b->ops.n_copies));
         for (int32_t i = 0; i < b->ops.n_copies; i++) {

@@ -23,6 +23,7 @@
 #include "common/alloc.h"
 #include "common/log.h"
 #include "common/stats.h"
+#include "prefix_cache/host_cache.h"
 
 typedef struct {
     const kvp_request *req;
@@ -38,7 +39,7 @@ typedef struct {
     int32_t preemptions;
     int32_t sched_new;     /* tokens scheduled in the current step */
     int32_t n_hit;         /* prefix-cache blocks locked by this sequence */
-    int32_t hit_first;     /* prompt tokens found cached at the first admission */
+    int32_t hit_first;     /* prompt tokens found cached (or in the host tier) at the first admission */
     int32_t *hit;          /* [n_hit] */
     int32_t *gen;          /* [gen_cap] generated token ids */
     size_t gen_cap;
@@ -54,6 +55,8 @@ struct kvp_engine {
     kvp_executor *ex;
     kvp_block_mgr *bm;
     kvp_prefix_cache *pc;
+    kvp_host_cache *hc;   /* host tier, or NULL */
+    int32_t hc_base;      /* host id of tier slot 0 (after the swap space) */
     kvp_contig *arena;
     kvp_contig_policy contig_policy;
     int32_t num_blocks;
@@ -83,6 +86,13 @@ struct kvp_engine {
     size_t tokbuf_cap;
     int32_t *seqbuf; /* one sequence's prompt + generated token ids, for the prefix cache */
     size_t seqbuf_cap;
+    /* host tier: one sequence's chain hashes and slots; the moves for the next executor step */
+    uint64_t *hashes;
+    int32_t *hslots;
+    size_t hashes_cap, hslots_cap;
+    kvp_block_copy *tier_store, *tier_load;
+    int32_t n_store, n_load;
+    size_t store_cap, load_cap;
 
     /* requests that wait for another's answer: due at a known time (a min-heap on (time, index)) */
     struct due {
@@ -98,6 +108,7 @@ struct kvp_engine {
     /* counters */
     int64_t steps, finished, rejected, clamped, preemptions, swap_outs, swap_ins, recomputes;
     int64_t readmit_hit_tokens;
+    int64_t host_hit_tokens_first, host_loaded_blocks, host_stored_blocks;
     int64_t prompt_tokens_first, hit_tokens_first, computed_tokens, batch_tokens_sum, max_running;
     int64_t flushed_blocks; /* cached blocks dropped by the end-of-run check (not evictions of the run) */
     double last_finish_s;
@@ -169,6 +180,14 @@ void kvp_engine_config_default(kvp_engine_config *c)
     c->preempt = KVP_PREEMPT_RECOMPUTE;
     c->cache = KVP_PC_NONE;
     c->evict = KVP_EVICT_LRU;
+}
+
+int64_t kvp_engine_host_blocks(const kvp_engine_config *c)
+{
+    if (c->block_size < 1) return 0;
+    int64_t swap = c->preempt == KVP_PREEMPT_SWAP ? c->host_slots / c->block_size : 0;
+    if (swap > INT32_MAX - 1) swap = INT32_MAX - 1;
+    return swap + (c->cache != KVP_PC_NONE ? c->host_cache_slots / c->block_size : 0);
 }
 
 /* ---------------------------------------------------------------- ordering */
@@ -282,6 +301,58 @@ static kvp_status lookup(kvp_engine *e, const seq_t *s, int32_t n, int lock, int
     return kvp_pc_match(e->pc, toks, n, lock ? &hint : NULL, lock, e->hit_scratch, maxb, n_hit);
 }
 
+/* The chain hashes of s's first n_blocks full blocks (known tokens) in e->hashes, and room for as many
+ * slots in e->hslots. */
+static kvp_status chain_hashes(kvp_engine *e, const seq_t *s, int32_t n_blocks)
+{
+    const int32_t *toks;
+    KVP_TRY(known_tokens(e, s, n_blocks * e->cfg.block_size, &toks));
+    KVP_TRY(kvp_grow((void **)&e->hashes, &e->hashes_cap, (size_t)n_blocks + 1, sizeof *e->hashes));
+    KVP_TRY(kvp_grow((void **)&e->hslots, &e->hslots_cap, (size_t)n_blocks + 1, sizeof *e->hslots));
+    kvp_pc_chain_hashes(toks, n_blocks, e->cfg.block_size, e->hashes);
+    return KVP_OK;
+}
+
+/* Host tier: how many of s's blocks after its n_hit cached ones (a prefix of its first n known tokens, never
+ * the last) are held there; their slots in e->hslots[0..*n_load). */
+static kvp_status host_lookup(kvp_engine *e, const seq_t *s, int32_t n, int32_t n_hit, int32_t *n_load)
+{
+    *n_load = 0;
+    const int32_t maxb = (n - 1) / e->cfg.block_size;
+    if (e->hc == NULL || maxb <= n_hit) return KVP_OK;
+    KVP_TRY(chain_hashes(e, s, maxb));
+    *n_load = kvp_hc_match(e->hc, e->hashes + n_hit, maxb - n_hit, e->hslots);
+    return KVP_OK;
+}
+
+/* Appends a host-tier move to *v for the next executor step (tier_store / tier_load). */
+static kvp_status push_move(kvp_block_copy **v, int32_t *n, size_t *cap, int32_t src, int32_t dst)
+{
+    KVP_TRY(kvp_grow((void **)v, cap, (size_t)*n + 1, sizeof **v));
+    (*v)[(*n)++] = (kvp_block_copy){src, dst};
+    return KVP_OK;
+}
+
+/* Write-through: blocks[0..n_full) of s, just cached, go to the host tier too (those not held there). The
+ * moves run first in the next step, before anything can overwrite the blocks. A load decided in this step
+ * has already run, or reads its slot after the stores (loads are decided after every store of a step: see
+ * kvp_engine_step), so a store never overwrites a slot that a pending load reads: checked. */
+static kvp_status host_store(kvp_engine *e, const seq_t *s, const int32_t *blocks, int32_t n_full)
+{
+    KVP_TRY(chain_hashes(e, s, n_full));
+    if (kvp_hc_store(e->hc, e->hashes, n_full, e->hslots) == 0) return KVP_OK;
+    for (int32_t i = 0; i < n_full; i++) {
+        if (e->hslots[i] < 0) continue;
+        const int32_t h = e->hc_base + e->hslots[i];
+        for (int32_t j = 0; j < e->n_load; j++)
+            if (e->tier_load[j].src == h)
+                return KVP_ERR(KVP_ESTATE, "engine: a host-tier store would overwrite slot %d before its load", e->hslots[i]);
+        KVP_TRY(push_move(&e->tier_store, &e->n_store, &e->store_cap, blocks[i], h));
+        e->host_stored_blocks++;
+    }
+    return KVP_OK;
+}
+
 /* Caches the full blocks of every token of s whose KV is computed (prompt and generated), as vLLM v1 and
  * SGLang do: when its prefill ends, when it is preempted by recompute (it finds its own blocks again when
  * readmitted) and when it finishes with a known answer (the next turn of a chat finds it). */
@@ -295,7 +366,8 @@ static kvp_status cache_computed(kvp_engine *e, int64_t idx)
     kvp_bm_table_view v;
     KVP_TRY(kvp_bm_table(e->bm, idx, &v));
     kvp_pc_hint hint = {.priority = s->req->priority};
-    return kvp_pc_insert(e->pc, toks, s->num_computed, v.blocks, n_full, &hint, 0, NULL);
+    KVP_TRY(kvp_pc_insert(e->pc, toks, s->num_computed, v.blocks, n_full, &hint, 0, NULL));
+    return e->hc ? host_store(e, s, v.blocks, n_full) : KVP_OK;
 }
 
 /* ---------------------------------------------------------------- create / destroy */
@@ -319,6 +391,15 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
                        (int)c->max_batched_tokens, (int)c->max_model_len);
     if (c->watermark_blocks < 0) return KVP_ERR(KVP_EINVAL, "watermark_blocks must be >= 0");
     if (c->host_slots < 0) return KVP_ERR(KVP_EINVAL, "host_slots must be >= 0");
+    if (c->host_cache_slots < 0) return KVP_ERR(KVP_EINVAL, "host_cache_slots must be >= 0");
+    if (c->host_cache_slots > 0 && c->cache == KVP_PC_NONE)
+        return KVP_ERR(KVP_EINVAL, "a host tier of the prefix cache needs a prefix cache (radix or hash)");
+    if (c->host_cache_slots > 0 && c->host_cache_slots / c->block_size < 1)
+        return KVP_ERR(KVP_EINVAL, "a host tier of %lld token slots holds no block of %d tokens",
+                       (long long)c->host_cache_slots, (int)c->block_size);
+    if (kvp_engine_host_blocks(c) > INT32_MAX - 1)
+        return KVP_ERR(KVP_EINVAL, "too many host blocks (%lld swap + host tier): use a larger block size",
+                       (long long)kvp_engine_host_blocks(c));
     if (c->alloc != KVP_ALLOC_PAGED && c->cache != KVP_PC_NONE)
         return KVP_ERR(KVP_EINVAL, "prefix caching needs paged allocation (got %s)", kvp_alloc_kind_name(c->alloc));
     if (c->cache != KVP_PC_NONE && c->evict == KVP_EVICT_BELADY)
@@ -351,6 +432,9 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
         st = kvp_bm_create(&bc, &e->bm);
         if (st == KVP_OK && c->cache != KVP_PC_NONE)
             st = kvp_pc_create(c->cache, c->evict, kvp_bm_pool(e->bm), c->block_size, &e->pc);
+        e->hc_base = c->preempt == KVP_PREEMPT_SWAP ? (int32_t)nhost : 0;
+        if (st == KVP_OK && c->host_cache_slots > 0)
+            st = kvp_hc_create((int32_t)(c->host_cache_slots / c->block_size), &e->hc);
     } else {
         e->contig_policy = c->alloc == KVP_ALLOC_ORCA_MAX    ? KVP_CONTIG_MAX
                            : c->alloc == KVP_ALLOC_ORCA_POW2 ? KVP_CONTIG_POW2
@@ -384,6 +468,11 @@ void kvp_engine_destroy(kvp_engine *e)
         kvp_free(e->seqs[i].gen);
     }
     kvp_pc_destroy(e->pc); /* before the block manager: it holds references on its pool */
+    kvp_hc_destroy(e->hc);
+    kvp_free(e->hashes);
+    kvp_free(e->hslots);
+    kvp_free(e->tier_store);
+    kvp_free(e->tier_load);
     kvp_bm_destroy(e->bm);
     kvp_contig_destroy(e->arena);
     kvp_free(e->seqs);
@@ -596,9 +685,14 @@ static kvp_status try_admit(kvp_engine *e, int64_t idx, int32_t *budget, bool *o
         *ok = true;
         return KVP_OK;
     }
-    int32_t n_hit = 0; /* readmitted after recompute: its generated tokens may be cached too */
+    int32_t n_hit = 0, n_load = 0; /* readmitted after recompute: its generated tokens may be cached too */
     if (e->pc) KVP_TRY(lookup(e, s, total, 1, &n_hit));
-    int32_t hit_tok = n_hit * bs;
+    kvp_status hst = host_lookup(e, s, total, n_hit, &n_load);
+    if (hst != KVP_OK) {
+        if (n_hit) kvp_pc_unlock(e->pc, e->hit_scratch, n_hit);
+        return hst;
+    }
+    int32_t hit_tok = (n_hit + n_load) * bs; /* cached or loaded: not computed */
     int32_t remaining = total - hit_tok;
     int32_t k = remaining < *budget ? remaining : *budget;
     bool fits = k > 0 && (e->cfg.chunked_prefill || k == remaining);
@@ -627,9 +721,18 @@ static kvp_status try_admit(kvp_engine *e, int64_t idx, int32_t *budget, bool *o
     }
     s->hit = hits;
     s->n_hit = n_hit;
+    if (n_load > 0) {
+        kvp_bm_table_view v;
+        st = kvp_bm_table(e->bm, idx, &v);
+        for (int32_t i = 0; st == KVP_OK && i < n_load; i++)
+            st = push_move(&e->tier_load, &e->n_load, &e->load_cap, e->hc_base + e->hslots[i], v.blocks[n_hit + i]);
+        if (st != KVP_OK) return st; /* the sequence is admitted: the engine's state is undefined (engine.h) */
+        e->host_loaded_blocks += n_load;
+    }
     if (!s->admitted_once) {
         e->prompt_tokens_first += s->prompt_len;
-        e->hit_tokens_first += hit_tok;
+        e->hit_tokens_first += n_hit * bs;
+        e->host_hit_tokens_first += n_load * bs;
         s->hit_first = hit_tok;
     } else {
         e->readmit_hit_tokens += hit_tok;
@@ -941,9 +1044,11 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
     }
     kvp_exec_batch batch = {.seqs = e->xs, .n = e->sched_n, .block_size = paged(e) ? e->cfg.block_size : 0};
     if (paged(e)) kvp_bm_step_ops_get(e->bm, &batch.ops);
+    batch.offload = (kvp_exec_offload){e->tier_store, e->n_store, e->tier_load, e->n_load};
     kvp_exec_result res = {.time_s = 0, .sampled = e->sampled};
     KVP_TRY(e->ex->step(e->ex->ctx, &batch, &res));
     if (paged(e)) kvp_bm_step_ops_clear(e->bm);
+    e->n_store = e->n_load = 0;
     if (!(res.time_s > 0) || !isfinite(res.time_s))
         return KVP_ERR(KVP_ESTATE, "executor %s returned a step time of %g s", e->ex->name ? e->ex->name : "?",
                        res.time_s);
@@ -1141,6 +1246,11 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
     m->readmit_hit_tokens = e->readmit_hit_tokens;
     m->prefix_hit_tokens = e->hit_tokens_first;
     m->prefix_hit_rate = e->prompt_tokens_first > 0 ? (double)e->hit_tokens_first / (double)e->prompt_tokens_first : 0;
+    m->host_hit_tokens = e->host_hit_tokens_first;
+    m->prefix_host_hit_rate =
+        e->prompt_tokens_first > 0 ? (double)e->host_hit_tokens_first / (double)e->prompt_tokens_first : 0;
+    m->host_loaded_blocks = e->host_loaded_blocks;
+    m->host_stored_blocks = e->host_stored_blocks;
     if (e->pc) {
         kvp_pc_stats ps;
         kvp_pc_get_stats(e->pc, &ps);
@@ -1178,6 +1288,7 @@ kvp_status kvp_engine_check(const kvp_engine *e)
     if (paged(e)) {
         KVP_TRY(kvp_bm_check(e->bm));
         if (e->pc) KVP_TRY(kvp_pc_check(e->pc));
+        if (e->hc) KVP_TRY(kvp_hc_check(e->hc));
     } else {
         KVP_TRY(kvp_contig_check(e->arena));
     }

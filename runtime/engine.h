@@ -46,6 +46,14 @@
  * generated instead of the executor's samples), so the next turn of a chat, whose prompt contains that
  * answer, finds it cached, as in vLLM v1 and SGLang.
  *
+ * Host tier (host_cache_slots > 0, with a prefix cache): a second, LRU cache of full blocks in host memory
+ * (prefix_cache/host_cache.h), filled write-through: every block the prefix cache takes in is also stored
+ * there (a device -> host move in the next step's batch, kvp_exec_offload.store), unless held already. An
+ * admission that matches n blocks in the prefix cache looks for the blocks after them there; those it finds
+ * are loaded (host -> device moves into the sequence's fresh blocks, in the admission's step) and count as
+ * computed, not as prompt to compute. Host-tier ids in the executor's host pool follow the swap space's:
+ * kvp_engine_host_blocks gives how many host blocks the executor needs.
+ *
  * Requests: output_len is clamped to >= 1 (a request always yields a token) and so that prompt + output <=
  * max_model_len; a request whose prompt alone reaches max_model_len, or whose whole length can never fit
  * in the KV memory, is rejected (counted, never run).
@@ -94,6 +102,7 @@ typedef struct {
     int32_t block_size;         /* tokens per block (paged), >= 1 */
     int64_t kv_slots;           /* KV capacity in tokens (per rank); paged: kv_slots / block_size blocks */
     int64_t host_slots;         /* swap space in tokens (paged + swap only); 0 = no swap space */
+    int64_t host_cache_slots;   /* host tier of the prefix cache in tokens (needs cache != none); 0 = none */
     int32_t max_num_seqs;       /* running sequences at most, >= 1 */
     int32_t max_batched_tokens; /* token budget per step, >= 1 */
     int32_t max_model_len;      /* prompt + output at most, >= 2 */
@@ -146,6 +155,9 @@ typedef struct {
     double prefix_hit_rate;  /* prompt tokens served by the prefix cache / prompt tokens, first admissions */
     int64_t prefix_hit_tokens;
     int64_t readmit_hit_tokens; /* tokens found cached when requests preempted by recompute came back */
+    double prefix_host_hit_rate; /* prompt tokens loaded from the host tier / prompt tokens, first admissions */
+    int64_t host_hit_tokens;    /* those tokens */
+    int64_t host_loaded_blocks, host_stored_blocks; /* host-tier moves, readmissions included */
     int64_t evicted_blocks;
     /* Time-averaged shares of the KV memory (sum to 1): */
     double kv_token_states, kv_reserved, kv_internal_frag, kv_external_frag, kv_cached, kv_free;
@@ -156,6 +168,9 @@ typedef struct {
 } kvp_engine_metrics;
 
 kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp_engine **out);
+
+/* Host blocks an executor needs for cfg: the swap space's (with swap preemption), then the host tier's. */
+int64_t kvp_engine_host_blocks(const kvp_engine_config *cfg);
 void kvp_engine_destroy(kvp_engine *e); /* NULL: no-op */
 
 /* Adds a request (borrowed: r and r->tokens must outlive the engine). Requests must be added in
@@ -199,7 +214,7 @@ typedef struct {
     int64_t id;             /* the request's id */
     double arrival_s;
     int32_t prompt_len;
-    int32_t cached_tokens;  /* prompt tokens found in the prefix cache at the first admission */
+    int32_t cached_tokens;  /* prompt tokens found in the prefix cache or its host tier at the first admission */
     kvp_req_state state;
     int32_t num_computed;   /* tokens in the KV cache */
     int32_t num_generated;

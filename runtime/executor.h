@@ -9,7 +9,13 @@
  *     seqs[0..n)   kvp_exec_seq { req_id, context_len, num_new, sample, tokens -> [num_new] or NULL,
  *                                 block_table -> [num_blocks] or NULL, num_blocks }
  *     ops          block moves to run before the forward pass (swap out, swap in, copy-on-write)
+ *     offload      the host tier of the prefix cache (prefix_cache/host_cache.h): stores (device -> host)
+ *                  and loads (host -> device), host ids after the swap space's
  *     block_size
+ *
+ * Order of the moves: offload.store, ops.swap_out, ops.swap_in, offload.load, ops.copies, then the forward
+ * pass. A store copies a block computed in an earlier step before anything of this step can overwrite it; a
+ * load fills a block allocated in this step (it may be one that a swap-out just emptied).
  *
  * Token ids of the new tokens: prompt tokens for prefill chunks; for a decode the token sampled in the
  * previous step (kvp_exec_result.sampled); for a recompute chunk after preemption the prompt tail followed
@@ -35,10 +41,18 @@ typedef struct {
 } kvp_exec_seq;
 
 typedef struct {
+    const kvp_block_copy *store; /* [n_store] device block -> host block */
+    int32_t n_store;
+    const kvp_block_copy *load;  /* [n_load] host block -> device block */
+    int32_t n_load;
+} kvp_exec_offload;
+
+typedef struct {
     const kvp_exec_seq *seqs; /* [n] */
     int32_t n;
     int32_t block_size;       /* 0 for contiguous allocation */
     kvp_bm_step_ops ops;      /* zeroed when there are none */
+    kvp_exec_offload offload; /* zeroed when there are none */
 } kvp_exec_batch;
 
 typedef struct {

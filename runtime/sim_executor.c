@@ -8,6 +8,7 @@
 typedef struct {
     kvp_cost_model cm;
     double pcie_bw;
+    double store_backlog_s; /* host-tier stores queued, in seconds of the link */
     kvp_sim_stats stats;
 } sim_ctx;
 
@@ -27,13 +28,20 @@ static kvp_status sim_step(void *vctx, const kvp_exec_batch *b, kvp_exec_result 
     double block_bytes = (double)b->block_size * kvp_cost_kv_bytes_per_token_per_rank(&c->cm);
     double swap = (double)(b->ops.n_swap_out + b->ops.n_swap_in) * block_bytes / c->pcie_bw;
     double cow = 2.0 * b->ops.n_copies * block_bytes / (c->cm.mem_bw * c->cm.bw_efficiency);
-    t += swap + cow;
+    double load = (double)b->offload.n_load * block_bytes / c->pcie_bw;
+    double store = (double)b->offload.n_store * block_bytes / c->pcie_bw;
+    t += swap + cow + load;
+    c->store_backlog_s += store;
+    c->store_backlog_s = c->store_backlog_s > t ? c->store_backlog_s - t : 0; /* drained while the step runs */
+    if (c->store_backlog_s > c->stats.store_backlog_max_s) c->stats.store_backlog_max_s = c->store_backlog_s;
     c->stats.steps++;
     if (cost.compute_s >= cost.memory_s) c->stats.compute_bound_s += cost.compute_s;
     else c->stats.memory_bound_s += cost.memory_s;
     c->stats.comm_s += cost.comm_s;
     c->stats.overhead_s += cost.overhead_s;
     c->stats.swap_s += swap;
+    c->stats.load_s += load;
+    c->stats.store_s += store;
     out->time_s = t;
     return KVP_OK;
 }

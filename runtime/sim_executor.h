@@ -4,6 +4,12 @@
  *
  * Swap moves: (n_swap_out + n_swap_in) x block_size x kv_bytes_per_token_per_rank / pcie_bw, added to the
  * step (no overlap with compute). Copy-on-write copies: 2 x the same bytes / mem_bw (read + write).
+ * Host-tier moves of the prefix cache (kvp_exec_offload), over the same PCIe link: loads (host -> device)
+ * are added to the step (the batch reads what they bring); stores (device -> host, the link's other
+ * direction) run in the background across steps, as vLLM's and SGLang's offloading do on their own stream,
+ * and never delay a step. That is optimistic in one way: a real runtime keeps a block from being reused
+ * until its store is done, and this model does not; store_backlog_max_s says how far behind the stores
+ * fell (a backlog that keeps growing means the link cannot keep up with write-through).
  */
 #ifndef KVP_RUNTIME_SIM_EXECUTOR_H
 #define KVP_RUNTIME_SIM_EXECUTOR_H
@@ -24,6 +30,8 @@ typedef struct {
     double compute_bound_s; /* time of steps where compute dominated */
     double memory_bound_s;
     double comm_s, overhead_s, swap_s;
+    double load_s, store_s;     /* host-tier moves (stores in the background: not in the steps' time) */
+    double store_backlog_max_s; /* the most store time queued at the end of a step */
 } kvp_sim_stats;
 void kvp_sim_executor_stats(const kvp_executor *ex, kvp_sim_stats *out);
 

@@ -15,6 +15,7 @@ void kvp_sim_hw_default(kvp_sim_hw *hw)
     hw->dtype_bytes = 2;
     hw->kv_mem_bytes = 0;
     hw->swap_bytes = 4LL << 30;
+    hw->offload_bytes = 0;
     hw->activation_bytes = -1;
 }
 
@@ -55,11 +56,16 @@ kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *g
     }
     m.kv_slots = (int64_t)floor(m.kv_bytes / m.kv_bytes_per_token);
     m.host_slots = hw->swap_bytes > 0 ? (int64_t)floor((double)hw->swap_bytes / m.kv_bytes_per_token) : 0;
+    m.host_cache_slots = hw->offload_bytes > 0 ? (int64_t)floor((double)hw->offload_bytes / m.kv_bytes_per_token) : 0;
     if (m.kv_slots < 1)
         return KVP_ERR(KVP_EINVAL, "KV memory of %.3f GB holds no token (%.0f bytes each)", m.kv_bytes / 1e9,
                        m.kv_bytes_per_token);
+    if (hw->offload_bytes > 0 && m.host_cache_slots < pp.block_size)
+        return KVP_ERR(KVP_EINVAL, "--kv-offloading-size of %lld bytes holds no block of %d tokens (%.0f bytes a token)",
+                       (long long)hw->offload_bytes, (int)pp.block_size, m.kv_bytes_per_token);
     ecfg->kv_slots = m.kv_slots;
     ecfg->host_slots = m.host_slots;
+    ecfg->host_cache_slots = m.host_cache_slots;
     *cm = c;
     *mem = m;
     return KVP_OK;

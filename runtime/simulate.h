@@ -25,6 +25,7 @@ typedef struct {
     int32_t dtype_bytes;       /* weights and KV elements, default 2 (bf16) */
     int64_t kv_mem_bytes;      /* > 0: KV memory per rank given directly (skips the planner's budget) */
     int64_t swap_bytes;        /* host swap space per rank, default 4 GiB (used with preempt = swap) */
+    int64_t offload_bytes;     /* host tier of the prefix cache per rank (engine host_cache_slots), default 0 */
     int64_t activation_bytes;  /* < 0: the planner's estimate */
 } kvp_sim_hw;
 
@@ -39,13 +40,15 @@ typedef struct {
     double kv_bytes_per_token;
     int64_t kv_slots;
     int64_t host_slots;
+    int64_t host_cache_slots;
 } kvp_sim_memory;
 
 /* The max_model_len a simulation uses when none is given: the model's max_position_embeddings (4096 when
  * absent), at most 32768. */
 int32_t kvp_sim_default_max_model_len(const kvp_model_config *cfg);
 
-/* Builds the cost model and fills ecfg->kv_slots / host_slots (other ecfg fields untouched). */
+/* Builds the cost model and fills ecfg->kv_slots / host_slots / host_cache_slots (other ecfg fields
+ * untouched). */
 kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *gpu, const kvp_sim_hw *hw,
                            kvp_engine_config *ecfg, kvp_cost_model *cm, kvp_sim_memory *mem);
 

@@ -19,6 +19,7 @@
 #include "parallel/comm.h"
 #include "runtime/cpu_executor.h"
 #include "runtime/simulate.h"
+#include "runtime/sim_executor.h"
 #include "runtime/workload_synth.h"
 
 static void usage(FILE *f)
@@ -64,6 +65,11 @@ static void usage(FILE *f)
             "                            (default buddy, as the PagedAttention paper's Orca emulation)\n"
             "  --cache KIND              none | hash | radix (default none)\n"
             "  --evict POLICY            lru | lfu | fifo | priority (default lru)\n"
+            "  --kv-offloading-size BYTES  a host-memory tier of the prefix cache per GPU (e.g. 64GiB; default 0,\n"
+            "                            none): every cached block is also copied there (write-through), and an\n"
+            "                            admission loads the blocks after its cache hit from there over PCIe\n"
+            "                            (25 GB/s) instead of computing them (vLLM's CPU offloading, SGLang's\n"
+            "                            HiCache); needs --cache\n"
             "scheduler:\n"
             "  --sched POLICY            fcfs | lpm | priority (default fcfs)\n"
             "  --preempt MODE            recompute | swap (default recompute)\n"
@@ -87,7 +93,7 @@ static void usage(FILE *f)
 enum {
     O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_BLOCK, O_ALLOC, O_CACHE, O_EVICT,
     O_SCHED, O_PREEMPT, O_TP, O_MAXSEQS, O_MAXTOK, O_MAXLEN, O_NOCHUNK, O_JSON, O_GPUUTIL, O_KVMEM, O_SWAP,
-    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT,
+    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT, O_OFFLOAD,
 };
 
 enum { CPU_MEM_DEFAULT = 1 << 30 }; /* KV cache and swap space of the cpu executor when not given */
@@ -116,17 +122,22 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype *dtp, int
     const int64_t blocks = (int64_t)((double)(hw->kv_mem_bytes > 0 ? hw->kv_mem_bytes : CPU_MEM_DEFAULT) /
                                      mem->kv_bytes_per_token) / bs;
     const int64_t host = ec->preempt == KVP_PREEMPT_SWAP ? (int64_t)((double)hw->swap_bytes / mem->kv_bytes_per_token) / bs : 0;
+    const int64_t tier = (int64_t)((double)hw->offload_bytes / mem->kv_bytes_per_token) / bs;
     if (blocks < 1)
         return KVP_ERR(KVP_EINVAL, "--kv-mem holds no block of %d tokens of %s (%.0f bytes a token)", (int)bs, path,
                        mem->kv_bytes_per_token);
-    if (blocks > INT32_MAX || host > INT32_MAX)
-        return KVP_ERR(KVP_EINVAL, "--kv-mem / --swap-space: more than %d blocks", INT32_MAX);
+    if (blocks > INT32_MAX || host + tier > INT32_MAX - 1)
+        return KVP_ERR(KVP_EINVAL, "--kv-mem / --swap-space / --kv-offloading-size: more than %d blocks", INT32_MAX - 1);
+    if (hw->offload_bytes > 0 && tier < 1)
+        return KVP_ERR(KVP_EINVAL, "--kv-offloading-size holds no block of %d tokens of %s (%.0f bytes a token)", (int)bs,
+                       path, mem->kv_bytes_per_token);
     ec->kv_slots = mem->kv_slots = blocks * bs;
     ec->host_slots = mem->host_slots = host * bs;
+    ec->host_cache_slots = mem->host_cache_slots = tier * bs;
     mem->kv_bytes = (double)ec->kv_slots * mem->kv_bytes_per_token;
-    KVP_TRY(kvp_check_fits_in_memory(mem->kv_bytes + (double)ec->host_slots * mem->kv_bytes_per_token,
-                                     ec->host_slots > 0 ? "--kv-mem plus --swap-space" : "--kv-mem"));
-    return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)host, dt, NULL, ex);
+    KVP_TRY(kvp_check_fits_in_memory(mem->kv_bytes + (double)(host + tier) * bs * mem->kv_bytes_per_token,
+                                     host + tier > 0 ? "--kv-mem plus --swap-space and --kv-offloading-size" : "--kv-mem"));
+    return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)kvp_engine_host_blocks(ec), dt, NULL, ex);
 }
 
 /* --requests-out / --steps-out: rows go to PATH.tmp, created before the run (a path that cannot be written
@@ -248,6 +259,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         {"gpu-util", required_argument, NULL, O_GPUUTIL},
         {"kv-mem", required_argument, NULL, O_KVMEM},
         {"swap-space", required_argument, NULL, O_SWAP},
+        {"kv-offloading-size", required_argument, NULL, O_OFFLOAD},
         {"watermark-blocks", required_argument, NULL, O_WATERMARK},
         {"json", no_argument, NULL, O_JSON},
         {"check", no_argument, NULL, O_CHECK},
@@ -320,6 +332,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
             st = kvp_parse_bytes(optarg, &hw.swap_bytes);
             swap_set = 1;
             break;
+        case O_OFFLOAD: st = kvp_parse_bytes(optarg, &hw.offload_bytes); break;
         case O_WATERMARK:
             st = kvp_parse_i32(optarg, 0, INT32_MAX, &ec.watermark_blocks);
             watermark_set = 1;
@@ -350,6 +363,8 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     if ((trace == NULL) == (spec == NULL)) return kvp_cli_usage_error(cmd, "give exactly one of --trace and --workload");
     if (cpu && sim_only) return kvp_cli_usage_error(cmd, "%s applies to --executor sim only", sim_only);
     if (!cpu && cpu_only) return kvp_cli_usage_error(cmd, "%s applies to --executor cpu only", cpu_only);
+    if (hw.offload_bytes > 0 && ec.cache == KVP_PC_NONE)
+        return kvp_cli_usage_error(cmd, "--kv-offloading-size is a tier of the prefix cache: give --cache radix or hash");
     if (cpu && ec.alloc != KVP_ALLOC_PAGED)
         return kvp_cli_usage_error(cmd, "--alloc %s needs --executor sim (the cpu executor reads block tables)",
                                    kvp_alloc_kind_name(ec.alloc));
@@ -404,8 +419,8 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         if (cpu) kvp_workload_fit_vocab(w, cfg.vocab_size);
         kvp_progress_bar bar;
         kvp_progress_bar_init(&bar, "simulate");
-        st = cpu ? kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req)
-                 : kvp_simulate(&ec, &cm, w, kvp_progress_bar_fn, &bar, &m, per_req);
+        if (!cpu) st = kvp_sim_executor_create(&cm, 0, &ex);
+        if (st == KVP_OK) st = kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req);
         kvp_progress_bar_end(&bar);
         snprintf(wname, sizeof wname, "%s", w->name);
     }
@@ -415,6 +430,8 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     st = out_file_close(&rf, st);
     st = out_file_close(&sf, st);
     double wall = kvp_now_s() - t0;
+    kvp_sim_stats ss;
+    kvp_sim_executor_stats(&ex, &ss); /* zeros for the cpu executor */
     kvp_free(per_req);
     kvp_workload_destroy(w);
     kvp_executor_destroy(&ex);
@@ -464,6 +481,11 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     cJSON_AddNumberToObject(o, "swap_outs", (double)m.swap_outs);
     cJSON_AddNumberToObject(o, "readmit_hit_tokens", (double)m.readmit_hit_tokens);
     cJSON_AddNumberToObject(o, "prefix_hit_rate", m.prefix_hit_rate);
+    cJSON_AddNumberToObject(o, "host_cache_tokens", (double)ec.host_cache_slots);
+    cJSON_AddNumberToObject(o, "prefix_host_hit_rate", m.prefix_host_hit_rate);
+    cJSON_AddNumberToObject(o, "host_loaded_blocks", (double)m.host_loaded_blocks);
+    cJSON_AddNumberToObject(o, "host_stored_blocks", (double)m.host_stored_blocks);
+    if (!cpu) cJSON_AddNumberToObject(o, "host_store_backlog_max_s", ss.store_backlog_max_s);
     cJSON_AddNumberToObject(o, "evicted_blocks", (double)m.evicted_blocks);
     cJSON_AddNumberToObject(o, "kv_token_states", m.kv_token_states);
     cJSON_AddNumberToObject(o, "kv_reserved", m.kv_reserved);
@@ -501,6 +523,10 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                "on readmission)\n", m.mean_running, (long long)m.max_running, (long long)m.preemptions,
                (long long)m.swap_outs, (long long)m.readmit_hit_tokens);
         printf("prefix hit rate    %.2f %%\n", m.prefix_hit_rate * 100);
+        if (ec.host_cache_slots > 0)
+            printf("host tier          %lld tokens: %.2f %% of prompt tokens loaded from it; %lld blocks loaded, %lld "
+                   "stored\n", (long long)ec.host_cache_slots, m.prefix_host_hit_rate * 100,
+                   (long long)m.host_loaded_blocks, (long long)m.host_stored_blocks);
         printf("KV memory (time-averaged share): tokens %.1f %%, reserved %.1f %%, internal frag %.1f %%, "
                "external frag %.1f %%, cached %.1f %%, free %.1f %%; tokens / memory in use %.1f %%\n",
                m.kv_token_states * 100, m.kv_reserved * 100, m.kv_internal_frag * 100, m.kv_external_frag * 100,

@@ -1,5 +1,6 @@
 /* The engine (runtime/engine.h) with the cpu executor on stories260K: the golden greedy stories come out of
- * the scheduler's continuous batching, with a prefix cache, and with swap and recompute preemption. */
+ * the scheduler's continuous batching, with a prefix cache and its host tier, and with swap and recompute
+ * preemption. */
 #include <criterion/criterion.h>
 #include <string.h>
 
@@ -33,9 +34,10 @@ static int load_cases(gcase *cs)
     return n;
 }
 
-/* preempt: the KV memory is meant to force preemption (by swap when host_slots > 0, else by recompute). */
+/* preempt: the KV memory is meant to force preemption (by swap when host_slots > 0, else by recompute).
+ * tier: host tier of the prefix cache in tokens (0: none); it is then meant to serve loads. */
 static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64_t host_slots, kvp_pc_kind cache,
-                       int copies, double gap_s, int preempt)
+                       int copies, double gap_s, int preempt, int64_t tier)
 {
     gcase cs[8];
     int n = load_cases(cs);
@@ -53,13 +55,14 @@ static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64
     cfg.host_slots = host_slots;
     cfg.preempt = host_slots > 0 ? KVP_PREEMPT_SWAP : KVP_PREEMPT_RECOMPUTE;
     cfg.cache = cache;
+    cfg.host_cache_slots = tier;
     cfg.max_model_len = 512;
     cfg.max_batched_tokens = 64;
     cfg.watermark_blocks = 0;
     cfg.check_every_step = true;
     kvp_executor ex;
     cr_assert_eq(kvp_cpu_executor_create(m, (int32_t)(kv_slots / block_size), block_size,
-                                         (int32_t)(host_slots / block_size), KVP_DTYPE_F32, NULL, &ex),
+                                         (int32_t)kvp_engine_host_blocks(&cfg), KVP_DTYPE_F32, NULL, &ex),
                  KVP_OK, "%s", kvp_error_detail());
     kvp_engine *e;
     cr_assert_eq(kvp_engine_create(&cfg, &ex, &e), KVP_OK, "%s", kvp_error_detail());
@@ -70,7 +73,11 @@ static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64
     cr_assert_eq(met.leaked_blocks, 0);
     if (preempt) cr_assert_gt(host_slots > 0 ? met.swap_outs : met.recomputes, 0, "the KV memory was meant to force %s",
                               host_slots > 0 ? "swapping" : "recomputation");
-    if (cache != KVP_PC_NONE && copies > 1) cr_assert_gt(met.prefix_hit_tokens, 0);
+    if (cache != KVP_PC_NONE && copies > 1 && tier == 0) cr_assert_gt(met.prefix_hit_tokens, 0);
+    if (tier > 0) {
+        cr_assert_gt(met.host_loaded_blocks, 0, "the host tier was meant to serve loads");
+        cr_assert_gt(met.host_stored_blocks, 0);
+    }
     for (int k = 0; k < copies; k++)
         for (int i = 0; i < n; i++) {
             const int32_t *toks;
@@ -91,11 +98,78 @@ Test(cpu_executor, engine_reproduces_the_golden_stories)
     tu_require_shared();
     kvp_model *m;
     cr_assert_eq(kvp_model_load(S260_GGUF, &m), KVP_OK, "%s", kvp_error_detail());
-    run_engine(m, 16, 4096, 0, KVP_PC_NONE, 1, 0.0, 0);
-    run_engine(m, 4, 4096, 0, KVP_PC_RADIX, 2, 0.5, 0); /* the second copies arrive later and hit the cache */
-    run_engine(m, 16, 18 * 16, 40 * 16, KVP_PC_NONE, 2, 0.0, 1); /* two 257-token stories in 18 blocks: swap */
+    run_engine(m, 16, 4096, 0, KVP_PC_NONE, 1, 0.0, 0, 0);
+    run_engine(m, 4, 4096, 0, KVP_PC_RADIX, 2, 0.5, 0, 0); /* the second copies arrive later and hit the cache */
+    run_engine(m, 16, 18 * 16, 40 * 16, KVP_PC_NONE, 2, 0.0, 1, 0); /* two 257-token stories in 18 blocks: swap */
     /* the same without host blocks: a preempted story is recomputed, prompt and generated tokens together */
-    run_engine(m, 16, 18 * 16, 0, KVP_PC_NONE, 2, 0.0, 1);
+    run_engine(m, 16, 18 * 16, 0, KVP_PC_NONE, 2, 0.0, 1, 0);
+    /* the cached blocks leave the small device memory and come back from the host tier: the KV they bring
+     * must be exactly what computing them gives, or the stories change (here preempted sequences find
+     * their own blocks there when readmitted) */
+    run_engine(m, 4, 18 * 16, 0, KVP_PC_RADIX, 3, 0.0, 1, 400 * 4);
+    run_engine(m, 4, 18 * 16, 0, KVP_PC_HASH, 3, 0.0, 1, 400 * 4);
+    kvp_model_destroy(m);
+}
+
+/* Prompts cut from the golden story continue it greedily. Many of them at once in a small KV memory with
+ * swap preemption: their prefix blocks leave the device cache, come back from the host tier at admission,
+ * and the continuations stay the story's; the tier's host ids follow the swap space's. */
+Test(cpu_executor, host_tier_loads_exact_kv)
+{
+    tu_require_shared();
+    gcase cs[8];
+    load_cases(cs);
+    int32_t story[257];
+    story[0] = cs[0].prompt[0];
+    memcpy(story + 1, cs[0].want, 256 * sizeof *story);
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(S260_GGUF, &m), KVP_OK, "%s", kvp_error_detail());
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_create("story", &w), KVP_OK);
+    static const int32_t lens[] = {40, 80, 120, 160, 200};
+    enum { COPIES = 4, OUT = 32 };
+    for (int k = 0; k < COPIES; k++)
+        for (int i = 0; i < 5; i++) {
+            kvp_request r = {.id = k * 5 + i, .arrival_s = 0, .prompt_len = lens[i], .output_len = OUT};
+            cr_assert_eq(kvp_workload_add(w, &r, story), KVP_OK);
+        }
+    kvp_engine_config cfg;
+    kvp_engine_config_default(&cfg);
+    cfg.block_size = 4;
+    cfg.kv_slots = 100 * 4;
+    cfg.host_slots = 200 * 4;
+    cfg.preempt = KVP_PREEMPT_SWAP;
+    cfg.cache = KVP_PC_RADIX;
+    cfg.host_cache_slots = 400 * 4;
+    cfg.max_model_len = 512;
+    cfg.max_batched_tokens = 64;
+    cfg.watermark_blocks = 0;
+    cfg.check_every_step = true;
+    kvp_executor ex;
+    cr_assert_eq(kvp_cpu_executor_create(m, 100, 4, (int32_t)kvp_engine_host_blocks(&cfg), KVP_DTYPE_F32, NULL, &ex),
+                 KVP_OK, "%s", kvp_error_detail());
+    kvp_engine *e;
+    cr_assert_eq(kvp_engine_create(&cfg, &ex, &e), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_engine_run(e, w, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
+    kvp_engine_metrics met;
+    cr_assert_eq(kvp_engine_metrics_get(e, &met), KVP_OK);
+
+    cr_assert_eq(met.finished, COPIES * 5);
+    cr_assert_eq(met.leaked_blocks, 0);
+    cr_assert_gt(met.swap_outs, 0, "the KV memory was meant to force swapping");
+    cr_assert_gt(met.host_hit_tokens, 0, "prompts were meant to be found in the host tier");
+    for (int r = 0; r < COPIES * 5; r++) {
+        const int32_t *toks;
+        int32_t nt, L = lens[r % 5];
+        kvp_cpu_executor_tokens(&ex, r, &toks, &nt);
+        cr_assert_eq(nt, OUT);
+        for (int j = 0; j < nt; j++)
+            cr_assert_eq(toks[j], story[L + j], "request %d (prompt %d) token %d: %d, the story has %d", r, L, j, toks[j],
+                         story[L + j]);
+    }
+    kvp_engine_destroy(e);
+    kvp_executor_destroy(&ex);
+    kvp_workload_destroy(w);
     kvp_model_destroy(m);
 }
 

@@ -22,6 +22,7 @@ typedef struct {
     int n[MAXSTEPS];
     rec_seq s[MAXSTEPS][MAXB];
     int swapped_ops;
+    int64_t stores, loads; /* host-tier moves */
 } recorder;
 
 static recorder R;
@@ -57,6 +58,8 @@ static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *
         if (b->seqs[i].sample) out->sampled[i] = 7;
     }
     r->swapped_ops += b->ops.n_swap_out + b->ops.n_swap_in;
+    r->stores += b->offload.n_store;
+    r->loads += b->offload.n_load;
     r->n[r->nsteps++] = b->n;
     out->time_s = 1e-3;
     return KVP_OK;
@@ -521,6 +524,15 @@ Test(scheduler, names_parse_and_bad_configs_are_rejected)
     c = base_cfg(16, 1024);
     c.max_num_seqs = 0;
     cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
+    c = base_cfg(16, 1024);
+    c.host_cache_slots = 1024; /* a host tier without a prefix cache */
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "needs a prefix cache"), "%s", kvp_error_message());
+    c.cache = KVP_PC_RADIX;
+    c.host_cache_slots = 15; /* no block of 16 */
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
+    c.host_cache_slots = -16;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
     cr_assert_null(e);
 }
 
@@ -528,10 +540,11 @@ Test(scheduler, allocation_failures_are_reported_not_fatal)
 {
     int32_t p[] = {10, 12, 30, 9}, o[] = {5, 7, 9, 3};
     kvp_workload *w = make_wl(4, p, o, NULL, NULL);
-    for (int64_t n = 1;; n++) {
+    for (int64_t n = 1, tier = 0; tier < 2; n++) { /* then again with a host tier (its stores allocate) */
         kvp_executor ex = rec_executor();
         kvp_engine_config c = base_cfg(4, 48);
         c.cache = KVP_PC_HASH;
+        c.host_cache_slots = tier * 64;
         c.check_every_step = false;
         kvp_alloc_fail_at(n);
         kvp_engine *e = NULL;
@@ -543,7 +556,8 @@ Test(scheduler, allocation_failures_are_reported_not_fatal)
         kvp_engine_destroy(e);
         if (made < n) {
             cr_assert_eq(st, KVP_OK);
-            break;
+            n = 0;
+            tier++;
         }
     }
     kvp_workload_destroy(w);
@@ -723,6 +737,37 @@ Test(scheduler, chat_hits_equal_a_brute_force_search_over_earlier_turns)
             cr_assert_eq(m.evicted_blocks, 0);
             cr_assert_eq(m.prefix_hit_tokens, want, "cache %d block %d: %lld hit tokens, brute force %lld", kind, bs,
                          (long long)m.prefix_hit_tokens, (long long)want);
+            kvp_workload_destroy(w);
+        }
+}
+
+/* The same chat through a device cache too small to keep the history, with a host tier that keeps all of
+ * it: device hits plus host loads must be the brute-force hits, the device alone must find fewer, and the
+ * executor must be handed one move per loaded or stored block. */
+Test(scheduler, a_host_tier_finds_what_the_device_cache_evicted)
+{
+    for (int kind = 0; kind < 2; kind++)
+        for (int32_t bs = 4; bs <= 16; bs += 12) {
+            kvp_workload *w = NULL;
+            cr_assert_eq(kvp_workload_generate("chat:conversations=4,turns=4,system=40,user=16,assistant=32", &w), KVP_OK);
+            for (int64_t i = 0; i < w->n; i++) w->reqs[i].arrival_s = 10.0 * (double)i;
+            const int64_t want = kvp_test_bruteforce_hits(w, bs);
+            kvp_engine_config c = base_cfg(bs, 256);
+            c.cache = kind ? KVP_PC_HASH : KVP_PC_RADIX;
+            kvp_engine_metrics dev = run_metrics(&c, w);
+            cr_assert_gt(dev.evicted_blocks, 0);
+            cr_assert_lt(dev.prefix_hit_tokens, want, "256 slots were meant to lose hits");
+            cr_assert_eq(dev.host_hit_tokens + dev.host_loaded_blocks + dev.host_stored_blocks + R.loads + R.stores, 0);
+            c.host_cache_slots = 1 << 16;
+            kvp_engine_metrics two = run_metrics(&c, w);
+            cr_assert_eq(two.finished, w->n);
+            cr_assert_gt(two.host_hit_tokens, 0);
+            cr_assert_eq(two.prefix_hit_tokens + two.host_hit_tokens, want,
+                         "cache %d block %d: %lld device + %lld host hit tokens, brute force %lld", kind, bs,
+                         (long long)two.prefix_hit_tokens, (long long)two.host_hit_tokens, (long long)want);
+            cr_assert_eq(R.loads, two.host_loaded_blocks);
+            cr_assert_eq(R.stores, two.host_stored_blocks);
+            cr_assert_eq(two.host_loaded_blocks * bs, two.host_hit_tokens, "nothing was preempted: loads are first admissions");
             kvp_workload_destroy(w);
         }
 }

@@ -305,6 +305,36 @@ Test(simulate_cli, json_has_every_documented_key)
     cJSON_Delete(o);
 }
 
+/* A chat whose history does not stay in 2 GB of KV memory: a host tier brings back what the device cache
+ * lost. Device and host hits together reach the hit rate of a KV memory that keeps everything. */
+Test(simulate_cli, a_host_tier_restores_what_the_device_cache_lost)
+{
+    static char out[1 << 16];
+    double rate[3], host[3], loaded[3];
+    const char *runs[3] = {"--kv-mem 2GB", "--kv-mem 2GB --kv-offloading-size 64GiB", "--kv-mem 100GB"};
+    for (int i = 0; i < 3; i++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "simulate --model " LLAMA8B " --workload chat --cache radix --json %s", runs[i]);
+        int rc = kvp_test_cli(cmd, out, sizeof out, NULL, 0);
+        cr_assert_eq(rc, 0, "%s: %s", runs[i], out);
+        cJSON *o;
+        cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
+        const char *keys[] = {"prefix_hit_rate", "prefix_host_hit_rate", "host_loaded_blocks", "host_stored_blocks",
+                              "host_cache_tokens", "host_store_backlog_max_s"};
+        for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
+            cr_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, keys[k])), "missing key %s", keys[k]);
+        rate[i] = cJSON_GetObjectItemCaseSensitive(o, "prefix_hit_rate")->valuedouble;
+        host[i] = cJSON_GetObjectItemCaseSensitive(o, "prefix_host_hit_rate")->valuedouble;
+        loaded[i] = cJSON_GetObjectItemCaseSensitive(o, "host_loaded_blocks")->valuedouble;
+        cr_assert_eq(cJSON_GetObjectItemCaseSensitive(o, "leaked_blocks")->valuedouble, 0);
+        cJSON_Delete(o);
+    }
+    cr_assert(host[0] == 0 && loaded[0] == 0 && host[2] == 0);
+    cr_assert_lt(rate[0] + 0.1, rate[2], "2 GB was meant to lose hits: %.3f vs %.3f", rate[0], rate[2]);
+    cr_assert_gt(loaded[1], 0);
+    cr_assert_float_eq(rate[1] + host[1], rate[2], 0.01, "device %.4f + host %.4f vs %.4f", rate[1], host[1], rate[2]);
+}
+
 Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
 {
     static char out[4096], err[4096];
@@ -328,6 +358,9 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
         {"simulate --model " LLAMA8B " --trace " AZURE_CONV " --rate 1e-300", "--rate: 1e-300 is out of range"},
         {"simulate --model " LLAMA8B " --trace " AZURE_CONV " --kv-mem 1GB --watermark-blocks 7000", "watermark_blocks 7000"},
         {"simulate --model " LLAMA8B " --trace /tmp/kvp_test_huge_ctx.csv", "kvp_test_huge_ctx.csv:2: ContextTokens"},
+        {"simulate --model " LLAMA8B " --workload chat --kv-offloading-size 4GiB", "give --cache radix or hash"},
+        {"simulate --model " LLAMA8B " --workload chat --cache radix --kv-offloading-size 4Q", "--kv-offloading-size: "},
+        {"simulate --model " LLAMA8B " --workload chat --cache radix --kv-offloading-size 1MB", "holds no block of 16 tokens"},
     };
     FILE *f = fopen("/tmp/kvp_test_huge_ctx.csv", "w"); /* a 2e9-token prompt: refused before its tokens are made */
     cr_assert_not_null(f);
