@@ -17,6 +17,18 @@ struct kvp_host_cache {
     kvp_hc_stats st;
 };
 
+static void reset_lists(kvp_host_cache *hc)
+{
+    for (int32_t s = 0; s < hc->cap; s++) {
+        hc->prev[s] = -1;
+        hc->next[s] = s + 1 < hc->cap ? s + 1 : -1;
+        hc->held[s] = 0;
+    }
+    hc->free_head = 0;
+    hc->head = hc->tail = -1;
+    hc->st.held_blocks = 0;
+}
+
 kvp_status kvp_hc_create(int32_t capacity, kvp_host_cache **out)
 {
     if (out == NULL) return KVP_ERR(KVP_EINVAL, "kvp_hc_create: NULL out");
@@ -35,12 +47,7 @@ kvp_status kvp_hc_create(int32_t capacity, kvp_host_cache **out)
         kvp_hc_destroy(hc);
         return st;
     }
-    for (int32_t s = 0; s < capacity; s++) {
-        hc->prev[s] = -1;
-        hc->next[s] = s + 1 < capacity ? s + 1 : -1;
-    }
-    hc->free_head = 0;
-    hc->head = hc->tail = -1;
+    reset_lists(hc);
     *out = hc;
     return KVP_OK;
 }
@@ -148,6 +155,12 @@ int32_t kvp_hc_store(kvp_host_cache *hc, const uint64_t *hashes, int32_t n, int3
         if (slots_out[i] < 0) slots_out[i] = -1;
     }
     return fresh;
+}
+
+void kvp_hc_clear(kvp_host_cache *hc)
+{
+    for (int32_t s = hc->head; s >= 0; s = hc->next[s]) pc_map_del(&hc->map, hc->hash[s], s);
+    reset_lists(hc);
 }
 
 void kvp_hc_get_stats(const kvp_host_cache *hc, kvp_hc_stats *out)

@@ -55,6 +55,9 @@ int32_t kvp_hc_match(kvp_host_cache *hc, const uint64_t *hashes, int32_t n, int3
  * slots (copies to make). */
 int32_t kvp_hc_store(kvp_host_cache *hc, const uint64_t *hashes, int32_t n, int32_t *slots_out);
 
+/* Drops every block (a cold cache); the counters but held_blocks are kept. */
+void kvp_hc_clear(kvp_host_cache *hc);
+
 void kvp_hc_get_stats(const kvp_host_cache *hc, kvp_hc_stats *out);
 
 /* Invariant walker (tests): the LRU list and the free list partition the slots, the map holds exactly the

@@ -82,12 +82,7 @@ static kvp_status move_blocks(cpu_ctx *c, const kvp_block_copy *moves, int32_t n
         c->pairs[2 * i] = moves[i].src;
         c->pairs[2 * i + 1] = moves[i].dst;
     }
-    for (int32_t l = 0; l < c->kv->num_layers; l++) {
-        const kvp_paged_kv *dst = to_host ? &c->host->layers[l] : &c->kv->layers[l];
-        const kvp_paged_kv *src = to_host ? &c->kv->layers[l] : &c->host->layers[l];
-        KVP_TRY(kvp_attn_swap_blocks_cpu(dst, src, c->pairs, n));
-    }
-    return KVP_OK;
+    return to_host ? kvp_kv_cache_move_blocks(c->host, c->kv, c->pairs, n) : kvp_kv_cache_move_blocks(c->kv, c->host, c->pairs, n);
 }
 
 /* The step's time: measured here, or under tensor parallelism rank 0's, so that every rank's engine sees

@@ -11,6 +11,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/timer.h"
+#include "prefix_cache/host_cache.h"
 
 typedef enum { SEQ_WAITING = 0, SEQ_RUNNING, SEQ_DONE } seq_state;
 
@@ -102,6 +103,11 @@ struct kvp_gen_session {
     kvp_block_mgr *bm;
     kvp_prefix_cache *pc;
     kvp_kv_cache *kv;
+    kvp_host_cache *hc;  /* host tier of the prefix cache, or NULL */
+    kvp_kv_cache *hkv;   /* its blocks */
+    uint64_t *hashes;    /* [max_len / block_size + 1] one sequence's chain hashes */
+    int32_t *hslots;     /* [the same] host slots */
+    int32_t *hpairs;     /* [twice that] (src, dst) block pairs of a copy to or from the tier */
     kvp_sampler_ws *sws;
     gseq **seqs; /* the sequences of requests not taken (NULL: a free slot, listed in free_slots) */
     int32_t nseqs;
@@ -349,16 +355,40 @@ static int32_t seats_of(const gen_ctx *g, const gseq *s)
     return s->fork_pending ? group_size(&g->reqs[s->req]) : 1;
 }
 
+/* Caches sequence s's first nfull full blocks (computed) in the prefix cache and, write-through, in its host
+ * tier: the blocks the tier did not hold are copied there now. A failure of the copy leaves the tier
+ * claiming blocks it lacks, so the tier is then dropped (later admissions compute instead). */
+static kvp_status cache_blocks(gen_ctx *g, const gseq *s, int32_t nfull)
+{
+    kvp_bm_table_view tv;
+    KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
+    KVP_TRY(kvp_pc_insert(g->pc, s->toks, s->n_toks, tv.blocks, nfull, NULL, 0, NULL));
+    if (!g->hc) return KVP_OK;
+    kvp_pc_chain_hashes(s->toks, nfull, g->cfg->block_size, g->hashes);
+    int32_t n = kvp_hc_store(g->hc, g->hashes, nfull, g->hslots), k = 0;
+    for (int32_t i = 0; n > 0 && i < nfull; i++)
+        if (g->hslots[i] >= 0) {
+            g->hpairs[2 * k] = tv.blocks[i];
+            g->hpairs[2 * k + 1] = g->hslots[i];
+            k++;
+        }
+    kvp_status st = kvp_kv_cache_move_blocks(g->hkv, g->kv, g->hpairs, n);
+    if (st != KVP_OK) {
+        kvp_hc_destroy(g->hc);
+        g->hc = NULL;
+        return st;
+    }
+    g->st.host_stored_blocks += n;
+    return KVP_OK;
+}
+
 /* Offers the full blocks of sequence s's computed tokens, generated ones too, to the prefix cache (before its
  * blocks are freed): a later request that starts with them (the next turn of a chat carries this answer)
  * finds them there, as in the engine. */
 static kvp_status offer_computed(gen_ctx *g, const gseq *s)
 {
     const int32_t nfull = s->n_computed / kvp_bm_block_size(g->bm);
-    if (!g->pc || nfull < 1) return KVP_OK;
-    kvp_bm_table_view tv;
-    KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
-    return kvp_pc_insert(g->pc, s->toks, s->n_computed, tv.blocks, nfull, NULL, 0, NULL);
+    return g->pc && nfull >= 1 ? cache_blocks(g, s, nfull) : KVP_OK;
 }
 
 /* Frees a sequence's blocks (a kept one's full blocks go to the prefix cache first: a failure there only
@@ -419,9 +449,16 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     int32_t max_hit = (s->n_toks - 1) / bs;
     int32_t hit[4096], n_hit = 0;
     int32_t cap_hit = max_hit < 4096 ? max_hit : 4096;
-    if (!wants_prompt_logits(g, s)) KVP_TRY(kvp_pc_match(g->pc, s->toks, s->n_toks, NULL, 1, hit, cap_hit, &n_hit));
+    int32_t n_load = 0; /* blocks after the hit that the host tier holds: copied, not computed */
+    if (!wants_prompt_logits(g, s)) {
+        KVP_TRY(kvp_pc_match(g->pc, s->toks, s->n_toks, NULL, 1, hit, cap_hit, &n_hit));
+        if (g->hc && cap_hit > n_hit) {
+            kvp_pc_chain_hashes(s->toks, cap_hit, bs, g->hashes);
+            n_load = kvp_hc_match(g->hc, g->hashes + n_hit, cap_hit - n_hit, g->hslots);
+        }
+    }
     int32_t need_blocks = (s->n_toks + bs - 1) / bs - n_hit;
-    int32_t to_compute = s->n_toks - n_hit * bs;
+    int32_t to_compute = s->n_toks - (n_hit + n_load) * bs;
     int fits = to_compute <= *budget || g->nrun == 0;
     kvp_status st = KVP_OK;
     if (fits) { /* the hit blocks are locked: never evicted here */
@@ -434,14 +471,29 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     KVP_TRY(st);
     KVP_TRY(st2);
     if (!fits) return KVP_OK;
-    s->n_computed = n_hit * bs;
+    if (n_load > 0) {
+        kvp_bm_table_view tv;
+        st = kvp_bm_table(g->bm, s->id, &tv);
+        for (int32_t i = 0; i < n_load; i++) {
+            g->hpairs[2 * i] = g->hslots[i];
+            g->hpairs[2 * i + 1] = tv.blocks[n_hit + i];
+        }
+        if (st == KVP_OK) st = kvp_kv_cache_move_blocks(g->kv, g->hkv, g->hpairs, n_load);
+        if (st != KVP_OK) {
+            kvp_bm_free(g->bm, s->id);
+            return st;
+        }
+        g->st.host_loaded_blocks += n_load;
+    }
+    s->n_computed = (n_hit + n_load) * bs;
     s->n_alloc = s->n_toks;
     s->state = SEQ_RUNNING;
     greq *r = &g->rq[s->req];
     if (!r->admitted) {
         r->admitted = 1;
-        r->cached_tokens = n_hit * bs;
+        r->cached_tokens = (n_hit + n_load) * bs;
         g->st.prefix_hit_tokens += n_hit * bs;
+        g->st.host_hit_tokens += n_load * bs;
     }
     *budget -= to_compute;
     KVP_TRY(run_push(g, idx));
@@ -1096,9 +1148,7 @@ static kvp_status step(gen_ctx *g)
         s->n_computed += s->chunk;
         if (!s->inserted && s->n_computed >= g->reqs[s->req].n_prompt) {
             int32_t nfull = g->reqs[s->req].n_prompt / bs;
-            kvp_bm_table_view tv;
-            KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
-            if (nfull > 0) KVP_TRY(kvp_pc_insert(g->pc, s->toks, s->n_toks, tv.blocks, nfull, NULL, 0, NULL));
+            if (nfull > 0) KVP_TRY(cache_blocks(g, s, nfull));
             s->inserted = 1;
         }
     }
@@ -1198,6 +1248,11 @@ static void ctx_free(gen_ctx *g)
     }
     kvp_pc_destroy(g->pc);
     kvp_kv_cache_destroy(g->kv);
+    kvp_hc_destroy(g->hc);
+    kvp_kv_cache_destroy(g->hkv);
+    kvp_free(g->hashes);
+    kvp_free(g->hslots);
+    kvp_free(g->hpairs);
     kvp_bm_destroy(g->bm);
 }
 
@@ -1337,6 +1392,20 @@ static int32_t clamp_max_tokens(const kvp_model *m, const kvp_gen_request *r)
     return r->n_prompt + r->max_tokens > maxlen ? maxlen - r->n_prompt : r->max_tokens;
 }
 
+kvp_status kvp_gen_offload_blocks(const kvp_model *m, kvp_dtype dt, int32_t bs, int64_t bytes, int32_t *blocks)
+{
+    const double per_block = kvp_kv_cache_bytes(m, dt, 1, bs), nb = floor((double)bytes / per_block);
+    *blocks = 0;
+    if (bytes <= 0) return KVP_OK;
+    if (nb < 1)
+        return KVP_ERR(KVP_EINVAL, "--kv-offloading-size of %lld bytes holds no block of %d tokens (%.0f bytes each)",
+                       (long long)bytes, bs, per_block);
+    if (nb > INT32_MAX / 2)
+        return KVP_ERR(KVP_EINVAL, "--kv-offloading-size of %lld bytes is more than %d blocks", (long long)bytes, INT32_MAX / 2);
+    *blocks = (int32_t)nb;
+    return KVP_OK;
+}
+
 /* KV slots a request holds at most: every sequence of its group at its full length, in whole blocks. */
 static int64_t request_slots(const kvp_model *m, const kvp_gen_request *r, int32_t bs)
 {
@@ -1355,6 +1424,9 @@ kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_g
         return KVP_ERR(KVP_EINVAL, "generate: spec_tokens %d in 0..%d, n-gram lengths %d..%d within 1..%d",
                        cfg->spec_tokens, KVP_GEN_MAX_SPEC, cfg->spec_ngram_min, cfg->spec_ngram_max, KVP_GEN_MAX_NGRAM);
     if (cfg->spec_max_batch < 0) return KVP_ERR(KVP_EINVAL, "generate: spec_max_batch %d < 0", cfg->spec_max_batch);
+    if (cfg->host_cache_blocks < 0 || (cfg->host_cache_blocks > 0 && cfg->cache == KVP_PC_NONE))
+        return KVP_ERR(KVP_EINVAL, "generate: a host tier of %d blocks needs a prefix cache (radix or hash)",
+                       cfg->host_cache_blocks);
     gen_ctx *g = kvp_calloc(1, sizeof *g);
     if (!g) return KVP_ERR(KVP_ENOMEM, "generate: out of memory");
     g->m = m;
@@ -1370,6 +1442,18 @@ kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_g
     if (st == KVP_OK) st = kvp_bm_create(&bc, &g->bm);
     if (st == KVP_OK) st = kvp_pc_create(c->cache, KVP_EVICT_LRU, kvp_bm_pool(g->bm), c->block_size, &g->pc);
     if (st == KVP_OK) st = kvp_kv_cache_create(m, c->kv_dtype, c->num_blocks, c->block_size, &g->kv);
+    if (st == KVP_OK && c->host_cache_blocks > 0) {
+        snprintf(what, sizeof what, "generate: a host tier of %d blocks of %d tokens", c->host_cache_blocks, c->block_size);
+        const size_t nb = (size_t)kvp_model_max_len(m) / (size_t)c->block_size + 1;
+        st = kvp_check_fits_in_memory(kvp_kv_cache_bytes(m, c->kv_dtype, c->host_cache_blocks, c->block_size), what);
+        if (st == KVP_OK) st = kvp_hc_create(c->host_cache_blocks, &g->hc);
+        if (st == KVP_OK) st = kvp_kv_cache_create(m, c->kv_dtype, c->host_cache_blocks, c->block_size, &g->hkv);
+        g->hashes = kvp_malloc(nb * sizeof *g->hashes);
+        g->hslots = kvp_malloc(nb * sizeof *g->hslots);
+        g->hpairs = kvp_malloc(2 * nb * sizeof *g->hpairs);
+        if (st == KVP_OK && !(g->hashes && g->hslots && g->hpairs))
+            st = KVP_ERR(KVP_ENOMEM, "generate: out of memory for the host tier");
+    }
     if (st == KVP_OK) st = kvp_sampler_ws_create(g->vocab, &g->sws);
     if (st == KVP_OK) st = draw_scratch(g, 0);
     if (st == KVP_OK) {
@@ -1601,6 +1685,7 @@ kvp_status kvp_gen_session_reset_prefix_cache(kvp_gen_session *g, int64_t *evict
     int64_t n = 0;
     for (int64_t k; g->pc && (k = kvp_pc_num_evictable(g->pc)) > 0; n += k) /* a radix leaf's parent comes next */
         KVP_TRY(kvp_pc_evict(g->pc, k > INT32_MAX ? INT32_MAX : (int32_t)k, NULL));
+    if (g->hc) kvp_hc_clear(g->hc); /* its host tier too: a cold cache */
     if (evicted) *evicted = n;
     return KVP_OK;
 }
@@ -1625,6 +1710,9 @@ void kvp_gen_session_stats_get(const kvp_gen_session *g, kvp_gen_session_stats *
     out->spec_accepted_tokens = g->st.spec_accepted_tokens;
     out->num_blocks = g->cfg->num_blocks;
     out->free_blocks = kvp_bm_num_free(g->bm);
+    out->host_hit_tokens = g->st.host_hit_tokens;
+    out->host_loaded_blocks = g->st.host_loaded_blocks;
+    out->host_stored_blocks = g->st.host_stored_blocks;
     out->admitted_prompt_tokens = g->admitted_prompt_tokens; /* kept as requests are admitted: this runs every step of a server */
 }
 

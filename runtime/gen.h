@@ -65,6 +65,11 @@ typedef struct {
     int32_t spec_max_batch;  /* vLLM's disable_by_batch_size: no drafts in a step that starts with more running
                                 sequences than this (a large batch is compute-bound: drafts cost more than they
                                 save); 0: no limit */
+    /* Host tier of the prefix cache (prefix_cache/host_cache.h; needs cache != none): a second KV cache of that
+     * many blocks in host memory, LRU, filled write-through with every block the prefix cache takes in (copied
+     * at once). An admission that matches n blocks in the prefix cache copies the blocks after them from there
+     * when it holds them, instead of computing them. 0: none. */
+    int32_t host_cache_blocks;
 } kvp_gen_config;
 
 enum { KVP_GEN_MAX_SPEC = 16, KVP_GEN_MAX_NGRAM = 64 };
@@ -160,6 +165,8 @@ typedef struct {
     double tokens_per_s;       /* generated_tokens / wall_s */
     double prefix_hit_rate;    /* prefix_hit_tokens / prompt_tokens (as the engine's) */
     int64_t prefix_hit_tokens; /* prompt tokens the prefix cache served at each request's first admission */
+    int64_t host_hit_tokens;   /* prompt tokens its host tier served then (not in prefix_hit_tokens) */
+    int64_t host_loaded_blocks, host_stored_blocks; /* copies from and to the host tier, readmissions included */
     int64_t preemptions;
     int64_t spec_drafts;       /* speculation: steps of a sample that proposed drafts */
     int64_t spec_draft_tokens; /* tokens proposed */
@@ -179,6 +186,11 @@ typedef struct {
  * occurrence with max_out tokens after it, else the earliest (the most after it: a run of one token proposes
  * more of it); at most max_out of them into out. Returns how many (0: no occurrence). */
 int32_t kvp_ngram_propose(const int32_t *t, int32_t len, int32_t nmin, int32_t nmax, int32_t max_out, int32_t *out);
+
+/* --kv-offloading-size: the host tier's blocks in `bytes` of this model's KV (element type dt, blocks of bs
+ * tokens; this rank's share under tensor parallelism) into *blocks (0 for 0 bytes). KVP_EINVAL when bytes > 0
+ * hold no block or more than INT32_MAX / 2. */
+kvp_status kvp_gen_offload_blocks(const kvp_model *m, kvp_dtype dt, int32_t bs, int64_t bytes, int32_t *blocks);
 
 /* spec_accepted_tokens / spec_draft_tokens (0 with no draft). */
 double kvp_gen_spec_acceptance(const kvp_gen_stats *st);
@@ -251,8 +263,8 @@ kvp_status kvp_gen_session_stop_at(kvp_gen_session *s, int32_t id, int32_t k, in
  * any other. KVP_ENOTFOUND, with no message, when id is unknown, finished or taken. */
 kvp_status kvp_gen_session_abort(kvp_gen_session *s, int32_t id);
 /* Empties the prefix cache (vLLM's reset_prefix_cache, SGLang's flush_cache): every cached block is dropped;
- * those a running sequence holds stay its own, the others are free again. *evicted (may be NULL): blocks
- * dropped. Requests added later find nothing cached. */
+ * those a running sequence holds stay its own, the others are free again; its host tier is emptied too.
+ * *evicted (may be NULL): blocks dropped from the device. Requests added later find nothing cached. */
 kvp_status kvp_gen_session_reset_prefix_cache(kvp_gen_session *s, int64_t *evicted);
 
 typedef struct {
@@ -265,6 +277,7 @@ typedef struct {
     int64_t steps, computed_tokens, prefix_hit_tokens, preemptions, admitted_prompt_tokens;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens; /* as kvp_gen_stats */
     int32_t num_blocks, free_blocks;       /* free: neither held by a sequence nor cached */
+    int64_t host_hit_tokens, host_loaded_blocks, host_stored_blocks; /* the prefix cache's host tier (kvp_gen_stats) */
 } kvp_gen_session_stats;
 void kvp_gen_session_stats_get(const kvp_gen_session *s, kvp_gen_session_stats *out);
 

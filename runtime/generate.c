@@ -65,6 +65,9 @@ static void usage(FILE *f)
             "                          scale 1); f16/bf16 halve an f32 cache, fp8 quarters it (new K/V rows are\n"
             "                          rounded)\n"
             "  --cache radix|hash|none prefix cache across requests (default radix)\n"
+            "  --kv-offloading-size B  a host tier of the prefix cache of B bytes (e.g. 64MiB; default 0, none):\n"
+            "                          every cached block is copied there too, and a prompt loads the blocks\n"
+            "                          after its cache hit from there instead of computing them\n"
             "  --sched fcfs|lpm        admission order of waiting prompts (default fcfs): arrival, or the most\n"
             "                          prompt blocks found cached first (SGLang's lpm)\n"
             "  --speculative-config J  n-gram speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"
@@ -158,6 +161,7 @@ typedef struct {
     int kv_auto;
     int json, ignore_eos;
     int32_t logprobs; /* -1: none */
+    int64_t offload_bytes; /* --kv-offloading-size */
     strlist stops;
     int prompt_logprobs;
     int chat;                   /* each prompt is a user message through the chat template */
@@ -327,6 +331,10 @@ static int run(gen_opts *o)
     cfg.stop_at_eos = !o->ignore_eos;
     cfg.kv_dtype = o->kv_dtype;
     cfg.skip_logprob = !o->json; /* only --json prints each sample's log-probability */
+    if ((st = kvp_gen_offload_blocks(m, o->kv_dtype, o->block_size, o->offload_bytes, &cfg.host_cache_blocks)) != KVP_OK) {
+        rc = kvp_cli_fail(CMD, st);
+        goto out;
+    }
     kvp_gen_stats stats;
     if (o->stops.n > 0) {
         for (int32_t i = 0; i < o->stops.n; i++) {
@@ -427,6 +435,12 @@ static int run(gen_opts *o)
         cJSON_AddNumberToObject(t, "prefix_hit_tokens", (double)stats.prefix_hit_tokens);
         cJSON_AddNumberToObject(t, "preemptions", (double)stats.preemptions);
         cJSON_AddNumberToObject(t, "cow_copies", (double)stats.cow_copies);
+        if (cfg.host_cache_blocks > 0) {
+            cJSON_AddNumberToObject(t, "host_cache_blocks", cfg.host_cache_blocks);
+            cJSON_AddNumberToObject(t, "host_hit_tokens", (double)stats.host_hit_tokens);
+            cJSON_AddNumberToObject(t, "host_loaded_blocks", (double)stats.host_loaded_blocks);
+            cJSON_AddNumberToObject(t, "host_stored_blocks", (double)stats.host_stored_blocks);
+        }
         if (cfg.spec_tokens > 0) {
             cJSON_AddNumberToObject(t, "spec_draft_tokens", (double)stats.spec_draft_tokens);
             cJSON_AddNumberToObject(t, "spec_accepted_tokens", (double)stats.spec_accepted_tokens);
@@ -482,7 +496,7 @@ int kvp_cmd_generate(int argc, char **argv)
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE,
            O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM,
-           O_SCHED, O_SPEC };
+           O_SCHED, O_SPEC, O_OFFLOAD };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -492,6 +506,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"block-size", required_argument, 0, O_BS},    {"num-blocks", required_argument, 0, O_NB},
         {"cache", required_argument, 0, O_CACHE},      {"max-num-seqs", required_argument, 0, O_SEQS},
         {"sched", required_argument, 0, O_SCHED},     {"speculative-config", required_argument, 0, O_SPEC},
+        {"kv-offloading-size", required_argument, 0, O_OFFLOAD},
         {"max-batched-tokens", required_argument, 0, O_BATCH}, {"threads", required_argument, 0, O_THREADS},
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
@@ -549,6 +564,7 @@ int kvp_cmd_generate(int argc, char **argv)
                 st = KVP_ERR(KVP_EINVAL, "'priority' needs each request's priority (kvpage serve takes them): fcfs or lpm");
             break;
         case O_SPEC: st = kvp_gen_spec_parse(optarg, &o.spec); break;
+        case O_OFFLOAD: st = kvp_parse_bytes(optarg, &o.offload_bytes); break;
         case O_KV_DTYPE: st = kvp_kv_dtype_parse(optarg, &o.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;

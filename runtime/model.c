@@ -880,6 +880,16 @@ kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *pairs, int3
     return KVP_OK;
 }
 
+kvp_status kvp_kv_cache_move_blocks(kvp_kv_cache *dst, const kvp_kv_cache *src, const int32_t *pairs, int32_t n)
+{
+    if (n == 0) return KVP_OK;
+    if (dst->num_layers != src->num_layers || dst->block_size != src->block_size)
+        return KVP_ERR(KVP_EINVAL, "moving blocks between KV caches of %d and %d layers, blocks of %d and %d tokens",
+                       dst->num_layers, src->num_layers, dst->block_size, src->block_size);
+    for (int32_t l = 0; l < dst->num_layers; l++) KVP_TRY(kvp_attn_swap_blocks_cpu(&dst->layers[l], &src->layers[l], pairs, n));
+    return KVP_OK;
+}
+
 /* ---------------------------------------------------------------- kernels */
 
 /* y (T, N) = x (T, K) . W^T   (W is the [out = N, in = K] weight).

@@ -126,6 +126,9 @@ double kvp_kv_cache_bytes(const kvp_model *m, kvp_dtype dtype, int64_t num_block
 void kvp_kv_cache_destroy(kvp_kv_cache *kv);
 /* Copy-on-write batch: block pairs[i].dst := pairs[i].src in every layer. */
 kvp_status kvp_kv_cache_copy_blocks(kvp_kv_cache *kv, const int32_t *src_dst_pairs, int32_t n);
+/* Between two caches of one model and element type (device <-> host pools: swap, the prefix cache's host
+ * tier): block pairs[i].dst of dst := block pairs[i].src of src in every layer. */
+kvp_status kvp_kv_cache_move_blocks(kvp_kv_cache *dst, const kvp_kv_cache *src, const int32_t *src_dst_pairs, int32_t n);
 
 /* One batched step: num_seqs sequences, each with n_q(s) = qo_indptr[s+1] - qo_indptr[s] >= 1 new tokens.
  * The page table (CSR, attention/paged_kv.h) already covers the new tokens; slot_mapping gives each new

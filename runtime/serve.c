@@ -105,6 +105,9 @@ static void usage(FILE *f)
             "  --kv-dtype T              auto (default: the model's dtype, as for generate), f32, f16, bf16\n"
             "                            or fp8\n"
             "  --cache radix|hash|none   prefix cache (default radix)\n"
+            "  --kv-offloading-size B    a host tier of the prefix cache of B bytes (default 0, none): every cached\n"
+            "                            block is copied there too, and a prompt loads the blocks after its cache\n"
+            "                            hit from there instead of computing them (vLLM's CPU offloading)\n"
             "  --sched fcfs|lpm|priority  the order waiting requests are admitted in (default fcfs): arrival; the\n"
             "                            most prompt blocks cached first (SGLang's lpm); a request's \"priority\"\n"
             "                            (vLLM's: lowest first), then arrival\n"
@@ -1915,6 +1918,15 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
              "# HELP kvpage_prefix_cache_hits_total Prompt tokens the prefix cache served.\n"
              "# TYPE kvpage_prefix_cache_hits_total counter\n"
              "kvpage_prefix_cache_hits_total %lld\n"
+             "# HELP kvpage_host_cache_hits_total Prompt tokens the prefix cache's host tier served (loaded).\n"
+             "# TYPE kvpage_host_cache_hits_total counter\n"
+             "kvpage_host_cache_hits_total %lld\n"
+             "# HELP kvpage_host_cache_loaded_blocks_total Blocks copied from the host tier.\n"
+             "# TYPE kvpage_host_cache_loaded_blocks_total counter\n"
+             "kvpage_host_cache_loaded_blocks_total %lld\n"
+             "# HELP kvpage_host_cache_stored_blocks_total Blocks copied to the host tier.\n"
+             "# TYPE kvpage_host_cache_stored_blocks_total counter\n"
+             "kvpage_host_cache_stored_blocks_total %lld\n"
              "# HELP kvpage_kv_blocks KV cache blocks.\n"
              "# TYPE kvpage_kv_blocks gauge\n"
              "kvpage_kv_blocks %d\n"
@@ -1928,7 +1940,8 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
              (long long)s.finished, (long long)s.waiting, (long long)s.running_seqs, (long long)s.preempted_seqs,
              (long long)s.steps, (long long)s.computed_tokens, (long long)s.preemptions, (long long)s.spec_drafts,
              (long long)s.spec_draft_tokens, (long long)s.spec_accepted_tokens,
-             (long long)s.admitted_prompt_tokens, (long long)s.prefix_hit_tokens, s.num_blocks, s.free_blocks, used);
+             (long long)s.admitted_prompt_tokens, (long long)s.prefix_hit_tokens, (long long)s.host_hit_tokens,
+             (long long)s.host_loaded_blocks, (long long)s.host_stored_blocks, s.num_blocks, s.free_blocks, used);
     histo_print(t, cap, &len, "kvpage_time_to_first_token_seconds",
                 "Finished prompts: time from the engine taking the prompt to its first token.", &ttft);
     histo_print(t, cap, &len, "kvpage_time_per_output_token_seconds",
@@ -2020,7 +2033,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 typedef struct {
     const char *model, *tokenizer, *host, *name, *chat_template;
     int32_t port, num_blocks, threads, max_conns, tp;
-    int64_t kv_mem;
+    int64_t kv_mem, offload_bytes;
     int json;
     kvp_matmul_kind matmul;
     kvp_weight_type weight_dtype;
@@ -2181,6 +2194,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
                                  (long long)o->kv_mem, cfg.block_size, per_block);
         cfg.num_blocks = nb > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)nb;
     }
+    if (st == KVP_OK) st = kvp_gen_offload_blocks(m, cfg.kv_dtype, cfg.block_size, o->offload_bytes, &cfg.host_cache_blocks);
     int rc;
     if (st != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
@@ -2201,7 +2215,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
 int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED, O_SPEC };
+           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED, O_SPEC, O_OFFLOAD };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -2213,7 +2227,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
         {"stream-interval", required_argument, 0, O_STREAMIV}, {"sched", required_argument, 0, O_SCHED},
-        {"speculative-config", required_argument, 0, O_SPEC},
+        {"speculative-config", required_argument, 0, O_SPEC}, {"kv-offloading-size", required_argument, 0, O_OFFLOAD},
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
         {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON},
         {0, 0, 0, 0}};
@@ -2238,6 +2252,7 @@ int kvp_cmd_serve(int argc, char **argv)
             break;
         }
         case O_KVMEM: st = kvp_parse_bytes(optarg, &o.kv_mem); break;
+        case O_OFFLOAD: st = kvp_parse_bytes(optarg, &o.offload_bytes); break;
         case O_NB: st = kvp_parse_i32(optarg, 1, INT32_MAX / 2, &cfg.num_blocks); break;
         case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &cfg.block_size); break;
         case O_DT: st = kvp_kv_dtype_parse(optarg, &cfg.kv_dtype, &o.kv_auto); break;

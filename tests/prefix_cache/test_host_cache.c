@@ -141,6 +141,21 @@ Test(host_cache, a_prompt_leaves_from_its_last_block)
     kvp_hc_destroy(hc);
 }
 
+Test(host_cache, clear_leaves_a_cold_cache)
+{
+    kvp_host_cache *hc;
+    cr_assert_eq(kvp_hc_create(3, &hc), KVP_OK);
+    uint64_t a[3] = {H(0), H(1), H(2)};
+    int32_t slots[3];
+    cr_assert_eq(kvp_hc_store(hc, a, 3, slots), 3);
+    kvp_hc_clear(hc);
+    cr_assert_eq(kvp_hc_check(hc), KVP_OK, "%s", kvp_error_message());
+    cr_assert_eq(kvp_hc_match(hc, a, 3, slots), 0);
+    cr_assert_eq(kvp_hc_store(hc, a, 3, slots), 3, "every block is new again");
+    cr_assert_eq(kvp_hc_check(hc), KVP_OK, "%s", kvp_error_message());
+    kvp_hc_destroy(hc);
+}
+
 Test(host_cache, a_hash_given_twice_is_stored_once)
 {
     kvp_host_cache *hc;

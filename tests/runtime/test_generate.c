@@ -243,32 +243,40 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
     for (int i = 0; i < NPROMPTS; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
     const int32_t block_sizes[2] = {4, 16};
     const kvp_pc_kind caches[2] = {KVP_PC_RADIX, KVP_PC_HASH};
+    int64_t loaded = 0; /* with a host tier (tier = 1), the blocks it brought back */
     for (int b = 0; b < 2; b++)
-        for (int c = 0; c < 2; c++) {
-            const int32_t bs = block_sizes[b], min_blocks = (longest + bs - 1) / bs;
+        for (int c = 0; c < 4; c++) {
+            const int32_t bs = block_sizes[b], min_blocks = (longest + bs - 1) / bs, tier = c / 2;
             for (int32_t nb = min_blocks; nb < 3 * min_blocks; nb++) {
                 cfg = kvp_gen_config_default();
                 cfg.block_size = bs;
-                cfg.cache = caches[c];
+                cfg.cache = caches[c % 2];
                 cfg.num_blocks = nb;
+                cfg.host_cache_blocks = tier * 64;
                 kvp_gen_result all[2 * NPROMPTS];
                 kvp_gen_stats st;
                 kvp_status rs = kvp_gen_run(g_model, &cfg, reqs, 2 * NPROMPTS, all, &st);
-                cr_assert_eq(rs, KVP_OK, "block %d, %d blocks, cache %s: %s", bs, nb, kvp_pc_kind_name(caches[c]),
+                cr_assert_eq(rs, KVP_OK, "block %d, %d blocks, cache %s: %s", bs, nb, kvp_pc_kind_name(caches[c % 2]),
                              kvp_error_detail());
                 char what[64];
-                snprintf(what, sizeof what, "block %d, %d blocks, %s", bs, nb, kvp_pc_kind_name(caches[c]));
+                snprintf(what, sizeof what, "block %d, %d blocks, %s, host tier %d", bs, nb, kvp_pc_kind_name(caches[c % 2]),
+                         tier * 64);
                 int64_t cached = 0;
                 for (int i = 0; i < 2 * NPROMPTS; i++) {
                     expect_same(&alone[i % NPROMPTS], &all[i], what, i);
                     cached += all[i].prompt_cached_tokens;
                 }
-                /* the rate is the share of prompt tokens served at first admission, whatever the retries */
-                cr_assert_eq(st.prefix_hit_tokens, cached, "%s", what);
-                cr_assert_float_eq(st.prefix_hit_rate, (double)cached / (double)st.prompt_tokens, 1e-12, "%s", what);
+                /* the rate is the share of prompt tokens served at first admission, whatever the retries;
+                 * a request's cached tokens count those its host tier brought back too */
+                cr_assert_eq(st.prefix_hit_tokens + st.host_hit_tokens, cached, "%s", what);
+                cr_assert_float_eq(st.prefix_hit_rate, (double)st.prefix_hit_tokens / (double)st.prompt_tokens, 1e-12,
+                                   "%s", what);
+                cr_assert(tier || st.host_loaded_blocks + st.host_stored_blocks == 0, "%s", what);
+                loaded += st.host_loaded_blocks;
                 kvp_gen_results_free(all, 2 * NPROMPTS);
             }
         }
+    cr_assert_gt(loaded, 0, "the tight caches were meant to lose blocks that the host tier brings back");
     kvp_gen_results_free(alone, NPROMPTS);
     for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
 }
@@ -868,6 +876,36 @@ Test(generate_cli, prompts_file_batches_and_hits_the_cache)
     cJSON_Delete(j);
     free(out);
     free(err);
+    /* Two long prompts taking turns (one at a time) in a KV cache that holds one: each return loads its prompt
+     * from a host tier, and the tokens stay those computed without any cache. */
+    const char *a = "Once upon a time, there was a little girl named Lily. She loved to play outside in the sunshine.",
+               *b = "Tom had a small dog named Max. Max liked to run and jump in the garden every morning.";
+    char turns[1024];
+    snprintf(turns, sizeof turns, "%s\n%s\n%s Lily\n%s Tom\n", a, b, a, b);
+    tu_write_all(path, turns, strlen(turns));
+    char *tok[2] = {NULL, NULL};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 24 --json %s", kvp_test_bin(),
+                 S260_GGUF, path, k ? "--num-blocks 5 --max-num-seqs 1 --kv-offloading-size 1MiB" : "--cache none");
+        cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+        cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK);
+        cJSON *all = cJSON_CreateArray(), *r;
+        cJSON_ArrayForEach(r, cJSON_GetObjectItem(j, "requests"))
+            cJSON_AddItemToArray(all, cJSON_Duplicate(cJSON_GetObjectItem(r, "tokens"), 1));
+        tok[k] = cJSON_PrintUnformatted(all);
+        cJSON_Delete(all);
+        if (k) {
+            const cJSON *t = cJSON_GetObjectItem(j, "totals");
+            cr_assert_gt(cJSON_GetObjectItem(t, "host_loaded_blocks")->valuedouble, 0, "%s", out);
+            cr_assert_gt(cJSON_GetObjectItem(t, "host_hit_tokens")->valuedouble, 0, "%s", out);
+        }
+        cJSON_Delete(j);
+        free(out);
+        free(err);
+    }
+    cr_assert_str_eq(tok[0], tok[1]);
+    free(tok[0]);
+    free(tok[1]);
     /* Raw bytes in a prompt stay valid UTF-8 in the JSON (U+FFFD each); a NUL byte is refused. */
     tu_write_all(path, "x\xff\xfey\nok \xc3\xa9\n", 11);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 2 --json", kvp_test_bin(), S260_GGUF, path);
@@ -949,6 +987,9 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
         {"--json --logprobs 1 --beam-width 2", "--logprobs does not apply to --beam-width"},
         {"--stop x --beam-width 2", "--stop does not apply to --beam-width"},
         {"--stop ''", "1 to 256 bytes"},
+        {"--kv-offloading-size 100", "--kv-offloading-size of 100 bytes holds no block of 16 tokens"},
+        {"--kv-offloading-size 1MiB --cache none", "needs a prefix cache"},
+        {"--kv-offloading-size 7X", "--kv-offloading-size: "},
     };
     kvp_test_cli_rejects("generate --model " S260_GGUF " --prompt hi", options, sizeof options / sizeof options[0]);
     char cmd[512], *out, *err;
@@ -1740,6 +1781,43 @@ Test(generate, logprobs_run_fails_cleanly_at_every_allocation, .init = setup, .f
     x.cfg.max_batched_tokens = 2; /* the prompt in chunks */
     tu_every_alloc_failure("generate with logprobs", make_lp_run, destroy_lp_run, &x, 0);
     kvp_free(e.ids);
+}
+
+/* Two turns through a host tier in block size 1 (the second loads what the tiny device cache evicted), with
+ * each allocation failing in turn: the run fails with KVP_ENOMEM, or succeeds with the same tokens when the
+ * failure only cost a cache insert (offered blocks at a sequence's end are best effort); nothing leaks (the
+ * sanitizer build checks). */
+Test(generate, a_host_tier_run_fails_cleanly_at_every_allocation, .init = setup, .fini = teardown)
+{
+    enc a = encode("Once upon a time"), b = encode("The sun was shining");
+    kvp_gen_request reqs[3] = {greedy_req(a, 4), greedy_req(b, 4), greedy_req(a, 4)};
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.block_size = 1;
+    cfg.num_blocks = 14;
+    cfg.max_num_seqs = 1;
+    cfg.host_cache_blocks = 32;
+    kvp_gen_result want[3], got[3];
+    kvp_gen_stats st;
+    run(&cfg, reqs, 3, want, &st);
+    cr_assert_gt(st.host_loaded_blocks, 0, "the third request was meant to load its prompt from the host tier");
+    for (int64_t n = 1;; n++) {
+        kvp_alloc_fail_at(n);
+        kvp_status s = kvp_gen_run(g_model, &cfg, reqs, 3, got, NULL);
+        int64_t made = kvp_alloc_count();
+        kvp_alloc_fail_at(0);
+        cr_assert(s == KVP_OK || s == KVP_ENOMEM, "allocation %lld: %s", (long long)n, kvp_status_str(s));
+        if (s == KVP_OK) {
+            for (int i = 0; i < 3; i++) expect_same(&want[i], &got[i], "after a failed allocation", i);
+            kvp_gen_results_free(got, 3);
+        }
+        if (made < n) break;
+    }
+    cfg.cache = KVP_PC_NONE; /* a host tier behind no cache */
+    cr_assert_eq(kvp_gen_run(g_model, &cfg, reqs, 3, got, NULL), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "needs a prefix cache"), "%s", kvp_error_message());
+    kvp_gen_results_free(want, 3);
+    kvp_free(a.ids);
+    kvp_free(b.ids);
 }
 
 /* Greedy decoding with a logit bias and penalties against a reference loop: the model run on each prefix,

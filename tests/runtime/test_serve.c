@@ -754,6 +754,8 @@ Test(serve_cli, bad_command_lines)
         {"--model " S260_GGUF " --reasoning-parser qwen9 --port 0", "unknown reasoning parser 'qwen9'"},
         {"--model " S260_GGUF " --stream-interval 0 --port 0", "--stream-interval"},
         {"--model " S260_GGUF " --sched sjf --port 0", "unknown scheduling policy 'sjf'"},
+        {"--model " S260_GGUF " --kv-offloading-size 10 --port 0", "--kv-offloading-size of 10 bytes holds no block"},
+        {"--model " S260_GGUF " --kv-offloading-size 1MiB --cache none --port 0", "needs a prefix cache"},
     };
     kvp_test_cli_rejects("serve", cases, sizeof cases / sizeof cases[0]);
 }
@@ -1494,6 +1496,40 @@ Test(serve, reset_prefix_cache_empties_it)
     char *resp;
     cr_assert_eq(http(&s, "GET", "/reset_prefix_cache", NULL, &resp), 405, "%s", resp);
     free(resp);
+    stop(&s);
+}
+
+/* A KV cache of 8 blocks cannot hold two 70-token prompts: B's blocks take some of A's cached ones, and when A
+ * comes back the host tier gives those (its 4 full blocks are reported as cached tokens, device and host hits
+ * counted apart in /metrics), with the same answer; reset_prefix_cache empties the host tier too. */
+Test(serve, a_host_tier_brings_a_prompt_back)
+{
+    server s = start("--num-blocks 8 --kv-offloading-size 1MiB");
+    char a[1024] = "{\"prompt\":[1", b[1024] = "{\"prompt\":[1";
+    for (int i = 2; i <= 70; i++) {
+        snprintf(a + strlen(a), sizeof a - strlen(a), ",%d", 100 + i);
+        snprintf(b + strlen(b), sizeof b - strlen(b), ",%d", 300 + i);
+    }
+    strcat(a, "],\"max_tokens\":3,\"temperature\":0}");
+    strcat(b, "],\"max_tokens\":3,\"temperature\":0}");
+    cJSON *first = complete(&s, a, 200), *j = complete(&s, b, 200);
+    cr_assert_eq(cached_of(j), 0);
+    cJSON_Delete(j);
+    j = complete(&s, a, 200);
+    cr_assert_eq(cached_of(j), 64, "A's 4 full blocks, from the host tier");
+    cr_assert_str_eq(choice_text(j, 0), choice_text(first, 0));
+    cJSON_Delete(j);
+    const double host = metric(&s, "kvpage_host_cache_hits_total");
+    cr_assert_geq(host, 16, "B's blocks took some of A's");
+    cr_assert_eq(metric(&s, "kvpage_prefix_cache_hits_total") + host, 64, "the device kept the rest");
+    cr_assert_eq(metric(&s, "kvpage_host_cache_loaded_blocks_total"), host / 16);
+    cr_assert_eq(metric(&s, "kvpage_host_cache_stored_blocks_total"), 8, "A's 4 full blocks and B's");
+    j = post_json(&s, "/reset_prefix_cache", "", 200);
+    cJSON_Delete(j);
+    j = complete(&s, b, 200);
+    cr_assert_eq(cached_of(j), 0, "reset emptied the host tier too");
+    cJSON_Delete(j);
+    cJSON_Delete(first);
     stop(&s);
 }
 
