@@ -334,9 +334,10 @@ static kvp_status push_move(kvp_block_copy **v, int32_t *n, size_t *cap, int32_t
 }
 
 /* Write-through: blocks[0..n_full) of s, just cached, go to the host tier too (those not held there). The
- * moves run first in the next step, before anything can overwrite the blocks. A load decided in this step
- * has already run, or reads its slot after the stores (loads are decided after every store of a step: see
- * kvp_engine_step), so a store never overwrites a slot that a pending load reads: checked. */
+ * moves run first in the next executor step, before anything can overwrite the blocks. Stores are decided
+ * after a step ran (prefill done, finish) or while scheduling preempts by recompute, which comes before any
+ * admission, and loads only at admissions, run in the same step: so no store can take a slot that a pending
+ * load still has to read (checked). */
 static kvp_status host_store(kvp_engine *e, const seq_t *s, const int32_t *blocks, int32_t n_full)
 {
     KVP_TRY(chain_hashes(e, s, n_full));

