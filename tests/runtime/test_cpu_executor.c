@@ -34,6 +34,28 @@ static int load_cases(gcase *cs)
     return n;
 }
 
+/* Runs w through an engine on the cpu executor (KV cache sized from cfg, whose step budget, length limit and
+ * watermark are set here, and whose invariants are checked after every step), checks that every request
+ * finished with no block leaked, and returns the metrics; *ex and *e are the caller's to destroy. */
+static kvp_engine_metrics run_on_cpu(kvp_model *m, kvp_engine_config *cfg, const kvp_workload *w, kvp_executor *ex,
+                                     kvp_engine **e)
+{
+    cfg->max_model_len = 512;
+    cfg->max_batched_tokens = 64;
+    cfg->watermark_blocks = 0;
+    cfg->check_every_step = true;
+    cr_assert_eq(kvp_cpu_executor_create(m, (int32_t)(cfg->kv_slots / cfg->block_size), cfg->block_size,
+                                         (int32_t)kvp_engine_host_blocks(cfg), KVP_DTYPE_F32, NULL, ex),
+                 KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_engine_create(cfg, ex, e), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_engine_run(*e, w, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
+    kvp_engine_metrics met;
+    cr_assert_eq(kvp_engine_metrics_get(*e, &met), KVP_OK);
+    cr_assert_eq(met.finished, w->n);
+    cr_assert_eq(met.leaked_blocks, 0);
+    return met;
+}
+
 /* preempt: the KV memory is meant to force preemption (by swap when host_slots > 0, else by recompute).
  * tier: host tier of the prefix cache in tokens (0: none); it is then meant to serve loads. */
 static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64_t host_slots, kvp_pc_kind cache,
@@ -56,21 +78,9 @@ static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64
     cfg.preempt = host_slots > 0 ? KVP_PREEMPT_SWAP : KVP_PREEMPT_RECOMPUTE;
     cfg.cache = cache;
     cfg.host_cache_slots = tier;
-    cfg.max_model_len = 512;
-    cfg.max_batched_tokens = 64;
-    cfg.watermark_blocks = 0;
-    cfg.check_every_step = true;
     kvp_executor ex;
-    cr_assert_eq(kvp_cpu_executor_create(m, (int32_t)(kv_slots / block_size), block_size,
-                                         (int32_t)kvp_engine_host_blocks(&cfg), KVP_DTYPE_F32, NULL, &ex),
-                 KVP_OK, "%s", kvp_error_detail());
     kvp_engine *e;
-    cr_assert_eq(kvp_engine_create(&cfg, &ex, &e), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_engine_run(e, w, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
-    kvp_engine_metrics met;
-    cr_assert_eq(kvp_engine_metrics_get(e, &met), KVP_OK);
-    cr_assert_eq(met.finished, copies * n);
-    cr_assert_eq(met.leaked_blocks, 0);
+    kvp_engine_metrics met = run_on_cpu(m, &cfg, w, &ex, &e);
     if (preempt) cr_assert_gt(host_slots > 0 ? met.swap_outs : met.recomputes, 0, "the KV memory was meant to force %s",
                               host_slots > 0 ? "swapping" : "recomputation");
     if (cache != KVP_PC_NONE && copies > 1 && tier == 0) cr_assert_gt(met.prefix_hit_tokens, 0);
@@ -141,21 +151,9 @@ Test(cpu_executor, host_tier_loads_exact_kv)
     cfg.preempt = KVP_PREEMPT_SWAP;
     cfg.cache = KVP_PC_RADIX;
     cfg.host_cache_slots = 400 * 4;
-    cfg.max_model_len = 512;
-    cfg.max_batched_tokens = 64;
-    cfg.watermark_blocks = 0;
-    cfg.check_every_step = true;
     kvp_executor ex;
-    cr_assert_eq(kvp_cpu_executor_create(m, 100, 4, (int32_t)kvp_engine_host_blocks(&cfg), KVP_DTYPE_F32, NULL, &ex),
-                 KVP_OK, "%s", kvp_error_detail());
     kvp_engine *e;
-    cr_assert_eq(kvp_engine_create(&cfg, &ex, &e), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_engine_run(e, w, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
-    kvp_engine_metrics met;
-    cr_assert_eq(kvp_engine_metrics_get(e, &met), KVP_OK);
-
-    cr_assert_eq(met.finished, COPIES * 5);
-    cr_assert_eq(met.leaked_blocks, 0);
+    kvp_engine_metrics met = run_on_cpu(m, &cfg, w, &ex, &e);
     cr_assert_gt(met.swap_outs, 0, "the KV memory was meant to force swapping");
     cr_assert_gt(met.host_hit_tokens, 0, "prompts were meant to be found in the host tier");
     for (int r = 0; r < COPIES * 5; r++) {
