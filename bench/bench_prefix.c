@@ -119,7 +119,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         if (st != KVP_OK) break;
         int32_t nload = 0; /* blocks after the device hit found in the host tier */
         if (hc) {
-            kvp_pc_chain_hashes(toks[a], nfull, bs, hashes);
+            kvp_pc_chain_hashes(toks[a], nfull, bs, 0, hashes);
             if (!is_pin) nload = kvp_hc_match(hc, hashes + nh, (n - 1) / bs - nh, slots);
         }
         for (int32_t i = 0; i < nh; i++) kvp_pool_incref(pool, hit[i]);

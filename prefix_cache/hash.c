@@ -35,9 +35,7 @@ static int32_t find(const kvp_prefix_cache *pc, uint64_t h)
 #define PREFETCH 8
 static void hash_chain(kvp_prefix_cache *pc, const int32_t *tokens, int32_t nb, uint64_t extra)
 {
-    uint64_t h = 0;
-    for (int32_t i = 0; i < nb; i++)
-        h = pc->scr_h[i] = kvp_pc_block_hash(h, tokens + (size_t)i * pc->bs, pc->bs, i == 0 ? extra : 0);
+    kvp_pc_chain_hashes(tokens, nb, pc->bs, extra, pc->scr_h);
     for (int32_t i = 0; i < nb && i < PREFETCH; i++) pc_map_prefetch(&pc->map, pc->scr_h[i]);
 }
 

@@ -191,9 +191,3 @@ kvp_status kvp_hc_check(const kvp_host_cache *hc)
                        (long long)hc->st.held_blocks, hc->map.n);
     return KVP_OK;
 }
-
-void kvp_pc_chain_hashes(const int32_t *tokens, int32_t n_blocks, int32_t block_size, uint64_t *out)
-{
-    uint64_t h = 0;
-    for (int32_t i = 0; i < n_blocks; i++) out[i] = h = kvp_pc_block_hash(h, tokens + (size_t)i * block_size, block_size, 0);
-}

@@ -18,7 +18,7 @@
  * the held set of a prompt stays a prefix (a hit needs a run of consecutive blocks).
  *
  * Every call but create is O(blocks given) and never allocates: the map and the lists are sized at create.
- * A 64-bit chain hash names a block (a collision would load a wrong block, as in vLLM's hash cache).
+ * A 64-bit chain hash (kvp_pc_chain_hashes) names a block (a collision would load a wrong block, as in vLLM's hash cache).
  * Not thread-safe: one owner at a time.
  */
 #ifndef KVP_PREFIX_CACHE_HOST_CACHE_H
@@ -63,9 +63,5 @@ void kvp_hc_get_stats(const kvp_host_cache *hc, kvp_hc_stats *out);
 /* Invariant walker (tests): the LRU list and the free list partition the slots, the map holds exactly the
  * listed slots under their hashes, held_blocks agrees. KVP_OK or KVP_ESTATE naming the first violation. */
 kvp_status kvp_hc_check(const kvp_host_cache *hc);
-
-/* The chain hashes of the first n_blocks full blocks of tokens (extra key 0): h[i] = kvp_pc_block_hash(h[i-1],
- * block i). The key of both tiers' blocks. */
-void kvp_pc_chain_hashes(const int32_t *tokens, int32_t n_blocks, int32_t block_size, uint64_t *out);
 
 #endif

@@ -51,6 +51,13 @@ uint64_t kvp_pc_block_hash(uint64_t prev, const int32_t *block_tokens, int32_t b
     return XXH3_64bits_withSeed(block_tokens, (size_t)block_size * sizeof(int32_t), seed);
 }
 
+void kvp_pc_chain_hashes(const int32_t *tokens, int32_t n_blocks, int32_t block_size, uint64_t extra_key, uint64_t *out)
+{
+    uint64_t h = 0;
+    for (int32_t i = 0; i < n_blocks; i++)
+        out[i] = h = kvp_pc_block_hash(h, tokens + (size_t)i * block_size, block_size, i == 0 ? extra_key : 0);
+}
+
 pc_key pc_policy_key(const kvp_prefix_cache *pc, const pc_meta *m, int64_t next_use, int32_t depth)
 {
     switch (pc->policy) {
@@ -316,10 +323,8 @@ kvp_status kvp_pc_next_use(const int32_t *const *tokens, const int32_t *lens, co
         if (nb == 0) continue;
         if ((st = kvp_grow((void **)&h, &hcap, (size_t)nb, sizeof *h)) != KVP_OK) break;
         if ((st = pc_map_reserve(&map, (size_t)nm)) != KVP_OK) break;
-        uint64_t prev = 0;
+        kvp_pc_chain_hashes(tokens[a], nb, block_size, extra_keys ? extra_keys[a] : 0, h);
         for (int32_t i = 0; i < nb; i++) {
-            prev = h[i] = kvp_pc_block_hash(prev, tokens[a] + (size_t)i * block_size, block_size,
-                                            i == 0 && extra_keys ? extra_keys[a] : 0);
             int64_t s = pc_map_first(&map, h[i]);
             next_use[a][i] = s >= 0 ? map.slots[s].val : KVP_PC_NEVER;
         }

@@ -184,5 +184,8 @@ kvp_status kvp_pc_next_use(const int32_t *const *tokens, const int32_t *lens, co
 /* The chain hash of block i given the previous block's hash (h_{-1} = 0 for block 0; extra_key mixes into
  * block 0 only): the function used by the hash cache and kvp_pc_next_use. */
 uint64_t kvp_pc_block_hash(uint64_t prev, const int32_t *block_tokens, int32_t block_size, uint64_t extra_key);
+/* out[i] = the chain hash of block i of tokens, for the first n_blocks full blocks (kvp_pc_block_hash from
+ * block 0, extra_key mixed into block 0): the key of a block in the hash cache and in the host tier. */
+void kvp_pc_chain_hashes(const int32_t *tokens, int32_t n_blocks, int32_t block_size, uint64_t extra_key, uint64_t *out);
 
 #endif

@@ -309,7 +309,7 @@ static kvp_status chain_hashes(kvp_engine *e, const seq_t *s, int32_t n_blocks)
     KVP_TRY(known_tokens(e, s, n_blocks * e->cfg.block_size, &toks));
     KVP_TRY(kvp_grow((void **)&e->hashes, &e->hashes_cap, (size_t)n_blocks + 1, sizeof *e->hashes));
     KVP_TRY(kvp_grow((void **)&e->hslots, &e->hslots_cap, (size_t)n_blocks + 1, sizeof *e->hslots));
-    kvp_pc_chain_hashes(toks, n_blocks, e->cfg.block_size, e->hashes);
+    kvp_pc_chain_hashes(toks, n_blocks, e->cfg.block_size, 0, e->hashes);
     return KVP_OK;
 }
 

@@ -363,7 +363,7 @@ static kvp_status cache_blocks(gen_ctx *g, const gseq *s, int32_t nfull)
     KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
     KVP_TRY(kvp_pc_insert(g->pc, s->toks, s->n_toks, tv.blocks, nfull, NULL, 0, NULL));
     if (!g->hc) return KVP_OK;
-    kvp_pc_chain_hashes(s->toks, nfull, g->cfg->block_size, g->hashes);
+    kvp_pc_chain_hashes(s->toks, nfull, g->cfg->block_size, 0, g->hashes);
     int32_t n = kvp_hc_store(g->hc, g->hashes, nfull, g->hslots), k = 0;
     for (int32_t i = 0; n > 0 && i < nfull; i++)
         if (g->hslots[i] >= 0) {
@@ -447,7 +447,7 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     if (!wants_prompt_logits(g, s)) {
         KVP_TRY(kvp_pc_match(g->pc, s->toks, s->n_toks, NULL, 1, hit, cap_hit, &n_hit));
         if (g->hc && cap_hit > n_hit) {
-            kvp_pc_chain_hashes(s->toks, cap_hit, bs, g->hashes);
+            kvp_pc_chain_hashes(s->toks, cap_hit, bs, 0, g->hashes);
             n_load = kvp_hc_match(g->hc, g->hashes + n_hit, cap_hit - n_hit, g->hslots);
         }
     }

@@ -8,7 +8,7 @@
 
 #include "common/alloc.h"
 #include "prefix_cache/host_cache.h"
-#include "prefix_cache/prefix_cache.h"
+#include "prefix_cache/prefix_cache.h" /* kvp_pc_chain_hashes */
 
 enum { UNIVERSE = 48, MAXN = 14 };
 
@@ -196,10 +196,15 @@ Test(host_cache, chain_hashes_are_the_caches_keys)
     for (int i = 0; i < 12; i++) toks[i] = other[i] = 100 + i;
     other[9] = 7; /* differs in the last of 4 blocks */
     uint64_t h[4], g[4];
-    kvp_pc_chain_hashes(toks, 4, 3, h);
-    kvp_pc_chain_hashes(other, 4, 3, g);
+    kvp_pc_chain_hashes(toks, 4, 3, 0, h);
+    kvp_pc_chain_hashes(other, 4, 3, 0, g);
     cr_assert_eq(h[0], kvp_pc_block_hash(0, toks, 3, 0));
     cr_assert_eq(h[3], kvp_pc_block_hash(h[2], toks + 9, 3, 0));
     cr_assert(h[0] == g[0] && h[1] == g[1] && h[2] == g[2]);
     cr_assert_neq(h[3], g[3]);
+    uint64_t x[4]; /* an extra key (a LoRA id, say) changes every block's hash, through the first */
+    kvp_pc_chain_hashes(toks, 4, 3, 42, x);
+    cr_assert_eq(x[0], kvp_pc_block_hash(0, toks, 3, 42));
+    cr_assert_eq(x[1], kvp_pc_block_hash(x[0], toks + 3, 3, 0));
+    for (int i = 0; i < 4; i++) cr_assert_neq(x[i], h[i]);
 }
