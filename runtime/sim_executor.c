@@ -40,8 +40,6 @@ static kvp_status sim_step(void *vctx, const kvp_exec_batch *b, kvp_exec_result 
     c->stats.comm_s += cost.comm_s;
     c->stats.overhead_s += cost.overhead_s;
     c->stats.swap_s += swap;
-    c->stats.load_s += load;
-    c->stats.store_s += store;
     out->time_s = t;
     return KVP_OK;
 }

@@ -30,7 +30,6 @@ typedef struct {
     double compute_bound_s; /* time of steps where compute dominated */
     double memory_bound_s;
     double comm_s, overhead_s, swap_s;
-    double load_s, store_s;     /* host-tier moves (stores in the background: not in the steps' time) */
     double store_backlog_max_s; /* the most store time queued at the end of a step */
 } kvp_sim_stats;
 void kvp_sim_executor_stats(const kvp_executor *ex, kvp_sim_stats *out);
