@@ -182,12 +182,17 @@ void kvp_engine_config_default(kvp_engine_config *c)
     c->evict = KVP_EVICT_LRU;
 }
 
+/* The swap space's host blocks (with swap preemption; block_size >= 1): the first host ids. */
+static int32_t swap_blocks(const kvp_engine_config *c)
+{
+    int64_t n = c->preempt == KVP_PREEMPT_SWAP ? c->host_slots / c->block_size : 0;
+    return n > INT32_MAX - 1 ? INT32_MAX - 1 : (int32_t)n;
+}
+
 int64_t kvp_engine_host_blocks(const kvp_engine_config *c)
 {
     if (c->block_size < 1) return 0;
-    int64_t swap = c->preempt == KVP_PREEMPT_SWAP ? c->host_slots / c->block_size : 0;
-    if (swap > INT32_MAX - 1) swap = INT32_MAX - 1;
-    return swap + (c->cache != KVP_PC_NONE ? c->host_cache_slots / c->block_size : 0);
+    return swap_blocks(c) + (c->cache != KVP_PC_NONE ? c->host_cache_slots / c->block_size : 0);
 }
 
 /* ---------------------------------------------------------------- ordering */
@@ -415,8 +420,6 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
     if (c->alloc == KVP_ALLOC_PAGED && c->watermark_blocks >= nb)
         return KVP_ERR(KVP_EINVAL, "watermark_blocks %d leaves nothing of the %lld KV blocks to admit requests with",
                        (int)c->watermark_blocks, (long long)nb);
-    int64_t nhost = c->host_slots / c->block_size;
-    if (nhost > INT32_MAX - 1) nhost = INT32_MAX - 1;
 
     kvp_engine *e = kvp_calloc(1, sizeof *e);
     if (e == NULL) return KVP_ERR(KVP_ENOMEM, "engine: out of memory");
@@ -426,14 +429,14 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
     if (paged(e)) {
         kvp_bm_config bc = {.num_blocks = (int32_t)nb,
                             .block_size = c->block_size,
-                            .num_host_blocks = c->preempt == KVP_PREEMPT_SWAP ? (int32_t)nhost : 0,
+                            .num_host_blocks = swap_blocks(c),
                             .max_seq_len = c->max_model_len,
                             .watermark_blocks = c->watermark_blocks};
         e->num_blocks = (int32_t)nb;
         st = kvp_bm_create(&bc, &e->bm);
         if (st == KVP_OK && c->cache != KVP_PC_NONE)
             st = kvp_pc_create(c->cache, c->evict, kvp_bm_pool(e->bm), c->block_size, &e->pc);
-        e->hc_base = c->preempt == KVP_PREEMPT_SWAP ? (int32_t)nhost : 0;
+        e->hc_base = swap_blocks(c);
         if (st == KVP_OK && c->host_cache_slots > 0)
             st = kvp_hc_create((int32_t)(c->host_cache_slots / c->block_size), &e->hc);
     } else {
