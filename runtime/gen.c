@@ -1386,16 +1386,14 @@ static int32_t clamp_max_tokens(const kvp_model *m, const kvp_gen_request *r)
     return r->n_prompt + r->max_tokens > maxlen ? maxlen - r->n_prompt : r->max_tokens;
 }
 
-kvp_status kvp_gen_offload_blocks(const kvp_model *m, kvp_dtype dt, int32_t bs, int64_t bytes, int32_t *blocks)
+kvp_status kvp_gen_blocks_in(const kvp_model *m, kvp_dtype dt, int32_t bs, int64_t bytes, const char *opt, int32_t *blocks)
 {
     const double per_block = kvp_kv_cache_bytes(m, dt, 1, bs), nb = floor((double)bytes / per_block);
-    *blocks = 0;
-    if (bytes <= 0) return KVP_OK;
     if (nb < 1)
-        return KVP_ERR(KVP_EINVAL, "--kv-offloading-size of %lld bytes holds no block of %d tokens (%.0f bytes each)",
-                       (long long)bytes, bs, per_block);
+        return KVP_ERR(KVP_EINVAL, "%s of %lld bytes holds no block of %d tokens (%.0f bytes each)", opt, (long long)bytes,
+                       bs, per_block);
     if (nb > INT32_MAX / 2)
-        return KVP_ERR(KVP_EINVAL, "--kv-offloading-size of %lld bytes is more than %d blocks", (long long)bytes, INT32_MAX / 2);
+        return KVP_ERR(KVP_EINVAL, "%s of %lld bytes is more than %d blocks", opt, (long long)bytes, INT32_MAX / 2);
     *blocks = (int32_t)nb;
     return KVP_OK;
 }

@@ -187,10 +187,10 @@ typedef struct {
  * more of it); at most max_out of them into out. Returns how many (0: no occurrence). */
 int32_t kvp_ngram_propose(const int32_t *t, int32_t len, int32_t nmin, int32_t nmax, int32_t max_out, int32_t *out);
 
-/* --kv-offloading-size: the host tier's blocks in `bytes` of this model's KV (element type dt, blocks of bs
- * tokens; this rank's share under tensor parallelism) into *blocks (0 for 0 bytes). KVP_EINVAL when bytes > 0
- * hold no block or more than INT32_MAX / 2. */
-kvp_status kvp_gen_offload_blocks(const kvp_model *m, kvp_dtype dt, int32_t bs, int64_t bytes, int32_t *blocks);
+/* The KV blocks that `bytes` of this model's KV hold (element type dt, blocks of bs tokens; this rank's share
+ * under tensor parallelism) into *blocks: --kv-mem's cache, --kv-offloading-size's host tier. KVP_EINVAL naming
+ * `opt` when they hold no block or more than INT32_MAX / 2 (*blocks unchanged then). */
+kvp_status kvp_gen_blocks_in(const kvp_model *m, kvp_dtype dt, int32_t bs, int64_t bytes, const char *opt, int32_t *blocks);
 
 /* spec_accepted_tokens / spec_draft_tokens (0 with no draft). */
 double kvp_gen_spec_acceptance(const kvp_gen_stats *st);

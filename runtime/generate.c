@@ -331,7 +331,9 @@ static int run(gen_opts *o)
     cfg.stop_at_eos = !o->ignore_eos;
     cfg.kv_dtype = o->kv_dtype;
     cfg.skip_logprob = !o->json; /* only --json prints each sample's log-probability */
-    if ((st = kvp_gen_offload_blocks(m, o->kv_dtype, o->block_size, o->offload_bytes, &cfg.host_cache_blocks)) != KVP_OK) {
+    if (o->offload_bytes > 0 &&
+        (st = kvp_gen_blocks_in(m, o->kv_dtype, o->block_size, o->offload_bytes, "--kv-offloading-size",
+                                &cfg.host_cache_blocks)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
     }

@@ -2187,14 +2187,12 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
         kvp_model_set_matmul(m, o->matmul);
         if (o->kv_auto) cfg.kv_dtype = kvp_model_kv_dtype_auto(m);
     }
-    if (st == KVP_OK && cfg.num_blocks == 0) { /* this rank's bytes per block: the same on every rank */
-        const double per_block = kvp_kv_cache_bytes(m, cfg.kv_dtype, 1, cfg.block_size);
-        const double nb = (double)o->kv_mem / per_block;
-        if (nb < 1) st = KVP_ERR(KVP_EINVAL, "--kv-mem %lld holds no block of %d tokens (%.0f bytes)",
-                                 (long long)o->kv_mem, cfg.block_size, per_block);
-        cfg.num_blocks = nb > INT32_MAX / 2 ? INT32_MAX / 2 : (int32_t)nb;
-    }
-    if (st == KVP_OK) st = kvp_gen_offload_blocks(m, cfg.kv_dtype, cfg.block_size, o->offload_bytes, &cfg.host_cache_blocks);
+    /* this rank's bytes per block: the same on every rank */
+    if (st == KVP_OK && cfg.num_blocks == 0)
+        st = kvp_gen_blocks_in(m, cfg.kv_dtype, cfg.block_size, o->kv_mem, "--kv-mem", &cfg.num_blocks);
+    if (st == KVP_OK && o->offload_bytes > 0)
+        st = kvp_gen_blocks_in(m, cfg.kv_dtype, cfg.block_size, o->offload_bytes, "--kv-offloading-size",
+                               &cfg.host_cache_blocks);
     int rc;
     if (st != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
