@@ -196,6 +196,7 @@ void pc_hash_evict_one(kvp_prefix_cache *pc, int32_t *freed)
 {
     const int32_t u = pc_heap_settle(pc, &pc->heap, evict_key);
     pc_entry *e = ENT(u);
+    if (pc->on_evict) pc->on_evict(pc->on_evict_ctx, e->hash, e->block);
     pc_heap_remove(&pc->heap, u);
     pc_map_del(&pc->map, e->hash, u);
     pc->block_unit[e->block] = -1;

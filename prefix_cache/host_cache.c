@@ -2,6 +2,8 @@
  * over the slots (contract in host_cache.h). */
 #include "prefix_cache/host_cache.h"
 
+#include <string.h>
+
 #include "common/alloc.h"
 #include "prefix_cache/pc_internal.h"
 
@@ -155,6 +157,25 @@ int32_t kvp_hc_store(kvp_host_cache *hc, const uint64_t *hashes, int32_t n, int3
         if (slots_out[i] < 0) slots_out[i] = -1;
     }
     return fresh;
+}
+
+int32_t kvp_hc_victim(const kvp_host_cache *hc)
+{
+    return hc->free_head >= 0 ? -1 : hc->head;
+}
+
+static const char *const k_write_policies[] = {"write_through", "write_back"};
+
+kvp_status kvp_hc_write_policy_parse(const char *s, kvp_hc_write_policy *out)
+{
+    for (int i = 0; s != NULL && i < 2; i++)
+        if (strcmp(s, k_write_policies[i]) == 0) return *out = (kvp_hc_write_policy)i, KVP_OK;
+    return KVP_ERR(KVP_EINVAL, "unknown host-tier write policy '%s' (expected write_through or write_back)", s ? s : "(null)");
+}
+
+const char *kvp_hc_write_policy_name(kvp_hc_write_policy p)
+{
+    return (unsigned)p < 2 ? k_write_policies[p] : "?";
 }
 
 void kvp_hc_clear(kvp_host_cache *hc)

@@ -8,6 +8,7 @@
  *                                            copied host slot -> fresh device block (a "load")
  *     insert (computed blocks) ─────────►   store (write-through): each full block not yet held gets a slot
  *                                            and is copied device block -> host slot (a "store")
+ *     evict (write-back instead) ───────►   store the evicted block (kvp_pc_set_evict_hook)
  *
  * The host cache holds no KV itself: it only says which slot holds which block, and the caller moves the
  * data (the engine hands the moves to its executor; `bench prefix` only counts them). Slots are
@@ -54,6 +55,21 @@ int32_t kvp_hc_match(kvp_host_cache *hc, const uint64_t *hashes, int32_t n, int3
  * the capacity, only the first `capacity` blocks are stored (the rest get -1). Returns the number of new
  * slots (copies to make). */
 int32_t kvp_hc_store(kvp_host_cache *hc, const uint64_t *hashes, int32_t n, int32_t *slots_out);
+
+/* The slot the next new block would take from another: -1 while a slot is free, else the least recently
+ * used one (a caller with a copy still to read from a slot holds back a store that would take it). */
+int32_t kvp_hc_victim(const kvp_host_cache *hc);
+
+/* When blocks are written to the tier (SGLang's --hicache-write-policy):
+ *   write_through  every block the device cache takes in is stored at once (vLLM's CPU offloading too):
+ *                  the tier is a superset of what the device cache has held lately, and the copies run
+ *                  in the background, off the step's critical path;
+ *   write_back     a block is stored only when the device cache evicts it, and must be copied before its
+ *                  device block is reused (on the critical path): far fewer copies, and the tier holds
+ *                  mostly what the device cache does not, so the two capacities add up. */
+typedef enum { KVP_HC_WRITE_THROUGH, KVP_HC_WRITE_BACK } kvp_hc_write_policy;
+kvp_status kvp_hc_write_policy_parse(const char *s, kvp_hc_write_policy *out);
+const char *kvp_hc_write_policy_name(kvp_hc_write_policy p);
 
 /* Drops every block (a cold cache); the counters but held_blocks are kept. */
 void kvp_hc_clear(kvp_host_cache *hc);

@@ -83,6 +83,7 @@ typedef struct {
     int32_t nblocks, nchildren, lock, depth_end;     /* depth_end: blocks from the root to this node's end */
     int32_t *blocks;                                 /* [nblocks] block ids */
     int32_t *tokens;                                 /* [nblocks * block_size] */
+    uint64_t *hashes;                                /* [nblocks] chain hash of the prefix each block ends */
     int64_t *next_use;                               /* [nblocks], belady only (else NULL) */
     uint64_t extra_key;                              /* of the first block under the root */
     uint64_t mapkey;                                 /* this node's key in pc->map */
@@ -105,6 +106,8 @@ struct kvp_prefix_cache {
     kvp_block_pool *pool; /* borrowed */
     int32_t bs;
     int64_t clock;        /* one tick per access */
+    kvp_pc_evict_fn on_evict; /* eviction hook, or NULL */
+    void *on_evict_ctx;
     kvp_pc_stats st;
     int32_t *block_unit;  /* [num_blocks of the pool]: node (radix) / entry (hash) caching the block, or -1 */
     int32_t nblock_ids;

@@ -240,6 +240,12 @@ kvp_status kvp_pc_evict(kvp_prefix_cache *pc, int32_t n, int32_t *n_freed)
     return KVP_OK;
 }
 
+void kvp_pc_set_evict_hook(kvp_prefix_cache *pc, kvp_pc_evict_fn fn, void *ctx)
+{
+    pc->on_evict = fn;
+    pc->on_evict_ctx = ctx;
+}
+
 kvp_status kvp_pc_evict_until_free(kvp_prefix_cache *pc, int32_t need)
 {
     if (pc == NULL) return KVP_ERR(KVP_EINVAL, "kvp_pc_evict_until_free: NULL cache");

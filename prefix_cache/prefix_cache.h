@@ -150,6 +150,13 @@ kvp_status kvp_pc_evict(kvp_prefix_cache *pc, int32_t n, int32_t *n_freed);
  * blocks plus the evictable ones overstate what eviction gives: callers check the free count afterwards. */
 kvp_status kvp_pc_evict_until_free(kvp_prefix_cache *pc, int32_t need);
 
+/* Eviction hook (write-back to a host tier, host_cache.h): fn(ctx, chain_hash, block) is called for every
+ * block eviction drops, before the cache's reference on it goes (its KV is intact until the caller reuses
+ * the block). chain_hash is the key of the prefix the block completes (kvp_pc_chain_hashes: its key in the
+ * hash cache and in the host tier). fn must not call back into the cache. NULL fn: none (the default). */
+typedef void (*kvp_pc_evict_fn)(void *ctx, uint64_t chain_hash, int32_t block);
+void kvp_pc_set_evict_hook(kvp_prefix_cache *pc, kvp_pc_evict_fn fn, void *ctx);
+
 int64_t kvp_pc_num_cached(const kvp_prefix_cache *pc);
 int64_t kvp_pc_num_evictable(const kvp_prefix_cache *pc);
 void kvp_pc_get_stats(const kvp_prefix_cache *pc, kvp_pc_stats *out);
@@ -157,7 +164,8 @@ void kvp_pc_get_stats(const kvp_prefix_cache *pc, kvp_pc_stats *out);
 double kvp_pc_hit_rate(const kvp_pc_stats *s);
 
 /* Invariant walker (tests): radix: parent/child links, edge lengths, lock counts (a node's lock >= each
- * child's), the evictable set = unlocked leaves, block -> node index; hash: map <-> entries, evictable
+ * child's), the evictable set = unlocked leaves, block -> node index, each block's stored chain hash; hash:
+ * map <-> entries, evictable
  * set = unlocked entries; both: counters, every cached block has pool refcount >= 1 + (locks? 0 : 0),
  * no block cached twice. KVP_OK or KVP_ESTATE naming the first violation. O(cached blocks). */
 kvp_status kvp_pc_check(const kvp_prefix_cache *pc);

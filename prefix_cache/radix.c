@@ -52,6 +52,16 @@ static pc_key node_key(const kvp_prefix_cache *pc, const pc_node *n)
     return pc_policy_key(pc, &n->m, n->next_use ? n->next_use[n->nblocks - 1] : 0, n->depth_end);
 }
 
+/* out[0..nb) = the chain hashes of the blocks tokens[0..nb*bs) of a node under parent p (which continue
+ * p's last block's chain; extra mixes into a first block under the root). */
+static void node_hashes(const kvp_prefix_cache *pc, int32_t p, const int32_t *tokens, int32_t nb, uint64_t extra,
+                        uint64_t *out)
+{
+    uint64_t h = p == 0 ? 0 : NODE(p)->hashes[NODE(p)->nblocks - 1];
+    for (int32_t j = 0; j < nb; j++)
+        out[j] = h = kvp_pc_block_hash(h, tokens + (size_t)j * pc->bs, pc->bs, p == 0 && j == 0 ? extra : 0);
+}
+
 /* ---- node slots and arrays ----------------------------------------------------------------------- */
 
 static kvp_status reserve_nodes(kvp_prefix_cache *pc, int32_t k)
@@ -80,6 +90,7 @@ static int32_t take_node(kvp_prefix_cache *pc)
 
 typedef struct {
     int32_t *blocks, *tokens;
+    uint64_t *hashes;
     int64_t *next_use;
 } node_arrays;
 
@@ -87,6 +98,7 @@ static void arrays_free(node_arrays *a)
 {
     kvp_free(a->blocks);
     kvp_free(a->tokens);
+    kvp_free(a->hashes);
     kvp_free(a->next_use);
     memset(a, 0, sizeof *a);
 }
@@ -96,8 +108,10 @@ static kvp_status arrays_alloc(const kvp_prefix_cache *pc, int32_t nb, node_arra
     memset(a, 0, sizeof *a);
     a->blocks = kvp_malloc((size_t)nb * sizeof *a->blocks);
     a->tokens = kvp_malloc((size_t)nb * (size_t)pc->bs * sizeof *a->tokens);
+    a->hashes = kvp_malloc((size_t)nb * sizeof *a->hashes);
     if (pc->policy == KVP_EVICT_BELADY) a->next_use = kvp_malloc((size_t)nb * sizeof *a->next_use);
-    if (a->blocks == NULL || a->tokens == NULL || (pc->policy == KVP_EVICT_BELADY && a->next_use == NULL)) {
+    if (a->blocks == NULL || a->tokens == NULL || a->hashes == NULL ||
+        (pc->policy == KVP_EVICT_BELADY && a->next_use == NULL)) {
         arrays_free(a);
         return KVP_ERR(KVP_ENOMEM, "out of memory for a radix node of %d blocks", nb);
     }
@@ -139,6 +153,7 @@ void pc_radix_fini(kvp_prefix_cache *pc)
         if (NODE(u)->free_next == IN_USE) {
             kvp_free(NODE(u)->blocks);
             kvp_free(NODE(u)->tokens);
+            kvp_free(NODE(u)->hashes);
             kvp_free(NODE(u)->next_use);
         }
     kvp_free(pc->nodes);
@@ -187,10 +202,12 @@ static int32_t split(kvp_prefix_cache *pc, int32_t x, int32_t k, node_arrays *a)
     const size_t bs = (size_t)pc->bs;
     M->blocks = a->blocks;
     M->tokens = a->tokens;
+    M->hashes = a->hashes;
     M->next_use = a->next_use;
     memset(a, 0, sizeof *a);
     memcpy(M->blocks, X->blocks, (size_t)k * sizeof *M->blocks);
     memcpy(M->tokens, X->tokens, (size_t)k * bs * sizeof *M->tokens);
+    memcpy(M->hashes, X->hashes, (size_t)k * sizeof *M->hashes);
     if (M->next_use) memcpy(M->next_use, X->next_use, (size_t)k * sizeof *M->next_use);
     M->nblocks = k;
     M->depth_end = X->depth_end - (X->nblocks - k);
@@ -213,6 +230,7 @@ static int32_t split(kvp_prefix_cache *pc, int32_t x, int32_t k, node_arrays *a)
     M->nchildren = 1;
     memmove(X->blocks, X->blocks + k, (size_t)(X->nblocks - k) * sizeof *X->blocks);
     memmove(X->tokens, X->tokens + (size_t)k * bs, (size_t)(X->nblocks - k) * bs * sizeof *X->tokens);
+    memmove(X->hashes, X->hashes + k, (size_t)(X->nblocks - k) * sizeof *X->hashes);
     if (X->next_use) memmove(X->next_use, X->next_use + k, (size_t)(X->nblocks - k) * sizeof *X->next_use);
     X->nblocks -= k;
     X->extra_key = 0;
@@ -303,9 +321,11 @@ kvp_status pc_radix_insert(kvp_prefix_cache *pc, const int32_t *tokens, const in
         pc_node *N = NODE(u);
         N->blocks = an.blocks;
         N->tokens = an.tokens;
+        N->hashes = an.hashes;
         N->next_use = an.next_use;
         memcpy(N->blocks, blocks + w.got, (size_t)nnew * sizeof *N->blocks);
         memcpy(N->tokens, tokens + (size_t)w.got * pc->bs, (size_t)nnew * pc->bs * sizeof *N->tokens);
+        node_hashes(pc, p, N->tokens, nnew, extra, N->hashes);
         N->nblocks = nnew;
         N->depth_end = n_blocks;
         N->extra_key = p == 0 ? extra : 0;
@@ -366,8 +386,10 @@ static void remove_node(kvp_prefix_cache *pc, int32_t u)
         pc_heap_push(&pc->heap, p, node_key(pc, NODE(p)));
     kvp_free(x->blocks);
     kvp_free(x->tokens);
+    kvp_free(x->hashes);
     kvp_free(x->next_use);
     x->blocks = x->tokens = NULL;
+    x->hashes = NULL;
     x->next_use = NULL;
     x->free_next = pc->node_free;
     pc->node_free = u;
@@ -387,6 +409,7 @@ void pc_radix_evict_one(kvp_prefix_cache *pc, int32_t *freed)
     const int32_t u = pc_heap_settle(pc, &pc->heap, evict_key);
     pc_node *x = NODE(u);
     int32_t b = x->blocks[--x->nblocks];
+    if (pc->on_evict) pc->on_evict(pc->on_evict_ctx, x->hashes[x->nblocks], b);
     x->depth_end--;
     pc->block_unit[b] = -1;
     kvp_pool_decref(pc->pool, b);
@@ -441,6 +464,11 @@ kvp_status pc_radix_check(const kvp_prefix_cache *pc)
         cached += x->nblocks;
         if (x->lock == 0) evictable += x->nblocks;
         if (x->parent != 0 && x->extra_key != 0) return KVP_ERR(KVP_ESTATE, "radix: inner node %d has an extra key", u);
+        uint64_t h = x->parent == 0 ? 0 : p->hashes[p->nblocks - 1];
+        for (int32_t j = 0; j < x->nblocks; j++) {
+            h = kvp_pc_block_hash(h, x->tokens + (size_t)j * pc->bs, pc->bs, x->parent == 0 && j == 0 ? x->extra_key : 0);
+            if (x->hashes[j] != h) return KVP_ERR(KVP_ESTATE, "radix: block %d of node %d has a stale chain hash", j, u);
+        }
         if (x->mapkey != child_key(pc, x->parent, x->tokens, x->extra_key))
             return KVP_ERR(KVP_ESTATE, "radix: node %d map key is stale", u);
         if (find_child(pc, x->parent, x->tokens, x->extra_key) != u)

@@ -1,7 +1,7 @@
 /* Tests of prefix_cache/host_cache.h: random matches and stores against a model that keeps a last-use time
  * per held hash (store and match make the given blocks the most recent, the first block most; the least
  * recent leave when over capacity), with the invariant walker after every call; slots stay put while held;
- * allocation failures; the chain hashes. */
+ * the next victim; allocation failures; the chain hashes; write-policy names. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 #include <string.h>
@@ -69,6 +69,11 @@ static void run_random(int32_t cap, int ops, unsigned seed)
         int v[MAXN];
         uint64_t h[MAXN];
         int32_t slots[MAXN], n = rand() % MAXN;
+        /* the victim: none while a slot is free, else the model's least recently used block's slot */
+        int lru = -1;
+        for (int i = 0; i < UNIVERSE; i++)
+            if (m.t[i] > 0 && (lru < 0 || m.t[i] < m.t[lru])) lru = i;
+        cr_assert_eq(kvp_hc_victim(hc), model_held(&m) < cap ? -1 : m.slot[lru], "op %d: victim", op);
         random_chain(v, n);
         for (int32_t i = 0; i < n; i++) h[i] = H(v[i]);
         if (rand() % 2) {
@@ -207,4 +212,18 @@ Test(host_cache, chain_hashes_are_the_caches_keys)
     cr_assert_eq(x[0], kvp_pc_block_hash(0, toks, 3, 42));
     cr_assert_eq(x[1], kvp_pc_block_hash(x[0], toks + 3, 3, 0));
     for (int i = 0; i < 4; i++) cr_assert_neq(x[i], h[i]);
+}
+
+Test(host_cache, write_policy_names)
+{
+    kvp_hc_write_policy p = KVP_HC_WRITE_THROUGH;
+    cr_assert_eq(kvp_hc_write_policy_parse("write_back", &p), KVP_OK);
+    cr_assert_eq(p, KVP_HC_WRITE_BACK);
+    cr_assert_str_eq(kvp_hc_write_policy_name(p), "write_back");
+    cr_assert_eq(kvp_hc_write_policy_parse("write_through", &p), KVP_OK);
+    cr_assert_eq(p, KVP_HC_WRITE_THROUGH);
+    cr_assert_eq(kvp_hc_write_policy_parse("write_through_selective", &p), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "write_through_selective") != NULL, "the error names the value");
+    cr_assert_eq(kvp_hc_write_policy_parse(NULL, &p), KVP_EINVAL);
+    cr_assert_eq(p, KVP_HC_WRITE_THROUGH, "a failed parse leaves the value");
 }

@@ -113,6 +113,20 @@ static void finish(kvp_prefix_cache *pc, kvp_block_pool *pool, active_req *r, in
     memset(r, 0, sizeof *r);
 }
 
+/* The eviction hook's record: what kvp_pc_evict reported. */
+typedef struct {
+    uint64_t hash[64];
+    int32_t block[64], n;
+} evicted_log;
+
+static void log_evicted(void *ctx, uint64_t hash, int32_t block)
+{
+    evicted_log *l = ctx;
+    cr_assert_lt(l->n, 64);
+    l->hash[l->n] = hash;
+    l->block[l->n++] = block;
+}
+
 /* Runs `steps` random requests; returns total hit tokens. hits_out[i] (may be NULL) = hit blocks of request i. */
 static int64_t run_random(kvp_pc_kind kind, kvp_evict_policy pol, int32_t pool_blocks, uint64_t seed, int steps,
                           int32_t *hits_out)
@@ -122,6 +136,8 @@ static int64_t run_random(kvp_pc_kind kind, kvp_evict_policy pol, int32_t pool_b
     kvp_prefix_cache *pc;
     cr_assert_eq(kvp_pool_create(pool_blocks, bs, &pool), KVP_OK);
     cr_assert_eq(kvp_pc_create(kind, pol, pool, bs, &pc), KVP_OK);
+    evicted_log elog;
+    kvp_pc_set_evict_hook(pc, log_evicted, &elog);
     int32_t *req_refs = calloc((size_t)pool_blocks, sizeof *req_refs);
     int32_t base[6][48];
     uint64_t s = seed;
@@ -180,10 +196,20 @@ static int64_t run_random(kvp_pc_kind kind, kvp_evict_policy pol, int32_t pool_b
             }
             snap s0 = take_snap(pc);
             int32_t freed = -1;
+            elog.n = 0;
             cr_assert_eq(kvp_pc_evict(pc, ev, &freed), KVP_OK, "%s", kvp_error_detail());
             cr_assert_eq(freed, ev, "unreferenced cached blocks go back to the pool");
             snap s1 = take_snap(pc);
             cr_assert_eq(s1.n, s0.n - ev);
+            /* the hook named exactly the blocks that left, each with its chain hash (visit's, from tokens) */
+            cr_assert_eq(elog.n, ev, "the hook reported %d evictions of %d", elog.n, ev);
+            for (int32_t i = 0; i < elog.n; i++) {
+                const snap_item *o = snap_find(&s0, elog.hash[i]);
+                cr_assert(o && o->block == elog.block[i] && !snap_find(&s1, elog.hash[i]),
+                          "seed %llu: eviction %d reported block %d under a hash that did not leave with it",
+                          (unsigned long long)seed, i, elog.block[i]);
+                for (int32_t j = 0; j < i; j++) cr_assert_neq(elog.block[j], elog.block[i], "a block reported twice");
+            }
             for (int64_t i = 0; i < s1.n; i++) {
                 const snap_item *o = snap_find(&s0, s1.v[i].hash);
                 cr_assert(o && o->block == s1.v[i].block, "eviction changed a surviving entry");
@@ -231,6 +257,7 @@ static int64_t run_random(kvp_pc_kind kind, kvp_evict_policy pol, int32_t pool_b
     kvp_pc_get_stats(pc, &st);
     cr_assert_eq(st.hit_tokens, total_hit);
     cr_assert_eq(st.lookups, steps);
+    kvp_pc_set_evict_hook(pc, NULL, NULL);
     cr_assert_eq(kvp_pc_evict(pc, (int32_t)st.cached_blocks, NULL), KVP_OK);
     cr_assert_eq(kvp_pool_num_free(pool), pool_blocks, "evicting everything returns every block");
     kvp_pc_destroy(pc);
