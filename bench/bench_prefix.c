@@ -35,6 +35,20 @@ static int64_t cpu_ns(void)
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* write_back: every block the device cache evicts goes to the host tier (unless held there). */
+typedef struct {
+    kvp_host_cache *hc;
+    int64_t stored;
+} write_back_ctx;
+
+static void write_back(void *ctx, uint64_t hash, int32_t block)
+{
+    (void)block;
+    write_back_ctx *wb = ctx;
+    int32_t slot;
+    wb->stored += kvp_hc_store(wb->hc, &hash, 1, &slot);
+}
+
 kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg *cfg, kvp_prefix_replay_result *out)
 {
     if (w == NULL || cfg == NULL || out == NULL) return KVP_ERR(KVP_EINVAL, "kvp_prefix_replay: NULL argument");
@@ -42,6 +56,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
     if (cfg->capacity < 0) return KVP_ERR(KVP_EINVAL, "capacity %lld < 0", (long long)cfg->capacity);
     if (cfg->host_capacity < 0 || cfg->host_capacity > INT32_MAX)
         return KVP_ERR(KVP_EINVAL, "host capacity %lld blocks is out of [0, %d]", (long long)cfg->host_capacity, INT32_MAX);
+    if ((unsigned)cfg->host_policy > KVP_HC_WRITE_BACK) return KVP_ERR(KVP_EINVAL, "unknown host-tier write policy");
     const int32_t bs = cfg->block_size;
     double t0 = kvp_now_s();
     int64_t na = w->n_pins + w->n, total_blocks = 0, max_blocks = 1, full_blocks = 0;
@@ -90,6 +105,8 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
     if (st == KVP_OK && !(blocks && hit)) st = KVP_ERR(KVP_ENOMEM, "out of memory for the replay");
     if (st == KVP_OK) st = kvp_pool_create((int32_t)pool_blocks, bs, &pool);
     if (st == KVP_OK) st = kvp_pc_create(cfg->kind, cfg->policy, pool, bs, &pc);
+    write_back_ctx wb = {hc, 0};
+    if (st == KVP_OK && hc && cfg->host_policy == KVP_HC_WRITE_BACK) kvp_pc_set_evict_hook(pc, write_back, &wb);
     if (st == KVP_OK && cfg->policy == KVP_EVICT_BELADY) {
         nu_flat = kvp_malloc((size_t)(full_blocks ? full_blocks : 1) * sizeof *nu_flat);
         nu = kvp_malloc((size_t)(na ? na : 1) * sizeof *nu);
@@ -137,7 +154,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         if (got < need && !is_pin) out->short_requests++;
         if (nload > got) nload = got;
         int32_t ncache = nh + got < nfull ? nh + got : nfull;
-        if (hc) out->host_stored_blocks += kvp_hc_store(hc, hashes, ncache, slots);
+        if (hc && cfg->host_policy == KVP_HC_WRITE_THROUGH) out->host_stored_blocks += kvp_hc_store(hc, hashes, ncache, slots);
         c0 = kvp_now_ns();
         u0 = cpu_ns();
         st = kvp_pc_insert(pc, toks[a], len, blocks, ncache, &hint, 0, NULL);
@@ -161,6 +178,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         out->inserted_blocks = ps.inserted_blocks;
         out->evicted_blocks = ps.evicted_blocks;
         out->peak_cached_blocks = ps.peak_cached_blocks;
+        out->host_stored_blocks += wb.stored;
         out->hit_rate = out->prompt_tokens ? (double)out->hit_tokens / (double)out->prompt_tokens : 0;
         out->host_hit_rate = out->prompt_tokens ? (double)out->host_hit_tokens / (double)out->prompt_tokens : 0;
         out->total_hit_rate = out->hit_rate + out->host_hit_rate;
@@ -190,7 +208,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
 static const char *const FIELDS[] = {"workload",      "cache",          "evict",           "block_size",  "capacity",
                                      "capacity_eff",  "capacity_tokens", "series",         "requests",        "prompt_tokens", "hit_tokens",
                                      "hit_rate",      "block_hit_rate", "host_capacity", "host_hit_tokens",
-                                     "host_hit_rate", "total_hit_rate", "host_stored_blocks", "inserted_blocks", "evicted_blocks",
+                                     "host_write_policy", "host_hit_rate", "total_hit_rate", "host_stored_blocks", "inserted_blocks", "evicted_blocks",
                                      "peak_cached_blocks", "short_requests", "wall_s",     "cache_mtok_per_s",
                                      "cache_cpu_mtok_per_s"};
 #define NFIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
@@ -217,6 +235,9 @@ static void usage(FILE *f)
             "                          --capacity-tokens), LRU, filled write-through with every cached block;\n"
             "                          the blocks after a device hit are looked up there (comma list; 0 = none,\n"
             "                          the default)\n"
+            "  --host-write-policy LIST  when blocks go to the host tier (SGLang's --hicache-write-policy):\n"
+            "                          write_through (every cached block, at once; the default) or write_back\n"
+            "                          (each block the device cache evicts) (comma list)\n"
             "  --sweep                 write OUT/NAME.csv and OUT/NAME.png (total hit rate against capacity, one line\n"
             "                          per cache/policy); implied by more than one combination\n"
             "  --out DIR               output folder of a sweep (default bench/results)\n"
@@ -227,8 +248,8 @@ static void usage(FILE *f)
             "\n"
             "Fields: workload cache evict block_size capacity capacity_eff (capacity, or the peak when unbounded)\n"
             "capacity_tokens (capacity_eff x block_size) series requests prompt_tokens hit_tokens hit_rate\n"
-            "block_hit_rate host_capacity host_hit_tokens host_hit_rate total_hit_rate (hit_rate + host_hit_rate)\n"
-            "host_stored_blocks inserted_blocks evicted_blocks peak_cached_blocks short_requests wall_s\n"
+            "block_hit_rate host_capacity host_hit_tokens host_write_policy host_hit_rate total_hit_rate (hit_rate +\n"
+            "host_hit_rate) host_stored_blocks inserted_blocks evicted_blocks peak_cached_blocks short_requests wall_s\n"
             "cache_mtok_per_s (prompt tokens per second of wall time inside match + insert)\n"
             "cache_cpu_mtok_per_s (the same per second of thread CPU time) machine commit.\n"
             "Example: kvpage bench prefix --trace mooncake:../shared/data/traces/mooncake/synthetic_trace.jsonl \\\n"
@@ -244,6 +265,7 @@ typedef struct {
 } strlist;
 
 static kvp_status parse_cache(const char *s, void *out) { return kvp_pc_kind_parse(s, out); }
+static kvp_status parse_host_policy(const char *s, void *out) { return kvp_hc_write_policy_parse(s, out); }
 static kvp_status parse_cap_blocks(const char *s, void *out) { return kvp_parse_i64(s, 0, INT32_MAX - 1, out); }
 static kvp_status parse_cap_tokens(const char *s, void *out) { return kvp_parse_i64(s, 0, INT64_MAX / 2, out); }
 
@@ -274,15 +296,16 @@ static int run_plot(const char *csv, const char *png, const char *title)
 }
 
 static int add_row(kvp_report *rep, const kvp_workload *w, const kvp_prefix_replay_cfg *c, const kvp_prefix_replay_result *r,
-                   int multi_bs, int multi_host)
+                   int multi_bs, int multi_host, int multi_policy)
 {
     cJSON *row;
     if (kvp_report_row(rep, &row) != KVP_OK) return -1;
-    char series[128], bs_part[24] = "", host_part[40] = "";
+    char series[160], bs_part[24] = "", host_part[40] = "", pol_part[24] = "";
     if (multi_bs) snprintf(bs_part, sizeof bs_part, "/bs%d", c->block_size);
     if (multi_host) snprintf(host_part, sizeof host_part, "/host%lld", (long long)c->host_capacity);
-    snprintf(series, sizeof series, "%s/%s%s%s", kvp_pc_kind_name(c->kind), kvp_evict_policy_name(c->policy), bs_part,
-             host_part);
+    if (multi_policy && c->host_capacity > 0) snprintf(pol_part, sizeof pol_part, "/%s", kvp_hc_write_policy_name(c->host_policy));
+    snprintf(series, sizeof series, "%s/%s%s%s%s", kvp_pc_kind_name(c->kind), kvp_evict_policy_name(c->policy), bs_part,
+             host_part, pol_part);
     cJSON_AddStringToObject(row, "workload", w->name);
     cJSON_AddStringToObject(row, "cache", kvp_pc_kind_name(c->kind));
     cJSON_AddStringToObject(row, "evict", kvp_evict_policy_name(c->policy));
@@ -299,6 +322,7 @@ static int add_row(kvp_report *rep, const kvp_workload *w, const kvp_prefix_repl
     cJSON_AddNumberToObject(row, "block_hit_rate", r->block_hit_rate);
     cJSON_AddNumberToObject(row, "host_capacity", (double)c->host_capacity);
     cJSON_AddNumberToObject(row, "host_hit_tokens", (double)r->host_hit_tokens);
+    cJSON_AddStringToObject(row, "host_write_policy", c->host_capacity > 0 ? kvp_hc_write_policy_name(c->host_policy) : "");
     cJSON_AddNumberToObject(row, "host_hit_rate", r->host_hit_rate);
     cJSON_AddNumberToObject(row, "total_hit_rate", r->total_hit_rate);
     cJSON_AddNumberToObject(row, "host_stored_blocks", (double)r->host_stored_blocks);
@@ -320,14 +344,15 @@ int kvp_bench_prefix(int argc, char **argv)
         {"skip-bad", no_argument, NULL, 'S'},     {"cache", required_argument, NULL, 'c'},
         {"evict", required_argument, NULL, 'e'},  {"block-size", required_argument, NULL, 'b'},
         {"capacity", required_argument, NULL, 'C'}, {"capacity-tokens", required_argument, NULL, 'T'},
-        {"host-capacity", required_argument, NULL, 'H'},
+        {"host-capacity", required_argument, NULL, 'H'}, {"host-write-policy", required_argument, NULL, 'W'},
         {"sweep", no_argument, NULL, 's'},
         {"out", required_argument, NULL, 'o'},    {"name", required_argument, NULL, 'n'},
         {"format", required_argument, NULL, 'f'}, {"json", no_argument, NULL, 'j'},
         {"no-plot", no_argument, NULL, 'P'},      {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    const char *trace = NULL, *spec = NULL, *cache_s = "radix", *evict_s = "lru", *bs_s = "16", *cap_s = NULL, *host_s = "0";
+    const char *trace = NULL, *spec = NULL, *cache_s = "radix", *evict_s = "lru", *bs_s = "16", *cap_s = NULL, *host_s = "0",
+               *hpol_s = "write_through";
     const char *outdir = "bench/results", *name = NULL;
     int skip_bad = 0, sweep = 0, plot = 1, cap_tokens = 0, c;
     kvp_format fmt = KVP_FMT_TABLE;
@@ -347,6 +372,7 @@ int kvp_bench_prefix(int argc, char **argv)
             cap_tokens = c == 'T';
             break;
         case 'H': host_s = optarg; break;
+        case 'W': hpol_s = optarg; break;
         case 's': sweep = 1; break;
         case 'o': outdir = optarg; break;
         case 'n': name = optarg; break;
@@ -367,7 +393,8 @@ int kvp_bench_prefix(int argc, char **argv)
     kvp_evict_policy pols[MAXL];
     int32_t bss[MAXL];
     int64_t caps[MAXL], hosts[MAXL];
-    int nk = 0, np = 0, nbs = 0, ncap = 0, nhost = 0;
+    kvp_hc_write_policy hpols[MAXL];
+    int nk = 0, np = 0, nbs = 0, ncap = 0, nhost = 0, nhp = 0;
     if (kvp_parse_list(cache_s, parse_cache, kinds, sizeof kinds[0], MAXL, &nk) != KVP_OK)
         return kvp_cli_usage_error("bench prefix", "--cache: %s", kvp_error_message());
     if (split_list(evict_s, &le) != 0) return kvp_cli_usage_error("bench prefix", "bad --evict list '%s'", evict_s);
@@ -392,7 +419,9 @@ int kvp_bench_prefix(int argc, char **argv)
     }
     if (kvp_parse_list(host_s, cap_tokens ? parse_cap_tokens : parse_cap_blocks, hosts, sizeof hosts[0], MAXL, &nhost) != KVP_OK)
         return kvp_cli_usage_error("bench prefix", "--host-capacity: %s", kvp_error_message());
-    if (nk * np * nbs * ncap * nhost > 1) sweep = 1;
+    if (kvp_parse_list(hpol_s, parse_host_policy, hpols, sizeof hpols[0], MAXL, &nhp) != KVP_OK)
+        return kvp_cli_usage_error("bench prefix", "--host-write-policy: %s", kvp_error_message());
+    if (nk * np * nbs * ncap * nhost * nhp > 1) sweep = 1;
     if (sweep && name && (name[0] == '\0' || strchr(name, '/')))
         return kvp_cli_usage_error("bench prefix", "--name: '%s' is not a file name (no '/', not empty)", name);
     if (sweep && kvp_bench_out_dir("--out", outdir) != KVP_OK)
@@ -426,7 +455,7 @@ int kvp_bench_prefix(int argc, char **argv)
         int64_t cl[MAXL];
         int ncl = ncap;
         if (ncap < 0) {
-            kvp_prefix_replay_cfg c0 = {KVP_PC_RADIX, KVP_EVICT_LRU, bss[ib], 0, 0};
+            kvp_prefix_replay_cfg c0 = {KVP_PC_RADIX, KVP_EVICT_LRU, bss[ib], 0, 0, KVP_HC_WRITE_THROUGH};
             kvp_prefix_replay_result r0;
             if ((st = kvp_prefix_replay(w, &c0, &r0)) != KVP_OK) break;
             static const double frac[] = {0.05, 0.1, 0.2, 0.4, 0.7};
@@ -442,17 +471,18 @@ int kvp_bench_prefix(int argc, char **argv)
         for (int ik = 0; ik < nk && st == KVP_OK; ik++)
             for (int ip = 0; ip < np && st == KVP_OK; ip++)
                 for (int ih = 0; ih < nhost && st == KVP_OK; ih++)
-                    for (int ic = 0; ic < ncl && st == KVP_OK; ic++) {
-                        int64_t host = cap_tokens ? (hosts[ih] + bss[ib] - 1) / bss[ib] : hosts[ih];
-                        kvp_prefix_replay_cfg cfg = {kinds[ik], pols[ip], bss[ib], cl[ic], host};
-                        kvp_prefix_replay_result r;
-                        KVP_LOG_I("bench prefix: %s/%s bs %d capacity %lld host %lld", kvp_pc_kind_name(cfg.kind),
-                                  kvp_evict_policy_name(cfg.policy), cfg.block_size, (long long)cfg.capacity,
-                                  (long long)host);
-                        if ((st = kvp_prefix_replay(w, &cfg, &r)) != KVP_OK) break;
-                        if (add_row(rep, w, &cfg, &r, nbs > 1, nhost > 1) != 0)
-                            st = KVP_ERR(KVP_ENOMEM, "out of memory for the report");
-                    }
+                    for (int iw = 0; iw < (hosts[ih] > 0 ? nhp : 1) && st == KVP_OK; iw++) /* no tier: no policy */
+                        for (int ic = 0; ic < ncl && st == KVP_OK; ic++) {
+                            int64_t host = cap_tokens ? (hosts[ih] + bss[ib] - 1) / bss[ib] : hosts[ih];
+                            kvp_prefix_replay_cfg cfg = {kinds[ik], pols[ip], bss[ib], cl[ic], host, hpols[iw]};
+                            kvp_prefix_replay_result r;
+                            KVP_LOG_I("bench prefix: %s/%s bs %d capacity %lld host %lld %s", kvp_pc_kind_name(cfg.kind),
+                                      kvp_evict_policy_name(cfg.policy), cfg.block_size, (long long)cfg.capacity,
+                                      (long long)host, host > 0 ? kvp_hc_write_policy_name(cfg.host_policy) : "");
+                            if ((st = kvp_prefix_replay(w, &cfg, &r)) != KVP_OK) break;
+                            if (add_row(rep, w, &cfg, &r, nbs > 1, nhost > 1, nhp > 1) != 0)
+                                st = KVP_ERR(KVP_ENOMEM, "out of memory for the report");
+                        }
     }
     int rc = KVP_EXIT_OK;
     if (st != KVP_OK) rc = kvp_cli_fail("bench prefix", st);

@@ -11,7 +11,8 @@
  *   3. insert the full blocks; 4. unlock and drop the request's references (the request is over).
  * With a host tier (host_capacity > 0 blocks, prefix_cache/host_cache.h): the blocks after the device hit
  * are matched there too (host hits: loaded, not computed; they take device blocks as computed ones do), and
- * every full block inserted in step 3 is stored there too (write-through).
+ * every full block inserted in step 3 is stored there too (write_through), or every block the device cache
+ * evicts in step 2 (write_back).
  * Workload pins (e.g. a system prompt) are inserted first with their priority.
  * belady gets, for every block of every access, the index of the next request whose matchable prefix holds
  * it (kvp_pc_next_use over pins + requests).
@@ -22,6 +23,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "prefix_cache/host_cache.h"
 #include "prefix_cache/prefix_cache.h"
 #include "runtime/workload.h"
 
@@ -31,6 +33,7 @@ typedef struct {
     int32_t block_size;
     int64_t capacity; /* blocks; 0 = unbounded */
     int64_t host_capacity; /* blocks of the host tier; 0 = none */
+    kvp_hc_write_policy host_policy;
 } kvp_prefix_replay_cfg;
 
 typedef struct {
