@@ -93,6 +93,8 @@ struct kvp_engine {
     kvp_block_copy *tier_store, *tier_load;
     int32_t n_store, n_load;
     size_t store_cap, load_cap;
+    int64_t *load_step;      /* [tier slots] the step whose batch loads from the slot (-1: none yet) */
+    kvp_status write_back_st; /* the first error of the eviction hook (write_back), reported by evict_until */
 
     /* requests that wait for another's answer: due at a known time (a min-heap on (time, index)) */
     struct due {
@@ -259,10 +261,13 @@ static bool paged(const kvp_engine *e) { return e->cfg.alloc == KVP_ALLOC_PAGED;
 
 static int32_t num_free_blocks(const kvp_engine *e) { return kvp_bm_num_free(e->bm); }
 
-/* Evicts cached prefix blocks until `need` blocks are free or nothing is evictable. */
+/* Evicts cached prefix blocks until `need` blocks are free or nothing is evictable (write_back: stores
+ * the evicted blocks in the host tier, write_back below). */
 static kvp_status evict_until(kvp_engine *e, int32_t need)
 {
-    return e->pc == NULL ? KVP_OK : kvp_pc_evict_until_free(e->pc, need);
+    if (e->pc == NULL) return KVP_OK;
+    KVP_TRY(kvp_pc_evict_until_free(e->pc, need));
+    return e->write_back_st;
 }
 
 static kvp_status unlock_hits(kvp_engine *e, seq_t *s)
@@ -338,6 +343,12 @@ static kvp_status push_move(kvp_block_copy **v, int32_t *n, size_t *cap, int32_t
     return KVP_OK;
 }
 
+/* Whether a load of the next executor step still has to read tier slot `slot` (stores run before loads). */
+static bool load_pending(const kvp_engine *e, int32_t slot)
+{
+    return slot >= 0 && e->load_step[slot] == e->steps;
+}
+
 /* Write-through: blocks[0..n_full) of s, just cached, go to the host tier too (those not held there). The
  * moves run first in the next executor step, before anything can overwrite the blocks. Stores are decided
  * after a step ran (prefill done, finish) or while scheduling preempts by recompute, which comes before any
@@ -349,14 +360,29 @@ static kvp_status host_store(kvp_engine *e, const seq_t *s, const int32_t *block
     if (kvp_hc_store(e->hc, e->hashes, n_full, e->hslots) == 0) return KVP_OK;
     for (int32_t i = 0; i < n_full; i++) {
         if (e->hslots[i] < 0) continue;
-        const int32_t h = e->hc_base + e->hslots[i];
-        for (int32_t j = 0; j < e->n_load; j++)
-            if (e->tier_load[j].src == h)
-                return KVP_ERR(KVP_ESTATE, "engine: a host-tier store would overwrite slot %d before its load", e->hslots[i]);
-        KVP_TRY(push_move(&e->tier_store, &e->n_store, &e->store_cap, blocks[i], h));
+        if (load_pending(e, e->hslots[i]))
+            return KVP_ERR(KVP_ESTATE, "engine: a host-tier store would overwrite slot %d before its load", e->hslots[i]);
+        KVP_TRY(push_move(&e->tier_store, &e->n_store, &e->store_cap, blocks[i], e->hc_base + e->hslots[i]));
         e->host_stored_blocks++;
     }
     return KVP_OK;
+}
+
+/* Write-back (the prefix cache's eviction hook): an evicted block that the eviction frees goes to the host
+ * tier unless held there. One a running sequence still holds is not stored: the sequence caches it again
+ * when it finishes or is preempted (as SGLang never evicts a node a request holds). Evictions happen while
+ * admissions are scheduled, after some loads of this step were decided: a store that would take a slot one
+ * of them still reads is dropped (the block is lost, as without a tier). The stores run first in the step,
+ * before the evicted blocks can be reused. */
+static void write_back(void *ctx, uint64_t hash, int32_t block)
+{
+    kvp_engine *e = ctx;
+    int32_t slot;
+    if (e->write_back_st != KVP_OK || kvp_pool_refcount(kvp_bm_pool(e->bm), block) > 1 ||
+        load_pending(e, kvp_hc_victim(e->hc)) || kvp_hc_store(e->hc, &hash, 1, &slot) == 0)
+        return;
+    e->write_back_st = push_move(&e->tier_store, &e->n_store, &e->store_cap, block, e->hc_base + slot);
+    e->host_stored_blocks++;
 }
 
 /* Caches the full blocks of every token of s whose KV is computed (prompt and generated), as vLLM v1 and
@@ -373,7 +399,7 @@ static kvp_status cache_computed(kvp_engine *e, int64_t idx)
     KVP_TRY(kvp_bm_table(e->bm, idx, &v));
     kvp_pc_hint hint = {.priority = s->req->priority};
     KVP_TRY(kvp_pc_insert(e->pc, toks, s->num_computed, v.blocks, n_full, &hint, 0, NULL));
-    return e->hc ? host_store(e, s, v.blocks, n_full) : KVP_OK;
+    return e->hc && e->cfg.host_write_policy == KVP_HC_WRITE_THROUGH ? host_store(e, s, v.blocks, n_full) : KVP_OK;
 }
 
 /* ---------------------------------------------------------------- create / destroy */
@@ -398,6 +424,7 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
     if (c->watermark_blocks < 0) return KVP_ERR(KVP_EINVAL, "watermark_blocks must be >= 0");
     if (c->host_slots < 0) return KVP_ERR(KVP_EINVAL, "host_slots must be >= 0");
     if (c->host_cache_slots < 0) return KVP_ERR(KVP_EINVAL, "host_cache_slots must be >= 0");
+    if ((unsigned)c->host_write_policy > KVP_HC_WRITE_BACK) return KVP_ERR(KVP_EINVAL, "engine: unknown host-tier write policy");
     if (c->host_cache_slots > 0 && c->cache == KVP_PC_NONE)
         return KVP_ERR(KVP_EINVAL, "a host tier of the prefix cache needs a prefix cache (radix or hash)");
     if (c->host_cache_slots > 0 && c->host_cache_slots / c->block_size < 1)
@@ -437,8 +464,12 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
         if (st == KVP_OK && c->cache != KVP_PC_NONE)
             st = kvp_pc_create(c->cache, c->evict, kvp_bm_pool(e->bm), c->block_size, &e->pc);
         e->hc_base = swap_blocks(c);
-        if (st == KVP_OK && c->host_cache_slots > 0)
-            st = kvp_hc_create((int32_t)(c->host_cache_slots / c->block_size), &e->hc);
+        const int32_t tier = (int32_t)(c->host_cache_slots / c->block_size);
+        if (st == KVP_OK && tier > 0) st = kvp_hc_create(tier, &e->hc);
+        if (st == KVP_OK && tier > 0 && (e->load_step = kvp_malloc((size_t)tier * sizeof *e->load_step)) == NULL)
+            st = KVP_ERR(KVP_ENOMEM, "engine: out of memory for a host tier of %d blocks", tier);
+        for (int32_t i = 0; st == KVP_OK && i < tier; i++) e->load_step[i] = -1;
+        if (st == KVP_OK && tier > 0 && c->host_write_policy == KVP_HC_WRITE_BACK) kvp_pc_set_evict_hook(e->pc, write_back, e);
     } else {
         e->contig_policy = c->alloc == KVP_ALLOC_ORCA_MAX    ? KVP_CONTIG_MAX
                            : c->alloc == KVP_ALLOC_ORCA_POW2 ? KVP_CONTIG_POW2
@@ -477,6 +508,7 @@ void kvp_engine_destroy(kvp_engine *e)
     kvp_free(e->hslots);
     kvp_free(e->tier_store);
     kvp_free(e->tier_load);
+    kvp_free(e->load_step);
     kvp_bm_destroy(e->bm);
     kvp_contig_destroy(e->arena);
     kvp_free(e->seqs);
@@ -696,6 +728,9 @@ static kvp_status try_admit(kvp_engine *e, int64_t idx, int32_t *budget, bool *o
         if (n_hit) kvp_pc_unlock(e->pc, e->hit_scratch, n_hit);
         return hst;
     }
+    /* the slots to load from are pending from now on: the evictions below may write back (if the admission
+     * fails, they stay marked for this step, which only drops write-backs) */
+    for (int32_t i = 0; i < n_load; i++) e->load_step[e->hslots[i]] = e->steps;
     int32_t hit_tok = (n_hit + n_load) * bs; /* cached or loaded: not computed */
     int32_t remaining = total - hit_tok;
     int32_t k = remaining < *budget ? remaining : *budget;
@@ -1048,7 +1083,8 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
     }
     kvp_exec_batch batch = {.seqs = e->xs, .n = e->sched_n, .block_size = paged(e) ? e->cfg.block_size : 0};
     if (paged(e)) kvp_bm_step_ops_get(e->bm, &batch.ops);
-    batch.offload = (kvp_exec_offload){e->tier_store, e->n_store, e->tier_load, e->n_load};
+    batch.offload = (kvp_exec_offload){e->tier_store, e->n_store, e->tier_load, e->n_load,
+                                       e->cfg.host_write_policy == KVP_HC_WRITE_BACK};
     kvp_exec_result res = {.time_s = 0, .sampled = e->sampled};
     KVP_TRY(e->ex->step(e->ex->ctx, &batch, &res));
     if (paged(e)) kvp_bm_step_ops_clear(e->bm);
@@ -1122,7 +1158,10 @@ static kvp_status check_empty(kvp_engine *e)
                            (long long)(kvp_pc_num_cached(e->pc) - kvp_pc_num_evictable(e->pc)));
         if (e->pc && kvp_pc_num_cached(e->pc) > 0) {
             e->flushed_blocks += kvp_pc_num_cached(e->pc);
-            KVP_TRY(kvp_pc_evict(e->pc, (int32_t)kvp_pc_num_cached(e->pc), NULL));
+            kvp_pc_set_evict_hook(e->pc, NULL, NULL); /* the run is over: nothing to write back */
+            kvp_status st = kvp_pc_evict(e->pc, (int32_t)kvp_pc_num_cached(e->pc), NULL);
+            if (e->hc && e->cfg.host_write_policy == KVP_HC_WRITE_BACK) kvp_pc_set_evict_hook(e->pc, write_back, e);
+            KVP_TRY(st);
         }
         int32_t nfree = kvp_bm_num_free(e->bm);
         if (nfree != e->num_blocks)

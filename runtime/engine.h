@@ -48,7 +48,10 @@
  *
  * Host tier (host_cache_slots > 0, with a prefix cache): a second, LRU cache of full blocks in host memory
  * (prefix_cache/host_cache.h), filled write-through: every block the prefix cache takes in is also stored
- * there (a device -> host move in the next step's batch, kvp_exec_offload.store), unless held already. An
+ * there (a device -> host move in the next step's batch, kvp_exec_offload.store), unless held already; or,
+ * with host_write_policy write_back, each block the prefix cache evicts (offload.sync_stores: the move must
+ * end before the block is reused; a store that would take a tier slot a load of the same step still has to
+ * read is dropped). An
  * admission that matches n blocks in the prefix cache looks for the blocks after them there; those it finds
  * are loaded (host -> device moves into the sequence's fresh blocks, in the admission's step) and count as
  * computed, not as prompt to compute. Host-tier ids in the executor's host pool follow the swap space's:
@@ -72,6 +75,7 @@
 #include "blockmgr/accounting.h"
 #include "blockmgr/contiguous.h"
 #include "common/status.h"
+#include "prefix_cache/host_cache.h"
 #include "prefix_cache/prefix_cache.h"
 #include "runtime/executor.h"
 #include "runtime/workload.h"
@@ -103,6 +107,7 @@ typedef struct {
     int64_t kv_slots;           /* KV capacity in tokens (per rank); paged: kv_slots / block_size blocks */
     int64_t host_slots;         /* swap space in tokens (paged + swap only); 0 = no swap space */
     int64_t host_cache_slots;   /* host tier of the prefix cache in tokens (needs cache != none); 0 = none */
+    kvp_hc_write_policy host_write_policy; /* when blocks go to the host tier (default write_through) */
     int32_t max_num_seqs;       /* running sequences at most, >= 1 */
     int32_t max_batched_tokens; /* token budget per step, >= 1 */
     int32_t max_model_len;      /* prompt + output at most, >= 2 */

@@ -45,6 +45,8 @@ typedef struct {
     int32_t n_store;
     const kvp_block_copy *load;  /* [n_load] host block -> device block */
     int32_t n_load;
+    int32_t sync_stores;         /* 1: the stores are write-backs of evicted blocks that this step may reuse:
+                                    they finish before the step goes on (0: write-through, in the background) */
 } kvp_exec_offload;
 
 typedef struct {

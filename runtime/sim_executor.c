@@ -31,6 +31,11 @@ static kvp_status sim_step(void *vctx, const kvp_exec_batch *b, kvp_exec_result 
     double load = (double)b->offload.n_load * block_bytes / c->pcie_bw;
     double store = (double)b->offload.n_store * block_bytes / c->pcie_bw;
     t += swap + cow + load;
+    if (b->offload.sync_stores) { /* write-back: the evicted blocks may be reused by this step */
+        t += store;
+        c->stats.sync_store_s += store;
+        store = 0;
+    }
     c->store_backlog_s += store;
     c->store_backlog_s = c->store_backlog_s > t ? c->store_backlog_s - t : 0; /* drained while the step runs */
     if (c->store_backlog_s > c->stats.store_backlog_max_s) c->stats.store_backlog_max_s = c->store_backlog_s;

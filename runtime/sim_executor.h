@@ -9,7 +9,9 @@
  * direction) run in the background across steps, as vLLM's and SGLang's offloading do on their own stream,
  * and never delay a step. That is optimistic in one way: a real runtime keeps a block from being reused
  * until its store is done, and this model does not; store_backlog_max_s says how far behind the stores
- * fell (a backlog that keeps growing means the link cannot keep up with write-through).
+ * fell (a backlog that keeps growing means the link cannot keep up with write-through). Write-back stores
+ * (offload.sync_stores) copy blocks just evicted, which this step may reuse: they are added to the step,
+ * before its loads, as SGLang's write_back waits for them (sync_store_s sums them).
  */
 #ifndef KVP_RUNTIME_SIM_EXECUTOR_H
 #define KVP_RUNTIME_SIM_EXECUTOR_H
@@ -31,6 +33,7 @@ typedef struct {
     double memory_bound_s;
     double comm_s, overhead_s, swap_s;
     double store_backlog_max_s; /* the most store time queued at the end of a step */
+    double sync_store_s;        /* step time spent on write-back stores */
 } kvp_sim_stats;
 void kvp_sim_executor_stats(const kvp_executor *ex, kvp_sim_stats *out);
 

@@ -70,6 +70,9 @@ static void usage(FILE *f)
             "                            admission loads the blocks after its cache hit from there over PCIe\n"
             "                            (25 GB/s) instead of computing them (vLLM's CPU offloading, SGLang's\n"
             "                            HiCache); needs --cache\n"
+            "  --kv-offloading-policy P  when blocks go to that tier (SGLang's --hicache-write-policy):\n"
+            "                            write_through (default; copied in the background) or write_back (each\n"
+            "                            block the prefix cache evicts, copied before the step that reuses it)\n"
             "scheduler:\n"
             "  --sched POLICY            fcfs | lpm | priority (default fcfs)\n"
             "  --preempt MODE            recompute | swap (default recompute)\n"
@@ -93,7 +96,7 @@ static void usage(FILE *f)
 enum {
     O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_BLOCK, O_ALLOC, O_CACHE, O_EVICT,
     O_SCHED, O_PREEMPT, O_TP, O_MAXSEQS, O_MAXTOK, O_MAXLEN, O_NOCHUNK, O_JSON, O_GPUUTIL, O_KVMEM, O_SWAP,
-    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT, O_OFFLOAD,
+    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT, O_OFFLOAD, O_OFFPOL,
 };
 
 enum { CPU_MEM_DEFAULT = 1 << 30 }; /* KV cache and swap space of the cpu executor when not given */
@@ -260,6 +263,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         {"kv-mem", required_argument, NULL, O_KVMEM},
         {"swap-space", required_argument, NULL, O_SWAP},
         {"kv-offloading-size", required_argument, NULL, O_OFFLOAD},
+        {"kv-offloading-policy", required_argument, NULL, O_OFFPOL},
         {"watermark-blocks", required_argument, NULL, O_WATERMARK},
         {"json", no_argument, NULL, O_JSON},
         {"check", no_argument, NULL, O_CHECK},
@@ -275,7 +279,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                *step_out = NULL;
     double rate = 0, duration = 0;
     int64_t num_req = 0;
-    int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, max_tok_set = 0, cpu = 0, threads = 1;
+    int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, offload_policy_set = 0, max_tok_set = 0, cpu = 0, threads = 1;
     const char *sim_only = NULL, *cpu_only = NULL; /* an option given that the other executor does not take */
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
     int kv_auto = 1;
@@ -333,6 +337,10 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
             swap_set = 1;
             break;
         case O_OFFLOAD: st = kvp_parse_bytes(optarg, &hw.offload_bytes); break;
+        case O_OFFPOL:
+            st = kvp_hc_write_policy_parse(optarg, &ec.host_write_policy);
+            offload_policy_set = 1;
+            break;
         case O_WATERMARK:
             st = kvp_parse_i32(optarg, 0, INT32_MAX, &ec.watermark_blocks);
             watermark_set = 1;
@@ -365,6 +373,8 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     if (!cpu && cpu_only) return kvp_cli_usage_error(cmd, "%s applies to --executor cpu only", cpu_only);
     if (hw.offload_bytes > 0 && ec.cache == KVP_PC_NONE)
         return kvp_cli_usage_error(cmd, "--kv-offloading-size is a tier of the prefix cache: give --cache radix or hash");
+    if (offload_policy_set && hw.offload_bytes <= 0)
+        return kvp_cli_usage_error(cmd, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
     if (cpu && ec.alloc != KVP_ALLOC_PAGED)
         return kvp_cli_usage_error(cmd, "--alloc %s needs --executor sim (the cpu executor reads block tables)",
                                    kvp_alloc_kind_name(ec.alloc));
@@ -485,7 +495,9 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     cJSON_AddNumberToObject(o, "prefix_host_hit_rate", m.prefix_host_hit_rate);
     cJSON_AddNumberToObject(o, "host_loaded_blocks", (double)m.host_loaded_blocks);
     cJSON_AddNumberToObject(o, "host_stored_blocks", (double)m.host_stored_blocks);
+    cJSON_AddStringToObject(o, "host_write_policy", kvp_hc_write_policy_name(ec.host_write_policy));
     if (!cpu) cJSON_AddNumberToObject(o, "host_store_backlog_max_s", ss.store_backlog_max_s);
+    if (!cpu) cJSON_AddNumberToObject(o, "host_store_sync_s", ss.sync_store_s);
     cJSON_AddNumberToObject(o, "evicted_blocks", (double)m.evicted_blocks);
     cJSON_AddNumberToObject(o, "kv_token_states", m.kv_token_states);
     cJSON_AddNumberToObject(o, "kv_reserved", m.kv_reserved);
@@ -524,9 +536,9 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                (long long)m.swap_outs, (long long)m.readmit_hit_tokens);
         printf("prefix hit rate    %.2f %%\n", m.prefix_hit_rate * 100);
         if (ec.host_cache_slots > 0)
-            printf("host tier          %lld tokens: %.2f %% of prompt tokens loaded from it; %lld blocks loaded, %lld "
-                   "stored\n", (long long)ec.host_cache_slots, m.prefix_host_hit_rate * 100,
-                   (long long)m.host_loaded_blocks, (long long)m.host_stored_blocks);
+            printf("host tier          %lld tokens, %s: %.2f %% of prompt tokens loaded from it; %lld blocks loaded, "
+                   "%lld stored\n", (long long)ec.host_cache_slots, kvp_hc_write_policy_name(ec.host_write_policy),
+                   m.prefix_host_hit_rate * 100, (long long)m.host_loaded_blocks, (long long)m.host_stored_blocks);
         printf("KV memory (time-averaged share): tokens %.1f %%, reserved %.1f %%, internal frag %.1f %%, "
                "external frag %.1f %%, cached %.1f %%, free %.1f %%; tokens / memory in use %.1f %%\n",
                m.kv_token_states * 100, m.kv_reserved * 100, m.kv_internal_frag * 100, m.kv_external_frag * 100,

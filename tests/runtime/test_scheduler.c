@@ -34,9 +34,73 @@ static int32_t PL[64];
 static const int32_t *ANS;
 static int32_t ANS_AT;
 
+/* A model of the KV data (when TRACK is set): each device and host block carries a tag, the hash of the token
+ * prefix whose KV it holds. The moves of a batch copy tags in the executor's order; every block a sequence
+ * reads (its context) must then carry the tag of its own tokens, and the new tokens write theirs. A load
+ * from a slot that a store took over, a store run too late, a swap into the wrong block: a wrong tag. */
+enum { TRK_REQS = 64, TRK_LEN = 1024, TRK_BLOCKS = 4096 };
+static struct {
+    int on;
+    int32_t tok[TRK_REQS][TRK_LEN]; /* each request's tokens by position, as the batches gave them */
+    uint64_t dev[TRK_BLOCKS], host[TRK_BLOCKS];
+} TRACK;
+
+static uint64_t prefix_tag(int64_t req, int32_t n)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < n; i++) h = (h ^ (uint64_t)(uint32_t)TRACK.tok[req][i]) * 1099511628211ull;
+    return h ^ (uint64_t)n;
+}
+
+/* Turns the model on for a run of w (request ids 0..n-1): the prompts' tokens are known before any batch
+ * gives them (a prefix hit is never computed); every block starts with no KV. */
+static void track_workload(const kvp_workload *w)
+{
+    memset(&TRACK, 0, sizeof TRACK);
+    TRACK.on = 1;
+    for (int64_t i = 0; i < w->n; i++) {
+        cr_assert(w->reqs[i].id == i && i < TRK_REQS && w->reqs[i].prompt_len <= TRK_LEN);
+        memcpy(TRACK.tok[i], w->reqs[i].tokens, (size_t)w->reqs[i].prompt_len * sizeof(int32_t));
+    }
+}
+
+static void track_moves(const kvp_block_copy *v, int32_t n, uint64_t *from, uint64_t *to)
+{
+    for (int32_t i = 0; i < n; i++) {
+        cr_assert(v[i].src >= 0 && v[i].src < TRK_BLOCKS && v[i].dst >= 0 && v[i].dst < TRK_BLOCKS);
+        to[v[i].dst] = from[v[i].src];
+    }
+}
+
+static void track_step(const kvp_exec_batch *b)
+{
+    track_moves(b->offload.store, b->offload.n_store, TRACK.dev, TRACK.host);
+    track_moves(b->ops.swap_out, b->ops.n_swap_out, TRACK.dev, TRACK.host);
+    track_moves(b->ops.swap_in, b->ops.n_swap_in, TRACK.host, TRACK.dev);
+    track_moves(b->offload.load, b->offload.n_load, TRACK.host, TRACK.dev);
+    track_moves(b->ops.copies, b->ops.n_copies, TRACK.dev, TRACK.dev);
+    const int32_t bs = b->block_size;
+    for (int i = 0; i < b->n; i++) {
+        const kvp_exec_seq *q = &b->seqs[i];
+        cr_assert(q->req_id < TRK_REQS && q->context_len + q->num_new <= TRK_LEN && q->tokens != NULL);
+        for (int32_t blk = 0; blk * bs < q->context_len; blk++) {
+            int32_t end = (blk + 1) * bs < q->context_len ? (blk + 1) * bs : q->context_len;
+            cr_assert_eq(TRACK.dev[q->block_table[blk]], prefix_tag(q->req_id, end),
+                         "request %lld reads block %d (physical %d) holding another prefix's KV", (long long)q->req_id,
+                         blk, q->block_table[blk]);
+        }
+        for (int32_t k = 0; k < q->num_new; k++) {
+            int32_t pos = q->context_len + k;
+            TRACK.tok[q->req_id][pos] = q->tokens[k];
+            TRACK.dev[q->block_table[pos / bs]] = prefix_tag(q->req_id, pos + 1);
+        }
+    }
+}
+
 static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
 {
     recorder *r = ctx;
+    if (TRACK.on) track_step(b);
     cr_assert_lt(r->nsteps, MAXSTEPS);
     cr_assert_leq(b->n, MAXB);
     for (int i = 0; i < b->n; i++) {
@@ -68,6 +132,7 @@ static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *
 static kvp_executor rec_executor(void)
 {
     memset(&R, 0, sizeof R);
+    TRACK.on = 0;
     check_tokens = 0;
     ANS = NULL;
     kvp_executor ex = {.name = "recorder", .ctx = &R, .step = rec_step, .destroy = NULL};
@@ -140,9 +205,10 @@ static void run_all(kvp_engine *e, const kvp_workload *w)
 }
 
 /* Runs w to the end on a fresh engine (config c, recording executor) and returns its metrics. */
-static kvp_engine_metrics run_metrics(const kvp_engine_config *c, const kvp_workload *w)
+static kvp_engine_metrics run_metrics_opt(const kvp_engine_config *c, const kvp_workload *w, int track)
 {
     kvp_executor ex = rec_executor();
+    if (track) track_workload(w);
     kvp_engine *e;
     cr_assert_eq(kvp_engine_create(c, &ex, &e), KVP_OK);
     run_all(e, w);
@@ -151,6 +217,10 @@ static kvp_engine_metrics run_metrics(const kvp_engine_config *c, const kvp_work
     kvp_engine_destroy(e);
     return m;
 }
+
+static kvp_engine_metrics run_metrics(const kvp_engine_config *c, const kvp_workload *w) { return run_metrics_opt(c, w, 0); }
+/* With the KV-data model checking every step. */
+static kvp_engine_metrics run_tracked(const kvp_engine_config *c, const kvp_workload *w) { return run_metrics_opt(c, w, 1); }
 
 Test(scheduler, admission_respects_max_num_seqs_and_continuous_batching_order)
 {
@@ -533,6 +603,10 @@ Test(scheduler, names_parse_and_bad_configs_are_rejected)
     cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
     c.host_cache_slots = -16;
     cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
+    c.host_cache_slots = 64;
+    c.host_write_policy = (kvp_hc_write_policy)7;
+    cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "write policy"), "%s", kvp_error_message());
     cr_assert_null(e);
 }
 
@@ -540,11 +614,12 @@ Test(scheduler, allocation_failures_are_reported_not_fatal)
 {
     int32_t p[] = {10, 12, 30, 9}, o[] = {5, 7, 9, 3};
     kvp_workload *w = make_wl(4, p, o, NULL, NULL);
-    for (int64_t n = 1, tier = 0; tier < 2; n++) { /* then again with a host tier (its stores allocate) */
+    for (int64_t n = 1, tier = 0; tier < 3; n++) { /* then with a host tier (its stores allocate), write-back too */
         kvp_executor ex = rec_executor();
         kvp_engine_config c = base_cfg(4, 48);
         c.cache = KVP_PC_HASH;
-        c.host_cache_slots = tier * 64;
+        c.host_cache_slots = (tier > 0) * 64;
+        c.host_write_policy = tier == 2 ? KVP_HC_WRITE_BACK : KVP_HC_WRITE_THROUGH;
         c.check_every_step = false;
         kvp_alloc_fail_at(n);
         kvp_engine *e = NULL;
@@ -759,7 +834,7 @@ Test(scheduler, a_host_tier_finds_what_the_device_cache_evicted)
             cr_assert_lt(dev.prefix_hit_tokens, want, "256 slots were meant to lose hits");
             cr_assert_eq(dev.host_hit_tokens + dev.host_loaded_blocks + dev.host_stored_blocks + R.loads + R.stores, 0);
             c.host_cache_slots = 1 << 16;
-            kvp_engine_metrics two = run_metrics(&c, w);
+            kvp_engine_metrics two = run_tracked(&c, w);
             cr_assert_eq(two.finished, w->n);
             cr_assert_gt(two.host_hit_tokens, 0);
             cr_assert_eq(two.prefix_hit_tokens + two.host_hit_tokens, want,
@@ -768,6 +843,43 @@ Test(scheduler, a_host_tier_finds_what_the_device_cache_evicted)
             cr_assert_eq(R.loads, two.host_loaded_blocks);
             cr_assert_eq(R.stores, two.host_stored_blocks);
             cr_assert_eq(two.host_loaded_blocks * bs, two.host_hit_tokens, "nothing was preempted: loads are first admissions");
+            /* write_back: the tier gets only what the device cache evicts. Radix keeps a prefix-closed set on the
+             * device, so the unbounded tier again completes every hit; hash may lose a middle block's successors. */
+            c.host_write_policy = KVP_HC_WRITE_BACK;
+            kvp_engine_metrics wb = run_tracked(&c, w);
+            cr_assert_eq(wb.finished, w->n);
+            cr_assert_gt(wb.host_hit_tokens, 0);
+            if (kind == 0)
+                cr_assert_eq(wb.prefix_hit_tokens + wb.host_hit_tokens, want, "write-back block %d: %lld + %lld, brute force %lld",
+                             bs, (long long)wb.prefix_hit_tokens, (long long)wb.host_hit_tokens, (long long)want);
+            else
+                cr_assert_leq(wb.prefix_hit_tokens + wb.host_hit_tokens, want);
+            cr_assert_eq(R.stores, wb.host_stored_blocks);
+            cr_assert_leq(wb.host_stored_blocks, wb.evicted_blocks, "a write-back store without an eviction");
+            cr_assert_lt(wb.host_stored_blocks, two.host_stored_blocks, "write-back stores fewer blocks than write-through");
+            kvp_workload_destroy(w);
+        }
+}
+
+/* Write-back under load: many conversations at once through a small device cache and a tier of a few
+ * blocks, so evictions (and their stores) happen in steps whose admissions loaded from the tier: a store
+ * must never take a slot such a load still reads (the recorder checks every step), and the engine's
+ * walkers pass after every step. */
+Test(scheduler, write_back_never_overwrites_a_pending_load)
+{
+    for (int kind = 0; kind < 2; kind++)
+        for (int64_t tier = 2; tier <= 12; tier += 2) {
+            kvp_workload *w = NULL;
+            cr_assert_eq(kvp_workload_generate("chat:conversations=12,turns=3,system=24,user=8,assistant=8", &w), KVP_OK);
+            kvp_engine_config c = base_cfg(4, 160);
+            c.cache = kind ? KVP_PC_HASH : KVP_PC_RADIX;
+            c.host_cache_slots = tier * 4;
+            c.host_write_policy = KVP_HC_WRITE_BACK;
+            kvp_engine_metrics m = run_tracked(&c, w);
+            cr_assert_eq(m.finished, w->n);
+            cr_assert_gt(m.host_loaded_blocks, 0, "tier %lld was meant to serve loads", (long long)tier);
+            cr_assert_eq(R.loads, m.host_loaded_blocks);
+            cr_assert_eq(R.stores, m.host_stored_blocks);
             kvp_workload_destroy(w);
         }
 }

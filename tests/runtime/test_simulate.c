@@ -306,13 +306,15 @@ Test(simulate_cli, json_has_every_documented_key)
 }
 
 /* A chat whose history does not stay in 2 GB of KV memory: a host tier brings back what the device cache
- * lost. Device and host hits together reach the hit rate of a KV memory that keeps everything. */
+ * lost. Device and host hits together reach the hit rate of a KV memory that keeps everything, written
+ * through or back; write-back copies fewer blocks, on the steps' time. */
 Test(simulate_cli, a_host_tier_restores_what_the_device_cache_lost)
 {
     static char out[1 << 16];
-    double rate[3], host[3], loaded[3];
-    const char *runs[3] = {"--kv-mem 2GB", "--kv-mem 2GB --kv-offloading-size 64GiB", "--kv-mem 100GB"};
-    for (int i = 0; i < 3; i++) {
+    double rate[4], host[4], loaded[4], stored[4], sync[4];
+    const char *runs[4] = {"--kv-mem 2GB", "--kv-mem 2GB --kv-offloading-size 64GiB", "--kv-mem 100GB",
+                           "--kv-mem 2GB --kv-offloading-size 64GiB --kv-offloading-policy write_back"};
+    for (int i = 0; i < 4; i++) {
         char cmd[512];
         snprintf(cmd, sizeof cmd, "simulate --model " LLAMA8B " --workload chat --cache radix --json %s", runs[i]);
         int rc = kvp_test_cli(cmd, out, sizeof out, NULL, 0);
@@ -320,12 +322,15 @@ Test(simulate_cli, a_host_tier_restores_what_the_device_cache_lost)
         cJSON *o;
         cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
         const char *keys[] = {"prefix_hit_rate", "prefix_host_hit_rate", "host_loaded_blocks", "host_stored_blocks",
-                              "host_cache_tokens", "host_store_backlog_max_s"};
+                              "host_cache_tokens", "host_store_backlog_max_s", "host_store_sync_s"};
         for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++)
             cr_assert(cJSON_IsNumber(cJSON_GetObjectItemCaseSensitive(o, keys[k])), "missing key %s", keys[k]);
         rate[i] = cJSON_GetObjectItemCaseSensitive(o, "prefix_hit_rate")->valuedouble;
         host[i] = cJSON_GetObjectItemCaseSensitive(o, "prefix_host_hit_rate")->valuedouble;
         loaded[i] = cJSON_GetObjectItemCaseSensitive(o, "host_loaded_blocks")->valuedouble;
+        stored[i] = cJSON_GetObjectItemCaseSensitive(o, "host_stored_blocks")->valuedouble;
+        sync[i] = cJSON_GetObjectItemCaseSensitive(o, "host_store_sync_s")->valuedouble;
+        cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(o, "host_write_policy")->valuestring, i == 3 ? "write_back" : "write_through");
         cr_assert_eq(cJSON_GetObjectItemCaseSensitive(o, "leaked_blocks")->valuedouble, 0);
         cJSON_Delete(o);
     }
@@ -333,6 +338,9 @@ Test(simulate_cli, a_host_tier_restores_what_the_device_cache_lost)
     cr_assert_lt(rate[0] + 0.1, rate[2], "2 GB was meant to lose hits: %.3f vs %.3f", rate[0], rate[2]);
     cr_assert_gt(loaded[1], 0);
     cr_assert_float_eq(rate[1] + host[1], rate[2], 0.01, "device %.4f + host %.4f vs %.4f", rate[1], host[1], rate[2]);
+    cr_assert_float_eq(rate[3] + host[3], rate[2], 0.01, "write-back: device %.4f + host %.4f vs %.4f", rate[3], host[3], rate[2]);
+    cr_assert_lt(stored[3], stored[1], "write-back stores fewer blocks");
+    cr_assert(sync[1] == 0 && sync[3] > 0, "write-back stores are on the steps' time: %g %g", sync[1], sync[3]);
 }
 
 Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
@@ -361,6 +369,9 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
         {"simulate --model " LLAMA8B " --workload chat --kv-offloading-size 4GiB", "give --cache radix or hash"},
         {"simulate --model " LLAMA8B " --workload chat --cache radix --kv-offloading-size 4Q", "--kv-offloading-size: "},
         {"simulate --model " LLAMA8B " --workload chat --cache radix --kv-offloading-size 1MB", "holds no block of 16 tokens"},
+        {"simulate --model " LLAMA8B " --workload chat --cache radix --kv-offloading-size 4GiB --kv-offloading-policy write_around",
+         "'write_around'"},
+        {"simulate --model " LLAMA8B " --workload chat --cache radix --kv-offloading-policy write_back", "needs a host tier"},
     };
     FILE *f = fopen("/tmp/kvp_test_huge_ctx.csv", "w"); /* a 2e9-token prompt: refused before its tokens are made */
     cr_assert_not_null(f);
