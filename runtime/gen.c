@@ -108,6 +108,9 @@ struct kvp_gen_session {
     uint64_t *hashes;    /* [max_len / block_size + 1] one sequence's chain hashes */
     int32_t *hslots;     /* [the same] host slots */
     int32_t *hpairs;     /* [twice that] (src, dst) block pairs of a copy to or from the tier */
+    const int32_t *loading; /* write_back: the tier slots an admission is about to load from, [n_loading] */
+    int32_t n_loading;
+    kvp_status write_back_st; /* the first error of write_back */
     kvp_sampler_ws *sws;
     gseq **seqs; /* the sequences of requests not taken (NULL: a free slot, listed in free_slots) */
     int32_t nseqs;
@@ -355,6 +358,30 @@ static int32_t seats_of(const gen_ctx *g, const gseq *s)
     return s->fork_pending ? group_size(&g->reqs[s->req]) : 1;
 }
 
+/* Write-back (the prefix cache's eviction hook): an evicted block that no sequence holds is copied to the
+ * host tier now, unless held there, or unless it would take a slot the admission under way loads from. */
+static void write_back(void *ctx, uint64_t hash, int32_t block)
+{
+    gen_ctx *g = ctx;
+    if (g->write_back_st != KVP_OK || kvp_pool_refcount(kvp_bm_pool(g->bm), block) > 1) return;
+    const int32_t victim = kvp_hc_victim(g->hc);
+    for (int32_t i = 0; victim >= 0 && i < g->n_loading; i++)
+        if (g->loading[i] == victim) return;
+    int32_t slot, pair[2];
+    if (kvp_hc_store(g->hc, &hash, 1, &slot) == 0) return;
+    pair[0] = block;
+    pair[1] = slot;
+    g->write_back_st = kvp_kv_cache_move_blocks(g->hkv, g->kv, pair, 1);
+    g->st.host_stored_blocks++;
+}
+
+/* Evicts cached blocks until `need` are free or none is evictable (write_back stores them). */
+static kvp_status evict_until(gen_ctx *g, int32_t need)
+{
+    KVP_TRY(kvp_pc_evict_until_free(g->pc, need));
+    return g->write_back_st;
+}
+
 /* Caches sequence s's first nfull full blocks (computed) in the prefix cache and, write-through, in its host
  * tier: the blocks the tier did not hold are copied there now. */
 static kvp_status cache_blocks(gen_ctx *g, const gseq *s, int32_t nfull)
@@ -362,7 +389,7 @@ static kvp_status cache_blocks(gen_ctx *g, const gseq *s, int32_t nfull)
     kvp_bm_table_view tv;
     KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
     KVP_TRY(kvp_pc_insert(g->pc, s->toks, s->n_toks, tv.blocks, nfull, NULL, 0, NULL));
-    if (!g->hc) return KVP_OK;
+    if (!g->hc || g->cfg->host_write_policy != KVP_HC_WRITE_THROUGH) return KVP_OK;
     kvp_pc_chain_hashes(s->toks, nfull, g->cfg->block_size, 0, g->hashes);
     int32_t n = kvp_hc_store(g->hc, g->hashes, nfull, g->hslots), k = 0;
     for (int32_t i = 0; n > 0 && i < nfull; i++)
@@ -455,8 +482,11 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     int32_t to_compute = s->n_toks - (n_hit + n_load) * bs;
     int fits = to_compute <= *budget || g->nrun == 0;
     kvp_status st = KVP_OK;
-    if (fits) { /* the hit blocks are locked: never evicted here */
-        st = kvp_pc_evict_until_free(g->pc, need_blocks);
+    if (fits) { /* the hit blocks are locked: never evicted here; the slots to load from are kept */
+        g->loading = g->hslots;
+        g->n_loading = n_load;
+        st = evict_until(g, need_blocks);
+        g->n_loading = 0;
         fits = need_blocks <= kvp_bm_num_free(g->bm);
     }
     /* The table gets slots for every known token now: prompt chunks then never wait for blocks. */
@@ -600,7 +630,7 @@ static kvp_status append_slots(gen_ctx *g, int32_t idx, int32_t n, int32_t *slot
     for (;;) {
         int32_t need = 0;
         KVP_TRY(kvp_bm_append_blocks_needed(g->bm, s->id, n, &need));
-        if (need > kvp_bm_num_free(g->bm)) KVP_TRY(kvp_pc_evict_until_free(g->pc, need));
+        if (need > kvp_bm_num_free(g->bm)) KVP_TRY(evict_until(g, need));
         if (need > kvp_bm_num_free(g->bm)) {
             int done;
             KVP_TRY(preempt_one(g, idx, &done));
@@ -1416,6 +1446,8 @@ kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_g
         return KVP_ERR(KVP_EINVAL, "generate: spec_tokens %d in 0..%d, n-gram lengths %d..%d within 1..%d",
                        cfg->spec_tokens, KVP_GEN_MAX_SPEC, cfg->spec_ngram_min, cfg->spec_ngram_max, KVP_GEN_MAX_NGRAM);
     if (cfg->spec_max_batch < 0) return KVP_ERR(KVP_EINVAL, "generate: spec_max_batch %d < 0", cfg->spec_max_batch);
+    if ((unsigned)cfg->host_write_policy > KVP_HC_WRITE_BACK)
+        return KVP_ERR(KVP_EINVAL, "generate: unknown host-tier write policy %d", (int)cfg->host_write_policy);
     if (cfg->host_cache_blocks < 0 || (cfg->host_cache_blocks > 0 && cfg->cache == KVP_PC_NONE))
         return KVP_ERR(KVP_EINVAL, "generate: a host tier of %d blocks needs a prefix cache (radix or hash)",
                        cfg->host_cache_blocks);
@@ -1445,6 +1477,7 @@ kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_g
         g->hpairs = kvp_malloc(2 * nb * sizeof *g->hpairs);
         if (st == KVP_OK && !(g->hashes && g->hslots && g->hpairs))
             st = KVP_ERR(KVP_ENOMEM, "generate: out of memory for the host tier");
+        if (st == KVP_OK && c->host_write_policy == KVP_HC_WRITE_BACK) kvp_pc_set_evict_hook(g->pc, write_back, g);
     }
     if (st == KVP_OK) st = kvp_sampler_ws_create(g->vocab, &g->sws);
     if (st == KVP_OK) st = draw_scratch(g, 0);
@@ -1675,8 +1708,12 @@ kvp_status kvp_gen_session_abort(kvp_gen_session *g, int32_t id)
 kvp_status kvp_gen_session_reset_prefix_cache(kvp_gen_session *g, int64_t *evicted)
 {
     int64_t n = 0;
-    for (int64_t k; g->pc && (k = kvp_pc_num_evictable(g->pc)) > 0; n += k) /* a radix leaf's parent comes next */
-        KVP_TRY(kvp_pc_evict(g->pc, k > INT32_MAX ? INT32_MAX : (int32_t)k, NULL));
+    if (g->hc) kvp_pc_set_evict_hook(g->pc, NULL, NULL); /* emptied below: nothing to write back */
+    kvp_status st = KVP_OK;
+    for (int64_t k; st == KVP_OK && g->pc && (k = kvp_pc_num_evictable(g->pc)) > 0; n += k) /* a leaf's parent next */
+        st = kvp_pc_evict(g->pc, k > INT32_MAX ? INT32_MAX : (int32_t)k, NULL);
+    if (g->hc && g->cfg->host_write_policy == KVP_HC_WRITE_BACK) kvp_pc_set_evict_hook(g->pc, write_back, g);
+    KVP_TRY(st);
     if (g->hc) kvp_hc_clear(g->hc); /* its host tier too: a cold cache */
     if (evicted) *evicted = n;
     return KVP_OK;

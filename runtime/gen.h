@@ -68,8 +68,10 @@ typedef struct {
     /* Host tier of the prefix cache (prefix_cache/host_cache.h; needs cache != none): a second KV cache of that
      * many blocks in host memory, LRU, filled write-through with every block the prefix cache takes in (copied
      * at once). An admission that matches n blocks in the prefix cache copies the blocks after them from there
-     * when it holds them, instead of computing them. 0: none. */
+     * when it holds them, instead of computing them. 0: none. With host_write_policy write_back, a block goes
+     * there only when the prefix cache evicts it (and no sequence holds it), copied before it is reused. */
     int32_t host_cache_blocks;
+    kvp_hc_write_policy host_write_policy;
 } kvp_gen_config;
 
 enum { KVP_GEN_MAX_SPEC = 16, KVP_GEN_MAX_NGRAM = 64 };

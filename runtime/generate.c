@@ -68,6 +68,9 @@ static void usage(FILE *f)
             "  --kv-offloading-size B  a host tier of the prefix cache of B bytes (e.g. 64MiB; default 0, none):\n"
             "                          every cached block is copied there too, and a prompt loads the blocks\n"
             "                          after its cache hit from there instead of computing them\n"
+            "  --kv-offloading-policy P  write_through (default) or write_back: copy each block to that tier as it\n"
+            "                          is cached, or only as the prefix cache evicts it (SGLang's\n"
+            "                          --hicache-write-policy)\n"
             "  --sched fcfs|lpm        admission order of waiting prompts (default fcfs): arrival, or the most\n"
             "                          prompt blocks found cached first (SGLang's lpm)\n"
             "  --speculative-config J  n-gram speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"
@@ -162,6 +165,7 @@ typedef struct {
     int json, ignore_eos;
     int32_t logprobs; /* -1: none */
     int64_t offload_bytes; /* --kv-offloading-size */
+    int offload_policy;    /* --kv-offloading-policy (kvp_hc_write_policy), -1: not given */
     strlist stops;
     int prompt_logprobs;
     int chat;                   /* each prompt is a user message through the chat template */
@@ -331,6 +335,7 @@ static int run(gen_opts *o)
     cfg.stop_at_eos = !o->ignore_eos;
     cfg.kv_dtype = o->kv_dtype;
     cfg.skip_logprob = !o->json; /* only --json prints each sample's log-probability */
+    if (o->offload_policy >= 0) cfg.host_write_policy = (kvp_hc_write_policy)o->offload_policy;
     if (o->offload_bytes > 0 &&
         (st = kvp_gen_blocks_in(m, o->kv_dtype, o->block_size, o->offload_bytes, "--kv-offloading-size",
                                 &cfg.host_cache_blocks)) != KVP_OK) {
@@ -498,7 +503,7 @@ int kvp_cmd_generate(int argc, char **argv)
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE,
            O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM,
-           O_SCHED, O_SPEC, O_OFFLOAD };
+           O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -509,6 +514,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"cache", required_argument, 0, O_CACHE},      {"max-num-seqs", required_argument, 0, O_SEQS},
         {"sched", required_argument, 0, O_SCHED},     {"speculative-config", required_argument, 0, O_SPEC},
         {"kv-offloading-size", required_argument, 0, O_OFFLOAD},
+        {"kv-offloading-policy", required_argument, 0, O_OFFPOL},
         {"max-batched-tokens", required_argument, 0, O_BATCH}, {"threads", required_argument, 0, O_THREADS},
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
@@ -523,6 +529,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {0, 0, 0, 0}};
     gen_opts o;
     memset(&o, 0, sizeof o);
+    o.offload_policy = -1;
     o.max_tokens = 64;
     o.top_p = 1.0;
     o.n = 1;
@@ -567,6 +574,11 @@ int kvp_cmd_generate(int argc, char **argv)
             break;
         case O_SPEC: st = kvp_gen_spec_parse(optarg, &o.spec); break;
         case O_OFFLOAD: st = kvp_parse_bytes(optarg, &o.offload_bytes); break;
+        case O_OFFPOL: {
+            kvp_hc_write_policy wp;
+            if ((st = kvp_hc_write_policy_parse(optarg, &wp)) == KVP_OK) o.offload_policy = (int)wp;
+            break;
+        }
         case O_KV_DTYPE: st = kvp_kv_dtype_parse(optarg, &o.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;
@@ -615,6 +627,10 @@ int kvp_cmd_generate(int argc, char **argv)
     }
     if (!o.model) {
         rc = kvp_cli_usage_error(CMD, "--model is required");
+        goto done;
+    }
+    if (o.offload_policy >= 0 && o.offload_bytes <= 0) {
+        rc = kvp_cli_usage_error(CMD, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
         goto done;
     }
     if (o.prompts_file && (st = read_prompts(o.prompts_file, &o.prompts)) != KVP_OK) {

@@ -108,6 +108,9 @@ static void usage(FILE *f)
             "  --kv-offloading-size B    a host tier of the prefix cache of B bytes (default 0, none): every cached\n"
             "                            block is copied there too, and a prompt loads the blocks after its cache\n"
             "                            hit from there instead of computing them (vLLM's CPU offloading)\n"
+            "  --kv-offloading-policy P  write_through (default) or write_back: copy each block to that tier as it\n"
+            "                            is cached, or only as the prefix cache evicts it (SGLang's\n"
+            "                            --hicache-write-policy)\n"
             "  --sched fcfs|lpm|priority  the order waiting requests are admitted in (default fcfs): arrival; the\n"
             "                            most prompt blocks cached first (SGLang's lpm); a request's \"priority\"\n"
             "                            (vLLM's: lowest first), then arrival\n"
@@ -2034,6 +2037,7 @@ typedef struct {
     const char *model, *tokenizer, *host, *name, *chat_template;
     int32_t port, num_blocks, threads, max_conns, tp;
     int64_t kv_mem, offload_bytes;
+    int offload_policy; /* --kv-offloading-policy (kvp_hc_write_policy), -1: not given */
     int json;
     kvp_matmul_kind matmul;
     kvp_weight_type weight_dtype;
@@ -2213,7 +2217,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
 int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED, O_SPEC, O_OFFLOAD };
+           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -2226,10 +2230,11 @@ int kvp_cmd_serve(int argc, char **argv)
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
         {"stream-interval", required_argument, 0, O_STREAMIV}, {"sched", required_argument, 0, O_SCHED},
         {"speculative-config", required_argument, 0, O_SPEC}, {"kv-offloading-size", required_argument, 0, O_OFFLOAD},
+        {"kv-offloading-policy", required_argument, 0, O_OFFPOL},
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
         {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON},
         {0, 0, 0, 0}};
-    serve_opts o = {.host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1, .stream_interval = 1,
+    serve_opts o = {.offload_policy = -1, .host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1, .stream_interval = 1,
                     .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO, .kv_auto = 1};
     kvp_gen_config cfg = kvp_gen_config_default();
     cfg.skip_logprob = 1; /* no answer carries a sample's cumulative log-probability ("logprobs" are their own) */
@@ -2251,6 +2256,11 @@ int kvp_cmd_serve(int argc, char **argv)
         }
         case O_KVMEM: st = kvp_parse_bytes(optarg, &o.kv_mem); break;
         case O_OFFLOAD: st = kvp_parse_bytes(optarg, &o.offload_bytes); break;
+        case O_OFFPOL: {
+            kvp_hc_write_policy wp;
+            if ((st = kvp_hc_write_policy_parse(optarg, &wp)) == KVP_OK) o.offload_policy = (int)wp;
+            break;
+        }
         case O_NB: st = kvp_parse_i32(optarg, 1, INT32_MAX / 2, &cfg.num_blocks); break;
         case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &cfg.block_size); break;
         case O_DT: st = kvp_kv_dtype_parse(optarg, &cfg.kv_dtype, &o.kv_auto); break;
@@ -2279,6 +2289,9 @@ int kvp_cmd_serve(int argc, char **argv)
     }
     if (optind < argc) return kvp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (!o.model) return kvp_cli_usage_error(CMD, "--model is required");
+    if (o.offload_policy >= 0 && o.offload_bytes <= 0)
+        return kvp_cli_usage_error(CMD, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
+    if (o.offload_policy >= 0) cfg.host_write_policy = (kvp_hc_write_policy)o.offload_policy;
     if (o.name && (!o.name[0] || strlen(o.name) >= 256))
         return kvp_cli_usage_error(CMD, "--served-model-name must have 1 to 255 characters");
     return serve_ranks(&o, cfg);

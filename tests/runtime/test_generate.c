@@ -243,24 +243,28 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
     for (int i = 0; i < NPROMPTS; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
     const int32_t block_sizes[2] = {4, 16};
     const kvp_pc_kind caches[2] = {KVP_PC_RADIX, KVP_PC_HASH};
-    int64_t loaded = 0; /* with a host tier (tier = 1), the blocks it brought back */
+    /* host tiers: none; 64 blocks written through; 64 and 3 blocks written back (3: write-backs that would
+     * take a slot the admission under way loads from are dropped) */
+    static const int32_t tiers[4] = {0, 64, 64, 3};
+    int64_t loaded[4] = {0}; /* the blocks each tier brought back */
     for (int b = 0; b < 2; b++)
-        for (int c = 0; c < 4; c++) {
-            const int32_t bs = block_sizes[b], min_blocks = (longest + bs - 1) / bs, tier = c / 2;
+        for (int c = 0; c < 8; c++) {
+            const int32_t bs = block_sizes[b], min_blocks = (longest + bs - 1) / bs, tier = tiers[c / 2];
             for (int32_t nb = min_blocks; nb < 3 * min_blocks; nb++) {
                 cfg = kvp_gen_config_default();
                 cfg.block_size = bs;
                 cfg.cache = caches[c % 2];
                 cfg.num_blocks = nb;
-                cfg.host_cache_blocks = tier * 64;
+                cfg.host_cache_blocks = tier;
+                cfg.host_write_policy = c / 2 >= 2 ? KVP_HC_WRITE_BACK : KVP_HC_WRITE_THROUGH;
                 kvp_gen_result all[2 * NPROMPTS];
                 kvp_gen_stats st;
                 kvp_status rs = kvp_gen_run(g_model, &cfg, reqs, 2 * NPROMPTS, all, &st);
                 cr_assert_eq(rs, KVP_OK, "block %d, %d blocks, cache %s: %s", bs, nb, kvp_pc_kind_name(caches[c % 2]),
                              kvp_error_detail());
                 char what[64];
-                snprintf(what, sizeof what, "block %d, %d blocks, %s, host tier %d", bs, nb, kvp_pc_kind_name(caches[c % 2]),
-                         tier * 64);
+                snprintf(what, sizeof what, "block %d, %d blocks, %s, host tier %d %s", bs, nb, kvp_pc_kind_name(caches[c % 2]),
+                         tier, kvp_hc_write_policy_name(cfg.host_write_policy));
                 int64_t cached = 0;
                 for (int i = 0; i < 2 * NPROMPTS; i++) {
                     expect_same(&alone[i % NPROMPTS], &all[i], what, i);
@@ -272,11 +276,12 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
                 cr_assert_float_eq(st.prefix_hit_rate, (double)st.prefix_hit_tokens / (double)st.prompt_tokens, 1e-12,
                                    "%s", what);
                 cr_assert(tier || st.host_loaded_blocks + st.host_stored_blocks == 0, "%s", what);
-                loaded += st.host_loaded_blocks;
+                loaded[c / 2] += st.host_loaded_blocks;
                 kvp_gen_results_free(all, 2 * NPROMPTS);
             }
         }
-    cr_assert_gt(loaded, 0, "the tight caches were meant to lose blocks that the host tier brings back");
+    for (int t = 1; t < 4; t++)
+        cr_assert_gt(loaded[t], 0, "tier %d: the tight caches were meant to lose blocks that the host tier brings back", t);
     kvp_gen_results_free(alone, NPROMPTS);
     for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
 }
@@ -883,10 +888,12 @@ Test(generate_cli, prompts_file_batches_and_hits_the_cache)
     char turns[1024];
     snprintf(turns, sizeof turns, "%s\n%s\n%s Lily\n%s Tom\n", a, b, a, b);
     tu_write_all(path, turns, strlen(turns));
-    char *tok[2] = {NULL, NULL};
-    for (int k = 0; k < 2; k++) {
+    char *tok[3] = {NULL, NULL, NULL};
+    static const char *const tier_args[3] = {"--cache none", "--num-blocks 5 --max-num-seqs 1 --kv-offloading-size 1MiB",
+                                             "--num-blocks 5 --max-num-seqs 1 --kv-offloading-size 1MiB --kv-offloading-policy write_back"};
+    for (int k = 0; k < 3; k++) {
         snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 24 --json %s", kvp_test_bin(),
-                 S260_GGUF, path, k ? "--num-blocks 5 --max-num-seqs 1 --kv-offloading-size 1MiB" : "--cache none");
+                 S260_GGUF, path, tier_args[k]);
         cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
         cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK);
         cJSON *all = cJSON_CreateArray(), *r;
@@ -904,8 +911,8 @@ Test(generate_cli, prompts_file_batches_and_hits_the_cache)
         free(err);
     }
     cr_assert_str_eq(tok[0], tok[1]);
-    free(tok[0]);
-    free(tok[1]);
+    cr_assert_str_eq(tok[0], tok[2], "written back");
+    for (int k = 0; k < 3; k++) free(tok[k]);
     /* Raw bytes in a prompt stay valid UTF-8 in the JSON (U+FFFD each); a NUL byte is refused. */
     tu_write_all(path, "x\xff\xfey\nok \xc3\xa9\n", 11);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 2 --json", kvp_test_bin(), S260_GGUF, path);
@@ -990,6 +997,8 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
         {"--kv-offloading-size 100", "--kv-offloading-size of 100 bytes holds no block of 16 tokens"},
         {"--kv-offloading-size 1MiB --cache none", "needs a prefix cache"},
         {"--kv-offloading-size 7X", "--kv-offloading-size: "},
+        {"--kv-offloading-size 1MiB --kv-offloading-policy sometimes", "'sometimes'"},
+        {"--kv-offloading-policy write_back", "needs a host tier"},
     };
     kvp_test_cli_rejects("generate --model " S260_GGUF " --prompt hi", options, sizeof options / sizeof options[0]);
     char cmd[512], *out, *err;
@@ -1800,7 +1809,8 @@ Test(generate, a_host_tier_run_fails_cleanly_at_every_allocation, .init = setup,
     kvp_gen_stats st;
     run(&cfg, reqs, 3, want, &st);
     cr_assert_gt(st.host_loaded_blocks, 0, "the third request was meant to load its prompt from the host tier");
-    for (int64_t n = 1;; n++) {
+    for (int64_t n = 1, wb = 0; wb < 2; n++) { /* then again written back */
+        cfg.host_write_policy = wb ? KVP_HC_WRITE_BACK : KVP_HC_WRITE_THROUGH;
         kvp_alloc_fail_at(n);
         kvp_status s = kvp_gen_run(g_model, &cfg, reqs, 3, got, NULL);
         int64_t made = kvp_alloc_count();
@@ -1810,7 +1820,11 @@ Test(generate, a_host_tier_run_fails_cleanly_at_every_allocation, .init = setup,
             for (int i = 0; i < 3; i++) expect_same(&want[i], &got[i], "after a failed allocation", i);
             kvp_gen_results_free(got, 3);
         }
-        if (made < n) break;
+        if (made < n) {
+            cr_assert_eq(s, KVP_OK);
+            n = 0;
+            wb++;
+        }
     }
     cfg.cache = KVP_PC_NONE; /* a host tier behind no cache */
     cr_assert_eq(kvp_gen_run(g_model, &cfg, reqs, 3, got, NULL), KVP_EINVAL);
