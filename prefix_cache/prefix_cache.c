@@ -246,6 +246,19 @@ void kvp_pc_set_evict_hook(kvp_prefix_cache *pc, kvp_pc_evict_fn fn, void *ctx)
     pc->on_evict_ctx = ctx;
 }
 
+void kvp_pc_flush(kvp_prefix_cache *pc, int64_t *n_evicted)
+{
+    const kvp_pc_evict_fn hook = pc->on_evict;
+    int64_t n = 0;
+    pc->on_evict = NULL;
+    for (int32_t freed = 0; pc->kind != KVP_PC_NONE && pc->st.evictable_blocks > 0; n++) {
+        if (pc->kind == KVP_PC_RADIX) pc_radix_evict_one(pc, &freed);
+        else pc_hash_evict_one(pc, &freed);
+    }
+    pc->on_evict = hook;
+    if (n_evicted) *n_evicted = n;
+}
+
 kvp_status kvp_pc_evict_until_free(kvp_prefix_cache *pc, int32_t need)
 {
     if (pc == NULL) return KVP_ERR(KVP_EINVAL, "kvp_pc_evict_until_free: NULL cache");

@@ -157,6 +157,11 @@ kvp_status kvp_pc_evict_until_free(kvp_prefix_cache *pc, int32_t need);
 typedef void (*kvp_pc_evict_fn)(void *ctx, uint64_t chain_hash, int32_t block);
 void kvp_pc_set_evict_hook(kvp_prefix_cache *pc, kvp_pc_evict_fn fn, void *ctx);
 
+/* Drops every evictable block (radix: round after round, a trimmed leaf's parent becoming one), as a reset
+ * does: locked blocks stay. Not eviction under pressure: the hook is not called (nothing to write back).
+ * *n_evicted (may be NULL) = the blocks dropped. */
+void kvp_pc_flush(kvp_prefix_cache *pc, int64_t *n_evicted);
+
 int64_t kvp_pc_num_cached(const kvp_prefix_cache *pc);
 int64_t kvp_pc_num_evictable(const kvp_prefix_cache *pc);
 void kvp_pc_get_stats(const kvp_prefix_cache *pc, kvp_pc_stats *out);

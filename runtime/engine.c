@@ -1158,10 +1158,7 @@ static kvp_status check_empty(kvp_engine *e)
                            (long long)(kvp_pc_num_cached(e->pc) - kvp_pc_num_evictable(e->pc)));
         if (e->pc && kvp_pc_num_cached(e->pc) > 0) {
             e->flushed_blocks += kvp_pc_num_cached(e->pc);
-            kvp_pc_set_evict_hook(e->pc, NULL, NULL); /* the run is over: nothing to write back */
-            kvp_status st = kvp_pc_evict(e->pc, (int32_t)kvp_pc_num_cached(e->pc), NULL);
-            if (e->hc && e->cfg.host_write_policy == KVP_HC_WRITE_BACK) kvp_pc_set_evict_hook(e->pc, write_back, e);
-            KVP_TRY(st);
+            kvp_pc_flush(e->pc, NULL); /* every block (none is locked): the run is over, nothing to write back */
         }
         int32_t nfree = kvp_bm_num_free(e->bm);
         if (nfree != e->num_blocks)

@@ -1708,12 +1708,7 @@ kvp_status kvp_gen_session_abort(kvp_gen_session *g, int32_t id)
 kvp_status kvp_gen_session_reset_prefix_cache(kvp_gen_session *g, int64_t *evicted)
 {
     int64_t n = 0;
-    if (g->hc) kvp_pc_set_evict_hook(g->pc, NULL, NULL); /* emptied below: nothing to write back */
-    kvp_status st = KVP_OK;
-    for (int64_t k; st == KVP_OK && g->pc && (k = kvp_pc_num_evictable(g->pc)) > 0; n += k) /* a leaf's parent next */
-        st = kvp_pc_evict(g->pc, k > INT32_MAX ? INT32_MAX : (int32_t)k, NULL);
-    if (g->hc && g->cfg->host_write_policy == KVP_HC_WRITE_BACK) kvp_pc_set_evict_hook(g->pc, write_back, g);
-    KVP_TRY(st);
+    if (g->pc) kvp_pc_flush(g->pc, &n);
     if (g->hc) kvp_hc_clear(g->hc); /* its host tier too: a cold cache */
     if (evicted) *evicted = n;
     return KVP_OK;

@@ -257,8 +257,13 @@ static int64_t run_random(kvp_pc_kind kind, kvp_evict_policy pol, int32_t pool_b
     kvp_pc_get_stats(pc, &st);
     cr_assert_eq(st.hit_tokens, total_hit);
     cr_assert_eq(st.lookups, steps);
-    kvp_pc_set_evict_hook(pc, NULL, NULL);
-    cr_assert_eq(kvp_pc_evict(pc, (int32_t)st.cached_blocks, NULL), KVP_OK);
+    /* a flush drops every block (radix: leaves, then the parents they leave as leaves) without the hook */
+    elog.n = 0;
+    int64_t flushed = -1;
+    kvp_pc_flush(pc, &flushed);
+    cr_assert_eq(flushed, st.cached_blocks);
+    cr_assert_eq(elog.n, 0, "a flush is no eviction to write back");
+    cr_assert_eq(kvp_pc_num_cached(pc), 0);
     cr_assert_eq(kvp_pool_num_free(pool), pool_blocks, "evicting everything returns every block");
     kvp_pc_destroy(pc);
     kvp_pool_destroy(pool);
@@ -583,6 +588,30 @@ Test(prefix_cache, policy_orders)
             cr_assert_eq(evict1(&f), id[1]);
             rm(&f);
         }
+    }
+}
+
+/* A flush leaves locked blocks, and the hook set before it still reports later evictions. */
+Test(prefix_cache, flush_keeps_locked_blocks_and_the_hook)
+{
+    for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++) {
+        fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_LRU, 16, 2);
+        evicted_log elog = {.n = 0};
+        kvp_pc_set_evict_hook(f.pc, log_evicted, &elog);
+        int32_t a[6] = {1, 2, 3, 4, 5, 6}, b[6] = {7, 8, 9, 10, 11, 12}, held[3], nh = 0;
+        put(&f, a, 6, 3, NULL, NULL);
+        put(&f, b, 6, 3, NULL, NULL);
+        cr_assert_eq(kvp_pc_match(f.pc, a, 6, NULL, 1, held, 3, &nh), KVP_OK);
+        cr_assert_eq(nh, 2, "a's first two blocks (never the last token's)");
+        int64_t n = -1;
+        kvp_pc_flush(f.pc, &n);
+        cr_assert_eq(n, 4, "b's three blocks and a's unlocked third");
+        cr_assert_eq(kvp_pc_num_cached(f.pc), 2);
+        cr_assert_eq(elog.n, 0);
+        cr_assert_eq(kvp_pc_unlock(f.pc, held, nh), KVP_OK);
+        cr_assert_eq(kvp_pc_evict(f.pc, 1, NULL), KVP_OK);
+        cr_assert_eq(elog.n, 1, "the hook is back after the flush");
+        rm(&f);
     }
 }
 
