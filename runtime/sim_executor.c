@@ -34,9 +34,9 @@ static kvp_status sim_step(void *vctx, const kvp_exec_batch *b, kvp_exec_result 
     if (b->offload.sync_stores) { /* write-back: the evicted blocks may be reused by this step */
         t += store;
         c->stats.sync_store_s += store;
-        store = 0;
+    } else {
+        c->store_backlog_s += store; /* write-through: in the background */
     }
-    c->store_backlog_s += store;
     c->store_backlog_s = c->store_backlog_s > t ? c->store_backlog_s - t : 0; /* drained while the step runs */
     if (c->store_backlog_s > c->stats.store_backlog_max_s) c->stats.store_backlog_max_s = c->store_backlog_s;
     c->stats.steps++;
