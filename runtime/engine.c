@@ -1239,12 +1239,14 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
         return KVP_ERR(KVP_ENOMEM, "engine metrics: out of memory");
     }
     int64_t nt = 0, np = 0;
+    double norm_sum = 0;
     for (int64_t i = 0; i < e->n_seqs; i++) {
         const seq_t *s = &e->seqs[i];
         if (s->state != KVP_REQ_FINISHED) continue;
         double arr = s->arrival;
         ttft[nt] = s->first_token_s - arr;
         e2e[nt] = s->finish_s - arr;
+        norm_sum += e2e[nt] / s->num_generated; /* >= 1: a finished request yielded a token */
         nt++;
         m->prompt_tokens += s->prompt_len;
         m->output_tokens += s->num_generated;
@@ -1272,6 +1274,7 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
     m->tpot_mean_s = kvp_mean(tpot, np);
     m->e2e_p50_s = kvp_percentile(e2e, nt, 50);
     m->e2e_p99_s = kvp_percentile(e2e, nt, 99);
+    m->norm_latency_s = nt > 0 ? norm_sum / (double)nt : 0;
     kvp_free(ttft);
     kvp_free(tpot);
     kvp_free(e2e);

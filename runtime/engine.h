@@ -153,6 +153,8 @@ typedef struct {
     double ttft_p50_s, ttft_p99_s, ttft_mean_s;
     double tpot_p50_s, tpot_p99_s, tpot_mean_s; /* over requests with >= 2 output tokens */
     double e2e_p50_s, e2e_p99_s;
+    double norm_latency_s;   /* the PagedAttention paper's normalized latency: mean over finished requests of
+                                end-to-end latency / output tokens (s/token) */
     double mean_running;     /* time-averaged running sequences (over sim_duration_s) */
     double mean_batch_tokens;/* tokens per step */
     int64_t max_running;

@@ -485,6 +485,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     cJSON_AddNumberToObject(o, "tpot_p99_s", m.tpot_p99_s);
     cJSON_AddNumberToObject(o, "e2e_p50_s", m.e2e_p50_s);
     cJSON_AddNumberToObject(o, "e2e_p99_s", m.e2e_p99_s);
+    cJSON_AddNumberToObject(o, "norm_latency_s", m.norm_latency_s);
     cJSON_AddNumberToObject(o, "mean_running", m.mean_running);
     cJSON_AddNumberToObject(o, "max_running", (double)m.max_running);
     cJSON_AddNumberToObject(o, "preemptions", (double)m.preemptions);
@@ -531,6 +532,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                m.total_tok_s, m.req_per_s);
         printf("TTFT p50 / p99     %.4f / %.4f s\n", m.ttft_p50_s, m.ttft_p99_s);
         printf("TPOT p50 / p99     %.5f / %.5f s\n", m.tpot_p50_s, m.tpot_p99_s);
+        printf("normalized latency %.5f s/token (mean of end-to-end latency / output tokens)\n", m.norm_latency_s);
         printf("running            mean %.2f, max %lld; preemptions %lld (swap-outs %lld; %lld tokens found cached "
                "on readmission)\n", m.mean_running, (long long)m.max_running, (long long)m.preemptions,
                (long long)m.swap_outs, (long long)m.readmit_hit_tokens);

@@ -195,13 +195,22 @@ static void run_all(kvp_engine *e, const kvp_workload *w)
 {
     kvp_status st = kvp_engine_run(e, w, NULL, NULL);
     cr_assert_eq(st, KVP_OK, "run: %s", kvp_error_detail());
+    double norm = 0;
+    int64_t finished = 0;
     for (int64_t i = 0; i < w->n; i++) {
         kvp_req_result rr;
         cr_assert_eq(kvp_engine_request(e, i, &rr), KVP_OK);
         if (rr.state == KVP_REQ_REJECTED) continue;
         cr_assert_eq(rr.state, KVP_REQ_FINISHED, "request %lld not finished", (long long)i);
         cr_assert_eq(rr.num_generated, rr.output_len);
+        norm += (rr.finish_s - rr.arrival_s) / rr.num_generated;
+        finished++;
     }
+    kvp_engine_metrics m;
+    cr_assert_eq(kvp_engine_metrics_get(e, &m), KVP_OK);
+    norm = finished > 0 ? norm / (double)finished : 0;
+    cr_assert_float_eq(m.norm_latency_s, norm, 1e-9 * (1 + norm), "normalized latency %g, per-request mean %g",
+                       m.norm_latency_s, norm);
 }
 
 /* Runs w to the end on a fresh engine (config c, recording executor) and returns its metrics. */
