@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Reproduces the memory-management results of the PagedAttention paper (Kwon et al., "Efficient Memory
+Management for Large Language Model Serving with PagedAttention", SOSP 2023) with `kvpage simulate`: the real
+scheduler, block manager and prefix cache, with the model's execution replaced by the roofline cost model.
+
+Each experiment runs kvpage, writes its raw rows to OUT/<name>.csv, and compares what it measured with what
+the paper published (OUT/claims.csv, and a table on stdout). With --check, the exit status is 1 when a
+measurement falls outside the band stated for its claim (README.md says why each band is what it is).
+
+Usage: papers/vllm-sosp23/reproduce.py [--kvpage build/kvpage] [--out DIR] [--check] [--compare CSV] [--plot]
+"""
+import argparse
+import csv
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED = os.path.join(HERE, "..", "..", "..", "shared")
+OPT13B = os.path.join(SHARED, "data", "configs", "derived", "opt-13b.json")
+LLAMA13B = os.path.join(HERE, "configs", "llama-13b.json")
+# Table 1 of the paper: a 13B model on one A100-40GB keeps 12 GB for the KV cache, 15.7K token slots of 800 KB
+# (12 GiB / 819,200 bytes = 15,728).
+SETUP = ["--gpu", "A100-40G", "--kv-mem", "12GiB"]
+ALLOCS = ["orca-max", "orca-pow2", "orca-oracle", "paged"]
+NAMES = {"orca-max": "Orca (Max)", "orca-pow2": "Orca (Pow2)", "orca-oracle": "Orca (Oracle)", "paged": "vLLM"}
+
+
+class Runner:
+    def __init__(self, kvpage):
+        self.kvpage = kvpage
+        self.runs = 0
+
+    def simulate(self, model, workload, rate, alloc="paged", extra=()):
+        cmd = [self.kvpage, "simulate", "--model", model, *SETUP, "--workload", workload, "--rate", str(rate),
+               "--alloc", alloc, *extra, "--json"]
+        try:
+            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        except OSError as e:
+            sys.exit("reproduce: cannot run %s: %s" % (self.kvpage, e.strerror))
+        if p.returncode != 0:
+            sys.exit("reproduce: %s failed (%d): %s" % (" ".join(cmd), p.returncode, p.stderr.strip()[-500:]))
+        self.runs += 1
+        return json.loads(p.stdout)
+
+
+def capacity(run, lo, factor=2.0, rel=0.01):
+    """The request rate (req/s) an allocator sustains: the highest rate at which the mean normalized latency
+    stays within `factor` times its value at the light load lo (req/s), found by bisection (hi doubles from
+    4 lo until it fails). Above it the queue, and the latency, grow; the paper's Fig. 12 compares systems by
+    the rates they sustain "while maintaining similar latencies". Returns (rate, [(rate, result), ...])."""
+    tried = [(lo, run(lo))]
+    limit = factor * tried[0][1]["norm_latency_s"]
+
+    def ok(rate):
+        tried.append((rate, run(rate)))
+        return tried[-1][1]["norm_latency_s"] <= limit
+
+    hi = 4 * lo
+    while ok(hi):
+        if hi > 1e4:
+            sys.exit("reproduce: normalized latency still within %gx of its light-load value at %g req/s" % (factor, hi))
+        lo, hi = hi, hi * 2
+    while hi - lo > rel * lo:
+        mid = (lo + hi) / 2
+        if ok(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, tried
+
+
+def write_csv(out, name, header, rows):
+    with open(os.path.join(out, name + ".csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(rows)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kvpage", default="build/kvpage", help="the kvpage program (default build/kvpage)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where the CSV files go")
+    ap.add_argument("--check", action="store_true", help="exit 1 when a claim's measurement is outside its band")
+    ap.add_argument("--compare", metavar="CLAIMS_CSV",
+                    help="exit 1 unless the claims measured now are those of this file (a committed claims.csv), "
+                         "each within 1 %%")
+    ap.add_argument("--latency-factor", type=float, default=2.0,
+                    help="a rate is sustained while the normalized latency stays within this factor of its "
+                         "light-load value (default 2)")
+    ap.add_argument("--plot", action="store_true", help="also draw OUT/vllm_sosp23.png (matplotlib)")
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    r = Runner(a.kvpage)
+    n_sg, n_al, n_px = 1000, 2000, 2000
+    sharegpt, alpaca = "sharegpt:n=%d" % n_sg, "alpaca:n=%d" % n_al
+    claims = []  # (claim, figure, published, measured, lo, hi)
+
+    def claim(text, fig, published, measured, lo, hi):
+        claims.append((text, fig, published, measured, lo, hi))
+
+    # --- Fig. 2 and Fig. 13: every request queued at once, so each allocator runs the largest batch its
+    # memory allows: the share of KV memory holding token states, and the mean batch.
+    sat = {}
+    rows = []
+    for wl, spec in (("sharegpt", sharegpt), ("alpaca", alpaca)):
+        for al in ALLOCS:
+            d = r.simulate(OPT13B, spec, "inf", al)
+            sat[wl, al] = d
+            rows.append([wl, al, d["mean_running"], d["kv_token_states"], d["kv_reserved"], d["kv_internal_frag"],
+                         d["kv_external_frag"], d["kv_free"], d["throughput_tok_s"]])
+    write_csv(a.out, "saturation", ["workload", "alloc", "mean_running", "kv_token_states", "kv_reserved",
+                                    "kv_internal_frag", "kv_external_frag", "kv_free", "throughput_tok_s"], rows)
+    for al, pub in (("orca-max", 20.4), ("orca-pow2", 26.8), ("orca-oracle", 38.2), ("paged", 96.3)):
+        m = sat["sharegpt", al]["kv_token_states"] * 100
+        lo, hi = (90.0, 100.0) if al == "paged" else (pub - 5, pub + 5)
+        claim("KV memory holding token states, %s (%%)" % NAMES[al], "Fig. 2", pub, m, lo, hi)
+    # Fig. 13 bar labels (mean batched requests, OPT-13B): ShareGPT at 2 req/s, Alpaca at 30 req/s, where the
+    # paper's systems ran at their memory limit; the text quotes the ShareGPT ratios (2.2x, 4.3x).
+    for wl, pubs in (("sharegpt", (7.00, 9.81, 13.62, 30.42)), ("alpaca", (7.00, 43.24, 72.75, 132.44))):
+        for al, pub in zip(ALLOCS, pubs):
+            m = sat[wl, al]["mean_running"]
+            claim("mean batched requests, %s, %s" % (wl, NAMES[al]), "Fig. 13", pub, m, pub * 0.8, pub * 1.25)
+    for al, pub in (("orca-oracle", 2.2), ("orca-max", 4.3)):
+        m = sat["sharegpt", "paged"]["mean_running"] / sat["sharegpt", al]["mean_running"]
+        claim("batched requests, vLLM / %s, sharegpt (x)" % NAMES[al], "Fig. 13a, text", pub, m, pub * 0.8, pub * 1.25)
+
+    # --- Fig. 12: the request rate each allocator sustains (capacity()), and the latency curves around it.
+    cap = {}
+    rows = []
+    for wl, spec, lo in (("sharegpt", sharegpt, 0.25), ("alpaca", alpaca, 2.0)):
+        for al in ALLOCS:
+            cap[wl, al], tried = capacity(lambda rate: r.simulate(OPT13B, spec, rate, al), lo, a.latency_factor)
+            rows += [[wl, al, rate, d["norm_latency_s"], d["mean_running"], d["preemptions"]] for rate, d in tried]
+    write_csv(a.out, "rate_sweep", ["workload", "alloc", "rate", "norm_latency_s", "mean_running", "preemptions"],
+              sorted(rows, key=lambda x: (x[0], x[1], x[2])))
+    write_csv(a.out, "capacity", ["workload", "alloc", "req_per_s"], [[wl, al, c] for (wl, al), c in cap.items()])
+    claim("sustained request rate, vLLM / Orca (Oracle), sharegpt (x)", "Fig. 12, text", "1.7-2.7",
+          cap["sharegpt", "paged"] / cap["sharegpt", "orca-oracle"], 1.7, 2.7)
+    claim("sustained request rate, vLLM / Orca (Max), sharegpt (x)", "Fig. 12, text", "2.7-8",
+          cap["sharegpt", "paged"] / cap["sharegpt", "orca-max"], 2.7, 8.0)
+
+    # --- Fig. 16: a translation workload whose prompts share a few-shot prefix (LLaMA-13B). vLLM keeps one copy
+    # of the prefix (prefix cache); Orca (Oracle) stores it in every request's reservation.
+    rows = []
+    gain = {}
+    for shots, prefix, pub in ((1, 80, 1.67), (5, 341, 3.58)):
+        spec = "system:n=%d,prefix=%d,suffix=32,output=40,share=1" % (n_px, prefix)
+        c = {}
+        for al, extra in (("paged", ("--cache", "radix")), ("orca-oracle", ())):
+            c[al], tried = capacity(lambda rate: r.simulate(LLAMA13B, spec, rate, al, extra), 1.0,
+                                    a.latency_factor)
+            rows.append([shots, prefix, al, c[al]])
+        gain[shots] = c["paged"] / c["orca-oracle"]
+        claim("throughput, vLLM / Orca (Oracle), %d-shot prefix of %d tokens (x)" % (shots, prefix), "Fig. 16, text",
+              pub, gain[shots], 1.0, float("inf"))
+    claim("throughput gain, 5-shot / 1-shot (x)", "Fig. 16, text", round(3.58 / 1.67, 2), gain[5] / gain[1], 1.0,
+          float("inf"))
+    write_csv(a.out, "shared_prefix", ["shots", "prefix_tokens", "alloc", "req_per_s"], rows)
+
+    # --- Fig. 18b: block size at a fixed rate (90 % of what vLLM sustains with blocks of 16).
+    rows = []
+    lat = {}
+    for wl, spec in (("sharegpt", sharegpt), ("alpaca", alpaca)):
+        rate = round(0.9 * cap[wl, "paged"], 3)
+        for bs in (1, 2, 4, 8, 16, 32, 64, 128, 256):
+            d = r.simulate(OPT13B, spec, rate, "paged", ("--block-size", str(bs)))
+            lat[wl, bs] = d["norm_latency_s"]
+            rows.append([wl, rate, bs, d["norm_latency_s"], d["mean_running"], d["preemptions"], d["kv_internal_frag"]])
+    write_csv(a.out, "block_size", ["workload", "rate", "block_size", "norm_latency_s", "mean_running", "preemptions",
+                                    "kv_internal_frag"], rows)
+    best = min(lat["sharegpt", bs] for bs in (16, 32, 64, 128))
+    claim("normalized latency, sharegpt, blocks of 256 / best of 16-128 (x)", "Fig. 18b, text", ">1",
+          lat["sharegpt", 256] / best, 1.0, float("inf"))
+    claim("normalized latency, alpaca, blocks of 128 / blocks of 16 (x)", "Fig. 18b, text", ">1",
+          lat["alpaca", 128] / lat["alpaca", 16], 1.5, float("inf"))
+
+    write_csv(a.out, "claims", ["claim", "figure", "published", "measured", "band_lo", "band_hi", "within"],
+              [[t, f, p, "%.4g" % m, lo, hi, lo <= m <= hi] for t, f, p, m, lo, hi in claims])
+    print("| claim | paper | published | kvpage | band | |")
+    print("|---|---|---|---|---|---|")
+    bad = 0
+    for t, f, p, m, lo, hi in claims:
+        within = lo <= m <= hi
+        bad += not within
+        print("| %s | %s | %s | %.3g | %.3g-%s | %s |" % (t, f, p, m, lo, "inf" if hi == float("inf") else "%.3g" % hi,
+                                                      "ok" if within else "OUTSIDE"))
+    print("reproduce: %d simulate runs, %d of %d claims within their bands (latency factor %g)"
+          % (r.runs, len(claims) - bad, len(claims), a.latency_factor), file=sys.stderr)
+    if a.plot:
+        plot(a.out, sat)
+    stale = compare(a.compare, claims) if a.compare else 0
+    return 1 if (a.check and bad) or stale else 0
+
+
+def compare(path, claims):
+    """Differences between the claims measured now and those of a claims.csv, one line each on stderr."""
+    with open(path, newline="") as f:
+        old = {row["claim"]: float(row["measured"]) for row in csv.DictReader(f)}
+    now = {t: m for t, f, p, m, lo, hi in claims}
+    diffs = ["%s: measured %.4g here, %.4g in %s" % (t, now[t], old[t], path)
+             for t in now if t in old and abs(now[t] - old[t]) > 0.01 * abs(old[t])]
+    diffs += ["%s: not in %s" % (t, path) for t in now if t not in old]
+    diffs += ["%s: in %s, not measured" % (t, path) for t in old if t not in now]
+    for d in diffs:
+        print("reproduce: " + d, file=sys.stderr)
+    return len(diffs)
+
+
+def plot(out, sat):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    sweep = list(csv.DictReader(open(os.path.join(out, "rate_sweep.csv"))))
+    bsz = list(csv.DictReader(open(os.path.join(out, "block_size.csv"))))
+    fig, ax = plt.subplots(2, 3, figsize=(15, 8))
+    for i, wl in enumerate(("sharegpt", "alpaca")):
+        for al in ALLOCS:
+            pts = [(float(x["rate"]), float(x["norm_latency_s"])) for x in sweep if x["workload"] == wl and x["alloc"] == al]
+            ax[i][0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=NAMES[al])
+        ax[i][0].set(title="Fig. 12: OPT-13B, %s" % wl, xlabel="request rate (req/s)",
+                     ylabel="normalized latency (s/token)", ylim=(0, 1))
+        ax[i][0].legend()
+        ax[i][1].bar([NAMES[al] for al in ALLOCS], [sat[wl, al]["mean_running"] for al in ALLOCS])
+        ax[i][1].set(title="Fig. 13: mean batched requests, %s" % wl)
+        pts = [(int(x["block_size"]), float(x["norm_latency_s"])) for x in bsz if x["workload"] == wl]
+        ax[i][2].plot([p[0] for p in pts], [p[1] for p in pts], "o-")
+        ax[i][2].set(title="Fig. 18b: block size, %s" % wl, xscale="log", xlabel="block size (tokens)",
+                     ylabel="normalized latency (s/token)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "vllm_sosp23.png"), dpi=80)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
