@@ -57,7 +57,7 @@ int kvp_attn_get_lanes(void) { return atomic_load(&g_lanes); }
 
 void kvp_attn_lanes_for(const kvp_paged_kv *kv, int decode, int *score_lanes, int *value_lanes)
 {
-    const int set = atomic_load(&g_lanes), wide = kv != NULL && kv->head_dim >= 16 ? kvp_cpu_max_lanes() : 8;
+    const int set = atomic_load(&g_lanes), wide = kv != NULL ? kvp_cpu_max_lanes() : 8;
     /* Automatic: prefill reuses each K row for many query rows and is bound by arithmetic, 16 lanes
      * measured 1.39-1.48x (4 x 1024 tokens, head_dim 128, 2 threads). Decode is mostly bound by memory:
      * there the 16-lane score pass measured up to 17 % slower than the 8-lane one when the memory bus was
@@ -66,8 +66,11 @@ void kvp_attn_lanes_for(const kvp_paged_kv *kv, int decode, int *score_lanes, in
      * takes 8-lane scores and 16-lane values; with f32 rows (twice the bytes per multiply-add) the 16-lane
      * values measured 2-3 % slower, so f32 decode stays on 8. */
     const int f32_decode = decode && kv != NULL && kv->dtype == KVP_DTYPE_F32;
-    *score_lanes = set == 16 ? wide : set == 8 || decode ? 8 : wide;
-    *value_lanes = set == 16 ? wide : set == 8 || f32_decode ? 8 : wide;
+    /* head_dim 8 (two rows per 16-lane vector) is bound by arithmetic and shuffles, never by memory: 16 lanes
+     * for both passes (measured 7 % faster, 64 sequences x 200 tokens, f32, one thread). */
+    const int d8 = kv != NULL && kv->head_dim == 8;
+    *score_lanes = set == 16 ? wide : set == 8 || (decode && !d8) ? 8 : wide;
+    *value_lanes = set == 16 ? wide : set == 8 || (f32_decode && !d8) ? 8 : wide;
 }
 
 kvp_status kvp_attn_lanes_parse(const char *s, int *lanes)
@@ -120,6 +123,7 @@ typedef struct {
 /* The 16-lane score and value passes of one dtype and head_dim (row blocks of RB = 1, 2 or 4 rows). */
 typedef void (*scores16_fn)(const float *qs, const void *kbase, const int64_t *off, int n, float *S, int RB,
                             const pf_t *pf);
+typedef float (*tile_exp16_fn)(float *sr, int n, float m_old, float *sum);
 typedef void (*values16_fn)(float *acc, const float *P, const void *vbase, const int64_t *off, int n, int RB,
                             const pf_t *pf);
 
@@ -137,6 +141,7 @@ typedef struct {
     float *part_o, *part_lse;
     scores16_fn scores16; /* NULL: the 8-lane passes (inlined) */
     values16_fn values16;
+    tile_exp16_fn tile_exp16; /* NULL: tile_exp8 */
 } job_t;
 
 static inline int64_t q_row(const job_t *j, int32_t seq, int32_t tok)
@@ -289,7 +294,8 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
 }
 
 /* ---- 16 lanes (AVX-512F): the score and value passes of head_dim >= 16 as scores_rb / values_rb, with
- * vectors twice as wide: half the multiply-adds, loads and conversions per key. With the memory bus free, the
+ * vectors twice as wide: half the multiply-adds, loads and conversions per key (head_dim 8: two rows a
+ * vector, below), and the softmax of a tile. With the memory bus free, the
  * 8-lane f16 decode at head_dim 128 ran at ~15 multiply-adds per cycle of 16: bound by arithmetic. run_item is also
  * built without avx512f, so it calls these through a table (one call per row block of a unit). */
 #ifdef KVP_BUILD_AVX512
@@ -374,6 +380,133 @@ KVP_INLINE void values16_rb(float *acc, const float *P, const void *vbase, const
     }
 }
 
+/* head_dim 8 on 16 lanes: two keys per vector (key 2t of a step in lanes 0-7 of k[t], key 2t+1 in 8-15),
+ * sixteen keys a step; a key past n reads key n-1 (a real row: its score lands past n, where the mask
+ * overwrites it, and its value is weighted by a masked-out zero). */
+KVP_INLINE void load_pairs16(kvp_v16 *k, const void *base, const int64_t *off, int i0, int n, const kvp_dtype T)
+{
+    if (n - i0 >= 16) /* every step but a tile's last: no per-key test */
+        for (int t = 0; t < 8; t++) k[t] = v16_load_pair(base, off[i0 + 2 * t], off[i0 + 2 * t + 1], T);
+    else
+        for (int t = 0; t < 8; t++) {
+            const int a = i0 + 2 * t < n ? i0 + 2 * t : n - 1, b = i0 + 2 * t + 1 < n ? i0 + 2 * t + 1 : n - 1;
+            k[t] = v16_load_pair(base, off[a], off[b], T);
+        }
+}
+
+/* Lanes [a0+a1, a2+a3, b0+b1, b2+b3] in each 128-bit lane (hadd, which AVX-512 lacks). */
+KVP_INLINE kvp_v16 v16_hadd(kvp_v16 a, kvp_v16 b)
+{
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+/* S[r][i] = qs[r] . k_i: the eight product vectors of a step are summed by a transposing tree (pair sums
+ * within 128-bit lanes twice: lane j of u0 = the lane-j quarter sums of keys 0,2,4,6 (j = 0, 1) or 1,3,5,7
+ * (j = 2, 3); then the two quarters of each key added), which leaves the scores in the order
+ * 0,2,4,6,1,3,5,7,8,10,...; one permute puts them back. Half the instructions of the 8-lane scores8_rb. */
+KVP_INLINE void scores16_d8(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
+                            const kvp_dtype T)
+{
+    const __m512i order = _mm512_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15);
+    kvp_v16 q[4];
+    for (int r = 0; r < RB; r++) {
+        const __m256d h = _mm256_castps_pd(_mm256_loadu_ps(qs + r * 8));
+        q[r] = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(h), h, 1)); /* [q | q] */
+    }
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        kvp_v16 k[8], p[8];
+        load_pairs16(k, kbase, off, i0, n, T);
+        for (int r = 0; r < RB; r++) {
+            for (int t = 0; t < 8; t++) p[t] = _mm512_mul_ps(q[r], k[t]);
+            const kvp_v16 u0 = v16_hadd(v16_hadd(p[0], p[1]), v16_hadd(p[2], p[3]));
+            const kvp_v16 u1 = v16_hadd(v16_hadd(p[4], p[5]), v16_hadd(p[6], p[7]));
+            const kvp_v16 s = _mm512_add_ps(_mm512_shuffle_f32x4(u0, u1, 0x88), _mm512_shuffle_f32x4(u0, u1, 0xDD));
+            v16_storef(S + r * TILE + i0, _mm512_permutexvar_ps(order, s)); /* i0 + 16 <= TILE */
+        }
+    }
+}
+
+/* acc[r] += sum_i P[r][i] * v_i: a step's sixteen probabilities in one vector (lanes past n zeroed; the
+ * row is TILE long),
+ * spread by a permute over each pair of value rows; four accumulators per row over the pairs keep the
+ * multiply-add chains independent, and lanes 0-7 and 8-15 (even and odd keys) are added at the end. */
+KVP_INLINE void values16_d8(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
+                            const kvp_dtype T)
+{
+    kvp_v16 a[4][4];
+    for (int r = 0; r < RB; r++) {
+        a[r][0] = _mm512_castpd_ps(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(acc + r * 8))));
+        a[r][0] = _mm512_maskz_mov_ps(0x00ff, a[r][0]); /* the cast leaves lanes 8-15 undefined */
+        a[r][1] = a[r][2] = a[r][3] = v16_zero();
+    }
+    for (int i0 = 0; i0 < n; i0 += 16) {
+        const __mmask16 live = n - i0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i0)) - 1);
+        kvp_v16 v[8];
+        load_pairs16(v, vbase, off, i0, n, T);
+        for (int r = 0; r < RB; r++) {
+            const kvp_v16 pr = _mm512_maskz_mov_ps(live, v16_loadf(P + r * TILE + i0)); /* see tile_exp16 */
+            for (int t = 0; t < 8; t++) {
+                const __m512i spread = _mm512_setr_epi32(2 * t, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t,
+                                                         2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1,
+                                                         2 * t + 1, 2 * t + 1, 2 * t + 1);
+                a[r][t % 4] = v16_fma(_mm512_permutexvar_ps(spread, pr), v[t], a[r][t % 4]);
+            }
+        }
+    }
+    for (int r = 0; r < RB; r++)
+        v8_storef(acc + r * 8, v16_fold(v16_add(v16_add(a[r][0], a[r][1]), v16_add(a[r][2], a[r][3]))));
+}
+
+#define KVP_PASSES16_D8(T, TN)                                                                                     \
+    static void scores16_##TN##_8(const float *qs, const void *kb, const int64_t *off, int n, float *S, int RB,    \
+                                  const pf_t *pf)                                                                  \
+    {                                                                                                              \
+        (void)pf; /* rows shorter than a line: run_item prefetches them (prefetch_short_rows) */                   \
+        if (RB == 4) scores16_d8(qs, kb, off, n, S, 4, T);                                                         \
+        else if (RB == 2) scores16_d8(qs, kb, off, n, S, 2, T);                                                    \
+        else scores16_d8(qs, kb, off, n, S, 1, T);                                                                 \
+    }                                                                                                              \
+    static void values16_##TN##_8(float *acc, const float *P, const void *vb, const int64_t *off, int n, int RB,   \
+                                  const pf_t *pf)                                                                  \
+    {                                                                                                              \
+        (void)pf;                                                                                                  \
+        if (RB == 4) values16_d8(acc, P, vb, off, n, 4, T);                                                        \
+        else if (RB == 2) values16_d8(acc, P, vb, off, n, 2, T);                                                   \
+        else values16_d8(acc, P, vb, off, n, 1, T);                                                                \
+    }
+KVP_PASSES16_D8(KVP_DTYPE_F32, f32)
+KVP_PASSES16_D8(KVP_DTYPE_F16, f16)
+KVP_PASSES16_D8(KVP_DTYPE_BF16, bf16)
+KVP_PASSES16_D8(KVP_DTYPE_FP8_E4M3, fp8)
+
+/* tile_exp8 on 16 lanes. Lanes past n (up to the next multiple of 16, inside the S row) are read whole and
+ * masked in registers, not by masked loads: a masked load waits for the row's store to retire instead of
+ * taking the value forwarded from it (measured: this kernel 3x slower at head_dim 8). */
+static float tile_exp16(float *sr, int n, float m_old, float *sum)
+{
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 live = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        mv = _mm512_mask_max_ps(mv, live, mv, v16_loadf(sr + i));
+    }
+    const float mt = _mm512_reduce_max_ps(mv);
+    if (mt == -INFINITY) {
+        for (int i = 0; i < n; i++) sr[i] = 0.0f;
+        return -INFINITY;
+    }
+    const float mn = mt > m_old ? mt : m_old;
+    const kvp_v16 mnv = v16_set1(-mn);
+    kvp_v16 acc = v16_zero();
+    for (int i = 0; i < n; i += 16) {
+        const __mmask16 live = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const kvp_v16 e = _mm512_maskz_mov_ps(live, v16_exp2(v16_add(v16_loadf(sr + i), mnv)));
+        v16_storef(sr + i, e);
+        acc = v16_add(acc, e);
+    }
+    *sum = _mm512_reduce_add_ps(acc);
+    return mn;
+}
+
 #define KVP_PASSES16(T, TN, D)                                                                                      \
     static void scores16_##TN##_##D(const float *qs, const void *kb, const int64_t *off, int n, float *S, int RB,  \
                                     const pf_t *pf)                                                                 \
@@ -403,8 +536,8 @@ KVP_PASSES16_ALL(KVP_DTYPE_BF16, bf16)
 KVP_PASSES16_ALL(KVP_DTYPE_FP8_E4M3, fp8)
 #pragma GCC pop_options
 
-/* Indexed like k_head_dims: head_dim 8 keeps its 8-lane passes (a key row is half a 16-lane vector). */
-#define KVP_PASSES16_ROW(P, TN) {NULL, P##_##TN##_16, P##_##TN##_32, P##_##TN##_64, P##_##TN##_80, P##_##TN##_96, \
+/* Indexed like k_head_dims. */
+#define KVP_PASSES16_ROW(P, TN) {P##_##TN##_8, P##_##TN##_16, P##_##TN##_32, P##_##TN##_64, P##_##TN##_80, P##_##TN##_96, \
                                  P##_##TN##_128, P##_##TN##_256}
 static const scores16_fn k_scores16[KVP_DTYPE_COUNT][NUM_HEAD_DIMS] = {
     KVP_PASSES16_ROW(scores16, f32), KVP_PASSES16_ROW(scores16, f16), KVP_PASSES16_ROW(scores16, bf16),
@@ -442,6 +575,32 @@ KVP_INLINE void values_rows(const job_t *j, float *acc, const float *S, const vo
         else values_rb(acc + r * D, S + r * TILE, vb, off, n, 1, D, T, p);
         r += rb;
     }
+}
+
+/* A tile's softmax numerators in place: sr[i] = 2^(sr[i] - M) for i < n (scores in log2 units), M = the
+ * larger of m_old and the tile's maximum; returns M and the numerators' sum in *sum, or -inf (sr zeroed)
+ * when every score of the tile is masked. Lanes past n: -inf in, 0 out. */
+KVP_INLINE float tile_exp8(float *sr, int n, float m_old, float *sum)
+{
+    const int nv = (n + 7) & ~7; /* whole vectors */
+    for (int i = n; i < nv; i++) sr[i] = -INFINITY;
+    kvp_v8 mv = v8_loadf(sr);
+    for (int i = 8; i < nv; i += 8) mv = v8_max(mv, v8_loadf(sr + i));
+    const float mt = v8_hmax(mv);
+    if (mt == -INFINITY) {
+        for (int i = 0; i < nv; i++) sr[i] = 0.0f;
+        return -INFINITY;
+    }
+    const float mn = mt > m_old ? mt : m_old;
+    const kvp_v8 mnv = v8_set1(-mn);
+    kvp_v8 acc = v8_zero();
+    for (int i = 0; i < nv; i += 8) {
+        kvp_v8 e = v8_exp2(v8_add(v8_loadf(sr + i), mnv));
+        v8_storef(sr + i, e);
+        acc = v8_add(acc, e);
+    }
+    *sum = v8_hsum(acc);
+    return mn;
 }
 
 /* Element offsets of the K/V rows of tokens ts .. ts+n-1 of one sequence and KV head (a page-table walk:
@@ -549,28 +708,14 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             const pf_t *pf = &pfs;
             if (h < short_pf_heads) prefetch_short_rows(kb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
             scores_rows(j, qs, kb, off, n, S, r0, r1, D, T, pf);
-            const int nv = (n + 7) & ~7; /* the tile's scores, in whole vectors (lanes past n: masked) */
             for (int r = r0; r < r1; r++) {
                 float *sr = S + r * TILE;
-                for (int i = n; i < nv; i++) sr[i] = -INFINITY;
                 if (masked)
                     for (int i = 0; i < n; i++)
                         if (ts + i < lo[r] || ts + i >= hi[r]) sr[i] = -INFINITY;
-                kvp_v8 mv = v8_loadf(sr);
-                for (int i = 8; i < nv; i += 8) mv = v8_max(mv, v8_loadf(sr + i));
-                const float mt = v8_hmax(mv);
-                if (mt == -INFINITY) {
-                    for (int i = 0; i < nv; i++) sr[i] = 0.0f;
-                    continue;
-                }
-                const float mn = mt > m[r] ? mt : m[r];
-                const kvp_v8 mnv = v8_set1(-mn);
-                kvp_v8 sum = v8_zero();
-                for (int i = 0; i < nv; i += 8) {
-                    kvp_v8 e = v8_exp2(v8_add(v8_loadf(sr + i), mnv));
-                    v8_storef(sr + i, e);
-                    sum = v8_add(sum, e);
-                }
+                float sum;
+                const float mn = j->tile_exp16 ? j->tile_exp16(sr, n, m[r], &sum) : tile_exp8(sr, n, m[r], &sum);
+                if (mn == -INFINITY) continue; /* every score of the tile masked */
                 if (mn != m[r]) {
                     const float alpha = v8_hsum(v8_exp2(v8_set1(m[r] - mn))) * 0.125f;
                     l[r] *= alpha;
@@ -578,7 +723,7 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
                     for (int d = 0; d < D; d += 8) v8_storef(acc + r * D + d, v8_mul(v8_loadf(acc + r * D + d), av));
                     m[r] = mn;
                 }
-                l[r] += v8_hsum(sum);
+                l[r] += sum;
             }
             if (h < short_pf_heads) prefetch_short_rows(vb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
             values_rows(j, acc, S, vb, off, n, r0, r1, D, T, pf);
@@ -772,7 +917,7 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
     int score_lanes, value_lanes;
     kvp_attn_lanes_for(kv, qo_indptr == NULL, &score_lanes, &value_lanes);
     if (score_lanes == 16) j.scores16 = k_scores16[kv->dtype][head_dim_index(D)];
-    if (value_lanes == 16) j.values16 = k_values16[kv->dtype][head_dim_index(D)];
+    if (value_lanes == 16) j.values16 = k_values16[kv->dtype][head_dim_index(D)], j.tile_exp16 = tile_exp16;
 #endif
     int threads = nitems < nt ? (int)(nitems > 0 ? nitems : 1) : nt;
     if (threads == 1) {

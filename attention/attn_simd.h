@@ -216,26 +216,66 @@ KVP_INLINE kvp_v8 v16_fold(kvp_v16 a)
     return _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
 #define v16_pin(a) __asm__("" : "+v"(a))
+KVP_INLINE kvp_v16 v16_max(kvp_v16 a, kvp_v16 b) { return _mm512_max_ps(a, b); }
+/* v8_exp2 on 16 lanes (the same polynomial: the same value per lane). */
+KVP_INLINE kvp_v16 v16_exp2(kvp_v16 x)
+{
+    const __m512 lo = _mm512_set1_ps(-126.0f);
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ); /* x < -126 (and -inf) give 0 */
+    const __m512 xc = _mm512_max_ps(x, lo);
+    const __m512 n = _mm512_roundscale_ps(xc, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512 f = _mm512_sub_ps(xc, n);
+    __m512 p = _mm512_set1_ps(1.5403530393381606e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3333558146428443e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.6181291076284772e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.5504108664821580e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.4022650695910071e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.9314718055994531e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_maskz_mul_ps(ok, p, _mm512_castsi512_ps(e));
+}
+/* 16 elements of raw bits as floats: f16 and bf16 from 16 uint16 (__m256i), fp8 from 16 bytes (__m128i). */
+KVP_INLINE kvp_v16 v16_from_f16(__m256i x) { return _mm512_cvtph_ps(x); }
+KVP_INLINE kvp_v16 v16_from_bf16(__m256i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16)); }
+KVP_INLINE kvp_v16 v16_from_fp8(__m128i raw)
+{
+    const __m512i x = _mm512_cvtepu8_epi32(raw);
+    const __m512i em = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
+    const __m512 mag = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(em, 20)), _mm512_set1_ps(0x1p120f));
+    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+    const __m512i bits = _mm512_or_si512(_mm512_castps_si512(mag), sign);
+    const __mmask16 is_nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
+    return _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, is_nan, bits, _mm512_set1_epi32(0x7fc00000)));
+}
 /* 16 elements of type T at element offset off of pool base, as floats; the conversions of the 8-lane
  * loaders above, twice as wide. */
 KVP_INLINE kvp_v16 v16_load_elem(const void *base, int64_t off, const kvp_dtype T)
 {
     switch (T) {
-    case KVP_DTYPE_F16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off)));
-    case KVP_DTYPE_BF16:
-        return _mm512_castsi512_ps(
-            _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off))), 16));
-    case KVP_DTYPE_FP8_E4M3: {
-        const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)((const uint8_t *)base + off)));
-        const __m512i em = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
-        const __m512 mag = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(em, 20)), _mm512_set1_ps(0x1p120f));
-        const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
-        const __m512i bits = _mm512_or_si512(_mm512_castps_si512(mag), sign);
-        const __mmask16 is_nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
-        return _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, is_nan, bits, _mm512_set1_epi32(0x7fc00000)));
-    }
+    case KVP_DTYPE_F16: return v16_from_f16(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off)));
+    case KVP_DTYPE_BF16: return v16_from_bf16(_mm256_loadu_si256((const __m256i *)((const uint16_t *)base + off)));
+    case KVP_DTYPE_FP8_E4M3: return v16_from_fp8(_mm_loadu_si128((const __m128i *)((const uint8_t *)base + off)));
     default: return _mm512_loadu_ps((const float *)base + off);
     }
+}
+/* Two rows of 8 elements (head_dim 8) at element offsets o0 and o1 as one vector, row o0 in lanes 0-7. */
+KVP_INLINE kvp_v16 v16_load_pair(const void *base, int64_t o0, int64_t o1, const kvp_dtype T)
+{
+    if (T == KVP_DTYPE_F16 || T == KVP_DTYPE_BF16) {
+        const uint16_t *b = base;
+        const __m256i x = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(b + o0))),
+                                                  _mm_loadu_si128((const __m128i *)(b + o1)), 1);
+        return T == KVP_DTYPE_F16 ? v16_from_f16(x) : v16_from_bf16(x);
+    }
+    if (T == KVP_DTYPE_FP8_E4M3) {
+        const uint8_t *b = base;
+        return v16_from_fp8(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i *)(b + o0)),
+                                               _mm_loadl_epi64((const __m128i *)(b + o1))));
+    }
+    const float *b = base;
+    return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(b + o0))),
+                                               _mm256_castps_pd(_mm256_loadu_ps(b + o1)), 1));
 }
 #pragma GCC pop_options
 #endif

@@ -455,7 +455,7 @@ static void usage(FILE *f)
             "options:\n"
             "  --quick            a small sweep (seconds; for smoke tests)\n"
             "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"
-            "  --lanes LIST       vector lanes of the score and value passes at head_dim >= 16: auto, 8,\n"
+            "  --lanes LIST       vector lanes of the score and value passes: auto, 8,\n"
             "                     or 16 (AVX-512F), or a list (8,16): every layout is then timed with\n"
             "                     each, interleaved on the same pools, paged_over_contig against the\n"
             "                     contiguous run with the same setting (default auto: prefill 16 where\n"

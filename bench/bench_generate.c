@@ -51,7 +51,7 @@ static void usage(FILE *f)
                "  --matmul LIST         invariant,blas (default invariant)\n"
                "  --lanes LIST          vector lanes of the invariant matmul: 8, 16 (AVX-512F; the same bits)\n"
                "                        (default: the widest this CPU has; blas rows report 0)\n"
-               "  --attn-lanes L        vector lanes of the attention at head_dim >= 16: auto, 8 or 16 (AVX-512F;\n"
+               "  --attn-lanes L        vector lanes of the attention: auto, 8 or 16 (AVX-512F;\n"
                "                        equal to rounding) (default auto; column attn_lanes: the score/value\n"
                "                        passes' lanes in decode)\n"
                "  --block-size N        KV block size (default 16)\n"

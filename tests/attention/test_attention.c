@@ -262,8 +262,13 @@ Test(attention, lane_choice_rules_and_errors)
     kvp_attn_lanes_for(&kv, 0, &sl, &vl);
     cr_assert(sl == max && vl == max, "automatic prefill: the widest (%d/%d)", sl, vl);
     kv.head_dim = 8;
-    kvp_attn_lanes_for(&kv, 0, &sl, &vl);
-    cr_assert(sl == 8 && vl == 8, "head_dim 8 keeps its 8-lane passes (%d/%d)", sl, vl);
+    kv.dtype = KVP_DTYPE_F32;
+    for (int decode = 0; decode < 2; decode++) {
+        kvp_attn_lanes_for(&kv, decode, &sl, &vl);
+        cr_assert(sl == max && vl == max, "head_dim 8 (%s): the widest for both passes (%d/%d)",
+                  decode ? "decode" : "prefill", sl, vl);
+    }
+    kv.dtype = KVP_DTYPE_F16;
     kv.head_dim = 128;
     cr_assert_eq(kvp_attn_set_lanes(8), KVP_OK);
     kvp_attn_lanes_for(&kv, 0, &sl, &vl);
@@ -278,8 +283,8 @@ Test(attention, lane_choice_rules_and_errors)
     cr_assert_eq(kvp_attn_set_lanes(0), KVP_OK);
 }
 
-/* Decode and prefill with 8 and with 16 lanes forced, every dtype and head_dim >= 16 (head_dim 16 and 80
- * take the 16-lane passes' half-strip tail), GQA ratios and block sizes rotating, block size 1 included:
+/* Decode and prefill with 8 and with 16 lanes forced, every dtype and head_dim (8 puts two rows in a vector,
+ * 16 and 80 take the 16-lane passes' half-strip tail), GQA ratios and block sizes rotating, block size 1 included:
  * each against the float64 reference, and the two lane counts against each other. */
 Test(attention, both_lane_counts_match_reference_and_each_other)
 {
@@ -287,7 +292,7 @@ Test(attention, both_lane_counts_match_reference_and_each_other)
     if (nl == 1) cr_log_info("this CPU (or build) has no AVX-512F: 8 lanes only");
     int n = 0;
     for (int ti = 0; ti < 4; ti++)
-        for (int di = 1; di < 8; di++, n++) {
+        for (int di = 0; di < 8; di++, n++) {
             kvp_dtype t = k_dtypes[ti];
             int32_t D = k_dims[di], G = k_groups[n % 4], bs = k_block_sizes[(n / 4 + ti) % 4], hkv = 2, hq = hkv * G;
             int32_t lens[3] = {150, 1, 37}, qo[4] = {0, 20, 21, 21 + 37};
