@@ -734,16 +734,16 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
     for (int r = 0; r < rows; r++) {
         int32_t tok = it->q0 + (r % rph) / it->ng, head = (it->kvh + r / rph) * j->group + it->g0 + r % it->ng;
         float inv = l[r] > 0.0f ? j->oscale / l[r] : 0.0f;
-        float lse2 = l[r] > 0.0f ? m[r] + log2f(l[r]) : -INFINITY;
-        float *o;
+        float *o, *lse = NULL, lse_scale = 1.0f; /* lse: where the log-sum-exp goes, if anywhere */
         if (it->part < 0) {
             int64_t row = q_row(j, it->seq, tok) * j->hq + head;
             o = j->out + row * D;
-            if (j->lse) j->lse[row] = lse2 * 0.6931471805599453f;
+            if (j->lse) lse = j->lse + row, lse_scale = 0.6931471805599453f;
         } else {
             o = j->part_o + (it->part + r) * D;
-            j->part_lse[it->part + r] = lse2;
+            lse = j->part_lse + it->part + r;
         }
+        if (lse) *lse = (l[r] > 0.0f ? m[r] + log2f(l[r]) : -INFINITY) * lse_scale;
         for (int d = 0; d < D; d++) o[d] = acc[r * D + d] * inv;
     }
 }
