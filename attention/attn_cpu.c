@@ -187,9 +187,9 @@ KVP_INLINE void prefetch_span(const void *base, const pf_t *pf, int i0, int i1, 
 
 /* Rows shorter than a line (head_dim 8 in f32, 16 in f16) of tokens 0 .. n-1 at element offsets off from
  * base, the first at slot `slot` of its block: every line of each run of the tokens within one block (its
- * rows are contiguous). Issued for the same head a whole tile ahead (a unit of such rows computes too
- * briefly to hide a miss issued one unit ahead), spread over the heads' units rather than in one burst,
- * which filled the miss buffers and stalled. */
+ * rows are contiguous). Issued one unit ahead (the next head of the tile, or the first of the next tile or
+ * item), before the unit's score pass (K) and its values pass (V): with tiles of 256 such rows a unit
+ * computes long enough to hide the misses. */
 KVP_INLINE void prefetch_short_rows(const void *base, const int64_t *off, int n, int32_t slot, int32_t bs,
                                     const int64_t st, const int64_t es)
 {
@@ -697,8 +697,6 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             pfn = offn;
             pfslot = next->c0 % kv->block_size;
         }
-        /* short rows: head h of the next tile (or item) is prefetched while head h of this one is computed */
-        const int short_pf_heads = row_bytes < 64 && pfn != NULL ? (tn < hi_max ? it->nh : next->nh) : 0;
         const int masked = !(ts >= lo_max && ts + n <= hi_min);
         for (int h = 0; h < it->nh; h++) {
             const void *kb = (const char *)kv->k + h * sh * es; /* this head's rows */
@@ -707,7 +705,11 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             /* rows to prefetch (the next unit), relative to this head's kb / vb */
             const pf_t pfs = {h + 1 < it->nh ? off : pfn, h + 1 < it->nh ? sh : -h * sh, h + 1 < it->nh ? n : nn};
             const pf_t *pf = &pfs;
-            if (h < short_pf_heads) prefetch_short_rows(kb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
+            const int32_t pf_slot = h + 1 < it->nh ? ts % kv->block_size : pfslot; /* of pfs's first token */
+            const int short_pf = row_bytes < 64 && pfs.off != NULL;
+            if (short_pf)
+                prefetch_short_rows((const char *)kb + pfs.shift * es, pfs.off, pfs.n, pf_slot, kv->block_size,
+                                    kv->stride_token, es);
             scores_rows(j, qs, kb, off, n, S, r0, r1, D, T, pf);
             for (int r = r0; r < r1; r++) {
                 float *sr = S + r * TILE;
@@ -726,7 +728,9 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
                 }
                 l[r] += sum;
             }
-            if (h < short_pf_heads) prefetch_short_rows(vb, pfn, nn, pfslot, kv->block_size, kv->stride_token, es);
+            if (short_pf)
+                prefetch_short_rows((const char *)vb + pfs.shift * es, pfs.off, pfs.n, pf_slot, kv->block_size,
+                                    kv->stride_token, es);
             values_rows(j, acc, S, vb, off, n, r0, r1, D, T, pf);
         }
         cur ^= 1;
