@@ -698,7 +698,23 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
             pfslot = next->c0 % kv->block_size;
         }
         const int masked = !(ts >= lo_max && ts + n <= hi_min);
+        /* Block size 1 scatters every token's rows: the hardware prefetchers cannot follow them, and one unit
+         * ahead is too close to hide the misses. Each unit also fetches its head's rows two tiles ahead into
+         * L2. 32 x 4096 f16 decode, block 1, memory bus free: 14.5-15.0 -> 13.2-13.6 ms (1.48x -> 1.30-1.35x
+         * the contiguous time); busy: 16.3 -> 15.6 ms. Three or four tiles ahead did no better; at blocks of
+         * 2 to 8 it cost as much as it gained, or more. */
+        int64_t far[TILE];
+        int nf = 0;
+        if (kv->block_size == 1 && row_bytes >= 64 && ts + 2 * tl < hi_max) {
+            nf = hi_max - (ts + 2 * tl) < tl ? hi_max - (ts + 2 * tl) : tl;
+            tile_offsets(kv, pages, it->kvh, ts + 2 * tl, nf, far);
+        }
         for (int h = 0; h < it->nh; h++) {
+            for (int t = 0; t < nf; t++)
+                for (int64_t b = 0; b < row_bytes; b += 64) {
+                    KVP_PREFETCH_L2((const char *)kv->k + (far[t] + h * sh) * es + b);
+                    KVP_PREFETCH_L2((const char *)kv->v + (far[t] + h * sh) * es + b);
+                }
             const void *kb = (const char *)kv->k + h * sh * es; /* this head's rows */
             const void *vb = (const char *)kv->v + h * sh * es;
             const int r0 = h * rph, r1 = r0 + rph;

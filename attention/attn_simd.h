@@ -88,6 +88,7 @@ KVP_INLINE float v8_hmax(kvp_v8 a)
     return _mm_cvtss_f32(s);
 }
 #define KVP_PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+#define KVP_PREFETCH_L2(p) _mm_prefetch((const char *)(p), _MM_HINT_T1)
 #else
 #define KVP_ATTN_SIMD "portable"
 typedef struct {
@@ -195,6 +196,7 @@ KVP_INLINE float v8_hmax(kvp_v8 a)
     return m;
 }
 #define KVP_PREFETCH(p) __builtin_prefetch((const void *)(p))
+#define KVP_PREFETCH_L2(p) __builtin_prefetch((const void *)(p), 0, 2)
 #endif
 
 /* 16 lanes (AVX-512F): an x86-64-v3 build also carries them (common/cpu.h), for the CPUs that have them.
