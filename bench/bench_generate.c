@@ -138,6 +138,7 @@ static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, double t
                                   .sampler = {.temperature = temperature, .top_k = 0, .top_p = 1.0, .seed = 1000 + (uint64_t)i}};
     kvp_gen_config cfg = *sp;
     cfg.cache = KVP_PC_NONE;
+    cfg.skip_logprob = 1; /* as serve and generate without --json: no log-sum-exp over the vocabulary per token */
     double c0 = cpu_s();
     kvp_status s = kvp_gen_run(m, &cfg, rs, nseq, res, st);
     *cpu = cpu_s() - c0;
