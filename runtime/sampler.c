@@ -122,19 +122,18 @@ void kvp_sampler_ws_destroy(kvp_sampler_ws *w)
     kvp_free(w);
 }
 
-int32_t kvp_argmax(const float *logits, int32_t vocab)
+/* The largest logit, NaNs skipped (NaN only when logits[0] is and nothing compares greater): kvp_argmax's
+ * value without its scan for the index. On 8 lanes, then the lanes and the tail. */
+static float max_logit(const float *logits, int32_t vocab)
 {
-    /* the first id holding the largest value, NaNs skipped (a NaN logits[0] is kept: nothing compares
-     * greater): the largest value on 8 lanes, then a scan for it (no per-id dependence on `best`) */
     typedef float v8 __attribute__((vector_size(32)));
     typedef int32_t v8i __attribute__((vector_size(32)));
-    if (vocab < 16 || isnan(logits[0])) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < vocab; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
+    float mx = logits[0];
+    if (vocab < 16 || isnan(mx)) {
+        for (int32_t i = 1; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
+        return mx;
     }
-    v8 m = {logits[0], logits[0], logits[0], logits[0], logits[0], logits[0], logits[0], logits[0]};
+    v8 m = {mx, mx, mx, mx, mx, mx, mx, mx};
     int32_t i = 0;
     for (; i + 8 <= vocab; i += 8) {
         v8 x;
@@ -142,82 +141,93 @@ int32_t kvp_argmax(const float *logits, int32_t vocab)
         const v8i gt = x > m; /* lane-wise; a NaN x keeps m */
         m = (v8)((gt & (v8i)x) | (~gt & (v8i)m));
     }
-    float mx = logits[0];
     for (int j = 0; j < 8; j++) mx = m[j] > mx ? m[j] : mx;
     for (; i < vocab; i++) mx = logits[i] > mx ? logits[i] : mx;
-    for (i = 0; logits[i] != mx; i++) {
+    return mx;
+}
+
+int32_t kvp_argmax(const float *logits, int32_t vocab)
+{
+    /* the first id holding the largest value, NaNs skipped (a NaN logits[0] is kept: nothing compares
+     * greater): the largest value, then a scan for it (no per-id dependence on `best`) */
+    if (vocab < 16 || isnan(logits[0])) {
+        int32_t best = 0;
+        for (int32_t i = 1; i < vocab; i++)
+            if (logits[i] > logits[best]) best = i;
+        return best;
     }
+    const float mx = max_logit(logits, vocab);
+    int32_t i = 0;
+    while (logits[i] != mx) i++;
     return i;
 }
 
-/* *io = exp(*io) on four lanes of double: 2^n * p(r) with r = x - n ln2 (n
+/* *io = exp(*io) on eight lanes of double: 2^n * p(r) with r = x - n ln2 (n
  * rounded to nearest, ln2 split in two so that n * ln2_hi is exact) and p the degree-13 Taylor polynomial
  * (|r| <= ln2/2: truncation 4e-18; <= 2 ulp from libm in all); x < -708 gives 0 (2^n would leave the normal
  * range), NaN stays NaN. Plain vector operations: the same bits in every build, whatever the batch.
  * The sampler only ever takes x <= 0 (logit - max). */
-typedef double kvp_v4d __attribute__((vector_size(32)));
-typedef int64_t kvp_v4l __attribute__((vector_size(32)));
-#define V4_BC(x) ((kvp_v4d){(x), (x), (x), (x)})
+typedef double kvp_v8d __attribute__((vector_size(64))); /* 8 lanes: one AVX-512 vector, or two AVX2 ones */
+typedef int64_t kvp_v8l __attribute__((vector_size(64)));
+#define V8_BC(x) ((kvp_v8d){(x), (x), (x), (x), (x), (x), (x), (x)})
 
-static inline __attribute__((always_inline)) void exp_v4(kvp_v4d *io)
+static inline __attribute__((always_inline)) void exp_v8(kvp_v8d *io)
 {
-    kvp_v4d v = *io;
-    const kvp_v4l tiny = v < V4_BC(-708.0);
-    kvp_v4l vi, lo;
-    const kvp_v4d lov = V4_BC(-708.0);
+    kvp_v8d v = *io;
+    const kvp_v8l tiny = v < V8_BC(-708.0);
+    kvp_v8l vi, lo;
+    const kvp_v8d lov = V8_BC(-708.0);
     memcpy(&vi, &v, sizeof vi);
     memcpy(&lo, &lov, sizeof lo);
     vi = (tiny & lo) | (~tiny & vi);
     memcpy(&v, &vi, sizeof v);
-    const kvp_v4d shifter = V4_BC(0x1.8p52);
-    const kvp_v4d t = v * V4_BC(1.4426950408889634074) + shifter;
-    const kvp_v4d n = t - shifter;
-    const kvp_v4d r = v - n * V4_BC(6.93147180369123816490e-01) - n * V4_BC(1.90821492927058770002e-10);
+    const kvp_v8d shifter = V8_BC(0x1.8p52);
+    const kvp_v8d t = v * V8_BC(1.4426950408889634074) + shifter;
+    const kvp_v8d n = t - shifter;
+    const kvp_v8d r = v - n * V8_BC(6.93147180369123816490e-01) - n * V8_BC(1.90821492927058770002e-10);
     /* sum r^k / k!, k = 0..13, in Estrin's scheme (pairs, then r^2, r^4, r^8): a dependency chain of 4
      * multiply-adds instead of 13 */
-    const kvp_v4d r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
-    const kvp_v4d q0 = V4_BC(1.0) + r, q1 = V4_BC(0.5) + r * V4_BC(1.0 / 6.0),
-                  q2 = V4_BC(1.0 / 24.0) + r * V4_BC(1.0 / 120.0), q3 = V4_BC(1.0 / 720.0) + r * V4_BC(1.0 / 5040.0),
-                  q4 = V4_BC(1.0 / 40320.0) + r * V4_BC(1.0 / 362880.0),
-                  q5 = V4_BC(1.0 / 3628800.0) + r * V4_BC(1.0 / 39916800.0),
-                  q6 = V4_BC(1.0 / 479001600.0) + r * V4_BC(1.0 / 6227020800.0);
-    const kvp_v4d s0 = q0 + r2 * q1, s1 = q2 + r2 * q3, s2 = q4 + r2 * q5;
-    const kvp_v4d u0 = s0 + r4 * s1, u1 = s2 + r4 * q6;
-    const kvp_v4d p = u0 + r8 * u1;
-    kvp_v4l tb, sb;
+    const kvp_v8d r2 = r * r, r4 = r2 * r2, r8 = r4 * r4;
+    const kvp_v8d q0 = V8_BC(1.0) + r, q1 = V8_BC(0.5) + r * V8_BC(1.0 / 6.0),
+                  q2 = V8_BC(1.0 / 24.0) + r * V8_BC(1.0 / 120.0), q3 = V8_BC(1.0 / 720.0) + r * V8_BC(1.0 / 5040.0),
+                  q4 = V8_BC(1.0 / 40320.0) + r * V8_BC(1.0 / 362880.0),
+                  q5 = V8_BC(1.0 / 3628800.0) + r * V8_BC(1.0 / 39916800.0),
+                  q6 = V8_BC(1.0 / 479001600.0) + r * V8_BC(1.0 / 6227020800.0);
+    const kvp_v8d s0 = q0 + r2 * q1, s1 = q2 + r2 * q3, s2 = q4 + r2 * q5;
+    const kvp_v8d u0 = s0 + r4 * s1, u1 = s2 + r4 * q6;
+    const kvp_v8d p = u0 + r8 * u1;
+    kvp_v8l tb, sb;
     memcpy(&tb, &t, sizeof tb);
     memcpy(&sb, &shifter, sizeof sb);
-    const kvp_v4l e = (tb - sb + 1023) << 52;
-    kvp_v4d scale;
+    const kvp_v8l e = (tb - sb + 1023) << 52;
+    kvp_v8d scale;
     memcpy(&scale, &e, sizeof scale);
-    kvp_v4d res = p * scale;
-    kvp_v4l ri;
+    kvp_v8d res = p * scale;
+    kvp_v8l ri;
     memcpy(&ri, &res, sizeof ri);
     ri = ~tiny & ri; /* exp(x < -708) = 0 */
     memcpy(io, &ri, sizeof ri);
 }
 
-/* x[i] = exp(x[i]) for i < n, in place: two 4-lane vectors at a time, the tail through a zero-padded
- * block, so each element gets the same operations wherever it sits. */
-static void exp_inplace(double *x, int32_t n)
+/* x[i] = exp(x[i]) for i < n, in place: 8-lane vectors, the tail through a zero-padded block, so each
+ * element gets the same operations wherever it sits. Built twice (ifunc): with AVX-512F where the CPU has
+ * it, a vector is one instruction's operand instead of two (the same operations, the same bits). */
+__attribute__((target_clones("avx512f", "default"))) static void exp_inplace(double *x, int32_t n)
 {
     int32_t i = 0;
     for (; i + 8 <= n; i += 8) {
-        kvp_v4d v0, v1;
-        memcpy(&v0, x + i, sizeof v0);
-        memcpy(&v1, x + i + 4, sizeof v1);
-        exp_v4(&v0);
-        exp_v4(&v1);
-        memcpy(x + i, &v0, sizeof v0);
-        memcpy(x + i + 4, &v1, sizeof v1);
+        kvp_v8d v;
+        memcpy(&v, x + i, sizeof v);
+        exp_v8(&v);
+        memcpy(x + i, &v, sizeof v);
     }
-    for (; i < n; i += 4) {
-        double tmp[4] = {0.0, 0.0, 0.0, 0.0};
-        const int32_t c = n - i < 4 ? n - i : 4;
+    for (; i < n; i += 8) {
+        double tmp[8] = {0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0};
+        const int32_t c = n - i < 8 ? n - i : 8;
         memcpy(tmp, x + i, (size_t)c * sizeof(double));
-        kvp_v4d v;
+        kvp_v8d v;
         memcpy(&v, tmp, sizeof v);
-        exp_v4(&v);
+        exp_v8(&v);
         memcpy(tmp, &v, sizeof v);
         memcpy(x + i, tmp, (size_t)c * sizeof(double));
     }
@@ -226,7 +236,7 @@ static void exp_inplace(double *x, int32_t n)
 /* log sum_i exp(logits[i]) as max + log(sum exp(logits[i] - max)), summed in id order in double. */
 static double log_sum_exp(const float *logits, int32_t vocab)
 {
-    float mx = logits[kvp_argmax(logits, vocab)];
+    float mx = max_logit(logits, vocab);
     double sum = 0.0;
     for (int32_t i0 = 0; i0 < vocab; i0 += 64) {
         const int32_t cnt = vocab - i0 < 64 ? vocab - i0 : 64;
@@ -305,7 +315,7 @@ static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *lo
     double *prob = ws->prob;
     if (k == vocab && p->top_p >= 1.0) {
         /* Plain temperature: no ordering needed, draw over ids in order. */
-        double mx = logits[kvp_argmax(logits, vocab)], sum = 0.0;
+        double mx = max_logit(logits, vocab), sum = 0.0;
         if (p->temperature == 1.0) /* x / 1.0 == x: no division per id */
             for (int32_t i = 0; i < vocab; i++) prob[i] = (double)logits[i] - mx;
         else
@@ -364,7 +374,7 @@ int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const floa
     if (sum > 0.0) {
         /* At temperature 1 the draw's sum is kvp_log_softmax's sum, term for term and in the same order
          * (x / 1.0 is exact): the same log-probability without a second pass of exp. */
-        const float mx = logits[kvp_argmax(logits, vocab)];
+        const float mx = max_logit(logits, vocab);
         *logprob = (float)((double)logits[tok] - (mx + log(sum)));
         return tok;
     }
