@@ -426,10 +426,10 @@ KVP_INLINE void scores16_d8(const float *qs, const void *kbase, const int64_t *o
     }
 }
 
-/* acc[r] += sum_i P[r][i] * v_i: a step's sixteen probabilities in one vector (lanes past n zeroed; the
- * row is TILE long),
- * spread by a permute over each pair of value rows; four accumulators per row over the pairs keep the
- * multiply-add chains independent, and lanes 0-7 and 8-15 (even and odd keys) are added at the end. */
+/* acc[r] += sum_i P[r][i] * v_i: a step's sixteen probabilities in one vector (read whole, lanes past n
+ * zeroed in the register), spread by a permute over each pair of value rows; four accumulators per row over
+ * the pairs keep the multiply-add chains independent, and lanes 0-7 and 8-15 (even and odd keys) are added
+ * at the end. */
 KVP_INLINE void values16_d8(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
                             const kvp_dtype T)
 {
@@ -444,7 +444,7 @@ KVP_INLINE void values16_d8(float *acc, const float *P, const void *vbase, const
         kvp_v16 v[8];
         load_pairs16(v, vbase, off, i0, n, T);
         for (int r = 0; r < RB; r++) {
-            const kvp_v16 pr = _mm512_maskz_mov_ps(live, v16_loadf(P + r * TILE + i0)); /* see tile_exp16 */
+            const kvp_v16 pr = _mm512_maskz_mov_ps(live, v16_loadf(P + r * TILE + i0));
             for (int t = 0; t < 8; t++) {
                 const __m512i spread = _mm512_setr_epi32(2 * t, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t, 2 * t,
                                                          2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1, 2 * t + 1,
@@ -479,9 +479,9 @@ KVP_PASSES16_D8(KVP_DTYPE_F16, f16)
 KVP_PASSES16_D8(KVP_DTYPE_BF16, bf16)
 KVP_PASSES16_D8(KVP_DTYPE_FP8_E4M3, fp8)
 
-/* tile_exp8 on 16 lanes. Lanes past n (up to the next multiple of 16, inside the S row) are read whole and
- * masked in registers, not by masked loads: a masked load waits for the row's store to retire instead of
- * taking the value forwarded from it (measured: this kernel 3x slower at head_dim 8). */
+/* tile_exp8 on 16 lanes. Lanes past n (up to the next multiple of 16, inside the S row) are read and
+ * written whole and masked in registers: whatever they hold (a padding key's score, or nothing yet) never
+ * reaches the maximum or the sum, and they leave as 0. */
 static float tile_exp16(float *sr, int n, float m_old, float *sum)
 {
     __m512 mv = _mm512_set1_ps(-INFINITY);
