@@ -293,93 +293,14 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
     }
 }
 
-/* ---- 16 lanes (AVX-512F): the score and value passes of head_dim >= 16 as scores_rb / values_rb, with
- * vectors twice as wide: half the multiply-adds, loads and conversions per key (head_dim 8: two rows a
- * vector, below), and the softmax of a tile. With the memory bus free, the
- * 8-lane f16 decode at head_dim 128 ran at ~15 multiply-adds per cycle of 16: bound by arithmetic. run_item is also
- * built without avx512f, so it calls these through a table (one call per row block of a unit). */
+/* ---- 16 lanes (AVX-512F): the score and value passes as scores_rb / values_rb, with vectors twice as wide:
+ * half the multiply-adds, loads and conversions per key (head_dim 8: two rows a vector), and the softmax of
+ * a tile. With the memory bus free, the 8-lane f16 decode at head_dim 128 ran at ~15 multiply-adds per cycle
+ * of 16: bound by arithmetic. run_item is also built without avx512f, so it calls these through a table (one
+ * call per row block of a unit). */
 #ifdef KVP_BUILD_AVX512
 #pragma GCC push_options
 #pragma GCC target("avx512f")
-KVP_INLINE void scores16_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
-                            const int D, const kvp_dtype T, const pf_t *pf)
-{
-    const int64_t es = elem_bytes(T);
-    const int KB = 8 / RB;
-    for (int i = 0; i < n; i += KB) {
-        prefetch_span(kbase, pf, i, i + KB, es, D * es);
-        int64_t o[8];
-        for (int k = 0; k < KB; k++) o[k] = off[i + k < n ? i + k : n - 1];
-        kvp_v16 a[8];
-        for (int t = 0; t < 8; t++) a[t] = v16_zero();
-        for (int d = 0; d < D; d += 16) {
-            kvp_v16 kk[8];
-            for (int k = 0; k < KB; k++) kk[k] = v16_load_elem(kbase, o[k] + d, T);
-            for (int r = 0; r < RB; r++) {
-                kvp_v16 qv = v16_loadf(qs + r * D + d);
-                if (KB > 1) v16_pin(qv);
-                for (int k = 0; k < KB; k++) a[r * KB + k] = v16_fma(qv, kk[k], a[r * KB + k]);
-            }
-        }
-        kvp_v8 h[8];
-        for (int t = 0; t < 8; t++) h[t] = v16_fold(a[t]);
-        float s[8];
-        v8_storef(s, v8_hsum8(h));
-        for (int r = 0; r < RB; r++)
-            for (int k = 0; k < KB; k++) S[r * TILE + i + k] = s[r * KB + k];
-    }
-}
-
-/* Strips of 32 values (two vectors per row); the 16 left at head_dim 16 and 80 take even and odd tokens
- * into two accumulators per row (one would wait on the multiply-add latency). Row i is prefetched during
- * strip i mod strips, as in values_rb. */
-KVP_INLINE void values16_rb(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
-                            const int D, const kvp_dtype T, const pf_t *pf)
-{
-    const int64_t es = elem_bytes(T);
-    const int strips = (D + 31) / 32;
-    int d = 0;
-    for (; d + 32 <= D; d += 32) {
-        kvp_v16 a[4], b[4];
-        for (int r = 0; r < RB; r++) {
-            a[r] = v16_loadf(acc + r * D + d);
-            b[r] = v16_loadf(acc + r * D + d + 16);
-        }
-        for (int i = 0; i < n; i++) {
-            if (i % strips == d / 32) prefetch_span(vbase, pf, i, i + 1, es, D * es);
-            kvp_v16 v0 = v16_load_elem(vbase, off[i] + d, T), v1 = v16_load_elem(vbase, off[i] + d + 16, T);
-            for (int r = 0; r < RB; r++) {
-                kvp_v16 p = v16_set1(P[r * TILE + i]);
-                a[r] = v16_fma(p, v0, a[r]);
-                b[r] = v16_fma(p, v1, b[r]);
-            }
-        }
-        for (int r = 0; r < RB; r++) {
-            v16_storef(acc + r * D + d, a[r]);
-            v16_storef(acc + r * D + d + 16, b[r]);
-        }
-    }
-    if (d < D) {
-        kvp_v16 a[4], b[4];
-        for (int r = 0; r < RB; r++) {
-            a[r] = v16_loadf(acc + r * D + d);
-            b[r] = v16_zero();
-        }
-        for (int i = 0; i < n; i += 2) {
-            const int two = i + 1 < n;
-            for (int t = i; t <= i + two; t++)
-                if (t % strips == strips - 1) prefetch_span(vbase, pf, t, t + 1, es, D * es);
-            kvp_v16 v0 = v16_load_elem(vbase, off[i] + d, T);
-            for (int r = 0; r < RB; r++) a[r] = v16_fma(v16_set1(P[r * TILE + i]), v0, a[r]);
-            if (two) {
-                kvp_v16 v1 = v16_load_elem(vbase, off[i + 1] + d, T);
-                for (int r = 0; r < RB; r++) b[r] = v16_fma(v16_set1(P[r * TILE + i + 1]), v1, b[r]);
-            }
-        }
-        for (int r = 0; r < RB; r++) v16_storef(acc + r * D + d, v16_add(a[r], b[r]));
-    }
-}
-
 /* head_dim 8 on 16 lanes: two keys per vector (key 2t of a step in lanes 0-7 of k[t], key 2t+1 in 8-15),
  * sixteen keys a step; a key past n reads key n-1 (a real row: its score lands past n, where the mask
  * overwrites it, and its value is weighted by a masked-out zero). */
@@ -457,27 +378,93 @@ KVP_INLINE void values16_d8(float *acc, const float *P, const void *vbase, const
         v8_storef(acc + r * 8, v16_fold(v16_add(v16_add(a[r][0], a[r][1]), v16_add(a[r][2], a[r][3]))));
 }
 
-#define KVP_PASSES16_D8(T, TN)                                                                                     \
-    static void scores16_##TN##_8(const float *qs, const void *kb, const int64_t *off, int n, float *S, int RB,    \
-                                  const pf_t *pf)                                                                  \
-    {                                                                                                              \
-        (void)pf; /* rows shorter than a line: run_item prefetches them (prefetch_short_rows) */                   \
-        if (RB == 4) scores16_d8(qs, kb, off, n, S, 4, T);                                                         \
-        else if (RB == 2) scores16_d8(qs, kb, off, n, S, 2, T);                                                    \
-        else scores16_d8(qs, kb, off, n, S, 1, T);                                                                 \
-    }                                                                                                              \
-    static void values16_##TN##_8(float *acc, const float *P, const void *vb, const int64_t *off, int n, int RB,   \
-                                  const pf_t *pf)                                                                  \
-    {                                                                                                              \
-        (void)pf;                                                                                                  \
-        if (RB == 4) values16_d8(acc, P, vb, off, n, 4, T);                                                        \
-        else if (RB == 2) values16_d8(acc, P, vb, off, n, 2, T);                                                   \
-        else values16_d8(acc, P, vb, off, n, 1, T);                                                                \
+
+KVP_INLINE void scores16_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
+                            const int D, const kvp_dtype T, const pf_t *pf)
+{
+    if (D == 8) { /* rows shorter than a line: run_item prefetches them (prefetch_short_rows) */
+        scores16_d8(qs, kbase, off, n, S, RB, T);
+        return;
     }
-KVP_PASSES16_D8(KVP_DTYPE_F32, f32)
-KVP_PASSES16_D8(KVP_DTYPE_F16, f16)
-KVP_PASSES16_D8(KVP_DTYPE_BF16, bf16)
-KVP_PASSES16_D8(KVP_DTYPE_FP8_E4M3, fp8)
+    const int64_t es = elem_bytes(T);
+    const int KB = 8 / RB;
+    for (int i = 0; i < n; i += KB) {
+        prefetch_span(kbase, pf, i, i + KB, es, D * es);
+        int64_t o[8];
+        for (int k = 0; k < KB; k++) o[k] = off[i + k < n ? i + k : n - 1];
+        kvp_v16 a[8];
+        for (int t = 0; t < 8; t++) a[t] = v16_zero();
+        for (int d = 0; d < D; d += 16) {
+            kvp_v16 kk[8];
+            for (int k = 0; k < KB; k++) kk[k] = v16_load_elem(kbase, o[k] + d, T);
+            for (int r = 0; r < RB; r++) {
+                kvp_v16 qv = v16_loadf(qs + r * D + d);
+                if (KB > 1) v16_pin(qv);
+                for (int k = 0; k < KB; k++) a[r * KB + k] = v16_fma(qv, kk[k], a[r * KB + k]);
+            }
+        }
+        kvp_v8 h[8];
+        for (int t = 0; t < 8; t++) h[t] = v16_fold(a[t]);
+        float s[8];
+        v8_storef(s, v8_hsum8(h));
+        for (int r = 0; r < RB; r++)
+            for (int k = 0; k < KB; k++) S[r * TILE + i + k] = s[r * KB + k];
+    }
+}
+
+/* Strips of 32 values (two vectors per row); the 16 left at head_dim 16 and 80 take even and odd tokens
+ * into two accumulators per row (one would wait on the multiply-add latency). Row i is prefetched during
+ * strip i mod strips, as in values_rb. */
+KVP_INLINE void values16_rb(float *acc, const float *P, const void *vbase, const int64_t *off, int n, const int RB,
+                            const int D, const kvp_dtype T, const pf_t *pf)
+{
+    if (D == 8) {
+        values16_d8(acc, P, vbase, off, n, RB, T);
+        return;
+    }
+    const int64_t es = elem_bytes(T);
+    const int strips = (D + 31) / 32;
+    int d = 0;
+    for (; d + 32 <= D; d += 32) {
+        kvp_v16 a[4], b[4];
+        for (int r = 0; r < RB; r++) {
+            a[r] = v16_loadf(acc + r * D + d);
+            b[r] = v16_loadf(acc + r * D + d + 16);
+        }
+        for (int i = 0; i < n; i++) {
+            if (i % strips == d / 32) prefetch_span(vbase, pf, i, i + 1, es, D * es);
+            kvp_v16 v0 = v16_load_elem(vbase, off[i] + d, T), v1 = v16_load_elem(vbase, off[i] + d + 16, T);
+            for (int r = 0; r < RB; r++) {
+                kvp_v16 p = v16_set1(P[r * TILE + i]);
+                a[r] = v16_fma(p, v0, a[r]);
+                b[r] = v16_fma(p, v1, b[r]);
+            }
+        }
+        for (int r = 0; r < RB; r++) {
+            v16_storef(acc + r * D + d, a[r]);
+            v16_storef(acc + r * D + d + 16, b[r]);
+        }
+    }
+    if (d < D) {
+        kvp_v16 a[4], b[4];
+        for (int r = 0; r < RB; r++) {
+            a[r] = v16_loadf(acc + r * D + d);
+            b[r] = v16_zero();
+        }
+        for (int i = 0; i < n; i += 2) {
+            const int two = i + 1 < n;
+            for (int t = i; t <= i + two; t++)
+                if (t % strips == strips - 1) prefetch_span(vbase, pf, t, t + 1, es, D * es);
+            kvp_v16 v0 = v16_load_elem(vbase, off[i] + d, T);
+            for (int r = 0; r < RB; r++) a[r] = v16_fma(v16_set1(P[r * TILE + i]), v0, a[r]);
+            if (two) {
+                kvp_v16 v1 = v16_load_elem(vbase, off[i + 1] + d, T);
+                for (int r = 0; r < RB; r++) b[r] = v16_fma(v16_set1(P[r * TILE + i + 1]), v1, b[r]);
+            }
+        }
+        for (int r = 0; r < RB; r++) v16_storef(acc + r * D + d, v16_add(a[r], b[r]));
+    }
+}
 
 /* tile_exp8 on 16 lanes. Lanes past n (up to the next multiple of 16, inside the S row) are read and
  * written whole and masked in registers: whatever they hold (a padding key's score, or nothing yet) never
@@ -523,6 +510,7 @@ static float tile_exp16(float *sr, int n, float m_old, float *sum)
         else values16_rb(acc, P, vb, off, n, 1, D, T, pf);                                                          \
     }
 #define KVP_PASSES16_ALL(T, TN) \
+    KVP_PASSES16(T, TN, 8)      \
     KVP_PASSES16(T, TN, 16)     \
     KVP_PASSES16(T, TN, 32)     \
     KVP_PASSES16(T, TN, 64)     \
