@@ -361,7 +361,7 @@ KVP_INLINE void values16_d8(float *acc, const float *P, const void *vbase, const
         a[r][1] = a[r][2] = a[r][3] = v16_zero();
     }
     for (int i0 = 0; i0 < n; i0 += 16) {
-        const __mmask16 live = n - i0 >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i0)) - 1);
+        const __mmask16 live = v16_live(n - i0);
         kvp_v16 v[8];
         load_pairs16(v, vbase, off, i0, n, T);
         for (int r = 0; r < RB; r++) {
@@ -473,7 +473,7 @@ static float tile_exp16(float *sr, int n, float m_old, float *sum)
 {
     __m512 mv = _mm512_set1_ps(-INFINITY);
     for (int i = 0; i < n; i += 16) {
-        const __mmask16 live = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 live = v16_live(n - i);
         mv = _mm512_mask_max_ps(mv, live, mv, v16_loadf(sr + i));
     }
     const float mt = _mm512_reduce_max_ps(mv);
@@ -485,7 +485,7 @@ static float tile_exp16(float *sr, int n, float m_old, float *sum)
     const kvp_v16 mnv = v16_set1(-mn);
     kvp_v16 acc = v16_zero();
     for (int i = 0; i < n; i += 16) {
-        const __mmask16 live = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 live = v16_live(n - i);
         const kvp_v16 e = _mm512_maskz_mov_ps(live, v16_exp2(v16_add(v16_loadf(sr + i), mnv)));
         v16_storef(sr + i, e);
         acc = v16_add(acc, e);

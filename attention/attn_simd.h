@@ -213,6 +213,8 @@ KVP_INLINE kvp_v8 v16_fold(kvp_v16 a)
 }
 #define v16_pin(a) __asm__("" : "+v"(a))
 KVP_INLINE kvp_v16 v16_max(kvp_v16 a, kvp_v16 b) { return _mm512_max_ps(a, b); }
+/* The first `left` lanes (all 16 when left >= 16): a vector's live lanes at the end of a row. */
+KVP_INLINE __mmask16 v16_live(int left) { return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1); }
 /* v8_exp2 on 16 lanes (the same polynomial: the same value per lane). */
 KVP_INLINE kvp_v16 v16_exp2(kvp_v16 x)
 {
