@@ -150,12 +150,7 @@ int32_t kvp_argmax(const float *logits, int32_t vocab)
 {
     /* the first id holding the largest value, NaNs skipped (a NaN logits[0] is kept: nothing compares
      * greater): the largest value, then a scan for it (no per-id dependence on `best`) */
-    if (vocab < 16 || isnan(logits[0])) {
-        int32_t best = 0;
-        for (int32_t i = 1; i < vocab; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
-    }
+    if (isnan(logits[0])) return 0;
     const float mx = max_logit(logits, vocab);
     int32_t i = 0;
     while (logits[i] != mx) i++;
