@@ -316,14 +316,18 @@ static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *lo
         else
             for (int32_t i = 0; i < vocab; i++) prob[i] = ((double)logits[i] - mx) / p->temperature;
         exp_inplace(prob, vocab);
-        for (int32_t i = 0; i < vocab; i++) sum += prob[i]; /* in id order */
+        for (int32_t i = 0; i < vocab; i++) prob[i] = sum += prob[i]; /* running sums, in id order */
         if (sum_out) *sum_out = sum;
-        double u = kvp_rng_uniform(rng) * sum, acc = 0.0;
-        for (int32_t i = 0; i < vocab; i++) {
-            acc += prob[i];
-            if (u < acc) return i;
+        /* the first id whose running sum exceeds u: a binary search over the (nondecreasing) sums finds
+         * the id the linear walk would, without a second dependent pass over the vocabulary */
+        const double u = kvp_rng_uniform(rng) * sum;
+        int32_t lo = 0, hi = vocab - 1;
+        while (lo < hi) {
+            const int32_t mid = lo + (hi - lo) / 2;
+            if (u < prob[mid]) hi = mid;
+            else lo = mid + 1;
         }
-        return vocab - 1;
+        return lo;
     }
     top_sorted(logits, vocab, k, idx);
     double mx = logits[idx[0]], sum = 0.0;

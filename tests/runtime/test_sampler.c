@@ -2,6 +2,7 @@
  * against the exact distributions. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "runtime/sampler.h"
@@ -138,6 +139,52 @@ Test(sampler, seeds_reproduce_and_streams_differ)
     cr_assert(memcmp(a, b, sizeof a) == 0);
     cr_assert(memcmp(a, c, sizeof a) != 0);
     kvp_sampler_ws_destroy(ws);
+}
+
+/* A plain-temperature draw is the first id whose running sum of exp(logit - max) (in id order) exceeds
+ * u * total, u the sequence's next uniform: checked against that linear walk with libm's exp, over vocab
+ * sizes from 1 to 32000, draws landing everywhere in the vocabulary (spread logits). */
+Test(sampler, plain_temperature_draw_is_the_linear_walk)
+{
+    static const int32_t sizes[] = {1, 2, 7, 64, 512, 32000};
+    for (size_t z = 0; z < sizeof sizes / sizeof sizes[0]; z++) {
+        const int32_t n = sizes[z];
+        float *l = malloc((size_t)n * sizeof *l);
+        double *w = malloc((size_t)n * sizeof *w);
+        kvp_sampler_ws *ws;
+        cr_assert(l && w);
+        cr_assert_eq(kvp_sampler_ws_create(n, &ws), KVP_OK);
+        kvp_rng g;
+        kvp_rng_seed(&g, 77 + (uint64_t)z, 0);
+        for (int32_t i = 0; i < n; i++) l[i] = (float)(kvp_rng_uniform(&g) * 6.0 - 3.0);
+        double mx = l[0];
+        for (int32_t i = 1; i < n; i++) mx = l[i] > mx ? l[i] : mx;
+        for (int32_t i = 0; i < n; i++) w[i] = exp((double)l[i] - mx);
+        kvp_sampler_params p = {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 5};
+        kvp_rng r, twin;
+        kvp_rng_seed(&r, 5, (uint64_t)z);
+        twin = r;
+        int32_t lo = n, hi = -1;
+        for (int k = 0; k < 400; k++) {
+            const int32_t got = kvp_sample(&p, &r, l, n, ws);
+            double total = 0.0, acc = 0.0;
+            for (int32_t i = 0; i < n; i++) total += w[i];
+            const double u = kvp_rng_uniform(&twin) * total;
+            int32_t want = n - 1;
+            for (int32_t i = 0; i < n; i++)
+                if (u < (acc += w[i])) {
+                    want = i;
+                    break;
+                }
+            cr_assert_eq(got, want, "vocab %d, draw %d: sampled %d, the linear walk gives %d", n, k, got, want);
+            lo = got < lo ? got : lo;
+            hi = got > hi ? got : hi;
+        }
+        if (n >= 64) cr_assert(lo < n / 8 && hi > n - n / 8, "vocab %d: draws spanned only %d..%d", n, lo, hi);
+        kvp_sampler_ws_destroy(ws);
+        free(l);
+        free(w);
+    }
 }
 
 Test(sampler, large_vocab_top_k_matches_full_sort)
