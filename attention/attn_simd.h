@@ -225,8 +225,7 @@ KVP_INLINE kvp_v16 v16_exp2(kvp_v16 x)
     const __m512 f = _mm512_sub_ps(xc, n);
     __m512 p = _mm512_set1_ps(k_exp2_poly[0]);
     for (int i = 1; i < 7; i++) p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(k_exp2_poly[i]));
-    const __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_maskz_mul_ps(ok, p, _mm512_castsi512_ps(e));
+    return _mm512_maskz_scalef_ps(ok, p, n); /* p * 2^n, one rounding as p * (float)2^n */
 }
 /* 16 elements of raw bits as floats: f16 and bf16 from 16 uint16 (__m256i), fp8 from 16 bytes (__m128i). */
 KVP_INLINE kvp_v16 v16_from_f16(__m256i x) { return _mm512_cvtph_ps(x); }
