@@ -4,6 +4,7 @@
 #define KVP_TESTS_RUNTIME_MODEL_TESTUTIL_H
 
 #include <criterion/criterion.h>
+#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -135,11 +136,38 @@ static inline void tu_every_alloc_failure(const char *what, kvp_status (*make)(v
     }
 }
 
-/* Makes a fresh temp dir; returns a static path. */
+/* The temp dirs of a test binary live under one parent (KVP_TEST_TMP), made by the runner process at
+ * start-up and removed with all it holds when the runner exits: Criterion's workers end with _exit, so a
+ * test cannot clean up after itself, and each run used to leave its copies of the model in /tmp. A worker
+ * inherits the variables; only the process that made the parent removes it. */
+static int tu_rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+__attribute__((constructor)) static void tu_tmp_parent_make(void)
+{
+    if (getenv("KVP_TEST_TMP")) return;
+    char dir[64] = "/tmp/kvp_test_XXXXXX", pid[32];
+    if (!mkdtemp(dir)) return; /* tu_tmpdir then falls back to /tmp */
+    snprintf(pid, sizeof pid, "%ld", (long)getpid());
+    setenv("KVP_TEST_TMP", dir, 1);
+    setenv("KVP_TEST_TMP_OWNER", pid, 1);
+}
+
+__attribute__((destructor)) static void tu_tmp_parent_remove(void)
+{
+    const char *dir = getenv("KVP_TEST_TMP"), *owner = getenv("KVP_TEST_TMP_OWNER");
+    if (dir && owner && atol(owner) == (long)getpid()) nftw(dir, tu_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Makes a fresh temp dir under the binary's parent; returns a static path. */
 static inline const char *tu_tmpdir(void)
 {
     static char buf[256];
-    snprintf(buf, sizeof buf, "/tmp/kvp_test_XXXXXX");
+    const char *parent = getenv("KVP_TEST_TMP");
+    snprintf(buf, sizeof buf, "%s/%s", parent ? parent : "/tmp", parent ? "XXXXXX" : "kvp_test_XXXXXX");
     cr_assert_not_null(mkdtemp(buf));
     return buf;
 }
