@@ -387,6 +387,7 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
         cr_assert(nl != NULL && nl[1] == '\0', "one line: '%s'", err);
         cr_assert_eq(out[0], '\0', "nothing on stdout");
     }
+    unlink("/tmp/kvp_test_huge_ctx.csv");
     int rc = kvp_test_cli("simulate --help", out, sizeof out, NULL, 0);
     cr_assert_eq(rc, 0);
     cr_assert(strstr(out, "--max-batched-tokens") != NULL);
