@@ -299,6 +299,25 @@ static void top_sorted(const float *logits, int32_t vocab, int32_t k, int32_t *i
     }
 }
 
+/* Index i of w[0..n) drawn with probability w[i] / sum(w): w becomes its running sums (in index order) and
+ * the draw is the first index whose running sum exceeds u * sum, found by a binary search over the
+ * (nondecreasing) sums: the index a linear walk would stop at, without a second dependent pass over w.
+ * *sum_out (if not NULL) gets the sum. */
+static int32_t draw_weighted(double *w, int32_t n, kvp_rng *rng, double *sum_out)
+{
+    double sum = 0.0;
+    for (int32_t i = 0; i < n; i++) w[i] = sum += w[i];
+    if (sum_out) *sum_out = sum;
+    const double u = kvp_rng_uniform(rng) * sum;
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (u < w[mid]) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
 /* The draw of kvp_sample; *sum_out (plain temperature only, else untouched) gets the sum of
  * exp(logit - max) at this temperature, in id order. */
 static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab, kvp_sampler_ws *ws,
@@ -310,33 +329,22 @@ static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *lo
     double *prob = ws->prob;
     if (k == vocab && p->top_p >= 1.0) {
         /* Plain temperature: no ordering needed, draw over ids in order. */
-        double mx = max_logit(logits, vocab), sum = 0.0;
+        double mx = max_logit(logits, vocab);
         if (p->temperature == 1.0) /* x / 1.0 == x: no division per id */
             for (int32_t i = 0; i < vocab; i++) prob[i] = (double)logits[i] - mx;
         else
             for (int32_t i = 0; i < vocab; i++) prob[i] = ((double)logits[i] - mx) / p->temperature;
         exp_inplace(prob, vocab);
-        for (int32_t i = 0; i < vocab; i++) prob[i] = sum += prob[i]; /* running sums, in id order */
-        if (sum_out) *sum_out = sum;
-        /* the first id whose running sum exceeds u: a binary search over the (nondecreasing) sums finds
-         * the id the linear walk would, without a second dependent pass over the vocabulary */
-        const double u = kvp_rng_uniform(rng) * sum;
-        int32_t lo = 0, hi = vocab - 1;
-        while (lo < hi) {
-            const int32_t mid = lo + (hi - lo) / 2;
-            if (u < prob[mid]) hi = mid;
-            else lo = mid + 1;
-        }
-        return lo;
+        return draw_weighted(prob, vocab, rng, sum_out);
     }
     top_sorted(logits, vocab, k, idx);
-    double mx = logits[idx[0]], sum = 0.0;
+    double mx = logits[idx[0]];
     for (int32_t i = 0; i < k; i++) prob[i] = ((double)logits[idx[i]] - mx) / p->temperature;
     exp_inplace(prob, k);
-    for (int32_t i = 0; i < k; i++) sum += prob[i];
     int32_t n = k;
     if (p->top_p < 1.0) {
-        double cum = 0.0;
+        double sum = 0.0, cum = 0.0;
+        for (int32_t i = 0; i < k; i++) sum += prob[i];
         for (int32_t i = 0; i < k; i++) {
             cum += prob[i] / sum;
             if (cum >= p->top_p) {
@@ -344,15 +352,8 @@ static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *lo
                 break;
             }
         }
-        sum = 0.0;
-        for (int32_t i = 0; i < n; i++) sum += prob[i];
     }
-    double u = kvp_rng_uniform(rng) * sum, acc = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        acc += prob[i];
-        if (u < acc) return idx[i];
-    }
-    return idx[n - 1];
+    return idx[draw_weighted(prob, n, rng, NULL)];
 }
 
 int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab, kvp_sampler_ws *ws)
