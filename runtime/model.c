@@ -595,29 +595,31 @@ static kvp_status load_weights(kvp_model *m, const source *src)
 }
 
 /* Checks the config describes a model this forward pass computes. cfg_file: the file holding the config
- * (config.json, or the GGUF when gguf), named with the field in errors about a single field. */
-static kvp_status check_config(const kvp_model_config *c, const char *what, const char *cfg_file, int gguf)
+ * (config.json, or the GGUF when gguf), named in every error (with the field, for a single field). */
+static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, int gguf)
 {
     const char *mt = c->model_type;
+    if (!mt[0])
+        return KVP_ERR(KVP_EPARSE, "%s: no model type (\"model_type\": llama, mistral, qwen2 or qwen3)", cfg_file);
     if (c->family != KVP_FAMILY_LLAMA ||
         (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3")))
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: model type '%s' is not supported by the CPU forward pass "
                                          "(llama, mistral, qwen2, qwen3 are)",
-                       what, mt);
+                       cfg_file, mt);
     if (c->num_layers < 1 || c->hidden_size < 1 || c->num_q_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 2 ||
         c->head_dim % 2 || c->intermediate_size < 1 || c->vocab_size < 1 || c->num_q_heads % c->num_kv_heads ||
         c->vocab_size > INT32_MAX)
         return KVP_ERR(KVP_EPARSE, "%s: inconsistent sizes (layers %d, hidden %d, heads %d/%d, head_dim %d, "
                                    "intermediate %lld, vocab %lld)",
-                       what, c->num_layers, c->hidden_size, c->num_q_heads, c->num_kv_heads, c->head_dim,
+                       cfg_file, c->num_layers, c->hidden_size, c->num_q_heads, c->num_kv_heads, c->head_dim,
                        (long long)c->intermediate_size, (long long)c->vocab_size);
     if (!kvp_attn_supported(KVP_DTYPE_F32, c->head_dim))
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: head_dim %d is not supported by the attention kernels", what,
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: head_dim %d is not supported by the attention kernels", cfg_file,
                        c->head_dim);
     if (c->rope_scaling_type[0] && strcmp(c->rope_scaling_type, "llama3") && strcmp(c->rope_scaling_type, "default"))
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (llama3 is)", what,
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (llama3 is)", cfg_file,
                        c->rope_scaling_type);
-    if (c->num_experts > 0) return KVP_ERR(KVP_EUNSUPPORTED, "%s: mixture-of-experts models are not supported", what);
+    if (c->num_experts > 0) return KVP_ERR(KVP_EUNSUPPORTED, "%s: mixture-of-experts models are not supported", cfg_file);
     /* Field names as the file spells them (the GGUF reader checks these too, under the same names). */
     char eps_key[128] = "rms_norm_eps", theta_key[128] = "rope_theta";
     if (gguf) {
@@ -768,7 +770,7 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
         if ((st = kvp_st_open(path, &s)) != KVP_OK) goto fail;
         src.s = s;
     }
-    if ((st = check_config(&m->cfg, path, m->is_gguf ? path : cfgpath, m->is_gguf)) != KVP_OK) goto fail;
+    if ((st = check_config(&m->cfg, m->is_gguf ? path : cfgpath, m->is_gguf)) != KVP_OK) goto fail;
     if ((st = shard(m, comm, path)) != KVP_OK) goto fail;
     if ((st = init_rope(m)) != KVP_OK) goto fail;
     if ((st = load_weights(m, &src)) != KVP_OK) goto fail;
