@@ -945,7 +945,7 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
     snprintf(trunc, sizeof trunc, "%s/truncated.gguf", dir);
     tu_write_all(trunc, g, len / 2);
     /* general.architecture = "llama" -> "falcn" */
-    unsigned char *at = memmem(g, 14176, "general.architecture", 20);
+    unsigned char *at = memmem(g, S260_GGUF_DATA_START, "general.architecture", 20);
     cr_assert_not_null(at);
     cr_assert(memcmp(at + 20 + 4 + 8, "llama", 5) == 0);
     memcpy(at + 20 + 4 + 8, "falcn", 5);

@@ -229,7 +229,7 @@ Test(loaders, gguf_every_truncation_fails_cleanly)
     unsigned char *all = tu_read_all(S260_GGUF, &len);
     char path[300];
     snprintf(path, sizeof path, "%s/trunc.gguf", tu_tmpdir());
-    size_t header_end = 14176; /* data section start of this file */
+    size_t header_end = S260_GGUF_DATA_START;
     for (size_t cut = 0; cut < len; cut += (cut < header_end ? 1 : 9973)) {
         /* Header region: test every 7th cut plus all cuts near the structure ends (keeps the test fast). */
         if (cut < header_end && cut > 64 && cut % 7 && cut < header_end - 64) continue;

@@ -13,6 +13,7 @@
 #include "runtime/model.h"
 #include "runtime/safetensors.h"
 #include "runtime/sampler.h"
+#include "runtime/tokenizer.h"
 
 static kvp_model *load(const char *path)
 {
@@ -282,6 +283,104 @@ Test(model, load_survives_every_allocation_failure)
 {
     tu_require_shared();
     tu_every_alloc_failure("model load", load_model, destroy_model, S260_GGUF, 0);
+}
+
+/* ---- random corruption: every mutant either loads and runs, or fails with an error naming its file ---- */
+
+/* Loads a mutant model (and, from a GGUF, its tokenizer); one that loads runs a 5-token prompt, which may
+ * fail only with a clear error. Returns 1 when the model loaded. */
+static int fz_try(const char *path, const char *file, int gguf, int trial)
+{
+    kvp_model *m = NULL;
+    kvp_status st = kvp_model_load(path, &m);
+    if (st != KVP_OK) {
+        FZ_FAILED_CLEANLY(st, m, file, trial);
+        return 0;
+    }
+    const int64_t V = kvp_model_cfg(m)->vocab_size;
+    if (gguf) {
+        kvp_tokenizer *t = NULL;
+        st = kvp_tok_load(path, (int32_t)V, &t);
+        if (st != KVP_OK) FZ_FAILED_CLEANLY(st, t, file, trial);
+        else {
+            int32_t *ids = NULL, n = 0;
+            char *text = NULL;
+            if (kvp_tok_encode(t, "Once upon a time", 16, 1, &ids, &n) == KVP_OK &&
+                kvp_tok_decode(t, -1, ids, n, &text) == KVP_OK)
+                cr_assert_not_null(text);
+            kvp_free(text);
+            kvp_free(ids);
+            kvp_tok_destroy(t);
+        }
+    }
+    kvp_kv_cache *kv = NULL;
+    if (kvp_kv_cache_create(m, KVP_DTYPE_F32, 1, 8, &kv) == KVP_OK) {
+        int32_t toks[5] = {1, 403, 407, 261, 378}, pos[5] = {0, 1, 2, 3, 4}, blocks[1] = {0};
+        for (int i = 0; i < 5; i++) toks[i] = (int32_t)(toks[i] % V);
+        int64_t slots[5] = {0, 1, 2, 3, 4};
+        int32_t qo[2] = {0, 5}, kvi[2] = {0, 1}, last = 5;
+        float *logits = malloc(sizeof(float) * (size_t)V);
+        kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 5, .tokens = toks, .positions = pos, .slot_mapping = slots,
+                           .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = blocks, .kv_last_page_len = &last};
+        st = kvp_model_forward(m, kv, &b, logits);
+        cr_assert(st == KVP_OK || kvp_error_message()[0] != '\0', "trial %d: forward failed without a message", trial);
+        free(logits);
+        kvp_kv_cache_destroy(kv);
+    }
+    kvp_model_destroy(m);
+    return 1;
+}
+
+Test(model, random_corruption_of_gguf_headers_loads_or_fails_cleanly)
+{
+    tu_require_shared();
+    size_t len;
+    unsigned char *orig = tu_read_all(S260_GGUF, &len), *c = malloc(len);
+    char path[300];
+    snprintf(path, sizeof path, "%s/mutant.gguf", tu_tmpdir());
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    int loaded = 0;
+    const int trials = 3000;
+    for (int i = 0; i < trials; i++) {
+        memcpy(c, orig, len);
+        fz_mutate(c, 0, S260_GGUF_DATA_START, 1, &rng);
+        tu_write_all(path, c, len);
+        loaded += fz_try(path, "mutant.gguf", 1, i);
+    }
+    /* most edits land in token strings and scores, which load: the mix tested both outcomes */
+    cr_assert(loaded > 0 && loaded < trials, "%d of %d mutants loaded", loaded, trials);
+    free(c);
+    free(orig);
+}
+
+Test(model, random_corruption_of_safetensors_header_and_config_loads_or_fails_cleanly)
+{
+    tu_require_shared();
+    size_t nst, ncfg;
+    unsigned char *st = tu_read_all(S260_HF "/model.safetensors", &nst), *cfg = tu_read_all(S260_HF "/config.json", &ncfg);
+    unsigned char *c = malloc(nst > ncfg ? nst : ncfg);
+    uint64_t hlen;
+    memcpy(&hlen, st, 8);
+    cr_assert_lt(hlen, nst);
+    const char *dir = tu_tmpdir();
+    char stp[300], cfgp[300];
+    snprintf(stp, sizeof stp, "%s/model.safetensors", dir);
+    snprintf(cfgp, sizeof cfgp, "%s/config.json", dir);
+    uint64_t rng = 0x2545f4914f6cdd1dull;
+    int loaded[2] = {0, 0};
+    const int trials = 1500;
+    for (int i = 0; i < 2 * trials; i++) {
+        const int in_cfg = i % 2; /* alternate: the tensor header, then config.json */
+        memcpy(c, in_cfg ? cfg : st, in_cfg ? ncfg : nst);
+        fz_mutate(c, 0, in_cfg ? ncfg : 8 + hlen, !in_cfg, &rng);
+        tu_write_all(stp, in_cfg ? st : c, nst);
+        tu_write_all(cfgp, in_cfg ? c : cfg, ncfg);
+        loaded[in_cfg] += fz_try(dir, dir, 0, i); /* a tensor missing from the folder's files names the folder */
+    }
+    cr_assert(loaded[0] < trials && loaded[1] < trials, "every mutant loaded: %d, %d", loaded[0], loaded[1]);
+    free(c);
+    free(cfg);
+    free(st);
 }
 
 /* ---- the same model stored in other dtypes (converted here), end to end ---- */

@@ -373,6 +373,51 @@ static kvp_status encode(void *c, void **ids)
     return kvp_tok_encode_ex(e->t, e->text, strlen(e->text), KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL, (int32_t **)ids, &n);
 }
 
+/* Random edits of every vocabulary's tokenizer.json and GGUF: each mutant either loads, and then encodes and
+ * decodes text without fault, or fails with an error naming its file. */
+Test(tokenizer_bpe, random_corruption_loads_or_fails_cleanly)
+{
+    const char *dir = tu_tmpdir();
+    uint64_t rng = 0x51f15e5d2c0ffee1ull;
+    const char *texts[] = {"Hello, world! 123 4567", "  tabs\tand\nnewlines, caf\xc3\xa9 \xe4\xb8\xad\xe6\x96\x87 \xf0\x9f\x98\x80",
+                           "<|begin_of_text|><s></s>[INST]"};
+    int loaded = 0, trials = 0;
+    for (size_t f = 0; f < sizeof k_families / sizeof *k_families; f++)
+        for (int gguf = 0; gguf < 2; gguf++) {
+            char src[256], dst[300], *name = gguf ? "mutant.gguf" : "tokenizer.json";
+            snprintf(src, sizeof src, gguf ? TOKDIR "/%s.gguf" : TOKDIR "/%s/tokenizer.json", k_families[f]);
+            snprintf(dst, sizeof dst, "%s/%s", dir, name);
+            size_t len;
+            unsigned char *orig = tu_read_all(src, &len), *c = malloc(len);
+            for (int i = 0; i < 150; i++, trials++) {
+                memcpy(c, orig, len);
+                fz_mutate(c, 0, len, gguf, &rng);
+                tu_write_all(dst, c, len);
+                kvp_tokenizer *t = NULL;
+                kvp_status st = gguf ? kvp_tok_load(dst, 0, &t) : kvp_tok_from_hf_json(dst, &t);
+                if (st != KVP_OK) {
+                    FZ_FAILED_CLEANLY(st, t, name, trials);
+                    continue;
+                }
+                loaded++;
+                for (size_t k = 0; k < sizeof texts / sizeof *texts; k++) {
+                    int32_t *ids = NULL, n = 0;
+                    char *back = NULL;
+                    if (kvp_tok_encode_ex(t, texts[k], strlen(texts[k]), KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL, &ids,
+                                          &n) == KVP_OK &&
+                        kvp_tok_decode(t, -1, ids, n, &back) == KVP_OK)
+                        cr_assert_not_null(back);
+                    kvp_free(back);
+                    kvp_free(ids);
+                }
+                kvp_tok_destroy(t);
+            }
+            free(c);
+            free(orig);
+        }
+    cr_assert(loaded > 0 && loaded < trials, "%d of %d mutants loaded", loaded, trials);
+}
+
 Test(tokenizer_bpe, survives_every_allocation_failure)
 {
     tu_every_alloc_failure("qwen2 tokenizer.json", tok_json, destroy_tok, TOKDIR "/qwen2/tokenizer.json", 0);
