@@ -1,6 +1,5 @@
 /* tests/runtime/model_testutil.h — helpers shared by the model/loader tests (static, header-only):
- * paths of the stories260K files, a temp dir, file copies with edits, seeded random corruption, a tiny GGUF
- * writer. */
+ * paths of the stories260K files, a temp dir, file copies with edits, a tiny GGUF writer. */
 #ifndef KVP_TESTS_RUNTIME_MODEL_TESTUTIL_H
 #define KVP_TESTS_RUNTIME_MODEL_TESTUTIL_H
 
@@ -15,6 +14,7 @@
 #include "common/alloc.h"
 #include "common/json.h"
 #include "common/status.h"
+#include "fuzz_testutil.h"
 #include "runtime/gen.h"
 
 #define S260_DIR "../shared/models/stories260K"
@@ -195,44 +195,6 @@ static inline void tu_write_all(const char *path, const void *data, size_t len)
     if (len) cr_assert_eq(fwrite(data, 1, len, f), len);
     fclose(f);
 }
-
-/* ---- random corruption of a file's bytes (seeded: every run makes the same mutants) ---- */
-
-static inline uint64_t fz_next(uint64_t *x) /* xorshift64 */
-{
-    *x ^= *x << 13;
-    *x ^= *x >> 7;
-    *x ^= *x << 17;
-    return *x;
-}
-
-/* 1 to 4 edits in buf[lo, hi): a random byte, a byte that often sits at a boundary or in JSON, in a binary
- * file an 8-byte word set to an extreme count or length, in a text file (half the edits) a letter or digit,
- * which mostly keeps JSON well formed and changes a name, a piece or a number. */
-static inline void fz_mutate(unsigned char *buf, size_t lo, size_t hi, int binary, uint64_t *rng)
-{
-    static const unsigned char bytes[] = {0x00, 0xff, 0x7f, 0x80, 0x01, '9', '-', '"', ',', '{', '}', '[', ']', ':', 'e'};
-    static const uint64_t words[] = {0, 1, 0xffffffffu, 0x80000000u, UINT64_MAX, 1ull << 63, 1ull << 40};
-    for (int e = 0, ne = 1 + (int)(fz_next(rng) % 4); e < ne; e++) {
-        size_t at = lo + fz_next(rng) % (hi - lo);
-        const uint64_t how = fz_next(rng) % 8;
-        if (binary && how == 0 && at + 8 <= hi) memcpy(buf + at, &words[fz_next(rng) % 7], 8);
-        else if (how < (uint64_t)(2 + 2 * binary)) buf[at] = (unsigned char)fz_next(rng);
-        else if (!binary && how >= 4) { /* the next letter (in a string, mostly) becomes another */
-            while (at + 1 < hi && !((buf[at] | 0x20) >= 'a' && (buf[at] | 0x20) <= 'z')) at++;
-            buf[at] = (unsigned char)"abcdefghijklmnopqrstuvwxyz0123456789"[fz_next(rng) % 36];
-        } else buf[at] = bytes[fz_next(rng) % sizeof bytes];
-    }
-}
-
-/* Checks a failed call: an error whose message names `file` (the checkpoint, or one of its files), nothing
- * made. */
-#define FZ_FAILED_CLEANLY(st, obj, file, trial)                                                                  \
-    do {                                                                                                       \
-        cr_assert_null(obj, "trial %d: an object came back with %s", trial, kvp_status_str(st));              \
-        cr_assert(strstr(kvp_error_message(), file), "trial %d: the error does not name %s: %s", trial, file, \
-                  kvp_error_message());                                                                        \
-    } while (0)
 
 /* ---- a growable byte buffer and a minimal GGUF writer ---- */
 typedef struct {

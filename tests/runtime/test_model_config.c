@@ -1,11 +1,15 @@
-/* The config reader on every real config in ../shared/data/configs/ and on broken ones. */
+/* The config reader on every real config in ../shared/data/configs/, on broken ones and on random edits of
+ * the real ones. */
 #include <criterion/criterion.h>
 #include <dirent.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "model_testutil.h"
 #include "runtime/model_config.h"
+#include "runtime/planner.h"
 
 #define CONFIGS "../shared/data/configs"
 
@@ -280,4 +284,63 @@ Test(model_config, parameter_count_over_2_53_is_rejected)
     c.intermediate_size = c.moe_intermediate_size = 1LL << 40;
     cr_assert_eq(kvp_model_num_params(&c), INT64_MAX);
     cr_assert_gt(kvp_model_active_params(&c), 0);
+}
+
+/* Seeded random edits of every shared config: each mutant either loads, and then its parameter count, KV
+ * size and memory plan (tp 1, 2, 8) come out or fail with a named error, or it fails to load with an error
+ * naming the file. Under the sanitizer build an overflow in any of those products is a failure. */
+Test(model_config, random_corruption_loads_and_plans_or_fails_cleanly)
+{
+    const char *sub[] = {"", "/derived"};
+    char path[300];
+    snprintf(path, sizeof path, "%s/kvp_config_mutant.json", tu_tmpdir());
+    uint64_t rng = 0x6a09e667f3bcc908ull;
+    int loaded = 0, trials = 0;
+    for (int d = 0; d < 2; d++) {
+        char dir[256];
+        snprintf(dir, sizeof dir, CONFIGS "%s", sub[d]);
+        DIR *dp = opendir(dir);
+        cr_assert_not_null(dp, "cannot open %s: the shared data must be present", dir);
+        struct dirent *e;
+        while ((e = readdir(dp)) != NULL) {
+            size_t n = strlen(e->d_name);
+            if (n < 6 || strcmp(e->d_name + n - 5, ".json") != 0) continue;
+            char src[600];
+            snprintf(src, sizeof src, "%s/%s", dir, e->d_name);
+            size_t len;
+            unsigned char *orig = tu_read_all(src, &len), *c = malloc(len);
+            for (int i = 0; i < 150; i++, trials++) {
+                memcpy(c, orig, len);
+                fz_mutate(c, 0, len, 0, &rng);
+                tu_write_all(path, c, len);
+                kvp_model_config cfg;
+                kvp_status st = kvp_model_config_load(path, &cfg);
+                if (st != KVP_OK) {
+                    void *none = NULL;
+                    FZ_FAILED_CLEANLY(st, none, "kvp_config_mutant.json", trials);
+                    continue;
+                }
+                loaded++;
+                cr_assert_geq(kvp_model_active_params(&cfg), 0, "trial %d", trials);
+                cr_assert_leq(kvp_model_active_params(&cfg), kvp_model_num_params(&cfg), "trial %d", trials);
+                cr_assert_geq(kvp_model_kv_elems_per_token(&cfg), 0, "trial %d", trials);
+                for (int tp = 1; tp <= 8; tp *= 2) {
+                    if (tp == 4) continue;
+                    kvp_plan_params p;
+                    kvp_plan_params_default(&cfg, &p);
+                    p.gpu_mem_bytes = 80LL << 30;
+                    p.tp = tp;
+                    kvp_plan plan;
+                    st = kvp_plan_compute(&cfg, &p, &plan);
+                    cr_assert(st == KVP_OK || (st == KVP_EINVAL && kvp_error_message()[0]), "trial %d: %s", trials,
+                              kvp_status_str(st));
+                    if (st == KVP_OK) cr_assert_geq(plan.per_rank.num_blocks, 0, "trial %d", trials);
+                }
+            }
+            free(c);
+            free(orig);
+        }
+        closedir(dp);
+    }
+    cr_assert(loaded > 0 && loaded < trials, "%d of %d mutants loaded", loaded, trials);
 }

@@ -1,12 +1,15 @@
 /* Tests of runtime/workload: the Mooncake reader (20-line arXiv sample, malformed lines), the synthetic
- * generators (determinism, the sharing structure each one promises), bad specs, allocation failures. */
+ * generators (determinism, the sharing structure each one promises), bad specs, allocation failures, random
+ * edits of the Mooncake and Azure traces. */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "common/alloc.h"
+#include "model_testutil.h"
 #include "runtime/workload.h"
 #include "runtime/workload_synth.h"
 
@@ -367,4 +370,55 @@ Test(workload, allocation_failures)
     r.prompt_len = 0;
     cr_assert_eq(kvp_workload_add(w, &r, t), KVP_EINVAL);
     kvp_workload_destroy(w);
+}
+
+/* Seeded random edits of the Mooncake sample and of the first 100 rows of an Azure trace: each mutant
+ * either reads (and can be cut and rescaled), or fails with an error naming the file. A Mooncake mutant
+ * read with skip_bad keeps the lines that still parse. */
+Test(workload, random_corruption_of_traces_reads_or_fails_cleanly)
+{
+    static const char *const src[] = {ARXIV, "../shared/data/traces/azure_llm_2023/AzureLLMInferenceTrace_code.csv"};
+    const char *name[] = {"mutant.jsonl", "mutant.csv"};
+    uint64_t rng = 0x3c6ef372fe94f82bull;
+    for (int k = 0; k < 2; k++) {
+        size_t len;
+        unsigned char *orig = tu_read_all(src[k], &len);
+        if (k == 1) /* the header and 100 rows */
+            for (size_t at = 0, rows = 0; at < len; at++)
+                if (orig[at] == '\n' && ++rows == 101) len = at + 1;
+        unsigned char *c = malloc(len);
+        char path[300];
+        snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name[k]);
+        int read_ok = 0;
+        const int trials = 1500;
+        for (int i = 0; i < trials; i++) {
+            memcpy(c, orig, len);
+            fz_mutate(c, 0, len, 0, &rng);
+            tu_write_all(path, c, len);
+            for (int skip = 0; skip <= (k == 0); skip++) {
+                kvp_workload *w = NULL;
+                kvp_mooncake_opts o = {.skip_bad = skip};
+                kvp_status st = k == 0 ? kvp_workload_read_mooncake(path, &o, &w) : kvp_workload_read_azure(path, 0, &w);
+                if (st != KVP_OK) {
+                    FZ_FAILED_CLEANLY(st, w, name[k], i);
+                    continue;
+                }
+                read_ok += !skip;
+                for (int64_t r = 0; r < w->n; r++) {
+                    cr_assert(w->reqs[r].prompt_len >= 1 && w->reqs[r].prompt_len <= KVP_MAX_PROMPT_TOKENS,
+                              "trial %d: request %lld has %lld prompt tokens", i, (long long)r,
+                              (long long)w->reqs[r].prompt_len);
+                    cr_assert(w->reqs[r].output_len >= 0 && isfinite(w->reqs[r].arrival_s), "trial %d", i);
+                }
+                kvp_workload *cut = NULL;
+                cr_assert_eq(kvp_workload_cut(w, 10, 0, &cut), KVP_OK, "trial %d", i);
+                cr_assert_eq(kvp_workload_set_rate(cut, 2.0), KVP_OK, "trial %d", i);
+                kvp_workload_destroy(cut);
+                kvp_workload_destroy(w);
+            }
+        }
+        cr_assert(read_ok > 0 && read_ok < trials, "%s: %d of %d mutants read", name[k], read_ok, trials);
+        free(c);
+        free(orig);
+    }
 }
