@@ -268,8 +268,11 @@ Test(attention, lane_choice_rules_and_errors)
         cr_assert(sl == max && vl == max, "head_dim 8 (%s): the widest for both passes (%d/%d)",
                   decode ? "decode" : "prefill", sl, vl);
     }
-    kv.dtype = KVP_DTYPE_F16;
+    kv.dtype = KVP_DTYPE_FP8_E4M3;
     kv.head_dim = 128;
+    kvp_attn_lanes_for(&kv, 1, &sl, &vl);
+    cr_assert(sl == max && vl == max, "automatic fp8 decode: the widest for both passes (%d/%d)", sl, vl);
+    kv.dtype = KVP_DTYPE_F16;
     cr_assert_eq(kvp_attn_set_lanes(8), KVP_OK);
     kvp_attn_lanes_for(&kv, 0, &sl, &vl);
     cr_assert(sl == 8 && vl == 8);
