@@ -64,14 +64,14 @@ void kvp_attn_set_threads(int n);
 int kvp_attn_get_threads(void);
 
 /* Vector lanes of the *_cpu score and value passes (and the softmax between them, which follows the value
- * pass): 8 (AVX2, or portable C) or 16 (AVX-512F, where the CPU and the build have it: kvp_cpu_max_lanes;
- * head_dim 8 puts two rows in a vector). Results agree to rounding, not bit for bit (the dot products are
- * summed in another order). kvp_attn_set_lanes: 0 (automatic, the default: prefill, bound by arithmetic,
- * on 16 lanes where available; decode, mostly bound by memory, with its score pass on 8, which measured
- * faster than 16 on a busy memory bus, and its value pass on 16, but f32 decode on 8 for both; head_dim 8,
- * never bound by memory, on 16 for both), 8 or 16 (both passes); KVP_EINVAL for other counts,
- * KVP_EUNSUPPORTED for 16 without AVX-512F. Process-wide, like the thread count. kvp_attn_lanes_for: the
- * lanes of each pass of a decode (decode != 0) or a prefill over kv now. */
+ * pass): 8 (AVX2, or portable C) or 16 (AVX-512 F, BW and VL, where the CPU and the build have it:
+ * kvp_cpu_max_lanes; head_dim 8 puts two rows in a vector). Results agree to rounding, not bit for bit (the
+ * dot products are summed in another order). kvp_attn_set_lanes: 0 (automatic, the default: prefill, bound
+ * by arithmetic, on 16 lanes where available; decode, mostly bound by memory, with its score pass on 8, which
+ * measured faster than 16 on a busy memory bus, and its value pass on 16, but f32 decode on 8 for both;
+ * head_dim 8 and fp8, bound by arithmetic, on 16 for both), 8 or 16 (both passes); KVP_EINVAL for other
+ * counts, KVP_EUNSUPPORTED for 16 without AVX-512. Process-wide, like the thread count. kvp_attn_lanes_for:
+ * the lanes of each pass of a decode (decode != 0) or a prefill over kv now. */
 kvp_status kvp_attn_set_lanes(int lanes);
 int kvp_attn_get_lanes(void);
 void kvp_attn_lanes_for(const kvp_paged_kv *kv, int decode, int *score_lanes, int *value_lanes);

@@ -48,7 +48,7 @@ kvp_status kvp_attn_set_lanes(int lanes)
     if (lanes != 0 && lanes != 8 && lanes != 16)
         return KVP_ERR(KVP_EINVAL, "attention lanes must be 0 (automatic), 8 or 16, not %d", lanes);
     if (lanes > kvp_cpu_max_lanes())
-        return KVP_ERR(KVP_EUNSUPPORTED, "16-lane attention needs AVX-512F, which this CPU (or build) lacks");
+        return KVP_ERR(KVP_EUNSUPPORTED, "16-lane attention needs AVX-512 (F, BW and VL), which this CPU (or build) lacks");
     atomic_store(&g_lanes, lanes);
     return KVP_OK;
 }
@@ -137,8 +137,8 @@ typedef struct {
     float *out;
     const int32_t *qo_indptr; /* NULL: decode (one token per sequence) */
     int32_t hq, group, window_left;
-    float qscale; /* sm_scale * log2(e) * k_scale: scores come out in log2 units */
-    float oscale; /* v_scale */
+    float qscale; /* sm_scale * log2(e) * k_scale: scores come out in log2 units (fp8: x KVP_FP8_LOAD_SCALE) */
+    float oscale; /* v_scale (fp8: x KVP_FP8_LOAD_SCALE) */
     float *lse;   /* optional user output */
     float *part_o, *part_lse;
     scores16_fn scores16; /* NULL: the 8-lane passes (inlined) */
@@ -302,7 +302,7 @@ KVP_INLINE void values_rb(float *acc, const float *P, const void *vbase, const i
  * call per row block of a unit). */
 #ifdef KVP_BUILD_AVX512
 #pragma GCC push_options
-#pragma GCC target("avx512f")
+#pragma GCC target("avx512f,avx512bw,avx512vl")
 /* head_dim 8 on 16 lanes: two keys per vector (key 2t of a step in lanes 0-7 of k[t], key 2t+1 in 8-15),
  * sixteen keys a step; a key past n reads key n-1 (a real row: its score lands past n, where the mask
  * overwrites it, and its value is weighted by a masked-out zero). dense: the sixteen rows of a full step
@@ -313,7 +313,7 @@ KVP_INLINE void load_pairs16(kvp_v16 *k, const void *base, const int64_t *off, i
                              const kvp_dtype T)
 {
     if (dense && n - i0 >= 16) /* sixteen consecutive rows: whole vectors, no shuffle */
-        for (int t = 0; t < 8; t++) k[t] = v16_load_elem(base, off[i0] + 16 * t, T);
+        for (int t = 0; t < 8; t += 2) v16_load_elem2(base, off[i0] + 16 * t, T, &k[t], &k[t + 1]);
     else if (n - i0 >= 16) /* every step but a tile's last: no per-key test */
         for (int t = 0; t < 8; t++) k[t] = v16_load_pair(base, off[i0 + 2 * t], off[i0 + 2 * t + 1], T);
     else
@@ -435,7 +435,20 @@ KVP_INLINE void scores16_rb(const float *qs, const void *kbase, const int64_t *o
         for (int k = 0; k < KB; k++) o[k] = off[i + k < n ? i + k : n - 1];
         kvp_v16 a[8];
         for (int t = 0; t < 8; t++) a[t] = v16_zero();
-        for (int d = 0; d < D; d += 16) {
+        int d = 0;
+        for (; d + 32 <= D; d += 32) { /* 32 elements a key at a time (fp8 converts them together) */
+            kvp_v16 kk[8], kh[8];
+            for (int k = 0; k < KB; k++) v16_load_elem2(kbase, o[k] + d, T, &kk[k], &kh[k]);
+            for (int r = 0; r < RB; r++) {
+                kvp_v16 q0 = v16_loadf(qs + r * D + d), q1 = v16_loadf(qs + r * D + d + 16);
+                if (KB > 1) {
+                    v16_pin(q0);
+                    v16_pin(q1);
+                }
+                for (int k = 0; k < KB; k++) a[r * KB + k] = v16_fma(q1, kh[k], v16_fma(q0, kk[k], a[r * KB + k]));
+            }
+        }
+        for (; d < D; d += 16) {
             kvp_v16 kk[8];
             for (int k = 0; k < KB; k++) kk[k] = v16_load_elem(kbase, o[k] + d, T);
             for (int r = 0; r < RB; r++) {
@@ -474,7 +487,8 @@ KVP_INLINE void values16_rb(float *acc, const float *P, const void *vbase, const
         }
         for (int i = 0; i < n; i++) {
             if (i % strips == d / 32) prefetch_span(vbase, pf, i, i + 1, es, D * es);
-            kvp_v16 v0 = v16_load_elem(vbase, off[i] + d, T), v1 = v16_load_elem(vbase, off[i] + d + 16, T);
+            kvp_v16 v0, v1;
+            v16_load_elem2(vbase, off[i] + d, T, &v0, &v1);
             for (int r = 0; r < RB; r++) {
                 kvp_v16 p = v16_set1(P[r * TILE + i]);
                 a[r] = v16_fma(p, v0, a[r]);
@@ -978,8 +992,9 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
     const int fp8 = kv->dtype == KVP_DTYPE_FP8_E4M3;
     float sm = p->sm_scale > 0.0f ? p->sm_scale : 1.0f / sqrtf((float)D);
     job_t j = {.kv = kv, .q = q, .out = out, .qo_indptr = qo_indptr, .hq = hq, .group = group,
-               .window_left = p->window_left, .qscale = sm * 1.4426950408889634f * (fp8 ? kv->k_scale : 1.0f),
-               .oscale = fp8 ? kv->v_scale : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse};
+               .window_left = p->window_left,
+               .qscale = sm * 1.4426950408889634f * (fp8 ? kv->k_scale * KVP_FP8_LOAD_SCALE : 1.0f),
+               .oscale = fp8 ? kv->v_scale * KVP_FP8_LOAD_SCALE : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse};
     item_fn fn = k_dispatch[kv->dtype][head_dim_index(D)];
 #ifdef KVP_BUILD_AVX512
     int score_lanes, value_lanes;

@@ -1,5 +1,5 @@
 /* attention/attn_simd.h — private: an 8-lane float vector for the CPU kernels, with loads that convert
- * the pool's element type in registers (f16 by F16C, bf16 by a shift, fp8 by shifts and one multiply).
+ * the pool's element type in registers (f16 by F16C, bf16 by a shift, fp8 by a shift into f16 bits, then F16C).
  * AVX2+FMA+F16C when the build targets them (Release: -march=x86-64-v3), portable C otherwise. */
 #ifndef KVP_ATTENTION_ATTN_SIMD_H
 #define KVP_ATTENTION_ATTN_SIMD_H
@@ -12,6 +12,10 @@
 #include "common/cpu.h"
 
 #define KVP_INLINE static inline __attribute__((always_inline))
+
+/* The fp8 loads give a code's value times 2^-8 (its f16 bits are then a shift away); the kernels' scales
+ * take the 2^8 back (exactly: a power of two). */
+#define KVP_FP8_LOAD_SCALE 256.0f
 
 /* 2^f on [-0.5, 0.5] (Horner, highest power first; relative error ~2e-7): the exp2 of every width below. */
 static const float k_exp2_poly[7] = {1.5403530393381606e-4f, 1.3333558146428443e-3f, 9.6181291076284772e-3f,
@@ -48,19 +52,17 @@ KVP_INLINE kvp_v8 v8_load_bf16(const uint16_t *p)
 {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
-/* e4m3fn -> f32 in registers (no table gather, which cost twice the whole f16 decode): the 7 exponent and
- * mantissa bits shifted into f32's exponent field's low end and mantissa's top give the value times 2^-120
- * for normal and subnormal codes alike (a subnormal code becomes an f32 subnormal), so one multiply by
- * 2^120 finishes it; the sign is moved across; S.1111.111 is NaN. */
+/* e4m3fn -> f32 in registers (no table gather, which cost twice the whole f16 decode), by way of f16: the
+ * sign moved to bit 15 and the 7 exponent and mantissa bits shifted up by 7 are the f16 of the code's value
+ * times 2^-8 (KVP_FP8_LOAD_SCALE), exactly, subnormal codes included, since f16's exponent has the wider
+ * range; S.1111.111 (NaN) gets f16's all-ones exponent. Then F16C widens it. In 16-bit lanes a vector
+ * converts twice the codes of a 32-bit shift and multiply. */
 KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p)
 {
-    const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
-    const __m256i em = _mm256_and_si256(x, _mm256_set1_epi32(0x7f));
-    const __m256 mag = _mm256_mul_ps(_mm256_castsi256_ps(_mm256_slli_epi32(em, 20)), _mm256_set1_ps(0x1p120f));
-    const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-    const __m256i is_nan = _mm256_cmpeq_epi32(em, _mm256_set1_epi32(0x7f));
-    const __m256i nan = _mm256_and_si256(is_nan, _mm256_set1_epi32(0x7fc00000));
-    return _mm256_or_ps(mag, _mm256_castsi256_ps(_mm256_or_si256(sign, nan)));
+    const __m128i x = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    const __m128i h = _mm_slli_epi16(_mm_add_epi16(x, _mm_and_si128(x, _mm_set1_epi16(0x80))), 7);
+    const __m128i nan = _mm_cmpeq_epi16(_mm_or_si128(x, _mm_set1_epi16(0x80)), _mm_set1_epi16(0xff));
+    return _mm256_cvtph_ps(_mm_or_si128(h, _mm_and_si128(nan, _mm_set1_epi16(0x7c00))));
 }
 /* 2^x for x <= 0 (-inf and anything below -126 give 0), relative error ~2e-7. */
 KVP_INLINE kvp_v8 v8_exp2(kvp_v8 x)
@@ -155,10 +157,10 @@ KVP_INLINE kvp_v8 v8_load_bf16(const uint16_t *p)
     }
     return r;
 }
-KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p)
+KVP_INLINE kvp_v8 v8_load_fp8(const uint8_t *p) /* the code's value times 2^-8, as the AVX2 version */
 {
     kvp_v8 r;
-    for (int i = 0; i < 8; i++) r.x[i] = kvp_fp8e4m3_to_f32(p[i]);
+    for (int i = 0; i < 8; i++) r.x[i] = kvp_fp8e4m3_to_f32(p[i]) / KVP_FP8_LOAD_SCALE;
     return r;
 }
 /* As the AVX2 version: NaN reads as -126 (maxps returns its second operand), and the exponent stays in
@@ -193,12 +195,12 @@ KVP_INLINE float v8_hmax(kvp_v8 a)
 #define KVP_PREFETCH_L2(p) __builtin_prefetch((const void *)(p), 0, 2)
 #endif
 
-/* 16 lanes (AVX-512F): an x86-64-v3 build also carries them (common/cpu.h), for the CPUs that have them.
- * Functions using them must be compiled for avx512f too (the pragma below, or the same pragma around their
- * own definitions). */
+/* 16 lanes (AVX-512F, BW, VL): an x86-64-v3 build also carries them (common/cpu.h), for the CPUs that have
+ * them. Functions using them must be compiled for that target too (the pragma below, or the same pragma
+ * around their own definitions). */
 #ifdef KVP_BUILD_AVX512
 #pragma GCC push_options
-#pragma GCC target("avx512f")
+#pragma GCC target("avx512f,avx512bw,avx512vl")
 typedef __m512 kvp_v16;
 KVP_INLINE kvp_v16 v16_zero(void) { return _mm512_setzero_ps(); }
 KVP_INLINE kvp_v16 v16_set1(float x) { return _mm512_set1_ps(x); }
@@ -230,15 +232,20 @@ KVP_INLINE kvp_v16 v16_exp2(kvp_v16 x)
 /* 16 elements of raw bits as floats: f16 and bf16 from 16 uint16 (__m256i), fp8 from 16 bytes (__m128i). */
 KVP_INLINE kvp_v16 v16_from_f16(__m256i x) { return _mm512_cvtph_ps(x); }
 KVP_INLINE kvp_v16 v16_from_bf16(__m256i x) { return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16)); }
-KVP_INLINE kvp_v16 v16_from_fp8(__m128i raw)
+/* f16 bits of 32 e4m3fn codes (as v8_load_fp8: the codes' values times 2^-8, NaN kept). */
+KVP_INLINE __m512i v32_fp8_to_f16(__m256i raw)
 {
-    const __m512i x = _mm512_cvtepu8_epi32(raw);
-    const __m512i em = _mm512_and_si512(x, _mm512_set1_epi32(0x7f));
-    const __m512 mag = _mm512_mul_ps(_mm512_castsi512_ps(_mm512_slli_epi32(em, 20)), _mm512_set1_ps(0x1p120f));
-    const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
-    const __m512i bits = _mm512_or_si512(_mm512_castps_si512(mag), sign);
-    const __mmask16 is_nan = _mm512_cmpeq_epi32_mask(em, _mm512_set1_epi32(0x7f));
-    return _mm512_castsi512_ps(_mm512_mask_or_epi32(bits, is_nan, bits, _mm512_set1_epi32(0x7fc00000)));
+    const __m512i x = _mm512_cvtepu8_epi16(raw);
+    const __m512i h = _mm512_slli_epi16(_mm512_add_epi16(x, _mm512_and_si512(x, _mm512_set1_epi16(0x80))), 7);
+    const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_or_si512(x, _mm512_set1_epi16(0x80)), _mm512_set1_epi16(0xff));
+    return _mm512_mask_blend_epi16(nan, h, _mm512_or_si512(h, _mm512_set1_epi16(0x7c00)));
+}
+KVP_INLINE kvp_v16 v16_from_fp8(__m128i raw) /* 16 codes: the same in 16-bit lanes of 256 bits */
+{
+    const __m256i x = _mm256_cvtepu8_epi16(raw);
+    const __m256i h = _mm256_slli_epi16(_mm256_add_epi16(x, _mm256_and_si256(x, _mm256_set1_epi16(0x80))), 7);
+    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_or_si256(x, _mm256_set1_epi16(0x80)), _mm256_set1_epi16(0xff));
+    return _mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, _mm256_or_si256(h, _mm256_set1_epi16(0x7c00))));
 }
 /* 16 elements of type T at element offset off of pool base, as floats; the conversions of the 8-lane
  * loaders above, twice as wide. */
@@ -250,6 +257,19 @@ KVP_INLINE kvp_v16 v16_load_elem(const void *base, int64_t off, const kvp_dtype 
     case KVP_DTYPE_FP8_E4M3: return v16_from_fp8(_mm_loadu_si128((const __m128i *)((const uint8_t *)base + off)));
     default: return _mm512_loadu_ps((const float *)base + off);
     }
+}
+/* 32 elements of type T at element offset off: 0-15 in *lo, 16-31 in *hi (fp8 converts the 32 codes in one
+ * pass over 16-bit lanes). */
+KVP_INLINE void v16_load_elem2(const void *base, int64_t off, const kvp_dtype T, kvp_v16 *lo, kvp_v16 *hi)
+{
+    if (T == KVP_DTYPE_FP8_E4M3) {
+        const __m512i h = v32_fp8_to_f16(_mm256_loadu_si256((const __m256i *)((const uint8_t *)base + off)));
+        *lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+        *hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+        return;
+    }
+    *lo = v16_load_elem(base, off, T);
+    *hi = v16_load_elem(base, off + 16, T);
 }
 /* Two rows of 8 elements (head_dim 8) at element offsets o0 and o1 as one vector, row o0 in lanes 0-7. */
 KVP_INLINE kvp_v16 v16_load_pair(const void *base, int64_t o0, int64_t o1, const kvp_dtype T)
@@ -272,7 +292,7 @@ KVP_INLINE kvp_v16 v16_load_pair(const void *base, int64_t o0, int64_t o1, const
 #pragma GCC pop_options
 #endif
 
-/* 8 elements of type T at element offset off of pool base, as floats (fp8: unscaled code values). */
+/* 8 elements of type T at element offset off of pool base, as floats (fp8: the code values times 2^-8). */
 KVP_INLINE kvp_v8 v8_load_elem(const void *base, int64_t off, const kvp_dtype T)
 {
     switch (T) {

@@ -443,7 +443,7 @@ static void usage(FILE *f)
     fprintf(f,
             "usage: kvpage bench attention [options]\n\n"
             "Times the CPU paged attention kernels (decode, prefill) over paged pools (block sizes 1..256,\n"
-            "random page order) and a contiguous pool (one block per sequence), for f32/f16/bf16 K/V, with\n"
+            "random page order) and a contiguous pool (one block per sequence), for f32/f16/bf16/fp8 K/V, with\n"
             "batch and context sweeps, next to the machine's measured copy bandwidth. Each row is validated\n"
             "(paged == contiguous to 1e-5, contiguous vs the float64 reference) before it is timed. The layouts\n"
             "of a configuration are timed interleaved (round r runs each layout once, then a copy) and each\n"
@@ -456,10 +456,11 @@ static void usage(FILE *f)
             "  --quick            a small sweep (seconds; for smoke tests)\n"
             "  --threads N        threads for the kernels and the copy (default: all CPUs)\n"
             "  --lanes LIST       vector lanes of the score and value passes: auto, 8,\n"
-            "                     or 16 (AVX-512F), or a list (8,16): every layout is then timed with\n"
+            "                     or 16 (AVX-512), or a list (8,16): every layout is then timed with\n"
             "                     each, interleaved on the same pools, paged_over_contig against the\n"
             "                     contiguous run with the same setting (default auto: prefill 16 where\n"
-            "                     the CPU has them; decode scores 8, values 16, f32 decode 8); columns\n"
+            "                     the CPU has them; decode scores 8, values 16, f32 decode 8, head_dim 8\n"
+            "                     and fp8 decode 16); columns\n"
             "                     score_lanes, value_lanes: what each row used\n"
             "  --reps N           interleaved rounds (timed runs per layout), minimum taken (default 5;\n"
             "                     prefill at most 3)\n"
@@ -578,6 +579,7 @@ int kvp_bench_attention(int argc, char **argv)
         {"decode", KVP_DTYPE_F16, 32, 4096, 1, 32, 8, 128, all_bs, 1},
         {"decode", KVP_DTYPE_BF16, 32, 4096, 1, 32, 8, 128, main_bs, 0},
         {"decode", KVP_DTYPE_F32, 32, 4096, 1, 32, 8, 128, main_bs, 0},
+        {"decode", KVP_DTYPE_FP8_E4M3, 32, 4096, 1, 32, 8, 128, main_bs, 0},
         /* batch sweep and context sweep (f16, block 16) */
         {"decode", KVP_DTYPE_F16, 1, 4096, 1, 32, 8, 128, main_bs, 0},
         {"decode", KVP_DTYPE_F16, 8, 4096, 1, 32, 8, 128, main_bs, 0},

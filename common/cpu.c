@@ -10,7 +10,9 @@ int kvp_cpu_max_lanes(void)
         n = 8;
 #ifdef KVP_BUILD_AVX512
         __builtin_cpu_init();
-        if (__builtin_cpu_supports("avx512f")) n = 16;
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+            __builtin_cpu_supports("avx512vl"))
+            n = 16;
 #endif
         atomic_store_explicit(&lanes, n, memory_order_relaxed);
     }

@@ -222,6 +222,47 @@ Test(attention, fp8_decode_within_1e_2_of_reference_on_dequantized_values)
     }
 }
 
+/* Every fp8 code through the kernels' vector loads, on 8 and 16 lanes: sequences of one token, whose V row
+ * holds 8, 16 or 32 of the 256 codes (head_dim 8: a row pair; 16: one vector; 32: the 32-code load), so the
+ * output is that row times v_scale exactly (a power of two), and NaN for S.1111.111. */
+Test(attention, fp8_loads_give_every_code_exactly)
+{
+    const int counts[] = {8, 16}, nl = kvp_cpu_max_lanes() == 16 ? 2 : 1;
+    const int32_t dims[] = {8, 16, 32};
+    for (int li = 0; li < nl; li++)
+        for (int di = 0; di < 3; di++) {
+            const int32_t D = dims[di], S = 256 / D;
+            kvp_paged_kv kv;
+            cr_assert_eq(kvp_paged_kv_init(&kv, KVP_DTYPE_FP8_E4M3, S, 1, 16, D), KVP_OK);
+            cr_assert_eq(kvp_paged_kv_alloc_pools(&kv), KVP_OK);
+            kv.v_scale = 0.5f;
+            int32_t indptr[33], indices[32], last[32];
+            for (int32_t s = 0; s < S; s++) {
+                indptr[s] = s;
+                indices[s] = S - 1 - s; /* not the identity */
+                last[s] = 1;
+                for (int32_t d = 0; d < D; d++) {
+                    ((uint8_t *)kv.k)[kvp_paged_kv_elem_offset(&kv, indices[s], 0, 0) + d] = 0x38; /* 1.0 */
+                    ((uint8_t *)kv.v)[kvp_paged_kv_elem_offset(&kv, indices[s], 0, 0) + d] = (uint8_t)(s * D + d);
+                }
+            }
+            indptr[S] = S;
+            kvp_paged_kv_set_pages(&kv, S, indptr, indices, last);
+            float q[256], out[256];
+            for (int i = 0; i < 256; i++) q[i] = 0.25f;
+            kvp_attn_params p = kvp_attn_default_params(1);
+            cr_assert_eq(kvp_attn_set_lanes(counts[li]), KVP_OK);
+            cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_OK, "%s", kvp_error_detail());
+            for (int c = 0; c < 256; c++) {
+                const float want = kvp_fp8e4m3_to_f32((uint8_t)c) * 0.5f;
+                if (isnan(want)) cr_assert(isnan(out[c]), "%d lanes, D=%d: code 0x%02x gave %g", counts[li], D, c, out[c]);
+                else cr_assert(out[c] == want, "%d lanes, D=%d: code 0x%02x gave %g, not %g", counts[li], D, c, out[c], want);
+            }
+            kvp_paged_kv_free_pools(&kv);
+        }
+    cr_assert_eq(kvp_attn_set_lanes(0), KVP_OK);
+}
+
 Test(attention, quantization_error_vs_unquantized_inputs_within_dtype_bound)
 {
     /* end to end: the kernel on the quantized pool vs the reference on the original f32 inputs */
