@@ -48,7 +48,8 @@ kvp_status kvp_attn_set_lanes(int lanes)
     if (lanes != 0 && lanes != 8 && lanes != 16)
         return KVP_ERR(KVP_EINVAL, "attention lanes must be 0 (automatic), 8 or 16, not %d", lanes);
     if (lanes > kvp_cpu_max_lanes())
-        return KVP_ERR(KVP_EUNSUPPORTED, "16-lane attention needs AVX-512 (F, BW and VL), which this CPU (or build) lacks");
+        return KVP_ERR(KVP_EUNSUPPORTED,
+                       "16-lane attention needs AVX-512 (F, BW and VL), which this CPU (or build) lacks");
     atomic_store(&g_lanes, lanes);
     return KVP_OK;
 }
@@ -994,7 +995,8 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
     job_t j = {.kv = kv, .q = q, .out = out, .qo_indptr = qo_indptr, .hq = hq, .group = group,
                .window_left = p->window_left,
                .qscale = sm * 1.4426950408889634f * (fp8 ? kv->k_scale * KVP_FP8_LOAD_SCALE : 1.0f),
-               .oscale = fp8 ? kv->v_scale * KVP_FP8_LOAD_SCALE : 1.0f, .lse = p->lse, .part_o = part_o, .part_lse = part_lse};
+               .oscale = fp8 ? kv->v_scale * KVP_FP8_LOAD_SCALE : 1.0f,
+               .lse = p->lse, .part_o = part_o, .part_lse = part_lse};
     item_fn fn = k_dispatch[kv->dtype][head_dim_index(D)];
 #ifdef KVP_BUILD_AVX512
     int score_lanes, value_lanes;

@@ -240,12 +240,9 @@ KVP_INLINE __m512i v32_fp8_to_f16(__m256i raw)
     const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_or_si512(x, _mm512_set1_epi16(0x80)), _mm512_set1_epi16(0xff));
     return _mm512_mask_blend_epi16(nan, h, _mm512_or_si512(h, _mm512_set1_epi16(0x7c00)));
 }
-KVP_INLINE kvp_v16 v16_from_fp8(__m128i raw) /* 16 codes: the same in 16-bit lanes of 256 bits */
+KVP_INLINE kvp_v16 v16_from_fp8(__m128i raw) /* 16 codes (the upper 16 lanes of the conversion go unused) */
 {
-    const __m256i x = _mm256_cvtepu8_epi16(raw);
-    const __m256i h = _mm256_slli_epi16(_mm256_add_epi16(x, _mm256_and_si256(x, _mm256_set1_epi16(0x80))), 7);
-    const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_or_si256(x, _mm256_set1_epi16(0x80)), _mm256_set1_epi16(0xff));
-    return _mm512_cvtph_ps(_mm256_mask_blend_epi16(nan, h, _mm256_or_si256(h, _mm256_set1_epi16(0x7c00))));
+    return _mm512_cvtph_ps(_mm512_castsi512_si256(v32_fp8_to_f16(_mm256_zextsi128_si256(raw))));
 }
 /* 16 elements of type T at element offset off of pool base, as floats; the conversions of the 8-lane
  * loaders above, twice as wide. */

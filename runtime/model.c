@@ -840,7 +840,8 @@ kvp_status kvp_model_set_lanes(kvp_model *m, int lanes)
     if (lanes != 8 && lanes != 16)
         return KVP_ERR(KVP_EINVAL, "matmul lanes must be 8 or 16, not %d", lanes);
     if (lanes > kvp_cpu_max_lanes())
-        return KVP_ERR(KVP_EUNSUPPORTED, "16-lane matmul needs AVX-512 (F, BW and VL), which this CPU (or build) lacks");
+        return KVP_ERR(KVP_EUNSUPPORTED,
+                       "16-lane matmul needs AVX-512 (F, BW and VL), which this CPU (or build) lacks");
     m->lanes = lanes;
     return KVP_OK;
 }
