@@ -619,7 +619,8 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
     if (c->rope_scaling_type[0] && strcmp(c->rope_scaling_type, "llama3") && strcmp(c->rope_scaling_type, "default"))
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (llama3 is)", cfg_file,
                        c->rope_scaling_type);
-    if (c->num_experts > 0) return KVP_ERR(KVP_EUNSUPPORTED, "%s: mixture-of-experts models are not supported", cfg_file);
+    if (c->num_experts > 0)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: mixture-of-experts models are not supported", cfg_file);
     /* Field names as the file spells them (the GGUF reader checks these too, under the same names). */
     char eps_key[128] = "rms_norm_eps", theta_key[128] = "rope_theta";
     if (gguf) {
@@ -1173,6 +1174,13 @@ static void mm512_tile(float *restrict y, int64_t ldy, const float *restrict x, 
 
 typedef void (*mm_tile_fn)(float *restrict, int64_t, const float *restrict, const mat_w *, int64_t, int64_t, int);
 
+/* Threads for a product of T rows with w: all of them from 1 MiB of weights for one row (worth a fork/join),
+ * else one. */
+static int matmul_threads(int threads, int64_t T, const mat_w *w)
+{
+    return T * w->N * w->K >= (1 << 18) ? threads : 1;
+}
+
 /* The invariant matmul over T rows, on 8 lanes or (wide) 16: when large enough, tiles of 4 (wide: 8)
  * rows per panel split over `threads`, then the remaining rows with their panels split over the threads
  * in runs of 4 (a single row of a model whose weights do not fit in cache is bound by reading them: one
@@ -1188,7 +1196,7 @@ static void matmul_inv(int threads, int wide, float *y, const float *x, const ma
 #endif
     const int RT = wide ? 8 : 4; /* rows of a tile in the threaded split */
     const int64_t ntb = T / RT;
-    const int nt = T * N * K >= (1 << 18) ? threads : 1; /* 1 MiB of weights for one row: worth a fork/join */
+    const int nt = matmul_threads(threads, T, w);
     if (nt > 1) {
         if (ntb > 0) {
 #pragma omp parallel for num_threads(nt) schedule(static) collapse(2)
@@ -1241,11 +1249,10 @@ static void matmul_inv(int threads, int wide, float *y, const float *x, const ma
 static void matmul(const kvp_model *m, int threads, float *y, const float *x, const mat_w *w, int64_t T)
 {
     if (m->matmul == KVP_MATMUL_BLAS) {
-        /* OpenBLAS's threads, like the invariant kernel's, only for 1 MiB of weights a row and more: on a
-         * smaller product they cost more than they bring (stories260K single-stream on 2 threads: 25,300 -
-         * 36,900 tok/s, against 48,700 on one). Inside the data-parallel groups threads is 1 and so is
-         * OpenBLAS's count already, so the groups never set it. */
-        const int nt = T * w->N * w->K >= (1 << 18) ? threads : 1;
+        /* OpenBLAS's threads as the invariant kernel's: on a smaller product they cost more than they bring
+         * (stories260K single-stream on 2 threads: 25,300 - 36,900 tok/s, against 48,700 on one). Inside the
+         * data-parallel groups threads is 1 and so is OpenBLAS's count already, so the groups never set it. */
+        const int nt = matmul_threads(threads, T, w);
         if (openblas_get_num_threads() != nt) openblas_set_num_threads(nt);
         if (T == 1) { /* y = Wt^T x: a matrix-vector product (sgemm with one row is ~3x slower) */
             cblas_sgemv(CblasRowMajor, CblasTrans, (int)w->K, (int)w->N, 1.0f, w->t, (int)w->N, x, 1, 0.0f, y, 1);
