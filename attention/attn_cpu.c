@@ -420,7 +420,6 @@ KVP_INLINE void values16_d8(float *acc, const float *P, const void *vbase, const
         v8_storef(acc + r * 8, v16_fold(v16_add(v16_add(a[r][0], a[r][1]), v16_add(a[r][2], a[r][3]))));
 }
 
-
 KVP_INLINE void scores16_rb(const float *qs, const void *kbase, const int64_t *off, int n, float *S, const int RB,
                             const int D, const kvp_dtype T, const int dense, const pf_t *pf)
 {

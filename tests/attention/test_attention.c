@@ -282,7 +282,7 @@ Test(attention, quantization_error_vs_unquantized_inputs_within_dtype_bound)
         }
 }
 
-/* Lane counts: the automatic choice, and 8 or 16 forced (16 only where the CPU has AVX-512F). */
+/* Lane counts: the automatic choice, and 8 or 16 forced (16 only where the CPU has AVX-512). */
 Test(attention, lane_choice_rules_and_errors)
 {
     const int max = kvp_cpu_max_lanes();
@@ -333,7 +333,7 @@ Test(attention, lane_choice_rules_and_errors)
 Test(attention, both_lane_counts_match_reference_and_each_other)
 {
     const int counts[] = {8, 16}, nl = kvp_cpu_max_lanes() == 16 ? 2 : 1;
-    if (nl == 1) cr_log_info("this CPU (or build) has no AVX-512F: 8 lanes only");
+    if (nl == 1) cr_log_info("this CPU (or build) has no AVX-512 (F, BW, VL): 8 lanes only");
     int n = 0;
     for (int ti = 0; ti < 4; ti++)
         for (int di = 0; di < 8; di++, n++) {

@@ -196,6 +196,15 @@ static inline void tu_write_all(const char *path, const void *data, size_t len)
     fclose(f);
 }
 
+/* Writes to path a copy of orig[0, len) with fz_mutate's edits in [lo, hi) (buf: len bytes of scratch). */
+static inline void tu_write_mutant(const char *path, const unsigned char *orig, unsigned char *buf, size_t len,
+                                   size_t lo, size_t hi, int binary, uint64_t *rng)
+{
+    memcpy(buf, orig, len);
+    fz_mutate(buf, lo, hi, binary, rng);
+    tu_write_all(path, buf, len);
+}
+
 /* ---- a growable byte buffer and a minimal GGUF writer ---- */
 typedef struct {
     unsigned char *p;

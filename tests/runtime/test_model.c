@@ -285,6 +285,25 @@ Test(model, load_survives_every_allocation_failure)
     tu_every_alloc_failure("model load", load_model, destroy_model, S260_GGUF, 0);
 }
 
+/* The logits of every row of a fixed 5-token prompt (ids taken modulo the vocabulary) in out (5 x vocab),
+ * from a fresh one-block cache. */
+static kvp_status forward_prompt5(kvp_model *m, float *out)
+{
+    const int64_t V = kvp_model_cfg(m)->vocab_size;
+    int32_t toks[5] = {1, 403, 407, 261, 378}, pos[5] = {0, 1, 2, 3, 4}, blocks[1] = {0};
+    for (int i = 0; i < 5; i++) toks[i] = (int32_t)(toks[i] % V);
+    int64_t slots[5] = {0, 1, 2, 3, 4};
+    int32_t qo[2] = {0, 5}, kvi[2] = {0, 1}, last = 5;
+    kvp_kv_cache *kv;
+    KVP_TRY(kvp_kv_cache_create(m, KVP_DTYPE_F32, 1, 8, &kv));
+    kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 5, .tokens = toks, .positions = pos, .slot_mapping = slots,
+                       .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = blocks, .kv_last_page_len = &last,
+                       .all_logits = 1};
+    const kvp_status st = kvp_model_forward(m, kv, &b, out);
+    kvp_kv_cache_destroy(kv);
+    return st;
+}
+
 /* ---- random corruption: every mutant either loads and runs, or fails with an error naming its file ---- */
 
 /* Loads a mutant model (and, from a GGUF, its tokenizer); one that loads runs a 5-token prompt, which may
@@ -313,20 +332,11 @@ static int fz_try(const char *path, const char *file, int gguf, int trial)
             kvp_tok_destroy(t);
         }
     }
-    kvp_kv_cache *kv = NULL;
-    if (kvp_kv_cache_create(m, KVP_DTYPE_F32, 1, 8, &kv) == KVP_OK) {
-        int32_t toks[5] = {1, 403, 407, 261, 378}, pos[5] = {0, 1, 2, 3, 4}, blocks[1] = {0};
-        for (int i = 0; i < 5; i++) toks[i] = (int32_t)(toks[i] % V);
-        int64_t slots[5] = {0, 1, 2, 3, 4};
-        int32_t qo[2] = {0, 5}, kvi[2] = {0, 1}, last = 5;
-        float *logits = malloc(sizeof(float) * (size_t)V);
-        kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 5, .tokens = toks, .positions = pos, .slot_mapping = slots,
-                           .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = blocks, .kv_last_page_len = &last};
-        st = kvp_model_forward(m, kv, &b, logits);
-        cr_assert(st == KVP_OK || kvp_error_message()[0] != '\0', "trial %d: forward failed without a message", trial);
-        free(logits);
-        kvp_kv_cache_destroy(kv);
-    }
+    float *logits = malloc(sizeof(float) * 5 * (size_t)V);
+    st = forward_prompt5(m, logits);
+    cr_assert(st == KVP_OK || kvp_error_message()[0] != '\0', "trial %d: the forward pass failed without a message",
+              trial);
+    free(logits);
     kvp_model_destroy(m);
     return 1;
 }
@@ -342,9 +352,7 @@ Test(model, random_corruption_of_gguf_headers_loads_or_fails_cleanly)
     int loaded = 0;
     const int trials = 3000;
     for (int i = 0; i < trials; i++) {
-        memcpy(c, orig, len);
-        fz_mutate(c, 0, S260_GGUF_DATA_START, 1, &rng);
-        tu_write_all(path, c, len);
+        tu_write_mutant(path, orig, c, len, 0, S260_GGUF_DATA_START, 1, &rng);
         loaded += fz_try(path, "mutant.gguf", 1, i);
     }
     /* a fifth of the mutants load (their edits hit token strings or scores): both outcomes were tested */
@@ -370,11 +378,14 @@ Test(model, random_corruption_of_safetensors_header_and_config_loads_or_fails_cl
     int loaded[2] = {0, 0};
     const int trials = 1500;
     for (int i = 0; i < 2 * trials; i++) {
-        const int in_cfg = i % 2; /* alternate: the tensor header, then config.json */
-        memcpy(c, in_cfg ? cfg : st, in_cfg ? ncfg : nst);
-        fz_mutate(c, 0, in_cfg ? ncfg : 8 + hlen, !in_cfg, &rng);
-        tu_write_all(stp, in_cfg ? st : c, nst);
-        tu_write_all(cfgp, in_cfg ? c : cfg, ncfg);
+        const int in_cfg = i % 2; /* alternate: the tensor header, then config.json (the other one intact) */
+        if (in_cfg) {
+            tu_write_all(stp, st, nst);
+            tu_write_mutant(cfgp, cfg, c, ncfg, 0, ncfg, 0, &rng);
+        } else {
+            tu_write_mutant(stp, st, c, nst, 0, 8 + hlen, 1, &rng);
+            tu_write_all(cfgp, cfg, ncfg);
+        }
         loaded[in_cfg] += fz_try(dir, dir, 0, i); /* a tensor missing from the folder's files names the folder */
     }
     cr_assert(loaded[0] < trials && loaded[1] < trials, "every mutant loaded: %d, %d", loaded[0], loaded[1]);
@@ -387,16 +398,7 @@ Test(model, random_corruption_of_safetensors_header_and_config_loads_or_fails_cl
 
 static void logits_of(kvp_model *m, float *out /* 5 x 512 */)
 {
-    int32_t toks[5] = {1, 403, 407, 261, 378}, pos[5] = {0, 1, 2, 3, 4}, blocks[1] = {0};
-    int64_t slots[5] = {0, 1, 2, 3, 4};
-    int32_t qo[2] = {0, 5}, kvi[2] = {0, 1}, last = 5;
-    kvp_kv_cache *kv;
-    cr_assert_eq(kvp_kv_cache_create(m, KVP_DTYPE_F32, 1, 8, &kv), KVP_OK);
-    kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 5, .tokens = toks, .positions = pos, .slot_mapping = slots,
-                       .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = blocks, .kv_last_page_len = &last,
-                       .all_logits = 1};
-    cr_assert_eq(kvp_model_forward(m, kv, &b, out), KVP_OK, "%s", kvp_error_detail());
-    kvp_kv_cache_destroy(kv);
+    cr_assert_eq(forward_prompt5(m, out), KVP_OK, "%s", kvp_error_detail());
 }
 
 static double max_rel(const float *a, const float *b, int n)

@@ -310,9 +310,7 @@ Test(model_config, random_corruption_loads_and_plans_or_fails_cleanly)
             size_t len;
             unsigned char *orig = tu_read_all(src, &len), *c = malloc(len);
             for (int i = 0; i < 150; i++, trials++) {
-                memcpy(c, orig, len);
-                fz_mutate(c, 0, len, 0, &rng);
-                tu_write_all(path, c, len);
+                tu_write_mutant(path, orig, c, len, 0, len, 0, &rng);
                 kvp_model_config cfg;
                 kvp_status st = kvp_model_config_load(path, &cfg);
                 if (st != KVP_OK) {

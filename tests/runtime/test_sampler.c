@@ -159,7 +159,8 @@ Test(sampler, plain_temperature_draw_is_the_linear_walk)
         for (int32_t i = 0; i < n; i++) l[i] = (float)(kvp_rng_uniform(&g) * 6.0 - 3.0);
         double mx = l[0];
         for (int32_t i = 1; i < n; i++) mx = l[i] > mx ? l[i] : mx;
-        for (int32_t i = 0; i < n; i++) w[i] = exp((double)l[i] - mx);
+        double total = 0.0;
+        for (int32_t i = 0; i < n; i++) total += w[i] = exp((double)l[i] - mx);
         kvp_sampler_params p = {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 5};
         kvp_rng r, twin;
         kvp_rng_seed(&r, 5, (uint64_t)z);
@@ -167,8 +168,7 @@ Test(sampler, plain_temperature_draw_is_the_linear_walk)
         int32_t lo = n, hi = -1;
         for (int k = 0; k < 400; k++) {
             const int32_t got = kvp_sample(&p, &r, l, n, ws);
-            double total = 0.0, acc = 0.0;
-            for (int32_t i = 0; i < n; i++) total += w[i];
+            double acc = 0.0;
             const double u = kvp_rng_uniform(&twin) * total;
             int32_t want = n - 1;
             for (int32_t i = 0; i < n; i++)

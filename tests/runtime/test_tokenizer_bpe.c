@@ -390,9 +390,7 @@ Test(tokenizer_bpe, random_corruption_loads_or_fails_cleanly)
             size_t len;
             unsigned char *orig = tu_read_all(src, &len), *c = malloc(len);
             for (int i = 0; i < 150; i++, trials++) {
-                memcpy(c, orig, len);
-                fz_mutate(c, 0, len, gguf, &rng);
-                tu_write_all(dst, c, len);
+                tu_write_mutant(dst, orig, c, len, 0, len, gguf, &rng);
                 kvp_tokenizer *t = NULL;
                 kvp_status st = gguf ? kvp_tok_load(dst, 0, &t) : kvp_tok_from_hf_json(dst, &t);
                 if (st != KVP_OK) {

@@ -392,9 +392,7 @@ Test(workload, random_corruption_of_traces_reads_or_fails_cleanly)
         int read_ok = 0;
         const int trials = 1500;
         for (int i = 0; i < trials; i++) {
-            memcpy(c, orig, len);
-            fz_mutate(c, 0, len, 0, &rng);
-            tu_write_all(path, c, len);
+            tu_write_mutant(path, orig, c, len, 0, len, 0, &rng);
             for (int skip = 0; skip <= (k == 0); skip++) {
                 kvp_workload *w = NULL;
                 kvp_mooncake_opts o = {.skip_bad = skip};
