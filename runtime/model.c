@@ -2,6 +2,7 @@
 #include "runtime/model.h"
 
 #include <cblas.h>
+#include <dirent.h>
 #if defined(__FMA__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -709,6 +710,23 @@ static int ends_with(const char *s, const char *suf)
     return a >= b && strcmp(s + a - b, suf) == 0;
 }
 
+/* KVP_EINVAL for a folder without config.json: what --model takes, and the folder's GGUF file if it has one. */
+static kvp_status check_hf_folder(const char *dir, const char *cfgpath)
+{
+    struct stat sb;
+    if (stat(cfgpath, &sb) == 0) return KVP_OK;
+    char gguf[256] = "";
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && !gguf[0] && (e = readdir(d)) != NULL;)
+        if (ends_with(e->d_name, ".gguf")) snprintf(gguf, sizeof gguf, "%s", e->d_name);
+    if (d) closedir(d);
+    if (gguf[0])
+        return KVP_ERR(KVP_EINVAL, "%s: a model folder needs config.json beside its *.safetensors; this one holds "
+                       "%s, a GGUF file: pass that file", dir, gguf);
+    return KVP_ERR(KVP_EINVAL, "%s: no config.json here: a model is a GGUF file, or a Hugging Face folder with "
+                   "config.json and *.safetensors", dir);
+}
+
 kvp_status kvp_model_load(const char *path, kvp_model **out) { return kvp_model_load_tp(path, NULL, out); }
 
 kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out)
@@ -759,7 +777,10 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
         src.g = g;
     } else {
         if (is_dir(path)) {
-            snprintf(cfgpath, sizeof cfgpath, "%s/config.json", path);
+            size_t n = strlen(path);
+            while (n > 1 && path[n - 1] == '/') n--; /* "dir/" names dir/config.json, not dir//config.json */
+            snprintf(cfgpath, sizeof cfgpath, "%.*s/config.json", (int)n, path);
+            if ((st = check_hf_folder(path, cfgpath)) != KVP_OK) goto fail;
         } else {
             const char *slash = strrchr(path, '/');
             int dl = slash ? (int)(slash - path) : 1;

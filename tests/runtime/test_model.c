@@ -274,6 +274,12 @@ Test(model, load_errors_name_the_problem)
     kvp_model *m = NULL;
     cr_assert_eq(kvp_model_load("/nonexistent/model.gguf", &m), KVP_EIO);
     cr_assert(strstr(kvp_error_message(), "/nonexistent/model.gguf"));
+    /* a folder without config.json: the error says what --model takes, and names the folder's GGUF file */
+    cr_assert_eq(kvp_model_load(S260_DIR "/", &m), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "stories260K.gguf"), "%s", kvp_error_message());
+    cr_assert_eq(kvp_model_load(S260_DIR "/llama2c", &m), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "config.json"), "%s", kvp_error_message());
+    cr_assert_null(m);
 }
 
 static kvp_status load_model(void *path, void **m) { return kvp_model_load(path, (kvp_model **)m); }
