@@ -691,6 +691,14 @@ static kvp_status draw_scratch(gen_ctx *g, int k)
 /* Sequence s's next token from its logits lg, drawn with rng by sampling thread k (scratch ws): with its
  * request's logit bias and penalties applied to a copy first, and before min_tokens, EOS and the stop ids
  * masked. *lp: the token's log-probability under lg (0 with skip_logprob). */
+/* Whether sequence s draws from its logits as they are: no logit bias, no penalties, no masks before
+ * min_tokens. */
+static int draws_unchanged(const gen_ctx *g, const gseq *s)
+{
+    const kvp_gen_request *r = &g->reqs[s->req];
+    return r->n_bias == 0 && !kvp_sampler_penalized(&r->sampler) && s->n_gen >= r->min_tokens;
+}
+
 static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *lg, int k, kvp_sampler_ws *ws,
                     double *lp)
 {
@@ -698,7 +706,7 @@ static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *
     const int32_t V = g->vocab;
     const int early = s->n_gen < r->min_tokens, skip = g->cfg->skip_logprob;
     *lp = 0.0;
-    if (r->n_bias == 0 && !kvp_sampler_penalized(&r->sampler) && !early)
+    if (draws_unchanged(g, s))
         return skip ? kvp_sample(&r->sampler, rng, lg, V, ws) : kvp_sample_logprob(&r->sampler, rng, lg, V, ws, lp);
     float *x = g->pen[k];
     memcpy(x, lg, (size_t)V * sizeof *x);
@@ -722,18 +730,38 @@ typedef struct {
     kvp_sampler_ws *ws;
 } sample_job;
 
-/* Draws the eligible presamples of batch rows i0 .. i1-1 (reads logits and sequences, writes only pre[]). */
+/* Draws the eligible presamples of batch rows i0 .. i1-1 (reads logits and sequences, writes only pre[]).
+ * Draws from unchanged logits go KVP_SAMPLE_MANY at a time through kvp_sample_many (the same tokens). */
 static void sample_main(void *arg, int k)
 {
     sample_job *j = (sample_job *)arg + k;
     gen_ctx *g = j->g;
+    const int skip = g->cfg->skip_logprob;
+    const kvp_sampler_params *gp[KVP_SAMPLE_MANY];
+    kvp_rng *gr[KVP_SAMPLE_MANY];
+    const float *gl[KVP_SAMPLE_MANY];
+    presample *gps[KVP_SAMPLE_MANY];
+    int32_t gt[KVP_SAMPLE_MANY];
+    double glp[KVP_SAMPLE_MANY];
+    int ng = 0;
     for (int32_t i = j->i0; i < j->i1; i++) {
         presample *ps = &g->pre[i];
-        if (!ps->eligible) continue;
-        gseq *s = g->seqs[g->buf.sched[i]];
-        const float *lg = g->logits + (int64_t)s->lrow * g->vocab;
-        ps->before = ps->after = s->rng;
-        ps->tok = draw(g, s, &ps->after, lg, j->k, j->ws, &ps->lp);
+        if (ps->eligible) {
+            gseq *s = g->seqs[g->buf.sched[i]];
+            const float *lg = g->logits + (int64_t)s->lrow * g->vocab;
+            ps->before = ps->after = s->rng;
+            if (!draws_unchanged(g, s)) {
+                ps->tok = draw(g, s, &ps->after, lg, j->k, j->ws, &ps->lp);
+            } else {
+                gp[ng] = &g->reqs[s->req].sampler, gr[ng] = &ps->after, gl[ng] = lg, gps[ng] = ps;
+                ng++;
+            }
+        }
+        if (ng == KVP_SAMPLE_MANY || (ng > 0 && i + 1 == j->i1)) {
+            kvp_sample_many(ng, gp, gr, gl, g->vocab, j->ws, gt, skip ? NULL : glp);
+            for (int q = 0; q < ng; q++) gps[q]->tok = gt[q], gps[q]->lp = skip ? 0.0 : glp[q];
+            ng = 0;
+        }
     }
 }
 

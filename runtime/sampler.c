@@ -103,7 +103,7 @@ kvp_status kvp_sampler_ws_create(int32_t vocab, kvp_sampler_ws **out)
     kvp_sampler_ws *w = kvp_calloc(1, sizeof *w);
     if (w) {
         w->idx = kvp_malloc((size_t)vocab * sizeof *w->idx);
-        w->prob = kvp_malloc((size_t)vocab * sizeof *w->prob);
+        w->prob = kvp_malloc((size_t)vocab * KVP_SAMPLE_MANY * sizeof *w->prob); /* one per kvp_sample_many draw */
     }
     if (!w || !w->idx || !w->prob) {
         kvp_sampler_ws_destroy(w);
@@ -299,23 +299,46 @@ static void top_sorted(const float *logits, int32_t vocab, int32_t k, int32_t *i
     }
 }
 
+/* The first index of the running sums c[0..n) (nondecreasing, c[n-1] = sum) that exceeds u * sum, u drawn
+ * from rng: a binary search, the index a linear walk would stop at. */
+static int32_t pick(const double *c, int32_t n, kvp_rng *rng)
+{
+    const double u = kvp_rng_uniform(rng) * c[n - 1];
+    int32_t lo = 0, hi = n - 1;
+    while (lo < hi) {
+        const int32_t mid = lo + (hi - lo) / 2;
+        if (u < c[mid]) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
 /* Index i of w[0..n) drawn with probability w[i] / sum(w): w becomes its running sums (in index order) and
- * the draw is the first index whose running sum exceeds u * sum, found by a binary search over the
- * (nondecreasing) sums: the index a linear walk would stop at, without a second dependent pass over w.
- * *sum_out (if not NULL) gets the sum. */
+ * the draw is the first index whose running sum exceeds u * sum (pick), without a second dependent pass over
+ * w. *sum_out (if not NULL) gets the sum. */
 static int32_t draw_weighted(double *w, int32_t n, kvp_rng *rng, double *sum_out)
 {
     double sum = 0.0;
     for (int32_t i = 0; i < n; i++) w[i] = sum += w[i];
     if (sum_out) *sum_out = sum;
-    const double u = kvp_rng_uniform(rng) * sum;
-    int32_t lo = 0, hi = n - 1;
-    while (lo < hi) {
-        const int32_t mid = lo + (hi - lo) / 2;
-        if (u < w[mid]) hi = mid;
-        else lo = mid + 1;
-    }
-    return lo;
+    return pick(w, n, rng);
+}
+
+/* Plain temperature (no top-k, no top-p): no ordering needed, the draw is over ids in order. */
+static int is_plain(const kvp_sampler_params *p, int32_t vocab)
+{
+    return p->temperature > 0.0 && p->top_k != 1 && (p->top_k <= 0 || p->top_k >= vocab) && p->top_p >= 1.0;
+}
+
+/* w[i] = exp((logits[i] - max) / temperature), the plain draw's weights. */
+static void plain_weights(const kvp_sampler_params *p, const float *logits, int32_t vocab, double *w)
+{
+    double mx = max_logit(logits, vocab);
+    if (p->temperature == 1.0) /* x / 1.0 == x: no division per id */
+        for (int32_t i = 0; i < vocab; i++) w[i] = (double)logits[i] - mx;
+    else
+        for (int32_t i = 0; i < vocab; i++) w[i] = ((double)logits[i] - mx) / p->temperature;
+    exp_inplace(w, vocab);
 }
 
 /* The draw of kvp_sample; *sum_out (plain temperature only, else untouched) gets the sum of
@@ -327,14 +350,8 @@ static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *lo
     int32_t k = p->top_k > 0 && p->top_k < vocab ? p->top_k : vocab;
     int32_t *idx = ws->idx;
     double *prob = ws->prob;
-    if (k == vocab && p->top_p >= 1.0) {
-        /* Plain temperature: no ordering needed, draw over ids in order. */
-        double mx = max_logit(logits, vocab);
-        if (p->temperature == 1.0) /* x / 1.0 == x: no division per id */
-            for (int32_t i = 0; i < vocab; i++) prob[i] = (double)logits[i] - mx;
-        else
-            for (int32_t i = 0; i < vocab; i++) prob[i] = ((double)logits[i] - mx) / p->temperature;
-        exp_inplace(prob, vocab);
+    if (is_plain(p, vocab)) {
+        plain_weights(p, logits, vocab, prob);
         return draw_weighted(prob, vocab, rng, sum_out);
     }
     top_sorted(logits, vocab, k, idx);
@@ -366,18 +383,57 @@ double kvp_token_logprob(const float *logits, int32_t vocab, int32_t tok)
     return (float)((double)logits[tok] - log_sum_exp(logits, vocab));
 }
 
+/* The log-probability of tok under logits, given sum (> 0: the plain draw's sum at temperature 1). At
+ * temperature 1 the draw's sum is kvp_log_softmax's sum, term for term and in the same order (x / 1.0 is
+ * exact): the same log-probability without a second pass of exp. */
+static double logprob_of(const float *logits, int32_t vocab, int32_t tok, double sum)
+{
+    if (sum > 0.0) return (float)((double)logits[tok] - (max_logit(logits, vocab) + log(sum)));
+    return kvp_token_logprob(logits, vocab, tok);
+}
+
 int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab,
                            kvp_sampler_ws *ws, double *logprob)
 {
     double sum = -1.0;
     int32_t tok = sample(p, rng, logits, vocab, ws, p->temperature == 1.0 ? &sum : NULL);
-    if (sum > 0.0) {
-        /* At temperature 1 the draw's sum is kvp_log_softmax's sum, term for term and in the same order
-         * (x / 1.0 is exact): the same log-probability without a second pass of exp. */
-        const float mx = max_logit(logits, vocab);
-        *logprob = (float)((double)logits[tok] - (mx + log(sum)));
-        return tok;
-    }
-    *logprob = kvp_token_logprob(logits, vocab, tok);
+    *logprob = logprob_of(logits, vocab, tok, sum);
     return tok;
+}
+
+void kvp_sample_many(int n, const kvp_sampler_params *const *p, kvp_rng *const *rng, const float *const *logits,
+                     int32_t vocab, kvp_sampler_ws *ws, int32_t *tok, double *logprob)
+{
+    double *w[KVP_SAMPLE_MANY];
+    int plain[KVP_SAMPLE_MANY], np = 0;
+    for (int i = 0; i < n; i++) /* the others first: they use the workspace's first weights too */
+        if (!is_plain(p[i], vocab))
+            tok[i] = logprob ? kvp_sample_logprob(p[i], rng[i], logits[i], vocab, ws, &logprob[i])
+                             : kvp_sample(p[i], rng[i], logits[i], vocab, ws);
+    for (int i = 0; i < n; i++)
+        if (is_plain(p[i], vocab)) {
+            w[np] = ws->prob + (int64_t)np * vocab;
+            plain_weights(p[i], logits[i], vocab, w[np]);
+            plain[np++] = i;
+        }
+    if (np == 0) return;
+    /* the running sums of every plain draw, one chain each, in one loop: the chains' add latencies overlap */
+    double c[KVP_SAMPLE_MANY] = {0.0};
+    if (np == KVP_SAMPLE_MANY) {
+        double *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
+        for (int32_t t = 0; t < vocab; t++) {
+            w0[t] = c[0] += w0[t];
+            w1[t] = c[1] += w1[t];
+            w2[t] = c[2] += w2[t];
+            w3[t] = c[3] += w3[t];
+        }
+    } else {
+        for (int k = 0; k < np; k++)
+            for (int32_t t = 0; t < vocab; t++) w[k][t] = c[k] += w[k][t];
+    }
+    for (int k = 0; k < np; k++) {
+        const int i = plain[k];
+        tok[i] = pick(w[k], vocab, rng[i]);
+        if (logprob) logprob[i] = logprob_of(logits[i], vocab, tok[i], p[i]->temperature == 1.0 ? c[k] : -1.0);
+    }
 }

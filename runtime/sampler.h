@@ -60,6 +60,13 @@ int32_t kvp_sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logit
  * kvp_log_softmax(logits)[token] (one pass of exp instead of two at temperature 1; no vocabulary-long write). */
 int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab,
                            kvp_sampler_ws *ws, double *logprob);
+/* n <= KVP_SAMPLE_MANY draws at once, draw i with its own params p[i], rng[i] and logits[i]: the tokens,
+ * log-probabilities (logprob NULL: none, as kvp_sample) and rng states of n calls of kvp_sample_logprob.
+ * The plain-temperature draws (no top-k, no top-p) run their running sums, one chain of dependent adds over
+ * the vocabulary each, in one loop, where their latencies overlap. */
+enum { KVP_SAMPLE_MANY = 4 };
+void kvp_sample_many(int n, const kvp_sampler_params *const *p, kvp_rng *const *rng, const float *const *logits,
+                     int32_t vocab, kvp_sampler_ws *ws, int32_t *tok, double *logprob);
 /* kvp_log_softmax(logits)[tok], bit for bit, without writing the others. */
 double kvp_token_logprob(const float *logits, int32_t vocab, int32_t tok);
 /* out[i] = log softmax(logits)[i] (double accumulation); out may alias nothing. */

@@ -271,6 +271,54 @@ Test(sampler, sample_logprob_equals_sample_plus_log_softmax)
     kvp_sampler_ws_destroy(ws);
 }
 
+/* kvp_sample_many gives what one call each gives: the same tokens, log-probabilities and generator states,
+ * for groups of 1 to KVP_SAMPLE_MANY draws mixing plain temperature (1 and 0.7), top-k, top-p and greedy, in
+ * every order, with and without log-probabilities, and an odd vocabulary size. */
+Test(sampler, sample_many_equals_one_call_each)
+{
+    enum { V = 509 };
+    kvp_sampler_ws *ws;
+    cr_assert_eq(kvp_sampler_ws_create(V, &ws), KVP_OK);
+    static float logits[KVP_SAMPLE_MANY][V];
+    const kvp_sampler_params kinds[] = {{.temperature = 1.0, .top_k = 0, .top_p = 1.0},
+                                        {.temperature = 0.7, .top_k = 0, .top_p = 1.0},
+                                        {.temperature = 1.0, .top_k = V, .top_p = 1.0},
+                                        {.temperature = 1.0, .top_k = 40, .top_p = 1.0},
+                                        {.temperature = 1.0, .top_k = 0, .top_p = 0.9},
+                                        {.temperature = 0.0, .top_k = 0, .top_p = 1.0}};
+    const int nk = (int)(sizeof kinds / sizeof kinds[0]);
+    kvp_rng gen;
+    kvp_rng_seed(&gen, 5, 0);
+    for (int trial = 0; trial < 400; trial++) {
+        const int n = 1 + trial % KVP_SAMPLE_MANY, with_lp = trial % 3 != 0;
+        const kvp_sampler_params *p[KVP_SAMPLE_MANY];
+        const float *lg[KVP_SAMPLE_MANY];
+        kvp_rng one[KVP_SAMPLE_MANY], many[KVP_SAMPLE_MANY], *mp[KVP_SAMPLE_MANY];
+        int32_t want[KVP_SAMPLE_MANY], got[KVP_SAMPLE_MANY];
+        double want_lp[KVP_SAMPLE_MANY] = {0}, got_lp[KVP_SAMPLE_MANY] = {0};
+        for (int i = 0; i < n; i++) {
+            p[i] = &kinds[kvp_rng_next(&gen) % (uint64_t)nk];
+            const double scale = 1.0 + 9.0 * kvp_rng_uniform(&gen);
+            for (int t = 0; t < V; t++) logits[i][t] = (float)((kvp_rng_uniform(&gen) - 0.5) * scale);
+            lg[i] = logits[i];
+            kvp_rng_seed(&one[i], 17, (uint64_t)(trial * KVP_SAMPLE_MANY + i));
+            many[i] = one[i];
+            mp[i] = &many[i];
+        }
+        for (int i = 0; i < n; i++)
+            want[i] = with_lp ? kvp_sample_logprob(p[i], &one[i], lg[i], V, ws, &want_lp[i])
+                              : kvp_sample(p[i], &one[i], lg[i], V, ws);
+        kvp_sample_many(n, p, mp, lg, V, ws, got, with_lp ? got_lp : NULL);
+        for (int i = 0; i < n; i++) {
+            cr_assert_eq(got[i], want[i], "trial %d draw %d", trial, i);
+            cr_assert_eq(memcmp(&one[i], &many[i], sizeof one[i]), 0, "trial %d draw %d: generator states differ",
+                         trial, i);
+            cr_assert(got_lp[i] == want_lp[i], "trial %d draw %d: %.17g vs %.17g", trial, i, got_lp[i], want_lp[i]);
+        }
+    }
+    kvp_sampler_ws_destroy(ws);
+}
+
 /* kvp_log_softmax (vector exp inside) against a libm reference in long double: spreads from 1e-3 to 1e3,
  * odd vocabulary sizes (tails of the 4-lane blocks), -inf logits (probability 0, log-probability -inf). */
 Test(sampler, log_softmax_matches_libm_reference)
