@@ -204,17 +204,28 @@ static void logprobs_json(cJSON *obj, const char *prefix, const kvp_gen_logprobs
     }
 }
 
-/* Stop strings over the samples of a run: their texts, one per (prompt, sample). */
+/* The samples' texts as their tokens come, one per (prompt, sample): for stop strings, and to stream the text
+ * of a single sample to stdout. */
 typedef struct {
     const kvp_tokenizer *tok;
     const kvp_gen_request *reqs;
     int32_t n, nsamples;
     kvp_stop_set set;
     kvp_stop_text *t; /* [n * nsamples] */
+    int stream;       /* one prompt, one sample, plain text: print its text as it comes */
+    size_t shown;     /* bytes of it printed */
 } stop_track;
 
+/* Prints the streamed sample's text from where it was left up to `upto`. */
+static void stream_text(stop_track *x, size_t upto)
+{
+    if (upto > x->shown) fwrite(x->t[0].text + x->shown, 1, upto - x->shown, stdout);
+    x->shown = upto > x->shown ? upto : x->shown;
+    fflush(stdout);
+}
+
 /* After each step (kvp_gen_run_stepped): each sample's new tokens into its text; a sample whose text reached a
- * stop string ends now. */
+ * stop string ends now. A streamed sample's text is printed as far as no stop string can still cut it. */
 static void track_stops(void *ctx, kvp_gen_session *s)
 {
     stop_track *x = ctx;
@@ -227,6 +238,7 @@ static void track_stops(void *ctx, kvp_gen_session *s)
             kvp_stop_text_add(h, &x->set, x->tok, x->reqs[i].prompt[x->reqs[i].n_prompt - 1], toks, nt);
             if (h->stop) kvp_gen_session_stop_at(s, i, k, h->ntok); /* a step may add tokens after it */
         }
+    if (x->stream) stream_text(x, x->t[0].ready);
 }
 
 /* A digest of every sample's tokens (lengths included: each token list is hashed after its length). */
@@ -343,7 +355,8 @@ static int run(gen_opts *o)
         goto out;
     }
     kvp_gen_stats stats;
-    if (o->stops.n > 0) {
+    stops.stream = n == 1 && o->n == 1 && o->beam <= 1 && !o->json;
+    if (o->stops.n > 0 || stops.stream) {
         for (int32_t i = 0; i < o->stops.n; i++) {
             stop_len[i] = strlen(o->stops.items[i]);
             stops.set.stop_max = stop_len[i] > stops.set.stop_max ? stop_len[i] : stops.set.stop_max;
@@ -358,6 +371,10 @@ static int run(gen_opts *o)
             rc = kvp_cli_fail(CMD, KVP_ERR(KVP_ENOMEM, "out of memory"));
             goto out;
         }
+    }
+    if (stops.stream) {
+        fputs(o->prompts.items[0], stdout);
+        fflush(stdout);
     }
     if ((st = kvp_gen_run_stepped(m, &cfg, reqs, n, res, &stats, stops.t ? track_stops : NULL, &stops)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
@@ -423,7 +440,13 @@ static int run(gen_opts *o)
                 if (r->logprobs) logprobs_json(so, "", &r->logprobs[s]);
             } else {
                 if (r->n_samples > 1) printf("--- sample %d ---\n", s + 1);
-                printf("%s%s\n", o->prompts.items[i], text);
+                if (stops.stream) { /* the prompt and the text up to stops.shown are out already */
+                    const size_t len = h->ntok == r->n_tokens[s] ? h->len : strlen(text);
+                    if (len > stops.shown) fwrite(text + stops.shown, 1, len - stops.shown, stdout);
+                    putchar('\n');
+                } else {
+                    printf("%s%s\n", o->prompts.items[i], text);
+                }
             }
             kvp_free(text);
         }

@@ -1971,3 +1971,33 @@ Test(generate_cli, stop_strings_end_the_samples)
     }
     cJSON_Delete(gold);
 }
+
+/* One prompt, one sample, plain text: the text is printed as it comes (streamed), and what ends on stdout is
+ * the prompt, the text --json gives, and a newline, with stop strings (held back while they could still
+ * cut the text), sampling, and bytes that split a character between steps. */
+Test(generate_cli, streamed_text_equals_the_json_text)
+{
+    const char *runs[] = {"--max-tokens 64", "--max-tokens 200 --temperature 1 --seed 1",
+                          "--max-tokens 200 --temperature 1.5 --seed 7", "--max-tokens 120 --temperature 1 --seed 3 --stop ' the' --stop 'ed '",
+                          "--max-tokens 80 --temperature 1 --seed 4 --stop 'e'"};
+    for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
+        char cmd[1024], *out[2], *err;
+        for (int js = 0; js < 2; js++) {
+            snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon' %s %s", kvp_test_bin(), S260_GGUF,
+                     runs[k], js ? "--json" : "");
+            cr_assert_eq(kvp_test_sh(cmd, &out[js], &err), 0, "%s", err);
+            free(err);
+        }
+        cJSON *j;
+        cr_assert_eq(kvp_json_parse(out[1], strlen(out[1]), "generate output", &j), KVP_OK, "%s", out[1]);
+        const char *text = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "text")->valuestring;
+        cr_assert_gt(strlen(text), 0, "run %zu", k);
+        char *want = NULL;
+        cr_assert_gt(asprintf(&want, "Once upon%s\n", text), 0);
+        cr_assert_str_eq(out[0], want, "run %zu", k);
+        free(want);
+        cJSON_Delete(j);
+        free(out[0]);
+        free(out[1]);
+    }
+}
