@@ -796,13 +796,13 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
                 for (int r = r0; r < r1; r++) mn[r] = tile_exp8(S + r * TILE, n, m[r], &sum[r]);
             for (int r = r0; r < r1; r++) {
                 if (mn[r] == -INFINITY) continue; /* every score of the tile masked */
-                if (mn[r] != m[r]) {
+                if (mn[r] != m[r] && m[r] != -INFINITY) { /* from -inf: l and acc are 0, nothing to rescale */
                     const float alpha = v8_hsum(v8_exp2(v8_set1(m[r] - mn[r]))) * 0.125f;
                     l[r] *= alpha;
                     const kvp_v8 av = v8_set1(alpha);
                     for (int d = 0; d < D; d += 8) v8_storef(acc + r * D + d, v8_mul(v8_loadf(acc + r * D + d), av));
-                    m[r] = mn[r];
                 }
+                m[r] = mn[r];
                 l[r] += sum[r];
             }
             if (short_pf)
