@@ -1392,17 +1392,25 @@ static void rope_angles(const kvp_model *m, int32_t pos, float *cs)
     }
 }
 
+/* Rotates each head's pairs (2i, 2i+1) (paired style) or (i, i + half) (rotate-half) by the angles cs; a head
+ * at a time, its pairs in one loop the compiler vectorizes (the same operations per element). */
 static void rope(const kvp_model *m, float *v, int32_t nheads, const float *cs)
 {
     const int32_t hd = m->cfg.head_dim, half = hd / 2;
-    for (int32_t i = 0; i < half; i++) {
-        const float c = cs[2 * i], s = cs[2 * i + 1];
-        for (int32_t h = 0; h < nheads; h++) {
-            float *p = v + (int64_t)h * hd;
-            int32_t i0 = m->rope == KVP_ROPE_PAIRS ? 2 * i : i, i1 = m->rope == KVP_ROPE_PAIRS ? 2 * i + 1 : i + half;
-            float x0 = p[i0], x1 = p[i1];
-            p[i0] = x0 * c - x1 * s;
-            p[i1] = x0 * s + x1 * c;
+    for (int32_t h = 0; h < nheads; h++) {
+        float *restrict p = v + (int64_t)h * hd;
+        if (m->rope == KVP_ROPE_PAIRS) {
+            for (int32_t i = 0; i < half; i++) {
+                const float c = cs[2 * i], s = cs[2 * i + 1], x0 = p[2 * i], x1 = p[2 * i + 1];
+                p[2 * i] = x0 * c - x1 * s;
+                p[2 * i + 1] = x0 * s + x1 * c;
+            }
+        } else {
+            for (int32_t i = 0; i < half; i++) {
+                const float c = cs[2 * i], s = cs[2 * i + 1], x0 = p[i], x1 = p[i + half];
+                p[i] = x0 * c - x1 * s;
+                p[i + half] = x0 * s + x1 * c;
+            }
         }
     }
 }
