@@ -41,6 +41,8 @@ static void usage(FILE *f)
             "  --temperature F         0 = greedy (default 0)\n"
             "  --top-k N               keep the N most likely tokens (default 0 = all)\n"
             "  --top-p F               nucleus sampling mass (default 1)\n"
+            "  --min-p F               [0, 1]: leave out the tokens less likely than F x the likeliest, after\n"
+            "                          the temperature and before top-k and top-p (vLLM's min_p; default 0)\n"
             "  --seed N                sampling seed (default 0); prompt i uses seed + i\n"
             "  --presence-penalty F    [-2, 2], subtracted once from the logit of each token already generated\n"
             "  --frequency-penalty F   [-2, 2], subtracted as many times as the token was generated\n"
@@ -154,7 +156,7 @@ typedef struct {
     const char *model, *tokenizer, *prompts_file;
     strlist prompts;
     int32_t max_tokens, min_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads, tp;
-    double temperature, top_p;
+    double temperature, top_p, min_p;
     float presence, frequency, repetition;
     int64_t seed;
     kvp_pc_kind cache;
@@ -329,7 +331,7 @@ static int run(gen_opts *o)
                                     .beam_width = o->beam, .logprobs = o->logprobs >= 0,
                                     .prompt_logprobs = o->prompt_logprobs,
                                     .top_logprobs = o->logprobs >= 0 ? o->logprobs : 0,
-                                    .sampler = {.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
+                                    .sampler = {.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p, .min_p = o->min_p,
                                                 .seed = (uint64_t)o->seed + (uint64_t)i,
                                                 .presence_penalty = o->presence, .frequency_penalty = o->frequency,
                                                 .repetition_penalty = o->repetition}};
@@ -524,7 +526,7 @@ out:
 
 int kvp_cmd_generate(int argc, char **argv)
 {
-    enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
+    enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE,
            O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM,
            O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL };
@@ -532,7 +534,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
         {"temperature", required_argument, 0, O_TEMP}, {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP},       {"seed", required_argument, 0, O_SEED},
+        {"top-p", required_argument, 0, O_TOPP},       {"min-p", required_argument, 0, O_MINP},       {"seed", required_argument, 0, O_SEED},
         {"n", required_argument, 0, O_N},              {"beam-width", required_argument, 0, O_BEAM},
         {"block-size", required_argument, 0, O_BS},    {"num-blocks", required_argument, 0, O_NB},
         {"cache", required_argument, 0, O_CACHE},      {"max-num-seqs", required_argument, 0, O_SEQS},
@@ -586,6 +588,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_TEMP: st = kvp_parse_f64(optarg, 0.0, 1e6, &o.temperature); break;
         case O_TOPK: st = kvp_parse_i32(optarg, 0, INT32_MAX, &o.top_k); break;
         case O_TOPP: st = kvp_parse_f64(optarg, 1e-9, 1.0, &o.top_p); break;
+        case O_MINP: st = kvp_parse_f64(optarg, 0.0, 1.0, &o.min_p); break;
         case O_SEED: st = kvp_parse_i64(optarg, 0, INT64_MAX, &v), o.seed = v; break;
         case O_N: st = kvp_parse_i32(optarg, 1, 1000, &o.n); break;
         case O_BEAM: st = kvp_parse_i32(optarg, 0, 1000, &o.beam); break;
@@ -690,9 +693,9 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_cli_usage_error(CMD, "--n %d is larger than --beam-width %d", o.n, o.beam);
         goto done;
     }
-    if (o.beam > 1 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1 || o.presence != 0 || o.frequency != 0 ||
+    if (o.beam > 1 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1 || o.min_p > 0 || o.presence != 0 || o.frequency != 0 ||
                        (o.repetition != 0 && o.repetition != 1))) { /* rather than silently ignored */
-        rc = kvp_cli_usage_error(CMD, "--temperature, --top-k, --top-p and the penalties do not apply to --beam-width "
+        rc = kvp_cli_usage_error(CMD, "--temperature, --top-k, --top-p, --min-p and the penalties do not apply to --beam-width "
                                       "(beam search keeps the most likely extensions)");
         goto done;
     }

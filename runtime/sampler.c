@@ -26,6 +26,8 @@ kvp_status kvp_sampler_check(const kvp_sampler_params *p)
     if (p->top_k < 0) return KVP_ERR(KVP_EINVAL, "sampler: top_k %d must be >= 0", p->top_k);
     if (!(p->top_p > 0.0 && p->top_p <= 1.0))
         return KVP_ERR(KVP_EINVAL, "sampler: top_p %g must be in (0, 1]", p->top_p);
+    if (!(p->min_p >= 0.0 && p->min_p <= 1.0))
+        return KVP_ERR(KVP_EINVAL, "sampler: min_p %g must be in [0, 1]", p->min_p);
     if (!(fabsf(p->presence_penalty) <= 2.0f) || !(fabsf(p->frequency_penalty) <= 2.0f))
         return KVP_ERR(KVP_EINVAL, "sampler: presence_penalty %g and frequency_penalty %g must be in [-2, 2]",
                        (double)p->presence_penalty, (double)p->frequency_penalty);
@@ -324,13 +326,14 @@ static int32_t draw_weighted(double *w, int32_t n, kvp_rng *rng, double *sum_out
     return pick(w, n, rng);
 }
 
-/* Plain temperature (no top-k, no top-p): no ordering needed, the draw is over ids in order. */
+/* Plain temperature (no top-k, no top-p; min-p or not): no ordering needed, the draw is over ids in order. */
 static int is_plain(const kvp_sampler_params *p, int32_t vocab)
 {
     return p->temperature > 0.0 && p->top_k != 1 && (p->top_k <= 0 || p->top_k >= vocab) && p->top_p >= 1.0;
 }
 
-/* w[i] = exp((logits[i] - max) / temperature), the plain draw's weights. */
+/* w[i] = exp((logits[i] - max) / temperature), the plain draw's weights (the likeliest id's is 1), and 0 for
+ * the ids below min_p of it. */
 static void plain_weights(const kvp_sampler_params *p, const float *logits, int32_t vocab, double *w)
 {
     double mx = max_logit(logits, vocab);
@@ -339,9 +342,11 @@ static void plain_weights(const kvp_sampler_params *p, const float *logits, int3
     else
         for (int32_t i = 0; i < vocab; i++) w[i] = ((double)logits[i] - mx) / p->temperature;
     exp_inplace(w, vocab);
+    if (p->min_p > 0.0)
+        for (int32_t i = 0; i < vocab; i++) w[i] = w[i] < p->min_p ? 0.0 : w[i];
 }
 
-/* The draw of kvp_sample; *sum_out (plain temperature only, else untouched) gets the sum of
+/* The draw of kvp_sample; *sum_out (plain temperature without min-p only, else untouched) gets the sum of
  * exp(logit - max) at this temperature, in id order. */
 static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab, kvp_sampler_ws *ws,
                       double *sum_out)
@@ -352,17 +357,18 @@ static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *lo
     double *prob = ws->prob;
     if (is_plain(p, vocab)) {
         plain_weights(p, logits, vocab, prob);
-        return draw_weighted(prob, vocab, rng, sum_out);
+        return draw_weighted(prob, vocab, rng, p->min_p > 0.0 ? NULL : sum_out);
     }
     top_sorted(logits, vocab, k, idx);
     double mx = logits[idx[0]];
     for (int32_t i = 0; i < k; i++) prob[i] = ((double)logits[idx[i]] - mx) / p->temperature;
     exp_inplace(prob, k);
     int32_t n = k;
+    while (n > 1 && prob[n - 1] < p->min_p) n--; /* descending from prob[0] = 1: min-p keeps a prefix */
     if (p->top_p < 1.0) {
         double sum = 0.0, cum = 0.0;
-        for (int32_t i = 0; i < k; i++) sum += prob[i];
-        for (int32_t i = 0; i < k; i++) {
+        for (int32_t i = 0; i < n; i++) sum += prob[i];
+        for (int32_t i = 0; i < n; i++) {
             cum += prob[i] / sum;
             if (cum >= p->top_p) {
                 n = i + 1;
@@ -434,6 +440,7 @@ void kvp_sample_many(int n, const kvp_sampler_params *const *p, kvp_rng *const *
     for (int k = 0; k < np; k++) {
         const int i = plain[k];
         tok[i] = pick(w[k], vocab, rng[i]);
-        if (logprob) logprob[i] = logprob_of(logits[i], vocab, tok[i], p[i]->temperature == 1.0 ? c[k] : -1.0);
+        const int sum_is_lse = p[i]->temperature == 1.0 && p[i]->min_p == 0.0; /* as in kvp_sample_logprob */
+        if (logprob) logprob[i] = logprob_of(logits[i], vocab, tok[i], sum_is_lse ? c[k] : -1.0);
     }
 }

@@ -1,8 +1,9 @@
-/* runtime/sampler.h — next-token choice from logits: greedy, temperature, top-k, top-p, seeded.
+/* runtime/sampler.h — next-token choice from logits: greedy, temperature, min-p, top-k, top-p, seeded.
  *
- * Order of operations (as vLLM / llama.cpp): penalties (kvp_apply_penalties, on a copy of the logits made by
- * the caller) -> logits / temperature -> keep the top_k largest -> keep the
- * smallest prefix (by probability, descending) whose mass reaches top_p -> renormalise -> draw one token
+ * Order of operations (as vLLM's): penalties (kvp_apply_penalties, on a copy of the logits made by the
+ * caller) -> logits / temperature -> drop the tokens less likely than min_p x the likeliest -> keep the
+ * top_k largest -> keep the smallest prefix (by probability, descending) whose mass reaches top_p (of what
+ * min-p and top-k left) -> renormalise -> draw one token
  * with the sequence's own generator. temperature 0 means greedy (argmax, lowest id on ties; top_k/top_p
  * ignored). Each sequence owns a kvp_rng, so a sequence's draws do not depend on the rest of the batch.
  */
@@ -17,6 +18,7 @@ typedef struct {
     double temperature; /* >= 0; 0 = greedy */
     int32_t top_k;      /* >= 0; 0 = no limit */
     double top_p;       /* (0, 1]; 1 = no limit */
+    double min_p;       /* [0, 1]; 0 = no limit */
     uint64_t seed;
     /* penalties on the tokens a sample has seen (OpenAI's and vLLM's): */
     float presence_penalty;   /* [-2, 2]: subtracted once from the logit of each token the sample generated */
@@ -25,10 +27,10 @@ typedef struct {
                                * sample, divided by it when positive, multiplied when not (CTRL's, as vLLM) */
 } kvp_sampler_params;
 
-/* temperature 0 (greedy), top_k 0, top_p 1, seed 0, no penalty. */
+/* temperature 0 (greedy), top_k 0, top_p 1, min_p 0, seed 0, no penalty. */
 kvp_sampler_params kvp_sampler_default(void);
-/* KVP_EINVAL naming the bad field (temperature < 0 or not finite, top_k < 0, top_p outside (0, 1], a penalty
- * outside its range). */
+/* KVP_EINVAL naming the bad field (temperature < 0 or not finite, top_k < 0, top_p outside (0, 1], min_p
+ * outside [0, 1], a penalty outside its range). */
 kvp_status kvp_sampler_check(const kvp_sampler_params *p);
 /* Nonzero when p has a penalty to apply. */
 int kvp_sampler_penalized(const kvp_sampler_params *p);

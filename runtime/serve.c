@@ -62,7 +62,7 @@ static void usage(FILE *f)
             "Requests from every connection share the engine's batches (continuous batching); the prefix cache\n"
             "is shared across requests.\n\n"
             "  POST /v1/completions  {\"prompt\": TEXT | [TOKEN_ID, ...] | an array of either, \"max_tokens\": 16,\n"
-            "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"n\": 1, \"seed\": N,\n"
+            "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"min_p\": 0, \"n\": 1, \"seed\": N,\n"
             "                        \"stop\": TEXT | [TEXT, ...], \"stream\": false, \"logprobs\": K, \"echo\": false, ...}\n"
             "                        stream: server-sent events, as OpenAI's (stream_options: include_usage, vLLM's\n"
             "                        continuous_usage_stats); logprobs: each token's log-probability and the K\n"
@@ -1030,12 +1030,12 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if (cJSON_GetObjectItemCaseSensitive(req, j->chat ? "prompt" : "messages"))
         return snprintf(err, cap, j->chat ? "\"prompt\" is for /v1/completions: a chat request has \"messages\""
                                           : "\"messages\" is for /v1/chat/completions: a completion has a \"prompt\""), 400;
-    double max_tokens, temperature, top_p, top_k, n, seed, best_of, logprobs = -1, presence, frequency, repetition,
+    double max_tokens, temperature, top_p, min_p, top_k, n, seed, best_of, logprobs = -1, presence, frequency, repetition,
         min_tokens, priority;
     if (!get_num(req, "max_tokens", 16, 0, 1 << 24, 1, &max_tokens, err, cap) ||
         (j->chat && !get_num(req, "max_completion_tokens", max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap)) ||
         !get_num(req, "temperature", 1.0, 0, 1e6, 0, &temperature, err, cap) ||
-        !get_num(req, "top_p", 1.0, 1e-9, 1, 0, &top_p, err, cap) ||
+        !get_num(req, "top_p", 1.0, 1e-9, 1, 0, &top_p, err, cap) || !get_num(req, "min_p", 0, 0, 1, 0, &min_p, err, cap) ||
         !get_num(req, "top_k", -1, -1, INT32_MAX, 1, &top_k, err, cap) ||
         !get_num(req, "n", 1, 1, 1000, 1, &n, err, cap) || !get_num(req, "seed", -1, 0, 9007199254740991.0, 1, &seed, err, cap) ||
         !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap) ||
@@ -1087,7 +1087,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         r->min_tokens = (int32_t)min_tokens;
         r->n = (int32_t)n;
         r->sampler = (kvp_sampler_params){.temperature = temperature, .top_k = top_k < 0 ? 0 : (int32_t)top_k,
-                                          .top_p = top_p, .seed = base_seed + (uint64_t)i,
+                                          .top_p = top_p, .min_p = min_p, .seed = base_seed + (uint64_t)i,
                                           .presence_penalty = (float)presence, .frequency_penalty = (float)frequency,
                                           .repetition_penalty = (float)repetition};
         r->bias_ids = j->n_bias ? j->bias_ids : NULL;

@@ -2001,3 +2001,26 @@ Test(generate_cli, streamed_text_equals_the_json_text)
         free(out[1]);
     }
 }
+
+/* --min-p 1 keeps only the likeliest token at each step: sampled at temperature 1 (any seed), the story is the
+ * greedy one; --min-p outside [0, 1] is a usage error. */
+Test(generate_cli, min_p_one_samples_the_greedy_story)
+{
+    char cmd[1024], *out[2], *err;
+    const char *opts[2] = {"", "--temperature 1 --seed 11 --min-p 1"};
+    for (int k = 0; k < 2; k++) {
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon' --max-tokens 60 %s", kvp_test_bin(),
+                 S260_GGUF, opts[k]);
+        cr_assert_eq(kvp_test_sh(cmd, &out[k], &err), 0, "%s", err);
+        free(err);
+    }
+    cr_assert_str_eq(out[1], out[0]);
+    free(out[0]);
+    free(out[1]);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt x --min-p 1.5", kvp_test_bin(), S260_GGUF);
+    char *o, *e;
+    cr_assert_eq(kvp_test_sh(cmd, &o, &e), 2);
+    cr_assert(strstr(e, "--min-p"), "%s", e);
+    free(o);
+    free(e);
+}

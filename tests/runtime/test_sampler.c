@@ -1,4 +1,4 @@
-/* Sampler tests: greedy, and the statistics of temperature / top-k / top-p sampling with fixed seeds
+/* Sampler tests: greedy, and the statistics of temperature / min-p / top-k / top-p sampling with fixed seeds
  * against the exact distributions. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -22,14 +22,19 @@ static void sort_desc(const float *l, int n, int32_t *order)
             }
 }
 
-/* Exact probabilities after temperature, top-k, top-p (the reference, written independently: sort by value
- * with a stable rule, then cut). */
-static void reference(const float *l, int n, double temp, int top_k, double top_p, double *out)
+/* Exact probabilities after temperature, min-p, top-k, top-p (the reference, written independently: sort by
+ * value with a stable rule, then cut). */
+static void reference(const float *l, int n, double temp, int top_k, double top_p, double min_p, double *out)
 {
     int32_t order[64];
     sort_desc(l, n, order);
     int k = top_k > 0 && top_k < n ? top_k : n;
     double p[64], s = 0;
+    for (int i = 1; i < k; i++) /* min-p: probability over the likeliest's, exp((l_i - l_max) / temp) */
+        if (exp((l[order[i]] - l[order[0]]) / temp) < min_p) {
+            k = i;
+            break;
+        }
     for (int i = 0; i < k; i++) s += p[i] = exp(l[order[i]] / temp);
     int keep = k;
     double cum = 0;
@@ -46,11 +51,11 @@ static void reference(const float *l, int n, double temp, int top_k, double top_
     for (int i = 0; i < keep; i++) out[order[i]] = p[i] / s2;
 }
 
-static void check_stats(double temp, int top_k, double top_p, uint64_t seed)
+static void check_stats(double temp, int top_k, double top_p, double min_p, uint64_t seed)
 {
     kvp_sampler_ws *ws;
     cr_assert_eq(kvp_sampler_ws_create(8, &ws), KVP_OK);
-    kvp_sampler_params p = {.temperature = temp, .top_k = top_k, .top_p = top_p, .seed = seed};
+    kvp_sampler_params p = {.temperature = temp, .top_k = top_k, .top_p = top_p, .min_p = min_p, .seed = seed};
     cr_assert_eq(kvp_sampler_check(&p), KVP_OK);
     kvp_rng rng;
     kvp_rng_seed(&rng, seed, 0);
@@ -62,15 +67,16 @@ static void check_stats(double temp, int top_k, double top_p, uint64_t seed)
         count[t]++;
     }
     double want[8];
-    reference(logits8, 8, temp, top_k, top_p, want);
+    reference(logits8, 8, temp, top_k, top_p, min_p, want);
     for (int i = 0; i < 8; i++) {
         double f = (double)count[i] / N, sd = sqrt(want[i] * (1 - want[i]) / N);
         if (want[i] == 0)
-            cr_assert_eq(count[i], 0, "seed %llu temp %g k %d p %g: token %d is outside the allowed set",
-                         (unsigned long long)seed, temp, top_k, top_p, i);
+            cr_assert_eq(count[i], 0, "seed %llu temp %g k %d p %g min_p %g: token %d is outside the allowed set",
+                         (unsigned long long)seed, temp, top_k, top_p, min_p, i);
         else
-            cr_assert_leq(fabs(f - want[i]), 5 * sd + 1e-9, "seed %llu temp %g k %d p %g: token %d freq %g want %g",
-                          (unsigned long long)seed, temp, top_k, top_p, i, f, want[i]);
+            cr_assert_leq(fabs(f - want[i]), 5 * sd + 1e-9,
+                          "seed %llu temp %g k %d p %g min_p %g: token %d freq %g want %g", (unsigned long long)seed,
+                          temp, top_k, top_p, min_p, i, f, want[i]);
     }
     kvp_sampler_ws_destroy(ws);
 }
@@ -112,13 +118,21 @@ Test(sampler, argmax_matches_the_scalar_definition)
 
 Test(sampler, temperature_top_k_top_p_statistics)
 {
-    check_stats(1.0, 0, 1.0, 42);
-    check_stats(0.5, 0, 1.0, 43);
-    check_stats(2.0, 0, 1.0, 44);
-    check_stats(1.0, 3, 1.0, 45);  /* ids 1, 5, 3 */
-    check_stats(1.0, 0, 0.5, 46);
-    check_stats(0.7, 4, 0.8, 47);
-    check_stats(1.0, 7, 0.95, 48);
+    check_stats(1.0, 0, 1.0, 0, 42);
+    check_stats(0.5, 0, 1.0, 0, 43);
+    check_stats(2.0, 0, 1.0, 0, 44);
+    check_stats(1.0, 3, 1.0, 0, 45);  /* ids 1, 5, 3 */
+    check_stats(1.0, 0, 0.5, 0, 46);
+    check_stats(0.7, 4, 0.8, 0, 47);
+    check_stats(1.0, 7, 0.95, 0, 48);
+    /* min-p alone (the ids in id order) and before top-k / top-p (the sorted path): 0.3 of the likeliest keeps
+     * logits from 2.5 - ln(1/0.3) = 1.296 at temperature 1 (ids 1, 5, 3, 7), at 0.5 from 1.898 (1, 5, 3) */
+    check_stats(1.0, 0, 1.0, 0.3, 49);
+    check_stats(0.5, 0, 1.0, 0.3, 50);
+    check_stats(1.0, 0, 0.7, 0.3, 51);
+    check_stats(1.0, 6, 1.0, 0.5, 52); /* min-p cuts top-k's 6 to ids 1, 5, 3 */
+    check_stats(2.0, 6, 0.9, 0.5, 53); /* to 1, 5, 3, 7, then top-p */
+    check_stats(1.0, 0, 1.0, 1.0, 54); /* only the likeliest: ids 1 and 5 (tied) */
 }
 
 Test(sampler, seeds_reproduce_and_streams_differ)
@@ -233,6 +247,15 @@ Test(sampler, rejects_bad_parameters)
     p.temperature = NAN;
     p.top_k = 0;
     cr_assert_eq(kvp_sampler_check(&p), KVP_EINVAL);
+    const double bad_min_p[] = {-0.1, 1.5, NAN};
+    for (int i = 0; i < 3; i++) {
+        p = kvp_sampler_default();
+        p.min_p = bad_min_p[i];
+        cr_assert_eq(kvp_sampler_check(&p), KVP_EINVAL);
+        cr_assert(strstr(kvp_error_message(), "min_p"), "%s", kvp_error_message());
+    }
+    p.min_p = 1.0;
+    cr_assert_eq(kvp_sampler_check(&p), KVP_OK);
 }
 
 /* kvp_sample_logprob draws the same token as kvp_sample (same generator state after) and gives exactly
@@ -248,7 +271,8 @@ Test(sampler, sample_logprob_equals_sample_plus_log_softmax)
     const kvp_sampler_params ps[] = {{.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 3},
                                      {.temperature = 0.7, .top_k = 0, .top_p = 1.0, .seed = 3},
                                      {.temperature = 1.0, .top_k = 40, .top_p = 1.0, .seed = 3},
-                                     {.temperature = 1.0, .top_k = 0, .top_p = 0.9, .seed = 3}};
+                                     {.temperature = 1.0, .top_k = 0, .top_p = 0.9, .seed = 3},
+                                     {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.05, .seed = 3}};
     for (size_t c = 0; c < sizeof ps / sizeof ps[0]; c++)
         for (int trial = 0; trial < 200; trial++) {
             double scale = 1.0 + 9.0 * kvp_rng_uniform(&gen);
@@ -285,6 +309,8 @@ Test(sampler, sample_many_equals_one_call_each)
                                         {.temperature = 1.0, .top_k = V, .top_p = 1.0},
                                         {.temperature = 1.0, .top_k = 40, .top_p = 1.0},
                                         {.temperature = 1.0, .top_k = 0, .top_p = 0.9},
+                                        {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .min_p = 0.05},
+                                        {.temperature = 0.8, .top_k = 50, .top_p = 0.95, .min_p = 0.1},
                                         {.temperature = 0.0, .top_k = 0, .top_p = 1.0}};
     const int nk = (int)(sizeof kinds / sizeof kinds[0]);
     kvp_rng gen;

@@ -471,6 +471,7 @@ Test(serve, bad_requests_are_named_and_the_server_goes_on)
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"max_tokens\":-1}", 400, "\"max_tokens\" must be an integer"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"temperature\":\"hot\"}", 400, "\"temperature\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"n\":0}", 400, "\"n\" must be"},
+        {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"min_p\":1.5}", 400, "\"min_p\" must be"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":\"yes\"}", 400, "\"stream\" must be true or false"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"n\":100}", 400, "at most 64 choices"},
         {"POST", "/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":21}", 400, "\"logprobs\" must be an integer in [0, 20]"},
@@ -1303,6 +1304,12 @@ Test(serve, penalties_and_logit_bias)
     snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":24,\"temperature\":0,\"ignore_eos\":true}", prompt);
     cJSON *plain = complete(&s, body, 200);
     cr_assert_str_neq(choice_text(pen, 0), choice_text(plain, 0), "the penalties changed nothing");
+    /* min_p 1 keeps only the likeliest token: sampling at temperature 1 gives the greedy answer */
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":24,\"temperature\":1,\"seed\":3,\"min_p\":1,"
+             "\"ignore_eos\":true}", prompt);
+    cJSON *minp = complete(&s, body, 200);
+    cr_assert_str_eq(choice_text(minp, 0), choice_text(plain, 0));
+    cJSON_Delete(minp);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '%s' --max-tokens 24 --ignore-eos --json "
              "--frequency-penalty 0.7 --presence-penalty 0.4 --repetition-penalty 1.3", kvp_test_bin(), S260_GGUF, prompt);
     cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
