@@ -688,9 +688,6 @@ static kvp_status draw_scratch(gen_ctx *g, int k)
     return KVP_OK;
 }
 
-/* Sequence s's next token from its logits lg, drawn with rng by sampling thread k (scratch ws): with its
- * request's logit bias and penalties applied to a copy first, and before min_tokens, EOS and the stop ids
- * masked. *lp: the token's log-probability under lg (0 with skip_logprob). */
 /* Whether sequence s draws from its logits as they are: no logit bias, no penalties, no masks before
  * min_tokens. */
 static int draws_unchanged(const gen_ctx *g, const gseq *s)
@@ -698,6 +695,10 @@ static int draws_unchanged(const gen_ctx *g, const gseq *s)
     const kvp_gen_request *r = &g->reqs[s->req];
     return r->n_bias == 0 && !kvp_sampler_penalized(&r->sampler) && s->n_gen >= r->min_tokens;
 }
+
+/* Sequence s's next token from its logits lg, drawn with rng by sampling thread k (scratch ws): with its
+ * request's logit bias and penalties applied to a copy first, and before min_tokens, EOS and the stop ids
+ * masked. *lp: the token's log-probability under lg (0 with skip_logprob). */
 
 static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *lg, int k, kvp_sampler_ws *ws,
                     double *lp)
