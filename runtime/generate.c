@@ -331,8 +331,8 @@ static int run(gen_opts *o)
                                     .beam_width = o->beam, .logprobs = o->logprobs >= 0,
                                     .prompt_logprobs = o->prompt_logprobs,
                                     .top_logprobs = o->logprobs >= 0 ? o->logprobs : 0,
-                                    .sampler = {.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p, .min_p = o->min_p,
-                                                .seed = (uint64_t)o->seed + (uint64_t)i,
+                                    .sampler = {.temperature = o->temperature, .top_k = o->top_k, .top_p = o->top_p,
+                                                .min_p = o->min_p, .seed = (uint64_t)o->seed + (uint64_t)i,
                                                 .presence_penalty = o->presence, .frequency_penalty = o->frequency,
                                                 .repetition_penalty = o->repetition}};
         if (eot >= 0 && !o->ignore_eos) {
@@ -534,7 +534,8 @@ int kvp_cmd_generate(int argc, char **argv)
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
         {"temperature", required_argument, 0, O_TEMP}, {"top-k", required_argument, 0, O_TOPK},
-        {"top-p", required_argument, 0, O_TOPP},       {"min-p", required_argument, 0, O_MINP},       {"seed", required_argument, 0, O_SEED},
+        {"top-p", required_argument, 0, O_TOPP},       {"min-p", required_argument, 0, O_MINP},
+        {"seed", required_argument, 0, O_SEED},
         {"n", required_argument, 0, O_N},              {"beam-width", required_argument, 0, O_BEAM},
         {"block-size", required_argument, 0, O_BS},    {"num-blocks", required_argument, 0, O_NB},
         {"cache", required_argument, 0, O_CACHE},      {"max-num-seqs", required_argument, 0, O_SEQS},
@@ -693,10 +694,10 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_cli_usage_error(CMD, "--n %d is larger than --beam-width %d", o.n, o.beam);
         goto done;
     }
-    if (o.beam > 1 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1 || o.min_p > 0 || o.presence != 0 || o.frequency != 0 ||
-                       (o.repetition != 0 && o.repetition != 1))) { /* rather than silently ignored */
-        rc = kvp_cli_usage_error(CMD, "--temperature, --top-k, --top-p, --min-p and the penalties do not apply to --beam-width "
-                                      "(beam search keeps the most likely extensions)");
+    if (o.beam > 1 && (o.temperature > 0 || o.top_k > 0 || o.top_p < 1 || o.min_p > 0 || o.presence != 0 ||
+                       o.frequency != 0 || (o.repetition != 0 && o.repetition != 1))) { /* rather than silently ignored */
+        rc = kvp_cli_usage_error(CMD, "--temperature, --top-k, --top-p, --min-p and the penalties do not apply to "
+                                      "--beam-width (beam search keeps the most likely extensions)");
         goto done;
     }
     rc = run(&o);

@@ -62,8 +62,9 @@ static void usage(FILE *f)
             "Requests from every connection share the engine's batches (continuous batching); the prefix cache\n"
             "is shared across requests.\n\n"
             "  POST /v1/completions  {\"prompt\": TEXT | [TOKEN_ID, ...] | an array of either, \"max_tokens\": 16,\n"
-            "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"min_p\": 0, \"n\": 1, \"seed\": N,\n"
-            "                        \"stop\": TEXT | [TEXT, ...], \"stream\": false, \"logprobs\": K, \"echo\": false, ...}\n"
+            "                        \"temperature\": 1, \"top_p\": 1, \"top_k\": -1, \"min_p\": 0, \"n\": 1,\n"
+            "                        \"seed\": N, \"stop\": TEXT | [TEXT, ...], \"stream\": false, \"logprobs\": K,\n"
+            "                        \"echo\": false, ...}\n"
             "                        stream: server-sent events, as OpenAI's (stream_options: include_usage, vLLM's\n"
             "                        continuous_usage_stats); logprobs: each token's log-probability and the K\n"
             "                        (0..20) likeliest tokens; echo: the prompt's text first, with\n"
@@ -1035,7 +1036,8 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if (!get_num(req, "max_tokens", 16, 0, 1 << 24, 1, &max_tokens, err, cap) ||
         (j->chat && !get_num(req, "max_completion_tokens", max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap)) ||
         !get_num(req, "temperature", 1.0, 0, 1e6, 0, &temperature, err, cap) ||
-        !get_num(req, "top_p", 1.0, 1e-9, 1, 0, &top_p, err, cap) || !get_num(req, "min_p", 0, 0, 1, 0, &min_p, err, cap) ||
+        !get_num(req, "top_p", 1.0, 1e-9, 1, 0, &top_p, err, cap) ||
+        !get_num(req, "min_p", 0, 0, 1, 0, &min_p, err, cap) ||
         !get_num(req, "top_k", -1, -1, INT32_MAX, 1, &top_k, err, cap) ||
         !get_num(req, "n", 1, 1, 1000, 1, &n, err, cap) || !get_num(req, "seed", -1, 0, 9007199254740991.0, 1, &seed, err, cap) ||
         !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap) ||

@@ -1978,7 +1978,8 @@ Test(generate_cli, stop_strings_end_the_samples)
 Test(generate_cli, streamed_text_equals_the_json_text)
 {
     const char *runs[] = {"--max-tokens 64", "--max-tokens 200 --temperature 1 --seed 1",
-                          "--max-tokens 200 --temperature 1.5 --seed 7", "--max-tokens 120 --temperature 1 --seed 3 --stop ' the' --stop 'ed '",
+                          "--max-tokens 200 --temperature 1.5 --seed 7",
+                          "--max-tokens 120 --temperature 1 --seed 3 --stop ' the' --stop 'ed '",
                           "--max-tokens 80 --temperature 1 --seed 4 --stop 'e'"};
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
         char cmd[1024], *out[2], *err;
