@@ -8,7 +8,8 @@
 
 kvp_status kvp_read_file(const char *path, size_t max_bytes, char **data, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
+    const int is_stdin = strcmp(path, "-") == 0;
+    FILE *f = is_stdin ? stdin : fopen(path, "rb");
     if (f == NULL) return KVP_ERR(KVP_EIO, "cannot open %s: %s", path, strerror(errno));
     char *buf = NULL;
     size_t cap = 0, n = 0;
@@ -29,7 +30,7 @@ kvp_status kvp_read_file(const char *path, size_t max_bytes, char **data, size_t
             break;
         }
     }
-    fclose(f);
+    if (!is_stdin) fclose(f);
     if (st != KVP_OK) {
         kvp_free(buf);
         return st;

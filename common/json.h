@@ -14,8 +14,8 @@
 
 #include "common/status.h"
 
-/* Reads a whole file into a NUL-terminated buffer owned by the caller (kvp_free). *len excludes the NUL.
- * max_bytes bounds the size (KVP_EINVAL above it). */
+/* Reads a whole file ("-": standard input) into a NUL-terminated buffer owned by the caller (kvp_free). *len
+ * excludes the NUL. max_bytes bounds the size (KVP_EINVAL above it). */
 kvp_status kvp_read_file(const char *path, size_t max_bytes, char **data, size_t *len);
 
 /* Parses a JSON file (at most 64 MiB). *out is owned by the caller (cJSON_Delete). */

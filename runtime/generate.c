@@ -36,7 +36,7 @@ static void usage(FILE *f)
             "                          else tokenizer.bin or tok*.bin in the folder or in ../llama2c beside it)\n"
             "  --prompt TEXT           a prompt (repeatable); BOS is prepended when the model's tokenizer adds it;\n"
             "                          control tokens written in it (<s>, <|im_start|>) are those tokens\n"
-            "  --prompts-file FILE     one prompt a line (empty lines are empty prompts)\n"
+            "  --prompts-file FILE     one prompt a line (empty lines are empty prompts); -: standard input\n"
             "  --max-tokens N          tokens generated after each prompt (default 64)\n"
             "  --temperature F         0 = greedy (default 0)\n"
             "  --top-k N               keep the N most likely tokens (default 0 = all)\n"

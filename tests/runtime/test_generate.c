@@ -878,6 +878,23 @@ Test(generate_cli, prompts_file_batches_and_hits_the_cache)
         free(o1);
         free(e1);
     }
+    /* The same file on standard input (--prompts-file -): the same tokens. */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file - --max-tokens 12 --block-size 4 --max-batched-tokens 16 "
+             "--json < %s", kvp_test_bin(), S260_GGUF, path);
+    char *out2, *err2;
+    cr_assert_eq(kvp_test_sh(cmd, &out2, &err2), 0, "%s", err2);
+    cJSON *j2;
+    cr_assert_eq(kvp_json_parse(out2, strlen(out2), "generate output", &j2), KVP_OK);
+    for (int i = 0; i < 3; i++) {
+        char *a = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(reqs, i), "tokens"));
+        char *b = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j2, "requests"), i), "tokens"));
+        cr_assert_str_eq(a, b, "prompt %d from stdin", i);
+        free(a);
+        free(b);
+    }
+    cJSON_Delete(j2);
+    free(out2);
+    free(err2);
     cJSON_Delete(j);
     free(out);
     free(err);
