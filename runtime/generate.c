@@ -148,7 +148,8 @@ static kvp_status read_prompts(const char *path, strlist *out)
         }
     }
     kvp_free(data);
-    if (st == KVP_OK && out->n == 0) st = KVP_ERR(KVP_EINVAL, "%s: no prompt in the file", path);
+    if (st == KVP_OK && out->n == 0)
+        st = KVP_ERR(KVP_EINVAL, "%s: no prompt in it", strcmp(path, "-") == 0 ? "standard input" : path);
     return st;
 }
 

@@ -61,7 +61,7 @@ def sanitized(err):
 
 def run_cli(args):
     try:
-        p = subprocess.run(args, env=ENV, capture_output=True, timeout=60)
+        p = subprocess.run(args, env=ENV, capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
         return p.returncode, p.stderr.decode(errors='replace')
     except subprocess.TimeoutExpired:
         return 'timeout', ''
@@ -362,7 +362,7 @@ def fuzz_cli(a, rng, keep):
             name, takes = rng.choice(opts[c]) if rng.random() < 0.95 else ('--no-such-option', False)
             args += [name, rng.choice(values)] if takes else [name]
         try:
-            p = subprocess.run([a.kvpage] + args, env=ENV, capture_output=True, timeout=30)
+            p = subprocess.run([a.kvpage] + args, env=ENV, capture_output=True, stdin=subprocess.DEVNULL, timeout=30)
             rc, err = p.returncode, p.stderr.decode(errors='replace')
         except subprocess.TimeoutExpired:
             slow += 1  # a valid but long run (a long generation, a big simulation): not an error by itself
@@ -396,7 +396,7 @@ def fuzz_chat(a, rng, keep):
                 '--chat-template', rng.choice(TEMPLATES), '--prompt', text(9), '--max-tokens', '2', '--json']
         if rng.random() < 0.5:
             args += ['--system', text(6)]
-        p = subprocess.run([a.kvpage] + args, env=ENV, capture_output=True, timeout=60)
+        p = subprocess.run([a.kvpage] + args, env=ENV, capture_output=True, stdin=subprocess.DEVNULL, timeout=60)
         err = p.stderr.decode(errors='replace')
         if p.returncode not in (0, 2) or sanitized(err):
             bad += 1
