@@ -413,6 +413,7 @@ static int run(gen_opts *o)
         }
         for (int32_t s = 0; s < r->n_samples; s++) {
             char *text = NULL;
+            size_t len = 0; /* of text (a NUL byte from a byte token may sit inside it) */
             int32_t prev = reqs[i].prompt[reqs[i].n_prompt - 1];
             kvp_stop_text *h = stops.t ? &stops.t[i * o->n + s] : NULL;
             if (h) kvp_stop_text_add(h, &stops.set, tok, prev, r->tokens[s], r->n_tokens[s]); /* the last tokens */
@@ -420,8 +421,10 @@ static int run(gen_opts *o)
                 text = kvp_malloc(h->len + 1);
                 if (text) memcpy(text, h->text ? h->text : "", h->len + 1);
                 st = text ? KVP_OK : KVP_ERR(KVP_ENOMEM, "out of memory");
+                len = h->len;
             } else {
                 st = kvp_tok_decode(tok, prev, r->tokens[s], r->n_tokens[s], &text);
+                if (st == KVP_OK) len = strlen(text);
             }
             if (st != KVP_OK) {
                 rc = kvp_cli_fail(CMD, st);
@@ -445,7 +448,6 @@ static int run(gen_opts *o)
             } else {
                 if (r->n_samples > 1) printf("--- sample %d ---\n", s + 1);
                 if (stops.stream) { /* the prompt and the text up to stops.shown are out already */
-                    const size_t len = h->ntok == r->n_tokens[s] ? h->len : strlen(text);
                     if (len > stops.shown) fwrite(text + stops.shown, 1, len - stops.shown, stdout);
                     putchar('\n');
                 } else {

@@ -1329,10 +1329,7 @@ MM_INLINE void v16_exp(kvp_v16f *io)
     *io = p * scale;
 }
 
-/* g[i] = silu(g[i]) * u[i] = g / (1 + exp(-g)) * u, 16 at a time (a short tail through a padded vector, so
- * every element takes the same operations whatever n and its place). Built twice (ifunc): with AVX-512F a
- * vector is one instruction's operand instead of two, and the divisions, which bound this loop, take half
- * the instructions (the same operations, the same bits). */
+/* g[0..16) = silu(g) * u = g / (1 + exp(-g)) * u. */
 MM_INLINE void silu_mul16(float *g, const float *u)
 {
     kvp_v16f a, b, e;
@@ -1344,6 +1341,10 @@ MM_INLINE void silu_mul16(float *g, const float *u)
     memcpy(g, &a, sizeof a);
 }
 
+/* g[i] = silu(g[i]) * u[i], 16 at a time (a short tail through a padded vector, so every element takes the
+ * same operations whatever n and its place). Built twice (ifunc): with AVX-512F a vector is one instruction's
+ * operand instead of two, and the divisions, which bound this loop, take half the instructions (the same
+ * operations, the same bits). */
 __attribute__((target_clones("avx512f", "default"))) static void swiglu(float *restrict g, const float *restrict u,
                                                                         int64_t n)
 {

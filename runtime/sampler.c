@@ -346,8 +346,8 @@ static void plain_weights(const kvp_sampler_params *p, const float *logits, int3
         for (int32_t i = 0; i < vocab; i++) w[i] = w[i] < p->min_p ? 0.0 : w[i];
 }
 
-/* The draw of kvp_sample; *sum_out (plain temperature without min-p only, else untouched) gets the sum of
- * exp(logit - max) at this temperature, in id order. */
+/* The draw of kvp_sample; *sum_out (plain temperature only, else untouched) gets the sum of the draw's
+ * weights, in id order. */
 static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *logits, int32_t vocab, kvp_sampler_ws *ws,
                       double *sum_out)
 {
@@ -357,7 +357,7 @@ static int32_t sample(const kvp_sampler_params *p, kvp_rng *rng, const float *lo
     double *prob = ws->prob;
     if (is_plain(p, vocab)) {
         plain_weights(p, logits, vocab, prob);
-        return draw_weighted(prob, vocab, rng, p->min_p > 0.0 ? NULL : sum_out);
+        return draw_weighted(prob, vocab, rng, sum_out);
     }
     top_sorted(logits, vocab, k, idx);
     double mx = logits[idx[0]];
@@ -389,9 +389,12 @@ double kvp_token_logprob(const float *logits, int32_t vocab, int32_t tok)
     return (float)((double)logits[tok] - log_sum_exp(logits, vocab));
 }
 
-/* The log-probability of tok under logits, given sum (> 0: the plain draw's sum at temperature 1). At
- * temperature 1 the draw's sum is kvp_log_softmax's sum, term for term and in the same order (x / 1.0 is
- * exact): the same log-probability without a second pass of exp. */
+/* Whether the plain draw's sum of weights is kvp_log_softmax's sum: at temperature 1 without min-p it is,
+ * term for term and in the same order (x / 1.0 is exact), and gives the log-probability without a second
+ * pass of exp. */
+static int sum_is_lse(const kvp_sampler_params *p) { return p->temperature == 1.0 && p->min_p == 0.0; }
+
+/* The log-probability of tok under logits, given sum (> 0: a draw's sum for which sum_is_lse). */
 static double logprob_of(const float *logits, int32_t vocab, int32_t tok, double sum)
 {
     if (sum > 0.0) return (float)((double)logits[tok] - (max_logit(logits, vocab) + log(sum)));
@@ -402,7 +405,7 @@ int32_t kvp_sample_logprob(const kvp_sampler_params *p, kvp_rng *rng, const floa
                            kvp_sampler_ws *ws, double *logprob)
 {
     double sum = -1.0;
-    int32_t tok = sample(p, rng, logits, vocab, ws, p->temperature == 1.0 ? &sum : NULL);
+    int32_t tok = sample(p, rng, logits, vocab, ws, sum_is_lse(p) ? &sum : NULL);
     *logprob = logprob_of(logits, vocab, tok, sum);
     return tok;
 }
@@ -412,17 +415,15 @@ void kvp_sample_many(int n, const kvp_sampler_params *const *p, kvp_rng *const *
 {
     double *w[KVP_SAMPLE_MANY];
     int plain[KVP_SAMPLE_MANY], np = 0;
-    for (int i = 0; i < n; i++) /* the others first: they use the workspace's first weights too */
-        if (!is_plain(p[i], vocab))
-            tok[i] = logprob ? kvp_sample_logprob(p[i], rng[i], logits[i], vocab, ws, &logprob[i])
-                             : kvp_sample(p[i], rng[i], logits[i], vocab, ws);
-    for (int i = 0; i < n; i++)
-        if (is_plain(p[i], vocab)) {
-            w[np] = ws->prob + (int64_t)np * vocab;
-            plain_weights(p[i], logits[i], vocab, w[np]);
-            plain[np++] = i;
-        }
+    for (int i = 0; i < n; i++) /* the others now: they use the workspace's first weights too */
+        if (is_plain(p[i], vocab)) plain[np++] = i;
+        else tok[i] = logprob ? kvp_sample_logprob(p[i], rng[i], logits[i], vocab, ws, &logprob[i])
+                              : kvp_sample(p[i], rng[i], logits[i], vocab, ws);
     if (np == 0) return;
+    for (int k = 0; k < np; k++) {
+        w[k] = ws->prob + (int64_t)k * vocab;
+        plain_weights(p[plain[k]], logits[plain[k]], vocab, w[k]);
+    }
     /* the running sums of every plain draw, one chain each, in one loop: the chains' add latencies overlap */
     double c[KVP_SAMPLE_MANY] = {0.0};
     if (np == KVP_SAMPLE_MANY) {
@@ -440,7 +441,6 @@ void kvp_sample_many(int n, const kvp_sampler_params *const *p, kvp_rng *const *
     for (int k = 0; k < np; k++) {
         const int i = plain[k];
         tok[i] = pick(w[k], vocab, rng[i]);
-        const int sum_is_lse = p[i]->temperature == 1.0 && p[i]->min_p == 0.0; /* as in kvp_sample_logprob */
-        if (logprob) logprob[i] = logprob_of(logits[i], vocab, tok[i], sum_is_lse ? c[k] : -1.0);
+        if (logprob) logprob[i] = logprob_of(logits[i], vocab, tok[i], sum_is_lse(p[i]) ? c[k] : -1.0);
     }
 }
