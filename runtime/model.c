@@ -751,6 +751,10 @@ const char *kvp_weight_type_name(kvp_weight_type t)
     return (unsigned)t < sizeof k_weight_names / sizeof *k_weight_names ? k_weight_names[t] : "?";
 }
 
+/* OpenBLAS's pthread build: stops its server threads, which it starts again for its next threaded product
+ * (OpenBLAS does the same before a fork). Weak: other builds lack it. */
+extern int blas_thread_shutdown_(void) __attribute__((weak));
+
 kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type weights, kvp_model **out)
 {
     if (!path || !out) return KVP_ERR(KVP_EINVAL, "kvp_model_load: NULL argument");
@@ -800,6 +804,10 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
     kvp_gguf_close(g);
     kvp_st_close(s);
     kvp_model_set_threads(m, 1);
+    /* The invariant matmul (the default) never calls BLAS, but OpenBLAS's threads, started as it loads,
+     * spin-yield for ~100 ms: on 2 cores they took one from the forward pass's threads (the first 64-sequence
+     * stories260K decode of a process took 137-145 ms instead of 77 in 4 runs of 6; now 77-92). */
+    if (blas_thread_shutdown_) blas_thread_shutdown_();
     *out = m;
     return KVP_OK;
 fail:
@@ -851,8 +859,7 @@ void kvp_model_set_threads(kvp_model *m, int n)
 {
     if (n < 1) n = 1;
     m->threads = n;
-    kvp_attn_set_threads(n);
-    openblas_set_num_threads(n);
+    kvp_attn_set_threads(n); /* OpenBLAS's count is set where a BLAS product runs (matmul) */
 }
 
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k) { m->matmul = k; }
