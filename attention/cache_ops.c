@@ -78,7 +78,7 @@ kvp_status kvp_attn_append_kv_cpu(const kvp_paged_kv *kv, const float *k, const 
     int nt = kvp_attn_get_threads();
     if ((int64_t)num_tokens * H * D < 65536) nt = 1; /* not worth waking threads */
     if (nt == 1) { /* no OpenMP region at all: even a one-thread team, once a layer, cost single-stream decode
-                    * of stories260K 10 % of its time (and kept an idle OpenMP thread spinning on the other core) */
+                    * of stories260K 10 % of its time */
         for (int32_t t = 0; t < num_tokens; t++) append_token(kv, k, v, slot_mapping, t, es, ks, vs_);
         return KVP_OK;
     }
