@@ -699,7 +699,6 @@ static int draws_unchanged(const gen_ctx *g, const gseq *s)
 /* Sequence s's next token from its logits lg, drawn with rng by sampling thread k (scratch ws): with its
  * request's logit bias and penalties applied to a copy first, and before min_tokens, EOS and the stop ids
  * masked. *lp: the token's log-probability under lg (0 with skip_logprob). */
-
 static int32_t draw(const gen_ctx *g, const gseq *s, kvp_rng *rng, const float *lg, int k, kvp_sampler_ws *ws,
                     double *lp)
 {

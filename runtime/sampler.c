@@ -426,6 +426,7 @@ void kvp_sample_many(int n, const kvp_sampler_params *const *p, kvp_rng *const *
     }
     /* the running sums of every plain draw, one chain each, in one loop: the chains' add latencies overlap */
     double c[KVP_SAMPLE_MANY] = {0.0};
+    _Static_assert(KVP_SAMPLE_MANY == 4, "the loop below runs 4 chains");
     if (np == KVP_SAMPLE_MANY) {
         double *w0 = w[0], *w1 = w[1], *w2 = w[2], *w3 = w[3];
         for (int32_t t = 0; t < vocab; t++) {
