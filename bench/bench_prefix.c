@@ -56,7 +56,7 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
     if (cfg->capacity < 0) return KVP_ERR(KVP_EINVAL, "capacity %lld < 0", (long long)cfg->capacity);
     if (cfg->host_capacity < 0 || cfg->host_capacity > INT32_MAX)
         return KVP_ERR(KVP_EINVAL, "host capacity %lld blocks is out of [0, %d]", (long long)cfg->host_capacity, INT32_MAX);
-    if ((unsigned)cfg->host_policy > KVP_HC_WRITE_BACK) return KVP_ERR(KVP_EINVAL, "unknown host-tier write policy");
+    if ((unsigned)cfg->host_policy >= KVP_HC_WRITE_POLICIES) return KVP_ERR(KVP_EINVAL, "unknown host-tier write policy");
     const int32_t bs = cfg->block_size;
     double t0 = kvp_now_s();
     int64_t na = w->n_pins + w->n, total_blocks = 0, max_blocks = 1, full_blocks = 0;
@@ -154,7 +154,8 @@ kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg 
         if (got < need && !is_pin) out->short_requests++;
         if (nload > got) nload = got;
         int32_t ncache = nh + got < nfull ? nh + got : nfull;
-        if (hc && cfg->host_policy == KVP_HC_WRITE_THROUGH) out->host_stored_blocks += kvp_hc_store(hc, hashes, ncache, slots);
+        const int32_t nstore = hc ? kvp_hc_blocks_to_store(cfg->host_policy, ncache, nh) : 0;
+        if (nstore > 0) out->host_stored_blocks += kvp_hc_store(hc, hashes, nstore, slots);
         c0 = kvp_now_ns();
         u0 = cpu_ns();
         st = kvp_pc_insert(pc, toks[a], len, blocks, ncache, &hint, 0, NULL);
@@ -236,8 +237,9 @@ static void usage(FILE *f)
             "                          the blocks after a device hit are looked up there (comma list; 0 = none,\n"
             "                          the default)\n"
             "  --host-write-policy LIST  when blocks go to the host tier (SGLang's --hicache-write-policy):\n"
-            "                          write_through (every cached block, at once; the default) or write_back\n"
-            "                          (each block the device cache evicts) (comma list)\n"
+            "                          write_through (every cached block, at once; the default), write_back\n"
+            "                          (each block the device cache evicts) or write_through_selective (a block\n"
+            "                          once a request found it in the device cache) (comma list)\n"
             "  --sweep                 write OUT/NAME.csv and OUT/NAME.png (total hit rate against capacity, one line\n"
             "                          per cache/policy); implied by more than one combination\n"
             "  --out DIR               output folder of a sweep (default bench/results)\n"

@@ -164,18 +164,27 @@ int32_t kvp_hc_victim(const kvp_host_cache *hc)
     return hc->free_head >= 0 ? -1 : hc->head;
 }
 
-static const char *const k_write_policies[] = {"write_through", "write_back"};
+static const char *const k_write_policies[KVP_HC_WRITE_POLICIES] = {"write_through", "write_back",
+                                                                    "write_through_selective"};
 
 kvp_status kvp_hc_write_policy_parse(const char *s, kvp_hc_write_policy *out)
 {
-    for (int i = 0; s != NULL && i < 2; i++)
+    for (int i = 0; s != NULL && i < KVP_HC_WRITE_POLICIES; i++)
         if (strcmp(s, k_write_policies[i]) == 0) return *out = (kvp_hc_write_policy)i, KVP_OK;
-    return KVP_ERR(KVP_EINVAL, "unknown host-tier write policy '%s' (expected write_through or write_back)", s ? s : "(null)");
+    return KVP_ERR(KVP_EINVAL, "unknown host-tier write policy '%s' (expected write_through, write_back or "
+                   "write_through_selective)", s ? s : "(null)");
 }
 
 const char *kvp_hc_write_policy_name(kvp_hc_write_policy p)
 {
-    return (unsigned)p < 2 ? k_write_policies[p] : "?";
+    return (unsigned)p < KVP_HC_WRITE_POLICIES ? k_write_policies[p] : "?";
+}
+
+int32_t kvp_hc_blocks_to_store(kvp_hc_write_policy p, int32_t n_full, int32_t n_hit)
+{
+    if (p == KVP_HC_WRITE_THROUGH) return n_full;
+    if (p == KVP_HC_WRITE_THROUGH_SELECTIVE) return n_hit < n_full ? n_hit : n_full;
+    return 0;
 }
 
 void kvp_hc_clear(kvp_host_cache *hc)

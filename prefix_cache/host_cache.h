@@ -66,10 +66,18 @@ int32_t kvp_hc_victim(const kvp_host_cache *hc);
  *                  in the background, off the step's critical path;
  *   write_back     a block is stored only when the device cache evicts it, and must be copied before its
  *                  device block is reused (on the critical path): far fewer copies, and the tier holds
- *                  mostly what the device cache does not, so the two capacities add up. */
-typedef enum { KVP_HC_WRITE_THROUGH, KVP_HC_WRITE_BACK } kvp_hc_write_policy;
+ *                  mostly what the device cache does not, so the two capacities add up;
+ *   write_through_selective  (SGLang's default) a block is stored, in the background, once it has been
+ *                  reused: when a sequence that found it in the device cache caches its blocks (SGLang
+ *                  stores a radix node when its hit count reaches 2: its first caching, then a reuse).
+ *                  Blocks used once never take a tier slot, so the tier keeps the ones that come back. */
+typedef enum { KVP_HC_WRITE_THROUGH, KVP_HC_WRITE_BACK, KVP_HC_WRITE_THROUGH_SELECTIVE, KVP_HC_WRITE_POLICIES } kvp_hc_write_policy;
 kvp_status kvp_hc_write_policy_parse(const char *s, kvp_hc_write_policy *out);
 const char *kvp_hc_write_policy_name(kvp_hc_write_policy p);
+/* How many of a sequence's first n_full full blocks a caching of them offers the tier (kvp_hc_store) under
+ * policy p: all of them (write_through), the first n_hit, those it found in the device cache
+ * (write_through_selective), none (write_back: evictions store). */
+int32_t kvp_hc_blocks_to_store(kvp_hc_write_policy p, int32_t n_full, int32_t n_hit);
 
 /* Drops every block (a cold cache); the counters but held_blocks are kept. */
 void kvp_hc_clear(kvp_host_cache *hc);

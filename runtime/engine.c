@@ -349,7 +349,8 @@ static bool load_pending(const kvp_engine *e, int32_t slot)
     return slot >= 0 && e->load_step[slot] == e->steps;
 }
 
-/* Write-through: blocks[0..n_full) of s, just cached, go to the host tier too (those not held there). The
+/* Write-through (and its selective form): blocks[0..n_full) of s, just cached, go to the host tier too (those
+ * not held there). The
  * moves run first in the next executor step, before anything can overwrite the blocks. Stores are decided
  * after a step ran (prefill done, finish) or while scheduling preempts by recompute, which comes before any
  * admission, and loads only at admissions, run in the same step: so no store can take a slot that a pending
@@ -387,7 +388,8 @@ static void write_back(void *ctx, uint64_t hash, int32_t block)
 
 /* Caches the full blocks of every token of s whose KV is computed (prompt and generated), as vLLM v1 and
  * SGLang do: when its prefill ends, when it is preempted by recompute (it finds its own blocks again when
- * readmitted) and when it finishes with a known answer (the next turn of a chat finds it). */
+ * readmitted) and when it finishes with a known answer (the next turn of a chat finds it). The host tier
+ * gets what the write policy offers it (kvp_hc_blocks_to_store; s->n_hit: the blocks s found cached). */
 static kvp_status cache_computed(kvp_engine *e, int64_t idx)
 {
     seq_t *s = &e->seqs[idx];
@@ -399,7 +401,8 @@ static kvp_status cache_computed(kvp_engine *e, int64_t idx)
     KVP_TRY(kvp_bm_table(e->bm, idx, &v));
     kvp_pc_hint hint = {.priority = s->req->priority};
     KVP_TRY(kvp_pc_insert(e->pc, toks, s->num_computed, v.blocks, n_full, &hint, 0, NULL));
-    return e->hc && e->cfg.host_write_policy == KVP_HC_WRITE_THROUGH ? host_store(e, s, v.blocks, n_full) : KVP_OK;
+    const int32_t n_store = e->hc ? kvp_hc_blocks_to_store(e->cfg.host_write_policy, n_full, s->n_hit) : 0;
+    return n_store > 0 ? host_store(e, s, v.blocks, n_store) : KVP_OK;
 }
 
 /* ---------------------------------------------------------------- create / destroy */
@@ -424,7 +427,7 @@ kvp_status kvp_engine_create(const kvp_engine_config *cfg, kvp_executor *ex, kvp
     if (c->watermark_blocks < 0) return KVP_ERR(KVP_EINVAL, "watermark_blocks must be >= 0");
     if (c->host_slots < 0) return KVP_ERR(KVP_EINVAL, "host_slots must be >= 0");
     if (c->host_cache_slots < 0) return KVP_ERR(KVP_EINVAL, "host_cache_slots must be >= 0");
-    if ((unsigned)c->host_write_policy > KVP_HC_WRITE_BACK) return KVP_ERR(KVP_EINVAL, "engine: unknown host-tier write policy");
+    if ((unsigned)c->host_write_policy >= KVP_HC_WRITE_POLICIES) return KVP_ERR(KVP_EINVAL, "engine: unknown host-tier write policy");
     if (c->host_cache_slots > 0 && c->cache == KVP_PC_NONE)
         return KVP_ERR(KVP_EINVAL, "a host tier of the prefix cache needs a prefix cache (radix or hash)");
     if (c->host_cache_slots > 0 && c->host_cache_slots / c->block_size < 1)

@@ -36,6 +36,7 @@ typedef struct {
     kvp_gen_finish finish;
     int32_t stop_token;  /* KVP_FINISH_EOS / STOP_TOKEN: the token */
     int inserted;        /* prompt blocks offered to the prefix cache */
+    int32_t n_hit;       /* blocks found in the prefix cache at its last admission (a fork: its parent's) */
     double logprob;
     kvp_rng rng;
     lp_acc glp;          /* request.logprobs: the generated tokens' */
@@ -383,16 +384,18 @@ static kvp_status evict_until(gen_ctx *g, int32_t need)
 }
 
 /* Caches sequence s's first nfull full blocks (computed) in the prefix cache and, write-through, in its host
- * tier: the blocks the tier did not hold are copied there now. */
+ * tier those the write policy offers (kvp_hc_blocks_to_store): the blocks the tier did not hold are copied
+ * there now. */
 static kvp_status cache_blocks(gen_ctx *g, const gseq *s, int32_t nfull)
 {
     kvp_bm_table_view tv;
     KVP_TRY(kvp_bm_table(g->bm, s->id, &tv));
     KVP_TRY(kvp_pc_insert(g->pc, s->toks, s->n_toks, tv.blocks, nfull, NULL, 0, NULL));
-    if (!g->hc || g->cfg->host_write_policy != KVP_HC_WRITE_THROUGH) return KVP_OK;
-    kvp_pc_chain_hashes(s->toks, nfull, g->cfg->block_size, 0, g->hashes);
-    int32_t n = kvp_hc_store(g->hc, g->hashes, nfull, g->hslots), k = 0;
-    for (int32_t i = 0; n > 0 && i < nfull; i++)
+    const int32_t nstore = g->hc ? kvp_hc_blocks_to_store(g->cfg->host_write_policy, nfull, s->n_hit) : 0;
+    if (nstore == 0) return KVP_OK;
+    kvp_pc_chain_hashes(s->toks, nstore, g->cfg->block_size, 0, g->hashes);
+    int32_t n = kvp_hc_store(g->hc, g->hashes, nstore, g->hslots), k = 0;
+    for (int32_t i = 0; n > 0 && i < nstore; i++)
         if (g->hslots[i] >= 0) {
             g->hpairs[2 * k] = tv.blocks[i];
             g->hpairs[2 * k + 1] = g->hslots[i];
@@ -511,6 +514,7 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     }
     s->n_computed = (n_hit + n_load) * bs;
     s->n_alloc = s->n_toks;
+    s->n_hit = n_hit;
     s->state = SEQ_RUNNING;
     greq *r = &g->rq[s->req];
     if (!r->admitted) {
@@ -806,6 +810,7 @@ static kvp_status fork_seq(gen_ctx *g, int32_t idx, int32_t sample, int32_t *chi
     s->n_computed = p->n_computed;
     s->n_alloc = p->n_alloc;
     s->n_gen = p->n_gen;
+    s->n_hit = p->n_hit;
     s->logprob = p->logprob;
     s->inserted = 1;
     s->state = SEQ_RUNNING;
@@ -1474,7 +1479,7 @@ kvp_status kvp_gen_session_create(kvp_model *m, const kvp_gen_config *cfg, kvp_g
         return KVP_ERR(KVP_EINVAL, "generate: spec_tokens %d in 0..%d, n-gram lengths %d..%d within 1..%d",
                        cfg->spec_tokens, KVP_GEN_MAX_SPEC, cfg->spec_ngram_min, cfg->spec_ngram_max, KVP_GEN_MAX_NGRAM);
     if (cfg->spec_max_batch < 0) return KVP_ERR(KVP_EINVAL, "generate: spec_max_batch %d < 0", cfg->spec_max_batch);
-    if ((unsigned)cfg->host_write_policy > KVP_HC_WRITE_BACK)
+    if ((unsigned)cfg->host_write_policy >= KVP_HC_WRITE_POLICIES)
         return KVP_ERR(KVP_EINVAL, "generate: unknown host-tier write policy %d", (int)cfg->host_write_policy);
     if (cfg->host_cache_blocks < 0 || (cfg->host_cache_blocks > 0 && cfg->cache == KVP_PC_NONE))
         return KVP_ERR(KVP_EINVAL, "generate: a host tier of %d blocks needs a prefix cache (radix or hash)",

@@ -182,6 +182,23 @@ Test(bench_prefix, a_host_tier_restores_the_unbounded_hit_rate)
                              specs[i], (long long)wb.hit_tokens, (long long)wb.host_hit_tokens, (long long)unb.hit_tokens);
             else
                 cr_assert_leq(wb.hit_tokens + wb.host_hit_tokens, unb.hit_tokens);
+            /* write_through_selective: a block is stored once a request hit it in the device cache. Behind a
+             * device cache that never evicts, the tier then holds exactly the distinct blocks ever hit (a brute
+             * force count, for workloads without pinned prefixes); behind the small one, it stores fewer blocks
+             * than write-through and still brings some back. */
+            kvp_prefix_replay_cfg cs = {(kvp_pc_kind)k, KVP_EVICT_LRU, 16, 0, hosts[0], KVP_HC_WRITE_THROUGH_SELECTIVE};
+            kvp_prefix_replay_result sel;
+            cr_assert_eq(kvp_prefix_replay(w, &cs, &sel), KVP_OK, "%s", kvp_error_detail());
+            cr_assert_eq(sel.hit_tokens, unb.hit_tokens);
+            if (w->n_pins == 0)
+                cr_assert_eq(sel.host_stored_blocks, kvp_test_bruteforce_hit_blocks(w, 16), "%s: %lld stored", specs[i],
+                             (long long)sel.host_stored_blocks);
+            cs.capacity = cap;
+            cr_assert_eq(kvp_prefix_replay(w, &cs, &sel), KVP_OK, "%s", kvp_error_detail());
+            cr_assert_eq(sel.hit_tokens, dev.hit_tokens, "%s: selective stores changed the device hits", specs[i]);
+            cr_assert_lt(sel.host_stored_blocks, two[0].host_stored_blocks, "%s", specs[i]);
+            cr_assert_gt(sel.host_hit_tokens, 0, "%s", specs[i]);
+            cr_assert_leq(sel.hit_tokens + sel.host_hit_tokens, unb.hit_tokens);
         }
         kvp_workload_destroy(w);
     }

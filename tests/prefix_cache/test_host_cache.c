@@ -222,8 +222,24 @@ Test(host_cache, write_policy_names)
     cr_assert_str_eq(kvp_hc_write_policy_name(p), "write_back");
     cr_assert_eq(kvp_hc_write_policy_parse("write_through", &p), KVP_OK);
     cr_assert_eq(p, KVP_HC_WRITE_THROUGH);
-    cr_assert_eq(kvp_hc_write_policy_parse("write_through_selective", &p), KVP_EINVAL);
-    cr_assert(strstr(kvp_error_message(), "write_through_selective") != NULL, "the error names the value");
+    cr_assert_eq(kvp_hc_write_policy_parse("write_through_selective", &p), KVP_OK);
+    cr_assert_eq(p, KVP_HC_WRITE_THROUGH_SELECTIVE);
+    cr_assert_str_eq(kvp_hc_write_policy_name(p), "write_through_selective");
+    cr_assert_eq(kvp_hc_write_policy_parse("write_around", &p), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "write_around") != NULL, "the error names the value");
     cr_assert_eq(kvp_hc_write_policy_parse(NULL, &p), KVP_EINVAL);
-    cr_assert_eq(p, KVP_HC_WRITE_THROUGH, "a failed parse leaves the value");
+    cr_assert_eq(p, KVP_HC_WRITE_THROUGH_SELECTIVE, "a failed parse leaves the value");
+    cr_assert_str_eq(kvp_hc_write_policy_name(KVP_HC_WRITE_POLICIES), "?");
+}
+
+/* What a caching of a sequence's full blocks offers the tier under each policy. */
+Test(host_cache, blocks_to_store_per_policy)
+{
+    for (int32_t n_full = 0; n_full <= 5; n_full++)
+        for (int32_t n_hit = 0; n_hit <= 7; n_hit++) {
+            cr_assert_eq(kvp_hc_blocks_to_store(KVP_HC_WRITE_THROUGH, n_full, n_hit), n_full);
+            cr_assert_eq(kvp_hc_blocks_to_store(KVP_HC_WRITE_BACK, n_full, n_hit), 0);
+            cr_assert_eq(kvp_hc_blocks_to_store(KVP_HC_WRITE_THROUGH_SELECTIVE, n_full, n_hit),
+                         n_hit < n_full ? n_hit : n_full, "the reused blocks only, never past the cached ones");
+        }
 }

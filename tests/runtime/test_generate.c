@@ -244,11 +244,13 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
     const int32_t block_sizes[2] = {4, 16};
     const kvp_pc_kind caches[2] = {KVP_PC_RADIX, KVP_PC_HASH};
     /* host tiers: none; 64 blocks written through; 64 and 3 blocks written back (3: write-backs that would
-     * take a slot the admission under way loads from are dropped) */
-    static const int32_t tiers[4] = {0, 64, 64, 3};
-    int64_t loaded[4] = {0}; /* the blocks each tier brought back */
+     * take a slot the admission under way loads from are dropped); 64 blocks written through selectively */
+    static const int32_t tiers[5] = {0, 64, 64, 3, 64};
+    static const kvp_hc_write_policy policies[5] = {KVP_HC_WRITE_THROUGH, KVP_HC_WRITE_THROUGH, KVP_HC_WRITE_BACK,
+                                                    KVP_HC_WRITE_BACK, KVP_HC_WRITE_THROUGH_SELECTIVE};
+    int64_t loaded[5] = {0}; /* the blocks each tier brought back */
     for (int b = 0; b < 2; b++)
-        for (int c = 0; c < 8; c++) {
+        for (int c = 0; c < 10; c++) {
             const int32_t bs = block_sizes[b], min_blocks = (longest + bs - 1) / bs, tier = tiers[c / 2];
             for (int32_t nb = min_blocks; nb < 3 * min_blocks; nb++) {
                 cfg = kvp_gen_config_default();
@@ -256,7 +258,7 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
                 cfg.cache = caches[c % 2];
                 cfg.num_blocks = nb;
                 cfg.host_cache_blocks = tier;
-                cfg.host_write_policy = c / 2 >= 2 ? KVP_HC_WRITE_BACK : KVP_HC_WRITE_THROUGH;
+                cfg.host_write_policy = policies[c / 2];
                 kvp_gen_result all[2 * NPROMPTS];
                 kvp_gen_stats st;
                 kvp_status rs = kvp_gen_run(g_model, &cfg, reqs, 2 * NPROMPTS, all, &st);
@@ -280,7 +282,7 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
                 kvp_gen_results_free(all, 2 * NPROMPTS);
             }
         }
-    for (int t = 1; t < 4; t++)
+    for (int t = 1; t < 5; t++)
         cr_assert_gt(loaded[t], 0, "tier %d: the tight caches were meant to lose blocks that the host tier brings back", t);
     kvp_gen_results_free(alone, NPROMPTS);
     for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
@@ -1826,8 +1828,8 @@ Test(generate, a_host_tier_run_fails_cleanly_at_every_allocation, .init = setup,
     kvp_gen_stats st;
     run(&cfg, reqs, 3, want, &st);
     cr_assert_gt(st.host_loaded_blocks, 0, "the third request was meant to load its prompt from the host tier");
-    for (int64_t n = 1, wb = 0; wb < 2; n++) { /* then again written back */
-        cfg.host_write_policy = wb ? KVP_HC_WRITE_BACK : KVP_HC_WRITE_THROUGH;
+    for (int64_t n = 1, wb = 0; wb < KVP_HC_WRITE_POLICIES; n++) { /* then written back, then selectively */
+        cfg.host_write_policy = (kvp_hc_write_policy)wb;
         kvp_alloc_fail_at(n);
         kvp_status s = kvp_gen_run(g_model, &cfg, reqs, 3, got, NULL);
         int64_t made = kvp_alloc_count();
@@ -1847,6 +1849,36 @@ Test(generate, a_host_tier_run_fails_cleanly_at_every_allocation, .init = setup,
     cr_assert_eq(kvp_gen_run(g_model, &cfg, reqs, 3, got, NULL), KVP_EINVAL);
     cr_assert(strstr(kvp_error_message(), "needs a prefix cache"), "%s", kvp_error_message());
     kvp_gen_results_free(want, 3);
+    kvp_free(a.ids);
+    kvp_free(b.ids);
+}
+
+/* write_through_selective on the real model: a prompt run once never reaches the host tier; run again, its
+ * blocks found in the prefix cache are stored (exactly those: the second run's hit), while write-through
+ * stores every full block the first run cached. Forked samples (n = 3) inherit the hit and store nothing
+ * more. The tokens do not depend on the policy. */
+Test(generate, write_through_selective_stores_reused_blocks_only, .init = setup, .fini = teardown)
+{
+    enc a = encode("Once upon a time there was a little girl named Lily"), b = encode("The sun was shining");
+    kvp_gen_request reqs[3] = {greedy_req(a, 6), greedy_req(b, 6), greedy_req(a, 6)};
+    reqs[2].n = 3;
+    reqs[2].sampler.temperature = 1.0;
+    kvp_gen_config cfg = kvp_gen_config_default();
+    cfg.block_size = 4;
+    cfg.max_num_seqs = 3; /* the third request's group waits for seats: the first two are done by then */
+    cfg.host_cache_blocks = 64;
+    kvp_gen_result wt[3], sel[3];
+    kvp_gen_stats swt, ssel;
+    run(&cfg, reqs, 3, wt, &swt);
+    cfg.host_write_policy = KVP_HC_WRITE_THROUGH_SELECTIVE;
+    run(&cfg, reqs, 3, sel, &ssel);
+    const int32_t hit_blocks = (a.n - 1) / 4;
+    cr_assert_eq(ssel.prefix_hit_tokens, hit_blocks * 4, "the third request finds the first one's prompt blocks");
+    cr_assert_eq(ssel.host_stored_blocks, hit_blocks, "%lld stored", (long long)ssel.host_stored_blocks);
+    cr_assert_gt(swt.host_stored_blocks, a.n / 4 + b.n / 4, "write-through stores what the first two computed");
+    for (int i = 0; i < 3; i++) expect_same(&wt[i], &sel[i], "write_through_selective", i);
+    kvp_gen_results_free(wt, 3);
+    kvp_gen_results_free(sel, 3);
     kvp_free(a.ids);
     kvp_free(b.ids);
 }

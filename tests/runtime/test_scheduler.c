@@ -870,6 +870,52 @@ Test(scheduler, a_host_tier_finds_what_the_device_cache_evicted)
         }
 }
 
+/* write_through_selective stores a block once a request found it in the device cache (SGLang: a node's hit
+ * count reaching 2). In a device cache that never evicts, the tier then holds exactly the distinct blocks
+ * ever hit (a brute-force count), and the hits are those of the device alone. Through the 256-slot device
+ * cache, it stores fewer blocks than write-through, and the chat's reused history still comes back from it. */
+Test(scheduler, write_through_selective_stores_the_reused_blocks)
+{
+    for (int kind = 0; kind < 2; kind++)
+        for (int32_t bs = 4; bs <= 16; bs += 12) {
+            kvp_workload *w = NULL;
+            cr_assert_eq(kvp_workload_generate("chat:conversations=4,turns=4,system=40,user=16,assistant=32", &w), KVP_OK);
+            for (int64_t i = 0; i < w->n; i++) w->reqs[i].arrival_s = 10.0 * (double)i;
+            const int64_t want = kvp_test_bruteforce_hits(w, bs), reused = kvp_test_bruteforce_hit_blocks(w, bs);
+            kvp_engine_config c = base_cfg(bs, 1 << 20);
+            c.cache = kind ? KVP_PC_HASH : KVP_PC_RADIX;
+            c.max_model_len = 4096;
+            c.host_cache_slots = 1 << 16;
+            c.host_write_policy = KVP_HC_WRITE_THROUGH_SELECTIVE;
+            kvp_engine_metrics big = run_tracked(&c, w);
+            cr_assert_eq(big.evicted_blocks, 0);
+            cr_assert_eq(big.prefix_hit_tokens, want);
+            cr_assert_eq(big.host_hit_tokens, 0, "the device cache found everything");
+            cr_assert_gt(reused, 0);
+            cr_assert_eq(big.host_stored_blocks, reused, "cache %d block %d: %lld stored, %lld distinct blocks hit", kind,
+                         bs, (long long)big.host_stored_blocks, (long long)reused);
+            cr_assert_eq(R.stores, big.host_stored_blocks);
+            c.host_write_policy = KVP_HC_WRITE_THROUGH;
+            kvp_engine_metrics all = run_metrics(&c, w);
+            cr_assert_gt(all.host_stored_blocks, reused, "write-through stores the blocks used once too");
+
+            kvp_engine_config t = base_cfg(bs, 256);
+            t.cache = c.cache;
+            t.host_cache_slots = 1 << 16;
+            kvp_engine_metrics wt = run_metrics(&t, w);
+            t.host_write_policy = KVP_HC_WRITE_THROUGH_SELECTIVE;
+            kvp_engine_metrics sel = run_tracked(&t, w);
+            cr_assert_eq(sel.finished, w->n);
+            cr_assert_gt(sel.evicted_blocks, 0);
+            cr_assert_gt(sel.host_hit_tokens, 0, "reused history evicted from the device comes back from the tier");
+            cr_assert_leq(sel.prefix_hit_tokens + sel.host_hit_tokens, want);
+            cr_assert_lt(sel.host_stored_blocks, wt.host_stored_blocks);
+            cr_assert_eq(R.stores, sel.host_stored_blocks);
+            cr_assert_eq(R.loads, sel.host_loaded_blocks);
+            kvp_workload_destroy(w);
+        }
+}
+
 /* Write-back under load: many conversations at once through a small device cache and a tier of a few
  * blocks, so evictions (and their stores) happen in steps whose admissions loaded from the tier: a store
  * must never take a slot such a load still reads (the recorder checks every step), and the engine's
