@@ -302,7 +302,7 @@ static int add_row(kvp_report *rep, const kvp_workload *w, const kvp_prefix_repl
 {
     cJSON *row;
     if (kvp_report_row(rep, &row) != KVP_OK) return -1;
-    char series[160], bs_part[24] = "", host_part[40] = "", pol_part[24] = "";
+    char series[160], bs_part[24] = "", host_part[40] = "", pol_part[40] = "";
     if (multi_bs) snprintf(bs_part, sizeof bs_part, "/bs%d", c->block_size);
     if (multi_host) snprintf(host_part, sizeof host_part, "/host%lld", (long long)c->host_capacity);
     if (multi_policy && c->host_capacity > 0) snprintf(pol_part, sizeof pol_part, "/%s", kvp_hc_write_policy_name(c->host_policy));
