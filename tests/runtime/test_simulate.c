@@ -307,14 +307,18 @@ Test(simulate_cli, json_has_every_documented_key)
 
 /* A chat whose history does not stay in 2 GB of KV memory: a host tier brings back what the device cache
  * lost. Device and host hits together reach the hit rate of a KV memory that keeps everything, written
- * through or back; write-back copies fewer blocks, on the steps' time. */
+ * through or back; write-back copies fewer blocks, on the steps' time. Written through selectively, the
+ * tier gets only reused blocks (fewer still, off the steps' time) and brings back less. */
 Test(simulate_cli, a_host_tier_restores_what_the_device_cache_lost)
 {
     static char out[1 << 16];
-    double rate[4], host[4], loaded[4], stored[4], sync[4];
-    const char *runs[4] = {"--kv-mem 2GB", "--kv-mem 2GB --kv-offloading-size 64GiB", "--kv-mem 100GB",
-                           "--kv-mem 2GB --kv-offloading-size 64GiB --kv-offloading-policy write_back"};
-    for (int i = 0; i < 4; i++) {
+    double rate[5], host[5], loaded[5], stored[5], sync[5];
+    const char *runs[5] = {"--kv-mem 2GB", "--kv-mem 2GB --kv-offloading-size 64GiB", "--kv-mem 100GB",
+                           "--kv-mem 2GB --kv-offloading-size 64GiB --kv-offloading-policy write_back",
+                           "--kv-mem 2GB --kv-offloading-size 64GiB --kv-offloading-policy write_through_selective"};
+    static const char *const policy[5] = {"write_through", "write_through", "write_through", "write_back",
+                                          "write_through_selective"};
+    for (int i = 0; i < 5; i++) {
         char cmd[512];
         snprintf(cmd, sizeof cmd, "simulate --model " LLAMA8B " --workload chat --cache radix --json %s", runs[i]);
         int rc = kvp_test_cli(cmd, out, sizeof out, NULL, 0);
@@ -330,7 +334,7 @@ Test(simulate_cli, a_host_tier_restores_what_the_device_cache_lost)
         loaded[i] = cJSON_GetObjectItemCaseSensitive(o, "host_loaded_blocks")->valuedouble;
         stored[i] = cJSON_GetObjectItemCaseSensitive(o, "host_stored_blocks")->valuedouble;
         sync[i] = cJSON_GetObjectItemCaseSensitive(o, "host_store_sync_s")->valuedouble;
-        cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(o, "host_write_policy")->valuestring, i == 3 ? "write_back" : "write_through");
+        cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(o, "host_write_policy")->valuestring, policy[i]);
         cr_assert_eq(cJSON_GetObjectItemCaseSensitive(o, "leaked_blocks")->valuedouble, 0);
         cJSON_Delete(o);
     }
@@ -341,11 +345,14 @@ Test(simulate_cli, a_host_tier_restores_what_the_device_cache_lost)
     cr_assert_float_eq(rate[3] + host[3], rate[2], 0.01, "write-back: device %.4f + host %.4f vs %.4f", rate[3], host[3], rate[2]);
     cr_assert_lt(stored[3], stored[1], "write-back stores fewer blocks");
     cr_assert(sync[1] == 0 && sync[3] > 0, "write-back stores are on the steps' time: %g %g", sync[1], sync[3]);
+    cr_assert(stored[4] > 0 && stored[4] < stored[3], "selective stores fewer still: %g vs %g", stored[4], stored[3]);
+    cr_assert(host[4] > 0 && host[4] < host[1], "and brings back less: %.4f vs %.4f", host[4], host[1]);
+    cr_assert_eq(sync[4], 0, "selective stores are in the background");
 }
 
 Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
 {
-    static char out[4096], err[4096];
+    static char out[1 << 14], err[4096];
     struct {
         const char *args, *needle;
     } cases[] = {
