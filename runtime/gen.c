@@ -133,6 +133,7 @@ struct kvp_gen_session {
     kvp_gen_stats st;
     double util_sum;
     int64_t util_n;
+    double shared_sum, logical_sum; /* over steps: accounting's shared_savings and logical_tokens */
     step_buf buf;
     float *logits, *lsm;
     size_t cap_logits;
@@ -1187,6 +1188,8 @@ static kvp_status step(gen_ctx *g)
         g->util_sum += (double)a.token_states / (double)used_slots;
         g->util_n++;
     }
+    g->shared_sum += (double)a.shared_savings;
+    g->logical_sum += (double)a.logical_tokens;
     /* (4) forward */
     KVP_TRY(grow_to(&g->logits, &g->cap_logits, (size_t)nrows * (size_t)g->vocab, sizeof *g->logits));
     kvp_fwd_batch b = {.num_seqs = ns, .num_tokens = nt, .tokens = B->tokens, .positions = B->pos,
@@ -1829,6 +1832,7 @@ kvp_status kvp_gen_run_stepped(kvp_model *m, const kvp_gen_config *cfg, const kv
         g->st.tokens_per_s = wall > 0 ? (double)g->st.generated_tokens / wall : 0.0;
         g->st.prefix_hit_rate = g->st.prompt_tokens > 0 ? (double)g->st.prefix_hit_tokens / (double)g->st.prompt_tokens : 0.0;
         g->st.mean_kv_utilization = g->util_n ? g->util_sum / (double)g->util_n : 0.0;
+        g->st.mean_shared_savings = g->logical_sum > 0 ? g->shared_sum / g->logical_sum : 0.0;
         g->st.num_blocks = c.num_blocks;
         g->st.block_size = c.block_size;
         g->st.kv_pool_bytes = (int64_t)kvp_kv_cache_bytes(m, c.kv_dtype, c.num_blocks, c.block_size);

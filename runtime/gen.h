@@ -179,6 +179,9 @@ typedef struct {
     int64_t peak_logical_tokens;
     int64_t peak_shared_savings;
     double mean_kv_utilization; /* over steps: token_states / slots of used blocks */
+    double mean_shared_savings; /* over steps: sum of shared_savings / sum of logical_tokens, the share of the
+                                 * sequences' token slots that sharing (forks, beams, prefix hits) kept from
+                                 * being stored twice (the PagedAttention paper's Fig. 15 "memory saving") */
     int32_t num_blocks, block_size;
     int64_t kv_pool_bytes;     /* the KV cache's pools, every layer, K and V (num_blocks of kv_dtype) */
 } kvp_gen_stats;

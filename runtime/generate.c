@@ -486,6 +486,7 @@ static int run(gen_opts *o)
         cJSON_AddNumberToObject(t, "kv_token_states", (double)stats.peak_token_states);
         cJSON_AddNumberToObject(t, "kv_logical_tokens", (double)stats.peak_logical_tokens);
         cJSON_AddNumberToObject(t, "kv_shared_savings", (double)stats.peak_shared_savings);
+        cJSON_AddNumberToObject(t, "kv_shared_savings_mean", stats.mean_shared_savings);
         cJSON_AddNumberToObject(t, "kv_used_blocks", (double)stats.peak_used_blocks);
         cJSON_AddNumberToObject(t, "kv_utilization", stats.mean_kv_utilization);
         cJSON_AddNumberToObject(t, "num_blocks", stats.num_blocks);

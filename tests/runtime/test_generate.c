@@ -381,6 +381,10 @@ Test(generate, n4_shares_the_prompt_blocks, .init = setup, .fini = teardown)
     cr_assert_eq(st.cow_copies, 3, "copies %lld", (long long)st.cow_copies);
     cr_assert_eq(st.peak_used_blocks, 6, "peak blocks %lld", (long long)st.peak_used_blocks);
     cr_assert_eq(st.peak_shared_savings, 3 * 32, "savings %lld", (long long)st.peak_shared_savings);
+    /* Over the steps: the prefill (40 slots, nothing shared), then 7 decode steps of 4 x (40 + k) slots
+     * (k = 1..7), 96 of them shared each time: 7 x 96 / (40 + 4 x 308). */
+    cr_assert_float_eq(st.mean_shared_savings, 7.0 * 96 / (40 + 4 * 308), 1e-12, "mean savings %.6f",
+                       st.mean_shared_savings);
     /* Samples differ (temperature 1) but are reproducible and independent of the batch. */
     int differ = 0;
     for (int s = 1; s < 4; s++) differ |= memcmp(res.tokens[0], res.tokens[s], 8 * sizeof(int32_t)) != 0;
@@ -642,6 +646,7 @@ Test(generate_cli, golden_story_from_gguf_and_hf_folder)
         cr_assert(cJSON_GetObjectItem(tot, "tokens_per_s")->valuedouble > 0);
         cr_assert_not_null(cJSON_GetObjectItem(tot, "prefix_hit_rate"));
         cr_assert_eq(cJSON_GetObjectItem(tot, "kv_token_states")->valueint, 256);
+        cr_assert_eq(cJSON_GetObjectItem(tot, "kv_shared_savings_mean")->valuedouble, 0.0, "one sequence shares nothing");
         cr_assert_str_eq(cJSON_GetObjectItem(tot, "kv_dtype")->valuestring, "f32");
         /* the default --weight-dtype auto keeps both f32 files in f32 */
         cr_assert_str_eq(cJSON_GetObjectItem(tot, "weight_dtype")->valuestring, "f32");
