@@ -799,6 +799,16 @@ Test(scheduler, recompute_finds_its_own_computed_blocks_cached)
     }
 }
 
+/* 4 conversations of 4 turns (system prompt 40 tokens, user 16, assistant 32), each request arriving 10 s
+ * after the one before, when it has long finished. */
+static kvp_workload *spaced_chat(void)
+{
+    kvp_workload *w = NULL;
+    cr_assert_eq(kvp_workload_generate("chat:conversations=4,turns=4,system=40,user=16,assistant=32", &w), KVP_OK);
+    for (int64_t i = 0; i < w->n; i++) w->reqs[i].arrival_s = 10.0 * (double)i;
+    return w;
+}
+
 /* A chat workload with every turn arriving after the previous one finished, in a cache that never evicts:
  * the hit tokens must be those of a brute-force search. Request i finds the longest prefix it shares with
  * the tokens some earlier request computed (its prompt, and its answer but the last token when the
@@ -808,9 +818,7 @@ Test(scheduler, chat_hits_equal_a_brute_force_search_over_earlier_turns)
     const int32_t sizes[] = {4, 16};
     for (int kind = 0; kind < 2; kind++)
         for (int bi = 0; bi < 2; bi++) {
-            kvp_workload *w = NULL;
-            cr_assert_eq(kvp_workload_generate("chat:conversations=4,turns=4,system=40,user=16,assistant=32", &w), KVP_OK);
-            for (int64_t i = 0; i < w->n; i++) w->reqs[i].arrival_s = 10.0 * (double)i;
+            kvp_workload *w = spaced_chat();
             const int32_t bs = sizes[bi];
             const int64_t want = kvp_test_bruteforce_hits(w, bs);
             kvp_engine_config c = base_cfg(bs, 1 << 20);
@@ -832,9 +840,7 @@ Test(scheduler, a_host_tier_finds_what_the_device_cache_evicted)
 {
     for (int kind = 0; kind < 2; kind++)
         for (int32_t bs = 4; bs <= 16; bs += 12) {
-            kvp_workload *w = NULL;
-            cr_assert_eq(kvp_workload_generate("chat:conversations=4,turns=4,system=40,user=16,assistant=32", &w), KVP_OK);
-            for (int64_t i = 0; i < w->n; i++) w->reqs[i].arrival_s = 10.0 * (double)i;
+            kvp_workload *w = spaced_chat();
             const int64_t want = kvp_test_bruteforce_hits(w, bs);
             kvp_engine_config c = base_cfg(bs, 256);
             c.cache = kind ? KVP_PC_HASH : KVP_PC_RADIX;
@@ -878,9 +884,7 @@ Test(scheduler, write_through_selective_stores_the_reused_blocks)
 {
     for (int kind = 0; kind < 2; kind++)
         for (int32_t bs = 4; bs <= 16; bs += 12) {
-            kvp_workload *w = NULL;
-            cr_assert_eq(kvp_workload_generate("chat:conversations=4,turns=4,system=40,user=16,assistant=32", &w), KVP_OK);
-            for (int64_t i = 0; i < w->n; i++) w->reqs[i].arrival_s = 10.0 * (double)i;
+            kvp_workload *w = spaced_chat();
             const int64_t want = kvp_test_bruteforce_hits(w, bs), reused = kvp_test_bruteforce_hit_blocks(w, bs);
             kvp_engine_config c = base_cfg(bs, 1 << 20);
             c.cache = kind ? KVP_PC_HASH : KVP_PC_RADIX;
