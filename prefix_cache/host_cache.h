@@ -71,7 +71,12 @@ int32_t kvp_hc_victim(const kvp_host_cache *hc);
  *                  reused: when a sequence that found it in the device cache caches its blocks (SGLang
  *                  stores a radix node when its hit count reaches 2: its first caching, then a reuse).
  *                  Blocks used once never take a tier slot, so the tier keeps the ones that come back. */
-typedef enum { KVP_HC_WRITE_THROUGH, KVP_HC_WRITE_BACK, KVP_HC_WRITE_THROUGH_SELECTIVE, KVP_HC_WRITE_POLICIES } kvp_hc_write_policy;
+typedef enum {
+    KVP_HC_WRITE_THROUGH,
+    KVP_HC_WRITE_BACK,
+    KVP_HC_WRITE_THROUGH_SELECTIVE,
+    KVP_HC_WRITE_POLICIES /* how many */
+} kvp_hc_write_policy;
 kvp_status kvp_hc_write_policy_parse(const char *s, kvp_hc_write_policy *out);
 const char *kvp_hc_write_policy_name(kvp_hc_write_policy p);
 /* How many of a sequence's first n_full full blocks a caching of them offers the tier (kvp_hc_store) under

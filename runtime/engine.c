@@ -350,11 +350,10 @@ static bool load_pending(const kvp_engine *e, int32_t slot)
 }
 
 /* Write-through (and its selective form): blocks[0..n_full) of s, just cached, go to the host tier too (those
- * not held there). The
- * moves run first in the next executor step, before anything can overwrite the blocks. Stores are decided
- * after a step ran (prefill done, finish) or while scheduling preempts by recompute, which comes before any
- * admission, and loads only at admissions, run in the same step: so no store can take a slot that a pending
- * load still has to read (checked). */
+ * not held there). The moves run first in the next executor step, before anything can overwrite the blocks.
+ * Stores are decided after a step ran (prefill done, finish) or while scheduling preempts by recompute, which
+ * comes before any admission, and loads only at admissions, run in the same step: so no store can take a slot
+ * that a pending load still has to read (checked). */
 static kvp_status host_store(kvp_engine *e, const seq_t *s, const int32_t *blocks, int32_t n_full)
 {
     KVP_TRY(chain_hashes(e, s, n_full));
