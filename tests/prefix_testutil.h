@@ -4,6 +4,7 @@
 #define KVP_TESTS_PREFIX_TESTUTIL_H
 
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "runtime/workload.h"
 
@@ -38,20 +39,22 @@ static inline int64_t kvp_test_bruteforce_hits(const kvp_workload *w, int32_t bs
  * counted once however many requests hit it. */
 static inline int64_t kvp_test_bruteforce_hit_blocks(const kvp_workload *w, int32_t bs)
 {
+    int32_t *hit = calloc((size_t)(w->n > 0 ? w->n : 1), sizeof *hit);
+    if (hit == NULL) return -1;
+    for (int64_t i = 1; i < w->n; i++) hit[i] = kvp_test_bruteforce_hit(w, i, bs);
     int64_t n = 0;
-    for (int64_t i = 1; i < w->n; i++) {
-        const int32_t hi = kvp_test_bruteforce_hit(w, i, bs);
-        for (int32_t len = bs; len <= hi; len += bs) {
+    for (int64_t i = 1; i < w->n; i++)
+        for (int32_t len = bs; len <= hit[i]; len += bs) {
             int seen = 0; /* an earlier request hit the same prefix */
             for (int64_t j = 1; j < i && !seen; j++) {
                 int32_t l = 0;
-                if (kvp_test_bruteforce_hit(w, j, bs) < len) continue;
+                if (hit[j] < len) continue;
                 while (l < len && w->reqs[j].tokens[l] == w->reqs[i].tokens[l]) l++;
                 seen = l == len;
             }
             n += !seen;
         }
-    }
+    free(hit);
     return n;
 }
 
