@@ -18,6 +18,7 @@
 #include "cli_testutil.h"
 #include "common/json.h"
 #include "model_testutil.h"
+#include "prefix_cache/host_cache.h"
 #include "runtime/chat.h"
 #include "runtime/tokenizer.h"
 
@@ -1511,11 +1512,15 @@ Test(serve, reset_prefix_cache_empties_it)
 /* A KV cache of 8 blocks cannot hold two 70-token prompts: B's blocks take some of A's cached ones, and when A
  * comes back the host tier gives those (its 4 full blocks are reported as cached tokens, device and host hits
  * counted apart in /metrics), with the same answer; reset_prefix_cache empties the host tier too. Written
- * through, the tier got A's and B's full blocks; written back, only the evicted ones. */
-static void host_tier_brings_a_prompt_back(int write_back)
+ * through, the tier got A's and B's full blocks; written back, only the evicted ones. Written through
+ * selectively, it got nothing until A came back: then the blocks A found in the device cache, and A's evicted
+ * ones are recomputed. */
+static void host_tier_brings_a_prompt_back(kvp_hc_write_policy policy)
 {
-    server s = start(write_back ? "--num-blocks 8 --kv-offloading-size 1MiB --kv-offloading-policy write_back"
-                                : "--num-blocks 8 --kv-offloading-size 1MiB");
+    char args[256];
+    snprintf(args, sizeof args, "--num-blocks 8 --kv-offloading-size 1MiB --kv-offloading-policy %s",
+             kvp_hc_write_policy_name(policy));
+    server s = start(args);
     char a[1024] = "{\"prompt\":[1", b[1024] = "{\"prompt\":[1";
     for (int i = 2; i <= 70; i++) {
         snprintf(a + strlen(a), sizeof a - strlen(a), ",%d", 100 + i);
@@ -1527,16 +1532,23 @@ static void host_tier_brings_a_prompt_back(int write_back)
     cr_assert_eq(cached_of(j), 0);
     cJSON_Delete(j);
     j = complete(&s, a, 200);
-    cr_assert_eq(cached_of(j), 64, "A's 4 full blocks, from the host tier");
-    cr_assert_str_eq(choice_text(j, 0), choice_text(first, 0));
-    cJSON_Delete(j);
-    const double host = metric(&s, "kvpage_host_cache_hits_total");
-    cr_assert_geq(host, 16, "B's blocks took some of A's");
-    cr_assert_eq(metric(&s, "kvpage_prefix_cache_hits_total") + host, 64, "the device kept the rest");
-    cr_assert_eq(metric(&s, "kvpage_host_cache_loaded_blocks_total"), host / 16);
+    const double host = metric(&s, "kvpage_host_cache_hits_total"), dev = metric(&s, "kvpage_prefix_cache_hits_total");
     const double stored = metric(&s, "kvpage_host_cache_stored_blocks_total");
-    if (write_back) cr_assert(stored >= host / 16 && stored < 8, "the evicted blocks only: %g", stored);
-    else cr_assert_eq(stored, 8, "A's 4 full blocks and B's");
+    cr_assert_str_eq(choice_text(j, 0), choice_text(first, 0));
+    if (policy == KVP_HC_WRITE_THROUGH_SELECTIVE) {
+        cr_assert_eq(host, 0, "A's evicted blocks were never reused: not in the tier");
+        cr_assert(dev > 0 && dev < 64, "the device kept some of A's blocks: %g", dev);
+        cr_assert_eq(cached_of(j), dev);
+        cr_assert_eq(stored, dev / 16, "the blocks A found in the device cache, once reused");
+    } else {
+        cr_assert_eq(cached_of(j), 64, "A's 4 full blocks, from the host tier");
+        cr_assert_geq(host, 16, "B's blocks took some of A's");
+        cr_assert_eq(dev + host, 64, "the device kept the rest");
+        cr_assert_eq(metric(&s, "kvpage_host_cache_loaded_blocks_total"), host / 16);
+        if (policy == KVP_HC_WRITE_BACK) cr_assert(stored >= host / 16 && stored < 8, "the evicted blocks only: %g", stored);
+        else cr_assert_eq(stored, 8, "A's 4 full blocks and B's");
+    }
+    cJSON_Delete(j);
     j = post_json(&s, "/reset_prefix_cache", "", 200);
     cJSON_Delete(j);
     j = complete(&s, b, 200);
@@ -1548,8 +1560,7 @@ static void host_tier_brings_a_prompt_back(int write_back)
 
 Test(serve, a_host_tier_brings_a_prompt_back)
 {
-    host_tier_brings_a_prompt_back(0);
-    host_tier_brings_a_prompt_back(1);
+    for (int p = 0; p < KVP_HC_WRITE_POLICIES; p++) host_tier_brings_a_prompt_back((kvp_hc_write_policy)p);
 }
 
 /* --sched priority takes each request's "priority" (the order it implies is tested on the session, in
