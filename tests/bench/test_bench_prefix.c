@@ -302,20 +302,23 @@ Test(bench_prefix, sweep_writes_csv)
     cr_assert_eq(lines, 1 + 4, "header + 2 policies x 2 capacities");
     /* write policies: one row without a tier, one per policy with it, each its own series */
     snprintf(args, sizeof args, "--workload chat:conversations=10,turns=3 --capacity 50 --host-capacity 0,40 "
-                                "--host-write-policy write_through,write_back --out %s --name t --no-plot --format csv", dir);
+                                "--host-write-policy write_through,write_back,write_through_selective --out %s --name t --no-plot "
+                                "--format csv", dir);
     cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
     f = fopen(csv, "r");
     cr_assert_not_null(f);
     lines = 0;
-    int through = 0, back = 0;
+    int through = 0, back = 0, selective = 0;
     while (fgets(buf, sizeof buf, f)) {
         lines++;
         through += strstr(buf, "/host40/write_through,") != NULL;
         back += strstr(buf, "/host40/write_back,") != NULL;
+        selective += strstr(buf, "/host40/write_through_selective,") != NULL;
     }
     fclose(f);
-    cr_assert_eq(lines, 1 + 3, "header + no tier + 2 write policies");
-    cr_assert(through == 1 && back == 1, "series names the policy: %d %d", through, back);
+    cr_assert_eq(lines, 1 + 4, "header + no tier + 3 write policies");
+    cr_assert(through == 1 && back == 1 && selective == 1, "series names the policy: %d %d %d", through, back,
+              selective);
     unlink(csv);
     rmdir(dir);
 }
