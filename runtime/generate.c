@@ -36,7 +36,9 @@ static void usage(FILE *f)
             "                          else tokenizer.bin or tok*.bin in the folder or in ../llama2c beside it)\n"
             "  --prompt TEXT           a prompt (repeatable); BOS is prepended when the model's tokenizer adds it;\n"
             "                          control tokens written in it (<s>, <|im_start|>) are those tokens\n"
-            "  --prompts-file FILE     one prompt a line (empty lines are empty prompts); -: standard input\n"
+            "  --prompts-file FILE     one prompt a line (empty lines are empty prompts); -: standard input; a\n"
+            "                          .jsonl file: one {\"prompt\": TEXT, \"max_tokens\": N} a line (max_tokens\n"
+            "                          optional, default --max-tokens)\n"
             "  --max-tokens N          tokens generated after each prompt (default 64)\n"
             "  --temperature F         0 = greedy (default 0)\n"
             "  --top-k N               keep the N most likely tokens (default 0 = all)\n"
@@ -126,7 +128,46 @@ static void strlist_free(strlist *l)
     kvp_free(l->items);
 }
 
-static kvp_status read_prompts(const char *path, strlist *out)
+static int is_jsonl(const char *path)
+{
+    const size_t n = strlen(path);
+    return n > 6 && strcmp(path + n - 6, ".jsonl") == 0;
+}
+
+/* Line `line` of a .jsonl prompts file: {"prompt": TEXT} and optionally "max_tokens": N (0 .. 2^24, as
+ * --max-tokens); anything else is an error naming the line. */
+static kvp_status jsonl_prompt(const char *path, int64_t line, const char *text, size_t len, strlist *out,
+                               int32_t *max_tokens)
+{
+    char what[512];
+    snprintf(what, sizeof what, "%s:%lld", path, (long long)line);
+    cJSON *o;
+    KVP_TRY(kvp_json_parse(text, len, what, &o));
+    const char *prompt = NULL;
+    int has_prompt = 0, has_max = 0;
+    int64_t m = -1;
+    kvp_status st = cJSON_IsObject(o) ? KVP_OK : KVP_ERR(KVP_EINVAL, "%s: a line is a JSON object", what);
+    for (const cJSON *k = o->child; st == KVP_OK && k; k = k->next)
+        if (strcmp(k->string, "prompt") != 0 && strcmp(k->string, "max_tokens") != 0)
+            st = KVP_ERR(KVP_EINVAL, "%s: unknown key '%s' (a line takes \"prompt\" and \"max_tokens\")", what, k->string);
+    if (st == KVP_OK && (kvp_json_str(o, "prompt", &prompt, &has_prompt) != KVP_OK ||
+                         kvp_json_int(o, "max_tokens", &m, &has_max) != KVP_OK)) { /* a type: name the line */
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", kvp_error_message());
+        st = KVP_ERR(KVP_EINVAL, "%s: %s", what, msg);
+    }
+    if (st == KVP_OK && !has_prompt) st = KVP_ERR(KVP_EINVAL, "%s: no \"prompt\"", what);
+    if (st == KVP_OK && has_max && (m < 0 || m > (1 << 24)))
+        st = KVP_ERR(KVP_EINVAL, "%s: max_tokens %lld is out of [0, %d]", what, (long long)m, 1 << 24);
+    if (st == KVP_OK) st = strlist_add(out, prompt, strlen(prompt));
+    *max_tokens = has_max ? (int32_t)m : -1;
+    cJSON_Delete(o);
+    return st;
+}
+
+/* Appends the prompts of `path` to out: one a line, or (a .jsonl file) one JSON object a line, whose
+ * max_tokens go to *max_out (out->n entries, -1: --max-tokens; NULL for a plain file). */
+static kvp_status read_prompts(const char *path, strlist *out, int32_t **max_out)
 {
     char *data;
     size_t len;
@@ -139,24 +180,44 @@ static kvp_status read_prompts(const char *path, strlist *out)
         kvp_free(data);
         return KVP_ERR(KVP_EINVAL, "%s:%lld: a NUL byte in a prompt", path, (long long)line);
     }
+    const int jsonl = is_jsonl(path);
+    const int32_t first = out->n;
+    int32_t *max = NULL;
+    size_t cap = 0;
     size_t start = 0;
+    int64_t line = 1;
     for (size_t i = 0; i <= len && st == KVP_OK; i++) {
         if (i == len || data[i] == '\n') {
             size_t e = i;
             if (e > start && data[e - 1] == '\r') e--;
-            if (!(i == len && e == start)) st = strlist_add(out, data + start, e - start);
+            if (jsonl && e > start) {
+                int32_t m;
+                st = jsonl_prompt(path, line, data + start, e - start, out, &m);
+                if (st == KVP_OK) st = kvp_grow((void **)&max, &cap, (size_t)out->n, sizeof *max);
+                if (st == KVP_OK) max[out->n - 1] = m;
+            } else if (!jsonl && !(i == len && e == start)) {
+                st = strlist_add(out, data + start, e - start);
+            }
             start = i + 1;
+            line++;
         }
     }
     kvp_free(data);
     if (st == KVP_OK && out->n == 0)
         st = KVP_ERR(KVP_EINVAL, "%s: no prompt in it", strcmp(path, "-") == 0 ? "standard input" : path);
+    if (st == KVP_OK && jsonl) {
+        for (int32_t i = 0; i < first; i++) max[i] = -1; /* the --prompt ones */
+        *max_out = max;
+    } else {
+        kvp_free(max);
+    }
     return st;
 }
 
 typedef struct {
     const char *model, *tokenizer, *prompts_file;
     strlist prompts;
+    int32_t *prompt_max; /* per prompt max_tokens from a .jsonl prompts file (-1: --max-tokens), or NULL */
     int32_t max_tokens, min_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads, tp;
     double temperature, top_p, min_p;
     float presence, frequency, repetition;
@@ -328,7 +389,13 @@ static int run(gen_opts *o)
                                            i + 1, np, maxlen));
             goto out;
         }
-        reqs[i] = (kvp_gen_request){.prompt = enc[i], .n_prompt = np, .max_tokens = o->max_tokens,
+        const int32_t max_tokens = o->prompt_max && o->prompt_max[i] >= 0 ? o->prompt_max[i] : o->max_tokens;
+        if (o->min_tokens > max_tokens) {
+            rc = kvp_cli_fail(CMD, KVP_ERR(KVP_EINVAL, "prompt %d: max_tokens %d is below --min-tokens %d", i + 1,
+                                           max_tokens, o->min_tokens));
+            goto out;
+        }
+        reqs[i] = (kvp_gen_request){.prompt = enc[i], .n_prompt = np, .max_tokens = max_tokens,
                                     .min_tokens = o->min_tokens, .n = o->n,
                                     .beam_width = o->beam, .logprobs = o->logprobs >= 0,
                                     .prompt_logprobs = o->prompt_logprobs,
@@ -666,7 +733,7 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_cli_usage_error(CMD, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
         goto done;
     }
-    if (o.prompts_file && (st = read_prompts(o.prompts_file, &o.prompts)) != KVP_OK) {
+    if (o.prompts_file && (st = read_prompts(o.prompts_file, &o.prompts, &o.prompt_max)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto done;
     }
@@ -709,5 +776,6 @@ int kvp_cmd_generate(int argc, char **argv)
 done:
     strlist_free(&o.prompts);
     strlist_free(&o.stops);
+    kvp_free(o.prompt_max);
     return rc;
 }

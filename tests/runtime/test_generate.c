@@ -959,6 +959,73 @@ Test(generate_cli, prompts_file_batches_and_hits_the_cache)
     free(err);
 }
 
+/* A .jsonl prompts file: one {"prompt", "max_tokens"} object a line, blank lines skipped, max_tokens per prompt
+ * (default --max-tokens, 0 allowed); the tokens are those of the same prompts given with --prompt. A line that is
+ * not such an object is an error naming the file and line (exit 2). */
+Test(generate_cli, jsonl_prompts_file_takes_max_tokens_per_prompt)
+{
+    tu_require_shared();
+    const char *dir = tu_tmpdir();
+    char path[512], cmd[1024], *out, *err;
+    snprintf(path, sizeof path, "%s/prompts.jsonl", dir);
+    const char *good = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 3}\n\n{\"prompt\": \"The sun\"}\r\n"
+                       "{\"max_tokens\": 0, \"prompt\": \"Lily\"}\n";
+    tu_write_all(path, good, strlen(good));
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 7 --json", kvp_test_bin(), S260_GGUF, path);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    const cJSON *reqs = cJSON_GetObjectItem(j, "requests");
+    cr_assert_eq(cJSON_GetArraySize(reqs), 3);
+    const char *texts[3] = {"Once upon a time", "The sun", "Lily"};
+    const int want[3] = {3, 7, 0};
+    for (int i = 0; i < 3; i++) {
+        const cJSON *r = cJSON_GetArrayItem(reqs, i);
+        cr_assert_str_eq(cJSON_GetObjectItem(r, "prompt")->valuestring, texts[i]);
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(r, "tokens")), want[i], "prompt %d", i);
+    }
+    char *alone, *aerr;
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon a time' --max-tokens 3 --json", kvp_test_bin(),
+             S260_GGUF);
+    cr_assert_eq(kvp_test_sh(cmd, &alone, &aerr), 0, "%s", aerr);
+    cJSON *a;
+    cr_assert_eq(kvp_json_parse(alone, strlen(alone), "generate output", &a), KVP_OK);
+    char *t0 = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(reqs, 0), "tokens"));
+    char *t1 = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(a, "requests"), 0), "tokens"));
+    cr_assert_str_eq(t0, t1);
+    cJSON_free(t0);
+    cJSON_free(t1);
+    cJSON_Delete(a);
+    cJSON_Delete(j);
+    free(alone);
+    free(aerr);
+    free(out);
+    free(err);
+    static const struct {
+        const char *line, *needle;
+    } bad[] = {
+        {"{\"prompt\": 1}", "prompts.jsonl:2: \"prompt\" must be a string"},
+        {"{\"prompt\": \"a\", \"max_tokens\": 1.5}", "prompts.jsonl:2: \"max_tokens\" must be an integer"},
+        {"{\"prompt\": \"a\", \"max_tokens\": -1}", "prompts.jsonl:2: max_tokens -1 is out of"},
+        {"{\"prompt\": \"a\", \"temperature\": 1}", "prompts.jsonl:2: unknown key 'temperature'"},
+        {"{\"max_tokens\": 3}", "prompts.jsonl:2: no \"prompt\""},
+        {"[\"a\"]", "prompts.jsonl:2: a line is a JSON object"},
+        {"{\"prompt\": \"a\",", "prompts.jsonl:2: malformed JSON"},
+        {"{\"prompt\": \"a\", \"max_tokens\": 1}", "prompt 2: max_tokens 1 is below --min-tokens 2"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "{\"prompt\": \"ok\"}\n%s\n", bad[i].line);
+        tu_write_all(path, text, strlen(text));
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --min-tokens 2", kvp_test_bin(), S260_GGUF, path);
+        cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s: %s", bad[i].line, err);
+        cr_assert(strstr(err, bad[i].needle) != NULL, "%s: stderr '%s' lacks '%s'", bad[i].line, err, bad[i].needle);
+        cr_assert_eq(out[0], '\0', "nothing on stdout");
+        free(out);
+        free(err);
+    }
+}
+
 Test(generate_cli, bad_input_exits_2_with_a_clear_error)
 {
     tu_require_shared();
