@@ -101,16 +101,19 @@ def chatbot_trace(path, n, seed=1):
 
 
 def story_prompts(r, n, seed=1):
-    """n prompts of Alpaca's input lengths (log-normal, mean 19.31 tokens, sigma 0.5, 4 to 60) cut from the
-    published 256-token story of stories260K at random places, as text (newlines as spaces)."""
+    """n requests of Alpaca's lengths, as kvpage's alpaca workload draws them: (text, max_tokens) pairs. The
+    prompt (log-normal, mean 19.31 tokens, sigma 0.5, 4 to 60) is cut from the published 256-token story of
+    stories260K at a random place, as text (newlines as spaces); the output is log-normal, mean 58.45, sigma
+    0.8, at most 400 tokens."""
     with open(os.path.join(STORIES, "golden.json")) as f:
         story = next(c["tokens_after_bos"] for c in json.load(f)["cases"] if c["steps"] == 256)
     rng = random.Random(seed)
-    cuts = []
+    cuts, outs = [], []
     for _ in range(n):
-        k = max(4, min(60, round(rng.lognormvariate(math.log(19.31) - 0.125, 0.5))))
+        k = max(4, min(60, round(rng.lognormvariate(math.log(19.31) - 0.5 ** 2 / 2, 0.5))))
         at = rng.randrange(len(story) - k)
         cuts.append(" ".join(map(str, story[at:at + k])))
+        outs.append(max(1, min(400, round(rng.lognormvariate(math.log(58.45) - 0.8 ** 2 / 2, 0.8)))))
     out = r.run(["tokenize", "--tokenizer", os.path.join(STORIES, "stories260K.gguf"), "--decode", "--json"],
                 "\n".join(cuts) + "\n")
     texts, dec, i = [], json.JSONDecoder(), 0  # one JSON object per prompt, one after another
@@ -120,7 +123,7 @@ def story_prompts(r, n, seed=1):
         texts.append(" ".join(o["text"].split()))
         while i < len(out) and out[i].isspace():
             i += 1
-    return texts
+    return list(zip(texts, outs))
 
 
 def write_csv(out, name, header, rows):
@@ -246,18 +249,20 @@ def main():
           lat["alpaca", 128] / lat["alpaca", 16], 1.5, float("inf"))
 
     # --- Fig. 15: memory saved by sharing blocks (copy-on-write forks), parallel sampling and beam search.
-    # Beams need a model: stories260K on the CPU (kvpage generate), 40 prompts of Alpaca's input lengths,
-    # 58 new tokens each (Alpaca's mean output), blocks of 16. Saving = over the decoding steps, the sequences'
-    # token slots that sharing kept from being stored twice / all their token slots (kv_shared_savings_mean).
-    prompts = os.path.join(a.out, "fig15_prompts.txt")
+    # Beams need a model: stories260K on the CPU (kvpage generate), 40 requests of Alpaca's lengths (prompts cut
+    # from the model's story, each its own max_tokens through a .jsonl prompts file), blocks of 16. Saving = over
+    # the decoding steps, the sequences' token slots that sharing kept from being stored twice / all their token
+    # slots (kv_shared_savings_mean).
+    prompts = os.path.join(a.out, "fig15_prompts.jsonl")
     with open(prompts, "w") as f:
-        f.write("\n".join(story_prompts(r, 40)) + "\n")
+        for text, n_out in story_prompts(r, 40):
+            f.write(json.dumps({"prompt": text, "max_tokens": n_out}) + "\n")
     rows, save = [], {}
     for mode, pubs in (("parallel", (6.09, 8.53, 9.79)), ("beam", (37.56, 44.22, 55.16))):
         for w, pub in zip((2, 4, 6), pubs):
             how = ["--n", str(w), "--temperature", "1", "--ignore-eos"] if mode == "parallel" else ["--beam-width", str(w)]
             d = json.loads(r.run(["generate", "--model", os.path.join(STORIES, "stories260K.gguf"), "--prompts-file",
-                                  prompts, "--max-tokens", "58", "--json", *how]))["totals"]
+                                  prompts, "--json", *how]))["totals"]
             save[mode, w] = d["kv_shared_savings_mean"] * 100
             rows.append([mode, w, pub, save[mode, w], d["kv_shared_savings"], d["kv_logical_tokens"]])
     os.remove(prompts)
