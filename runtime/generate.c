@@ -181,7 +181,7 @@ static kvp_status read_prompts(const char *path, strlist *out, int32_t **max_out
         return KVP_ERR(KVP_EINVAL, "%s:%lld: a NUL byte in a prompt", path, (long long)line);
     }
     const int jsonl = is_jsonl(path);
-    const int32_t first = out->n;
+    const int32_t first = out->n; /* prompts given before (--prompt) */
     int32_t *max = NULL;
     size_t cap = 0;
     size_t start = 0;
@@ -205,7 +205,7 @@ static kvp_status read_prompts(const char *path, strlist *out, int32_t **max_out
     kvp_free(data);
     if (st == KVP_OK && out->n == 0)
         st = KVP_ERR(KVP_EINVAL, "%s: no prompt in it", strcmp(path, "-") == 0 ? "standard input" : path);
-    if (st == KVP_OK && jsonl) {
+    if (st == KVP_OK && max != NULL) { /* a .jsonl file with a line in it */
         for (int32_t i = 0; i < first; i++) max[i] = -1; /* the --prompt ones */
         *max_out = max;
     } else {

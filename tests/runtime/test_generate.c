@@ -1001,6 +1001,34 @@ Test(generate_cli, jsonl_prompts_file_takes_max_tokens_per_prompt)
     free(aerr);
     free(out);
     free(err);
+    /* --prompt before the file keeps --max-tokens; a file of blank lines adds nothing (alone: an error) */
+    tu_write_all(path, "\n\n", 2);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Once --prompts-file %s --max-tokens 2 --json",
+             kvp_test_bin(), S260_GGUF, path);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "requests")), 1);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens")), 2);
+    cJSON_Delete(j);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s", kvp_test_bin(), S260_GGUF, path);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "prompts.jsonl: no prompt in it"), "%s", err);
+    free(out);
+    free(err);
+    tu_write_all(path, good, strlen(good));
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Once --prompts-file %s --max-tokens 5 --json",
+             kvp_test_bin(), S260_GGUF, path);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    const int mixed[4] = {5, 3, 5, 0};
+    for (int i = 0; i < 4; i++)
+        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), i),
+                                                            "tokens")), mixed[i], "prompt %d", i);
+    cJSON_Delete(j);
+    free(out);
+    free(err);
     static const struct {
         const char *line, *needle;
     } bad[] = {
