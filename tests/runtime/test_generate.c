@@ -665,21 +665,34 @@ static const cJSON *golden_case(cJSON **gold, int i)
     return cJSON_GetArrayItem(cJSON_GetObjectItem(*gold, "cases"), i);
 }
 
-/* Runs `cmd` (a `generate --json` command line), which must exit 0, and checks its first request's generated
- * tokens are exactly want[from .. from + n). Returns the parsed output (cJSON_Delete). */
-static cJSON *expect_generated(const char *cmd, const cJSON *want, int from, int n)
+/* Runs `cmd` (a `generate --json` command line), which must exit 0; its parsed output (cJSON_Delete). */
+static cJSON *run_json(const char *cmd)
 {
     char *out, *err;
     int rc = kvp_test_sh(cmd, &out, &err);
-    cr_assert_eq(rc, 0, "rc %d: %s", rc, err);
+    cr_assert_eq(rc, 0, "rc %d: %s: %s", rc, cmd, err);
     cJSON *j;
     cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
-    const cJSON *toks = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens");
+    free(out);
+    free(err);
+    return j;
+}
+
+/* The generated tokens of request i of a `generate --json` output. */
+static const cJSON *tokens_of(const cJSON *j, int i)
+{
+    return cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), i), "tokens");
+}
+
+/* Runs `cmd` as run_json does and checks its first request's generated tokens are exactly want[from .. from +
+ * n). Returns the parsed output (cJSON_Delete). */
+static cJSON *expect_generated(const char *cmd, const cJSON *want, int from, int n)
+{
+    cJSON *j = run_json(cmd);
+    const cJSON *toks = tokens_of(j, 0);
     cr_assert_eq(cJSON_GetArraySize(toks), n, "%d tokens, want %d: %s", cJSON_GetArraySize(toks), n, cmd);
     for (int i = 0; i < n; i++)
         cr_assert_eq(cJSON_GetArrayItem(toks, i)->valueint, cJSON_GetArrayItem(want, from + i)->valueint, "token %d", i);
-    free(out);
-    free(err);
     return j;
 }
 
@@ -971,62 +984,42 @@ Test(generate_cli, jsonl_prompts_file_takes_max_tokens_per_prompt)
     const char *good = "{\"prompt\": \"Once upon a time\", \"max_tokens\": 3}\n\n{\"prompt\": \"The sun\"}\r\n"
                        "{\"max_tokens\": 0, \"prompt\": \"Lily\"}\n";
     tu_write_all(path, good, strlen(good));
+    /* alone, then after a --prompt (which keeps --max-tokens): the tokens each request generated */
+    static const char *const texts[3] = {"Once upon a time", "The sun", "Lily"};
+    static const int alone[3] = {3, 7, 0}, mixed[4] = {5, 3, 5, 0};
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s --max-tokens 7 --json", kvp_test_bin(), S260_GGUF, path);
-    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
-    cJSON *j;
-    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
-    const cJSON *reqs = cJSON_GetObjectItem(j, "requests");
-    cr_assert_eq(cJSON_GetArraySize(reqs), 3);
-    const char *texts[3] = {"Once upon a time", "The sun", "Lily"};
-    const int want[3] = {3, 7, 0};
+    cJSON *j = run_json(cmd);
+    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "requests")), 3);
     for (int i = 0; i < 3; i++) {
-        const cJSON *r = cJSON_GetArrayItem(reqs, i);
-        cr_assert_str_eq(cJSON_GetObjectItem(r, "prompt")->valuestring, texts[i]);
-        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(r, "tokens")), want[i], "prompt %d", i);
+        cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), i), "prompt")->valuestring,
+                         texts[i]);
+        cr_assert_eq(cJSON_GetArraySize(tokens_of(j, i)), alone[i], "prompt %d", i);
     }
-    char *alone, *aerr;
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt 'Once upon a time' --max-tokens 3 --json", kvp_test_bin(),
              S260_GGUF);
-    cr_assert_eq(kvp_test_sh(cmd, &alone, &aerr), 0, "%s", aerr);
-    cJSON *a;
-    cr_assert_eq(kvp_json_parse(alone, strlen(alone), "generate output", &a), KVP_OK);
-    char *t0 = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(reqs, 0), "tokens"));
-    char *t1 = cJSON_PrintUnformatted(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(a, "requests"), 0), "tokens"));
-    cr_assert_str_eq(t0, t1);
+    cJSON *a = run_json(cmd);
+    char *t0 = cJSON_PrintUnformatted(tokens_of(j, 0)), *t1 = cJSON_PrintUnformatted(tokens_of(a, 0));
+    cr_assert_str_eq(t0, t1, "the same tokens as from --prompt");
     cJSON_free(t0);
     cJSON_free(t1);
     cJSON_Delete(a);
     cJSON_Delete(j);
-    free(alone);
-    free(aerr);
-    free(out);
-    free(err);
-    /* --prompt before the file keeps --max-tokens; a file of blank lines adds nothing (alone: an error) */
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Once --prompts-file %s --max-tokens 5 --json",
+             kvp_test_bin(), S260_GGUF, path);
+    j = run_json(cmd);
+    for (int i = 0; i < 4; i++) cr_assert_eq(cJSON_GetArraySize(tokens_of(j, i)), mixed[i], "prompt %d", i);
+    cJSON_Delete(j);
+    /* a file of blank lines adds nothing after a --prompt, and alone is an error */
     tu_write_all(path, "\n\n", 2);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Once --prompts-file %s --max-tokens 2 --json",
              kvp_test_bin(), S260_GGUF, path);
-    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
-    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+    j = run_json(cmd);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "requests")), 1);
-    cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens")), 2);
+    cr_assert_eq(cJSON_GetArraySize(tokens_of(j, 0)), 2);
     cJSON_Delete(j);
-    free(out);
-    free(err);
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompts-file %s", kvp_test_bin(), S260_GGUF, path);
     cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", err);
     cr_assert(strstr(err, "prompts.jsonl: no prompt in it"), "%s", err);
-    free(out);
-    free(err);
-    tu_write_all(path, good, strlen(good));
-    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt Once --prompts-file %s --max-tokens 5 --json",
-             kvp_test_bin(), S260_GGUF, path);
-    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s", err);
-    cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
-    const int mixed[4] = {5, 3, 5, 0};
-    for (int i = 0; i < 4; i++)
-        cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), i),
-                                                            "tokens")), mixed[i], "prompt %d", i);
-    cJSON_Delete(j);
     free(out);
     free(err);
     static const struct {
