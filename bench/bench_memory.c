@@ -161,7 +161,7 @@ int kvp_bench_memory(int argc, char **argv)
     hw.kv_mem_bytes = kv_mem;
 
     kvp_workload *w = NULL;
-    if ((st = kvp_sim_load_workload(trace, spec, num_req, 0, rate, ec.max_model_len, &w)) != KVP_OK)
+    if ((st = kvp_sim_load_workload(trace, spec, num_req, 0, rate, ec.max_model_len, 1, &w)) != KVP_OK)
         return kvp_cli_fail(cmd, st);
 
     static const char *const fields[] = {

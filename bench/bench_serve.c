@@ -1055,7 +1055,7 @@ static kvp_status load_workload(const bs_opts *o, double rate, int32_t max_total
 {
     const int all_at_once = isinf(rate);
     KVP_TRY(kvp_sim_load_workload(o->trace, o->spec, o->num_req, all_at_once ? 0 : o->duration, all_at_once ? 1.0 : rate,
-                                  max_total, w));
+                                  max_total, 1, w));
     if (!all_at_once) return KVP_OK;
     kvp_status st = kvp_workload_set_rate(*w, INFINITY);
     if (st != KVP_OK) {

@@ -28,9 +28,10 @@
 typedef struct {
     const kvp_request *req;
     double arrival;        /* req->arrival_s, or later for a request that waits for another's answer */
-    int64_t parent;        /* the sequence whose answer this one waits for (kvp_request.after), or -1 */
-    int64_t first_child, next_sibling; /* the sequences waiting for this one's answer (-1: none) */
-    bool blocked;          /* its arrival time has come but its parent has not finished */
+    int64_t parent;        /* the sequence whose answer (after_prompt: computed prompt) this one waits for
+                              (kvp_request.after), or -1 */
+    int64_t first_child, next_sibling; /* the sequences waiting for this one (-1: none) */
+    bool blocked;          /* its arrival time has come but its parent is not ready */
     kvp_req_state state;
     int32_t prompt_len;
     int32_t output_len;    /* clamped */
@@ -47,6 +48,7 @@ typedef struct {
     int32_t lpm_score;
     bool admitted_once;
     bool inserted;         /* computed blocks cached when the prefill (or recompute) ended, since admission */
+    bool prompt_done;      /* its prompt was computed once: the parallel samples waiting for it are released */
     double admit_s, first_token_s, finish_s;
 } seq_t;
 
@@ -954,8 +956,12 @@ static void join_waiting(kvp_engine *e, int64_t idx, double t)
     waiting_insert(e, idx);
 }
 
-/* Moves the requests whose time has come to waiting. One whose parent has not finished is held (blocked)
- * until it does; one whose parent finished arrives think_s after that, and not before its own time. */
+/* A parallel sample (after_prompt) ranks with its own arrival, its parent's: it is part of that request. */
+static double rank_arrival(const seq_t *s, double t) { return s->req->after_prompt ? s->req->arrival_s : t; }
+
+/* Moves the requests whose time has come to waiting. One whose parent is not ready (has not finished; for a
+ * parallel sample, has not computed its prompt) is held (blocked) until it is; one whose parent finished
+ * arrives think_s after that, and not before its own time. */
 static kvp_status arrivals(kvp_engine *e)
 {
     while (e->next_arrival < e->n_seqs && e->seqs[e->next_arrival].req->arrival_s <= e->now) {
@@ -963,29 +969,31 @@ static kvp_status arrivals(kvp_engine *e)
         seq_t *s = &e->seqs[idx];
         if (s->state == KVP_REQ_REJECTED) continue;
         const seq_t *p = s->parent >= 0 ? &e->seqs[s->parent] : NULL;
-        if (p && p->state != KVP_REQ_FINISHED && p->state != KVP_REQ_REJECTED) {
+        const bool sample = s->req->after_prompt;
+        if (p && p->state != KVP_REQ_FINISHED && p->state != KVP_REQ_REJECTED && !(sample && p->prompt_done)) {
             s->blocked = true;
             continue;
         }
-        double t = p && p->state == KVP_REQ_FINISHED ? p->finish_s + s->req->think_s : s->req->arrival_s;
+        double t = p && p->state == KVP_REQ_FINISHED && !sample ? p->finish_s + s->req->think_s : s->req->arrival_s;
         if (t > e->now) KVP_TRY(due_push(e, idx, t));
         else join_waiting(e, idx, t > s->req->arrival_s ? t : s->req->arrival_s);
     }
     while (e->due_n > 0 && e->due[0].t <= e->now) {
         struct due d = due_pop(e);
-        join_waiting(e, d.idx, d.t);
+        join_waiting(e, d.idx, rank_arrival(&e->seqs[d.idx], d.t));
     }
     return KVP_OK;
 }
 
-/* Sequence idx finished: the requests held for its answer are due think_s from now. */
-static kvp_status release_children(kvp_engine *e, int64_t idx)
+/* Sequence idx finished (prompt_only: computed its prompt): the requests held for it (prompt_only: only its
+ * parallel samples) are due, think_s from now (a parallel sample: now). */
+static kvp_status release_children(kvp_engine *e, int64_t idx, bool prompt_only)
 {
     for (int64_t c = e->seqs[idx].first_child; c >= 0; c = e->seqs[c].next_sibling) {
         seq_t *s = &e->seqs[c];
-        if (!s->blocked) continue;
+        if (!s->blocked || (prompt_only && !s->req->after_prompt)) continue;
         s->blocked = false;
-        KVP_TRY(due_push(e, c, e->now + s->req->think_s));
+        KVP_TRY(due_push(e, c, e->now + (s->req->after_prompt ? 0.0 : s->req->think_s)));
     }
     return KVP_OK;
 }
@@ -1014,7 +1022,7 @@ static kvp_status finish(kvp_engine *e, int64_t idx)
     else KVP_TRY(kvp_contig_free(e->arena, idx));
     s->state = KVP_REQ_FINISHED;
     s->finish_s = e->now;
-    KVP_TRY(release_children(e, idx));
+    KVP_TRY(release_children(e, idx, false));
     kvp_free(s->gen);
     s->gen = NULL;
     s->gen_cap = 0;
@@ -1111,6 +1119,10 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
         if (was_prefill && s->num_computed >= s->prompt_len && !s->inserted) { /* prefill done */
             KVP_TRY(cache_computed(e, idx));
             s->inserted = true;
+            if (!s->prompt_done) { /* its parallel samples find the prompt cached */
+                s->prompt_done = true;
+                KVP_TRY(release_children(e, idx, true));
+            }
         }
         if (!e->xs[i].sample) continue;
         if ((size_t)s->num_generated + 1 > s->gen_cap)
@@ -1200,10 +1212,17 @@ kvp_status kvp_engine_run(kvp_engine *e, const kvp_workload *w, kvp_progress_fn 
     for (int64_t i = 0; i < w->n && st == KVP_OK; i++) { /* answers waited for: parents come first */
         seq_t *s = &e->seqs[base + i];
         const int64_t a = s->req->after;
-        if (a == 0) continue;
-        if (a < 0 || a > w->n || pos[a - 1] >= base + i || !(s->req->think_s >= 0) || !isfinite(s->req->think_s))
+        if (a == 0) {
+            if (s->req->after_prompt)
+                st = KVP_ERR(KVP_EINVAL, "request %lld: a parallel sample (after_prompt) needs the request it samples "
+                                         "from (after)", (long long)s->req->id);
+            continue;
+        }
+        if (a < 0 || a > w->n || pos[a - 1] >= base + i || !(s->req->think_s >= 0) || !isfinite(s->req->think_s) ||
+            (s->req->after_prompt && w->reqs[a - 1].arrival_s != s->req->arrival_s))
             st = KVP_ERR(KVP_EINVAL, "request %lld: after %lld is not an earlier request of the workload, or think_s %g "
-                                     "is not a finite number >= 0", (long long)s->req->id, (long long)a, s->req->think_s);
+                                     "is not a finite number >= 0, or a parallel sample (after_prompt) does not arrive "
+                                     "with it", (long long)s->req->id, (long long)a, s->req->think_s);
         else {
             s->parent = pos[a - 1];
             s->next_sibling = e->seqs[s->parent].first_child;

@@ -14,7 +14,9 @@
  * One step (kvp_engine_step):
  *   1. requests whose arrival time has come join `waiting` (in policy order); one that waits for another's
  *      answer (kvp_request.after, through kvp_engine_run) joins at max(its time, that one's finish +
- *      think_s), which is then its arrival for ranks and TTFT;
+ *      think_s), which is then its arrival for ranks and TTFT; a parallel sample (after_prompt) joins
+ *      once that request's prompt has been computed (the step it ended), keeping its own arrival, and with a
+ *      prefix cache finds the prompt's full blocks there (computing only the partial last block);
  *   2. token budget B = max_batched_tokens. Running sequences, in rank order, each get
  *      min(tokens still to compute, what is left of B): 1 for a decode, a chunk of the prompt for a
  *      sequence in chunked prefill. Their KV slots are allocated now; when blocks run out, cached prefix

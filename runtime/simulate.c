@@ -172,8 +172,9 @@ static kvp_status cut(kvp_workload **w, int64_t max_requests, double duration_s)
 }
 
 kvp_status kvp_sim_load_workload(const char *trace, const char *spec, int64_t num_requests, double duration_s,
-                                 double rate, int32_t max_total, kvp_workload **out)
+                                 double rate, int32_t max_total, int32_t n, kvp_workload **out)
 {
+    if (n < 1) return KVP_ERR(KVP_EINVAL, "parallel samples per request must be >= 1 (got %d)", (int)n);
     if ((trace == NULL) == (spec == NULL)) return KVP_ERR(KVP_EINVAL, "give exactly one of a trace and a workload");
     if (!(rate > 0) && rate != 0 && !isnan(rate)) return KVP_ERR(KVP_EINVAL, "request rate must be > 0 (got %g)", rate);
     kvp_workload *w = NULL;
@@ -205,6 +206,13 @@ kvp_status kvp_sim_load_workload(const char *trace, const char *spec, int64_t nu
     if (st == KVP_OK && duration_s > 0) st = cut(&w, 0, duration_s);
     if (st == KVP_OK && w->n == 0)
         st = KVP_ERR(KVP_EINVAL, "the workload has no requests (after --num-requests/--duration)");
+    if (st == KVP_OK && n > 1) {
+        kvp_workload *f = NULL;
+        if ((st = kvp_workload_fork(w, n, &f)) == KVP_OK) {
+            kvp_workload_destroy(w);
+            w = f;
+        }
+    }
     if (st != KVP_OK) {
         kvp_workload_destroy(w);
         return st;

@@ -83,6 +83,7 @@ void kvp_progress_bar_end(kvp_progress_bar *bar); /* ends the line when somethin
  * one (those are generated at that rate), rescaled to `rate` req/s; then cut to the requests arriving in
  * the first duration_s seconds (> 0) of the rescaled times. rate may be INFINITY
  * (everything at t = 0); rate <= 0 means "keep the workload's own times" (KVP_EINVAL for a synthetic
- * sharegpt/alpaca spec, which needs a rate). */
+ * sharegpt/alpaca spec, which needs a rate). Last, each request fans out into n parallel samples
+ * (kvp_workload_fork; n = 1: none), so num_requests and rate count requests, not samples. */
 kvp_status kvp_sim_load_workload(const char *trace, const char *spec, int64_t num_requests, double duration_s,
-                                 double rate, int32_t max_total, kvp_workload **out);
+                                 double rate, int32_t max_total, int32_t n, kvp_workload **out);

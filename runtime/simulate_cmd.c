@@ -42,6 +42,10 @@ static void usage(FILE *f)
             "  --rate R                  requests/s (> 0, or inf: all at once); traces are rescaled to it\n"
             "  --num-requests N          keep the first N requests\n"
             "  --duration S              keep the requests arriving in the first S seconds\n"
+            "  --n N                     parallel samples per request (vLLM's n; default 1): each request fans out\n"
+            "                            into N sequences of its prompt, arrival and output length, as vLLM v1 does;\n"
+            "                            the samples start once the prompt is computed and, with --cache, share its\n"
+            "                            full blocks; without a cache, or with orca-*, each holds its own copy\n"
             "model and hardware:\n"
             "  --executor sim|cpu        sim: the cost model (default); cpu: run the model (--model is then a GGUF\n"
             "                            file or a Hugging Face folder with weights); prompt token ids are hashed\n"
@@ -98,7 +102,7 @@ static void usage(FILE *f)
 enum {
     O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_BLOCK, O_ALLOC, O_CACHE, O_EVICT,
     O_SCHED, O_PREEMPT, O_TP, O_MAXSEQS, O_MAXTOK, O_MAXLEN, O_NOCHUNK, O_JSON, O_GPUUTIL, O_KVMEM, O_SWAP,
-    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT, O_OFFLOAD, O_OFFPOL,
+    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT, O_OFFLOAD, O_OFFPOL, O_N,
 };
 
 enum { CPU_MEM_DEFAULT = 1 << 30 }; /* KV cache and swap space of the cpu executor when not given */
@@ -249,6 +253,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         {"rate", required_argument, NULL, O_RATE},
         {"num-requests", required_argument, NULL, O_NUMREQ},
         {"duration", required_argument, NULL, O_DURATION},
+        {"n", required_argument, NULL, O_N},
         {"block-size", required_argument, NULL, O_BLOCK},
         {"alloc", required_argument, NULL, O_ALLOC},
         {"arena", required_argument, NULL, O_ARENA},
@@ -281,6 +286,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                *step_out = NULL;
     double rate = 0, duration = 0;
     int64_t num_req = 0;
+    int32_t n_samples = 1;
     int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, offload_policy_set = 0, max_tok_set = 0, cpu = 0, threads = 1;
     const char *sim_only = NULL, *cpu_only = NULL; /* an option given that the other executor does not take */
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
@@ -304,6 +310,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         case O_WORKLOAD: spec = optarg; break;
         case O_RATE: st = kvp_parse_rate(optarg, &rate); break;
         case O_NUMREQ: st = kvp_parse_i64(optarg, 1, INT32_MAX, &num_req); break;
+        case O_N: st = kvp_parse_i32(optarg, 1, 1024, &n_samples); break;
         case O_DURATION:
             st = kvp_parse_f64(optarg, 1e-9, 1e9, &duration);
             break;
@@ -413,7 +420,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
 
     double t0 = kvp_now_s();
     kvp_workload *w = NULL;
-    if (st == KVP_OK) st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, &w);
+    if (st == KVP_OK) st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, n_samples, &w);
     kvp_engine_metrics m;
     char wname[64] = "";
     out_file rf = {0}, sf = {0};
@@ -473,6 +480,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     cJSON_AddNumberToObject(o, "kv_bytes_per_token", mem.kv_bytes_per_token);
     cJSON_AddNumberToObject(o, "kv_mem_bytes", mem.kv_bytes);
     if (!cpu) cJSON_AddNumberToObject(o, "weight_bytes_per_gpu", mem.weight_bytes);
+    cJSON_AddNumberToObject(o, "n", n_samples);
     cJSON_AddNumberToObject(o, "requests", (double)m.requests);
     cJSON_AddNumberToObject(o, "finished", (double)m.finished);
     cJSON_AddNumberToObject(o, "rejected", (double)m.rejected);
@@ -509,13 +517,15 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     cJSON_AddNumberToObject(o, "kv_cached", m.kv_cached);
     cJSON_AddNumberToObject(o, "kv_free", m.kv_free);
     cJSON_AddNumberToObject(o, "kv_util_in_use", m.kv_util_in_use);
+    cJSON_AddNumberToObject(o, "kv_shared_savings", m.kv_shared_savings);
     cJSON_AddNumberToObject(o, "leaked_blocks", (double)m.leaked_blocks);
     cJSON_AddNumberToObject(o, "wall_s", wall);
     if (json) {
         kvp_json_print(stdout, o);
     } else {
-        printf("workload           %s (%lld requests, %lld finished, %lld rejected)\n", wname, (long long)m.requests,
-               (long long)m.finished, (long long)m.rejected);
+        printf("workload           %s (%lld %s, %lld finished, %lld rejected)\n", wname, (long long)m.requests,
+               n_samples > 1 ? "sequences" : "requests", (long long)m.finished, (long long)m.rejected);
+        if (n_samples > 1) printf("parallel samples   %d per request\n", (int)n_samples);
         if (cpu)
             printf("model / cpu        %s on %d thread%s; KV %.3g GB of %s = %lld tokens of %.0f bytes\n", model,
                    threads, threads > 1 ? "s" : "", mem.kv_bytes / 1e9, kvp_dtype_name(kv_dtype),
@@ -547,6 +557,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                "external frag %.1f %%, cached %.1f %%, free %.1f %%; tokens / memory in use %.1f %%\n",
                m.kv_token_states * 100, m.kv_reserved * 100, m.kv_internal_frag * 100, m.kv_external_frag * 100,
                m.kv_cached * 100, m.kv_free * 100, m.kv_util_in_use * 100);
+        if (m.kv_shared_savings > 0) printf("sharing saved      %.3g %% of the KV memory (time-averaged)\n", m.kv_shared_savings * 100);
     }
     cJSON_Delete(o);
     return KVP_EXIT_OK;

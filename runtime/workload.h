@@ -48,6 +48,7 @@
 #ifndef KVP_RUNTIME_WORKLOAD_H
 #define KVP_RUNTIME_WORKLOAD_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "common/status.h"
@@ -66,6 +67,10 @@ typedef struct {
                            (the previous chat turn), 0: none. It then arrives at max(arrival_s, that request's
                            finish + think_s) (kvp_engine_run). */
     double think_s;     /* >= 0, with after */
+    bool after_prompt;  /* with after: a parallel sample of that request (kvp_workload_fork), arriving with it;
+                           it waits only for that request's prompt to be computed, then joins as a request of
+                           the same arrival and finds the prompt in the prefix cache (vLLM v1's fan-out of n > 1:
+                           one prefill, the samples share its blocks). think_s is ignored. */
 } kvp_request;
 
 typedef struct {

@@ -223,9 +223,42 @@ kvp_status kvp_workload_cut(const kvp_workload *w, int64_t max_requests, double 
         kvp_request r = w->reqs[i];
         const int64_t a = r.after; /* the request waited for, renumbered; dropped: none */
         r.after = a > 0 && a <= i ? kept[a - 1] : 0;
+        if (r.after == 0) r.after_prompt = false; /* its request dropped: a request of its own */
         if ((st = kvp_workload_add(c, &r, r.tokens)) == KVP_OK) kept[i] = c->n;
     }
     kvp_free(kept);
+    if (st != KVP_OK) {
+        kvp_workload_destroy(c);
+        return st;
+    }
+    c->skipped_lines = w->skipped_lines;
+    *out = c;
+    return KVP_OK;
+}
+
+kvp_status kvp_workload_fork(const kvp_workload *w, int32_t n, kvp_workload **out)
+{
+    if (w == NULL || out == NULL) return KVP_ERR(KVP_EINVAL, "workload fork: NULL argument");
+    if (n < 1) return KVP_ERR(KVP_EINVAL, "parallel samples per request must be >= 1 (got %d)", (int)n);
+    kvp_workload *c = NULL;
+    KVP_TRY(kvp_workload_create(w->name, &c));
+    kvp_status st = KVP_OK;
+    for (int64_t i = 0; i < w->n_pins && st == KVP_OK; i++) st = kvp_workload_add_pin(c, &w->pins[i], w->pins[i].tokens);
+    for (int64_t i = 0; i < w->n && st == KVP_OK; i++) {
+        for (int32_t k = 0; k < n && st == KVP_OK; k++) {
+            kvp_request r = w->reqs[i];
+            r.id = c->n;
+            if (k == 0) {
+                r.after = r.after > 0 && r.after <= i ? (r.after - 1) * n + 1 : 0;
+            } else {
+                r.after = i * n + 1;
+                r.after_prompt = true;
+                r.think_s = 0;
+                r.output_tokens = NULL;
+            }
+            st = kvp_workload_add(c, &r, r.tokens);
+        }
+    }
     if (st != KVP_OK) {
         kvp_workload_destroy(c);
         return st;

@@ -52,6 +52,13 @@ kvp_status kvp_workload_read_azure(const char *path, int64_t max_requests, kvp_w
  * waits for none); pins are copied. *out owned by the caller. KVP_ENOMEM. */
 kvp_status kvp_workload_cut(const kvp_workload *w, int64_t max_requests, double duration_s, kvp_workload **out);
 
+/* A copy of w in which each request is followed by n - 1 parallel samples of it (vLLM's SamplingParams.n):
+ * the same prompt, arrival, output length and priority, after = that request, after_prompt set, no known
+ * answer (a chat turn's answer stays with its first sample, which the next turn waits for). Ids become the
+ * new indices (request i's samples are i * n .. i * n + n - 1); `after` is renumbered to the awaited
+ * request's first sample; pins are copied. n = 1 gives a plain copy. KVP_EINVAL for n < 1; KVP_ENOMEM. */
+kvp_status kvp_workload_fork(const kvp_workload *w, int32_t n, kvp_workload **out);
+
 /* Rescales arrival times so that the mean arrival rate (requests over the span from the first to the last
  * arrival) becomes `rate` req/s; INFINITY puts every arrival at 0. KVP_EINVAL for rate <= 0 or NaN.
  * A workload of one request or with every arrival equal is left as it is (nothing to rescale). */

@@ -7,6 +7,7 @@
 #include "common/alloc.h"
 #include "runtime/engine.h"
 #include "runtime/workload.h"
+#include "runtime/workload_synth.h"
 
 #include "prefix_testutil.h"
 
@@ -984,5 +985,94 @@ Test(scheduler, a_request_waiting_for_an_answer_arrives_after_it)
     cr_assert_eq(kvp_engine_run(e, w, NULL, NULL), KVP_EINVAL);
     cr_assert(strstr(kvp_error_message(), "after 3"), "%s", kvp_error_message());
     kvp_engine_destroy(e);
+    kvp_workload_destroy(w);
+}
+
+/* Parallel samples (kvp_workload_fork: after_prompt): a sample joins the step after its request's prompt was
+ * computed, keeps the request's arrival, and with a prefix cache computes only the prompt tokens the
+ * brute-force reference does not find cached for it (an earlier sample's full blocks, never the last token),
+ * reading its request's blocks (the KV model checks every block it reads); without a cache, or with an Orca
+ * reservation, every sample computes the whole prompt. Random prompts, outputs, sample counts, arrivals and
+ * block sizes; memory never runs short. */
+static uint64_t rnd(uint64_t *s) /* splitmix64 */
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+Test(scheduler, parallel_samples_compute_the_prompt_once_and_share_its_full_blocks)
+{
+    uint64_t seed = 20261201;
+    for (int trial = 0; trial < 24; trial++) {
+        static const int32_t bss[] = {1, 4, 16};
+        const int32_t bs = bss[trial % 3];
+        const int nreq = 1 + (int)(rnd(&seed) % 4), n = 1 + (int)(rnd(&seed) % 4);
+        int32_t p[4], o[4];
+        double arr[4];
+        for (int i = 0; i < nreq; i++) {
+            p[i] = 1 + (int32_t)(rnd(&seed) % 80);
+            o[i] = 1 + (int32_t)(rnd(&seed) % 20);
+            arr[i] = (i > 0 ? arr[i - 1] : 0) + (double)(rnd(&seed) % 8) * 1e-3;
+        }
+        kvp_workload *base = make_wl(nreq, p, o, arr, NULL), *w = NULL;
+        cr_assert_eq(kvp_workload_fork(base, n, &w), KVP_OK);
+        cr_assert_eq(w->n, (int64_t)nreq * n);
+        for (int mode = 0; mode < 3; mode++) { /* paged with a radix cache, paged without, orca-oracle */
+            kvp_engine_config c = base_cfg(bs, 4096);
+            c.max_num_seqs = 64;
+            if (mode == 0) c.cache = KVP_PC_RADIX;
+            if (mode == 2) c.alloc = KVP_ALLOC_ORCA_ORACLE;
+            kvp_executor ex = rec_executor();
+            if (mode < 2) track_workload(w);
+            kvp_engine *e;
+            cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+            run_all(e, w);
+            int64_t want = 0;
+            for (int64_t i = 0; i < w->n; i++) {
+                const kvp_request *q = &w->reqs[i];
+                const int32_t hit = mode == 0 ? kvp_test_bruteforce_hit(w, i, bs) : 0;
+                want += q->prompt_len - hit + q->output_len - 1;
+                kvp_req_result rr, rp;
+                cr_assert_eq(kvp_engine_request(e, i, &rr), KVP_OK);
+                cr_assert_eq(rr.cached_tokens, hit, "trial %d mode %d sample %lld", trial, mode, (long long)i);
+                if (!q->after_prompt) continue;
+                cr_assert_eq(kvp_engine_request(e, q->after - 1, &rp), KVP_OK);
+                cr_assert_float_eq(rr.arrival_s, rp.arrival_s, 1e-12, "a sample keeps its request's arrival");
+                cr_assert_eq(first_step_of(i), first_step_of(q->after - 1) + 1,
+                             "trial %d mode %d: sample %lld joins the step after the prompt", trial, mode, (long long)i);
+            }
+            kvp_engine_metrics m;
+            cr_assert_eq(kvp_engine_metrics_get(e, &m), KVP_OK);
+            cr_assert_eq(m.computed_tokens, want, "trial %d mode %d: %lld tokens computed, %lld expected", trial, mode,
+                         (long long)m.computed_tokens, (long long)want);
+            cr_assert_eq(m.preemptions, 0);
+            kvp_engine_destroy(e);
+        }
+        kvp_workload_destroy(w);
+        kvp_workload_destroy(base);
+    }
+}
+
+/* A parallel sample must name the request it samples, one arriving with it. */
+Test(scheduler, a_parallel_sample_without_its_request_is_refused)
+{
+    int32_t p[] = {8, 8}, o[] = {2, 2};
+    double arr[] = {0, 0.5};
+    kvp_workload *w = make_wl(2, p, o, arr, NULL);
+    kvp_engine_config c = base_cfg(4, 1024);
+    const int64_t after[] = {0, 1};
+    const char *needle[] = {"needs the request it samples", "does not arrive with it"};
+    for (int k = 0; k < 2; k++) {
+        w->reqs[1].after = after[k];
+        w->reqs[1].after_prompt = true;
+        kvp_executor ex = rec_executor();
+        kvp_engine *e;
+        cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+        cr_assert_eq(kvp_engine_run(e, w, NULL, NULL), KVP_EINVAL);
+        cr_assert(strstr(kvp_error_message(), needle[k]), "%s", kvp_error_message());
+        kvp_engine_destroy(e);
+    }
     kvp_workload_destroy(w);
 }

@@ -227,15 +227,22 @@ Test(simulate, azure_trace_reader_cut_and_rate)
 Test(simulate, duration_is_cut_after_the_rate)
 {
     kvp_workload *w;
-    cr_assert_eq(kvp_sim_load_workload(NULL, "system:n=20,prefix=48,suffix=8,output=16", 0, 10.0, 0.5, 0, &w), KVP_OK,
+    cr_assert_eq(kvp_sim_load_workload(NULL, "system:n=20,prefix=48,suffix=8,output=16", 0, 10.0, 0.5, 0, 1, &w), KVP_OK,
                  "%s", kvp_error_detail());
     cr_assert(w->n >= 2 && w->n <= 12, "%lld requests in 10 s at 0.5 req/s", (long long)w->n);
     for (int64_t i = 0; i < w->n; i++) cr_assert_lt(w->reqs[i].arrival_s, 10.0);
     kvp_workload_destroy(w);
-    cr_assert_eq(kvp_sim_load_workload(NULL, "system:n=20,prefix=48,suffix=8,output=16", 6, 0, 2.0, 0, &w), KVP_OK);
+    cr_assert_eq(kvp_sim_load_workload(NULL, "system:n=20,prefix=48,suffix=8,output=16", 6, 0, 2.0, 0, 1, &w), KVP_OK);
     cr_assert_eq(w->n, 6);
     cr_assert_float_eq(5.0 / (w->reqs[5].arrival_s - w->reqs[0].arrival_s), 2.0, 1e-9, "the rate over the 6 kept");
     kvp_workload_destroy(w);
+    /* parallel samples come last: --num-requests and --rate count requests */
+    cr_assert_eq(kvp_sim_load_workload(NULL, "system:n=20,prefix=48,suffix=8,output=16", 6, 0, 2.0, 0, 3, &w), KVP_OK);
+    cr_assert_eq(w->n, 18);
+    cr_assert_float_eq(5.0 / (w->reqs[15].arrival_s - w->reqs[0].arrival_s), 2.0, 1e-9, "the rate over the 6 requests");
+    cr_assert(w->reqs[16].after_prompt && w->reqs[16].after == 16);
+    kvp_workload_destroy(w);
+    cr_assert_eq(kvp_sim_load_workload(NULL, "system:n=20", 6, 0, 2.0, 0, 0, &w), KVP_EINVAL);
 }
 
 Test(simulate, capacity_and_models_that_do_not_fit)
@@ -350,6 +357,32 @@ Test(simulate_cli, a_host_tier_restores_what_the_device_cache_lost)
     cr_assert_eq(sync[4], 0, "selective stores are in the background");
 }
 
+/* --n: every request fans out into n sequences; with a prefix cache they share the prompt's full blocks
+ * (saved memory, prompt tokens found cached), without one they do not. */
+Test(simulate_cli, parallel_samples_share_the_prompt_with_a_cache)
+{
+    static char out[1 << 16];
+    double saved[2], hits[2];
+    for (int cache = 0; cache < 2; cache++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "simulate --model " LLAMA8B " --workload alpaca:n=50 --rate inf --n 3 --json%s",
+                 cache ? " --cache radix" : "");
+        int rc = kvp_test_cli(cmd, out, sizeof out, NULL, 0);
+        cr_assert_eq(rc, 0, "%s", out);
+        cJSON *o;
+        cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
+        cr_assert_eq(cJSON_GetObjectItemCaseSensitive(o, "n")->valuedouble, 3);
+        cr_assert_eq(cJSON_GetObjectItemCaseSensitive(o, "requests")->valuedouble, 150, "sequences");
+        cr_assert_eq(cJSON_GetObjectItemCaseSensitive(o, "finished")->valuedouble, 150);
+        cr_assert_eq(cJSON_GetObjectItemCaseSensitive(o, "leaked_blocks")->valuedouble, 0);
+        saved[cache] = cJSON_GetObjectItemCaseSensitive(o, "kv_shared_savings")->valuedouble;
+        hits[cache] = cJSON_GetObjectItemCaseSensitive(o, "prefix_hit_rate")->valuedouble;
+        cJSON_Delete(o);
+    }
+    cr_assert(saved[0] == 0 && hits[0] == 0, "nothing shared without a cache: %g %g", saved[0], hits[0]);
+    cr_assert(saved[1] > 0 && hits[1] > 0, "the samples share the prompt: %g %g", saved[1], hits[1]);
+}
+
 Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
 {
     static char out[1 << 14], err[4096];
@@ -379,6 +412,7 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
         {"simulate --model " LLAMA8B " --workload chat --cache radix --kv-offloading-size 4GiB --kv-offloading-policy write_around",
          "'write_around'"},
         {"simulate --model " LLAMA8B " --workload chat --cache radix --kv-offloading-policy write_back", "needs a host tier"},
+        {"simulate --model " LLAMA8B " --workload alpaca --rate 1 --n 0", "--n: 0 is out of range"},
     };
     FILE *f = fopen("/tmp/kvp_test_huge_ctx.csv", "w"); /* a 2e9-token prompt: refused before its tokens are made */
     cr_assert_not_null(f);

@@ -281,6 +281,52 @@ Test(workload, chat_turns_extend_history)
     kvp_workload_destroy(w);
 }
 
+/* kvp_workload_fork: each request followed by n - 1 samples of it (same prompt copied, arrival, lengths,
+ * priority; after = the request, after_prompt; no known answer), ids = indices, a chat turn's `after` moved to
+ * the awaited turn's first sample, pins copied; a cut that drops a sample's request makes it a request. */
+Test(workload, fork_makes_parallel_samples)
+{
+    kvp_workload *w = NULL, *f = NULL;
+    cr_assert_eq(kvp_workload_generate("system:n=3,prefix=32,suffix=8", &w), KVP_OK);
+    cr_assert_eq(kvp_workload_fork(w, 0, &f), KVP_EINVAL);
+    cr_assert_eq(kvp_workload_fork(w, 4, &f), KVP_OK);
+    cr_assert_eq(f->n, 12);
+    cr_assert_eq(f->n_pins, w->n_pins);
+    cr_assert_eq(f->total_prompt_tokens, 4 * w->total_prompt_tokens);
+    for (int64_t i = 0; i < f->n; i++) {
+        const kvp_request *q = &f->reqs[i], *r = &w->reqs[i / 4];
+        cr_assert_eq(q->id, i);
+        cr_assert(q->arrival_s == r->arrival_s && q->prompt_len == r->prompt_len && q->output_len == r->output_len);
+        cr_assert_neq(q->tokens, r->tokens, "a copy: each workload owns its tokens");
+        cr_assert_eq(memcmp(q->tokens, r->tokens, (size_t)r->prompt_len * sizeof(int32_t)), 0);
+        cr_assert_eq(q->after_prompt, i % 4 != 0);
+        cr_assert_eq(q->after, i % 4 ? i / 4 * 4 + 1 : 0);
+    }
+    kvp_workload_destroy(f);
+    kvp_workload_destroy(w);
+
+    cr_assert_eq(kvp_workload_generate("chat:conversations=2,turns=3", &w), KVP_OK);
+    cr_assert_eq(kvp_workload_fork(w, 2, &f), KVP_OK);
+    for (int64_t i = 0; i < w->n; i++) {
+        const kvp_request *first = &f->reqs[2 * i], *second = &f->reqs[2 * i + 1];
+        cr_assert_eq(first->after, w->reqs[i].after ? 2 * (w->reqs[i].after - 1) + 1 : 0, "turn %lld", (long long)i);
+        cr_assert_eq(first->after_prompt, false);
+        cr_assert_eq(first->output_tokens == NULL, w->reqs[i].output_tokens == NULL, "the answer stays with sample 0");
+        cr_assert(second->after == 2 * i + 1 && second->after_prompt && second->output_tokens == NULL);
+        cr_assert_eq(second->think_s, 0.0);
+    }
+    kvp_workload *c = NULL;
+    cr_assert_eq(kvp_workload_cut(f, 0, 0, &c), KVP_OK);
+    cr_assert(c->reqs[1].after_prompt && c->reqs[1].after == 1, "a whole copy keeps the samples");
+    kvp_workload_destroy(c);
+    f->reqs[0].arrival_s = 1e9; /* the cut below drops request 0, not its sample */
+    cr_assert_eq(kvp_workload_cut(f, 0, 1e8, &c), KVP_OK);
+    cr_assert(c->reqs[0].after == 0 && !c->reqs[0].after_prompt, "its request cut: a request of its own");
+    kvp_workload_destroy(c);
+    kvp_workload_destroy(f);
+    kvp_workload_destroy(w);
+}
+
 Test(workload, fewshot_and_branch)
 {
     kvp_workload *w;
