@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reproduces the memory-management results of the PagedAttention paper (Kwon et al., "Efficient Memory
 Management for Large Language Model Serving with PagedAttention", SOSP 2023) with `kvpage simulate`: the real
-scheduler, block manager and prefix cache, with the model's execution replaced by the roofline cost model.
+scheduler, block manager and prefix cache, with the model's execution replaced by the roofline cost model
+(Fig. 14's parallel sampling through `simulate --n`).
 Fig. 15 (sharing under parallel sampling and beam search) runs a real model instead, stories260K on the CPU
 (`kvpage generate`): a cost model makes no tokens to choose beams by.
 
@@ -195,6 +196,26 @@ def main():
           cap["sharegpt", "paged"] / cap["sharegpt", "orca-oracle"], 1.7, 2.7)
     claim("sustained request rate, vLLM / Orca (Max), sharegpt (x)", "Fig. 12, text", "2.7-8",
           cap["sharegpt", "paged"] / cap["sharegpt", "orca-max"], 2.7, 8.0)
+
+    # --- Fig. 14, first row: parallel sampling on Alpaca. Each request fans out into n samples (simulate --n):
+    # vLLM computes the prompt once and the samples share its full blocks (the prefix cache, as vLLM v1 forks
+    # n > 1); each Orca sample reserves its own prompt + output. The rate counts requests, not samples. "paged"
+    # without the cache is vLLM with every sample holding its own copy of the prompt: it isolates the sharing.
+    rows = [[1, al, cap["alpaca", al]] for al in ALLOCS]
+    for n in (2, 4, 6):
+        for al, extra in [(al, ()) for al in ALLOCS[:3]] + [("paged", ("--cache", "radix")), ("paged-unshared", ())]:
+            key = "alpaca-n%d" % n, al
+            cap[key], tried = capacity(lambda rate: r.simulate(OPT13B, alpaca, rate, al.split("-un")[0],
+                                                                ("--n", str(n)) + extra), 2.0 / n, a.latency_factor)
+            rows.append([n, al, cap[key]])
+    write_csv(a.out, "parallel_sampling", ["n", "alloc", "req_per_s"], rows)
+    for n in (2, 4, 6):
+        for al in ALLOCS[:3]:
+            claim("sustained request rate, vLLM / %s, alpaca, parallel n = %d (x)" % (NAMES[al], n), "Fig. 14a", ">1",
+                  cap["alpaca-n%d" % n, "paged"] / cap["alpaca-n%d" % n, al], 1.0, float("inf"))
+    for n in (2, 6):
+        claim("sustained request rate, vLLM sharing the prompt / not, alpaca, n = %d (x)" % n, "Fig. 14a, Sec. 6.3",
+              ">1", cap["alpaca-n%d" % n, "paged"] / cap["alpaca-n%d" % n, "paged-unshared"], 1.0, float("inf"))
 
     # --- Fig. 16: a translation workload whose prompts share a few-shot prefix (LLaMA-13B). vLLM keeps one copy
     # of the prefix (prefix cache); Orca (Oracle) stores it in every request's reservation.
