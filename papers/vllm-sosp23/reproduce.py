@@ -339,7 +339,7 @@ def plot(out, sat):
     import matplotlib.pyplot as plt
     sweep = list(csv.DictReader(open(os.path.join(out, "rate_sweep.csv"))))
     bsz = list(csv.DictReader(open(os.path.join(out, "block_size.csv"))))
-    fig, ax = plt.subplots(2, 3, figsize=(15, 8))
+    fig, ax = plt.subplots(2, 4, figsize=(20, 8))
     for i, wl in enumerate(("sharegpt", "alpaca")):
         for al in ALLOCS:
             pts = [(float(x["rate"]), float(x["norm_latency_s"])) for x in sweep if x["workload"] == wl and x["alloc"] == al]
@@ -353,6 +353,20 @@ def plot(out, sat):
         ax[i][2].plot([p[0] for p in pts], [p[1] for p in pts], "o-")
         ax[i][2].set(title="Fig. 18b: block size, %s" % wl, xscale="log", xlabel="block size (tokens)",
                      ylabel="normalized latency (s/token)")
+    par = list(csv.DictReader(open(os.path.join(out, "parallel_sampling.csv"))))
+    for al, name in list(NAMES.items()) + [("paged-unshared", "vLLM, prompt not shared")]:
+        pts = [(int(x["n"]), float(x["req_per_s"])) for x in par if x["alloc"] == al]
+        ax[0][3].plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=name)
+    ax[0][3].set(title="Fig. 14a: parallel sampling, alpaca", xlabel="samples per request (n)",
+                 ylabel="sustained request rate (req/s)", yscale="log")
+    ax[0][3].legend()
+    shr = list(csv.DictReader(open(os.path.join(out, "sharing.csv"))))
+    for k, mode in enumerate(("parallel", "beam")):
+        pts = [(int(x["width"]), float(x["saving_pct"])) for x in shr if x["mode"] == mode]
+        ax[1][3].bar([p[0] + (k - 0.5) * 0.8 for p in pts], [p[1] for p in pts], 0.8, label=mode)
+    ax[1][3].set(title="Fig. 15: memory saved by sharing (stories260K)", xlabel="n or beam width",
+                 ylabel="saving (%)", xticks=(2, 4, 6))
+    ax[1][3].legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out, "vllm_sosp23.png"), dpi=80)
 
