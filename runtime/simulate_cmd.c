@@ -557,7 +557,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                "external frag %.1f %%, cached %.1f %%, free %.1f %%; tokens / memory in use %.1f %%\n",
                m.kv_token_states * 100, m.kv_reserved * 100, m.kv_internal_frag * 100, m.kv_external_frag * 100,
                m.kv_cached * 100, m.kv_free * 100, m.kv_util_in_use * 100);
-        if (m.kv_shared_savings > 0) printf("sharing saved      %.3g %% of the KV memory (time-averaged)\n", m.kv_shared_savings * 100);
+        if (m.kv_shared_savings > 0) printf("sharing saved      %.3g %% of the KV capacity (time-averaged slots not stored twice)\n", m.kv_shared_savings * 100);
     }
     cJSON_Delete(o);
     return KVP_EXIT_OK;
