@@ -540,8 +540,12 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                kvp_sched_policy_name(ec.sched), kvp_preempt_mode_name(ec.preempt));
         printf("%s %.2f s in %lld steps%s (wall %.2f s)\n", cpu ? "time              " : "simulated time    ",
                m.sim_duration_s, (long long)m.steps, cpu ? ", each step's time measured" : "", wall);
-        printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f req/s\n", m.throughput_tok_s,
-               m.total_tok_s, m.req_per_s);
+        if (n_samples > 1) /* a request's samples have its lengths: they finish or are rejected together */
+            printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f sequences/s (%.3f requests/s)\n",
+                   m.throughput_tok_s, m.total_tok_s, m.req_per_s, m.req_per_s / n_samples);
+        else
+            printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f req/s\n", m.throughput_tok_s,
+                   m.total_tok_s, m.req_per_s);
         printf("TTFT p50 / p99     %.4f / %.4f s\n", m.ttft_p50_s, m.ttft_p99_s);
         printf("TPOT p50 / p99     %.5f / %.5f s\n", m.tpot_p50_s, m.tpot_p99_s);
         printf("normalized latency %.5f s/token (mean of end-to-end latency / output tokens)\n", m.norm_latency_s);
