@@ -816,9 +816,10 @@ static kvp_status admit_waiting(kvp_engine *e, int32_t *budget)
         for (int64_t i = 0; i < w; i++) {
             int64_t idx = e->wq[e->wq_head + i];
             seq_t *s = &e->seqs[idx];
-            int32_t n_hit = 0;
+            int32_t n_hit = 0, n_host = 0;
             KVP_TRY(lookup(e, s, s->prompt_len, 0, &n_hit));
-            s->lpm_score = n_hit;
+            KVP_TRY(host_lookup(e, s, s->prompt_len, n_hit, &n_host)); /* a host hit is not computed either */
+            s->lpm_score = n_hit + n_host;
             e->lpm_order[i] = idx;
         }
         qsort_r(e->lpm_order, (size_t)w, sizeof *e->lpm_order, cmp_lpm, e);

@@ -32,8 +32,9 @@
  * When nothing runs and nothing waits, time jumps to the next arrival (no busy stepping).
  *
  * Ranking: fcfs = (arrival, id); priority = (higher priority first, then arrival, id); lpm = waiting requests
- * ordered by the longest cached prefix among the first KVP_LPM_WINDOW of them (SGLang's cache-aware policy),
- * ties by arrival; running/preemption order is arrival for lpm.
+ * ordered by the longest cached prefix among the first KVP_LPM_WINDOW of them (SGLang's cache-aware policy;
+ * the blocks in the prefix cache plus those after them in the host tier, as SGLang counts host hits), ties
+ * by arrival; running/preemption order is arrival for lpm.
  *
  * Allocation: paged (block manager + prefix cache; any block size) or contiguous Orca-Max / Orca-Pow2 /
  * Orca-Oracle (one reservation per request, at admission, of a length fixed by the policy; placed by a buddy

@@ -464,6 +464,23 @@ static int wants_prompt_logits(const gen_ctx *g, const gseq *s)
     return g->reqs[s->req].prompt_logprobs && g->rq[s->req].plp.a.n < g->reqs[s->req].n_prompt;
 }
 
+enum { MAX_HIT = 4096 }; /* blocks a match looks at, at most */
+
+/* The full blocks of toks[0..n) found cached, never the last token: *n_hit in the prefix cache (hit[0..), locked
+ * with lock = 1), then *n_load after them in the host tier (their slots in g->hslots). */
+static kvp_status match_tiers(gen_ctx *g, const int32_t *toks, int32_t n, int lock, int32_t *hit, int32_t *n_hit,
+                              int32_t *n_load)
+{
+    const int32_t bs = g->cfg->block_size, max_hit = (n - 1) / bs, cap = max_hit < MAX_HIT ? max_hit : MAX_HIT;
+    *n_load = 0;
+    KVP_TRY(kvp_pc_match(g->pc, toks, n, NULL, lock, hit, cap, n_hit));
+    if (g->hc && cap > *n_hit) {
+        kvp_pc_chain_hashes(toks, cap, bs, 0, g->hashes);
+        *n_load = kvp_hc_match(g->hc, g->hashes + *n_hit, cap - *n_hit, g->hslots);
+    }
+    return KVP_OK;
+}
+
 /* Tries to admit one sequence (fresh or preempted): prefix-cache match, then a table holding the hit
  * blocks. Returns 1 when admitted, 0 when it does not fit now. */
 static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
@@ -471,17 +488,9 @@ static kvp_status admit(gen_ctx *g, int32_t idx, int32_t *budget, int *admitted)
     gseq *s = g->seqs[idx];
     const int32_t bs = g->cfg->block_size;
     *admitted = 0;
-    int32_t max_hit = (s->n_toks - 1) / bs;
-    int32_t hit[4096], n_hit = 0;
-    int32_t cap_hit = max_hit < 4096 ? max_hit : 4096;
+    int32_t hit[MAX_HIT], n_hit = 0;
     int32_t n_load = 0; /* blocks after the hit that the host tier holds: copied, not computed */
-    if (!wants_prompt_logits(g, s)) {
-        KVP_TRY(kvp_pc_match(g->pc, s->toks, s->n_toks, NULL, 1, hit, cap_hit, &n_hit));
-        if (g->hc && cap_hit > n_hit) {
-            kvp_pc_chain_hashes(s->toks, cap_hit, bs, 0, g->hashes);
-            n_load = kvp_hc_match(g->hc, g->hashes + n_hit, cap_hit - n_hit, g->hslots);
-        }
-    }
+    if (!wants_prompt_logits(g, s)) KVP_TRY(match_tiers(g, s->toks, s->n_toks, 1, hit, &n_hit, &n_load));
     int32_t need_blocks = (s->n_toks + bs - 1) / bs - n_hit;
     int32_t to_compute = s->n_toks - (n_hit + n_load) * bs;
     int fits = to_compute <= *budget || g->nrun == 0;
@@ -976,17 +985,16 @@ static kvp_status pick_request(gen_ctx *g, int32_t *out)
 {
     *out = g->next_req;
     if (g->cfg->sched == KVP_SCHED_FCFS) return KVP_OK;
-    const int lpm = g->cfg->sched == KVP_SCHED_LPM, bs = g->cfg->block_size;
+    const int lpm = g->cfg->sched == KVP_SCHED_LPM;
     int32_t best_key = 0, seen = 0;
     for (int32_t i = g->next_req; i < g->nreq && (!lpm || seen < KVP_LPM_WINDOW); i++) {
         if (g->rq[i].admitted || g->rq[i].aborted) continue;
         const kvp_gen_request *r = &g->reqs[i];
         int32_t key = r->priority; /* the smallest key wins, the oldest among equals */
-        if (lpm) {                 /* a look only: nothing locked */
-            int32_t hit[4096], n_hit = 0, cap = (r->n_prompt - 1) / bs;
-            if (!r->prompt_logprobs)
-                KVP_TRY(kvp_pc_match(g->pc, r->prompt, r->n_prompt, NULL, 0, hit, cap < 4096 ? cap : 4096, &n_hit));
-            key = -n_hit;
+        if (lpm) { /* a look only: nothing locked; the host tier's blocks count too, as SGLang's */
+            int32_t hit[MAX_HIT], n_hit = 0, n_host = 0;
+            if (!r->prompt_logprobs) KVP_TRY(match_tiers(g, r->prompt, r->n_prompt, 0, hit, &n_hit, &n_host));
+            key = -(n_hit + n_host);
         }
         if (seen++ == 0 || key < best_key) *out = i, best_key = key;
     }

@@ -1292,6 +1292,48 @@ Test(generate_session, lpm_and_priority_pick_the_next_request, .init = setup, .f
     }
 }
 
+/* LPM counts the host tier's blocks (SGLang's device + host hits). One request at a time, 8 blocks of 16: P
+ * (64 tokens) is cached and written through to the tier; X (100 new tokens) evicts P's blocks but the first.
+ * Then D (X's first 32 tokens and more: 2 cached blocks) and C (P's first 48 and more: 1 cached, 2 in the
+ * tier) wait. With the tier LPM takes C first and loads its 2 blocks; without it, D (2 > 1). */
+Test(generate_session, lpm_counts_the_host_tiers_blocks, .init = setup, .fini = teardown)
+{
+    int32_t p[64], x[100], d[40], c[56];
+    for (int i = 0; i < 64; i++) p[i] = 100 + i;
+    for (int i = 0; i < 100; i++) x[i] = 300 + i;
+    for (int i = 0; i < 40; i++) d[i] = i < 32 ? x[i] : 450 + i;
+    for (int i = 0; i < 56; i++) c[i] = i < 48 ? p[i] : 400 + i;
+    p[0] = x[0] = d[0] = c[0] = 1;
+    for (int tier = 0; tier < 2; tier++) {
+        kvp_gen_config cfg = kvp_gen_config_default();
+        cfg.num_blocks = 8;
+        cfg.max_num_seqs = 1;
+        cfg.sched = KVP_SCHED_LPM;
+        cfg.host_cache_blocks = tier ? 64 : 0;
+        kvp_gen_session *s;
+        cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+        kvp_gen_request rp = greedy_req((enc){p, 64}, 2), rx = greedy_req((enc){x, 100}, 2);
+        kvp_gen_request w[2] = {greedy_req((enc){d, 40}, 2), greedy_req((enc){c, 56}, 2)};
+        kvp_gen_result res;
+        tu_run_one(s, &rp, &res);
+        kvp_gen_results_free(&res, 1);
+        tu_run_one(s, &rx, &res);
+        kvp_gen_results_free(&res, 1);
+        int32_t ids[2], id, first = -1;
+        for (int i = 0; i < 2; i++) cr_assert_eq(kvp_gen_session_add(s, &w[i], &ids[i]), KVP_OK);
+        while (kvp_gen_session_pending(s)) {
+            cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+            while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+                if (first < 0) first = id;
+                if (id == ids[1]) cr_assert_eq(res.prompt_cached_tokens, tier ? 48 : 16, "C: 1 block cached (+ 2 loaded)");
+                kvp_gen_results_free(&res, 1);
+            }
+        }
+        cr_assert_eq(first, ids[tier ? 1 : 0], "tier %d: request %d finished first", tier, first);
+        kvp_gen_session_destroy(s);
+    }
+}
+
 /* Under the priority policy a cache too small for two sequences preempts the less urgent one, even when it was
  * admitted first: B (priority 5) runs alone for a step, then A (priority 0) joins; A never waits, so it ends
  * first, and B is the one preempted. Under FCFS the most recent, A, is preempted and B ends first. */

@@ -679,6 +679,52 @@ Test(scheduler, lpm_admits_the_longest_cached_prefix_first)
     }
 }
 
+/* lpm counts the host tier's blocks as SGLang does (device + host hits). One request at a time, 12 blocks of 4:
+ * A (prefix P, 40 tokens) runs and is cached, written through to the tier; X (40 new tokens) then evicts all
+ * of A's cached blocks but the first. D shares X's first 2 blocks (cached); C shares A's first 8 (1 cached,
+ * 7 in the tier). When X leaves, lpm with the tier takes C (8 blocks) before D (2); without the tier, or with
+ * fcfs, D comes first. */
+Test(scheduler, lpm_counts_the_host_tiers_blocks)
+{
+    for (int run = 0; run < 3; run++) { /* lpm + tier, lpm without tier, fcfs + tier */
+        kvp_executor ex = rec_executor();
+        kvp_engine_config c = base_cfg(4, 48);
+        c.cache = KVP_PC_RADIX;
+        c.sched = run == 2 ? KVP_SCHED_FCFS : KVP_SCHED_LPM;
+        c.host_cache_slots = run == 1 ? 0 : 1024;
+        c.max_num_seqs = 1;
+        kvp_workload *w = NULL;
+        cr_assert_eq(kvp_workload_create("lpm-host", &w), KVP_OK);
+        for (int i = 0; i < 4; i++) { /* A, X, D, C */
+            int32_t tok[40];
+            for (int j = 0; j < 40; j++)
+                tok[j] = (i == 0 || (i == 3 && j < 32)) ? 500 + j : (i == 2 && j < 8) ? 7000 + j : 9000 + i * 100 + j;
+            if (i == 1)
+                for (int j = 0; j < 8; j++) tok[j] = 7000 + j;
+            /* 1 ms steps: A runs 0-4 ms, X 4-8 ms; D and C arrive while X runs */
+            kvp_request r = {.id = i, .arrival_s = i < 2 ? i * 0.0001 : 0.005 + i * 0.0001, .prompt_len = 40,
+                             .output_len = 4};
+            cr_assert_eq(kvp_workload_add(w, &r, tok), KVP_OK);
+        }
+        kvp_engine *e;
+        cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
+        run_all(e, w);
+        kvp_req_result rx, rd, rc;
+        kvp_engine_request(e, 1, &rx);
+        cr_assert_float_eq(rx.admit_s, 0.004, 1e-9, "X runs right after A");
+        kvp_engine_request(e, 2, &rd);
+        kvp_engine_request(e, 3, &rc);
+        if (run == 0) {
+            cr_assert_lt(rc.admit_s, rd.admit_s, "lpm counting the tier takes C (8 blocks) before D (2)");
+            cr_assert_eq(rc.cached_tokens, 32, "C: 1 block cached + 7 loaded from the tier");
+        } else {
+            cr_assert_lt(rd.admit_s, rc.admit_s, "run %d: D (2 cached blocks) first: D %d cached at %g, C %d at %g", run, rd.cached_tokens, rd.admit_s, rc.cached_tokens, rc.admit_s);
+        }
+        kvp_engine_destroy(e);
+        kvp_workload_destroy(w);
+    }
+}
+
 Test(scheduler, time_averaged_accounting_by_hand)
 {
     /* One request, prompt 6, output 3, 16 slots, 1 ms steps:
