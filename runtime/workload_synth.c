@@ -240,6 +240,10 @@ kvp_status kvp_workload_fork(const kvp_workload *w, int32_t n, kvp_workload **ou
 {
     if (w == NULL || out == NULL) return KVP_ERR(KVP_EINVAL, "workload fork: NULL argument");
     if (n < 1) return KVP_ERR(KVP_EINVAL, "parallel samples per request must be >= 1 (got %d)", (int)n);
+    /* every sample holds a copy of its prompt: refuse at once what would not fit (as kvp_workload_add would,
+     * but only after filling the memory) */
+    KVP_TRY(kvp_check_fits_in_memory(2.0 * (double)n * (double)w->total_prompt_tokens * sizeof(int32_t),
+                                     "the parallel samples' prompt token ids, with room for a copy,"));
     kvp_workload *c = NULL;
     KVP_TRY(kvp_workload_create(w->name, &c));
     kvp_status st = KVP_OK;

@@ -413,6 +413,7 @@ Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
          "'write_around'"},
         {"simulate --model " LLAMA8B " --workload chat --cache radix --kv-offloading-policy write_back", "needs a host tier"},
         {"simulate --model " LLAMA8B " --workload alpaca --rate 1 --n 0", "--n: 0 is out of range"},
+        {"simulate --model " LLAMA8B " --trace " AZURE_CONV " --n 1024", "the parallel samples' prompt token ids"},
     };
     FILE *f = fopen("/tmp/kvp_test_huge_ctx.csv", "w"); /* a 2e9-token prompt: refused before its tokens are made */
     cr_assert_not_null(f);
