@@ -14,6 +14,7 @@
 #include "common/cli.h"
 #include "common/json.h"
 #include "common/parse.h"
+#include "common/stats.h"
 #include "common/timer.h"
 #include "runtime/commands.h"
 #include "parallel/comm.h"
@@ -208,6 +209,44 @@ static void write_requests(FILE *f, const kvp_req_result *r, int64_t n)
         if (q->num_generated >= 2) fprintf(f, "%.9g", (q->finish_s - q->first_token_s) / (q->num_generated - 1));
         fprintf(f, ",%.9g\n", q->finish_s - q->arrival_s);
     }
+}
+
+/* Latencies of whole requests when each has n samples (kvp_workload_fork: request g's are g * n .. g * n + n - 1),
+ * as a streaming client of an n > 1 request sees them: TTFT to the first sample's first token, end-to-end to
+ * the last sample's finish. A request with a sample not finished is left out. */
+typedef struct {
+    double ttft_p50, ttft_p99, e2e_p50, e2e_p99;
+} group_latency;
+
+static kvp_status group_latencies(const kvp_req_result *r, int64_t nseq, int32_t n, group_latency *out)
+{
+    const int64_t ng = nseq / n;
+    double *ttft = kvp_malloc((size_t)(ng > 0 ? ng : 1) * sizeof *ttft), *e2e = kvp_malloc((size_t)(ng > 0 ? ng : 1) * sizeof *e2e);
+    if (!ttft || !e2e) {
+        kvp_free(ttft);
+        kvp_free(e2e);
+        return KVP_ERR(KVP_ENOMEM, "out of memory for %lld request latencies", (long long)ng);
+    }
+    int64_t k = 0;
+    for (int64_t g = 0; g < ng; g++) {
+        const kvp_req_result *q = &r[g * n];
+        double first = INFINITY, last = -INFINITY;
+        int32_t j = 0;
+        for (; j < n && q[j].state == KVP_REQ_FINISHED; j++) {
+            first = q[j].first_token_s < first ? q[j].first_token_s : first;
+            last = q[j].finish_s > last ? q[j].finish_s : last;
+        }
+        if (j < n) continue;
+        ttft[k] = first - q[0].arrival_s;
+        e2e[k++] = last - q[0].arrival_s;
+    }
+    kvp_sort_doubles(ttft, k);
+    kvp_sort_doubles(e2e, k);
+    *out = (group_latency){kvp_percentile(ttft, k, 50), kvp_percentile(ttft, k, 99), kvp_percentile(e2e, k, 50),
+                           kvp_percentile(e2e, k, 99)};
+    kvp_free(ttft);
+    kvp_free(e2e);
+    return KVP_OK;
 }
 
 static const char STEP_HEADER[] = "step,time_s,step_s,batch_seqs,batch_tokens,preempted,finished,running,waiting,"
@@ -424,12 +463,12 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     kvp_engine_metrics m;
     char wname[64] = "";
     out_file rf = {0}, sf = {0};
-    kvp_req_result *per_req = NULL;
-    if (st == KVP_OK && req_out) { /* created before the run, renamed over req_out only after it */
+    kvp_req_result *per_req = NULL; /* every sequence's results: --requests-out, and requests of n samples */
+    group_latency gl = {0};
+    if (st == KVP_OK && req_out) /* created before the run, renamed over req_out only after it */
         st = out_file_open(&rf, "--requests-out", req_out, REQ_HEADER);
-        if (st == KVP_OK && (per_req = kvp_calloc((size_t)w->n, sizeof *per_req)) == NULL)
-            st = KVP_ERR(KVP_ENOMEM, "out of memory for %lld request results", (long long)w->n);
-    }
+    if (st == KVP_OK && (req_out || n_samples > 1) && (per_req = kvp_calloc((size_t)w->n, sizeof *per_req)) == NULL)
+        st = KVP_ERR(KVP_ENOMEM, "out of memory for %lld request results", (long long)w->n);
     if (st == KVP_OK && step_out && (st = out_file_open(&sf, "--steps-out", step_out, STEP_HEADER)) == KVP_OK) {
         ec.on_step = write_step;
         ec.on_step_ctx = sf.f;
@@ -446,6 +485,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     if (st == KVP_OK && *comm)
         st = kvp_comm_check_same(*comm, run_digest(&ex, w, &m), "tensor-parallel engine runs (tokens, steps, preemptions)");
     if (st == KVP_OK && rf.f) write_requests(rf.f, per_req, w->n);
+    if (st == KVP_OK && n_samples > 1) st = group_latencies(per_req, w->n, n_samples, &gl);
     st = out_file_close(&rf, st);
     st = out_file_close(&sf, st);
     double wall = kvp_now_s() - t0;
@@ -495,6 +535,12 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     cJSON_AddNumberToObject(o, "tpot_p99_s", m.tpot_p99_s);
     cJSON_AddNumberToObject(o, "e2e_p50_s", m.e2e_p50_s);
     cJSON_AddNumberToObject(o, "e2e_p99_s", m.e2e_p99_s);
+    if (n_samples > 1) { /* whole requests: the first sample's first token, the last sample's finish */
+        cJSON_AddNumberToObject(o, "request_ttft_p50_s", gl.ttft_p50);
+        cJSON_AddNumberToObject(o, "request_ttft_p99_s", gl.ttft_p99);
+        cJSON_AddNumberToObject(o, "request_e2e_p50_s", gl.e2e_p50);
+        cJSON_AddNumberToObject(o, "request_e2e_p99_s", gl.e2e_p99);
+    }
     cJSON_AddNumberToObject(o, "norm_latency_s", m.norm_latency_s);
     cJSON_AddNumberToObject(o, "mean_running", m.mean_running);
     cJSON_AddNumberToObject(o, "max_running", (double)m.max_running);
@@ -546,7 +592,13 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         else
             printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f req/s\n", m.throughput_tok_s,
                    m.total_tok_s, m.req_per_s);
-        printf("TTFT p50 / p99     %.4f / %.4f s\n", m.ttft_p50_s, m.ttft_p99_s);
+        printf("TTFT p50 / p99     %.4f / %.4f s%s\n", m.ttft_p50_s, m.ttft_p99_s, n_samples > 1 ? " (sequences)" : "");
+        if (n_samples > 1) {
+            char label[32];
+            snprintf(label, sizeof label, "requests of %d", (int)n_samples);
+            printf("%-19sTTFT p50 / p99 %.4f / %.4f s (first sample), E2E p50 / p99 %.4f / %.4f s (last)\n", label,
+                   gl.ttft_p50, gl.ttft_p99, gl.e2e_p50, gl.e2e_p99);
+        }
         printf("TPOT p50 / p99     %.5f / %.5f s\n", m.tpot_p50_s, m.tpot_p99_s);
         printf("normalized latency %.5f s/token (mean of end-to-end latency / output tokens)\n", m.norm_latency_s);
         printf("running            mean %.2f, max %lld; preemptions %lld (swap-outs %lld; %lld tokens found cached "

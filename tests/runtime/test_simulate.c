@@ -383,6 +383,65 @@ Test(simulate_cli, parallel_samples_share_the_prompt_with_a_cache)
     cr_assert(saved[1] > 0 && hits[1] > 0, "the samples share the prompt: %g %g", saved[1], hits[1]);
 }
 
+static void sort_up(double *v, int n) /* insertion sort */
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+}
+
+/* With --n the summary gives whole requests' latencies: TTFT to a request's first sample's first token, E2E to
+ * its last sample's finish. Recomputed here from the --requests-out rows (request g's samples are rows
+ * 3g .. 3g + 2): the median of 40 is the mean of the middle two, p99 sits 0.61 of the way from the 39th to
+ * the 40th. */
+Test(simulate_cli, request_latencies_of_parallel_samples_match_their_rows)
+{
+    static char out[1 << 16], err[4096];
+    char path[] = "/tmp/kvp_nreq_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    char args[512];
+    snprintf(args, sizeof args, "simulate --model " LLAMA8B " --workload alpaca:n=40 --rate 20 --n 3 --cache radix "
+             "--json --requests-out %s", path);
+    cr_assert_eq(kvp_test_cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cJSON *o;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    char line[1024];
+    cr_assert_not_null(fgets(line, sizeof line, f));
+    double ttft[40], e2e[40];
+    for (int g = 0; g < 40; g++) ttft[g] = INFINITY, e2e[g] = -INFINITY;
+    int rows = 0;
+    while (fgets(line, sizeof line, f)) {
+        long long id;
+        double arr, adm, first, fin;
+        char state[16];
+        int k = sscanf(line, "%lld,%lf,%*d,%*d,%15[a-z],%*d,%*d,%lf,%lf,%lf", &id, &arr, state, &adm, &first, &fin);
+        cr_assert_eq(k, 6, "%s", line);
+        cr_assert(id == rows && id < 120 && strcmp(state, "finished") == 0, "%s", line);
+        const int g = (int)(id / 3);
+        ttft[g] = first - arr < ttft[g] ? first - arr : ttft[g];
+        e2e[g] = fin - arr > e2e[g] ? fin - arr : e2e[g];
+        rows++;
+    }
+    fclose(f);
+    unlink(path);
+    cr_assert_eq(rows, 120);
+    sort_up(ttft, 40);
+    sort_up(e2e, 40);
+    cr_assert_float_eq(kvp_test_num(o, "request_ttft_p50_s"), (ttft[19] + ttft[20]) / 2, 1e-6);
+    cr_assert_float_eq(kvp_test_num(o, "request_e2e_p50_s"), (e2e[19] + e2e[20]) / 2, 1e-6);
+    cr_assert_float_eq(kvp_test_num(o, "request_ttft_p99_s"), ttft[38] + 0.61 * (ttft[39] - ttft[38]), 1e-6);
+    cr_assert_float_eq(kvp_test_num(o, "request_e2e_p99_s"), e2e[38] + 0.61 * (e2e[39] - e2e[38]), 1e-6);
+    cr_assert_gt(kvp_test_num(o, "request_e2e_p50_s"), kvp_test_num(o, "request_ttft_p50_s"));
+    cJSON_Delete(o);
+}
+
 Test(simulate_cli, bad_input_is_one_error_line_and_exit_2)
 {
     static char out[1 << 14], err[4096];
