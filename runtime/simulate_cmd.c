@@ -221,7 +221,8 @@ typedef struct {
 static kvp_status group_latencies(const kvp_req_result *r, int64_t nseq, int32_t n, group_latency *out)
 {
     const int64_t ng = nseq / n;
-    double *ttft = kvp_malloc((size_t)(ng > 0 ? ng : 1) * sizeof *ttft), *e2e = kvp_malloc((size_t)(ng > 0 ? ng : 1) * sizeof *e2e);
+    const size_t cap = (size_t)(ng > 0 ? ng : 1);
+    double *ttft = kvp_malloc(cap * sizeof *ttft), *e2e = kvp_malloc(cap * sizeof *e2e);
     if (!ttft || !e2e) {
         kvp_free(ttft);
         kvp_free(e2e);
@@ -613,7 +614,9 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                "external frag %.1f %%, cached %.1f %%, free %.1f %%; tokens / memory in use %.1f %%\n",
                m.kv_token_states * 100, m.kv_reserved * 100, m.kv_internal_frag * 100, m.kv_external_frag * 100,
                m.kv_cached * 100, m.kv_free * 100, m.kv_util_in_use * 100);
-        if (m.kv_shared_savings > 0) printf("sharing saved      %.3g %% of the KV capacity (time-averaged slots not stored twice)\n", m.kv_shared_savings * 100);
+        if (m.kv_shared_savings > 0)
+            printf("sharing saved      %.3g %% of the KV capacity (time-averaged slots not stored twice)\n",
+                   m.kv_shared_savings * 100);
     }
     cJSON_Delete(o);
     return KVP_EXIT_OK;

@@ -1325,7 +1325,8 @@ Test(generate_session, lpm_counts_the_host_tiers_blocks, .init = setup, .fini = 
             cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
             while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
                 if (first < 0) first = id;
-                if (id == ids[1]) cr_assert_eq(res.prompt_cached_tokens, tier ? 48 : 16, "C: 1 block cached (+ 2 loaded)");
+                if (id == ids[1])
+                    cr_assert_eq(res.prompt_cached_tokens, tier ? 48 : 16, "C: 1 block cached (+ 2 loaded)");
                 kvp_gen_results_free(&res, 1);
             }
         }

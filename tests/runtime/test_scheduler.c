@@ -718,7 +718,8 @@ Test(scheduler, lpm_counts_the_host_tiers_blocks)
             cr_assert_lt(rc.admit_s, rd.admit_s, "lpm counting the tier takes C (8 blocks) before D (2)");
             cr_assert_eq(rc.cached_tokens, 32, "C: 1 block cached + 7 loaded from the tier");
         } else {
-            cr_assert_lt(rd.admit_s, rc.admit_s, "run %d: D (2 cached blocks) first: D %d cached at %g, C %d at %g", run, rd.cached_tokens, rd.admit_s, rc.cached_tokens, rc.admit_s);
+            cr_assert_lt(rd.admit_s, rc.admit_s, "run %d: D (2 cached blocks) first: D %d cached at %g, C %d at %g", run,
+                         rd.cached_tokens, rd.admit_s, rc.cached_tokens, rc.admit_s);
         }
         kvp_engine_destroy(e);
         kvp_workload_destroy(w);
