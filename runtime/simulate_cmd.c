@@ -587,12 +587,11 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                kvp_sched_policy_name(ec.sched), kvp_preempt_mode_name(ec.preempt));
         printf("%s %.2f s in %lld steps%s (wall %.2f s)\n", cpu ? "time              " : "simulated time    ",
                m.sim_duration_s, (long long)m.steps, cpu ? ", each step's time measured" : "", wall);
-        if (n_samples > 1) /* a request's samples have its lengths: they finish or are rejected together */
-            printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f sequences/s (%.3f requests/s)\n",
-                   m.throughput_tok_s, m.total_tok_s, m.req_per_s, m.req_per_s / n_samples);
-        else
-            printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f req/s\n", m.throughput_tok_s,
-                   m.total_tok_s, m.req_per_s);
+        printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f %s/s", m.throughput_tok_s, m.total_tok_s,
+               m.req_per_s, n_samples > 1 ? "sequences" : "req");
+        /* a request's samples have its lengths: they finish or are rejected together */
+        if (n_samples > 1) printf(" (%.3f requests/s)", m.req_per_s / n_samples);
+        printf("\n");
         printf("TTFT p50 / p99     %.4f / %.4f s%s\n", m.ttft_p50_s, m.ttft_p99_s, n_samples > 1 ? " (sequences)" : "");
         if (n_samples > 1) {
             char label[32];

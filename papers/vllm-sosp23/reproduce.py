@@ -203,11 +203,13 @@ def main():
     # without the cache is vLLM with every sample holding its own copy of the prompt: it isolates the sharing.
     rows = [[1, al, cap["alpaca", al]] for al in ALLOCS]
     for n in (2, 4, 6):
-        for al, extra in [(al, ()) for al in ALLOCS[:3]] + [("paged", ("--cache", "radix")), ("paged-unshared", ())]:
-            key = "alpaca-n%d" % n, al
-            cap[key], tried = capacity(lambda rate: r.simulate(OPT13B, alpaca, rate, al.split("-un")[0],
-                                                                ("--n", str(n)) + extra), 2.0 / n, a.latency_factor)
-            rows.append([n, al, cap[key]])
+        runs = [(al, al, ()) for al in ALLOCS[:3]] + [("paged", "paged", ("--cache", "radix")),
+                                                       ("paged-unshared", "paged", ())]  # (label, alloc, options)
+        for label, al, extra in runs:
+            key = "alpaca-n%d" % n, label
+            cap[key], tried = capacity(lambda rate: r.simulate(OPT13B, alpaca, rate, al, ("--n", str(n)) + extra),
+                                       2.0 / n, a.latency_factor)
+            rows.append([n, label, cap[key]])
     write_csv(a.out, "parallel_sampling", ["n", "alloc", "req_per_s"], rows)
     for n in (2, 4, 6):
         for al in ALLOCS[:3]:
