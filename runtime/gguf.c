@@ -633,6 +633,35 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: metadata '%s.rope.dimension_count' = %" PRId64 " but the head dimension "
                                          "is %d: partial rotary embeddings are not supported",
                        g->map.path, arch, v, c.head_dim);
+    /* RoPE scaling, llama.cpp's keys: rope.scaling.type (llama.cpp's default, linear, when only a factor is
+     * given; other types are refused by the model's checks), rope.scaling.factor (or the older
+     * rope.scale_linear), original_context_length (yarn; default: context_length), and attn_factor, which
+     * llama.cpp multiplies into yarn's default attention factor, 0.1 ln(factor) + 1. */
+    kvp_gguf_str rs = {0};
+    snprintf(key, sizeof key, "%s.rope.scaling.type", arch);
+    KVP_TRY(kvp_gguf_get_str(g, key, &rs, &present));
+    if (rs.len >= sizeof c.rope_scaling_type)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: metadata '%s' names an unknown type (%zu bytes)", g->map.path, key,
+                       (size_t)rs.len);
+    if (present && !(rs.len == 4 && memcmp(rs.ptr, "none", 4) == 0)) {
+        memcpy(c.rope_scaling_type, rs.ptr, rs.len);
+        c.rope_scaling_type[rs.len] = '\0';
+    }
+    f = 1.0;
+    snprintf(key, sizeof key, "%s.rope.scaling.factor", arch);
+    KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
+    snprintf(key, sizeof key, "%s.rope.scale_linear", arch);
+    if (!present) KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
+    c.rope_scaling_factor = f;
+    if (f != 1.0 && !c.rope_scaling_type[0]) snprintf(c.rope_scaling_type, sizeof c.rope_scaling_type, "linear");
+    KVP_TRY(get_pos_int(g, arch, "rope.scaling.original_context_length", 0, INT32_MAX, &c.rope_original_max_position));
+    c.rope_beta_fast = 32;
+    c.rope_beta_slow = 1;
+    c.rope_truncate = 1;
+    f = 1.0;
+    snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
+    KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
+    if (present) c.rope_attention_factor = f * (c.rope_scaling_factor > 1 ? 0.1 * log(c.rope_scaling_factor) + 1 : 1);
     kvp_tensor_view emb;
     KVP_TRY(kvp_gguf_tensor(g, "token_embd.weight", &emb));
     if (emb.ndim != 2 || emb.shape[1] != c.hidden_size)

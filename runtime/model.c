@@ -112,6 +112,7 @@ struct kvp_model {
     mat_w lm_head;    /* [tp.nv, hidden]; a copy of embed's rows when tied */
     layer_w *layers; /* (num_layers) */
     double *inv_freq; /* (head_dim / 2) */
+    double rope_scale; /* cos and sin are multiplied by it (yarn's attention factor; else 1) */
     fwd_ws ws[KVP_FWD_MAX_GROUPS]; /* one per data-parallel group, grown on demand */
     int32_t *sub;                  /* rebased qo/kv indptr of the groups */
     size_t sub_cap;
@@ -502,8 +503,8 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
     KVP_TRY(load_mat(src, lm, V, H, t->v0, t->nv, 0, H, wd, &m->lm_head));
     if (g && src_has(src, "rope_freqs.weight")) {
         /* llama.cpp's form of llama3 rope scaling: one divisor per frequency, theta_i = pos * inv_freq_i /
-         * factor_i (what rope_scaling computes from config.json in an HF folder; GGUF metadata has no
-         * rope_scaling, so the two are never applied together) */
+         * factor_i (what a llama3 rope_scaling computes from config.json in an HF folder; GGUF's rope.scaling
+         * keys have no llama3 type, and linear or yarn scaling composes with these divisors as in llama.cpp) */
         float *f;
         KVP_TRY(load_t(src, "rope_freqs.weight", hd / 2, 0, &f));
         for (int64_t i = 0; i < hd / 2; i++)
@@ -617,9 +618,23 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
     if (!kvp_attn_supported(KVP_DTYPE_F32, c->head_dim))
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: head_dim %d is not supported by the attention kernels", cfg_file,
                        c->head_dim);
-    if (c->rope_scaling_type[0] && strcmp(c->rope_scaling_type, "llama3") && strcmp(c->rope_scaling_type, "default"))
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (llama3 is)", cfg_file,
-                       c->rope_scaling_type);
+    const char *rt = c->rope_scaling_type;
+    if (rt[0] && strcmp(rt, "llama3") && strcmp(rt, "default") && strcmp(rt, "linear") && strcmp(rt, "yarn"))
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (linear, llama3 and yarn are)",
+                       cfg_file, rt);
+    if (!strcmp(rt, "linear") || !strcmp(rt, "yarn")) {
+        /* as the file spells the fields: config.json's rope_scaling object, or GGUF's rope.scaling keys */
+        char key[160];
+        snprintf(key, sizeof key, gguf ? "%s.rope.scaling.factor" : "rope_scaling.factor", mt);
+        if (!(c->rope_scaling_factor >= 1 && isfinite(c->rope_scaling_factor)))
+            return KVP_ERR(KVP_EPARSE, "%s: \"%s\": %g is out of range (a finite number >= 1)", cfg_file, key,
+                           c->rope_scaling_factor);
+        if (!(c->rope_beta_fast > 0 && c->rope_beta_slow > 0 && c->rope_attention_factor >= 0 &&
+              c->rope_mscale >= 0 && c->rope_mscale_all_dim >= 0))
+            return KVP_ERR(KVP_EPARSE, "%s: rope_scaling: beta_fast %g and beta_slow %g must be > 0, attention_factor "
+                           "%g, mscale %g and mscale_all_dim %g >= 0", cfg_file, c->rope_beta_fast, c->rope_beta_slow,
+                           c->rope_attention_factor, c->rope_mscale, c->rope_mscale_all_dim);
+    }
     if (c->num_experts > 0)
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: mixture-of-experts models are not supported", cfg_file);
     /* Field names as the file spells them (the GGUF reader checks these too, under the same names). */
@@ -658,28 +673,67 @@ static kvp_status generation_config_eos(const char *cfgpath, kvp_model_config *c
     return st;
 }
 
-static kvp_status init_rope(kvp_model *m)
+/* yarn's attention factor for a context scaled s times (mscale: DeepSeek's coefficient, 1 elsewhere). */
+static double yarn_mscale(double s, double mscale) { return s <= 1 ? 1.0 : 0.1 * mscale * log(s) + 1.0; }
+
+/* yarn: the dimension whose frequency turns n_rot times over the original context (fractional). */
+static double yarn_corr_dim(double n_rot, int32_t dim, double base, double orig)
 {
-    const kvp_model_config *c = &m->cfg;
-    int32_t half = c->head_dim / 2;
-    m->inv_freq = kvp_malloc((size_t)half * sizeof(double));
-    if (!m->inv_freq) return KVP_ERR(KVP_ENOMEM, "out of memory");
-    double theta = c->rope_theta > 0 ? c->rope_theta : 10000.0;
+    return dim * log(orig / (n_rot * 2 * M_PI)) / (2 * log(base));
+}
+
+void kvp_rope_frequencies(const kvp_model_config *c, double *inv_freq, double *scale)
+{
+    const int32_t half = c->head_dim / 2;
+    const double theta = c->rope_theta > 0 ? c->rope_theta : 10000.0, factor = c->rope_scaling_factor;
+    const char *type = c->rope_scaling_type;
+    /* yarn: dimensions below lo keep their frequency (they turn beta_fast times or more over the original
+     * context), above hi are interpolated (divided by factor), and a linear ramp mixes the two between */
+    double lo = 0, hi = 0;
+    if (!strcmp(type, "yarn")) {
+        const double orig = (double)(c->rope_original_max_position > 0 ? c->rope_original_max_position
+                                                                        : c->max_position_embeddings);
+        lo = yarn_corr_dim(c->rope_beta_fast, c->head_dim, theta, orig);
+        hi = yarn_corr_dim(c->rope_beta_slow, c->head_dim, theta, orig);
+        if (c->rope_truncate) lo = floor(lo), hi = ceil(hi);
+        lo = lo > 0 ? lo : 0;
+        hi = hi < c->head_dim - 1 ? hi : c->head_dim - 1;
+        if (hi == lo) hi += 0.001;
+    }
+    *scale = 1.0;
+    if (!strcmp(type, "yarn"))
+        *scale = c->rope_attention_factor > 0 ? c->rope_attention_factor
+                 : c->rope_mscale > 0 && c->rope_mscale_all_dim > 0
+                     ? yarn_mscale(factor, c->rope_mscale) / yarn_mscale(factor, c->rope_mscale_all_dim)
+                     : yarn_mscale(factor, 1.0);
     for (int32_t i = 0; i < half; i++) {
         double f = 1.0 / pow(theta, (2.0 * i) / c->head_dim);
-        if (strcmp(c->rope_scaling_type, "llama3") == 0 && c->rope_scaling_factor > 0) {
-            double old = (double)c->rope_original_max_position, lo = c->rope_low_freq_factor,
-                   hi = c->rope_high_freq_factor, factor = c->rope_scaling_factor;
-            double low_wl = old / lo, high_wl = old / hi, wl = 2.0 * M_PI / f;
+        if (!strcmp(type, "linear")) {
+            f /= factor;
+        } else if (!strcmp(type, "yarn")) {
+            double ramp = (i - lo) / (hi - lo); /* 0: keep, 1: interpolate */
+            ramp = ramp < 0 ? 0 : ramp > 1 ? 1 : ramp;
+            f = f / factor * ramp + f * (1 - ramp);
+        } else if (!strcmp(type, "llama3") && factor > 0) {
+            double old = (double)c->rope_original_max_position, lo_f = c->rope_low_freq_factor,
+                   hi_f = c->rope_high_freq_factor;
+            double low_wl = old / lo_f, high_wl = old / hi_f, wl = 2.0 * M_PI / f;
             if (wl > low_wl) {
                 f = f / factor;
-            } else if (wl >= high_wl && hi != lo) {
-                double smooth = (old / wl - lo) / (hi - lo);
+            } else if (wl >= high_wl && hi_f != lo_f) {
+                double smooth = (old / wl - lo_f) / (hi_f - lo_f);
                 f = (1.0 - smooth) * f / factor + smooth * f;
             }
         }
-        m->inv_freq[i] = f;
+        inv_freq[i] = f;
     }
+}
+
+static kvp_status init_rope(kvp_model *m)
+{
+    m->inv_freq = kvp_malloc((size_t)(m->cfg.head_dim / 2) * sizeof(double));
+    if (!m->inv_freq) return KVP_ERR(KVP_ENOMEM, "out of memory");
+    kvp_rope_frequencies(&m->cfg, m->inv_freq, &m->rope_scale);
     return KVP_OK;
 }
 
@@ -849,7 +903,12 @@ int kvp_model_is_eos(const kvp_model *m, int32_t id)
 }
 int32_t kvp_model_max_len(const kvp_model *m)
 {
-    int64_t n = m->cfg.max_position_embeddings;
+    const kvp_model_config *c = &m->cfg;
+    double n = (double)c->max_position_embeddings;
+    /* as vLLM derives max_model_len: linear scaling stretches the context factor times, yarn its original */
+    if (!strcmp(c->rope_scaling_type, "linear")) n *= c->rope_scaling_factor;
+    if (!strcmp(c->rope_scaling_type, "yarn"))
+        n = (double)(c->rope_original_max_position > 0 ? c->rope_original_max_position : n) * c->rope_scaling_factor;
     return n > 0 && n < INT32_MAX ? (int32_t)n : INT32_MAX;
 }
 
@@ -1389,14 +1448,15 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, doubl
     for (int64_t i = 0; i < n; i++) out[i] = w[i] * (ss * x[i]);
 }
 
-/* cs (2 * head_dim/2): cos, sin of pos * inv_freq[i], interleaved (computed in double, rounded to float). */
+/* cs (2 * head_dim/2): cos, sin of pos * inv_freq[i] times rope_scale, interleaved (computed in double, rounded
+ * to float). */
 static void rope_angles(const kvp_model *m, int32_t pos, float *cs)
 {
     const int32_t half = m->cfg.head_dim / 2;
     for (int32_t i = 0; i < half; i++) {
         double a = (double)pos * m->inv_freq[i];
-        cs[2 * i] = (float)cos(a);
-        cs[2 * i + 1] = (float)sin(a);
+        cs[2 * i] = (float)(cos(a) * m->rope_scale);
+        cs[2 * i + 1] = (float)(sin(a) * m->rope_scale);
     }
 }
 

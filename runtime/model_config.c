@@ -160,6 +160,12 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
     KVP_TRY(opt_num(rs, what, "low_freq_factor", 1.0, &c->rope_low_freq_factor));
     KVP_TRY(opt_num(rs, what, "high_freq_factor", 4.0, &c->rope_high_freq_factor));
     KVP_TRY(opt_int(rs, what, "original_max_position_embeddings", 1, MAX_TOKENS, 0, &c->rope_original_max_position));
+    KVP_TRY(opt_num(rs, what, "beta_fast", 32.0, &c->rope_beta_fast));
+    KVP_TRY(opt_num(rs, what, "beta_slow", 1.0, &c->rope_beta_slow));
+    KVP_TRY(opt_bool(rs, what, "truncate", 1, &c->rope_truncate));
+    KVP_TRY(opt_num(rs, what, "attention_factor", 0.0, &c->rope_attention_factor));
+    KVP_TRY(opt_num(rs, what, "mscale", 0.0, &c->rope_mscale));
+    KVP_TRY(opt_num(rs, what, "mscale_all_dim", 0.0, &c->rope_mscale_all_dim));
     return KVP_OK;
 }
 

@@ -51,12 +51,19 @@ typedef struct {
 
     double rms_norm_eps;      /* or layer_norm_eps */
     double rope_theta;
-    /* rope_scaling: type "" when absent; llama3 uses factor, low/high_freq_factor, original_max */
+    /* rope_scaling: type "" when absent; llama3 uses factor, low/high_freq_factor, original_max; linear
+     * uses factor; yarn uses factor, original_max (0: max_position_embeddings), beta_fast/beta_slow (the
+     * correction range, 32 and 1), truncate (round that range to whole dimensions, 1) and the attention
+     * factor that scales cos and sin (0: the default, 0.1 ln(factor) + 1, or DeepSeek's ratio of the two
+     * with mscale and mscale_all_dim when both are given) */
     char rope_scaling_type[32];
     double rope_scaling_factor;
     double rope_low_freq_factor;
     double rope_high_freq_factor;
     int64_t rope_original_max_position;
+    double rope_beta_fast, rope_beta_slow;
+    int rope_truncate;
+    double rope_attention_factor, rope_mscale, rope_mscale_all_dim;
 
     int tie_word_embeddings;  /* 1: LM head shares the embedding matrix */
     int attention_bias;       /* q/k/v projections carry a bias (qwen2: 1) */

@@ -967,21 +967,29 @@ Test(model, overlapping_gguf_tensors_are_rejected)
     cr_assert(strstr(kvp_error_message(), "'token_embd.weight'"), "%s", kvp_error_message());
 }
 
-/* stories260K.gguf with one more tensor, rope_freqs.weight = ff[0..4) (llama.cpp's llama3 rope factors):
- * its tensor info goes after the others, its data after theirs (offsets stay relative to the data). */
-static const char *gguf_with_rope_freqs(const float ff[4])
+/* Where stories260K.gguf's tensor infos end (buf, len: the file) and how many tensors it has. */
+static size_t gguf_info_end(const unsigned char *buf, size_t len, int64_t *num_tensors)
 {
-    size_t len;
-    unsigned char *buf = tu_read_all(S260_GGUF, &len);
     kvp_gguf *g;
     cr_assert_eq(kvp_gguf_open(S260_GGUF, &g), KVP_OK);
     const int64_t nt = kvp_gguf_num_tensors(g);
     kvp_tensor_view last;
     kvp_gguf_tensor_at(g, nt - 1, &last);
     /* the last tensor info: name (u64 length, bytes), u32 n_dims, u64 dims, u32 type, u64 offset */
-    const size_t info_end =
-        tu_gguf_find_str(buf, len, last.name) + 8 + strlen(last.name) + 4 + 8 * (size_t)last.ndim + 4 + 8;
+    const size_t end = tu_gguf_find_str(buf, len, last.name) + 8 + strlen(last.name) + 4 + 8 * (size_t)last.ndim + 4 + 8;
     kvp_gguf_close(g);
+    if (num_tensors) *num_tensors = nt;
+    return end;
+}
+
+/* stories260K.gguf with one more tensor, rope_freqs.weight = ff[0..4) (llama.cpp's llama3 rope factors):
+ * its tensor info goes after the others, its data after theirs (offsets stay relative to the data). */
+static const char *gguf_with_rope_freqs(const float ff[4])
+{
+    size_t len;
+    unsigned char *buf = tu_read_all(S260_GGUF, &len);
+    int64_t nt;
+    const size_t info_end = gguf_info_end(buf, len, &nt);
     const size_t data_start = (info_end + 31) / 32 * 32, data_len = len - data_start;
     tu_buf out = {0};
     tu_put(&out, buf, info_end);
@@ -1049,4 +1057,192 @@ Test(model, gguf_rope_freqs_match_hf_llama3_rope_scaling)
     kvp_model *none = NULL;
     cr_assert_eq(kvp_model_load(gguf_with_rope_freqs(bad), &none), KVP_EPARSE);
     cr_assert(strstr(kvp_error_message(), "rope_freqs.weight[1]"), "%s", kvp_error_message());
+}
+
+/* dir/name: stories260K.gguf with n more metadata pairs, kvs (as tu_kv_* write them), first after the header.
+ * Everything after them moves by their length, the tensor data to the next multiple of 32 (tensor offsets
+ * are relative to it). */
+static const char *gguf_with_kvs(const char *name, const tu_buf *kvs, uint64_t n)
+{
+    size_t len;
+    unsigned char *buf = tu_read_all(S260_GGUF, &len);
+    const size_t info_end = gguf_info_end(buf, len, NULL), data_start = (info_end + 31) / 32 * 32;
+    uint64_t nkv;
+    memcpy(&nkv, buf + 16, 8); /* header: magic, version, tensor count, metadata count */
+    nkv += n;
+    tu_buf out = {0};
+    tu_put(&out, buf, 16);
+    tu_u64(&out, nkv);
+    tu_put(&out, kvs->p, kvs->n);
+    tu_put(&out, buf + 24, info_end - 24);
+    tu_pad(&out, 32);
+    tu_put(&out, buf + data_start, len - data_start);
+    static char path[400];
+    snprintf(path, sizeof path, "%s/%s", tu_tmpdir(), name);
+    tu_write_all(path, out.p, out.n);
+    free(out.p);
+    free(buf);
+    return path;
+}
+
+/* kvp_rope_frequencies against scripts/rope-reference.py, which computes YaRN and linear scaling from their
+ * published definitions (the YaRN paper, Hugging Face's _compute_yarn_parameters), not from this code. The
+ * configs are parsed from JSON, so the rope_scaling fields' defaults (beta_fast 32, beta_slow 1, truncate)
+ * are the parser's. */
+static void rope_of(const char *rope_scaling, kvp_model_config *c, double *inv, double *scale)
+{
+    cJSON *root;
+    cr_assert_eq(kvp_json_parse_file("../shared/data/configs/Qwen3-8B.json", &root), KVP_OK, "%s",
+                 kvp_error_detail());
+    cJSON_ReplaceItemInObject(root, "rope_scaling", cJSON_Parse(rope_scaling));
+    cr_assert_eq(kvp_model_config_from_json(root, "Qwen3-8B.json", c), KVP_OK, "%s", kvp_error_detail());
+    cJSON_Delete(root);
+    kvp_rope_frequencies(c, inv, scale);
+}
+
+static void expect_rel(double got, double want, const char *what, int i)
+{
+    cr_assert(fabs(got - want) <= 1e-12 * fabs(want), "%s[%d]: %.17g, the reference %.17g", what, i, got, want);
+}
+
+Test(model, rope_frequencies_match_the_reference)
+{
+    kvp_model_config c;
+    double inv[128], scale;
+    /* Qwen3-8B (head_dim 128, theta 1e6) with its model card's YaRN: dimensions 0-23 keep their frequency,
+     * 24-39 are on the ramp, 40 and up are divided by 4 */
+    rope_of("{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768}", &c, inv,
+            &scale);
+    const int at[] = {0, 20, 23, 24, 30, 35, 39, 40, 63};
+    const double want[] = {1.0, 0.01333521432163324, 0.006978305848598663, 0.005375321490790102,
+                           0.001064360981247002, 0.0002462584069089387, 6.490394320837029e-05,
+                           4.445698525097307e-05, 3.102344401879299e-07};
+    for (int k = 0; k < 9; k++) expect_rel(inv[at[k]], want[k], "qwen3 yarn", at[k]);
+    expect_rel(scale, 1.138629436111989, "qwen3 yarn scale", 0);
+    /* stories260K's shape (head_dim 8, theta 1e4), 128 original positions: pair 1 is half-way up the ramp;
+     * without truncation the ramp starts at dimension -0.196 and ends at 1.309 */
+    c.head_dim = 8;
+    c.rope_theta = 10000;
+    c.rope_original_max_position = 128;
+    kvp_rope_frequencies(&c, inv, &scale);
+    const double yarn8[] = {1.0, 0.0625, 0.0025, 0.00025}, untrunc8[] = {1.0, 0.04270567198866974, 0.0025, 0.00025};
+    for (int i = 0; i < 4; i++) expect_rel(inv[i], yarn8[i], "yarn 8", i);
+    c.rope_truncate = 0;
+    kvp_rope_frequencies(&c, inv, &scale);
+    for (int i = 0; i < 4; i++) expect_rel(inv[i], untrunc8[i], "yarn 8 untruncated", i);
+    /* attention_factor replaces the default scale; DeepSeek's mscale / mscale_all_dim make it their ratio */
+    rope_of("{\"type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 0.75}", &c, inv, &scale);
+    cr_assert_eq(scale, 0.75);
+    rope_of("{\"type\": \"yarn\", \"factor\": 40.0, \"mscale\": 1.0, \"mscale_all_dim\": 0.5}", &c, inv, &scale);
+    expect_rel(scale, (0.1 * log(40.0) + 1) / (0.05 * log(40.0) + 1), "mscale ratio", 0);
+    rope_of("{\"rope_type\": \"linear\", \"factor\": 2.0}", &c, inv, &scale);
+    c.head_dim = 8;
+    c.rope_theta = 10000;
+    kvp_rope_frequencies(&c, inv, &scale);
+    const double lin8[] = {0.5, 0.05, 0.005, 0.0005};
+    for (int i = 0; i < 4; i++) expect_rel(inv[i], lin8[i], "linear 8", i);
+    cr_assert_eq(scale, 1.0);
+}
+
+/* Linear and YaRN scaling give the same 256-token story from config.json's rope_scaling and from GGUF's
+ * rope.scaling keys (each with its own RoPE convention), another story than the model's own, and the
+ * longer context vLLM derives (linear: context x factor; yarn: original context x factor). */
+Test(model, rope_scaling_linear_and_yarn_from_both_formats)
+{
+    tu_require_shared();
+    const int32_t bos = 1, steps = 256;
+    int32_t plain[256], hf[256], gg[256];
+    kvp_model *m = load(S260_GGUF);
+    greedy_one(m, 16, &bos, 1, steps, 0, plain);
+    kvp_model_destroy(m);
+    const struct {
+        const char *json, *type;
+        float factor, attn;
+        uint32_t orig;
+        int32_t max_hf, max_gguf;
+        int legacy; /* the factor as rope.scale_linear, no type */
+    } cases[] = {
+        {"{\"rope_type\": \"linear\", \"factor\": 2.0}", "linear", 2, 0, 0, 1024, 4096, 0},
+        {"{\"rope_type\": \"linear\", \"factor\": 2.0}", NULL, 2, 0, 0, 1024, 4096, 1},
+        {"{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 128}", "yarn", 4, 0, 128,
+         512, 512, 0},
+        /* GGUF's attn_factor multiplies the default 0.1 ln 4 + 1; HF's attention_factor replaces it */
+        {"{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 128, "
+         "\"attention_factor\": 1.5}", "yarn", 4, (float)(1.5 / (0.1 * log(4.0) + 1)), 128, 512, 512, 0},
+    };
+    int32_t first_yarn[256];
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        char to[300];
+        snprintf(to, sizeof to, "\"rope_scaling\": %s", cases[k].json);
+        m = load(hf_copy("\"rope_scaling\": null", to, NULL, NULL));
+        cr_assert_eq(kvp_model_max_len(m), cases[k].max_hf, "case %zu", k);
+        greedy_one(m, 16, &bos, 1, steps, 0, hf);
+        kvp_model_destroy(m);
+        tu_buf kvs = {0};
+        uint64_t n = 0;
+        if (cases[k].legacy) {
+            tu_kv_f32(&kvs, "llama.rope.scale_linear", cases[k].factor), n++;
+        } else {
+            tu_kv_str(&kvs, "llama.rope.scaling.type", cases[k].type), n++;
+            tu_kv_f32(&kvs, "llama.rope.scaling.factor", cases[k].factor), n++;
+        }
+        if (cases[k].orig) tu_kv_u32(&kvs, "llama.rope.scaling.original_context_length", cases[k].orig), n++;
+        if (cases[k].attn > 0) tu_kv_f32(&kvs, "llama.rope.scaling.attn_factor", cases[k].attn), n++;
+        m = load(gguf_with_kvs("scaled.gguf", &kvs, n));
+        free(kvs.p);
+        cr_assert_eq(kvp_model_max_len(m), cases[k].max_gguf, "case %zu", k);
+        greedy_one(m, 16, &bos, 1, steps, 0, gg);
+        kvp_model_destroy(m);
+        int differ = 0, differ_yarn = 0;
+        for (int i = 0; i < steps; i++) {
+            cr_assert_eq(gg[i], hf[i], "case %zu, token %d: GGUF %d, HF %d", k, i, gg[i], hf[i]);
+            differ += plain[i] != hf[i];
+            differ_yarn += k == 3 && first_yarn[i] != hf[i];
+        }
+        cr_assert_gt(differ, 0, "case %zu: the scaling must change the story", k);
+        if (k == 2) memcpy(first_yarn, hf, sizeof hf);
+        if (k == 3) cr_assert_gt(differ_yarn, 0, "the attention factor must change the story");
+    }
+}
+
+Test(model, unsupported_or_impossible_rope_scaling_is_rejected)
+{
+    tu_require_shared();
+    const struct {
+        const char *json, *names;
+        kvp_status st;
+    } hf_cases[] = {
+        {"{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "'dynamic' is not supported", KVP_EUNSUPPORTED},
+        {"{\"rope_type\": \"longrope\", \"factor\": 2.0}", "'longrope' is not supported", KVP_EUNSUPPORTED},
+        {"{\"rope_type\": \"linear\", \"factor\": 0.5}", "rope_scaling.factor", KVP_EPARSE},
+        {"{\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": -32}", "beta_fast -32", KVP_EPARSE},
+        {"{\"rope_type\": \"yarn\", \"factor\": \"4\"}", "\"factor\" must be a number", KVP_EPARSE},
+    };
+    for (size_t k = 0; k < sizeof hf_cases / sizeof hf_cases[0]; k++) {
+        char to[300], cfg[400];
+        snprintf(to, sizeof to, "\"rope_scaling\": %s", hf_cases[k].json);
+        const char *dir = hf_copy("\"rope_scaling\": null", to, NULL, NULL);
+        snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+        expect_load_error(dir, hf_cases[k].st, cfg, hf_cases[k].names, NULL, hf_cases[k].json);
+    }
+    tu_buf kvs = {0};
+    tu_kv_str(&kvs, "llama.rope.scaling.type", "longrope");
+    const char *p = gguf_with_kvs("longrope.gguf", &kvs, 1);
+    expect_load_error(p, KVP_EUNSUPPORTED, p, "'longrope' is not supported", NULL, "GGUF longrope");
+    kvs.n = 0;
+    tu_kv_str(&kvs, "llama.rope.scaling.type", "yarn");
+    tu_kv_f32(&kvs, "llama.rope.scaling.factor", -2);
+    p = gguf_with_kvs("negative.gguf", &kvs, 2);
+    expect_load_error(p, KVP_EPARSE, p, "llama.rope.scaling.factor", "-2", "GGUF factor -2");
+    kvs.n = 0;
+    tu_kv_f32(&kvs, "llama.rope.scaling.factor", NAN);
+    p = gguf_with_kvs("nan.gguf", &kvs, 1);
+    expect_load_error(p, KVP_EPARSE, p, "llama.rope.scaling.factor", "nan", "GGUF factor NaN");
+    /* type "none" with no factor: the model's own story */
+    kvs.n = 0;
+    tu_kv_str(&kvs, "llama.rope.scaling.type", "none");
+    kvp_model *m = load(gguf_with_kvs("none.gguf", &kvs, 1));
+    check_golden(m, 16, 0);
+    kvp_model_destroy(m);
+    free(kvs.p);
 }
