@@ -87,6 +87,8 @@ static void usage(FILE *f)
             "                          \"disable_by_batch_size\": B: none while more than B sequences run\n"
             "  --max-num-seqs N        running sequences at most (default 256)\n"
             "  --max-batched-tokens N  tokens per step (default 2048)\n"
+            "  --max-model-len N       prompt + generated tokens at most (vLLM's; default: the model's context, at\n"
+            "                          most that)\n"
             "  --threads N             CPU threads (default 1)\n"
             "  --tp N                  tensor parallelism over N MPI ranks (default 1): run it as\n"
             "                          `mpirun -np N kvpage generate --tp N ...`; each rank holds 1/N of the heads,\n"
@@ -219,6 +221,7 @@ typedef struct {
     strlist prompts;
     int32_t *prompt_max; /* per prompt max_tokens from a .jsonl prompts file (-1: --max-tokens), or NULL */
     int32_t max_tokens, min_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads, tp;
+    int32_t max_model_len; /* 0: the model's context */
     double temperature, top_p, min_p;
     float presence, frequency, repetition;
     int64_t seed;
@@ -344,7 +347,8 @@ static int run(gen_opts *o)
     kvp_model_set_threads(m, o->threads);
     kvp_model_set_matmul(m, o->matmul);
     if (o->kv_auto) o->kv_dtype = kvp_model_kv_dtype_auto(m);
-    if ((st = kvp_tok_for_model(m, o->model, o->tokenizer, &tok)) != KVP_OK) {
+    if ((st = kvp_model_set_max_len(m, o->max_model_len)) != KVP_OK ||
+        (st = kvp_tok_for_model(m, o->model, o->tokenizer, &tok)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
     }
@@ -601,7 +605,7 @@ int kvp_cmd_generate(int argc, char **argv)
     enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
            O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE,
            O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM,
-           O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL };
+           O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL, O_MAXLEN };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
@@ -615,6 +619,7 @@ int kvp_cmd_generate(int argc, char **argv)
         {"kv-offloading-size", required_argument, 0, O_OFFLOAD},
         {"kv-offloading-policy", required_argument, 0, O_OFFPOL},
         {"max-batched-tokens", required_argument, 0, O_BATCH}, {"threads", required_argument, 0, O_THREADS},
+        {"max-model-len", required_argument, 0, O_MAXLEN},
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
         {"kv-dtype", required_argument, 0, O_KV_DTYPE}, {"tp", required_argument, 0, O_TP},
@@ -683,6 +688,7 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &o.max_batched); break;
+        case O_MAXLEN: st = kvp_parse_i32(optarg, 2, INT32_MAX, &o.max_model_len); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;
         case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &o.tp); break;
         case O_MATMUL:

@@ -113,6 +113,7 @@ struct kvp_model {
     layer_w *layers; /* (num_layers) */
     double *inv_freq; /* (head_dim / 2) */
     double rope_scale; /* cos and sin are multiplied by it (yarn's attention factor; else 1) */
+    int32_t max_len_cap; /* kvp_model_set_max_len's (0: none) */
     fwd_ws ws[KVP_FWD_MAX_GROUPS]; /* one per data-parallel group, grown on demand */
     int32_t *sub;                  /* rebased qo/kv indptr of the groups */
     size_t sub_cap;
@@ -909,7 +910,18 @@ int32_t kvp_model_max_len(const kvp_model *m)
     if (!strcmp(c->rope_scaling_type, "linear")) n *= c->rope_scaling_factor;
     if (!strcmp(c->rope_scaling_type, "yarn"))
         n = (double)(c->rope_original_max_position > 0 ? c->rope_original_max_position : n) * c->rope_scaling_factor;
-    return n > 0 && n < INT32_MAX ? (int32_t)n : INT32_MAX;
+    const int32_t ctx = n > 0 && n < INT32_MAX ? (int32_t)n : INT32_MAX;
+    return m->max_len_cap > 0 && m->max_len_cap < ctx ? m->max_len_cap : ctx;
+}
+
+kvp_status kvp_model_set_max_len(kvp_model *m, int32_t n)
+{
+    m->max_len_cap = 0;
+    const int32_t ctx = kvp_model_max_len(m);
+    if (n > ctx)
+        return KVP_ERR(KVP_EINVAL, "max_model_len %d exceeds the context of %s (%d tokens)", n, m->path, ctx);
+    m->max_len_cap = n > 0 ? n : 0;
+    return KVP_OK;
 }
 
 int kvp_model_get_threads(const kvp_model *m) { return m->threads; }

@@ -92,6 +92,9 @@ int kvp_model_is_eos(const kvp_model *m, int32_t id);
 /* Maximum positions: max_position_embeddings (GGUF context_length), times the factor of linear rope scaling;
  * with yarn, its original context times its factor (as vLLM derives max_model_len). */
 int32_t kvp_model_max_len(const kvp_model *m);
+/* Caps kvp_model_max_len at n (vLLM's --max-model-len; n <= 0: no cap). KVP_EINVAL when n exceeds the
+ * model's context (no cap is kept then). */
+kvp_status kvp_model_set_max_len(kvp_model *m, int32_t n);
 
 /* Threads for matmuls and attention (>= 1). Process-wide for attention and OpenBLAS. kvp_model_load sets
  * 1 (OpenMP threads spinning on an oversubscribed machine cost far more than they bring to small batches). */

@@ -118,6 +118,8 @@ static void usage(FILE *f)
             "  --speculative-config J    n-gram speculative decoding, as for generate (vLLM's JSON)\n"
             "  --max-num-seqs N          running sequences at most (default 256)\n"
             "  --max-batched-tokens N    tokens per step (default 2048)\n"
+            "  --max-model-len N         prompt + generated tokens at most (vLLM's; default: the model's\n"
+            "                            context, at most that); longer prompts get 400\n"
             "  --threads N               CPU threads (default 1)\n"
             "  --matmul invariant|blas   as for generate (default invariant)\n"
             "  --weight-dtype T          as for generate: auto (default), f32, f16, bf16 or q8_0\n"
@@ -2037,7 +2039,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 
 typedef struct {
     const char *model, *tokenizer, *host, *name, *chat_template;
-    int32_t port, num_blocks, threads, max_conns, tp;
+    int32_t port, num_blocks, threads, max_conns, tp, max_model_len;
     int64_t kv_mem, offload_bytes;
     int offload_policy; /* --kv-offloading-policy (kvp_hc_write_policy), -1: not given */
     int json;
@@ -2192,6 +2194,7 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
         kvp_model_set_threads(m, o->threads);
         kvp_model_set_matmul(m, o->matmul);
         if (o->kv_auto) cfg.kv_dtype = kvp_model_kv_dtype_auto(m);
+        st = kvp_model_set_max_len(m, o->max_model_len);
     }
     /* this rank's bytes per block: the same on every rank */
     if (st == KVP_OK && cfg.num_blocks == 0)
@@ -2219,7 +2222,8 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
 int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL };
+           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL,
+           O_MAXLEN };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -2228,6 +2232,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"kv-dtype", required_argument, 0, O_DT},    {"cache", required_argument, 0, O_CACHE},
         {"weight-dtype", required_argument, 0, O_WDTYPE},
         {"max-num-seqs", required_argument, 0, O_SEQS}, {"max-batched-tokens", required_argument, 0, O_BATCH},
+        {"max-model-len", required_argument, 0, O_MAXLEN},
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
         {"stream-interval", required_argument, 0, O_STREAMIV}, {"sched", required_argument, 0, O_SCHED},
@@ -2272,6 +2277,7 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_SPEC: st = kvp_gen_spec_parse(optarg, &cfg); break;
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.max_num_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.max_batched_tokens); break;
+        case O_MAXLEN: st = kvp_parse_i32(optarg, 2, INT32_MAX, &o.max_model_len); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;
         case O_MATMUL: st = kvp_matmul_kind_parse(optarg, &o.matmul); break;
         case O_CONNS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_conns); break;

@@ -1111,12 +1111,35 @@ Test(generate_cli, bad_input_exits_2_with_a_clear_error)
         {"--kv-offloading-size 7X", "--kv-offloading-size: "},
         {"--kv-offloading-size 1MiB --kv-offloading-policy sometimes", "'sometimes'"},
         {"--kv-offloading-policy write_back", "needs a host tier"},
+        {"--max-model-len 4096", "max_model_len 4096 exceeds the context of " S260_GGUF " (2048 tokens)"},
+        {"--max-model-len 1", "--max-model-len: 1 is out of range"},
     };
     kvp_test_cli_rejects("generate --model " S260_GGUF " --prompt hi", options, sizeof options / sizeof options[0]);
     char cmd[512], *out, *err;
     snprintf(cmd, sizeof cmd, "%s generate --help", kvp_test_bin());
     cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0);
     cr_assert(strstr(out, "--beam-width") && strstr(out, "--prompts-file"));
+    free(out);
+    free(err);
+}
+
+/* --max-model-len caps prompt + generated tokens as vLLM's does: the golden story stops at the cap, and a
+ * prompt that fits the model but not the cap is refused. */
+Test(generate_cli, max_model_len_caps_the_context)
+{
+    cJSON *gold;
+    const cJSON *c = golden_case(&gold, 0); /* the published story, from BOS alone */
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --max-tokens 200 --max-model-len 40 --json",
+             kvp_test_bin(), S260_GGUF);
+    cJSON *j = expect_generated(cmd, cJSON_GetObjectItem(c, "tokens_after_bos"), 0, 39);
+    cJSON_Delete(j);
+    cJSON_Delete(gold);
+    char *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt \"$(printf 'Lily %%.0s' $(seq 60))\" --max-model-len 50",
+             kvp_test_bin(), S260_GGUF);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "the model's context is 50 tokens"), "%s", err);
     free(out);
     free(err);
 }

@@ -760,6 +760,7 @@ Test(serve_cli, bad_command_lines)
         {"--model " S260_GGUF " --kv-offloading-size 1MiB --cache none --port 0", "needs a prefix cache"},
         {"--model " S260_GGUF " --kv-offloading-policy write_back --port 0", "needs a host tier"},
         {"--model " S260_GGUF " --kv-offloading-size 1MiB --kv-offloading-policy never --port 0", "'never'"},
+        {"--model " S260_GGUF " --max-model-len 4096 --port 0", "max_model_len 4096 exceeds the context of"},
     };
     kvp_test_cli_rejects("serve", cases, sizeof cases / sizeof cases[0]);
 }
@@ -1605,7 +1606,19 @@ Test(serve, kv_dtype_auto_follows_the_weights)
  * the 256-token story back to its text), a conversation through the chat template, bad input. */
 Test(serve, tokenize_and_detokenize)
 {
-    server s = start("--num-blocks 64 --chat-template zephyr");
+    server s = start("--num-blocks 64 --chat-template zephyr --max-model-len 300");
+    /* --max-model-len: what /tokenize reports, and prompts of that length get 400 */
+    cJSON *capped = post_json(&s, "/tokenize", "{\"prompt\":\"Lily\"}", 200);
+    cr_assert_eq(cJSON_GetObjectItem(capped, "max_model_len")->valueint, 300);
+    cJSON_Delete(capped);
+    char longp[4096] = "{\"prompt\":[1";
+    for (int i = 1; i < 300; i++) strcat(longp, ",5");
+    strcat(longp, "],\"max_tokens\":1}");
+    capped = complete(&s, longp, 400);
+    char *msg = cJSON_PrintUnformatted(capped);
+    cr_assert(strstr(msg, "prompt 0 is 300 tokens, the model's context is 300"), "%s", msg);
+    free(msg);
+    cJSON_Delete(capped);
     cJSON *gold;
     cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
     const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 0);
