@@ -659,8 +659,8 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
 }
 
 /* generation_config.json beside config.json (when there is one): its eos_token_id ids end generation too, as
- * in transformers and vLLM (Llama-3-Instruct lists <|eot_id|> there). */
-static kvp_status generation_config_eos(const char *cfgpath, kvp_model_config *c)
+ * in transformers and vLLM (Llama-3-Instruct lists <|eot_id|> there), and its sampling defaults. */
+static kvp_status generation_config(const char *cfgpath, kvp_model_config *c)
 {
     char path[1200];
     const char *slash = strrchr(cfgpath, '/');
@@ -670,6 +670,7 @@ static kvp_status generation_config_eos(const char *cfgpath, kvp_model_config *c
     cJSON *j;
     KVP_TRY(kvp_json_parse_file(path, &j));
     kvp_status st = kvp_model_config_eos(j, path, c);
+    if (st == KVP_OK) st = kvp_model_config_sampling(j, path, c);
     cJSON_Delete(j);
     return st;
 }
@@ -846,7 +847,7 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
             snprintf(cfgpath, sizeof cfgpath, "%.*s/config.json", dl, slash ? path : ".");
         }
         if ((st = kvp_model_config_load(cfgpath, &m->cfg)) != KVP_OK) goto fail;
-        if ((st = generation_config_eos(cfgpath, &m->cfg)) != KVP_OK) goto fail;
+        if ((st = generation_config(cfgpath, &m->cfg)) != KVP_OK) goto fail;
         m->rope = KVP_ROPE_HALF;
         if ((st = kvp_st_open(path, &s)) != KVP_OK) goto fail;
         src.s = s;

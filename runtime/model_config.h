@@ -35,6 +35,21 @@ enum { KVP_MAX_LAYERS = 1024 };
 
 enum { KVP_MAX_EOS_IDS = 8 };
 
+/* A model's default sampling (generation_config.json); `given` has a KVP_SAMPLING_* bit per field it sets. */
+enum {
+    KVP_SAMPLING_TEMPERATURE = 1,
+    KVP_SAMPLING_TOP_P = 2,
+    KVP_SAMPLING_TOP_K = 4,
+    KVP_SAMPLING_MIN_P = 8,
+    KVP_SAMPLING_REPETITION = 16,
+    KVP_SAMPLING_MAX_TOKENS = 32,
+};
+typedef struct {
+    double temperature, top_p, min_p, repetition_penalty;
+    int64_t top_k, max_tokens;
+    unsigned given;
+} kvp_sampling_defaults;
+
 typedef struct {
     char model_type[64];
     kvp_model_family family;
@@ -98,7 +113,15 @@ typedef struct {
      * generation_config.json's beside it, or a GGUF's eot/eom ids (Llama-3-Instruct's <|eot_id|>). */
     int64_t eos_token_ids[KVP_MAX_EOS_IDS];
     int32_t n_eos;
+    kvp_sampling_defaults sampling;
 } kvp_model_config;
+
+/* Reads the sampling defaults of a generation_config.json object (what vLLM's --generation-config auto takes
+ * from it: temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens; do_sample is ignored, as
+ * vLLM ignores it) into cfg->sampling; `what` names the file in errors (a non-number, or a value out of
+ * range: temperature [0, 1e6], top_p (0, 1], top_k >= -1 (0 and -1: all), min_p [0, 1], repetition_penalty
+ * (0, 10], max_new_tokens >= 1). */
+kvp_status kvp_model_config_sampling(const cJSON *obj, const char *what, kvp_model_config *cfg);
 
 /* Adds id to cfg's EOS ids (a no-op for -1, an id already there, or a full list). */
 void kvp_model_config_add_eos(kvp_model_config *cfg, int64_t id);

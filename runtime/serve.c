@@ -120,6 +120,10 @@ static void usage(FILE *f)
             "  --max-batched-tokens N    tokens per step (default 2048)\n"
             "  --max-model-len N         prompt + generated tokens at most (vLLM's; default: the model's\n"
             "                            context, at most that); longer prompts get 400\n"
+            "  --generation-config auto|vllm  auto (default): what a request leaves out of temperature, top_p,\n"
+            "                            top_k, min_p, repetition_penalty and max_tokens is taken from the\n"
+            "                            model's generation_config.json (max_new_tokens), as vLLM's; vllm:\n"
+            "                            from vLLM's defaults (1, 1, -1, 0, 1, 16) whatever the model says\n"
             "  --threads N               CPU threads (default 1)\n"
             "  --matmul invariant|blas   as for generate (default invariant)\n"
             "  --weight-dtype T          as for generate: auto (default), f32, f16, bf16 or q8_0\n"
@@ -230,6 +234,7 @@ typedef struct {
     int32_t stream_interval; /* --stream-interval: a stream is resumed every N steps that extend it */
     char name[256];
     kvp_gen_config cfg;
+    kvp_sampling_defaults dflt; /* what a request leaves out: the model's generation_config.json, else vLLM's */
     pthread_mutex_t mu;
     pthread_cond_t wake;
     job *head, *tail; /* queued, not yet added */
@@ -1035,17 +1040,18 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
                                           : "\"messages\" is for /v1/chat/completions: a completion has a \"prompt\""), 400;
     double max_tokens, temperature, top_p, min_p, top_k, n, seed, best_of, logprobs = -1, presence, frequency, repetition,
         min_tokens, priority;
-    if (!get_num(req, "max_tokens", 16, 0, 1 << 24, 1, &max_tokens, err, cap) ||
+    const kvp_sampling_defaults *d = &sv->dflt;
+    if (!get_num(req, "max_tokens", (double)d->max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap) ||
         (j->chat && !get_num(req, "max_completion_tokens", max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap)) ||
-        !get_num(req, "temperature", 1.0, 0, 1e6, 0, &temperature, err, cap) ||
-        !get_num(req, "top_p", 1.0, 1e-9, 1, 0, &top_p, err, cap) ||
-        !get_num(req, "min_p", 0, 0, 1, 0, &min_p, err, cap) ||
-        !get_num(req, "top_k", -1, -1, INT32_MAX, 1, &top_k, err, cap) ||
+        !get_num(req, "temperature", d->temperature, 0, 1e6, 0, &temperature, err, cap) ||
+        !get_num(req, "top_p", d->top_p, 1e-9, 1, 0, &top_p, err, cap) ||
+        !get_num(req, "min_p", d->min_p, 0, 1, 0, &min_p, err, cap) ||
+        !get_num(req, "top_k", (double)d->top_k, -1, INT32_MAX, 1, &top_k, err, cap) ||
         !get_num(req, "n", 1, 1, 1000, 1, &n, err, cap) || !get_num(req, "seed", -1, 0, 9007199254740991.0, 1, &seed, err, cap) ||
         !get_num(req, "best_of", n, n, n, 1, &best_of, err, cap) ||
         !get_num(req, "presence_penalty", 0, -2, 2, 0, &presence, err, cap) ||
         !get_num(req, "frequency_penalty", 0, -2, 2, 0, &frequency, err, cap) ||
-        !get_num(req, "repetition_penalty", 1, 1e-6, 10, 0, &repetition, err, cap) ||
+        !get_num(req, "repetition_penalty", d->repetition_penalty, 1e-6, 10, 0, &repetition, err, cap) ||
         !get_num(req, "min_tokens", 0, 0, max_tokens, 1, &min_tokens, err, cap) ||
         !get_num(req, "priority", 0, INT32_MIN, INT32_MAX, 1, &priority, err, cap) ||
         (!j->chat && !get_num(req, "logprobs", -1, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)))
@@ -2048,6 +2054,7 @@ typedef struct {
     int kv_auto; /* --kv-dtype auto: the gen config's kv_dtype is set once the model is loaded */
     int reasoning;
     int32_t stream_interval;
+    int generation_config; /* --generation-config auto (1): the model's sampling defaults; vllm (0): vLLM's */
 } serve_opts;
 
 /* SIGINT/SIGTERM write a byte to this pipe, whichever thread they reach (OpenBLAS starts threads before
@@ -2064,6 +2071,33 @@ static void on_signal(int sig)
 }
 
 /* Rank 0 (the only one without --tp): serves model m until SIGINT or SIGTERM. */
+/* sv->dflt: vLLM's request defaults, then (auto) the fields the model's generation_config.json gives, said on
+ * stderr as vLLM says it. */
+static void sampling_defaults(server *sv, int from_model)
+{
+    kvp_sampling_defaults *d = &sv->dflt;
+    *d = (kvp_sampling_defaults){.temperature = 1, .top_p = 1, .top_k = -1, .min_p = 0, .repetition_penalty = 1,
+                                 .max_tokens = 16};
+    const kvp_sampling_defaults *g = &kvp_model_cfg(sv->m)->sampling;
+    if (!from_model || !g->given) return;
+    char said[256] = "";
+    size_t n = 0;
+#define TAKE(bit, field)                                                                                             \
+    if (g->given & (bit)) {                                                                                          \
+        d->field = g->field;                                                                                         \
+        n += (size_t)snprintf(said + n, sizeof said - n, "%s" #field " %.10g", n ? ", " : "", (double)g->field);     \
+    }
+    TAKE(KVP_SAMPLING_TEMPERATURE, temperature)
+    TAKE(KVP_SAMPLING_TOP_P, top_p)
+    TAKE(KVP_SAMPLING_TOP_K, top_k)
+    TAKE(KVP_SAMPLING_MIN_P, min_p)
+    TAKE(KVP_SAMPLING_REPETITION, repetition_penalty)
+    TAKE(KVP_SAMPLING_MAX_TOKENS, max_tokens)
+#undef TAKE
+    KVP_LOG_W("serve: default sampling from the model's generation_config.json: %s (a request's own values win; "
+              "--generation-config vllm: vLLM's defaults)", said);
+}
+
 static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm, kvp_model *m)
 {
     server sv;
@@ -2075,6 +2109,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
     sv.reasoning = o->reasoning;
     sv.stream_interval = o->stream_interval;
     sv.cfg = *cfg;
+    sampling_defaults(&sv, o->generation_config);
     kvp_status st = kvp_tok_for_model(sv.m, o->model, o->tokenizer, &sv.tok);
     int jinja = 0;
     if (st == KVP_OK)
@@ -2144,6 +2179,13 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
                 cJSON_AddStringToObject(j, "chat_template", kvp_chat_template_name(sv.chat));
                 cJSON_AddStringToObject(j, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));
                 cJSON_AddStringToObject(j, "kv_dtype", kvp_dtype_name(sv.cfg.kv_dtype));
+                cJSON *ds = cJSON_AddObjectToObject(j, "default_sampling");
+                cJSON_AddNumberToObject(ds, "temperature", sv.dflt.temperature);
+                cJSON_AddNumberToObject(ds, "top_p", sv.dflt.top_p);
+                cJSON_AddNumberToObject(ds, "top_k", (double)sv.dflt.top_k);
+                cJSON_AddNumberToObject(ds, "min_p", sv.dflt.min_p);
+                cJSON_AddNumberToObject(ds, "repetition_penalty", sv.dflt.repetition_penalty);
+                cJSON_AddNumberToObject(ds, "max_tokens", (double)sv.dflt.max_tokens);
                 cJSON_AddNumberToObject(j, "pid", (double)getpid()); /* with --tp: rank 0's, the one to signal */
                 if (kvp_json_print(stdout, j) != KVP_OK) KVP_LOG_W("serve: cannot print the --json line");
                 cJSON_Delete(j);
@@ -2223,7 +2265,7 @@ int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
            O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL,
-           O_MAXLEN };
+           O_MAXLEN, O_GENCFG };
     static const struct option opts[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -2232,7 +2274,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"kv-dtype", required_argument, 0, O_DT},    {"cache", required_argument, 0, O_CACHE},
         {"weight-dtype", required_argument, 0, O_WDTYPE},
         {"max-num-seqs", required_argument, 0, O_SEQS}, {"max-batched-tokens", required_argument, 0, O_BATCH},
-        {"max-model-len", required_argument, 0, O_MAXLEN},
+        {"max-model-len", required_argument, 0, O_MAXLEN}, {"generation-config", required_argument, 0, O_GENCFG},
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
         {"stream-interval", required_argument, 0, O_STREAMIV}, {"sched", required_argument, 0, O_SCHED},
@@ -2241,7 +2283,7 @@ int kvp_cmd_serve(int argc, char **argv)
         {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
         {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON},
         {0, 0, 0, 0}};
-    serve_opts o = {.offload_policy = -1, .host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1, .stream_interval = 1,
+    serve_opts o = {.generation_config = 1, .offload_policy = -1, .host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1, .stream_interval = 1,
                     .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO, .kv_auto = 1};
     kvp_gen_config cfg = kvp_gen_config_default();
     cfg.skip_logprob = 1; /* no answer carries a sample's cumulative log-probability ("logprobs" are their own) */
@@ -2278,6 +2320,10 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.max_num_seqs); break;
         case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.max_batched_tokens); break;
         case O_MAXLEN: st = kvp_parse_i32(optarg, 2, INT32_MAX, &o.max_model_len); break;
+        case O_GENCFG:
+            if (!strcmp(optarg, "auto") || !strcmp(optarg, "vllm")) o.generation_config = !strcmp(optarg, "auto");
+            else st = KVP_ERR(KVP_EINVAL, "--generation-config: '%s' is neither auto nor vllm", optarg);
+            break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;
         case O_MATMUL: st = kvp_matmul_kind_parse(optarg, &o.matmul); break;
         case O_CONNS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_conns); break;

@@ -342,3 +342,35 @@ Test(model_config, random_corruption_loads_and_plans_or_fails_cleanly)
     }
     cr_assert(loaded > 0 && loaded < trials, "%d of %d mutants loaded", loaded, trials);
 }
+
+/* generation_config.json's sampling defaults: the fields given, and each out-of-range value refused by name. */
+Test(model_config, generation_config_sampling_defaults)
+{
+    kvp_model_config c;
+    memset(&c, 0, sizeof c);
+    cJSON *j = cJSON_Parse("{\"do_sample\": true, \"temperature\": 0.6, \"top_k\": 20, \"top_p\": 0.95, "
+                           "\"eos_token_id\": [151645, 151643]}");
+    cr_assert_eq(kvp_model_config_sampling(j, "g.json", &c), KVP_OK, "%s", kvp_error_detail());
+    cJSON_Delete(j);
+    cr_assert_eq(c.sampling.given, KVP_SAMPLING_TEMPERATURE | KVP_SAMPLING_TOP_K | KVP_SAMPLING_TOP_P);
+    cr_assert(c.sampling.temperature == 0.6 && c.sampling.top_k == 20 && c.sampling.top_p == 0.95);
+    static const struct {
+        const char *json, *names;
+    } bad[] = {
+        {"{\"temperature\": -0.1}", "\"temperature\": -0.1 is out of range [0, 1e+06]"},
+        {"{\"top_p\": 0}", "\"top_p\": 0 is out of range (0, 1]"},
+        {"{\"top_k\": 2.5}", "\"top_k\": 2.5 is out of range [-1, 2.14748e+09], an integer"},
+        {"{\"min_p\": 1.5}", "\"min_p\": 1.5"},
+        {"{\"repetition_penalty\": 0}", "\"repetition_penalty\": 0 is out of range (0, 10]"},
+        {"{\"max_new_tokens\": 0}", "\"max_new_tokens\": 0"},
+        {"{\"temperature\": \"hot\"}", "\"temperature\" must be a number"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&c, 0, sizeof c);
+        j = cJSON_Parse(bad[i].json);
+        cr_assert_eq(kvp_model_config_sampling(j, "g.json", &c), KVP_EPARSE, "%s", bad[i].json);
+        cJSON_Delete(j);
+        cr_assert(strstr(kvp_error_message(), bad[i].names) && strstr(kvp_error_message(), "g.json"), "%s: %s",
+                  bad[i].json, kvp_error_message());
+    }
+}

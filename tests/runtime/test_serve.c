@@ -761,6 +761,7 @@ Test(serve_cli, bad_command_lines)
         {"--model " S260_GGUF " --kv-offloading-policy write_back --port 0", "needs a host tier"},
         {"--model " S260_GGUF " --kv-offloading-size 1MiB --kv-offloading-policy never --port 0", "'never'"},
         {"--model " S260_GGUF " --max-model-len 4096 --port 0", "max_model_len 4096 exceeds the context of"},
+        {"--model " S260_GGUF " --generation-config hf --port 0", "--generation-config: 'hf' is neither auto nor vllm"},
     };
     kvp_test_cli_rejects("serve", cases, sizeof cases / sizeof cases[0]);
 }
@@ -1890,4 +1891,75 @@ Test(serve, random_request_corruption_is_answered_and_the_server_goes_on)
     cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "completion_tokens")->valueint, 5);
     cJSON_Delete(j);
     stop(&s);
+}
+
+/* The generated ids of choice 0 of a completion (return_token_ids) into ids; their count. */
+static int answer_ids(const server *s, const char *body, int32_t *ids, int cap)
+{
+    cJSON *j = complete(s, body, 200);
+    const cJSON *t = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), 0), "token_ids");
+    int n = 0;
+    const cJSON *x;
+    cJSON_ArrayForEach(x, t) if (n < cap) ids[n++] = x->valueint;
+    cJSON_Delete(j);
+    return n;
+}
+
+/* --generation-config (vLLM's): what a request leaves out comes from the model's generation_config.json
+ * (auto, the default: here temperature 0 and max_new_tokens 40, so the published story's first 40 tokens),
+ * or from vLLM's defaults (vllm: temperature 1 and 16 tokens, the answer of a request that asks for them
+ * with the same seed). A request's own values win either way. */
+Test(serve, generation_config_gives_the_default_sampling)
+{
+    tu_require_shared();
+    const char *dir = tu_tmpdir();
+    char p[400], extra[1000];
+    size_t n;
+    unsigned char *b = tu_read_all(S260_HF "/config.json", &n);
+    snprintf(p, sizeof p, "%s/config.json", dir);
+    tu_write_all(p, b, n);
+    free(b);
+    b = tu_read_all(S260_HF "/model.safetensors", &n);
+    snprintf(p, sizeof p, "%s/model.safetensors", dir);
+    tu_write_all(p, b, n);
+    free(b);
+    static const char gen[] = "{\"do_sample\": true, \"temperature\": 0.0, \"top_p\": 0.9, \"max_new_tokens\": 40}";
+    snprintf(p, sizeof p, "%s/generation_config.json", dir);
+    tu_write_all(p, gen, strlen(gen));
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *story = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 0), "tokens_after_bos");
+    int32_t got[64], want[64];
+    const char *sampled = "{\"prompt\":[1],\"seed\":3,\"return_token_ids\":true,\"temperature\":1,\"top_p\":1,"
+                          "\"max_tokens\":16}";
+    for (int vllm = 0; vllm < 2; vllm++) {
+        snprintf(extra, sizeof extra, "--model %s --tokenizer %s%s", dir, S260_TOKBIN,
+                 vllm ? " --generation-config vllm" : "");
+        server s = start(extra);
+        int k = answer_ids(&s, "{\"prompt\":[1],\"seed\":3,\"return_token_ids\":true}", got, 64);
+        const int nw = answer_ids(&s, sampled, want, 64);
+        if (!vllm) {
+            cr_assert_eq(k, 40, "max_new_tokens: %d tokens", k);
+            for (int i = 0; i < k; i++)
+                cr_assert_eq(got[i], cJSON_GetArrayItem(story, i)->valueint, "greedy from the file: token %d", i);
+            int differ = 0;
+            for (int i = 0; i < nw; i++) differ += want[i] != cJSON_GetArrayItem(story, i)->valueint;
+            cr_assert_gt(differ, 0, "an explicit temperature 1 must win over the file's 0");
+        } else {
+            cr_assert_eq(k, 16);
+            cr_assert_eq(nw, 16);
+            for (int i = 0; i < k; i++) cr_assert_eq(got[i], want[i], "vLLM's defaults: token %d", i);
+        }
+        stop(&s);
+    }
+    cJSON_Delete(gold);
+    /* an impossible value in the file: the server does not start, and says where */
+    static const char bad[] = "{\"top_p\": 0}";
+    tu_write_all(p, bad, strlen(bad));
+    char cmd[1200], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s serve --model %s --tokenizer %s --port 0", kvp_test_bin(), dir, S260_TOKBIN);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "generation_config.json: \"top_p\": 0 is out of range (0, 1]"), "%s", err);
+    free(out);
+    free(err);
 }
