@@ -662,6 +662,18 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
     KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
     if (present) c.rope_attention_factor = f * (c.rope_scaling_factor > 1 ? 0.1 * log(c.rope_scaling_factor) + 1 : 1);
+    /* The sampling the model's authors recommend, as llama.cpp's converter writes it from generation_config.json
+     * (kvpage serve's defaults, as HF folders' generation_config.json) */
+    static const struct {
+        const char *key;
+        unsigned bit;
+    } samp[] = {{"general.sampling.temp", KVP_SAMPLING_TEMPERATURE}, {"general.sampling.top_p", KVP_SAMPLING_TOP_P},
+                {"general.sampling.top_k", KVP_SAMPLING_TOP_K},      {"general.sampling.min_p", KVP_SAMPLING_MIN_P},
+                {"general.sampling.penalty_repeat", KVP_SAMPLING_REPETITION}};
+    for (size_t i = 0; i < sizeof samp / sizeof samp[0]; i++) {
+        KVP_TRY(kvp_gguf_get_float(g, samp[i].key, &f, &present));
+        if (present) KVP_TRY(kvp_sampling_set(&c.sampling, samp[i].bit, f, g->map.path, samp[i].key));
+    }
     kvp_tensor_view emb;
     KVP_TRY(kvp_gguf_tensor(g, "token_embd.weight", &emb));
     if (emb.ndim != 2 || emb.shape[1] != c.hidden_size)

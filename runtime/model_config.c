@@ -124,35 +124,48 @@ static kvp_status token_id(const cJSON *o, const char *what, const char *key, in
     return token_value(cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : v, what, key, out);
 }
 
+kvp_status kvp_sampling_set(kvp_sampling_defaults *d, unsigned bit, double v, const char *what, const char *key)
+{
+    static const struct {
+        unsigned bit;
+        double lo, hi;
+        int lo_open, integer;
+    } r[] = {
+        {KVP_SAMPLING_TEMPERATURE, 0, 1e6, 0, 0}, {KVP_SAMPLING_TOP_P, 0, 1, 1, 0},
+        {KVP_SAMPLING_TOP_K, -1, INT32_MAX, 0, 1}, {KVP_SAMPLING_MIN_P, 0, 1, 0, 0},
+        {KVP_SAMPLING_REPETITION, 0, 10, 1, 0},   {KVP_SAMPLING_MAX_TOKENS, 1, 1 << 24, 0, 1},
+    };
+    size_t i = 0;
+    while (i < sizeof r / sizeof r[0] - 1 && r[i].bit != bit) i++;
+    if (!(v <= r[i].hi && (r[i].lo_open ? v > r[i].lo : v >= r[i].lo)) || (r[i].integer && v != floor(v)))
+        return KVP_ERR(KVP_EPARSE, "%s: \"%s\": %g is out of range %s%g, %g]%s", what, key, v, r[i].lo_open ? "(" : "[",
+                       r[i].lo, r[i].hi, r[i].integer ? ", an integer" : "");
+    switch (bit) {
+    case KVP_SAMPLING_TEMPERATURE: d->temperature = v; break;
+    case KVP_SAMPLING_TOP_P: d->top_p = v; break;
+    case KVP_SAMPLING_TOP_K: d->top_k = (int64_t)v; break;
+    case KVP_SAMPLING_MIN_P: d->min_p = v; break;
+    case KVP_SAMPLING_REPETITION: d->repetition_penalty = v; break;
+    default: d->max_tokens = (int64_t)v; break;
+    }
+    d->given |= bit;
+    return KVP_OK;
+}
+
 kvp_status kvp_model_config_sampling(const cJSON *o, const char *what, kvp_model_config *c)
 {
-    kvp_sampling_defaults *d = &c->sampling;
     static const struct {
         const char *key;
         unsigned bit;
-        double lo, hi;
-        int lo_open;
-    } f[] = {
-        {"temperature", KVP_SAMPLING_TEMPERATURE, 0, 1e6, 0}, {"top_p", KVP_SAMPLING_TOP_P, 0, 1, 1},
-        {"top_k", KVP_SAMPLING_TOP_K, -1, INT32_MAX, 0},      {"min_p", KVP_SAMPLING_MIN_P, 0, 1, 0},
-        {"repetition_penalty", KVP_SAMPLING_REPETITION, 0, 10, 1},
-        {"max_new_tokens", KVP_SAMPLING_MAX_TOKENS, 1, 1 << 24, 0},
-    };
-    double *dst[] = {&d->temperature, &d->top_p, NULL, &d->min_p, &d->repetition_penalty, NULL};
+    } f[] = {{"temperature", KVP_SAMPLING_TEMPERATURE}, {"top_p", KVP_SAMPLING_TOP_P},
+             {"top_k", KVP_SAMPLING_TOP_K},             {"min_p", KVP_SAMPLING_MIN_P},
+             {"repetition_penalty", KVP_SAMPLING_REPETITION}, {"max_new_tokens", KVP_SAMPLING_MAX_TOKENS}};
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
         double v = 0;
         int present = 0;
         if (kvp_json_num(o, f[i].key, &v, &present) != KVP_OK)
             return KVP_ERR(KVP_EPARSE, "%s: \"%s\" must be a number", what, f[i].key);
-        if (!present) continue;
-        const int integer = dst[i] == NULL;
-        if (v > f[i].hi || (f[i].lo_open ? v <= f[i].lo : v < f[i].lo) || (integer && v != floor(v)))
-            return KVP_ERR(KVP_EPARSE, "%s: \"%s\": %g is out of range %s%g, %g]%s", what, f[i].key, v,
-                           f[i].lo_open ? "(" : "[", f[i].lo, f[i].hi, integer ? ", an integer" : "");
-        if (dst[i]) *dst[i] = v;
-        else if (f[i].bit == KVP_SAMPLING_TOP_K) d->top_k = (int64_t)v;
-        else d->max_tokens = (int64_t)v;
-        d->given |= f[i].bit;
+        if (present) KVP_TRY(kvp_sampling_set(&c->sampling, f[i].bit, v, what, f[i].key));
     }
     return KVP_OK;
 }

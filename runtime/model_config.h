@@ -122,6 +122,9 @@ typedef struct {
  * range: temperature [0, 1e6], top_p (0, 1], top_k >= -1 (0 and -1: all), min_p [0, 1], repetition_penalty
  * (0, 10], max_new_tokens >= 1). */
 kvp_status kvp_model_config_sampling(const cJSON *obj, const char *what, kvp_model_config *cfg);
+/* Sets one field of d (bit: its KVP_SAMPLING_* bit) to v, in the range above; else KVP_EPARSE naming `what`
+ * (the file) and `key` (the field as the file spells it). */
+kvp_status kvp_sampling_set(kvp_sampling_defaults *d, unsigned bit, double v, const char *what, const char *key);
 
 /* Adds id to cfg's EOS ids (a no-op for -1, an id already there, or a full list). */
 void kvp_model_config_add_eos(kvp_model_config *cfg, int64_t id);

@@ -1246,3 +1246,28 @@ Test(model, unsupported_or_impossible_rope_scaling_is_rejected)
     kvp_model_destroy(m);
     free(kvs.p);
 }
+
+/* GGUF's general.sampling.* keys (llama.cpp's converter writes them from generation_config.json) become the
+ * model's default sampling, as an HF folder's generation_config.json does; an impossible value is refused. */
+Test(model, gguf_sampling_metadata_gives_the_default_sampling)
+{
+    tu_require_shared();
+    tu_buf kvs = {0};
+    tu_kv_f32(&kvs, "general.sampling.temp", 0.5f);
+    tu_kv_u32(&kvs, "general.sampling.top_k", 20);
+    tu_kv_f32(&kvs, "general.sampling.top_p", 0.75f);
+    tu_kv_f32(&kvs, "general.sampling.penalty_repeat", 1.25f);
+    kvp_model *m = load(gguf_with_kvs("sampling.gguf", &kvs, 4));
+    const kvp_sampling_defaults *d = &kvp_model_cfg(m)->sampling;
+    cr_assert_eq(d->given, KVP_SAMPLING_TEMPERATURE | KVP_SAMPLING_TOP_K | KVP_SAMPLING_TOP_P | KVP_SAMPLING_REPETITION);
+    cr_assert(d->temperature == 0.5 && d->top_k == 20 && d->top_p == 0.75 && d->repetition_penalty == 1.25);
+    kvp_model_destroy(m);
+    m = load(S260_GGUF);
+    cr_assert_eq(kvp_model_cfg(m)->sampling.given, 0u);
+    kvp_model_destroy(m);
+    kvs.n = 0;
+    tu_kv_f32(&kvs, "general.sampling.top_p", 1.5f);
+    const char *p = gguf_with_kvs("bad_sampling.gguf", &kvs, 1);
+    expect_load_error(p, KVP_EPARSE, p, "\"general.sampling.top_p\": 1.5 is out of range (0, 1]", NULL, "top_p 1.5");
+    free(kvs.p);
+}
