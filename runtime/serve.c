@@ -1042,7 +1042,11 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     double max_tokens, temperature, top_p, min_p, top_k, n, seed, best_of, logprobs = -1, presence, frequency, repetition,
         min_tokens, priority;
     const kvp_sampling_defaults *d = &sv->dflt;
-    if (!get_num(req, "max_tokens", (double)d->max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap) ||
+    /* A chat answer with no max_tokens runs to the end of the context (vLLM's, OpenAI's), or to the model's
+     * max_new_tokens if sooner: -1 until the prompt's length is known. A completion's default is 16 (OpenAI's),
+     * or the model's max_new_tokens. */
+    const double max_dflt = j->chat ? -1 : (double)d->max_tokens;
+    if (!get_num(req, "max_tokens", max_dflt, 0, 1 << 24, 1, &max_tokens, err, cap) ||
         (j->chat && !get_num(req, "max_completion_tokens", max_tokens, 0, 1 << 24, 1, &max_tokens, err, cap)) ||
         !get_num(req, "temperature", d->temperature, 0, 1e6, 0, &temperature, err, cap) ||
         !get_num(req, "top_p", d->top_p, 1e-9, 1, 0, &top_p, err, cap) ||
@@ -1053,7 +1057,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         !get_num(req, "presence_penalty", 0, -2, 2, 0, &presence, err, cap) ||
         !get_num(req, "frequency_penalty", 0, -2, 2, 0, &frequency, err, cap) ||
         !get_num(req, "repetition_penalty", d->repetition_penalty, 1e-6, 10, 0, &repetition, err, cap) ||
-        !get_num(req, "min_tokens", 0, 0, max_tokens, 1, &min_tokens, err, cap) ||
+        !get_num(req, "min_tokens", 0, 0, max_tokens < 0 ? 1 << 24 : max_tokens, 1, &min_tokens, err, cap) ||
         !get_num(req, "priority", 0, INT32_MIN, INT32_MAX, 1, &priority, err, cap) ||
         (!j->chat && !get_num(req, "logprobs", -1, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)))
         return 400;
@@ -1086,6 +1090,14 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
                               .include = j->include_stop, .min_tokens = (int32_t)min_tokens};
     j->nsamples = (int32_t)n;
     if ((code = j->chat ? read_messages(sv, req, j, err, cap) : read_prompts(sv, req, j, err, cap))) return code;
+    if (max_tokens < 0) { /* the room one sequence has: the context, or the whole KV cache when that is smaller */
+        const int64_t cache = (int64_t)sv->cfg.num_blocks * sv->cfg.block_size, ctx = kvp_model_max_len(sv->m);
+        max_tokens = (double)((cache < ctx ? cache : ctx) - j->reqs[0].n_prompt);
+        if (d->given & KVP_SAMPLING_MAX_TOKENS && (double)d->max_tokens < max_tokens) max_tokens = (double)d->max_tokens;
+        if (max_tokens < 1 || min_tokens > max_tokens)
+            return snprintf(err, cap, "the conversation is %d tokens, which leaves %.0f for the answer (min_tokens %.0f)",
+                            j->reqs[0].n_prompt, max_tokens, min_tokens), 400;
+    }
     if (j->stream && j->n * (int32_t)n > MAX_STREAM)
         return snprintf(err, cap, "a streamed request has at most %d choices (prompts x n)", MAX_STREAM), 400;
     uint64_t base_seed;

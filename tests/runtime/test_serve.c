@@ -1963,3 +1963,30 @@ Test(serve, generation_config_gives_the_default_sampling)
     free(out);
     free(err);
 }
+
+/* A chat request with no max_tokens answers up to the end of the room one sequence has (vLLM's and OpenAI's
+ * default): here the 8 x 16 tokens of the KV cache, below the model's context; a completion keeps OpenAI's 16.
+ * With --max-model-len lower still, that is the end. */
+Test(serve, a_chat_answer_without_max_tokens_runs_to_the_end_of_the_room)
+{
+    for (int capped = 0; capped < 2; capped++) {
+        server s = start(capped ? "--num-blocks 8 --chat-template zephyr --max-model-len 100"
+                                : "--num-blocks 8 --chat-template zephyr");
+        const int room = capped ? 100 : 128;
+        cJSON *ans = chat(&s, "{\"messages\":[{\"role\":\"user\",\"content\":\"Tell me a story.\"}],\"temperature\":0,"
+                              "\"ignore_eos\":true}", 200);
+        const cJSON *u = cJSON_GetObjectItem(ans, "usage");
+        const int p = cJSON_GetObjectItem(u, "prompt_tokens")->valueint, c = cJSON_GetObjectItem(u, "completion_tokens")->valueint;
+        cr_assert_eq(p + c, room, "prompt %d + answer %d", p, c);
+        cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(ans, "choices"), 0), "finish_reason")
+                             ->valuestring, "length");
+        cJSON_Delete(ans);
+        ans = complete(&s, "{\"prompt\":\"Lily\",\"temperature\":0,\"ignore_eos\":true}", 200);
+        cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(ans, "usage"), "completion_tokens")->valueint, 16);
+        cJSON_Delete(ans);
+        /* a min_tokens the room cannot hold */
+        ans = chat(&s, "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"min_tokens\":200}", 400);
+        cJSON_Delete(ans);
+        stop(&s);
+    }
+}
