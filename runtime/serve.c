@@ -2084,9 +2084,8 @@ static void on_signal(int sig)
     errno = saved;
 }
 
-/* Rank 0 (the only one without --tp): serves model m until SIGINT or SIGTERM. */
-/* sv->dflt: vLLM's request defaults, then (auto) the fields the model's generation_config.json gives, said on
- * stderr as vLLM says it. */
+/* sv->dflt: vLLM's request defaults, then (auto) the fields the model gives (generation_config.json, GGUF
+ * general.sampling.*), said on stderr as vLLM says it. */
 static void sampling_defaults(server *sv, int from_model)
 {
     kvp_sampling_defaults *d = &sv->dflt;
@@ -2094,7 +2093,7 @@ static void sampling_defaults(server *sv, int from_model)
                                  .max_tokens = 16};
     const kvp_sampling_defaults *g = &kvp_model_cfg(sv->m)->sampling;
     if (!from_model || !g->given) return;
-    char said[256] = "";
+    char said[512] = "";
     size_t n = 0;
 #define TAKE(bit, field)                                                                                             \
     if (g->given & (bit)) {                                                                                          \
@@ -2108,9 +2107,12 @@ static void sampling_defaults(server *sv, int from_model)
     TAKE(KVP_SAMPLING_REPETITION, repetition_penalty)
     TAKE(KVP_SAMPLING_MAX_TOKENS, max_tokens)
 #undef TAKE
-    KVP_LOG_W("serve: default sampling from the model's generation_config.json: %s (a request's own values win; "
-              "--generation-config vllm: vLLM's defaults)", said);
+    KVP_LOG_W("serve: default sampling from the model's %s: %s (a request's own values win; --generation-config "
+              "vllm: vLLM's defaults)", kvp_model_is_gguf(sv->m) ? "general.sampling.* metadata" :
+              "generation_config.json", said);
 }
+
+/* Rank 0 (the only one without --tp): serves model m until SIGINT or SIGTERM. */
 
 static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm, kvp_model *m)
 {
