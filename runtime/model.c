@@ -620,10 +620,11 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: head_dim %d is not supported by the attention kernels", cfg_file,
                        c->head_dim);
     const char *rt = c->rope_scaling_type;
-    if (rt[0] && strcmp(rt, "llama3") && strcmp(rt, "default") && strcmp(rt, "linear") && strcmp(rt, "yarn"))
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (linear, llama3 and yarn are)",
-                       cfg_file, rt);
-    if (!strcmp(rt, "linear") || !strcmp(rt, "yarn")) {
+    if (rt[0] && strcmp(rt, "llama3") && strcmp(rt, "default") && strcmp(rt, "linear") && strcmp(rt, "dynamic") &&
+        strcmp(rt, "yarn"))
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (linear, dynamic, llama3 and "
+                       "yarn are)", cfg_file, rt);
+    if (!strcmp(rt, "linear") || !strcmp(rt, "dynamic") || !strcmp(rt, "yarn")) {
         /* as the file spells the fields: config.json's rope_scaling object, or GGUF's rope.scaling keys */
         char key[160];
         snprintf(key, sizeof key, gguf ? "%s.rope.scaling.factor" : "rope_scaling.factor", mt);
@@ -687,8 +688,12 @@ static double yarn_corr_dim(double n_rot, int32_t dim, double base, double orig)
 void kvp_rope_frequencies(const kvp_model_config *c, double *inv_freq, double *scale)
 {
     const int32_t half = c->head_dim / 2;
-    const double theta = c->rope_theta > 0 ? c->rope_theta : 10000.0, factor = c->rope_scaling_factor;
+    const double factor = c->rope_scaling_factor;
     const char *type = c->rope_scaling_type;
+    double theta = c->rope_theta > 0 ? c->rope_theta : 10000.0;
+    /* dynamic NTK as vLLM runs it: one larger base for the whole stretched context (factor x the original;
+     * transformers' base grows with the sequence's length, which K/V already cached cannot follow) */
+    if (!strcmp(type, "dynamic")) theta *= pow(factor * factor - (factor - 1), c->head_dim / (c->head_dim - 2.0));
     /* yarn: dimensions below lo keep their frequency (they turn beta_fast times or more over the original
      * context), above hi are interpolated (divided by factor), and a linear ramp mixes the two between */
     double lo = 0, hi = 0;
@@ -907,8 +912,9 @@ int32_t kvp_model_max_len(const kvp_model *m)
 {
     const kvp_model_config *c = &m->cfg;
     double n = (double)c->max_position_embeddings;
-    /* as vLLM derives max_model_len: linear scaling stretches the context factor times, yarn its original */
-    if (!strcmp(c->rope_scaling_type, "linear")) n *= c->rope_scaling_factor;
+    /* as vLLM derives max_model_len: linear and dynamic scaling stretch the context factor times, yarn its
+     * original one */
+    if (!strcmp(c->rope_scaling_type, "linear") || !strcmp(c->rope_scaling_type, "dynamic")) n *= c->rope_scaling_factor;
     if (!strcmp(c->rope_scaling_type, "yarn"))
         n = (double)(c->rope_original_max_position > 0 ? c->rope_original_max_position : n) * c->rope_scaling_factor;
     const int32_t ctx = n > 0 && n < INT32_MAX ? (int32_t)n : INT32_MAX;

@@ -81,7 +81,8 @@ void kvp_model_destroy(kvp_model *m);
 
 const kvp_model_config *kvp_model_cfg(const kvp_model *m);
 /* RoPE of config c: inv_freq[i] (head_dim / 2 of them), the angle per position of pair i, after c's
- * rope_scaling (none, linear, llama3 or yarn, as Hugging Face and vLLM compute them), and *scale, what cos and
+ * rope_scaling (none, linear, llama3 or yarn as Hugging Face and vLLM compute them; dynamic as vLLM does, with
+ * the base of the whole stretched context), and *scale, what cos and
  * sin are multiplied by (yarn's attention factor; else 1). GGUF's rope_freqs.weight divides them further. */
 void kvp_rope_frequencies(const kvp_model_config *c, double *inv_freq, double *scale);
 kvp_rope_style kvp_model_rope_style(const kvp_model *m);
@@ -89,7 +90,8 @@ const char *kvp_model_path(const kvp_model *m); /* as given to load */
 int kvp_model_is_gguf(const kvp_model *m);
 /* 1 when id ends generation as EOS does (any of the config's eos_token_ids). */
 int kvp_model_is_eos(const kvp_model *m, int32_t id);
-/* Maximum positions: max_position_embeddings (GGUF context_length), times the factor of linear rope scaling;
+/* Maximum positions: max_position_embeddings (GGUF context_length), times the factor of linear or dynamic rope
+ * scaling;
  * with yarn, its original context times its factor (as vLLM derives max_model_len). */
 int32_t kvp_model_max_len(const kvp_model *m);
 /* Caps kvp_model_max_len at n (vLLM's --max-model-len; n <= 0: no cap). KVP_EINVAL when n exceeds the

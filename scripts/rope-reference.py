@@ -5,7 +5,7 @@ Written from the published definitions, not from kvpage's C: YaRN as in the pape
 arXiv:2309.00071, section 3) and as Hugging Face transformers' _compute_yarn_parameters states it (the
 correction range of dimensions from beta_fast and beta_slow, a linear ramp between, floor/ceil when
 truncating, attention factor 0.1 ln(s) + 1); linear scaling (position interpolation) divides every
-frequency by the factor. Prints, per case, the inverse frequencies and the attention factor at full
+frequency by the factor; dynamic NTK raises the base, at the stretched context's full length. Prints, per case, the inverse frequencies and the attention factor at full
 precision; the test holds a subset.
 
     scripts/rope-reference.py
@@ -39,6 +39,14 @@ def linear(dim, base, factor):
     return [base ** (-2 * i / dim) / factor for i in range(dim // 2)], 1.0
 
 
+def dynamic_ntk(dim, base, factor):
+    # NTK-aware scaling (bloc97/emozilla) at the stretched context's full length, factor x the original: the
+    # base grows by (factor * length / original - (factor - 1)) ** (dim / (dim - 2))
+    length_ratio = factor
+    base = base * (factor * length_ratio - (factor - 1)) ** (dim / (dim - 2))
+    return [base ** (-2 * i / dim) for i in range(dim // 2)], 1.0
+
+
 CASES = {
     # Qwen3-8B (head_dim 128, rope_theta 1e6) with the YaRN its model card gives for 131,072 tokens
     "qwen3_yarn": yarn(128, 1e6, 4.0, 32768),
@@ -46,6 +54,7 @@ CASES = {
     "s260_yarn": yarn(8, 10000.0, 4.0, 128),
     "s260_yarn_untruncated": yarn(8, 10000.0, 4.0, 128, truncate=False),
     "s260_linear": linear(8, 10000.0, 2.0),
+    "s260_dynamic": dynamic_ntk(8, 10000.0, 2.0),
 }
 
 if __name__ == "__main__":

@@ -1142,11 +1142,19 @@ Test(model, rope_frequencies_match_the_reference)
     const double lin8[] = {0.5, 0.05, 0.005, 0.0005};
     for (int i = 0; i < 4; i++) expect_rel(inv[i], lin8[i], "linear 8", i);
     cr_assert_eq(scale, 1.0);
+    /* dynamic NTK at twice the context: the base grows 3^(8/6) times */
+    rope_of("{\"rope_type\": \"dynamic\", \"factor\": 2.0}", &c, inv, &scale);
+    c.head_dim = 8;
+    c.rope_theta = 10000;
+    kvp_rope_frequencies(&c, inv, &scale);
+    const double dyn8[] = {1.0, 0.06933612743506347, 0.004807498567691361, 0.0003333333333333334};
+    for (int i = 0; i < 4; i++) expect_rel(inv[i], dyn8[i], "dynamic 8", i);
+    cr_assert_eq(scale, 1.0);
 }
 
 /* Linear and YaRN scaling give the same 256-token story from config.json's rope_scaling and from GGUF's
  * rope.scaling keys (each with its own RoPE convention), another story than the model's own, and the
- * longer context vLLM derives (linear: context x factor; yarn: original context x factor). */
+ * longer context vLLM derives (linear, dynamic: context x factor; yarn: original context x factor). */
 Test(model, rope_scaling_linear_and_yarn_from_both_formats)
 {
     tu_require_shared();
@@ -1203,6 +1211,15 @@ Test(model, rope_scaling_linear_and_yarn_from_both_formats)
         if (k == 2) memcpy(first_yarn, hf, sizeof hf);
         if (k == 3) cr_assert_gt(differ_yarn, 0, "the attention factor must change the story");
     }
+    /* dynamic (config.json only: GGUF has no such type): twice the context, another story */
+    m = load(hf_copy("\"rope_scaling\": null", "\"rope_scaling\": {\"rope_type\": \"dynamic\", \"factor\": 2.0}", NULL,
+                     NULL));
+    cr_assert_eq(kvp_model_max_len(m), 1024);
+    greedy_one(m, 16, &bos, 1, steps, 0, hf);
+    kvp_model_destroy(m);
+    int differ = 0;
+    for (int i = 0; i < steps; i++) differ += plain[i] != hf[i];
+    cr_assert_gt(differ, 0, "dynamic scaling must change the story");
 }
 
 Test(model, unsupported_or_impossible_rope_scaling_is_rejected)
@@ -1212,7 +1229,7 @@ Test(model, unsupported_or_impossible_rope_scaling_is_rejected)
         const char *json, *names;
         kvp_status st;
     } hf_cases[] = {
-        {"{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "'dynamic' is not supported", KVP_EUNSUPPORTED},
+        {"{\"rope_type\": \"mrope\", \"factor\": 2.0}", "'mrope' is not supported", KVP_EUNSUPPORTED},
         {"{\"rope_type\": \"longrope\", \"factor\": 2.0}", "'longrope' is not supported", KVP_EUNSUPPORTED},
         {"{\"rope_type\": \"linear\", \"factor\": 0.5}", "rope_scaling.factor", KVP_EPARSE},
         {"{\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": -32}", "beta_fast -32", KVP_EPARSE},
