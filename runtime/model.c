@@ -910,13 +910,7 @@ int kvp_model_is_eos(const kvp_model *m, int32_t id)
 }
 int32_t kvp_model_max_len(const kvp_model *m)
 {
-    const kvp_model_config *c = &m->cfg;
-    double n = (double)c->max_position_embeddings;
-    /* as vLLM derives max_model_len: linear and dynamic scaling stretch the context factor times, yarn its
-     * original one */
-    if (!strcmp(c->rope_scaling_type, "linear") || !strcmp(c->rope_scaling_type, "dynamic")) n *= c->rope_scaling_factor;
-    if (!strcmp(c->rope_scaling_type, "yarn"))
-        n = (double)(c->rope_original_max_position > 0 ? c->rope_original_max_position : n) * c->rope_scaling_factor;
+    const int64_t n = kvp_model_config_context(&m->cfg);
     const int32_t ctx = n > 0 && n < INT32_MAX ? (int32_t)n : INT32_MAX;
     return m->max_len_cap > 0 && m->max_len_cap < ctx ? m->max_len_cap : ctx;
 }

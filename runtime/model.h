@@ -90,9 +90,8 @@ const char *kvp_model_path(const kvp_model *m); /* as given to load */
 int kvp_model_is_gguf(const kvp_model *m);
 /* 1 when id ends generation as EOS does (any of the config's eos_token_ids). */
 int kvp_model_is_eos(const kvp_model *m, int32_t id);
-/* Maximum positions: max_position_embeddings (GGUF context_length), times the factor of linear or dynamic rope
- * scaling;
- * with yarn, its original context times its factor (as vLLM derives max_model_len). */
+/* Maximum positions: kvp_model_config_context (max_position_embeddings or GGUF context_length, stretched by
+ * rope scaling as vLLM derives max_model_len), capped by kvp_model_set_max_len. */
 int32_t kvp_model_max_len(const kvp_model *m);
 /* Caps kvp_model_max_len at n (vLLM's --max-model-len; n <= 0: no cap). KVP_EINVAL when n exceeds the
  * model's context (no cap is kept then). */

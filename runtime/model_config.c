@@ -124,6 +124,16 @@ static kvp_status token_id(const cJSON *o, const char *what, const char *key, in
     return token_value(cJSON_IsArray(v) ? cJSON_GetArrayItem(v, 0) : v, what, key, out);
 }
 
+int64_t kvp_model_config_context(const kvp_model_config *c)
+{
+    const char *t = c->rope_scaling_type;
+    double n = (double)c->max_position_embeddings;
+    if (!strcmp(t, "linear") || !strcmp(t, "dynamic")) n *= c->rope_scaling_factor;
+    if (!strcmp(t, "yarn"))
+        n = (double)(c->rope_original_max_position > 0 ? c->rope_original_max_position : n) * c->rope_scaling_factor;
+    return n >= 1 && n < 9e18 ? (int64_t)n : 0;
+}
+
 kvp_status kvp_sampling_set(kvp_sampling_defaults *d, unsigned bit, double v, const char *what, const char *key)
 {
     static const struct {

@@ -126,6 +126,11 @@ kvp_status kvp_model_config_sampling(const cJSON *obj, const char *what, kvp_mod
  * (the file) and `key` (the field as the file spells it). */
 kvp_status kvp_sampling_set(kvp_sampling_defaults *d, unsigned bit, double v, const char *what, const char *key);
 
+/* The context length vLLM derives (max_model_len's default): max_position_embeddings, times rope_scaling's
+ * factor for linear and dynamic scaling; for yarn, original_max_position_embeddings (else
+ * max_position_embeddings) times the factor. 0 when the config gives no length. */
+int64_t kvp_model_config_context(const kvp_model_config *cfg);
+
 /* Adds id to cfg's EOS ids (a no-op for -1, an id already there, or a full list). */
 void kvp_model_config_add_eos(kvp_model_config *cfg, int64_t id);
 /* The "eos_token_id" of a config.json or generation_config.json object (a token id or a list of them), added

@@ -25,7 +25,8 @@ void kvp_plan_params_default(const kvp_model_config *cfg, kvp_plan_params *p)
     p->weight_bytes = 2;
     p->kv_bytes = 2;
     p->block_size = 16;
-    p->seq_len = cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings : 4096;
+    const int64_t ctx = kvp_model_config_context(cfg);
+    p->seq_len = ctx > 0 ? ctx : 4096;
     p->num_seqs = 1;
     p->tp = 1;
     p->activation_reserve = -1;

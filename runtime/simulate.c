@@ -223,6 +223,6 @@ kvp_status kvp_sim_load_workload(const char *trace, const char *spec, int64_t nu
 
 int32_t kvp_sim_default_max_model_len(const kvp_model_config *cfg)
 {
-    int64_t ml = cfg->max_position_embeddings > 0 ? cfg->max_position_embeddings : 4096;
+    const int64_t ctx = kvp_model_config_context(cfg), ml = ctx > 0 ? ctx : 4096;
     return (int32_t)(ml < 32768 ? ml : 32768);
 }

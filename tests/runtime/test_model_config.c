@@ -374,3 +374,29 @@ Test(model_config, generation_config_sampling_defaults)
                   bad[i].json, kvp_error_message());
     }
 }
+
+/* The context vLLM derives: max_position_embeddings, stretched by linear/dynamic factors, or YaRN's original
+ * context times its factor (Qwen3 with its model card's YaRN: 131,072); plan's default --seq-len is it. */
+Test(model_config, context_length_as_vllm_derives_it)
+{
+    kvp_model_config c = load("Qwen3-8B.json");
+    cr_assert_eq(kvp_model_config_context(&c), 40960);
+    kvp_plan_params p;
+    snprintf(c.rope_scaling_type, sizeof c.rope_scaling_type, "yarn");
+    c.rope_scaling_factor = 4;
+    c.rope_original_max_position = 32768;
+    cr_assert_eq(kvp_model_config_context(&c), 131072);
+    kvp_plan_params_default(&c, &p);
+    cr_assert_eq(p.seq_len, 131072);
+    c.rope_original_max_position = 0; /* none given: max_position_embeddings is the original */
+    cr_assert_eq(kvp_model_config_context(&c), 4 * 40960);
+    snprintf(c.rope_scaling_type, sizeof c.rope_scaling_type, "linear");
+    c.rope_scaling_factor = 2;
+    cr_assert_eq(kvp_model_config_context(&c), 81920);
+    snprintf(c.rope_scaling_type, sizeof c.rope_scaling_type, "dynamic");
+    cr_assert_eq(kvp_model_config_context(&c), 81920);
+    c = load("DeepSeek-V3.json"); /* yarn: 4,096 x 40, its max_position_embeddings too */
+    cr_assert_eq(kvp_model_config_context(&c), 163840);
+    c = load("Meta-Llama-3.1-8B.json"); /* llama3 scaling: the length is max_position_embeddings already */
+    cr_assert_eq(kvp_model_config_context(&c), 131072);
+}
