@@ -661,7 +661,7 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     f = 1.0;
     snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
     KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
-    if (present) c.rope_attention_factor = f * (c.rope_scaling_factor > 1 ? 0.1 * log(c.rope_scaling_factor) + 1 : 1);
+    if (present) c.rope_attention_factor = f * kvp_yarn_mscale(c.rope_scaling_factor, 1.0);
     /* The sampling the model's authors recommend, as llama.cpp's converter writes it from generation_config.json
      * (kvpage serve's defaults, as HF folders' generation_config.json) */
     static const struct {

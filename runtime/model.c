@@ -113,6 +113,7 @@ struct kvp_model {
     layer_w *layers; /* (num_layers) */
     double *inv_freq; /* (head_dim / 2) */
     double rope_scale; /* cos and sin are multiplied by it (yarn's attention factor; else 1) */
+    int32_t context;     /* kvp_model_config_context, made at load (INT32_MAX: none given) */
     int32_t max_len_cap; /* kvp_model_set_max_len's (0: none) */
     fwd_ws ws[KVP_FWD_MAX_GROUPS]; /* one per data-parallel group, grown on demand */
     int32_t *sub;                  /* rebased qo/kv indptr of the groups */
@@ -676,9 +677,6 @@ static kvp_status generation_config(const char *cfgpath, kvp_model_config *c)
     return st;
 }
 
-/* yarn's attention factor for a context scaled s times (mscale: DeepSeek's coefficient, 1 elsewhere). */
-static double yarn_mscale(double s, double mscale) { return s <= 1 ? 1.0 : 0.1 * mscale * log(s) + 1.0; }
-
 /* yarn: the dimension whose frequency turns n_rot times over the original context (fractional). */
 static double yarn_corr_dim(double n_rot, int32_t dim, double base, double orig)
 {
@@ -711,8 +709,8 @@ void kvp_rope_frequencies(const kvp_model_config *c, double *inv_freq, double *s
     if (!strcmp(type, "yarn"))
         *scale = c->rope_attention_factor > 0 ? c->rope_attention_factor
                  : c->rope_mscale > 0 && c->rope_mscale_all_dim > 0
-                     ? yarn_mscale(factor, c->rope_mscale) / yarn_mscale(factor, c->rope_mscale_all_dim)
-                     : yarn_mscale(factor, 1.0);
+                     ? kvp_yarn_mscale(factor, c->rope_mscale) / kvp_yarn_mscale(factor, c->rope_mscale_all_dim)
+                     : kvp_yarn_mscale(factor, 1.0);
     for (int32_t i = 0; i < half; i++) {
         double f = 1.0 / pow(theta, (2.0 * i) / c->head_dim);
         if (!strcmp(type, "linear")) {
@@ -736,11 +734,14 @@ void kvp_rope_frequencies(const kvp_model_config *c, double *inv_freq, double *s
     }
 }
 
-static kvp_status init_rope(kvp_model *m)
+/* RoPE's frequencies and scale, and the context positions may reach. */
+static kvp_status init_positions(kvp_model *m)
 {
     m->inv_freq = kvp_malloc((size_t)(m->cfg.head_dim / 2) * sizeof(double));
     if (!m->inv_freq) return KVP_ERR(KVP_ENOMEM, "out of memory");
     kvp_rope_frequencies(&m->cfg, m->inv_freq, &m->rope_scale);
+    const int64_t ctx = kvp_model_config_context(&m->cfg);
+    m->context = ctx > 0 && ctx < INT32_MAX ? (int32_t)ctx : INT32_MAX;
     return KVP_OK;
 }
 
@@ -859,7 +860,7 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
     }
     if ((st = check_config(&m->cfg, m->is_gguf ? path : cfgpath, m->is_gguf)) != KVP_OK) goto fail;
     if ((st = shard(m, comm, path)) != KVP_OK) goto fail;
-    if ((st = init_rope(m)) != KVP_OK) goto fail;
+    if ((st = init_positions(m)) != KVP_OK) goto fail;
     if ((st = load_weights(m, &src)) != KVP_OK) goto fail;
     if (weights == KVP_WEIGHT_AUTO) m->wtype = held_type(m);
     kvp_gguf_close(g);
@@ -910,17 +911,14 @@ int kvp_model_is_eos(const kvp_model *m, int32_t id)
 }
 int32_t kvp_model_max_len(const kvp_model *m)
 {
-    const int64_t n = kvp_model_config_context(&m->cfg);
-    const int32_t ctx = n > 0 && n < INT32_MAX ? (int32_t)n : INT32_MAX;
-    return m->max_len_cap > 0 && m->max_len_cap < ctx ? m->max_len_cap : ctx;
+    return m->max_len_cap > 0 && m->max_len_cap < m->context ? m->max_len_cap : m->context;
 }
 
 kvp_status kvp_model_set_max_len(kvp_model *m, int32_t n)
 {
     m->max_len_cap = 0;
-    const int32_t ctx = kvp_model_max_len(m);
-    if (n > ctx)
-        return KVP_ERR(KVP_EINVAL, "max_model_len %d exceeds the context of %s (%d tokens)", n, m->path, ctx);
+    if (n > m->context)
+        return KVP_ERR(KVP_EINVAL, "max_model_len %d exceeds the context of %s (%d tokens)", n, m->path, m->context);
     m->max_len_cap = n > 0 ? n : 0;
     return KVP_OK;
 }

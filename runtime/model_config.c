@@ -134,6 +134,8 @@ int64_t kvp_model_config_context(const kvp_model_config *c)
     return n >= 1 && n < 9e18 ? (int64_t)n : 0;
 }
 
+double kvp_yarn_mscale(double s, double mscale) { return s <= 1 ? 1.0 : 0.1 * mscale * log(s) + 1.0; }
+
 kvp_status kvp_sampling_set(kvp_sampling_defaults *d, unsigned bit, double v, const char *what, const char *key)
 {
     static const struct {

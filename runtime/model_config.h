@@ -130,6 +130,9 @@ kvp_status kvp_sampling_set(kvp_sampling_defaults *d, unsigned bit, double v, co
  * factor for linear and dynamic scaling; for yarn, original_max_position_embeddings (else
  * max_position_embeddings) times the factor. 0 when the config gives no length. */
 int64_t kvp_model_config_context(const kvp_model_config *cfg);
+/* YaRN's attention factor for a context stretched s times: 0.1 mscale ln(s) + 1 (1 for s <= 1; mscale is
+ * DeepSeek's coefficient, 1 elsewhere). */
+double kvp_yarn_mscale(double s, double mscale);
 
 /* Adds id to cfg's EOS ids (a no-op for -1, an id already there, or a full list). */
 void kvp_model_config_add_eos(kvp_model_config *cfg, int64_t id);
