@@ -1085,11 +1085,12 @@ static const char *gguf_with_kvs(const char *name, const tu_buf *kvs, uint64_t n
     return path;
 }
 
-/* kvp_rope_frequencies against scripts/rope-reference.py, which computes YaRN and linear scaling from their
- * published definitions (the YaRN paper, Hugging Face's _compute_yarn_parameters), not from this code. The
- * configs are parsed from JSON, so the rope_scaling fields' defaults (beta_fast 32, beta_slow 1, truncate)
- * are the parser's. */
-static void rope_of(const char *rope_scaling, kvp_model_config *c, double *inv, double *scale)
+/* kvp_rope_frequencies against scripts/rope-reference.py, which computes YaRN, linear and dynamic scaling from
+ * their published definitions (the YaRN paper, Hugging Face's _compute_yarn_parameters), not from this code.
+ * The configs are parsed from JSON (Qwen3-8B's with rope_scaling replaced, and head_dim and theta replaced when
+ * given), so the rope_scaling fields' defaults (beta_fast 32, beta_slow 1, truncate) are the parser's. */
+static void rope_of(const char *rope_scaling, int32_t head_dim, double theta, kvp_model_config *c, double *inv,
+                    double *scale)
 {
     cJSON *root;
     cr_assert_eq(kvp_json_parse_file("../shared/data/configs/Qwen3-8B.json", &root), KVP_OK, "%s",
@@ -1097,6 +1098,7 @@ static void rope_of(const char *rope_scaling, kvp_model_config *c, double *inv, 
     cJSON_ReplaceItemInObject(root, "rope_scaling", cJSON_Parse(rope_scaling));
     cr_assert_eq(kvp_model_config_from_json(root, "Qwen3-8B.json", c), KVP_OK, "%s", kvp_error_detail());
     cJSON_Delete(root);
+    if (head_dim) c->head_dim = head_dim, c->rope_theta = theta;
     kvp_rope_frequencies(c, inv, scale);
 }
 
@@ -1111,8 +1113,8 @@ Test(model, rope_frequencies_match_the_reference)
     double inv[128], scale;
     /* Qwen3-8B (head_dim 128, theta 1e6) with its model card's YaRN: dimensions 0-23 keep their frequency,
      * 24-39 are on the ramp, 40 and up are divided by 4 */
-    rope_of("{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768}", &c, inv,
-            &scale);
+    rope_of("{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 32768}", 0, 0, &c,
+            inv, &scale);
     const int at[] = {0, 20, 23, 24, 30, 35, 39, 40, 63};
     const double want[] = {1.0, 0.01333521432163324, 0.006978305848598663, 0.005375321490790102,
                            0.001064360981247002, 0.0002462584069089387, 6.490394320837029e-05,
@@ -1121,32 +1123,25 @@ Test(model, rope_frequencies_match_the_reference)
     expect_rel(scale, 1.138629436111989, "qwen3 yarn scale", 0);
     /* stories260K's shape (head_dim 8, theta 1e4), 128 original positions: pair 1 is half-way up the ramp;
      * without truncation the ramp starts at dimension -0.196 and ends at 1.309 */
-    c.head_dim = 8;
-    c.rope_theta = 10000;
-    c.rope_original_max_position = 128;
-    kvp_rope_frequencies(&c, inv, &scale);
+    rope_of("{\"rope_type\": \"yarn\", \"factor\": 4.0, \"original_max_position_embeddings\": 128}", 8, 10000, &c,
+            inv, &scale);
     const double yarn8[] = {1.0, 0.0625, 0.0025, 0.00025}, untrunc8[] = {1.0, 0.04270567198866974, 0.0025, 0.00025};
     for (int i = 0; i < 4; i++) expect_rel(inv[i], yarn8[i], "yarn 8", i);
     c.rope_truncate = 0;
     kvp_rope_frequencies(&c, inv, &scale);
     for (int i = 0; i < 4; i++) expect_rel(inv[i], untrunc8[i], "yarn 8 untruncated", i);
     /* attention_factor replaces the default scale; DeepSeek's mscale / mscale_all_dim make it their ratio */
-    rope_of("{\"type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 0.75}", &c, inv, &scale);
+    rope_of("{\"type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 0.75}", 0, 0, &c, inv, &scale);
     cr_assert_eq(scale, 0.75);
-    rope_of("{\"type\": \"yarn\", \"factor\": 40.0, \"mscale\": 1.0, \"mscale_all_dim\": 0.5}", &c, inv, &scale);
+    rope_of("{\"type\": \"yarn\", \"factor\": 40.0, \"mscale\": 1.0, \"mscale_all_dim\": 0.5}", 0, 0, &c, inv,
+            &scale);
     expect_rel(scale, (0.1 * log(40.0) + 1) / (0.05 * log(40.0) + 1), "mscale ratio", 0);
-    rope_of("{\"rope_type\": \"linear\", \"factor\": 2.0}", &c, inv, &scale);
-    c.head_dim = 8;
-    c.rope_theta = 10000;
-    kvp_rope_frequencies(&c, inv, &scale);
+    rope_of("{\"rope_type\": \"linear\", \"factor\": 2.0}", 8, 10000, &c, inv, &scale);
     const double lin8[] = {0.5, 0.05, 0.005, 0.0005};
     for (int i = 0; i < 4; i++) expect_rel(inv[i], lin8[i], "linear 8", i);
     cr_assert_eq(scale, 1.0);
     /* dynamic NTK at twice the context: the base grows 3^(8/6) times */
-    rope_of("{\"rope_type\": \"dynamic\", \"factor\": 2.0}", &c, inv, &scale);
-    c.head_dim = 8;
-    c.rope_theta = 10000;
-    kvp_rope_frequencies(&c, inv, &scale);
+    rope_of("{\"rope_type\": \"dynamic\", \"factor\": 2.0}", 8, 10000, &c, inv, &scale);
     const double dyn8[] = {1.0, 0.06933612743506347, 0.004807498567691361, 0.0003333333333333334};
     for (int i = 0; i < 4; i++) expect_rel(inv[i], dyn8[i], "dynamic 8", i);
     cr_assert_eq(scale, 1.0);
@@ -1242,19 +1237,25 @@ Test(model, unsupported_or_impossible_rope_scaling_is_rejected)
         snprintf(cfg, sizeof cfg, "%s/config.json", dir);
         expect_load_error(dir, hf_cases[k].st, cfg, hf_cases[k].names, NULL, hf_cases[k].json);
     }
+    const struct {
+        const char *type; /* NULL: no type key */
+        float factor;     /* 0: no factor key */
+        const char *n1, *n2;
+        kvp_status st;
+    } gguf_cases[] = {
+        {"longrope", 0, "'longrope' is not supported", NULL, KVP_EUNSUPPORTED},
+        {"yarn", -2, "llama.rope.scaling.factor", "-2", KVP_EPARSE},
+        {NULL, NAN, "llama.rope.scaling.factor", "nan", KVP_EPARSE},
+    };
     tu_buf kvs = {0};
-    tu_kv_str(&kvs, "llama.rope.scaling.type", "longrope");
-    const char *p = gguf_with_kvs("longrope.gguf", &kvs, 1);
-    expect_load_error(p, KVP_EUNSUPPORTED, p, "'longrope' is not supported", NULL, "GGUF longrope");
-    kvs.n = 0;
-    tu_kv_str(&kvs, "llama.rope.scaling.type", "yarn");
-    tu_kv_f32(&kvs, "llama.rope.scaling.factor", -2);
-    p = gguf_with_kvs("negative.gguf", &kvs, 2);
-    expect_load_error(p, KVP_EPARSE, p, "llama.rope.scaling.factor", "-2", "GGUF factor -2");
-    kvs.n = 0;
-    tu_kv_f32(&kvs, "llama.rope.scaling.factor", NAN);
-    p = gguf_with_kvs("nan.gguf", &kvs, 1);
-    expect_load_error(p, KVP_EPARSE, p, "llama.rope.scaling.factor", "nan", "GGUF factor NaN");
+    for (size_t k = 0; k < sizeof gguf_cases / sizeof gguf_cases[0]; k++) {
+        kvs.n = 0;
+        uint64_t n = 0;
+        if (gguf_cases[k].type) tu_kv_str(&kvs, "llama.rope.scaling.type", gguf_cases[k].type), n++;
+        if (gguf_cases[k].factor != 0) tu_kv_f32(&kvs, "llama.rope.scaling.factor", gguf_cases[k].factor), n++;
+        const char *p = gguf_with_kvs("bad_rope.gguf", &kvs, n);
+        expect_load_error(p, gguf_cases[k].st, p, gguf_cases[k].n1, gguf_cases[k].n2, gguf_cases[k].n1);
+    }
     /* type "none" with no factor: the model's own story */
     kvs.n = 0;
     tu_kv_str(&kvs, "llama.rope.scaling.type", "none");
