@@ -354,6 +354,14 @@ Test(model_config, generation_config_sampling_defaults)
     cJSON_Delete(j);
     cr_assert_eq(c.sampling.given, KVP_SAMPLING_TEMPERATURE | KVP_SAMPLING_TOP_K | KVP_SAMPLING_TOP_P);
     cr_assert(c.sampling.temperature == 0.6 && c.sampling.top_k == 20 && c.sampling.top_p == 0.95);
+    /* a real one: DeepSeek-R1-Distill-Qwen-32B's (do_sample, temperature 0.6, top_p 0.95) */
+    memset(&c, 0, sizeof c);
+    cr_assert_eq(kvp_json_parse_file(CONFIGS "/tokenizer_configs/DeepSeek-R1-Distill-Qwen-32B.generation_config.json", &j),
+                 KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_model_config_sampling(j, "generation_config.json", &c), KVP_OK, "%s", kvp_error_detail());
+    cJSON_Delete(j);
+    cr_assert_eq(c.sampling.given, KVP_SAMPLING_TEMPERATURE | KVP_SAMPLING_TOP_P);
+    cr_assert(c.sampling.temperature == 0.6 && c.sampling.top_p == 0.95);
     static const struct {
         const char *json, *names;
     } bad[] = {
