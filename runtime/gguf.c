@@ -569,6 +569,39 @@ static kvp_status get_pos_int(const kvp_gguf *g, const char *arch, const char *s
     return KVP_OK;
 }
 
+/* LongRoPE as llama.cpp's converter writes it (Phi-3 128k): tensors rope_factors_long.weight and
+ * rope_factors_short.weight, one divisor per rotary pair each (the model checks their count and values), and
+ * rope.scaling.attn_factor, the whole scale of cos and sin. */
+static kvp_status longrope_factors(const kvp_gguf *g, kvp_model_config *c)
+{
+    static const char *const names[2] = {"rope_factors_long.weight", "rope_factors_short.weight"};
+    kvp_tensor_view v[2];
+    int have[2];
+    for (int i = 0; i < 2; i++) {
+        have[i] = kvp_gguf_tensor(g, names[i], &v[i]) == KVP_OK;
+        kvp_error_clear();
+    }
+    if (!have[0] && !have[1]) return KVP_OK;
+    if (!have[0] || !have[1])
+        return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' without '%s' (LongRoPE needs both)", g->map.path,
+                       names[have[0] ? 0 : 1], names[have[0] ? 1 : 0]);
+    if (c->rope_scaling_type[0])
+        return KVP_ERR(KVP_EPARSE, "%s: LongRoPE factor tensors and rope.scaling.type '%s' contradict each other",
+                       g->map.path, c->rope_scaling_type);
+    for (int i = 0; i < 2; i++)
+        if (v[i].ndim != 1 || v[i].shape[0] != v[0].shape[0] || v[i].shape[0] > KVP_MAX_ROPE_PAIRS)
+            return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' must be one vector of at most %d factors, as long as '%s'",
+                           g->map.path, names[i], KVP_MAX_ROPE_PAIRS, names[0]);
+    float f[KVP_MAX_ROPE_PAIRS];
+    c->rope_n_factors = (int32_t)v[0].shape[0];
+    for (int i = 0; i < 2; i++) {
+        kvp_tensor_to_f32(&v[i], f);
+        for (int32_t k = 0; k < c->rope_n_factors; k++) (i ? c->rope_short_factor : c->rope_long_factor)[k] = f[k];
+    }
+    snprintf(c->rope_scaling_type, sizeof c->rope_scaling_type, "longrope");
+    return KVP_OK;
+}
+
 kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
 {
     kvp_gguf_str arch_s = {0};
@@ -579,14 +612,14 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     if (arch_s.len >= sizeof arch) return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture name too long", g->map.path);
     memcpy(arch, arch_s.ptr, arch_s.len);
     arch[arch_s.len] = '\0';
-    int qwen2 = strcmp(arch, "qwen2") == 0, qwen3 = strcmp(arch, "qwen3") == 0;
-    if (strcmp(arch, "llama") != 0 && strcmp(arch, "mistral") != 0 && !qwen2 && !qwen3)
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3 are)",
-                       g->map.path, arch);
+    int qwen2 = strcmp(arch, "qwen2") == 0, qwen3 = strcmp(arch, "qwen3") == 0, phi3 = strcmp(arch, "phi3") == 0;
+    if (strcmp(arch, "llama") != 0 && strcmp(arch, "mistral") != 0 && !qwen2 && !qwen3 && !phi3)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, phi3 "
+                       "are)", g->map.path, arch);
     kvp_model_config c;
     memset(&c, 0, sizeof c);
     snprintf(c.model_type, sizeof c.model_type, "%s", arch);
-    c.family = KVP_FAMILY_LLAMA;
+    c.family = phi3 ? KVP_FAMILY_PHI3 : KVP_FAMILY_LLAMA;
     int64_t v = 0;
     KVP_TRY(get_pos_int(g, arch, "block_count", 1, KVP_MAX_LAYERS, &v));
     c.num_layers = (int32_t)v;
@@ -626,13 +659,13 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
                        g->map.path, arch, c.rope_theta);
     if (!(c.rms_norm_eps > 0) || c.rms_norm_eps > 1)
         return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %g is out of range (0, 1]", g->map.path, key, c.rms_norm_eps);
-    /* The forward pass rotates every dimension of a head: a partial rotary model would run wrong. */
+    /* the leading dimensions of a head RoPE rotates (Phi-4-mini: 96 of 128) */
     v = c.head_dim;
     KVP_TRY(get_pos_int(g, arch, "rope.dimension_count", 0, 1 << 16, &v));
-    if (v != c.head_dim)
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: metadata '%s.rope.dimension_count' = %" PRId64 " but the head dimension "
-                                         "is %d: partial rotary embeddings are not supported",
-                       g->map.path, arch, v, c.head_dim);
+    if (v < 2 || v % 2 || v > c.head_dim)
+        return KVP_ERR(KVP_EPARSE, "%s: metadata '%s.rope.dimension_count' = %" PRId64 " must be even, at least 2 "
+                                   "and at most the head dimension, %d", g->map.path, arch, v, c.head_dim);
+    c.rotary_dim = (int32_t)v;
     /* RoPE scaling, llama.cpp's keys: rope.scaling.type (llama.cpp's default, linear, when only a factor is
      * given; other types are refused by the model's checks), rope.scaling.factor (or the older
      * rope.scale_linear), original_context_length (yarn; default: context_length), and attn_factor, which
@@ -662,6 +695,7 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     snprintf(key, sizeof key, "%s.rope.scaling.attn_factor", arch);
     KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
     if (present) c.rope_attention_factor = f * kvp_yarn_mscale(c.rope_scaling_factor, 1.0);
+    KVP_TRY(longrope_factors(g, &c));
     /* The sampling the model's authors recommend, as llama.cpp's converter writes it from generation_config.json
      * (kvpage serve's defaults, as HF folders' generation_config.json) */
     static const struct {

@@ -111,8 +111,10 @@ struct kvp_model {
     float *out_norm;  /* (hidden) */
     mat_w lm_head;    /* [tp.nv, hidden]; a copy of embed's rows when tied */
     layer_w *layers; /* (num_layers) */
-    double *inv_freq; /* (head_dim / 2) */
-    double rope_scale; /* cos and sin are multiplied by it (yarn's attention factor; else 1) */
+    double *inv_freq; /* (rotary_dim / 2) */
+    double rope_scale; /* cos and sin are multiplied by it (yarn's and longrope's attention factor; else 1) */
+    float *freq_div;  /* (rotary_dim / 2): GGUF's rope_freqs.weight, dividing inv_freq; NULL: none */
+    int32_t rot;      /* kvp_rotary_dim */
     int32_t context;     /* kvp_model_config_context, made at load (INT32_MAX: none given) */
     int32_t max_len_cap; /* kvp_model_set_max_len's (0: none) */
     fwd_ws ws[KVP_FWD_MAX_GROUPS]; /* one per data-parallel group, grown on demand */
@@ -470,6 +472,7 @@ static void free_weights(kvp_model *m)
     kvp_free(m->embed);
     kvp_free(m->out_norm);
     kvp_free(m->inv_freq);
+    kvp_free(m->freq_div);
     for (int g = 0; g < KVP_FWD_MAX_GROUPS; g++) {
         kvp_free(m->ws[g].f);
         kvp_free(m->ws[g].i);
@@ -484,6 +487,8 @@ void kvp_model_destroy(kvp_model *m)
     free_weights(m);
     kvp_free(m);
 }
+
+static void set_rope(kvp_model *m);
 
 static kvp_status load_tensors(kvp_model *m, const source *src)
 {
@@ -507,17 +512,17 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
         /* llama.cpp's form of llama3 rope scaling: one divisor per frequency, theta_i = pos * inv_freq_i /
          * factor_i (what a llama3 rope_scaling computes from config.json in an HF folder; GGUF's rope.scaling
          * keys have no llama3 type, and linear or yarn scaling composes with these divisors as in llama.cpp) */
-        float *f;
-        KVP_TRY(load_t(src, "rope_freqs.weight", hd / 2, 0, &f));
-        for (int64_t i = 0; i < hd / 2; i++)
-            if (!(f[i] > 0 && isfinite(f[i]))) {
-                kvp_status st = KVP_ERR(KVP_EPARSE, "%s: rope_freqs.weight[%lld] = %g is not a positive factor",
-                                        src->what, (long long)i, f[i]);
-                kvp_free(f);
-                return st;
-            }
-        for (int64_t i = 0; i < hd / 2; i++) m->inv_freq[i] /= f[i];
-        kvp_free(f);
+        KVP_TRY(load_t(src, "rope_freqs.weight", m->rot / 2, 0, &m->freq_div));
+        for (int64_t i = 0; i < m->rot / 2; i++)
+            if (!(m->freq_div[i] > 0 && isfinite(m->freq_div[i])))
+                return KVP_ERR(KVP_EPARSE, "%s: rope_freqs.weight[%lld] = %g is not a positive factor", src->what,
+                               (long long)i, m->freq_div[i]);
+        set_rope(m);
+    }
+    /* LongRoPE's factors: the GGUF reader took them into the config (kvp_gguf_model_config); used here */
+    for (int i = 0; g && i < 2 && !strcmp(c->rope_scaling_type, "longrope"); i++) {
+        kvp_tensor_view v;
+        KVP_TRY(src_get(src, i ? "rope_factors_short.weight" : "rope_factors_long.weight", &v));
     }
     m->layers = kvp_calloc((size_t)c->num_layers, sizeof *m->layers);
     if (!m->layers) return KVP_ERR(KVP_ENOMEM, "%s: out of memory", src->what);
@@ -525,12 +530,20 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
         layer_w *w = &m->layers[l];
 #define NAME(gg, hf) (snprintf(n, sizeof n, g ? "blk.%d." gg : "model.layers.%d." hf, l), n)
         KVP_TRY(load_t(src, NAME("attn_norm.weight", "input_layernorm.weight"), H, 0, &w->attn_norm));
-        KVP_TRY(load_mat(src, NAME("attn_q.weight", "self_attn.q_proj.weight"), nq * hd, H, q0, nqd, 0, H, wd,
-                         &w->wq));
-        KVP_TRY(load_mat(src, NAME("attn_k.weight", "self_attn.k_proj.weight"), nkv * hd, H, k0, nkd, 0, H, wd,
-                         &w->wk));
-        KVP_TRY(load_mat(src, NAME("attn_v.weight", "self_attn.v_proj.weight"), nkv * hd, H, k0, nkd, 0, H, wd,
-                         &w->wv));
+        if (c->family == KVP_FAMILY_PHI3 && src_has(src, NAME("attn_qkv.weight", "self_attn.qkv_proj.weight"))) {
+            /* phi3's fused projection: the q rows, then k's, then v's */
+            const int64_t rows = (nq + 2 * nkv) * hd;
+            KVP_TRY(load_mat(src, n, rows, H, q0, nqd, 0, H, wd, &w->wq));
+            KVP_TRY(load_mat(src, n, rows, H, nq * hd + k0, nkd, 0, H, wd, &w->wk));
+            KVP_TRY(load_mat(src, n, rows, H, (nq + nkv) * hd + k0, nkd, 0, H, wd, &w->wv));
+        } else {
+            KVP_TRY(load_mat(src, NAME("attn_q.weight", "self_attn.q_proj.weight"), nq * hd, H, q0, nqd, 0, H, wd,
+                             &w->wq));
+            KVP_TRY(load_mat(src, NAME("attn_k.weight", "self_attn.k_proj.weight"), nkv * hd, H, k0, nkd, 0, H, wd,
+                             &w->wk));
+            KVP_TRY(load_mat(src, NAME("attn_v.weight", "self_attn.v_proj.weight"), nkv * hd, H, k0, nkd, 0, H, wd,
+                             &w->wv));
+        }
         KVP_TRY(load_mat(src, NAME("attn_output.weight", "self_attn.o_proj.weight"), H, nq * hd, 0, H, q0, nqd, wd,
                          &w->wo));
         if (c->attention_bias) {
@@ -545,10 +558,16 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
             KVP_TRY(load_t(src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, 0, &w->k_norm));
         }
         KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
-        KVP_TRY(load_mat(src, NAME("ffn_gate.weight", "mlp.gate_proj.weight"), FF, H, t->ff0, t->nff, 0, H, wd,
-                         &w->w_gate));
-        KVP_TRY(load_mat(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, t->ff0, t->nff, 0, H, wd,
-                         &w->w_up));
+        if (c->family == KVP_FAMILY_PHI3) { /* gate and up fused: the gate rows, then up's */
+            NAME("ffn_up.weight", "mlp.gate_up_proj.weight");
+            KVP_TRY(load_mat(src, n, 2 * FF, H, t->ff0, t->nff, 0, H, wd, &w->w_gate));
+            KVP_TRY(load_mat(src, n, 2 * FF, H, FF + t->ff0, t->nff, 0, H, wd, &w->w_up));
+        } else {
+            KVP_TRY(load_mat(src, NAME("ffn_gate.weight", "mlp.gate_proj.weight"), FF, H, t->ff0, t->nff, 0, H, wd,
+                             &w->w_gate));
+            KVP_TRY(load_mat(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, t->ff0, t->nff, 0, H, wd,
+                             &w->w_up));
+        }
         KVP_TRY(load_mat(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, 0, H, t->ff0, t->nff, wd,
                          &w->w_down));
 #undef NAME
@@ -604,11 +623,13 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
 {
     const char *mt = c->model_type;
     if (!mt[0])
-        return KVP_ERR(KVP_EPARSE, "%s: no model type (\"model_type\": llama, mistral, qwen2 or qwen3)", cfg_file);
-    if (c->family != KVP_FAMILY_LLAMA ||
-        (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3")))
+        return KVP_ERR(KVP_EPARSE, "%s: no model type (\"model_type\": llama, mistral, qwen2, qwen3 or phi3)",
+                       cfg_file);
+    if (!(c->family == KVP_FAMILY_PHI3 && !strcmp(mt, "phi3")) &&
+        (c->family != KVP_FAMILY_LLAMA ||
+         (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3"))))
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: model type '%s' is not supported by the CPU forward pass "
-                                         "(llama, mistral, qwen2, qwen3 are)",
+                                         "(llama, mistral, qwen2, qwen3, phi3 are)",
                        cfg_file, mt);
     if (c->num_layers < 1 || c->hidden_size < 1 || c->num_q_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 2 ||
         c->head_dim % 2 || c->intermediate_size < 1 || c->vocab_size < 1 || c->num_q_heads % c->num_kv_heads ||
@@ -620,11 +641,38 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
     if (!kvp_attn_supported(KVP_DTYPE_F32, c->head_dim))
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: head_dim %d is not supported by the attention kernels", cfg_file,
                        c->head_dim);
+    const int32_t rot = kvp_rotary_dim(c);
+    if (rot < 2 || rot % 2 || rot > c->head_dim)
+        return KVP_ERR(KVP_EPARSE, "%s: %s gives %d rotary dimensions of %d: they must be even and at least 2",
+                       cfg_file, gguf ? "rope.dimension_count" : "\"partial_rotary_factor\"", rot, c->head_dim);
     const char *rt = c->rope_scaling_type;
     if (rt[0] && strcmp(rt, "llama3") && strcmp(rt, "default") && strcmp(rt, "linear") && strcmp(rt, "dynamic") &&
-        strcmp(rt, "yarn"))
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (linear, dynamic, llama3 and "
-                       "yarn are)", cfg_file, rt);
+        strcmp(rt, "yarn") && strcmp(rt, "longrope"))
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: rope_scaling type '%s' is not supported (linear, dynamic, llama3, "
+                       "yarn and longrope are)", cfg_file, rt);
+    if (!strcmp(rt, "longrope")) {
+        /* as the file spells the fields: config.json's rope_scaling, or GGUF's factor tensors and keys */
+        const char *lf = gguf ? "tensor rope_factors_long.weight" : "rope_scaling \"long_factor\"";
+        if (c->rope_n_factors != rot / 2)
+            return KVP_ERR(KVP_EPARSE, "%s: %s has %d factors; %d rotary dimensions need %d", cfg_file, lf,
+                           c->rope_n_factors, rot, rot / 2);
+        for (int32_t i = 0; i < 2 * c->rope_n_factors; i++) {
+            const int sh = i >= c->rope_n_factors;
+            const double f = sh ? c->rope_short_factor[i - c->rope_n_factors] : c->rope_long_factor[i];
+            if (!(f > 0 && isfinite(f)))
+                return KVP_ERR(KVP_EPARSE, "%s: %s[%d] = %g is not a positive factor", cfg_file,
+                               sh ? (gguf ? "tensor rope_factors_short.weight" : "rope_scaling \"short_factor\"") : lf,
+                               i % c->rope_n_factors, f);
+        }
+        if (c->rope_original_max_position < 1)
+            return KVP_ERR(KVP_EPARSE, "%s: longrope needs the original context (%s)", cfg_file,
+                           gguf ? "rope.scaling.original_context_length" : "\"original_max_position_embeddings\"");
+        if (!(c->rope_attention_factor >= 0 && c->rope_long_mscale >= 0 && c->rope_short_mscale >= 0 &&
+              isfinite(c->rope_attention_factor + c->rope_long_mscale + c->rope_short_mscale)))
+            return KVP_ERR(KVP_EPARSE, "%s: rope_scaling: attention_factor %g, long_mscale %g and short_mscale %g "
+                           "must be finite and >= 0", cfg_file, c->rope_attention_factor, c->rope_long_mscale,
+                           c->rope_short_mscale);
+    }
     if (!strcmp(rt, "linear") || !strcmp(rt, "dynamic") || !strcmp(rt, "yarn")) {
         /* as the file spells the fields: config.json's rope_scaling object, or GGUF's rope.scaling keys */
         char key[160];
@@ -683,26 +731,28 @@ static double yarn_corr_dim(double n_rot, int32_t dim, double base, double orig)
     return dim * log(orig / (n_rot * 2 * M_PI)) / (2 * log(base));
 }
 
-void kvp_rope_frequencies(const kvp_model_config *c, double *inv_freq, double *scale)
+int32_t kvp_rotary_dim(const kvp_model_config *c) { return c->rotary_dim > 0 ? c->rotary_dim : c->head_dim; }
+
+void kvp_rope_frequencies(const kvp_model_config *c, int64_t max_len, double *inv_freq, double *scale)
 {
-    const int32_t half = c->head_dim / 2;
+    const int32_t dim = kvp_rotary_dim(c), half = dim / 2;
     const double factor = c->rope_scaling_factor;
     const char *type = c->rope_scaling_type;
     double theta = c->rope_theta > 0 ? c->rope_theta : 10000.0;
     /* dynamic NTK as vLLM runs it: one larger base for the whole stretched context (factor x the original;
      * transformers' base grows with the sequence's length, which K/V already cached cannot follow) */
-    if (!strcmp(type, "dynamic")) theta *= pow(factor * factor - (factor - 1), c->head_dim / (c->head_dim - 2.0));
+    if (!strcmp(type, "dynamic")) theta *= pow(factor * factor - (factor - 1), dim / (dim - 2.0));
     /* yarn: dimensions below lo keep their frequency (they turn beta_fast times or more over the original
      * context), above hi are interpolated (divided by factor), and a linear ramp mixes the two between */
     double lo = 0, hi = 0;
     if (!strcmp(type, "yarn")) {
         const double orig = (double)(c->rope_original_max_position > 0 ? c->rope_original_max_position
                                                                         : c->max_position_embeddings);
-        lo = yarn_corr_dim(c->rope_beta_fast, c->head_dim, theta, orig);
-        hi = yarn_corr_dim(c->rope_beta_slow, c->head_dim, theta, orig);
+        lo = yarn_corr_dim(c->rope_beta_fast, dim, theta, orig);
+        hi = yarn_corr_dim(c->rope_beta_slow, dim, theta, orig);
         if (c->rope_truncate) lo = floor(lo), hi = ceil(hi);
         lo = lo > 0 ? lo : 0;
-        hi = hi < c->head_dim - 1 ? hi : c->head_dim - 1;
+        hi = hi < dim - 1 ? hi : dim - 1;
         if (hi == lo) hi += 0.001;
     }
     *scale = 1.0;
@@ -711,9 +761,22 @@ void kvp_rope_frequencies(const kvp_model_config *c, double *inv_freq, double *s
                  : c->rope_mscale > 0 && c->rope_mscale_all_dim > 0
                      ? kvp_yarn_mscale(factor, c->rope_mscale) / kvp_yarn_mscale(factor, c->rope_mscale_all_dim)
                      : kvp_yarn_mscale(factor, 1.0);
+    /* longrope: one set of factors for the whole served context (vLLM's and llama.cpp's choice: switching at
+     * the original length would leave K/V cached under the other set) */
+    const int longrope = !strcmp(type, "longrope"), use_long = max_len > c->rope_original_max_position;
+    if (longrope) {
+        const double s = (double)c->max_position_embeddings / (double)c->rope_original_max_position;
+        const double ms = use_long ? c->rope_long_mscale : c->rope_short_mscale;
+        *scale = c->rope_attention_factor > 0 ? c->rope_attention_factor
+                 : ms > 0                     ? ms
+                 : s > 1                      ? sqrt(1 + log(s) / log((double)c->rope_original_max_position))
+                                              : 1.0;
+    }
     for (int32_t i = 0; i < half; i++) {
-        double f = 1.0 / pow(theta, (2.0 * i) / c->head_dim);
-        if (!strcmp(type, "linear")) {
+        double f = 1.0 / pow(theta, (2.0 * i) / dim);
+        if (longrope) {
+            f /= use_long ? c->rope_long_factor[i] : c->rope_short_factor[i];
+        } else if (!strcmp(type, "linear")) {
             f /= factor;
         } else if (!strcmp(type, "yarn")) {
             double ramp = (i - lo) / (hi - lo); /* 0: keep, 1: interpolate */
@@ -734,14 +797,23 @@ void kvp_rope_frequencies(const kvp_model_config *c, double *inv_freq, double *s
     }
 }
 
-/* RoPE's frequencies and scale, and the context positions may reach. */
+/* RoPE's frequencies and scale for the context served (the cap, else the model's), divided by GGUF's
+ * rope_freqs.weight when it has one. */
+static void set_rope(kvp_model *m)
+{
+    kvp_rope_frequencies(&m->cfg, kvp_model_max_len(m), m->inv_freq, &m->rope_scale);
+    for (int32_t i = 0; m->freq_div && i < m->rot / 2; i++) m->inv_freq[i] /= m->freq_div[i];
+}
+
+/* The context positions may reach, and RoPE's frequencies and scale. */
 static kvp_status init_positions(kvp_model *m)
 {
-    m->inv_freq = kvp_malloc((size_t)(m->cfg.head_dim / 2) * sizeof(double));
+    m->rot = kvp_rotary_dim(&m->cfg);
+    m->inv_freq = kvp_malloc((size_t)(m->rot / 2) * sizeof(double));
     if (!m->inv_freq) return KVP_ERR(KVP_ENOMEM, "out of memory");
-    kvp_rope_frequencies(&m->cfg, m->inv_freq, &m->rope_scale);
     const int64_t ctx = kvp_model_config_context(&m->cfg);
     m->context = ctx > 0 && ctx < INT32_MAX ? (int32_t)ctx : INT32_MAX;
+    set_rope(m);
     return KVP_OK;
 }
 
@@ -838,8 +910,9 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
         m->is_gguf = 1;
         if ((st = kvp_gguf_open(path, &g)) != KVP_OK) goto fail;
         if ((st = kvp_gguf_model_config(g, &m->cfg)) != KVP_OK) goto fail;
-        /* llama.cpp permutes llama/mistral Q/K rows for paired RoPE; qwen GGUFs keep HF's rotate-half. */
-        m->rope = strncmp(m->cfg.model_type, "qwen", 4) == 0 ? KVP_ROPE_HALF : KVP_ROPE_PAIRS;
+        /* llama.cpp permutes llama/mistral Q/K rows for paired RoPE; qwen and phi3 GGUFs keep HF's rotate-half. */
+        m->rope = strncmp(m->cfg.model_type, "qwen", 4) == 0 || m->cfg.family == KVP_FAMILY_PHI3 ? KVP_ROPE_HALF
+                                                                                              : KVP_ROPE_PAIRS;
         src.g = g;
     } else {
         if (is_dir(path)) {
@@ -916,11 +989,13 @@ int32_t kvp_model_max_len(const kvp_model *m)
 
 kvp_status kvp_model_set_max_len(kvp_model *m, int32_t n)
 {
+    kvp_status st = KVP_OK;
     m->max_len_cap = 0;
     if (n > m->context)
-        return KVP_ERR(KVP_EINVAL, "max_model_len %d exceeds the context of %s (%d tokens)", n, m->path, m->context);
-    m->max_len_cap = n > 0 ? n : 0;
-    return KVP_OK;
+        st = KVP_ERR(KVP_EINVAL, "max_model_len %d exceeds the context of %s (%d tokens)", n, m->path, m->context);
+    else m->max_len_cap = n > 0 ? n : 0;
+    set_rope(m);
+    return st;
 }
 
 int kvp_model_get_threads(const kvp_model *m) { return m->threads; }
@@ -1463,7 +1538,7 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, doubl
  * to float). */
 static void rope_angles(const kvp_model *m, int32_t pos, float *cs)
 {
-    const int32_t half = m->cfg.head_dim / 2;
+    const int32_t half = m->rot / 2;
     for (int32_t i = 0; i < half; i++) {
         double a = (double)pos * m->inv_freq[i];
         cs[2 * i] = (float)(cos(a) * m->rope_scale);
@@ -1471,11 +1546,12 @@ static void rope_angles(const kvp_model *m, int32_t pos, float *cs)
     }
 }
 
-/* Rotates each head's pairs (2i, 2i+1) (paired style) or (i, i + half) (rotate-half) by the angles cs; a head
- * at a time, its pairs in one loop the compiler vectorizes (the same operations per element). */
+/* Rotates each head's pairs (2i, 2i+1) (paired style) or (i, i + half) (rotate-half) of its leading rot
+ * dimensions (half = rot / 2; the others pass unrotated) by the angles cs; a head at a time, its pairs in one
+ * loop the compiler vectorizes (the same operations per element). */
 static void rope(const kvp_model *m, float *v, int32_t nheads, const float *cs)
 {
-    const int32_t hd = m->cfg.head_dim, half = hd / 2;
+    const int32_t hd = m->cfg.head_dim, half = m->rot / 2;
     for (int32_t h = 0; h < nheads; h++) {
         float *restrict p = v + (int64_t)h * hd;
         if (m->rope == KVP_ROPE_PAIRS) {

@@ -80,11 +80,15 @@ kvp_comm *kvp_model_comm(const kvp_model *m);
 void kvp_model_destroy(kvp_model *m);
 
 const kvp_model_config *kvp_model_cfg(const kvp_model *m);
-/* RoPE of config c: inv_freq[i] (head_dim / 2 of them), the angle per position of pair i, after c's
- * rope_scaling (none, linear, llama3 or yarn as Hugging Face and vLLM compute them; dynamic as vLLM does, with
- * the base of the whole stretched context), and *scale, what cos and
- * sin are multiplied by (yarn's attention factor; else 1). GGUF's rope_freqs.weight divides them further. */
-void kvp_rope_frequencies(const kvp_model_config *c, double *inv_freq, double *scale);
+/* RoPE of config c served with contexts of up to max_len tokens: inv_freq[i] (rotary_dim / 2 of them, the
+ * pairs of the leading rotary_dim dimensions of a head), the angle per position of pair i, after c's
+ * rope_scaling (none, linear, llama3, yarn or longrope as Hugging Face and vLLM compute them; dynamic as vLLM
+ * does, with the base of the whole stretched context; longrope's long factors when max_len passes the
+ * original context), and *scale, what cos and sin are multiplied by (yarn's and longrope's attention factor;
+ * else 1). GGUF's rope_freqs.weight divides them further. */
+void kvp_rope_frequencies(const kvp_model_config *c, int64_t max_len, double *inv_freq, double *scale);
+/* The dimensions of a head RoPE rotates (config's rotary_dim, or head_dim). */
+int32_t kvp_rotary_dim(const kvp_model_config *c);
 kvp_rope_style kvp_model_rope_style(const kvp_model *m);
 const char *kvp_model_path(const kvp_model *m); /* as given to load */
 int kvp_model_is_gguf(const kvp_model *m);
@@ -94,7 +98,8 @@ int kvp_model_is_eos(const kvp_model *m, int32_t id);
  * rope scaling as vLLM derives max_model_len), capped by kvp_model_set_max_len. */
 int32_t kvp_model_max_len(const kvp_model *m);
 /* Caps kvp_model_max_len at n (vLLM's --max-model-len; n <= 0: no cap). KVP_EINVAL when n exceeds the
- * model's context (no cap is kept then). */
+ * model's context (no cap is kept then). LongRoPE's factors follow the cap (short ones when it is within the
+ * original context), so call it before the first forward pass. */
 kvp_status kvp_model_set_max_len(kvp_model *m, int32_t n);
 
 /* Threads for matmuls and attention (>= 1). Process-wide for attention and OpenBLAS. kvp_model_load sets

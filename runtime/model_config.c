@@ -203,8 +203,31 @@ kvp_status kvp_model_config_eos(const cJSON *o, const char *what, kvp_model_conf
     return KVP_OK;
 }
 
+/* longrope's long_factor or short_factor: an array of numbers (checked against the rotary pairs by the model). */
+static kvp_status rope_factors(const cJSON *rs, const char *what, const char *key, double *out, int32_t *n)
+{
+    const cJSON *a = cJSON_GetObjectItemCaseSensitive(rs, key);
+    if (!cJSON_IsArray(a)) return KVP_ERR(KVP_EPARSE, "%s: rope_scaling \"%s\" must be an array of numbers", what, key);
+    const int len = cJSON_GetArraySize(a);
+    if (len > KVP_MAX_ROPE_PAIRS)
+        return KVP_ERR(KVP_EPARSE, "%s: rope_scaling \"%s\" has %d entries, more than %d", what, key, len,
+                       KVP_MAX_ROPE_PAIRS);
+    int i = 0;
+    for (const cJSON *x = a->child; x; x = x->next, i++) {
+        if (!cJSON_IsNumber(x)) return KVP_ERR(KVP_EPARSE, "%s: rope_scaling \"%s\"[%d] is not a number", what, key, i);
+        out[i] = x->valuedouble;
+    }
+    if (*n >= 0 && *n != len)
+        return KVP_ERR(KVP_EPARSE, "%s: rope_scaling \"long_factor\" has %d entries and \"short_factor\" %d", what,
+                       *n, len);
+    *n = len;
+    return KVP_OK;
+}
+
 static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_config *c)
 {
+    /* phi3 keeps its original context beside max_position_embeddings, not in rope_scaling */
+    KVP_TRY(opt_int(o, what, "original_max_position_embeddings", 1, MAX_TOKENS, 0, &c->rope_original_max_position));
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
     if (rs == NULL || cJSON_IsNull(rs)) return KVP_OK;
     if (!cJSON_IsObject(rs)) return KVP_ERR(KVP_EPARSE, "%s: \"rope_scaling\" must be an object", what);
@@ -217,13 +240,22 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
     KVP_TRY(opt_num(rs, what, "factor", 1.0, &c->rope_scaling_factor));
     KVP_TRY(opt_num(rs, what, "low_freq_factor", 1.0, &c->rope_low_freq_factor));
     KVP_TRY(opt_num(rs, what, "high_freq_factor", 4.0, &c->rope_high_freq_factor));
-    KVP_TRY(opt_int(rs, what, "original_max_position_embeddings", 1, MAX_TOKENS, 0, &c->rope_original_max_position));
+    KVP_TRY(opt_int(rs, what, "original_max_position_embeddings", 1, MAX_TOKENS, c->rope_original_max_position,
+                    &c->rope_original_max_position));
     KVP_TRY(opt_num(rs, what, "beta_fast", 32.0, &c->rope_beta_fast));
     KVP_TRY(opt_num(rs, what, "beta_slow", 1.0, &c->rope_beta_slow));
     KVP_TRY(opt_bool(rs, what, "truncate", 1, &c->rope_truncate));
     KVP_TRY(opt_num(rs, what, "attention_factor", 0.0, &c->rope_attention_factor));
     KVP_TRY(opt_num(rs, what, "mscale", 0.0, &c->rope_mscale));
     KVP_TRY(opt_num(rs, what, "mscale_all_dim", 0.0, &c->rope_mscale_all_dim));
+    if (!strcmp(c->rope_scaling_type, "su")) strcpy(c->rope_scaling_type, "longrope"); /* its older name */
+    if (!strcmp(c->rope_scaling_type, "longrope")) {
+        c->rope_n_factors = -1;
+        KVP_TRY(rope_factors(rs, what, "long_factor", c->rope_long_factor, &c->rope_n_factors));
+        KVP_TRY(rope_factors(rs, what, "short_factor", c->rope_short_factor, &c->rope_n_factors));
+        KVP_TRY(opt_num(rs, what, "long_mscale", 0.0, &c->rope_long_mscale));
+        KVP_TRY(opt_num(rs, what, "short_mscale", 0.0, &c->rope_short_mscale));
+    }
     return KVP_OK;
 }
 
@@ -380,6 +412,14 @@ kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_m
         c.head_dim = (int32_t)(nope + rope);
         c.v_head_dim = (int32_t)vhd;
     }
+    double partial;
+    KVP_TRY(opt_num(o, what, "partial_rotary_factor", 1.0, &partial));
+    if (!(partial > 0 && partial <= 1))
+        return KVP_ERR(KVP_EPARSE, "%s: \"partial_rotary_factor\": %g is out of range (0, 1]", what, partial);
+    c.rotary_dim = (int32_t)(c.head_dim * partial); /* as transformers and vLLM round it */
+    if (c.rotary_dim < 1)
+        return KVP_ERR(KVP_EPARSE, "%s: \"partial_rotary_factor\": %g leaves no rotary dimension of %d", what,
+                       partial, c.head_dim);
     KVP_TRY(read_sliding(o, what, &c));
     KVP_TRY(read_moe(o, what, &c));
     KVP_TRY(token_id(o, what, "bos_token_id", &c.bos_token_id));

@@ -28,7 +28,7 @@ typedef enum {
     KVP_FAMILY_DEEPSEEK, /* MLA attention (latent KV cache), MoE with shared experts */
 } kvp_model_family;
 
-enum { KVP_MAX_LAYERS = 1024 };
+enum { KVP_MAX_LAYERS = 1024, KVP_MAX_ROPE_PAIRS = 128 /* head_dim 256 / 2 */ };
 /* Largest parameter count a loaded config may have: 2^53, the largest a double (and a JSON number) holds
  * exactly. Every count below it is exact, and every byte size derived from it fits in int64_t. */
 #define KVP_MODEL_MAX_PARAMS (1LL << 53)
@@ -79,6 +79,16 @@ typedef struct {
     double rope_beta_fast, rope_beta_slow;
     int rope_truncate;
     double rope_attention_factor, rope_mscale, rope_mscale_all_dim;
+    /* longrope (phi3; "su" is read as longrope): per-pair divisors of the frequencies, long_factor when the
+     * served context (max_model_len) passes original_max_position_embeddings, else short_factor, chosen once
+     * for the whole context as vLLM and llama.cpp do; rope_n_factors pairs each. cos and sin are scaled by
+     * attention_factor, else long_mscale or short_mscale (vLLM's), else sqrt(1 + ln(s) / ln(original)) with
+     * s = max_position_embeddings / original (1 when s <= 1); 0: not given */
+    int32_t rope_n_factors;
+    double rope_long_factor[KVP_MAX_ROPE_PAIRS], rope_short_factor[KVP_MAX_ROPE_PAIRS];
+    double rope_long_mscale, rope_short_mscale;
+    int32_t rotary_dim;       /* the leading dimensions of a head RoPE rotates: head_dim x partial_rotary_factor
+                               * (Phi-4-mini: 0.75) or GGUF's rope.dimension_count; 0: head_dim */
 
     int tie_word_embeddings;  /* 1: LM head shares the embedding matrix */
     int attention_bias;       /* q/k/v projections carry a bias (qwen2: 1) */

@@ -5,12 +5,15 @@ Written from the published definitions, not from kvpage's C: YaRN as in the pape
 arXiv:2309.00071, section 3) and as Hugging Face transformers' _compute_yarn_parameters states it (the
 correction range of dimensions from beta_fast and beta_slow, a linear ramp between, floor/ceil when
 truncating, attention factor 0.1 ln(s) + 1); linear scaling (position interpolation) divides every
-frequency by the factor; dynamic NTK raises the base, at the stretched context's full length. Prints, per case, the inverse frequencies and the attention factor at full
+frequency by the factor; dynamic NTK raises the base, at the stretched context's full length; LongRoPE (Phi-3) divides each
+frequency by its long or short rescale factor. Prints, per case, the inverse frequencies and the attention factor at full
 precision; the test holds a subset.
 
     scripts/rope-reference.py
 """
+import json
 import math
+import os
 
 
 def yarn(dim, base, factor, orig, beta_fast=32.0, beta_slow=1.0, truncate=True):
@@ -47,6 +50,27 @@ def dynamic_ntk(dim, base, factor):
     return [base ** (-2 * i / dim) for i in range(dim // 2)], 1.0
 
 
+def longrope(dim, base, long_factor, short_factor, max_pos, orig, max_len):
+    # LongRoPE (Ding et al. 2024, arXiv:2402.13753) as Phi-3 ships it: each pair's frequency divided by its
+    # rescale factor, the long set when the served context passes the original one; cos and sin scaled by
+    # sqrt(1 + ln(s) / ln(original)), s = max_position_embeddings / original (Hugging Face's default)
+    factors = long_factor if max_len > orig else short_factor
+    s = max_pos / orig
+    scale = math.sqrt(1 + math.log(s) / math.log(orig)) if s > 1 else 1.0
+    return [1.0 / (factors[i] * base ** (2 * i / dim)) for i in range(dim // 2)], scale
+
+
+def phi35(max_len):
+    # Phi-3.5-mini-instruct's config.json (../shared/data/configs/derived/phi-3_5.json): head_dim 3072 / 32
+    here = os.path.dirname(os.path.abspath(__file__))
+    with open(os.path.join(here, "..", "..", "shared", "data", "configs", "derived", "phi-3_5.json")) as f:
+        c = json.load(f)
+    rs = c["rope_scaling"]
+    dim = c["hidden_size"] // c["num_attention_heads"]
+    return longrope(dim, c["rope_theta"], rs["long_factor"], rs["short_factor"], c["max_position_embeddings"],
+                    c["original_max_position_embeddings"], max_len)
+
+
 CASES = {
     # Qwen3-8B (head_dim 128, rope_theta 1e6) with the YaRN its model card gives for 131,072 tokens
     "qwen3_yarn": yarn(128, 1e6, 4.0, 32768),
@@ -55,6 +79,9 @@ CASES = {
     "s260_yarn_untruncated": yarn(8, 10000.0, 4.0, 128, truncate=False),
     "s260_linear": linear(8, 10000.0, 2.0),
     "s260_dynamic": dynamic_ntk(8, 10000.0, 2.0),
+    # Phi-3.5-mini served past its original 4,096 tokens (long factors), and within them (short factors)
+    "phi35_long": phi35(131072),
+    "phi35_short": phi35(4096),
 }
 
 if __name__ == "__main__":

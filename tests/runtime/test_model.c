@@ -890,6 +890,12 @@ Test(model, hf_config_numbers_out_of_range_are_rejected)
         {"\"rope_theta\": 10000.0", "\"rope_theta\": 1e999", "rope_theta"},
         {"\"bos_token_id\": 1", "\"bos_token_id\": 512", "bos_token_id"},
         {"\"eos_token_id\": 2", "\"eos_token_id\": 100000", "eos_token_id"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0", "partial_rotary_factor"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 10000.0, \"partial_rotary_factor\": 1.5", "partial_rotary_factor"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.1", "partial_rotary_factor"},
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.1", "partial_rotary_factor"},
+        /* 8 x 0.375: 3 rotary dimensions, which do not pair */
+        {"\"rope_theta\": 10000.0", "\"rope_theta\": 10000.0, \"partial_rotary_factor\": 0.375", "partial_rotary_factor"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const char *dir = hf_copy(cases[i].from, cases[i].to, NULL, NULL);
@@ -903,7 +909,7 @@ Test(model, gguf_metadata_out_of_range_is_rejected)
 {
     tu_require_shared();
     const float neg = -1.0f, nan = NAN, inf = INFINITY;
-    const uint32_t far = 100000, vocab = 512, four = 4;
+    const uint32_t far = 100000, vocab = 512, five = 5, sixteen = 16;
     const char *p = gguf_variant("eps.gguf", "llama.attention.layer_norm_rms_epsilon", 6, &neg, NULL, 0);
     expect_load_error(p, KVP_EPARSE, p, "llama.attention.layer_norm_rms_epsilon", NULL, "eps -1");
     p = gguf_variant("eps.gguf", "llama.attention.layer_norm_rms_epsilon", 6, &nan, NULL, 0);
@@ -914,9 +920,11 @@ Test(model, gguf_metadata_out_of_range_is_rejected)
     expect_load_error(p, KVP_EPARSE, p, "tokenizer.ggml.bos_token_id", "100000", "bos 100000");
     p = gguf_variant("eos.gguf", "tokenizer.ggml.eos_token_id", 4, &vocab, NULL, 0);
     expect_load_error(p, KVP_EPARSE, p, "tokenizer.ggml.eos_token_id", "512", "eos 512");
-    /* Partial rotary: the forward pass rotates every dimension of a head. */
-    p = gguf_variant("rope.gguf", "llama.rope.dimension_count", 4, &four, NULL, 0);
-    expect_load_error(p, KVP_EUNSUPPORTED, p, "llama.rope.dimension_count", "partial rotary", "rope dims 4");
+    /* rotary dimensions: an odd count, or more than a head has */
+    p = gguf_variant("rope.gguf", "llama.rope.dimension_count", 4, &five, NULL, 0);
+    expect_load_error(p, KVP_EPARSE, p, "llama.rope.dimension_count", "even", "rope dims 5");
+    p = gguf_variant("rope.gguf", "llama.rope.dimension_count", 4, &sixteen, NULL, 0);
+    expect_load_error(p, KVP_EPARSE, p, "llama.rope.dimension_count", "at most the head dimension", "rope dims 16");
     /* 0xFFFFFFFF is "no BOS": loads, without one. */
     const uint32_t none = UINT32_MAX;
     p = gguf_variant("nobos.gguf", "tokenizer.ggml.bos_token_id", 4, &none, NULL, 0);
@@ -1098,8 +1106,8 @@ static void rope_of(const char *rope_scaling, int32_t head_dim, double theta, kv
     cJSON_ReplaceItemInObject(root, "rope_scaling", cJSON_Parse(rope_scaling));
     cr_assert_eq(kvp_model_config_from_json(root, "Qwen3-8B.json", c), KVP_OK, "%s", kvp_error_detail());
     cJSON_Delete(root);
-    if (head_dim) c->head_dim = head_dim, c->rope_theta = theta;
-    kvp_rope_frequencies(c, inv, scale);
+    if (head_dim) c->head_dim = c->rotary_dim = head_dim, c->rope_theta = theta;
+    kvp_rope_frequencies(c, kvp_model_config_context(c), inv, scale);
 }
 
 static void expect_rel(double got, double want, const char *what, int i)
@@ -1128,7 +1136,7 @@ Test(model, rope_frequencies_match_the_reference)
     const double yarn8[] = {1.0, 0.0625, 0.0025, 0.00025}, untrunc8[] = {1.0, 0.04270567198866974, 0.0025, 0.00025};
     for (int i = 0; i < 4; i++) expect_rel(inv[i], yarn8[i], "yarn 8", i);
     c.rope_truncate = 0;
-    kvp_rope_frequencies(&c, inv, &scale);
+    kvp_rope_frequencies(&c, kvp_model_config_context(&c), inv, &scale);
     for (int i = 0; i < 4; i++) expect_rel(inv[i], untrunc8[i], "yarn 8 untruncated", i);
     /* attention_factor replaces the default scale; DeepSeek's mscale / mscale_all_dim make it their ratio */
     rope_of("{\"type\": \"yarn\", \"factor\": 4.0, \"attention_factor\": 0.75}", 0, 0, &c, inv, &scale);
@@ -1225,7 +1233,15 @@ Test(model, unsupported_or_impossible_rope_scaling_is_rejected)
         kvp_status st;
     } hf_cases[] = {
         {"{\"rope_type\": \"mrope\", \"factor\": 2.0}", "'mrope' is not supported", KVP_EUNSUPPORTED},
-        {"{\"rope_type\": \"longrope\", \"factor\": 2.0}", "'longrope' is not supported", KVP_EUNSUPPORTED},
+        {"{\"rope_type\": \"longrope\", \"factor\": 2.0}", "\"long_factor\" must be an array", KVP_EPARSE},
+        {"{\"type\": \"longrope\", \"long_factor\": [1, 1, 1], \"short_factor\": [1, 1, 1], "
+         "\"original_max_position_embeddings\": 128}", "\"long_factor\" has 3 factors", KVP_EPARSE},
+        {"{\"type\": \"su\", \"long_factor\": [1, 1, 1, 1], \"short_factor\": [1, 0, 1, 1], "
+         "\"original_max_position_embeddings\": 128}", "\"short_factor\"[1] = 0", KVP_EPARSE},
+        {"{\"type\": \"longrope\", \"long_factor\": [1, 1, 1, 1], \"short_factor\": [1, 1, 1]}",
+         "\"long_factor\" has 4 entries and \"short_factor\" 3", KVP_EPARSE},
+        {"{\"type\": \"longrope\", \"long_factor\": [1, 1, 1, 1], \"short_factor\": [1, 1, 1, 1]}",
+         "\"original_max_position_embeddings\"", KVP_EPARSE},
         {"{\"rope_type\": \"linear\", \"factor\": 0.5}", "rope_scaling.factor", KVP_EPARSE},
         {"{\"rope_type\": \"yarn\", \"factor\": 4.0, \"beta_fast\": -32}", "beta_fast -32", KVP_EPARSE},
         {"{\"rope_type\": \"yarn\", \"factor\": \"4\"}", "\"factor\" must be a number", KVP_EPARSE},
@@ -1243,7 +1259,7 @@ Test(model, unsupported_or_impossible_rope_scaling_is_rejected)
         const char *n1, *n2;
         kvp_status st;
     } gguf_cases[] = {
-        {"longrope", 0, "'longrope' is not supported", NULL, KVP_EUNSUPPORTED},
+        {"longrope", 0, "rope_factors_long.weight", "0 factors", KVP_EPARSE}, /* the type without its factors */
         {"yarn", -2, "llama.rope.scaling.factor", "-2", KVP_EPARSE},
         {NULL, NAN, "llama.rope.scaling.factor", "nan", KVP_EPARSE},
     };
@@ -1287,5 +1303,318 @@ Test(model, gguf_sampling_metadata_gives_the_default_sampling)
     tu_kv_f32(&kvs, "general.sampling.top_p", 1.5f);
     const char *p = gguf_with_kvs("bad_sampling.gguf", &kvs, 1);
     expect_load_error(p, KVP_EPARSE, p, "\"general.sampling.top_p\": 1.5 is out of range (0, 1]", NULL, "top_p 1.5");
+    free(kvs.p);
+}
+
+/* ---- phi3: fused weights, partial rotary embeddings, LongRoPE ---- */
+
+/* stories260K as a phi3 checkpoint, from its HF weights in the fused layout Hugging Face and llama.cpp's
+ * converter give phi3 (per layer one QKV matrix, the q rows then k's then v's, and one gate/up matrix, the gate
+ * rows then up's; rotate-half RoPE in both formats). perm (NULL: none) reorders the dimensions of every Q and K
+ * head alike, which leaves every score unchanged. */
+typedef struct {
+    int gguf;            /* 1: a GGUF file; 0: an HF folder */
+    int32_t rot;         /* GGUF: rope.dimension_count */
+    const int *perm;     /* row j of a head <- row perm[j] */
+    const char *cfg_add; /* HF: added to config.json after "model_type": "phi3" (starts with ", ") */
+    const tu_buf *kvs;   /* GGUF: more metadata (as tu_kv_* write it), nkv pairs */
+    uint64_t nkv;
+    const float *longf, *shortf; /* GGUF: rope_factors_long/short.weight (rot / 2 each), or NULL */
+    const float *freqs;          /* GGUF: rope_freqs.weight (rot / 2), or NULL */
+} phi3_spec;
+
+typedef struct {
+    char name[96];
+    int64_t rows, cols; /* cols 0: a vector */
+    float *f;
+} phi3_tensor;
+
+static float *st_f32(kvp_st *s, const char *name, int64_t *numel)
+{
+    kvp_tensor_view v;
+    cr_assert_eq(kvp_st_tensor(s, name, &v), KVP_OK, "%s", name);
+    float *f = malloc(sizeof(float) * (size_t)v.numel);
+    kvp_tensor_to_f32(&v, f);
+    if (numel) *numel = v.numel;
+    return f;
+}
+
+/* Rows of the heads of one projection, [heads x 8, 64], each head's dimensions reordered by perm. */
+static void permute_heads(float *w, int heads, const int *perm)
+{
+    float tmp[8 * 64];
+    for (int h = 0; perm && h < heads; h++) {
+        memcpy(tmp, w + h * 8 * 64, sizeof tmp);
+        for (int j = 0; j < 8; j++) memcpy(w + (h * 8 + j) * 64, tmp + perm[j] * 64, 64 * sizeof(float));
+    }
+}
+
+static const char *phi3_model(const phi3_spec *sp)
+{
+    kvp_st *s;
+    cr_assert_eq(kvp_st_open(S260_HF, &s), KVP_OK);
+    phi3_tensor t[64];
+    int nt = 0;
+    const int g = sp->gguf;
+    char n[96];
+    t[nt++] = (phi3_tensor){"", 512, 64, st_f32(s, "model.embed_tokens.weight", NULL)};
+    snprintf(t[nt - 1].name, 96, "%s", g ? "token_embd.weight" : "model.embed_tokens.weight");
+    t[nt++] = (phi3_tensor){"", 64, 0, st_f32(s, "model.norm.weight", NULL)};
+    snprintf(t[nt - 1].name, 96, "%s", g ? "output_norm.weight" : "model.norm.weight");
+    for (int l = 0; l < 5; l++) {
+#define HF(x) (snprintf(n, sizeof n, "model.layers.%d.%s", l, x), n)
+#define OUT(gg, hf) snprintf(t[nt - 1].name, 96, g ? "blk.%d." gg : "model.layers.%d." hf, l)
+        float *q = st_f32(s, HF("self_attn.q_proj.weight"), NULL), *k = st_f32(s, HF("self_attn.k_proj.weight"), NULL);
+        float *v = st_f32(s, HF("self_attn.v_proj.weight"), NULL), *qkv = malloc(sizeof(float) * 128 * 64);
+        permute_heads(q, 8, sp->perm);
+        permute_heads(k, 4, sp->perm);
+        memcpy(qkv, q, sizeof(float) * 64 * 64);
+        memcpy(qkv + 64 * 64, k, sizeof(float) * 32 * 64);
+        memcpy(qkv + 96 * 64, v, sizeof(float) * 32 * 64);
+        free(q), free(k), free(v);
+        float *gate = st_f32(s, HF("mlp.gate_proj.weight"), NULL), *up = st_f32(s, HF("mlp.up_proj.weight"), NULL);
+        float *gu = malloc(sizeof(float) * 344 * 64);
+        memcpy(gu, gate, sizeof(float) * 172 * 64);
+        memcpy(gu + 172 * 64, up, sizeof(float) * 172 * 64);
+        free(gate), free(up);
+        t[nt++] = (phi3_tensor){"", 64, 0, st_f32(s, HF("input_layernorm.weight"), NULL)};
+        OUT("attn_norm.weight", "input_layernorm.weight");
+        t[nt++] = (phi3_tensor){"", 128, 64, qkv};
+        OUT("attn_qkv.weight", "self_attn.qkv_proj.weight");
+        t[nt++] = (phi3_tensor){"", 64, 64, st_f32(s, HF("self_attn.o_proj.weight"), NULL)};
+        OUT("attn_output.weight", "self_attn.o_proj.weight");
+        t[nt++] = (phi3_tensor){"", 64, 0, st_f32(s, HF("post_attention_layernorm.weight"), NULL)};
+        OUT("ffn_norm.weight", "post_attention_layernorm.weight");
+        t[nt++] = (phi3_tensor){"", 344, 64, gu};
+        OUT("ffn_up.weight", "mlp.gate_up_proj.weight");
+        t[nt++] = (phi3_tensor){"", 64, 172, st_f32(s, HF("mlp.down_proj.weight"), NULL)};
+        OUT("ffn_down.weight", "mlp.down_proj.weight");
+#undef HF
+#undef OUT
+    }
+    kvp_st_close(s);
+    const float *vec[3] = {sp->longf, sp->shortf, sp->freqs};
+    const char *vname[3] = {"rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight"};
+    for (int i = 0; g && i < 3; i++)
+        if (vec[i]) {
+            t[nt] = (phi3_tensor){"", sp->rot / 2, 0, malloc(sizeof(float) * (size_t)(sp->rot / 2))};
+            memcpy(t[nt].f, vec[i], sizeof(float) * (size_t)(sp->rot / 2));
+            snprintf(t[nt++].name, 96, "%s", vname[i]);
+        }
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* hf_copy makes another */
+    static char path[400];
+    tu_buf hdr = {0}, data = {0}, file = {0};
+    if (g) {
+        tu_buf kv = {0};
+        tu_kv_str(&kv, "general.architecture", "phi3");
+        const char *keys[] = {"phi3.block_count", "phi3.embedding_length", "phi3.feed_forward_length",
+                              "phi3.attention.head_count", "phi3.attention.head_count_kv", "phi3.context_length",
+                              "phi3.rope.dimension_count", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"};
+        const uint32_t vals[] = {5, 64, 172, 8, 4, 512, (uint32_t)sp->rot, 1, 2};
+        for (int i = 0; i < 9; i++) tu_kv_u32(&kv, keys[i], vals[i]);
+        tu_kv_f32(&kv, "phi3.attention.layer_norm_rms_epsilon", 1e-5f);
+        if (sp->kvs) tu_put(&kv, sp->kvs->p, sp->kvs->n);
+        tu_put(&file, "GGUF", 4);
+        tu_u32(&file, 3);
+        tu_u64(&file, (uint64_t)nt);
+        tu_u64(&file, 11 + sp->nkv);
+        tu_put(&file, kv.p, kv.n);
+        free(kv.p);
+        for (int i = 0; i < nt; i++) {
+            tu_str(&file, t[i].name);
+            tu_u32(&file, t[i].cols ? 2 : 1);
+            if (t[i].cols) tu_u64(&file, (uint64_t)t[i].cols); /* GGUF lists the fastest dimension first */
+            tu_u64(&file, (uint64_t)t[i].rows);
+            tu_u32(&file, 0); /* F32 */
+            tu_u64(&file, data.n);
+            tu_put(&data, t[i].f, sizeof(float) * (size_t)(t[i].rows * (t[i].cols ? t[i].cols : 1)));
+            tu_pad(&data, 32);
+        }
+        tu_pad(&file, 32);
+        tu_put(&file, data.p, data.n);
+        snprintf(path, sizeof path, "%s/phi3.gguf", dir);
+    } else {
+        tu_put(&hdr, "{", 1);
+        for (int i = 0; i < nt; i++) {
+            const size_t bytes = sizeof(float) * (size_t)(t[i].rows * (t[i].cols ? t[i].cols : 1));
+            char e[300];
+            int m = t[i].cols ? snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
+                                         i ? "," : "", t[i].name, (long long)t[i].rows, (long long)t[i].cols, data.n,
+                                         data.n + bytes)
+                              : snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
+                                         i ? "," : "", t[i].name, (long long)t[i].rows, data.n, data.n + bytes);
+            tu_put(&hdr, e, (size_t)m);
+            tu_put(&data, t[i].f, bytes);
+        }
+        tu_put(&hdr, "}", 1);
+        tu_u64(&file, hdr.n);
+        tu_put(&file, hdr.p, hdr.n);
+        tu_put(&file, data.p, data.n);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        tu_write_all(path, file.p, file.n);
+        char to[2048];
+        snprintf(to, sizeof to, "\"model_type\": \"phi3\"%s", sp->cfg_add ? sp->cfg_add : "");
+        const char *cfgdir = hf_copy("\"model_type\": \"llama\"", to, NULL, NULL);
+        size_t len;
+        char cp[400];
+        snprintf(cp, sizeof cp, "%s/config.json", cfgdir);
+        unsigned char *cfg = tu_read_all(cp, &len);
+        snprintf(cp, sizeof cp, "%s/config.json", dir);
+        tu_write_all(cp, cfg, len);
+        free(cfg);
+        snprintf(path, sizeof path, "%s", dir);
+    }
+    if (g) tu_write_all(path, file.p, file.n);
+    for (int i = 0; i < nt; i++) free(t[i].f);
+    free(hdr.p), free(data.p), free(file.p);
+    return path;
+}
+
+/* Both formats of the fused phi3 layout compute stories260K: the golden story, token for token. */
+Test(model, phi3_fused_weights_in_both_formats_give_the_golden_story)
+{
+    tu_require_shared();
+    for (int g = 0; g < 2; g++) {
+        kvp_model *m = load(phi3_model(&(phi3_spec){.gguf = g, .rot = 8}));
+        cr_assert_eq(kvp_model_cfg(m)->family, KVP_FAMILY_PHI3);
+        cr_assert_eq(kvp_model_rope_style(m), KVP_ROPE_HALF);
+        check_golden(m, 16, 0);
+        kvp_model_destroy(m);
+    }
+}
+
+/* Partial rotary embeddings (Phi-4-mini's partial_rotary_factor, GGUF's rope.dimension_count): with 4 of 8
+ * dimensions rotated, pairs (0, 2) and (1, 3) turn at 1 and 10000^(-1/2) radians a position and dimensions 4-7
+ * do not turn. That is the full-rotary model whose pairs (0, 4) and (1, 5) turn at those rates (GGUF's
+ * rope_freqs.weight divides 10000^(-1/4) by 10) and (2, 6), (3, 7) not at all (divided by 1e30), once each
+ * head's dimensions are reordered so that the pairs line up: the same scores, the same 256-token story.
+ * config.json's partial_rotary_factor 0.5 gives the same story as the GGUF key. */
+Test(model, partial_rotary_matches_full_rotary_with_still_pairs)
+{
+    tu_require_shared();
+    const float freqs[4] = {1, 10, 1e30f, 1e30f};
+    const int perm[8] = {0, 1, 4, 5, 2, 3, 6, 7};
+    const int32_t bos = 1, steps = 256;
+    int32_t full[256], part[256], hf[256], plain[256];
+    kvp_model *m = load(phi3_model(&(phi3_spec){.gguf = 1, .rot = 8, .freqs = freqs}));
+    greedy_one(m, 16, &bos, 1, steps, 0, full);
+    kvp_model_destroy(m);
+    m = load(phi3_model(&(phi3_spec){.gguf = 1, .rot = 4, .perm = perm}));
+    cr_assert_eq(kvp_model_cfg(m)->rotary_dim, 4);
+    greedy_one(m, 16, &bos, 1, steps, 0, part);
+    kvp_model_destroy(m);
+    m = load(phi3_model(&(phi3_spec){.gguf = 0, .perm = perm, .cfg_add = ", \"partial_rotary_factor\": 0.5"}));
+    cr_assert_eq(kvp_model_cfg(m)->rotary_dim, 4);
+    greedy_one(m, 16, &bos, 1, steps, 0, hf);
+    kvp_model_destroy(m);
+    m = load(S260_GGUF);
+    greedy_one(m, 16, &bos, 1, steps, 0, plain);
+    kvp_model_destroy(m);
+    int differ = 0;
+    for (int i = 0; i < steps; i++) {
+        cr_assert_eq(part[i], full[i], "token %d: partial rotary %d, full rotary with still pairs %d", i, part[i],
+                     full[i]);
+        cr_assert_eq(hf[i], part[i], "token %d: config.json %d, GGUF %d", i, hf[i], part[i]);
+        differ += part[i] != plain[i];
+    }
+    cr_assert_gt(differ, 0, "rotating half the dimensions must change the story");
+}
+
+/* LongRoPE against the reference script on Phi-3.5-mini's own config.json: its 48 long factors served past
+ * the original 4,096 tokens, its short ones within them, and the attention factor sqrt(1 + ln 32 / ln 4096). */
+Test(model, longrope_frequencies_match_the_reference)
+{
+    kvp_model_config c;
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/derived/phi-3_5.json", &c), KVP_OK, "%s",
+                 kvp_error_detail());
+    cr_assert_str_eq(c.rope_scaling_type, "longrope");
+    cr_assert_eq(c.rope_n_factors, 48);
+    cr_assert_eq(c.rope_original_max_position, 4096);
+    double inv[48], scale;
+    const int at[] = {0, 1, 2, 10, 20, 30, 47};
+    const double lng[] = {0.9259258891329368, 0.7436073645320989, 0.5976246294798686, 0.030642991217357887,
+                          0.0006610722392653191, 5.0507545706277315e-05, 1.8684881663397117e-06};
+    const double shrt[] = {1.0, 0.8092198046104523, 0.6614486291088916, 0.13343630862516817,
+                           0.011645594269833658, 0.0015654841897367014, 4.2659433051390916e-05};
+    kvp_rope_frequencies(&c, kvp_model_config_context(&c), inv, &scale);
+    cr_assert_eq(kvp_model_config_context(&c), 131072);
+    for (int k = 0; k < 7; k++) expect_rel(inv[at[k]], lng[k], "phi3.5 long", at[k]);
+    expect_rel(scale, 1.1902380714238083, "phi3.5 scale", 0);
+    kvp_rope_frequencies(&c, 4096, inv, &scale);
+    for (int k = 0; k < 7; k++) expect_rel(inv[at[k]], shrt[k], "phi3.5 short", at[k]);
+    expect_rel(scale, 1.1902380714238083, "phi3.5 short scale", 0);
+}
+
+/* LongRoPE in a model: with the attention factor 1, long factors (1, 2, 4, 8) are llama.cpp's rope_freqs
+ * divisors (1, 2, 4, 8) on the same weights, so the phi3 story is that GGUF's; served within the original 128
+ * tokens (--max-model-len 128) the short factors (all 1) give the model's own story. config.json's
+ * rope_scaling and GGUF's factor tensors and keys agree, with the attention factor given and by default. */
+Test(model, longrope_follows_the_served_context_in_both_formats)
+{
+    tu_require_shared();
+    const int32_t bos = 1, steps = 256;
+    const float lf[4] = {1, 2, 4, 8}, sf[4] = {1, 1, 1, 1};
+    int32_t want[256], got[256], dflt[256];
+    kvp_model *m = load(gguf_with_rope_freqs(lf));
+    greedy_one(m, 16, &bos, 1, steps, 0, want);
+    kvp_model_destroy(m);
+    tu_buf kvs = {0};
+    for (int attn = 0; attn < 2; attn++)
+        for (int g = 0; g < 2; g++) {
+            const char *cfg = attn ? ", \"original_max_position_embeddings\": 128, \"rope_scaling\": {\"type\": "
+                                     "\"longrope\", \"long_factor\": [1, 2, 4, 8], \"short_factor\": [1, 1, 1, 1], "
+                                     "\"attention_factor\": 1.0}"
+                                   : ", \"original_max_position_embeddings\": 128, \"rope_scaling\": {\"type\": "
+                                     "\"longrope\", \"long_factor\": [1, 2, 4, 8], \"short_factor\": [1, 1, 1, 1]}";
+            kvs.n = 0;
+            tu_kv_u32(&kvs, "phi3.rope.scaling.original_context_length", 128);
+            if (attn) tu_kv_f32(&kvs, "phi3.rope.scaling.attn_factor", 1.0f);
+            /* config.json's rope_scaling replaces stories260K's null one: drop that */
+            const char *p = g ? phi3_model(&(phi3_spec){.gguf = 1, .rot = 8, .kvs = &kvs, .nkv = 1u + (unsigned)attn,
+                                                          .longf = lf, .shortf = sf})
+                              : NULL;
+            if (!g) {
+                p = phi3_model(&(phi3_spec){.gguf = 0, .cfg_add = cfg});
+                char cp[400];
+                size_t len;
+                snprintf(cp, sizeof cp, "%s/config.json", p);
+                char *text = (char *)tu_read_all(cp, &len);
+                char *null_rs = strstr(text, "\"rope_scaling\": null,");
+                cr_assert_not_null(null_rs);
+                memmove(null_rs, null_rs + 21, strlen(null_rs + 21) + 1);
+                tu_write_all(cp, text, strlen(text));
+                free(text);
+            }
+            m = load(p);
+            cr_assert_str_eq(kvp_model_cfg(m)->rope_scaling_type, "longrope");
+            greedy_one(m, 16, &bos, 1, steps, 0, got);
+            for (int i = 0; i < steps; i++) {
+                if (attn) cr_assert_eq(got[i], want[i], "%s token %d: %d, rope_freqs %d", p, i, got[i], want[i]);
+                else if (g) cr_assert_eq(got[i], dflt[i], "token %d: GGUF %d, config.json %d", i, got[i], dflt[i]);
+            }
+            if (!attn && !g) memcpy(dflt, got, sizeof got);
+            if (attn) { /* within the original context: the short factors, all 1 */
+                cr_assert_eq(kvp_model_set_max_len(m, 128), KVP_OK);
+                int32_t gold[128], s260[128];
+                greedy_one(m, 16, &bos, 1, 128, 0, got);
+                kvp_model_destroy(m);
+                m = load(S260_GGUF);
+                greedy_one(m, 16, &bos, 1, 128, 0, s260);
+                memcpy(gold, s260, sizeof gold);
+                for (int i = 0; i < 127; i++)
+                    cr_assert_eq(got[i], gold[i], "%s within 128 tokens, token %d: %d, the model's own %d", p, i,
+                                 got[i], gold[i]);
+            }
+            kvp_model_destroy(m);
+        }
+    int differ = 0;
+    for (int i = 0; i < steps; i++) differ += dflt[i] != want[i];
+    cr_assert_gt(differ, 0, "the default attention factor, sqrt(1 + ln 4 / ln 128), must change the story");
+    /* one factor tensor without the other */
+    kvs.n = 0;
+    tu_kv_u32(&kvs, "phi3.rope.scaling.original_context_length", 128);
+    const char *p = phi3_model(&(phi3_spec){.gguf = 1, .rot = 8, .kvs = &kvs, .nkv = 1, .longf = lf});
+    expect_load_error(p, KVP_EPARSE, p, "rope_factors_long.weight", "rope_factors_short.weight", "one factor tensor");
     free(kvs.p);
 }
