@@ -226,8 +226,6 @@ static kvp_status rope_factors(const cJSON *rs, const char *what, const char *ke
 
 static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_config *c)
 {
-    /* phi3 keeps its original context beside max_position_embeddings, not in rope_scaling */
-    KVP_TRY(opt_int(o, what, "original_max_position_embeddings", 1, MAX_TOKENS, 0, &c->rope_original_max_position));
     const cJSON *rs = cJSON_GetObjectItemCaseSensitive(o, "rope_scaling");
     if (rs == NULL || cJSON_IsNull(rs)) return KVP_OK;
     if (!cJSON_IsObject(rs)) return KVP_ERR(KVP_EPARSE, "%s: \"rope_scaling\" must be an object", what);
@@ -240,8 +238,7 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
     KVP_TRY(opt_num(rs, what, "factor", 1.0, &c->rope_scaling_factor));
     KVP_TRY(opt_num(rs, what, "low_freq_factor", 1.0, &c->rope_low_freq_factor));
     KVP_TRY(opt_num(rs, what, "high_freq_factor", 4.0, &c->rope_high_freq_factor));
-    KVP_TRY(opt_int(rs, what, "original_max_position_embeddings", 1, MAX_TOKENS, c->rope_original_max_position,
-                    &c->rope_original_max_position));
+    KVP_TRY(opt_int(rs, what, "original_max_position_embeddings", 1, MAX_TOKENS, 0, &c->rope_original_max_position));
     KVP_TRY(opt_num(rs, what, "beta_fast", 32.0, &c->rope_beta_fast));
     KVP_TRY(opt_num(rs, what, "beta_slow", 1.0, &c->rope_beta_slow));
     KVP_TRY(opt_bool(rs, what, "truncate", 1, &c->rope_truncate));
@@ -255,6 +252,10 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
         KVP_TRY(rope_factors(rs, what, "short_factor", c->rope_short_factor, &c->rope_n_factors));
         KVP_TRY(opt_num(rs, what, "long_mscale", 0.0, &c->rope_long_mscale));
         KVP_TRY(opt_num(rs, what, "short_mscale", 0.0, &c->rope_short_mscale));
+        /* phi3 keeps its original context beside max_position_embeddings, which transformers reads first */
+        int64_t top = 0;
+        KVP_TRY(opt_int(o, what, "original_max_position_embeddings", 1, MAX_TOKENS, 0, &top));
+        if (top > 0) c->rope_original_max_position = top;
     }
     return KVP_OK;
 }
