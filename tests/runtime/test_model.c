@@ -1438,12 +1438,10 @@ static const char *phi3_model(const phi3_spec *sp)
         tu_put(&hdr, "{", 1);
         for (int i = 0; i < nt; i++) {
             const size_t bytes = sizeof(float) * (size_t)(t[i].rows * (t[i].cols ? t[i].cols : 1));
-            char e[300];
-            int m = t[i].cols ? snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld,%lld],\"data_offsets\":[%zu,%zu]}",
-                                         i ? "," : "", t[i].name, (long long)t[i].rows, (long long)t[i].cols, data.n,
-                                         data.n + bytes)
-                              : snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%lld],\"data_offsets\":[%zu,%zu]}",
-                                         i ? "," : "", t[i].name, (long long)t[i].rows, data.n, data.n + bytes);
+            char e[300], shape[48];
+            snprintf(shape, sizeof shape, t[i].cols ? "%lld,%lld" : "%lld", (long long)t[i].rows, (long long)t[i].cols);
+            int m = snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
+                             i ? "," : "", t[i].name, shape, data.n, data.n + bytes);
             tu_put(&hdr, e, (size_t)m);
             tu_put(&data, t[i].f, bytes);
         }
