@@ -272,42 +272,62 @@ static int src_has(const source *src, const char *name)
     return kvp_st_has(src->s, name);
 }
 
-/* Loads tensor `name` of exactly shape (d0[, d1]) as freshly allocated f32. */
-static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_t d1, float **out)
+/* Finds tensor `name` (marking it used) and checks it has exactly shape (d0[, d1]). */
+static kvp_status get_shaped(const source *src, const char *name, int64_t d0, int64_t d1, kvp_tensor_view *v)
 {
-    kvp_tensor_view v;
-    KVP_TRY(src_get(src, name, &v));
+    KVP_TRY(src_get(src, name, v));
     int want_nd = d1 > 0 ? 2 : 1;
-    int ok = v.ndim == want_nd && v.shape[0] == d0 && (want_nd == 1 || v.shape[1] == d1);
+    if (v->ndim == want_nd && v->shape[0] == d0 && (want_nd == 1 || v->shape[1] == d1)) return KVP_OK;
     /* A 1-D weight stored as [1, n] or an [n] matrix row is still accepted only when exact; keep strict. */
-    if (!ok) {
-        char got[96] = "";
-        int at = 0;
-        for (int i = 0; i < v.ndim; i++)
-            at += snprintf(got + at, sizeof got - (size_t)at, "%s%lld", i ? ", " : "", (long long)v.shape[i]);
-        if (want_nd == 2)
-            return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has shape [%s], the config needs [%lld, %lld]", v.file, name,
-                           got, (long long)d0, (long long)d1);
-        return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has shape [%s], the config needs [%lld]", v.file, name, got,
-                       (long long)d0);
+    char got[96] = "";
+    int at = 0;
+    for (int i = 0; i < v->ndim; i++)
+        at += snprintf(got + at, sizeof got - (size_t)at, "%s%lld", i ? ", " : "", (long long)v->shape[i]);
+    if (want_nd == 2)
+        return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has shape [%s], the config needs [%lld, %lld]", v->file, name, got,
+                       (long long)d0, (long long)d1);
+    return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has shape [%s], the config needs [%lld]", v->file, name, got,
+                   (long long)d0);
+}
+
+/* Rows [r0, r0 + nr) of a checked tensor (a vector: elements) as freshly allocated f32. Only those rows are
+ * converted (a matrix row is whole blocks in every stored type; a vector of blocks is converted whole). */
+static kvp_status rows_f32(const kvp_tensor_view *v, const char *name, int64_t r0, int64_t nr, float **out)
+{
+    const int whole = v->ndim == 1 && kvp_wtype_block(v->dtype) > 1 && nr != v->shape[0];
+    const int64_t cols = v->ndim == 2 ? v->shape[1] : 1;
+    kvp_tensor_view part = *v;
+    if (!whole) {
+        part.data = (const unsigned char *)v->data + (size_t)r0 * (v->nbytes / (size_t)v->shape[0]);
+        part.numel = nr * cols;
     }
-    float *p = kvp_aligned_alloc(64, (size_t)v.numel * sizeof(float));
-    if (!p) return KVP_ERR(KVP_ENOMEM, "%s: out of memory for tensor '%s'", v.file, name);
-    kvp_tensor_to_f32(&v, p);
+    float *p = kvp_aligned_alloc(64, (size_t)(part.numel > 0 ? part.numel : 1) * sizeof(float));
+    if (!p) return KVP_ERR(KVP_ENOMEM, "%s: out of memory for tensor '%s'", v->file, name);
+    kvp_tensor_to_f32(&part, p);
+    if (whole) memmove(p, p + r0, (size_t)nr * sizeof(float));
     *out = p;
     return KVP_OK;
 }
 
+/* Loads tensor `name` of exactly shape (d0[, d1]) as freshly allocated f32. */
+static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_t d1, float **out)
+{
+    kvp_tensor_view v;
+    KVP_TRY(get_shaped(src, name, d0, d1, &v));
+    return rows_f32(&v, name, 0, d0, out);
+}
+
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` of shape (d0, d1) (d1 = 0: a vector, nc
- * ignored): this rank's shard, freshly allocated. */
+ * ignored): this rank's shard (or one part of a fused matrix), freshly allocated. */
 static kvp_status load_part(const source *src, const char *name, int64_t d0, int64_t d1, int64_t r0, int64_t nr,
                             int64_t c0, int64_t nc, float **out)
 {
+    kvp_tensor_view v;
+    KVP_TRY(get_shaped(src, name, d0, d1, &v));
     float *w;
-    KVP_TRY(load_t(src, name, d0, d1, &w));
+    KVP_TRY(rows_f32(&v, name, r0, nr, &w));
     const int64_t cols = d1 > 0 ? d1 : 1;
-    if (d1 <= 0) c0 = 0, nc = 1;
-    if (r0 == 0 && nr == d0 && nc == cols) {
+    if (d1 <= 0 || nc == cols) {
         *out = w;
         return KVP_OK;
     }
@@ -316,7 +336,7 @@ static kvp_status load_part(const source *src, const char *name, int64_t d0, int
         kvp_free(w);
         return KVP_ERR(KVP_ENOMEM, "out of memory for tensor '%s'", name);
     }
-    for (int64_t r = 0; r < nr; r++) memcpy(p + r * nc, w + (r0 + r) * cols + c0, (size_t)nc * sizeof(float));
+    for (int64_t r = 0; r < nr; r++) memcpy(p + r * nc, w + r * cols + c0, (size_t)nc * sizeof(float));
     kvp_free(w);
     *out = p;
     return KVP_OK;
@@ -652,18 +672,17 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
                        "yarn and longrope are)", cfg_file, rt);
     if (!strcmp(rt, "longrope")) {
         /* as the file spells the fields: config.json's rope_scaling, or GGUF's factor tensors and keys */
-        const char *lf = gguf ? "tensor rope_factors_long.weight" : "rope_scaling \"long_factor\"";
+        const char *names[2] = {gguf ? "tensor rope_factors_long.weight" : "rope_scaling \"long_factor\"",
+                                gguf ? "tensor rope_factors_short.weight" : "rope_scaling \"short_factor\""};
         if (c->rope_n_factors != rot / 2)
-            return KVP_ERR(KVP_EPARSE, "%s: %s has %d factors; %d rotary dimensions need %d", cfg_file, lf,
+            return KVP_ERR(KVP_EPARSE, "%s: %s has %d factors; %d rotary dimensions need %d", cfg_file, names[0],
                            c->rope_n_factors, rot, rot / 2);
-        for (int32_t i = 0; i < 2 * c->rope_n_factors; i++) {
-            const int sh = i >= c->rope_n_factors;
-            const double f = sh ? c->rope_short_factor[i - c->rope_n_factors] : c->rope_long_factor[i];
-            if (!(f > 0 && isfinite(f)))
-                return KVP_ERR(KVP_EPARSE, "%s: %s[%d] = %g is not a positive factor", cfg_file,
-                               sh ? (gguf ? "tensor rope_factors_short.weight" : "rope_scaling \"short_factor\"") : lf,
-                               i % c->rope_n_factors, f);
-        }
+        for (int sh = 0; sh < 2; sh++)
+            for (int32_t i = 0; i < c->rope_n_factors; i++) {
+                const double f = (sh ? c->rope_short_factor : c->rope_long_factor)[i];
+                if (!(f > 0 && isfinite(f)))
+                    return KVP_ERR(KVP_EPARSE, "%s: %s[%d] = %g is not a positive factor", cfg_file, names[sh], i, f);
+            }
         if (c->rope_original_max_position < 1)
             return KVP_ERR(KVP_EPARSE, "%s: longrope needs the original context (%s)", cfg_file,
                            gguf ? "rope.scaling.original_context_length" : "\"original_max_position_embeddings\"");

@@ -1349,6 +1349,17 @@ static void permute_heads(float *w, int heads, const int *perm)
     }
 }
 
+/* Appends tensor f (rows x cols; cols 0: a vector) named gg in a GGUF, else hf; layer l's names get
+ * "blk.l." / "model.layers.l." in front (l < 0: a model-level tensor). */
+static void phi3_add(phi3_tensor *t, int *nt, int g, int l, const char *gg, const char *hf, int64_t rows,
+                     int64_t cols, float *f)
+{
+    phi3_tensor *x = &t[(*nt)++];
+    *x = (phi3_tensor){"", rows, cols, f};
+    if (l < 0) snprintf(x->name, sizeof x->name, "%s", g ? gg : hf);
+    else snprintf(x->name, sizeof x->name, g ? "blk.%d.%s" : "model.layers.%d.%s", l, g ? gg : hf);
+}
+
 static const char *phi3_model(const phi3_spec *sp)
 {
     kvp_st *s;
@@ -1357,13 +1368,11 @@ static const char *phi3_model(const phi3_spec *sp)
     int nt = 0;
     const int g = sp->gguf;
     char n[96];
-    t[nt++] = (phi3_tensor){"", 512, 64, st_f32(s, "model.embed_tokens.weight", NULL)};
-    snprintf(t[nt - 1].name, 96, "%s", g ? "token_embd.weight" : "model.embed_tokens.weight");
-    t[nt++] = (phi3_tensor){"", 64, 0, st_f32(s, "model.norm.weight", NULL)};
-    snprintf(t[nt - 1].name, 96, "%s", g ? "output_norm.weight" : "model.norm.weight");
+    phi3_add(t, &nt, g, -1, "token_embd.weight", "model.embed_tokens.weight", 512, 64,
+             st_f32(s, "model.embed_tokens.weight", NULL));
+    phi3_add(t, &nt, g, -1, "output_norm.weight", "model.norm.weight", 64, 0, st_f32(s, "model.norm.weight", NULL));
     for (int l = 0; l < 5; l++) {
 #define HF(x) (snprintf(n, sizeof n, "model.layers.%d.%s", l, x), n)
-#define OUT(gg, hf) snprintf(t[nt - 1].name, 96, g ? "blk.%d." gg : "model.layers.%d." hf, l)
         float *q = st_f32(s, HF("self_attn.q_proj.weight"), NULL), *k = st_f32(s, HF("self_attn.k_proj.weight"), NULL);
         float *v = st_f32(s, HF("self_attn.v_proj.weight"), NULL), *qkv = malloc(sizeof(float) * 128 * 64);
         permute_heads(q, 8, sp->perm);
@@ -1377,29 +1386,26 @@ static const char *phi3_model(const phi3_spec *sp)
         memcpy(gu, gate, sizeof(float) * 172 * 64);
         memcpy(gu + 172 * 64, up, sizeof(float) * 172 * 64);
         free(gate), free(up);
-        t[nt++] = (phi3_tensor){"", 64, 0, st_f32(s, HF("input_layernorm.weight"), NULL)};
-        OUT("attn_norm.weight", "input_layernorm.weight");
-        t[nt++] = (phi3_tensor){"", 128, 64, qkv};
-        OUT("attn_qkv.weight", "self_attn.qkv_proj.weight");
-        t[nt++] = (phi3_tensor){"", 64, 64, st_f32(s, HF("self_attn.o_proj.weight"), NULL)};
-        OUT("attn_output.weight", "self_attn.o_proj.weight");
-        t[nt++] = (phi3_tensor){"", 64, 0, st_f32(s, HF("post_attention_layernorm.weight"), NULL)};
-        OUT("ffn_norm.weight", "post_attention_layernorm.weight");
-        t[nt++] = (phi3_tensor){"", 344, 64, gu};
-        OUT("ffn_up.weight", "mlp.gate_up_proj.weight");
-        t[nt++] = (phi3_tensor){"", 64, 172, st_f32(s, HF("mlp.down_proj.weight"), NULL)};
-        OUT("ffn_down.weight", "mlp.down_proj.weight");
+        phi3_add(t, &nt, g, l, "attn_norm.weight", "input_layernorm.weight", 64, 0,
+                 st_f32(s, HF("input_layernorm.weight"), NULL));
+        phi3_add(t, &nt, g, l, "attn_qkv.weight", "self_attn.qkv_proj.weight", 128, 64, qkv);
+        phi3_add(t, &nt, g, l, "attn_output.weight", "self_attn.o_proj.weight", 64, 64,
+                 st_f32(s, HF("self_attn.o_proj.weight"), NULL));
+        phi3_add(t, &nt, g, l, "ffn_norm.weight", "post_attention_layernorm.weight", 64, 0,
+                 st_f32(s, HF("post_attention_layernorm.weight"), NULL));
+        phi3_add(t, &nt, g, l, "ffn_up.weight", "mlp.gate_up_proj.weight", 344, 64, gu);
+        phi3_add(t, &nt, g, l, "ffn_down.weight", "mlp.down_proj.weight", 64, 172,
+                 st_f32(s, HF("mlp.down_proj.weight"), NULL));
 #undef HF
-#undef OUT
     }
     kvp_st_close(s);
     const float *vec[3] = {sp->longf, sp->shortf, sp->freqs};
     const char *vname[3] = {"rope_factors_long.weight", "rope_factors_short.weight", "rope_freqs.weight"};
     for (int i = 0; g && i < 3; i++)
         if (vec[i]) {
-            t[nt] = (phi3_tensor){"", sp->rot / 2, 0, malloc(sizeof(float) * (size_t)(sp->rot / 2))};
-            memcpy(t[nt].f, vec[i], sizeof(float) * (size_t)(sp->rot / 2));
-            snprintf(t[nt++].name, 96, "%s", vname[i]);
+            float *f = malloc(sizeof(float) * (size_t)(sp->rot / 2));
+            memcpy(f, vec[i], sizeof(float) * (size_t)(sp->rot / 2));
+            phi3_add(t, &nt, g, -1, vname[i], vname[i], sp->rot / 2, 0, f);
         }
     char dir[300];
     snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* hf_copy makes another */
