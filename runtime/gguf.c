@@ -612,10 +612,11 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     if (arch_s.len >= sizeof arch) return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture name too long", g->map.path);
     memcpy(arch, arch_s.ptr, arch_s.len);
     arch[arch_s.len] = '\0';
-    int qwen2 = strcmp(arch, "qwen2") == 0, qwen3 = strcmp(arch, "qwen3") == 0, phi3 = strcmp(arch, "phi3") == 0;
-    if (strcmp(arch, "llama") != 0 && strcmp(arch, "mistral") != 0 && !qwen2 && !qwen3 && !phi3)
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, phi3 "
-                       "are)", g->map.path, arch);
+    int qwen2 = strcmp(arch, "qwen2") == 0, qwen3 = strncmp(arch, "qwen3", 5) == 0, phi3 = strcmp(arch, "phi3") == 0;
+    if (strcmp(arch, "llama") != 0 && strcmp(arch, "mistral") != 0 && !qwen2 && strcmp(arch, "qwen3") &&
+        strcmp(arch, "qwen3moe") && !phi3)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, "
+                       "qwen3moe, phi3 are)", g->map.path, arch);
     kvp_model_config c;
     memset(&c, 0, sizeof c);
     snprintf(c.model_type, sizeof c.model_type, "%s", arch);
@@ -627,6 +628,22 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     c.hidden_size = (int32_t)v;
     KVP_TRY(get_pos_int(g, arch, "feed_forward_length", 1, 1 << 24, &v));
     c.intermediate_size = v;
+    /* Mixture of experts as llama.cpp writes it (Mixtral as arch llama, qwen3moe): every layer routes each
+     * token to expert_used_count of expert_count experts of expert_feed_forward_length units (default: the
+     * feed-forward length) and renormalizes their weights, as llama.cpp computes both. */
+    v = 0;
+    KVP_TRY(get_pos_int(g, arch, "expert_count", !strcmp(arch, "qwen3moe"), 1 << 16, &v));
+    if (v > 0) {
+        c.family = KVP_FAMILY_MIXTRAL;
+        c.num_experts = (int32_t)v;
+        KVP_TRY(get_pos_int(g, arch, "expert_used_count", 1, c.num_experts, &v));
+        c.num_experts_per_tok = (int32_t)v;
+        v = c.intermediate_size;
+        KVP_TRY(get_pos_int(g, arch, "expert_feed_forward_length", 0, 1 << 24, &v));
+        c.moe_intermediate_size = v;
+        c.moe_norm_topk = 1;
+        memset(c.layer_is_moe, 1, sizeof c.layer_is_moe);
+    }
     KVP_TRY(get_pos_int(g, arch, "attention.head_count", 1, 1 << 16, &v));
     c.num_q_heads = (int32_t)v;
     v = c.num_q_heads;

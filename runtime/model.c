@@ -52,8 +52,12 @@ typedef struct {
     float *q_norm, *k_norm; /* (hd) qwen3, or NULL */
     mat_w wo;             /* [hidden, nq*hd] */
     float *ffn_norm;      /* (hidden) */
-    mat_w w_gate, w_up;   /* [inter, hidden] */
+    mat_w w_gate, w_up;   /* [inter, hidden] (empty in an MoE layer) */
     mat_w w_down;         /* [hidden, inter] */
+    float *router;        /* (E, hidden): an MoE layer's router (replicated over ranks); NULL: a dense FFN */
+    mat_w *experts;       /* (3 E): expert e's gate [moe_inter, hidden], up (the same) and down [hidden, moe_inter]
+                           * at 3e, 3e + 1, 3e + 2 */
+    int32_t n_experts;    /* E; 0: a dense FFN */
     int32_t window_left;  /* -1: full attention */
 } layer_w;
 
@@ -107,6 +111,7 @@ struct kvp_model {
     char path[1024];
     kvp_comm *comm;   /* borrowed; NULL: one rank */
     kvp_tp_shard tp;  /* this rank's heads, intermediate units and vocabulary rows (all of them at tp 1) */
+    int64_t mff0, mnff; /* this rank's units of every expert, [mff0, mff0 + mnff) (MoE) */
     float *embed;     /* (tp.nv, hidden): vocabulary rows tp.v0 .. */
     float *out_norm;  /* (hidden) */
     mat_w lm_head;    /* [tp.nv, hidden]; a copy of embed's rows when tied */
@@ -272,22 +277,41 @@ static int src_has(const source *src, const char *name)
     return kvp_st_has(src->s, name);
 }
 
-/* Finds tensor `name` (marking it used) and checks it has exactly shape (d0[, d1]). */
-static kvp_status get_shaped(const source *src, const char *name, int64_t d0, int64_t d1, kvp_tensor_view *v)
+/* Finds tensor `name` (marking it used) and checks it has exactly shape ([e,] d0[, d1]): e > 0 for the
+ * experts' matrices GGUF stacks in one tensor, d1 0 for a vector. */
+static kvp_status get_shaped(const source *src, const char *name, int64_t e, int64_t d0, int64_t d1,
+                             kvp_tensor_view *v)
 {
     KVP_TRY(src_get(src, name, v));
-    int want_nd = d1 > 0 ? 2 : 1;
-    if (v->ndim == want_nd && v->shape[0] == d0 && (want_nd == 1 || v->shape[1] == d1)) return KVP_OK;
+    const int64_t all[3] = {e, d0, d1};
+    int64_t want[3];
+    int nd = 0, ok;
+    for (int i = 0; i < 3; i++)
+        if (all[i] > 0 || i == 1) want[nd++] = all[i];
+    ok = v->ndim == nd;
+    for (int i = 0; ok && i < nd; i++) ok = v->shape[i] == want[i];
+    if (ok) return KVP_OK;
     /* A 1-D weight stored as [1, n] or an [n] matrix row is still accepted only when exact; keep strict. */
-    char got[96] = "";
-    int at = 0;
-    for (int i = 0; i < v->ndim; i++)
+    char got[96] = "", need[96] = "";
+    for (int i = 0, at = 0; i < v->ndim; i++)
         at += snprintf(got + at, sizeof got - (size_t)at, "%s%lld", i ? ", " : "", (long long)v->shape[i]);
-    if (want_nd == 2)
-        return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has shape [%s], the config needs [%lld, %lld]", v->file, name, got,
-                       (long long)d0, (long long)d1);
-    return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has shape [%s], the config needs [%lld]", v->file, name, got,
-                   (long long)d0);
+    for (int i = 0, at = 0; i < nd; i++)
+        at += snprintf(need + at, sizeof need - (size_t)at, "%s%lld", i ? ", " : "", (long long)want[i]);
+    return KVP_ERR(KVP_EPARSE, "%s: tensor '%s' has shape [%s], the config needs [%s]", v->file, name, got, need);
+}
+
+/* Matrix e of a checked [E, d0, d1] tensor, as a [d0, d1] view (whole blocks: GGUF rows are). */
+static kvp_tensor_view expert_slice(const kvp_tensor_view *all, int64_t e)
+{
+    kvp_tensor_view v = *all;
+    const int64_t E = all->shape[0];
+    v.ndim = 2;
+    v.shape[0] = all->shape[1];
+    v.shape[1] = all->shape[2];
+    v.numel = all->numel / E;
+    v.nbytes = all->nbytes / (size_t)E;
+    v.data = (const unsigned char *)all->data + (size_t)e * v.nbytes;
+    return v;
 }
 
 /* Rows [r0, r0 + nr) of a checked tensor (a vector: elements) as freshly allocated f32. Only those rows are
@@ -313,21 +337,19 @@ static kvp_status rows_f32(const kvp_tensor_view *v, const char *name, int64_t r
 static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_t d1, float **out)
 {
     kvp_tensor_view v;
-    KVP_TRY(get_shaped(src, name, d0, d1, &v));
+    KVP_TRY(get_shaped(src, name, 0, d0, d1, &v));
     return rows_f32(&v, name, 0, d0, out);
 }
 
-/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of tensor `name` of shape (d0, d1) (d1 = 0: a vector, nc
- * ignored): this rank's shard (or one part of a fused matrix), freshly allocated. */
-static kvp_status load_part(const source *src, const char *name, int64_t d0, int64_t d1, int64_t r0, int64_t nr,
-                            int64_t c0, int64_t nc, float **out)
+/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of checked tensor v (a vector: nc ignored): this rank's
+ * shard (or one part of a fused matrix), freshly allocated. */
+static kvp_status part_f32(const kvp_tensor_view *v, const char *name, int64_t r0, int64_t nr, int64_t c0,
+                           int64_t nc, float **out)
 {
-    kvp_tensor_view v;
-    KVP_TRY(get_shaped(src, name, d0, d1, &v));
     float *w;
-    KVP_TRY(rows_f32(&v, name, r0, nr, &w));
-    const int64_t cols = d1 > 0 ? d1 : 1;
-    if (d1 <= 0 || nc == cols) {
+    KVP_TRY(rows_f32(v, name, r0, nr, &w));
+    const int64_t cols = v->ndim == 2 ? v->shape[1] : 1;
+    if (v->ndim == 1 || nc == cols) {
         *out = w;
         return KVP_OK;
     }
@@ -340,6 +362,15 @@ static kvp_status load_part(const source *src, const char *name, int64_t d0, int
     kvp_free(w);
     *out = p;
     return KVP_OK;
+}
+
+/* part_f32 of tensor `name` of shape (d0, d1) (d1 = 0: a vector). */
+static kvp_status load_part(const source *src, const char *name, int64_t d0, int64_t d1, int64_t r0, int64_t nr,
+                            int64_t c0, int64_t nc, float **out)
+{
+    kvp_tensor_view v;
+    KVP_TRY(get_shaped(src, name, 0, d0, d1, &v));
+    return part_f32(&v, name, r0, nr, c0, nc, out);
 }
 
 /* Bytes of one panel of a K-input matrix in type dt. */
@@ -365,16 +396,10 @@ static void q8_block(const float *w, int64_t in_f, int64_t o0, int64_t out_f, in
     }
 }
 
-/* The held type `auto` gives tensor `name` (see kvp_weight_type); a missing tensor gets f32 and fails in
- * load_part. */
-static kvp_weight_type held_as_stored(const source *src, const char *name)
+/* The held type `auto` gives a tensor stored as wt (see kvp_weight_type). */
+static kvp_weight_type held_as_stored(kvp_wtype wt)
 {
-    kvp_tensor_view v;
-    if ((src->g ? kvp_gguf_tensor(src->g, name, &v) : kvp_st_tensor(src->s, name, &v)) != KVP_OK) {
-        kvp_error_clear();
-        return KVP_WEIGHT_F32;
-    }
-    switch (v.dtype) {
+    switch (wt) {
     case KVP_WT_F32: return KVP_WEIGHT_F32;
     case KVP_WT_F16: return KVP_WEIGHT_F16;
     case KVP_WT_BF16: return KVP_WEIGHT_BF16;
@@ -382,14 +407,14 @@ static kvp_weight_type held_as_stored(const source *src, const char *name)
     }
 }
 
-/* Loads outputs [o0, o0 + no) and inputs [i0, i0 + ni) of an [out, in] matrix into packed panels (mat_w) of
+/* Packs outputs [o0, o0 + no) and inputs [i0, i0 + ni) of checked [out, in] matrix v into panels (mat_w) of
  * type dt (f16 / bf16 rounded to nearest even; Q8_0 only when the inputs are a multiple of 32, else f32). */
-static kvp_status load_mat(const source *src, const char *name, int64_t out_full, int64_t in_full, int64_t o0,
-                           int64_t no, int64_t i0, int64_t ni, kvp_weight_type dt, mat_w *out)
+static kvp_status mat_of(const kvp_tensor_view *v, const char *name, int64_t o0, int64_t no, int64_t i0, int64_t ni,
+                         kvp_weight_type dt, mat_w *out)
 {
-    if (dt == KVP_WEIGHT_AUTO) dt = held_as_stored(src, name);
+    if (dt == KVP_WEIGHT_AUTO) dt = held_as_stored(v->dtype);
     float *w;
-    KVP_TRY(load_part(src, name, out_full, in_full, o0, no, i0, ni, &w));
+    KVP_TRY(part_f32(v, name, o0, no, i0, ni, &w));
     const int64_t out_f = no, in_f = ni;
     const int64_t np = (out_f + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
     if (dt == KVP_WEIGHT_Q8_0 && in_f % KVP_Q8_BLOCK != 0) dt = KVP_WEIGHT_F32;
@@ -416,6 +441,15 @@ static kvp_status load_mat(const source *src, const char *name, int64_t out_full
     kvp_free(w);
     *out = (mat_w){.p = p, .t = NULL, .K = in_f, .N = out_f, .dt = dt};
     return KVP_OK;
+}
+
+/* mat_of of tensor `name`, an [out_full, in_full] matrix. */
+static kvp_status load_mat(const source *src, const char *name, int64_t out_full, int64_t in_full, int64_t o0,
+                           int64_t no, int64_t i0, int64_t ni, kvp_weight_type dt, mat_w *out)
+{
+    kvp_tensor_view v;
+    KVP_TRY(get_shaped(src, name, 0, out_full, in_full, &v));
+    return mat_of(&v, name, o0, no, i0, ni, dt, out);
 }
 
 /* W[o][k] as f32. */
@@ -456,23 +490,24 @@ static kvp_status mat_need_t(mat_w *w)
 
 enum { KVP_LAYER_MATS = 7 };
 
-/* The matrices of layer w. */
-static void layer_mats(layer_w *w, mat_w *ms[KVP_LAYER_MATS])
+/* Matrix i < layer_nmats(w) of layer w: the seven of a dense layer (an MoE layer's dense FFN is empty, p
+ * NULL), then the experts'. */
+static int64_t layer_nmats(const layer_w *w) { return KVP_LAYER_MATS + 3 * (int64_t)w->n_experts; }
+static mat_w *layer_mat(layer_w *w, int64_t i)
 {
-    mat_w *all[KVP_LAYER_MATS] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
-    memcpy(ms, all, sizeof all);
+    mat_w *fixed[KVP_LAYER_MATS] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+    return i < KVP_LAYER_MATS ? fixed[i] : &w->experts[i - KVP_LAYER_MATS];
 }
 
 /* The type every matrix is held in, or KVP_WEIGHT_AUTO when they differ. */
 static kvp_weight_type held_type(kvp_model *m)
 {
     kvp_weight_type t = m->lm_head.dt;
-    for (int32_t l = 0; l < m->cfg.num_layers; l++) {
-        mat_w *ms[KVP_LAYER_MATS];
-        layer_mats(&m->layers[l], ms);
-        for (int i = 0; i < KVP_LAYER_MATS; i++)
-            if (ms[i]->dt != t) return KVP_WEIGHT_AUTO;
-    }
+    for (int32_t l = 0; l < m->cfg.num_layers; l++)
+        for (int64_t i = 0; i < layer_nmats(&m->layers[l]); i++) {
+            const mat_w *w = layer_mat(&m->layers[l], i);
+            if (w->p && w->dt != t) return KVP_WEIGHT_AUTO;
+        }
     return t;
 }
 
@@ -481,11 +516,10 @@ static void free_weights(kvp_model *m)
     if (m->layers)
         for (int32_t l = 0; l < m->cfg.num_layers; l++) {
             layer_w *w = &m->layers[l];
-            float *ps[] = {w->attn_norm, w->bq, w->bk, w->bv, w->bo, w->q_norm, w->k_norm, w->ffn_norm};
+            float *ps[] = {w->attn_norm, w->bq, w->bk, w->bv, w->bo, w->q_norm, w->k_norm, w->ffn_norm, w->router};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_free(ps[i]);
-            mat_w *ms[KVP_LAYER_MATS];
-            layer_mats(w, ms);
-            for (int i = 0; i < KVP_LAYER_MATS; i++) mat_free(ms[i]);
+            for (int64_t i = 0; i < layer_nmats(w); i++) mat_free(layer_mat(w, i));
+            kvp_free(w->experts);
         }
     kvp_free(m->layers);
     mat_free(&m->lm_head);
@@ -509,6 +543,47 @@ void kvp_model_destroy(kvp_model *m)
 }
 
 static void set_rope(kvp_model *m);
+
+/* Layer l's router and experts: HF's one matrix per expert (mixtral's block_sparse_moe.experts.e.w1 = gate,
+ * w3 = up, w2 = down; qwen3_moe's mlp.experts.e.gate_proj, up_proj, down_proj) or GGUF's ffn_gate_exps,
+ * ffn_up_exps, ffn_down_exps, each [E, rows, cols] with every expert's matrix. This rank keeps its rows of
+ * every gate and up, its columns of every down. */
+static kvp_status load_experts(kvp_model *m, const source *src, int32_t l, layer_w *w)
+{
+    const kvp_model_config *c = &m->cfg;
+    const int64_t H = c->hidden_size, E = c->num_experts, MF = c->moe_intermediate_size;
+    const int g = src->g != NULL, mixtral = !strcmp(c->model_type, "mixtral");
+    const char *blk = mixtral ? "block_sparse_moe" : "mlp";
+    char n[256];
+    if (g) snprintf(n, sizeof n, "blk.%d.ffn_gate_inp.weight", l);
+    else snprintf(n, sizeof n, "model.layers.%d.%s.gate.weight", l, blk);
+    KVP_TRY(load_t(src, n, E, H, &w->router));
+    w->experts = kvp_calloc((size_t)(3 * E), sizeof *w->experts);
+    if (!w->experts) return KVP_ERR(KVP_ENOMEM, "%s: out of memory for %lld experts", src->what, (long long)E);
+    w->n_experts = (int32_t)E;
+    static const char *const gg[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+    static const char *const hf[2][3] = {{"gate_proj", "up_proj", "down_proj"}, {"w1", "w3", "w2"}};
+    for (int j = 0; j < 3; j++) {
+        const int down = j == 2;
+        const int64_t rows = down ? H : MF, cols = down ? MF : H;
+        kvp_tensor_view all, v;
+        if (g) {
+            snprintf(n, sizeof n, "blk.%d.%s.weight", l, gg[j]);
+            KVP_TRY(get_shaped(src, n, E, rows, cols, &all));
+        }
+        for (int64_t e = 0; e < E; e++) {
+            if (g) {
+                v = expert_slice(&all, e);
+            } else {
+                snprintf(n, sizeof n, "model.layers.%d.%s.experts.%lld.%s.weight", l, blk, (long long)e, hf[mixtral][j]);
+                KVP_TRY(get_shaped(src, n, 0, rows, cols, &v));
+            }
+            KVP_TRY(mat_of(&v, n, down ? 0 : m->mff0, down ? H : m->mnff, down ? m->mff0 : 0, down ? m->mnff : H,
+                           m->wtype, &w->experts[3 * e + j]));
+        }
+    }
+    return KVP_OK;
+}
 
 static kvp_status load_tensors(kvp_model *m, const source *src)
 {
@@ -578,7 +653,9 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
             KVP_TRY(load_t(src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, 0, &w->k_norm));
         }
         KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
-        if (c->family == KVP_FAMILY_PHI3) { /* gate and up fused: the gate rows, then up's */
+        if (c->family == KVP_FAMILY_MIXTRAL && c->layer_is_moe[l]) {
+            KVP_TRY(load_experts(m, src, l, w));
+        } else if (c->family == KVP_FAMILY_PHI3) { /* gate and up fused: the gate rows, then up's */
             NAME("ffn_up.weight", "mlp.gate_up_proj.weight");
             KVP_TRY(load_mat(src, n, 2 * FF, H, t->ff0, t->nff, 0, H, wd, &w->w_gate));
             KVP_TRY(load_mat(src, n, 2 * FF, H, FF + t->ff0, t->nff, 0, H, wd, &w->w_up));
@@ -588,8 +665,9 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
             KVP_TRY(load_mat(src, NAME("ffn_up.weight", "mlp.up_proj.weight"), FF, H, t->ff0, t->nff, 0, H, wd,
                              &w->w_up));
         }
-        KVP_TRY(load_mat(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, 0, H, t->ff0, t->nff, wd,
-                         &w->w_down));
+        if (!w->n_experts)
+            KVP_TRY(load_mat(src, NAME("ffn_down.weight", "mlp.down_proj.weight"), H, FF, 0, H, t->ff0, t->nff, wd,
+                             &w->w_down));
 #undef NAME
         w->window_left = -1;
         if (c->sliding_window > 0 && c->layer_is_sliding[l])
@@ -643,13 +721,16 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
 {
     const char *mt = c->model_type;
     if (!mt[0])
-        return KVP_ERR(KVP_EPARSE, "%s: no model type (\"model_type\": llama, mistral, qwen2, qwen3 or phi3)",
-                       cfg_file);
-    if (!(c->family == KVP_FAMILY_PHI3 && !strcmp(mt, "phi3")) &&
-        (c->family != KVP_FAMILY_LLAMA ||
-         (strcmp(mt, "llama") && strcmp(mt, "mistral") && strcmp(mt, "qwen2") && strcmp(mt, "qwen3"))))
+        return KVP_ERR(KVP_EPARSE, "%s: no model type (\"model_type\": llama, mistral, qwen2, qwen3, phi3, mixtral "
+                                   "or qwen3_moe)", cfg_file);
+    const int llama_like = !strcmp(mt, "llama") || !strcmp(mt, "mistral"); /* GGUF's Mixtral is arch llama */
+    const int dense = llama_like || !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3");
+    const int moe = (gguf && llama_like) || !strcmp(mt, "mixtral") || !strcmp(mt, "qwen3_moe") ||
+                    !strcmp(mt, "qwen3moe");
+    if (!(c->family == KVP_FAMILY_PHI3 && !strcmp(mt, "phi3")) && !(c->family == KVP_FAMILY_LLAMA && dense) &&
+        !(c->family == KVP_FAMILY_MIXTRAL && moe))
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: model type '%s' is not supported by the CPU forward pass "
-                                         "(llama, mistral, qwen2, qwen3, phi3 are)",
+                                         "(llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe are)",
                        cfg_file, mt);
     if (c->num_layers < 1 || c->hidden_size < 1 || c->num_q_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 2 ||
         c->head_dim % 2 || c->intermediate_size < 1 || c->vocab_size < 1 || c->num_q_heads % c->num_kv_heads ||
@@ -705,8 +786,18 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
                            "%g, mscale %g and mscale_all_dim %g >= 0", cfg_file, c->rope_beta_fast, c->rope_beta_slow,
                            c->rope_attention_factor, c->rope_mscale, c->rope_mscale_all_dim);
     }
-    if (c->num_experts > 0)
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: mixture-of-experts models are not supported", cfg_file);
+    if (c->num_experts > 0 && c->family != KVP_FAMILY_MIXTRAL)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: %s with experts is not supported (mixtral and qwen3_moe are)",
+                       cfg_file, mt);
+    if (c->family == KVP_FAMILY_MIXTRAL) {
+        if (c->num_experts < 1 || c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts ||
+            c->moe_intermediate_size < 1)
+            return KVP_ERR(KVP_EPARSE, "%s: %d experts, %d a token and %lld units an expert do not make a "
+                           "mixture of experts", cfg_file, c->num_experts, c->num_experts_per_tok,
+                           (long long)c->moe_intermediate_size);
+        if (c->num_shared_experts > 0)
+            return KVP_ERR(KVP_EUNSUPPORTED, "%s: shared experts are not supported", cfg_file);
+    }
     /* Field names as the file spells them (the GGUF reader checks these too, under the same names). */
     char eps_key[128] = "rms_norm_eps", theta_key[128] = "rope_theta";
     if (gguf) {
@@ -847,6 +938,15 @@ static kvp_status shard(kvp_model *m, kvp_comm *comm, const char *what)
     if (m->tp.nv < 1)
         return KVP_ERR(KVP_EINVAL, "%s: the %lld-token vocabulary leaves rank %d of %d no rows", what,
                        (long long)c->vocab_size, rank, tp);
+    m->mff0 = m->tp.ff0, m->mnff = m->tp.nff;
+    kvp_tp_shard e;
+    if (c->num_experts > 0) { /* each expert's units split as a dense FFN's (vLLM's tensor-parallel experts) */
+        if (kvp_tp_shard_of(tp, rank, c->num_q_heads, c->num_kv_heads, c->moe_intermediate_size, c->vocab_size,
+                            &e) != KVP_OK)
+            return KVP_ERR(KVP_EINVAL, "%s: cannot split the experts over %d ranks: %s", what, tp,
+                           kvp_error_message());
+        m->mff0 = e.ff0, m->mnff = e.nff;
+    }
     m->comm = comm;
     return KVP_OK;
 }
@@ -1650,16 +1750,88 @@ int64_t kvp_fwd_logit_rows(const kvp_fwd_batch *b)
     return rows_of(b, 0, b->num_seqs);
 }
 
+/* Floats and ints of moe_ffn's workspace over T rows (none for a dense model). */
+static void moe_ws(const kvp_model *m, int64_t T, int64_t *nf, int64_t *ni)
+{
+    const int64_t E = m->cfg.num_experts, k = m->cfg.num_experts_per_tok, H = m->cfg.hidden_size;
+    *nf = E ? T * E + T * k + 3 * T * H : 0;
+    *ni = E ? 2 * T * k + 2 * E + 1 : 0;
+}
+
+/* The mixture-of-experts FFN of layer w over the T normalized rows h (T, H), as transformers' Mixtral and
+ * Qwen3-MoE blocks compute it: a row's router logits, their softmax (float64), its k likeliest experts (a tie:
+ * the lower index), their probabilities as weights (renormalized to sum 1 with moe_norm_topk), and the sum of
+ * the weighted experts' SwiGLU outputs. Expert by expert, the rows routed to it are gathered and go through
+ * its matrices as one batch; a row's outputs add up in expert order, so a row's result does not depend on
+ * the batch. g, u: (T, mnff); f, i: moe_ws's. Returns the result, (T, H) in f (this rank's partial sums). */
+static float *moe_ffn(const kvp_model *m, int nt, const layer_w *w, const float *h, int64_t T, float *g, float *u,
+                      float *f, int32_t *i)
+{
+    const kvp_model_config *c = &m->cfg;
+    const int64_t E = w->n_experts, k = c->num_experts_per_tok, H = c->hidden_size;
+    float *logit = f /* (T, E) */, *wt = logit + T * E /* (T, k) */, *xe = wt + T * k /* (T, H) */;
+    float *ye = xe + T * H /* (T, H) */, *out = ye + T * H /* (T, H) */;
+    int32_t *pick = i /* (T, k): row t's experts */, *order = pick + T * k /* (T k): pick's entries by expert */;
+    int32_t *start = order + T * k /* (E + 1): expert e's entries in order */, *seen = start + E + 1 /* (E) */;
+    memset(start, 0, (size_t)(E + 1) * sizeof *start);
+    for (int64_t t = 0; t < T; t++) {
+        const float *x = h + t * H;
+        float *r = logit + t * E;
+        double mx = -INFINITY, sum = 0, chosen = 0;
+        for (int64_t e = 0; e < E; e++) {
+            double d = 0;
+            for (int64_t j = 0; j < H; j++) d += (double)w->router[e * H + j] * x[j];
+            r[e] = (float)d;
+            mx = r[e] > mx ? r[e] : mx;
+            seen[e] = 0;
+        }
+        for (int64_t e = 0; e < E; e++) sum += exp((double)r[e] - mx);
+        for (int64_t j = 0; j < k; j++) { /* the j-th likeliest: the largest logit not yet taken */
+            int64_t best = -1;
+            for (int64_t e = 0; e < E; e++)
+                if (!seen[e] && (best < 0 || r[e] > r[best])) best = e;
+            seen[best] = 1;
+            pick[t * k + j] = (int32_t)best;
+            wt[t * k + j] = (float)(exp((double)r[best] - mx) / sum);
+            chosen += wt[t * k + j];
+            start[best + 1]++;
+        }
+        for (int64_t j = 0; c->moe_norm_topk && j < k; j++) wt[t * k + j] = (float)(wt[t * k + j] / chosen);
+    }
+    for (int64_t e = 0; e < E; e++) start[e + 1] += start[e];
+    memcpy(seen, start, (size_t)E * sizeof *seen); /* now each expert's next free entry */
+    for (int64_t q = 0; q < T * k; q++) order[seen[pick[q]]++] = (int32_t)q;
+    memset(out, 0, (size_t)(T * H) * sizeof *out);
+    for (int64_t e = 0; e < E; e++) {
+        const int64_t n = start[e + 1] - start[e];
+        const int32_t *ent = order + start[e];
+        if (n == 0) continue;
+        for (int64_t r = 0; r < n; r++) memcpy(xe + r * H, h + ent[r] / k * H, (size_t)H * sizeof *xe);
+        matmul(m, nt, g, xe, &w->experts[3 * e], n);
+        matmul(m, nt, u, xe, &w->experts[3 * e + 1], n);
+        swiglu(g, u, n * m->mnff);
+        matmul(m, nt, ye, g, &w->experts[3 * e + 2], n);
+        for (int64_t r = 0; r < n; r++) {
+            const float a = wt[ent[r]], *y = ye + r * H;
+            float *o = out + ent[r] / k * H;
+            for (int64_t j = 0; j < H; j++) o[j] += a * y[j];
+        }
+    }
+    return out;
+}
+
 /* Bytes of float and int workspace one forward pass over b needs. */
 static void ws_need(const kvp_model *m, const kvp_kv_cache *kv, const kvp_fwd_batch *b, size_t *fneed, size_t *ineed)
 {
     const kvp_model_config *c = &m->cfg;
     const int64_t H = c->hidden_size, QD = (int64_t)m->tp.nq * c->head_dim, KD = (int64_t)m->tp.nkv * c->head_dim,
-                  FF = m->tp.nff, T = b->num_tokens;
+                  FF = m->tp.nff > m->mnff ? m->tp.nff : m->mnff, T = b->num_tokens;
     const int64_t S = kvp_fwd_logit_rows(b), lg = m->tp.tp > 1 ? (1 + m->tp.tp) * S * m->tp.vpad : 0;
-    /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H); RoPE cos/sin (T,head_dim); with
-     * tp > 1 the rank's logits (S,vpad) and the gathered ones (tp,S,vpad). Shapes of this rank's shard. */
-    *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H + T * c->head_dim + lg) *
+    int64_t mf, mi;
+    moe_ws(m, T, &mf, &mi);
+    /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H); RoPE cos/sin (T,head_dim); moe_ffn's;
+     * with tp > 1 the rank's logits (S,vpad) and the gathered ones (tp,S,vpad). Shapes of this rank's shard. */
+    *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H + T * c->head_dim + mf + lg) *
              sizeof(float);
     int64_t total = 0;
     const int32_t bs = kv->block_size;
@@ -1668,7 +1840,7 @@ static void ws_need(const kvp_model *m, const kvp_kv_cache *kv, const kvp_fwd_ba
         int64_t L = (int64_t)bs * (pages - 1) + b->kv_last_page_len[s];
         for (int32_t i = 0; i < nqs; i++) total += (L - nqs + i) / bs + 1;
     }
-    *ineed = m->matmul == KVP_MATMUL_INVARIANT ? (size_t)(2 * T + 1 + total) * sizeof(int32_t) : 0;
+    *ineed = (size_t)(mi + (m->matmul == KVP_MATMUL_INVARIANT ? 2 * T + 1 + total : 0)) * sizeof(int32_t);
 }
 
 static kvp_status ws_reserve(fwd_ws *w, size_t fneed, size_t ineed)
@@ -1707,7 +1879,12 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
     const int64_t QD = nq * hd, KD = nkv * hd;
     const int64_t S = kvp_fwd_logit_rows(b);
     float *x = ws->f, *h = x + T * H, *q = h + T * H, *o = q + T * QD, *k = o + T * QD, *v = k + T * KD;
-    float *gt = v + T * KD, *up = gt + T * FF, *fin = up + T * FF, *cs = fin + S * H, *lg = cs + T * hd;
+    int64_t mf, mi;
+    moe_ws(m, T, &mf, &mi);
+    const int64_t FFW = FF > m->mnff ? FF : m->mnff; /* g, u: a dense layer's or an expert's units */
+    float *gt = v + T * KD, *up = gt + T * FFW, *fin = up + T * FFW, *cs = fin + S * H, *mfs = cs + T * hd;
+    float *lg = mfs + mf;
+    int32_t *mis = ws->i;
     /* Batch-invariant attention: every query token becomes its own one-token "sequence" whose pages end at
      * its position, and all of them go through the decode kernel. A row then takes the same path whatever
      * the batch, the chunking of its prompt or its place in a tile (the tiled prefill kernel groups rows
@@ -1716,7 +1893,7 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
     int32_t *x_indptr = NULL, *x_indices = NULL, *x_last = NULL;
     if (inv) {
         const int32_t bs = kv->block_size;
-        x_indptr = ws->i;
+        x_indptr = ws->i + mi;
         x_last = x_indptr + T + 1;
         x_indices = x_last + T;
         int64_t at = 0, row = 0;
@@ -1782,12 +1959,17 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
                 for (int64_t i = 0; i < H; i++) h[t * H + i] += w->bo[i];
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->ffn_norm, H, c->rms_norm_eps);
-        matmul(m, nt, gt, h, &w->w_gate, T);
-        matmul(m, nt, up, h, &w->w_up, T);
-        swiglu(gt, up, T * FF);
-        matmul(m, nt, h, gt, &w->w_down, T);
-        KVP_TRY(all_reduce(m, h, T * H));
-        for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
+        float *ffn = h;
+        if (w->n_experts) {
+            ffn = moe_ffn(m, nt, w, h, T, gt, up, mfs, mis);
+        } else {
+            matmul(m, nt, gt, h, &w->w_gate, T);
+            matmul(m, nt, up, h, &w->w_up, T);
+            swiglu(gt, up, T * FF);
+            matmul(m, nt, h, gt, &w->w_down, T);
+        }
+        KVP_TRY(all_reduce(m, ffn, T * H));
+        for (int64_t i = 0; i < T * H; i++) x[i] += ffn[i];
     }
     for (int32_t s = 0, r = 0; s < b->num_seqs; s++)
         for (int64_t t = every_logit(b, s) ? b->qo_indptr[s] : b->qo_indptr[s + 1] - 1; t < b->qo_indptr[s + 1]; t++)
@@ -1837,11 +2019,9 @@ static void group_main(void *arg, int g)
 static kvp_status need_blas_layout(kvp_model *m)
 {
     if (m->lm_head.t) return KVP_OK; /* made last: everything before it exists */
-    for (int32_t l = 0; l < m->cfg.num_layers; l++) {
-        mat_w *ms[KVP_LAYER_MATS];
-        layer_mats(&m->layers[l], ms);
-        for (int i = 0; i < KVP_LAYER_MATS; i++) KVP_TRY(mat_need_t(ms[i]));
-    }
+    for (int32_t l = 0; l < m->cfg.num_layers; l++)
+        for (int64_t i = 0; i < layer_nmats(&m->layers[l]); i++)
+            if (layer_mat(&m->layers[l], i)->p) KVP_TRY(mat_need_t(layer_mat(&m->layers[l], i)));
     return mat_need_t(&m->lm_head);
 }
 

@@ -313,6 +313,8 @@ static kvp_status read_moe(const cJSON *o, const char *what, kvp_model_config *c
     KVP_TRY(opt_int(o, what, "first_k_dense_replace", 0, INT32_MAX, 0, &first_dense));
     KVP_TRY(opt_int(o, what, "moe_layer_freq", 1, INT32_MAX, 1, &step));
     if (step == 1) KVP_TRY(opt_int(o, what, "decoder_sparse_step", 1, INT32_MAX, 1, &step));
+    KVP_TRY(opt_bool(o, what, "norm_topk_prob", 0, &c->moe_norm_topk));
+    if (!strcmp(c->model_type, "mixtral")) c->moe_norm_topk = 1; /* MixtralSparseMoeBlock always renormalizes */
     c->num_experts = (int32_t)e;
     c->num_experts_per_tok = (int32_t)k;
     c->num_shared_experts = (int32_t)shared;

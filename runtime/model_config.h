@@ -104,6 +104,8 @@ typedef struct {
     int32_t num_experts;           /* num_local_experts / num_experts / n_routed_experts */
     int32_t num_experts_per_tok;
     int32_t num_shared_experts;    /* deepseek n_shared_experts */
+    int moe_norm_topk;             /* the top-k routing weights are renormalized to sum to 1 (mixtral always;
+                                    * qwen3_moe's norm_topk_prob, default false as in transformers) */
     int64_t moe_intermediate_size; /* per-expert FFN width (mixtral: intermediate_size) */
     int32_t first_dense_layers;    /* deepseek first_k_dense_replace: leading layers with a dense FFN */
     int32_t moe_layer_step;        /* qwen decoder_sparse_step / deepseek moe_layer_freq (1 = every layer) */

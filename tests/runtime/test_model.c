@@ -3,11 +3,13 @@
  * incomplete checkpoints made here. */
 #include <criterion/criterion.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
 #include "common/json.h"
+#include "parallel/comm.h"
 #include "model_testutil.h"
 #include "runtime/gguf.h"
 #include "runtime/model.h"
@@ -222,7 +224,7 @@ static const char *hf_copy(const char *config_from, const char *config_to, const
     size_t n;
     char p[400];
     unsigned char *cfg = tu_read_all(S260_HF "/config.json", &n);
-    char *c = malloc(n + 200);
+    char *c = malloc(n + (config_to ? strlen(config_to) : 0) + 1);
     memcpy(c, cfg, n);
     c[n] = '\0';
     if (config_from) {
@@ -1323,11 +1325,19 @@ typedef struct {
     const float *freqs;          /* GGUF: rope_freqs.weight (rot / 2), or NULL */
 } phi3_spec;
 
+/* A tensor of a checkpoint the tests write (f32): experts x rows x cols; cols 0: a vector; experts 0: not
+ * GGUF's stack of every expert's matrix. */
 typedef struct {
-    char name[96];
-    int64_t rows, cols; /* cols 0: a vector */
+    char name[128];
+    int64_t rows, cols;
     float *f;
-} phi3_tensor;
+    int64_t experts;
+} ck_tensor;
+
+static size_t ck_numel(const ck_tensor *t)
+{
+    return (size_t)((t->experts ? t->experts : 1) * t->rows * (t->cols ? t->cols : 1));
+}
 
 static float *st_f32(kvp_st *s, const char *name, int64_t *numel)
 {
@@ -1350,27 +1360,119 @@ static void permute_heads(float *w, int heads, const int *perm)
 }
 
 /* Appends tensor f (rows x cols; cols 0: a vector) named gg in a GGUF, else hf; layer l's names get
- * "blk.l." / "model.layers.l." in front (l < 0: a model-level tensor). */
-static void phi3_add(phi3_tensor *t, int *nt, int g, int l, const char *gg, const char *hf, int64_t rows,
+ * "blk.l." / "model.layers.l." in front (l < 0: a model-level tensor). The checkpoint frees f. */
+static void ck_add(ck_tensor *t, int *nt, int g, int l, const char *gg, const char *hf, int64_t rows,
                      int64_t cols, float *f)
 {
-    phi3_tensor *x = &t[(*nt)++];
-    *x = (phi3_tensor){"", rows, cols, f};
+    ck_tensor *x = &t[(*nt)++];
+    *x = (ck_tensor){"", rows, cols, f, 0};
     if (l < 0) snprintf(x->name, sizeof x->name, "%s", g ? gg : hf);
     else snprintf(x->name, sizeof x->name, g ? "blk.%d.%s" : "model.layers.%d.%s", l, g ? gg : hf);
+}
+
+/* How write_checkpoint writes stories260K's sizes: a GGUF file of architecture `arch` (rope.dimension_count
+ * rot, more metadata kvs as tu_kv_* write them, nkv pairs) or an HF folder whose config.json is stories260K's
+ * with model_type `arch` and cfg_add after it (starting with ", "). */
+typedef struct {
+    int gguf;
+    const char *arch;
+    uint32_t rot;
+    const char *cfg_add;
+    const tu_buf *kvs;
+    uint64_t nkv;
+} ck_format;
+
+/* Writes tensors t (and frees their data); returns the GGUF file or HF folder. */
+static const char *write_checkpoint(ck_tensor *t, int nt, const ck_format *fm)
+{
+    const int g = fm->gguf;
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* hf_copy makes another */
+    static char path[400];
+    tu_buf hdr = {0}, data = {0}, file = {0};
+    if (g) {
+        tu_buf kv = {0};
+        tu_kv_str(&kv, "general.architecture", fm->arch);
+        const char *keys[] = {"block_count", "embedding_length", "feed_forward_length", "attention.head_count",
+                              "attention.head_count_kv", "context_length", "rope.dimension_count"};
+        const uint32_t vals[] = {5, 64, 172, 8, 4, 512, fm->rot};
+        char key[128];
+        for (int i = 0; i < 7; i++) {
+            snprintf(key, sizeof key, "%s.%s", fm->arch, keys[i]);
+            tu_kv_u32(&kv, key, vals[i]);
+        }
+        tu_kv_u32(&kv, "tokenizer.ggml.bos_token_id", 1);
+        tu_kv_u32(&kv, "tokenizer.ggml.eos_token_id", 2);
+        snprintf(key, sizeof key, "%s.attention.layer_norm_rms_epsilon", fm->arch);
+        tu_kv_f32(&kv, key, 1e-5f);
+        if (fm->kvs) tu_put(&kv, fm->kvs->p, fm->kvs->n);
+        tu_put(&file, "GGUF", 4);
+        tu_u32(&file, 3);
+        tu_u64(&file, (uint64_t)nt);
+        tu_u64(&file, 11 + fm->nkv);
+        tu_put(&file, kv.p, kv.n);
+        free(kv.p);
+        for (int i = 0; i < nt; i++) {
+            tu_str(&file, t[i].name);
+            tu_u32(&file, 1 + (t[i].cols > 0) + (t[i].experts > 0));
+            if (t[i].cols) tu_u64(&file, (uint64_t)t[i].cols); /* GGUF lists the fastest dimension first */
+            tu_u64(&file, (uint64_t)t[i].rows);
+            if (t[i].experts) tu_u64(&file, (uint64_t)t[i].experts);
+            tu_u32(&file, 0); /* F32 */
+            tu_u64(&file, data.n);
+            tu_put(&data, t[i].f, sizeof(float) * ck_numel(&t[i]));
+            tu_pad(&data, 32);
+        }
+        tu_pad(&file, 32);
+        tu_put(&file, data.p, data.n);
+        snprintf(path, sizeof path, "%s/%s.gguf", dir, fm->arch);
+        tu_write_all(path, file.p, file.n);
+    } else {
+        tu_put(&hdr, "{", 1);
+        for (int i = 0; i < nt; i++) {
+            cr_assert_eq(t[i].experts, 0, "%s: HF keeps one matrix per expert", t[i].name);
+            const size_t bytes = sizeof(float) * ck_numel(&t[i]);
+            char e[300], shape[48];
+            snprintf(shape, sizeof shape, t[i].cols ? "%lld,%lld" : "%lld", (long long)t[i].rows, (long long)t[i].cols);
+            int m = snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
+                             i ? "," : "", t[i].name, shape, data.n, data.n + bytes);
+            tu_put(&hdr, e, (size_t)m);
+            tu_put(&data, t[i].f, bytes);
+        }
+        tu_put(&hdr, "}", 1);
+        tu_u64(&file, hdr.n);
+        tu_put(&file, hdr.p, hdr.n);
+        tu_put(&file, data.p, data.n);
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        tu_write_all(path, file.p, file.n);
+        char to[4096];
+        snprintf(to, sizeof to, "\"model_type\": \"%s\"%s", fm->arch, fm->cfg_add ? fm->cfg_add : "");
+        const char *cfgdir = hf_copy("\"model_type\": \"llama\"", to, NULL, NULL);
+        size_t len;
+        char cp[400];
+        snprintf(cp, sizeof cp, "%s/config.json", cfgdir);
+        unsigned char *cfg = tu_read_all(cp, &len);
+        snprintf(cp, sizeof cp, "%s/config.json", dir);
+        tu_write_all(cp, cfg, len);
+        free(cfg);
+        snprintf(path, sizeof path, "%s", dir);
+    }
+    for (int i = 0; i < nt; i++) free(t[i].f);
+    free(hdr.p), free(data.p), free(file.p);
+    return path;
 }
 
 static const char *phi3_model(const phi3_spec *sp)
 {
     kvp_st *s;
     cr_assert_eq(kvp_st_open(S260_HF, &s), KVP_OK);
-    phi3_tensor t[64];
+    ck_tensor t[64];
     int nt = 0;
     const int g = sp->gguf;
     char n[96];
-    phi3_add(t, &nt, g, -1, "token_embd.weight", "model.embed_tokens.weight", 512, 64,
+    ck_add(t, &nt, g, -1, "token_embd.weight", "model.embed_tokens.weight", 512, 64,
              st_f32(s, "model.embed_tokens.weight", NULL));
-    phi3_add(t, &nt, g, -1, "output_norm.weight", "model.norm.weight", 64, 0, st_f32(s, "model.norm.weight", NULL));
+    ck_add(t, &nt, g, -1, "output_norm.weight", "model.norm.weight", 64, 0, st_f32(s, "model.norm.weight", NULL));
     for (int l = 0; l < 5; l++) {
 #define HF(x) (snprintf(n, sizeof n, "model.layers.%d.%s", l, x), n)
         float *q = st_f32(s, HF("self_attn.q_proj.weight"), NULL), *k = st_f32(s, HF("self_attn.k_proj.weight"), NULL);
@@ -1386,15 +1488,15 @@ static const char *phi3_model(const phi3_spec *sp)
         memcpy(gu, gate, sizeof(float) * 172 * 64);
         memcpy(gu + 172 * 64, up, sizeof(float) * 172 * 64);
         free(gate), free(up);
-        phi3_add(t, &nt, g, l, "attn_norm.weight", "input_layernorm.weight", 64, 0,
+        ck_add(t, &nt, g, l, "attn_norm.weight", "input_layernorm.weight", 64, 0,
                  st_f32(s, HF("input_layernorm.weight"), NULL));
-        phi3_add(t, &nt, g, l, "attn_qkv.weight", "self_attn.qkv_proj.weight", 128, 64, qkv);
-        phi3_add(t, &nt, g, l, "attn_output.weight", "self_attn.o_proj.weight", 64, 64,
+        ck_add(t, &nt, g, l, "attn_qkv.weight", "self_attn.qkv_proj.weight", 128, 64, qkv);
+        ck_add(t, &nt, g, l, "attn_output.weight", "self_attn.o_proj.weight", 64, 64,
                  st_f32(s, HF("self_attn.o_proj.weight"), NULL));
-        phi3_add(t, &nt, g, l, "ffn_norm.weight", "post_attention_layernorm.weight", 64, 0,
+        ck_add(t, &nt, g, l, "ffn_norm.weight", "post_attention_layernorm.weight", 64, 0,
                  st_f32(s, HF("post_attention_layernorm.weight"), NULL));
-        phi3_add(t, &nt, g, l, "ffn_up.weight", "mlp.gate_up_proj.weight", 344, 64, gu);
-        phi3_add(t, &nt, g, l, "ffn_down.weight", "mlp.down_proj.weight", 64, 172,
+        ck_add(t, &nt, g, l, "ffn_up.weight", "mlp.gate_up_proj.weight", 344, 64, gu);
+        ck_add(t, &nt, g, l, "ffn_down.weight", "mlp.down_proj.weight", 64, 172,
                  st_f32(s, HF("mlp.down_proj.weight"), NULL));
 #undef HF
     }
@@ -1405,74 +1507,10 @@ static const char *phi3_model(const phi3_spec *sp)
         if (vec[i]) {
             float *f = malloc(sizeof(float) * (size_t)(sp->rot / 2));
             memcpy(f, vec[i], sizeof(float) * (size_t)(sp->rot / 2));
-            phi3_add(t, &nt, g, -1, vname[i], vname[i], sp->rot / 2, 0, f);
+            ck_add(t, &nt, g, -1, vname[i], vname[i], sp->rot / 2, 0, f);
         }
-    char dir[300];
-    snprintf(dir, sizeof dir, "%s", tu_tmpdir()); /* hf_copy makes another */
-    static char path[400];
-    tu_buf hdr = {0}, data = {0}, file = {0};
-    if (g) {
-        tu_buf kv = {0};
-        tu_kv_str(&kv, "general.architecture", "phi3");
-        const char *keys[] = {"phi3.block_count", "phi3.embedding_length", "phi3.feed_forward_length",
-                              "phi3.attention.head_count", "phi3.attention.head_count_kv", "phi3.context_length",
-                              "phi3.rope.dimension_count", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"};
-        const uint32_t vals[] = {5, 64, 172, 8, 4, 512, (uint32_t)sp->rot, 1, 2};
-        for (int i = 0; i < 9; i++) tu_kv_u32(&kv, keys[i], vals[i]);
-        tu_kv_f32(&kv, "phi3.attention.layer_norm_rms_epsilon", 1e-5f);
-        if (sp->kvs) tu_put(&kv, sp->kvs->p, sp->kvs->n);
-        tu_put(&file, "GGUF", 4);
-        tu_u32(&file, 3);
-        tu_u64(&file, (uint64_t)nt);
-        tu_u64(&file, 11 + sp->nkv);
-        tu_put(&file, kv.p, kv.n);
-        free(kv.p);
-        for (int i = 0; i < nt; i++) {
-            tu_str(&file, t[i].name);
-            tu_u32(&file, t[i].cols ? 2 : 1);
-            if (t[i].cols) tu_u64(&file, (uint64_t)t[i].cols); /* GGUF lists the fastest dimension first */
-            tu_u64(&file, (uint64_t)t[i].rows);
-            tu_u32(&file, 0); /* F32 */
-            tu_u64(&file, data.n);
-            tu_put(&data, t[i].f, sizeof(float) * (size_t)(t[i].rows * (t[i].cols ? t[i].cols : 1)));
-            tu_pad(&data, 32);
-        }
-        tu_pad(&file, 32);
-        tu_put(&file, data.p, data.n);
-        snprintf(path, sizeof path, "%s/phi3.gguf", dir);
-    } else {
-        tu_put(&hdr, "{", 1);
-        for (int i = 0; i < nt; i++) {
-            const size_t bytes = sizeof(float) * (size_t)(t[i].rows * (t[i].cols ? t[i].cols : 1));
-            char e[300], shape[48];
-            snprintf(shape, sizeof shape, t[i].cols ? "%lld,%lld" : "%lld", (long long)t[i].rows, (long long)t[i].cols);
-            int m = snprintf(e, sizeof e, "%s\"%s\":{\"dtype\":\"F32\",\"shape\":[%s],\"data_offsets\":[%zu,%zu]}",
-                             i ? "," : "", t[i].name, shape, data.n, data.n + bytes);
-            tu_put(&hdr, e, (size_t)m);
-            tu_put(&data, t[i].f, bytes);
-        }
-        tu_put(&hdr, "}", 1);
-        tu_u64(&file, hdr.n);
-        tu_put(&file, hdr.p, hdr.n);
-        tu_put(&file, data.p, data.n);
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        tu_write_all(path, file.p, file.n);
-        char to[2048];
-        snprintf(to, sizeof to, "\"model_type\": \"phi3\"%s", sp->cfg_add ? sp->cfg_add : "");
-        const char *cfgdir = hf_copy("\"model_type\": \"llama\"", to, NULL, NULL);
-        size_t len;
-        char cp[400];
-        snprintf(cp, sizeof cp, "%s/config.json", cfgdir);
-        unsigned char *cfg = tu_read_all(cp, &len);
-        snprintf(cp, sizeof cp, "%s/config.json", dir);
-        tu_write_all(cp, cfg, len);
-        free(cfg);
-        snprintf(path, sizeof path, "%s", dir);
-    }
-    if (g) tu_write_all(path, file.p, file.n);
-    for (int i = 0; i < nt; i++) free(t[i].f);
-    free(hdr.p), free(data.p), free(file.p);
-    return path;
+    return write_checkpoint(t, nt, &(ck_format){.gguf = g, .arch = "phi3", .rot = (uint32_t)sp->rot,
+                                                .cfg_add = sp->cfg_add, .kvs = sp->kvs, .nkv = sp->nkv});
 }
 
 /* Both formats of the fused phi3 layout compute stories260K: the golden story, token for token. */
@@ -1617,4 +1655,418 @@ Test(model, longrope_follows_the_served_context_in_both_formats)
     const char *p = phi3_model(&(phi3_spec){.gguf = 1, .rot = 8, .kvs = &kvs, .nkv = 1, .longf = lf});
     expect_load_error(p, KVP_EPARSE, p, "rope_factors_long.weight", "rope_factors_short.weight", "one factor tensor");
     free(kvs.p);
+}
+
+/* ---- mixture of experts: mixtral, qwen3_moe ---- */
+
+/* stories260K with a mixture-of-experts FFN: expert e's gate rows are stories260K's gate rows (r + 13 e) mod
+ * 172, its up rows and down columns stories260K's rows r (down scaled by 1 - 0.15 e), r < mf; with `same`,
+ * every expert is stories260K's FFN unchanged. The router is seeded noise. qwen: qwen3_moe (GGUF: qwen3moe)
+ * with q/k norms, mf units an expert; else mixtral (mf 172; GGUF: arch
+ * llama with expert keys, Q/K rows in llama.cpp's pair order). */
+typedef struct {
+    int gguf, qwen, same, norm_topk;
+    int experts, k, mf;
+    int dense2; /* qwen, HF: layer 2 has a dense FFN (mlp_only_layers [2]) */
+} moe_spec;
+
+static int moe_dense_layer(const moe_spec *sp, int l) { return sp->dense2 && l == 2; }
+
+/* The tensors of the model sp describes, as its format names and lays them out, into t; returns the count. */
+static int moe_tensors(const moe_spec *sp, ck_tensor *t)
+{
+    static const int pairs[8] = {0, 4, 1, 5, 2, 6, 3, 7}; /* GGUF row 2i + j <- HF row 4 j + i */
+    kvp_st *s;
+    cr_assert_eq(kvp_st_open(S260_HF, &s), KVP_OK);
+    int nt = 0;
+    const int g = sp->gguf, E = sp->experts, mf = sp->mf;
+    const char *blk = sp->qwen ? "mlp" : "block_sparse_moe";
+    char n[96], hn[64], gn[64];
+    kvp_rng rng;
+    kvp_rng_seed(&rng, 20261201, 0);
+    ck_add(t, &nt, g, -1, "token_embd.weight", "model.embed_tokens.weight", 512, 64,
+           st_f32(s, "model.embed_tokens.weight", NULL));
+    ck_add(t, &nt, g, -1, "output_norm.weight", "model.norm.weight", 64, 0, st_f32(s, "model.norm.weight", NULL));
+    for (int l = 0; l < 5; l++) {
+#define HF(x) (snprintf(n, sizeof n, "model.layers.%d.%s", l, x), n)
+        static const char *const att[5][2] = {{"attn_norm", "input_layernorm"}, {"attn_q", "self_attn.q_proj"},
+                                              {"attn_k", "self_attn.k_proj"},   {"attn_v", "self_attn.v_proj"},
+                                              {"attn_output", "self_attn.o_proj"}};
+        const int64_t rows[5] = {64, 64, 32, 32, 64}, cols[5] = {0, 64, 64, 64, 64};
+        for (int i = 0; i < 5; i++) {
+            snprintf(gn, sizeof gn, "%s.weight", att[i][0]);
+            snprintf(hn, sizeof hn, "%s.weight", att[i][1]);
+            float *f = st_f32(s, HF(hn), NULL);
+            if (g && !sp->qwen && (i == 1 || i == 2)) permute_heads(f, (int)rows[i] / 8, pairs);
+            ck_add(t, &nt, g, l, gn, hn, rows[i], cols[i], f);
+        }
+        for (int i = 0; sp->qwen && i < 2; i++) {
+            float *f = malloc(sizeof(float) * 8);
+            for (int j = 0; j < 8; j++) f[j] = i ? 1.0f - 0.05f * (float)j : 1.0f + 0.1f * (float)j;
+            ck_add(t, &nt, g, l, i ? "attn_k_norm.weight" : "attn_q_norm.weight",
+                   i ? "self_attn.k_norm.weight" : "self_attn.q_norm.weight", 8, 0, f);
+        }
+        ck_add(t, &nt, g, l, "ffn_norm.weight", "post_attention_layernorm.weight", 64, 0,
+               st_f32(s, HF("post_attention_layernorm.weight"), NULL));
+        float *gate = st_f32(s, HF("mlp.gate_proj.weight"), NULL), *up = st_f32(s, HF("mlp.up_proj.weight"), NULL);
+        float *down = st_f32(s, HF("mlp.down_proj.weight"), NULL);
+        if (moe_dense_layer(sp, l)) {
+            ck_add(t, &nt, g, l, "", "mlp.gate_proj.weight", 172, 64, gate);
+            ck_add(t, &nt, g, l, "", "mlp.up_proj.weight", 172, 64, up);
+            ck_add(t, &nt, g, l, "", "mlp.down_proj.weight", 64, 172, down);
+            continue;
+        }
+        float *router = malloc(sizeof(float) * (size_t)(E * 64));
+        for (int i = 0; i < E * 64; i++) router[i] = (float)(kvp_rng_uniform(&rng) - 0.5);
+        snprintf(hn, sizeof hn, "%s.gate.weight", blk);
+        ck_add(t, &nt, g, l, "ffn_gate_inp.weight", hn, E, 64, router);
+        /* expert e's gate, up, down: all experts in one stacked tensor each (GGUF) or one matrix each (HF) */
+        float *ex[3];
+        for (int j = 0; j < 3; j++) ex[j] = malloc(sizeof(float) * (size_t)(E * mf * 64));
+        for (int e = 0; e < E; e++) {
+            float *eg = ex[0] + e * mf * 64, *eu = ex[1] + e * mf * 64, *ed = ex[2] + e * 64 * mf;
+            for (int r = 0; r < mf; r++) {
+                const int gr = sp->same ? r : (r + 13 * e) % 172;
+                memcpy(eg + r * 64, gate + gr * 64, sizeof(float) * 64);
+                memcpy(eu + r * 64, up + r * 64, sizeof(float) * 64);
+                for (int o = 0; o < 64; o++) ed[o * mf + r] = down[o * 172 + r] * (sp->same ? 1.0f : 1.0f - 0.15f * (float)e);
+            }
+        }
+        free(gate), free(up), free(down);
+        static const char *const gg[3] = {"ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight"};
+        static const char *const hf[2][3] = {{"w1", "w3", "w2"}, {"gate_proj", "up_proj", "down_proj"}};
+        for (int j = 0; j < 3; j++) {
+            const int64_t r = j < 2 ? mf : 64, c = j < 2 ? 64 : mf;
+            if (g) {
+                ck_add(t, &nt, g, l, gg[j], "", r, c, ex[j]);
+                t[nt - 1].experts = E;
+                continue;
+            }
+            for (int e = 0; e < E; e++) {
+                float *f = malloc(sizeof(float) * (size_t)(r * c));
+                memcpy(f, ex[j] + e * r * c, sizeof(float) * (size_t)(r * c));
+                snprintf(hn, sizeof hn, "%s.experts.%d.%s.weight", blk, e, hf[sp->qwen][j]);
+                ck_add(t, &nt, g, l, "", hn, r, c, f);
+            }
+            free(ex[j]);
+        }
+#undef HF
+    }
+    kvp_st_close(s);
+    return nt;
+}
+
+static const char *moe_model(const moe_spec *sp)
+{
+    static ck_tensor t[512];
+    const int nt = moe_tensors(sp, t);
+    char add[256];
+    tu_buf kvs = {0};
+    uint64_t nkv = 0;
+    const char *arch = sp->gguf ? (sp->qwen ? "qwen3moe" : "llama") : (sp->qwen ? "qwen3_moe" : "mixtral");
+    if (sp->gguf) {
+        char key[96];
+        const uint32_t vals[3] = {(uint32_t)sp->experts, (uint32_t)sp->k, (uint32_t)sp->mf};
+        const char *keys[3] = {"expert_count", "expert_used_count", "expert_feed_forward_length"};
+        for (nkv = 0; nkv < (sp->qwen ? 3u : 2u); nkv++) {
+            snprintf(key, sizeof key, "%s.%s", arch, keys[nkv]);
+            tu_kv_u32(&kvs, key, vals[nkv]);
+        }
+    } else if (sp->qwen) {
+        snprintf(add, sizeof add, ", \"num_experts\": %d, \"num_experts_per_tok\": %d, \"moe_intermediate_size\": %d, "
+                 "\"norm_topk_prob\": %s, \"mlp_only_layers\": [%s]", sp->experts, sp->k, sp->mf,
+                 sp->norm_topk ? "true" : "false", sp->dense2 ? "2" : "");
+    } else {
+        snprintf(add, sizeof add, ", \"num_local_experts\": %d, \"num_experts_per_tok\": %d", sp->experts, sp->k);
+    }
+    const char *p = write_checkpoint(t, nt, &(ck_format){.gguf = sp->gguf, .arch = arch, .rot = 8,
+                                                          .cfg_add = sp->gguf ? NULL : add, .kvs = &kvs, .nkv = nkv});
+    free(kvs.p);
+    return p;
+}
+
+/* Top-1 routing among experts that are all stories260K's FFN weighs the one chosen by exactly 1: the golden
+ * story, token for token, from an HF mixtral folder and a GGUF (arch llama, stacked experts). */
+Test(model, moe_top1_of_equal_experts_gives_the_golden_story_in_both_formats)
+{
+    tu_require_shared();
+    for (int g = 0; g < 2; g++) {
+        kvp_model *m = load(moe_model(&(moe_spec){.gguf = g, .same = 1, .experts = 4, .k = 1, .mf = 172}));
+        const kvp_model_config *c = kvp_model_cfg(m);
+        cr_assert_eq(c->family, KVP_FAMILY_MIXTRAL);
+        cr_assert(c->num_experts == 4 && c->num_experts_per_tok == 1 && c->moe_norm_topk);
+        cr_assert_eq(kvp_model_rope_style(m), g ? KVP_ROPE_PAIRS : KVP_ROPE_HALF);
+        check_golden(m, 16, 0);
+        kvp_model_destroy(m);
+    }
+}
+
+/* ---- a float64 reference of the HF model moe_tensors describes (no code shared with runtime/model.c) ---- */
+
+static const float *ck_find(const ck_tensor *t, int nt, const char *name)
+{
+    for (int i = 0; i < nt; i++)
+        if (!strcmp(t[i].name, name)) return t[i].f;
+    cr_assert_fail("no tensor %s", name);
+    return NULL;
+}
+
+static void ref_rmsnorm(double *y, const double *x, const float *w, int n)
+{
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const double r = 1.0 / sqrt(ss / n + 1e-5);
+    for (int i = 0; i < n; i++) y[i] = x[i] * r * w[i];
+}
+
+static void ref_mv(double *y, const float *w, const double *x, int rows, int cols)
+{
+    for (int r = 0; r < rows; r++) {
+        y[r] = 0;
+        for (int c = 0; c < cols; c++) y[r] += (double)w[r * cols + c] * x[c];
+    }
+}
+
+/* y (64) = down(silu(gate x) * up x), the FFN of mf units whose matrices are named pre + gate/up/down. */
+static void ref_swiglu(double *y, const ck_tensor *t, int nt, const char *const names[3], int mf, const double *x)
+{
+    double gv[172], uv[172];
+    ref_mv(gv, ck_find(t, nt, names[0]), x, mf, 64);
+    ref_mv(uv, ck_find(t, nt, names[1]), x, mf, 64);
+    for (int r = 0; r < mf; r++) gv[r] = gv[r] / (1 + exp(-gv[r])) * uv[r];
+    ref_mv(y, ck_find(t, nt, names[2]), gv, 64, mf);
+}
+
+/* logits (P, 512) of prompt tok, every position; *distinct: the experts any token chose, as a bit set */
+static void moe_reference(const ck_tensor *t, int nt, const moe_spec *sp, const int32_t *tok, int P, double *logits,
+                          unsigned *distinct)
+{
+    enum { PMAX = 8 };
+    static double x[PMAX][64], h[PMAX][64], q[PMAX][64], k[PMAX][32], v[PMAX][32], o[64], y[64], ye[64];
+    char n[128], names[3][128];
+    const char *const names_p[3] = {names[0], names[1], names[2]};
+    const char *blk = sp->qwen ? "mlp" : "block_sparse_moe";
+    const int E = sp->experts;
+    cr_assert(P <= PMAX);
+    *distinct = 0;
+    for (int p = 0; p < P; p++)
+        for (int i = 0; i < 64; i++) x[p][i] = ck_find(t, nt, "model.embed_tokens.weight")[tok[p] * 64 + i];
+#define W(fmt, ...) (snprintf(n, sizeof n, "model.layers.%d." fmt, l, ##__VA_ARGS__), ck_find(t, nt, n))
+    for (int l = 0; l < 5; l++) {
+        for (int p = 0; p < P; p++) {
+            ref_rmsnorm(h[p], x[p], W("input_layernorm.weight"), 64);
+            ref_mv(q[p], W("self_attn.q_proj.weight"), h[p], 64, 64);
+            ref_mv(k[p], W("self_attn.k_proj.weight"), h[p], 32, 64);
+            ref_mv(v[p], W("self_attn.v_proj.weight"), h[p], 32, 64);
+            for (int hd = 0; hd < 12; hd++) { /* 8 query heads then 4 key heads: q/k norm, rotate-half RoPE */
+                double *a = hd < 8 ? q[p] + hd * 8 : k[p] + (hd - 8) * 8;
+                if (sp->qwen) ref_rmsnorm(a, a, hd < 8 ? W("self_attn.q_norm.weight") : W("self_attn.k_norm.weight"), 8);
+                for (int i = 0; i < 4; i++) {
+                    const double th = p * pow(10000.0, -i / 4.0), a1 = a[i], a2 = a[i + 4];
+                    a[i] = a1 * cos(th) - a2 * sin(th);
+                    a[i + 4] = a2 * cos(th) + a1 * sin(th);
+                }
+            }
+        }
+        for (int p = 0; p < P; p++) {
+            for (int hq = 0; hq < 8; hq++) { /* causal attention, query head hq on key head hq / 2 */
+                double s[PMAX], mx = -INFINITY, sum = 0;
+                for (int j = 0; j <= p; j++) {
+                    s[j] = 0;
+                    for (int i = 0; i < 8; i++) s[j] += q[p][hq * 8 + i] * k[j][hq / 2 * 8 + i];
+                    s[j] /= sqrt(8.0);
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = 0; j <= p; j++) sum += s[j] = exp(s[j] - mx);
+                for (int i = 0; i < 8; i++) {
+                    o[hq * 8 + i] = 0;
+                    for (int j = 0; j <= p; j++) o[hq * 8 + i] += s[j] / sum * v[j][hq / 2 * 8 + i];
+                }
+            }
+            ref_mv(y, W("self_attn.o_proj.weight"), o, 64, 64);
+            for (int i = 0; i < 64; i++) x[p][i] += y[i];
+        }
+        for (int p = 0; p < P; p++) {
+            ref_rmsnorm(h[p], x[p], W("post_attention_layernorm.weight"), 64);
+            if (moe_dense_layer(sp, l)) {
+                for (int j = 0; j < 3; j++)
+                    snprintf(names[j], sizeof names[j], "model.layers.%d.mlp.%s_proj.weight", l,
+                             j == 0 ? "gate" : j == 1 ? "up" : "down");
+                ref_swiglu(y, t, nt, names_p, 172, h[p]);
+                for (int i = 0; i < 64; i++) x[p][i] += y[i];
+                continue;
+            }
+            double r[16], pr[16], mx = -INFINITY, sum = 0, chosen = 0;
+            int top[16], taken[16] = {0};
+            ref_mv(r, W("%s.gate.weight", blk), h[p], E, 64);
+            for (int e = 0; e < E; e++) mx = fmax(mx, r[e]);
+            for (int e = 0; e < E; e++) sum += pr[e] = exp(r[e] - mx);
+            for (int j = 0; j < sp->k; j++) { /* the likeliest expert not yet taken */
+                top[j] = -1;
+                for (int e = 0; e < E; e++)
+                    if (!taken[e] && (top[j] < 0 || pr[e] > pr[top[j]])) top[j] = e;
+                taken[top[j]] = 1;
+                chosen += pr[top[j]] / sum;
+                *distinct |= 1u << top[j];
+            }
+            memset(y, 0, sizeof y);
+            for (int j = 0; j < sp->k; j++) {
+                const int e = top[j];
+                static const char *const hf[2][3] = {{"w1", "w3", "w2"}, {"gate_proj", "up_proj", "down_proj"}};
+                for (int i = 0; i < 3; i++)
+                    snprintf(names[i], sizeof names[i], "model.layers.%d.%s.experts.%d.%s.weight", l, blk, e,
+                             hf[sp->qwen][i]);
+                ref_swiglu(ye, t, nt, names_p, sp->mf, h[p]);
+                const double wgt = pr[e] / sum / (sp->qwen && !sp->norm_topk ? 1.0 : chosen);
+                for (int i = 0; i < 64; i++) y[i] += wgt * ye[i];
+            }
+            for (int i = 0; i < 64; i++) x[p][i] += y[i];
+        }
+    }
+#undef W
+    for (int p = 0; p < P; p++) {
+        ref_rmsnorm(h[p], x[p], ck_find(t, nt, "model.norm.weight"), 64);
+        ref_mv(logits + p * 512, ck_find(t, nt, "model.embed_tokens.weight"), h[p], 512, 64);
+    }
+}
+
+/* The MoE forward pass against the float64 reference above, on distinct experts and a router that spreads the
+ * tokens: mixtral (top 2 of 4, renormalized), qwen3_moe (top 3 of 6 experts of 96 units, with and without
+ * norm_topk_prob, q/k norms, a dense layer 2), each from an HF folder and a GGUF (llama with expert keys,
+ * qwen3moe; GGUF has no dense layers in an MoE model). */
+Test(model, moe_logits_match_a_float64_reference)
+{
+    tu_require_shared();
+    const moe_spec specs[] = {
+        {.experts = 4, .k = 2, .mf = 172},
+        {.gguf = 1, .experts = 4, .k = 2, .mf = 172},
+        {.qwen = 1, .experts = 6, .k = 3, .mf = 96, .dense2 = 1},
+        {.qwen = 1, .norm_topk = 1, .experts = 6, .k = 3, .mf = 96, .dense2 = 1},
+        {.gguf = 1, .qwen = 1, .norm_topk = 1, .experts = 6, .k = 3, .mf = 96},
+    };
+    static ck_tensor t[512];
+    const int32_t toks[5] = {1, 403, 407, 261, 378};
+    static double want[5 * 512];
+    static float got[5 * 512];
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        moe_spec hf = specs[i];
+        hf.gguf = 0;
+        const int nt = moe_tensors(&hf, t);
+        unsigned distinct;
+        moe_reference(t, nt, &hf, toks, 5, want, &distinct);
+        for (int j = 0; j < nt; j++) free(t[j].f);
+        cr_assert_eq(__builtin_popcount(distinct), specs[i].experts, "case %zu: every expert should be chosen", i);
+        kvp_model *m = load(moe_model(&specs[i]));
+        cr_assert_eq(kvp_model_cfg(m)->moe_norm_topk, !specs[i].qwen || specs[i].norm_topk, "case %zu", i);
+        cr_assert_eq(forward_prompt5(m, got), KVP_OK, "%s", kvp_error_detail());
+        double maxerr = 0;
+        for (int j = 0; j < 5 * 512; j++) maxerr = fmax(maxerr, fabs(got[j] - want[j]) / (fabs(want[j]) + 1.0));
+        cr_assert_lt(maxerr, 1e-4, "case %zu: max relative logit error %g", i, maxerr);
+        kvp_model_destroy(m);
+    }
+}
+
+/* An MoE model row for row: the same logits alone as in any batch, on 1 and 2 threads. */
+Test(model, moe_rows_bit_identical_for_every_batch_size)
+{
+    kvp_model *m = load(moe_model(&(moe_spec){.qwen = 1, .experts = 6, .k = 3, .mf = 96, .dense2 = 1}));
+    static float ref[40 * 512];
+    int have_ref = 0;
+    expect_batch_invariant(m, "qwen3_moe", ref, &have_ref);
+    kvp_model_destroy(m);
+}
+
+typedef struct {
+    kvp_comm *comm;
+    const char *path;
+    float logits[5 * 512];
+    kvp_status st;
+    char err[512];
+} moe_rank;
+
+static void *moe_rank_main(void *arg)
+{
+    moe_rank *j = arg;
+    kvp_model *m = NULL;
+    j->st = kvp_model_load_tp(j->path, j->comm, &m);
+    if (j->st == KVP_OK) j->st = forward_prompt5(m, j->logits);
+    if (j->st != KVP_OK) snprintf(j->err, sizeof j->err, "%s", kvp_error_detail());
+    kvp_model_destroy(m);
+    return NULL;
+}
+
+/* Tensor parallelism splits every expert's units over the ranks as a dense FFN's (the router on every rank):
+ * at 2 and 4 rank threads every rank's logits are one rank's, up to the order of the sums. */
+Test(model, moe_experts_split_over_ranks_give_one_ranks_logits)
+{
+    const char *path = moe_model(&(moe_spec){.qwen = 1, .experts = 6, .k = 3, .mf = 96, .dense2 = 1});
+    static moe_rank jobs[4];
+    static float one[5 * 512];
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        kvp_comm *comms[4];
+        pthread_t tid[4];
+        cr_assert_eq(kvp_comm_threads_create(tp, comms), KVP_OK);
+        for (int r = 0; r < tp; r++) {
+            jobs[r].comm = comms[r], jobs[r].path = path;
+            cr_assert_eq(pthread_create(&tid[r], NULL, moe_rank_main, &jobs[r]), 0);
+        }
+        for (int r = 0; r < tp; r++) pthread_join(tid[r], NULL);
+        for (int r = 0; r < tp; r++) kvp_comm_destroy(comms[r]);
+        for (int r = 0; r < tp; r++) {
+            cr_assert_eq(jobs[r].st, KVP_OK, "tp %d rank %d: %s", tp, r, jobs[r].err);
+            if (tp == 1) memcpy(one, jobs[0].logits, sizeof one);
+            double e = max_rel(jobs[r].logits, one, 5 * 512);
+            cr_assert_lt(e, 1e-5, "tp %d rank %d: max relative logit error %g", tp, r, e);
+        }
+    }
+}
+
+/* Experts that disagree with the config, and expert counts out of range: an error naming file and problem. */
+Test(model, moe_checkpoints_that_disagree_with_the_config_are_rejected)
+{
+    tu_require_shared();
+    const moe_spec mix = {.experts = 4, .k = 2, .mf = 172};
+    /* config.json names 5 experts, the folder holds 4 */
+    char dir[400], cfg[500];
+    snprintf(dir, sizeof dir, "%s", moe_model(&mix));
+    snprintf(cfg, sizeof cfg, "%s/config.json", dir);
+    size_t n;
+    char *c = (char *)tu_read_all(cfg, &n);
+    char *at = strstr(c, "\"num_local_experts\": 4");
+    cr_assert_not_null(at);
+    at[strlen("\"num_local_experts\": ")] = '5';
+    tu_write_all(cfg, c, n);
+    expect_load_error(dir, KVP_EPARSE, "model.layers.0.block_sparse_moe.gate.weight", "[4, 64]", "[5, 64]",
+                      "5 experts in config.json, 4 in the weights");
+    at[strlen("\"num_local_experts\": ")] = '3';
+    tu_write_all(cfg, c, n);
+    expect_load_error(dir, KVP_EPARSE, "model.layers.0.block_sparse_moe.gate.weight", "[4, 64]", "[3, 64]",
+                      "3 experts in config.json, 4 in the weights");
+    free(c);
+    /* GGUF: more experts a token than experts; a stacked tensor of the wrong shape */
+    const char *g = moe_model(&(moe_spec){.gguf = 1, .experts = 4, .k = 2, .mf = 172});
+    size_t len;
+    unsigned char *buf = tu_read_all(g, &len);
+    const uint32_t five = 5;
+    tu_gguf_set_kv4(buf, len, "llama.expert_used_count", 4 /* UINT32 */, &five);
+    char p[400];
+    snprintf(p, sizeof p, "%s/used.gguf", tu_tmpdir());
+    tu_write_all(p, buf, len);
+    expect_load_error(p, KVP_EPARSE, "llama.expert_used_count", "5 is out of range (1..4)", NULL, "top 5 of 4");
+    tu_gguf_set_kv4(buf, len, "llama.expert_used_count", 4, &(uint32_t){2});
+    tu_gguf_set_kv4(buf, len, "llama.expert_count", 4, &(uint32_t){3});
+    snprintf(p, sizeof p, "%s/count.gguf", tu_tmpdir());
+    tu_write_all(p, buf, len);
+    expect_load_error(p, KVP_EPARSE, "blk.0.ffn_gate_inp.weight", "[4, 64]", "[3, 64]", "3 experts, 4 stored");
+    free(buf);
+}
+
+/* Every allocation of an MoE checkpoint's load (router, experts) failing in turn: a clean ENOMEM, no leak
+ * (the sanitizer build). */
+Test(model, moe_load_survives_every_allocation_failure)
+{
+    tu_require_shared();
+    for (int g = 0; g < 2; g++)
+        tu_every_alloc_failure("MoE model load", load_model, destroy_model,
+                               (void *)moe_model(&(moe_spec){.gguf = g, .experts = 4, .k = 2, .mf = 172}), 0);
 }
