@@ -552,8 +552,8 @@ kvp_status kvp_gguf_special_token(const kvp_gguf *g, const char *key, int64_t n_
     return KVP_OK;
 }
 
-static kvp_status get_pos_int(const kvp_gguf *g, const char *arch, const char *suffix, int required, int64_t max,
-                              int64_t *out)
+static kvp_status get_int_in(const kvp_gguf *g, const char *arch, const char *suffix, int required, int64_t min,
+                             int64_t max, int64_t *out)
 {
     char key[160];
     snprintf(key, sizeof key, "%s.%s", arch, suffix);
@@ -563,10 +563,16 @@ static kvp_status get_pos_int(const kvp_gguf *g, const char *arch, const char *s
         if (required) return KVP_ERR(KVP_EPARSE, "%s: metadata key '%s' is missing", g->map.path, key);
         return KVP_OK;
     }
-    if (*out < 1 || *out > max)
-        return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %" PRId64 " is out of range (1..%" PRId64 ")", g->map.path,
-                       key, *out, max);
+    if (*out < min || *out > max)
+        return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %" PRId64 " is out of range (%" PRId64 "..%" PRId64 ")",
+                       g->map.path, key, *out, min, max);
     return KVP_OK;
+}
+
+static kvp_status get_pos_int(const kvp_gguf *g, const char *arch, const char *suffix, int required, int64_t max,
+                              int64_t *out)
+{
+    return get_int_in(g, arch, suffix, required, 1, max, out);
 }
 
 /* LongRoPE as llama.cpp's converter writes it (Phi-3 128k): tensors rope_factors_long.weight and
@@ -630,9 +636,11 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     c.intermediate_size = v;
     /* Mixture of experts as llama.cpp writes it (Mixtral as arch llama, qwen3moe): every layer routes each
      * token to expert_used_count of expert_count experts of expert_feed_forward_length units (default: the
-     * feed-forward length) and renormalizes their weights, as llama.cpp computes both. */
+     * feed-forward length) and renormalizes their weights, as llama.cpp computes both. A dense llama may say
+     * expert_count 0 (some converters write it, with expert_used_count 0). */
+    const int moe_arch = !strcmp(arch, "qwen3moe");
     v = 0;
-    KVP_TRY(get_pos_int(g, arch, "expert_count", !strcmp(arch, "qwen3moe"), 1 << 16, &v));
+    KVP_TRY(get_int_in(g, arch, "expert_count", moe_arch, moe_arch, 1 << 16, &v));
     if (v > 0) {
         c.family = KVP_FAMILY_MIXTRAL;
         c.num_experts = (int32_t)v;

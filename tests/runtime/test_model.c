@@ -1670,7 +1670,8 @@ typedef struct {
     int dense2; /* qwen, HF: layer 2 has a dense FFN (mlp_only_layers [2]) */
 } moe_spec;
 
-static int moe_dense_layer(const moe_spec *sp, int l) { return sp->dense2 && l == 2; }
+/* experts 0: every layer dense (a GGUF that says expert_count 0) */
+static int moe_dense_layer(const moe_spec *sp, int l) { return (sp->dense2 && l == 2) || sp->experts == 0; }
 
 /* The tensors of the model sp describes, as its format names and lays them out, into t; returns the count. */
 static int moe_tensors(const moe_spec *sp, ck_tensor *t)
@@ -1711,9 +1712,9 @@ static int moe_tensors(const moe_spec *sp, ck_tensor *t)
         float *gate = st_f32(s, HF("mlp.gate_proj.weight"), NULL), *up = st_f32(s, HF("mlp.up_proj.weight"), NULL);
         float *down = st_f32(s, HF("mlp.down_proj.weight"), NULL);
         if (moe_dense_layer(sp, l)) {
-            ck_add(t, &nt, g, l, "", "mlp.gate_proj.weight", 172, 64, gate);
-            ck_add(t, &nt, g, l, "", "mlp.up_proj.weight", 172, 64, up);
-            ck_add(t, &nt, g, l, "", "mlp.down_proj.weight", 64, 172, down);
+            ck_add(t, &nt, g, l, "ffn_gate.weight", "mlp.gate_proj.weight", 172, 64, gate);
+            ck_add(t, &nt, g, l, "ffn_up.weight", "mlp.up_proj.weight", 172, 64, up);
+            ck_add(t, &nt, g, l, "ffn_down.weight", "mlp.down_proj.weight", 64, 172, down);
             continue;
         }
         float *router = malloc(sizeof(float) * (size_t)(E * 64));
@@ -2059,6 +2060,28 @@ Test(model, moe_checkpoints_that_disagree_with_the_config_are_rejected)
     tu_write_all(p, buf, len);
     expect_load_error(p, KVP_EPARSE, "blk.0.ffn_gate_inp.weight", "[4, 64]", "[3, 64]", "3 experts, 4 stored");
     free(buf);
+}
+
+/* A dense llama GGUF whose converter wrote expert_count 0 and expert_used_count 0 is the dense model: the
+ * golden story. qwen3moe with no experts is refused, naming the key. */
+Test(model, moe_gguf_expert_count_zero_is_a_dense_llama)
+{
+    tu_require_shared();
+    kvp_model *m = load(moe_model(&(moe_spec){.gguf = 1}));
+    const kvp_model_config *c = kvp_model_cfg(m);
+    cr_assert_eq(c->family, KVP_FAMILY_LLAMA);
+    cr_assert_eq(c->num_experts, 0);
+    check_golden(m, 16, 0);
+    kvp_model_destroy(m);
+    const char *q = moe_model(&(moe_spec){.gguf = 1, .qwen = 1, .experts = 4, .k = 2, .mf = 172});
+    size_t len;
+    unsigned char *buf = tu_read_all(q, &len);
+    tu_gguf_set_kv4(buf, len, "qwen3moe.expert_count", 4 /* UINT32 */, &(uint32_t){0});
+    char p[400];
+    snprintf(p, sizeof p, "%s/none.gguf", tu_tmpdir());
+    tu_write_all(p, buf, len);
+    free(buf);
+    expect_load_error(p, KVP_EPARSE, "qwen3moe.expert_count", "0 is out of range (1..65536)", NULL, "qwen3moe, 0");
 }
 
 /* Every allocation of an MoE checkpoint's load (router, experts) failing in turn: a clean ENOMEM, no leak
