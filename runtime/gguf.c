@@ -619,8 +619,9 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     memcpy(arch, arch_s.ptr, arch_s.len);
     arch[arch_s.len] = '\0';
     int qwen2 = strcmp(arch, "qwen2") == 0, qwen3 = strncmp(arch, "qwen3", 5) == 0, phi3 = strcmp(arch, "phi3") == 0;
-    if (strcmp(arch, "llama") != 0 && strcmp(arch, "mistral") != 0 && !qwen2 && strcmp(arch, "qwen3") &&
-        strcmp(arch, "qwen3moe") && !phi3)
+    const int qwen3moe = strcmp(arch, "qwen3moe") == 0;
+    if (strcmp(arch, "llama") != 0 && strcmp(arch, "mistral") != 0 && !qwen2 && strcmp(arch, "qwen3") && !qwen3moe &&
+        !phi3)
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, "
                        "qwen3moe, phi3 are)", g->map.path, arch);
     kvp_model_config c;
@@ -638,9 +639,8 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
      * token to expert_used_count of expert_count experts of expert_feed_forward_length units (default: the
      * feed-forward length) and renormalizes their weights, as llama.cpp computes both. A dense llama may say
      * expert_count 0 (some converters write it, with expert_used_count 0). */
-    const int moe_arch = !strcmp(arch, "qwen3moe");
     v = 0;
-    KVP_TRY(get_int_in(g, arch, "expert_count", moe_arch, moe_arch, 1 << 16, &v));
+    KVP_TRY(get_int_in(g, arch, "expert_count", qwen3moe, qwen3moe, 1 << 16, &v));
     if (v > 0) {
         c.family = KVP_FAMILY_MIXTRAL;
         c.num_experts = (int32_t)v;

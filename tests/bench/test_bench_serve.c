@@ -16,8 +16,9 @@
 #include "cli_testutil.h"
 
 #define MODEL "--model ../shared/models/stories260K/stories260K.gguf"
-/* Each test's .timeout (300 s) guards against a hang only: a server run takes up to a minute in the
- * sanitizer build, and two tests share the machine's two cores (--jobs 2). */
+/* Each test's .timeout guards against a hang only: a server run takes up to a minute in the sanitizer
+ * build, and two tests share the machine's two cores (--jobs 2). */
+#define HANG_S 300
 
 enum { MAXREQ = 64, NCOL = 15 };
 
@@ -113,7 +114,7 @@ static void expect_consistent(const cJSON *s, const req_row *rows, int n)
 }
 
 /* One request at a time: after the first, every prompt finds the 64-token system prompt (4 blocks) cached. */
-Test(bench_serve, sequential_requests_hit_the_shared_prefix, .timeout = 300)
+Test(bench_serve, sequential_requests_hit_the_shared_prefix, .timeout = HANG_S)
 {
     static req_row rows[MAXREQ];
     int n;
@@ -136,7 +137,7 @@ Test(bench_serve, sequential_requests_hit_the_shared_prefix, .timeout = 300)
 }
 
 /* Without a prefix cache nothing is found; all at once, requests overlap. */
-Test(bench_serve, cache_none_serves_no_hits, .timeout = 300)
+Test(bench_serve, cache_none_serves_no_hits, .timeout = HANG_S)
 {
     static req_row rows[MAXREQ];
     int n;
@@ -153,7 +154,7 @@ Test(bench_serve, cache_none_serves_no_hits, .timeout = 300)
 
 /* The server's /metrics read during the run: with a KV cache too small for the 16 requests at once, it fills
  * (usage near 1) and preempts; without one, the readings still show the requests running. */
-Test(bench_serve, metrics_follow_the_server, .timeout = 300)
+Test(bench_serve, metrics_follow_the_server, .timeout = HANG_S)
 {
     static req_row rows[MAXREQ];
     int n;
@@ -199,7 +200,7 @@ Test(bench_serve, metrics_follow_the_server, .timeout = 300)
 
 /* A speculating server's draft counters, read from /metrics during the run: a share of drafts kept and vLLM's
  * mean acceptance length (1 + kept tokens per step that proposed). */
-Test(bench_serve, spec_acceptance_from_the_server, .timeout = 300)
+Test(bench_serve, spec_acceptance_from_the_server, .timeout = HANG_S)
 {
     static req_row rows[MAXREQ];
     int n;
@@ -216,7 +217,7 @@ Test(bench_serve, spec_acceptance_from_the_server, .timeout = 300)
 }
 
 /* A chat turn is sent only after the answer of the turn before it (and it finds that turn's prompt cached). */
-Test(bench_serve, chat_turns_wait_for_their_answers, .timeout = 300)
+Test(bench_serve, chat_turns_wait_for_their_answers, .timeout = HANG_S)
 {
     static req_row rows[MAXREQ];
     int n;
@@ -245,7 +246,7 @@ Test(bench_serve, chat_turns_wait_for_their_answers, .timeout = 300)
  * lengths), and finds that turn's prompt and answer cached (the full blocks of its computed tokens: the
  * server caches generated tokens too); with the workload's answers a turn finds at most the turn before's
  * prompt, so fewer tokens in all. The same through /v1/chat/completions. */
-Test(bench_serve, server_answers_are_found_cached_by_the_next_turn, .timeout = 300)
+Test(bench_serve, server_answers_are_found_cached_by_the_next_turn, .timeout = HANG_S)
 {
     static req_row rows[MAXREQ];
     int n;
@@ -298,7 +299,7 @@ Test(bench_serve, server_answers_are_found_cached_by_the_next_turn, .timeout = 3
 }
 
 /* Prompt + output over the model's 2048 positions: skipped, the others served. */
-Test(bench_serve, requests_too_long_are_skipped, .timeout = 300)
+Test(bench_serve, requests_too_long_are_skipped, .timeout = HANG_S)
 {
     static req_row rows[MAXREQ];
     int n;
@@ -319,7 +320,7 @@ Test(bench_serve, requests_too_long_are_skipped, .timeout = 300)
 
 /* --url: a server started here (as a user would), a rate list against it (its prefix cache reset between the
  * runs), then the same server gone. */
-Test(bench_serve, url_of_a_running_server, .timeout = 300)
+Test(bench_serve, url_of_a_running_server, .timeout = HANG_S)
 {
     int fd[2];
     cr_assert_eq(pipe(fd), 0);
@@ -381,7 +382,7 @@ Test(bench_serve, url_of_a_running_server, .timeout = 300)
 
 /* Requests that fail (here: each allowed a millisecond for 64 tokens after a 1,000-token prompt) are
  * counted, the first one named, and the exit status is 1. */
-Test(bench_serve, failed_requests_exit_1, .timeout = 300)
+Test(bench_serve, failed_requests_exit_1, .timeout = HANG_S)
 {
     static req_row rows[MAXREQ];
     int n;
@@ -395,7 +396,7 @@ Test(bench_serve, failed_requests_exit_1, .timeout = 300)
 
 /* A list of rates: one run, on a fresh server, and one row each (the second run finds nothing the first one
  * cached). */
-Test(bench_serve, rate_sweep_rows, .timeout = 300)
+Test(bench_serve, rate_sweep_rows, .timeout = HANG_S)
 {
     static char out[1 << 16], err[1 << 16];
     int rc = kvp_test_cli("bench serve " MODEL " --workload system:n=6,prefix=64,suffix=8,output=4,vocab=512 "
@@ -445,7 +446,7 @@ Test(bench_serve, rate_sweep_rows, .timeout = 300)
  * the server counts more prompt tokens than the workload's; the lengths asked for still come back, and after
  * the first request the template's opening and the 64-token system prompt are found cached. Without a
  * template the server refuses every request (exit 1, the reason named). */
-Test(bench_serve, chat_endpoint, .timeout = 300)
+Test(bench_serve, chat_endpoint, .timeout = HANG_S)
 {
     static req_row rows[MAXREQ];
     int n;
@@ -468,7 +469,7 @@ Test(bench_serve, chat_endpoint, .timeout = 300)
     cr_assert(strstr(err, "HTTP 400") != NULL && strstr(err, "--chat-template") != NULL, "%s", err);
 }
 
-Test(bench_serve, bad_input_exits_2, .timeout = 300)
+Test(bench_serve, bad_input_exits_2, .timeout = HANG_S)
 {
     static const kvp_cli_case cases[] = {
         {"--rate 0", "--rate"},
