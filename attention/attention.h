@@ -45,6 +45,8 @@ typedef struct {
     int32_t num_q_heads;   /* multiple of kv->num_kv_heads */
     float sm_scale;        /* softmax scale applied to q.k; 0 means 1/sqrt(head_dim) */
     int32_t window_left;   /* -1: no sliding window; >= 0: keys [pos - window_left, pos] */
+    float logits_soft_cap; /* > 0: each scaled score x becomes cap * tanh(x / cap) before the softmax (Gemma 2,
+                              FlashInfer's logits_soft_cap); 0: off */
     int32_t kv_chunk_size; /* split-KV chunk (tokens): 0 automatic (split only when the batch is too small
                               to use every thread), > 0 exactly this chunk size (results equal up to
                               rounding for any value) */
@@ -52,7 +54,7 @@ typedef struct {
                               scores), -inf for a row with no key; borrowed, may be NULL */
 } kvp_attn_params;
 
-/* num_q_heads as given, sm_scale 0, window_left -1, kv_chunk_size 0, lse NULL. */
+/* num_q_heads as given, sm_scale 0, window_left -1, logits_soft_cap 0, kv_chunk_size 0, lse NULL. */
 kvp_attn_params kvp_attn_default_params(int32_t num_q_heads);
 
 /* Nonzero when the CPU kernels handle this pair. head_dim in {8, 16, 32, 64, 80, 96, 128, 256} and every

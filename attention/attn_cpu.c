@@ -86,7 +86,8 @@ kvp_status kvp_attn_lanes_parse(const char *s, int *lanes)
 
 kvp_attn_params kvp_attn_default_params(int32_t num_q_heads)
 {
-    kvp_attn_params p = {.num_q_heads = num_q_heads, .sm_scale = 0.0f, .window_left = -1, .kv_chunk_size = 0, .lse = NULL};
+    kvp_attn_params p = {.num_q_heads = num_q_heads, .sm_scale = 0.0f, .window_left = -1, .logits_soft_cap = 0.0f,
+                         .kv_chunk_size = 0, .lse = NULL};
     return p;
 }
 
@@ -139,6 +140,7 @@ typedef struct {
     const int32_t *qo_indptr; /* NULL: decode (one token per sequence) */
     int32_t hq, group, window_left;
     float qscale; /* sm_scale * log2(e) * k_scale: scores come out in log2 units (fp8: x KVP_FP8_LOAD_SCALE) */
+    float softcap; /* logits_soft_cap * log2(e), the cap in those units (0: off) */
     float oscale; /* v_scale (fp8: x KVP_FP8_LOAD_SCALE) */
     float *lse;   /* optional user output */
     float *part_o, *part_lse;
@@ -786,6 +788,9 @@ KVP_INLINE void run_item(const job_t *j, const item_t *it, const item_t *next, c
                 prefetch_short_rows((const char *)kb + pfs.shift * es, pfs.off, pfs.n, pf_slot, kv->block_size,
                                     kv->stride_token, es);
             scores_rows(j, qs, kb, off, n, S, r0, r1, D, T, dense, pf);
+            if (j->softcap > 0.0f) /* c tanh(x / c) in log2 units is the same map (c scaled alike) */
+                for (int r = r0; r < r1; r++)
+                    for (int i = 0; i < n; i++) S[r * TILE + i] = j->softcap * tanhf(S[r * TILE + i] / j->softcap);
             if (masked)
                 for (int r = r0; r < r1; r++)
                     for (int i = 0; i < n; i++)
@@ -907,6 +912,8 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
     if (!(p->sm_scale >= 0.0f) || isinf(p->sm_scale))
         return KVP_ERR(KVP_EINVAL, "%s: sm_scale %g must be finite and >= 0", what, (double)p->sm_scale);
     if (p->window_left < -1) return KVP_ERR(KVP_EINVAL, "%s: window_left %d < -1", what, p->window_left);
+    if (!(p->logits_soft_cap >= 0.0f) || isinf(p->logits_soft_cap))
+        return KVP_ERR(KVP_EINVAL, "%s: logits_soft_cap %g must be finite and >= 0", what, (double)p->logits_soft_cap);
     if (p->kv_chunk_size < 0) return KVP_ERR(KVP_EINVAL, "%s: kv_chunk_size %d < 0", what, p->kv_chunk_size);
     if (qo_indptr && kv->num_seqs > 0 && qo_indptr[0] != 0)
         return KVP_ERR(KVP_EINVAL, "%s: qo_indptr[0] = %d, must be 0", what, qo_indptr[0]);
@@ -995,6 +1002,7 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
                .window_left = p->window_left,
                .qscale = sm * 1.4426950408889634f * (fp8 ? kv->k_scale * KVP_FP8_LOAD_SCALE : 1.0f),
                .oscale = fp8 ? kv->v_scale * KVP_FP8_LOAD_SCALE : 1.0f,
+               .softcap = p->logits_soft_cap * 1.4426950408889634f,
                .lse = p->lse, .part_o = part_o, .part_lse = part_lse};
     item_fn fn = k_dispatch[kv->dtype][head_dim_index(D)];
 #ifdef KVP_BUILD_AVX512

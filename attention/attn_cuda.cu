@@ -240,6 +240,9 @@ extern "C" kvp_status kvp_attn_decode_cuda(const kvp_paged_kv *kv, const float *
     if (p->window_left < -1 || !(p->sm_scale >= 0.0f))
         return KVP_ERR(KVP_EINVAL, "decode_cuda: window_left %d or sm_scale %g out of range", p->window_left,
                        (double)p->sm_scale);
+    if (p->logits_soft_cap != 0.0f)
+        return KVP_ERR(KVP_EUNSUPPORTED, "decode_cuda: logits_soft_cap %g: soft-capping runs on the CPU kernels only",
+                       (double)p->logits_soft_cap);
     if (kv->num_seqs == 0) return KVP_OK;
     const int fp8 = kv->dtype == KVP_DTYPE_FP8_E4M3;
     const float sm = p->sm_scale > 0.0f ? p->sm_scale : 1.0f / sqrtf((float)kv->head_dim);

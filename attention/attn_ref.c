@@ -21,6 +21,7 @@ kvp_status kvp_attn_prefill_ref(const float *k, const float *v, const int32_t *k
     }
     const int32_t H = p->num_q_heads, G = H / num_kv_heads, D = head_dim;
     const double scale = p->sm_scale > 0.0f ? (double)p->sm_scale : 1.0 / sqrt((double)D);
+    const double cap = (double)p->logits_soft_cap;
     double *w = kvp_malloc(sizeof(double) * (size_t)(kv_seq_indptr[num_seqs] - kv_seq_indptr[0] + 1));
     double *acc = kvp_malloc(sizeof(double) * (size_t)D);
     if (w == NULL || acc == NULL) {
@@ -41,7 +42,7 @@ kvp_status kvp_attn_prefill_ref(const float *k, const float *v, const int32_t *k
                     const float *kr = k + (((int64_t)kv_seq_indptr[s] + j) * num_kv_heads + h / G) * D;
                     double dot = 0.0;
                     for (int32_t d = 0; d < D; d++) dot += (double)qr[d] * (double)kr[d];
-                    w[j] = dot * scale;
+                    w[j] = p->logits_soft_cap > 0.0f ? cap * tanh(dot * scale / cap) : dot * scale;
                     if (w[j] > mx) mx = w[j];
                 }
                 double sum = 0.0;

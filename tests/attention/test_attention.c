@@ -373,7 +373,9 @@ Test(attention, both_lane_counts_match_reference_and_each_other)
 }
 
 /* Prefill with a cached prefix: sequence s has lens[s] tokens of which nq[s] are new. */
-static void check_prefill(kvp_dtype t, int32_t D, int32_t G, int32_t bs, int32_t window, uint64_t seed)
+/* Prefill over 4 sequences (a whole prompt, chunks, none) against the float64 reference; returns the output. */
+static float *check_prefill_capped(kvp_dtype t, int32_t D, int32_t G, int32_t bs, int32_t window, float cap,
+                                   uint64_t seed)
 {
     int32_t hkv = 2, hq = hkv * G;
     int32_t lens[4] = {45, 33, 9, 70}, nq[4] = {45, 5, 0, 23}; /* a whole prompt, a chunk, none, a chunk */
@@ -386,17 +388,24 @@ static void check_prefill(kvp_dtype t, int32_t D, int32_t G, int32_t bs, int32_t
     float *lse = kvp_malloc(sizeof(float) * (size_t)qo[4] * hq), *lse_ref = kvp_malloc(sizeof(float) * (size_t)qo[4] * hq);
     kvp_attn_params p = kvp_attn_default_params(hq);
     p.window_left = window;
+    p.logits_soft_cap = cap;
     p.sm_scale = 0.3f;
     p.lse = lse;
     cr_assert_eq(kvp_attn_prefill_cpu(&c.kv, q, qo, out, &p), KVP_OK, "%s", kvp_error_detail());
     p.lse = lse_ref;
     cr_assert_eq(kvp_attn_prefill_ref(c.kd, c.vd, c.seq_indptr, 4, hkv, D, q, qo, ref, &p), KVP_OK);
     double e = rel_err(out, ref, nout), el = rel_err(lse, lse_ref, (size_t)qo[4] * hq);
-    cr_assert(e < 1e-5, "prefill %s D=%d G=%d bs=%d window=%d seed=%llu: err %g", kvp_dtype_name(t), D, G, bs, window,
-              (unsigned long long)seed, e);
+    cr_assert(e < 1e-5, "prefill %s D=%d G=%d bs=%d window=%d cap=%g seed=%llu: err %g", kvp_dtype_name(t), D, G, bs,
+              window, (double)cap, (unsigned long long)seed, e);
     cr_assert(el < 1e-5, "prefill lse %s D=%d G=%d: err %g", kvp_dtype_name(t), D, G, el);
-    kvp_free(q), kvp_free(out), kvp_free(ref), kvp_free(lse), kvp_free(lse_ref);
+    kvp_free(q), kvp_free(ref), kvp_free(lse), kvp_free(lse_ref);
     case_free(&c);
+    return out;
+}
+
+static void check_prefill(kvp_dtype t, int32_t D, int32_t G, int32_t bs, int32_t window, uint64_t seed)
+{
+    kvp_free(check_prefill_capped(t, D, G, bs, window, 0.0f, seed));
 }
 
 Test(attention, prefill_matches_reference_causal_over_prefix)
@@ -436,6 +445,24 @@ Test(attention, sliding_window_matches_reference)
         kvp_free(q), kvp_free(out), kvp_free(ref);
         case_free(&c);
     }
+}
+
+Test(attention, logits_soft_cap_matches_reference_and_changes_the_output)
+{
+    /* every dtype at head_dim 8 and 128, with and without a window; caps the random scores reach */
+    const float caps[] = {0.5f, 2.0f, 4.0f};
+    for (int ti = 0; ti < 4; ti++)
+        for (int k = 0; k < 3; k++) {
+            const int32_t D = k == 1 ? 8 : 128, window = k == 2 ? 20 : -1;
+            const uint64_t seed = 3300 + (uint64_t)(ti * 3 + k);
+            float *plain = check_prefill_capped(k_dtypes[ti], D, 2, 16, window, 0.0f, seed);
+            float *capped = check_prefill_capped(k_dtypes[ti], D, 2, 16, window, caps[k], seed);
+            const size_t nout = (size_t)(45 + 5 + 23) * 4 * D;
+            const double d = rel_err(capped, plain, nout);
+            cr_assert(d > 1e-3, "%s D=%d cap %g moved the output by %g", kvp_dtype_name(k_dtypes[ti]),
+                      D, (double)caps[k], d);
+            kvp_free(plain), kvp_free(capped);
+        }
 }
 
 Test(attention, chunked_prefill_equals_one_shot)
@@ -643,6 +670,12 @@ Test(attention, bad_inputs_rejected_and_outputs_unchanged)
     p.window_left = -2;
     cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
     p.window_left = -1;
+    p.logits_soft_cap = -1.0f;
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
+    p.logits_soft_cap = INFINITY;
+    cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "logits_soft_cap") != NULL, "%s", kvp_error_message());
+    p.logits_soft_cap = 0.0f;
     p.sm_scale = -1.0f;
     cr_assert_eq(kvp_attn_decode_cpu(&kv, q, out, &p), KVP_EINVAL);
     p.sm_scale = 0.0f;
