@@ -608,6 +608,34 @@ static kvp_status longrope_factors(const kvp_gguf *g, kvp_model_config *c)
     return KVP_OK;
 }
 
+/* gemma and gemma2 as llama.cpp reads them: GeGLU (tanh); gemma2's soft caps (50 and 30 when absent, llama.cpp's
+ * defaults), its window on the even layers, and the attention scale llama.cpp derives in place of
+ * query_pre_attn_scalar, which GGUF does not keep: 1/sqrt(hidden / heads) for the 46-layer Gemma 2 27B, else
+ * 1/sqrt(head_dim). The converter stores every norm weight as 1 + weight, so the norms need nothing more. */
+static kvp_status gemma_keys(const kvp_gguf *g, const char *arch, kvp_model_config *c)
+{
+    c->ffn_act = KVP_ACT_GELU_TANH;
+    if (strcmp(arch, "gemma2") != 0) return KVP_OK;
+    static const char *const caps[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
+    double *out[2] = {&c->attn_logit_softcapping, &c->final_logit_softcapping};
+    char key[160];
+    for (int i = 0; i < 2; i++) {
+        double f = i ? 30.0 : 50.0;
+        int present;
+        snprintf(key, sizeof key, "%s.%s", arch, caps[i]);
+        KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
+        if (!(f >= 0) || f > 1e30)
+            return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %g is out of range [0, 1e30]", g->map.path, key, f);
+        *out[i] = f;
+    }
+    c->query_pre_attn_scalar = c->num_layers == 46 ? (double)c->hidden_size / c->num_q_heads : c->head_dim;
+    int64_t w = 0;
+    KVP_TRY(get_int_in(g, arch, "attention.sliding_window", 0, 0, INT32_MAX, &w));
+    c->sliding_window = w;
+    for (int i = 0; i < c->num_layers; i++) c->layer_is_sliding[i] = w > 0 && i % 2 == 0;
+    return KVP_OK;
+}
+
 kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
 {
     kvp_gguf_str arch_s = {0};
@@ -619,15 +647,16 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     memcpy(arch, arch_s.ptr, arch_s.len);
     arch[arch_s.len] = '\0';
     int qwen2 = strcmp(arch, "qwen2") == 0, qwen3 = strncmp(arch, "qwen3", 5) == 0, phi3 = strcmp(arch, "phi3") == 0;
-    const int qwen3moe = strcmp(arch, "qwen3moe") == 0;
+    const int qwen3moe = strcmp(arch, "qwen3moe") == 0, gemma2 = strcmp(arch, "gemma2") == 0;
+    const int gemma = gemma2 || strcmp(arch, "gemma") == 0;
     if (strcmp(arch, "llama") != 0 && strcmp(arch, "mistral") != 0 && !qwen2 && strcmp(arch, "qwen3") && !qwen3moe &&
-        !phi3)
+        !phi3 && !gemma)
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, "
-                       "qwen3moe, phi3 are)", g->map.path, arch);
+                       "qwen3moe, phi3, gemma, gemma2 are)", g->map.path, arch);
     kvp_model_config c;
     memset(&c, 0, sizeof c);
     snprintf(c.model_type, sizeof c.model_type, "%s", arch);
-    c.family = phi3 ? KVP_FAMILY_PHI3 : KVP_FAMILY_LLAMA;
+    c.family = phi3 ? KVP_FAMILY_PHI3 : gemma ? KVP_FAMILY_GEMMA2 : KVP_FAMILY_LLAMA;
     int64_t v = 0;
     KVP_TRY(get_pos_int(g, arch, "block_count", 1, KVP_MAX_LAYERS, &v));
     c.num_layers = (int32_t)v;
@@ -657,7 +686,7 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     v = c.num_q_heads;
     KVP_TRY(get_pos_int(g, arch, "attention.head_count_kv", 0, 1 << 16, &v));
     c.num_kv_heads = (int32_t)v;
-    if (c.hidden_size % c.num_q_heads != 0 && !qwen3)
+    if (c.hidden_size % c.num_q_heads != 0 && !qwen3 && !gemma)
         return KVP_ERR(KVP_EPARSE, "%s: embedding_length %d is not a multiple of head_count %d", g->map.path,
                        c.hidden_size, c.num_q_heads);
     v = c.hidden_size / c.num_q_heads;
@@ -759,6 +788,7 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
         kvp_model_config_add_eos(&c, id);
     }
     c.moe_layer_step = 1;
+    if (gemma) KVP_TRY(gemma_keys(g, arch, &c));
     *cfg = c;
     return KVP_OK;
 }

@@ -52,6 +52,8 @@ typedef struct {
     float *q_norm, *k_norm; /* (hd) qwen3, or NULL */
     mat_w wo;             /* [hidden, nq*hd] */
     float *ffn_norm;      /* (hidden) */
+    float *post_attn_norm, *post_ffn_norm; /* (hidden): gemma2's norms of the attention's and the FFN's outputs,
+                                            * or NULL */
     mat_w w_gate, w_up;   /* [inter, hidden] (empty in an MoE layer) */
     mat_w w_down;         /* [hidden, inter] */
     float *router;        /* (E, hidden): an MoE layer's router (replicated over ranks); NULL: a dense FFN */
@@ -516,7 +518,8 @@ static void free_weights(kvp_model *m)
     if (m->layers)
         for (int32_t l = 0; l < m->cfg.num_layers; l++) {
             layer_w *w = &m->layers[l];
-            float *ps[] = {w->attn_norm, w->bq, w->bk, w->bv, w->bo, w->q_norm, w->k_norm, w->ffn_norm, w->router};
+            float *ps[] = {w->attn_norm, w->bq,       w->bk,           w->bv,           w->bo,
+                           w->q_norm,    w->k_norm, w->ffn_norm, w->post_attn_norm, w->post_ffn_norm, w->router};
             for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_free(ps[i]);
             for (int64_t i = 0; i < layer_nmats(w); i++) mat_free(layer_mat(w, i));
             kvp_free(w->experts);
@@ -600,6 +603,8 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
     const char *emb = g ? "token_embd.weight" : "model.embed_tokens.weight";
     KVP_TRY(load_part(src, emb, V, H, t->v0, t->nv, 0, H, &m->embed));
     KVP_TRY(load_t(src, g ? "output_norm.weight" : "model.norm.weight", H, 0, &m->out_norm));
+    const int gemma2 = !strcmp(c->model_type, "gemma2");
+    for (int64_t j = 0; c->family == KVP_FAMILY_GEMMA2 && !g && j < H; j++) m->out_norm[j] += 1.0f; /* as below */
     const char *lm = g ? "output.weight" : "lm_head.weight";
     if (c->tie_word_embeddings && !src_has(src, lm)) lm = emb;
     KVP_TRY(load_mat(src, lm, V, H, t->v0, t->nv, 0, H, wd, &m->lm_head));
@@ -652,7 +657,20 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
             KVP_TRY(load_t(src, NAME("attn_q_norm.weight", "self_attn.q_norm.weight"), hd, 0, &w->q_norm));
             KVP_TRY(load_t(src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, 0, &w->k_norm));
         }
-        KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
+        if (gemma2) { /* four norms: around the attention, and around the FFN (HF: pre_feedforward_layernorm) */
+            KVP_TRY(load_t(src, NAME("post_attention_norm.weight", "post_attention_layernorm.weight"), H, 0,
+                           &w->post_attn_norm));
+            KVP_TRY(load_t(src, NAME("ffn_norm.weight", "pre_feedforward_layernorm.weight"), H, 0, &w->ffn_norm));
+            KVP_TRY(load_t(src, NAME("post_ffw_norm.weight", "post_feedforward_layernorm.weight"), H, 0,
+                           &w->post_ffn_norm));
+        } else {
+            KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
+        }
+        if (c->family == KVP_FAMILY_GEMMA2 && !g) { /* HF's gemma norms multiply by 1 + weight: the 1 added here */
+            float *ns[4] = {w->attn_norm, w->ffn_norm, w->post_attn_norm, w->post_ffn_norm};
+            for (int i = 0; i < 4; i++)
+                for (int64_t j = 0; ns[i] && j < H; j++) ns[i][j] += 1.0f;
+        }
         if (c->family == KVP_FAMILY_MIXTRAL && c->layer_is_moe[l]) {
             KVP_TRY(load_experts(m, src, l, w));
         } else if (c->family == KVP_FAMILY_PHI3) { /* gate and up fused: the gate rows, then up's */
@@ -721,16 +739,17 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
 {
     const char *mt = c->model_type;
     if (!mt[0])
-        return KVP_ERR(KVP_EPARSE, "%s: no model type (\"model_type\": llama, mistral, qwen2, qwen3, phi3, mixtral "
-                                   "or qwen3_moe)", cfg_file);
+        return KVP_ERR(KVP_EPARSE, "%s: no model type (\"model_type\": llama, mistral, qwen2, qwen3, phi3, mixtral, "
+                                   "qwen3_moe, gemma or gemma2)", cfg_file);
     const int llama_like = !strcmp(mt, "llama") || !strcmp(mt, "mistral"); /* GGUF's Mixtral is arch llama */
     const int dense = llama_like || !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3");
     const int moe = (gguf && llama_like) || !strcmp(mt, "mixtral") || !strcmp(mt, "qwen3_moe") ||
                     !strcmp(mt, "qwen3moe");
+    const int gemma = !strcmp(mt, "gemma") || !strcmp(mt, "gemma2");
     if (!(c->family == KVP_FAMILY_PHI3 && !strcmp(mt, "phi3")) && !(c->family == KVP_FAMILY_LLAMA && dense) &&
-        !(c->family == KVP_FAMILY_MIXTRAL && moe))
+        !(c->family == KVP_FAMILY_MIXTRAL && moe) && !(c->family == KVP_FAMILY_GEMMA2 && gemma))
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: model type '%s' is not supported by the CPU forward pass "
-                                         "(llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe are)",
+                                         "(llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, gemma, gemma2 are)",
                        cfg_file, mt);
     if (c->num_layers < 1 || c->hidden_size < 1 || c->num_q_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 2 ||
         c->head_dim % 2 || c->intermediate_size < 1 || c->vocab_size < 1 || c->num_q_heads % c->num_kv_heads ||
@@ -1029,9 +1048,12 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
         m->is_gguf = 1;
         if ((st = kvp_gguf_open(path, &g)) != KVP_OK) goto fail;
         if ((st = kvp_gguf_model_config(g, &m->cfg)) != KVP_OK) goto fail;
-        /* llama.cpp permutes llama/mistral Q/K rows for paired RoPE; qwen and phi3 GGUFs keep HF's rotate-half. */
-        m->rope = strncmp(m->cfg.model_type, "qwen", 4) == 0 || m->cfg.family == KVP_FAMILY_PHI3 ? KVP_ROPE_HALF
-                                                                                              : KVP_ROPE_PAIRS;
+        /* llama.cpp permutes llama/mistral Q/K rows for paired RoPE; qwen, phi3 and gemma GGUFs keep HF's
+         * rotate-half. */
+        const kvp_model_family fam = m->cfg.family;
+        m->rope = strncmp(m->cfg.model_type, "qwen", 4) == 0 || fam == KVP_FAMILY_PHI3 || fam == KVP_FAMILY_GEMMA2
+                      ? KVP_ROPE_HALF
+                      : KVP_ROPE_PAIRS;
         src.g = g;
     } else {
         if (is_dir(path)) {
@@ -1612,22 +1634,52 @@ MM_INLINE void silu_mul16(float *g, const float *u)
     memcpy(g, &a, sizeof a);
 }
 
-/* g[i] = silu(g[i]) * u[i], 16 at a time (a short tail through a padded vector, so every element takes the
- * same operations whatever n and its place). Built twice (ifunc): with AVX-512F a vector is one instruction's
- * operand instead of two, and the divisions, which bound this loop, take half the instructions (the same
- * operations, the same bits). */
-__attribute__((target_clones("avx512f", "default"))) static void swiglu(float *restrict g, const float *restrict u,
-                                                                        int64_t n)
+/* g[0..16) = gelu(g) * u, gelu's tanh form (gelu_pytorch_tanh): 0.5 g (1 + tanh(z)) = g / (1 + exp(-2z)),
+ * z = sqrt(2 / pi) (g + 0.044715 g^3). */
+MM_INLINE void gelu_tanh_mul16(float *g, const float *u)
 {
+    kvp_v16f a, b, e;
+    memcpy(&a, g, sizeof a);
+    memcpy(&b, u, sizeof b);
+    e = a * (V16_BC(-1.5957691216f) - V16_BC(0.0713548163f) * (a * a)); /* -2z */
+    v16_exp(&e);
+    a = a / (V16_BC(1.0f) + e) * b;
+    memcpy(g, &a, sizeof a);
+}
+
+MM_INLINE void act_mul16(int act, float *g, const float *u)
+{
+    if (act == KVP_ACT_SILU) silu_mul16(g, u);
+    else gelu_tanh_mul16(g, u);
+}
+
+/* g[i] = act(g[i]) * u[i] (act: KVP_ACT_*; SwiGLU or GeGLU), 16 at a time (a short tail through a padded vector,
+ * so every element takes the same operations whatever n and its place). Built twice (ifunc): with AVX-512F a
+ * vector is one instruction's operand instead of two, and the divisions, which bound this loop, take half the
+ * instructions (the same operations, the same bits). Exact gelu (erf) runs element by element. */
+__attribute__((target_clones("avx512f", "default"))) static void glu(int act, float *restrict g,
+                                                                     const float *restrict u, int64_t n)
+{
+    if (act == KVP_ACT_GELU) {
+        for (int64_t i = 0; i < n; i++) g[i] = 0.5f * g[i] * (1.0f + erff(g[i] * 0.70710678118654752f)) * u[i];
+        return;
+    }
     int64_t i = 0;
-    for (; i + 16 <= n; i += 16) silu_mul16(g + i, u + i);
+    for (; i + 16 <= n; i += 16) act_mul16(act, g + i, u + i);
     if (i < n) {
         float ta[16] = {0}, tb[16] = {0};
         memcpy(ta, g + i, (size_t)(n - i) * sizeof(float));
         memcpy(tb, u + i, (size_t)(n - i) * sizeof(float));
-        silu_mul16(ta, tb);
+        act_mul16(act, ta, tb);
         memcpy(g + i, ta, (size_t)(n - i) * sizeof(float));
     }
+}
+
+/* x = cap tanh(x / cap) (gemma2's final_logit_softcapping), n values; cap 0: unchanged. */
+static void softcap(float *x, int64_t n, double cap)
+{
+    const float c = (float)cap;
+    for (int64_t i = 0; cap > 0 && i < n; i++) x[i] = c * tanhf(x[i] / c);
 }
 
 /* The sum of squares runs in eight lanes (element i into lane i % 8, a zero-padded tail), then the lanes are
@@ -1809,7 +1861,7 @@ static float *moe_ffn(const kvp_model *m, int nt, const layer_w *w, const float 
         for (int64_t r = 0; r < n; r++) memcpy(xe + r * H, h + ent[r] / k * H, (size_t)H * sizeof *xe);
         matmul(m, nt, g, xe, &w->experts[3 * e], n);
         matmul(m, nt, u, xe, &w->experts[3 * e + 1], n);
-        swiglu(g, u, n * m->mnff);
+        glu(KVP_ACT_SILU, g, u, n * m->mnff);
         matmul(m, nt, ye, g, &w->experts[3 * e + 2], n);
         for (int64_t r = 0; r < n; r++) {
             const float a = wt[ent[r]], *y = ye + r * H;
@@ -1918,6 +1970,10 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         if (r >= 0 && r < m->tp.nv) memcpy(x + t * H, m->embed + r * H, (size_t)H * sizeof(float));
         else memset(x + t * H, 0, (size_t)H * sizeof(float));
     }
+    if (c->family == KVP_FAMILY_GEMMA2) { /* gemma scales the embedding by sqrt(hidden_size), rounded to f32 */
+        const float norm = sqrtf((float)H);
+        for (int64_t i = 0; i < T * H; i++) x[i] *= norm;
+    }
     KVP_TRY(all_reduce(m, x, T * H));
     for (int64_t t = 0; t < T; t++) rope_angles(m, b->positions[t], cs + t * hd); /* once for every layer */
     for (int32_t l = 0; l < c->num_layers; l++) {
@@ -1944,6 +2000,8 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         KVP_TRY(kvp_attn_append_kv_cpu(&lkv, k, v, b->slot_mapping, (int32_t)T));
         kvp_attn_params p = kvp_attn_default_params((int32_t)nq);
         p.window_left = w->window_left;
+        p.logits_soft_cap = (float)c->attn_logit_softcapping;
+        if (c->query_pre_attn_scalar > 0) p.sm_scale = (float)(1.0 / sqrt(c->query_pre_attn_scalar));
         if (inv) {
             p.kv_chunk_size = 1 << 30; /* no split-KV: a row's result must not depend on the batch */
             kvp_paged_kv_set_pages(&lkv, (int32_t)T, x_indptr, x_indices, x_last);
@@ -1957,6 +2015,8 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         if (w->bo)
             for (int64_t t = 0; t < T; t++)
                 for (int64_t i = 0; i < H; i++) h[t * H + i] += w->bo[i];
+        for (int64_t t = 0; w->post_attn_norm && t < T; t++)
+            rmsnorm(h + t * H, h + t * H, w->post_attn_norm, H, c->rms_norm_eps);
         for (int64_t i = 0; i < T * H; i++) x[i] += h[i];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->ffn_norm, H, c->rms_norm_eps);
         float *ffn = h;
@@ -1965,10 +2025,12 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         } else {
             matmul(m, nt, gt, h, &w->w_gate, T);
             matmul(m, nt, up, h, &w->w_up, T);
-            swiglu(gt, up, T * FF);
+            glu(c->ffn_act, gt, up, T * FF);
             matmul(m, nt, h, gt, &w->w_down, T);
         }
         KVP_TRY(all_reduce(m, ffn, T * H));
+        for (int64_t t = 0; w->post_ffn_norm && t < T; t++)
+            rmsnorm(ffn + t * H, ffn + t * H, w->post_ffn_norm, H, c->rms_norm_eps);
         for (int64_t i = 0; i < T * H; i++) x[i] += ffn[i];
     }
     for (int32_t s = 0, r = 0; s < b->num_seqs; s++)
@@ -1976,6 +2038,7 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
             rmsnorm(fin + r++ * H, x + t * H, m->out_norm, H, c->rms_norm_eps);
     if (m->tp.tp == 1) {
         matmul(m, nt, logits, fin, &m->lm_head, S);
+        softcap(logits, S * c->vocab_size, c->final_logit_softcapping);
         return KVP_OK;
     }
     /* vocab-parallel LM head: this rank's columns of the logits, gathered as tp slices of vpad, then
@@ -1990,6 +2053,7 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         for (int64_t r = 0; nv > 0 && r < S; r++)
             memcpy(logits + r * V + v0, all + (k * S + r) * vp, (size_t)nv * sizeof(float));
     }
+    softcap(logits, S * V, c->final_logit_softcapping);
     return KVP_OK;
 }
 

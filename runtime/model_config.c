@@ -260,6 +260,37 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
     return KVP_OK;
 }
 
+/* A gemma2 number: dflt when absent, 0 when null; in (0, 1e30], or [0, 1e30] when may_be_0 (a cap: 0 is off). */
+static kvp_status gemma2_num(const cJSON *o, const char *what, const char *key, double dflt, int may_be_0,
+                             double *out)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
+    KVP_TRY(opt_num(o, what, key, x && cJSON_IsNull(x) ? 0.0 : dflt, out));
+    if (!(may_be_0 ? *out >= 0 : *out > 0) || *out > 1e30)
+        return KVP_ERR(KVP_EINVAL, "%s: \"%s\": %g is out of range (%s, 1e30]", what, key, *out,
+                       may_be_0 ? "[0" : "(0");
+    return KVP_OK;
+}
+
+/* gemma's and gemma2's fields, with transformers' defaults (Gemma2Config: query_pre_attn_scalar 256, soft caps
+ * 50 and 30; null turns a cap off, as None does). The activation is hidden_activation: gelu_pytorch_tanh,
+ * also when it is absent (transformers' Gemma then ignores the older hidden_act), or gelu. */
+static kvp_status read_gemma(const cJSON *o, const char *what, kvp_model_config *c)
+{
+    const char *act = NULL;
+    if (kvp_json_str(o, "hidden_activation", &act, NULL) != KVP_OK)
+        return KVP_ERR(KVP_EPARSE, "%s: \"hidden_activation\" must be a string", what);
+    if (act == NULL || !strcmp(act, "gelu_pytorch_tanh")) c->ffn_act = KVP_ACT_GELU_TANH;
+    else if (!strcmp(act, "gelu")) c->ffn_act = KVP_ACT_GELU;
+    else
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: \"hidden_activation\": \"%s\" is not supported (gelu_pytorch_tanh, "
+                       "gelu)", what, act);
+    if (strcmp(c->model_type, "gemma2") != 0) return KVP_OK;
+    KVP_TRY(gemma2_num(o, what, "query_pre_attn_scalar", 256.0, 0, &c->query_pre_attn_scalar));
+    KVP_TRY(gemma2_num(o, what, "attn_logit_softcapping", 50.0, 1, &c->attn_logit_softcapping));
+    return gemma2_num(o, what, "final_logit_softcapping", 30.0, 1, &c->final_logit_softcapping);
+}
+
 /* Which layers slide: "layer_types" when present, else the family's rule. */
 static kvp_status read_sliding(const cJSON *o, const char *what, kvp_model_config *c)
 {
@@ -400,6 +431,7 @@ kvp_status kvp_model_config_from_json(const cJSON *root, const char *what, kvp_m
         KVP_TRY(opt_bool(root, what, "tie_word_embeddings", tie_default, &c.tie_word_embeddings));
     KVP_TRY(opt_bool(o, what, "attention_bias", known >= 0 ? families[known].qkv_bias : 0, &c.attention_bias));
     c.qk_norm = known >= 0 ? families[known].qk_norm : 0;
+    if (c.family == KVP_FAMILY_GEMMA2) KVP_TRY(read_gemma(o, what, &c));
 
     if (c.family == KVP_FAMILY_DEEPSEEK) {
         int64_t lora = 0, qlora = 0, rope = 0, nope = 0, vhd = 0;

@@ -28,6 +28,7 @@ typedef enum {
     KVP_FAMILY_DEEPSEEK, /* MLA attention (latent KV cache), MoE with shared experts */
 } kvp_model_family;
 
+enum { KVP_ACT_SILU = 0, KVP_ACT_GELU_TANH, KVP_ACT_GELU };
 enum { KVP_MAX_LAYERS = 1024, KVP_MAX_ROPE_PAIRS = 128 /* head_dim 256 / 2 */ };
 /* Largest parameter count a loaded config may have: 2^53, the largest a double (and a JSON number) holds
  * exactly. Every count below it is exact, and every byte size derived from it fits in int64_t. */
@@ -93,6 +94,13 @@ typedef struct {
     int tie_word_embeddings;  /* 1: LM head shares the embedding matrix */
     int attention_bias;       /* q/k/v projections carry a bias (qwen2: 1) */
     int qk_norm;              /* per-head RMSNorm on q and k (qwen3) */
+    /* gemma, gemma2 (KVP_FAMILY_GEMMA2) also scale the embedding by sqrt(hidden_size) and normalize by
+     * (1 + weight) (the loader adds the 1 to an HF checkpoint's weights; a GGUF stores 1 + weight) */
+    int ffn_act;                    /* the gated FFN's activation: KVP_ACT_SILU (SwiGLU), KVP_ACT_GELU_TANH or
+                                     * KVP_ACT_GELU (GeGLU: gemma's gelu_pytorch_tanh, or exact gelu) */
+    double query_pre_attn_scalar;   /* gemma2: scores scaled by its -1/2 power; 0: head_dim's */
+    double attn_logit_softcapping;  /* gemma2: each scaled score x becomes cap tanh(x / cap); 0: off */
+    double final_logit_softcapping; /* gemma2: the same on the logits */
 
     /* Sliding window: sliding_window > 0 applies to the layers with layer_is_sliding[i] = 1.
      * From "layer_types" when present, else every layer (mistral/phi3 style) unless the family

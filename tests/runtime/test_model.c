@@ -2093,3 +2093,270 @@ Test(model, moe_load_survives_every_allocation_failure)
         tu_every_alloc_failure("MoE model load", load_model, destroy_model,
                                (void *)moe_model(&(moe_spec){.gguf = g, .experts = 4, .k = 2, .mf = 172}), 0);
 }
+
+/* ---- gemma, gemma2: scaled embedding, (1 + w) norms, GeGLU, post-norms, soft caps, alternating window ---- */
+
+/* stories260K as a gemma (v2 = 0) or gemma2 checkpoint: its weights, norms that give stories260K's norm weights
+ * as 1 + w (HF stores w, GGUF 1 + w, as llama.cpp's converter writes them), gemma2's post-norms seeded noise
+ * around 1; rotate-half RoPE in both formats. HF config: query_pre_attn_scalar qpas (GGUF: llama.cpp's
+ * 1/sqrt(head_dim)); both: the soft caps and the window given (0: the key left out of the file). */
+typedef struct {
+    int gguf, v2;
+    double qpas, attn_cap, final_cap;
+    int window;
+    const char *cfg_extra; /* HF: more config.json fields (", ...") */
+} gemma_spec;
+
+static int gemma_tensors(const gemma_spec *sp, ck_tensor *t)
+{
+    kvp_st *s;
+    cr_assert_eq(kvp_st_open(S260_HF, &s), KVP_OK);
+    int nt = 0;
+    const int g = sp->gguf;
+    const float one = g ? 0.0f : 1.0f; /* subtracted from the norm weights HF stores */
+    char n[96];
+    kvp_rng rng;
+    kvp_rng_seed(&rng, 7, 0);
+    ck_add(t, &nt, g, -1, "token_embd.weight", "model.embed_tokens.weight", 512, 64,
+           st_f32(s, "model.embed_tokens.weight", NULL));
+    float *on = st_f32(s, "model.norm.weight", NULL);
+    for (int i = 0; i < 64; i++) on[i] -= one;
+    ck_add(t, &nt, g, -1, "output_norm.weight", "model.norm.weight", 64, 0, on);
+    for (int l = 0; l < 5; l++) {
+#define HF(x) (snprintf(n, sizeof n, "model.layers.%d.%s", l, x), n)
+        /* {GGUF name, HF name, stories260K's tensor (NULL: noise around 1), rows, cols} */
+        const struct {
+            const char *gg, *hf, *from;
+            int64_t rows, cols;
+        } w[] = {{"attn_norm", "input_layernorm", "input_layernorm", 64, 0},
+                 {"attn_q", "self_attn.q_proj", "self_attn.q_proj", 64, 64},
+                 {"attn_k", "self_attn.k_proj", "self_attn.k_proj", 32, 64},
+                 {"attn_v", "self_attn.v_proj", "self_attn.v_proj", 32, 64},
+                 {"attn_output", "self_attn.o_proj", "self_attn.o_proj", 64, 64},
+                 {"post_attention_norm", "post_attention_layernorm", sp->v2 ? NULL : "", 64, 0},
+                 {"ffn_norm", sp->v2 ? "pre_feedforward_layernorm" : "post_attention_layernorm",
+                  "post_attention_layernorm", 64, 0},
+                 {"post_ffw_norm", "post_feedforward_layernorm", sp->v2 ? NULL : "", 64, 0},
+                 {"ffn_gate", "mlp.gate_proj", "mlp.gate_proj", 172, 64},
+                 {"ffn_up", "mlp.up_proj", "mlp.up_proj", 172, 64},
+                 {"ffn_down", "mlp.down_proj", "mlp.down_proj", 64, 172}};
+        for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
+            if (w[i].from && !w[i].from[0]) continue; /* gemma: no post-norms */
+            char gn[64], hn[64];
+            snprintf(gn, sizeof gn, "%s.weight", w[i].gg);
+            snprintf(hn, sizeof hn, "%s.weight", w[i].hf);
+            float *f;
+            if (w[i].from) {
+                char from[64];
+                snprintf(from, sizeof from, "%s.weight", w[i].from);
+                f = st_f32(s, HF(from), NULL);
+            } else {
+                f = malloc(sizeof(float) * 64);
+                for (int j = 0; j < 64; j++) f[j] = 1.0f + 0.2f * (float)(kvp_rng_uniform(&rng) - 0.5);
+            }
+            if (!w[i].cols)
+                for (int j = 0; j < 64; j++) f[j] -= one;
+            ck_add(t, &nt, g, l, gn, hn, w[i].rows, w[i].cols, f);
+        }
+#undef HF
+    }
+    kvp_st_close(s);
+    return nt;
+}
+
+static const char *gemma_model(const gemma_spec *sp)
+{
+    static ck_tensor t[128];
+    const int nt = gemma_tensors(sp, t);
+    const char *arch = sp->v2 ? "gemma2" : "gemma";
+    char add[1024] = "", part[128];
+    tu_buf kvs = {0};
+    uint64_t nkv = 0;
+    const char *keys[3] = {"attn_logit_softcapping", "final_logit_softcapping", "sliding_window"};
+    const double vals[3] = {sp->attn_cap, sp->final_cap, sp->window};
+    for (int i = 0; i < 3; i++) {
+        if (vals[i] == 0) continue;
+        if (sp->gguf) {
+            snprintf(part, sizeof part, "%s.%s%s", arch, i == 2 ? "attention." : "", keys[i]);
+            if (i == 2) tu_kv_u32(&kvs, part, (uint32_t)vals[i]);
+            else tu_kv_f32(&kvs, part, (float)vals[i]);
+            nkv++;
+        } else {
+            snprintf(part, sizeof part, ", \"%s\": %g", keys[i], vals[i]);
+            strcat(add, part);
+        }
+    }
+    if (!sp->gguf && sp->qpas > 0) {
+        snprintf(part, sizeof part, ", \"query_pre_attn_scalar\": %g", sp->qpas);
+        strcat(add, part);
+    }
+    if (sp->cfg_extra) strcat(add, sp->cfg_extra);
+    const char *p = write_checkpoint(t, nt, &(ck_format){.gguf = sp->gguf, .arch = arch, .rot = 8, .cfg_add = add,
+                                                          .kvs = &kvs, .nkv = nkv});
+    free(kvs.p);
+    return p;
+}
+
+/* x (64) normalized and scaled by 1 + w, as gemma's RMSNorm (w as HF stores it) */
+static void ref_gemma_norm(double *y, const double *x, const float *w)
+{
+    double ss = 0;
+    for (int i = 0; i < 64; i++) ss += x[i] * x[i];
+    const double r = 1.0 / sqrt(ss / 64 + 1e-5);
+    for (int i = 0; i < 64; i++) y[i] = x[i] * r * (1.0 + w[i]);
+}
+
+/* logits (P, 512) of the HF gemma/gemma2 model in t: scale 1/sqrt(qpas) (0: 1/sqrt(8)), caps (0: off), a window of
+ * `window` keys on the even layers (0: none) */
+static void gemma_reference(const ck_tensor *t, int nt, int v2, double qpas, double attn_cap, double final_cap,
+                            int window, const int32_t *tok, int P, double *logits)
+{
+    enum { PMAX = 8 };
+    static double x[PMAX][64], h[PMAX][64], q[PMAX][64], k[PMAX][32], v[PMAX][32], o[64], y[64], gv[172], uv[172];
+    char n[128];
+    const float *emb = ck_find(t, nt, "model.embed_tokens.weight");
+    cr_assert(P <= PMAX);
+    for (int p = 0; p < P; p++)
+        for (int i = 0; i < 64; i++) x[p][i] = emb[tok[p] * 64 + i] * 8.0; /* sqrt(hidden_size) */
+#define W(name) (snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, name), ck_find(t, nt, n))
+    for (int l = 0; l < 5; l++) {
+        for (int p = 0; p < P; p++) {
+            ref_gemma_norm(h[p], x[p], W("input_layernorm"));
+            ref_mv(q[p], W("self_attn.q_proj"), h[p], 64, 64);
+            ref_mv(k[p], W("self_attn.k_proj"), h[p], 32, 64);
+            ref_mv(v[p], W("self_attn.v_proj"), h[p], 32, 64);
+            for (int hd = 0; hd < 12; hd++) { /* rotate-half RoPE */
+                double *a = hd < 8 ? q[p] + hd * 8 : k[p] + (hd - 8) * 8;
+                for (int i = 0; i < 4; i++) {
+                    const double th = p * pow(10000.0, -i / 4.0), a1 = a[i], a2 = a[i + 4];
+                    a[i] = a1 * cos(th) - a2 * sin(th);
+                    a[i + 4] = a2 * cos(th) + a1 * sin(th);
+                }
+            }
+        }
+        const int lo_off = v2 && window > 0 && l % 2 == 0 ? window - 1 : PMAX; /* keys p - lo_off .. p */
+        for (int p = 0; p < P; p++) {
+            for (int hq = 0; hq < 8; hq++) {
+                double s[PMAX], mx = -INFINITY, sum = 0;
+                const int j0 = p - lo_off > 0 ? p - lo_off : 0;
+                for (int j = j0; j <= p; j++) {
+                    s[j] = 0;
+                    for (int i = 0; i < 8; i++) s[j] += q[p][hq * 8 + i] * k[j][hq / 2 * 8 + i];
+                    s[j] /= sqrt(qpas > 0 ? qpas : 8.0);
+                    if (attn_cap > 0) s[j] = attn_cap * tanh(s[j] / attn_cap);
+                    mx = fmax(mx, s[j]);
+                }
+                for (int j = j0; j <= p; j++) sum += s[j] = exp(s[j] - mx);
+                for (int i = 0; i < 8; i++) {
+                    o[hq * 8 + i] = 0;
+                    for (int j = j0; j <= p; j++) o[hq * 8 + i] += s[j] / sum * v[j][hq / 2 * 8 + i];
+                }
+            }
+            ref_mv(y, W("self_attn.o_proj"), o, 64, 64);
+            if (v2) ref_gemma_norm(y, y, W("post_attention_layernorm"));
+            for (int i = 0; i < 64; i++) x[p][i] += y[i];
+        }
+        for (int p = 0; p < P; p++) {
+            ref_gemma_norm(h[p], x[p], W(v2 ? "pre_feedforward_layernorm" : "post_attention_layernorm"));
+            ref_mv(gv, W("mlp.gate_proj"), h[p], 172, 64);
+            ref_mv(uv, W("mlp.up_proj"), h[p], 172, 64);
+            for (int r = 0; r < 172; r++) /* gelu, tanh form */
+                gv[r] = 0.5 * gv[r] * (1 + tanh(sqrt(2 / M_PI) * (gv[r] + 0.044715 * pow(gv[r], 3)))) * uv[r];
+            ref_mv(y, W("mlp.down_proj"), gv, 64, 172);
+            if (v2) ref_gemma_norm(y, y, W("post_feedforward_layernorm"));
+            for (int i = 0; i < 64; i++) x[p][i] += y[i];
+        }
+    }
+#undef W
+    for (int p = 0; p < P; p++) {
+        ref_gemma_norm(h[p], x[p], ck_find(t, nt, "model.norm.weight"));
+        ref_mv(logits + p * 512, emb, h[p], 512, 64);
+        for (int i = 0; final_cap > 0 && i < 512; i++)
+            logits[p * 512 + i] = final_cap * tanh(logits[p * 512 + i] / final_cap);
+    }
+}
+
+static double max_rel_d(const double *a, const double *b, int n)
+{
+    double e = 0;
+    for (int i = 0; i < n; i++) e = fmax(e, fabs(a[i] - b[i]) / (fabs(b[i]) + 1.0));
+    return e;
+}
+
+/* gemma and gemma2 from an HF folder and a GGUF against the float64 reference above; the caps, the window and
+ * query_pre_attn_scalar are each set where they change the logits (checked on the reference). */
+Test(model, gemma_logits_match_a_float64_reference)
+{
+    tu_require_shared();
+    const gemma_spec specs[] = {
+        {.v2 = 1, .qpas = 32, .attn_cap = 1.5, .final_cap = 8, .window = 3},
+        {.gguf = 1, .v2 = 1, .attn_cap = 1.5, .final_cap = 8, .window = 3},
+        {.v2 = 0},
+        {.gguf = 1, .v2 = 0},
+    };
+    static ck_tensor t[128];
+    const int32_t toks[5] = {1, 403, 407, 261, 378};
+    static double want[5 * 512], other[5 * 512];
+    static float got[5 * 512];
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        const gemma_spec *sp = &specs[i];
+        gemma_spec hf = *sp;
+        hf.gguf = 0;
+        const int nt = gemma_tensors(&hf, t);
+        const double qpas = sp->gguf ? 8.0 : sp->qpas; /* GGUF: llama.cpp's 1/sqrt(head_dim) */
+        gemma_reference(t, nt, sp->v2, qpas, sp->attn_cap, sp->final_cap, sp->window, toks, 5, want);
+        if (sp->v2 && !sp->gguf) { /* each feature moves the logits: a forward pass without it would fail */
+            const double variants[4][4] = {{8.0, sp->attn_cap, sp->final_cap, sp->window},
+                                           {qpas, 0, sp->final_cap, sp->window},
+                                           {qpas, sp->attn_cap, 0, sp->window},
+                                           {qpas, sp->attn_cap, sp->final_cap, 0}};
+            for (int j = 0; j < 4; j++) {
+                gemma_reference(t, nt, 1, variants[j][0], variants[j][1], variants[j][2], (int)variants[j][3], toks, 5,
+                                other);
+                cr_assert_gt(max_rel_d(other, want, 5 * 512), 1e-3, "variant %d leaves the logits as they are", j);
+            }
+        }
+        for (int j = 0; j < nt; j++) free(t[j].f);
+        kvp_model *m = load(gemma_model(sp));
+        const kvp_model_config *c = kvp_model_cfg(m);
+        cr_assert_eq(c->family, KVP_FAMILY_GEMMA2, "case %zu", i);
+        cr_assert_eq(c->ffn_act, KVP_ACT_GELU_TANH, "case %zu", i);
+        cr_assert_eq(kvp_model_rope_style(m), KVP_ROPE_HALF, "case %zu", i);
+        cr_assert_eq(c->sliding_window, sp->window, "case %zu", i);
+        cr_assert_eq(forward_prompt5(m, got), KVP_OK, "%s", kvp_error_detail());
+        double maxerr = 0;
+        for (int j = 0; j < 5 * 512; j++) maxerr = fmax(maxerr, fabs(got[j] - want[j]) / (fabs(want[j]) + 1.0));
+        cr_assert_lt(maxerr, 1e-4, "case %zu: max relative logit error %g", i, maxerr);
+        kvp_model_destroy(m);
+    }
+}
+
+/* gemma2 row for row: the same logits alone as in any batch, on 1 and 2 threads. */
+Test(model, gemma2_rows_bit_identical_for_every_batch_size)
+{
+    kvp_model *m = load(gemma_model(&(gemma_spec){.v2 = 1, .qpas = 32, .attn_cap = 1.5, .final_cap = 8, .window = 3}));
+    static float ref[40 * 512];
+    int have_ref = 0;
+    expect_batch_invariant(m, "gemma2", ref, &have_ref);
+    kvp_model_destroy(m);
+}
+
+/* Defaults as transformers' Gemma2Config (query_pre_attn_scalar 256, caps 50 and 30; null: off), and errors
+ * that name the field: an activation not computed, a negative cap, in either format. */
+Test(model, gemma2_config_defaults_and_bad_fields)
+{
+    kvp_model *m = load(gemma_model(&(gemma_spec){.v2 = 1}));
+    const kvp_model_config *c = kvp_model_cfg(m);
+    cr_assert(c->query_pre_attn_scalar == 256 && c->attn_logit_softcapping == 50 && c->final_logit_softcapping == 30);
+    kvp_model_destroy(m);
+    m = load(gemma_model(&(gemma_spec){.v2 = 1, .cfg_extra = ", \"attn_logit_softcapping\": null, "
+                                                             "\"hidden_activation\": \"gelu\""}));
+    cr_assert(kvp_model_cfg(m)->attn_logit_softcapping == 0 && kvp_model_cfg(m)->ffn_act == KVP_ACT_GELU);
+    kvp_model_destroy(m);
+    const char *p = gemma_model(&(gemma_spec){.v2 = 1, .cfg_extra = ", \"hidden_activation\": \"relu\""});
+    expect_load_error(p, KVP_EUNSUPPORTED, "config.json", "\"hidden_activation\": \"relu\"", NULL, "relu");
+    p = gemma_model(&(gemma_spec){.v2 = 1, .attn_cap = -2});
+    expect_load_error(p, KVP_EINVAL, "config.json", "\"attn_logit_softcapping\": -2", NULL, "negative cap");
+    p = gemma_model(&(gemma_spec){.gguf = 1, .v2 = 1, .final_cap = -3});
+    expect_load_error(p, KVP_EPARSE, p, "'gemma2.final_logit_softcapping' = -3", NULL, "negative GGUF cap");
+}

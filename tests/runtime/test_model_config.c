@@ -92,6 +92,8 @@ Test(model_config, family_specific_fields)
     cr_assert_eq(c.head_dim, 256, "explicit head_dim, not 3584/16");
     cr_assert_eq(c.sliding_window, 4096);
     cr_assert(c.layer_is_sliding[0] && !c.layer_is_sliding[1] && c.layer_is_sliding[40] && !c.layer_is_sliding[41]);
+    cr_assert(c.query_pre_attn_scalar == 256 && c.attn_logit_softcapping == 50 && c.final_logit_softcapping == 30);
+    cr_assert_eq(c.ffn_act, KVP_ACT_GELU_TANH);
 
     c = load("derived/mistral_7b.json");
     cr_assert_eq(c.sliding_window, 4096, "sliding_window_size (MLC name) is read");
