@@ -213,6 +213,7 @@ typedef struct {
 
 static inline void tu_put(tu_buf *b, const void *d, size_t n)
 {
+    if (n == 0) return; /* d may be an empty buffer's NULL */
     if (b->n + n > b->cap) {
         b->cap = (b->n + n) * 2 + 64;
         b->p = realloc(b->p, b->cap);
