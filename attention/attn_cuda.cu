@@ -83,7 +83,8 @@ __device__ __forceinline__ float warp_sum(float x)
  * the end through shared memory. */
 template <int DT, int D>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(kvp_paged_kv kv, const float *q, float *out, float *lse,
-                                                             int hq, int group, float qscale, float oscale, int window_left)
+                                                             int hq, int group, float qscale, float oscale, int window_left,
+                                                             float cap)
 {
     constexpr int PER = (D + 31) / 32;
     __shared__ float sm_m[kWarps], sm_l[kWarps], sm_acc[kWarps][D];
@@ -108,6 +109,7 @@ __global__ void __launch_bounds__(kWarps * 32) decode_kernel(kvp_paged_kv kv, co
             if (d < D) dot += qv[i] * load_elem<DT>(kv.k, off + d);
         }
         dot = warp_sum(dot);
+        if (cap > 0.0f) dot = cap * tanhf(dot / cap); /* logits_soft_cap, in the scores' log2 units */
         const float mn = fmaxf(m, dot), alpha = exp2f(m - mn), p = exp2f(dot - mn);
         l = l * alpha + p;
 #pragma unroll
@@ -156,25 +158,25 @@ void launch_append(const kvp_paged_kv *kv, const float *k, const float *v, const
 
 template <int DT, int D>
 void launch_decode(const kvp_paged_kv *kv, const float *q, float *out, float *lse, int hq, float qs, float os, int wl,
-                   cudaStream_t st)
+                   float cap, cudaStream_t st)
 {
     dim3 grid(kv->num_seqs, hq);
-    decode_kernel<DT, D><<<grid, kWarps * 32, 0, st>>>(*kv, q, out, lse, hq, hq / kv->num_kv_heads, qs, os, wl);
+    decode_kernel<DT, D><<<grid, kWarps * 32, 0, st>>>(*kv, q, out, lse, hq, hq / kv->num_kv_heads, qs, os, wl, cap);
 }
 
 template <int DT>
 bool dispatch_dim(const kvp_paged_kv *kv, const float *q, float *out, float *lse, int hq, float qs, float os, int wl,
-                  cudaStream_t st)
+                  float cap, cudaStream_t st)
 {
     switch (kv->head_dim) {
-    case 8: launch_decode<DT, 8>(kv, q, out, lse, hq, qs, os, wl, st); return true;
-    case 16: launch_decode<DT, 16>(kv, q, out, lse, hq, qs, os, wl, st); return true;
-    case 32: launch_decode<DT, 32>(kv, q, out, lse, hq, qs, os, wl, st); return true;
-    case 64: launch_decode<DT, 64>(kv, q, out, lse, hq, qs, os, wl, st); return true;
-    case 80: launch_decode<DT, 80>(kv, q, out, lse, hq, qs, os, wl, st); return true;
-    case 96: launch_decode<DT, 96>(kv, q, out, lse, hq, qs, os, wl, st); return true;
-    case 128: launch_decode<DT, 128>(kv, q, out, lse, hq, qs, os, wl, st); return true;
-    case 256: launch_decode<DT, 256>(kv, q, out, lse, hq, qs, os, wl, st); return true;
+    case 8: launch_decode<DT, 8>(kv, q, out, lse, hq, qs, os, wl, cap, st); return true;
+    case 16: launch_decode<DT, 16>(kv, q, out, lse, hq, qs, os, wl, cap, st); return true;
+    case 32: launch_decode<DT, 32>(kv, q, out, lse, hq, qs, os, wl, cap, st); return true;
+    case 64: launch_decode<DT, 64>(kv, q, out, lse, hq, qs, os, wl, cap, st); return true;
+    case 80: launch_decode<DT, 80>(kv, q, out, lse, hq, qs, os, wl, cap, st); return true;
+    case 96: launch_decode<DT, 96>(kv, q, out, lse, hq, qs, os, wl, cap, st); return true;
+    case 128: launch_decode<DT, 128>(kv, q, out, lse, hq, qs, os, wl, cap, st); return true;
+    case 256: launch_decode<DT, 256>(kv, q, out, lse, hq, qs, os, wl, cap, st); return true;
     default: return false;
     }
 }
@@ -240,19 +242,19 @@ extern "C" kvp_status kvp_attn_decode_cuda(const kvp_paged_kv *kv, const float *
     if (p->window_left < -1 || !(p->sm_scale >= 0.0f))
         return KVP_ERR(KVP_EINVAL, "decode_cuda: window_left %d or sm_scale %g out of range", p->window_left,
                        (double)p->sm_scale);
-    if (p->logits_soft_cap != 0.0f)
-        return KVP_ERR(KVP_EUNSUPPORTED, "decode_cuda: logits_soft_cap %g: soft-capping runs on the CPU kernels only",
-                       (double)p->logits_soft_cap);
+    if (!(p->logits_soft_cap >= 0.0f) || isinf(p->logits_soft_cap))
+        return KVP_ERR(KVP_EINVAL, "decode_cuda: logits_soft_cap %g must be finite and >= 0", (double)p->logits_soft_cap);
     if (kv->num_seqs == 0) return KVP_OK;
     const int fp8 = kv->dtype == KVP_DTYPE_FP8_E4M3;
     const float sm = p->sm_scale > 0.0f ? p->sm_scale : 1.0f / sqrtf((float)kv->head_dim);
     const float qs = sm * 1.4426950408889634f * (fp8 ? kv->k_scale : 1.0f), os = fp8 ? kv->v_scale : 1.0f;
+    const float cap = p->logits_soft_cap * 1.4426950408889634f;
     cudaStream_t st = static_cast<cudaStream_t>(stream);
     switch (kv->dtype) {
-    case KVP_DTYPE_F32: dispatch_dim<KVP_DTYPE_F32>(kv, q, out, p->lse, hq, qs, os, p->window_left, st); break;
-    case KVP_DTYPE_F16: dispatch_dim<KVP_DTYPE_F16>(kv, q, out, p->lse, hq, qs, os, p->window_left, st); break;
-    case KVP_DTYPE_BF16: dispatch_dim<KVP_DTYPE_BF16>(kv, q, out, p->lse, hq, qs, os, p->window_left, st); break;
-    default: dispatch_dim<KVP_DTYPE_FP8_E4M3>(kv, q, out, p->lse, hq, qs, os, p->window_left, st); break;
+    case KVP_DTYPE_F32: dispatch_dim<KVP_DTYPE_F32>(kv, q, out, p->lse, hq, qs, os, p->window_left, cap, st); break;
+    case KVP_DTYPE_F16: dispatch_dim<KVP_DTYPE_F16>(kv, q, out, p->lse, hq, qs, os, p->window_left, cap, st); break;
+    case KVP_DTYPE_BF16: dispatch_dim<KVP_DTYPE_BF16>(kv, q, out, p->lse, hq, qs, os, p->window_left, cap, st); break;
+    default: dispatch_dim<KVP_DTYPE_FP8_E4M3>(kv, q, out, p->lse, hq, qs, os, p->window_left, cap, st); break;
     }
     return launched("decode_cuda");
 }

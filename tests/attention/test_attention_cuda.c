@@ -29,7 +29,7 @@ static float rndf(void)
 
 /* Random page table over a pool with spare blocks; K/V appended on the host (CPU) and on the device (CUDA)
  * from the same inputs; pools compared byte for byte, then decode compared. */
-static void check(kvp_dtype t, int32_t D, int32_t G, int32_t bs)
+static void check(kvp_dtype t, int32_t D, int32_t G, int32_t bs, float cap)
 {
     const int32_t nseq = 3, hkv = 2, hq = hkv * G, lens[3] = {1, 77, 300};
     int32_t indptr[4] = {0}, last[3], total = 0;
@@ -77,6 +77,7 @@ static void check(kvp_dtype t, int32_t D, int32_t G, int32_t bs)
     for (size_t i = 0; i < nout; i++) q[i] = rndf();
     float *dq = dev_copy(q, sizeof(float) * nout), *dout = dev_copy(NULL, sizeof(float) * nout);
     kvp_attn_params p = kvp_attn_default_params(hq);
+    p.logits_soft_cap = cap;
     cr_assert_eq(kvp_attn_decode_cpu(&h, q, o_cpu, &p), KVP_OK);
     cr_assert_eq(kvp_attn_decode_cuda(&d, dq, dout, &p, NULL), KVP_OK, "%s", kvp_error_detail());
     cr_assert_eq(cudaMemcpy(o_gpu, dout, sizeof(float) * nout, cudaMemcpyDeviceToHost), cudaSuccess);
@@ -86,7 +87,8 @@ static void check(kvp_dtype t, int32_t D, int32_t G, int32_t bs)
         num = e > num || e != e ? e : num;
         den = fabs((double)o_cpu[i]) > den ? fabs((double)o_cpu[i]) : den;
     }
-    cr_assert(num / den < 1e-5, "decode_cuda %s D=%d G=%d bs=%d: relative error %g", kvp_dtype_name(t), D, G, bs, num / den);
+    cr_assert(num / den < 1e-5, "decode_cuda %s D=%d G=%d bs=%d cap=%g: relative error %g", kvp_dtype_name(t), D, G, bs,
+              (double)cap, num / den);
 
     cudaFree(d.k), cudaFree(d.v), cudaFree((void *)d.kv_indptr), cudaFree((void *)d.kv_indices);
     cudaFree((void *)d.kv_last_page_len), cudaFree(dk), cudaFree(dv), cudaFree(ds), cudaFree(dq), cudaFree(dout);
@@ -105,7 +107,9 @@ Test(attention_cuda, append_and_decode_match_cpu)
     const int32_t dims[] = {8, 16, 32, 64, 80, 96, 128, 256}, groups[] = {1, 2, 4, 8}, bss[] = {1, 16};
     int n = 0;
     for (int t = 0; t < 4; t++)
-        for (int di = 0; di < 8; di++, n++) check(types[t], dims[di], groups[n % 4], bss[n % 2]);
+        for (int di = 0; di < 8; di++, n++) check(types[t], dims[di], groups[n % 4], bss[n % 2], 0.0f);
+    for (int t = 0; t < 4; t++) /* soft-capped scores (the CPU kernels are checked against float64 with it) */
+        for (int di = 0; di < 8; di += 3) check(types[t], dims[di], 2, 16, 0.5f + (float)di);
 #endif
 }
 

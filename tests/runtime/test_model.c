@@ -2104,6 +2104,7 @@ typedef struct {
     int gguf, v2;
     double qpas, attn_cap, final_cap;
     int window;
+    int gelu;              /* HF: "hidden_activation": "gelu" (exact) */
     const char *cfg_extra; /* HF: more config.json fields (", ...") */
 } gemma_spec;
 
@@ -2190,6 +2191,7 @@ static const char *gemma_model(const gemma_spec *sp)
         snprintf(part, sizeof part, ", \"query_pre_attn_scalar\": %g", sp->qpas);
         strcat(add, part);
     }
+    if (sp->gelu) strcat(add, ", \"hidden_activation\": \"gelu\"");
     if (sp->cfg_extra) strcat(add, sp->cfg_extra);
     const char *p = write_checkpoint(t, nt, &(ck_format){.gguf = sp->gguf, .arch = arch, .rot = 8, .cfg_add = add,
                                                           .kvs = &kvs, .nkv = nkv});
@@ -2207,9 +2209,9 @@ static void ref_gemma_norm(double *y, const double *x, const float *w)
 }
 
 /* logits (P, 512) of the HF gemma/gemma2 model in t: scale 1/sqrt(qpas) (0: 1/sqrt(8)), caps (0: off), a window of
- * `window` keys on the even layers (0: none) */
+ * `window` keys on the even layers (0: none), gelu's tanh form or (gelu) the exact one */
 static void gemma_reference(const ck_tensor *t, int nt, int v2, double qpas, double attn_cap, double final_cap,
-                            int window, const int32_t *tok, int P, double *logits)
+                            int window, int gelu, const int32_t *tok, int P, double *logits)
 {
     enum { PMAX = 8 };
     static double x[PMAX][64], h[PMAX][64], q[PMAX][64], k[PMAX][32], v[PMAX][32], o[64], y[64], gv[172], uv[172];
@@ -2260,8 +2262,9 @@ static void gemma_reference(const ck_tensor *t, int nt, int v2, double qpas, dou
             ref_gemma_norm(h[p], x[p], W(v2 ? "pre_feedforward_layernorm" : "post_attention_layernorm"));
             ref_mv(gv, W("mlp.gate_proj"), h[p], 172, 64);
             ref_mv(uv, W("mlp.up_proj"), h[p], 172, 64);
-            for (int r = 0; r < 172; r++) /* gelu, tanh form */
-                gv[r] = 0.5 * gv[r] * (1 + tanh(sqrt(2 / M_PI) * (gv[r] + 0.044715 * pow(gv[r], 3)))) * uv[r];
+            for (int r = 0; r < 172; r++)
+                gv[r] = 0.5 * gv[r] * uv[r] *
+                        (1 + (gelu ? erf(gv[r] / sqrt(2.0)) : tanh(sqrt(2 / M_PI) * (gv[r] + 0.044715 * pow(gv[r], 3)))));
             ref_mv(y, W("mlp.down_proj"), gv, 64, 172);
             if (v2) ref_gemma_norm(y, y, W("post_feedforward_layernorm"));
             for (int i = 0; i < 64; i++) x[p][i] += y[i];
@@ -2293,6 +2296,7 @@ Test(model, gemma_logits_match_a_float64_reference)
         {.gguf = 1, .v2 = 1, .attn_cap = 1.5, .final_cap = 8, .window = 3},
         {.v2 = 0},
         {.gguf = 1, .v2 = 0},
+        {.v2 = 0, .gelu = 1},
     };
     static ck_tensor t[128];
     const int32_t toks[5] = {1, 403, 407, 261, 378};
@@ -2304,15 +2308,15 @@ Test(model, gemma_logits_match_a_float64_reference)
         hf.gguf = 0;
         const int nt = gemma_tensors(&hf, t);
         const double qpas = sp->gguf ? 8.0 : sp->qpas; /* GGUF: llama.cpp's 1/sqrt(head_dim) */
-        gemma_reference(t, nt, sp->v2, qpas, sp->attn_cap, sp->final_cap, sp->window, toks, 5, want);
+        gemma_reference(t, nt, sp->v2, qpas, sp->attn_cap, sp->final_cap, sp->window, sp->gelu, toks, 5, want);
         if (sp->v2 && !sp->gguf) { /* each feature moves the logits: a forward pass without it would fail */
             const double variants[4][4] = {{8.0, sp->attn_cap, sp->final_cap, sp->window},
                                            {qpas, 0, sp->final_cap, sp->window},
                                            {qpas, sp->attn_cap, 0, sp->window},
                                            {qpas, sp->attn_cap, sp->final_cap, 0}};
             for (int j = 0; j < 4; j++) {
-                gemma_reference(t, nt, 1, variants[j][0], variants[j][1], variants[j][2], (int)variants[j][3], toks, 5,
-                                other);
+                gemma_reference(t, nt, 1, variants[j][0], variants[j][1], variants[j][2], (int)variants[j][3], 0, toks,
+                                5, other);
                 cr_assert_gt(max_rel_d(other, want, 5 * 512), 1e-3, "variant %d leaves the logits as they are", j);
             }
         }
@@ -2320,7 +2324,7 @@ Test(model, gemma_logits_match_a_float64_reference)
         kvp_model *m = load(gemma_model(sp));
         const kvp_model_config *c = kvp_model_cfg(m);
         cr_assert_eq(c->family, KVP_FAMILY_GEMMA2, "case %zu", i);
-        cr_assert_eq(c->ffn_act, KVP_ACT_GELU_TANH, "case %zu", i);
+        cr_assert_eq(c->ffn_act, sp->gelu ? KVP_ACT_GELU : KVP_ACT_GELU_TANH, "case %zu", i);
         cr_assert_eq(kvp_model_rope_style(m), KVP_ROPE_HALF, "case %zu", i);
         cr_assert_eq(c->sliding_window, sp->window, "case %zu", i);
         cr_assert_eq(forward_prompt5(m, got), KVP_OK, "%s", kvp_error_detail());
@@ -2349,9 +2353,8 @@ Test(model, gemma2_config_defaults_and_bad_fields)
     const kvp_model_config *c = kvp_model_cfg(m);
     cr_assert(c->query_pre_attn_scalar == 256 && c->attn_logit_softcapping == 50 && c->final_logit_softcapping == 30);
     kvp_model_destroy(m);
-    m = load(gemma_model(&(gemma_spec){.v2 = 1, .cfg_extra = ", \"attn_logit_softcapping\": null, "
-                                                             "\"hidden_activation\": \"gelu\""}));
-    cr_assert(kvp_model_cfg(m)->attn_logit_softcapping == 0 && kvp_model_cfg(m)->ffn_act == KVP_ACT_GELU);
+    m = load(gemma_model(&(gemma_spec){.v2 = 1, .cfg_extra = ", \"attn_logit_softcapping\": null"}));
+    cr_assert(kvp_model_cfg(m)->attn_logit_softcapping == 0 && kvp_model_cfg(m)->final_logit_softcapping == 30);
     kvp_model_destroy(m);
     const char *p = gemma_model(&(gemma_spec){.v2 = 1, .cfg_extra = ", \"hidden_activation\": \"relu\""});
     expect_load_error(p, KVP_EUNSUPPORTED, "config.json", "\"hidden_activation\": \"relu\"", NULL, "relu");
