@@ -25,9 +25,9 @@ static void usage(FILE *f)
 {
     fprintf(f,
             "usage: kvpage generate --model PATH (--prompt TEXT ... | --prompts-file FILE) [options]\n\n"
-            "Runs a Llama-family model (llama, mistral, qwen2, qwen3, phi3, gemma, gemma2; mixtral and qwen3_moe\n"
-            "experts) on the CPU through the paged KV cache: all prompts run concurrently (continuous batching),\n"
-            "sharing prefixes through the prefix cache.\n"
+            "Runs a Llama-family model (llama, mistral, qwen2, qwen3, phi3, gemma, gemma2, gemma3; mixtral and\n"
+            "qwen3_moe experts) on the CPU through the paged KV cache: all prompts run concurrently (continuous\n"
+            "batching), sharing prefixes through the prefix cache.\n"
             "Text goes to stdout: streamed as it comes for one prompt with one sample, else at the end.\n\n"
             "  --model PATH            a GGUF file (F32/F16/BF16, or quantized Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q2_K..Q6_K:\n"
             "                          converted to f32 at load) or a Hugging Face folder (config.json +\n"

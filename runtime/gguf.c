@@ -608,31 +608,47 @@ static kvp_status longrope_factors(const kvp_gguf *g, kvp_model_config *c)
     return KVP_OK;
 }
 
-/* gemma and gemma2 as llama.cpp reads them: GeGLU (tanh); gemma2's soft caps (50 and 30 when absent, llama.cpp's
- * defaults), its window on the even layers, and the attention scale llama.cpp derives in place of
- * query_pre_attn_scalar, which GGUF does not keep: 1/sqrt(hidden / heads) for the 46-layer Gemma 2 27B, else
- * 1/sqrt(head_dim). The converter stores every norm weight as 1 + weight, so the norms need nothing more. */
+/* gemma, gemma2 and gemma3 as llama.cpp reads them: GeGLU (tanh); gemma2's soft caps (50 and 30 when absent,
+ * llama.cpp's defaults; gemma3 has none); the window on every other layer (gemma2: the even ones) or on five
+ * layers of six (gemma3: all but layers 5, 11, ...); gemma3's sliding layers' RoPE base (rope.freq_base_swa,
+ * else llama.cpp's 10,000; unscaled); and the attention scale llama.cpp derives in place of
+ * query_pre_attn_scalar, which GGUF does not keep: 1/sqrt(hidden / heads) for the 27B models (Gemma 2: 46
+ * layers, Gemma 3: 62), else 1/sqrt(head_dim). The converter stores every norm weight as 1 + weight (q/k norms
+ * too), so the norms need nothing more. */
 static kvp_status gemma_keys(const kvp_gguf *g, const char *arch, kvp_model_config *c)
 {
     c->ffn_act = KVP_ACT_GELU_TANH;
-    if (strcmp(arch, "gemma2") != 0) return KVP_OK;
+    const int g3 = !strcmp(arch, "gemma3");
+    if (strcmp(arch, "gemma2") != 0 && !g3) return KVP_OK;
+    c->post_norms = 1;
+    char key[160];
+    double f;
+    int present;
     static const char *const caps[2] = {"attn_logit_softcapping", "final_logit_softcapping"};
     double *out[2] = {&c->attn_logit_softcapping, &c->final_logit_softcapping};
-    char key[160];
-    for (int i = 0; i < 2; i++) {
-        double f = i ? 30.0 : 50.0;
-        int present;
+    for (int i = 0; !g3 && i < 2; i++) {
+        f = i ? 30.0 : 50.0;
         snprintf(key, sizeof key, "%s.%s", arch, caps[i]);
         KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
         if (!(f >= 0) || f > 1e30)
             return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %g is out of range [0, 1e30]", g->map.path, key, f);
         *out[i] = f;
     }
-    c->query_pre_attn_scalar = c->num_layers == 46 ? (double)c->hidden_size / c->num_q_heads : c->head_dim;
+    if (g3) {
+        f = 1e4;
+        snprintf(key, sizeof key, "%s.rope.freq_base_swa", arch);
+        KVP_TRY(kvp_gguf_get_float(g, key, &f, &present));
+        if (!(f > 0) || !isfinite(f))
+            return KVP_ERR(KVP_EPARSE, "%s: metadata '%s' = %g is out of range (a positive finite number)",
+                           g->map.path, key, f);
+        c->rope_local_theta = f;
+    }
+    c->query_pre_attn_scalar =
+        c->num_layers == (g3 ? 62 : 46) ? (double)c->hidden_size / c->num_q_heads : c->head_dim;
     int64_t w = 0;
     KVP_TRY(get_int_in(g, arch, "attention.sliding_window", 0, 0, INT32_MAX, &w));
     c->sliding_window = w;
-    for (int i = 0; i < c->num_layers; i++) c->layer_is_sliding[i] = w > 0 && i % 2 == 0;
+    for (int i = 0; i < c->num_layers; i++) c->layer_is_sliding[i] = w > 0 && (g3 ? i % 6 < 5 : i % 2 == 0);
     return KVP_OK;
 }
 
@@ -647,12 +663,12 @@ kvp_status kvp_gguf_model_config(const kvp_gguf *g, kvp_model_config *cfg)
     memcpy(arch, arch_s.ptr, arch_s.len);
     arch[arch_s.len] = '\0';
     int qwen2 = strcmp(arch, "qwen2") == 0, qwen3 = strncmp(arch, "qwen3", 5) == 0, phi3 = strcmp(arch, "phi3") == 0;
-    const int qwen3moe = strcmp(arch, "qwen3moe") == 0, gemma2 = strcmp(arch, "gemma2") == 0;
-    const int gemma = gemma2 || strcmp(arch, "gemma") == 0;
+    const int qwen3moe = strcmp(arch, "qwen3moe") == 0;
+    const int gemma = !strcmp(arch, "gemma") || !strcmp(arch, "gemma2") || !strcmp(arch, "gemma3");
     if (strcmp(arch, "llama") != 0 && strcmp(arch, "mistral") != 0 && !qwen2 && strcmp(arch, "qwen3") && !qwen3moe &&
         !phi3 && !gemma)
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: architecture '%s' is not supported (llama, mistral, qwen2, qwen3, "
-                       "qwen3moe, phi3, gemma, gemma2 are)", g->map.path, arch);
+                       "qwen3moe, phi3, gemma, gemma2, gemma3 are)", g->map.path, arch);
     kvp_model_config c;
     memset(&c, 0, sizeof c);
     snprintf(c.model_type, sizeof c.model_type, "%s", arch);

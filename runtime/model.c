@@ -119,6 +119,7 @@ struct kvp_model {
     mat_w lm_head;    /* [tp.nv, hidden]; a copy of embed's rows when tied */
     layer_w *layers; /* (num_layers) */
     double *inv_freq; /* (rotary_dim / 2) */
+    double *inv_freq_local; /* (rotary_dim / 2): gemma3's sliding layers' (rope_local_theta, unscaled); NULL: none */
     double rope_scale; /* cos and sin are multiplied by it (yarn's and longrope's attention factor; else 1) */
     float *freq_div;  /* (rotary_dim / 2): GGUF's rope_freqs.weight, dividing inv_freq; NULL: none */
     int32_t rot;      /* kvp_rotary_dim */
@@ -529,6 +530,7 @@ static void free_weights(kvp_model *m)
     kvp_free(m->embed);
     kvp_free(m->out_norm);
     kvp_free(m->inv_freq);
+    kvp_free(m->inv_freq_local);
     kvp_free(m->freq_div);
     for (int g = 0; g < KVP_FWD_MAX_GROUPS; g++) {
         kvp_free(m->ws[g].f);
@@ -603,7 +605,6 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
     const char *emb = g ? "token_embd.weight" : "model.embed_tokens.weight";
     KVP_TRY(load_part(src, emb, V, H, t->v0, t->nv, 0, H, &m->embed));
     KVP_TRY(load_t(src, g ? "output_norm.weight" : "model.norm.weight", H, 0, &m->out_norm));
-    const int gemma2 = !strcmp(c->model_type, "gemma2");
     for (int64_t j = 0; c->family == KVP_FAMILY_GEMMA2 && !g && j < H; j++) m->out_norm[j] += 1.0f; /* as below */
     const char *lm = g ? "output.weight" : "lm_head.weight";
     if (c->tie_word_embeddings && !src_has(src, lm)) lm = emb;
@@ -657,7 +658,7 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
             KVP_TRY(load_t(src, NAME("attn_q_norm.weight", "self_attn.q_norm.weight"), hd, 0, &w->q_norm));
             KVP_TRY(load_t(src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, 0, &w->k_norm));
         }
-        if (gemma2) { /* four norms: around the attention, and around the FFN (HF: pre_feedforward_layernorm) */
+        if (c->post_norms) { /* four norms: around the attention, and around the FFN (HF: pre_feedforward_layernorm) */
             KVP_TRY(load_t(src, NAME("post_attention_norm.weight", "post_attention_layernorm.weight"), H, 0,
                            &w->post_attn_norm));
             KVP_TRY(load_t(src, NAME("ffn_norm.weight", "pre_feedforward_layernorm.weight"), H, 0, &w->ffn_norm));
@@ -667,9 +668,9 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
             KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
         }
         if (c->family == KVP_FAMILY_GEMMA2 && !g) { /* HF's gemma norms multiply by 1 + weight: the 1 added here */
-            float *ns[4] = {w->attn_norm, w->ffn_norm, w->post_attn_norm, w->post_ffn_norm};
-            for (int i = 0; i < 4; i++)
-                for (int64_t j = 0; ns[i] && j < H; j++) ns[i][j] += 1.0f;
+            float *ns[6] = {w->attn_norm, w->ffn_norm, w->post_attn_norm, w->post_ffn_norm, w->q_norm, w->k_norm};
+            for (int i = 0; i < 6; i++)
+                for (int64_t j = 0; ns[i] && j < (i < 4 ? H : hd); j++) ns[i][j] += 1.0f;
         }
         if (c->family == KVP_FAMILY_MIXTRAL && c->layer_is_moe[l]) {
             KVP_TRY(load_experts(m, src, l, w));
@@ -740,16 +741,18 @@ static kvp_status check_config(const kvp_model_config *c, const char *cfg_file, 
     const char *mt = c->model_type;
     if (!mt[0])
         return KVP_ERR(KVP_EPARSE, "%s: no model type (\"model_type\": llama, mistral, qwen2, qwen3, phi3, mixtral, "
-                                   "qwen3_moe, gemma or gemma2)", cfg_file);
+                                   "qwen3_moe, gemma, gemma2 or gemma3_text)", cfg_file);
     const int llama_like = !strcmp(mt, "llama") || !strcmp(mt, "mistral"); /* GGUF's Mixtral is arch llama */
     const int dense = llama_like || !strcmp(mt, "qwen2") || !strcmp(mt, "qwen3");
     const int moe = (gguf && llama_like) || !strcmp(mt, "mixtral") || !strcmp(mt, "qwen3_moe") ||
                     !strcmp(mt, "qwen3moe");
-    const int gemma = !strcmp(mt, "gemma") || !strcmp(mt, "gemma2");
+    const int gemma = !strcmp(mt, "gemma") || !strcmp(mt, "gemma2") || !strcmp(mt, "gemma3_text") ||
+                      !strcmp(mt, "gemma3"); /* GGUF's arch */
     if (!(c->family == KVP_FAMILY_PHI3 && !strcmp(mt, "phi3")) && !(c->family == KVP_FAMILY_LLAMA && dense) &&
         !(c->family == KVP_FAMILY_MIXTRAL && moe) && !(c->family == KVP_FAMILY_GEMMA2 && gemma))
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: model type '%s' is not supported by the CPU forward pass "
-                                         "(llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, gemma, gemma2 are)",
+                                         "(llama, mistral, qwen2, qwen3, phi3, mixtral, qwen3_moe, gemma, gemma2, "
+                                         "gemma3_text are)",
                        cfg_file, mt);
     if (c->num_layers < 1 || c->hidden_size < 1 || c->num_q_heads < 1 || c->num_kv_heads < 1 || c->head_dim < 2 ||
         c->head_dim % 2 || c->intermediate_size < 1 || c->vocab_size < 1 || c->num_q_heads % c->num_kv_heads ||
@@ -940,6 +943,11 @@ static kvp_status init_positions(kvp_model *m)
     m->rot = kvp_rotary_dim(&m->cfg);
     m->inv_freq = kvp_malloc((size_t)(m->rot / 2) * sizeof(double));
     if (!m->inv_freq) return KVP_ERR(KVP_ENOMEM, "out of memory");
+    if (m->cfg.rope_local_theta > 0) {
+        m->inv_freq_local = kvp_malloc((size_t)(m->rot / 2) * sizeof(double));
+        if (!m->inv_freq_local) return KVP_ERR(KVP_ENOMEM, "out of memory");
+        for (int32_t i = 0; i < m->rot / 2; i++) m->inv_freq_local[i] = 1.0 / pow(m->cfg.rope_local_theta, 2.0 * i / m->rot);
+    }
     const int64_t ctx = kvp_model_config_context(&m->cfg);
     m->context = ctx > 0 && ctx < INT32_MAX ? (int32_t)ctx : INT32_MAX;
     set_rope(m);
@@ -1707,13 +1715,13 @@ static void rmsnorm(float *out, const float *x, const float *w, int64_t n, doubl
 
 /* cs (2 * head_dim/2): cos, sin of pos * inv_freq[i] times rope_scale, interleaved (computed in double, rounded
  * to float). */
-static void rope_angles(const kvp_model *m, int32_t pos, float *cs)
+static void rope_angles(const kvp_model *m, const double *inv_freq, double scale, int32_t pos, float *cs)
 {
     const int32_t half = m->rot / 2;
     for (int32_t i = 0; i < half; i++) {
-        double a = (double)pos * m->inv_freq[i];
-        cs[2 * i] = (float)(cos(a) * m->rope_scale);
-        cs[2 * i + 1] = (float)(sin(a) * m->rope_scale);
+        double a = (double)pos * inv_freq[i];
+        cs[2 * i] = (float)(cos(a) * scale);
+        cs[2 * i + 1] = (float)(sin(a) * scale);
     }
 }
 
@@ -1881,9 +1889,10 @@ static void ws_need(const kvp_model *m, const kvp_kv_cache *kv, const kvp_fwd_ba
     const int64_t S = kvp_fwd_logit_rows(b), lg = m->tp.tp > 1 ? (1 + m->tp.tp) * S * m->tp.vpad : 0;
     int64_t mf, mi;
     moe_ws(m, T, &mf, &mi);
-    /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H); RoPE cos/sin (T,head_dim); moe_ffn's;
+    /* x, h (T,H); q, o (T,QD); k, v (T,KD); g, u (T,FF); final (S,H); RoPE cos/sin (ncs,T,head_dim); moe_ffn's;
      * with tp > 1 the rank's logits (S,vpad) and the gathered ones (tp,S,vpad). Shapes of this rank's shard. */
-    *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H + T * c->head_dim + mf + lg) *
+    const int64_t ncs = m->inv_freq_local ? 2 : 1; /* gemma3: the sliding layers' cos/sin too */
+    *fneed = (size_t)(2 * T * H + 2 * T * QD + 2 * T * KD + 2 * T * FF + S * H + ncs * T * c->head_dim + mf + lg) *
              sizeof(float);
     int64_t total = 0;
     const int32_t bs = kv->block_size;
@@ -1934,7 +1943,9 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
     int64_t mf, mi;
     moe_ws(m, T, &mf, &mi);
     const int64_t FFW = FF > m->mnff ? FF : m->mnff; /* g, u: a dense layer's or an expert's units */
-    float *gt = v + T * KD, *up = gt + T * FFW, *fin = up + T * FFW, *cs = fin + S * H, *mfs = cs + T * hd;
+    /* cs: RoPE's cos/sin, (T, hd); csl: the sliding layers' (gemma3), or cs again */
+    float *gt = v + T * KD, *up = gt + T * FFW, *fin = up + T * FFW, *cs = fin + S * H;
+    float *csl = m->inv_freq_local ? cs + T * hd : cs, *mfs = csl + T * hd;
     float *lg = mfs + mf;
     int32_t *mis = ws->i;
     /* Batch-invariant attention: every query token becomes its own one-token "sequence" whose pages end at
@@ -1975,7 +1986,10 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         for (int64_t i = 0; i < T * H; i++) x[i] *= norm;
     }
     KVP_TRY(all_reduce(m, x, T * H));
-    for (int64_t t = 0; t < T; t++) rope_angles(m, b->positions[t], cs + t * hd); /* once for every layer */
+    for (int64_t t = 0; t < T; t++) { /* once for every layer */
+        rope_angles(m, m->inv_freq, m->rope_scale, b->positions[t], cs + t * hd);
+        if (m->inv_freq_local) rope_angles(m, m->inv_freq_local, 1.0, b->positions[t], csl + t * hd);
+    }
     for (int32_t l = 0; l < c->num_layers; l++) {
         const layer_w *w = &m->layers[l];
         for (int64_t t = 0; t < T; t++) rmsnorm(h + t * H, x + t * H, w->attn_norm, H, c->rms_norm_eps);
@@ -1993,8 +2007,9 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
                 for (int64_t i = 0; i < nq; i++) rmsnorm(q + t * QD + i * hd, q + t * QD + i * hd, w->q_norm, hd, c->rms_norm_eps);
                 for (int64_t i = 0; i < nkv; i++) rmsnorm(k + t * KD + i * hd, k + t * KD + i * hd, w->k_norm, hd, c->rms_norm_eps);
             }
-            rope(m, q + t * QD, (int32_t)nq, cs + t * hd);
-            rope(m, k + t * KD, (int32_t)nkv, cs + t * hd);
+            const float *lcs = (c->layer_is_sliding[l] ? csl : cs) + t * hd;
+            rope(m, q + t * QD, (int32_t)nq, lcs);
+            rope(m, k + t * KD, (int32_t)nkv, lcs);
         }
         kvp_paged_kv lkv = kv->layers[l];
         KVP_TRY(kvp_attn_append_kv_cpu(&lkv, k, v, b->slot_mapping, (int32_t)T));

@@ -19,6 +19,7 @@ static const struct {
     {"qwen2", KVP_FAMILY_LLAMA, 0, 1, 0},      {"qwen3", KVP_FAMILY_LLAMA, 0, 0, 1},
     {"mixtral", KVP_FAMILY_MIXTRAL, 0, 0, 0},  {"qwen3_moe", KVP_FAMILY_MIXTRAL, 0, 0, 1},
     {"gemma", KVP_FAMILY_GEMMA2, 1, 0, 0},     {"gemma2", KVP_FAMILY_GEMMA2, 1, 0, 0},
+    {"gemma3_text", KVP_FAMILY_GEMMA2, 1, 0, 1},
     {"phi3", KVP_FAMILY_PHI3, 0, 0, 0},        {"opt", KVP_FAMILY_OPT, 1, 1, 0},
     {"deepseek_v2", KVP_FAMILY_DEEPSEEK, 0, 0, 0}, {"deepseek_v3", KVP_FAMILY_DEEPSEEK, 0, 0, 0},
 };
@@ -260,7 +261,7 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
     return KVP_OK;
 }
 
-/* A gemma2 number: dflt when absent, 0 when null; in (0, 1e30], or [0, 1e30] when may_be_0 (a cap: 0 is off). */
+/* A gemma2/gemma3 number: dflt when absent, 0 when null; in (0, 1e30], or [0, 1e30] when may_be_0 (a cap: 0 is off). */
 static kvp_status gemma2_num(const cJSON *o, const char *what, const char *key, double dflt, int may_be_0,
                              double *out)
 {
@@ -272,8 +273,9 @@ static kvp_status gemma2_num(const cJSON *o, const char *what, const char *key, 
     return KVP_OK;
 }
 
-/* gemma's and gemma2's fields, with transformers' defaults (Gemma2Config: query_pre_attn_scalar 256, soft caps
- * 50 and 30; null turns a cap off, as None does). The activation is hidden_activation: gelu_pytorch_tanh,
+/* gemma's, gemma2's and gemma3's fields, with transformers' defaults (Gemma2Config: query_pre_attn_scalar 256,
+ * soft caps 50 and 30, null turning a cap off as None does; Gemma3TextConfig: query_pre_attn_scalar 256, no
+ * caps, rope_theta 1e6 and rope_local_base_freq 1e4). The activation is hidden_activation: gelu_pytorch_tanh,
  * also when it is absent (transformers' Gemma then ignores the older hidden_act), or gelu. */
 static kvp_status read_gemma(const cJSON *o, const char *what, kvp_model_config *c)
 {
@@ -285,17 +287,24 @@ static kvp_status read_gemma(const cJSON *o, const char *what, kvp_model_config 
     else
         return KVP_ERR(KVP_EUNSUPPORTED, "%s: \"hidden_activation\": \"%s\" is not supported (gelu_pytorch_tanh, "
                        "gelu)", what, act);
-    if (strcmp(c->model_type, "gemma2") != 0) return KVP_OK;
+    const int g3 = !strcmp(c->model_type, "gemma3_text");
+    if (strcmp(c->model_type, "gemma2") != 0 && !g3) return KVP_OK;
+    c->post_norms = 1;
     KVP_TRY(gemma2_num(o, what, "query_pre_attn_scalar", 256.0, 0, &c->query_pre_attn_scalar));
-    KVP_TRY(gemma2_num(o, what, "attn_logit_softcapping", 50.0, 1, &c->attn_logit_softcapping));
-    return gemma2_num(o, what, "final_logit_softcapping", 30.0, 1, &c->final_logit_softcapping);
+    KVP_TRY(gemma2_num(o, what, "attn_logit_softcapping", g3 ? 0.0 : 50.0, 1, &c->attn_logit_softcapping));
+    KVP_TRY(gemma2_num(o, what, "final_logit_softcapping", g3 ? 0.0 : 30.0, 1, &c->final_logit_softcapping));
+    if (!g3) return KVP_OK;
+    if (!cJSON_HasObjectItem(o, "rope_theta")) c->rope_theta = 1e6;
+    return gemma2_num(o, what, "rope_local_base_freq", 1e4, 0, &c->rope_local_theta);
 }
 
 /* Which layers slide: "layer_types" when present, else the family's rule. */
 static kvp_status read_sliding(const cJSON *o, const char *what, kvp_model_config *c)
 {
-    int64_t w = 0;
-    KVP_TRY(opt_int(o, what, "sliding_window", 0, MAX_TOKENS, 0, &w));
+    int64_t w = 0, pattern = 6;
+    const int g3 = !strcmp(c->model_type, "gemma3_text");
+    KVP_TRY(opt_int(o, what, "sliding_window", 0, MAX_TOKENS, g3 ? 4096 : 0, &w)); /* Gemma3TextConfig's default */
+    KVP_TRY(opt_int(o, what, "sliding_window_pattern", 1, KVP_MAX_LAYERS, 6, &pattern));
     if (w == 0) KVP_TRY(opt_int(o, what, "sliding_window_size", 0, MAX_TOKENS, 0, &w)); /* MLC's name, gemma2 has both */
     int use = 1;
     KVP_TRY(opt_bool(o, what, "use_sliding_window", 1, &use));
@@ -321,7 +330,8 @@ static kvp_status read_sliding(const cJSON *o, const char *what, kvp_model_confi
     if (w == 0 || !use) return KVP_OK;
     c->sliding_window = w;
     for (int i = 0; i < c->num_layers; i++) {
-        if (c->family == KVP_FAMILY_GEMMA2) c->layer_is_sliding[i] = (i % 2) == 0;
+        if (g3) c->layer_is_sliding[i] = (i + 1) % pattern != 0; /* every pattern-th layer attends to all */
+        else if (c->family == KVP_FAMILY_GEMMA2) c->layer_is_sliding[i] = (i % 2) == 0;
         else if (strcmp(c->model_type, "qwen2") == 0 || strncmp(c->model_type, "qwen3", 5) == 0)
             c->layer_is_sliding[i] = i >= max_window_layers; /* Qwen: SWA from max_window_layers on */
         else c->layer_is_sliding[i] = 1;
@@ -535,7 +545,7 @@ static double norm_params(const kvp_model_config *c)
 {
     double h = c->hidden_size;
     if (c->family == KVP_FAMILY_OPT) return 4 * h;                                   /* 2 LayerNorms, w + b */
-    if (c->family == KVP_FAMILY_GEMMA2 && strcmp(c->model_type, "gemma2") == 0) return 4 * h; /* pre+post */
+    if (c->post_norms) return 4 * h; /* gemma2, gemma3: pre and post */
     return 2 * h;
 }
 

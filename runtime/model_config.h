@@ -5,7 +5,7 @@
  *   head_dim      = config "head_dim" when present, else hidden_size / num_attention_heads
  *   num_kv_heads  = "num_key_value_heads" when present, else num_attention_heads (MHA)
  *   nested "text_config" (multimodal wrappers) is read in place of the top level.
- * Families: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, phi3, opt, deepseek_v2,
+ * Families: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2, gemma3_text, phi3, opt, deepseek_v2,
  * deepseek_v3. Unknown model_type: accepted only when the KV-formula fields
  * (num_hidden_layers, num_attention_heads, hidden_size, and num_key_value_heads or head_dim) are present;
  * such configs get family KVP_FAMILY_GENERIC and a llama-like parameter count.
@@ -22,7 +22,7 @@ typedef enum {
     KVP_FAMILY_GENERIC = 0,
     KVP_FAMILY_LLAMA,    /* llama, mistral, qwen2, qwen3: RMSNorm, RoPE, GQA, SwiGLU */
     KVP_FAMILY_MIXTRAL,  /* llama-like with MoE FFN (mixtral, qwen3_moe) */
-    KVP_FAMILY_GEMMA2,   /* gemma, gemma2: extra post-norms (gemma2), alternating sliding window */
+    KVP_FAMILY_GEMMA2,   /* gemma, gemma2, gemma3: post-norms (gemma2, 3), sliding windows on some layers */
     KVP_FAMILY_PHI3,     /* fused qkv and gate_up */
     KVP_FAMILY_OPT,      /* LayerNorm with bias, learned positions, two-matrix ReLU FFN */
     KVP_FAMILY_DEEPSEEK, /* MLA attention (latent KV cache), MoE with shared experts */
@@ -94,8 +94,11 @@ typedef struct {
     int tie_word_embeddings;  /* 1: LM head shares the embedding matrix */
     int attention_bias;       /* q/k/v projections carry a bias (qwen2: 1) */
     int qk_norm;              /* per-head RMSNorm on q and k (qwen3) */
-    /* gemma, gemma2 (KVP_FAMILY_GEMMA2) also scale the embedding by sqrt(hidden_size) and normalize by
+    /* gemma, gemma2, gemma3 (KVP_FAMILY_GEMMA2) also scale the embedding by sqrt(hidden_size) and normalize by
      * (1 + weight) (the loader adds the 1 to an HF checkpoint's weights; a GGUF stores 1 + weight) */
+    int post_norms;                 /* gemma2, gemma3: a norm after the attention and after the FFN */
+    double rope_local_theta;        /* gemma3: the sliding layers' RoPE base (rope_local_base_freq), never
+                                     * scaled; 0: every layer uses rope_theta (and rope_scaling) */
     int ffn_act;                    /* the gated FFN's activation: KVP_ACT_SILU (SwiGLU), KVP_ACT_GELU_TANH or
                                      * KVP_ACT_GELU (GeGLU: gemma's gelu_pytorch_tanh, or exact gelu) */
     double query_pre_attn_scalar;   /* gemma2: scores scaled by its -1/2 power; 0: head_dim's */

@@ -2094,17 +2094,20 @@ Test(model, moe_load_survives_every_allocation_failure)
                                (void *)moe_model(&(moe_spec){.gguf = g, .experts = 4, .k = 2, .mf = 172}), 0);
 }
 
-/* ---- gemma, gemma2: scaled embedding, (1 + w) norms, GeGLU, post-norms, soft caps, alternating window ---- */
+/* ---- gemma, gemma2, gemma3: scaled embedding, (1 + w) norms, GeGLU, post-norms, soft caps, windows ---- */
 
-/* stories260K as a gemma (v2 = 0) or gemma2 checkpoint: its weights, norms that give stories260K's norm weights
- * as 1 + w (HF stores w, GGUF 1 + w, as llama.cpp's converter writes them), gemma2's post-norms seeded noise
- * around 1; rotate-half RoPE in both formats. HF config: query_pre_attn_scalar qpas (GGUF: llama.cpp's
- * 1/sqrt(head_dim)); both: the soft caps and the window given (0: the key left out of the file). */
+/* stories260K as a gemma (v 1), gemma2 (v 2) or gemma3 (v 3, HF gemma3_text) checkpoint: its weights, norms that
+ * give stories260K's norm weights as 1 + w (HF stores w, GGUF 1 + w, as llama.cpp's converter writes them), the
+ * post-norms and gemma3's q/k norms seeded noise around 1; rotate-half RoPE in both formats. HF config:
+ * query_pre_attn_scalar qpas (GGUF: llama.cpp's 1/sqrt(head_dim)); both: the soft caps, the window, gemma3's
+ * local RoPE base (0: each key left out of the file, for its default). */
 typedef struct {
-    int gguf, v2;
+    int gguf, v;
     double qpas, attn_cap, final_cap;
     int window;
     int gelu;              /* HF: "hidden_activation": "gelu" (exact) */
+    int pattern;           /* HF gemma3: sliding_window_pattern (0: absent, 6) */
+    double local_theta;    /* gemma3: rope_local_base_freq (GGUF rope.freq_base_swa); 0: absent, 10,000 */
     const char *cfg_extra; /* HF: more config.json fields (", ...") */
 } gemma_spec;
 
@@ -2113,7 +2116,7 @@ static int gemma_tensors(const gemma_spec *sp, ck_tensor *t)
     kvp_st *s;
     cr_assert_eq(kvp_st_open(S260_HF, &s), KVP_OK);
     int nt = 0;
-    const int g = sp->gguf;
+    const int g = sp->gguf, post = sp->v >= 2;
     const float one = g ? 0.0f : 1.0f; /* subtracted from the norm weights HF stores */
     char n[96];
     kvp_rng rng;
@@ -2124,42 +2127,42 @@ static int gemma_tensors(const gemma_spec *sp, ck_tensor *t)
     for (int i = 0; i < 64; i++) on[i] -= one;
     ck_add(t, &nt, g, -1, "output_norm.weight", "model.norm.weight", 64, 0, on);
     for (int l = 0; l < 5; l++) {
-#define HF(x) (snprintf(n, sizeof n, "model.layers.%d.%s", l, x), n)
-        /* {GGUF name, HF name, stories260K's tensor (NULL: noise around 1), rows, cols} */
+        /* {GGUF name, HF name, stories260K's tensor ("-": noise around 1), rows, cols, in this model} */
         const struct {
             const char *gg, *hf, *from;
             int64_t rows, cols;
-        } w[] = {{"attn_norm", "input_layernorm", "input_layernorm", 64, 0},
-                 {"attn_q", "self_attn.q_proj", "self_attn.q_proj", 64, 64},
-                 {"attn_k", "self_attn.k_proj", "self_attn.k_proj", 32, 64},
-                 {"attn_v", "self_attn.v_proj", "self_attn.v_proj", 32, 64},
-                 {"attn_output", "self_attn.o_proj", "self_attn.o_proj", 64, 64},
-                 {"post_attention_norm", "post_attention_layernorm", sp->v2 ? NULL : "", 64, 0},
-                 {"ffn_norm", sp->v2 ? "pre_feedforward_layernorm" : "post_attention_layernorm",
-                  "post_attention_layernorm", 64, 0},
-                 {"post_ffw_norm", "post_feedforward_layernorm", sp->v2 ? NULL : "", 64, 0},
-                 {"ffn_gate", "mlp.gate_proj", "mlp.gate_proj", 172, 64},
-                 {"ffn_up", "mlp.up_proj", "mlp.up_proj", 172, 64},
-                 {"ffn_down", "mlp.down_proj", "mlp.down_proj", 64, 172}};
+            int here;
+        } w[] = {{"attn_norm", "input_layernorm", "input_layernorm", 64, 0, 1},
+                 {"attn_q", "self_attn.q_proj", "self_attn.q_proj", 64, 64, 1},
+                 {"attn_k", "self_attn.k_proj", "self_attn.k_proj", 32, 64, 1},
+                 {"attn_v", "self_attn.v_proj", "self_attn.v_proj", 32, 64, 1},
+                 {"attn_q_norm", "self_attn.q_norm", "-", 8, 0, sp->v == 3},
+                 {"attn_k_norm", "self_attn.k_norm", "-", 8, 0, sp->v == 3},
+                 {"attn_output", "self_attn.o_proj", "self_attn.o_proj", 64, 64, 1},
+                 {"post_attention_norm", "post_attention_layernorm", "-", 64, 0, post},
+                 {"ffn_norm", post ? "pre_feedforward_layernorm" : "post_attention_layernorm",
+                  "post_attention_layernorm", 64, 0, 1},
+                 {"post_ffw_norm", "post_feedforward_layernorm", "-", 64, 0, post},
+                 {"ffn_gate", "mlp.gate_proj", "mlp.gate_proj", 172, 64, 1},
+                 {"ffn_up", "mlp.up_proj", "mlp.up_proj", 172, 64, 1},
+                 {"ffn_down", "mlp.down_proj", "mlp.down_proj", 64, 172, 1}};
         for (size_t i = 0; i < sizeof w / sizeof w[0]; i++) {
-            if (w[i].from && !w[i].from[0]) continue; /* gemma: no post-norms */
+            if (!w[i].here) continue;
             char gn[64], hn[64];
             snprintf(gn, sizeof gn, "%s.weight", w[i].gg);
             snprintf(hn, sizeof hn, "%s.weight", w[i].hf);
             float *f;
-            if (w[i].from) {
-                char from[64];
-                snprintf(from, sizeof from, "%s.weight", w[i].from);
-                f = st_f32(s, HF(from), NULL);
+            if (strcmp(w[i].from, "-") != 0) {
+                snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, w[i].from);
+                f = st_f32(s, n, NULL);
             } else {
-                f = malloc(sizeof(float) * 64);
-                for (int j = 0; j < 64; j++) f[j] = 1.0f + 0.2f * (float)(kvp_rng_uniform(&rng) - 0.5);
+                f = malloc(sizeof(float) * (size_t)w[i].rows);
+                for (int j = 0; j < w[i].rows; j++) f[j] = 1.0f + 0.2f * (float)(kvp_rng_uniform(&rng) - 0.5);
             }
             if (!w[i].cols)
-                for (int j = 0; j < 64; j++) f[j] -= one;
+                for (int j = 0; j < w[i].rows; j++) f[j] -= one;
             ck_add(t, &nt, g, l, gn, hn, w[i].rows, w[i].cols, f);
         }
-#undef HF
     }
     kvp_st_close(s);
     return nt;
@@ -2169,27 +2172,32 @@ static const char *gemma_model(const gemma_spec *sp)
 {
     static ck_tensor t[128];
     const int nt = gemma_tensors(sp, t);
-    const char *arch = sp->v2 ? "gemma2" : "gemma";
-    char add[1024] = "", part[128];
+    const char *arch = sp->v == 3 ? (sp->gguf ? "gemma3" : "gemma3_text") : sp->v == 2 ? "gemma2" : "gemma";
+    char add[1024] = "", part[160];
     tu_buf kvs = {0};
     uint64_t nkv = 0;
-    const char *keys[3] = {"attn_logit_softcapping", "final_logit_softcapping", "sliding_window"};
-    const double vals[3] = {sp->attn_cap, sp->final_cap, sp->window};
-    for (int i = 0; i < 3; i++) {
-        if (vals[i] == 0) continue;
-        if (sp->gguf) {
-            snprintf(part, sizeof part, "%s.%s%s", arch, i == 2 ? "attention." : "", keys[i]);
-            if (i == 2) tu_kv_u32(&kvs, part, (uint32_t)vals[i]);
-            else tu_kv_f32(&kvs, part, (float)vals[i]);
-            nkv++;
-        } else {
-            snprintf(part, sizeof part, ", \"%s\": %g", keys[i], vals[i]);
+    /* {config.json key, GGUF key after "arch.", value (0: left out), GGUF u32} */
+    const struct {
+        const char *hf, *gg;
+        double v;
+        int u32;
+    } f[] = {{"attn_logit_softcapping", "attn_logit_softcapping", sp->attn_cap, 0},
+             {"final_logit_softcapping", "final_logit_softcapping", sp->final_cap, 0},
+             {"sliding_window", "attention.sliding_window", sp->window, 1},
+             {"rope_local_base_freq", "rope.freq_base_swa", sp->local_theta, 0},
+             {"query_pre_attn_scalar", NULL, sp->qpas, 0},
+             {"sliding_window_pattern", NULL, sp->pattern, 0}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++) {
+        if (f[i].v == 0) continue;
+        if (!sp->gguf) {
+            snprintf(part, sizeof part, ", \"%s\": %g", f[i].hf, f[i].v);
             strcat(add, part);
+        } else if (f[i].gg) {
+            snprintf(part, sizeof part, "%s.%s", arch, f[i].gg);
+            if (f[i].u32) tu_kv_u32(&kvs, part, (uint32_t)f[i].v);
+            else tu_kv_f32(&kvs, part, (float)f[i].v);
+            nkv++;
         }
-    }
-    if (!sp->gguf && sp->qpas > 0) {
-        snprintf(part, sizeof part, ", \"query_pre_attn_scalar\": %g", sp->qpas);
-        strcat(add, part);
     }
     if (sp->gelu) strcat(add, ", \"hidden_activation\": \"gelu\"");
     if (sp->cfg_extra) strcat(add, sp->cfg_extra);
@@ -2199,44 +2207,55 @@ static const char *gemma_model(const gemma_spec *sp)
     return p;
 }
 
-/* x (64) normalized and scaled by 1 + w, as gemma's RMSNorm (w as HF stores it) */
-static void ref_gemma_norm(double *y, const double *x, const float *w)
+/* x (n) normalized and scaled by 1 + w, as gemma's RMSNorm (w as HF stores it) */
+static void ref_gemma_norm(double *y, const double *x, const float *w, int n)
 {
     double ss = 0;
-    for (int i = 0; i < 64; i++) ss += x[i] * x[i];
-    const double r = 1.0 / sqrt(ss / 64 + 1e-5);
-    for (int i = 0; i < 64; i++) y[i] = x[i] * r * (1.0 + w[i]);
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    const double r = 1.0 / sqrt(ss / n + 1e-5);
+    for (int i = 0; i < n; i++) y[i] = x[i] * r * (1.0 + w[i]);
 }
 
-/* logits (P, 512) of the HF gemma/gemma2 model in t: scale 1/sqrt(qpas) (0: 1/sqrt(8)), caps (0: off), a window of
- * `window` keys on the even layers (0: none), gelu's tanh form or (gelu) the exact one */
-static void gemma_reference(const ck_tensor *t, int nt, int v2, double qpas, double attn_cap, double final_cap,
-                            int window, int gelu, const int32_t *tok, int P, double *logits)
+/* Whether layer l of the model sp describes slides (gemma3: also its RoPE base) */
+static int gemma_sliding(const gemma_spec *sp, int l)
+{
+    if (sp->v == 3) return sp->gguf ? sp->window > 0 && l % 6 < 5 : (l + 1) % (sp->pattern ? sp->pattern : 6) != 0;
+    return sp->v == 2 && sp->window > 0 && l % 2 == 0;
+}
+
+/* logits (P, 512) of the HF model in t that sp describes, as transformers computes it (sp->qpas 0: 1/sqrt(8);
+ * caps 0: off; a window of sp->window keys on the sliding layers, 0: none) */
+static void gemma_reference(const ck_tensor *t, int nt, const gemma_spec *sp, const int32_t *tok, int P,
+                            double *logits)
 {
     enum { PMAX = 8 };
     static double x[PMAX][64], h[PMAX][64], q[PMAX][64], k[PMAX][32], v[PMAX][32], o[64], y[64], gv[172], uv[172];
     char n[128];
     const float *emb = ck_find(t, nt, "model.embed_tokens.weight");
+    const int post = sp->v >= 2;
     cr_assert(P <= PMAX);
     for (int p = 0; p < P; p++)
         for (int i = 0; i < 64; i++) x[p][i] = emb[tok[p] * 64 + i] * 8.0; /* sqrt(hidden_size) */
 #define W(name) (snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, name), ck_find(t, nt, n))
     for (int l = 0; l < 5; l++) {
+        const int slide = gemma_sliding(sp, l);
+        const double theta = sp->v == 3 && slide ? (sp->local_theta ? sp->local_theta : 1e4) : 1e4;
         for (int p = 0; p < P; p++) {
-            ref_gemma_norm(h[p], x[p], W("input_layernorm"));
+            ref_gemma_norm(h[p], x[p], W("input_layernorm"), 64);
             ref_mv(q[p], W("self_attn.q_proj"), h[p], 64, 64);
             ref_mv(k[p], W("self_attn.k_proj"), h[p], 32, 64);
             ref_mv(v[p], W("self_attn.v_proj"), h[p], 32, 64);
-            for (int hd = 0; hd < 12; hd++) { /* rotate-half RoPE */
+            for (int hd = 0; hd < 12; hd++) { /* gemma3's q/k norms, then rotate-half RoPE */
                 double *a = hd < 8 ? q[p] + hd * 8 : k[p] + (hd - 8) * 8;
+                if (sp->v == 3) ref_gemma_norm(a, a, hd < 8 ? W("self_attn.q_norm") : W("self_attn.k_norm"), 8);
                 for (int i = 0; i < 4; i++) {
-                    const double th = p * pow(10000.0, -i / 4.0), a1 = a[i], a2 = a[i + 4];
+                    const double th = p * pow(theta, -i / 4.0), a1 = a[i], a2 = a[i + 4];
                     a[i] = a1 * cos(th) - a2 * sin(th);
                     a[i + 4] = a2 * cos(th) + a1 * sin(th);
                 }
             }
         }
-        const int lo_off = v2 && window > 0 && l % 2 == 0 ? window - 1 : PMAX; /* keys p - lo_off .. p */
+        const int lo_off = slide && sp->window > 0 ? sp->window - 1 : PMAX; /* keys p - lo_off .. p */
         for (int p = 0; p < P; p++) {
             for (int hq = 0; hq < 8; hq++) {
                 double s[PMAX], mx = -INFINITY, sum = 0;
@@ -2244,8 +2263,8 @@ static void gemma_reference(const ck_tensor *t, int nt, int v2, double qpas, dou
                 for (int j = j0; j <= p; j++) {
                     s[j] = 0;
                     for (int i = 0; i < 8; i++) s[j] += q[p][hq * 8 + i] * k[j][hq / 2 * 8 + i];
-                    s[j] /= sqrt(qpas > 0 ? qpas : 8.0);
-                    if (attn_cap > 0) s[j] = attn_cap * tanh(s[j] / attn_cap);
+                    s[j] /= sqrt(sp->qpas > 0 ? sp->qpas : 8.0);
+                    if (sp->attn_cap > 0) s[j] = sp->attn_cap * tanh(s[j] / sp->attn_cap);
                     mx = fmax(mx, s[j]);
                 }
                 for (int j = j0; j <= p; j++) sum += s[j] = exp(s[j] - mx);
@@ -2255,27 +2274,27 @@ static void gemma_reference(const ck_tensor *t, int nt, int v2, double qpas, dou
                 }
             }
             ref_mv(y, W("self_attn.o_proj"), o, 64, 64);
-            if (v2) ref_gemma_norm(y, y, W("post_attention_layernorm"));
+            if (post) ref_gemma_norm(y, y, W("post_attention_layernorm"), 64);
             for (int i = 0; i < 64; i++) x[p][i] += y[i];
         }
         for (int p = 0; p < P; p++) {
-            ref_gemma_norm(h[p], x[p], W(v2 ? "pre_feedforward_layernorm" : "post_attention_layernorm"));
+            ref_gemma_norm(h[p], x[p], W(post ? "pre_feedforward_layernorm" : "post_attention_layernorm"), 64);
             ref_mv(gv, W("mlp.gate_proj"), h[p], 172, 64);
             ref_mv(uv, W("mlp.up_proj"), h[p], 172, 64);
             for (int r = 0; r < 172; r++)
                 gv[r] = 0.5 * gv[r] * uv[r] *
-                        (1 + (gelu ? erf(gv[r] / sqrt(2.0)) : tanh(sqrt(2 / M_PI) * (gv[r] + 0.044715 * pow(gv[r], 3)))));
+                        (1 + (sp->gelu ? erf(gv[r] / sqrt(2.0)) : tanh(sqrt(2 / M_PI) * (gv[r] + 0.044715 * pow(gv[r], 3)))));
             ref_mv(y, W("mlp.down_proj"), gv, 64, 172);
-            if (v2) ref_gemma_norm(y, y, W("post_feedforward_layernorm"));
+            if (post) ref_gemma_norm(y, y, W("post_feedforward_layernorm"), 64);
             for (int i = 0; i < 64; i++) x[p][i] += y[i];
         }
     }
 #undef W
     for (int p = 0; p < P; p++) {
-        ref_gemma_norm(h[p], x[p], ck_find(t, nt, "model.norm.weight"));
+        ref_gemma_norm(h[p], x[p], ck_find(t, nt, "model.norm.weight"), 64);
         ref_mv(logits + p * 512, emb, h[p], 512, 64);
-        for (int i = 0; final_cap > 0 && i < 512; i++)
-            logits[p * 512 + i] = final_cap * tanh(logits[p * 512 + i] / final_cap);
+        for (int i = 0; sp->final_cap > 0 && i < 512; i++)
+            logits[p * 512 + i] = sp->final_cap * tanh(logits[p * 512 + i] / sp->final_cap);
     }
 }
 
@@ -2286,47 +2305,53 @@ static double max_rel_d(const double *a, const double *b, int n)
     return e;
 }
 
-/* gemma and gemma2 from an HF folder and a GGUF against the float64 reference above; the caps, the window and
- * query_pre_attn_scalar are each set where they change the logits (checked on the reference). */
+/* gemma, gemma2 and gemma3 from an HF folder and a GGUF against the float64 reference above. In the HF gemma2
+ * and gemma3 cases each feature is set where it changes the logits (checked on the reference: the reference
+ * without it differs), so a forward pass that skipped it would fail. */
 Test(model, gemma_logits_match_a_float64_reference)
 {
     tu_require_shared();
     const gemma_spec specs[] = {
-        {.v2 = 1, .qpas = 32, .attn_cap = 1.5, .final_cap = 8, .window = 3},
-        {.gguf = 1, .v2 = 1, .attn_cap = 1.5, .final_cap = 8, .window = 3},
-        {.v2 = 0},
-        {.gguf = 1, .v2 = 0},
-        {.v2 = 0, .gelu = 1},
+        {.v = 2, .qpas = 32, .attn_cap = 1.5, .final_cap = 8, .window = 3},
+        {.gguf = 1, .v = 2, .attn_cap = 1.5, .final_cap = 8, .window = 3},
+        {.v = 1},
+        {.gguf = 1, .v = 1},
+        {.v = 1, .gelu = 1},
+        {.v = 3, .qpas = 32, .window = 3, .pattern = 2, .local_theta = 100},
+        {.gguf = 1, .v = 3, .window = 3, .local_theta = 100},
+        {.v = 3}, /* Gemma3TextConfig's defaults: window 4096, pattern 6, local base 10,000 */
     };
     static ck_tensor t[128];
     const int32_t toks[5] = {1, 403, 407, 261, 378};
     static double want[5 * 512], other[5 * 512];
     static float got[5 * 512];
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
-        const gemma_spec *sp = &specs[i];
-        gemma_spec hf = *sp;
-        hf.gguf = 0;
-        const int nt = gemma_tensors(&hf, t);
-        const double qpas = sp->gguf ? 8.0 : sp->qpas; /* GGUF: llama.cpp's 1/sqrt(head_dim) */
-        gemma_reference(t, nt, sp->v2, qpas, sp->attn_cap, sp->final_cap, sp->window, sp->gelu, toks, 5, want);
-        if (sp->v2 && !sp->gguf) { /* each feature moves the logits: a forward pass without it would fail */
-            const double variants[4][4] = {{8.0, sp->attn_cap, sp->final_cap, sp->window},
-                                           {qpas, 0, sp->final_cap, sp->window},
-                                           {qpas, sp->attn_cap, 0, sp->window},
-                                           {qpas, sp->attn_cap, sp->final_cap, 0}};
-            for (int j = 0; j < 4; j++) {
-                gemma_reference(t, nt, 1, variants[j][0], variants[j][1], variants[j][2], (int)variants[j][3], 0, toks,
-                                5, other);
-                cr_assert_gt(max_rel_d(other, want, 5 * 512), 1e-3, "variant %d leaves the logits as they are", j);
-            }
+        gemma_spec r = specs[i]; /* the model as the reference computes it: r.gguf only picks the sliding layers */
+        if (r.gguf) r.qpas = 8;                  /* llama.cpp's 1/sqrt(head_dim) */
+        else if (r.v >= 2 && !r.qpas) r.qpas = 256; /* transformers' default */
+        r.gguf = 0;
+        const int nt = gemma_tensors(&r, t); /* the HF tensors */
+        r.gguf = specs[i].gguf;
+        gemma_reference(t, nt, &r, toks, 5, want);
+        for (int j = 0; j < 4 && r.v >= 2 && !r.gguf && r.window > 0; j++) {
+            gemma_spec x = r;
+            if (j == 0) x.qpas = 8;
+            if (j == 1) x.attn_cap = x.attn_cap > 0 ? 0 : 1.5, x.final_cap = 0;
+            if (j == 2) x.window = 0;
+            if (j == 3) x.local_theta = r.v == 3 ? 1e4 : 0;
+            if (j == 3 && r.v != 3) continue;
+            gemma_reference(t, nt, &x, toks, 5, other);
+            cr_assert_gt(max_rel_d(other, want, 5 * 512), 1e-3, "case %zu: variant %d leaves the logits as they are", i, j);
         }
         for (int j = 0; j < nt; j++) free(t[j].f);
-        kvp_model *m = load(gemma_model(sp));
+        kvp_model *m = load(gemma_model(&specs[i]));
         const kvp_model_config *c = kvp_model_cfg(m);
         cr_assert_eq(c->family, KVP_FAMILY_GEMMA2, "case %zu", i);
-        cr_assert_eq(c->ffn_act, sp->gelu ? KVP_ACT_GELU : KVP_ACT_GELU_TANH, "case %zu", i);
+        cr_assert_eq(c->ffn_act, r.gelu ? KVP_ACT_GELU : KVP_ACT_GELU_TANH, "case %zu", i);
         cr_assert_eq(kvp_model_rope_style(m), KVP_ROPE_HALF, "case %zu", i);
-        cr_assert_eq(c->sliding_window, sp->window, "case %zu", i);
+        cr_assert_eq(c->qk_norm, r.v == 3, "case %zu", i);
+        for (int l = 0; l < 5; l++)
+            cr_assert_eq(c->layer_is_sliding[l] && c->sliding_window > 0, gemma_sliding(&r, l), "case %zu layer %d", i, l);
         cr_assert_eq(forward_prompt5(m, got), KVP_OK, "%s", kvp_error_detail());
         double maxerr = 0;
         for (int j = 0; j < 5 * 512; j++) maxerr = fmax(maxerr, fabs(got[j] - want[j]) / (fabs(want[j]) + 1.0));
@@ -2335,31 +2360,48 @@ Test(model, gemma_logits_match_a_float64_reference)
     }
 }
 
-/* gemma2 row for row: the same logits alone as in any batch, on 1 and 2 threads. */
-Test(model, gemma2_rows_bit_identical_for_every_batch_size)
+/* gemma2 and gemma3 row for row: the same logits alone as in any batch, on 1 and 2 threads. */
+Test(model, gemma_rows_bit_identical_for_every_batch_size)
 {
-    kvp_model *m = load(gemma_model(&(gemma_spec){.v2 = 1, .qpas = 32, .attn_cap = 1.5, .final_cap = 8, .window = 3}));
-    static float ref[40 * 512];
-    int have_ref = 0;
-    expect_batch_invariant(m, "gemma2", ref, &have_ref);
-    kvp_model_destroy(m);
+    const gemma_spec specs[2] = {{.v = 2, .qpas = 32, .attn_cap = 1.5, .final_cap = 8, .window = 3},
+                                 {.v = 3, .window = 3, .pattern = 2, .local_theta = 100}};
+    for (int i = 0; i < 2; i++) {
+        kvp_model *m = load(gemma_model(&specs[i]));
+        static float ref[40 * 512];
+        int have_ref = 0;
+        expect_batch_invariant(m, i ? "gemma3" : "gemma2", ref, &have_ref);
+        kvp_model_destroy(m);
+    }
 }
 
-/* Defaults as transformers' Gemma2Config (query_pre_attn_scalar 256, caps 50 and 30; null: off), and errors
- * that name the field: an activation not computed, a negative cap, in either format. */
-Test(model, gemma2_config_defaults_and_bad_fields)
+/* Defaults as transformers' configs (Gemma2Config: query_pre_attn_scalar 256, caps 50 and 30, null: off;
+ * Gemma3TextConfig: no caps, rope_theta 1e6, local base 1e4), and errors that name the field: an activation not
+ * computed, a negative cap, in either format. */
+Test(model, gemma_config_defaults_and_bad_fields)
 {
-    kvp_model *m = load(gemma_model(&(gemma_spec){.v2 = 1}));
+    kvp_model *m = load(gemma_model(&(gemma_spec){.v = 2}));
     const kvp_model_config *c = kvp_model_cfg(m);
     cr_assert(c->query_pre_attn_scalar == 256 && c->attn_logit_softcapping == 50 && c->final_logit_softcapping == 30);
+    cr_assert(c->post_norms && c->rope_local_theta == 0);
     kvp_model_destroy(m);
-    m = load(gemma_model(&(gemma_spec){.v2 = 1, .cfg_extra = ", \"attn_logit_softcapping\": null"}));
+    m = load(gemma_model(&(gemma_spec){.v = 2, .cfg_extra = ", \"attn_logit_softcapping\": null"}));
     cr_assert(kvp_model_cfg(m)->attn_logit_softcapping == 0 && kvp_model_cfg(m)->final_logit_softcapping == 30);
     kvp_model_destroy(m);
-    const char *p = gemma_model(&(gemma_spec){.v2 = 1, .cfg_extra = ", \"hidden_activation\": \"relu\""});
+    m = load(gemma_model(&(gemma_spec){.v = 3}));
+    c = kvp_model_cfg(m);
+    cr_assert(c->attn_logit_softcapping == 0 && c->final_logit_softcapping == 0 && c->rope_local_theta == 1e4);
+    cr_assert(c->query_pre_attn_scalar == 256 && c->sliding_window == 4096 && c->post_norms && c->qk_norm);
+    kvp_model_destroy(m);
+    m = load(gemma_model(&(gemma_spec){.gguf = 1, .v = 3, .window = 7}));
+    c = kvp_model_cfg(m);
+    cr_assert(c->rope_local_theta == 1e4 && c->query_pre_attn_scalar == 8 && c->sliding_window == 7);
+    kvp_model_destroy(m);
+    const char *p = gemma_model(&(gemma_spec){.v = 2, .cfg_extra = ", \"hidden_activation\": \"relu\""});
     expect_load_error(p, KVP_EUNSUPPORTED, "config.json", "\"hidden_activation\": \"relu\"", NULL, "relu");
-    p = gemma_model(&(gemma_spec){.v2 = 1, .attn_cap = -2});
+    p = gemma_model(&(gemma_spec){.v = 2, .attn_cap = -2});
     expect_load_error(p, KVP_EINVAL, "config.json", "\"attn_logit_softcapping\": -2", NULL, "negative cap");
-    p = gemma_model(&(gemma_spec){.gguf = 1, .v2 = 1, .final_cap = -3});
+    p = gemma_model(&(gemma_spec){.gguf = 1, .v = 2, .final_cap = -3});
     expect_load_error(p, KVP_EPARSE, p, "'gemma2.final_logit_softcapping' = -3", NULL, "negative GGUF cap");
+    p = gemma_model(&(gemma_spec){.gguf = 1, .v = 3, .local_theta = -5});
+    expect_load_error(p, KVP_EPARSE, p, "'gemma3.rope.freq_base_swa' = -5", NULL, "negative local base");
 }
