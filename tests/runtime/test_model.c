@@ -1931,6 +1931,16 @@ static void moe_reference(const ck_tensor *t, int nt, const moe_spec *sp, const 
     }
 }
 
+/* forward_prompt5's logits of m against a float64 reference: max |got - want| / (|want| + 1) under 1e-4 */
+static void expect_logits_near(kvp_model *m, const double *want, size_t i)
+{
+    static float got[5 * 512];
+    cr_assert_eq(forward_prompt5(m, got), KVP_OK, "%s", kvp_error_detail());
+    double maxerr = 0;
+    for (int j = 0; j < 5 * 512; j++) maxerr = fmax(maxerr, fabs(got[j] - want[j]) / (fabs(want[j]) + 1.0));
+    cr_assert_lt(maxerr, 1e-4, "case %zu: max relative logit error %g", i, maxerr);
+}
+
 /* The MoE forward pass against the float64 reference above, on distinct experts and a router that spreads the
  * tokens: mixtral (top 2 of 4, renormalized), qwen3_moe (top 3 of 6 experts of 96 units, with and without
  * norm_topk_prob, q/k norms, a dense layer 2), each from an HF folder and a GGUF (llama with expert keys,
@@ -1948,7 +1958,6 @@ Test(model, moe_logits_match_a_float64_reference)
     static ck_tensor t[512];
     const int32_t toks[5] = {1, 403, 407, 261, 378};
     static double want[5 * 512];
-    static float got[5 * 512];
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         moe_spec hf = specs[i];
         hf.gguf = 0;
@@ -1959,10 +1968,7 @@ Test(model, moe_logits_match_a_float64_reference)
         cr_assert_eq(__builtin_popcount(distinct), specs[i].experts, "case %zu: every expert should be chosen", i);
         kvp_model *m = load(moe_model(&specs[i]));
         cr_assert_eq(kvp_model_cfg(m)->moe_norm_topk, !specs[i].qwen || specs[i].norm_topk, "case %zu", i);
-        cr_assert_eq(forward_prompt5(m, got), KVP_OK, "%s", kvp_error_detail());
-        double maxerr = 0;
-        for (int j = 0; j < 5 * 512; j++) maxerr = fmax(maxerr, fabs(got[j] - want[j]) / (fabs(want[j]) + 1.0));
-        cr_assert_lt(maxerr, 1e-4, "case %zu: max relative logit error %g", i, maxerr);
+        expect_logits_near(m, want, i);
         kvp_model_destroy(m);
     }
 }
@@ -2324,7 +2330,6 @@ Test(model, gemma_logits_match_a_float64_reference)
     static ck_tensor t[128];
     const int32_t toks[5] = {1, 403, 407, 261, 378};
     static double want[5 * 512], other[5 * 512];
-    static float got[5 * 512];
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
         gemma_spec r = specs[i]; /* the model as the reference computes it: r.gguf only picks the sliding layers */
         if (r.gguf) r.qpas = 8;                  /* llama.cpp's 1/sqrt(head_dim) */
@@ -2352,10 +2357,7 @@ Test(model, gemma_logits_match_a_float64_reference)
         cr_assert_eq(c->qk_norm, r.v == 3, "case %zu", i);
         for (int l = 0; l < 5; l++)
             cr_assert_eq(c->layer_is_sliding[l] && c->sliding_window > 0, gemma_sliding(&r, l), "case %zu layer %d", i, l);
-        cr_assert_eq(forward_prompt5(m, got), KVP_OK, "%s", kvp_error_detail());
-        double maxerr = 0;
-        for (int j = 0; j < 5 * 512; j++) maxerr = fmax(maxerr, fabs(got[j] - want[j]) / (fabs(want[j]) + 1.0));
-        cr_assert_lt(maxerr, 1e-4, "case %zu: max relative logit error %g", i, maxerr);
+        expect_logits_near(m, want, i);
         kvp_model_destroy(m);
     }
 }
