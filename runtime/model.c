@@ -52,8 +52,8 @@ typedef struct {
     float *q_norm, *k_norm; /* (hd) qwen3, or NULL */
     mat_w wo;             /* [hidden, nq*hd] */
     float *ffn_norm;      /* (hidden) */
-    float *post_attn_norm, *post_ffn_norm; /* (hidden): gemma2's norms of the attention's and the FFN's outputs,
-                                            * or NULL */
+    float *post_attn_norm, *post_ffn_norm; /* (hidden): gemma2's and gemma3's norms of the attention's and the
+                                            * FFN's outputs, or NULL */
     mat_w w_gate, w_up;   /* [inter, hidden] (empty in an MoE layer) */
     mat_w w_down;         /* [hidden, inter] */
     float *router;        /* (E, hidden): an MoE layer's router (replicated over ranks); NULL: a dense FFN */
@@ -946,7 +946,8 @@ static kvp_status init_positions(kvp_model *m)
     if (m->cfg.rope_local_theta > 0) {
         m->inv_freq_local = kvp_malloc((size_t)(m->rot / 2) * sizeof(double));
         if (!m->inv_freq_local) return KVP_ERR(KVP_ENOMEM, "out of memory");
-        for (int32_t i = 0; i < m->rot / 2; i++) m->inv_freq_local[i] = 1.0 / pow(m->cfg.rope_local_theta, 2.0 * i / m->rot);
+        for (int32_t i = 0; i < m->rot / 2; i++)
+            m->inv_freq_local[i] = 1.0 / pow(m->cfg.rope_local_theta, 2.0 * i / m->rot);
     }
     const int64_t ctx = kvp_model_config_context(&m->cfg);
     m->context = ctx > 0 && ctx < INT32_MAX ? (int32_t)ctx : INT32_MAX;
