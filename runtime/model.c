@@ -240,7 +240,28 @@ typedef struct {
     const kvp_st *s;
     const char *what; /* file or folder for messages */
     uint8_t *used;    /* (number of tensors) 1: read by load_weights; NULL outside it */
+    int wrap;         /* HF: where a multimodal checkpoint (Gemma 3, Llava, ...) keeps its language model: 0 as
+                       * named here ("model.X", "lm_head.weight"); 1 under "language_model." (transformers
+                       * before 4.52); 2 as "model.language_model.X" (since). Its other tensors (the vision
+                       * tower, the projector) are left unread. */
 } source;
+
+/* The file's name of HF tensor `name` (buf: room for it). */
+static const char *src_name(const source *src, const char *name, char *buf, size_t cap)
+{
+    if (src->g || src->wrap == 0 || (src->wrap == 2 && strncmp(name, "model.", 6) != 0)) return name;
+    if (src->wrap == 1) snprintf(buf, cap, "language_model.%s", name);
+    else snprintf(buf, cap, "model.language_model.%s", name + 6);
+    return buf;
+}
+
+/* Whether file tensor `name` belongs to the language model (not a multimodal checkpoint's vision parts). */
+static int src_language(const source *src, const char *name)
+{
+    if (src->g || src->wrap == 0) return 1;
+    if (src->wrap == 1) return strncmp(name, "language_model.", 15) == 0;
+    return strncmp(name, "model.language_model.", 21) == 0 || strcmp(name, "lm_head.weight") == 0;
+}
 
 static int64_t src_count(const source *src)
 {
@@ -254,8 +275,10 @@ static void src_at(const source *src, int64_t i, kvp_tensor_view *v)
 }
 
 /* Finds tensor `name` and marks it used (see check_all_used). */
-static kvp_status src_get(const source *src, const char *name, kvp_tensor_view *v)
+static kvp_status src_get(const source *src, const char *hf_name, kvp_tensor_view *v)
 {
+    char buf[320];
+    const char *name = src_name(src, hf_name, buf, sizeof buf);
     KVP_TRY(src->g ? kvp_gguf_tensor(src->g, name, v) : kvp_st_tensor(src->s, name, v));
     if (src->used)
         for (int64_t i = 0, n = src_count(src); i < n; i++) {
@@ -277,7 +300,8 @@ static int src_has(const source *src, const char *name)
         kvp_error_clear();
         return st == KVP_OK;
     }
-    return kvp_st_has(src->s, name);
+    char buf[320];
+    return kvp_st_has(src->s, src_name(src, name, buf, sizeof buf));
 }
 
 /* Finds tensor `name` (marking it used) and checks it has exactly shape ([e,] d0[, d1]): e > 0 for the
@@ -707,6 +731,7 @@ static kvp_status check_all_used(const kvp_model *m, const source *src)
         if (src->used[i]) continue;
         kvp_tensor_view v;
         src_at(src, i, &v);
+        if (!src_language(src, v.name)) continue;
         size_t len = strlen(v.name);
         if (!src->g && len > nif && strcmp(v.name + len - nif, inv_freq) == 0) continue;
         if (first < 0) first = i;
@@ -1080,6 +1105,10 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
         m->rope = KVP_ROPE_HALF;
         if ((st = kvp_st_open(path, &s)) != KVP_OK) goto fail;
         src.s = s;
+        if (!kvp_st_has(s, "model.embed_tokens.weight"))
+            src.wrap = kvp_st_has(s, "language_model.model.embed_tokens.weight")   ? 1
+                       : kvp_st_has(s, "model.language_model.embed_tokens.weight") ? 2
+                                                                                   : 0;
     }
     if ((st = check_config(&m->cfg, m->is_gguf ? path : cfgpath, m->is_gguf)) != KVP_OK) goto fail;
     if ((st = shard(m, comm, path)) != KVP_OK) goto fail;

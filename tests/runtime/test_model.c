@@ -2407,3 +2407,57 @@ Test(model, gemma_config_defaults_and_bad_fields)
     p = gemma_model(&(gemma_spec){.gguf = 1, .v = 3, .local_theta = -5});
     expect_load_error(p, KVP_EPARSE, p, "'gemma3.rope.freq_base_swa' = -5", NULL, "negative local base");
 }
+
+/* A multimodal Gemma 3 folder (Gemma3ForConditionalGeneration): config.json's text_config holds the language
+ * model, whose tensors sit under language_model. (transformers before 4.52) or model.language_model. (since),
+ * beside a vision tower and a projector. It runs the language model alone: the logits of the same weights as
+ * a gemma3_text folder, bit for bit. */
+Test(model, gemma3_multimodal_folders_run_their_language_model)
+{
+    tu_require_shared();
+    const gemma_spec sp = {.v = 3, .window = 3, .pattern = 2, .local_theta = 100};
+    static float plain[5 * 512], got[5 * 512];
+    kvp_model *m = load(gemma_model(&sp));
+    cr_assert_eq(forward_prompt5(m, plain), KVP_OK, "%s", kvp_error_detail());
+    kvp_model_destroy(m);
+    for (int wrap = 1; wrap <= 2; wrap++) {
+        static ck_tensor t[128];
+        int nt = gemma_tensors(&sp, t);
+        for (int i = 0; i < nt; i++) {
+            const char *pre = wrap == 1 ? "language_model." : "model.language_model.";
+            const char *rest = wrap == 1 ? t[i].name : t[i].name + strlen("model.");
+            const size_t a = strlen(pre), b = strlen(rest);
+            cr_assert_lt(a + b, sizeof t[i].name);
+            memmove(t[i].name + a, rest, b + 1);
+            memcpy(t[i].name, pre, a);
+        }
+        const char *vis[2] = {"vision_tower.vision_model.post_layernorm.weight",
+                              "multi_modal_projector.mm_soft_emb_norm.weight"};
+        for (int i = 0; i < 2; i++) {
+            char n[128];
+            snprintf(n, sizeof n, "%s%s", wrap == 2 ? "model." : "", vis[i]);
+            ck_add(t, &nt, 0, -1, "", n, 64, 0, calloc(64, sizeof(float)));
+        }
+        const char *dir = write_checkpoint(
+            t, nt,
+            &(ck_format){.arch = "gemma3_text",
+                         .cfg_add = ", \"sliding_window\": 3, \"sliding_window_pattern\": 2, \"rope_local_base_freq\": 100"});
+        char cp[512];
+        snprintf(cp, sizeof cp, "%s/config.json", dir);
+        size_t len;
+        unsigned char *flat = tu_read_all(cp, &len);
+        tu_buf wrapped = {0};
+        const char head[] = "{\"architectures\": [\"Gemma3ForConditionalGeneration\"], \"model_type\": \"gemma3\", "
+                            "\"text_config\": ";
+        tu_put(&wrapped, head, strlen(head));
+        tu_put(&wrapped, flat, len);
+        tu_put(&wrapped, "}", 1);
+        tu_write_all(cp, wrapped.p, wrapped.n);
+        free(flat), free(wrapped.p);
+        m = load(dir);
+        cr_assert_str_eq(kvp_model_cfg(m)->model_type, "gemma3_text");
+        cr_assert_eq(forward_prompt5(m, got), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(memcmp(got, plain, sizeof got), 0, "wrap %d: other logits than the gemma3_text folder's", wrap);
+        kvp_model_destroy(m);
+    }
+}
