@@ -240,7 +240,7 @@ typedef struct {
     const kvp_st *s;
     const char *what; /* file or folder for messages */
     uint8_t *used;    /* (number of tensors) 1: read by load_weights; NULL outside it */
-    int wrap;         /* HF: where a multimodal checkpoint (Gemma 3, Llava, ...) keeps its language model: 0 as
+    int wrap;         /* HF: where a multimodal checkpoint (Gemma 3's layout) keeps its language model: 0 as
                        * named here ("model.X", "lm_head.weight"); 1 under "language_model." (transformers
                        * before 4.52); 2 as "model.language_model.X" (since). Its other tensors (the vision
                        * tower, the projector) are left unread. */
