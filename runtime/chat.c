@@ -13,7 +13,7 @@
 static const char *const k_names[] = {"none",     "llama2",   "mistral",  "zephyr",     "llama3",
                                       "chatml",   "qwen2",    "qwen2.5",  "llama3.1",   "llama3.2",
                                       "smollm2",  "mistral-v3", "mistral-v3-tekken", "mistral-v7",
-                                      "qwen3-thinking", "deepseek-r1", "mistral-small-3"};
+                                      "qwen3-thinking", "deepseek-r1", "mistral-small-3", "gemma", "gemma3"};
 #define N_TEMPLATES ((int)(sizeof k_names / sizeof k_names[0]))
 
 /* The system message Qwen's and SmolLM2's templates put first when the conversation has none. */
@@ -62,6 +62,7 @@ kvp_chat_template kvp_chat_template_detect(const char *jinja)
         return strstr(jinja, "[AVAILABLE_TOOLS]") ? KVP_CHAT_MISTRAL_V3 : KVP_CHAT_MISTRAL;
     }
     if (strstr(jinja, "<|user|>") && strstr(jinja, "<|assistant|>")) return KVP_CHAT_ZEPHYR;
+    if (strstr(jinja, "<start_of_turn>")) return strstr(jinja, "first_user_prefix") ? KVP_CHAT_GEMMA3 : KVP_CHAT_GEMMA;
     if (strstr(jinja, "<\uff5cUser\uff5c>") && strstr(jinja, "<\uff5cAssistant\uff5c>"))
         return KVP_CHAT_DEEPSEEK_R1; /* <｜User｜>, <｜Assistant｜> (U+FF5C) */
     /* Llama 3.1 and later open with a dated system preamble: 3.1's date is fixed, 3.2's and 3.3's today's */
@@ -359,6 +360,38 @@ static kvp_status render_deepseek_r1(const kvp_chat_msg *m, int32_t n, int agp, 
     return KVP_OK;
 }
 
+/* Gemma's templates: BOS, then per message "<start_of_turn>{user|model|system}\n{content, stripped}<end_of_turn>\n".
+ * gemma refuses a first system message; gemma3 takes it out of the turns and writes it, as it is, and "\n\n"
+ * before the first turn's content. The turns must go user, model, user, ...; as the templates test it, a system
+ * message in a model's place passes, as its own turn. */
+static kvp_status render_gemma(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, int agp, sink *k)
+{
+    const int32_t i0 = role_of(&m[0]) == ROLE_SYSTEM;
+    if (i0 && t == KVP_CHAT_GEMMA) return KVP_ERR(KVP_EINVAL, "chat: the gemma template has no system role");
+    for (int32_t i = i0; i < n; i++)
+        if ((role_of(&m[i]) == ROLE_USER) != ((i - i0) % 2 == 0))
+            return KVP_ERR(KVP_EINVAL, "chat: message %d is %s: roles must alternate user, assistant, user, ...%s", i,
+                           m[i].role, i0 ? " after the system message" : "");
+    put_special(k, 0);
+    for (int32_t i = i0; i < n; i++) {
+        put_marker(k, "<start_of_turn>");
+        puts_(k, role_of(&m[i]) == ROLE_ASSISTANT ? "model" : m[i].role);
+        puts_(k, "\n");
+        if (i == 1 && i0) {
+            puts_(k, m[0].content);
+            puts_(k, "\n\n");
+        }
+        put_stripped(k, m[i].content);
+        put_marker(k, "<end_of_turn>");
+        puts_(k, "\n");
+    }
+    if (agp) {
+        put_marker(k, "<start_of_turn>");
+        puts_(k, "model\n");
+    }
+    return KVP_OK;
+}
+
 static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, int agp, sink *k)
 {
     if (t == KVP_CHAT_NONE) return KVP_ERR(KVP_EINVAL, "chat: no chat template");
@@ -370,6 +403,7 @@ static kvp_status render(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, 
         if (!m[i].content) return KVP_ERR(KVP_EINVAL, "chat: message %d has no content", i);
     }
     if (t == KVP_CHAT_QWEN3_THINKING) return render_qwen3_thinking(m, n, agp, k);
+    if (t == KVP_CHAT_GEMMA || t == KVP_CHAT_GEMMA3) return render_gemma(t, m, n, agp, k);
     if (t == KVP_CHAT_DEEPSEEK_R1) return render_deepseek_r1(m, n, agp, k);
     if (t == KVP_CHAT_ZEPHYR) {
         for (int32_t i = 0; i < n; i++) {
@@ -544,6 +578,7 @@ int32_t kvp_chat_end_of_turn(kvp_chat_template t, const kvp_tokenizer *tok)
 {
     if (t == KVP_CHAT_LLAMA3 || t == KVP_CHAT_LLAMA31 || t == KVP_CHAT_LLAMA32) return kvp_tok_special_id(tok, "<|eot_id|>");
     if (t == KVP_CHAT_CHATML || t == KVP_CHAT_QWEN3_THINKING || default_system(t)) return kvp_tok_special_id(tok, "<|im_end|>");
+    if (t == KVP_CHAT_GEMMA || t == KVP_CHAT_GEMMA3) return kvp_tok_special_id(tok, "<end_of_turn>");
     return kvp_tok_eos(tok);
 }
 

@@ -30,6 +30,10 @@
  *   chatml   ChatML (Qwen3, and others):  <|im_start|>{role}\n{content}<|im_end|>\n...
  *   qwen2    ChatML with Qwen2-Instruct's default system message ("You are a helpful assistant.")
  *   qwen2.5  ChatML with Qwen2.5-Instruct's ("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")
+ *   gemma    Gemma and Gemma 2 (-it):  <bos><start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n{assistant}
+ *            <end_of_turn>\n...  (contents stripped; no system message; the prompt ends "<start_of_turn>model\n")
+ *   gemma3   Gemma 3 (-it): the same, a first system message going, as it is, before the first turn's content:
+ *            "{system}\n\n{user}"
  *
  * <s> and </s> are the BOS and EOS tokens, and <|im_start|>, <|eot_id|>, ... the tokenizer's control tokens of
  * that text, never text: a message that contains "</s>" or "<|im_end|>" gets those characters tokenized, not
@@ -64,12 +68,14 @@ typedef enum {
     KVP_CHAT_MISTRAL_V7,
     KVP_CHAT_QWEN3_THINKING,
     KVP_CHAT_DEEPSEEK_R1,
-    KVP_CHAT_MISTRAL_SMALL3
+    KVP_CHAT_MISTRAL_SMALL3,
+    KVP_CHAT_GEMMA,
+    KVP_CHAT_GEMMA3
 } kvp_chat_template;
 
 /* "llama2" | "mistral" | "zephyr" | "llama3" | "llama3.1" | "llama3.2" | "chatml" | "qwen2" | "qwen2.5" |
  * "smollm2" | "mistral-v3" | "mistral-v3-tekken" | "mistral-v7" | "qwen3-thinking" | "deepseek-r1" |
- * "mistral-small-3" (KVP_EINVAL naming the value and the choices). */
+ * "mistral-small-3" | "gemma" | "gemma3" (KVP_EINVAL naming the value and the choices). */
 kvp_status kvp_chat_template_parse(const char *name, kvp_chat_template *out);
 const char *kvp_chat_template_name(kvp_chat_template t); /* "none" for KVP_CHAT_NONE */
 /* "llama2, mistral, ... or smollm2": the built-in names, for messages (cut to cap bytes). */
@@ -98,8 +104,8 @@ kvp_status kvp_chat_render_text(kvp_chat_template t, const kvp_chat_msg *msgs, i
 kvp_status kvp_chat_render_ids(kvp_chat_template t, const kvp_tokenizer *tok, const kvp_chat_msg *msgs, int32_t n,
                                int add_generation_prompt, int32_t **ids, int32_t *n_ids);
 
-/* The token that ends an assistant's turn: <|eot_id|> (llama3), <|im_end|> (ChatML, qwen3-thinking), else EOS; -1 when the
- * tokenizer has none. A reply ends there, whatever the model's configured EOS. */
+/* The token that ends an assistant's turn: <|eot_id|> (llama3), <|im_end|> (ChatML, qwen3-thinking), <end_of_turn>
+ * (gemma, gemma3), else EOS; -1 when the tokenizer has none. A reply ends there, whatever the model's configured EOS. */
 int32_t kvp_chat_end_of_turn(kvp_chat_template t, const kvp_tokenizer *tok);
 
 #endif

@@ -59,7 +59,7 @@ static void usage(FILE *f)
             "                          template's end of turn\n"
             "  --chat-template NAME    --chat with a built-in template: llama2, mistral, zephyr, llama3, llama3.1,\n"
             "                          llama3.2, chatml, qwen2, qwen2.5, smollm2, mistral-v3, mistral-v3-tekken,\n"
-            "                          mistral-v7, mistral-small-3, qwen3-thinking, deepseek-r1\n"
+            "                          mistral-v7, mistral-small-3, qwen3-thinking, deepseek-r1, gemma, gemma3\n"
             "  --system TEXT           with --chat: a system message before each prompt\n"
             "  --stop TEXT             a stop string (repeatable, up to 16): a sample's text ends where the first\n"
             "                          one starts, and its generation ends there (not with --beam-width)\n"

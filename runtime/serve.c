@@ -93,7 +93,7 @@ static void usage(FILE *f)
             "  --served-model-name NAME  the model's name in the API (default: the file or folder's name)\n"
             "  --chat-template NAME      llama2, mistral, zephyr, llama3, llama3.1, llama3.2, chatml, qwen2,\n"
             "                            qwen2.5, smollm2, mistral-v3, mistral-v3-tekken, mistral-v7,\n"
-            "                            mistral-small-3, qwen3-thinking or deepseek-r1\n"
+            "                            mistral-small-3, qwen3-thinking, deepseek-r1, gemma or gemma3\n"
             "                            (default: the one the model's own template is (GGUF\n"
             "                            tokenizer.chat_template, HF tokenizer_config.json); without one, chat\n"
             "                            requests get 400)\n"

@@ -13,6 +13,9 @@ script writes beside it
     mistral-large-instruct-2411.jinja   mistralai's "v7" template (as test-chat-template.cpp quotes it)
 and takes mistral-small-3.1-24b-instruct-2503.jinja (mistralai's "v7-tekken", Mistral-Small-3.1's as llama.cpp
 keeps it) as it is; its default system message holds today's date, rendered as %TODAY% for the test to fill;
+and Gemma's two templates, written here as google/gemma-2-9b-it's and google/gemma-3-4b-it's tokenizer_config.json
+hold them (Gemma 1 and 2 share the first; Gemma 3's folds a system message into the first turn):
+    gemma-2-9b-it.jinja, gemma-3-4b-it.jinja
 and renders as well the two real tokenizer_config.json templates of ../shared/data/configs/tokenizer_configs/
 (Qwen3-4B-Thinking-2507's, DeepSeek-R1-Distill-Qwen-32B's), read from there:
     cases.json                          each template rendered by jinja2 as transformers' apply_chat_template
@@ -45,6 +48,55 @@ V7 = ("{{ bos_token }}{% for message in messages %}{% if message['role'] == 'use
       "'[/INST]' }}{% elif message['role'] == 'system' %}{{ '[SYSTEM_PROMPT] ' + message['content'] + '[/SYSTEM_PROMPT]' }}"
       "{% elif message['role'] == 'assistant' %}{{ ' ' + message['content'] + eos_token }}{% else %}{{ "
       "raise_exception('Only user, system and assistant roles are supported!') }}{% endif %}{% endfor %}")
+
+GEMMA2 = ("{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}"
+          "{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+          "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+          "{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}"
+          "{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}"
+          "{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}")
+
+GEMMA3 = """{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
 
 CONVERSATIONS = [
     [("user", "Hello")],
@@ -87,7 +139,8 @@ def main():
         v3 = v3.replace(a, b)
     templates = {"mistral-v3-tekken": ("mistral-nemo-instruct-2407.jinja", nemo),
                  "mistral-v3": ("mistral-large-instruct-2407.jinja", v3),
-                 "mistral-v7": ("mistral-large-instruct-2411.jinja", V7)}
+                 "mistral-v7": ("mistral-large-instruct-2411.jinja", V7),
+                 "gemma": ("gemma-2-9b-it.jinja", GEMMA2), "gemma3": ("gemma-3-4b-it.jinja", GEMMA3)}
     with open(os.path.join(out, "mistral-small-3.1-24b-instruct-2503.jinja")) as f:
         templates["mistral-small-3"] = (None, f.read())
     for name, model in (("qwen3-thinking", "Qwen3-4B-Thinking-2507"), ("deepseek-r1", "DeepSeek-R1-Distill-Qwen-32B")):

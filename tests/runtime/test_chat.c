@@ -98,7 +98,7 @@ Test(chat, llama3_and_chatml_render_as_the_models_own)
 /* Templates against jinja2's renderings of the models' own (tests/data/chat/cases.json, written by
  * scripts/chat-template-fixture.py): mistralai's v3, v3-tekken and v7 (Mistral-Large-Instruct-2407's,
  * Mistral-Nemo-Instruct-2407's and Mistral-Large-Instruct-2411's templates, and v7-tekken, Mistral-Small-3.1's, in
- * tests/data/chat), and the real
+ * tests/data/chat), Gemma 2's and Gemma 3's (gemma-2-9b-it.jinja, gemma-3-4b-it.jinja), and the real
  * tokenizer_config.json templates of Qwen3-4B-Thinking-2507 and DeepSeek-R1-Distill-Qwen-32B (in
  * ../shared/data/configs/tokenizer_configs), every conversation with and without a generation prompt: the
  * same text, or a refusal where the template raises. Each template is detected as its built-in. */
@@ -114,7 +114,9 @@ Test(chat, templates_render_as_jinja2_renders_the_models_own)
              {"mistral-v7", "tests/data/chat/mistral-large-instruct-2411.jinja", NULL, KVP_CHAT_MISTRAL_V7, 0},
              {"qwen3-thinking", NULL, "Qwen3-4B-Thinking-2507", KVP_CHAT_QWEN3_THINKING, 0},
              {"deepseek-r1", NULL, "DeepSeek-R1-Distill-Qwen-32B", KVP_CHAT_DEEPSEEK_R1, 0},
-             {"mistral-small-3", "tests/data/chat/mistral-small-3.1-24b-instruct-2503.jinja", NULL, KVP_CHAT_MISTRAL_SMALL3, 2}};
+             {"mistral-small-3", "tests/data/chat/mistral-small-3.1-24b-instruct-2503.jinja", NULL, KVP_CHAT_MISTRAL_SMALL3, 2},
+             {"gemma", "tests/data/chat/gemma-2-9b-it.jinja", NULL, KVP_CHAT_GEMMA, 16},
+             {"gemma3", "tests/data/chat/gemma-3-4b-it.jinja", NULL, KVP_CHAT_GEMMA3, 4}};
     cJSON *cases;
     cr_assert_eq(kvp_json_parse_file("tests/data/chat/cases.json", &cases), KVP_OK, "%s", kvp_error_detail());
     for (size_t i = 0; i < sizeof k / sizeof *k; i++) {
@@ -268,7 +270,9 @@ Test(chat, detection_parsing_and_refusals)
     cr_assert_eq(kvp_chat_template_detect("{%- set date_string = strftime_now(\"%d %b %Y\") %}{{- \"Cutting Knowledge "
                                           "Date: December 2023\\n\" }}<|start_header_id|><|eot_id|>"),
                  KVP_CHAT_LLAMA32);
-    cr_assert_eq(kvp_chat_template_detect("{{ '<start_of_turn>' + role }}"), KVP_CHAT_NONE);
+    cr_assert_eq(kvp_chat_template_detect("{{ '<start_of_turn>' + role }}"), KVP_CHAT_GEMMA);
+    cr_assert_eq(kvp_chat_template_detect("{{ '<start_of_turn>' + role + first_user_prefix }}"), KVP_CHAT_GEMMA3);
+    cr_assert_eq(kvp_chat_template_detect("{{ '<turn>' + role }}"), KVP_CHAT_NONE);
     cr_assert_eq(kvp_chat_template_detect(NULL), KVP_CHAT_NONE);
     kvp_chat_template t;
     cr_assert_eq(kvp_chat_template_parse("mistral", &t), KVP_OK);
