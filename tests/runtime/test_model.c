@@ -2114,6 +2114,7 @@ typedef struct {
     int gelu;              /* HF: "hidden_activation": "gelu" (exact) */
     int pattern;           /* HF gemma3: sliding_window_pattern (0: absent, 6) */
     double local_theta;    /* gemma3: rope_local_base_freq (GGUF rope.freq_base_swa); 0: absent, 10,000 */
+    double linear;         /* HF: rope_scaling linear with this factor (gemma3: the full layers' only); 0: none */
     const char *cfg_extra; /* HF: more config.json fields (", ...") */
 } gemma_spec;
 
@@ -2206,6 +2207,10 @@ static const char *gemma_model(const gemma_spec *sp)
         }
     }
     if (sp->gelu) strcat(add, ", \"hidden_activation\": \"gelu\"");
+    if (sp->linear > 0) { /* read before the file's own "rope_scaling": null, which comes later */
+        snprintf(part, sizeof part, ", \"rope_scaling\": {\"rope_type\": \"linear\", \"factor\": %g}", sp->linear);
+        strcat(add, part);
+    }
     if (sp->cfg_extra) strcat(add, sp->cfg_extra);
     const char *p = write_checkpoint(t, nt, &(ck_format){.gguf = sp->gguf, .arch = arch, .rot = 8, .cfg_add = add,
                                                           .kvs = &kvs, .nkv = nkv});
@@ -2245,7 +2250,9 @@ static void gemma_reference(const ck_tensor *t, int nt, const gemma_spec *sp, co
 #define W(name) (snprintf(n, sizeof n, "model.layers.%d.%s.weight", l, name), ck_find(t, nt, n))
     for (int l = 0; l < 5; l++) {
         const int slide = gemma_sliding(sp, l);
-        const double theta = sp->v == 3 && slide ? (sp->local_theta ? sp->local_theta : 1e4) : 1e4;
+        const int local = sp->v == 3 && slide;
+        const double theta = local ? (sp->local_theta ? sp->local_theta : 1e4) : 1e4;
+        const double div = !local && sp->linear > 0 ? sp->linear : 1.0; /* linear scaling */
         for (int p = 0; p < P; p++) {
             ref_gemma_norm(h[p], x[p], W("input_layernorm"), 64);
             ref_mv(q[p], W("self_attn.q_proj"), h[p], 64, 64);
@@ -2255,7 +2262,7 @@ static void gemma_reference(const ck_tensor *t, int nt, const gemma_spec *sp, co
                 double *a = hd < 8 ? q[p] + hd * 8 : k[p] + (hd - 8) * 8;
                 if (sp->v == 3) ref_gemma_norm(a, a, hd < 8 ? W("self_attn.q_norm") : W("self_attn.k_norm"), 8);
                 for (int i = 0; i < 4; i++) {
-                    const double th = p * pow(theta, -i / 4.0), a1 = a[i], a2 = a[i + 4];
+                    const double th = p * pow(theta, -i / 4.0) / div, a1 = a[i], a2 = a[i + 4];
                     a[i] = a1 * cos(th) - a2 * sin(th);
                     a[i + 4] = a2 * cos(th) + a1 * sin(th);
                 }
@@ -2323,7 +2330,7 @@ Test(model, gemma_logits_match_a_float64_reference)
         {.v = 1},
         {.gguf = 1, .v = 1},
         {.v = 1, .gelu = 1},
-        {.v = 3, .qpas = 32, .window = 3, .pattern = 2, .local_theta = 100},
+        {.v = 3, .qpas = 32, .window = 3, .pattern = 2, .local_theta = 100, .linear = 4},
         {.gguf = 1, .v = 3, .window = 3, .local_theta = 100},
         {.v = 3}, /* Gemma3TextConfig's defaults: window 4096, pattern 6, local base 10,000 */
     };
@@ -2338,13 +2345,14 @@ Test(model, gemma_logits_match_a_float64_reference)
         const int nt = gemma_tensors(&r, t); /* the HF tensors */
         r.gguf = specs[i].gguf;
         gemma_reference(t, nt, &r, toks, 5, want);
-        for (int j = 0; j < 4 && r.v >= 2 && !r.gguf && r.window > 0; j++) {
+        for (int j = 0; j < 5 && r.v >= 2 && !r.gguf && r.window > 0; j++) {
             gemma_spec x = r;
             if (j == 0) x.qpas = 8;
             if (j == 1) x.attn_cap = x.attn_cap > 0 ? 0 : 1.5, x.final_cap = 0;
             if (j == 2) x.window = 0;
-            if (j == 3) x.local_theta = r.v == 3 ? 1e4 : 0;
-            if (j == 3 && r.v != 3) continue;
+            if (j == 3) x.local_theta = 1e4;
+            if (j == 4) x.linear = 0;
+            if ((j == 3 && r.v != 3) || (j == 4 && !r.linear)) continue;
             gemma_reference(t, nt, &x, toks, 5, other);
             cr_assert_gt(max_rel_d(other, want, 5 * 512), 1e-3, "case %zu: variant %d leaves the logits as they are", i, j);
         }
