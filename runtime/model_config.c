@@ -261,8 +261,8 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
     return KVP_OK;
 }
 
-/* A gemma2/gemma3 number: dflt when absent, 0 when null; in (0, 1e30], or [0, 1e30] when may_be_0 (a cap: 0 is off). */
-static kvp_status gemma2_num(const cJSON *o, const char *what, const char *key, double dflt, int may_be_0,
+/* A gemma2 or gemma3 number: dflt when absent, 0 when null; in (0, 1e30], or [0, 1e30] when may_be_0 (a cap: 0 is off). */
+static kvp_status gemma_num(const cJSON *o, const char *what, const char *key, double dflt, int may_be_0,
                              double *out)
 {
     const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -290,12 +290,12 @@ static kvp_status read_gemma(const cJSON *o, const char *what, kvp_model_config 
     const int g3 = !strcmp(c->model_type, "gemma3_text");
     if (strcmp(c->model_type, "gemma2") != 0 && !g3) return KVP_OK;
     c->post_norms = 1;
-    KVP_TRY(gemma2_num(o, what, "query_pre_attn_scalar", 256.0, 0, &c->query_pre_attn_scalar));
-    KVP_TRY(gemma2_num(o, what, "attn_logit_softcapping", g3 ? 0.0 : 50.0, 1, &c->attn_logit_softcapping));
-    KVP_TRY(gemma2_num(o, what, "final_logit_softcapping", g3 ? 0.0 : 30.0, 1, &c->final_logit_softcapping));
+    KVP_TRY(gemma_num(o, what, "query_pre_attn_scalar", 256.0, 0, &c->query_pre_attn_scalar));
+    KVP_TRY(gemma_num(o, what, "attn_logit_softcapping", g3 ? 0.0 : 50.0, 1, &c->attn_logit_softcapping));
+    KVP_TRY(gemma_num(o, what, "final_logit_softcapping", g3 ? 0.0 : 30.0, 1, &c->final_logit_softcapping));
     if (!g3) return KVP_OK;
     if (!cJSON_HasObjectItem(o, "rope_theta")) c->rope_theta = 1e6;
-    return gemma2_num(o, what, "rope_local_base_freq", 1e4, 0, &c->rope_local_theta);
+    return gemma_num(o, what, "rope_local_base_freq", 1e4, 0, &c->rope_local_theta);
 }
 
 /* Which layers slide: "layer_types" when present, else the family's rule. */
