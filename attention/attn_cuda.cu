@@ -83,8 +83,8 @@ __device__ __forceinline__ float warp_sum(float x)
  * the end through shared memory. */
 template <int DT, int D>
 __global__ void __launch_bounds__(kWarps * 32) decode_kernel(kvp_paged_kv kv, const float *q, float *out, float *lse,
-                                                             int hq, int group, float qscale, float oscale, int window_left,
-                                                             float cap)
+                                                             int hq, int group, float qscale, float oscale,
+                                                             int window_left, float cap)
 {
     constexpr int PER = (D + 31) / 32;
     __shared__ float sm_m[kWarps], sm_l[kWarps], sm_acc[kWarps][D];
@@ -243,7 +243,8 @@ extern "C" kvp_status kvp_attn_decode_cuda(const kvp_paged_kv *kv, const float *
         return KVP_ERR(KVP_EINVAL, "decode_cuda: window_left %d or sm_scale %g out of range", p->window_left,
                        (double)p->sm_scale);
     if (!(p->logits_soft_cap >= 0.0f) || isinf(p->logits_soft_cap))
-        return KVP_ERR(KVP_EINVAL, "decode_cuda: logits_soft_cap %g must be finite and >= 0", (double)p->logits_soft_cap);
+        return KVP_ERR(KVP_EINVAL, "decode_cuda: logits_soft_cap %g must be finite and >= 0",
+                       (double)p->logits_soft_cap);
     if (kv->num_seqs == 0) return KVP_OK;
     const int fp8 = kv->dtype == KVP_DTYPE_FP8_E4M3;
     const float sm = p->sm_scale > 0.0f ? p->sm_scale : 1.0f / sqrtf((float)kv->head_dim);

@@ -105,7 +105,8 @@ kvp_status kvp_chat_render_ids(kvp_chat_template t, const kvp_tokenizer *tok, co
                                int add_generation_prompt, int32_t **ids, int32_t *n_ids);
 
 /* The token that ends an assistant's turn: <|eot_id|> (llama3), <|im_end|> (ChatML, qwen3-thinking), <end_of_turn>
- * (gemma, gemma3), else EOS; -1 when the tokenizer has none. A reply ends there, whatever the model's configured EOS. */
+ * (gemma, gemma3), else EOS; -1 when the tokenizer has none. A reply ends there, whatever the model's configured
+ * EOS. */
 int32_t kvp_chat_end_of_turn(kvp_chat_template t, const kvp_tokenizer *tok);
 
 #endif

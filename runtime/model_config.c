@@ -261,7 +261,8 @@ static kvp_status read_rope_scaling(const cJSON *o, const char *what, kvp_model_
     return KVP_OK;
 }
 
-/* A gemma2 or gemma3 number: dflt when absent, 0 when null; in (0, 1e30], or [0, 1e30] when may_be_0 (a cap: 0 is off). */
+/* A gemma2 or gemma3 number: dflt when absent, 0 when null; in (0, 1e30], or [0, 1e30] when may_be_0 (a cap: 0 is
+ * off). */
 static kvp_status gemma_num(const cJSON *o, const char *what, const char *key, double dflt, int may_be_0,
                              double *out)
 {

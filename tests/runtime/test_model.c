@@ -2294,9 +2294,11 @@ static void gemma_reference(const ck_tensor *t, int nt, const gemma_spec *sp, co
             ref_gemma_norm(h[p], x[p], W(post ? "pre_feedforward_layernorm" : "post_attention_layernorm"), 64);
             ref_mv(gv, W("mlp.gate_proj"), h[p], 172, 64);
             ref_mv(uv, W("mlp.up_proj"), h[p], 172, 64);
-            for (int r = 0; r < 172; r++)
-                gv[r] = 0.5 * gv[r] * uv[r] *
-                        (1 + (sp->gelu ? erf(gv[r] / sqrt(2.0)) : tanh(sqrt(2 / M_PI) * (gv[r] + 0.044715 * pow(gv[r], 3)))));
+            for (int r = 0; r < 172; r++) {
+                const double a = gv[r];
+                const double phi = sp->gelu ? erf(a / sqrt(2.0)) : tanh(sqrt(2 / M_PI) * (a + 0.044715 * a * a * a));
+                gv[r] = 0.5 * a * (1 + phi) * uv[r];
+            }
             ref_mv(y, W("mlp.down_proj"), gv, 64, 172);
             if (post) ref_gemma_norm(y, y, W("post_feedforward_layernorm"), 64);
             for (int i = 0; i < 64; i++) x[p][i] += y[i];
@@ -2354,7 +2356,8 @@ Test(model, gemma_logits_match_a_float64_reference)
             if (j == 4) x.linear = 0;
             if ((j == 3 && r.v != 3) || (j == 4 && !r.linear)) continue;
             gemma_reference(t, nt, &x, toks, 5, other);
-            cr_assert_gt(max_rel_d(other, want, 5 * 512), 1e-3, "case %zu: variant %d leaves the logits as they are", i, j);
+            cr_assert_gt(max_rel_d(other, want, 5 * 512), 1e-3, "case %zu: variant %d leaves the logits as they are", i,
+                         j);
         }
         for (int j = 0; j < nt; j++) free(t[j].f);
         kvp_model *m = load(gemma_model(&specs[i]));
@@ -2364,7 +2367,8 @@ Test(model, gemma_logits_match_a_float64_reference)
         cr_assert_eq(kvp_model_rope_style(m), KVP_ROPE_HALF, "case %zu", i);
         cr_assert_eq(c->qk_norm, r.v == 3, "case %zu", i);
         for (int l = 0; l < 5; l++)
-            cr_assert_eq(c->layer_is_sliding[l] && c->sliding_window > 0, gemma_sliding(&r, l), "case %zu layer %d", i, l);
+            cr_assert_eq(c->layer_is_sliding[l] && c->sliding_window > 0, gemma_sliding(&r, l), "case %zu layer %d", i,
+                         l);
         expect_logits_near(m, want, i);
         kvp_model_destroy(m);
     }
@@ -2449,7 +2453,8 @@ Test(model, gemma3_multimodal_folders_run_their_language_model)
         const char *dir = write_checkpoint(
             t, nt,
             &(ck_format){.arch = "gemma3_text",
-                         .cfg_add = ", \"sliding_window\": 3, \"sliding_window_pattern\": 2, \"rope_local_base_freq\": 100"});
+                         .cfg_add = ", \"sliding_window\": 3, \"sliding_window_pattern\": 2, "
+                                    "\"rope_local_base_freq\": 100"});
         char cp[512];
         snprintf(cp, sizeof cp, "%s/config.json", dir);
         size_t len;
