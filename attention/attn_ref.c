@@ -42,7 +42,7 @@ kvp_status kvp_attn_prefill_ref(const float *k, const float *v, const int32_t *k
                     const float *kr = k + (((int64_t)kv_seq_indptr[s] + j) * num_kv_heads + h / G) * D;
                     double dot = 0.0;
                     for (int32_t d = 0; d < D; d++) dot += (double)qr[d] * (double)kr[d];
-                    w[j] = p->logits_soft_cap > 0.0f ? cap * tanh(dot * scale / cap) : dot * scale;
+                    w[j] = cap > 0 ? cap * tanh(dot * scale / cap) : dot * scale;
                     if (w[j] > mx) mx = w[j];
                 }
                 double sum = 0.0;

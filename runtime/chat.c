@@ -255,12 +255,15 @@ static int role_of(const kvp_chat_msg *m)
     return -1;
 }
 
-/* Messages from i0 on must go user, assistant, user, ... (Hugging Face's templates raise otherwise). */
+/* Messages from i0 on must go user, assistant, user, ... (Hugging Face's templates raise otherwise). Gemma's
+ * templates test only where the user's messages are: a system message in an assistant's place passes there, as a
+ * turn of its own. */
 static kvp_status check_alternation(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, int32_t i0)
 {
+    const int gemma = t == KVP_CHAT_GEMMA || t == KVP_CHAT_GEMMA3;
     for (int32_t i = i0; i < n; i++) {
         const int r = role_of(&m[i]);
-        if (r == ROLE_SYSTEM)
+        if (r == ROLE_SYSTEM && !gemma)
             return t == KVP_CHAT_MISTRAL
                        ? KVP_ERR(KVP_EINVAL, "chat: message %d: the mistral template has no system role", i)
                        : KVP_ERR(KVP_EINVAL, "chat: message %d: a system message can only come first", i);
@@ -362,16 +365,12 @@ static kvp_status render_deepseek_r1(const kvp_chat_msg *m, int32_t n, int agp, 
 
 /* Gemma's templates: BOS, then per message "<start_of_turn>{user|model|system}\n{content, stripped}<end_of_turn>\n".
  * gemma refuses a first system message; gemma3 takes it out of the turns and writes it, as it is, and "\n\n"
- * before the first turn's content. The turns must go user, model, user, ...; as the templates test it, a system
- * message in a model's place passes, as its own turn. */
+ * before the first turn's content. */
 static kvp_status render_gemma(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, int agp, sink *k)
 {
     const int32_t i0 = role_of(&m[0]) == ROLE_SYSTEM;
     if (i0 && t == KVP_CHAT_GEMMA) return KVP_ERR(KVP_EINVAL, "chat: the gemma template has no system role");
-    for (int32_t i = i0; i < n; i++)
-        if ((role_of(&m[i]) == ROLE_USER) != ((i - i0) % 2 == 0))
-            return KVP_ERR(KVP_EINVAL, "chat: message %d is %s: roles must alternate user, assistant, user, ...%s", i,
-                           m[i].role, i0 ? " after the system message" : "");
+    KVP_TRY(check_alternation(t, m, n, i0));
     put_special(k, 0);
     for (int32_t i = i0; i < n; i++) {
         put_marker(k, "<start_of_turn>");

@@ -368,6 +368,15 @@ static kvp_status load_t(const source *src, const char *name, int64_t d0, int64_
     return rows_f32(&v, name, 0, d0, out);
 }
 
+/* An RMSNorm weight vector (n): as stored, or 1 + weight for an HF gemma checkpoint (its norms multiply by 1 +
+ * weight; a GGUF stores the sum already), so every norm multiplies by the vector it holds. */
+static kvp_status load_norm(const kvp_model *m, const source *src, const char *name, int64_t n, float **out)
+{
+    KVP_TRY(load_t(src, name, n, 0, out));
+    for (int64_t j = 0; m->cfg.family == KVP_FAMILY_GEMMA2 && !src->g && j < n; j++) (*out)[j] += 1.0f;
+    return KVP_OK;
+}
+
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of checked tensor v (a vector: nc ignored): this rank's
  * shard (or one part of a fused matrix), freshly allocated. */
 static kvp_status part_f32(const kvp_tensor_view *v, const char *name, int64_t r0, int64_t nr, int64_t c0,
@@ -628,8 +637,7 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
     char n[256];
     const char *emb = g ? "token_embd.weight" : "model.embed_tokens.weight";
     KVP_TRY(load_part(src, emb, V, H, t->v0, t->nv, 0, H, &m->embed));
-    KVP_TRY(load_t(src, g ? "output_norm.weight" : "model.norm.weight", H, 0, &m->out_norm));
-    for (int64_t j = 0; c->family == KVP_FAMILY_GEMMA2 && !g && j < H; j++) m->out_norm[j] += 1.0f; /* as below */
+    KVP_TRY(load_norm(m, src, g ? "output_norm.weight" : "model.norm.weight", H, &m->out_norm));
     const char *lm = g ? "output.weight" : "lm_head.weight";
     if (c->tie_word_embeddings && !src_has(src, lm)) lm = emb;
     KVP_TRY(load_mat(src, lm, V, H, t->v0, t->nv, 0, H, wd, &m->lm_head));
@@ -654,7 +662,7 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
     for (int32_t l = 0; l < c->num_layers; l++) {
         layer_w *w = &m->layers[l];
 #define NAME(gg, hf) (snprintf(n, sizeof n, g ? "blk.%d." gg : "model.layers.%d." hf, l), n)
-        KVP_TRY(load_t(src, NAME("attn_norm.weight", "input_layernorm.weight"), H, 0, &w->attn_norm));
+        KVP_TRY(load_norm(m, src, NAME("attn_norm.weight", "input_layernorm.weight"), H, &w->attn_norm));
         if (c->family == KVP_FAMILY_PHI3 && src_has(src, NAME("attn_qkv.weight", "self_attn.qkv_proj.weight"))) {
             /* phi3's fused projection: the q rows, then k's, then v's */
             const int64_t rows = (nq + 2 * nkv) * hd;
@@ -679,22 +687,17 @@ static kvp_status load_tensors(kvp_model *m, const source *src)
                 KVP_TRY(load_t(src, NAME("attn_output.bias", "self_attn.o_proj.bias"), H, 0, &w->bo));
         }
         if (c->qk_norm) {
-            KVP_TRY(load_t(src, NAME("attn_q_norm.weight", "self_attn.q_norm.weight"), hd, 0, &w->q_norm));
-            KVP_TRY(load_t(src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, 0, &w->k_norm));
+            KVP_TRY(load_norm(m, src, NAME("attn_q_norm.weight", "self_attn.q_norm.weight"), hd, &w->q_norm));
+            KVP_TRY(load_norm(m, src, NAME("attn_k_norm.weight", "self_attn.k_norm.weight"), hd, &w->k_norm));
         }
         if (c->post_norms) { /* four norms: around the attention, and around the FFN (HF: pre_feedforward_layernorm) */
-            KVP_TRY(load_t(src, NAME("post_attention_norm.weight", "post_attention_layernorm.weight"), H, 0,
-                           &w->post_attn_norm));
-            KVP_TRY(load_t(src, NAME("ffn_norm.weight", "pre_feedforward_layernorm.weight"), H, 0, &w->ffn_norm));
-            KVP_TRY(load_t(src, NAME("post_ffw_norm.weight", "post_feedforward_layernorm.weight"), H, 0,
-                           &w->post_ffn_norm));
+            KVP_TRY(load_norm(m, src, NAME("post_attention_norm.weight", "post_attention_layernorm.weight"), H,
+                              &w->post_attn_norm));
+            KVP_TRY(load_norm(m, src, NAME("ffn_norm.weight", "pre_feedforward_layernorm.weight"), H, &w->ffn_norm));
+            KVP_TRY(load_norm(m, src, NAME("post_ffw_norm.weight", "post_feedforward_layernorm.weight"), H,
+                              &w->post_ffn_norm));
         } else {
-            KVP_TRY(load_t(src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, 0, &w->ffn_norm));
-        }
-        if (c->family == KVP_FAMILY_GEMMA2 && !g) { /* HF's gemma norms multiply by 1 + weight: the 1 added here */
-            float *ns[6] = {w->attn_norm, w->ffn_norm, w->post_attn_norm, w->post_ffn_norm, w->q_norm, w->k_norm};
-            for (int i = 0; i < 6; i++)
-                for (int64_t j = 0; ns[i] && j < (i < 4 ? H : hd); j++) ns[i][j] += 1.0f;
+            KVP_TRY(load_norm(m, src, NAME("ffn_norm.weight", "post_attention_layernorm.weight"), H, &w->ffn_norm));
         }
         if (c->family == KVP_FAMILY_MIXTRAL && c->layer_is_moe[l]) {
             KVP_TRY(load_experts(m, src, l, w));
