@@ -1446,11 +1446,17 @@ static const void *mm_panel(const mat_w *w, int64_t p)
     return (const char *)w->p + (size_t)p * panel_bytes(w->dt, w->K);
 }
 
+/* Columns of panel p of w (16 but in the last). */
+static int64_t panel_cols(const mat_w *w, int64_t p)
+{
+    return w->N - p * KVP_MM_PANEL < KVP_MM_PANEL ? w->N - p * KVP_MM_PANEL : KVP_MM_PANEL;
+}
+
 /* R = 2..6 rows x panel p (6 rows: 12 accumulators, 8 loads per 12 multiply-adds; 4 rows: 6 per 8). */
-static void mm_tile(float *restrict y, int64_t ldy, const float *restrict x, const mat_w *w, int64_t p,
-                    int64_t ncols, int R)
+static void mm_tile(float *restrict y, int64_t ldy, const float *restrict x, const mat_w *w, int64_t p, int R)
 {
     const void *pan = mm_panel(w, p);
+    const int64_t ncols = panel_cols(w, p);
     const int64_t K = w->K;
     switch (R) {
     case 6: MM_BY_DTYPE(w, mm_rows_panel(y, ldy, x, K, pan, ncols, 6, DT)); break;
@@ -1511,23 +1517,57 @@ MM_INLINE void mm512_rows_panel(float *restrict y, int64_t ldy, const float *res
     for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + r * ldy, keep, a[r]);
 }
 
-/* R = 4, 8 or 12 rows x panel p. */
-static void mm512_tile(float *restrict y, int64_t ldy, const float *restrict x, const mat_w *w, int64_t p,
-                       int64_t ncols, int R)
+/* R rows (up to 12) x two panels: a full panel pan and the one pb bytes after it (ncols of its columns).
+ * Each broadcast x element feeds two multiply-adds: 14 loads per 24 (against 13 per 12 with one panel). */
+MM_INLINE void mm512_rows_2panels(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
+                                  const void *restrict pan, size_t pb, int64_t ncols, const int R,
+                                  const kvp_weight_type DT)
+{
+    __m512 a[12], b[12];
+    const void *pan1 = (const char *)pan + pb;
+    for (int r = 0; r < R; r++) a[r] = b[r] = _mm512_setzero_ps();
+    for (int64_t k = 0; k < K; k++) {
+        const __m512 w0 = mm512_load16(pan, k, DT), w1 = mm512_load16(pan1, k, DT);
+        for (int r = 0; r < R; r++) {
+            const __m512 xb = _mm512_set1_ps(x[r * K + k]);
+            a[r] = _mm512_fmadd_ps(xb, w0, a[r]);
+            b[r] = _mm512_fmadd_ps(xb, w1, b[r]);
+        }
+    }
+    const __mmask16 keep = (__mmask16)((1u << ncols) - 1u);
+    for (int r = 0; r < R; r++) {
+        _mm512_storeu_ps(y + r * ldy, a[r]);
+        _mm512_mask_storeu_ps(y + r * ldy + KVP_MM_PANEL, keep, b[r]);
+    }
+}
+
+/* R = 4, 8 or 12 rows x panels p and p + 1, or p alone when it is the last. */
+static void mm512_tile(float *restrict y, int64_t ldy, const float *restrict x, const mat_w *w, int64_t p, int R)
 {
     const void *pan = mm_panel(w, p);
     const int64_t K = w->K;
+    if (p + 1 < (w->N + KVP_MM_PANEL - 1) / KVP_MM_PANEL) {
+        const size_t pb = panel_bytes(w->dt, K);
+        const int64_t nc = panel_cols(w, p + 1);
+        switch (R) {
+        case 12: MM_BY_DTYPE(w, mm512_rows_2panels(y, ldy, x, K, pan, pb, nc, 12, DT)); break;
+        case 8: MM_BY_DTYPE(w, mm512_rows_2panels(y, ldy, x, K, pan, pb, nc, 8, DT)); break;
+        default: MM_BY_DTYPE(w, mm512_rows_2panels(y, ldy, x, K, pan, pb, nc, 4, DT)); break;
+        }
+        return;
+    }
+    const int64_t nc = panel_cols(w, p);
     switch (R) {
-    case 12: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 12, DT)); break;
-    case 8: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 8, DT)); break;
-    default: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, ncols, 4, DT)); break;
+    case 12: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, nc, 12, DT)); break;
+    case 8: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, nc, 8, DT)); break;
+    default: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, nc, 4, DT)); break;
     }
 }
 
 #pragma GCC pop_options
 #endif
 
-typedef void (*mm_tile_fn)(float *restrict, int64_t, const float *restrict, const mat_w *, int64_t, int64_t, int);
+typedef void (*mm_tile_fn)(float *restrict, int64_t, const float *restrict, const mat_w *, int64_t, int);
 
 /* Threads for a product of T rows with w: all of them from 1 MiB of weights for one row (worth a fork/join),
  * else one. */
@@ -1536,30 +1576,30 @@ static int matmul_threads(int threads, int64_t T, const mat_w *w)
     return T * w->N * w->K >= (1 << 18) ? threads : 1;
 }
 
-/* The invariant matmul over T rows, on 8 lanes or (wide) 16: when large enough, tiles of 4 (wide: 8)
- * rows per panel split over `threads`, then the remaining rows with their panels split over the threads
- * in runs of 4 (a single row of a model whose weights do not fit in cache is bound by reading them: one
- * core alone does not reach the machine's bandwidth); on one thread tiles of 6 then 4 rows (wide: 12,
- * 8, 4) per panel, then 2 or 3 rows, a single row across several panels at once (8 lanes). Every output
- * goes through the same multiply-add chain whatever the split and the lanes. */
+/* The invariant matmul over T rows, on 8 lanes or (wide) 16, in column units of one panel (8 lanes) or two
+ * (16 lanes: each broadcast input feeds two panels' multiply-adds; the last unit may hold one). When large
+ * enough, tiles of 4 (wide: 8) rows per unit split over `threads`, then the remaining rows with their panels
+ * split over the threads in runs of 4 (a single row of a model whose weights do not fit in cache is bound by
+ * reading them: one core alone does not reach the machine's bandwidth); on one thread tiles of 6 then 4 rows
+ * (wide: 12, 8, 4) per unit, then 2 or 3 rows, a single row across several panels at once (8 lanes). Every
+ * output goes through the same multiply-add chain whatever the split, the unit and the lanes. */
 static void matmul_inv(int threads, int wide, float *y, const float *x, const mat_w *w, int64_t T)
 {
     const int64_t K = w->K, N = w->N, np = (N + KVP_MM_PANEL - 1) / KVP_MM_PANEL;
     mm_tile_fn tile = mm_tile;
+    int ps = 1; /* panels a unit */
 #ifdef KVP_BUILD_AVX512
-    if (wide) tile = mm512_tile;
+    if (wide) tile = mm512_tile, ps = 2;
 #endif
+    const int64_t nu = (np + ps - 1) / ps, uw = ps * KVP_MM_PANEL; /* units, a unit's columns */
     const int RT = wide ? 8 : 4; /* rows of a tile in the threaded split */
     const int64_t ntb = T / RT;
     const int nt = matmul_threads(threads, T, w);
     if (nt > 1) {
         if (ntb > 0) {
 #pragma omp parallel for num_threads(nt) schedule(static) collapse(2)
-            for (int64_t p = 0; p < np; p++)
-                for (int64_t tb = 0; tb < ntb; tb++) {
-                    int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-                    tile(y + tb * RT * N + o, N, x + tb * RT * K, w, p, nc, RT);
-                }
+            for (int64_t u = 0; u < nu; u++)
+                for (int64_t tb = 0; tb < ntb; tb++) tile(y + tb * RT * N + u * uw, N, x + tb * RT * K, w, u * ps, RT);
         }
         if (ntb * RT < T) {
             const int64_t runs = (np + 3) / 4; /* runs of 4 panels, split evenly */
@@ -1572,8 +1612,8 @@ static void matmul_inv(int threads, int wide, float *y, const float *x, const ma
         }
         return;
     }
-    /* one thread: row tiles per panel. 8 lanes: 6 rows (12 accumulators), then 4 (twice rather than
-     * leave 2 or 3 behind 6s: 32 = 4 x 6 + 2 x 4); 16 lanes: 12 rows, then 8, then 4 (R accumulators each);
+    /* one thread: row tiles per unit. 8 lanes: 6 rows (12 accumulators), then 4 (twice rather than
+     * leave 2 or 3 behind 6s: 32 = 4 x 6 + 2 x 4); 16 lanes: 12 rows, then 8, then 4 (2R accumulators each);
      * then a pair or a triple on 8 lanes. A single row left takes several panels at once. */
     const int big = wide ? 12 : 6;
     int64_t n_big = T / big, n8 = 0, n4 = 0, left = T % big;
@@ -1591,12 +1631,13 @@ static void matmul_inv(int threads, int wide, float *y, const float *x, const ma
         left -= 4;
     }
     const int64_t t8 = n_big * big, t4 = t8 + n8 * 8, tl = t4 + n4 * 4;
-    for (int64_t p = 0; p < np; p++) {
-        int64_t o = p * KVP_MM_PANEL, nc = N - o < KVP_MM_PANEL ? N - o : KVP_MM_PANEL;
-        for (int64_t tb = 0; tb < n_big; tb++) tile(y + tb * big * N + o, N, x + tb * big * K, w, p, nc, big);
-        if (n8) tile(y + t8 * N + o, N, x + t8 * K, w, p, nc, 8);
-        for (int64_t tb = 0; tb < n4; tb++) tile(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, w, p, nc, 4);
-        if (left >= 2) mm_tile(y + tl * N + o, N, x + tl * K, w, p, nc, (int)left); /* 8 lanes: 2 chains a row */
+    for (int64_t u = 0; u < nu; u++) {
+        const int64_t o = u * uw, p = u * ps;
+        for (int64_t tb = 0; tb < n_big; tb++) tile(y + tb * big * N + o, N, x + tb * big * K, w, p, big);
+        if (n8) tile(y + t8 * N + o, N, x + t8 * K, w, p, 8);
+        for (int64_t tb = 0; tb < n4; tb++) tile(y + (t4 + tb * 4) * N + o, N, x + (t4 + tb * 4) * K, w, p, 4);
+        for (int64_t q = p; left >= 2 && q < p + ps && q < np; q++) /* 8 lanes: 2 chains a row */
+            mm_tile(y + tl * N + q * KVP_MM_PANEL, N, x + tl * K, w, q, (int)left);
     }
     if (left == 1) mm_row_panels(y + tl * N, x + tl * K, w, 0, np);
 }
