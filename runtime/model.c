@@ -109,6 +109,7 @@ struct kvp_model {
     int lanes;             /* of the invariant matmul's vectors: 8, or 16 where the CPU has AVX-512F */
     kvp_weight_type wtype; /* of the matrices' panels */
     int threads;
+    int skip_attention; /* kvp_model_set_skip_attention (timing only) */
     int is_gguf;
     char path[1024];
     kvp_comm *comm;   /* borrowed; NULL: one rank */
@@ -1191,6 +1192,8 @@ void kvp_model_set_threads(kvp_model *m, int n)
 
 void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k) { m->matmul = k; }
 
+void kvp_model_set_skip_attention(kvp_model *m, int on) { m->skip_attention = on != 0; }
+
 kvp_status kvp_model_set_lanes(kvp_model *m, int lanes)
 {
     if (lanes != 8 && lanes != 16)
@@ -2091,7 +2094,9 @@ static kvp_status forward_one(const kvp_model *m, kvp_kv_cache *kv, const kvp_fw
         p.window_left = w->window_left;
         p.logits_soft_cap = (float)c->attn_logit_softcapping;
         if (c->query_pre_attn_scalar > 0) p.sm_scale = (float)(1.0 / sqrt(c->query_pre_attn_scalar));
-        if (inv) {
+        if (m->skip_attention) {
+            memcpy(o, q, (size_t)(T * QD) * sizeof(float)); /* o and q: (T, QD) */
+        } else if (inv) {
             p.kv_chunk_size = 1 << 30; /* no split-KV: a row's result must not depend on the batch */
             kvp_paged_kv_set_pages(&lkv, (int32_t)T, x_indptr, x_indices, x_last);
             KVP_TRY(kvp_attn_decode_cpu(&lkv, q, o, &p));

@@ -113,6 +113,10 @@ void kvp_model_set_matmul(kvp_model *m, kvp_matmul_kind k);
  * The widest a CPU allows: kvp_cpu_max_lanes (common/cpu.h). */
 kvp_status kvp_model_set_lanes(kvp_model *m, int lanes); /* KVP_EUNSUPPORTED: 16 without AVX-512F */
 int kvp_model_lanes(const kvp_model *m);
+/* Timing only (on: nonzero): every layer's attention output becomes a copy of its queries, so the logits
+ * are wrong. K/V are still appended. `kvpage bench generate --skip-attention` times the rest of a step with
+ * it: the ceiling that no attention kernel, however fast, could pass. */
+void kvp_model_set_skip_attention(kvp_model *m, int on);
 
 /* Runs fn(arg, i) for every i in [0, n) and returns when all are done: task 0 on the calling thread, the
  * others on the model's worker threads (started on first use, asleep between runs, joined by

@@ -846,6 +846,46 @@ Test(model, invariant_rows_bit_identical_for_every_batch_size)
     }
 }
 
+/* Prompt toks (4 tokens, positions 0..3) in one forward pass: the last row's logits in out (512). */
+static void last_logits(kvp_model *m, const int32_t *toks, float *out)
+{
+    static float all[4 * 512];
+    int32_t pos[4] = {0, 1, 2, 3}, qo[2] = {0, 4}, kvi[2] = {0, 1}, block = 0, last = 4;
+    int64_t slots[4] = {0, 1, 2, 3};
+    kvp_kv_cache *kv;
+    cr_assert_eq(kvp_kv_cache_create(m, KVP_DTYPE_F32, 1, 16, &kv), KVP_OK);
+    kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 4, .tokens = toks, .positions = pos, .slot_mapping = slots,
+                       .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = &block, .kv_last_page_len = &last,
+                       .all_logits = 1};
+    cr_assert_eq(kvp_model_forward(m, kv, &b, all), KVP_OK, "%s", kvp_error_detail());
+    memcpy(out, all + 3 * 512, sizeof(float) * 512);
+    kvp_kv_cache_destroy(kv);
+}
+
+/* kvp_model_set_skip_attention (bench generate's --skip-attention): the same token at the same position
+ * after two different histories gives different logits through attention, the same ones with it skipped
+ * (nothing but the token and its position reaches the row); off again, attention is back. */
+Test(model, skip_attention_cuts_the_history_out)
+{
+    tu_require_shared();
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(S260_GGUF, &m), KVP_OK, "%s", kvp_error_detail());
+    static const int32_t h1[4] = {1, 403, 407, 300}, h2[4] = {1, 261, 378, 300};
+    static float a[512], b[512], c[512];
+    last_logits(m, h1, a);
+    last_logits(m, h2, b);
+    cr_assert(memcmp(a, b, sizeof a) != 0, "attention: the history moves the last row's logits");
+    kvp_model_set_skip_attention(m, 1);
+    last_logits(m, h1, b);
+    last_logits(m, h2, c);
+    cr_assert(memcmp(b, c, sizeof b) == 0, "skipped: the history does not reach the last row");
+    cr_assert(memcmp(a, b, sizeof a) != 0, "skipped: the logits are not the model's");
+    kvp_model_set_skip_attention(m, 0);
+    last_logits(m, h1, b);
+    cr_assert(memcmp(a, b, sizeof a) == 0, "attention back on: the model's logits again");
+    kvp_model_destroy(m);
+}
+
 /* ---- configs that disagree with the weights or hold numbers out of range: errors name file and field ---- */
 
 static void expect_load_error(const char *path, kvp_status want, const char *n1, const char *n2, const char *n3,
