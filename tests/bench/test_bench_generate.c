@@ -97,11 +97,13 @@ Test(bench_generate, skip_attention_rows, .timeout = 120)
 {
     for (int skip = 0; skip < 2; skip++) {
         cJSON *o;
-        const cJSON *rows = two_rows(skip ? "--batch 3 --max-tokens 8 --skip-attention" : "--batch 3 --max-tokens 8", &o);
+        const cJSON *rows =
+            two_rows(skip ? "--batch 3 --max-tokens 8 --skip-attention" : "--batch 3 --max-tokens 8", &o);
         for (int i = 0; i < 2; i++) {
             const cJSON *r = cJSON_GetArrayItem(rows, i);
             cr_assert_str_eq(cJSON_GetObjectItemCaseSensitive(r, "attention")->valuestring, skip ? "skipped" : "on");
-            cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")) == !skip, "skip %d row %d", skip, i);
+            cr_assert(cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(r, "validated")) == !skip, "skip %d row %d",
+                      skip, i);
             cr_assert_eq(kvp_test_num(r, "kv_read_gbps") > 0, !skip, "skip %d row %d", skip, i);
             cr_assert_eq(kvp_test_num(r, "generated"), kvp_test_num(r, "sequences") * 8);
         }

@@ -766,10 +766,11 @@ Test(model, run_runs_every_task_once)
 }
 
 /* Invariant matmul tiling (every row tile of the lane count, single rows, every panel including the partial
- * one of the 172-wide FFN; on 16 lanes tiles of two panels, and that FFN's eleventh panel alone; from 8 rows on, the LM head's tiles and left-over rows split over the threads):
- * one token a step, then prompts of n = 1..40 tokens in one forward pass; every row equals the same token
- * alone, bit for bit, on 1 and 2 threads. ref (40 x V): with *have_ref, the tokens alone must give it too
- * (another lane count's results); else it gets them. */
+ * one of the 172-wide FFN; on 16 lanes tiles of two panels, and that FFN's eleventh panel alone; from 8 rows on,
+ * the LM head's tiles and left-over rows split over the threads): one token a step, then prompts of n = 1..40
+ * tokens in one forward pass; every row equals the same token alone, bit for bit, on 1 and 2 threads. ref
+ * (40 x V): with *have_ref, the tokens alone must give it too (another lane count's results); else it gets
+ * them. */
 static void expect_batch_invariant(kvp_model *m, const char *what, float *ref, int *have_ref)
 {
     enum { NMAX = 40, V = 512 };
