@@ -1506,65 +1506,50 @@ MM_INLINE __m512 mm512_load16(const void *restrict pan, int64_t k, const kvp_wei
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* R rows (up to 12) x one panel: y[r][0..ncols) for rows x + r*K. */
-MM_INLINE void mm512_rows_panel(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
-                                const void *restrict pan, int64_t ncols, const int R, const kvp_weight_type DT)
+/* R rows (up to 12) x NP panels (1 or 2): pan, then (NP 2) the one pb bytes after it, a full panel first;
+ * y[r][0..ncols) of the last panel, for rows x + r*K. With two panels each broadcast x element feeds two
+ * multiply-adds: 14 loads per 24, against 13 per 12 with one. */
+MM_INLINE void mm512_rows_panels(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
+                                 const void *restrict pan, size_t pb, int64_t ncols, const int R, const int NP,
+                                 const kvp_weight_type DT)
 {
-    __m512 a[12];
-    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_ps();
-    for (int64_t k = 0; k < K; k++) {
-        const __m512 w = mm512_load16(pan, k, DT);
-        for (int r = 0; r < R; r++) a[r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * K + k]), w, a[r]);
-    }
-    const __mmask16 keep = (__mmask16)((1u << ncols) - 1u);
-    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + r * ldy, keep, a[r]);
-}
-
-/* R rows (up to 12) x two panels: a full panel pan and the one pb bytes after it (ncols of its columns).
- * Each broadcast x element feeds two multiply-adds: 14 loads per 24 (against 13 per 12 with one panel). */
-MM_INLINE void mm512_rows_2panels(float *restrict y, int64_t ldy, const float *restrict x, int64_t K,
-                                  const void *restrict pan, size_t pb, int64_t ncols, const int R,
-                                  const kvp_weight_type DT)
-{
-    __m512 a[12], b[12];
+    __m512 a[2][12];
     const void *pan1 = (const char *)pan + pb;
-    for (int r = 0; r < R; r++) a[r] = b[r] = _mm512_setzero_ps();
+    for (int r = 0; r < R; r++) a[0][r] = a[1][r] = _mm512_setzero_ps();
     for (int64_t k = 0; k < K; k++) {
-        const __m512 w0 = mm512_load16(pan, k, DT), w1 = mm512_load16(pan1, k, DT);
+        const __m512 w0 = mm512_load16(pan, k, DT), w1 = NP == 2 ? mm512_load16(pan1, k, DT) : w0;
         for (int r = 0; r < R; r++) {
             const __m512 xb = _mm512_set1_ps(x[r * K + k]);
-            a[r] = _mm512_fmadd_ps(xb, w0, a[r]);
-            b[r] = _mm512_fmadd_ps(xb, w1, b[r]);
+            a[0][r] = _mm512_fmadd_ps(xb, w0, a[0][r]);
+            if (NP == 2) a[1][r] = _mm512_fmadd_ps(xb, w1, a[1][r]);
         }
     }
     const __mmask16 keep = (__mmask16)((1u << ncols) - 1u);
     for (int r = 0; r < R; r++) {
-        _mm512_storeu_ps(y + r * ldy, a[r]);
-        _mm512_mask_storeu_ps(y + r * ldy + KVP_MM_PANEL, keep, b[r]);
+        if (NP == 2) _mm512_storeu_ps(y + r * ldy, a[0][r]);
+        _mm512_mask_storeu_ps(y + r * ldy + (NP - 1) * KVP_MM_PANEL, keep, a[NP - 1][r]);
+    }
+}
+
+/* R = 4, 8 or 12 rows x NP panels from p. */
+MM_INLINE void mm512_tile_np(float *restrict y, int64_t ldy, const float *restrict x, const mat_w *w, int64_t p,
+                             int R, const int NP)
+{
+    const void *pan = mm_panel(w, p);
+    const int64_t K = w->K, nc = panel_cols(w, p + NP - 1);
+    const size_t pb = panel_bytes(w->dt, K);
+    switch (R) {
+    case 12: MM_BY_DTYPE(w, mm512_rows_panels(y, ldy, x, K, pan, pb, nc, 12, NP, DT)); break;
+    case 8: MM_BY_DTYPE(w, mm512_rows_panels(y, ldy, x, K, pan, pb, nc, 8, NP, DT)); break;
+    default: MM_BY_DTYPE(w, mm512_rows_panels(y, ldy, x, K, pan, pb, nc, 4, NP, DT)); break;
     }
 }
 
 /* R = 4, 8 or 12 rows x panels p and p + 1, or p alone when it is the last. */
 static void mm512_tile(float *restrict y, int64_t ldy, const float *restrict x, const mat_w *w, int64_t p, int R)
 {
-    const void *pan = mm_panel(w, p);
-    const int64_t K = w->K;
-    if (p + 1 < (w->N + KVP_MM_PANEL - 1) / KVP_MM_PANEL) {
-        const size_t pb = panel_bytes(w->dt, K);
-        const int64_t nc = panel_cols(w, p + 1);
-        switch (R) {
-        case 12: MM_BY_DTYPE(w, mm512_rows_2panels(y, ldy, x, K, pan, pb, nc, 12, DT)); break;
-        case 8: MM_BY_DTYPE(w, mm512_rows_2panels(y, ldy, x, K, pan, pb, nc, 8, DT)); break;
-        default: MM_BY_DTYPE(w, mm512_rows_2panels(y, ldy, x, K, pan, pb, nc, 4, DT)); break;
-        }
-        return;
-    }
-    const int64_t nc = panel_cols(w, p);
-    switch (R) {
-    case 12: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, nc, 12, DT)); break;
-    case 8: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, nc, 8, DT)); break;
-    default: MM_BY_DTYPE(w, mm512_rows_panel(y, ldy, x, K, pan, nc, 4, DT)); break;
-    }
+    if (p + 1 < (w->N + KVP_MM_PANEL - 1) / KVP_MM_PANEL) mm512_tile_np(y, ldy, x, w, p, R, 2);
+    else mm512_tile_np(y, ldy, x, w, p, R, 1);
 }
 
 #pragma GCC pop_options

@@ -293,13 +293,13 @@ Test(model, load_survives_every_allocation_failure)
     tu_every_alloc_failure("model load", load_model, destroy_model, S260_GGUF, 0);
 }
 
-/* The logits of every row of a fixed 5-token prompt (ids taken modulo the vocabulary) in out (5 x vocab),
- * from a fresh one-block cache. */
-static kvp_status forward_prompt5(kvp_model *m, float *out)
+/* The logits of every row of the 5-token prompt ids (taken modulo the vocabulary) in out (5 x vocab), from a
+ * fresh one-block cache. */
+static kvp_status forward_tokens5(kvp_model *m, const int32_t *ids, float *out)
 {
     const int64_t V = kvp_model_cfg(m)->vocab_size;
-    int32_t toks[5] = {1, 403, 407, 261, 378}, pos[5] = {0, 1, 2, 3, 4}, blocks[1] = {0};
-    for (int i = 0; i < 5; i++) toks[i] = (int32_t)(toks[i] % V);
+    int32_t toks[5], pos[5] = {0, 1, 2, 3, 4}, blocks[1] = {0};
+    for (int i = 0; i < 5; i++) toks[i] = (int32_t)(ids[i] % V);
     int64_t slots[5] = {0, 1, 2, 3, 4};
     int32_t qo[2] = {0, 5}, kvi[2] = {0, 1}, last = 5;
     kvp_kv_cache *kv;
@@ -310,6 +310,13 @@ static kvp_status forward_prompt5(kvp_model *m, float *out)
     const kvp_status st = kvp_model_forward(m, kv, &b, out);
     kvp_kv_cache_destroy(kv);
     return st;
+}
+
+/* forward_tokens5 on a fixed prompt. */
+static kvp_status forward_prompt5(kvp_model *m, float *out)
+{
+    static const int32_t ids[5] = {1, 403, 407, 261, 378};
+    return forward_tokens5(m, ids, out);
 }
 
 /* ---- random corruption: every mutant either loads and runs, or fails with an error naming its file ---- */
@@ -847,22 +854,6 @@ Test(model, invariant_rows_bit_identical_for_every_batch_size)
     }
 }
 
-/* Prompt toks (4 tokens, positions 0..3) in one forward pass: the last row's logits in out (512). */
-static void last_logits(kvp_model *m, const int32_t *toks, float *out)
-{
-    static float all[4 * 512];
-    int32_t pos[4] = {0, 1, 2, 3}, qo[2] = {0, 4}, kvi[2] = {0, 1}, block = 0, last = 4;
-    int64_t slots[4] = {0, 1, 2, 3};
-    kvp_kv_cache *kv;
-    cr_assert_eq(kvp_kv_cache_create(m, KVP_DTYPE_F32, 1, 16, &kv), KVP_OK);
-    kvp_fwd_batch b = {.num_seqs = 1, .num_tokens = 4, .tokens = toks, .positions = pos, .slot_mapping = slots,
-                       .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = &block, .kv_last_page_len = &last,
-                       .all_logits = 1};
-    cr_assert_eq(kvp_model_forward(m, kv, &b, all), KVP_OK, "%s", kvp_error_detail());
-    memcpy(out, all + 3 * 512, sizeof(float) * 512);
-    kvp_kv_cache_destroy(kv);
-}
-
 /* kvp_model_set_skip_attention (bench generate's --skip-attention): the same token at the same position
  * after two different histories gives different logits through attention, the same ones with it skipped
  * (nothing but the token and its position reaches the row); off again, attention is back. */
@@ -871,19 +862,21 @@ Test(model, skip_attention_cuts_the_history_out)
     tu_require_shared();
     kvp_model *m;
     cr_assert_eq(kvp_model_load(S260_GGUF, &m), KVP_OK, "%s", kvp_error_detail());
-    static const int32_t h1[4] = {1, 403, 407, 300}, h2[4] = {1, 261, 378, 300};
-    static float a[512], b[512], c[512];
-    last_logits(m, h1, a);
-    last_logits(m, h2, b);
-    cr_assert(memcmp(a, b, sizeof a) != 0, "attention: the history moves the last row's logits");
+    static const int32_t h1[5] = {1, 403, 407, 261, 300}, h2[5] = {1, 378, 286, 376, 300};
+    static float a[5 * 512], b[5 * 512], c[5 * 512];
+    const float *la = a + 4 * 512, *lb = b + 4 * 512, *lc = c + 4 * 512; /* the last rows */
+    const size_t row = sizeof(float) * 512;
+    cr_assert_eq(forward_tokens5(m, h1, a), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(forward_tokens5(m, h2, b), KVP_OK, "%s", kvp_error_detail());
+    cr_assert(memcmp(la, lb, row) != 0, "attention: the history moves the last row's logits");
     kvp_model_set_skip_attention(m, 1);
-    last_logits(m, h1, b);
-    last_logits(m, h2, c);
-    cr_assert(memcmp(b, c, sizeof b) == 0, "skipped: the history does not reach the last row");
-    cr_assert(memcmp(a, b, sizeof a) != 0, "skipped: the logits are not the model's");
+    cr_assert_eq(forward_tokens5(m, h1, b), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(forward_tokens5(m, h2, c), KVP_OK, "%s", kvp_error_detail());
+    cr_assert(memcmp(lb, lc, row) == 0, "skipped: the history does not reach the last row");
+    cr_assert(memcmp(la, lb, row) != 0, "skipped: the logits are not the model's");
     kvp_model_set_skip_attention(m, 0);
-    last_logits(m, h1, b);
-    cr_assert(memcmp(a, b, sizeof a) == 0, "attention back on: the model's logits again");
+    cr_assert_eq(forward_tokens5(m, h1, b), KVP_OK, "%s", kvp_error_detail());
+    cr_assert(memcmp(la, lb, row) == 0, "attention back on: the model's logits again");
     kvp_model_destroy(m);
 }
 
