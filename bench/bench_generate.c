@@ -1,6 +1,6 @@
 /* bench/bench_generate.c — `kvpage bench generate`: decode throughput of the CPU executor on a real model,
  * single-stream (one sequence) vs batched (N concurrent sequences), through the same continuous-batching
- * loop (runtime/gen.h) as `kvpage generate`.
+ * loop (runtime/engine/gen.h) as `kvpage generate`.
  *
  * Before timing, the model's greedy output is validated: on stories260K the single-stream greedy tokens from an
  * empty prompt must equal golden.json's published story (not with an fp8 KV cache, nor bf16 or q8_0 weights:
@@ -28,8 +28,8 @@
 #include "common/parse.h"
 #include "common/report.h"
 #include "common/timer.h"
-#include "runtime/gen.h"
-#include "runtime/model.h"
+#include "runtime/engine/gen.h"
+#include "runtime/model/model.h"
 
 static const char *const k_fields[] = {"model",        "mode",         "sequences",        "threads",          "matmul",
                                        "lanes",        "attn_lanes",   "block_size",       "kv_dtype",         "weight_dtype",

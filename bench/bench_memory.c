@@ -4,7 +4,7 @@
  *
  * Default = the paper's setting: OPT-13B (../shared/data/configs/derived/opt-13b.json) on one A100-40G with
  * 12 GB of KV memory (800 KiB per token -> about 14.6k token slots), max_model_len 2048, a ShareGPT-like
- * workload (runtime/workload_synth.h) of 1000 requests all queued at t = 0 (memory-bound, saturated), the
+ * workload (runtime/workload/workload_synth.h) of 1000 requests all queued at t = 0 (memory-bound, saturated), the
  * vLLM v0 scheduler of the paper's time (no chunked prefill, 2048 batched tokens, 256 sequences, 1 %
  * watermark, recompute preemption). Every strategy runs the same requests through the same engine; only
  * the KV allocator differs. Shares are time averages over the whole run (sim_duration_s). The Orca
@@ -28,7 +28,7 @@
 #include "common/parse.h"
 #include "common/report.h"
 #include "common/timer.h"
-#include "runtime/simulate.h"
+#include "runtime/planner/simulate.h"
 
 static void usage(FILE *f)
 {

@@ -223,7 +223,7 @@ static void usage(FILE *f)
             "match (count the hit), allocate the rest (evicting by the policy), insert the full blocks, release.\n"
             "\n"
             "  --trace mooncake:PATH   Mooncake JSONL trace (a bare PATH is read as Mooncake too)\n"
-            "  --workload SPEC         synthetic: system|chat|fewshot|branch[:key=value,...] (runtime/workload.h)\n"
+            "  --workload SPEC         synthetic: system|chat|fewshot|branch[:key=value,...] (runtime/workload/workload.h)\n"
             "  --skip-bad              count and skip malformed trace lines instead of failing\n"
             "  --cache LIST            radix | hash | none (comma list; default radix)\n"
             "  --evict LIST            lru | lfu | fifo | priority | belady | all (comma list; default lru)\n"

@@ -25,7 +25,7 @@
 #include "common/status.h"
 #include "prefix_cache/host_cache.h"
 #include "prefix_cache/prefix_cache.h"
-#include "runtime/workload.h"
+#include "runtime/workload/workload.h"
 
 typedef struct {
     kvp_pc_kind kind;

@@ -39,10 +39,10 @@
 #include "common/report.h"
 #include "common/stats.h"
 #include "common/timer.h"
-#include "runtime/simulate.h"
-#include "runtime/tokenizer.h"
-#include "runtime/workload.h"
-#include "runtime/workload_synth.h"
+#include "runtime/planner/simulate.h"
+#include "runtime/text/tokenizer.h"
+#include "runtime/workload/workload.h"
+#include "runtime/workload/workload_synth.h"
 
 static const char *const k_fields[] = {
     "server",          "workload",       "answers",         "rate",            "max_concurrency", "requests",
@@ -77,7 +77,7 @@ static void usage(FILE *f)
             "                            turns as user messages and the answers as assistant messages)\n"
             "  --trace FILE              Azure LLM trace CSV (*.csv) or Mooncake JSONL\n"
             "  --workload SPEC           sharegpt | alpaca | system:... | chat:... | fewshot:... | branch:...\n"
-            "                            (as for simulate; runtime/workload.h)\n"
+            "                            (as for simulate; runtime/workload/workload.h)\n"
             "  --rate R[,R...]           requests/s (> 0, or inf: all at once); traces are rescaled to it. A list\n"
             "                            runs the workload once per rate, each on a fresh server (with --url, the\n"
             "                            server's prefix cache is emptied between them: POST /reset_prefix_cache,\n"

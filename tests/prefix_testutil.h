@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 
-#include "runtime/workload.h"
+#include "runtime/workload/workload.h"
 
 /* Hit tokens of request i of w: the longest prefix it shares with the tokens an earlier request computed
  * (its prompt, and its known answer but the last token), in whole blocks of bs, never covering its own last

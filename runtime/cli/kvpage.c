@@ -6,7 +6,7 @@
 #include "bench/bench.h"
 #include "common/cli.h"
 #include "common/report.h"
-#include "runtime/commands.h"
+#include "runtime/cli/commands.h"
 
 static const struct {
     const char *name;

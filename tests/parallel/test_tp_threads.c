@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "parallel/comm.h"
-#include "runtime/gen.h"
-#include "runtime/model.h"
+#include "runtime/engine/gen.h"
+#include "runtime/model/model.h"
 #include "runtime/model_testutil.h"
 
 typedef struct {

@@ -15,7 +15,7 @@
 #include "common/json.h"
 #include "common/status.h"
 #include "fuzz_testutil.h"
-#include "runtime/gen.h"
+#include "runtime/engine/gen.h"
 
 #define S260_DIR "../shared/models/stories260K"
 #define S260_GGUF S260_DIR "/stories260K.gguf"

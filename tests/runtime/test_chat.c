@@ -9,8 +9,8 @@
 #include "common/alloc.h"
 #include "common/json.h"
 #include "model_testutil.h"
-#include "runtime/chat.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/chat.h"
+#include "runtime/text/tokenizer.h"
 
 static void expect_text(kvp_chat_template t, const kvp_chat_msg *m, int32_t n, int agp, const char *want)
 {

@@ -2,7 +2,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 
-#include "runtime/cost_model.h"
+#include "runtime/executor/cost_model.h"
 
 static kvp_cost_model toy(void)
 {

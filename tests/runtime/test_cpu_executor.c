@@ -1,4 +1,4 @@
-/* The engine (runtime/engine.h) with the cpu executor on stories260K: the golden greedy stories come out of
+/* The engine (runtime/engine/engine.h) with the cpu executor on stories260K: the golden greedy stories come out of
  * the scheduler's continuous batching, with a prefix cache and its host tier, and with swap and recompute
  * preemption. */
 #include <criterion/criterion.h>
@@ -6,9 +6,9 @@
 
 #include "common/json.h"
 #include "model_testutil.h"
-#include "runtime/cpu_executor.h"
-#include "runtime/engine.h"
-#include "runtime/workload.h"
+#include "runtime/executor/cpu_executor.h"
+#include "runtime/engine/engine.h"
+#include "runtime/workload/workload.h"
 
 typedef struct {
     int32_t prompt[64], np, want[512], nwant;

@@ -1,4 +1,4 @@
-/* Generation loop tests (runtime/gen.h) on stories260K: golden greedy stories through continuous batching,
+/* Generation loop tests (runtime/engine/gen.h) on stories260K: golden greedy stories through continuous batching,
  * batch invariance (alone / together / prefix cache radix, hash, none / block sizes 1, 16, 64 / preemption),
  * n > 1 sampling by fork with copy-on-write (accounting), beam search against exhaustive search. */
 #include <criterion/criterion.h>
@@ -12,9 +12,9 @@
 #include "common/json.h"
 #include "cli_testutil.h"
 #include "model_testutil.h"
-#include "runtime/chat.h"
-#include "runtime/gen.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/chat.h"
+#include "runtime/engine/gen.h"
+#include "runtime/text/tokenizer.h"
 
 static kvp_model *g_model;
 static kvp_tokenizer *g_tok;

@@ -1,7 +1,7 @@
 #include <criterion/criterion.h>
 #include <string.h>
 
-#include "runtime/gpu_profile.h"
+#include "runtime/executor/gpu_profile.h"
 
 Test(gpu_profile, find_is_case_insensitive)
 {

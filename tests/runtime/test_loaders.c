@@ -9,9 +9,9 @@
 
 #include "common/alloc.h"
 #include "model_testutil.h"
-#include "runtime/gguf.h"
-#include "runtime/model.h"
-#include "runtime/safetensors.h"
+#include "runtime/loader/gguf.h"
+#include "runtime/model/model.h"
+#include "runtime/loader/safetensors.h"
 
 Test(loaders, gguf_stories260k_metadata_and_tensors)
 {

@@ -11,11 +11,11 @@
 #include "common/json.h"
 #include "parallel/comm.h"
 #include "model_testutil.h"
-#include "runtime/gguf.h"
-#include "runtime/model.h"
-#include "runtime/safetensors.h"
-#include "runtime/sampler.h"
-#include "runtime/tokenizer.h"
+#include "runtime/loader/gguf.h"
+#include "runtime/model/model.h"
+#include "runtime/loader/safetensors.h"
+#include "runtime/engine/sampler.h"
+#include "runtime/text/tokenizer.h"
 
 static kvp_model *load(const char *path)
 {
@@ -1836,7 +1836,7 @@ Test(model, moe_top1_of_equal_experts_gives_the_golden_story_in_both_formats)
     }
 }
 
-/* ---- a float64 reference of the HF model moe_tensors describes (no code shared with runtime/model.c) ---- */
+/* ---- a float64 reference of the HF model moe_tensors describes (no code shared with runtime/model/model.c) ---- */
 
 static const float *ck_find(const ck_tensor *t, int nt, const char *name)
 {

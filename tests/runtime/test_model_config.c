@@ -8,8 +8,8 @@
 #include <string.h>
 
 #include "model_testutil.h"
-#include "runtime/model_config.h"
-#include "runtime/planner.h"
+#include "runtime/loader/model_config.h"
+#include "runtime/planner/planner.h"
 
 #define CONFIGS "../shared/data/configs"
 

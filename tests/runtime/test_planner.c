@@ -6,7 +6,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
-#include "runtime/planner.h"
+#include "runtime/planner/planner.h"
 
 #include "cli_testutil.h"
 

@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "model_testutil.h"
-#include "runtime/gguf.h"
+#include "runtime/loader/gguf.h"
 
 #define FIXTURE "tests/data/quant_types.gguf"
 

@@ -1,4 +1,4 @@
-/* The deepseek_r1 reasoning split (runtime/reasoning.h): whole answers against hand-written parts, and streams
+/* The deepseek_r1 reasoning split (runtime/text/reasoning.h): whole answers against hand-written parts, and streams
  * cut at every way into chunks against the whole answer's parts (joined pieces equal; nothing is given that
  * could still turn into "<think>" or "</think>"). */
 #include <criterion/criterion.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/reasoning.h"
+#include "runtime/text/reasoning.h"
 
 Test(reasoning, whole_answers_split_at_the_first_close)
 {

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/sampler.h"
+#include "runtime/engine/sampler.h"
 
 static const float logits8[8] = {1.0f, 2.5f, 0.0f, 2.0f, -1.0f, 2.5f, 0.5f, 1.5f};
 

@@ -5,9 +5,9 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "runtime/engine.h"
-#include "runtime/workload.h"
-#include "runtime/workload_synth.h"
+#include "runtime/engine/engine.h"
+#include "runtime/workload/workload.h"
+#include "runtime/workload/workload_synth.h"
 
 #include "prefix_testutil.h"
 

@@ -19,8 +19,8 @@
 #include "common/json.h"
 #include "model_testutil.h"
 #include "prefix_cache/host_cache.h"
-#include "runtime/chat.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/chat.h"
+#include "runtime/text/tokenizer.h"
 
 typedef struct {
     pid_t pid;      /* the child: kvpage, or mpirun */

@@ -10,8 +10,8 @@
 #include <sys/wait.h>
 
 #include "common/json.h"
-#include "runtime/simulate.h"
-#include "runtime/workload_synth.h"
+#include "runtime/planner/simulate.h"
+#include "runtime/workload/workload_synth.h"
 
 #include "cli_testutil.h"
 

@@ -1,4 +1,4 @@
-/* n-gram speculative decoding in the generation loop (kvp_gen_config.spec_tokens, runtime/gen.h) on stories260K:
+/* n-gram speculative decoding in the generation loop (kvp_gen_config.spec_tokens, runtime/engine/gen.h) on stories260K:
  * the golden stories, results equal to decoding without it (greedy, sampled, penalized, biased, n > 1, stop ids,
  * log-probabilities; block sizes, caches, budgets, preemption, threads), rejected drafts' blocks given back,
  * only verified tokens offered to the prefix cache, kvp_gen_session_stop_at, the config parser, allocation
@@ -11,8 +11,8 @@
 #include "cli_testutil.h"
 #include "common/alloc.h"
 #include "model_testutil.h"
-#include "runtime/gen.h"
-#include "runtime/tokenizer.h"
+#include "runtime/engine/gen.h"
+#include "runtime/text/tokenizer.h"
 
 static kvp_model *g_model;
 static kvp_tokenizer *g_tok;

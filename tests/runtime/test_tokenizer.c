@@ -8,7 +8,7 @@
 #include "common/alloc.h"
 #include "common/json.h"
 #include "model_testutil.h"
-#include "runtime/tokenizer.h"
+#include "runtime/text/tokenizer.h"
 
 static kvp_tokenizer *load_gguf_tok(kvp_gguf **g)
 {

@@ -15,8 +15,8 @@
 #include "common/alloc.h"
 #include "common/json.h"
 #include "model_testutil.h"
-#include "runtime/gguf.h"
-#include "runtime/tokenizer.h"
+#include "runtime/loader/gguf.h"
+#include "runtime/text/tokenizer.h"
 
 #define TOKDIR "tests/data/tokenizers"
 static const char *const k_families[] = {"llama3", "qwen2", "gpt2", "deepseek", "commandr", "tekken", "qwen35"};

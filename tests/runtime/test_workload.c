@@ -10,8 +10,8 @@
 
 #include "common/alloc.h"
 #include "model_testutil.h"
-#include "runtime/workload.h"
-#include "runtime/workload_synth.h"
+#include "runtime/workload/workload.h"
+#include "runtime/workload/workload_synth.h"
 
 #define ARXIV "../shared/data/traces/mooncake/arxiv_trace_first20.jsonl"
 

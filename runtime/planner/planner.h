@@ -1,0 +1,99 @@
+/* runtime/planner/planner.h — the memory planner behind `kvpage plan`: the seed article's formulas.
+ *
+ *   weights_bytes        = params x bytes per weight                      (7B in BF16 -> 14 GB)
+ *   kv_bytes_per_token   = 2 x layers x kv_heads x head_dim x bytes       (all layers, full attention;
+ *                          MLA: layers x (kv_lora_rank + qk_rope_head_dim) x bytes)
+ *   kv_bytes_per_seq     = sum over layers of min(seq_len, window of that layer) x per-layer bytes
+ *   kv_bytes_total       = num_seqs x kv(seq_len) - (num_seqs - 1) x kv(shared_prefix)  (prefix stored once)
+ *   block_bytes          = block_size x kv_bytes_per_token
+ *   kv_budget            = gpu_mem x gpu_util - weights - activation reserve   (per tensor-parallel rank)
+ *   num_blocks           = floor(kv_budget / block_bytes of one rank)
+ *   max_concurrent_seqs  = floor(kv_budget / paged bytes of one sequence), a sequence taking whole blocks
+ *                          in each layer (sliding layers only the blocks of their window)
+ *   train_bytes          = 16 x params (mixed-precision AdamW: 2 weights + 2 grads + 4 master + 4 m + 4 v)
+ *   lora_train_bytes     = bytes-per-weight x params + 16 x LoRA params (rank r adapters on q, k, v, o)
+ *
+ * Tensor parallelism (Megatron): each rank holds 1/tp of the weights (norms replicated) and
+ * max(1, kv_heads / tp) KV heads; when tp > kv_heads each KV head is replicated on tp / kv_heads ranks (as
+ * vLLM does), and an MLA latent cache is replicated on every rank (kv_replicas = tp).
+ * Two columns: per rank, and the whole model = all tp ranks together. The whole-model KV figures (per
+ * token, per sequence, all sequences, block) are tp x the per-rank ones, so they count every replica:
+ *
+ *     Llama-3.1-8B (8 KV heads), tp 16:  rank r holds KV head r/2   ->  kv_replicas = 2
+ *     per rank: 16 KiB per token          whole model: 16 x 16 KiB = 256 KiB = 2 x the 128 KiB of one copy
+ *
+ * That is the GPU memory the KV cache takes, and it keeps the columns consistent: whole-model budget /
+ * whole-model KV per sequence = per-rank budget / per-rank KV per sequence = the concurrent sequences.
+ * Without replication (tp <= kv_heads) the whole-model figures are the seed article's formulas above; the
+ * size of one copy is kv_bytes_per_token / kv_replicas. Weights are split, not replicated: the whole-model
+ * weights are params x bytes, per rank 1/tp of that. The activation reserve, unless given, is an estimate
+ * documented in planner.c.
+ *
+ * Sizes that do not fit in int64_t (huge --seq-len, --num-seqs, --block-size, --reserve, --lora-rank)
+ * are KVP_EINVAL naming the option, never wrapped values; the config loader bounds the model's fields and
+ * parameter count (runtime/loader/model_config.h).
+ */
+#ifndef KVP_RUNTIME_PLANNER_H
+#define KVP_RUNTIME_PLANNER_H
+
+#include <stdint.h>
+
+#include "runtime/loader/model_config.h"
+
+/* Bytes per element of "fp32", "bf16", "fp16", "fp8", "int8"; KVP_EINVAL naming the unknown name. */
+kvp_status kvp_dtype_bytes(const char *name, double *bytes);
+
+typedef struct {
+    int64_t gpu_mem_bytes;      /* memory of one GPU */
+    double gpu_util;            /* fraction the runtime may use, (0, 1] */
+    double weight_bytes;        /* bytes per weight element */
+    double kv_bytes;            /* bytes per KV element */
+    int32_t block_size;         /* tokens per KV block */
+    int64_t seq_len;            /* tokens cached per sequence */
+    int64_t num_seqs;           /* sequences for kv_bytes_total */
+    int32_t tp;                 /* tensor-parallel ranks */
+    int64_t shared_prefix;      /* tokens shared by all sequences, stored once; <= seq_len */
+    int64_t activation_reserve; /* bytes per rank; < 0: estimate */
+    int32_t max_batched_tokens; /* tokens per step, for the activation estimate */
+    int32_t lora_rank;          /* for lora_train_bytes */
+} kvp_plan_params;
+
+/* Figures for one tensor-parallel rank or for the whole model. */
+typedef struct {
+    int64_t weights_bytes;
+    int64_t kv_bytes_per_token;
+    int64_t kv_bytes_per_seq;
+    int64_t kv_bytes_total;
+    int64_t block_bytes;
+    int64_t activation_bytes;
+    int64_t kv_budget_bytes;   /* may be negative when the weights do not fit */
+    int64_t num_blocks;        /* 0 when the budget is negative */
+    int64_t max_concurrent_seqs;
+} kvp_plan_figures;
+
+typedef struct {
+    int64_t params;
+    kvp_plan_figures total;    /* whole model (all ranks together, KV replicas included); blocks/seqs as one
+                                * rank sees them */
+    kvp_plan_figures per_rank;
+    int32_t kv_replicas;       /* ranks holding a copy of each KV head (MLA: tp); 1 when tp <= kv_heads */
+    int64_t train_bytes;
+    int64_t lora_params;
+    int64_t lora_train_bytes;
+} kvp_plan;
+
+/* Fills defaults: util 0.9, bf16 weights and KV, block 16, seq_len = max_position_embeddings (or 4096),
+ * 1 sequence, tp 1, no prefix, estimated reserve, 2048 batched tokens, LoRA rank 16. */
+void kvp_plan_params_default(const kvp_model_config *cfg, kvp_plan_params *p);
+
+/* KVP_EINVAL for impossible parameters (tp not dividing the heads, prefix longer than a sequence, sizes
+ * <= 0, util outside (0,1], bytes per element outside (0, 8]) and for figures over 2^63 bytes (the detail
+ * names the option); the plan is still computed when the weights do not fit (budget < 0). *out is written
+ * only on success. */
+kvp_status kvp_plan_compute(const kvp_model_config *cfg, const kvp_plan_params *p, kvp_plan *out);
+
+/* KV bytes one sequence of n tokens stores (windows honoured), one copy of the whole model's KV (tp 1);
+ * INT64_MAX when that is over 2^63. */
+int64_t kvp_plan_kv_bytes_for_tokens(const kvp_model_config *cfg, int64_t n, double kv_bytes);
+
+#endif
