@@ -1,6 +1,6 @@
 /* bench/bench_generate.c — `kvpage bench generate`: decode throughput of the CPU executor on a real model,
  * single-stream (one sequence) vs batched (N concurrent sequences), through the same continuous-batching
- * loop (runtime/engine/gen.h) as `kvpage generate`.
+ * loop (runtime/engine/session.h) as `kvpage generate`.
  *
  * Before timing, the model's greedy output is validated: on stories260K the single-stream greedy tokens from an
  * empty prompt must equal golden.json's published story (not with an fp8 KV cache, nor bf16 or q8_0 weights:
@@ -11,7 +11,7 @@
  * interleaved, --reps rounds of (single, batched), and each reports its fastest round: a load swing
  * on the shared machine hits both alike, and a single-stream run (tens of milliseconds) is not judged on
  * one sample. kv_read_gbps is the K/V bytes the attention read in that round (each row's keys and values up
- * to its position, every layer; kvp_gen_stats.attended_positions) over its wall time, to read against the
+ * to its position, every layer; kvp_run_stats.attended_positions) over its wall time, to read against the
  * machine's memory bandwidth once a batch's KV outgrows the caches. With --speculative-config every run (the
  * validation too) speculates; spec_acceptance is the share of draft tokens kept and steps the round's steps.
  */
@@ -28,7 +28,7 @@
 #include "common/parse.h"
 #include "common/report.h"
 #include "common/timer.h"
-#include "runtime/engine/gen.h"
+#include "runtime/executor/cpu_executor.h"
 #include "runtime/model/model.h"
 
 static const char *const k_fields[] = {"model",        "mode",         "sequences",        "threads",          "matmul",
@@ -77,7 +77,7 @@ static double cpu_s(void)
 }
 
 /* Greedy checks with the runs' config sp: the golden story (when a golden file is given) and batch invariance. */
-static kvp_status validate(kvp_model *m, const char *golden, const kvp_gen_config *sp, int *ok)
+static kvp_status validate(kvp_model *m, const char *golden, const kvp_session_config *sp, int *ok)
 {
     *ok = 1;
     int32_t bos = 1;
@@ -95,57 +95,57 @@ static kvp_status validate(kvp_model *m, const char *golden, const kvp_gen_confi
             cJSON_Delete(g);
             return KVP_ERR(KVP_EPARSE, "%s: no \"cases\"[0].\"tokens_after_bos\" token list to validate against", golden);
         }
-        kvp_gen_request r = {.prompt = &bos, .n_prompt = 1, .max_tokens = n, .sampler = kvp_sampler_default(), .n = 1};
-        kvp_gen_result res;
-        kvp_status st = kvp_gen_run(m, sp, &r, 1, &res, NULL);
+        kvp_session_request r = {.prompt = &bos, .n_prompt = 1, .max_tokens = n, .sampler = kvp_sampler_default(), .n = 1};
+        kvp_session_result res;
+        kvp_status st = kvp_cpu_generate(m, sp, &r, 1, &res, NULL, NULL, NULL);
         if (st != KVP_OK) {
             cJSON_Delete(g);
             return st;
         }
         for (int32_t i = 0; i < n; i++)
             if (i >= res.n_tokens[0] || res.tokens[0][i] != cJSON_GetArrayItem(want, i)->valueint) *ok = 0;
-        kvp_gen_results_free(&res, 1);
+        kvp_session_results_free(&res, 1);
         cJSON_Delete(g);
     }
     /* one greedy prompt alone and among 7 sampled ones */
-    kvp_gen_request rs[8];
+    kvp_session_request rs[8];
     for (int i = 0; i < 8; i++)
-        rs[i] = (kvp_gen_request){.prompt = &bos, .n_prompt = 1, .max_tokens = 32, .n = 1,
+        rs[i] = (kvp_session_request){.prompt = &bos, .n_prompt = 1, .max_tokens = 32, .n = 1,
                                   .sampler = {.temperature = i ? 1.0 : 0.0, .top_k = 0, .top_p = 1.0, .seed = (uint64_t)i}};
-    kvp_gen_result a, all[8];
-    KVP_TRY(kvp_gen_run(m, sp, rs, 1, &a, NULL));
-    kvp_status st = kvp_gen_run(m, sp, rs, 8, all, NULL);
+    kvp_session_result a, all[8];
+    KVP_TRY(kvp_cpu_generate(m, sp, rs, 1, &a, NULL, NULL, NULL));
+    kvp_status st = kvp_cpu_generate(m, sp, rs, 8, all, NULL, NULL, NULL);
     if (st == KVP_OK) {
         if (a.n_tokens[0] != all[0].n_tokens[0] ||
             memcmp(a.tokens[0], all[0].tokens[0], sizeof(int32_t) * (size_t)a.n_tokens[0]) != 0)
             *ok = 0;
-        kvp_gen_results_free(all, 8);
+        kvp_session_results_free(all, 8);
     }
-    kvp_gen_results_free(&a, 1);
+    kvp_session_results_free(&a, 1);
     return st;
 }
 
-static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, double temperature, const kvp_gen_config *sp,
-                        double *cpu, kvp_gen_stats *st)
+static kvp_status timed(kvp_model *m, int32_t nseq, int32_t max_tokens, double temperature, const kvp_session_config *sp,
+                        double *cpu, kvp_run_stats *st)
 {
     int32_t bos = 1;
-    kvp_gen_request *rs = kvp_calloc((size_t)nseq, sizeof *rs);
-    kvp_gen_result *res = kvp_calloc((size_t)nseq, sizeof *res);
+    kvp_session_request *rs = kvp_calloc((size_t)nseq, sizeof *rs);
+    kvp_session_result *res = kvp_calloc((size_t)nseq, sizeof *res);
     if (!rs || !res) {
         kvp_free(rs);
         kvp_free(res);
         return KVP_ERR(KVP_ENOMEM, "out of memory");
     }
     for (int32_t i = 0; i < nseq; i++)
-        rs[i] = (kvp_gen_request){.prompt = &bos, .n_prompt = 1, .max_tokens = max_tokens, .n = 1,
+        rs[i] = (kvp_session_request){.prompt = &bos, .n_prompt = 1, .max_tokens = max_tokens, .n = 1,
                                   .sampler = {.temperature = temperature, .top_k = 0, .top_p = 1.0, .seed = 1000 + (uint64_t)i}};
-    kvp_gen_config cfg = *sp;
-    cfg.cache = KVP_PC_NONE;
-    cfg.skip_logprob = 1; /* as serve and generate without --json: no log-sum-exp over the vocabulary per token */
+    kvp_session_config cfg = *sp;
+    cfg.engine.cache = KVP_PC_NONE;
+    cfg.engine.skip_logprob = 1; /* as serve and generate without --json: no log-sum-exp over the vocabulary per token */
     double c0 = cpu_s();
-    kvp_status s = kvp_gen_run(m, &cfg, rs, nseq, res, st);
+    kvp_status s = kvp_cpu_generate(m, &cfg, rs, nseq, res, st, NULL, NULL);
     *cpu = cpu_s() - c0;
-    if (s == KVP_OK) kvp_gen_results_free(res, nseq);
+    if (s == KVP_OK) kvp_session_results_free(res, nseq);
     kvp_free(rs);
     kvp_free(res);
     return s;
@@ -164,7 +164,7 @@ int kvp_bench_generate(int argc, char **argv)
     int32_t batch = 64, max_tokens = 256, bs = 16, reps = 3;
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
     double temperature = 1.0;
-    kvp_gen_config sp = kvp_gen_config_default(); /* the runs' config: speculation (--speculative-config), and below */
+    kvp_session_config sp = kvp_session_config_default(); /* the runs' config: speculation (--speculative-config), and below */
     int kv_auto = 1;
     kvp_weight_type wdtype = KVP_WEIGHT_AUTO;
     kvp_format fmt = KVP_FMT_TABLE;
@@ -200,7 +200,7 @@ int kvp_bench_generate(int argc, char **argv)
         case 'k': st = kvp_kv_dtype_parse(optarg, &kv_dtype, &kv_auto); break;
         case 'w': st = kvp_weight_type_parse(optarg, &wdtype); break;
         case 'T': st = kvp_parse_f64(optarg, 0.0, 1e6, &temperature); break;
-        case 'S': st = kvp_gen_spec_parse(optarg, &sp); break;
+        case 'S': st = kvp_spec_parse(optarg, &sp.engine.spec); break;
         case 'A': skip_attn = 1; break;
         case 'f': st = kvp_format_parse(optarg, &fmt); break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
@@ -223,9 +223,9 @@ int kvp_bench_generate(int argc, char **argv)
     kvp_status st = kvp_model_load_ex(model, NULL, wdtype, &m);
     if (st != KVP_OK) return kvp_cli_fail(cmd, st);
     if (kv_auto) kv_dtype = kvp_model_kv_dtype_auto(m);
-    sp.block_size = bs;
+    sp.engine.block_size = bs;
     sp.kv_dtype = kv_dtype;
-    sp.stop_at_eos = 0; /* every sequence generates max_tokens */
+    sp.engine.stop_at_eos = 0; /* every sequence generates max_tokens */
     kvp_report *rep;
     if ((st = kvp_report_create(k_fields, NFIELDS, &rep)) != KVP_OK) {
         kvp_model_destroy(m);
@@ -254,12 +254,12 @@ int kvp_bench_generate(int argc, char **argv)
             kvp_model_set_skip_attention(m, skip_attn);
             /* fastest round of each mode (wall time; cpu time of that round) */
             double cpu[2] = {0, 0};
-            kvp_gen_stats best[2];
+            kvp_run_stats best[2];
             for (int r = 0; r < reps && rc == KVP_EXIT_OK; r++)
                 for (int mode = 0; mode < 2; mode++) {
                     int32_t nseq = mode ? batch : 1;
                     double cs = 0;
-                    kvp_gen_stats gs;
+                    kvp_run_stats gs;
                     fprintf(stderr, "bench generate: round %d/%d, %s, %d sequence(s), %d threads, %s ...\n", r + 1, reps,
                             mode ? "batched" : "single", nseq, threads, ms);
                     if ((st = timed(m, nseq, max_tokens, temperature, &sp, &cs, &gs)) != KVP_OK) {
@@ -271,7 +271,7 @@ int kvp_bench_generate(int argc, char **argv)
             double single_tps = 0;
             for (int mode = 0; mode < 2 && rc == KVP_EXIT_OK; mode++) {
                 int32_t nseq = mode ? batch : 1;
-                const kvp_gen_stats *b = &best[mode];
+                const kvp_run_stats *b = &best[mode];
                 double tps = b->generated_tokens / b->wall_s;
                 if (!mode) single_tps = tps;
                 cJSON *row;
@@ -296,8 +296,8 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddStringToObject(row, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));
                 cJSON_AddNumberToObject(row, "max_tokens", max_tokens);
                 cJSON_AddNumberToObject(row, "temperature", temperature);
-                cJSON_AddNumberToObject(row, "spec_tokens", sp.spec_tokens);
-                cJSON_AddNumberToObject(row, "spec_max_batch", sp.spec_max_batch);
+                cJSON_AddNumberToObject(row, "spec_tokens", sp.engine.spec.tokens);
+                cJSON_AddNumberToObject(row, "spec_max_batch", sp.engine.spec.max_batch);
                 cJSON_AddNumberToObject(row, "reps", reps);
                 cJSON_AddNumberToObject(row, "generated", (double)b->generated_tokens);
                 cJSON_AddNumberToObject(row, "wall_s", b->wall_s);
@@ -309,7 +309,7 @@ int kvp_bench_generate(int argc, char **argv)
                 cJSON_AddNumberToObject(row, "kv_read_gbps", skip_attn ? 0.0 :
                                         (double)b->attended_positions * kvp_kv_cache_bytes(m, kv_dtype, 1, 1) / b->wall_s / 1e9);
                 cJSON_AddNumberToObject(row, "steps", (double)b->steps);
-                cJSON_AddNumberToObject(row, "spec_acceptance", kvp_gen_spec_acceptance(b));
+                cJSON_AddNumberToObject(row, "spec_acceptance", kvp_spec_acceptance(b));
                 cJSON_AddStringToObject(row, "attention", skip_attn ? "skipped" : "on");
                 cJSON_AddBoolToObject(row, "validated", ok && !skip_attn);
             }

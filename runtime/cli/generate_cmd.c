@@ -1,5 +1,5 @@
 /* `kvpage generate` — run a real model on the CPU executor: prompts -> tokens -> continuous batching over the
- * paged KV cache (runtime/engine/gen.h) -> text. Text to stdout (or one JSON object with --json); logs to stderr. */
+ * paged KV cache (runtime/engine/session.h) -> text. Text to stdout (or one JSON object with --json); logs to stderr. */
 #include <getopt.h>
 #include <math.h>
 #include <stdio.h>
@@ -14,7 +14,7 @@
 #include "common/timer.h"
 #include "runtime/text/chat.h"
 #include "runtime/cli/commands.h"
-#include "runtime/engine/gen.h"
+#include "runtime/executor/cpu_executor.h"
 #include "runtime/model/model.h"
 #include "runtime/text/stop_text.h"
 #include "runtime/text/tokenizer.h"
@@ -241,7 +241,7 @@ typedef struct {
     int chat;                   /* each prompt is a user message through the chat template */
     const char *chat_template;  /* NULL: the model's own */
     const char *system;         /* a system message before each prompt, or NULL */
-    kvp_gen_config spec;        /* the default config with --speculative-config's spec_* fields */
+    kvp_session_config spec;        /* the default config with --speculative-config's speculation */
 } gen_opts;
 
 static cJSON *ids_json(const int32_t *ids, int32_t n)
@@ -253,7 +253,7 @@ static cJSON *ids_json(const int32_t *ids, int32_t n)
 
 /* Log-probabilities as JSON arrays: token_logprobs (null where there is none) and top_logprobs ([id, logprob]
  * pairs, likeliest first, null where there is none) into obj, under prefix + those names. */
-static void logprobs_json(cJSON *obj, const char *prefix, const kvp_gen_logprobs *a)
+static void logprobs_json(cJSON *obj, const char *prefix, const kvp_logprobs *a)
 {
     char key[64];
     snprintf(key, sizeof key, "%stoken_logprobs", prefix);
@@ -278,7 +278,7 @@ static void logprobs_json(cJSON *obj, const char *prefix, const kvp_gen_logprobs
  * of a single sample to stdout. */
 typedef struct {
     const kvp_tokenizer *tok;
-    const kvp_gen_request *reqs;
+    const kvp_session_request *reqs;
     int32_t n, nsamples;
     kvp_stop_set set;
     kvp_stop_text *t; /* [n * nsamples] */
@@ -296,7 +296,7 @@ static void stream_text(stop_track *x, size_t upto)
 
 /* After each step (kvp_gen_run_stepped): each sample's new tokens into its text; a sample whose text reached a
  * stop string ends now. A streamed sample's text is printed as far as no stop string can still cut it. */
-static void track_stops(void *ctx, kvp_gen_session *s)
+static void track_stops(void *ctx, kvp_session *s)
 {
     stop_track *x = ctx;
     for (int32_t i = 0; i < x->n; i++)
@@ -304,15 +304,15 @@ static void track_stops(void *ctx, kvp_gen_session *s)
             kvp_stop_text *h = &x->t[i * x->nsamples + k];
             const int32_t *toks;
             int32_t nt;
-            if (h->stop || kvp_gen_session_partial(s, i, k, &toks, &nt) != KVP_OK) continue;
+            if (h->stop || kvp_session_partial(s, i, k, &toks, &nt) != KVP_OK) continue;
             kvp_stop_text_add(h, &x->set, x->tok, x->reqs[i].prompt[x->reqs[i].n_prompt - 1], toks, nt);
-            if (h->stop) kvp_gen_session_stop_at(s, i, k, h->ntok); /* a step may add tokens after it */
+            if (h->stop) kvp_session_stop_at(s, i, k, h->ntok); /* a step may add tokens after it */
         }
     if (x->stream) stream_text(x, x->t[0].ready);
 }
 
 /* A digest of every sample's tokens (lengths included: each token list is hashed after its length). */
-static uint64_t results_hash(const kvp_gen_result *res, int32_t n)
+static uint64_t results_hash(const kvp_session_result *res, int32_t n)
 {
     uint64_t h = 0;
     for (int32_t i = 0; i < n; i++)
@@ -328,8 +328,8 @@ static int run(gen_opts *o)
     kvp_model *m = NULL;
     kvp_comm *comm = NULL;
     kvp_tokenizer *tok = NULL;
-    kvp_gen_request *reqs = NULL;
-    kvp_gen_result *res = NULL;
+    kvp_session_request *reqs = NULL;
+    kvp_session_result *res = NULL;
     int32_t **enc = NULL, nres = 0;
     size_t stop_len[16];
     stop_track stops = {.nsamples = o->n};
@@ -400,7 +400,7 @@ static int run(gen_opts *o)
                                            max_tokens, o->min_tokens));
             goto out;
         }
-        reqs[i] = (kvp_gen_request){.prompt = enc[i], .n_prompt = np, .max_tokens = max_tokens,
+        reqs[i] = (kvp_session_request){.prompt = enc[i], .n_prompt = np, .max_tokens = max_tokens,
                                     .min_tokens = o->min_tokens, .n = o->n,
                                     .beam_width = o->beam, .logprobs = o->logprobs >= 0,
                                     .prompt_logprobs = o->prompt_logprobs,
@@ -414,24 +414,24 @@ static int run(gen_opts *o)
             reqs[i].n_stop_ids = 1;
         }
     }
-    kvp_gen_config cfg = o->spec; /* the defaults, with --speculative-config's speculation */
-    cfg.block_size = o->block_size;
+    kvp_session_config cfg = o->spec; /* the defaults, with --speculative-config's speculation */
+    cfg.engine.block_size = o->block_size;
     cfg.num_blocks = o->num_blocks;
-    cfg.cache = o->cache;
-    cfg.sched = o->sched;
-    cfg.max_num_seqs = o->max_seqs;
-    cfg.max_batched_tokens = o->max_batched;
-    cfg.stop_at_eos = !o->ignore_eos;
+    cfg.engine.cache = o->cache;
+    cfg.engine.sched = o->sched;
+    cfg.engine.max_num_seqs = o->max_seqs;
+    cfg.engine.max_batched_tokens = o->max_batched;
+    cfg.engine.stop_at_eos = !o->ignore_eos;
     cfg.kv_dtype = o->kv_dtype;
-    cfg.skip_logprob = !o->json; /* only --json prints each sample's log-probability */
-    if (o->offload_policy >= 0) cfg.host_write_policy = (kvp_hc_write_policy)o->offload_policy;
+    cfg.engine.skip_logprob = !o->json; /* only --json prints each sample's log-probability */
+    if (o->offload_policy >= 0) cfg.engine.host_write_policy = (kvp_hc_write_policy)o->offload_policy;
     if (o->offload_bytes > 0 &&
-        (st = kvp_gen_blocks_in(m, o->kv_dtype, o->block_size, o->offload_bytes, "--kv-offloading-size",
+        (st = kvp_kv_blocks_in(m, o->kv_dtype, o->block_size, o->offload_bytes, "--kv-offloading-size",
                                 &cfg.host_cache_blocks)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
     }
-    kvp_gen_stats stats;
+    kvp_run_stats stats;
     stops.stream = n == 1 && o->n == 1 && o->beam <= 1 && !o->json;
     if (o->stops.n > 0 || stops.stream) {
         for (int32_t i = 0; i < o->stops.n; i++) {
@@ -453,7 +453,7 @@ static int run(gen_opts *o)
         fputs(o->prompts.items[0], stdout);
         fflush(stdout);
     }
-    if ((st = kvp_gen_run_stepped(m, &cfg, reqs, n, res, &stats, stops.t ? track_stops : NULL, &stops)) != KVP_OK) {
+    if ((st = kvp_cpu_generate(m, &cfg, reqs, n, res, &stats, stops.t ? track_stops : NULL, &stops)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
     }
@@ -469,7 +469,7 @@ static int run(gen_opts *o)
         arr = cJSON_AddArrayToObject(root, "requests");
     }
     for (int32_t i = 0; i < n; i++) {
-        const kvp_gen_result *r = &res[i];
+        const kvp_session_result *r = &res[i];
         cJSON *obj = NULL, *samples = NULL;
         if (root) {
             obj = cJSON_CreateObject();
@@ -508,14 +508,14 @@ static int run(gen_opts *o)
                 if (s == 0) {
                     cJSON_AddItemToObject(obj, "tokens", ids_json(r->tokens[0], r->n_tokens[0]));
                     kvp_json_add_text(obj, "text", text);
-                    cJSON_AddStringToObject(obj, "finish_reason", kvp_gen_finish_name(r->finish[0]));
+                    cJSON_AddStringToObject(obj, "finish_reason", kvp_finish_name(r->finish[0]));
                 }
                 cJSON *so = cJSON_CreateObject();
                 cJSON_AddItemToArray(samples, so);
                 cJSON_AddItemToObject(so, "tokens", ids_json(r->tokens[s], r->n_tokens[s]));
                 kvp_json_add_text(so, "text", text);
                 cJSON_AddNumberToObject(so, "logprob", r->logprob[s]);
-                cJSON_AddStringToObject(so, "finish_reason", kvp_gen_finish_name(r->finish[s]));
+                cJSON_AddStringToObject(so, "finish_reason", kvp_finish_name(r->finish[s]));
                 if (h && h->stop) kvp_json_add_text(so, "stop_str", o->stops.items[h->stop - 1]);
                 if (r->logprobs) logprobs_json(so, "", &r->logprobs[s]);
             } else {
@@ -550,10 +550,10 @@ static int run(gen_opts *o)
             cJSON_AddNumberToObject(t, "host_loaded_blocks", (double)stats.host_loaded_blocks);
             cJSON_AddNumberToObject(t, "host_stored_blocks", (double)stats.host_stored_blocks);
         }
-        if (cfg.spec_tokens > 0) {
+        if (cfg.engine.spec.tokens > 0) {
             cJSON_AddNumberToObject(t, "spec_draft_tokens", (double)stats.spec_draft_tokens);
             cJSON_AddNumberToObject(t, "spec_accepted_tokens", (double)stats.spec_accepted_tokens);
-            cJSON_AddNumberToObject(t, "spec_acceptance_rate", kvp_gen_spec_acceptance(&stats));
+            cJSON_AddNumberToObject(t, "spec_acceptance_rate", kvp_spec_acceptance(&stats));
         }
         cJSON_AddNumberToObject(t, "kv_token_states", (double)stats.peak_token_states);
         cJSON_AddNumberToObject(t, "kv_logical_tokens", (double)stats.peak_logical_tokens);
@@ -580,17 +580,17 @@ static int run(gen_opts *o)
             n, (long long)stats.generated_tokens, stats.wall_s, stats.tokens_per_s, (long long)stats.steps,
             stats.prefix_hit_rate, (long long)stats.peak_token_states, (double)stats.kv_pool_bytes / (1 << 20),
             kvp_dtype_name(o->kv_dtype));
-    if (kvp_comm_rank(comm) == 0 && cfg.spec_tokens > 0)
+    if (kvp_comm_rank(comm) == 0 && cfg.engine.spec.tokens > 0)
         fprintf(stderr, "kvpage generate: speculation: %lld draft tokens in %lld steps, %lld kept (%.1f %%)\n",
                 (long long)stats.spec_draft_tokens, (long long)stats.spec_drafts, (long long)stats.spec_accepted_tokens,
-                100.0 * kvp_gen_spec_acceptance(&stats));
+                100.0 * kvp_spec_acceptance(&stats));
 out:
     for (int32_t i = 0; stops.t && i < stops.n * stops.nsamples; i++) kvp_stop_text_free(&stops.t[i]);
     kvp_free(stops.t);
     if (enc)
         for (int32_t i = 0; i < o->prompts.n; i++) kvp_free(enc[i]);
     kvp_free(enc);
-    kvp_gen_results_free(res, nres);
+    kvp_session_results_free(res, nres);
     kvp_free(res);
     kvp_free(reqs);
     kvp_tok_destroy(tok);
@@ -649,7 +649,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.kv_auto = 1;
     o.weight_dtype = KVP_WEIGHT_AUTO;
     o.logprobs = -1;
-    o.spec = kvp_gen_config_default();
+    o.spec = kvp_session_config_default();
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;
     optind = 0;
@@ -678,7 +678,7 @@ int kvp_cmd_generate(int argc, char **argv)
             if ((st = kvp_sched_policy_parse(optarg, &o.sched)) == KVP_OK && o.sched == KVP_SCHED_PRIORITY)
                 st = KVP_ERR(KVP_EINVAL, "'priority' needs each request's priority (kvpage serve takes them): fcfs or lpm");
             break;
-        case O_SPEC: st = kvp_gen_spec_parse(optarg, &o.spec); break;
+        case O_SPEC: st = kvp_spec_parse(optarg, &o.spec.engine.spec); break;
         case O_OFFLOAD: st = kvp_parse_bytes(optarg, &o.offload_bytes); break;
         case O_OFFPOL: {
             kvp_hc_write_policy wp;
@@ -697,7 +697,7 @@ int kvp_cmd_generate(int argc, char **argv)
             break;
         case O_JSON: o.json = 1; break;
         case O_IGNORE_EOS: o.ignore_eos = 1; break;
-        case O_LOGPROBS: st = kvp_parse_i32(optarg, 0, KVP_GEN_MAX_TOP_LOGPROBS, &o.logprobs); break;
+        case O_LOGPROBS: st = kvp_parse_i32(optarg, 0, KVP_MAX_TOP_LOGPROBS, &o.logprobs); break;
         case O_PROMPT_LOGPROBS: o.prompt_logprobs = 1; break;
         case O_CHAT: o.chat = 1; break;
         case O_CHAT_TEMPLATE: o.chat = 1, o.chat_template = optarg; break;

@@ -147,7 +147,7 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype *dtp, int
     mem->kv_bytes = (double)ec->kv_slots * mem->kv_bytes_per_token;
     KVP_TRY(kvp_check_fits_in_memory(mem->kv_bytes + (double)(host + tier) * bs * mem->kv_bytes_per_token,
                                      host + tier > 0 ? "--kv-mem plus --swap-space and --kv-offloading-size" : "--kv-mem"));
-    return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)kvp_engine_host_blocks(ec), dt, NULL, ex);
+    return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)kvp_engine_host_blocks(ec), dt, ex);
 }
 
 /* --requests-out / --steps-out: rows go to PATH.tmp, created before the run (a path that cannot be written
@@ -265,22 +265,6 @@ static kvp_status write_step(void *ctx, const kvp_engine *e, const kvp_step_info
             (int)kvp_engine_num_swapped(e), (long long)a.token_states, (long long)a.reserved, (long long)a.internal_frag,
             (long long)a.external_frag, (long long)a.cached, (long long)a.free);
     return ferror(f) ? KVP_ERR(KVP_EIO, "--steps-out: cannot write") : KVP_OK;
-}
-
-/* A digest of what an engine run on the cpu executor decided: its steps and preemptions, and every
- * request's sampled tokens (the ranks of a tensor-parallel run must agree on all of it). */
-static uint64_t run_digest(const kvp_executor *ex, const kvp_workload *w, const kvp_engine_metrics *m)
-{
-    const int64_t head[2] = {m->steps, m->preemptions};
-    uint64_t h = XXH3_64bits(head, sizeof head);
-    for (int64_t i = 0; i < w->n; i++) {
-        const int32_t *t;
-        int32_t n;
-        kvp_cpu_executor_tokens(ex, w->reqs[i].id, &t, &n);
-        h = XXH3_64bits_withSeed(&n, sizeof n, h);
-        if (n > 0) h = XXH3_64bits_withSeed(t, (size_t)n * sizeof *t, h);
-    }
-    return h;
 }
 
 static int simulate(int argc, char **argv, kvp_comm **comm)
@@ -462,6 +446,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     kvp_workload *w = NULL;
     if (st == KVP_OK) st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, n_samples, &w);
     kvp_engine_metrics m;
+    uint64_t digest = 0;
     char wname[64] = "";
     out_file rf = {0}, sf = {0};
     kvp_req_result *per_req = NULL; /* every sequence's results: --requests-out, and requests of n samples */
@@ -479,12 +464,13 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         kvp_progress_bar bar;
         kvp_progress_bar_init(&bar, "simulate");
         if (!cpu) st = kvp_sim_executor_create(&cm, 0, &ex);
-        if (st == KVP_OK) st = kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req);
+        if (st == KVP_OK)
+            st = kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req, *comm ? &digest : NULL);
         kvp_progress_bar_end(&bar);
         snprintf(wname, sizeof wname, "%s", w->name);
     }
     if (st == KVP_OK && *comm)
-        st = kvp_comm_check_same(*comm, run_digest(&ex, w, &m), "tensor-parallel engine runs (tokens, steps, preemptions)");
+        st = kvp_comm_check_same(*comm, digest, "tensor-parallel engine runs (tokens, steps, preemptions)");
     if (st == KVP_OK && rf.f) write_requests(rf.f, per_req, w->n);
     if (st == KVP_OK && n_samples > 1) st = group_latencies(per_req, w->n, n_samples, &gl);
     st = out_file_close(&rf, st);

@@ -1,34 +1,24 @@
-/* runtime/executor/cpu_executor.c — the engine's cpu executor: block moves, batched forward pass, sampling. */
+/* runtime/executor/cpu_executor.c — the engine's cpu executor: block moves, one batched forward pass, logits
+ * (contract: cpu_executor.h). */
 #include "runtime/executor/cpu_executor.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <string.h>
 
-#include "attention/attention.h"
 #include "common/alloc.h"
 #include "common/timer.h"
 #include "parallel/comm.h"
 
 typedef struct {
-    int64_t req_id;
-    int32_t *toks;
-    int32_t n, cap;
-} tok_log;
-
-typedef struct {
     kvp_model *m;
     kvp_kv_cache *kv;   /* device pools */
-    kvp_kv_cache *host; /* host pools (swap), or NULL */
+    kvp_kv_cache *host; /* host pools (swap, host tier), or NULL */
     int32_t block_size;
-    kvp_sampler_params sp;
-    kvp_sampler_ws *sws;
     int32_t vocab;
-    tok_log *logs;
-    size_t nlogs, cap_logs;
-    /* step buffers */
-    int32_t *tokens, *pos, *qo, *kvi, *kvx, *last, *pairs;
-    int64_t *slots;
+    int32_t *pairs;
     float *logits;
-    size_t c_tokens, c_pos, c_qo, c_kvi, c_kvx, c_last, c_pairs, c_slots, c_logits;
+    size_t c_pairs, c_logits;
 } cpu_ctx;
 
 static void destroy(void *p)
@@ -37,56 +27,33 @@ static void destroy(void *p)
     if (!c) return;
     kvp_kv_cache_destroy(c->kv);
     kvp_kv_cache_destroy(c->host);
-    kvp_sampler_ws_destroy(c->sws);
-    for (size_t i = 0; i < c->nlogs; i++) kvp_free(c->logs[i].toks);
-    kvp_free(c->logs);
-    void *b[] = {c->tokens, c->pos, c->qo, c->kvi, c->kvx, c->last, c->pairs, c->slots, c->logits};
-    for (size_t i = 0; i < sizeof b / sizeof b[0]; i++) kvp_free(b[i]);
+    kvp_free(c->pairs);
+    kvp_free(c->logits);
     kvp_free(c);
 }
 
-#define GROW(c, f, need) kvp_grow((void **)&(c)->f, &(c)->c_##f, (size_t)(need), sizeof *(c)->f)
-
-static kvp_status log_token(cpu_ctx *c, int64_t req_id, int32_t tok)
+/* (src, dst) pairs of moves into c->pairs. */
+static kvp_status pairs_of(cpu_ctx *c, const kvp_block_copy *moves, int32_t n)
 {
-    tok_log *l = NULL;
-    for (size_t i = c->nlogs; i-- > 0;)
-        if (c->logs[i].req_id == req_id) {
-            l = &c->logs[i];
-            break;
-        }
-    if (!l) {
-        KVP_TRY(kvp_grow((void **)&c->logs, &c->cap_logs, c->nlogs + 1, sizeof *c->logs));
-        l = &c->logs[c->nlogs++];
-        memset(l, 0, sizeof *l);
-        l->req_id = req_id;
-    }
-    if (l->n + 1 > l->cap) {
-        int32_t nc = l->cap ? 2 * l->cap : 64;
-        int32_t *p = kvp_realloc(l->toks, (size_t)nc * sizeof *p);
-        if (!p) return KVP_ERR(KVP_ENOMEM, "cpu executor: out of memory");
-        l->toks = p;
-        l->cap = nc;
-    }
-    l->toks[l->n++] = tok;
-    return KVP_OK;
-}
-
-/* Swaps between device and host pools, layer by layer. */
-static kvp_status move_blocks(cpu_ctx *c, const kvp_block_copy *moves, int32_t n, int to_host)
-{
-    if (n == 0) return KVP_OK;
-    if (!c->host) return KVP_ERR(KVP_EUNSUPPORTED, "cpu executor: a move to or from the host, but no host blocks were given");
-    KVP_TRY(GROW(c, pairs, 2 * (size_t)n));
+    KVP_TRY(kvp_grow((void **)&c->pairs, &c->c_pairs, 2 * (size_t)n, sizeof *c->pairs));
     for (int32_t i = 0; i < n; i++) {
         c->pairs[2 * i] = moves[i].src;
         c->pairs[2 * i + 1] = moves[i].dst;
     }
+    return KVP_OK;
+}
+
+/* Moves between device and host pools, layer by layer. */
+static kvp_status move_blocks(cpu_ctx *c, const kvp_block_copy *moves, int32_t n, int to_host)
+{
+    if (n == 0) return KVP_OK;
+    if (!c->host) return KVP_ERR(KVP_EUNSUPPORTED, "cpu executor: a move to or from the host, but no host blocks were given");
+    KVP_TRY(pairs_of(c, moves, n));
     return to_host ? kvp_kv_cache_move_blocks(c->host, c->kv, c->pairs, n) : kvp_kv_cache_move_blocks(c->kv, c->host, c->pairs, n);
 }
 
 /* The step's time: measured here, or under tensor parallelism rank 0's, so that every rank's engine sees
- * the same clock and takes the same decisions (the scheduler of rank 0 decides for all of them). */
+ * the same clock and takes the same decisions. */
 static kvp_status step_time(const cpu_ctx *c, double t0, kvp_exec_result *out)
 {
     out->time_s = kvp_now_s() - t0 + 1e-9;
@@ -97,115 +64,118 @@ static kvp_status step_time(const cpu_ctx *c, double t0, kvp_exec_result *out)
 static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
 {
     cpu_ctx *c = ctx;
-    double t0 = kvp_now_s();
-    const int32_t bs = c->block_size;
-    if (b->n > 0 && b->block_size != bs)
-        return KVP_ERR(KVP_EINVAL, "cpu executor: block size %d, the engine uses %d (or contiguous allocation)", bs,
-                       b->block_size);
+    const double t0 = kvp_now_s();
+    if (b->n > 0 && b->block_size != c->block_size)
+        return KVP_ERR(KVP_EINVAL, "cpu executor: block size %d, the engine uses %d (or contiguous allocation)",
+                       c->block_size, b->block_size);
     KVP_TRY(move_blocks(c, b->offload.store, b->offload.n_store, 1));
     KVP_TRY(move_blocks(c, b->ops.swap_out, b->ops.n_swap_out, 1));
     KVP_TRY(move_blocks(c, b->ops.swap_in, b->ops.n_swap_in, 0));
     KVP_TRY(move_blocks(c, b->offload.load, b->offload.n_load, 0));
     if (b->ops.n_copies > 0) {
-        KVP_TRY(GROW(c, pairs, 2 * (size_t)b->ops.n_copies));
-        for (int32_t i = 0; i < b->ops.n_copies; i++) {
-            c->pairs[2 * i] = b->ops.copies[i].src;
-            c->pairs[2 * i + 1] = b->ops.copies[i].dst;
-        }
+        KVP_TRY(pairs_of(c, b->ops.copies, b->ops.n_copies));
         KVP_TRY(kvp_kv_cache_copy_blocks(c->kv, c->pairs, b->ops.n_copies));
     }
-    int64_t ntok = 0, npages = 0;
-    for (int32_t i = 0; i < b->n; i++) {
-        const kvp_exec_seq *s = &b->seqs[i];
-        if (!s->tokens)
-            return KVP_ERR(KVP_EUNSUPPORTED, "cpu executor: request %lld has no token ids (a %d-token chunk at %d)",
-                           (long long)s->req_id, s->num_new, s->context_len);
-        int32_t len = s->context_len + s->num_new, pages = (len + bs - 1) / bs;
-        if (pages > s->num_blocks)
-            return KVP_ERR(KVP_EINVAL, "cpu executor: request %lld has %d tokens but %d blocks", (long long)s->req_id,
-                           len, s->num_blocks);
-        ntok += s->num_new;
-        npages += pages;
-    }
+    out->logits = NULL;
+    out->vocab = c->vocab;
     if (b->n == 0) return step_time(c, t0, out);
-    KVP_TRY(GROW(c, tokens, ntok));
-    KVP_TRY(GROW(c, pos, ntok));
-    KVP_TRY(GROW(c, slots, ntok));
-    KVP_TRY(GROW(c, qo, b->n + 1));
-    KVP_TRY(GROW(c, kvi, b->n + 1));
-    KVP_TRY(GROW(c, last, b->n));
-    KVP_TRY(GROW(c, kvx, npages + 1));
-    KVP_TRY(GROW(c, logits, (size_t)b->n * (size_t)c->vocab));
-    int32_t t = 0, p = 0;
-    for (int32_t i = 0; i < b->n; i++) {
-        const kvp_exec_seq *s = &b->seqs[i];
-        c->qo[i] = t;
-        for (int32_t j = 0; j < s->num_new; j++, t++) {
-            int32_t q = s->context_len + j;
-            c->tokens[t] = s->tokens[j];
-            c->pos[t] = q;
-            c->slots[t] = (int64_t)s->block_table[q / bs] * bs + q % bs;
-        }
-        int32_t len = s->context_len + s->num_new, pages = (len + bs - 1) / bs;
-        c->kvi[i] = p;
-        memcpy(c->kvx + p, s->block_table, (size_t)pages * sizeof(int32_t));
-        p += pages;
-        c->last[i] = len - (pages - 1) * bs;
-    }
-    c->qo[b->n] = t;
-    c->kvi[b->n] = p;
-    kvp_fwd_batch fb = {.num_seqs = b->n, .num_tokens = t, .tokens = c->tokens, .positions = c->pos,
-                        .slot_mapping = c->slots, .qo_indptr = c->qo, .kv_indptr = c->kvi, .kv_indices = c->kvx,
-                        .kv_last_page_len = c->last, .all_logits = 0};
+    for (int32_t i = 0; i < b->n; i++)
+        if (!b->seqs[i].tokens)
+            return KVP_ERR(KVP_EUNSUPPORTED, "cpu executor: request %lld has no token ids (a %d-token chunk at %d)",
+                           (long long)b->seqs[i].req_id, b->seqs[i].num_new, b->seqs[i].context_len);
+    const kvp_exec_flat *f = &b->flat;
+    if (f->qo_indptr == NULL) return KVP_ERR(KVP_EINVAL, "cpu executor: the batch has no flat form");
+    KVP_TRY(kvp_grow((void **)&c->logits, &c->c_logits, (size_t)f->num_rows * (size_t)c->vocab, sizeof *c->logits));
+    const kvp_fwd_batch fb = {.num_seqs = b->n, .num_tokens = f->num_tokens, .tokens = f->tokens,
+                              .positions = f->positions, .slot_mapping = f->slot_mapping, .qo_indptr = f->qo_indptr,
+                              .kv_indptr = f->kv_indptr, .kv_indices = f->kv_indices,
+                              .kv_last_page_len = f->kv_last_page_len, .all_logits = 0,
+                              .all_logits_of = f->num_rows > b->n ? f->all_logits : NULL};
     KVP_TRY(kvp_model_forward(c->m, c->kv, &fb, c->logits));
-    for (int32_t i = 0; i < b->n; i++) {
-        const kvp_exec_seq *s = &b->seqs[i];
-        if (!s->sample) continue;
-        kvp_rng rng;
-        kvp_rng_seed(&rng, c->sp.seed + (uint64_t)(s->context_len + s->num_new), (uint64_t)s->req_id);
-        int32_t tok = kvp_sample(&c->sp, &rng, c->logits + (int64_t)i * c->vocab, c->vocab, c->sws);
-        out->sampled[i] = tok;
-        KVP_TRY(log_token(c, s->req_id, tok));
-    }
+    out->logits = c->logits;
     return step_time(c, t0, out);
 }
 
+static void parallel(void *ctx, int n, void (*fn)(void *arg, int i), void *arg)
+{
+    kvp_model_run(((cpu_ctx *)ctx)->m, n, fn, arg);
+}
+
+static int threads(void *ctx) { return kvp_model_get_threads(((cpu_ctx *)ctx)->m); }
+
 kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
-                                   kvp_dtype kv_dtype, const kvp_sampler_params *sampler, kvp_executor *out)
+                                   kvp_dtype kv_dtype, kvp_executor *out)
 {
     if (num_host_blocks < 0) return KVP_ERR(KVP_EINVAL, "cpu executor: num_host_blocks %d < 0", num_host_blocks);
-    kvp_sampler_params sp = sampler ? *sampler : kvp_sampler_default();
-    KVP_TRY(kvp_sampler_check(&sp));
+    char what[96];
+    snprintf(what, sizeof what, "a KV cache of %d blocks of %d tokens", num_blocks, block_size);
+    KVP_TRY(kvp_check_fits_in_memory(kvp_kv_cache_bytes(m, kv_dtype, (int64_t)num_blocks + num_host_blocks, block_size), what));
     cpu_ctx *c = kvp_calloc(1, sizeof *c);
     if (!c) return KVP_ERR(KVP_ENOMEM, "cpu executor: out of memory");
     c->m = m;
     c->block_size = block_size;
-    c->sp = sp;
     c->vocab = (int32_t)kvp_model_cfg(m)->vocab_size;
     kvp_status st = kvp_kv_cache_create(m, kv_dtype, num_blocks, block_size, &c->kv);
-    if (st == KVP_OK && num_host_blocks > 0)
-        st = kvp_kv_cache_create(m, kv_dtype, num_host_blocks, block_size, &c->host);
-    if (st == KVP_OK) st = kvp_sampler_ws_create(c->vocab, &c->sws);
+    if (st == KVP_OK && num_host_blocks > 0) st = kvp_kv_cache_create(m, kv_dtype, num_host_blocks, block_size, &c->host);
     if (st != KVP_OK) {
         destroy(c);
         return st;
     }
-    out->name = "cpu";
-    out->ctx = c;
-    out->step = step;
-    out->destroy = destroy;
+    *out = (kvp_executor){.name = "cpu", .ctx = c, .flat = 1, .step = step, .destroy = destroy, .parallel = parallel,
+                          .threads = threads};
     return KVP_OK;
 }
 
-void kvp_cpu_executor_tokens(const kvp_executor *ex, int64_t req_id, const int32_t **tokens, int32_t *n)
+kvp_status kvp_cpu_session_create(kvp_model *m, const kvp_session_config *cfg, kvp_session **out)
 {
-    const cpu_ctx *c = ex->ctx;
-    *tokens = NULL;
-    *n = 0;
-    for (size_t i = 0; i < c->nlogs; i++)
-        if (c->logs[i].req_id == req_id) {
-            *tokens = c->logs[i].toks;
-            *n = c->logs[i].n;
-            return;
-        }
+    if (!m || !cfg || !out) return KVP_ERR(KVP_EINVAL, "generate: NULL argument");
+    kvp_session_config c = *cfg;
+    const kvp_model_config *mc = kvp_model_cfg(m);
+    int32_t eos[KVP_MAX_EOS_IDS];
+    for (int32_t i = 0; i < mc->n_eos; i++) eos[i] = (int32_t)mc->eos_token_ids[i];
+    c.engine.eos_ids = eos;
+    c.engine.n_eos = mc->n_eos;
+    c.engine.max_model_len = kvp_model_max_len(m);
+    c.vocab = (int32_t)mc->vocab_size;
+    if (c.num_blocks < 1 || c.engine.block_size < 1)
+        return KVP_ERR(KVP_EINVAL, "generate: num_blocks (%d) and block_size (%d) must be >= 1", c.num_blocks,
+                       c.engine.block_size);
+    kvp_engine_config ec = c.engine;
+    ec.host_slots = (int64_t)c.swap_blocks * ec.block_size;
+    ec.host_cache_slots = (int64_t)c.host_cache_blocks * ec.block_size;
+    const int64_t host = kvp_engine_host_blocks(&ec);
+    if (host > INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "generate: %lld host blocks are too many", (long long)host);
+    kvp_executor ex;
+    KVP_TRY(kvp_cpu_executor_create(m, c.num_blocks, c.engine.block_size, (int32_t)host, c.kv_dtype, &ex));
+    return kvp_session_create(&c, ex, out);
+}
+
+kvp_status kvp_cpu_generate(kvp_model *m, const kvp_session_config *cfg, const kvp_session_request *reqs, int32_t n,
+                            kvp_session_result *results, kvp_run_stats *stats,
+                            void (*on_step)(void *ctx, kvp_session *s), void *ctx)
+{
+    if (!m || !cfg || n < 1 || !reqs || !results) return KVP_ERR(KVP_EINVAL, "generate: NULL argument or no request");
+    kvp_session_config c = *cfg;
+    if (c.num_blocks < 0 || c.engine.block_size < 1)
+        return KVP_ERR(KVP_EINVAL, "generate: block_size must be >= 1 and num_blocks >= 0");
+    if (c.num_blocks == 0) c.num_blocks = kvp_session_blocks_for(reqs, n, c.engine.block_size, kvp_model_max_len(m));
+    kvp_session *s;
+    KVP_TRY(kvp_cpu_session_create(m, &c, &s));
+    kvp_status st = kvp_session_run(s, reqs, n, results, stats, on_step, ctx);
+    if (st == KVP_OK && stats)
+        stats->kv_pool_bytes = (int64_t)kvp_kv_cache_bytes(m, c.kv_dtype, c.num_blocks, c.engine.block_size);
+    kvp_session_destroy(s);
+    return st;
+}
+
+kvp_status kvp_kv_blocks_in(const kvp_model *m, kvp_dtype dt, int32_t bs, int64_t bytes, const char *opt, int32_t *blocks)
+{
+    const double per_block = kvp_kv_cache_bytes(m, dt, 1, bs), nb = floor((double)bytes / per_block);
+    if (nb < 1)
+        return KVP_ERR(KVP_EINVAL, "%s of %lld bytes holds no block of %d tokens (%.0f bytes each)", opt, (long long)bytes,
+                       bs, per_block);
+    if (nb > INT32_MAX / 2)
+        return KVP_ERR(KVP_EINVAL, "%s of %lld bytes is more than %d blocks", opt, (long long)bytes, INT32_MAX / 2);
+    *blocks = (int32_t)nb;
+    return KVP_OK;
 }

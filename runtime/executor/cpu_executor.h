@@ -1,36 +1,44 @@
-/* runtime/executor/cpu_executor.h — the `cpu` executor of the engine (runtime/engine/engine.h): each step runs the batch's
- * block moves (swap out / swap in / copy-on-write) on the model's KV pools, one batched forward pass of the
- * Llama-family model (runtime/model/model.h) over the engine's block tables, and samples a token for every
- * sequence that asks for one. Step time is measured wall time (rank 0's, broadcast, for a model loaded with
- * a communicator of several ranks: every rank's engine then keeps the same clock and decides alike).
+/* runtime/executor/cpu_executor.h — the `cpu` executor of the engine (runtime/engine/executor.h): each step
+ * runs the batch's block moves (host-tier stores, swap out, swap in, host-tier loads, copy-on-write) on the
+ * model's KV pools, then one batched forward pass of the Llama-family model (runtime/model/model.h) over the
+ * engine's page table, and returns the logits rows; the engine samples. Step time is measured wall time
+ * (rank 0's, broadcast, for a model loaded with a communicator of several ranks: every rank's engine then
+ * keeps the same clock and decides alike). The sampling threads of the engine are the model's workers.
  *
- * Sampling: greedy, or the given sampler with a generator seeded from (seed + position, stream = req_id),
- * so a request's tokens do not depend on the batch or on recomputation.
- * Tokens: the engine must provide every new token id (kvp_exec_seq.tokens, prompt and generated tokens
- * alike, recompute chunks included): a request without token ids is KVP_EUNSUPPORTED.
- *
- * Every sampled token is also logged per request (kvp_cpu_executor_tokens) so callers can read the text
- * the engine produced. Ownership: the executor borrows the model (it must outlive the executor) and owns
- * its KV cache (device pools and host pools for swap); kvp_executor_destroy releases them.
+ * Tokens: every new token id must be given (prompt and generated alike): a request without token ids is
+ * KVP_EUNSUPPORTED. Ownership: the executor borrows the model (it must outlive the executor) and owns its KV
+ * cache (device pools, and host pools for swap and the host tier); kvp_executor_destroy releases them.
  */
-#ifndef KVP_RUNTIME_CPU_EXECUTOR_H
-#define KVP_RUNTIME_CPU_EXECUTOR_H
+#ifndef KVP_RUNTIME_EXECUTOR_CPU_EXECUTOR_H
+#define KVP_RUNTIME_EXECUTOR_CPU_EXECUTOR_H
 
 #include <stdint.h>
 
 #include "common/status.h"
 #include "runtime/engine/executor.h"
+#include "runtime/engine/session.h"
 #include "runtime/model/model.h"
-#include "runtime/engine/sampler.h"
 
 /* num_blocks / block_size must match the engine's paged configuration (kv_slots / block_size blocks);
- * num_host_blocks: host pools for swap (0: none); kv_dtype: element type of both (kvp_kv_cache_create).
- * sampler NULL means greedy. KVP_EINVAL, KVP_ENOMEM. */
+ * num_host_blocks: host pools for swap and the host tier (kvp_engine_host_blocks; 0: none); kv_dtype:
+ * element type of both (kvp_kv_cache_create). KVP_EINVAL, KVP_ENOMEM (the pools are checked against the
+ * machine's memory first). */
 kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
-                                   kvp_dtype kv_dtype, const kvp_sampler_params *sampler, kvp_executor *out);
+                                   kvp_dtype kv_dtype, kvp_executor *out);
 
-/* Tokens sampled so far for request req_id (borrowed; valid until the next step or destroy); n = 0 when
- * none. ex must come from kvp_cpu_executor_create. */
-void kvp_cpu_executor_tokens(const kvp_executor *ex, int64_t req_id, const int32_t **tokens, int32_t *n);
+/* A session (runtime/engine/session.h) on a cpu executor of m: cfg's max_model_len, EOS ids and vocabulary
+ * become the model's; the KV cache has cfg->num_blocks blocks of cfg->kv_dtype. The errors of both. */
+kvp_status kvp_cpu_session_create(kvp_model *m, const kvp_session_config *cfg, kvp_session **out);
+
+/* kvp_session_run on a fresh cpu session: cfg->num_blocks 0 means enough for every request at once
+ * (kvp_session_blocks_for); stats->kv_pool_bytes is the cache's. */
+kvp_status kvp_cpu_generate(kvp_model *m, const kvp_session_config *cfg, const kvp_session_request *reqs, int32_t n,
+                            kvp_session_result *results, kvp_run_stats *stats,
+                            void (*on_step)(void *ctx, kvp_session *s), void *ctx);
+
+/* The KV blocks that `bytes` of m's KV hold (element type dt, blocks of bs tokens; this rank's share under
+ * tensor parallelism) into *blocks: --kv-mem's cache, --kv-offloading-size's host tier. KVP_EINVAL naming
+ * `opt` when they hold no block or more than INT32_MAX / 2 (*blocks unchanged then). */
+kvp_status kvp_kv_blocks_in(const kvp_model *m, kvp_dtype dt, int32_t bs, int64_t bytes, const char *opt, int32_t *blocks);
 
 #endif

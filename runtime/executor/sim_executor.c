@@ -19,9 +19,6 @@ static kvp_status sim_step(void *vctx, const kvp_exec_batch *b, kvp_exec_result 
     for (int32_t i = 0; i < b->n; i++) {
         const kvp_exec_seq *s = &b->seqs[i];
         kvp_step_shape_add(&shape, s->context_len, s->num_new, s->sample);
-        /* a fake but deterministic token: depends on the request and its position */
-        if (s->sample && out->sampled)
-            out->sampled[i] = (int32_t)(((uint64_t)s->req_id * 2654435761u + (uint64_t)(s->context_len + s->num_new)) & 0x7fff);
     }
     kvp_step_cost cost;
     double t = kvp_cost_step_time(&c->cm, &shape, &cost);

@@ -1,4 +1,4 @@
-/* `kvpage serve` — an OpenAI-compatible HTTP server over the online generation session (runtime/engine/gen.h).
+/* `kvpage serve` — an OpenAI-compatible HTTP server over the online generation session (runtime/engine/session.h).
  *
  *   HTTP thread (libmicrohttpd, event-driven)              engine thread (owns the session)
  *   -----------------------------------------------        -----------------------------------------
@@ -36,7 +36,7 @@
 #include "parallel/comm.h"
 #include "runtime/cli/commands.h"
 #include "runtime/text/chat.h"
-#include "runtime/engine/gen.h"
+#include "runtime/executor/cpu_executor.h"
 #include "runtime/text/stop_text.h"
 #include "runtime/model/model.h"
 #include "runtime/text/reasoning.h"
@@ -151,7 +151,7 @@ typedef struct {
     kvp_stop_text t;
     size_t released; /* stream: bytes of t's text its reader may send (t.ready when last released) */
     int32_t *toks, n_toks;
-    kvp_gen_logprobs lp;
+    kvp_logprobs lp;
     size_t cap_toks, cap_lp, cap_ids, cap_lps;
 } choice;
 
@@ -167,9 +167,9 @@ typedef struct {
 typedef struct job {
     struct job *next; /* the queue */
     int32_t n, nsamples;
-    kvp_gen_request reqs[MAX_PROMPTS];
+    kvp_session_request reqs[MAX_PROMPTS];
     int32_t *enc[MAX_PROMPTS]; /* tokenized prompts, owned */
-    kvp_gen_result res[MAX_PROMPTS];
+    kvp_session_result res[MAX_PROMPTS];
     prompt_ref ref[MAX_PROMPTS];
     int32_t ids[MAX_PROMPTS]; /* session ids of the prompts added (the first `added`) */
     int32_t added;
@@ -198,7 +198,7 @@ typedef struct job {
     int reset_cache;       /* POST /reset_prefix_cache: no prompts; the engine empties the prefix cache */
     int64_t evicted;       /* and the blocks it dropped */
     char *ptext[MAX_PROMPTS]; /* echo: the prompts' text, owned */
-    kvp_gen_logprobs *eplp; /* [n] a streamed echo with logprobs: each prompt's log-probabilities once known */
+    kvp_logprobs *eplp; /* [n] a streamed echo with logprobs: each prompt's log-probabilities once known */
     choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
     int woken;    /* stream: its first text was released (engine thread, under mu) */
     int32_t held; /* stream: steps with new text since then (resumed every --stream-interval of them) */
@@ -235,7 +235,7 @@ typedef struct {
     int reasoning; /* --reasoning-parser deepseek_r1: chat answers split at </think> (runtime/text/reasoning.h) */
     int32_t stream_interval; /* --stream-interval: a stream is resumed every N steps that extend it */
     char name[256];
-    kvp_gen_config cfg;
+    kvp_session_config cfg;
     kvp_sampling_defaults dflt; /* what a request leaves out: the model's generation_config.json, else vLLM's */
     pthread_mutex_t mu;
     pthread_cond_t wake;
@@ -243,7 +243,7 @@ typedef struct {
     int stop;
     int cancels; /* jobs cancelled since the engine last looked */
     /* engine thread only */
-    kvp_gen_session *s;
+    kvp_session *s;
     kvp_comm *comm; /* the model's ranks (tp > 1: this is rank 0) */
     int tp;
     oplog ops;      /* tp > 1: the session calls since the last step */
@@ -255,11 +255,11 @@ typedef struct {
     int32_t nwake;
     double last_scan; /* engine thread: when it last looked for clients gone (monotonic seconds) */
     /* under mu */
-    kvp_gen_session_stats stats;
+    kvp_session_stats stats;
     int64_t answered[3]; /* 2xx, 4xx, 5xx */
     int64_t cancelled;   /* requests whose client left before the answer */
     int64_t prompt_tokens, completion_tokens;
-    histo ttft, tpot, e2e; /* per finished prompt, from the engine's taking it (kvp_gen_result's times) */
+    histo ttft, tpot, e2e; /* per finished prompt, from the engine's taking it (kvp_session_result's times) */
     uint64_t next_seed, next_id;
     time_t started;
 } server;
@@ -291,9 +291,9 @@ static void log_op(oplog *l, unsigned char op, int32_t a, int32_t b)
 }
 
 /* The session calls of the engine: on rank 0 of a tensor-parallel server they are logged for the others. */
-static kvp_status sess_add(server *sv, const kvp_gen_request *r, int32_t *id)
+static kvp_status sess_add(server *sv, const kvp_session_request *r, int32_t *id)
 {
-    KVP_TRY(kvp_gen_session_add(sv->s, r, id));
+    KVP_TRY(kvp_session_add(sv->s, r, id));
     if (sv->tp > 1) { /* the struct (the same program on every rank; pointers are fixed up), then its arrays */
         log_op(&sv->ops, OP_ADD, 0, 0);
         log_put(&sv->ops, r, sizeof *r);
@@ -307,7 +307,7 @@ static kvp_status sess_add(server *sv, const kvp_gen_request *r, int32_t *id)
 
 static void sess_stop(server *sv, int32_t id, int32_t k, int32_t n_keep)
 {
-    if (kvp_gen_session_stop_at(sv->s, id, k, n_keep) == KVP_OK && sv->tp > 1) {
+    if (kvp_session_stop_at(sv->s, id, k, n_keep) == KVP_OK && sv->tp > 1) {
         log_op(&sv->ops, OP_STOP, id, k);
         log_put(&sv->ops, &n_keep, sizeof n_keep);
     }
@@ -315,12 +315,12 @@ static void sess_stop(server *sv, int32_t id, int32_t k, int32_t n_keep)
 
 static void sess_abort(server *sv, int32_t id)
 {
-    if (kvp_gen_session_abort(sv->s, id) == KVP_OK && sv->tp > 1) log_op(&sv->ops, OP_ABORT, id, 0);
+    if (kvp_session_abort(sv->s, id) == KVP_OK && sv->tp > 1) log_op(&sv->ops, OP_ABORT, id, 0);
 }
 
 static kvp_status sess_reset_cache(server *sv, int64_t *evicted)
 {
-    KVP_TRY(kvp_gen_session_reset_prefix_cache(sv->s, evicted));
+    KVP_TRY(kvp_session_reset_prefix_cache(sv->s, evicted));
     if (sv->tp > 1) log_op(&sv->ops, OP_RESET_CACHE, 0, 0);
     return KVP_OK;
 }
@@ -337,7 +337,7 @@ static kvp_status send_ops(server *sv)
 }
 
 /* Another rank: applies the operations of one step to its session; *quit when rank 0 stops. */
-static kvp_status apply_ops(kvp_gen_session *s, const unsigned char *p, size_t len, int *quit)
+static kvp_status apply_ops(kvp_session *s, const unsigned char *p, size_t len, int *quit)
 {
     for (size_t at = 0; at + 9 <= len;) {
         const unsigned char op = p[at];
@@ -346,7 +346,7 @@ static kvp_status apply_ops(kvp_gen_session *s, const unsigned char *p, size_t l
         memcpy(&b, p + at + 5, 4);
         at += 9;
         if (op == OP_ADD) {
-            kvp_gen_request r;
+            kvp_session_request r;
             memcpy(&r, p + at, sizeof r);
             at += sizeof r;
             /* the prompt, stop ids, bias ids and biases: 4-byte items each */
@@ -360,39 +360,39 @@ static kvp_status apply_ops(kvp_gen_session *s, const unsigned char *p, size_t l
             r.bias_ids = r.stop_ids + r.n_stop_ids;
             r.bias = (const float *)(r.bias_ids + r.n_bias);
             r.user = NULL;
-            kvp_status st = kvp_gen_session_add(s, &r, NULL); /* copies them */
+            kvp_status st = kvp_session_add(s, &r, NULL); /* copies them */
             kvp_free(prompt);
             KVP_TRY(st);
         } else if (op == OP_STOP) {
             int32_t n_keep;
             memcpy(&n_keep, p + at, sizeof n_keep);
             at += sizeof n_keep;
-            kvp_gen_session_stop_at(s, a, b, n_keep);
+            kvp_session_stop_at(s, a, b, n_keep);
         } else if (op == OP_ABORT) {
-            kvp_gen_session_abort(s, a);
+            kvp_session_abort(s, a);
         } else if (op == OP_QUIT) {
             *quit = 1;
         } else if (op == OP_RESET_CACHE) {
-            KVP_TRY(kvp_gen_session_reset_prefix_cache(s, NULL));
+            KVP_TRY(kvp_session_reset_prefix_cache(s, NULL));
         }
     }
     return KVP_OK;
 }
 
 /* A digest of what a session did, for the ranks' final check. */
-static uint64_t session_digest(const kvp_gen_session *s)
+static uint64_t session_digest(const kvp_session *s)
 {
-    kvp_gen_session_stats st;
-    kvp_gen_session_stats_get(s, &st);
+    kvp_session_stats st;
+    kvp_session_stats_get(s, &st);
     const int64_t v[6] = {st.requests, st.finished, st.aborted, st.steps, st.computed_tokens, st.preemptions};
     return XXH3_64bits(v, sizeof v);
 }
 
 /* Another rank of a tensor-parallel server: the session, driven by rank 0's operations, until it quits. */
-static kvp_status follow(kvp_comm *comm, kvp_model *m, const kvp_gen_config *cfg)
+static kvp_status follow(kvp_comm *comm, kvp_model *m, const kvp_session_config *cfg)
 {
-    kvp_gen_session *s;
-    KVP_TRY(kvp_gen_session_create(m, cfg, &s));
+    kvp_session *s;
+    KVP_TRY(kvp_cpu_session_create(m, cfg, &s));
     unsigned char *buf = NULL;
     size_t cap = 0;
     kvp_status st = KVP_OK;
@@ -402,14 +402,14 @@ static kvp_status follow(kvp_comm *comm, kvp_model *m, const kvp_gen_config *cfg
         if (st == KVP_OK) st = kvp_grow((void **)&buf, &cap, (size_t)len + 1, 1);
         if (st == KVP_OK) st = kvp_comm_broadcast(comm, buf, len, 0);
         if (st == KVP_OK) st = apply_ops(s, buf, (size_t)len, &quit);
-        if (st == KVP_OK && !quit) st = kvp_gen_session_step(s);
+        if (st == KVP_OK && !quit) st = kvp_session_step(s);
         int32_t id;
-        kvp_gen_result res;
-        while (st == KVP_OK && kvp_gen_session_take(s, &id, &res) == KVP_OK) kvp_gen_results_free(&res, 1);
+        kvp_session_result res;
+        while (st == KVP_OK && kvp_session_take(s, &id, &res) == KVP_OK) kvp_session_results_free(&res, 1);
     }
     if (st == KVP_OK) st = kvp_comm_check_same(comm, session_digest(s), "the tensor-parallel server's steps");
     kvp_free(buf);
-    kvp_gen_session_destroy(s);
+    kvp_session_destroy(s);
     return st;
 }
 
@@ -420,8 +420,8 @@ static void job_free(job *j)
     for (int32_t i = 0; i < j->n; i++) {
         kvp_free(j->enc[i]);
         kvp_free(j->ptext[i]);
-        if (j->eplp) kvp_gen_logprobs_free(&j->eplp[i]);
-        kvp_gen_results_free(&j->res[i], 1);
+        if (j->eplp) kvp_logprobs_free(&j->eplp[i]);
+        kvp_session_results_free(&j->res[i], 1);
     }
     for (int i = 0; i < j->nstop; i++) kvp_free(j->stop[i]);
     if (j->ch)
@@ -429,7 +429,7 @@ static void job_free(job *j)
             choice *h = &j->ch[c];
             kvp_stop_text_free(&h->t);
             kvp_free(h->toks);
-            kvp_gen_logprobs_free(&h->lp);
+            kvp_logprobs_free(&h->lp);
         }
     kvp_free(j->ch);
     kvp_free(j->eplp);
@@ -549,9 +549,9 @@ static void keep_tokens(choice *h, const int32_t *tokens, int32_t n)
 }
 
 /* And the log-probabilities lp of its kept tokens (a streamed job with logprobs), as keep_tokens. */
-static void keep_logprobs(choice *h, const kvp_gen_logprobs *lp)
+static void keep_logprobs(choice *h, const kvp_logprobs *lp)
 {
-    kvp_gen_logprobs *a = &h->lp;
+    kvp_logprobs *a = &h->lp;
     const int32_t to = h->n_toks < lp->n ? h->n_toks : lp->n; /* places whose token is kept */
     const size_t k = (size_t)lp->k;
     if (to <= a->n || kvp_grow((void **)&a->lp, &h->cap_lp, (size_t)to, sizeof *a->lp) != KVP_OK ||
@@ -569,12 +569,12 @@ static void keep_logprobs(choice *h, const kvp_gen_logprobs *lp)
 }
 
 /* Adds tokens[.., n) of choice c of job j (caller holds mu) to its text (stop_text.h); a stop string found
- * ends the sample (kvp_gen_session_stop). lp (NULL: none): the tokens' log-probabilities, kept for a stream.
+ * ends the sample (kvp_session_stop). lp (NULL: none): the tokens' log-probabilities, kept for a stream.
  * Returns 1 when the text changed. */
-static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n, const kvp_gen_logprobs *lp)
+static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, int32_t n, const kvp_logprobs *lp)
 {
     choice *h = &j->ch[c];
-    const kvp_gen_request *r = &j->reqs[c / j->nsamples];
+    const kvp_session_request *r = &j->reqs[c / j->nsamples];
     const int had = h->t.stop;
     const int grew = kvp_stop_text_add(&h->t, &j->stops, sv->tok, r->prompt[r->n_prompt - 1], tokens, n);
     if (h->t.stop && !had) /* after the final tokens: nothing; a speculative step may have added tokens after it */
@@ -587,9 +587,9 @@ static int track_choice(server *sv, job *j, int32_t c, const int32_t *tokens, in
 
 /* A streamed echo with logprobs (caller holds mu): prompt i's log-probabilities, kept once they are all known
  * (lp NULL or incomplete: not yet); an allocation that fails is tried again later. */
-static void keep_prompt_logprobs(job *j, int32_t i, const kvp_gen_logprobs *lp)
+static void keep_prompt_logprobs(job *j, int32_t i, const kvp_logprobs *lp)
 {
-    if (j->eplp[i].n == 0 && lp && lp->n >= j->reqs[i].n_prompt && kvp_gen_logprobs_copy(lp, &j->eplp[i]) != KVP_OK)
+    if (j->eplp[i].n == 0 && lp && lp->n >= j->reqs[i].n_prompt && kvp_logprobs_copy(lp, &j->eplp[i]) != KVP_OK)
         kvp_error_clear();
 }
 
@@ -602,14 +602,14 @@ static void track_progress(server *sv)
         if (!j->ch) continue;
         int grew = 0;
         for (int32_t i = 0; i < j->added; i++) {
-            const kvp_gen_logprobs *plp = NULL;
-            if (j->eplp && kvp_gen_session_prompt_logprobs(sv->s, j->ids[i], &plp) == KVP_OK) keep_prompt_logprobs(j, i, plp);
+            const kvp_logprobs *plp = NULL;
+            if (j->eplp && kvp_session_prompt_logprobs(sv->s, j->ids[i], &plp) == KVP_OK) keep_prompt_logprobs(j, i, plp);
             for (int32_t k = 0; k < j->nsamples; k++) {
                 const int32_t *t;
                 int32_t n;
-                const kvp_gen_logprobs *lp = NULL;
-                if (j->logprobs >= 0 && kvp_gen_session_partial_logprobs(sv->s, j->ids[i], k, &lp) != KVP_OK) lp = NULL;
-                if (kvp_gen_session_partial(sv->s, j->ids[i], k, &t, &n) == KVP_OK)
+                const kvp_logprobs *lp = NULL;
+                if (j->logprobs >= 0 && kvp_session_partial_logprobs(sv->s, j->ids[i], k, &lp) != KVP_OK) lp = NULL;
+                if (kvp_session_partial(sv->s, j->ids[i], k, &t, &n) == KVP_OK)
                     grew |= track_choice(sv, j, i * j->nsamples + k, t, n, lp);
             }
         }
@@ -649,7 +649,7 @@ static void *engine_main(void *arg)
     server *sv = arg;
     for (;;) {
         pthread_mutex_lock(&sv->mu);
-        while (!sv->stop && !sv->head && !sv->cancels && !kvp_gen_session_pending(sv->s))
+        while (!sv->stop && !sv->head && !sv->cancels && !kvp_session_pending(sv->s))
             pthread_cond_wait(&sv->wake, &sv->mu);
         job *q = sv->stop ? NULL : sv->head;
         if (!sv->stop) sv->head = sv->tail = NULL;
@@ -664,7 +664,7 @@ static void *engine_main(void *arg)
             q = next;
         }
         kvp_status st = sv->tp > 1 ? send_ops(sv) : KVP_OK;
-        if (st == KVP_OK) st = kvp_gen_session_step(sv->s);
+        if (st == KVP_OK) st = kvp_session_step(sv->s);
         if (st != KVP_OK && sv->tp > 1) { /* the ranks' sessions cannot start again together */
             KVP_LOG_E("serve: the engine failed on rank 0: %s; ending the job", kvp_error_message());
             kvp_comm_abort(sv->comm, KVP_EXIT_FAIL);
@@ -674,9 +674,9 @@ static void *engine_main(void *arg)
             snprintf(err, sizeof err, "the engine failed: %s", kvp_error_message());
             KVP_LOG_E("serve: %s", err);
             fail_in_flight(sv, 500, err);
-            kvp_gen_session_destroy(sv->s);
+            kvp_session_destroy(sv->s);
             sv->s = NULL;
-            if (kvp_gen_session_create(sv->m, &sv->cfg, &sv->s) != KVP_OK) {
+            if (kvp_cpu_session_create(sv->m, &sv->cfg, &sv->s) != KVP_OK) {
                 KVP_LOG_E("serve: cannot start a new session: %s", kvp_error_message());
                 pthread_mutex_lock(&sv->mu);
                 sv->stop = 1;
@@ -688,15 +688,15 @@ static void *engine_main(void *arg)
         pthread_mutex_lock(&sv->mu); /* before any answer: a client that reads /metrics next sees this step */
         sv->nwake = 0;
         track_progress(sv);
-        kvp_gen_session_stats_get(sv->s, &sv->stats);
+        kvp_session_stats_get(sv->s, &sv->stats);
         pthread_mutex_unlock(&sv->mu);
         /* resumed after the unlock, not into a lock the engine still holds; a suspended connection stays
          * open, and no one else resumes these (their jobs' flags are cleared) */
         for (int32_t i = 0; i < sv->nwake; i++) MHD_resume_connection(sv->wake_list[i]);
         look_for_gone_clients(sv);
         int32_t id;
-        kvp_gen_result res;
-        while ((st = kvp_gen_session_take(sv->s, &id, &res)) == KVP_OK) {
+        kvp_session_result res;
+        while ((st = kvp_session_take(sv->s, &id, &res)) == KVP_OK) {
             const prompt_ref *o = res.user;
             job *j = o->j;
             pthread_mutex_lock(&sv->mu);
@@ -1060,10 +1060,10 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
         !get_num(req, "repetition_penalty", d->repetition_penalty, 1e-6, 10, 0, &repetition, err, cap) ||
         !get_num(req, "min_tokens", 0, 0, max_tokens < 0 ? 1 << 24 : max_tokens, 1, &min_tokens, err, cap) ||
         !get_num(req, "priority", 0, INT32_MIN, INT32_MAX, 1, &priority, err, cap) ||
-        (!j->chat && !get_num(req, "logprobs", -1, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)))
+        (!j->chat && !get_num(req, "logprobs", -1, 0, KVP_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)))
         return 400;
     j->logprobs = (int32_t)logprobs;
-    if (priority != 0 && sv->cfg.sched != KVP_SCHED_PRIORITY)
+    if (priority != 0 && sv->cfg.engine.sched != KVP_SCHED_PRIORITY)
         return snprintf(err, cap, "\"priority\" needs a server started with --sched priority"), 400;
     int code;
     if ((j->stream = get_bool(req, "stream", err, cap)) < 0 || (j->echo = get_bool(req, "echo", err, cap)) < 0 ||
@@ -1072,7 +1072,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     if (j->chat) { /* a chat's logprobs is a flag, with top_logprobs; echo is no chat field */
         const int lp = get_bool(req, "logprobs", err, cap);
         const cJSON *top = cJSON_GetObjectItemCaseSensitive(req, "top_logprobs");
-        if (lp < 0 || !get_num(req, "top_logprobs", 0, 0, KVP_GEN_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)) return 400;
+        if (lp < 0 || !get_num(req, "top_logprobs", 0, 0, KVP_MAX_TOP_LOGPROBS, 1, &logprobs, err, cap)) return 400;
         if (!lp && top && !cJSON_IsNull(top)) return snprintf(err, cap, "\"top_logprobs\" needs \"logprobs\": true"), 400;
         if (j->echo) return snprintf(err, cap, "\"echo\" is not supported on /v1/chat/completions"), 400;
         j->logprobs = lp ? (int32_t)logprobs : -1;
@@ -1092,7 +1092,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     j->nsamples = (int32_t)n;
     if ((code = j->chat ? read_messages(sv, req, j, err, cap) : read_prompts(sv, req, j, err, cap))) return code;
     if (max_tokens < 0) { /* the room one sequence has: the context, or the whole KV cache when that is smaller */
-        const int64_t cache = (int64_t)sv->cfg.num_blocks * sv->cfg.block_size, ctx = kvp_model_max_len(sv->m);
+        const int64_t cache = (int64_t)sv->cfg.num_blocks * sv->cfg.engine.block_size, ctx = kvp_model_max_len(sv->m);
         max_tokens = (double)((cache < ctx ? cache : ctx) - j->reqs[0].n_prompt);
         if (d->given & KVP_SAMPLING_MAX_TOKENS && (double)d->max_tokens < max_tokens) max_tokens = (double)d->max_tokens;
         if (max_tokens < 1 || min_tokens > max_tokens)
@@ -1106,7 +1106,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     base_seed = seed >= 0 ? (uint64_t)seed : sv->next_seed++ * 1000003u; /* no seed: a new one per request */
     pthread_mutex_unlock(&sv->mu);
     for (int32_t i = 0; i < j->n; i++) {
-        kvp_gen_request *r = &j->reqs[i];
+        kvp_session_request *r = &j->reqs[i];
         r->max_tokens = (int32_t)max_tokens;
         r->min_tokens = (int32_t)min_tokens;
         r->n = (int32_t)n;
@@ -1176,10 +1176,10 @@ static cJSON *completion_head(const server *sv, const job *j, uint64_t id, time_
  * null. */
 static void add_finish(cJSON *o, const job *j, int32_t c)
 {
-    const kvp_gen_result *r = &j->res[c / j->nsamples];
+    const kvp_session_result *r = &j->res[c / j->nsamples];
     const int32_t k = c % j->nsamples;
     const int stop = j->ch ? j->ch[c].t.stop : 0;
-    const kvp_gen_finish f = k < r->n_samples ? r->finish[k] : KVP_FINISH_LENGTH;
+    const kvp_finish_reason f = k < r->n_samples ? r->finish[k] : KVP_FINISH_LENGTH;
     cJSON_AddStringToObject(o, "finish_reason", stop || f != KVP_FINISH_LENGTH ? "stop" : "length");
     if (stop) kvp_json_add_text(o, "stop_reason", j->stop[stop - 1]);
     else if (f == KVP_FINISH_STOP_TOKEN) cJSON_AddNumberToObject(o, "stop_reason", r->stop_token[k]);
@@ -1252,7 +1252,7 @@ static cJSON *lp_new(int chat)
  * a place with nothing before it), the top tokens and the chosen one, and text offset (*off: the characters
  * before place from, advanced); chat form: token, logprob, bytes and top_logprobs. */
 static void lp_append(const server *sv, int chat, cJSON *o, const int32_t *seq, int32_t from, int32_t to, int32_t prev0,
-                      const kvp_gen_logprobs *a, long *off)
+                      const kvp_logprobs *a, long *off)
 {
     char s[2048], alt[2048];
     long chars, ignored;
@@ -1327,7 +1327,7 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
     cJSON *o = completion_head(sv, j, id, time(NULL));
     cJSON *choices = cJSON_AddArrayToObject(o, "choices");
     for (int32_t i = 0; i < j->n; i++) {
-        const kvp_gen_result *r = &j->res[i];
+        const kvp_session_result *r = &j->res[i];
         for (int32_t s = 0; s < r->n_samples; s++) {
             const int32_t c = i * j->nsamples + s;
             char *text = NULL;
@@ -1360,7 +1360,7 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
                 return NULL;
             }
             if (j->logprobs >= 0) { /* with echo the prompt's places first (its first has none) */
-                const kvp_gen_request *q = &j->reqs[i];
+                const kvp_session_request *q = &j->reqs[i];
                 cJSON *lp = lp_new(j->chat);
                 long off = 0;
                 if (j->echo) lp_append(sv, 0, lp, q->prompt, 0, q->n_prompt, -1, &r->prompt_logprobs, &off);
@@ -1372,7 +1372,7 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
                 cJSON_AddNullToObject(ch, "logprobs");
             }
             if (j->return_ids) {
-                const kvp_gen_request *q = &j->reqs[i];
+                const kvp_session_request *q = &j->reqs[i];
                 cJSON_AddItemToObject(ch, "prompt_token_ids", cJSON_CreateIntArray(q->prompt, q->n_prompt));
                 cJSON_AddItemToObject(ch, "token_ids", cJSON_CreateIntArray(r->tokens[s], r->n_tokens[s]));
             }
@@ -1485,7 +1485,7 @@ static void stream_event(stream_ctx *x, int32_t c, const char *reasoning, size_t
     kvp_free(t);
     if (j->logprobs >= 0) { /* the places decoded since the last event (echo: the prompt's first) */
         const choice *h = &j->ch[c];
-        const kvp_gen_request *q = &j->reqs[i];
+        const kvp_session_request *q = &j->reqs[i];
         cJSON *lp = lp_new(j->chat);
         if (j->echo && !x->echoed[c]) lp_append(x->sv, 0, lp, q->prompt, 0, q->n_prompt, -1, &j->eplp[i], &x->lp_off[c]);
         lp_append(x->sv, j->chat, lp, h->toks, x->lp_sent[c], h->lp.n, q->prompt[q->n_prompt - 1], &h->lp, &x->lp_off[c]);
@@ -1495,7 +1495,7 @@ static void stream_event(stream_ctx *x, int32_t c, const char *reasoning, size_t
         cJSON_AddNullToObject(ch, "logprobs");
     }
     if (j->return_ids) { /* the prompt's ids in the choice's first event, then the tokens since the last one */
-        const kvp_gen_request *q = &j->reqs[i];
+        const kvp_session_request *q = &j->reqs[i];
         if (!x->ids_began[c]) cJSON_AddItemToObject(ch, "prompt_token_ids", cJSON_CreateIntArray(q->prompt, q->n_prompt));
         x->ids_began[c] = 1;
         cJSON_AddItemToObject(ch, "token_ids", cJSON_CreateIntArray(j->ch[c].toks + x->ids_sent[c],
@@ -1884,7 +1884,7 @@ static enum MHD_Result metrics(server *sv, struct MHD_Connection *c)
     char *t = kvp_malloc(cap);
     if (!t) return reply_error(sv, c, 500, "out of memory");
     pthread_mutex_lock(&sv->mu);
-    const kvp_gen_session_stats s = sv->stats;
+    const kvp_session_stats s = sv->stats;
     const int64_t a[3] = {sv->answered[0], sv->answered[1], sv->answered[2]};
     const int64_t pt = sv->prompt_tokens, ct = sv->completion_tokens, cancelled = sv->cancelled;
     const histo ttft = sv->ttft, tpot = sv->tpot, e2e = sv->e2e;
@@ -2114,7 +2114,7 @@ static void sampling_defaults(server *sv, int from_model)
 
 /* Rank 0 (the only one without --tp): serves model m until SIGINT or SIGTERM. */
 
-static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm, kvp_model *m)
+static int serve(const serve_opts *o, const kvp_session_config *cfg, kvp_comm *comm, kvp_model *m)
 {
     server sv;
     memset(&sv, 0, sizeof sv);
@@ -2134,7 +2134,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
     if (st == KVP_OK && jinja && sv.chat == KVP_CHAT_NONE)
         KVP_LOG_W("serve: the model's chat template is none of the built-in ones (see --help): chat requests get "
                   "400 unless --chat-template names one");
-    if (st == KVP_OK) st = kvp_gen_session_create(sv.m, &sv.cfg, &sv.s);
+    if (st == KVP_OK) st = kvp_cpu_session_create(sv.m, &sv.cfg, &sv.s);
     if (o->name) {
         snprintf(sv.name, sizeof sv.name, "%s", o->name);
     } else {
@@ -2148,7 +2148,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
     if (st == KVP_OK && inet_pton(AF_INET, o->host, &addr.sin_addr) != 1)
         st = KVP_ERR(KVP_EINVAL, "--host %s is not an IPv4 address", o->host);
     if (st != KVP_OK) {
-        kvp_gen_session_destroy(sv.s);
+        kvp_session_destroy(sv.s);
         kvp_tok_destroy(sv.tok);
         return kvp_cli_fail(CMD, st);
     }
@@ -2183,7 +2183,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
             const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
             const int port = info ? info->port : o->port;
             fprintf(stderr, "kvpage serve: listening on http://%s:%d (model %s, %d KV blocks of %d tokens)\n", o->host,
-                    port, sv.name, sv.cfg.num_blocks, sv.cfg.block_size);
+                    port, sv.name, sv.cfg.num_blocks, sv.cfg.engine.block_size);
             if (o->json) {
                 char url[64];
                 snprintf(url, sizeof url, "http://%s:%d", o->host, port);
@@ -2191,7 +2191,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
                 cJSON_AddStringToObject(j, "url", url);
                 cJSON_AddStringToObject(j, "model", sv.name);
                 cJSON_AddNumberToObject(j, "num_blocks", sv.cfg.num_blocks);
-                cJSON_AddNumberToObject(j, "block_size", sv.cfg.block_size);
+                cJSON_AddNumberToObject(j, "block_size", sv.cfg.engine.block_size);
                 cJSON_AddStringToObject(j, "chat_template", kvp_chat_template_name(sv.chat));
                 cJSON_AddStringToObject(j, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));
                 cJSON_AddStringToObject(j, "kv_dtype", kvp_dtype_name(sv.cfg.kv_dtype));
@@ -2230,7 +2230,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
     if (rc == KVP_EXIT_OK && sv.tp > 1 && sv.s &&
         (st = kvp_comm_check_same(comm, session_digest(sv.s), "the tensor-parallel server's steps")) != KVP_OK)
         rc = kvp_cli_fail(CMD, st);
-    kvp_gen_session_destroy(sv.s);
+    kvp_session_destroy(sv.s);
     kvp_free(sv.live);
     kvp_free(sv.wake_list);
     kvp_free(sv.ops.buf);
@@ -2241,7 +2241,7 @@ static int serve(const serve_opts *o, const kvp_gen_config *cfg, kvp_comm *comm,
 }
 
 /* Every rank: the communicator and this rank's part of the model; rank 0 serves, the others follow it. */
-static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
+static int serve_ranks(const serve_opts *o, kvp_session_config cfg)
 {
     kvp_comm *comm = NULL;
     kvp_model *m = NULL;
@@ -2256,9 +2256,9 @@ static int serve_ranks(const serve_opts *o, kvp_gen_config cfg)
     }
     /* this rank's bytes per block: the same on every rank */
     if (st == KVP_OK && cfg.num_blocks == 0)
-        st = kvp_gen_blocks_in(m, cfg.kv_dtype, cfg.block_size, o->kv_mem, "--kv-mem", &cfg.num_blocks);
+        st = kvp_kv_blocks_in(m, cfg.kv_dtype, cfg.engine.block_size, o->kv_mem, "--kv-mem", &cfg.num_blocks);
     if (st == KVP_OK && o->offload_bytes > 0)
-        st = kvp_gen_blocks_in(m, cfg.kv_dtype, cfg.block_size, o->offload_bytes, "--kv-offloading-size",
+        st = kvp_kv_blocks_in(m, cfg.kv_dtype, cfg.engine.block_size, o->offload_bytes, "--kv-offloading-size",
                                &cfg.host_cache_blocks);
     int rc;
     if (st != KVP_OK) {
@@ -2301,8 +2301,8 @@ int kvp_cmd_serve(int argc, char **argv)
         {0, 0, 0, 0}};
     serve_opts o = {.generation_config = 1, .offload_policy = -1, .host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1, .stream_interval = 1,
                     .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO, .kv_auto = 1};
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.skip_logprob = 1; /* no answer carries a sample's cumulative log-probability ("logprobs" are their own) */
+    kvp_session_config cfg = kvp_session_config_default();
+    cfg.engine.skip_logprob = 1; /* no answer carries a sample's cumulative log-probability ("logprobs" are their own) */
     int c, li = -1;
     kvp_status st = KVP_OK;
     optind = 0;
@@ -2327,14 +2327,14 @@ int kvp_cmd_serve(int argc, char **argv)
             break;
         }
         case O_NB: st = kvp_parse_i32(optarg, 1, INT32_MAX / 2, &cfg.num_blocks); break;
-        case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &cfg.block_size); break;
+        case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &cfg.engine.block_size); break;
         case O_DT: st = kvp_kv_dtype_parse(optarg, &cfg.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
-        case O_CACHE: st = kvp_pc_kind_parse(optarg, &cfg.cache); break;
-        case O_SCHED: st = kvp_sched_policy_parse(optarg, &cfg.sched); break;
-        case O_SPEC: st = kvp_gen_spec_parse(optarg, &cfg); break;
-        case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.max_num_seqs); break;
-        case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.max_batched_tokens); break;
+        case O_CACHE: st = kvp_pc_kind_parse(optarg, &cfg.engine.cache); break;
+        case O_SCHED: st = kvp_sched_policy_parse(optarg, &cfg.engine.sched); break;
+        case O_SPEC: st = kvp_spec_parse(optarg, &cfg.engine.spec); break;
+        case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.engine.max_num_seqs); break;
+        case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.engine.max_batched_tokens); break;
         case O_MAXLEN: st = kvp_parse_i32(optarg, 2, INT32_MAX, &o.max_model_len); break;
         case O_GENCFG:
             if (!strcmp(optarg, "auto") || !strcmp(optarg, "vllm")) o.generation_config = !strcmp(optarg, "auto");
@@ -2361,7 +2361,7 @@ int kvp_cmd_serve(int argc, char **argv)
     if (!o.model) return kvp_cli_usage_error(CMD, "--model is required");
     if (o.offload_policy >= 0 && o.offload_bytes <= 0)
         return kvp_cli_usage_error(CMD, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
-    if (o.offload_policy >= 0) cfg.host_write_policy = (kvp_hc_write_policy)o.offload_policy;
+    if (o.offload_policy >= 0) cfg.engine.host_write_policy = (kvp_hc_write_policy)o.offload_policy;
     if (o.name && (!o.name[0] || strlen(o.name) >= 256))
         return kvp_cli_usage_error(CMD, "--served-model-name must have 1 to 255 characters");
     return serve_ranks(&o, cfg);

@@ -3,7 +3,7 @@
  *
  * Each call decodes the tokens added since the last one and looks for the stop strings where they could
  * newly occur (the new text and the longest stop string's length - 1 bytes before it). The first one found
- * cuts the text where it starts (or ends, with include) and the caller ends the sample (kvp_gen_session_stop).
+ * cuts the text where it starts (or ends, with include) and the caller ends the sample (kvp_session_stop).
  * Until then `ready` marks the text that can no longer become part of a stop string: a stream sends that
  * and holds back the rest. With min_tokens (vLLM's), no stop string is looked for before that many tokens.
  */
@@ -34,7 +34,7 @@ typedef struct {
 
 /* Adds tokens[h->ntok, n) of a sample (tokens[0] follows token prev0, -1: none) to h's text, a token at a time
  * when there are stop strings: when one is found, h->ntok is the count up to the token that completed it (the
- * sample keeps those: kvp_gen_session_stop_at). Returns 1 when the text changed; nothing changes after a stop
+ * sample keeps those: kvp_session_stop_at). Returns 1 when the text changed; nothing changes after a stop
  * string was found. A decode or an allocation that
  * fails leaves h as it was (the next call tries again with more tokens). */
 int kvp_stop_text_add(kvp_stop_text *h, const kvp_stop_set *set, const kvp_tokenizer *tok, int32_t prev0,

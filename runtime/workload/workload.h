@@ -1,8 +1,8 @@
 /* runtime/workload/workload.h — a workload: requests in arrival order, each with its prompt's token ids.
  *
  *   kvp_workload
- *     reqs[0..n)   kvp_request { id, arrival_s, tokens -> [prompt_len] int32, prompt_len, output_len, priority,
- *                               output_tokens -> [output_len] int32 or NULL }
+ *     reqs[0..n)   kvp_request (runtime/engine/request.h) { id, arrival_s, tokens -> [prompt_len] int32,
+ *                               prompt_len, output_len, priority, output_tokens -> [output_len] int32 or NULL }
  *     pins[0..n_pins)  optional prefixes to pin in a prefix cache before replay (e.g. a system prompt);
  *                      same struct, meant to be inserted with their priority
  *
@@ -52,26 +52,8 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "runtime/engine/request.h"
 
-typedef struct {
-    int64_t id;         /* unique within the workload (its index for the built-in sources) */
-    double arrival_s;   /* arrival time in seconds from the workload's start */
-    int32_t *tokens;    /* [prompt_len] token ids, owned by the workload */
-    int32_t prompt_len; /* >= 1 */
-    int32_t output_len; /* tokens to generate, >= 0 */
-    int32_t priority;   /* larger = more important (scheduler and priority eviction); 0 by default */
-    int32_t *output_tokens; /* [output_len] the answer, when the workload knows it (a chat turn whose answer
-                               a later turn's prompt contains), else NULL; owned by the workload. The engine
-                               then generates exactly these tokens and caches their blocks. */
-    int64_t after;      /* 1 + the workload index of an earlier request whose answer this one waits for
-                           (the previous chat turn), 0: none. It then arrives at max(arrival_s, that request's
-                           finish + think_s) (kvp_engine_run). */
-    double think_s;     /* >= 0, with after */
-    bool after_prompt;  /* with after: a parallel sample of that request (kvp_workload_fork), arriving with it;
-                           it waits only for that request's prompt to be computed, then joins as a request of
-                           the same arrival and finds the prompt in the prefix cache (vLLM v1's fan-out of n > 1:
-                           one prefill, the samples share its blocks). think_s is ignored. */
-} kvp_request;
 
 typedef struct {
     kvp_request *reqs; /* [n] */

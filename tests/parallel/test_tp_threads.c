@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "parallel/comm.h"
-#include "runtime/engine/gen.h"
+#include "runtime/executor/cpu_executor.h"
 #include "runtime/model/model.h"
 #include "runtime/model_testutil.h"
 
@@ -16,8 +16,8 @@ typedef struct {
     kvp_comm *comm;
     const char *path;
     const tu_golden *g;
-    kvp_gen_result res[8];
-    kvp_gen_stats st;
+    kvp_session_result res[8];
+    kvp_run_stats st;
     kvp_status status;
     char err[512];
 } rank_job;
@@ -29,8 +29,8 @@ static void *rank_main(void *arg)
     kvp_model *m = NULL;
     j->status = kvp_model_load_tp(j->path, j->comm, &m);
     if (j->status == KVP_OK) {
-        kvp_gen_config cfg = kvp_gen_config_default();
-        j->status = kvp_gen_run(m, &cfg, j->g->reqs, j->g->n, j->res, &j->st);
+        kvp_session_config cfg = kvp_session_config_default();
+        j->status = kvp_cpu_generate(m, &cfg, j->g->reqs, j->g->n, j->res, &j->st, NULL, NULL);
     }
     if (j->status != KVP_OK) snprintf(j->err, sizeof j->err, "%s", kvp_error_detail());
     kvp_model_destroy(m);
@@ -65,7 +65,7 @@ Test(tp_threads, golden_tokens_on_every_rank_at_tp_2_4_8_with_one_ranks_logprobs
         run_ranks(tp, k == 1 ? S260_HF : S260_GGUF, &g, jobs);
         for (int r = 0; r < tp; r++) {
             for (int i = 0; i < g.n; i++) {
-                const kvp_gen_result *x = &jobs[r].res[i];
+                const kvp_session_result *x = &jobs[r].res[i];
                 cr_assert_eq(x->n_tokens[0], g.nwant[i], "tp %d rank %d case %d", tp, r, i);
                 for (int t = 0; t < g.nwant[i]; t++)
                     cr_assert_eq(x->tokens[0][t], g.want[i][t], "tp %d rank %d case %d token %d", tp, r, i, t);
@@ -76,10 +76,10 @@ Test(tp_threads, golden_tokens_on_every_rank_at_tp_2_4_8_with_one_ranks_logprobs
             /* 4 KV heads: 4/tp of them per rank, one replica past 4 ranks */
             const double share = tp <= 4 ? 1.0 / tp : 0.25;
             cr_assert_float_eq((double)jobs[r].st.kv_pool_bytes, one[0].st.kv_pool_bytes * share, 0.5, "tp %d", tp);
-            kvp_gen_results_free(jobs[r].res, g.n);
+            kvp_session_results_free(jobs[r].res, g.n);
         }
     }
-    kvp_gen_results_free(one[0].res, g.n);
+    kvp_session_results_free(one[0].res, g.n);
 }
 
 /* Four rank threads: sums in rank order with the same bits everywhere, gathers in rank order, broadcasts,

@@ -15,7 +15,7 @@
 #include "common/json.h"
 #include "common/status.h"
 #include "fuzz_testutil.h"
-#include "runtime/engine/gen.h"
+#include "runtime/executor/cpu_executor.h"
 
 #define S260_DIR "../shared/models/stories260K"
 #define S260_GGUF S260_DIR "/stories260K.gguf"
@@ -34,7 +34,7 @@ static inline void tu_require_shared(void)
  * generate in want[i] (nwant[i] of them; tokens_after_bos = the prompt without BOS, then these). Returns
  * the number of cases. */
 typedef struct {
-    kvp_gen_request reqs[8];
+    kvp_session_request reqs[8];
     int32_t prompt[8][64], want[8][512], nwant[8];
     int n;
 } tu_golden;
@@ -54,7 +54,7 @@ static inline void tu_golden_load(tu_golden *g)
         cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "tokens_after_bos")) g->want[g->n][nw++] = x->valueint;
         g->nwant[g->n] = nw - (np - 1);
         memmove(g->want[g->n], g->want[g->n] + np - 1, sizeof(int32_t) * (size_t)g->nwant[g->n]);
-        g->reqs[g->n] = (kvp_gen_request){.prompt = g->prompt[g->n], .n_prompt = np, .max_tokens = g->nwant[g->n],
+        g->reqs[g->n] = (kvp_session_request){.prompt = g->prompt[g->n], .n_prompt = np, .max_tokens = g->nwant[g->n],
                                           .sampler = kvp_sampler_default(), .n = 1};
         g->n++;
     }
@@ -62,12 +62,12 @@ static inline void tu_golden_load(tu_golden *g)
 }
 
 /* Adds r to session s, steps it until nothing is pending and takes the result (r's own) into res. */
-static inline void tu_run_one(kvp_gen_session *s, const kvp_gen_request *r, kvp_gen_result *res)
+static inline void tu_run_one(kvp_session *s, const kvp_session_request *r, kvp_session_result *res)
 {
     int32_t id, got;
-    cr_assert_eq(kvp_gen_session_add(s, r, &id), KVP_OK, "%s", kvp_error_detail());
-    while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_gen_session_take(s, &got, res), KVP_OK);
+    cr_assert_eq(kvp_session_add(s, r, &id), KVP_OK, "%s", kvp_error_detail());
+    while (kvp_session_pending(s)) cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_session_take(s, &got, res), KVP_OK);
     cr_assert_eq(got, id);
 }
 
@@ -75,14 +75,14 @@ static inline void tu_run_one(kvp_gen_session *s, const kvp_gen_request *r, kvp_
  * tokens, EOS ignored), then on the same session turn B = p, A's answer and more[0, n_more) (20 tokens). B must
  * find at least the full blocks of A's computed tokens (prompt + answer - 1) cached, and generate the tokens it
  * generates alone with no prefix cache. *st: the session's stats after B. */
-static inline void tu_next_turn(kvp_model *m, const kvp_gen_config *cfg, const int32_t *p, int32_t n, int32_t answer,
-                                const int32_t *more, int32_t n_more, kvp_gen_session_stats *st)
+static inline void tu_next_turn(kvp_model *m, const kvp_session_config *cfg, const int32_t *p, int32_t n, int32_t answer,
+                                const int32_t *more, int32_t n_more, kvp_session_stats *st)
 {
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(m, cfg, &s), KVP_OK, "%s", kvp_error_detail());
-    kvp_gen_request a = {.prompt = p, .n_prompt = n, .max_tokens = answer, .n = 1, .ignore_eos = 1,
+    kvp_session *s;
+    cr_assert_eq(kvp_cpu_session_create(m, cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    kvp_session_request a = {.prompt = p, .n_prompt = n, .max_tokens = answer, .n = 1, .ignore_eos = 1,
                          .sampler = kvp_sampler_default()};
-    kvp_gen_result ra, rb, solo;
+    kvp_session_result ra, rb, solo;
     tu_run_one(s, &a, &ra);
     cr_assert_eq(ra.n_tokens[0], answer);
     const int32_t nb = n + answer + n_more;
@@ -90,18 +90,18 @@ static inline void tu_next_turn(kvp_model *m, const kvp_gen_config *cfg, const i
     memcpy(turn, p, (size_t)n * sizeof *turn);
     memcpy(turn + n, ra.tokens[0], (size_t)answer * sizeof *turn);
     if (n_more) memcpy(turn + n + answer, more, (size_t)n_more * sizeof *turn);
-    kvp_gen_request b = {.prompt = turn, .n_prompt = nb, .max_tokens = 20, .n = 1, .sampler = kvp_sampler_default()};
+    kvp_session_request b = {.prompt = turn, .n_prompt = nb, .max_tokens = 20, .n = 1, .sampler = kvp_sampler_default()};
     tu_run_one(s, &b, &rb);
-    const int32_t bs = cfg->block_size, computed = n + answer - 1;
+    const int32_t bs = cfg->engine.block_size, computed = n + answer - 1;
     cr_assert_geq(rb.prompt_cached_tokens, computed / bs * bs, "%d of the %d computed tokens' full blocks found",
                   rb.prompt_cached_tokens, computed);
-    kvp_gen_session_stats_get(s, st);
-    kvp_gen_session_destroy(s);
-    kvp_gen_config none = *cfg;
-    none.cache = KVP_PC_NONE;
-    none.spec_tokens = 0;
+    kvp_session_stats_get(s, st);
+    kvp_session_destroy(s);
+    kvp_session_config none = *cfg;
+    none.engine.cache = KVP_PC_NONE;
+    none.engine.spec.tokens = 0;
     none.num_blocks = 0;
-    cr_assert_eq(kvp_gen_run(m, &none, &b, 1, &solo, NULL), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_cpu_generate(m, &none, &b, 1, &solo, NULL, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
     cr_assert_eq(rb.n_tokens[0], solo.n_tokens[0], "the cached turn: %d tokens, alone %d", rb.n_tokens[0],
                  solo.n_tokens[0]);
     for (int32_t i = 0; i < solo.n_tokens[0]; i++)
@@ -109,9 +109,9 @@ static inline void tu_next_turn(kvp_model *m, const kvp_gen_config *cfg, const i
     cr_assert_eq(rb.finish[0], solo.finish[0]);
     cr_assert_eq(rb.logprob[0], solo.logprob[0], "the cached turn's logprob %.17g, alone %.17g", rb.logprob[0],
                  solo.logprob[0]);
-    kvp_gen_results_free(&ra, 1);
-    kvp_gen_results_free(&rb, 1);
-    kvp_gen_results_free(&solo, 1);
+    kvp_session_results_free(&ra, 1);
+    kvp_session_results_free(&rb, 1);
+    kvp_session_results_free(&solo, 1);
     kvp_free(turn);
 }
 

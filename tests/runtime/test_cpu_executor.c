@@ -34,6 +34,15 @@ static int load_cases(gcase *cs)
     return n;
 }
 
+/* Request i's tokens (the engine's index: requests arrive in id order here). */
+static void tokens_of(const kvp_engine *e, int64_t i, const int32_t **toks, int32_t *nt)
+{
+    kvp_sample_view v;
+    cr_assert_eq(kvp_engine_sample(e, i, 0, &v), KVP_OK);
+    *toks = v.tokens;
+    *nt = v.n_tokens;
+}
+
 /* Runs w through an engine on the cpu executor (KV cache sized from cfg, whose step budget, length limit and
  * watermark are set here, and whose invariants are checked after every step), checks that every request
  * finished with no block leaked, and returns the metrics; *ex and *e are the caller's to destroy. */
@@ -44,11 +53,12 @@ static kvp_engine_metrics run_on_cpu(kvp_model *m, kvp_engine_config *cfg, const
     cfg->max_batched_tokens = 64;
     cfg->watermark_blocks = 0;
     cfg->check_every_step = true;
+    cfg->keep_outputs = true; /* the tokens are read after the run */
     cr_assert_eq(kvp_cpu_executor_create(m, (int32_t)(cfg->kv_slots / cfg->block_size), cfg->block_size,
-                                         (int32_t)kvp_engine_host_blocks(cfg), KVP_DTYPE_F32, NULL, ex),
+                                         (int32_t)kvp_engine_host_blocks(cfg), KVP_DTYPE_F32, ex),
                  KVP_OK, "%s", kvp_error_detail());
     cr_assert_eq(kvp_engine_create(cfg, ex, e), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_engine_run(*e, w, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_engine_run(*e, w->reqs, w->n, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
     kvp_engine_metrics met;
     cr_assert_eq(kvp_engine_metrics_get(*e, &met), KVP_OK);
     cr_assert_eq(met.finished, w->n);
@@ -92,7 +102,7 @@ static void run_engine(kvp_model *m, int32_t block_size, int64_t kv_slots, int64
         for (int i = 0; i < n; i++) {
             const int32_t *toks;
             int32_t nt;
-            kvp_cpu_executor_tokens(&ex, k * n + i, &toks, &nt);
+            tokens_of(e, k * n + i, &toks, &nt);
             cr_assert_eq(nt, cs[i].nwant, "request %d: %d tokens, want %d", k * n + i, nt, cs[i].nwant);
             for (int j = 0; j < nt; j++)
                 cr_assert_eq(toks[j], cs[i].want[j], "block %d request %d token %d: %d want %d", block_size, k * n + i,
@@ -148,7 +158,7 @@ static void host_tier_story(kvp_hc_write_policy policy)
     kvp_engine_config cfg;
     kvp_engine_config_default(&cfg);
     cfg.block_size = 4;
-    cfg.kv_slots = 100 * 4;
+    cfg.kv_slots = 80 * 4;
     cfg.host_slots = 200 * 4;
     cfg.preempt = KVP_PREEMPT_SWAP;
     cfg.cache = KVP_PC_RADIX;
@@ -163,7 +173,7 @@ static void host_tier_story(kvp_hc_write_policy policy)
     for (int r = 0; r < COPIES * 5; r++) {
         const int32_t *toks;
         int32_t nt, L = lens[r % 5];
-        kvp_cpu_executor_tokens(&ex, r, &toks, &nt);
+        tokens_of(e, r, &toks, &nt);
         cr_assert_eq(nt, OUT);
         for (int j = 0; j < nt; j++)
             cr_assert_eq(toks[j], story[L + j], "%s: request %d (prompt %d) token %d: %d, the story has %d",
@@ -187,17 +197,21 @@ Test(cpu_executor, rejects_a_mismatched_block_size)
     kvp_model *m;
     cr_assert_eq(kvp_model_load(S260_GGUF, &m), KVP_OK);
     kvp_executor ex;
-    cr_assert_eq(kvp_cpu_executor_create(m, 64, 8, 0, KVP_DTYPE_F32, NULL, &ex), KVP_OK);
-    int32_t toks[2] = {1, 403}, table[1] = {0};
+    cr_assert_eq(kvp_cpu_executor_create(m, 64, 8, 0, KVP_DTYPE_F32, &ex), KVP_OK);
+    int32_t toks[2] = {1, 403}, table[1] = {0}, pos[2] = {0, 1}, qo[2] = {0, 2}, kvi[2] = {0, 1}, last[1] = {2};
+    int64_t slots[2] = {0, 1};
     kvp_exec_seq s = {.req_id = 0, .context_len = 0, .num_new = 2, .sample = 1, .tokens = toks, .block_table = table,
                       .num_blocks = 1};
-    kvp_exec_batch b = {.seqs = &s, .n = 1, .block_size = 16};
-    int32_t sampled[1];
-    kvp_exec_result r = {.sampled = sampled};
+    kvp_exec_batch b = {.seqs = &s, .n = 1, .block_size = 16,
+                        .flat = {.num_tokens = 2, .tokens = toks, .positions = pos, .slot_mapping = slots,
+                                 .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = table, .kv_last_page_len = last,
+                                 .num_rows = 1}};
+    kvp_exec_result r = {0};
     cr_assert_eq(ex.step(ex.ctx, &b, &r), KVP_EINVAL);
     b.block_size = 8;
     cr_assert_eq(ex.step(ex.ctx, &b, &r), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(sampled[0], 407); /* "Once" -> " upon" */
+    cr_assert_not_null(r.logits);
+    cr_assert_eq(kvp_argmax(r.logits, r.vocab), 407); /* "Once" -> " upon" */
     cr_assert_gt(r.time_s, 0);
     s.tokens = NULL;
     cr_assert_eq(ex.step(ex.ctx, &b, &r), KVP_EUNSUPPORTED);

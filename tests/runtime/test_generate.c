@@ -1,4 +1,4 @@
-/* Generation loop tests (runtime/engine/gen.h) on stories260K: golden greedy stories through continuous batching,
+/* Generation loop tests (runtime/engine/session.h) on stories260K: golden greedy stories through continuous batching,
  * batch invariance (alone / together / prefix cache radix, hash, none / block sizes 1, 16, 64 / preemption),
  * n > 1 sampling by fork with copy-on-write (accounting), beam search against exhaustive search. */
 #include <criterion/criterion.h>
@@ -13,7 +13,7 @@
 #include "cli_testutil.h"
 #include "model_testutil.h"
 #include "runtime/text/chat.h"
-#include "runtime/engine/gen.h"
+#include "runtime/executor/cpu_executor.h"
 #include "runtime/text/tokenizer.h"
 
 static kvp_model *g_model;
@@ -56,21 +56,21 @@ static enc encode(const char *text)
     return e;
 }
 
-static kvp_gen_request greedy_req(enc e, int32_t max_tokens)
+static kvp_session_request greedy_req(enc e, int32_t max_tokens)
 {
-    kvp_gen_request r = {.prompt = e.ids, .n_prompt = e.n, .max_tokens = max_tokens, .sampler = kvp_sampler_default(),
+    kvp_session_request r = {.prompt = e.ids, .n_prompt = e.n, .max_tokens = max_tokens, .sampler = kvp_sampler_default(),
                          .n = 1, .beam_width = 0};
     return r;
 }
 
-static void run(const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n, kvp_gen_result *res,
-                kvp_gen_stats *st)
+static void run(const kvp_session_config *cfg, const kvp_session_request *reqs, int32_t n, kvp_session_result *res,
+                kvp_run_stats *st)
 {
-    kvp_status s = kvp_gen_run(g_model, cfg, reqs, n, res, st);
+    kvp_status s = kvp_cpu_generate(g_model, cfg, reqs, n, res, st, NULL, NULL);
     cr_assert_eq(s, KVP_OK, "%s", kvp_error_detail());
 }
 
-static void expect_same(const kvp_gen_result *a, const kvp_gen_result *b, const char *what, int i)
+static void expect_same(const kvp_session_result *a, const kvp_session_result *b, const char *what, int i)
 {
     cr_assert_eq(a->n_samples, b->n_samples, "%s prompt %d", what, i);
     for (int s = 0; s < a->n_samples; s++) {
@@ -83,17 +83,17 @@ static void expect_same(const kvp_gen_result *a, const kvp_gen_result *b, const 
 
 /* Every golden case together, with a KV cache of type dt: every token must match. Returns the run's stats,
  * whose kv_pool_bytes must be the pools' size at dt's element size. */
-static kvp_gen_stats golden_stories(kvp_dtype dt)
+static kvp_run_stats golden_stories(kvp_dtype dt)
 {
     tu_golden g;
     tu_golden_load(&g);
-    kvp_gen_request *reqs = g.reqs;
+    kvp_session_request *reqs = g.reqs;
     int32_t(*want)[512] = g.want, *nwant = g.nwant;
     const int nc = g.n;
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_session_config cfg = kvp_session_config_default();
     cfg.kv_dtype = dt;
-    kvp_gen_result res[8];
-    kvp_gen_stats st;
+    kvp_session_result res[8];
+    kvp_run_stats st;
     run(&cfg, reqs, nc, res, &st);
     for (int i = 0; i < nc; i++) {
         cr_assert_eq(res[i].n_samples, 1);
@@ -104,7 +104,7 @@ static kvp_gen_stats golden_stories(kvp_dtype dt)
         cr_assert_geq(res[i].ttft_s, 0);
     }
     cr_assert_eq(st.generated_tokens, nwant[0] + nwant[1]);
-    kvp_gen_results_free(res, nc);
+    kvp_session_results_free(res, nc);
     const kvp_model_config *mc = kvp_model_cfg(g_model);
     cr_assert_eq(st.kv_pool_bytes, (int64_t)st.num_blocks * st.block_size * mc->num_layers * 2 * mc->num_kv_heads *
                                        mc->head_dim * (int64_t)kvp_dtype_size(dt),
@@ -118,7 +118,7 @@ Test(generate, golden_stories_batched, .init = setup, .fini = teardown) { golden
  * of the golden cases (checked: fp8's 3-bit mantissa does change the 256-token story after ~120 tokens). */
 Test(generate, golden_stories_with_f16_and_bf16_kv, .init = setup, .fini = teardown)
 {
-    const kvp_gen_stats a = golden_stories(KVP_DTYPE_F32), b = golden_stories(KVP_DTYPE_F16);
+    const kvp_run_stats a = golden_stories(KVP_DTYPE_F32), b = golden_stories(KVP_DTYPE_F16);
     golden_stories(KVP_DTYPE_BF16);
     cr_assert_eq(a.num_blocks, b.num_blocks);
     cr_assert_eq(b.kv_pool_bytes * 2, a.kv_pool_bytes, "an f16 cache is half an f32 one");
@@ -129,33 +129,33 @@ Test(generate, golden_stories_with_f16_and_bf16_kv, .init = setup, .fini = teard
 Test(generate, fp8_kv_is_batch_invariant, .init = setup, .fini = teardown)
 {
     enc e[3];
-    kvp_gen_request reqs[3];
+    kvp_session_request reqs[3];
     for (int i = 0; i < 3; i++) {
         e[i] = encode(prompts[i]);
         reqs[i] = greedy_req(e[i], 40);
     }
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_session_config cfg = kvp_session_config_default();
     cfg.kv_dtype = KVP_DTYPE_FP8_E4M3;
-    cfg.cache = KVP_PC_NONE;
-    kvp_gen_result alone[3], all[3];
+    cfg.engine.cache = KVP_PC_NONE;
+    kvp_session_result alone[3], all[3];
     for (int i = 0; i < 3; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
-    cfg.cache = KVP_PC_RADIX;
-    cfg.block_size = 1;
+    cfg.engine.cache = KVP_PC_RADIX;
+    cfg.engine.block_size = 1;
     run(&cfg, reqs, 3, all, NULL);
     for (int i = 0; i < 3; i++) {
         expect_same(&alone[i], &all[i], "fp8 KV, block 1, radix", i);
         cr_assert_eq(alone[i].n_tokens[0] > 0, 1);
     }
-    kvp_gen_results_free(alone, 3);
-    kvp_gen_results_free(all, 3);
+    kvp_session_results_free(alone, 3);
+    kvp_session_results_free(all, 3);
     for (int i = 0; i < 3; i++) kvp_free(e[i].ids);
     /* ... and the cache really is fp8: the 256-token story from BOS changes somewhere. */
     int32_t bos = 1;
-    kvp_gen_request story = {.prompt = &bos, .n_prompt = 1, .max_tokens = 256, .sampler = kvp_sampler_default(),
+    kvp_session_request story = {.prompt = &bos, .n_prompt = 1, .max_tokens = 256, .sampler = kvp_sampler_default(),
                              .n = 1};
-    kvp_gen_result r32, r8;
-    cfg = kvp_gen_config_default();
-    cfg.stop_at_eos = 0;
+    kvp_session_result r32, r8;
+    cfg = kvp_session_config_default();
+    cfg.engine.stop_at_eos = 0;
     run(&cfg, &story, 1, &r32, NULL);
     cfg.kv_dtype = KVP_DTYPE_FP8_E4M3;
     run(&cfg, &story, 1, &r8, NULL);
@@ -164,35 +164,35 @@ Test(generate, fp8_kv_is_batch_invariant, .init = setup, .fini = teardown)
     int differ = 0;
     for (int j = 0; j < 256; j++) differ += r32.tokens[0][j] != r8.tokens[0][j];
     cr_assert_gt(differ, 0, "fp8 KV gave exactly the f32 story: is kv_dtype ignored?");
-    kvp_gen_results_free(&r32, 1);
-    kvp_gen_results_free(&r8, 1);
+    kvp_session_results_free(&r32, 1);
+    kvp_session_results_free(&r8, 1);
 }
 
 Test(generate, batch_invariance_cache_and_block_sizes, .init = setup, .fini = teardown)
 {
     enc e[NPROMPTS];
-    kvp_gen_request reqs[2 * NPROMPTS];
+    kvp_session_request reqs[2 * NPROMPTS];
     for (int i = 0; i < NPROMPTS; i++) {
         e[i] = encode(prompts[i]);
         reqs[i] = greedy_req(e[i], 20);
         reqs[i + NPROMPTS] = reqs[i]; /* each prompt twice: the second copy can hit the prefix cache */
     }
     /* Reference: each prompt alone, block 16, no cache. */
-    kvp_gen_result alone[NPROMPTS];
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.cache = KVP_PC_NONE;
+    kvp_session_result alone[NPROMPTS];
+    kvp_session_config cfg = kvp_session_config_default();
+    cfg.engine.cache = KVP_PC_NONE;
     for (int i = 0; i < NPROMPTS; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
     const int32_t block_sizes[3] = {1, 16, 64};
     const kvp_pc_kind caches[3] = {KVP_PC_NONE, KVP_PC_RADIX, KVP_PC_HASH};
     for (int b = 0; b < 3; b++)
         for (int c = 0; c < 3; c++) {
-            cfg = kvp_gen_config_default();
-            cfg.block_size = block_sizes[b];
-            cfg.cache = caches[c];
+            cfg = kvp_session_config_default();
+            cfg.engine.block_size = block_sizes[b];
+            cfg.engine.cache = caches[c];
             /* A budget that forces chunked prefill and requests joining while others decode. */
-            cfg.max_batched_tokens = 24;
-            kvp_gen_result all[2 * NPROMPTS];
-            kvp_gen_stats st;
+            cfg.engine.max_batched_tokens = 24;
+            kvp_session_result all[2 * NPROMPTS];
+            kvp_run_stats st;
             run(&cfg, reqs, 2 * NPROMPTS, all, &st);
             char what[64];
             snprintf(what, sizeof what, "block %d cache %s", block_sizes[b], kvp_pc_kind_name(caches[c]));
@@ -200,27 +200,27 @@ Test(generate, batch_invariance_cache_and_block_sizes, .init = setup, .fini = te
             if (caches[c] != KVP_PC_NONE && block_sizes[b] <= 16)
                 cr_assert_gt(st.prefix_hit_tokens, 0, "%s: the repeated prompts should hit the cache", what);
             if (caches[c] == KVP_PC_NONE) cr_assert_eq(st.prefix_hit_tokens, 0);
-            kvp_gen_results_free(all, 2 * NPROMPTS);
+            kvp_session_results_free(all, 2 * NPROMPTS);
         }
     /* Two threads: the batch is split into groups of sequences run in parallel; same tokens. */
     kvp_model_set_threads(g_model, 2);
-    cfg = kvp_gen_config_default();
-    kvp_gen_result two[2 * NPROMPTS];
+    cfg = kvp_session_config_default();
+    kvp_session_result two[2 * NPROMPTS];
     run(&cfg, reqs, 2 * NPROMPTS, two, NULL);
     kvp_model_set_threads(g_model, 1);
     for (int i = 0; i < 2 * NPROMPTS; i++) expect_same(&alone[i % NPROMPTS], &two[i], "2 threads", i);
-    kvp_gen_results_free(two, 2 * NPROMPTS);
+    kvp_session_results_free(two, 2 * NPROMPTS);
     /* A KV cache too small for everyone at once: preemption (recompute) must not change any token. */
-    cfg = kvp_gen_config_default();
-    cfg.block_size = 4;
+    cfg = kvp_session_config_default();
+    cfg.engine.block_size = 4;
     cfg.num_blocks = 60;
-    kvp_gen_result small[2 * NPROMPTS];
-    kvp_gen_stats st;
+    kvp_session_result small[2 * NPROMPTS];
+    kvp_run_stats st;
     run(&cfg, reqs, 2 * NPROMPTS, small, &st);
     cr_assert_gt(st.preemptions, 0, "60 blocks of 4 should force preemption");
     for (int i = 0; i < 2 * NPROMPTS; i++) expect_same(&alone[i % NPROMPTS], &small[i], "preempted", i);
-    kvp_gen_results_free(small, 2 * NPROMPTS);
-    kvp_gen_results_free(alone, NPROMPTS);
+    kvp_session_results_free(small, 2 * NPROMPTS);
+    kvp_session_results_free(alone, NPROMPTS);
     for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
 }
 
@@ -230,7 +230,7 @@ Test(generate, batch_invariance_cache_and_block_sizes, .init = setup, .fini = te
 Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown)
 {
     enc e[NPROMPTS];
-    kvp_gen_request reqs[2 * NPROMPTS];
+    kvp_session_request reqs[2 * NPROMPTS];
     int32_t longest = 0;
     for (int i = 0; i < NPROMPTS; i++) {
         e[i] = encode(prompts[i]);
@@ -238,8 +238,8 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
         reqs[i + NPROMPTS] = reqs[i];
         longest = e[i].n + 12 > longest ? e[i].n + 12 : longest;
     }
-    kvp_gen_result alone[NPROMPTS];
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_session_result alone[NPROMPTS];
+    kvp_session_config cfg = kvp_session_config_default();
     for (int i = 0; i < NPROMPTS; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
     const int32_t block_sizes[2] = {4, 16};
     const kvp_pc_kind caches[2] = {KVP_PC_RADIX, KVP_PC_HASH};
@@ -253,20 +253,20 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
         for (int c = 0; c < 10; c++) {
             const int32_t bs = block_sizes[b], min_blocks = (longest + bs - 1) / bs, tier = tiers[c / 2];
             for (int32_t nb = min_blocks; nb < 3 * min_blocks; nb++) {
-                cfg = kvp_gen_config_default();
-                cfg.block_size = bs;
-                cfg.cache = caches[c % 2];
+                cfg = kvp_session_config_default();
+                cfg.engine.block_size = bs;
+                cfg.engine.cache = caches[c % 2];
                 cfg.num_blocks = nb;
                 cfg.host_cache_blocks = tier;
-                cfg.host_write_policy = policies[c / 2];
-                kvp_gen_result all[2 * NPROMPTS];
-                kvp_gen_stats st;
-                kvp_status rs = kvp_gen_run(g_model, &cfg, reqs, 2 * NPROMPTS, all, &st);
+                cfg.engine.host_write_policy = policies[c / 2];
+                kvp_session_result all[2 * NPROMPTS];
+                kvp_run_stats st;
+                kvp_status rs = kvp_cpu_generate(g_model, &cfg, reqs, 2 * NPROMPTS, all, &st, NULL, NULL);
                 cr_assert_eq(rs, KVP_OK, "block %d, %d blocks, cache %s: %s", bs, nb, kvp_pc_kind_name(caches[c % 2]),
                              kvp_error_detail());
                 char what[64];
                 snprintf(what, sizeof what, "block %d, %d blocks, %s, host tier %d %s", bs, nb, kvp_pc_kind_name(caches[c % 2]),
-                         tier, kvp_hc_write_policy_name(cfg.host_write_policy));
+                         tier, kvp_hc_write_policy_name(cfg.engine.host_write_policy));
                 int64_t cached = 0;
                 for (int i = 0; i < 2 * NPROMPTS; i++) {
                     expect_same(&alone[i % NPROMPTS], &all[i], what, i);
@@ -279,12 +279,12 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
                                    "%s", what);
                 cr_assert(tier || st.host_loaded_blocks + st.host_stored_blocks == 0, "%s", what);
                 loaded[c / 2] += st.host_loaded_blocks;
-                kvp_gen_results_free(all, 2 * NPROMPTS);
+                kvp_session_results_free(all, 2 * NPROMPTS);
             }
         }
     for (int t = 1; t < 5; t++)
         cr_assert_gt(loaded[t], 0, "tier %d: the tight caches were meant to lose blocks that the host tier brings back", t);
-    kvp_gen_results_free(alone, NPROMPTS);
+    kvp_session_results_free(alone, NPROMPTS);
     for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
 }
 
@@ -296,23 +296,23 @@ Test(generate, tight_caches_with_prefix_caching, .init = setup, .fini = teardown
 Test(generate, a_preempted_sequence_finds_its_computed_blocks_cached, .init = setup, .fini = teardown)
 {
     enc e = encode("Once upon a time there was a little girl named Lily who loved to play outside in the park");
-    kvp_gen_request reqs[16];
+    kvp_session_request reqs[16];
     for (int i = 0; i < 16; i++) reqs[i] = greedy_req(e, 200);
-    kvp_gen_result res[2][16];
-    kvp_gen_stats st[2];
+    kvp_session_result res[2][16];
+    kvp_run_stats st[2];
     for (int c = 0; c < 2; c++) {
-        kvp_gen_config cfg = kvp_gen_config_default();
-        cfg.block_size = 16;
+        kvp_session_config cfg = kvp_session_config_default();
+        cfg.engine.block_size = 16;
         cfg.num_blocks = 40;
-        cfg.cache = c ? KVP_PC_RADIX : KVP_PC_NONE;
-        cr_assert_eq(kvp_gen_run(g_model, &cfg, reqs, 16, res[c], &st[c]), KVP_OK, "%s", kvp_error_detail());
+        cfg.engine.cache = c ? KVP_PC_RADIX : KVP_PC_NONE;
+        cr_assert_eq(kvp_cpu_generate(g_model, &cfg, reqs, 16, res[c], &st[c], NULL, NULL), KVP_OK, "%s", kvp_error_detail());
         cr_assert_gt(st[c].preemptions, 0, "the cache must be tight enough to preempt");
     }
     cr_assert_lt(st[1].computed_tokens, st[0].computed_tokens * 3 / 4, "%lld tokens computed with the cache, %lld without",
                  (long long)st[1].computed_tokens, (long long)st[0].computed_tokens);
     for (int i = 0; i < 16; i++) expect_same(&res[0][i], &res[1][i], "radix vs none", i);
-    kvp_gen_results_free(res[0], 16);
-    kvp_gen_results_free(res[1], 16);
+    kvp_session_results_free(res[0], 16);
+    kvp_session_results_free(res[1], 16);
     kvp_free(e.ids);
 }
 
@@ -323,7 +323,7 @@ Test(generate, beam_searches_share_a_small_cache, .init = setup, .fini = teardow
 {
     enum { NB = 4, W = 4, T = 12, BS = 4 };
     enc e[NB];
-    kvp_gen_request reqs[NB];
+    kvp_session_request reqs[NB];
     int32_t peak = 0;
     for (int i = 0; i < NB; i++) {
         e[i] = encode(prompts[i + 1]);
@@ -333,21 +333,21 @@ Test(generate, beam_searches_share_a_small_cache, .init = setup, .fini = teardow
         const int32_t full = e[i].n / BS, b = full + W * ((e[i].n + T + BS - 1) / BS - full);
         peak = b > peak ? b : peak;
     }
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.block_size = BS;
-    kvp_gen_result alone[NB];
+    kvp_session_config cfg = kvp_session_config_default();
+    cfg.engine.block_size = BS;
+    kvp_session_result alone[NB];
     for (int i = 0; i < NB; i++) run(&cfg, &reqs[i], 1, &alone[i], NULL);
     for (int32_t nb = peak; nb <= 3 * peak; nb += 3) {
         cfg.num_blocks = nb;
-        kvp_gen_result all[NB];
-        kvp_status rs = kvp_gen_run(g_model, &cfg, reqs, NB, all, NULL);
+        kvp_session_result all[NB];
+        kvp_status rs = kvp_cpu_generate(g_model, &cfg, reqs, NB, all, NULL, NULL, NULL);
         cr_assert_eq(rs, KVP_OK, "%d blocks (one search's peak: %d): %s", nb, peak, kvp_error_detail());
         char what[32];
         snprintf(what, sizeof what, "%d blocks", nb);
         for (int i = 0; i < NB; i++) expect_same(&alone[i], &all[i], what, i);
-        kvp_gen_results_free(all, NB);
+        kvp_session_results_free(all, NB);
     }
-    kvp_gen_results_free(alone, NB);
+    kvp_session_results_free(alone, NB);
     for (int i = 0; i < NB; i++) kvp_free(e[i].ids);
 }
 
@@ -360,14 +360,14 @@ Test(generate, n4_shares_the_prompt_blocks, .init = setup, .fini = teardown)
     enc e = encode(text);
     cr_assert_geq(e.n, 40);
     memcpy(prompt, e.ids, sizeof prompt);
-    kvp_gen_request r = {.prompt = prompt, .n_prompt = 40, .max_tokens = 8, .n = 4, .beam_width = 0,
+    kvp_session_request r = {.prompt = prompt, .n_prompt = 40, .max_tokens = 8, .n = 4, .beam_width = 0,
                          .sampler = {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 11}};
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.block_size = 16;
-    cfg.cache = KVP_PC_NONE;
-    cfg.stop_at_eos = 0;
-    kvp_gen_result res;
-    kvp_gen_stats st;
+    kvp_session_config cfg = kvp_session_config_default();
+    cfg.engine.block_size = 16;
+    cfg.engine.cache = KVP_PC_NONE;
+    cfg.engine.stop_at_eos = 0;
+    kvp_session_result res;
+    kvp_run_stats st;
     run(&cfg, &r, 1, &res, &st);
     cr_assert_eq(res.n_samples, 4);
     for (int s = 0; s < 4; s++) cr_assert_eq(res.n_tokens[s], 8);
@@ -389,12 +389,12 @@ Test(generate, n4_shares_the_prompt_blocks, .init = setup, .fini = teardown)
     int differ = 0;
     for (int s = 1; s < 4; s++) differ |= memcmp(res.tokens[0], res.tokens[s], 8 * sizeof(int32_t)) != 0;
     cr_assert(differ, "four samples at temperature 1 were identical");
-    kvp_gen_request both[3] = {greedy_req(encode(prompts[0]), 10), r, greedy_req(encode(prompts[3]), 5)};
-    kvp_gen_result res2[3];
+    kvp_session_request both[3] = {greedy_req(encode(prompts[0]), 10), r, greedy_req(encode(prompts[3]), 5)};
+    kvp_session_result res2[3];
     run(&cfg, both, 3, res2, NULL);
     expect_same(&res, &res2[1], "n=4 alone vs batched", 0);
-    kvp_gen_results_free(res2, 3);
-    kvp_gen_results_free(&res, 1);
+    kvp_session_results_free(res2, 3);
+    kvp_session_results_free(&res, 1);
     kvp_free(e.ids);
     kvp_free((void *)both[0].prompt);
     kvp_free((void *)both[2].prompt);
@@ -491,10 +491,10 @@ Test(generate, greedy_logprob_is_the_tokens_log_probability, .init = setup, .fin
 {
     enum { T = 6 };
     enc e = encode("Once upon a time");
-    kvp_gen_request r = greedy_req(e, T);
+    kvp_session_request r = greedy_req(e, T);
     r.n = 2; /* forked greedy samples: both the same tokens and log-probability */
-    kvp_gen_config cfg = kvp_gen_config_default();
-    kvp_gen_result res;
+    kvp_session_config cfg = kvp_session_config_default();
+    kvp_session_result res;
     run(&cfg, &r, 1, &res, NULL);
     cr_assert_eq(res.n_samples, 2);
     cr_assert_eq(res.n_tokens[0], T);
@@ -511,7 +511,7 @@ Test(generate, greedy_logprob_is_the_tokens_log_probability, .init = setup, .fin
     }
     cr_assert_lt(want, 0);
     for (int s = 0; s < 2; s++) cr_assert_float_eq(res.logprob[s], want, 1e-4, "sample %d: %g, want %g", s, res.logprob[s], want);
-    kvp_gen_results_free(&res, 1);
+    kvp_session_results_free(&res, 1);
     free(seq);
     kvp_free(e.ids);
 }
@@ -521,15 +521,15 @@ Test(generate, greedy_logprob_is_the_tokens_log_probability, .init = setup, .fin
 Test(generate, skip_logprob_draws_the_same_tokens, .init = setup, .fini = teardown)
 {
     enc e = encode("Once upon a time");
-    kvp_gen_request r[3] = {greedy_req(e, 12), greedy_req(e, 12), greedy_req(e, 12)};
+    kvp_session_request r[3] = {greedy_req(e, 12), greedy_req(e, 12), greedy_req(e, 12)};
     r[1].sampler = (kvp_sampler_params){.temperature = 1.0, .top_p = 1.0, .seed = 5};
     r[2].sampler = (kvp_sampler_params){.temperature = 0.7, .top_k = 20, .top_p = 0.9, .seed = 6,
                                         .presence_penalty = 0.5f, .repetition_penalty = 1.2f};
     for (int i = 0; i < 3; i++) r[i].n = 2;
-    kvp_gen_config cfg = kvp_gen_config_default();
-    kvp_gen_result with[3], without[3];
+    kvp_session_config cfg = kvp_session_config_default();
+    kvp_session_result with[3], without[3];
     run(&cfg, r, 3, with, NULL);
-    cfg.skip_logprob = 1;
+    cfg.engine.skip_logprob = 1;
     run(&cfg, r, 3, without, NULL);
     for (int i = 0; i < 3; i++) {
         expect_same(&with[i], &without[i], "skip_logprob", i);
@@ -538,8 +538,8 @@ Test(generate, skip_logprob_draws_the_same_tokens, .init = setup, .fini = teardo
             cr_assert_eq(without[i].logprob[k], 0, "request %d sample %d", i, k);
         }
     }
-    kvp_gen_results_free(with, 3);
-    kvp_gen_results_free(without, 3);
+    kvp_session_results_free(with, 3);
+    kvp_session_results_free(without, 3);
     kvp_free(e.ids);
 }
 
@@ -550,12 +550,12 @@ Test(generate, beam_search_matches_exhaustive_search, .init = setup, .fini = tea
         enc e = encode(texts[k]);
         int b1 = -1, b2 = -1;
         double best = exhaustive2(&e, &b1, &b2);
-        kvp_gen_request r = {.prompt = e.ids, .n_prompt = e.n, .max_tokens = 2, .n = 2, .beam_width = 4,
+        kvp_session_request r = {.prompt = e.ids, .n_prompt = e.n, .max_tokens = 2, .n = 2, .beam_width = 4,
                              .sampler = kvp_sampler_default()};
-        kvp_gen_config cfg = kvp_gen_config_default();
-        cfg.block_size = 4;
-        kvp_gen_result res;
-        kvp_gen_stats st;
+        kvp_session_config cfg = kvp_session_config_default();
+        cfg.engine.block_size = 4;
+        kvp_session_result res;
+        kvp_run_stats st;
         run(&cfg, &r, 1, &res, &st);
         cr_assert_eq(res.n_samples, 2);
         cr_assert_eq(res.n_tokens[0], 2);
@@ -566,11 +566,12 @@ Test(generate, beam_search_matches_exhaustive_search, .init = setup, .fini = tea
         cr_assert_geq(res.logprob[0], res.logprob[1]);
         cr_assert_eq(st.computed_tokens, e.n + 4, "beams must not recompute the prompt");
         cr_assert_eq(st.generated_tokens, 2 * 2, "the 2 beams returned, not the 4 searched");
-        kvp_gen_results_free(&res, 1);
+        kvp_session_results_free(&res, 1);
         /* A beam wider than the vocabulary keeps every first token, so its best pair is the exhaustive
          * best whatever the bound (512 beams compute their first token, out of 512 x 512 candidates). */
         r.beam_width = 600;
         r.n = 3;
+        cfg.engine.max_num_seqs = 600; /* max_num_seqs bounds the beams too */
         run(&cfg, &r, 1, &res, &st);
         cr_assert_eq(res.n_samples, 3);
         cr_assert(res.tokens[0][0] == b1 && res.tokens[0][1] == b2, "'%s': wide beam %d %d, exhaustive %d %d",
@@ -578,7 +579,7 @@ Test(generate, beam_search_matches_exhaustive_search, .init = setup, .fini = tea
         cr_assert_float_eq(res.logprob[0], best, 1e-4);
         for (int s = 1; s < 3; s++) cr_assert_geq(res.logprob[s - 1], res.logprob[s]);
         cr_assert_eq(st.computed_tokens, e.n + 512);
-        kvp_gen_results_free(&res, 1);
+        kvp_session_results_free(&res, 1);
         r.beam_width = 4;
         /* A longer beam run: results sorted by score, W beams forked from one prefill. */
         r.max_tokens = 12;
@@ -587,7 +588,7 @@ Test(generate, beam_search_matches_exhaustive_search, .init = setup, .fini = tea
         cr_assert_eq(res.n_samples, 4);
         for (int s = 1; s < 4; s++) cr_assert_geq(res.logprob[s - 1], res.logprob[s]);
         cr_assert_eq(st.computed_tokens, e.n + 4 * 11);
-        kvp_gen_results_free(&res, 1);
+        kvp_session_results_free(&res, 1);
         kvp_free(e.ids);
     }
 }
@@ -596,22 +597,22 @@ Test(generate, rejects_bad_requests, .init = setup, .fini = teardown)
 {
     int32_t *big = malloc(sizeof(int32_t) * 3000);
     for (int i = 0; i < 3000; i++) big[i] = 300;
-    kvp_gen_request r = greedy_req((enc){big, 3000}, 5);
-    kvp_gen_config cfg = kvp_gen_config_default();
-    kvp_gen_result res;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    kvp_session_request r = greedy_req((enc){big, 3000}, 5);
+    kvp_session_config cfg = kvp_session_config_default();
+    kvp_session_result res;
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &r, 1, &res, NULL, NULL, NULL), KVP_EINVAL);
     cr_assert(strstr(kvp_error_message(), "context"), "%s", kvp_error_message());
     r.n_prompt = 100;
     cfg.num_blocks = 3;
-    cfg.block_size = 16;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_ENOBLOCKS);
+    cfg.engine.block_size = 16;
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &r, 1, &res, NULL, NULL, NULL), KVP_ENOBLOCKS);
     cr_assert(strstr(kvp_error_message(), "num-blocks"), "%s", kvp_error_message());
-    cfg = kvp_gen_config_default();
+    cfg = kvp_session_config_default();
     r.sampler.top_p = 2;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &r, 1, &res, NULL, NULL, NULL), KVP_EINVAL);
     r.sampler = kvp_sampler_default();
     big[5] = 512;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &r, 1, &res, NULL, NULL, NULL), KVP_EINVAL);
     free(big);
 }
 
@@ -1151,10 +1152,10 @@ Test(generate, sampled_batch_same_on_1_2_3_threads, .init = setup, .fini = teard
      * log-probabilities do not depend on the thread count. */
     enum { NR = 24 };
     enc e[NPROMPTS];
-    kvp_gen_request reqs[NR];
+    kvp_session_request reqs[NR];
     for (int i = 0; i < NPROMPTS; i++) e[i] = encode(prompts[i]);
     for (int i = 0; i < NR; i++)
-        reqs[i] = (kvp_gen_request){.prompt = e[i % NPROMPTS].ids, .n_prompt = e[i % NPROMPTS].n, .max_tokens = 12,
+        reqs[i] = (kvp_session_request){.prompt = e[i % NPROMPTS].ids, .n_prompt = e[i % NPROMPTS].n, .max_tokens = 12,
                                     .n = i == 5 ? 2 : 1, .beam_width = 0,
                                     .sampler = {.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 500 + (uint64_t)i}};
     const int32_t bias_id = 300;
@@ -1166,9 +1167,9 @@ Test(generate, sampled_batch_same_on_1_2_3_threads, .init = setup, .fini = teard
         reqs[i].bias = &bias;
         reqs[i].n_bias = 1;
     }
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.stop_at_eos = 0;
-    kvp_gen_result one[NR], many[NR];
+    kvp_session_config cfg = kvp_session_config_default();
+    cfg.engine.stop_at_eos = 0;
+    kvp_session_result one[NR], many[NR];
     run(&cfg, reqs, NR, one, NULL);
     int differ = 0;
     for (int i = 1; i < NR; i++)
@@ -1187,9 +1188,9 @@ Test(generate, sampled_batch_same_on_1_2_3_threads, .init = setup, .fini = teard
                 cr_assert_eq(one[i].logprob[s], many[i].logprob[s], "%s request %d sample %d: logprob %.17g vs %.17g",
                              what, i, s, one[i].logprob[s], many[i].logprob[s]);
         }
-        kvp_gen_results_free(many, NR);
+        kvp_session_results_free(many, NR);
     }
-    kvp_gen_results_free(one, NR);
+    kvp_session_results_free(one, NR);
     for (int i = 0; i < NPROMPTS; i++) kvp_free(e[i].ids);
 }
 
@@ -1200,7 +1201,7 @@ Test(generate, sampled_batch_same_on_1_2_3_threads, .init = setup, .fini = teard
  * request once, in finishing order, then KVP_ENOTFOUND; the stats count what happened. */
 Test(generate_session, requests_join_a_running_loop_and_match_their_solo_runs, .init = setup, .fini = teardown)
 {
-    kvp_gen_request reqs[5];
+    kvp_session_request reqs[5];
     enc e[5];
     for (int i = 0; i < 5; i++) {
         e[i] = encode(prompts[i]);
@@ -1208,22 +1209,22 @@ Test(generate_session, requests_join_a_running_loop_and_match_their_solo_runs, .
     }
     reqs[3].sampler = (kvp_sampler_params){.temperature = 0.8, .top_k = 40, .top_p = 0.9, .seed = 11};
     reqs[3].n = 2;
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_session_config cfg = kvp_session_config_default();
     cfg.num_blocks = 64;
-    cfg.block_size = 4;
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    cfg.engine.block_size = 4;
+    kvp_session *s;
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
     int32_t id;
-    kvp_gen_result got[5], res;
+    kvp_session_result got[5], res;
     int seen[5] = {0}, order = 0, add_at[5] = {0, 0, 5, 5, 12}, added = 0;
-    for (int stepno = 0; added < 5 || kvp_gen_session_pending(s); stepno++) {
+    for (int stepno = 0; added < 5 || kvp_session_pending(s); stepno++) {
         while (added < 5 && add_at[added] <= stepno) {
-            cr_assert_eq(kvp_gen_session_add(s, &reqs[added], &id), KVP_OK, "%s", kvp_error_detail());
+            cr_assert_eq(kvp_session_add(s, &reqs[added], &id), KVP_OK, "%s", kvp_error_detail());
             cr_assert_eq(id, added);
             added++;
         }
-        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-        while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+        cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        while (kvp_session_take(s, &id, &res) == KVP_OK) {
             cr_assert(id >= 0 && id < 5 && !seen[id], "request %d handed out twice or unknown", id);
             seen[id] = ++order;
             got[id] = res;
@@ -1231,10 +1232,10 @@ Test(generate_session, requests_join_a_running_loop_and_match_their_solo_runs, .
             cr_assert_geq(res.finish_s, res.ttft_s);
         }
     }
-    cr_assert_eq(kvp_gen_session_take(s, &id, &res), KVP_ENOTFOUND);
+    cr_assert_eq(kvp_session_take(s, &id, &res), KVP_ENOTFOUND);
     cr_assert_eq(order, 5);
-    kvp_gen_session_stats st;
-    kvp_gen_session_stats_get(s, &st);
+    kvp_session_stats st;
+    kvp_session_stats_get(s, &st);
     cr_assert_eq(st.requests, 5);
     cr_assert_eq(st.finished, 5);
     cr_assert_eq(st.waiting, 0);
@@ -1243,14 +1244,14 @@ Test(generate_session, requests_join_a_running_loop_and_match_their_solo_runs, .
     int64_t ptoks = 0;
     for (int i = 0; i < 5; i++) ptoks += reqs[i].n_prompt;
     cr_assert_eq(st.admitted_prompt_tokens, ptoks);
-    kvp_gen_session_destroy(s);
+    kvp_session_destroy(s);
     for (int i = 0; i < 5; i++) {
-        kvp_gen_result solo;
+        kvp_session_result solo;
         run(&cfg, &reqs[i], 1, &solo, NULL);
         cr_assert_eq(got[i].n_samples, solo.n_samples, "request %d", i);
         expect_same(&got[i], &solo, "joined a running loop vs alone", i);
-        kvp_gen_results_free(&solo, 1);
-        kvp_gen_results_free(&got[i], 1);
+        kvp_session_results_free(&solo, 1);
+        kvp_session_results_free(&got[i], 1);
         free(e[i].ids);
     }
 }
@@ -1261,10 +1262,10 @@ Test(generate_session, requests_join_a_running_loop_and_match_their_solo_runs, .
 Test(generate_session, the_next_turn_finds_the_answer_cached, .init = setup, .fini = teardown)
 {
     enc e = encode(prompts[0]), more = encode(" Then Tom came.");
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_session_config cfg = kvp_session_config_default();
     cfg.num_blocks = 64;
-    cfg.block_size = 16;
-    kvp_gen_session_stats st;
+    cfg.engine.block_size = 16;
+    kvp_session_stats st;
     tu_next_turn(g_model, &cfg, e.ids, e.n, 40, more.ids + 1, more.n - 1, &st); /* the second text without BOS */
     free(e.ids);
     free(more.ids);
@@ -1283,35 +1284,35 @@ Test(generate_session, lpm_and_priority_pick_the_next_request, .init = setup, .f
     const kvp_sched_policy pol[3] = {KVP_SCHED_FCFS, KVP_SCHED_LPM, KVP_SCHED_PRIORITY};
     const int32_t want[3][3] = {{0, 1, 2}, {1, 0, 2}, {2, 1, 0}}; /* indices into {A, B, C} */
     for (int k = 0; k < 3; k++) {
-        kvp_gen_config cfg = kvp_gen_config_default();
+        kvp_session_config cfg = kvp_session_config_default();
         cfg.num_blocks = 64;
-        cfg.max_num_seqs = 1;
-        cfg.sched = pol[k];
-        kvp_gen_session *s;
-        cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
-        kvp_gen_request first = greedy_req(pe, 2), w[3] = {greedy_req(ae, 2), greedy_req(be, 2), greedy_req(ce, 2)};
+        cfg.engine.max_num_seqs = 1;
+        cfg.engine.sched = pol[k];
+        kvp_session *s;
+        cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+        kvp_session_request first = greedy_req(pe, 2), w[3] = {greedy_req(ae, 2), greedy_req(be, 2), greedy_req(ce, 2)};
         w[0].priority = 5, w[1].priority = 1, w[2].priority = -2;
-        kvp_gen_result res;
+        kvp_session_result res;
         tu_run_one(s, &first, &res);
-        kvp_gen_results_free(&res, 1);
+        kvp_session_results_free(&res, 1);
         int32_t ids[3], id, order = 0;
-        for (int i = 0; i < 3; i++) cr_assert_eq(kvp_gen_session_add(s, &w[i], &ids[i]), KVP_OK);
-        while (kvp_gen_session_pending(s)) {
-            cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-            while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+        for (int i = 0; i < 3; i++) cr_assert_eq(kvp_session_add(s, &w[i], &ids[i]), KVP_OK);
+        while (kvp_session_pending(s)) {
+            cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+            while (kvp_session_take(s, &id, &res) == KVP_OK) {
                 cr_assert_lt(order, 3);
                 cr_assert_eq(id, ids[want[k][order]], "%s: finished %d-th: request %d, want %d",
                              kvp_sched_policy_name(pol[k]), order, id, ids[want[k][order]]);
                 if (id == ids[1]) cr_assert_eq(res.prompt_cached_tokens, 32, "B finds P's two full blocks");
                 order++;
-                kvp_gen_results_free(&res, 1);
+                kvp_session_results_free(&res, 1);
             }
         }
         cr_assert_eq(order, 3);
-        kvp_gen_session_stats st;
-        kvp_gen_session_stats_get(s, &st);
+        kvp_session_stats st;
+        kvp_session_stats_get(s, &st);
         cr_assert_eq(st.waiting, 0);
-        kvp_gen_session_destroy(s);
+        kvp_session_destroy(s);
     }
 }
 
@@ -1328,33 +1329,33 @@ Test(generate_session, lpm_counts_the_host_tiers_blocks, .init = setup, .fini = 
     for (int i = 0; i < 56; i++) c[i] = i < 48 ? p[i] : 400 + i;
     p[0] = x[0] = d[0] = c[0] = 1;
     for (int tier = 0; tier < 2; tier++) {
-        kvp_gen_config cfg = kvp_gen_config_default();
+        kvp_session_config cfg = kvp_session_config_default();
         cfg.num_blocks = 8;
-        cfg.max_num_seqs = 1;
-        cfg.sched = KVP_SCHED_LPM;
+        cfg.engine.max_num_seqs = 1;
+        cfg.engine.sched = KVP_SCHED_LPM;
         cfg.host_cache_blocks = tier ? 64 : 0;
-        kvp_gen_session *s;
-        cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
-        kvp_gen_request rp = greedy_req((enc){p, 64}, 2), rx = greedy_req((enc){x, 100}, 2);
-        kvp_gen_request w[2] = {greedy_req((enc){d, 40}, 2), greedy_req((enc){c, 56}, 2)};
-        kvp_gen_result res;
+        kvp_session *s;
+        cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+        kvp_session_request rp = greedy_req((enc){p, 64}, 2), rx = greedy_req((enc){x, 100}, 2);
+        kvp_session_request w[2] = {greedy_req((enc){d, 40}, 2), greedy_req((enc){c, 56}, 2)};
+        kvp_session_result res;
         tu_run_one(s, &rp, &res);
-        kvp_gen_results_free(&res, 1);
+        kvp_session_results_free(&res, 1);
         tu_run_one(s, &rx, &res);
-        kvp_gen_results_free(&res, 1);
+        kvp_session_results_free(&res, 1);
         int32_t ids[2], id, first = -1;
-        for (int i = 0; i < 2; i++) cr_assert_eq(kvp_gen_session_add(s, &w[i], &ids[i]), KVP_OK);
-        while (kvp_gen_session_pending(s)) {
-            cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-            while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+        for (int i = 0; i < 2; i++) cr_assert_eq(kvp_session_add(s, &w[i], &ids[i]), KVP_OK);
+        while (kvp_session_pending(s)) {
+            cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+            while (kvp_session_take(s, &id, &res) == KVP_OK) {
                 if (first < 0) first = id;
                 if (id == ids[1])
                     cr_assert_eq(res.prompt_cached_tokens, tier ? 48 : 16, "C: 1 block cached (+ 2 loaded)");
-                kvp_gen_results_free(&res, 1);
+                kvp_session_results_free(&res, 1);
             }
         }
         cr_assert_eq(first, ids[tier ? 1 : 0], "tier %d: request %d finished first", tier, first);
-        kvp_gen_session_destroy(s);
+        kvp_session_destroy(s);
     }
 }
 
@@ -1368,32 +1369,32 @@ Test(generate_session, priority_preempts_the_least_urgent, .init = setup, .fini 
     a[0] = b[0] = 1;
     const kvp_sched_policy pol[2] = {KVP_SCHED_FCFS, KVP_SCHED_PRIORITY};
     for (int k = 0; k < 2; k++) {
-        kvp_gen_config cfg = kvp_gen_config_default();
+        kvp_session_config cfg = kvp_session_config_default();
         cfg.num_blocks = 12; /* one sequence of 117 tokens takes 8 */
-        cfg.sched = pol[k];
-        kvp_gen_session *s;
-        cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
-        kvp_gen_request rb = greedy_req((enc){b, 17}, 100), ra = greedy_req((enc){a, 17}, 100);
+        cfg.engine.sched = pol[k];
+        kvp_session *s;
+        cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+        kvp_session_request rb = greedy_req((enc){b, 17}, 100), ra = greedy_req((enc){a, 17}, 100);
         rb.priority = 5, ra.priority = 0;
         rb.ignore_eos = ra.ignore_eos = 1;
         int32_t idb, ida, id, first = -1;
-        cr_assert_eq(kvp_gen_session_add(s, &rb, &idb), KVP_OK);
-        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-        cr_assert_eq(kvp_gen_session_add(s, &ra, &ida), KVP_OK);
-        kvp_gen_result res;
-        while (kvp_gen_session_pending(s)) {
-            cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-            while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+        cr_assert_eq(kvp_session_add(s, &rb, &idb), KVP_OK);
+        cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_session_add(s, &ra, &ida), KVP_OK);
+        kvp_session_result res;
+        while (kvp_session_pending(s)) {
+            cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+            while (kvp_session_take(s, &id, &res) == KVP_OK) {
                 if (first < 0) first = id;
                 cr_assert_eq(res.n_tokens[0], 100);
-                kvp_gen_results_free(&res, 1);
+                kvp_session_results_free(&res, 1);
             }
         }
-        kvp_gen_session_stats st;
-        kvp_gen_session_stats_get(s, &st);
+        kvp_session_stats st;
+        kvp_session_stats_get(s, &st);
         cr_assert_gt(st.preemptions, 0, "%s: the cache must be tight enough to preempt", kvp_sched_policy_name(pol[k]));
         cr_assert_eq(first, k ? ida : idb, "%s: request %d ended first", kvp_sched_policy_name(pol[k]), first);
-        kvp_gen_session_destroy(s);
+        kvp_session_destroy(s);
     }
 }
 
@@ -1406,34 +1407,34 @@ Test(generate_session, priority_readmits_the_most_urgent_first, .init = setup, .
     int32_t p[3][17];
     for (int r = 0; r < 3; r++)
         for (int i = 0; i < 17; i++) p[r][i] = i ? 100 * (r + 2) + i : 1;
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_session_config cfg = kvp_session_config_default();
     cfg.num_blocks = 12;          /* one sequence of 117 tokens takes 8 */
-    cfg.max_batched_tokens = 64;  /* a readmission's recompute takes the step's budget: one comes back a step */
-    cfg.sched = KVP_SCHED_PRIORITY;
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
-    kvp_gen_request rb = greedy_req((enc){p[0], 17}, 100), rc = greedy_req((enc){p[1], 17}, 100),
+    cfg.engine.max_batched_tokens = 64;  /* a readmission's recompute takes the step's budget: one comes back a step */
+    cfg.engine.sched = KVP_SCHED_PRIORITY;
+    kvp_session *s;
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    kvp_session_request rb = greedy_req((enc){p[0], 17}, 100), rc = greedy_req((enc){p[1], 17}, 100),
                     ra = greedy_req((enc){p[2], 17}, 100);
     rb.priority = 5, rc.priority = 3, ra.priority = 0;
     rb.ignore_eos = rc.ignore_eos = ra.ignore_eos = 1;
     int32_t id[3]; /* B, C, A */
-    cr_assert_eq(kvp_gen_session_add(s, &rb, &id[0]), KVP_OK);
-    cr_assert_eq(kvp_gen_session_add(s, &rc, &id[1]), KVP_OK);
-    cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_gen_session_add(s, &ra, &id[2]), KVP_OK);
+    cr_assert_eq(kvp_session_add(s, &rb, &id[0]), KVP_OK);
+    cr_assert_eq(kvp_session_add(s, &rc, &id[1]), KVP_OK);
+    cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_session_add(s, &ra, &id[2]), KVP_OK);
     int32_t n[3] = {0, 0, 0};
     int both_out = 0, back = -1; /* back: which of B (0) and C (1) grew first after A's end */
-    while (kvp_gen_session_pending(s)) {
+    while (kvp_session_pending(s)) {
         const int a_done = n[2] == 100;
-        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-        kvp_gen_session_stats st;
-        kvp_gen_session_stats_get(s, &st);
+        cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        kvp_session_stats st;
+        kvp_session_stats_get(s, &st);
         both_out |= st.preempted_seqs == 2 && n[2] < 100;
         int grew[3];
         for (int r = 0; r < 3; r++) {
             const int32_t *t;
             int32_t m = 0;
-            kvp_gen_session_partial(s, id[r], 0, &t, &m);
+            kvp_session_partial(s, id[r], 0, &t, &m);
             grew[r] = m > n[r];
             n[r] = m;
         }
@@ -1445,120 +1446,120 @@ Test(generate_session, priority_readmits_the_most_urgent_first, .init = setup, .
     cr_assert(both_out, "B and C were never preempted together while A ran");
     cr_assert_eq(back, 1, "B (priority 5) came back before C (3)");
     cr_assert(n[0] == 100 && n[1] == 100 && n[2] == 100);
-    kvp_gen_session_destroy(s);
+    kvp_session_destroy(s);
 }
 
 /* A bad request or one that can never fit is refused and leaves the session as it was; a step with
  * nothing pending does nothing; the session's creation fails cleanly at every allocation. */
-static kvp_status make_session(void *cfg, void **s) { return kvp_gen_session_create(g_model, cfg, (kvp_gen_session **)s); }
-static void destroy_session(void *s) { kvp_gen_session_destroy(s); }
+static kvp_status make_session(void *cfg, void **s) { return kvp_cpu_session_create(g_model, cfg, (kvp_session **)s); }
+static void destroy_session(void *s) { kvp_session_destroy(s); }
 
 Test(generate_session, refusals_and_allocation_failures, .init = setup, .fini = teardown)
 {
-    kvp_gen_config cfg = kvp_gen_config_default();
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_EINVAL); /* num_blocks 0: no size for the cache */
+    kvp_session_config cfg = kvp_session_config_default();
+    kvp_session *s;
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_EINVAL); /* num_blocks 0: no size for the cache */
     cfg.num_blocks = 4;
-    cfg.block_size = 16;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK);
-    cr_assert_eq(kvp_gen_session_step(s), KVP_OK);
+    cfg.engine.block_size = 16;
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK);
+    cr_assert_eq(kvp_session_step(s), KVP_OK);
     enc e = encode(prompts[2]);
-    kvp_gen_request r = greedy_req(e, 100); /* ~116 tokens: 8 blocks of 16 > 4 */
-    cr_assert_eq(kvp_gen_session_add(s, &r, NULL), KVP_ENOBLOCKS);
+    kvp_session_request r = greedy_req(e, 100); /* ~116 tokens: 8 blocks of 16 > 4 */
+    cr_assert_eq(kvp_session_add(s, &r, NULL), KVP_ENOBLOCKS);
     cr_assert(strstr(kvp_error_message(), "raise --num-blocks"), "%s", kvp_error_message());
     r.max_tokens = -1;
-    cr_assert_eq(kvp_gen_session_add(s, &r, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_session_add(s, &r, NULL), KVP_EINVAL);
     r.max_tokens = 10;
     const int32_t bad_stop = 100000;
     r.stop_ids = &bad_stop;
     r.n_stop_ids = 1;
-    cr_assert_eq(kvp_gen_session_add(s, &r, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_session_add(s, &r, NULL), KVP_EINVAL);
     cr_assert(strstr(kvp_error_message(), "stop id 0 is 100000"), "%s", kvp_error_message());
     r.stop_ids = NULL;
-    cr_assert_eq(kvp_gen_session_add(s, &r, NULL), KVP_EINVAL, "stop ids without their array");
+    cr_assert_eq(kvp_session_add(s, &r, NULL), KVP_EINVAL, "stop ids without their array");
     r.n_stop_ids = 0;
-    cr_assert_eq(kvp_gen_session_pending(s), 0);
+    cr_assert_eq(kvp_session_pending(s), 0);
     r.max_tokens = 10;
     int32_t id = -1;
-    cr_assert_eq(kvp_gen_session_add(s, &r, &id), KVP_OK);
+    cr_assert_eq(kvp_session_add(s, &r, &id), KVP_OK);
     cr_assert_eq(id, 0, "refused requests take no id");
-    while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-    kvp_gen_result res;
-    cr_assert_eq(kvp_gen_session_take(s, &id, &res), KVP_OK);
+    while (kvp_session_pending(s)) cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+    kvp_session_result res;
+    cr_assert_eq(kvp_session_take(s, &id, &res), KVP_OK);
     cr_assert_eq(res.n_tokens[0], 10);
-    kvp_gen_results_free(&res, 1);
-    kvp_gen_session_destroy(s);
-    kvp_gen_session_destroy(NULL);
+    kvp_session_results_free(&res, 1);
+    kvp_session_destroy(s);
+    kvp_session_destroy(NULL);
     free(e.ids);
     tu_every_alloc_failure("session", make_session, destroy_session, &cfg, 0);
 }
 
 /* Steps s until request id's sample k has at least `want` tokens (or the session is idle). */
-static void step_until(kvp_gen_session *s, int32_t id, int32_t k, int32_t want)
+static void step_until(kvp_session *s, int32_t id, int32_t k, int32_t want)
 {
     const int32_t *t;
     int32_t n = 0;
-    while (kvp_gen_session_pending(s) && (kvp_gen_session_partial(s, id, k, &t, &n), n < want))
-        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+    while (kvp_session_pending(s) && (kvp_session_partial(s, id, k, &t, &n), n < want))
+        cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
 }
 
-static void drain(kvp_gen_session *s)
+static void drain(kvp_session *s)
 {
-    while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+    while (kvp_session_pending(s)) cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
 }
 
 /* The first n tokens of sample k of got equal those of ref's. */
-static void expect_prefix(const kvp_gen_result *got, int k, const kvp_gen_result *ref, int kr, int32_t n, const char *what)
+static void expect_prefix(const kvp_session_result *got, int k, const kvp_session_result *ref, int kr, int32_t n, const char *what)
 {
     cr_assert_leq(n, ref->n_tokens[kr], "%s: %d tokens, the full run has %d", what, n, ref->n_tokens[kr]);
     for (int32_t i = 0; i < n; i++)
         cr_assert_eq(got->tokens[k][i], ref->tokens[kr][i], "%s: token %d", what, i);
 }
 
-/* kvp_gen_session_stop ends one sample of an n = 3 request where it is: that sample keeps exactly the
- * tokens it had (a prefix of its solo run), the other two finish as they would alone. kvp_gen_session_abort
+/* kvp_session_stop ends one sample of an n = 3 request where it is: that sample keeps exactly the
+ * tokens it had (a prefix of its solo run), the other two finish as they would alone. kvp_session_abort
  * ends a running request (a prefix, KVP_FINISH_ABORTED) and one not admitted yet (no sample); both are
  * taken like any other, and every block comes back. Unknown, finished and taken ids are KVP_ENOTFOUND. */
 Test(generate_session, stop_a_sample_and_abort_requests, .init = setup, .fini = teardown)
 {
     enc e[3] = {encode(prompts[1]), encode(prompts[3]), encode(prompts[5])};
-    kvp_gen_request rq[3] = {greedy_req(e[0], 40), greedy_req(e[1], 60), greedy_req(e[2], 30)};
+    kvp_session_request rq[3] = {greedy_req(e[0], 40), greedy_req(e[1], 60), greedy_req(e[2], 30)};
     rq[0].sampler = (kvp_sampler_params){.temperature = 0.9, .top_k = 0, .top_p = 0.95, .seed = 5};
     rq[0].n = 3;
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_session_config cfg = kvp_session_config_default();
     cfg.num_blocks = 64;
-    cfg.block_size = 4;
-    cfg.max_num_seqs = 4; /* request 2 waits behind 0's three samples and 1 */
-    cfg.cache = KVP_PC_NONE;
-    kvp_gen_result solo[3];
+    cfg.engine.block_size = 4;
+    cfg.engine.max_num_seqs = 4; /* request 2 waits behind 0's three samples and 1 */
+    cfg.engine.cache = KVP_PC_NONE;
+    kvp_session_result solo[3];
     for (int i = 0; i < 3; i++) run(&cfg, &rq[i], 1, &solo[i], NULL);
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    kvp_session *s;
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
     int32_t id[3];
-    for (int i = 0; i < 3; i++) cr_assert_eq(kvp_gen_session_add(s, &rq[i], &id[i]), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_gen_session_stop(s, id[0], 1), KVP_ENOTFOUND, "not forked yet");
+    for (int i = 0; i < 3; i++) cr_assert_eq(kvp_session_add(s, &rq[i], &id[i]), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_session_stop(s, id[0], 1), KVP_ENOTFOUND, "not forked yet");
     step_until(s, id[0], 1, 7);
     const int32_t *t;
     int32_t n1, n_abort;
-    kvp_gen_session_partial(s, id[0], 1, &t, &n1);
+    kvp_session_partial(s, id[0], 1, &t, &n1);
     cr_assert_geq(n1, 7);
-    cr_assert_eq(kvp_gen_session_stop(s, id[0], 1), KVP_OK);
-    cr_assert_eq(kvp_gen_session_stop(s, id[0], 1), KVP_ENOTFOUND, "already stopped");
-    kvp_gen_session_stats st;
-    kvp_gen_session_stats_get(s, &st);
+    cr_assert_eq(kvp_session_stop(s, id[0], 1), KVP_OK);
+    cr_assert_eq(kvp_session_stop(s, id[0], 1), KVP_ENOTFOUND, "already stopped");
+    kvp_session_stats st;
+    kvp_session_stats_get(s, &st);
     cr_assert_eq(st.waiting, 1, "request 2 waits");
-    cr_assert_eq(kvp_gen_session_abort(s, id[2]), KVP_OK);
-    cr_assert_eq(kvp_gen_session_abort(s, id[2]), KVP_ENOTFOUND, "already aborted");
-    kvp_gen_session_stats_get(s, &st);
+    cr_assert_eq(kvp_session_abort(s, id[2]), KVP_OK);
+    cr_assert_eq(kvp_session_abort(s, id[2]), KVP_ENOTFOUND, "already aborted");
+    kvp_session_stats_get(s, &st);
     cr_assert_eq(st.waiting, 0);
     step_until(s, id[1], 0, 12);
-    kvp_gen_session_partial(s, id[1], 0, &t, &n_abort);
-    cr_assert_eq(kvp_gen_session_abort(s, id[1]), KVP_OK);
+    kvp_session_partial(s, id[1], 0, &t, &n_abort);
+    cr_assert_eq(kvp_session_abort(s, id[1]), KVP_OK);
     drain(s);
-    kvp_gen_result got[3] = {{0}}, res;
+    kvp_session_result got[3] = {{0}}, res;
     int32_t rid;
     int taken = 0;
-    while (kvp_gen_session_take(s, &rid, &res) == KVP_OK) {
+    while (kvp_session_take(s, &rid, &res) == KVP_OK) {
         cr_assert(rid >= 0 && rid < 3 && got[rid].n_samples == 0 && !got[rid].tokens, "request %d twice", rid);
         got[rid] = res;
         taken++;
@@ -1578,20 +1579,20 @@ Test(generate_session, stop_a_sample_and_abort_requests, .init = setup, .fini = 
     cr_assert_eq(got[1].n_tokens[0], n_abort);
     expect_prefix(&got[1], 0, &solo[1], 0, n_abort, "aborted request");
     cr_assert_eq(got[2].n_samples, 0, "aborted before admission: no sample");
-    kvp_gen_session_stats_get(s, &st);
+    kvp_session_stats_get(s, &st);
     cr_assert_eq(st.free_blocks, cfg.num_blocks, "every block is back");
     cr_assert_eq(st.aborted, 2);
     cr_assert_eq(st.finished, 3);
     cr_assert_eq(st.seq_records, 0);
     for (int i = 0; i < 3; i++) {
-        cr_assert_eq(kvp_gen_session_stop(s, id[i], 0), KVP_ENOTFOUND);
-        cr_assert_eq(kvp_gen_session_abort(s, id[i]), KVP_ENOTFOUND);
+        cr_assert_eq(kvp_session_stop(s, id[i], 0), KVP_ENOTFOUND);
+        cr_assert_eq(kvp_session_abort(s, id[i]), KVP_ENOTFOUND);
     }
-    cr_assert_eq(kvp_gen_session_abort(s, 99), KVP_ENOTFOUND);
-    cr_assert_eq(kvp_gen_session_abort(s, -1), KVP_ENOTFOUND);
-    kvp_gen_session_destroy(s);
-    kvp_gen_results_free(got, 3);
-    kvp_gen_results_free(solo, 3);
+    cr_assert_eq(kvp_session_abort(s, 99), KVP_ENOTFOUND);
+    cr_assert_eq(kvp_session_abort(s, -1), KVP_ENOTFOUND);
+    kvp_session_destroy(s);
+    kvp_session_results_free(got, 3);
+    kvp_session_results_free(solo, 3);
     for (int i = 0; i < 3; i++) free(e[i].ids);
 }
 
@@ -1600,39 +1601,39 @@ Test(generate_session, stop_a_sample_and_abort_requests, .init = setup, .fini = 
 Test(generate_session, abort_with_preempted_sequences, .init = setup, .fini = teardown)
 {
     enc e[NPROMPTS];
-    kvp_gen_request rq[NPROMPTS];
+    kvp_session_request rq[NPROMPTS];
     for (int i = 0; i < NPROMPTS; i++) {
         e[i] = encode(prompts[i]);
         rq[i] = greedy_req(e[i], 80);
     }
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_session_config cfg = kvp_session_config_default();
     cfg.num_blocks = 40;
-    cfg.block_size = 4;
-    cfg.cache = KVP_PC_NONE; /* free_blocks then counts every block not held */
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
-    for (int i = 0; i < NPROMPTS; i++) cr_assert_eq(kvp_gen_session_add(s, &rq[i], NULL), KVP_OK, "%s", kvp_error_detail());
-    kvp_gen_session_stats st;
+    cfg.engine.block_size = 4;
+    cfg.engine.cache = KVP_PC_NONE; /* free_blocks then counts every block not held */
+    kvp_session *s;
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    for (int i = 0; i < NPROMPTS; i++) cr_assert_eq(kvp_session_add(s, &rq[i], NULL), KVP_OK, "%s", kvp_error_detail());
+    kvp_session_stats st;
     do {
-        cr_assert(kvp_gen_session_pending(s), "no preemption happened");
-        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-        kvp_gen_session_stats_get(s, &st);
+        cr_assert(kvp_session_pending(s), "no preemption happened");
+        cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        kvp_session_stats_get(s, &st);
     } while (st.preempted_seqs == 0);
-    for (int i = 0; i < NPROMPTS; i++) kvp_gen_session_abort(s, i); /* finished ones: KVP_ENOTFOUND */
-    cr_assert_eq(kvp_gen_session_pending(s), 0);
-    kvp_gen_result res;
+    for (int i = 0; i < NPROMPTS; i++) kvp_session_abort(s, i); /* finished ones: KVP_ENOTFOUND */
+    cr_assert_eq(kvp_session_pending(s), 0);
+    kvp_session_result res;
     int32_t id;
     int taken = 0;
-    while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+    while (kvp_session_take(s, &id, &res) == KVP_OK) {
         taken++;
-        kvp_gen_results_free(&res, 1);
+        kvp_session_results_free(&res, 1);
     }
     cr_assert_eq(taken, NPROMPTS);
-    kvp_gen_session_stats_get(s, &st);
+    kvp_session_stats_get(s, &st);
     cr_assert_eq(st.running_seqs + st.preempted_seqs, 0);
     cr_assert_eq(st.free_blocks, cfg.num_blocks);
     cr_assert_eq(st.seq_records, 0);
-    kvp_gen_session_destroy(s);
+    kvp_session_destroy(s);
     for (int i = 0; i < NPROMPTS; i++) free(e[i].ids);
 }
 
@@ -1641,9 +1642,9 @@ Test(generate_session, abort_with_preempted_sequences, .init = setup, .fini = te
 Test(generate_session, stop_ids_and_ignore_eos, .init = setup, .fini = teardown)
 {
     enc e = encode(prompts[0]);
-    kvp_gen_request r = greedy_req(e, 60);
-    kvp_gen_config cfg = kvp_gen_config_default();
-    kvp_gen_result full, cut;
+    kvp_session_request r = greedy_req(e, 60);
+    kvp_session_config cfg = kvp_session_config_default();
+    kvp_session_result full, cut;
     run(&cfg, &r, 1, &full, NULL);
     cr_assert_eq(full.n_tokens[0], 60);
     const int32_t stop[2] = {full.tokens[0][25], full.tokens[0][40]};
@@ -1659,18 +1660,18 @@ Test(generate_session, stop_ids_and_ignore_eos, .init = setup, .fini = teardown)
     cr_assert_eq(full.stop_token[0], -1);
     /* min_tokens past the first stop: the stop ids cannot be drawn before it, so the greedy story turns
      * elsewhere at that place (the next likeliest token), and nothing ends before min_tokens */
-    kvp_gen_result held;
+    kvp_session_result held;
     r.min_tokens = first + 5;
     run(&cfg, &r, 1, &held, NULL);
     cr_assert_geq(held.n_tokens[0], first + 5);
     expect_prefix(&held, 0, &full, 0, first, "min_tokens");
     for (int32_t t = 0; t < first + 5; t++) cr_assert(held.tokens[0][t] != stop[0] && held.tokens[0][t] != stop[1]);
-    kvp_gen_results_free(&held, 1);
+    kvp_session_results_free(&held, 1);
     r.min_tokens = 61;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &held, NULL), KVP_EINVAL, "min_tokens above max_tokens");
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &r, 1, &held, NULL, NULL, NULL), KVP_EINVAL, "min_tokens above max_tokens");
     r.min_tokens = 0;
-    kvp_gen_results_free(&cut, 1);
-    kvp_gen_results_free(&full, 1);
+    kvp_session_results_free(&cut, 1);
+    kvp_session_results_free(&full, 1);
     /* ignore_eos: the same model with EOS set to a token its greedy story makes (stories260K never makes
      * its own EOS) */
     r.stop_ids = NULL;
@@ -1691,23 +1692,23 @@ Test(generate_session, stop_ids_and_ignore_eos, .init = setup, .fini = teardown)
     cr_assert_eq(kvp_model_load(path, &m), KVP_OK, "%s", kvp_error_detail());
     for (int ignore = 0; ignore < 2; ignore++) {
         r.ignore_eos = ignore;
-        cr_assert_eq(kvp_gen_run(m, &cfg, &r, 1, &cut, NULL), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_cpu_generate(m, &cfg, &r, 1, &cut, NULL, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
         cr_assert_eq(cut.n_tokens[0], ignore ? 60 : first, "ignore_eos %d", ignore);
         cr_assert_eq(cut.finish[0], ignore ? KVP_FINISH_LENGTH : KVP_FINISH_EOS);
         cr_assert_eq(cut.stop_token[0], ignore ? -1 : (int32_t)eos);
         expect_prefix(&cut, 0, &full, 0, cut.n_tokens[0], "ignore_eos");
-        kvp_gen_results_free(&cut, 1);
+        kvp_session_results_free(&cut, 1);
     }
     r.ignore_eos = 0; /* min_tokens holds EOS back too */
     r.min_tokens = first + 3;
-    cr_assert_eq(kvp_gen_run(m, &cfg, &r, 1, &cut, NULL), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_cpu_generate(m, &cfg, &r, 1, &cut, NULL, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
     cr_assert_geq(cut.n_tokens[0], first + 3);
     for (int32_t t = 0; t < first + 3; t++) cr_assert_neq(cut.tokens[0][t], (int32_t)eos);
-    kvp_gen_results_free(&cut, 1);
+    kvp_session_results_free(&cut, 1);
     kvp_model_destroy(m);
     unlink(path);
     rmdir(dir);
-    kvp_gen_results_free(&full, 1);
+    kvp_session_results_free(&full, 1);
     free(e.ids);
 }
 
@@ -1718,41 +1719,41 @@ Test(generate_session, many_requests_in_bounded_records, .init = setup, .fini = 
 {
     enum { NR = 3000 };
     enc e = encode(prompts[5]);
-    kvp_gen_request r = greedy_req(e, 3);
+    kvp_session_request r = greedy_req(e, 3);
     r.n = 2;
     r.sampler = (kvp_sampler_params){.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 1};
-    kvp_gen_config cfg = kvp_gen_config_default();
+    kvp_session_config cfg = kvp_session_config_default();
     cfg.num_blocks = 256;
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+    kvp_session *s;
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
     static unsigned char seen[NR];
     memset(seen, 0, sizeof seen);
     int32_t added = 0, taken = 0, max_req = 0, max_seq = 0;
     while (taken < NR) {
         for (int k = 0; k < 7 && added < NR; k++) {
             int32_t id;
-            cr_assert_eq(kvp_gen_session_add(s, &r, &id), KVP_OK, "%s", kvp_error_detail());
+            cr_assert_eq(kvp_session_add(s, &r, &id), KVP_OK, "%s", kvp_error_detail());
             cr_assert_eq(id, added++);
         }
-        cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-        kvp_gen_result res;
+        cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        kvp_session_result res;
         int32_t id;
-        while (kvp_gen_session_take(s, &id, &res) == KVP_OK) {
+        while (kvp_session_take(s, &id, &res) == KVP_OK) {
             cr_assert(id >= 0 && id < NR && !seen[id], "id %d", id);
             seen[id] = 1;
             cr_assert_eq(res.n_samples, 2);
             cr_assert_eq(res.n_tokens[0], 3);
-            kvp_gen_results_free(&res, 1);
+            kvp_session_results_free(&res, 1);
             taken++;
         }
-        kvp_gen_session_stats st;
-        kvp_gen_session_stats_get(s, &st);
+        kvp_session_stats st;
+        kvp_session_stats_get(s, &st);
         max_req = st.request_records > max_req ? st.request_records : max_req;
         max_seq = st.seq_records > max_seq ? st.seq_records : max_seq;
     }
     cr_assert_leq(max_req, 200, "request records grew to %d", max_req);
     cr_assert_leq(max_seq, 100, "sequence records grew to %d", max_seq);
-    kvp_gen_session_destroy(s);
+    kvp_session_destroy(s);
     free(e.ids);
 }
 
@@ -1760,10 +1761,10 @@ Test(generate_session, many_requests_in_bounded_records, .init = setup, .fini = 
  * (next_logprobs): every prompt place (place 0 has nothing before it) and every generated token of sample 0,
  * the top-k lists sorted and equal to the reference at their ids; each sample's token log-probabilities
  * add up to its logprob. */
-static void expect_logprobs(const kvp_gen_request *r, const kvp_gen_result *res, const char *what)
+static void expect_logprobs(const kvp_session_request *r, const kvp_session_result *res, const char *what)
 {
     const int32_t K = r->top_logprobs;
-    const kvp_gen_logprobs *pl = &res->prompt_logprobs;
+    const kvp_logprobs *pl = &res->prompt_logprobs;
     cr_assert_eq(pl->n, r->n_prompt, "%s: %d prompt places, want %d", what, pl->n, r->n_prompt);
     cr_assert_eq(pl->k, K, "%s", what);
     cr_assert(isnan(pl->lp[0]), "%s: place 0 has nothing before it", what);
@@ -1777,7 +1778,7 @@ static void expect_logprobs(const kvp_gen_request *r, const kvp_gen_result *res,
         const int32_t *one[1] = {seq};
         int32_t len = p;
         next_logprobs(one, &len, 1, ref);
-        const kvp_gen_logprobs *a = p < r->n_prompt ? pl : &res->logprobs[0];
+        const kvp_logprobs *a = p < r->n_prompt ? pl : &res->logprobs[0];
         const int32_t place = p < r->n_prompt ? p : p - r->n_prompt;
         cr_assert_float_eq(a->lp[place], ref[seq[p]], 1e-4, "%s: position %d: %g, want %g", what, p, a->lp[place],
                            ref[seq[p]]);
@@ -1801,7 +1802,7 @@ static void expect_logprobs(const kvp_gen_request *r, const kvp_gen_result *res,
 }
 
 /* expect bit-identical log-probabilities (batch invariance) */
-static void expect_same_logprobs(const kvp_gen_logprobs *a, const kvp_gen_logprobs *b, const char *what)
+static void expect_same_logprobs(const kvp_logprobs *a, const kvp_logprobs *b, const char *what)
 {
     cr_assert_eq(a->n, b->n, "%s", what);
     cr_assert_eq(a->k, b->k, "%s", what);
@@ -1818,26 +1819,26 @@ static void expect_same_logprobs(const kvp_gen_logprobs *a, const kvp_gen_logpro
 Test(generate, prompt_and_token_logprobs_match_the_model, .init = setup, .fini = teardown)
 {
     enc e = encode(prompts[2]);
-    kvp_gen_request r = greedy_req(e, 8);
+    kvp_session_request r = greedy_req(e, 8);
     r.sampler.temperature = 0.8;
     r.sampler.seed = 7;
     r.n = 2;
     r.logprobs = r.prompt_logprobs = 1;
     r.top_logprobs = 5;
-    kvp_gen_config cfg = kvp_gen_config_default();
-    kvp_gen_result alone;
+    kvp_session_config cfg = kvp_session_config_default();
+    kvp_session_result alone;
     run(&cfg, &r, 1, &alone, NULL);
     expect_logprobs(&r, &alone, "alone");
     /* chunks of 5 tokens, block size 1, with 5 other requests; then a cache that preempts */
-    kvp_gen_request reqs[6];
+    kvp_session_request reqs[6];
     for (int i = 0; i < 6; i++) reqs[i] = r;
     for (int c = 0; c < 2; c++) {
-        cfg = kvp_gen_config_default();
-        cfg.max_batched_tokens = c ? 2048 : 5;
-        cfg.block_size = c ? 4 : 1;
+        cfg = kvp_session_config_default();
+        cfg.engine.max_batched_tokens = c ? 2048 : 5;
+        cfg.engine.block_size = c ? 4 : 1;
         cfg.num_blocks = c ? 3 * (e.n + 8 + 3) / 4 : 0;
-        kvp_gen_result all[6];
-        kvp_gen_stats st;
+        kvp_session_result all[6];
+        kvp_run_stats st;
         run(&cfg, reqs, 6, all, &st);
         if (c) cr_assert_gt(st.preemptions, 0, "the cache must be tight enough to preempt");
         for (int i = 0; i < 6; i++) {
@@ -1845,21 +1846,21 @@ Test(generate, prompt_and_token_logprobs_match_the_model, .init = setup, .fini =
             expect_same_logprobs(&alone.prompt_logprobs, &all[i].prompt_logprobs, c ? "preempted" : "chunked");
             for (int s = 0; s < 2; s++) expect_same_logprobs(&alone.logprobs[s], &all[i].logprobs[s], "samples");
         }
-        kvp_gen_results_free(all, 6);
+        kvp_session_results_free(all, 6);
     }
     /* a session: the prompt's blocks cached by a first request; the second wants prompt logprobs */
-    cfg = kvp_gen_config_default();
+    cfg = kvp_session_config_default();
     cfg.num_blocks = 64;
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK);
-    kvp_gen_request plain = greedy_req(e, 8);
+    kvp_session *s;
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK);
+    kvp_session_request plain = greedy_req(e, 8);
     int32_t id;
-    kvp_gen_result got[3];
-    const kvp_gen_request *seq3[3] = {&plain, &r, &plain};
+    kvp_session_result got[3];
+    const kvp_session_request *seq3[3] = {&plain, &r, &plain};
     for (int k = 0; k < 3; k++) {
-        cr_assert_eq(kvp_gen_session_add(s, seq3[k], NULL), KVP_OK);
-        while (kvp_gen_session_pending(s)) cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
-        cr_assert_eq(kvp_gen_session_take(s, &id, &got[k]), KVP_OK);
+        cr_assert_eq(kvp_session_add(s, seq3[k], NULL), KVP_OK);
+        while (kvp_session_pending(s)) cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        cr_assert_eq(kvp_session_take(s, &id, &got[k]), KVP_OK);
     }
     cr_assert_eq(got[1].prompt_cached_tokens, 0, "prompt logprobs need every prompt token computed");
     cr_assert_gt(got[2].prompt_cached_tokens, 0, "the cache still serves the others");
@@ -1867,17 +1868,17 @@ Test(generate, prompt_and_token_logprobs_match_the_model, .init = setup, .fini =
     cr_assert_eq(got[0].prompt_logprobs.n, 0);
     expect_same(&alone, &got[1], "after a cached prompt", 0);
     expect_same_logprobs(&alone.prompt_logprobs, &got[1].prompt_logprobs, "after a cached prompt");
-    kvp_gen_results_free(got, 3);
-    kvp_gen_session_destroy(s);
+    kvp_session_results_free(got, 3);
+    kvp_session_destroy(s);
     /* refused: too many top logprobs, token logprobs with beam search */
-    kvp_gen_request bad = r;
-    bad.top_logprobs = KVP_GEN_MAX_TOP_LOGPROBS + 1;
-    kvp_gen_result none;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &bad, 1, &none, NULL), KVP_EINVAL);
+    kvp_session_request bad = r;
+    bad.top_logprobs = KVP_MAX_TOP_LOGPROBS + 1;
+    kvp_session_result none;
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &bad, 1, &none, NULL, NULL, NULL), KVP_EINVAL);
     bad = r;
     bad.beam_width = 2;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &bad, 1, &none, NULL), KVP_EINVAL);
-    kvp_gen_results_free(&alone, 1);
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &bad, 1, &none, NULL, NULL, NULL), KVP_EINVAL);
+    kvp_session_results_free(&alone, 1);
     kvp_free(e.ids);
 }
 
@@ -1933,15 +1934,15 @@ Test(generate_cli, logprobs_in_the_json_output)
 /* A run with token and prompt log-probabilities fails cleanly at every allocation (the sanitizer build
  * checks that nothing leaks on the way out). */
 typedef struct {
-    kvp_gen_request r;
-    kvp_gen_config cfg;
+    kvp_session_request r;
+    kvp_session_config cfg;
 } lp_run;
 
 static kvp_status make_lp_run(void *ctx, void **obj)
 {
     lp_run *x = ctx;
-    kvp_gen_result *res = malloc(sizeof *res);
-    kvp_status st = kvp_gen_run(g_model, &x->cfg, &x->r, 1, res, NULL);
+    kvp_session_result *res = malloc(sizeof *res);
+    kvp_status st = kvp_cpu_generate(g_model, &x->cfg, &x->r, 1, res, NULL, NULL, NULL);
     if (st != KVP_OK) {
         free(res);
         return st;
@@ -1954,18 +1955,18 @@ static kvp_status make_lp_run(void *ctx, void **obj)
 
 static void destroy_lp_run(void *obj)
 {
-    kvp_gen_results_free(obj, 1);
+    kvp_session_results_free(obj, 1);
     free(obj);
 }
 
 Test(generate, logprobs_run_fails_cleanly_at_every_allocation, .init = setup, .fini = teardown)
 {
     enc e = encode("Once upon");
-    lp_run x = {.r = greedy_req(e, 3), .cfg = kvp_gen_config_default()};
+    lp_run x = {.r = greedy_req(e, 3), .cfg = kvp_session_config_default()};
     x.r.n = 2;
     x.r.logprobs = x.r.prompt_logprobs = 1;
     x.r.top_logprobs = 2;
-    x.cfg.max_batched_tokens = 2; /* the prompt in chunks */
+    x.cfg.engine.max_batched_tokens = 2; /* the prompt in chunks */
     tu_every_alloc_failure("generate with logprobs", make_lp_run, destroy_lp_run, &x, 0);
     kvp_free(e.ids);
 }
@@ -1977,26 +1978,26 @@ Test(generate, logprobs_run_fails_cleanly_at_every_allocation, .init = setup, .f
 Test(generate, a_host_tier_run_fails_cleanly_at_every_allocation, .init = setup, .fini = teardown)
 {
     enc a = encode("Once upon a time"), b = encode("The sun was shining");
-    kvp_gen_request reqs[3] = {greedy_req(a, 4), greedy_req(b, 4), greedy_req(a, 4)};
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.block_size = 1;
+    kvp_session_request reqs[3] = {greedy_req(a, 4), greedy_req(b, 4), greedy_req(a, 4)};
+    kvp_session_config cfg = kvp_session_config_default();
+    cfg.engine.block_size = 1;
     cfg.num_blocks = 14;
-    cfg.max_num_seqs = 1;
+    cfg.engine.max_num_seqs = 1;
     cfg.host_cache_blocks = 32;
-    kvp_gen_result want[3], got[3];
-    kvp_gen_stats st;
+    kvp_session_result want[3], got[3];
+    kvp_run_stats st;
     run(&cfg, reqs, 3, want, &st);
     cr_assert_gt(st.host_loaded_blocks, 0, "the third request was meant to load its prompt from the host tier");
     for (int64_t n = 1, wb = 0; wb < KVP_HC_WRITE_POLICIES; n++) { /* then written back, then selectively */
-        cfg.host_write_policy = (kvp_hc_write_policy)wb;
+        cfg.engine.host_write_policy = (kvp_hc_write_policy)wb;
         kvp_alloc_fail_at(n);
-        kvp_status s = kvp_gen_run(g_model, &cfg, reqs, 3, got, NULL);
+        kvp_status s = kvp_cpu_generate(g_model, &cfg, reqs, 3, got, NULL, NULL, NULL);
         int64_t made = kvp_alloc_count();
         kvp_alloc_fail_at(0);
         cr_assert(s == KVP_OK || s == KVP_ENOMEM, "allocation %lld: %s", (long long)n, kvp_status_str(s));
         if (s == KVP_OK) {
             for (int i = 0; i < 3; i++) expect_same(&want[i], &got[i], "after a failed allocation", i);
-            kvp_gen_results_free(got, 3);
+            kvp_session_results_free(got, 3);
         }
         if (made < n) {
             cr_assert_eq(s, KVP_OK);
@@ -2004,10 +2005,10 @@ Test(generate, a_host_tier_run_fails_cleanly_at_every_allocation, .init = setup,
             wb++;
         }
     }
-    cfg.cache = KVP_PC_NONE; /* a host tier behind no cache */
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, reqs, 3, got, NULL), KVP_EINVAL);
+    cfg.engine.cache = KVP_PC_NONE; /* a host tier behind no cache */
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, reqs, 3, got, NULL, NULL, NULL), KVP_EINVAL);
     cr_assert(strstr(kvp_error_message(), "needs a prefix cache"), "%s", kvp_error_message());
-    kvp_gen_results_free(want, 3);
+    kvp_session_results_free(want, 3);
     kvp_free(a.ids);
     kvp_free(b.ids);
 }
@@ -2019,25 +2020,25 @@ Test(generate, a_host_tier_run_fails_cleanly_at_every_allocation, .init = setup,
 Test(generate, write_through_selective_stores_reused_blocks_only, .init = setup, .fini = teardown)
 {
     enc a = encode("Once upon a time there was a little girl named Lily"), b = encode("The sun was shining");
-    kvp_gen_request reqs[3] = {greedy_req(a, 6), greedy_req(b, 6), greedy_req(a, 6)};
+    kvp_session_request reqs[3] = {greedy_req(a, 6), greedy_req(b, 6), greedy_req(a, 6)};
     reqs[2].n = 3;
     reqs[2].sampler.temperature = 1.0;
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.block_size = 4;
-    cfg.max_num_seqs = 3; /* the third request's group waits for seats: the first two are done by then */
+    kvp_session_config cfg = kvp_session_config_default();
+    cfg.engine.block_size = 4;
+    cfg.engine.max_num_seqs = 3; /* the third request's group waits for seats: the first two are done by then */
     cfg.host_cache_blocks = 64;
-    kvp_gen_result wt[3], sel[3];
-    kvp_gen_stats swt, ssel;
+    kvp_session_result wt[3], sel[3];
+    kvp_run_stats swt, ssel;
     run(&cfg, reqs, 3, wt, &swt);
-    cfg.host_write_policy = KVP_HC_WRITE_THROUGH_SELECTIVE;
+    cfg.engine.host_write_policy = KVP_HC_WRITE_THROUGH_SELECTIVE;
     run(&cfg, reqs, 3, sel, &ssel);
     const int32_t hit_blocks = (a.n - 1) / 4;
     cr_assert_eq(ssel.prefix_hit_tokens, hit_blocks * 4, "the third request finds the first one's prompt blocks");
     cr_assert_eq(ssel.host_stored_blocks, hit_blocks, "%lld stored", (long long)ssel.host_stored_blocks);
     cr_assert_gt(swt.host_stored_blocks, a.n / 4 + b.n / 4, "write-through stores what the first two computed");
     for (int i = 0; i < 3; i++) expect_same(&wt[i], &sel[i], "write_through_selective", i);
-    kvp_gen_results_free(wt, 3);
-    kvp_gen_results_free(sel, 3);
+    kvp_session_results_free(wt, 3);
+    kvp_session_results_free(sel, 3);
     kvp_free(a.ids);
     kvp_free(b.ids);
 }
@@ -2056,16 +2057,16 @@ Test(generate, logit_bias_and_penalties_match_a_reference_loop, .init = setup, .
         {.top_p = 1, .frequency_penalty = 0.7f, .presence_penalty = 0.4f, .repetition_penalty = 1.3f},
         {.top_p = 1, .frequency_penalty = -0.5f, .repetition_penalty = 0.8f}};
     for (int k = 0; k < 2; k++) {
-        kvp_gen_request r = greedy_req(e, T);
+        kvp_session_request r = greedy_req(e, T);
         r.sampler = sp[k];
         r.bias_ids = bias_ids;
         r.bias = bias;
         r.n_bias = 2;
         r.ignore_eos = 1;
-        kvp_gen_config cfg = kvp_gen_config_default();
-        kvp_gen_result res, plain;
+        kvp_session_config cfg = kvp_session_config_default();
+        kvp_session_result res, plain;
         run(&cfg, &r, 1, &res, NULL);
-        kvp_gen_request pr = greedy_req(e, T);
+        kvp_session_request pr = greedy_req(e, T);
         pr.ignore_eos = 1;
         run(&cfg, &pr, 1, &plain, NULL);
         int32_t *seq = malloc(sizeof(int32_t) * (size_t)(e.n + T));
@@ -2097,34 +2098,34 @@ Test(generate, logit_bias_and_penalties_match_a_reference_loop, .init = setup, .
         }
         cr_assert(differs, "penalties %d did not change the greedy story", k);
         cr_assert_float_eq(res.logprob[0], lp_sum, 1e-3, "the logprob is the model's, before bias and penalties");
-        kvp_gen_results_free(&res, 1);
-        kvp_gen_results_free(&plain, 1);
+        kvp_session_results_free(&res, 1);
+        kvp_session_results_free(&plain, 1);
         free(seq);
     }
     /* +100 on one token: it is every token */
-    kvp_gen_request r = greedy_req(e, 6);
+    kvp_session_request r = greedy_req(e, 6);
     const int32_t forced = 77;
     const float plus = 100.0f;
     r.bias_ids = &forced;
     r.bias = &plus;
     r.n_bias = 1;
-    kvp_gen_config cfg = kvp_gen_config_default();
-    kvp_gen_result res;
+    kvp_session_config cfg = kvp_session_config_default();
+    kvp_session_result res;
     run(&cfg, &r, 1, &res, NULL);
     for (int t = 0; t < 6; t++) cr_assert_eq(res.tokens[0][t], forced);
-    kvp_gen_results_free(&res, 1);
+    kvp_session_results_free(&res, 1);
     /* refused: a bias out of range or vocabulary, penalties with beam search */
     const float huge = 101.0f;
     r.bias = &huge;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &r, 1, &res, NULL, NULL, NULL), KVP_EINVAL);
     r.bias = &plus;
     const int32_t outside = 512;
     r.bias_ids = &outside;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &r, 1, &res, NULL, NULL, NULL), KVP_EINVAL);
     r = greedy_req(e, 4);
     r.beam_width = 2;
     r.sampler.presence_penalty = 1.0f;
-    cr_assert_eq(kvp_gen_run(g_model, &cfg, &r, 1, &res, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_cpu_generate(g_model, &cfg, &r, 1, &res, NULL, NULL, NULL), KVP_EINVAL);
     kvp_free(e.ids);
 }
 

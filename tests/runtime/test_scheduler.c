@@ -120,8 +120,12 @@ static kvp_status rec_step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *
             int32_t pos = b->seqs[i].context_len + k;
             if (pos >= ANS_AT) cr_assert_eq(b->seqs[i].tokens[k], ANS[pos - ANS_AT], "answer token at %d", (int)pos);
         }
-        if (b->seqs[i].sample) out->sampled[i] = 7;
     }
+    /* every sequence's logits row says 7 */
+    static float rows[MAXB * 8];
+    for (int i = 0; i < MAXB * 8; i++) rows[i] = i % 8 == 7 ? 1.0f : 0.0f;
+    out->logits = rows;
+    out->vocab = 8;
     r->swapped_ops += b->ops.n_swap_out + b->ops.n_swap_in;
     r->stores += b->offload.n_store;
     r->loads += b->offload.n_load;
@@ -194,7 +198,7 @@ static kvp_engine_config base_cfg(int32_t bs, int64_t slots)
 
 static void run_all(kvp_engine *e, const kvp_workload *w)
 {
-    kvp_status st = kvp_engine_run(e, w, NULL, NULL);
+    kvp_status st = kvp_engine_run(e, w->reqs, w->n, NULL, NULL);
     cr_assert_eq(st, KVP_OK, "run: %s", kvp_error_detail());
     double norm = 0;
     int64_t finished = 0;
@@ -345,8 +349,8 @@ static void preemption_case(kvp_preempt_mode mode)
     kvp_workload *w = make_wl(2, p, o, NULL, NULL);
     kvp_engine *e;
     cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    cr_assert_eq(kvp_engine_add_request(e, &w->reqs[0]), KVP_OK);
-    cr_assert_eq(kvp_engine_add_request(e, &w->reqs[1]), KVP_OK);
+    cr_assert_eq(kvp_engine_add_request(e, &w->reqs[0], NULL), KVP_OK);
+    cr_assert_eq(kvp_engine_add_request(e, &w->reqs[1], NULL), KVP_OK);
     int saw_swapped = 0, saw_waiting_again = 0;
     int32_t b_ctx_at_preempt = -1;
     for (int guard = 0; guard < 1000; guard++) {
@@ -579,8 +583,8 @@ Test(scheduler, rejects_and_clamps_impossible_requests)
     int32_t tok[4] = {1, 2, 3, 4};
     kvp_request a = {.id = 0, .arrival_s = 1.0, .tokens = tok, .prompt_len = 4, .output_len = 1};
     kvp_request b = {.id = 1, .arrival_s = 0.5, .tokens = tok, .prompt_len = 4, .output_len = 1};
-    cr_assert_eq(kvp_engine_add_request(e, &a), KVP_OK);
-    cr_assert_eq(kvp_engine_add_request(e, &b), KVP_EINVAL);
+    cr_assert_eq(kvp_engine_add_request(e, &a, NULL), KVP_OK);
+    cr_assert_eq(kvp_engine_add_request(e, &b, NULL), KVP_EINVAL);
     kvp_engine_destroy(e);
 }
 
@@ -634,7 +638,7 @@ Test(scheduler, allocation_failures_are_reported_not_fatal)
         kvp_alloc_fail_at(n);
         kvp_engine *e = NULL;
         kvp_status st = kvp_engine_create(&c, &ex, &e);
-        if (st == KVP_OK) st = kvp_engine_run(e, w, NULL, NULL);
+        if (st == KVP_OK) st = kvp_engine_run(e, w->reqs, w->n, NULL, NULL);
         int64_t made = kvp_alloc_count();
         kvp_alloc_fail_at(0);
         cr_assert(st == KVP_OK || st == KVP_ENOMEM, "allocation %lld failed with %s", (long long)n, kvp_status_str(st));
@@ -1029,7 +1033,7 @@ Test(scheduler, a_request_waiting_for_an_answer_arrives_after_it)
     w->reqs[1].after = 3;
     ex = rec_executor();
     cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-    cr_assert_eq(kvp_engine_run(e, w, NULL, NULL), KVP_EINVAL);
+    cr_assert_eq(kvp_engine_run(e, w->reqs, w->n, NULL, NULL), KVP_EINVAL);
     cr_assert(strstr(kvp_error_message(), "after 3"), "%s", kvp_error_message());
     kvp_engine_destroy(e);
     kvp_workload_destroy(w);
@@ -1117,7 +1121,7 @@ Test(scheduler, a_parallel_sample_without_its_request_is_refused)
         kvp_executor ex = rec_executor();
         kvp_engine *e;
         cr_assert_eq(kvp_engine_create(&c, &ex, &e), KVP_OK);
-        cr_assert_eq(kvp_engine_run(e, w, NULL, NULL), KVP_EINVAL);
+        cr_assert_eq(kvp_engine_run(e, w->reqs, w->n, NULL, NULL), KVP_EINVAL);
         cr_assert(strstr(kvp_error_message(), needle[k]), "%s", kvp_error_message());
         kvp_engine_destroy(e);
     }

@@ -1,7 +1,7 @@
-/* n-gram speculative decoding in the generation loop (kvp_gen_config.spec_tokens, runtime/engine/gen.h) on stories260K:
+/* n-gram speculative decoding in the generation loop (kvp_session_config.spec_tokens, runtime/engine/session.h) on stories260K:
  * the golden stories, results equal to decoding without it (greedy, sampled, penalized, biased, n > 1, stop ids,
  * log-probabilities; block sizes, caches, budgets, preemption, threads), rejected drafts' blocks given back,
- * only verified tokens offered to the prefix cache, kvp_gen_session_stop_at, the config parser, allocation
+ * only verified tokens offered to the prefix cache, kvp_session_stop_at, the config parser, allocation
  * failures, and the CLI (`generate --speculative-config`, stop strings). */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -11,7 +11,7 @@
 #include "cli_testutil.h"
 #include "common/alloc.h"
 #include "model_testutil.h"
-#include "runtime/engine/gen.h"
+#include "runtime/executor/cpu_executor.h"
 #include "runtime/text/tokenizer.h"
 
 static kvp_model *g_model;
@@ -45,22 +45,22 @@ static int32_t *encode(const char *text, int32_t *n)
     return ids;
 }
 
-static kvp_gen_config spec_cfg(int32_t k, int32_t nmin, int32_t nmax)
+static kvp_session_config spec_cfg(int32_t k, int32_t nmin, int32_t nmax)
 {
-    kvp_gen_config c = kvp_gen_config_default();
-    c.spec_tokens = k;
-    c.spec_ngram_min = nmin;
-    c.spec_ngram_max = nmax;
+    kvp_session_config c = kvp_session_config_default();
+    c.engine.spec.tokens = k;
+    c.engine.spec.ngram_min = nmin;
+    c.engine.spec.ngram_max = nmax;
     return c;
 }
 
-static void run(const kvp_gen_config *cfg, const kvp_gen_request *reqs, int32_t n, kvp_gen_result *res,
-                kvp_gen_stats *st)
+static void run(const kvp_session_config *cfg, const kvp_session_request *reqs, int32_t n, kvp_session_result *res,
+                kvp_run_stats *st)
 {
-    cr_assert_eq(kvp_gen_run(g_model, cfg, reqs, n, res, st), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_cpu_generate(g_model, cfg, reqs, n, res, st, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
 }
 
-static void expect_same_lp(const kvp_gen_logprobs *a, const kvp_gen_logprobs *b, const char *what)
+static void expect_same_lp(const kvp_logprobs *a, const kvp_logprobs *b, const char *what)
 {
     cr_assert_eq(a->n, b->n, "%s: %d vs %d places", what, a->n, b->n);
     cr_assert_eq(a->k, b->k, "%s", what);
@@ -74,7 +74,7 @@ static void expect_same_lp(const kvp_gen_logprobs *a, const kvp_gen_logprobs *b,
 }
 
 /* Everything a caller sees of a result, bit for bit (times aside). */
-static void expect_same(const kvp_gen_result *a, const kvp_gen_result *b, const char *what, int i)
+static void expect_same(const kvp_session_result *a, const kvp_session_result *b, const char *what, int i)
 {
     cr_assert_eq(a->n_samples, b->n_samples, "%s request %d", what, i);
     for (int s = 0; s < a->n_samples; s++) {
@@ -143,9 +143,9 @@ Test(spec, golden_stories, .init = setup, .fini = teardown)
     tu_golden_load(&g);
     const int32_t conf[3][3] = {{4, 1, 3}, {16, 1, 64}, {1, 2, 2}};
     for (int c = 0; c < 3; c++) {
-        kvp_gen_config cfg = spec_cfg(conf[c][0], conf[c][1], conf[c][2]);
-        kvp_gen_result res[8];
-        kvp_gen_stats st;
+        kvp_session_config cfg = spec_cfg(conf[c][0], conf[c][1], conf[c][2]);
+        kvp_session_result res[8];
+        kvp_run_stats st;
         run(&cfg, g.reqs, g.n, res, &st);
         for (int i = 0; i < g.n; i++) {
             cr_assert_eq(res[i].n_tokens[0], g.nwant[i], "config %d case %d", c, i);
@@ -158,7 +158,7 @@ Test(spec, golden_stories, .init = setup, .fini = teardown)
         cr_assert_eq(st.computed_tokens, st.prompt_tokens + st.generated_tokens - g.n + st.spec_draft_tokens -
                                              st.spec_accepted_tokens,
                      "config %d: rows = prompts + tokens fed back + rejected drafts", c);
-        kvp_gen_results_free(res, g.n);
+        kvp_session_results_free(res, g.n);
     }
 }
 
@@ -171,9 +171,9 @@ Test(spec, results_equal_decoding_without_it, .init = setup, .fini = teardown)
     const float bias[2] = {3.0f, -100.0f};
     int32_t bias_ids[2] = {ids[0][3], ids[0][5]}, stop_id = ids[0][4];
     enum { NR = 9 };
-    kvp_gen_request r[NR];
+    kvp_session_request r[NR];
     for (int i = 0; i < NR; i++)
-        r[i] = (kvp_gen_request){.prompt = ids[i % NP], .n_prompt = n[i % NP], .max_tokens = 40 + 7 * i, .n = 1,
+        r[i] = (kvp_session_request){.prompt = ids[i % NP], .n_prompt = n[i % NP], .max_tokens = 40 + 7 * i, .n = 1,
                                  .sampler = kvp_sampler_default()};
     r[1].sampler = (kvp_sampler_params){.temperature = 1.0, .top_k = 0, .top_p = 1.0, .seed = 7};
     r[2].sampler = (kvp_sampler_params){.temperature = 0.7, .top_k = 40, .top_p = 0.9, .seed = 3};
@@ -187,8 +187,8 @@ Test(spec, results_equal_decoding_without_it, .init = setup, .fini = teardown)
     r[7].sampler = (kvp_sampler_params){.temperature = 1.0, .top_p = 0.95, .seed = 2};
     r[8].min_tokens = 30;
     r[8].max_tokens = 120;
-    kvp_gen_config base = kvp_gen_config_default();
-    kvp_gen_result ref[NR];
+    kvp_session_config base = kvp_session_config_default();
+    kvp_session_result ref[NR];
     run(&base, r, NR, ref, NULL);
     struct {
         int32_t k, nmin, nmax, bs, budget, blocks, threads;
@@ -200,14 +200,14 @@ Test(spec, results_equal_decoding_without_it, .init = setup, .fini = teardown)
     };
     int64_t kept = 0, preempted = 0;
     for (size_t c = 0; c < sizeof v / sizeof v[0]; c++) {
-        kvp_gen_config cfg = spec_cfg(v[c].k, v[c].nmin, v[c].nmax);
-        cfg.block_size = v[c].bs;
-        cfg.max_batched_tokens = v[c].budget;
+        kvp_session_config cfg = spec_cfg(v[c].k, v[c].nmin, v[c].nmax);
+        cfg.engine.block_size = v[c].bs;
+        cfg.engine.max_batched_tokens = v[c].budget;
         cfg.num_blocks = v[c].blocks;
-        cfg.cache = v[c].cache;
+        cfg.engine.cache = v[c].cache;
         kvp_model_set_threads(g_model, v[c].threads);
-        kvp_gen_result got[NR];
-        kvp_gen_stats st;
+        kvp_session_result got[NR];
+        kvp_run_stats st;
         run(&cfg, r, NR, got, &st);
         kvp_model_set_threads(g_model, 1);
         char what[96];
@@ -217,11 +217,11 @@ Test(spec, results_equal_decoding_without_it, .init = setup, .fini = teardown)
         cr_assert_gt(st.spec_draft_tokens, 0, "%s: nothing proposed", what);
         kept += st.spec_accepted_tokens;
         preempted += st.preemptions;
-        kvp_gen_results_free(got, NR);
+        kvp_session_results_free(got, NR);
     }
     cr_assert_gt(kept, 0);
     cr_assert_gt(preempted, 0, "60 blocks of 4 should preempt");
-    kvp_gen_results_free(ref, NR);
+    kvp_session_results_free(ref, NR);
     for (int i = 0; i < NP; i++) free(ids[i]);
 }
 
@@ -231,24 +231,24 @@ Test(spec, rejected_drafts_give_their_blocks_back, .init = setup, .fini = teardo
 {
     int32_t n, *ids = encode(prompts[0], &n);
     for (int32_t bs = 1; bs <= 4; bs += 3) {
-        kvp_gen_config cfg = spec_cfg(6, 1, 3);
-        cfg.block_size = bs;
+        kvp_session_config cfg = spec_cfg(6, 1, 3);
+        cfg.engine.block_size = bs;
         cfg.num_blocks = 512 / bs;
-        cfg.cache = KVP_PC_NONE;
-        kvp_gen_session *s;
-        cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
-        kvp_gen_request r = {.prompt = ids, .n_prompt = n, .max_tokens = 150, .n = 1, .ignore_eos = 1,
+        cfg.engine.cache = KVP_PC_NONE;
+        kvp_session *s;
+        cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK, "%s", kvp_error_detail());
+        kvp_session_request r = {.prompt = ids, .n_prompt = n, .max_tokens = 150, .n = 1, .ignore_eos = 1,
                              .sampler = kvp_sampler_default()};
         int32_t id;
-        cr_assert_eq(kvp_gen_session_add(s, &r, &id), KVP_OK);
+        cr_assert_eq(kvp_session_add(s, &r, &id), KVP_OK);
         int multi = 0;
-        for (int32_t prev = 0; kvp_gen_session_pending(s);) {
-            cr_assert_eq(kvp_gen_session_step(s), KVP_OK, "%s", kvp_error_detail());
+        for (int32_t prev = 0; kvp_session_pending(s);) {
+            cr_assert_eq(kvp_session_step(s), KVP_OK, "%s", kvp_error_detail());
             const int32_t *t;
             int32_t ng;
-            kvp_gen_session_partial(s, id, 0, &t, &ng);
-            kvp_gen_session_stats st;
-            kvp_gen_session_stats_get(s, &st);
+            kvp_session_partial(s, id, 0, &t, &ng);
+            kvp_session_stats st;
+            kvp_session_stats_get(s, &st);
             multi += ng - prev > 1;
             prev = ng;
             if (st.running_seqs == 0) break;
@@ -257,15 +257,15 @@ Test(spec, rejected_drafts_give_their_blocks_back, .init = setup, .fini = teardo
                          computed);
         }
         cr_assert_gt(multi, 0, "block %d: no step gained several tokens", bs);
-        kvp_gen_session_stats st;
-        kvp_gen_session_stats_get(s, &st);
+        kvp_session_stats st;
+        kvp_session_stats_get(s, &st);
         cr_assert_gt(st.spec_draft_tokens, st.spec_accepted_tokens, "block %d: no draft rejected", bs);
         cr_assert_eq(st.free_blocks, st.num_blocks);
-        kvp_gen_result res;
-        cr_assert_eq(kvp_gen_session_take(s, &id, &res), KVP_OK);
+        kvp_session_result res;
+        cr_assert_eq(kvp_session_take(s, &id, &res), KVP_OK);
         cr_assert_eq(res.n_tokens[0], 150);
-        kvp_gen_results_free(&res, 1);
-        kvp_gen_session_destroy(s);
+        kvp_session_results_free(&res, 1);
+        kvp_session_destroy(s);
     }
     free(ids);
 }
@@ -275,117 +275,117 @@ Test(spec, rejected_drafts_give_their_blocks_back, .init = setup, .fini = teardo
 Test(spec, the_next_turn_finds_the_verified_answer_cached, .init = setup, .fini = teardown)
 {
     int32_t n, *ids = encode(prompts[0], &n);
-    kvp_gen_config cfg = spec_cfg(8, 1, 4);
+    kvp_session_config cfg = spec_cfg(8, 1, 4);
     cfg.num_blocks = 128;
-    cfg.block_size = 4;
-    kvp_gen_session_stats st;
+    cfg.engine.block_size = 4;
+    kvp_session_stats st;
     tu_next_turn(g_model, &cfg, ids, n, 61, NULL, 0, &st);
     cr_assert_gt(st.spec_draft_tokens, st.spec_accepted_tokens, "drafts were rejected (their K/V must not be cached)");
     cr_assert_gt(st.spec_accepted_tokens, 0);
     free(ids);
 }
 
-/* kvp_gen_session_stop_at inside a step that added several tokens: the sample keeps n_keep of them, with the
+/* kvp_session_stop_at inside a step that added several tokens: the sample keeps n_keep of them, with the
  * log-probabilities and cumulative logprob of a run without speculation stopped there; a sample that finished
  * in that step is cut too (and becomes STOPPED); an earlier step's tokens are kept. */
 Test(spec, stop_at_cuts_inside_a_step, .init = setup, .fini = teardown)
 {
     int32_t n, *ids = encode(prompts[0], &n);
-    kvp_gen_request r = {.prompt = ids, .n_prompt = n, .max_tokens = 60, .n = 1, .logprobs = 1, .top_logprobs = 2,
+    kvp_session_request r = {.prompt = ids, .n_prompt = n, .max_tokens = 60, .n = 1, .logprobs = 1, .top_logprobs = 2,
                          .sampler = {.temperature = 0.5, .top_p = 1.0, .seed = 9}};
-    kvp_gen_config cfg = spec_cfg(8, 1, 4);
+    kvp_session_config cfg = spec_cfg(8, 1, 4);
     cfg.num_blocks = 64;
-    kvp_gen_session *s;
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK);
+    kvp_session *s;
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK);
     int32_t id, before = 0, after = 0;
-    cr_assert_eq(kvp_gen_session_add(s, &r, &id), KVP_OK);
+    cr_assert_eq(kvp_session_add(s, &r, &id), KVP_OK);
     const int32_t *t;
     while (after - before < 3) { /* a step that adds 3 tokens or more */
         before = after;
-        cr_assert(kvp_gen_session_pending(s), "no step added 3 tokens");
-        cr_assert_eq(kvp_gen_session_step(s), KVP_OK);
-        kvp_gen_session_partial(s, id, 0, &t, &after);
+        cr_assert(kvp_session_pending(s), "no step added 3 tokens");
+        cr_assert_eq(kvp_session_step(s), KVP_OK);
+        kvp_session_partial(s, id, 0, &t, &after);
     }
-    cr_assert_eq(kvp_gen_session_stop_at(s, id, 0, before + 1), KVP_OK);
-    cr_assert_eq(kvp_gen_session_stop_at(s, id, 0, before + 1), KVP_ENOTFOUND, "stopped already");
-    kvp_gen_result got, ref;
-    cr_assert_eq(kvp_gen_session_take(s, &id, &got), KVP_OK);
-    kvp_gen_session_destroy(s);
+    cr_assert_eq(kvp_session_stop_at(s, id, 0, before + 1), KVP_OK);
+    cr_assert_eq(kvp_session_stop_at(s, id, 0, before + 1), KVP_ENOTFOUND, "stopped already");
+    kvp_session_result got, ref;
+    cr_assert_eq(kvp_session_take(s, &id, &got), KVP_OK);
+    kvp_session_destroy(s);
     /* the reference: no speculation, stopped when it had before + 1 tokens */
-    kvp_gen_config plain = kvp_gen_config_default();
+    kvp_session_config plain = kvp_session_config_default();
     plain.num_blocks = 64;
-    cr_assert_eq(kvp_gen_session_create(g_model, &plain, &s), KVP_OK);
-    cr_assert_eq(kvp_gen_session_add(s, &r, &id), KVP_OK);
+    cr_assert_eq(kvp_cpu_session_create(g_model, &plain, &s), KVP_OK);
+    cr_assert_eq(kvp_session_add(s, &r, &id), KVP_OK);
     for (int32_t k = 0; k < before + 1;) {
-        cr_assert_eq(kvp_gen_session_step(s), KVP_OK);
-        kvp_gen_session_partial(s, id, 0, &t, &k);
+        cr_assert_eq(kvp_session_step(s), KVP_OK);
+        kvp_session_partial(s, id, 0, &t, &k);
     }
-    cr_assert_eq(kvp_gen_session_stop(s, id, 0), KVP_OK);
-    cr_assert_eq(kvp_gen_session_take(s, &id, &ref), KVP_OK);
-    kvp_gen_session_destroy(s);
+    cr_assert_eq(kvp_session_stop(s, id, 0), KVP_OK);
+    cr_assert_eq(kvp_session_take(s, &id, &ref), KVP_OK);
+    kvp_session_destroy(s);
     cr_assert_eq(ref.n_tokens[0], before + 1);
     expect_same(&ref, &got, "stopped inside a speculative step", 0);
     cr_assert_eq(got.finish[0], KVP_FINISH_STOPPED);
-    kvp_gen_results_free(&got, 1);
-    kvp_gen_results_free(&ref, 1);
+    kvp_session_results_free(&got, 1);
+    kvp_session_results_free(&ref, 1);
 
     /* a last step (max_tokens reached) that adds several tokens: the finished sample is cut to one of them */
-    cr_assert_eq(kvp_gen_session_create(g_model, &cfg, &s), KVP_OK);
+    cr_assert_eq(kvp_cpu_session_create(g_model, &cfg, &s), KVP_OK);
     r.sampler = kvp_sampler_default();
     for (r.max_tokens = 16; r.max_tokens < 60; r.max_tokens++) {
-        cr_assert_eq(kvp_gen_session_add(s, &r, &id), KVP_OK);
+        cr_assert_eq(kvp_session_add(s, &r, &id), KVP_OK);
         after = 0;
-        while (kvp_gen_session_pending(s)) {
+        while (kvp_session_pending(s)) {
             before = after;
-            cr_assert_eq(kvp_gen_session_step(s), KVP_OK);
-            kvp_gen_session_partial(s, id, 0, &t, &after);
+            cr_assert_eq(kvp_session_step(s), KVP_OK);
+            kvp_session_partial(s, id, 0, &t, &after);
         }
         if (after - before >= 2) break;
-        cr_assert_eq(kvp_gen_session_take(s, &id, &got), KVP_OK);
-        kvp_gen_results_free(&got, 1);
+        cr_assert_eq(kvp_session_take(s, &id, &got), KVP_OK);
+        kvp_session_results_free(&got, 1);
     }
     cr_assert_lt(r.max_tokens, 60, "no run ended with a step of several tokens");
     cr_assert_eq(after, r.max_tokens);
-    cr_assert_eq(kvp_gen_session_stop_at(s, id, 0, before + 1), KVP_OK);
-    cr_assert_eq(kvp_gen_session_take(s, &id, &got), KVP_OK);
+    cr_assert_eq(kvp_session_stop_at(s, id, 0, before + 1), KVP_OK);
+    cr_assert_eq(kvp_session_take(s, &id, &got), KVP_OK);
     cr_assert_eq(got.n_tokens[0], before + 1);
     cr_assert_eq(got.finish[0], KVP_FINISH_STOPPED);
     cr_assert_eq(got.logprobs[0].n, before + 1);
-    kvp_gen_results_free(&got, 1);
+    kvp_session_results_free(&got, 1);
     /* and one whose cut would reach an earlier step's tokens stops keeping them all */
     int32_t next;
-    cr_assert_eq(kvp_gen_session_add(s, &r, &next), KVP_OK);
+    cr_assert_eq(kvp_session_add(s, &r, &next), KVP_OK);
     after = 0;
     while (after < 8) {
         before = after;
-        cr_assert_eq(kvp_gen_session_step(s), KVP_OK);
-        kvp_gen_session_partial(s, next, 0, &t, &after);
+        cr_assert_eq(kvp_session_step(s), KVP_OK);
+        kvp_session_partial(s, next, 0, &t, &after);
     }
-    cr_assert_eq(kvp_gen_session_stop_at(s, next, 0, before - 1), KVP_OK);
-    cr_assert_eq(kvp_gen_session_take(s, &id, &got), KVP_OK);
+    cr_assert_eq(kvp_session_stop_at(s, next, 0, before - 1), KVP_OK);
+    cr_assert_eq(kvp_session_take(s, &id, &got), KVP_OK);
     cr_assert_eq(id, next);
     cr_assert_eq(got.n_tokens[0], after, "an earlier step's tokens are kept");
     cr_assert_eq(got.finish[0], KVP_FINISH_STOPPED);
-    kvp_gen_results_free(&got, 1);
-    kvp_gen_session_destroy(s);
+    kvp_session_results_free(&got, 1);
+    kvp_session_destroy(s);
     free(ids);
 }
 
 Test(spec, config_parse_and_refusals, .init = setup, .fini = teardown)
 {
-    kvp_gen_config c = kvp_gen_config_default();
-    cr_assert_eq(kvp_gen_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4}", &c),
+    kvp_session_config c = kvp_session_config_default();
+    cr_assert_eq(kvp_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 5, \"prompt_lookup_max\": 4}", &c.engine.spec),
                  KVP_OK, "%s", kvp_error_detail());
-    cr_assert(c.spec_tokens == 5 && c.spec_ngram_max == 4 && c.spec_ngram_min == 4, "min follows max");
-    cr_assert_eq(kvp_gen_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"prompt_lookup_min\": 2, "
-                                    "\"prompt_lookup_max\": 3}", &c), KVP_OK);
-    cr_assert(c.spec_tokens == 2 && c.spec_ngram_min == 2 && c.spec_ngram_max == 3);
-    cr_assert_eq(kvp_gen_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"disable_by_batch_size\": 8}",
-                                    &c), KVP_OK);
-    cr_assert(c.spec_ngram_min == 5 && c.spec_ngram_max == 5, "vLLM's defaults");
-    cr_assert_eq(c.spec_max_batch, 8);
-    cr_assert_eq(kvp_gen_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3}", &c), KVP_OK);
-    cr_assert_eq(c.spec_max_batch, 0, "no batch limit unless given");
+    cr_assert(c.engine.spec.tokens == 5 && c.engine.spec.ngram_max == 4 && c.engine.spec.ngram_min == 4, "min follows max");
+    cr_assert_eq(kvp_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"prompt_lookup_min\": 2, "
+                                    "\"prompt_lookup_max\": 3}", &c.engine.spec), KVP_OK);
+    cr_assert(c.engine.spec.tokens == 2 && c.engine.spec.ngram_min == 2 && c.engine.spec.ngram_max == 3);
+    cr_assert_eq(kvp_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"disable_by_batch_size\": 8}",
+                                    &c.engine.spec), KVP_OK);
+    cr_assert(c.engine.spec.ngram_min == 5 && c.engine.spec.ngram_max == 5, "vLLM's defaults");
+    cr_assert_eq(c.engine.spec.max_batch, 8);
+    cr_assert_eq(kvp_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 3}", &c.engine.spec), KVP_OK);
+    cr_assert_eq(c.engine.spec.max_batch, 0, "no batch limit unless given");
     const struct {
         const char *json, *says;
     } bad[] = {
@@ -404,18 +404,18 @@ Test(spec, config_parse_and_refusals, .init = setup, .fini = teardown)
         {"{\"method\": \"ngram\", \"num_speculative_tokens\": 3, \"disable_by_batch_size\": 0}", "disable_by_batch_size\" is 0"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        kvp_gen_config before = c;
-        cr_assert_neq(kvp_gen_spec_parse(bad[i].json, &c), KVP_OK, "%s was taken", bad[i].json);
+        kvp_session_config before = c;
+        cr_assert_neq(kvp_spec_parse(bad[i].json, &c.engine.spec), KVP_OK, "%s was taken", bad[i].json);
         cr_assert(strstr(kvp_error_message(), bad[i].says), "%s: %s", bad[i].json, kvp_error_message());
         cr_assert(memcmp(&before, &c, sizeof c) == 0, "%s changed the config", bad[i].json);
     }
-    kvp_gen_session *s;
+    kvp_session *s;
     c = spec_cfg(17, 1, 3);
     c.num_blocks = 8;
-    cr_assert_eq(kvp_gen_session_create(g_model, &c, &s), KVP_EINVAL);
+    cr_assert_eq(kvp_cpu_session_create(g_model, &c, &s), KVP_EINVAL);
     c = spec_cfg(3, 4, 2);
     c.num_blocks = 8;
-    cr_assert_eq(kvp_gen_session_create(g_model, &c, &s), KVP_EINVAL);
+    cr_assert_eq(kvp_cpu_session_create(g_model, &c, &s), KVP_EINVAL);
 }
 
 /* disable_by_batch_size B: a step that starts with more than B running sequences proposes nothing. Six
@@ -423,40 +423,40 @@ Test(spec, config_parse_and_refusals, .init = setup, .fini = teardown)
 Test(spec, no_drafts_above_the_batch_limit, .init = setup, .fini = teardown)
 {
     int32_t n, *ids = encode(prompts[0], &n);
-    kvp_gen_request r[6];
+    kvp_session_request r[6];
     for (int i = 0; i < 6; i++)
-        r[i] = (kvp_gen_request){.prompt = ids, .n_prompt = n, .max_tokens = 40, .n = 1, .ignore_eos = 1,
+        r[i] = (kvp_session_request){.prompt = ids, .n_prompt = n, .max_tokens = 40, .n = 1, .ignore_eos = 1,
                                  .sampler = kvp_sampler_default()};
-    kvp_gen_result ref[6], got[6];
-    kvp_gen_stats st;
-    kvp_gen_config cfg = kvp_gen_config_default();
-    cfg.cache = KVP_PC_NONE; /* all six prefill in the first step */
+    kvp_session_result ref[6], got[6];
+    kvp_run_stats st;
+    kvp_session_config cfg = kvp_session_config_default();
+    cfg.engine.cache = KVP_PC_NONE; /* all six prefill in the first step */
     run(&cfg, r, 6, ref, NULL);
     for (int32_t b = 5; b <= 6; b++) {
         cfg = spec_cfg(4, 1, 3);
-        cfg.cache = KVP_PC_NONE;
-        cfg.spec_max_batch = b;
+        cfg.engine.cache = KVP_PC_NONE;
+        cfg.engine.spec.max_batch = b;
         run(&cfg, r, 6, got, &st);
         for (int i = 0; i < 6; i++) expect_same(&ref[i], &got[i], "batch limit", i);
         if (b == 5) cr_assert_eq(st.spec_draft_tokens, 0, "6 running > 5: no draft");
         else cr_assert_gt(st.spec_accepted_tokens, 0, "6 running <= 6: drafts kept");
-        kvp_gen_results_free(got, 6);
+        kvp_session_results_free(got, 6);
     }
-    kvp_gen_results_free(ref, 6);
+    kvp_session_results_free(ref, 6);
     free(ids);
 }
 
 typedef struct {
-    kvp_gen_request r;
-    kvp_gen_config cfg;
+    kvp_session_request r;
+    kvp_session_config cfg;
 } spec_run;
 
 static kvp_status make_run(void *ctx, void **obj)
 {
     spec_run *x = ctx;
-    kvp_gen_result *res = malloc(sizeof *res);
-    kvp_gen_stats st;
-    kvp_status s = kvp_gen_run(g_model, &x->cfg, &x->r, 1, res, &st);
+    kvp_session_result *res = malloc(sizeof *res);
+    kvp_run_stats st;
+    kvp_status s = kvp_cpu_generate(g_model, &x->cfg, &x->r, 1, res, &st, NULL, NULL);
     if (s != KVP_OK) {
         free(res);
         return s;
@@ -468,7 +468,7 @@ static kvp_status make_run(void *ctx, void **obj)
 
 static void destroy_run(void *obj)
 {
-    kvp_gen_results_free(obj, 1);
+    kvp_session_results_free(obj, 1);
     free(obj);
 }
 
@@ -479,8 +479,8 @@ Test(spec, fails_cleanly_at_every_allocation, .init = setup, .fini = teardown)
     spec_run x = {.r = {.prompt = ids, .n_prompt = n, .max_tokens = 12, .n = 2, .logprobs = 1, .top_logprobs = 1,
                         .sampler = {.temperature = 0.3, .top_p = 1.0, .seed = 4}},
                   .cfg = spec_cfg(4, 1, 3)};
-    x.cfg.block_size = 2;
-    x.cfg.cache = KVP_PC_NONE; /* a finished sequence's blocks offered to a cache may fail quietly (lost hits) */
+    x.cfg.engine.block_size = 2;
+    x.cfg.engine.cache = KVP_PC_NONE; /* a finished sequence's blocks offered to a cache may fail quietly (lost hits) */
     tu_every_alloc_failure("speculating run", make_run, destroy_run, &x, 0);
     free(ids);
 }
