@@ -8,8 +8,10 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "fake_nccl.h"
 #include "parallel/comm.h"
 #include "parallel/comm_check.h"
+#include "parallel/nccl_api.h"
 
 typedef struct tu_rank tu_rank;
 struct tu_rank {
@@ -56,6 +58,24 @@ static inline void tu_assert_contract(const tu_rank *ranks, int n, const char *w
         cr_assert_eq(ranks[r].rep.failures, 0, "%s rank %d: %s", what, r, ranks[r].rep.first);
         cr_assert_gt(ranks[r].rep.checks, 100, "%s rank %d made only %d checks", what, r, ranks[r].rep.checks);
     }
+}
+
+/* nccl communicators created from now on run on a fresh fake NCCL with `devices` GPUs. */
+static inline void tu_fake_on(int devices)
+{
+    fake_nccl_reset(devices);
+    kvp_nccl_api_set(fake_nccl_api());
+}
+
+/* After every nccl communicator is destroyed, the fake holds nothing and saw no misuse; back to the linked
+ * library. */
+static inline void tu_fake_off(void)
+{
+    cr_assert_eq(fake_nccl_live_allocs(), 0, "device allocations left: %lld", (long long)fake_nccl_live_allocs());
+    cr_assert_eq(fake_nccl_live_comms(), 0, "NCCL communicators left: %d", fake_nccl_live_comms());
+    cr_assert_eq(fake_nccl_misuses(), 0, "misuse: %s", fake_nccl_last_misuse());
+    kvp_nccl_api_set(NULL);
+    fake_nccl_reset(0);
 }
 
 #endif

@@ -13,22 +13,6 @@
 
 static tu_rank ranks[KVP_COMM_MAX_THREADS];
 
-static void fake_on(int devices)
-{
-    fake_nccl_reset(devices);
-    kvp_nccl_api_set(fake_nccl_api());
-}
-
-/* After every nccl communicator is destroyed, the fake holds nothing and saw no misuse. */
-static void fake_off(void)
-{
-    cr_assert_eq(fake_nccl_live_allocs(), 0, "device allocations left: %lld", (long long)fake_nccl_live_allocs());
-    cr_assert_eq(fake_nccl_live_comms(), 0, "NCCL communicators left: %d", fake_nccl_live_comms());
-    cr_assert_eq(fake_nccl_misuses(), 0, "misuse: %s", fake_nccl_last_misuse());
-    kvp_nccl_api_set(NULL);
-    fake_nccl_reset(0);
-}
-
 Test(comm_contract, single)
 {
     cr_assert_eq(kvp_comm_single_create(&ranks[0].c), KVP_OK);
@@ -41,7 +25,7 @@ Test(comm_contract, single)
 /* The CPU backends never call CUDA or NCCL: with the fake installed, its log stays empty. */
 Test(comm_contract, threads_1_to_4_ranks_without_a_cuda_call)
 {
-    fake_on(4);
+    tu_fake_on(4);
     for (int n = 1; n <= 4; n++) {
         kvp_comm *c[4];
         cr_assert_eq(kvp_comm_threads_create(n, c), KVP_OK);
@@ -61,13 +45,13 @@ Test(comm_contract, threads_1_to_4_ranks_without_a_cuda_call)
     tu_run_ranks(ranks, 1, tu_contract);
     kvp_comm_destroy(s);
     cr_assert_str_eq(fake_nccl_log(), "", "a CPU backend called the GPU libraries: %s", fake_nccl_log());
-    fake_off();
+    tu_fake_off();
 }
 
 Test(comm_contract, nccl_init_all_on_1_2_3_fake_gpus)
 {
     for (int n = 1; n <= 3; n++) {
-        fake_on(n);
+        tu_fake_on(n);
         kvp_comm *c[3];
         cr_assert_eq(kvp_comm_nccl_threads_create(n, NULL, c), KVP_OK, "%s", kvp_error_detail());
         for (int r = 0; r < n; r++) {
@@ -84,7 +68,7 @@ Test(comm_contract, nccl_init_all_on_1_2_3_fake_gpus)
         for (int r = 0; r < n; r++) kvp_comm_destroy(c[r]);
         cr_assert_eq(fake_nccl_count("ncclCommDestroy", -1), n);
         cr_assert_eq(fake_nccl_count("ncclCommAbort", -1), 0);
-        fake_off();
+        tu_fake_off();
     }
 }
 
@@ -99,7 +83,7 @@ static kvp_status boot_and_contract(tu_rank *r)
 Test(comm_contract, nccl_bootstrapped_over_a_host_plane_on_2_and_3_fake_gpus)
 {
     for (int n = 2; n <= 3; n++) {
-        fake_on(n);
+        tu_fake_on(n);
         kvp_comm *h[3];
         cr_assert_eq(kvp_comm_threads_create(n, h), KVP_OK);
         for (int r = 0; r < n; r++) ranks[r] = (tu_rank){.host = h[r], .arg = (void *)(intptr_t)(n - 1 - r)};
@@ -109,7 +93,7 @@ Test(comm_contract, nccl_bootstrapped_over_a_host_plane_on_2_and_3_fake_gpus)
         cr_assert_eq(fake_nccl_count("ncclGetUniqueId", -1), 1, "only rank 0 makes the id");
         cr_assert_eq(fake_nccl_count("ncclCommInitRank", -1), n);
         for (int r = 0; r < n; r++) kvp_comm_destroy(ranks[r].c);
-        fake_off();
+        tu_fake_off();
     }
 }
 
@@ -123,12 +107,12 @@ static kvp_status on_stream(tu_rank *r)
 
 Test(comm_contract, nccl_on_a_caller_stream_without_waiting)
 {
-    fake_on(3);
+    tu_fake_on(3);
     kvp_comm *c[3];
     cr_assert_eq(kvp_comm_nccl_threads_create(3, NULL, c), KVP_OK);
     for (int r = 0; r < 3; r++) ranks[r] = (tu_rank){.c = c[r], .arg = fake_nccl_stream_create(r)};
     tu_run_ranks(ranks, 3, on_stream);
     tu_assert_contract(ranks, 3, "nccl (caller stream, no wait)");
     for (int r = 0; r < 3; r++) kvp_comm_destroy(c[r]);
-    fake_off();
+    tu_fake_off();
 }

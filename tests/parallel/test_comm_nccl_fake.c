@@ -15,21 +15,6 @@
 
 static tu_rank ranks[KVP_COMM_MAX_THREADS];
 
-static void fake_on(int devices)
-{
-    fake_nccl_reset(devices);
-    kvp_nccl_api_set(fake_nccl_api());
-}
-
-static void fake_off(void)
-{
-    cr_assert_eq(fake_nccl_live_allocs(), 0, "device allocations left: %lld", (long long)fake_nccl_live_allocs());
-    cr_assert_eq(fake_nccl_live_comms(), 0, "NCCL communicators left: %d", fake_nccl_live_comms());
-    cr_assert_eq(fake_nccl_misuses(), 0, "misuse: %s", fake_nccl_last_misuse());
-    kvp_nccl_api_set(NULL);
-    fake_nccl_reset(0);
-}
-
 #define HAS(s, needle) cr_assert(strstr((s), (needle)) != NULL, "'%s' lacks '%s'", (s), (needle))
 
 /* Bootstrap over a threads host: rank r on device devs[r] (arg). */
@@ -60,7 +45,7 @@ static void destroy_ranks(int n)
 
 Test(nccl_fake, bootstrap_calls_in_order)
 {
-    fake_on(2);
+    tu_fake_on(2);
     const int devs[2] = {0, 1};
     boot_ranks(2, devs);
     for (int r = 0; r < 2; r++) cr_assert_eq(ranks[r].st, KVP_OK, "rank %d: %s", r, ranks[r].err);
@@ -88,12 +73,12 @@ Test(nccl_fake, bootstrap_calls_in_order)
     cr_assert_eq(fake_nccl_count("ncclCommDestroy", -1), 2);
     cr_assert_eq(fake_nccl_count("ncclCommAbort", -1), 0, "a healthy communicator is destroyed, not aborted");
     cr_assert_eq(fake_nccl_count("cudaFree", -1), fake_nccl_count("cudaMalloc", -1));
-    fake_off();
+    tu_fake_off();
 }
 
 Test(nccl_fake, zero_length_collectives_make_no_nccl_call)
 {
-    fake_on(1);
+    tu_fake_on(1);
     kvp_comm *c;
     cr_assert_eq(kvp_comm_nccl_threads_create(1, NULL, &c), KVP_OK);
     cr_assert_eq(kvp_comm_all_reduce_sum(c, NULL, 0, KVP_COMM_BF16), KVP_OK);
@@ -111,7 +96,7 @@ Test(nccl_fake, zero_length_collectives_make_no_nccl_call)
     cr_assert_eq(fake_nccl_count("ncclAllReduce", -1), 1);
     cr_assert_gt(fake_nccl_count("cudaStreamQuery", -1), 0, "a barrier waits even when collectives do not");
     kvp_comm_destroy(c);
-    fake_off();
+    tu_fake_off();
 }
 
 /* Without a driver: cudaGetDeviceCount fails first (KVP_ECUDA), and had it not, ncclCommInitRank would
@@ -119,7 +104,7 @@ Test(nccl_fake, zero_length_collectives_make_no_nccl_call)
 Test(nccl_fake, driver_insufficient)
 {
     static const char *cuda_text = "CUDA driver version is insufficient for CUDA runtime version";
-    fake_on(2);
+    tu_fake_on(2);
     fake_nccl_fail("cudaGetDeviceCount", -1, KVP_CUDA_ERROR_INSUFFICIENT_DRIVER, 0, NULL, -1);
     kvp_comm *c[2];
     cr_assert_eq(kvp_comm_nccl_threads_create(2, NULL, c), KVP_ECUDA);
@@ -133,9 +118,9 @@ Test(nccl_fake, driver_insufficient)
     }
     cr_assert_eq(fake_nccl_count("ncclCommInitRank", -1), 0, "no rank entered NCCL's init");
     destroy_ranks(2);
-    fake_off();
+    tu_fake_off();
 
-    fake_on(2);
+    tu_fake_on(2);
     fake_nccl_fail("ncclCommInitRank", -1, KVP_NCCL_UNHANDLED_CUDA_ERROR, 0,
                    "Cuda failure 'CUDA driver version is insufficient for CUDA runtime version'", -1);
     boot_ranks(2, devs);
@@ -146,13 +131,13 @@ Test(nccl_fake, driver_insufficient)
         HAS(ranks[r].err, "NCCL's last error: Cuda failure 'CUDA driver version is insufficient");
     }
     destroy_ranks(2);
-    fake_off();
+    tu_fake_off();
 }
 
 /* NCCL allows one rank per GPU: two ranks named on one device fail in NCCL, on every rank. */
 Test(nccl_fake, duplicate_gpu_detected)
 {
-    fake_on(1);
+    tu_fake_on(1);
     kvp_comm *c[2];
     const int same[2] = {0, 0};
     cr_assert_eq(kvp_comm_nccl_threads_create(2, same, c), KVP_ENCCL);
@@ -165,14 +150,14 @@ Test(nccl_fake, duplicate_gpu_detected)
         HAS(ranks[r].err, "Duplicate GPU detected");
     }
     destroy_ranks(2);
-    fake_off();
+    tu_fake_off();
 }
 
 /* A rank whose GPU does not exist: KVP_ENODEVICE there, the same status naming it on the others, and no
  * rank waits in NCCL's init for it. */
 Test(nccl_fake, missing_device_is_named_on_every_rank)
 {
-    fake_on(1);
+    tu_fake_on(1);
     const int devs[2] = {0, 1};
     boot_ranks(2, devs);
     cr_assert_eq(ranks[1].st, KVP_ENODEVICE);
@@ -185,13 +170,13 @@ Test(nccl_fake, missing_device_is_named_on_every_rank)
     kvp_comm *c[2];
     cr_assert_eq(kvp_comm_nccl_threads_create(2, devs, c), KVP_ENODEVICE);
     HAS(kvp_error_message(), "CUDA device 1 does not exist");
-    fake_off();
+    tu_fake_off();
 }
 
 /* Init fails on one rank only, after all joined: the others learn it and release their communicators. */
 Test(nccl_fake, init_failing_on_one_rank_fails_all)
 {
-    fake_on(3);
+    tu_fake_on(3);
     fake_nccl_fail("ncclCommInitRank", 2, KVP_NCCL_SYSTEM_ERROR, 1, "socketStartConnect: Connect to 10.0.0.2 failed", 1);
     const int devs[3] = {0, 1, 2};
     boot_ranks(3, devs);
@@ -204,7 +189,7 @@ Test(nccl_fake, init_failing_on_one_rank_fails_all)
     }
     cr_assert_eq(fake_nccl_count("ncclCommAbort", -1), 2, "ranks 0 and 1 abort what they initialized");
     destroy_ranks(3);
-    fake_off();
+    tu_fake_off();
 }
 
 static kvp_status one_all_reduce(tu_rank *r)
@@ -224,7 +209,7 @@ static kvp_status one_all_reduce(tu_rank *r)
  * out; both abort, and both communicators refuse later work. */
 Test(nccl_fake, failing_collective)
 {
-    fake_on(2);
+    tu_fake_on(2);
     kvp_comm *c[2];
     cr_assert_eq(kvp_comm_nccl_threads_create(2, NULL, c), KVP_OK);
     fake_nccl_fail("ncclAllReduce", 1, KVP_NCCL_UNHANDLED_CUDA_ERROR, 0, "Cuda failure 700 'an illegal memory access was encountered'", 1);
@@ -245,13 +230,13 @@ Test(nccl_fake, failing_collective)
         kvp_comm_destroy(c[r]);
     }
     cr_assert_eq(fake_nccl_count("ncclCommDestroy", -1), 0, "aborted communicators are not destroyed again");
-    fake_off();
+    tu_fake_off();
 }
 
 /* An error NCCL reports while the collective runs (a peer process died): KVP_ENCCL "asynchronously". */
 Test(nccl_fake, asynchronous_error)
 {
-    fake_on(2);
+    tu_fake_on(2);
     kvp_comm *c[2];
     cr_assert_eq(kvp_comm_nccl_threads_create(2, NULL, c), KVP_OK);
     fake_nccl_fail("ncclAllReduce", 0, KVP_NCCL_REMOTE_ERROR, 1, "socketProgress: Connection closed by remote peer", 1);
@@ -263,14 +248,14 @@ Test(nccl_fake, asynchronous_error)
     HAS(ranks[0].err, "Connection closed by remote peer");
     cr_assert_eq(ranks[1].st, KVP_ETIMEDOUT, "%s", ranks[1].err);
     for (int r = 0; r < 2; r++) kvp_comm_destroy(c[r]);
-    fake_off();
+    tu_fake_off();
 }
 
 /* Ranks that disagree on a collective's size: NCCL's kernels would hang or corrupt; the fake flags it and
  * both ranks fail with KVP_ENCCL instead of waiting. */
 Test(nccl_fake, mismatched_collectives)
 {
-    fake_on(2);
+    tu_fake_on(2);
     kvp_comm *c[2];
     cr_assert_eq(kvp_comm_nccl_threads_create(2, NULL, c), KVP_OK);
     ranks[0] = (tu_rank){.c = c[0], .arg = (void *)(intptr_t)4};
@@ -281,14 +266,14 @@ Test(nccl_fake, mismatched_collectives)
         HAS(ranks[r].err, "invalid usage");
     }
     for (int r = 0; r < 2; r++) kvp_comm_destroy(c[r]);
-    fake_off();
+    tu_fake_off();
 }
 
 /* A rank that never calls: the other's collective times out with a message, the lazy rank later finds the
  * group unusable or its own wait timing out, and nobody hangs. */
 Test(nccl_fake, a_rank_that_never_calls)
 {
-    fake_on(2);
+    tu_fake_on(2);
     kvp_comm *c[2];
     cr_assert_eq(kvp_comm_nccl_threads_create(2, NULL, c), KVP_OK);
     ranks[0] = (tu_rank){.c = c[0]};
@@ -302,12 +287,12 @@ Test(nccl_fake, a_rank_that_never_calls)
     ranks[1].arg = NULL;
     cr_assert_eq(one_all_reduce(&ranks[1]), KVP_ETIMEDOUT, "%s", kvp_error_message());
     for (int r = 0; r < 2; r++) kvp_comm_destroy(c[r]);
-    fake_off();
+    tu_fake_off();
 }
 
 Test(nccl_fake, cuda_errors_keep_cudas_words)
 {
-    fake_on(1);
+    tu_fake_on(1);
     kvp_comm *c;
     cr_assert_eq(kvp_comm_nccl_threads_create(1, NULL, &c), KVP_OK);
     fake_nccl_fail("cudaMalloc", 0, KVP_CUDA_ERROR_MEMORY_ALLOCATION, 0, NULL, 1);
@@ -327,14 +312,14 @@ Test(nccl_fake, cuda_errors_keep_cudas_words)
     kvp_comm *cs[2];
     cr_assert_eq(kvp_comm_nccl_threads_create(2, NULL, cs), KVP_ECUDA);
     cr_assert_eq(fake_nccl_count("ncclCommAbort", -1), 2);
-    fake_off();
+    tu_fake_off();
 }
 
 /* Every host allocation of the one-process constructor fails in turn: KVP_ENOMEM, nothing left, in host
  * memory (the sanitizer build checks) or in the fake's device memory and communicators. */
 Test(nccl_fake, every_allocation_failure_of_the_constructor)
 {
-    fake_on(3);
+    tu_fake_on(3);
     for (int64_t n = 1;; n++) {
         kvp_comm *c[3] = {0};
         kvp_alloc_fail_at(n);
@@ -350,14 +335,14 @@ Test(nccl_fake, every_allocation_failure_of_the_constructor)
         cr_assert_eq(fake_nccl_live_allocs(), 0, "allocation %lld", (long long)n);
         cr_assert_eq(fake_nccl_live_comms(), 0, "allocation %lld", (long long)n);
     }
-    fake_off();
+    tu_fake_off();
 }
 
 /* The same for the bootstrap over a host plane, on one rank (two ranks would need every rank to fail the
  * same allocation to stay in step; the agreement step covers the others). */
 Test(nccl_fake, every_allocation_failure_of_the_bootstrap)
 {
-    fake_on(1);
+    tu_fake_on(1);
     for (int64_t n = 1;; n++) {
         kvp_comm *h, *c = NULL;
         cr_assert_eq(kvp_comm_threads_create(1, &h), KVP_OK);
@@ -375,7 +360,7 @@ Test(nccl_fake, every_allocation_failure_of_the_bootstrap)
         cr_assert_eq(fake_nccl_live_allocs(), 0);
         cr_assert_eq(fake_nccl_live_comms(), 0);
     }
-    fake_off();
+    tu_fake_off();
 }
 
 Test(nccl_fake, arguments_and_the_build)
@@ -384,7 +369,7 @@ Test(nccl_fake, arguments_and_the_build)
     cr_assert_eq(kvp_comm_nccl_threads_create(0, NULL, c), KVP_EINVAL);
     cr_assert_eq(kvp_comm_nccl_threads_create(KVP_COMM_MAX_THREADS + 1, NULL, c), KVP_EINVAL);
     const int neg[2] = {0, -1};
-    fake_on(2);
+    tu_fake_on(2);
     cr_assert_eq(kvp_comm_nccl_threads_create(2, neg, c), KVP_EINVAL);
     cr_assert_eq(kvp_comm_single_create(&h), KVP_OK);
     cr_assert_eq(kvp_comm_nccl_create(h, -1, &c[0]), KVP_EINVAL);
@@ -392,7 +377,7 @@ Test(nccl_fake, arguments_and_the_build)
     cr_assert_eq(kvp_comm_nccl_create(h, 0, &c[0]), KVP_OK, "a single host plane works: %s", kvp_error_detail());
     cr_assert_eq(kvp_comm_nccl_create(c[0], 0, &c[1]), KVP_EINVAL, "an nccl communicator is no host plane");
     kvp_comm_destroy(c[0]);
-    fake_off();
+    tu_fake_off();
     /* without a table: the linked library, or KVP_EUNSUPPORTED naming what the build lacks */
     const char *why = NULL;
     if (kvp_nccl_api_linked(&why)) {
