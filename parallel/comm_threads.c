@@ -118,7 +118,7 @@ static kvp_status threads_all_reduce(kvp_comm *c, void *buf, int64_t n, kvp_comm
         }
     }
     KVP_TRY(wait_all(c, "all_reduce", 0)); /* every slice summed, every input read */
-    if (st == KVP_OK) memcpy(buf, g->sum, (size_t)n * kvp_comm_dtype_bytes(dt));
+    if (st == KVP_OK && n > 0) memcpy(buf, g->sum, (size_t)n * kvp_comm_dtype_bytes(dt));
     KVP_TRY(wait_all(c, "all_reduce", 0)); /* every rank has its copy: the sum may be reused */
     return st == KVP_OK ? KVP_OK : KVP_ERR(st, "all_reduce: out of memory for %lld elements", (long long)n);
 }
