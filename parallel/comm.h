@@ -104,8 +104,9 @@ int kvp_comm_have_nccl(const char **why);
  * the communicator owns host (its host plane, destroyed with it) and has host's rank and size; on failure
  * host stays the caller's and is still usable. Errors: KVP_ENODEVICE (no such device: the message names the
  * device and how many the process sees), KVP_ECUDA, KVP_ENCCL (e.g. "Duplicate GPU detected" when two ranks
- * name one GPU: NCCL allows one rank per GPU), KVP_EUNSUPPORTED (no NCCL in this build), KVP_ESTATE (another
- * rank failed: the message names it and its error), and host's errors (KVP_ETIMEDOUT, ...). */
+ * name one GPU: NCCL allows one rank per GPU), KVP_EUNSUPPORTED (no NCCL in this build), and host's errors
+ * (KVP_ETIMEDOUT, ...). When another rank failed, this one returns that rank's status with a message naming
+ * it and its error (KVP_ESTATE when more than 64 ranks only count the failures). */
 kvp_status kvp_comm_nccl_create(kvp_comm *host, int device, kvp_comm **out);
 
 /* One process per GPU under mpirun: kvp_comm_mpi_create(expected_size) as the host plane, then
