@@ -23,6 +23,7 @@ const char *kvp_status_str(kvp_status s)
         [KVP_EIO] = "KVP_EIO: I/O error",
         [KVP_ENOTFOUND] = "KVP_ENOTFOUND: not found",
         [KVP_ESTATE] = "KVP_ESTATE: invalid state for this operation",
+        [KVP_ETIMEDOUT] = "KVP_ETIMEDOUT: timed out",
     };
     if ((int)s < 0 || s >= KVP_STATUS_COUNT) return "KVP_E?: unknown status";
     return names[s];

@@ -21,6 +21,7 @@ typedef enum {
     KVP_EIO,           /* a file could not be opened, read or written */
     KVP_ENOTFOUND,     /* an id or a key does not exist */
     KVP_ESTATE,        /* the call is not allowed in the object's current state (e.g. double free) */
+    KVP_ETIMEDOUT,     /* a wait ran past its deadline (a collective some rank never joined) */
     KVP_STATUS_COUNT
 } kvp_status;
 

@@ -1,214 +1,141 @@
-/* parallel/comm.c — the single, threads and mpi communicators (parallel/comm.h). */
-#include "parallel/comm.h"
+/* parallel/comm.c — the communicator interface (parallel/comm.h): argument checks, the failure state,
+ * timeouts, host memory, and the single backend. The other backends are in comm_*.c. */
+#include "parallel/comm_internal.h"
 
-#include <limits.h>
-#include <pthread.h>
-#include <stdatomic.h>
+#include <errno.h>
+#include <math.h>
+#include <sched.h>
 #include <stdio.h>
-#include <string.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "common/alloc.h"
+#include "common/timer.h"
 
-#ifdef KVP_HAVE_MPI
-#include <mpi.h>
-#endif
+/* ---- headers, timeouts, failures --------------------------------------------------------------------- */
 
-/* The state the ranks of a threads communicator share. A collective runs in phases separated by the
- * barrier: each rank publishes its buffer (ptr[rank]), then reads the others', then waits until all have read
- * before any buffer changes again. */
-typedef struct {
-    pthread_barrier_t bar;
-    atomic_int refs;     /* communicators still alive */
-    const void *ptr[KVP_COMM_MAX_THREADS];
-    float *sum;          /* the all-reduce result, grown by rank 0 before the ranks publish */
-    size_t sum_cap;
-    kvp_status sum_st;   /* rank 0's growth failed: every rank returns it */
-} thread_group;
+kvp_status kvp_comm_env_timeout(double *seconds)
+{
+    *seconds = KVP_COMM_DEFAULT_TIMEOUT_S;
+    const char *e = getenv(KVP_COMM_TIMEOUT_ENV);
+    if (!e || !*e) return KVP_OK;
+    char *end = NULL;
+    errno = 0;
+    const double v = strtod(e, &end);
+    if (errno != 0 || end == e || *end != '\0' || !isfinite(v) || v < 0)
+        return KVP_ERR(KVP_EINVAL, "%s='%s': expected a number of seconds (0: no limit)", KVP_COMM_TIMEOUT_ENV, e);
+    *seconds = v;
+    return KVP_OK;
+}
 
-struct kvp_comm {
-    const char *backend;
-    int rank, size;
-    int finalize;      /* mpi: this communicator initialized MPI and finalizes it */
-    thread_group *grp; /* threads */
+kvp_status kvp_comm_new(const kvp_comm_ops *ops, int rank, int size, kvp_comm **out)
+{
+    double t;
+    KVP_TRY(kvp_comm_env_timeout(&t));
+    kvp_comm *c = kvp_calloc(1, sizeof *c);
+    if (!c) return KVP_ERR(KVP_ENOMEM, "%s communicator: out of memory", ops->name);
+    *c = (kvp_comm){.ops = ops, .rank = rank, .size = size, .device = -1, .timeout_s = t};
+    *out = c;
+    return KVP_OK;
+}
+
+kvp_status kvp_comm_fail(kvp_comm *c, kvp_status st)
+{
+    if (st != KVP_OK && !c->failed) {
+        c->failed = 1;
+        snprintf(c->failure, sizeof c->failure, "%s", kvp_error_message());
+    }
+    return st;
+}
+
+double kvp_comm_deadline(const kvp_comm *c)
+{
+    return c->timeout_s > 0 ? kvp_now_s() + c->timeout_s : INFINITY;
+}
+
+void kvp_comm_poll_pause(double t0, double nap_us)
+{
+    if (kvp_now_s() - t0 < 1e-3) {
+        sched_yield(); /* returns at once unless another thread (an oversubscribed rank) wants the core */
+        return;
+    }
+    const struct timespec nap = {0, (long)(nap_us * 1000)};
+    nanosleep(&nap, NULL);
+}
+
+kvp_status kvp_comm_timeout_error(kvp_comm *c, const char *what, const char *detail)
+{
+    return KVP_ERR(KVP_ETIMEDOUT,
+                   "%s %s on rank %d of %d: not complete after %g s (%s): a rank stopped calling collectives or "
+                   "died; %s=SECONDS sets the limit",
+                   c->ops->name, what, c->rank, c->size, c->timeout_s, detail, KVP_COMM_TIMEOUT_ENV);
+}
+
+/* Refuses a collective on a communicator that failed before. */
+static kvp_status usable(const kvp_comm *c, const char *what)
+{
+    if (!c->failed) return KVP_OK;
+    return KVP_ERR(KVP_ESTATE, "%s %s on rank %d: the communicator is unusable after an earlier failure (%s)",
+                   c->ops->name, what, c->rank, c->failure);
+}
+
+/* ---- single ------------------------------------------------------------------------------------------ */
+
+static kvp_status single_all_reduce(kvp_comm *c, void *buf, int64_t n, kvp_comm_dtype dt)
+{
+    (void)c, (void)buf, (void)n, (void)dt;
+    return KVP_OK;
+}
+
+static kvp_status single_all_gather(kvp_comm *c, const void *send, int64_t bytes, void *recv)
+{
+    (void)c;
+    if (bytes > 0) memmove(recv, send, (size_t)bytes);
+    return KVP_OK;
+}
+
+static kvp_status single_broadcast(kvp_comm *c, void *buf, int64_t bytes, int root)
+{
+    (void)c, (void)buf, (void)bytes, (void)root;
+    return KVP_OK;
+}
+
+static kvp_status single_barrier(kvp_comm *c)
+{
+    (void)c;
+    return KVP_OK;
+}
+
+static void single_destroy(kvp_comm *c) { (void)c; }
+
+static const kvp_comm_ops single_ops = {
+    .name = "single",
+    .mem = KVP_COMM_MEM_HOST,
+    .all_reduce = single_all_reduce,
+    .all_gather = single_all_gather,
+    .broadcast = single_broadcast,
+    .barrier = single_barrier,
+    .destroy = single_destroy,
 };
 
 kvp_status kvp_comm_single_create(kvp_comm **out)
 {
-    kvp_comm *c = kvp_calloc(1, sizeof *c);
-    if (!c) return KVP_ERR(KVP_ENOMEM, "communicator: out of memory");
-    *c = (kvp_comm){.backend = "single", .rank = 0, .size = 1};
-    *out = c;
-    return KVP_OK;
+    if (!out) return KVP_ERR(KVP_EINVAL, "single communicator: NULL out");
+    return kvp_comm_new(&single_ops, 0, 1, out);
 }
 
-kvp_status kvp_comm_threads_create(int n, kvp_comm **comms)
-{
-    if (n < 1 || n > KVP_COMM_MAX_THREADS || !comms)
-        return KVP_ERR(KVP_EINVAL, "threads communicator: %d ranks (1 to %d)", n, KVP_COMM_MAX_THREADS);
-    thread_group *g = kvp_calloc(1, sizeof *g);
-    if (!g) return KVP_ERR(KVP_ENOMEM, "threads communicator: out of memory");
-    if (pthread_barrier_init(&g->bar, NULL, (unsigned)n) != 0) {
-        kvp_free(g);
-        return KVP_ERR(KVP_ENOMEM, "threads communicator: no barrier for %d threads", n);
-    }
-    atomic_init(&g->refs, n);
-    for (int r = 0; r < n; r++) {
-        comms[r] = kvp_calloc(1, sizeof **comms);
-        if (!comms[r]) {
-            for (int k = 0; k < r; k++) kvp_free(comms[k]);
-            pthread_barrier_destroy(&g->bar);
-            kvp_free(g);
-            return KVP_ERR(KVP_ENOMEM, "threads communicator: out of memory");
-        }
-        *comms[r] = (kvp_comm){.backend = "threads", .rank = r, .size = n, .grp = g};
-    }
-    return KVP_OK;
-}
-
-static void group_release(thread_group *g)
-{
-    if (atomic_fetch_sub(&g->refs, 1) != 1) return;
-    pthread_barrier_destroy(&g->bar);
-    kvp_free(g->sum);
-    kvp_free(g);
-}
-
-static void wait_all(kvp_comm *c) { pthread_barrier_wait(&c->grp->bar); }
-
-/* The threads collectives (c->size > 1). */
-static kvp_status threads_all_reduce(kvp_comm *c, float *buf, int64_t n)
-{
-    thread_group *g = c->grp;
-    if (c->rank == 0) {
-        g->sum_st = KVP_OK;
-        if ((size_t)n > g->sum_cap) {
-            float *ns = kvp_aligned_alloc(64, (size_t)n * sizeof(float));
-            if (ns) {
-                kvp_free(g->sum);
-                g->sum = ns;
-                g->sum_cap = (size_t)n;
-            } else {
-                g->sum_st = KVP_ENOMEM;
-            }
-        }
-    }
-    g->ptr[c->rank] = buf;
-    wait_all(c);
-    const kvp_status st = g->sum_st;
-    if (st == KVP_OK) { /* each rank sums its slice of the elements, over the ranks in rank order */
-        const int64_t a = n * c->rank / c->size, b = n * (c->rank + 1) / c->size;
-        for (int64_t i = a; i < b; i++) {
-            float x = ((const float *)g->ptr[0])[i];
-            for (int r = 1; r < c->size; r++) x += ((const float *)g->ptr[r])[i];
-            g->sum[i] = x;
-        }
-    }
-    wait_all(c); /* every slice summed, every input read */
-    if (st == KVP_OK) memcpy(buf, g->sum, (size_t)n * sizeof(float));
-    wait_all(c); /* every rank has its copy: the sum may be reused */
-    return st == KVP_OK ? KVP_OK : KVP_ERR(st, "all_reduce: out of memory for %lld elements", (long long)n);
-}
-
-static void threads_all_gather(kvp_comm *c, const float *send, int64_t n, float *recv)
-{
-    c->grp->ptr[c->rank] = send;
-    wait_all(c);
-    for (int r = 0; r < c->size; r++) memcpy(recv + r * n, c->grp->ptr[r], (size_t)n * sizeof(float));
-    wait_all(c);
-}
-
-static void threads_broadcast(kvp_comm *c, void *buf, int64_t bytes, int root)
-{
-    if (c->rank == root) c->grp->ptr[root] = buf;
-    wait_all(c);
-    if (c->rank != root) memcpy(buf, c->grp->ptr[root], (size_t)bytes);
-    wait_all(c);
-}
-
-int kvp_comm_rank(const kvp_comm *c) { return c->rank; }
-int kvp_comm_size(const kvp_comm *c) { return c->size; }
-const char *kvp_comm_backend(const kvp_comm *c) { return c->backend; }
-
-#ifdef KVP_HAVE_MPI
-int kvp_comm_have_mpi(void) { return 1; }
-
-static kvp_status mpi_err(int rc, const char *what)
-{
-    char msg[MPI_MAX_ERROR_STRING] = "";
-    int len = 0;
-    MPI_Error_string(rc, msg, &len);
-    return KVP_ERR(KVP_EMPI, "%s failed: %s", what, msg);
-}
-#define MPI_TRY(call, what)                                \
-    do {                                                   \
-        int rc_ = (call);                                  \
-        if (rc_ != MPI_SUCCESS) return mpi_err(rc_, what); \
-    } while (0)
-
-kvp_status kvp_comm_mpi_create(int expected_size, kvp_comm **out)
-{
-    int inited = 0, finalized = 0;
-    MPI_Initialized(&inited);
-    MPI_Finalized(&finalized);
-    if (finalized) return KVP_ERR(KVP_ESTATE, "communicator: MPI was already finalized in this process");
-    if (!inited) {
-        int provided;
-        /* serialized: one thread at a time, not always the main one (serve's engine thread runs the model) */
-        MPI_TRY(MPI_Init_thread(NULL, NULL, MPI_THREAD_SERIALIZED, &provided), "MPI_Init_thread");
-    }
-    /* errors come back as return codes (the default handler would abort the whole job) */
-    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
-    int rank = 0, size = 1;
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    kvp_status st = KVP_OK;
-    if (expected_size > 0 && size != expected_size)
-        st = KVP_ERR(KVP_EINVAL, "tensor parallelism over %d ranks, but this MPI job has %d (start it with "
-                                 "`mpirun -np %d ...`)", expected_size, size, expected_size);
-    kvp_comm *c = st == KVP_OK ? kvp_calloc(1, sizeof *c) : NULL;
-    if (st == KVP_OK && !c) st = KVP_ERR(KVP_ENOMEM, "communicator: out of memory");
-    if (st != KVP_OK) {
-        if (!inited) MPI_Finalize();
-        return st;
-    }
-    *c = (kvp_comm){.backend = "mpi", .rank = rank, .size = size, .finalize = !inited};
-    *out = c;
-    return KVP_OK;
-}
-#else
-int kvp_comm_have_mpi(void) { return 0; }
-
-kvp_status kvp_comm_mpi_create(int expected_size, kvp_comm **out)
-{
-    (void)expected_size;
-    (void)out;
-    return KVP_ERR(KVP_EUNSUPPORTED, "this build has no MPI (install libopenmpi-dev and reconfigure)");
-}
-#define MPI_TRY(call, what) return KVP_ERR(KVP_ESTATE, "%s: no MPI in this build", what)
-#endif
+/* ---- what every backend shares ----------------------------------------------------------------------- */
 
 void kvp_comm_destroy(kvp_comm *c)
 {
     if (!c) return;
-    if (c->grp) group_release(c->grp);
-#ifdef KVP_HAVE_MPI
-    if (c->finalize) MPI_Finalize();
-#endif
+    c->ops->destroy(c);
     kvp_free(c);
 }
 
 void kvp_comm_abort(kvp_comm *c, int code)
 {
-#ifdef KVP_HAVE_MPI
-    if (c->size > 1 && !c->grp) {
-        fflush(NULL);
-        MPI_Abort(MPI_COMM_WORLD, code);
-    }
-#else
-    (void)c;
-    (void)code;
-#endif
+    if (c && c->ops->abort) c->ops->abort(c, code);
 }
 
 kvp_status kvp_comm_quiet_other_ranks(const kvp_comm *c)
@@ -218,91 +145,139 @@ kvp_status kvp_comm_quiet_other_ranks(const kvp_comm *c)
     return KVP_OK;
 }
 
-/* MPI counts are int: sums and broadcasts go in pieces of at most CHUNK elements. A single communicator,
- * or an mpi one of one rank, has nothing to exchange. */
-enum { CHUNK = 1 << 28 };
+int kvp_comm_rank(const kvp_comm *c) { return c->rank; }
+int kvp_comm_size(const kvp_comm *c) { return c->size; }
+const char *kvp_comm_backend(const kvp_comm *c) { return c->ops->name; }
+int kvp_comm_device(const kvp_comm *c) { return c->device; }
+kvp_comm *kvp_comm_host(kvp_comm *c) { return c->ops->host ? c->ops->host(c) : c; }
+kvp_comm_mem kvp_comm_memory(const kvp_comm *c) { return c->ops->mem; }
+void kvp_comm_set_timeout(kvp_comm *c, double seconds) { c->timeout_s = seconds > 0 ? seconds : 0; }
+double kvp_comm_timeout(const kvp_comm *c) { return c->timeout_s; }
+
+kvp_status kvp_comm_mem_alloc(kvp_comm *c, size_t bytes, void **out)
+{
+    if (!out) return KVP_ERR(KVP_EINVAL, "%s mem_alloc: NULL out", c->ops->name);
+    *out = NULL;
+    if (c->ops->mem_alloc) return c->ops->mem_alloc(c, bytes, out);
+    if (bytes > SIZE_MAX - 63) return KVP_ERR(KVP_ENOMEM, "%s mem_alloc: %zu bytes", c->ops->name, bytes);
+    *out = kvp_aligned_alloc(64, (bytes + 63) & ~(size_t)63);
+    return *out ? KVP_OK : KVP_ERR(KVP_ENOMEM, "%s mem_alloc: out of memory for %zu bytes", c->ops->name, bytes);
+}
+
+void kvp_comm_mem_free(kvp_comm *c, void *p)
+{
+    if (!p) return;
+    if (c->ops->mem_free) c->ops->mem_free(c, p);
+    else kvp_free(p);
+}
+
+static kvp_status mem_copy(kvp_comm *c, void *dst, const void *src, size_t bytes, int upload)
+{
+    const char *what = upload ? "mem_upload" : "mem_download";
+    if (bytes > 0 && (!dst || !src)) return KVP_ERR(KVP_EINVAL, "%s %s: %zu bytes from %p to %p", c->ops->name, what, bytes, src, dst);
+    if (bytes == 0) return KVP_OK;
+    if (c->ops->mem_copy) {
+        KVP_TRY(usable(c, what));
+        return kvp_comm_fail(c, c->ops->mem_copy(c, dst, src, bytes, upload));
+    }
+    memcpy(dst, src, bytes);
+    return KVP_OK;
+}
+
+kvp_status kvp_comm_mem_upload(kvp_comm *c, void *dst, const void *host_src, size_t bytes)
+{
+    return mem_copy(c, dst, host_src, bytes, 1);
+}
+
+kvp_status kvp_comm_mem_download(kvp_comm *c, void *host_dst, const void *src, size_t bytes)
+{
+    return mem_copy(c, host_dst, src, bytes, 0);
+}
+
+kvp_status kvp_comm_set_stream(kvp_comm *c, void *stream, int wait)
+{
+    if (c->ops->set_stream) return c->ops->set_stream(c, stream, wait);
+    if (stream) return KVP_ERR(KVP_EINVAL, "%s communicator: no CUDA stream (it runs on the host)", c->ops->name);
+    return KVP_OK;
+}
+
+kvp_status kvp_comm_wait(kvp_comm *c)
+{
+    KVP_TRY(usable(c, "wait"));
+    return c->ops->wait ? kvp_comm_fail(c, c->ops->wait(c)) : KVP_OK;
+}
+
+/* ---- collectives ------------------------------------------------------------------------------------- */
+
+kvp_status kvp_comm_all_reduce_sum(kvp_comm *c, void *buf, int64_t n, kvp_comm_dtype dt)
+{
+    if (n < 0 || (n > 0 && !buf) || (dt != KVP_COMM_F32 && dt != KVP_COMM_BF16) || n > INT64_MAX / 4)
+        return KVP_ERR(KVP_EINVAL, "all_reduce: %lld elements of type %d at %p", (long long)n, (int)dt, buf);
+    KVP_TRY(usable(c, "all_reduce"));
+    return kvp_comm_fail(c, c->ops->all_reduce(c, buf, n, dt));
+}
 
 kvp_status kvp_comm_all_reduce_sum_f32(kvp_comm *c, float *buf, int64_t n)
 {
-    if (n < 0 || (n > 0 && !buf)) return KVP_ERR(KVP_EINVAL, "all_reduce: %lld elements at %p", (long long)n, (void *)buf);
-    if (c->size == 1) return KVP_OK;
-    if (c->grp) return threads_all_reduce(c, buf, n);
-    for (int64_t at = 0; at < n; at += CHUNK) {
-        const int cnt = (int)(n - at < CHUNK ? n - at : CHUNK);
-        /* reduce then broadcast, not MPI_Allreduce: MPI does not promise every rank the same bits */
-        MPI_TRY(MPI_Reduce(c->rank == 0 ? MPI_IN_PLACE : buf + at, buf + at, cnt, MPI_FLOAT, MPI_SUM, 0,
-                           MPI_COMM_WORLD), "MPI_Reduce");
-        MPI_TRY(MPI_Bcast(buf + at, cnt, MPI_FLOAT, 0, MPI_COMM_WORLD), "MPI_Bcast");
+    return kvp_comm_all_reduce_sum(c, buf, n, KVP_COMM_F32);
+}
+
+kvp_status kvp_comm_all_gather(kvp_comm *c, const void *send, int64_t bytes, void *recv)
+{
+    if (bytes < 0 || (bytes > 0 && (!send || !recv)) || bytes > INT64_MAX / c->size)
+        return KVP_ERR(KVP_EINVAL, "all_gather: %lld bytes per rank from %p to %p", (long long)bytes, send, recv);
+    if (bytes > 0) { /* in place is send == recv + rank * bytes; any other overlap is refused */
+        const uintptr_t s = (uintptr_t)send, r = (uintptr_t)recv, all = (uintptr_t)(bytes * c->size);
+        if (s < r + all && r < s + (uintptr_t)bytes && s != r + (uintptr_t)(bytes * c->rank))
+            return KVP_ERR(KVP_EINVAL, "all_gather: send (%p) overlaps recv (%p) other than in place (recv + rank x %lld)",
+                           send, recv, (long long)bytes);
     }
-    return KVP_OK;
+    KVP_TRY(usable(c, "all_gather"));
+    return kvp_comm_fail(c, c->ops->all_gather(c, send, bytes, recv));
 }
 
 kvp_status kvp_comm_all_gather_f32(kvp_comm *c, const float *send, int64_t n, float *recv)
 {
-    if (n < 0 || (n > 0 && (!send || !recv)) || n > INT_MAX / c->size)
-        return KVP_ERR(KVP_EINVAL, "all_gather: %lld elements per rank (at most %d)", (long long)n, INT_MAX / c->size);
-    if (c->size == 1) {
-        if (n > 0) memmove(recv, send, (size_t)n * sizeof(float));
-        return KVP_OK;
-    }
-    if (c->grp) {
-        threads_all_gather(c, send, n, recv);
-        return KVP_OK;
-    }
-    MPI_TRY(MPI_Allgather(send, (int)n, MPI_FLOAT, recv, (int)n, MPI_FLOAT, MPI_COMM_WORLD), "MPI_Allgather");
+    if (n < 0 || n > INT64_MAX / 4) return KVP_ERR(KVP_EINVAL, "all_gather: %lld elements per rank", (long long)n);
+    return kvp_comm_all_gather(c, send, n * (int64_t)sizeof(float), recv);
+}
+
+static kvp_status check_broadcast(const kvp_comm *c, const void *buf, int64_t bytes, int root)
+{
+    if (bytes < 0 || (bytes > 0 && !buf) || root < 0 || root >= c->size)
+        return KVP_ERR(KVP_EINVAL, "broadcast: %lld bytes from root %d of %d ranks", (long long)bytes, root, c->size);
     return KVP_OK;
 }
 
 kvp_status kvp_comm_broadcast(kvp_comm *c, void *buf, int64_t bytes, int root)
 {
-    if (bytes < 0 || (bytes > 0 && !buf) || root < 0 || root >= c->size)
-        return KVP_ERR(KVP_EINVAL, "broadcast: %lld bytes from root %d of %d ranks", (long long)bytes, root, c->size);
-    if (c->size == 1) return KVP_OK;
-    if (c->grp) {
-        threads_broadcast(c, buf, bytes, root);
-        return KVP_OK;
-    }
-    for (int64_t at = 0; at < bytes; at += CHUNK) {
-        const int cnt = (int)(bytes - at < CHUNK ? bytes - at : CHUNK);
-        MPI_TRY(MPI_Bcast((char *)buf + at, cnt, MPI_BYTE, root, MPI_COMM_WORLD), "MPI_Bcast");
-    }
-    return KVP_OK;
+    KVP_TRY(check_broadcast(c, buf, bytes, root));
+    KVP_TRY(usable(c, "broadcast"));
+    return kvp_comm_fail(c, c->ops->broadcast(c, buf, bytes, root));
 }
 
 kvp_status kvp_comm_broadcast_idle(kvp_comm *c, void *buf, int64_t bytes, int root)
 {
-#ifdef KVP_HAVE_MPI
-    if (!c->grp && c->size > 1 && bytes > 0 && bytes <= CHUNK && buf && root >= 0 && root < c->size) {
-        MPI_Request rq;
-        MPI_TRY(MPI_Ibcast(buf, (int)bytes, MPI_BYTE, root, MPI_COMM_WORLD, &rq), "MPI_Ibcast");
-        /* looks without a pause for 2 ms (a busy sender's next message comes within microseconds), then
-         * every 200 us */
-        const double t0 = MPI_Wtime();
-        for (int done = 0;;) {
-            MPI_TRY(MPI_Test(&rq, &done, MPI_STATUS_IGNORE), "MPI_Test");
-            if (done) return KVP_OK;
-            if (MPI_Wtime() - t0 < 2e-3) continue;
-            const struct timespec nap = {0, 200 * 1000};
-            nanosleep(&nap, NULL);
-        }
-    }
-#endif
-    return kvp_comm_broadcast(c, buf, bytes, root);
-}
-
-kvp_status kvp_comm_check_same(kvp_comm *c, uint64_t value, const char *what)
-{
-    uint64_t root = value;
-    KVP_TRY(kvp_comm_broadcast(c, &root, sizeof root, 0));
-    float differ = root != value;
-    KVP_TRY(kvp_comm_all_reduce_sum_f32(c, &differ, 1)); /* so that every rank fails, not only those that differ */
-    if (differ > 0) return KVP_ERR(KVP_EMPI, "%s: %.0f of the %d ranks differ from rank 0", what, differ, c->size);
-    return KVP_OK;
+    kvp_comm *h = kvp_comm_host(c);
+    KVP_TRY(check_broadcast(h, buf, bytes, root));
+    KVP_TRY(usable(h, "broadcast_idle"));
+    kvp_status (*f)(kvp_comm *, void *, int64_t, int) = h->ops->broadcast_idle ? h->ops->broadcast_idle : h->ops->broadcast;
+    return kvp_comm_fail(h, f(h, buf, bytes, root));
 }
 
 kvp_status kvp_comm_barrier(kvp_comm *c)
 {
-    if (c->grp) wait_all(c);
-    else if (c->size > 1) MPI_TRY(MPI_Barrier(MPI_COMM_WORLD), "MPI_Barrier");
+    KVP_TRY(usable(c, "barrier"));
+    return kvp_comm_fail(c, c->ops->barrier(c));
+}
+
+kvp_status kvp_comm_check_same(kvp_comm *c, uint64_t value, const char *what)
+{
+    kvp_comm *h = kvp_comm_host(c);
+    uint64_t root = value;
+    KVP_TRY(kvp_comm_broadcast(h, &root, sizeof root, 0));
+    float differ = root != value;
+    KVP_TRY(kvp_comm_all_reduce_sum_f32(h, &differ, 1)); /* so that every rank fails, not only those that differ */
+    if (differ > 0) return KVP_ERR(KVP_EMPI, "%s: %.0f of the %d ranks differ from rank 0", what, differ, c->size);
     return KVP_OK;
 }

@@ -2,6 +2,42 @@
 #include "runtime/executor/cost_model.h"
 
 #include <math.h>
+#include <strings.h>
+
+/* The all-reduce term's bandwidth: the bus bandwidth NCCL reaches over each GPU's interconnect.
+ *
+ * Convention (nccl-tests, doc/PERFORMANCE.md): for an all-reduce of S bytes over n ranks taking t seconds,
+ * algbw = S / t and busbw = algbw x 2(n-1)/n, the speed of the slowest link independent of n. So
+ * t = 2(n-1)/n x S / busbw: the cost model's ring term, with link_bw = busbw.
+ *
+ * Figures: NCCL's own topology model (src/graph/topo.h), which predicts the ring bandwidth it picks from
+ * per-link speeds: SM80_NVLINK_BW 20.0 GB/s per NVLink 3 link, 12 links on an A100 (240 GB/s);
+ * SM90_NVLINK_BW 20.6 GB/s per NVLink 4 link, 18 links on an H100/H200 (370.8 GB/s); PCI_BW 12.0 GB/s for
+ * PCIe Gen3 x16, doubled per generation (Gen4 x16 24 GB/s, Gen5 x16 48 GB/s). Measured busbw agrees:
+ * 8x H200 NVSwitch, all-reduce at 16 GiB with NVLink SHARP disabled (ring): 367.6 GB/s, with it (NVLS,
+ * NCCL 2.27): 482 GB/s (stas00/ml-engineering, network/benchmarks/results/all-reduce-8xH200.md);
+ * 8x A100 SXM4: 232.5 GB/s (NVIDIA/nccl-tests issue 175), about 200 (issue 149). The ring figure is used:
+ * it is what the formula describes, and NVLS only pays at large messages (the same H200 measure reaches
+ * 40 GB/s at 1 MiB, where allreduce_latency_s dominates instead). Profiles not listed keep their
+ * datasheet NVLink figure (one direction). */
+static const struct {
+    const char *gpu;
+    double busbw;
+} nccl_busbw[] = {
+    {"A100-40G", 12 * 20.0e9},    /* NVLink 3, NVSwitch */
+    {"A100-80G", 12 * 20.0e9},
+    {"H100-SXM", 18 * 20.6e9},    /* NVLink 4, NVSwitch */
+    {"H200", 18 * 20.6e9},
+    {"A100-80G-PCIe", 24e9},      /* PCIe Gen4 x16 */
+    {"H100-PCIe", 48e9},          /* PCIe Gen5 x16 */
+};
+
+static double link_busbw(const kvp_gpu_profile *gpu)
+{
+    for (size_t i = 0; i < sizeof nccl_busbw / sizeof nccl_busbw[0]; i++)
+        if (strcasecmp(gpu->name, nccl_busbw[i].gpu) == 0) return nccl_busbw[i].busbw;
+    return gpu->nvlink_bw_bytes_s;
+}
 
 static double kv_share_per_rank(const kvp_cost_model *cm)
 {
@@ -106,7 +142,7 @@ kvp_status kvp_cost_model_from_config(const kvp_model_config *cfg, const kvp_gpu
     cm.act_bytes = dtype_bytes;
     cm.peak_flops = gpu->bf16_flops;
     cm.mem_bw = gpu->mem_bw_bytes_s;
-    cm.link_bw = gpu->nvlink_bw_bytes_s;
+    cm.link_bw = link_busbw(gpu);
     cm.tp = tp;
     cm.flops_efficiency = 1.0;
     cm.bw_efficiency = 1.0;

@@ -205,3 +205,64 @@ Test(cost_model, sliding_window_from_configs)
     cr_assert_eq(cm.window, 0);
     NEAR(cm.window_share, 0.0);
 }
+
+/* The all-reduce term takes NCCL's bus bandwidth for each interconnect (cost_model.c gives the sources):
+ * NVLink 3 (A100 SXM) 12 x 20 GB/s, NVLink 4 (H100/H200 SXM) 18 x 20.6 GB/s, PCIe Gen4 / Gen5 x16 24 / 48
+ * GB/s, never above the link's one-direction datasheet figure. */
+Test(cost_model, nccl_bus_bandwidth_per_interconnect)
+{
+    static const struct {
+        const char *gpu;
+        double busbw;
+    } want[] = {{"A100-40G", 240e9}, {"A100-80G", 240e9}, {"H100-SXM", 370.8e9},
+                {"H200", 370.8e9},   {"A100-80G-PCIe", 24e9}, {"H100-PCIe", 48e9}};
+    kvp_model_config cfg;
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/Meta-Llama-3.1-70B.json", &cfg), KVP_OK, "%s", kvp_error_detail());
+    int n = 0;
+    const kvp_gpu_profile *all = kvp_gpu_profile_list(&n);
+    cr_assert_eq(n, (int)(sizeof want / sizeof want[0]), "every profile has an interconnect figure");
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const kvp_gpu_profile *gpu;
+        cr_assert_eq(kvp_gpu_profile_find(want[i].gpu, &gpu), KVP_OK);
+        kvp_cost_model cm;
+        cr_assert_eq(kvp_cost_model_from_config(&cfg, gpu, 8, 2, &cm), KVP_OK);
+        NEAR(cm.link_bw, want[i].busbw);
+        cr_assert_leq(cm.link_bw, gpu->nvlink_bw_bytes_s, "%s", gpu->name);
+        cr_assert_str_eq(all[i].name, want[i].gpu);
+    }
+}
+
+/* The communication share of a step (comm_s / total_s): Llama-3.1-70B decoding 64 sequences of 2048 tokens
+ * over 8 GPUs, by hand: 2 all-reduces x 80 layers of 64 x 8192 bf16 (1 MiB), each 2 x 7/8 x 1 MiB / busbw
+ * + 10 us: 2.39 ms on NVLink 4, most of it the 160 latencies, 7.72 ms on PCIe Gen5 (a larger share of a step that is also slower); none on 1 GPU. */
+Test(cost_model, communication_share_of_a_tensor_parallel_step)
+{
+    kvp_model_config cfg;
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/Meta-Llama-3.1-70B.json", &cfg), KVP_OK);
+    const char *gpus[2] = {"H200", "H100-PCIe"};
+    const double busbw[2] = {370.8e9, 48e9};
+    double share[2], comm[2];
+    for (int g = 0; g < 2; g++) {
+        const kvp_gpu_profile *gpu;
+        cr_assert_eq(kvp_gpu_profile_find(gpus[g], &gpu), KVP_OK);
+        kvp_cost_model cm;
+        cr_assert_eq(kvp_cost_model_from_config(&cfg, gpu, 8, 2, &cm), KVP_OK);
+        kvp_step_shape s = {.window = cm.window};
+        for (int i = 0; i < 64; i++) kvp_step_shape_add(&s, 2048, 1, 1);
+        kvp_step_cost c;
+        kvp_cost_step_time(&cm, &s, &c);
+        const double one = 2.0 * 7.0 / 8.0 * (64.0 * 8192 * 2) / busbw[g] + KVP_COST_DEFAULT_ALLREDUCE_LATENCY_S;
+        NEAR(c.comm_s, 2 * 80 * one);
+        share[g] = c.comm_s / c.total_s;
+        comm[g] = c.comm_s;
+        cr_assert(share[g] > 0 && share[g] < 1, "%s: %g", gpus[g], share[g]);
+        if (g == 0) {
+            kvp_cost_model one_gpu;
+            cr_assert_eq(kvp_cost_model_from_config(&cfg, gpu, 1, 2, &one_gpu), KVP_OK);
+            kvp_cost_step_time(&one_gpu, &s, &c);
+            cr_assert_eq(c.comm_s, 0);
+        }
+    }
+    cr_assert(fabs(comm[0] - 2.3918e-3) < 1e-7 && fabs(comm[1] - 7.7167e-3) < 1e-7, "%g %g", comm[0], comm[1]);
+    cr_assert_gt(share[1], share[0], "PCIe %g vs NVLink %g", share[1], share[0]);
+}
