@@ -14,6 +14,7 @@
 #include "common/timer.h"
 #include "runtime/text/chat.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/engine_opts.h"
 #include "runtime/executor/cpu_executor.h"
 #include "runtime/model/model.h"
 #include "runtime/text/stop_text.h"
@@ -64,30 +65,12 @@ static void usage(FILE *f)
             "  --stop TEXT             a stop string (repeatable, up to 16): a sample's text ends where the first\n"
             "                          one starts, and its generation ends there (not with --beam-width)\n"
             "  --min-tokens N          no EOS before N tokens (vLLM's min_tokens; at most --max-tokens)\n"
-            "  --block-size N          tokens per KV block (default 16)\n"
             "  --num-blocks N          KV blocks (default 0 = enough for every request at once)\n"
             "  --kv-dtype T            KV cache element type: auto (default: the model's dtype: f32 for f32\n"
             "                          weights, bf16 for bf16, else f16; vLLM's auto runs an f32 checkpoint in\n"
             "                          f16, here --kv-dtype f16 --weight-dtype f16), f32, f16, bf16 or fp8 (e4m3,\n"
             "                          scale 1); f16/bf16 halve an f32 cache, fp8 quarters it (new K/V rows are\n"
             "                          rounded)\n"
-            "  --cache radix|hash|none prefix cache across requests (default radix)\n"
-            "  --kv-offloading-size B  a host tier of the prefix cache of B bytes (e.g. 64MiB; default 0, none):\n"
-            "                          every cached block is copied there too, and a prompt loads the blocks\n"
-            "                          after its cache hit from there instead of computing them\n"
-            "  --kv-offloading-policy P  write_through (default), write_back or write_through_selective: copy\n"
-            "                          each block to that tier as it is cached, only as the prefix cache\n"
-            "                          evicts it, or once a prompt reused it (SGLang's --hicache-write-policy)\n"
-            "  --sched fcfs|lpm        admission order of waiting prompts (default fcfs): arrival, or the most\n"
-            "                          prompt blocks found cached first (SGLang's lpm)\n"
-            "  --speculative-config J  n-gram speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"
-            "                          \"num_speculative_tokens\": K (1..16), \"prompt_lookup_max\": N,\n"
-            "                          \"prompt_lookup_min\": M} (N, M in 1..64; one given sets the other, neither:\n"
-            "                          5): up to K tokens that followed an earlier occurrence of a sample's last\n"
-            "                          N..M tokens are checked in one step; the results are those without it;\n"
-            "                          \"disable_by_batch_size\": B: none while more than B sequences run\n"
-            "  --max-num-seqs N        running sequences at most (default 256)\n"
-            "  --max-batched-tokens N  tokens per step (default 2048)\n"
             "  --max-model-len N       prompt + generated tokens at most (vLLM's; default: the model's context, at\n"
             "                          most that)\n"
             "  --threads N             CPU threads (default 1)\n"
@@ -105,7 +88,9 @@ static void usage(FILE *f)
             "                          tokens at its place ([id, logprob] pairs), per sample (not with --beam-width)\n"
             "  --prompt-logprobs       with --logprobs: the same for each prompt token (the prompt is then computed\n"
             "                          whole, without prefix-cache hits)\n"
-            "  -h, --help              this help\n");
+            "  -h, --help              this help\n\n");
+    const kvp_session_config d = kvp_session_config_default();
+    kvp_engine_opts_usage(f, &d.engine);
 }
 
 typedef struct {
@@ -221,27 +206,24 @@ typedef struct {
     const char *model, *tokenizer, *prompts_file;
     strlist prompts;
     int32_t *prompt_max; /* per prompt max_tokens from a .jsonl prompts file (-1: --max-tokens), or NULL */
-    int32_t max_tokens, min_tokens, top_k, n, beam, block_size, num_blocks, max_seqs, max_batched, threads, tp;
+    int32_t max_tokens, min_tokens, top_k, n, beam, num_blocks, threads, tp;
     int32_t max_model_len; /* 0: the model's context */
     double temperature, top_p, min_p;
     float presence, frequency, repetition;
     int64_t seed;
-    kvp_pc_kind cache;
-    kvp_sched_policy sched;
     kvp_matmul_kind matmul;
     kvp_weight_type weight_dtype;
     kvp_dtype kv_dtype; /* resolved after the model loads when kv_auto */
     int kv_auto;
     int json, ignore_eos;
     int32_t logprobs; /* -1: none */
-    int64_t offload_bytes; /* --kv-offloading-size */
-    int offload_policy;    /* --kv-offloading-policy (kvp_hc_write_policy), -1: not given */
     strlist stops;
     int prompt_logprobs;
     int chat;                   /* each prompt is a user message through the chat template */
     const char *chat_template;  /* NULL: the model's own */
     const char *system;         /* a system message before each prompt, or NULL */
-    kvp_session_config spec;        /* the default config with --speculative-config's speculation */
+    kvp_session_config cfg;     /* the session's defaults, with the engine options (engine_opts.h) */
+    kvp_engine_opts eo;
 } gen_opts;
 
 static cJSON *ids_json(const int32_t *ids, int32_t n)
@@ -414,19 +396,22 @@ static int run(gen_opts *o)
             reqs[i].n_stop_ids = 1;
         }
     }
-    kvp_session_config cfg = o->spec; /* the defaults, with --speculative-config's speculation */
-    cfg.engine.block_size = o->block_size;
+    kvp_session_config cfg = o->cfg;
     cfg.num_blocks = o->num_blocks;
-    cfg.engine.cache = o->cache;
-    cfg.engine.sched = o->sched;
-    cfg.engine.max_num_seqs = o->max_seqs;
-    cfg.engine.max_batched_tokens = o->max_batched;
     cfg.engine.stop_at_eos = !o->ignore_eos;
     cfg.kv_dtype = o->kv_dtype;
     cfg.engine.skip_logprob = !o->json; /* only --json prints each sample's log-probability */
-    if (o->offload_policy >= 0) cfg.engine.host_write_policy = (kvp_hc_write_policy)o->offload_policy;
-    if (o->offload_bytes > 0 &&
-        (st = kvp_kv_blocks_in(m, o->kv_dtype, o->block_size, o->offload_bytes, "--kv-offloading-size",
+    if (cfg.engine.preempt == KVP_PREEMPT_SWAP) { /* the swap space: --swap-space, or as much as the cache */
+        cfg.swap_blocks = -1;
+        if (o->eo.swap_bytes >= 0 &&
+            (st = kvp_kv_blocks_in(m, o->kv_dtype, cfg.engine.block_size, o->eo.swap_bytes, "--swap-space",
+                                   &cfg.swap_blocks)) != KVP_OK) {
+            rc = kvp_cli_fail(CMD, st);
+            goto out;
+        }
+    }
+    if (o->eo.offload_bytes > 0 &&
+        (st = kvp_kv_blocks_in(m, o->kv_dtype, cfg.engine.block_size, o->eo.offload_bytes, "--kv-offloading-size",
                                 &cfg.host_cache_blocks)) != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
@@ -603,23 +588,18 @@ out:
 
 int kvp_cmd_generate(int argc, char **argv)
 {
-    enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_N, O_BEAM, O_BS, O_NB, O_CACHE,
-           O_SEQS, O_BATCH, O_THREADS, O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE,
-           O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE, O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM,
-           O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL, O_MAXLEN };
-    static const struct option opts[] = {
+    enum { O_PROMPTS_FILE = 256, O_MAX_TOKENS, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_N, O_BEAM, O_NB, O_THREADS,
+           O_MATMUL, O_JSON, O_TOK, O_IGNORE_EOS, O_KV_DTYPE, O_TP, O_WDTYPE, O_LOGPROBS, O_PROMPT_LOGPROBS, O_PRESENCE,
+           O_FREQUENCY, O_REPETITION, O_MIN_TOKENS, O_STOP, O_CHAT, O_CHAT_TEMPLATE, O_SYSTEM, O_MAXLEN };
+    static const struct option own[] = {
         {"model", required_argument, 0, 'm'},         {"prompt", required_argument, 0, 'p'},
         {"prompts-file", required_argument, 0, O_PROMPTS_FILE}, {"max-tokens", required_argument, 0, O_MAX_TOKENS},
         {"temperature", required_argument, 0, O_TEMP}, {"top-k", required_argument, 0, O_TOPK},
         {"top-p", required_argument, 0, O_TOPP},       {"min-p", required_argument, 0, O_MINP},
         {"seed", required_argument, 0, O_SEED},
         {"n", required_argument, 0, O_N},              {"beam-width", required_argument, 0, O_BEAM},
-        {"block-size", required_argument, 0, O_BS},    {"num-blocks", required_argument, 0, O_NB},
-        {"cache", required_argument, 0, O_CACHE},      {"max-num-seqs", required_argument, 0, O_SEQS},
-        {"sched", required_argument, 0, O_SCHED},     {"speculative-config", required_argument, 0, O_SPEC},
-        {"kv-offloading-size", required_argument, 0, O_OFFLOAD},
-        {"kv-offloading-policy", required_argument, 0, O_OFFPOL},
-        {"max-batched-tokens", required_argument, 0, O_BATCH}, {"threads", required_argument, 0, O_THREADS},
+        {"num-blocks", required_argument, 0, O_NB},
+        {"threads", required_argument, 0, O_THREADS},
         {"max-model-len", required_argument, 0, O_MAXLEN},
         {"matmul", required_argument, 0, O_MATMUL},    {"json", no_argument, 0, O_JSON},
         {"tokenizer", required_argument, 0, O_TOK},    {"ignore-eos", no_argument, 0, O_IGNORE_EOS},
@@ -630,18 +610,14 @@ int kvp_cmd_generate(int argc, char **argv)
         {"repetition-penalty", required_argument, 0, O_REPETITION}, {"min-tokens", required_argument, 0, O_MIN_TOKENS},
         {"stop", required_argument, 0, O_STOP},       {"chat", no_argument, 0, O_CHAT},
         {"chat-template", required_argument, 0, O_CHAT_TEMPLATE}, {"system", required_argument, 0, O_SYSTEM},
-        {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+        {"help", no_argument, 0, 'h'}};
+    struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + 1];
+    kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts, (int)(sizeof opts / sizeof opts[0]));
     gen_opts o;
     memset(&o, 0, sizeof o);
-    o.offload_policy = -1;
     o.max_tokens = 64;
     o.top_p = 1.0;
     o.n = 1;
-    o.block_size = 16;
-    o.cache = KVP_PC_RADIX;
-    o.max_seqs = 256;
-    o.max_batched = 2048;
     o.threads = 1;
     o.tp = 1;
     o.matmul = KVP_MATMUL_INVARIANT;
@@ -649,7 +625,8 @@ int kvp_cmd_generate(int argc, char **argv)
     o.kv_auto = 1;
     o.weight_dtype = KVP_WEIGHT_AUTO;
     o.logprobs = -1;
-    o.spec = kvp_session_config_default();
+    o.cfg = kvp_session_config_default();
+    kvp_engine_opts_init(&o.eo, &o.cfg.engine);
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;
     optind = 0;
@@ -657,6 +634,13 @@ int kvp_cmd_generate(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":m:p:h", opts, &li)) != -1) {
         int64_t v;
         double d;
+        if (kvp_engine_opt(&o.eo, c, optarg, &st)) {
+            if (st != KVP_OK) {
+                rc = kvp_cli_usage_error(CMD, "--%s: %s", opts[li].name, kvp_error_message());
+                goto done;
+            }
+            continue;
+        }
         switch (c) {
         case 'm': o.model = optarg; break;
         case 'p': st = strlist_add(&o.prompts, optarg, strlen(optarg)); break;
@@ -671,24 +655,9 @@ int kvp_cmd_generate(int argc, char **argv)
         case O_SEED: st = kvp_parse_i64(optarg, 0, INT64_MAX, &v), o.seed = v; break;
         case O_N: st = kvp_parse_i32(optarg, 1, 1000, &o.n); break;
         case O_BEAM: st = kvp_parse_i32(optarg, 0, 1000, &o.beam); break;
-        case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &o.block_size); break;
         case O_NB: st = kvp_parse_i32(optarg, 0, INT32_MAX / 2, &o.num_blocks); break;
-        case O_CACHE: st = kvp_pc_kind_parse(optarg, &o.cache); break;
-        case O_SCHED:
-            if ((st = kvp_sched_policy_parse(optarg, &o.sched)) == KVP_OK && o.sched == KVP_SCHED_PRIORITY)
-                st = KVP_ERR(KVP_EINVAL, "'priority' needs each request's priority (kvpage serve takes them): fcfs or lpm");
-            break;
-        case O_SPEC: st = kvp_spec_parse(optarg, &o.spec.engine.spec); break;
-        case O_OFFLOAD: st = kvp_parse_bytes(optarg, &o.offload_bytes); break;
-        case O_OFFPOL: {
-            kvp_hc_write_policy wp;
-            if ((st = kvp_hc_write_policy_parse(optarg, &wp)) == KVP_OK) o.offload_policy = (int)wp;
-            break;
-        }
         case O_KV_DTYPE: st = kvp_kv_dtype_parse(optarg, &o.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
-        case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_seqs); break;
-        case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &o.max_batched); break;
         case O_MAXLEN: st = kvp_parse_i32(optarg, 2, INT32_MAX, &o.max_model_len); break;
         case O_THREADS: st = kvp_parse_i32(optarg, 1, 1024, &o.threads); break;
         case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &o.tp); break;
@@ -736,8 +705,13 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_cli_usage_error(CMD, "--model is required");
         goto done;
     }
-    if (o.offload_policy >= 0 && o.offload_bytes <= 0) {
-        rc = kvp_cli_usage_error(CMD, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
+    if ((st = kvp_engine_opts_check(&o.eo)) != KVP_OK) {
+        rc = kvp_cli_usage_error(CMD, "%s", kvp_error_message());
+        goto done;
+    }
+    if (o.cfg.engine.sched == KVP_SCHED_PRIORITY) {
+        rc = kvp_cli_usage_error(CMD, "--sched: 'priority' needs each request's priority (kvpage serve takes them): "
+                                      "fcfs or lpm");
         goto done;
     }
     if (o.prompts_file && (st = read_prompts(o.prompts_file, &o.prompts, &o.prompt_max)) != KVP_OK) {

@@ -17,6 +17,7 @@
 #include "common/stats.h"
 #include "common/timer.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/engine_opts.h"
 #include "parallel/comm.h"
 #include "runtime/executor/cpu_executor.h"
 #include "runtime/planner/simulate.h"
@@ -59,35 +60,15 @@ static void usage(FILE *f)
             "  --gpu-util F              share of GPU memory the runtime may use (default 0.9; sim)\n"
             "  --kv-mem BYTES            KV memory per GPU instead of what is left after weights (e.g. 12GB);\n"
             "                            cpu: the KV cache's size (default 1GiB)\n"
-            "  --swap-space BYTES        host swap space per GPU (default 4GiB; cpu: 1GiB, with --preempt swap)\n"
             "  --threads N               cpu: threads (default 1)\n"
             "  --kv-dtype T              cpu: KV element type auto (default: the model's dtype), f32, f16, bf16\n"
             "                            or fp8\n"
             "memory management:\n"
-            "  --block-size B            tokens per KV block (default 16)\n"
             "  --alloc KIND              paged | orca-max | orca-pow2 | orca-oracle (default paged)\n"
             "  --arena PLACEMENT         buddy | first-fit: where the orca-* baselines place reservations\n"
             "                            (default buddy, as the PagedAttention paper's Orca emulation)\n"
-            "  --cache KIND              none | hash | radix (default none)\n"
-            "  --evict POLICY            lru | lfu | fifo | priority (default lru)\n"
-            "  --kv-offloading-size BYTES  a host-memory tier of the prefix cache per GPU (e.g. 64GiB; default 0,\n"
-            "                            none): every cached block is also copied there (write-through), and an\n"
-            "                            admission loads the blocks after its cache hit from there over PCIe\n"
-            "                            (25 GB/s) instead of computing them (vLLM's CPU offloading, SGLang's\n"
-            "                            HiCache); needs --cache\n"
-            "  --kv-offloading-policy P  when blocks go to that tier (SGLang's --hicache-write-policy):\n"
-            "                            write_through (default; copied in the background), write_back (each\n"
-            "                            block the prefix cache evicts, copied before the step that reuses it)\n"
-            "                            or write_through_selective (SGLang's default: a block once a prompt\n"
-            "                            found it in the prefix cache, in the background)\n"
-            "scheduler:\n"
-            "  --sched POLICY            fcfs | lpm | priority (default fcfs)\n"
-            "  --preempt MODE            recompute | swap (default recompute)\n"
-            "  --max-num-seqs N          running sequences at most (default 256)\n"
-            "  --max-batched-tokens N    token budget per step (default 8192)\n"
+            "limits:\n"
             "  --max-model-len N         prompt + output at most (default: the model's, at most 32768)\n"
-            "  --no-chunked-prefill      prefill whole prompts in prefill-only steps (vLLM v0)\n"
-            "  --watermark-blocks N      free blocks kept back at admission (default 1 %% of the blocks, as vLLM)\n"
             "output:\n"
             "  --json                    one JSON object on stdout\n"
             "  --requests-out FILE       also a CSV row per request (arrival order): id, arrival, prompt and\n"
@@ -97,13 +78,15 @@ static void usage(FILE *f)
             "                            lengths and the KV memory's split (tokens, reserved, internal and\n"
             "                            external fragmentation, cached, free) in slots\n"
             "  --check                   run every invariant walker after each step (slow)\n"
-            "  -h, --help\n");
+            "  -h, --help\n\n");
+    kvp_engine_config d;
+    kvp_engine_config_default(&d);
+    kvp_engine_opts_usage(f, &d);
 }
 
 enum {
-    O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_BLOCK, O_ALLOC, O_CACHE, O_EVICT,
-    O_SCHED, O_PREEMPT, O_TP, O_MAXSEQS, O_MAXTOK, O_MAXLEN, O_NOCHUNK, O_JSON, O_GPUUTIL, O_KVMEM, O_SWAP,
-    O_WATERMARK, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT, O_OFFLOAD, O_OFFPOL, O_N,
+    O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_ALLOC, O_TP, O_MAXLEN, O_JSON,
+    O_GPUUTIL, O_KVMEM, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT, O_N,
 };
 
 enum { CPU_MEM_DEFAULT = 1 << 30 }; /* KV cache and swap space of the cpu executor when not given */
@@ -269,7 +252,7 @@ static kvp_status write_step(void *ctx, const kvp_engine *e, const kvp_step_info
 
 static int simulate(int argc, char **argv, kvp_comm **comm)
 {
-    static const struct option opts[] = {
+    static const struct option own[] = {
         {"model", required_argument, NULL, O_MODEL},
         {"gpu", required_argument, NULL, O_GPU},
         {"trace", required_argument, NULL, O_TRACE},
@@ -278,24 +261,12 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         {"num-requests", required_argument, NULL, O_NUMREQ},
         {"duration", required_argument, NULL, O_DURATION},
         {"n", required_argument, NULL, O_N},
-        {"block-size", required_argument, NULL, O_BLOCK},
         {"alloc", required_argument, NULL, O_ALLOC},
         {"arena", required_argument, NULL, O_ARENA},
-        {"cache", required_argument, NULL, O_CACHE},
-        {"evict", required_argument, NULL, O_EVICT},
-        {"sched", required_argument, NULL, O_SCHED},
-        {"preempt", required_argument, NULL, O_PREEMPT},
         {"tp", required_argument, NULL, O_TP},
-        {"max-num-seqs", required_argument, NULL, O_MAXSEQS},
-        {"max-batched-tokens", required_argument, NULL, O_MAXTOK},
         {"max-model-len", required_argument, NULL, O_MAXLEN},
-        {"no-chunked-prefill", no_argument, NULL, O_NOCHUNK},
         {"gpu-util", required_argument, NULL, O_GPUUTIL},
         {"kv-mem", required_argument, NULL, O_KVMEM},
-        {"swap-space", required_argument, NULL, O_SWAP},
-        {"kv-offloading-size", required_argument, NULL, O_OFFLOAD},
-        {"kv-offloading-policy", required_argument, NULL, O_OFFPOL},
-        {"watermark-blocks", required_argument, NULL, O_WATERMARK},
         {"json", no_argument, NULL, O_JSON},
         {"check", no_argument, NULL, O_CHECK},
         {"executor", required_argument, NULL, O_EXECUTOR},
@@ -304,14 +275,15 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         {"requests-out", required_argument, NULL, O_REQOUT},
         {"steps-out", required_argument, NULL, O_STEPOUT},
         {"help", no_argument, NULL, 'h'},
-        {NULL, 0, NULL, 0},
     };
+    struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + 1];
+    kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts, (int)(sizeof opts / sizeof opts[0]));
     const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL, *req_out = NULL,
                *step_out = NULL;
     double rate = 0, duration = 0;
     int64_t num_req = 0;
     int32_t n_samples = 1;
-    int json = 0, max_len_set = 0, watermark_set = 0, swap_set = 0, offload_policy_set = 0, max_tok_set = 0, cpu = 0, threads = 1;
+    int json = 0, max_len_set = 0, cpu = 0, threads = 1;
     const char *sim_only = NULL, *cpu_only = NULL; /* an option given that the other executor does not take */
     kvp_dtype kv_dtype = KVP_DTYPE_F32;
     int kv_auto = 1;
@@ -323,7 +295,13 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     int c;
     optind = 0;
     int li = -1;
+    kvp_engine_opts eo;
+    kvp_engine_opts_init(&eo, &ec);
     while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
+        if (kvp_engine_opt(&eo, c, optarg, &st)) {
+            if (st != KVP_OK) return kvp_cli_usage_error(cmd, "--%s: %s", opts[li].name, kvp_error_message());
+            continue;
+        }
         switch (c) {
         case O_MODEL: model = optarg; break;
         case O_GPU:
@@ -338,24 +316,13 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         case O_DURATION:
             st = kvp_parse_f64(optarg, 1e-9, 1e9, &duration);
             break;
-        case O_BLOCK: st = kvp_parse_i32(optarg, 1, 1 << 20, &ec.block_size); break;
         case O_ALLOC: st = kvp_alloc_kind_parse(optarg, &ec.alloc); break;
         case O_ARENA: st = kvp_contig_placement_parse(optarg, &ec.arena); break;
-        case O_CACHE: st = kvp_pc_kind_parse(optarg, &ec.cache); break;
-        case O_EVICT: st = kvp_evict_policy_parse(optarg, &ec.evict); break;
-        case O_SCHED: st = kvp_sched_policy_parse(optarg, &ec.sched); break;
-        case O_PREEMPT: st = kvp_preempt_mode_parse(optarg, &ec.preempt); break;
         case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &hw.tp); break;
-        case O_MAXSEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &ec.max_num_seqs); break;
-        case O_MAXTOK:
-            st = kvp_parse_i32(optarg, 1, 1 << 30, &ec.max_batched_tokens);
-            max_tok_set = 1;
-            break;
         case O_MAXLEN:
             st = kvp_parse_i32(optarg, 2, INT32_MAX / 2, &ec.max_model_len);
             max_len_set = 1;
             break;
-        case O_NOCHUNK: ec.chunked_prefill = false; break;
         case O_GPUUTIL:
             sim_only = "--gpu-util";
             st = kvp_parse_f64(optarg, 0, 1, &hw.gpu_util);
@@ -364,19 +331,6 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         case O_KVMEM:
             st = kvp_parse_bytes(optarg, &hw.kv_mem_bytes);
             if (st == KVP_OK && hw.kv_mem_bytes <= 0) st = KVP_ERR(KVP_EINVAL, "must be > 0");
-            break;
-        case O_SWAP:
-            st = kvp_parse_bytes(optarg, &hw.swap_bytes);
-            swap_set = 1;
-            break;
-        case O_OFFLOAD: st = kvp_parse_bytes(optarg, &hw.offload_bytes); break;
-        case O_OFFPOL:
-            st = kvp_hc_write_policy_parse(optarg, &ec.host_write_policy);
-            offload_policy_set = 1;
-            break;
-        case O_WATERMARK:
-            st = kvp_parse_i32(optarg, 0, INT32_MAX, &ec.watermark_blocks);
-            watermark_set = 1;
             break;
         case O_JSON: json = 1; break;
         case O_CHECK: ec.check_every_step = true; break;
@@ -404,10 +358,9 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     if ((trace == NULL) == (spec == NULL)) return kvp_cli_usage_error(cmd, "give exactly one of --trace and --workload");
     if (cpu && sim_only) return kvp_cli_usage_error(cmd, "%s applies to --executor sim only", sim_only);
     if (!cpu && cpu_only) return kvp_cli_usage_error(cmd, "%s applies to --executor cpu only", cpu_only);
-    if (hw.offload_bytes > 0 && ec.cache == KVP_PC_NONE)
-        return kvp_cli_usage_error(cmd, "--kv-offloading-size is a tier of the prefix cache: give --cache radix or hash");
-    if (offload_policy_set && hw.offload_bytes <= 0)
-        return kvp_cli_usage_error(cmd, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
+    if ((st = kvp_engine_opts_check(&eo)) != KVP_OK) return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
+    hw.offload_bytes = eo.offload_bytes;
+    if (eo.swap_bytes >= 0) hw.swap_bytes = eo.swap_bytes;
     if (cpu && ec.alloc != KVP_ALLOC_PAGED)
         return kvp_cli_usage_error(cmd, "--alloc %s needs --executor sim (the cpu executor reads block tables)",
                                    kvp_alloc_kind_name(ec.alloc));
@@ -425,7 +378,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         if (st != KVP_OK) return kvp_cli_fail(cmd, st);
     }
     if (cpu) {
-        if (!swap_set) hw.swap_bytes = CPU_MEM_DEFAULT;
+        if (eo.swap_bytes < 0) hw.swap_bytes = hw.kv_mem_bytes > 0 ? hw.kv_mem_bytes : CPU_MEM_DEFAULT; /* as the cache */
         st = cpu_prepare(model, threads, &kv_dtype, kv_auto, &hw, max_len_set, *comm, &ec, &lm, &ex, &mem);
         if (st == KVP_OK) cfg = *kvp_model_cfg(lm);
     } else {
@@ -434,13 +387,13 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         if (st == KVP_OK && !max_len_set) ec.max_model_len = kvp_sim_default_max_model_len(&cfg);
     }
     if (st == KVP_OK && !ec.chunked_prefill && ec.max_batched_tokens < ec.max_model_len) {
-        if (max_tok_set) /* as vLLM: a whole prompt must fit one step */
+        if (eo.batch_given) /* as vLLM: a whole prompt must fit one step */
             st = KVP_ERR(KVP_EINVAL, "--no-chunked-prefill: --max-batched-tokens %d is below max_model_len %d (a prompt "
                                      "is computed in one step)", (int)ec.max_batched_tokens, (int)ec.max_model_len);
         ec.max_batched_tokens = ec.max_model_len;
     }
     if (st == KVP_OK && !cpu) st = kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem);
-    if (!watermark_set && ec.alloc == KVP_ALLOC_PAGED) ec.watermark_blocks = (int32_t)((ec.kv_slots / ec.block_size) / 100);
+    if (!eo.watermark_given && ec.alloc == KVP_ALLOC_PAGED) ec.watermark_blocks = (int32_t)((ec.kv_slots / ec.block_size) / 100);
 
     double t0 = kvp_now_s();
     kvp_workload *w = NULL;

@@ -34,7 +34,8 @@ typedef struct {
                                  helper sets them) */
     int32_t num_blocks;       /* KV cache blocks, >= 1 (kvp_session_blocks_for: enough for a batch) */
     int32_t host_cache_blocks; /* host tier of the prefix cache (needs engine.cache != none), 0: none */
-    int32_t swap_blocks;      /* host swap space with engine.preempt = swap, 0: none (recompute instead) */
+    int32_t swap_blocks;      /* host swap space with engine.preempt = swap, 0: none (recompute instead); the
+                                 executor helpers take -1 for as many as num_blocks */
     int32_t vocab;            /* the model's vocabulary: token ids are checked against it */
     kvp_dtype kv_dtype;       /* element type of the executor's KV cache */
 } kvp_session_config;

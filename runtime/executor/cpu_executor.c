@@ -140,6 +140,7 @@ kvp_status kvp_cpu_session_create(kvp_model *m, const kvp_session_config *cfg, k
     if (c.num_blocks < 1 || c.engine.block_size < 1)
         return KVP_ERR(KVP_EINVAL, "generate: num_blocks (%d) and block_size (%d) must be >= 1", c.num_blocks,
                        c.engine.block_size);
+    if (c.swap_blocks < 0) c.swap_blocks = c.engine.preempt == KVP_PREEMPT_SWAP ? c.num_blocks : 0;
     kvp_engine_config ec = c.engine;
     ec.host_slots = (int64_t)c.swap_blocks * ec.block_size;
     ec.host_cache_slots = (int64_t)c.host_cache_blocks * ec.block_size;

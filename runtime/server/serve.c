@@ -35,6 +35,7 @@
 #include "common/parse.h"
 #include "parallel/comm.h"
 #include "runtime/cli/commands.h"
+#include "runtime/cli/engine_opts.h"
 #include "runtime/text/chat.h"
 #include "runtime/executor/cpu_executor.h"
 #include "runtime/text/stop_text.h"
@@ -103,22 +104,8 @@ static void usage(FILE *f)
             "                            DeepSeek-R1 distills and Qwen3-Thinking-2507, whose prompts open the thought\n"
             "  --kv-mem BYTES            KV cache size (default 512MiB), or --num-blocks N\n"
             "  --num-blocks N            KV blocks (overrides --kv-mem)\n"
-            "  --block-size N            tokens per KV block (default 16)\n"
             "  --kv-dtype T              auto (default: the model's dtype, as for generate), f32, f16, bf16\n"
             "                            or fp8\n"
-            "  --cache radix|hash|none   prefix cache (default radix)\n"
-            "  --kv-offloading-size B    a host tier of the prefix cache of B bytes (default 0, none): every cached\n"
-            "                            block is copied there too, and a prompt loads the blocks after its cache\n"
-            "                            hit from there instead of computing them (vLLM's CPU offloading)\n"
-            "  --kv-offloading-policy P  write_through (default), write_back or write_through_selective: copy\n"
-            "                            each block to that tier as it is cached, only as the prefix cache\n"
-            "                            evicts it, or once a prompt reused it (SGLang's --hicache-write-policy)\n"
-            "  --sched fcfs|lpm|priority  the order waiting requests are admitted in (default fcfs): arrival; the\n"
-            "                            most prompt blocks cached first (SGLang's lpm); a request's \"priority\"\n"
-            "                            (vLLM's: lowest first), then arrival\n"
-            "  --speculative-config J    n-gram speculative decoding, as for generate (vLLM's JSON)\n"
-            "  --max-num-seqs N          running sequences at most (default 256)\n"
-            "  --max-batched-tokens N    tokens per step (default 2048)\n"
             "  --max-model-len N         prompt + generated tokens at most (vLLM's; default: the model's\n"
             "                            context, at most that); longer prompts get 400\n"
             "  --generation-config auto|vllm  auto (default): what a request leaves out of temperature, top_p,\n"
@@ -140,7 +127,9 @@ static void usage(FILE *f)
             "                            the held weight type and the pid (with --tp: rank 0's, the one to signal)\n"
             "                            as one JSON object on stdout\n"
             "  -h, --help                this help\n\n"
-            "Stops on SIGINT or SIGTERM: requests in flight get 503, then the process exits 0.\n");
+            "Stops on SIGINT or SIGTERM: requests in flight get 503, then the process exits 0.\n\n");
+    kvp_session_config d = kvp_session_config_default();
+    kvp_engine_opts_usage(f, &d.engine);
 }
 
 /* What the engine keeps of one choice of a streamed job or of a job with stop strings (under mu): its text,
@@ -2060,8 +2049,7 @@ static void request_done(void *cls, struct MHD_Connection *c, void **con_cls, en
 typedef struct {
     const char *model, *tokenizer, *host, *name, *chat_template;
     int32_t port, num_blocks, threads, max_conns, tp, max_model_len;
-    int64_t kv_mem, offload_bytes;
-    int offload_policy; /* --kv-offloading-policy (kvp_hc_write_policy), -1: not given */
+    int64_t kv_mem, offload_bytes, swap_bytes; /* swap: -1 as much as the KV cache */
     int json;
     kvp_matmul_kind matmul;
     kvp_weight_type weight_dtype;
@@ -2257,6 +2245,10 @@ static int serve_ranks(const serve_opts *o, kvp_session_config cfg)
     /* this rank's bytes per block: the same on every rank */
     if (st == KVP_OK && cfg.num_blocks == 0)
         st = kvp_kv_blocks_in(m, cfg.kv_dtype, cfg.engine.block_size, o->kv_mem, "--kv-mem", &cfg.num_blocks);
+    if (st == KVP_OK && cfg.engine.preempt == KVP_PREEMPT_SWAP)
+        st = o->swap_bytes < 0 ? (cfg.swap_blocks = cfg.num_blocks, KVP_OK)
+                               : kvp_kv_blocks_in(m, cfg.kv_dtype, cfg.engine.block_size, o->swap_bytes, "--swap-space",
+                                                  &cfg.swap_blocks);
     if (st == KVP_OK && o->offload_bytes > 0)
         st = kvp_kv_blocks_in(m, cfg.kv_dtype, cfg.engine.block_size, o->offload_bytes, "--kv-offloading-size",
                                &cfg.host_cache_blocks);
@@ -2279,34 +2271,36 @@ static int serve_ranks(const serve_opts *o, kvp_session_config cfg)
 
 int kvp_cmd_serve(int argc, char **argv)
 {
-    enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_BS, O_DT, O_CACHE, O_SEQS, O_BATCH, O_THREADS,
-           O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT, O_WDTYPE, O_REASON, O_STREAMIV, O_SCHED, O_SPEC, O_OFFLOAD, O_OFFPOL,
+    enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_DT, O_THREADS, O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT,
+           O_WDTYPE, O_REASON, O_STREAMIV,
            O_MAXLEN, O_GENCFG };
-    static const struct option opts[] = {
+    static const struct option own[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
         {"served-model-name", required_argument, 0, O_NAME}, {"kv-mem", required_argument, 0, O_KVMEM},
-        {"num-blocks", required_argument, 0, O_NB},  {"block-size", required_argument, 0, O_BS},
-        {"kv-dtype", required_argument, 0, O_DT},    {"cache", required_argument, 0, O_CACHE},
-        {"weight-dtype", required_argument, 0, O_WDTYPE},
-        {"max-num-seqs", required_argument, 0, O_SEQS}, {"max-batched-tokens", required_argument, 0, O_BATCH},
+        {"num-blocks", required_argument, 0, O_NB},  {"kv-dtype", required_argument, 0, O_DT},    {"weight-dtype", required_argument, 0, O_WDTYPE},
         {"max-model-len", required_argument, 0, O_MAXLEN}, {"generation-config", required_argument, 0, O_GENCFG},
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
-        {"stream-interval", required_argument, 0, O_STREAMIV}, {"sched", required_argument, 0, O_SCHED},
-        {"speculative-config", required_argument, 0, O_SPEC}, {"kv-offloading-size", required_argument, 0, O_OFFLOAD},
-        {"kv-offloading-policy", required_argument, 0, O_OFFPOL},
-        {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
-        {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON},
-        {0, 0, 0, 0}};
-    serve_opts o = {.generation_config = 1, .offload_policy = -1, .host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1, .stream_interval = 1,
+        {"stream-interval", required_argument, 0, O_STREAMIV}, {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
+        {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON}};
+    struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + 1];
+    kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts, (int)(sizeof opts / sizeof opts[0]));
+    serve_opts o = {.generation_config = 1, .host = "127.0.0.1", .port = 8000, .threads = 1, .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1, .stream_interval = 1,
                     .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO, .kv_auto = 1};
     kvp_session_config cfg = kvp_session_config_default();
     cfg.engine.skip_logprob = 1; /* no answer carries a sample's cumulative log-probability ("logprobs" are their own) */
     int c, li = -1;
     kvp_status st = KVP_OK;
     optind = 0;
+    kvp_engine_opts eo;
+    kvp_engine_opts_init(&eo, &cfg.engine);
     while ((c = getopt_long(argc, argv, ":m:h", opts, &li)) != -1) {
+        if (kvp_engine_opt(&eo, c, optarg, &st)) {
+            if (st != KVP_OK) return kvp_cli_usage_error(CMD, "--%s: %s", opts[li].name, kvp_error_message());
+            li = -1;
+            continue;
+        }
         switch (c) {
         case 'm': o.model = optarg; break;
         case O_TOK: o.tokenizer = optarg; break;
@@ -2320,21 +2314,9 @@ int kvp_cmd_serve(int argc, char **argv)
             break;
         }
         case O_KVMEM: st = kvp_parse_bytes(optarg, &o.kv_mem); break;
-        case O_OFFLOAD: st = kvp_parse_bytes(optarg, &o.offload_bytes); break;
-        case O_OFFPOL: {
-            kvp_hc_write_policy wp;
-            if ((st = kvp_hc_write_policy_parse(optarg, &wp)) == KVP_OK) o.offload_policy = (int)wp;
-            break;
-        }
         case O_NB: st = kvp_parse_i32(optarg, 1, INT32_MAX / 2, &cfg.num_blocks); break;
-        case O_BS: st = kvp_parse_i32(optarg, 1, 65536, &cfg.engine.block_size); break;
         case O_DT: st = kvp_kv_dtype_parse(optarg, &cfg.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
-        case O_CACHE: st = kvp_pc_kind_parse(optarg, &cfg.engine.cache); break;
-        case O_SCHED: st = kvp_sched_policy_parse(optarg, &cfg.engine.sched); break;
-        case O_SPEC: st = kvp_spec_parse(optarg, &cfg.engine.spec); break;
-        case O_SEQS: st = kvp_parse_i32(optarg, 1, 1 << 20, &cfg.engine.max_num_seqs); break;
-        case O_BATCH: st = kvp_parse_i32(optarg, 1, 1 << 24, &cfg.engine.max_batched_tokens); break;
         case O_MAXLEN: st = kvp_parse_i32(optarg, 2, INT32_MAX, &o.max_model_len); break;
         case O_GENCFG:
             if (!strcmp(optarg, "auto") || !strcmp(optarg, "vllm")) o.generation_config = !strcmp(optarg, "auto");
@@ -2359,9 +2341,9 @@ int kvp_cmd_serve(int argc, char **argv)
     }
     if (optind < argc) return kvp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (!o.model) return kvp_cli_usage_error(CMD, "--model is required");
-    if (o.offload_policy >= 0 && o.offload_bytes <= 0)
-        return kvp_cli_usage_error(CMD, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
-    if (o.offload_policy >= 0) cfg.engine.host_write_policy = (kvp_hc_write_policy)o.offload_policy;
+    if ((st = kvp_engine_opts_check(&eo)) != KVP_OK) return kvp_cli_usage_error(CMD, "%s", kvp_error_message());
+    o.offload_bytes = eo.offload_bytes;
+    o.swap_bytes = eo.swap_bytes;
     if (o.name && (!o.name[0] || strlen(o.name) >= 256))
         return kvp_cli_usage_error(CMD, "--served-model-name must have 1 to 255 characters");
     return serve_ranks(&o, cfg);

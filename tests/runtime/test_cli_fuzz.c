@@ -2,7 +2,8 @@
  * three of the command's own options (read from its --help) with values drawn from a pool of odd ones
  * (zero, negative, huge, NaN, empty, words, missing files). Every run must exit 0, or 2 with one error line
  * that says "error"; never a crash, a hang (60 s) or a sanitizer report. Runs in a temp dir, so an output
- * option given a random name writes there. */
+ * option given a random name writes there; the files drawn as values are copies in it (an output option
+ * given one writes over the copy, never over ../shared). */
 #include <criterion/criterion.h>
 #include <limits.h>
 #include <stdio.h>
@@ -47,10 +48,20 @@ Test(cli_fuzz, random_options_exit_0_or_2_with_one_error_line, .timeout = 900)
     snprintf(base[1], sizeof base[1], "--model %s --workload system:n=20,prefix=48,suffix=8,output=16", config);
     snprintf(base[2], sizeof base[2], "--model %s --prompt Once --max-tokens 4", gguf);
     snprintf(base[3], sizeof base[3], "--tokenizer %s --text 'Once upon a time'", gguf);
-    const char *values[] = {"0", "1", "-1", "2", "16", "3.5", "0.5", "1e999", "nan", "-0", "abc", "''", "99999999999",
-                            "256", "-", "/nonexistent/x", gguf, config};
-    const int nv = (int)(sizeof values / sizeof *values);
     const char *dir = tu_tmpdir();
+    char gguf_copy[600], config_copy[600];
+    snprintf(gguf_copy, sizeof gguf_copy, "%s/model.gguf", dir);
+    snprintf(config_copy, sizeof config_copy, "%s/config.json", dir);
+    const char *const src[2] = {gguf, config}, *const dst[2] = {gguf_copy, config_copy};
+    for (int i = 0; i < 2; i++) {
+        size_t len;
+        unsigned char *data = tu_read_all(src[i], &len);
+        tu_write_all(dst[i], data, len);
+        free(data);
+    }
+    const char *values[] = {"0", "1", "-1", "2", "16", "3.5", "0.5", "1e999", "nan", "-0", "abc", "''", "99999999999",
+                            "256", "-", "/nonexistent/x", gguf_copy, config_copy};
+    const int nv = (int)(sizeof values / sizeof *values);
     uint64_t rng = 0x510e527fade682d1ull;
     for (int c = 0; c < 4; c++) {
         char *opts[96];

@@ -1,0 +1,114 @@
+/* runtime/cli/engine_opts.c — the engine options shared by simulate, generate and serve (engine_opts.h). */
+#include "runtime/cli/engine_opts.h"
+
+#include <string.h>
+
+#include "common/parse.h"
+
+static const struct option engine_long[] = {
+    {"block-size", required_argument, 0, KVP_EO_BLOCK},
+    {"cache", required_argument, 0, KVP_EO_CACHE},
+    {"evict", required_argument, 0, KVP_EO_EVICT},
+    {"sched", required_argument, 0, KVP_EO_SCHED},
+    {"preempt", required_argument, 0, KVP_EO_PREEMPT},
+    {"swap-space", required_argument, 0, KVP_EO_SWAP},
+    {"watermark-blocks", required_argument, 0, KVP_EO_WATERMARK},
+    {"max-num-seqs", required_argument, 0, KVP_EO_SEQS},
+    {"max-batched-tokens", required_argument, 0, KVP_EO_BATCH},
+    {"no-chunked-prefill", no_argument, 0, KVP_EO_NOCHUNK},
+    {"speculative-config", required_argument, 0, KVP_EO_SPEC},
+    {"kv-offloading-size", required_argument, 0, KVP_EO_OFFLOAD},
+    {"kv-offloading-policy", required_argument, 0, KVP_EO_OFFPOL},
+};
+enum { N_ENGINE = sizeof engine_long / sizeof engine_long[0] };
+_Static_assert(N_ENGINE == KVP_EO_END - KVP_EO_BLOCK, "one table entry per engine option");
+
+void kvp_engine_opts_init(kvp_engine_opts *o, kvp_engine_config *cfg)
+{
+    *o = (kvp_engine_opts){.cfg = cfg, .swap_bytes = -1};
+}
+
+int kvp_engine_opts_table(const struct option *own, int n_own, struct option *out, int cap)
+{
+    if (n_own + N_ENGINE + 1 > cap) return 0;
+    memcpy(out, own, (size_t)n_own * sizeof *out);
+    memcpy(out + n_own, engine_long, sizeof engine_long);
+    out[n_own + N_ENGINE] = (struct option){0, 0, 0, 0};
+    return n_own + N_ENGINE;
+}
+
+int kvp_engine_opt(kvp_engine_opts *o, int c, const char *arg, kvp_status *st)
+{
+    kvp_engine_config *e = o->cfg;
+    switch (c) {
+    case KVP_EO_BLOCK: *st = kvp_parse_i32(arg, 1, 1 << 20, &e->block_size); break;
+    case KVP_EO_CACHE: *st = kvp_pc_kind_parse(arg, &e->cache); break;
+    case KVP_EO_EVICT: *st = kvp_evict_policy_parse(arg, &e->evict); break;
+    case KVP_EO_SCHED: *st = kvp_sched_policy_parse(arg, &e->sched); break;
+    case KVP_EO_PREEMPT: *st = kvp_preempt_mode_parse(arg, &e->preempt); break;
+    case KVP_EO_SWAP: *st = kvp_parse_bytes(arg, &o->swap_bytes); break;
+    case KVP_EO_WATERMARK:
+        *st = kvp_parse_i32(arg, 0, INT32_MAX, &e->watermark_blocks);
+        o->watermark_given = true;
+        break;
+    case KVP_EO_SEQS: *st = kvp_parse_i32(arg, 1, 1 << 20, &e->max_num_seqs); break;
+    case KVP_EO_BATCH:
+        *st = kvp_parse_i32(arg, 1, 1 << 30, &e->max_batched_tokens);
+        o->batch_given = true;
+        break;
+    case KVP_EO_NOCHUNK:
+        e->chunked_prefill = false;
+        *st = KVP_OK;
+        break;
+    case KVP_EO_SPEC: *st = kvp_spec_parse(arg, &e->spec); break;
+    case KVP_EO_OFFLOAD:
+        *st = kvp_parse_bytes(arg, &o->offload_bytes);
+        if (*st == KVP_OK && o->offload_bytes < 0) *st = KVP_ERR(KVP_EINVAL, "must be >= 0");
+        break;
+    case KVP_EO_OFFPOL:
+        *st = kvp_hc_write_policy_parse(arg, &e->host_write_policy);
+        o->offload_policy_given = true;
+        break;
+    default: return 0;
+    }
+    return 1;
+}
+
+kvp_status kvp_engine_opts_check(const kvp_engine_opts *o)
+{
+    if (o->offload_policy_given && o->offload_bytes <= 0)
+        return KVP_ERR(KVP_EINVAL, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
+    if (o->offload_bytes > 0 && o->cfg->cache == KVP_PC_NONE)
+        return KVP_ERR(KVP_EINVAL, "--kv-offloading-size is a tier of the prefix cache: it needs a prefix cache (give --cache radix or hash)");
+    return KVP_OK;
+}
+
+void kvp_engine_opts_usage(FILE *f, const kvp_engine_config *d)
+{
+    fprintf(f,
+            "engine (the same for simulate, generate and serve):\n"
+            "  --block-size B            tokens per KV block (default %d)\n"
+            "  --cache KIND              prefix cache: radix | hash | none (default %s)\n"
+            "  --evict POLICY            its eviction policy: lru | lfu | fifo | priority (default %s)\n"
+            "  --kv-offloading-size BYTES  a host-memory tier of the prefix cache (default 0, none): cached blocks\n"
+            "                            are copied there, and an admission loads the blocks after its cache hit\n"
+            "                            from there instead of computing them (vLLM's CPU offloading, SGLang's\n"
+            "                            HiCache)\n"
+            "  --kv-offloading-policy P  write_through (default: every cached block, in the background),\n"
+            "                            write_back (each block the prefix cache evicts, before it is reused) or\n"
+            "                            write_through_selective (a block once a prompt found it cached)\n"
+            "  --sched POLICY            fcfs | lpm (SGLang's longest prefix match) | priority (default %s)\n"
+            "  --preempt MODE            recompute | swap (default %s): what a preempted sequence gives up\n"
+            "  --swap-space BYTES        host memory for swapped sequences (with --preempt swap; default: as much\n"
+            "                            as the KV cache, 4GiB per GPU for the sim executor)\n"
+            "  --watermark-blocks N      free blocks kept back at admission (default %d; simulate: 1 %% of them)\n"
+            "  --max-num-seqs N          running sequences at most, samples and beams included (default %d)\n"
+            "  --max-batched-tokens N    token budget of a step (default %d)\n"
+            "  --no-chunked-prefill      prefill whole prompts in prefill-only steps (vLLM v0)\n"
+            "  --speculative-config J    n-gram speculative decoding, vLLM's JSON: {\"method\": \"ngram\",\n"
+            "                            \"num_speculative_tokens\": K (1..16), \"prompt_lookup_max\": N,\n"
+            "                            \"prompt_lookup_min\": M, \"disable_by_batch_size\": B}; answers are those\n"
+            "                            without it (requests of a trace draw no tokens: nothing to speculate)\n",
+            d->block_size, kvp_pc_kind_name(d->cache), kvp_evict_policy_name(d->evict), kvp_sched_policy_name(d->sched),
+            kvp_preempt_mode_name(d->preempt), d->watermark_blocks, d->max_num_seqs, d->max_batched_tokens);
+}
