@@ -821,7 +821,7 @@ void kvp_engine_counts_get(const kvp_engine *e, kvp_engine_counts *o)
                              .spec_drafts = e->spec_drafts, .spec_draft_tokens = e->spec_draft_tokens,
                              .spec_accepted_tokens = e->spec_accepted_tokens, .host_hit_tokens = e->host_hit_tokens_first,
                              .host_loaded_blocks = e->host_loaded_blocks, .host_stored_blocks = e->host_stored_blocks,
-                             .num_blocks = e->num_blocks, .free_blocks = paged(e) ? kvm_free_blocks(e) : 0};
+                             .evicted_blocks = kvm_evicted_blocks(e), .num_blocks = e->num_blocks, .free_blocks = paged(e) ? kvm_free_blocks(e) : 0};
 }
 
 /* Request index i, or NULL when unknown or released. */

@@ -236,6 +236,7 @@ typedef struct {
     int64_t steps, computed_tokens, prefix_hit_tokens, admitted_prompt_tokens, preemptions;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     int64_t host_hit_tokens, host_loaded_blocks, host_stored_blocks;
+    int64_t evicted_blocks;        /* by the prefix cache under pressure (not resets or the end-of-run flush) */
     int32_t num_blocks, free_blocks;
 } kvp_engine_counts;
 void kvp_engine_counts_get(const kvp_engine *e, kvp_engine_counts *out);
