@@ -1,6 +1,8 @@
-/* runtime/text/tokenizer_internal.h — the tokenizer's representation, shared by tokenizer.c (encoding, decoding,
- * sentencepiece and llama2.c vocabularies) and tokenizer_bpe.c (byte-level BPE: GGUF "gpt2" vocabularies and
- * Hugging Face tokenizer.json). Not part of the public API.
+/* runtime/text/tokenizer_internal.h — the tokenizer's representation, shared by its three layers (not a
+ * public header), each calling only the ones below it:
+ *   tokenizer_load.c  which vocabulary a model path means; GGUF and llama2.c readers
+ *   tokenizer_bpe.c   byte-level BPE: GGUF "gpt2" vocabularies' setup, Hugging Face tokenizer.json
+ *   tokenizer.c       the vocabulary itself: lookup, specials, encoding (merges, byte fallback), decoding
  */
 #ifndef KVP_RUNTIME_TOKENIZER_INTERNAL_H
 #define KVP_RUNTIME_TOKENIZER_INTERNAL_H
@@ -53,8 +55,6 @@ kvp_tokenizer *kvp_tok_alloc(int32_t n);
 kvp_status kvp_tok_finish(kvp_tokenizer *t, const char *what);
 /* The id of a text-matching piece (normal or user-defined) of exactly these bytes, or -1. */
 int32_t kvp_tok_lookup(const kvp_tokenizer *t, const char *s, size_t len);
-/* tokenizer.ggml.add_bos_token and .add_space_prefix into t when present. */
-kvp_status kvp_tok_gguf_flags(const kvp_gguf *g, kvp_tokenizer *t);
 /* tokenizer_bpe.c: sets piece `id` of a byte-level vocabulary from its spelling s[0..len): a normal piece
  * (type 0 or KVP_TOK_NORMAL) spelled in GPT-2's unicode form as the bytes it stands for; other pieces copied
  * as they are, and a normal piece that spells no bytes too, marked raw. 0 when out of memory. */
