@@ -6,7 +6,6 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <xxhash.h>
 #include <strings.h>
 #include <sys/stat.h>
 
@@ -130,7 +129,8 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype *dtp, int
     mem->kv_bytes = (double)ec->kv_slots * mem->kv_bytes_per_token;
     KVP_TRY(kvp_check_fits_in_memory(mem->kv_bytes + (double)(host + tier) * bs * mem->kv_bytes_per_token,
                                      host + tier > 0 ? "--kv-mem plus --swap-space and --kv-offloading-size" : "--kv-mem"));
-    return kvp_cpu_executor_create(*lm, (int32_t)blocks, bs, (int32_t)kvp_engine_host_blocks(ec), dt, ex);
+    if (comm && kvp_comm_rank(comm) != 0) return KVP_OK; /* it executes rank 0's plans (kvp_cpu_follow) */
+    return kvp_cpu_executor_create_tp(*lm, (int32_t)blocks, bs, (int32_t)kvp_engine_host_blocks(ec), dt, ex);
 }
 
 /* --requests-out / --steps-out: rows go to PATH.tmp, created before the run (a path that cannot be written
@@ -380,6 +380,11 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     if (cpu) {
         if (eo.swap_bytes < 0) hw.swap_bytes = hw.kv_mem_bytes > 0 ? hw.kv_mem_bytes : CPU_MEM_DEFAULT; /* as the cache */
         st = cpu_prepare(model, threads, &kv_dtype, kv_auto, &hw, max_len_set, *comm, &ec, &lm, &ex, &mem);
+        if (st == KVP_OK && *comm && kvp_comm_rank(*comm) != 0) { /* rank 0 alone schedules */
+            st = kvp_cpu_follow(lm, NULL);
+            kvp_model_destroy(lm);
+            return st == KVP_OK ? KVP_EXIT_OK : kvp_cli_fail(cmd, st);
+        }
         if (st == KVP_OK) cfg = *kvp_model_cfg(lm);
     } else {
         st = kvp_gpu_profile_find(gpu_name, &gpu);
@@ -399,7 +404,6 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     kvp_workload *w = NULL;
     if (st == KVP_OK) st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, n_samples, &w);
     kvp_engine_metrics m;
-    uint64_t digest = 0;
     char wname[64] = "";
     out_file rf = {0}, sf = {0};
     kvp_req_result *per_req = NULL; /* every sequence's results: --requests-out, and requests of n samples */
@@ -418,12 +422,10 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         kvp_progress_bar_init(&bar, "simulate");
         if (!cpu) st = kvp_sim_executor_create(&cm, 0, &ex);
         if (st == KVP_OK)
-            st = kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req, *comm ? &digest : NULL);
+            st = kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req);
         kvp_progress_bar_end(&bar);
         snprintf(wname, sizeof wname, "%s", w->name);
     }
-    if (st == KVP_OK && *comm)
-        st = kvp_comm_check_same(*comm, digest, "tensor-parallel engine runs (tokens, steps, preemptions)");
     if (st == KVP_OK && rf.f) write_requests(rf.f, per_req, w->n);
     if (st == KVP_OK && n_samples > 1) st = group_latencies(per_req, w->n, n_samples, &gl);
     st = out_file_close(&rf, st);

@@ -147,8 +147,38 @@ kvp_status kvp_cpu_session_create(kvp_model *m, const kvp_session_config *cfg, k
     const int64_t host = kvp_engine_host_blocks(&ec);
     if (host > INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "generate: %lld host blocks are too many", (long long)host);
     kvp_executor ex;
-    KVP_TRY(kvp_cpu_executor_create(m, c.num_blocks, c.engine.block_size, (int32_t)host, c.kv_dtype, &ex));
+    KVP_TRY(kvp_cpu_executor_create_tp(m, c.num_blocks, c.engine.block_size, (int32_t)host, c.kv_dtype, &ex));
     return kvp_session_create(&c, ex, out);
+}
+
+kvp_status kvp_cpu_executor_create_tp(kvp_model *m, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
+                                      kvp_dtype kv_dtype, kvp_executor *out)
+{
+    kvp_comm *comm = kvp_model_comm(m);
+    if (comm && kvp_comm_size(comm) > 1 && kvp_comm_rank(comm) != 0)
+        return KVP_ERR(KVP_ESTATE, "tensor parallelism: rank %d executes rank 0's plans (kvp_cpu_follow)",
+                       kvp_comm_rank(comm));
+    kvp_executor ex;
+    KVP_TRY(kvp_cpu_executor_create(m, num_blocks, block_size, num_host_blocks, kv_dtype, &ex));
+    if (!comm || kvp_comm_size(comm) == 1) {
+        *out = ex;
+        return KVP_OK;
+    }
+    const kvp_tp_shape shape = {num_blocks, block_size, num_host_blocks, (int32_t)kv_dtype};
+    return kvp_tp_leader_create(comm, &shape, ex, out);
+}
+
+static kvp_status make_follower(void *ctx, const kvp_tp_shape *sh, kvp_executor *ex)
+{
+    return kvp_cpu_executor_create(ctx, sh->num_blocks, sh->block_size, sh->num_host_blocks, (kvp_dtype)sh->kv_dtype, ex);
+}
+
+kvp_status kvp_cpu_follow(kvp_model *m, int64_t *steps)
+{
+    kvp_comm *comm = kvp_model_comm(m);
+    if (!comm || kvp_comm_size(comm) < 2 || kvp_comm_rank(comm) == 0)
+        return KVP_ERR(KVP_EINVAL, "tensor parallelism: only ranks but 0 of several follow rank 0's plans");
+    return kvp_tp_follow(comm, make_follower, m, steps);
 }
 
 kvp_status kvp_cpu_generate(kvp_model *m, const kvp_session_config *cfg, const kvp_session_request *reqs, int32_t n,

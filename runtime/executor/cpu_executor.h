@@ -18,6 +18,7 @@
 #include "runtime/engine/executor.h"
 #include "runtime/engine/session.h"
 #include "runtime/model/model.h"
+#include "runtime/executor/tp_plan.h"
 
 /* num_blocks / block_size must match the engine's paged configuration (kv_slots / block_size blocks);
  * num_host_blocks: host pools for swap and the host tier (kvp_engine_host_blocks; 0: none); kv_dtype:
@@ -27,8 +28,19 @@ kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t blo
                                    kvp_dtype kv_dtype, kvp_executor *out);
 
 /* A session (runtime/engine/session.h) on a cpu executor of m: cfg's max_model_len, EOS ids and vocabulary
- * become the model's; the KV cache has cfg->num_blocks blocks of cfg->kv_dtype. The errors of both. */
+ * become the model's; the KV cache has cfg->num_blocks blocks of cfg->kv_dtype. Under tensor parallelism (m
+ * loaded with a communicator of several ranks) this is rank 0's: its executor broadcasts every step's plan
+ * (runtime/executor/tp_plan.h), and every other rank runs kvp_cpu_follow meanwhile. The errors of both. */
 kvp_status kvp_cpu_session_create(kvp_model *m, const kvp_session_config *cfg, kvp_session **out);
+
+/* A cpu executor of m for a tensor-parallel engine: rank 0's (inner wrapped to broadcast each step's plan)
+ * when m's communicator has several ranks, else the plain executor. */
+kvp_status kvp_cpu_executor_create_tp(kvp_model *m, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
+                                      kvp_dtype kv_dtype, kvp_executor *out);
+
+/* Every rank but 0 of a tensor-parallel run: executes rank 0's plans on its own cpu executor of m (a KV cache
+ * of the shape rank 0 announces) until rank 0's executor is destroyed. *steps (may be NULL): plans run. */
+kvp_status kvp_cpu_follow(kvp_model *m, int64_t *steps);
 
 /* kvp_session_run on a fresh cpu session: cfg->num_blocks 0 means enough for every request at once
  * (kvp_session_blocks_for); stats->kv_pool_bytes is the cache's. */

@@ -1,11 +1,9 @@
 /* runtime/planner/simulate.c — capacity from the planner, cost model, one engine run (see simulate.h). */
 #include "runtime/planner/simulate.h"
 
-#include <xxhash.h>
 
 #include <math.h>
 #include <stdio.h>
-#include <xxhash.h>
 
 #include "common/timer.h"
 #include "runtime/planner/planner.h"
@@ -75,27 +73,13 @@ kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *g
 }
 
 kvp_status kvp_simulate_on(const kvp_engine_config *ecfg, kvp_executor *ex, const kvp_workload *w,
-                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req,
-                           uint64_t *digest)
+                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req)
 {
     kvp_engine *e = NULL;
-    kvp_engine_config c = *ecfg;
-    c.keep_outputs = c.keep_outputs || digest != NULL;
-    kvp_status st = kvp_engine_create(&c, ex, &e);
+    kvp_status st = kvp_engine_create(ecfg, ex, &e);
     if (st == KVP_OK) st = kvp_engine_run(e, w->reqs, w->n, progress, pctx);
     if (st == KVP_OK) st = kvp_engine_metrics_get(e, m);
     for (int64_t i = 0; per_req && st == KVP_OK && i < w->n; i++) st = kvp_engine_request(e, i, &per_req[i]);
-    if (st == KVP_OK && digest) {
-        const int64_t head[2] = {m->steps, m->preemptions};
-        uint64_t h = XXH3_64bits(head, sizeof head);
-        for (int64_t i = 0; i < w->n; i++) {
-            kvp_sample_view v;
-            if (kvp_engine_sample(e, i, 0, &v) != KVP_OK) v.n_tokens = 0;
-            h = XXH3_64bits_withSeed(&v.n_tokens, sizeof v.n_tokens, h);
-            if (v.n_tokens > 0) h = XXH3_64bits_withSeed(v.tokens, (size_t)v.n_tokens * sizeof *v.tokens, h);
-        }
-        *digest = h;
-    }
     kvp_engine_destroy(e);
     return st;
 }
@@ -105,7 +89,7 @@ kvp_status kvp_simulate(const kvp_engine_config *ecfg, const kvp_cost_model *cm,
 {
     kvp_executor ex = {0};
     KVP_TRY(kvp_sim_executor_create(cm, 0, &ex));
-    kvp_status st = kvp_simulate_on(ecfg, &ex, w, progress, pctx, m, per_req, NULL);
+    kvp_status st = kvp_simulate_on(ecfg, &ex, w, progress, pctx, m, per_req);
     kvp_executor_destroy(&ex);
     return st;
 }

@@ -53,13 +53,10 @@ kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *g
                            kvp_engine_config *ecfg, kvp_cost_model *cm, kvp_sim_memory *mem);
 
 /* Runs w through a fresh engine on executor ex (borrowed); *m receives the metrics, and per_req (NULL: not
- * wanted) w->n per-request results in arrival order (kvp_engine_request); digest (NULL: not wanted) a hash of
- * the steps, the preemptions and every request's generated tokens (the ranks of a tensor-parallel run must
- * agree on all of it). progress may be NULL. The end-of-run leak check of kvp_engine_run applies (KVP_ESTATE
- * on a leak). */
+ * wanted) w->n per-request results in arrival order (kvp_engine_request). progress may be NULL. The
+ * end-of-run leak check of kvp_engine_run applies (KVP_ESTATE on a leak). */
 kvp_status kvp_simulate_on(const kvp_engine_config *ecfg, kvp_executor *ex, const kvp_workload *w,
-                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req,
-                           uint64_t *digest);
+                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req);
 /* The same on a sim executor made from cm. */
 kvp_status kvp_simulate(const kvp_engine_config *ecfg, const kvp_cost_model *cm, const kvp_workload *w,
                         kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req);

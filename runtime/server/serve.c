@@ -26,7 +26,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-#include <xxhash.h>
 
 #include "common/alloc.h"
 #include "common/cli.h"
@@ -193,12 +192,6 @@ typedef struct job {
     int32_t held; /* stream: steps with new text since then (resumed every --stream-interval of them) */
 } job;
 
-typedef struct {
-    unsigned char *buf;
-    size_t len, cap;
-    int oom; /* an operation could not be logged: the ranks cannot stay in step */
-} oplog;
-
 /* A Prometheus histogram of seconds over the bounds k_lat_le (then +Inf): n[i] observations in bucket i
  * (not cumulative), their sum. Bounds from 100 us (a token of a tiny model on the CPU) to 1000 s. */
 static const double k_lat_le[] = {1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.05, 0.1, 0.25,
@@ -235,7 +228,6 @@ typedef struct {
     kvp_session *s;
     kvp_comm *comm; /* the model's ranks (tp > 1: this is rank 0) */
     int tp;
-    oplog ops;      /* tp > 1: the session calls since the last step */
     job **live; /* jobs added to the session and not finished (under mu too) */
     size_t cap_live;
     int32_t nlive;
@@ -255,152 +247,16 @@ typedef struct {
 
 /* ---------------------------------------------------------------- tensor parallelism
  *
- * With --tp N, rank 0 runs the server and its engine; every other rank runs the same session, step for
- * step, from the operations rank 0 broadcasts before each step: the requests it added, the samples it stopped
- * and the requests it aborted, in the order it made them. The same operations on the same state make the same
- * decisions on every rank (the forward pass gives every rank the same logits, bit for bit). */
-enum { OP_ADD = 1, OP_STOP, OP_ABORT, OP_QUIT, OP_RESET_CACHE };
+ * With --tp N, rank 0 runs the server and its engine; its executor broadcasts every step's plan and the other
+ * ranks only execute it (kvp_cpu_follow; runtime/executor/tp_plan.h) until rank 0's session ends. */
 
-static void log_put(oplog *l, const void *p, size_t n)
-{
-    if (n == 0) return;
-    if (l->oom || kvp_grow((void **)&l->buf, &l->cap, l->len + n, 1) != KVP_OK) {
-        l->oom = 1;
-        return;
-    }
-    memcpy(l->buf + l->len, p, n);
-    l->len += n;
-}
+static kvp_status sess_add(server *sv, const kvp_session_request *r, int32_t *id) { return kvp_session_add(sv->s, r, id); }
 
-static void log_op(oplog *l, unsigned char op, int32_t a, int32_t b)
-{
-    log_put(l, &op, 1);
-    log_put(l, &a, sizeof a);
-    log_put(l, &b, sizeof b);
-}
+static void sess_stop(server *sv, int32_t id, int32_t k, int32_t n_keep) { (void)kvp_session_stop_at(sv->s, id, k, n_keep); }
 
-/* The session calls of the engine: on rank 0 of a tensor-parallel server they are logged for the others. */
-static kvp_status sess_add(server *sv, const kvp_session_request *r, int32_t *id)
-{
-    KVP_TRY(kvp_session_add(sv->s, r, id));
-    if (sv->tp > 1) { /* the struct (the same program on every rank; pointers are fixed up), then its arrays */
-        log_op(&sv->ops, OP_ADD, 0, 0);
-        log_put(&sv->ops, r, sizeof *r);
-        log_put(&sv->ops, r->prompt, (size_t)r->n_prompt * sizeof *r->prompt);
-        log_put(&sv->ops, r->stop_ids, (size_t)r->n_stop_ids * sizeof *r->stop_ids);
-        log_put(&sv->ops, r->bias_ids, (size_t)r->n_bias * sizeof *r->bias_ids);
-        log_put(&sv->ops, r->bias, (size_t)r->n_bias * sizeof *r->bias);
-    }
-    return KVP_OK;
-}
+static void sess_abort(server *sv, int32_t id) { (void)kvp_session_abort(sv->s, id); }
 
-static void sess_stop(server *sv, int32_t id, int32_t k, int32_t n_keep)
-{
-    if (kvp_session_stop_at(sv->s, id, k, n_keep) == KVP_OK && sv->tp > 1) {
-        log_op(&sv->ops, OP_STOP, id, k);
-        log_put(&sv->ops, &n_keep, sizeof n_keep);
-    }
-}
-
-static void sess_abort(server *sv, int32_t id)
-{
-    if (kvp_session_abort(sv->s, id) == KVP_OK && sv->tp > 1) log_op(&sv->ops, OP_ABORT, id, 0);
-}
-
-static kvp_status sess_reset_cache(server *sv, int64_t *evicted)
-{
-    KVP_TRY(kvp_session_reset_prefix_cache(sv->s, evicted));
-    if (sv->tp > 1) log_op(&sv->ops, OP_RESET_CACHE, 0, 0);
-    return KVP_OK;
-}
-
-/* Rank 0: broadcasts the operations logged since the last step (its length, then the bytes). */
-static kvp_status send_ops(server *sv)
-{
-    if (sv->ops.oom) return KVP_ERR(KVP_ENOMEM, "serve: out of memory logging the step's operations");
-    int64_t len = (int64_t)sv->ops.len;
-    KVP_TRY(kvp_comm_broadcast_idle(sv->comm, &len, sizeof len, 0)); /* as the others wait for it */
-    KVP_TRY(kvp_comm_broadcast(sv->comm, sv->ops.buf, len, 0));
-    sv->ops.len = 0;
-    return KVP_OK;
-}
-
-/* Another rank: applies the operations of one step to its session; *quit when rank 0 stops. */
-static kvp_status apply_ops(kvp_session *s, const unsigned char *p, size_t len, int *quit)
-{
-    for (size_t at = 0; at + 9 <= len;) {
-        const unsigned char op = p[at];
-        int32_t a, b;
-        memcpy(&a, p + at + 1, 4);
-        memcpy(&b, p + at + 5, 4);
-        at += 9;
-        if (op == OP_ADD) {
-            kvp_session_request r;
-            memcpy(&r, p + at, sizeof r);
-            at += sizeof r;
-            /* the prompt, stop ids, bias ids and biases: 4-byte items each */
-            const size_t items = (size_t)r.n_prompt + (size_t)r.n_stop_ids + 2 * (size_t)r.n_bias;
-            int32_t *prompt = kvp_malloc(items * sizeof *prompt + 1);
-            if (!prompt) return KVP_ERR(KVP_ENOMEM, "serve: out of memory");
-            memcpy(prompt, p + at, items * sizeof *prompt);
-            at += items * sizeof *prompt;
-            r.prompt = prompt;
-            r.stop_ids = prompt + r.n_prompt;
-            r.bias_ids = r.stop_ids + r.n_stop_ids;
-            r.bias = (const float *)(r.bias_ids + r.n_bias);
-            r.user = NULL;
-            kvp_status st = kvp_session_add(s, &r, NULL); /* copies them */
-            kvp_free(prompt);
-            KVP_TRY(st);
-        } else if (op == OP_STOP) {
-            int32_t n_keep;
-            memcpy(&n_keep, p + at, sizeof n_keep);
-            at += sizeof n_keep;
-            kvp_session_stop_at(s, a, b, n_keep);
-        } else if (op == OP_ABORT) {
-            kvp_session_abort(s, a);
-        } else if (op == OP_QUIT) {
-            *quit = 1;
-        } else if (op == OP_RESET_CACHE) {
-            KVP_TRY(kvp_session_reset_prefix_cache(s, NULL));
-        }
-    }
-    return KVP_OK;
-}
-
-/* A digest of what a session did, for the ranks' final check. */
-static uint64_t session_digest(const kvp_session *s)
-{
-    kvp_session_stats st;
-    kvp_session_stats_get(s, &st);
-    const int64_t v[6] = {st.requests, st.finished, st.aborted, st.steps, st.computed_tokens, st.preemptions};
-    return XXH3_64bits(v, sizeof v);
-}
-
-/* Another rank of a tensor-parallel server: the session, driven by rank 0's operations, until it quits. */
-static kvp_status follow(kvp_comm *comm, kvp_model *m, const kvp_session_config *cfg)
-{
-    kvp_session *s;
-    KVP_TRY(kvp_cpu_session_create(m, cfg, &s));
-    unsigned char *buf = NULL;
-    size_t cap = 0;
-    kvp_status st = KVP_OK;
-    for (int quit = 0; st == KVP_OK && !quit;) {
-        int64_t len = 0;
-        st = kvp_comm_broadcast_idle(comm, &len, sizeof len, 0);
-        if (st == KVP_OK) st = kvp_grow((void **)&buf, &cap, (size_t)len + 1, 1);
-        if (st == KVP_OK) st = kvp_comm_broadcast(comm, buf, len, 0);
-        if (st == KVP_OK) st = apply_ops(s, buf, (size_t)len, &quit);
-        if (st == KVP_OK && !quit) st = kvp_session_step(s);
-        int32_t id;
-        kvp_session_result res;
-        while (st == KVP_OK && kvp_session_take(s, &id, &res) == KVP_OK) kvp_session_results_free(&res, 1);
-    }
-    if (st == KVP_OK) st = kvp_comm_check_same(comm, session_digest(s), "the tensor-parallel server's steps");
-    kvp_free(buf);
-    kvp_session_destroy(s);
-    return st;
-}
+static kvp_status sess_reset_cache(server *sv, int64_t *evicted) { return kvp_session_reset_prefix_cache(sv->s, evicted); }
 
 /* ---------------------------------------------------------------- engine thread */
 
@@ -652,8 +508,7 @@ static void *engine_main(void *arg)
             add_job(sv, q);
             q = next;
         }
-        kvp_status st = sv->tp > 1 ? send_ops(sv) : KVP_OK;
-        if (st == KVP_OK) st = kvp_session_step(sv->s);
+        kvp_status st = kvp_session_step(sv->s);
         if (st != KVP_OK && sv->tp > 1) { /* the ranks' sessions cannot start again together */
             KVP_LOG_E("serve: the engine failed on rank 0: %s; ending the job", kvp_error_message());
             kvp_comm_abort(sv->comm, KVP_EXIT_FAIL);
@@ -706,10 +561,6 @@ static void *engine_main(void *arg)
     }
     /* stopping: everything queued or in flight gets 503; the other ranks stop too */
     if (sv->s) fail_in_flight(sv, 503, "the server is shutting down");
-    if (sv->tp > 1) {
-        log_op(&sv->ops, OP_QUIT, 0, 0);
-        if (send_ops(sv) != KVP_OK) KVP_LOG_E("serve: cannot stop the other ranks: %s", kvp_error_message());
-    }
     pthread_mutex_lock(&sv->mu);
     for (job *j = sv->head, *next; j; j = next) {
         next = j->next;
@@ -2215,13 +2066,9 @@ static int serve(const serve_opts *o, const kvp_session_config *cfg, kvp_comm *c
     }
     /* the handler and its pipe stay until the process ends: a second signal meanwhile is ignored (closing the
      * pipe would race with a handler about to write to it) */
-    if (rc == KVP_EXIT_OK && sv.tp > 1 && sv.s &&
-        (st = kvp_comm_check_same(comm, session_digest(sv.s), "the tensor-parallel server's steps")) != KVP_OK)
-        rc = kvp_cli_fail(CMD, st);
-    kvp_session_destroy(sv.s);
+    kvp_session_destroy(sv.s); /* with --tp: its executor tells the other ranks to stop */
     kvp_free(sv.live);
     kvp_free(sv.wake_list);
-    kvp_free(sv.ops.buf);
     pthread_cond_destroy(&sv.wake);
     pthread_mutex_destroy(&sv.mu);
     kvp_tok_destroy(sv.tok);
@@ -2260,7 +2107,7 @@ static int serve_ranks(const serve_opts *o, kvp_session_config cfg)
     } else { /* mpirun passes SIGTERM to every rank: rank 0 stops the others when it stops */
         signal(SIGINT, SIG_IGN);
         signal(SIGTERM, SIG_IGN);
-        st = follow(comm, m, &cfg);
+        st = kvp_cpu_follow(m, NULL);
         rc = st == KVP_OK ? KVP_EXIT_OK : kvp_cli_fail(CMD, st);
     }
     kvp_model_destroy(m);

@@ -1,7 +1,8 @@
 /* Tensor parallelism inside one process: the threads communicator (parallel/comm.h), then stories260K split
- * over 2, 4 and 8 rank threads, each running its own generation loop on its shard. Same checks as the MPI
- * test (golden tokens, 1/tp of the KV cache per rank), plus what one process allows: log-probabilities
- * against one rank, and every allocation failure of a shard's load (the sanitizer build checks for leaks). */
+ * over 2, 4 and 8 rank threads: rank 0 runs the engine and broadcasts each step's plan, the others execute
+ * it on their shards (runtime/executor/tp_plan.h). Same checks as the MPI test (golden tokens, 1/tp of the KV
+ * cache per rank), plus what one process allows: log-probabilities against one rank, every follower ran
+ * rank 0's steps, and every allocation failure of a shard's load (the sanitizer build checks for leaks). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
@@ -18,19 +19,23 @@ typedef struct {
     const tu_golden *g;
     kvp_session_result res[8];
     kvp_run_stats st;
+    int64_t followed; /* a follower: the plans it executed */
     kvp_status status;
     char err[512];
 } rank_job;
 
-/* One rank: load its shard, generate every golden case, keep the results (no asserts off the main thread). */
+/* One rank: load its shard; rank 0 generates every golden case and keeps the results, the others follow its
+ * plans (no asserts off the main thread). */
 static void *rank_main(void *arg)
 {
     rank_job *j = arg;
     kvp_model *m = NULL;
     j->status = kvp_model_load_tp(j->path, j->comm, &m);
-    if (j->status == KVP_OK) {
+    if (j->status == KVP_OK && kvp_comm_rank(j->comm) == 0) {
         kvp_session_config cfg = kvp_session_config_default();
         j->status = kvp_cpu_generate(m, &cfg, j->g->reqs, j->g->n, j->res, &j->st, NULL, NULL);
+    } else if (j->status == KVP_OK) {
+        j->status = kvp_cpu_follow(m, &j->followed);
     }
     if (j->status != KVP_OK) snprintf(j->err, sizeof j->err, "%s", kvp_error_detail());
     kvp_model_destroy(m);
@@ -52,7 +57,7 @@ static void run_ranks(int tp, const char *path, const tu_golden *g, rank_job *jo
     for (int r = 0; r < tp; r++) cr_assert_eq(jobs[r].status, KVP_OK, "tp %d rank %d: %s", tp, r, jobs[r].err);
 }
 
-Test(tp_threads, golden_tokens_on_every_rank_at_tp_2_4_8_with_one_ranks_logprobs)
+Test(tp_threads, golden_tokens_at_tp_2_4_8_with_one_ranks_logprobs_and_every_rank_following_rank_0)
 {
     tu_require_shared();
     static tu_golden g;
@@ -63,21 +68,22 @@ Test(tp_threads, golden_tokens_on_every_rank_at_tp_2_4_8_with_one_ranks_logprobs
     for (int k = 0; k < 3; k++) {
         const int tp = tps[k];
         run_ranks(tp, k == 1 ? S260_HF : S260_GGUF, &g, jobs);
-        for (int r = 0; r < tp; r++) {
-            for (int i = 0; i < g.n; i++) {
-                const kvp_session_result *x = &jobs[r].res[i];
-                cr_assert_eq(x->n_tokens[0], g.nwant[i], "tp %d rank %d case %d", tp, r, i);
-                for (int t = 0; t < g.nwant[i]; t++)
-                    cr_assert_eq(x->tokens[0][t], g.want[i][t], "tp %d rank %d case %d token %d", tp, r, i, t);
-                const double a = one[0].res[i].logprob[0], b = x->logprob[0];
-                cr_assert(fabs(a - b) <= 1e-4 * fabs(a) + 1e-5, "tp %d case %d: log-probability %.9g, %.9g on one rank",
-                          tp, i, b, a);
-            }
-            /* 4 KV heads: 4/tp of them per rank, one replica past 4 ranks */
-            const double share = tp <= 4 ? 1.0 / tp : 0.25;
-            cr_assert_float_eq((double)jobs[r].st.kv_pool_bytes, one[0].st.kv_pool_bytes * share, 0.5, "tp %d", tp);
-            kvp_session_results_free(jobs[r].res, g.n);
+        for (int r = 1; r < tp; r++)
+            cr_assert_eq(jobs[r].followed, jobs[0].st.steps, "tp %d rank %d ran %lld of rank 0's %lld steps", tp, r,
+                         (long long)jobs[r].followed, (long long)jobs[0].st.steps);
+        for (int i = 0; i < g.n; i++) { /* rank 0's results: the golden story */
+            const kvp_session_result *x = &jobs[0].res[i];
+            cr_assert_eq(x->n_tokens[0], g.nwant[i], "tp %d case %d", tp, i);
+            for (int t = 0; t < g.nwant[i]; t++)
+                cr_assert_eq(x->tokens[0][t], g.want[i][t], "tp %d case %d token %d", tp, i, t);
+            const double a = one[0].res[i].logprob[0], b = x->logprob[0];
+            cr_assert(fabs(a - b) <= 1e-4 * fabs(a) + 1e-5, "tp %d case %d: log-probability %.9g, %.9g on one rank",
+                      tp, i, b, a);
         }
+        /* 4 KV heads: 4/tp of them per rank, one replica past 4 ranks */
+        const double share = tp <= 4 ? 1.0 / tp : 0.25;
+        cr_assert_float_eq((double)jobs[0].st.kv_pool_bytes, one[0].st.kv_pool_bytes * share, 0.5, "tp %d", tp);
+        kvp_session_results_free(jobs[0].res, g.n);
     }
     kvp_session_results_free(one[0].res, g.n);
 }
