@@ -355,6 +355,7 @@ static void usage(FILE *f)
             "                          0: every capacity where the hit rate changes (lossless)\n"
             "  --kv-events FILE        the cache's KV events in vLLM's schema, one JSON batch a line per request\n"
             "                          (prefix_cache/kv_events.h); one configuration only\n"
+            "  --no-regret             skip the belady and unbounded replays of the regret columns (left empty)\n"
             "  --health FILE           the block lifetime, idle-before-evict, reuse-gap and evicted-miss-age\n"
             "                          histograms of every row, as JSON (times in replay positions)\n"
             "  --sweep                 write OUT/NAME.csv and OUT/NAME.png (total hit rate against capacity, one line\n"
@@ -537,10 +538,17 @@ static int add_row(kvp_report *rep, const kvp_workload *w, const kvp_prefix_repl
     cJSON_AddNumberToObject(row, "lifetime_p50", kvp_hist_quantile(&r->miss.lifetime, 0.5));
     cJSON_AddNumberToObject(row, "idle_before_evict_p50", kvp_hist_quantile(&r->miss.idle_before_evict, 0.5));
     cJSON_AddNumberToObject(row, "reuse_gap_p50", kvp_hist_quantile(&r->miss.reuse_gap, 0.5));
-    cJSON_AddNumberToObject(row, "belady_hit_rate", belady);
-    cJSON_AddNumberToObject(row, "unbounded_hit_rate", unbounded);
-    cJSON_AddNumberToObject(row, "regret_belady", c->kind == KVP_PC_NONE ? 0 : belady - r->total_hit_rate);
-    cJSON_AddNumberToObject(row, "regret_unbounded", c->kind == KVP_PC_NONE ? 0 : unbounded - r->total_hit_rate);
+    if (isnan(belady)) { /* --no-regret */
+        cJSON_AddNullToObject(row, "belady_hit_rate");
+        cJSON_AddNullToObject(row, "unbounded_hit_rate");
+        cJSON_AddNullToObject(row, "regret_belady");
+        cJSON_AddNullToObject(row, "regret_unbounded");
+    } else {
+        cJSON_AddNumberToObject(row, "belady_hit_rate", belady);
+        cJSON_AddNumberToObject(row, "unbounded_hit_rate", unbounded);
+        cJSON_AddNumberToObject(row, "regret_belady", c->kind == KVP_PC_NONE ? 0 : belady - r->total_hit_rate);
+        cJSON_AddNumberToObject(row, "regret_unbounded", c->kind == KVP_PC_NONE ? 0 : unbounded - r->total_hit_rate);
+    }
     return 0;
 }
 
@@ -654,12 +662,13 @@ int kvp_bench_prefix(int argc, char **argv)
         {"no-plot", no_argument, NULL, 'P'},      {"help", no_argument, NULL, 'h'},
         {"curve", no_argument, NULL, 'K'},        {"curve-points", required_argument, NULL, 'k'},
         {"kv-events", required_argument, NULL, 'E'}, {"health", required_argument, NULL, 'Y'},
+        {"no-regret", no_argument, NULL, 'R'},
         {NULL, 0, NULL, 0},
     };
     const char *trace = NULL, *spec = NULL, *cache_s = "radix", *evict_s = "lru", *bs_s = "16", *cap_s = NULL, *host_s = "0",
                *hpol_s = "write_through", *kv_events = NULL, *health = NULL;
     const char *outdir = "bench/results", *name = NULL;
-    int skip_bad = 0, sweep = 0, plot = 1, cap_tokens = 0, curve = 0, c;
+    int skip_bad = 0, sweep = 0, plot = 1, cap_tokens = 0, curve = 0, regret = 1, c;
     int64_t curve_points = 200;
     kvp_format fmt = KVP_FMT_TABLE;
     optind = 0;
@@ -691,6 +700,7 @@ int kvp_bench_prefix(int argc, char **argv)
             break;
         case 'E': kv_events = optarg; break;
         case 'Y': health = optarg; break;
+        case 'R': regret = 0; break;
         case 'f':
             if (kvp_format_parse(optarg, &fmt) != KVP_OK) return kvp_cli_usage_error("bench prefix", "%s", kvp_error_message());
             break;
@@ -797,7 +807,8 @@ int kvp_bench_prefix(int argc, char **argv)
                             kvp_prefix_replay_result r;
                             double belady, unbounded;
                             if ((st = replay_memo(&mm, w, &cfg, kv_events, &r)) != KVP_OK) break;
-                            if ((st = regret_refs(&mm, w, &cfg, &belady, &unbounded)) != KVP_OK) break;
+                            belady = unbounded = NAN;
+                            if (regret && (st = regret_refs(&mm, w, &cfg, &belady, &unbounded)) != KVP_OK) break;
                             if (add_row(rep, w, &cfg, &r, nbs > 1, nhost > 1, nhp > 1, belady, unbounded) != 0)
                                 st = KVP_ERR(KVP_ENOMEM, "out of memory for the report");
                             if (hj) add_health(hj, w, &cfg, &r);
