@@ -351,6 +351,7 @@ static void usage(FILE *f)
             "                          or hash without a host tier at every capacity): stdout carries the curve's\n"
             "                          rows instead of the replay's; a sweep writes OUT/NAME_curve.csv beside\n"
             "                          OUT/NAME.csv and draws it on the plot\n"
+            "                          (--curve without --capacity, --sweep, --kv-events or --health replays nothing)\n"
             "  --curve-points N        rows of the curve: N log-spaced capacities plus the swept ones (default 200);\n"
             "                          0: every capacity where the hit rate changes (lossless)\n"
             "  --kv-events FILE        the cache's KV events in vLLM's schema, one JSON batch a line per request\n"
@@ -593,59 +594,137 @@ static int cmp_i64(const void *a, const void *b)
     return x < y ? -1 : x > y;
 }
 
-/* The curve's rows for one block size: `points` log-spaced capacities and the swept ones (or every step when
- * points == 0), then unbounded (capacity 0). */
-static kvp_status add_curve_rows(kvp_report *rep, const kvp_workload *w, const kvp_lru_curve *c, int32_t bs, int points,
-                                 const int64_t *swept, int nswept, int multi_bs, double wall_s)
+/* A curve of one block size and the capacities of its rows: `points` log-spaced capacities and the swept ones
+ * (or every capacity where the hit rate changes, when points == 0), then unbounded (capacity 0). */
+typedef struct {
+    kvp_lru_curve *c;
+    int32_t bs;
+    double wall_s;
+    int64_t *caps;
+    size_t ncap;
+} curve_item;
+
+static kvp_status curve_caps(curve_item *it, int points, const int64_t *swept, int nswept)
 {
-    const int64_t nb = kvp_lruc_blocks(c), look = kvp_lruc_lookup_tokens(c);
-    int64_t *caps = NULL;
-    size_t ncap = 0, cap = 0;
+    const kvp_lru_curve *c = it->c;
+    const int64_t nb = kvp_lruc_blocks(c);
+    size_t cap = 0;
     kvp_status st = KVP_OK;
     if (points == 0) {
         for (int64_t C = 1; st == KVP_OK && C <= nb; C++)
             if (C == 1 || kvp_lruc_hit_tokens(c, C) != kvp_lruc_hit_tokens(c, C - 1))
-                if ((st = kvp_grow((void **)&caps, &cap, ncap + 1, sizeof *caps)) == KVP_OK) caps[ncap++] = C;
-    } else {
-        st = kvp_grow((void **)&caps, &cap, (size_t)points + (size_t)nswept + 1, sizeof *caps);
-        for (int i = 0; st == KVP_OK && i < points && nb > 0; i++) {
-            double f = points > 1 ? (double)i / (points - 1) : 1.0;
-            int64_t C = (int64_t)llround(exp(f * log((double)nb)));
-            caps[ncap++] = C < 1 ? 1 : C > nb ? nb : C;
+                if ((st = kvp_grow((void **)&it->caps, &cap, it->ncap + 1, sizeof *it->caps)) == KVP_OK) it->caps[it->ncap++] = C;
+        return st;
+    }
+    KVP_TRY(kvp_grow((void **)&it->caps, &cap, (size_t)points + (size_t)nswept + 1, sizeof *it->caps));
+    for (int i = 0; i < points && nb > 0; i++) {
+        double f = points > 1 ? (double)i / (points - 1) : 1.0;
+        int64_t C = (int64_t)llround(exp(f * log((double)nb)));
+        it->caps[it->ncap++] = C < 1 ? 1 : C > nb ? nb : C;
+    }
+    for (int i = 0; i < nswept; i++)
+        if (swept[i] > 0 && swept[i] <= nb) it->caps[it->ncap++] = swept[i];
+    if (it->ncap) qsort(it->caps, it->ncap, sizeof *it->caps, cmp_i64);
+    size_t u = 0;
+    for (size_t i = 0; i < it->ncap; i++)
+        if (u == 0 || it->caps[i] != it->caps[u - 1]) it->caps[u++] = it->caps[i];
+    it->ncap = u;
+    return KVP_OK;
+}
+
+/* The curve's rows, streamed (a lossless curve has a row per step: hundreds of thousands of them) in the format
+ * of common/report.h: CURVE_FIELDS then machine and commit; a table ends with a "# machine" line. */
+static void csv_str(FILE *f, const char *v)
+{
+    if (strpbrk(v, ",\"\n") == NULL) {
+        fputs(v, f);
+        return;
+    }
+    fputc('"', f);
+    for (const char *p = v; *p; p++) fputs(*p == '"' ? "\"\"" : (char[2]){*p, 0}, f);
+    fputc('"', f);
+}
+
+static void json_str(FILE *f, const char *v)
+{
+    fputc('"', f);
+    for (const char *p = v; *p; p++)
+        if (*p == '"' || *p == '\\') fprintf(f, "\\%c", *p);
+        else if ((unsigned char)*p < 0x20) fprintf(f, "\\u%04x", (unsigned char)*p);
+        else fputc(*p, f);
+    fputc('"', f);
+}
+
+static kvp_status write_curves(FILE *f, kvp_format fmt, const kvp_workload *w, const curve_item *items, int n, int multi_bs,
+                               const char *path)
+{
+    const char *machine = kvp_machine_string(), *commit = kvp_git_commit();
+    if (fmt == KVP_FMT_JSON) fputs("[", f);
+    else {
+        for (int k = 0; k < NCURVE; k++) fprintf(f, fmt == KVP_FMT_CSV ? "%s," : "%s  ", CURVE_FIELDS[k]);
+        fputs(fmt == KVP_FMT_CSV ? "machine,commit\n" : "\n", f);
+        /* (table columns are as wide as their header: the values are shorter but for the workload and series) */
+    }
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) {
+        const curve_item *it = &items[i];
+        const kvp_lru_curve *c = it->c;
+        const int64_t nb = kvp_lruc_blocks(c), look = kvp_lruc_lookup_tokens(c);
+        char series[64] = "lru curve";
+        if (multi_bs) snprintf(series, sizeof series, "lru curve/bs%d", it->bs);
+        for (size_t j = 0; j <= it->ncap; j++) {
+            const int64_t C = j < it->ncap ? it->caps[j] : 0, hit = kvp_lruc_hit_tokens(c, C);
+            const double hr = look ? (double)hit / (double)look : 0;
+            const double sr = look ? (double)kvp_lruc_stack_hit_tokens(c, C) / (double)look : 0;
+            const long long cap_tok = (long long)(C > 0 ? C : nb) * it->bs;
+            if (fmt == KVP_FMT_JSON) {
+                fprintf(f, "%s\n  {\"workload\": ", rows ? "," : "");
+                json_str(f, w->name);
+                fprintf(f, ", \"cache\": \"radix|hash\", \"evict\": \"lru\", \"block_size\": %d, \"capacity\": %lld, "
+                           "\"capacity_tokens\": %lld, \"series\": \"%s\", \"requests\": %lld, \"prompt_tokens\": %lld, "
+                           "\"hit_tokens\": %lld, \"hit_rate\": %.17g, \"stack_hit_rate\": %.17g, \"distinct_blocks\": %lld, "
+                           "\"max_request_blocks\": %lld, \"exact\": %d, \"wall_s\": %.6g, \"machine\": ",
+                        it->bs, (long long)C, cap_tok, series, (long long)w->n, (long long)look, (long long)hit, hr, sr,
+                        (long long)nb, (long long)kvp_lruc_max_access_blocks(c), kvp_lruc_exact(c), it->wall_s);
+                json_str(f, machine);
+                fprintf(f, ", \"commit\": \"%s\"}", commit);
+            } else { /* one value string per field, then CSV (quoted where needed) or padded table columns */
+                char v[NCURVE + 2][96];
+                snprintf(v[0], sizeof v[0], "%s", w->name);
+                snprintf(v[1], sizeof v[1], "radix|hash");
+                snprintf(v[2], sizeof v[2], "lru");
+                snprintf(v[3], sizeof v[3], "%d", it->bs);
+                snprintf(v[4], sizeof v[4], "%lld", (long long)C);
+                snprintf(v[5], sizeof v[5], "%lld", cap_tok);
+                snprintf(v[6], sizeof v[6], "%s", series);
+                snprintf(v[7], sizeof v[7], "%lld", (long long)w->n);
+                snprintf(v[8], sizeof v[8], "%lld", (long long)look);
+                snprintf(v[9], sizeof v[9], "%lld", (long long)hit);
+                snprintf(v[10], sizeof v[10], "%.6g", hr);
+                snprintf(v[11], sizeof v[11], "%.6g", sr);
+                snprintf(v[12], sizeof v[12], "%lld", (long long)nb);
+                snprintf(v[13], sizeof v[13], "%lld", (long long)kvp_lruc_max_access_blocks(c));
+                snprintf(v[14], sizeof v[14], "%d", kvp_lruc_exact(c));
+                snprintf(v[15], sizeof v[15], "%.6g", it->wall_s);
+                snprintf(v[16], sizeof v[16], "%s", machine);
+                snprintf(v[17], sizeof v[17], "%s", commit);
+                for (int k = 0; k < (fmt == KVP_FMT_CSV ? NCURVE + 2 : NCURVE); k++) {
+                    if (fmt == KVP_FMT_CSV) {
+                        if (k) fputc(',', f);
+                        csv_str(f, v[k]);
+                    } else {
+                        fprintf(f, "%*s  ", (int)strlen(CURVE_FIELDS[k]), v[k]);
+                    }
+                }
+                fputc('\n', f);
+            }
+            rows++;
         }
-        for (int i = 0; st == KVP_OK && i < nswept; i++)
-            if (swept[i] > 0 && swept[i] <= nb) caps[ncap++] = swept[i];
-        if (ncap) qsort(caps, ncap, sizeof *caps, cmp_i64);
-        size_t u = 0;
-        for (size_t i = 0; i < ncap; i++)
-            if (u == 0 || caps[i] != caps[u - 1]) caps[u++] = caps[i];
-        ncap = u;
     }
-    char series[64] = "lru curve";
-    if (multi_bs) snprintf(series, sizeof series, "lru curve/bs%d", bs);
-    for (size_t i = 0; st == KVP_OK && i <= ncap; i++) {
-        const int64_t C = i < ncap ? caps[i] : 0;
-        cJSON *row;
-        if ((st = kvp_report_row(rep, &row)) != KVP_OK) break;
-        cJSON_AddStringToObject(row, "workload", w->name);
-        cJSON_AddStringToObject(row, "cache", "radix|hash");
-        cJSON_AddStringToObject(row, "evict", "lru");
-        cJSON_AddNumberToObject(row, "block_size", bs);
-        cJSON_AddNumberToObject(row, "capacity", (double)C);
-        cJSON_AddNumberToObject(row, "capacity_tokens", (double)(C > 0 ? C : nb) * bs);
-        cJSON_AddStringToObject(row, "series", series);
-        cJSON_AddNumberToObject(row, "requests", (double)w->n);
-        cJSON_AddNumberToObject(row, "prompt_tokens", (double)look);
-        cJSON_AddNumberToObject(row, "hit_tokens", (double)kvp_lruc_hit_tokens(c, C));
-        cJSON_AddNumberToObject(row, "hit_rate", look ? (double)kvp_lruc_hit_tokens(c, C) / (double)look : 0);
-        cJSON_AddNumberToObject(row, "stack_hit_rate", look ? (double)kvp_lruc_stack_hit_tokens(c, C) / (double)look : 0);
-        cJSON_AddNumberToObject(row, "distinct_blocks", (double)nb);
-        cJSON_AddNumberToObject(row, "max_request_blocks", (double)kvp_lruc_max_access_blocks(c));
-        cJSON_AddNumberToObject(row, "exact", kvp_lruc_exact(c));
-        cJSON_AddNumberToObject(row, "wall_s", wall_s);
-    }
-    kvp_free(caps);
-    return st;
+    if (fmt == KVP_FMT_JSON) fputs("\n]\n", f);
+    if (fmt == KVP_FMT_TABLE) fprintf(f, "# machine: %s; commit %s\n", machine, commit);
+    if (fflush(f) != 0 || ferror(f)) return KVP_ERR(KVP_EIO, "writing the curve to %s failed: %s", path, strerror(errno));
+    return KVP_OK;
 }
 
 int kvp_bench_prefix(int argc, char **argv)
@@ -744,8 +823,10 @@ int kvp_bench_prefix(int argc, char **argv)
         return kvp_cli_usage_error("bench prefix", "--host-capacity: %s", kvp_error_message());
     if (kvp_parse_list(hpol_s, parse_host_policy, hpols, sizeof hpols[0], MAXL, &nhp) != KVP_OK)
         return kvp_cli_usage_error("bench prefix", "--host-write-policy: %s", kvp_error_message());
+    /* --curve alone (no capacities, no --sweep) replays nothing: the curve covers every capacity */
+    const int curve_only = curve && cap_s == NULL && !sweep && kv_events == NULL && health == NULL;
     const int combos = nk * np * nbs * ncap * nhost * nhp;
-    if (combos > 1) sweep = 1;
+    if (combos > 1 && !curve_only) sweep = 1;
     if (kv_events && combos > 1)
         return kvp_cli_usage_error("bench prefix", "--kv-events follows one cache: give one cache, policy, block size, "
                                                    "capacity and host tier (%d combinations given)", combos);
@@ -774,16 +855,17 @@ int kvp_bench_prefix(int argc, char **argv)
     if (w->skipped_lines) KVP_LOG_W("bench prefix: skipped %lld malformed lines", (long long)w->skipped_lines);
     KVP_LOG_I("bench prefix: %s: %lld requests, %lld prompt tokens", w->name, (long long)w->n, (long long)w->total_prompt_tokens);
 
-    kvp_report *rep = NULL, *crep = NULL;
+    kvp_report *rep = NULL;
+    curve_item curves[MAXL];
+    int ncurves = 0;
     memo mm = {0};
     cJSON *hj = health ? cJSON_CreateArray() : NULL;
     st = kvp_report_create(FIELDS, NFIELDS, &rep);
-    if (st == KVP_OK && curve) st = kvp_report_create(CURVE_FIELDS, NCURVE, &crep);
     if (st == KVP_OK && health && hj == NULL) st = KVP_ERR(KVP_ENOMEM, "out of memory for --health");
     for (int ib = 0; ib < nbs && st == KVP_OK; ib++) {
         int64_t cl[MAXL];
-        int ncl = ncap;
-        if (ncap < 0) {
+        int ncl = curve_only ? 0 : ncap;
+        if (ncap < 0 && !curve_only) {
             kvp_prefix_replay_cfg c0 = {KVP_PC_RADIX, KVP_EVICT_LRU, bss[ib], 0, 0, KVP_HC_WRITE_THROUGH};
             kvp_prefix_replay_result r0;
             if ((st = replay_memo(&mm, w, &c0, NULL, &r0)) != KVP_OK) break;
@@ -820,14 +902,15 @@ int kvp_bench_prefix(int argc, char **argv)
             const double dt = kvp_now_s() - t0;
             if (st == KVP_OK) {
                 KVP_LOG_I("bench prefix: lru curve, bs %d: %lld distinct blocks in %.3f s", bss[ib], (long long)kvp_lruc_blocks(lc), dt);
-                st = add_curve_rows(crep, w, lc, bss[ib], (int)curve_points, cl, ncl, nbs > 1, dt);
+                curves[ncurves] = (curve_item){lc, bss[ib], dt, NULL, 0};
+                st = curve_caps(&curves[ncurves++], (int)curve_points, cl, ncl);
             }
-            kvp_lruc_destroy(lc);
         }
     }
     int rc = KVP_EXIT_OK;
     if (st != KVP_OK) rc = kvp_cli_fail("bench prefix", st);
-    if (rc == KVP_EXIT_OK && (st = kvp_report_print(curve ? crep : rep, stdout, fmt)) != KVP_OK) rc = kvp_cli_fail("bench prefix", st);
+    if (rc == KVP_EXIT_OK) st = curve ? write_curves(stdout, fmt, w, curves, ncurves, nbs > 1, "stdout") : kvp_report_print(rep, stdout, fmt);
+    if (rc == KVP_EXIT_OK && st != KVP_OK) rc = kvp_cli_fail("bench prefix", st);
     if (rc == KVP_EXIT_OK && kv_events) fprintf(stderr, "bench prefix: wrote %s\n", kv_events);
     if (rc == KVP_EXIT_OK && hj) {
         char *text = cJSON_Print(hj);
@@ -854,8 +937,14 @@ int kvp_bench_prefix(int argc, char **argv)
         snprintf(ccsv, sizeof ccsv, "%s/%s_curve.csv", outdir, stem);
         snprintf(png, sizeof png, "%s/%s.png", outdir, stem);
         if ((st = kvp_report_write_csv(rep, csv)) != KVP_OK) rc = kvp_cli_fail("bench prefix", st);
-        else if (curve && (st = kvp_report_write_csv(crep, ccsv)) != KVP_OK) rc = kvp_cli_fail("bench prefix", st);
-        else {
+        else if (curve) {
+            FILE *cf = fopen(ccsv, "w");
+            st = cf ? write_curves(cf, KVP_FMT_CSV, w, curves, ncurves, nbs > 1, ccsv)
+                    : KVP_ERR(KVP_EIO, "cannot write '%s': %s", ccsv, strerror(errno));
+            if (cf && fclose(cf) != 0 && st == KVP_OK) st = KVP_ERR(KVP_EIO, "cannot write '%s': %s", ccsv, strerror(errno));
+            if (st != KVP_OK) rc = kvp_cli_fail("bench prefix", st);
+        }
+        if (rc == KVP_EXIT_OK) {
             fprintf(stderr, "bench prefix: wrote %s\n", csv);
             if (curve) fprintf(stderr, "bench prefix: wrote %s\n", ccsv);
             if (plot && run_plot(csv, curve ? ccsv : NULL, png, w->name, cap_tokens) == 0) fprintf(stderr, "bench prefix: wrote %s\n", png);
@@ -864,7 +953,10 @@ int kvp_bench_prefix(int argc, char **argv)
     cJSON_Delete(hj);
     kvp_free(mm.v);
     kvp_report_destroy(rep);
-    kvp_report_destroy(crep);
+    for (int i = 0; i < ncurves; i++) {
+        kvp_lruc_destroy(curves[i].c);
+        kvp_free(curves[i].caps);
+    }
     kvp_workload_destroy(w);
     return rc;
 }
