@@ -1,12 +1,16 @@
 /* prefix_cache/ledger.c — the miss ledger (contract in ledger.h).
  *
- *   recs[r] { hash, parent, len, tok -> arena[tok .. tok+len), flags, times }
+ *   recs[r] { hash, parent, len, tok -> the arena's tokens [tok, tok+len), flags, times }
  *     by_hash:   hash -> r        full blocks under their chain hash; partial tails under a salted hash of
  *                                 (parent, their tokens)
  *     by_start:  (parent, first token) -> r, several per key: the contents computed after a prefix, for the
  *                longest common prefix of a missed block with anything computed there
  * A full block's parent is the chain hash of the block before it, or the root key (the extra key's) for a first
  * block, so parent + tokens name a content exactly as the chain hash does.
+ *
+ * The arena holds the records' tokens in chunks that never move (doubling from 4,096 tokens to 1 M, and at least
+ * a block each; a record lies in one chunk): the history grows without copying what it holds. tok is the chunk's
+ * index << 32 | the offset in it.
  */
 #include "prefix_cache/ledger.h"
 
@@ -25,9 +29,73 @@ enum {
     R_FLUSHED = 16,    /* its last removal was a flush */
 };
 
+/* ---- the token arena ------------------------------------------------------------------------------ */
+
+typedef struct {
+    int32_t **ch;     /* [n] chunks; chunk i holds chunk_tokens(i) tokens */
+    size_t n, cap;    /* chunks allocated, room in ch */
+    int64_t cur, used; /* the chunk being filled (index < n once one is allocated) and its tokens used */
+    int64_t total;    /* tokens stored */
+    int32_t bs;       /* the longest piece: every record is at most a block */
+} tok_arena;
+
+static int64_t chunk_tokens(const tok_arena *a, size_t i)
+{
+    const int64_t t = i < 8 ? (int64_t)4096 << i : (int64_t)1 << 20;
+    return t > a->bs ? t : a->bs;
+}
+
+static void arena_fini(tok_arena *a)
+{
+    for (size_t i = 0; i < a->n; i++) kvp_free(a->ch[i]);
+    kvp_free(a->ch);
+    memset(a, 0, sizeof *a);
+}
+
+/* Room for k more pieces of at most bs tokens each, allocated now (puts cannot fail). Nothing changes on failure
+ * but chunks added for later. */
+static kvp_status arena_reserve(tok_arena *a, int64_t k)
+{
+    int64_t fit = (int64_t)a->n > a->cur ? (chunk_tokens(a, (size_t)a->cur) - a->used) / a->bs : 0;
+    for (size_t i = (size_t)a->cur + 1; i < a->n; i++) fit += chunk_tokens(a, i) / a->bs;
+    while (fit < k) {
+        if (kvp_grow((void **)&a->ch, &a->cap, a->n + 1, sizeof *a->ch) != KVP_OK) return KVP_ENOMEM;
+        int32_t *c = kvp_malloc((size_t)chunk_tokens(a, a->n) * sizeof *c);
+        if (c == NULL) return KVP_ENOMEM;
+        fit += chunk_tokens(a, a->n) / a->bs;
+        a->ch[a->n++] = c;
+    }
+    return KVP_OK;
+}
+
+/* Stores t[0..len) (1 <= len <= bs, room reserved); returns where. */
+static int64_t arena_put(tok_arena *a, const int32_t *t, int32_t len)
+{
+    if (a->used + len > chunk_tokens(a, (size_t)a->cur)) a->cur++, a->used = 0;
+    const int64_t at = a->cur << 32 | a->used;
+    memcpy(a->ch[a->cur] + a->used, t, (size_t)len * sizeof *t);
+    a->used += len;
+    a->total += len;
+    return at;
+}
+
+static const int32_t *arena_at(const tok_arena *a, int64_t tok)
+{
+    return a->ch[tok >> 32] + (tok & 0xffffffff);
+}
+
+/* tok names len tokens inside one stored chunk, before the fill point. */
+static int arena_holds(const tok_arena *a, int64_t tok, int32_t len)
+{
+    const int64_t c = tok >> 32, off = tok & 0xffffffff;
+    return tok >= 0 && c < (int64_t)a->n && c <= a->cur && len >= 1 && off + len <= (c < a->cur ? chunk_tokens(a, (size_t)c) : a->used);
+}
+
+/* ---- records ------------------------------------------------------------------------------------- */
+
 typedef struct {
     uint64_t hash, parent;
-    int64_t tok;    /* offset in the arena */
+    int64_t tok;    /* in the arena: chunk << 32 | offset */
     int32_t len;    /* tokens */
     uint32_t flags;
     double t_store, t_access, evict_idle;
@@ -41,9 +109,7 @@ struct kvp_ledger {
     rec *recs;
     size_t recs_cap;
     int64_t nrecs;
-    int32_t *arena;
-    size_t arena_cap;
-    int64_t arena_n;
+    tok_arena arena;
     pc_map by_hash, by_start;
     uint64_t *h; /* scratch: chain hashes of a sequence */
     size_t h_cap;
@@ -103,8 +169,6 @@ double kvp_hist_quantile(const kvp_hist *h, double q)
     return kvp_hist_bound(KVP_HIST_BUCKETS - 2);
 }
 
-/* ---- records ------------------------------------------------------------------------------------- */
-
 static uint64_t mix(uint64_t x)
 {
     x += 0x9e3779b97f4a7c15ull;
@@ -137,11 +201,11 @@ static int64_t find(const kvp_ledger *lg, uint64_t h, uint32_t full)
     return -1;
 }
 
-/* Room for k more records with up to `tokens` more tokens: nothing changes on failure. */
-static kvp_status reserve(kvp_ledger *lg, int64_t k, int64_t tokens)
+/* Room for k more records: nothing changes on failure (but room made for later). */
+static kvp_status reserve(kvp_ledger *lg, int64_t k)
 {
     if (kvp_grow((void **)&lg->recs, &lg->recs_cap, (size_t)(lg->nrecs + k), sizeof *lg->recs) != KVP_OK ||
-        kvp_grow((void **)&lg->arena, &lg->arena_cap, (size_t)(lg->arena_n + tokens), sizeof *lg->arena) != KVP_OK ||
+        arena_reserve(&lg->arena, k) != KVP_OK ||
         pc_map_reserve(&lg->by_hash, (size_t)k) != KVP_OK || pc_map_reserve(&lg->by_start, (size_t)k) != KVP_OK)
         return KVP_ERR(KVP_ENOMEM, "miss ledger: out of memory for %lld more blocks of history", (long long)k);
     return KVP_OK;
@@ -157,9 +221,7 @@ static int64_t add(kvp_ledger *lg, uint64_t hash, uint64_t parent, const int32_t
     x->parent = parent;
     x->len = len;
     x->flags = flags;
-    x->tok = lg->arena_n;
-    memcpy(lg->arena + lg->arena_n, t, (size_t)len * sizeof *t);
-    lg->arena_n += len;
+    x->tok = arena_put(&lg->arena, t, len);
     pc_map_put(&lg->by_hash, hash, (int32_t)r);
     pc_map_put(&lg->by_start, start_key(parent, t[0]), (int32_t)r);
     return r;
@@ -173,7 +235,7 @@ static int32_t longest_seen(const kvp_ledger *lg, uint64_t parent, const int32_t
     for (int64_t s = pc_map_first(&lg->by_start, key); s >= 0; s = pc_map_next(&lg->by_start, key, s)) {
         const rec *r = &lg->recs[lg->by_start.slots[s].val];
         if (r->parent != parent) continue;
-        const int32_t *u = lg->arena + r->tok;
+        const int32_t *u = arena_at(&lg->arena, r->tok);
         const int32_t m = r->len < limit ? r->len : limit;
         int32_t l = 0;
         while (l < m && u[l] == t[l]) l++;
@@ -185,41 +247,38 @@ static int32_t longest_seen(const kvp_ledger *lg, uint64_t parent, const int32_t
 /* Forgets the history of every block not cached now (max_records reached). */
 static kvp_status forget(kvp_ledger *lg)
 {
-    int64_t keep = 0, toks = 0;
-    for (int64_t r = 0; r < lg->nrecs; r++)
-        if (lg->recs[r].flags & R_CACHED) keep++, toks += lg->recs[r].len;
+    int64_t keep = 0;
+    for (int64_t r = 0; r < lg->nrecs; r++) keep += (lg->recs[r].flags & R_CACHED) != 0;
     rec *recs = kvp_malloc((size_t)(keep ? keep : 1) * sizeof *recs);
-    int32_t *arena = kvp_malloc((size_t)(toks ? toks : 1) * sizeof *arena);
+    tok_arena arena = {.bs = lg->bs};
     pc_map bh = {0}, bs = {0};
-    if (recs == NULL || arena == NULL || pc_map_reserve(&bh, (size_t)keep) != KVP_OK || pc_map_reserve(&bs, (size_t)keep) != KVP_OK) {
+    if (recs == NULL || arena_reserve(&arena, keep) != KVP_OK || pc_map_reserve(&bh, (size_t)keep) != KVP_OK ||
+        pc_map_reserve(&bs, (size_t)keep) != KVP_OK) {
         kvp_free(recs);
-        kvp_free(arena);
+        arena_fini(&arena);
         pc_map_fini(&bh);
         pc_map_fini(&bs);
         return KVP_ERR(KVP_ENOMEM, "miss ledger: out of memory forgetting its history");
     }
-    int64_t n = 0, a = 0;
+    int64_t n = 0;
     for (int64_t r = 0; r < lg->nrecs; r++) {
         const rec *x = &lg->recs[r];
         if (!(x->flags & R_CACHED)) continue;
+        const int32_t *t = arena_at(&lg->arena, x->tok);
         recs[n] = *x;
-        recs[n].tok = a;
-        memcpy(arena + a, lg->arena + x->tok, (size_t)x->len * sizeof *arena);
+        recs[n].tok = arena_put(&arena, t, x->len);
         pc_map_put(&bh, x->hash, (int32_t)n);
-        pc_map_put(&bs, start_key(x->parent, arena[a]), (int32_t)n);
-        a += x->len;
+        pc_map_put(&bs, start_key(x->parent, t[0]), (int32_t)n);
         n++;
     }
     kvp_free(lg->recs);
-    kvp_free(lg->arena);
+    arena_fini(&lg->arena);
     pc_map_fini(&lg->by_hash);
     pc_map_fini(&lg->by_start);
     lg->recs = recs;
     lg->recs_cap = (size_t)(keep ? keep : 1);
     lg->arena = arena;
-    lg->arena_cap = (size_t)(toks ? toks : 1);
     lg->nrecs = n;
-    lg->arena_n = a;
     lg->by_hash = bh;
     lg->by_start = bs;
     lg->st.forgets++;
@@ -266,7 +325,7 @@ static void on_event(void *ctx, const kvp_pc_event *e)
     }
     if (lg->err != KVP_OK) return;
     kvp_status st = make_room(lg, e->n);
-    if (st == KVP_OK) st = reserve(lg, e->n, (int64_t)e->n * lg->bs);
+    if (st == KVP_OK) st = reserve(lg, e->n);
     if (st != KVP_OK) {
         lg->err = st;
         snprintf(lg->errmsg, sizeof lg->errmsg, "%s", kvp_error_message());
@@ -293,6 +352,7 @@ kvp_status kvp_ledger_create(int32_t block_size, int64_t max_records, kvp_ledger
     kvp_ledger *lg = kvp_calloc(1, sizeof *lg);
     if (lg == NULL) return KVP_ERR(KVP_ENOMEM, "out of memory for a miss ledger");
     lg->bs = block_size;
+    lg->arena.bs = block_size;
     lg->max_records = max_records;
     *out = lg;
     return KVP_OK;
@@ -303,7 +363,7 @@ void kvp_ledger_destroy(kvp_ledger *lg)
     if (lg == NULL) return;
     kvp_ledger_detach(lg);
     kvp_free(lg->recs);
-    kvp_free(lg->arena);
+    arena_fini(&lg->arena);
     kvp_free(lg->h);
     pc_map_fini(&lg->by_hash);
     pc_map_fini(&lg->by_start);
@@ -428,7 +488,7 @@ kvp_status kvp_ledger_computed(kvp_ledger *lg, const int32_t *tokens, int32_t n_
         else break;
     }
     if (fresh + new_tail == 0) return KVP_OK;
-    KVP_TRY(reserve(lg, fresh + new_tail, fresh * bs + tail));
+    KVP_TRY(reserve(lg, fresh + new_tail));
     for (int32_t i = 0; fresh > 0 && i < full; i++)
         if (find(lg, lg->h[i], R_FULL) < 0)
             add(lg, lg->h[i], i > 0 ? lg->h[i - 1] : root_key(extra_key), tokens + (size_t)i * bs, bs, R_FULL);
@@ -448,7 +508,7 @@ void kvp_ledger_get_stats(const kvp_ledger *lg, kvp_ledger_stats *out)
 {
     *out = lg->st;
     out->records = lg->nrecs;
-    out->history_tokens = lg->arena_n;
+    out->history_tokens = lg->arena.total;
 }
 
 static kvp_status check_hist(const kvp_hist *h, const char *name)
@@ -475,19 +535,20 @@ kvp_status kvp_ledger_check(const kvp_ledger *lg)
     int64_t toks = 0;
     for (int64_t r = 0; r < lg->nrecs; r++) {
         const rec *x = &lg->recs[r];
-        if (x->tok < 0 || x->len < 1 || x->tok + x->len > lg->arena_n || ((x->flags & R_FULL) != 0) != (x->len == lg->bs))
+        if (!arena_holds(&lg->arena, x->tok, x->len) || ((x->flags & R_FULL) != 0) != (x->len == lg->bs))
             return KVP_ERR(KVP_ESTATE, "ledger: record %lld has tokens [%lld, +%d)", (long long)r, (long long)x->tok, x->len);
         if ((x->flags & R_CACHED) && !(x->flags & R_EVER_CACHED)) return KVP_ERR(KVP_ESTATE, "ledger: record %lld cached but never cached", (long long)r);
         int found = 0;
         for (int64_t sl = pc_map_first(&lg->by_hash, x->hash); sl >= 0; sl = pc_map_next(&lg->by_hash, x->hash, sl))
             found += lg->by_hash.slots[sl].val == (int32_t)r;
-        const uint64_t sk = start_key(x->parent, lg->arena[x->tok]);
+        const uint64_t sk = start_key(x->parent, arena_at(&lg->arena, x->tok)[0]);
         for (int64_t sl = pc_map_first(&lg->by_start, sk); sl >= 0; sl = pc_map_next(&lg->by_start, sk, sl))
             found += 2 * (lg->by_start.slots[sl].val == (int32_t)r);
         if (found != 3) return KVP_ERR(KVP_ESTATE, "ledger: record %lld is not indexed exactly once in both maps", (long long)r);
         toks += x->len;
     }
-    if (toks != lg->arena_n) return KVP_ERR(KVP_ESTATE, "ledger: records hold %lld of %lld arena tokens", (long long)toks, (long long)lg->arena_n);
+    if (toks != lg->arena.total)
+        return KVP_ERR(KVP_ESTATE, "ledger: records hold %lld of %lld arena tokens", (long long)toks, (long long)lg->arena.total);
     KVP_TRY(check_hist(&s->lifetime, "lifetime"));
     KVP_TRY(check_hist(&s->idle_before_evict, "idle_before_evict"));
     KVP_TRY(check_hist(&s->reuse_gap, "reuse_gap"));
