@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "prefix_cache/pc_internal.h"
 
 struct kvp_kv_events {
     FILE *f;
@@ -134,21 +135,13 @@ kvp_status kvp_kve_open(const char *path, int32_t block_size, kvp_kv_events **ou
 
 kvp_status kvp_kve_attach(kvp_kv_events *ev, kvp_prefix_cache *pc)
 {
-    if (ev == NULL || pc == NULL) return KVP_ERR(KVP_EINVAL, "kvp_kve_attach: NULL argument");
-    if (kvp_pc_block_size(pc) != ev->bs)
-        return KVP_ERR(KVP_EINVAL, "kv events of %d-token blocks cannot follow a cache of %d-token blocks", ev->bs,
-                       kvp_pc_block_size(pc));
-    if (ev->pc) return KVP_ERR(KVP_EINVAL, "kvp_kve_attach: the emitter already follows a cache");
-    KVP_TRY(kvp_pc_add_listener(pc, on_event, ev));
-    ev->pc = pc;
-    return KVP_OK;
+    if (ev == NULL) return KVP_ERR(KVP_EINVAL, "kvp_kve_attach: NULL emitter");
+    return pc_follow(&ev->pc, pc, ev->bs, on_event, ev, "kv events");
 }
 
 void kvp_kve_detach(kvp_kv_events *ev)
 {
-    if (ev == NULL || ev->pc == NULL) return;
-    kvp_pc_remove_listener(ev->pc, on_event, ev);
-    ev->pc = NULL;
+    if (ev) pc_unfollow(&ev->pc, on_event, ev);
 }
 
 kvp_status kvp_kve_flush(kvp_kv_events *ev, double ts)

@@ -372,21 +372,13 @@ void kvp_ledger_destroy(kvp_ledger *lg)
 
 kvp_status kvp_ledger_attach(kvp_ledger *lg, kvp_prefix_cache *pc)
 {
-    if (lg == NULL || pc == NULL) return KVP_ERR(KVP_EINVAL, "kvp_ledger_attach: NULL argument");
-    if (kvp_pc_block_size(pc) != lg->bs)
-        return KVP_ERR(KVP_EINVAL, "a ledger of %d-token blocks cannot follow a cache of %d-token blocks", lg->bs,
-                       kvp_pc_block_size(pc));
-    if (lg->pc) return KVP_ERR(KVP_EINVAL, "kvp_ledger_attach: the ledger already follows a cache");
-    KVP_TRY(kvp_pc_add_listener(pc, on_event, lg));
-    lg->pc = pc;
-    return KVP_OK;
+    if (lg == NULL) return KVP_ERR(KVP_EINVAL, "kvp_ledger_attach: NULL ledger");
+    return pc_follow(&lg->pc, pc, lg->bs, on_event, lg, "a miss ledger");
 }
 
 void kvp_ledger_detach(kvp_ledger *lg)
 {
-    if (lg == NULL || lg->pc == NULL) return;
-    kvp_pc_remove_listener(lg->pc, on_event, lg);
-    lg->pc = NULL;
+    if (lg) pc_unfollow(&lg->pc, on_event, lg);
 }
 
 void kvp_ledger_set_time(kvp_ledger *lg, double now)

@@ -176,6 +176,12 @@ kvp_status pc_heaps_reserve(kvp_prefix_cache *pc, size_t units);
 void pc_policy_evicted(kvp_prefix_cache *pc, const pc_meta *m, uint64_t hash);
 /* An insert may add n_new blocks: the policy's reserve hook (KVP_ENOMEM, nothing changed). */
 kvp_status pc_policy_reserve(kvp_prefix_cache *pc, int64_t n_new);
+/* A follower's attach (kv_events.c, ledger.c): adds fn(ctx) as pc's listener and sets *followed = pc, when
+ * *followed is NULL (one cache at a time) and pc's block size is bs. KVP_EINVAL naming `what` otherwise. */
+kvp_status pc_follow(kvp_prefix_cache **followed, kvp_prefix_cache *pc, int32_t bs, kvp_pc_event_fn fn, void *ctx,
+                     const char *what);
+/* Its detach: removes the listener from *followed, if any, and clears *followed. */
+void pc_unfollow(kvp_prefix_cache **followed, kvp_pc_event_fn fn, void *ctx);
 /* Whether accesses carry next-use hints (belady): arrays kept per block, keys lowered eagerly. */
 int pc_uses_next_use(const kvp_prefix_cache *pc);
 /* Calls every listener (kvp_pc_add_listener) with ev. */

@@ -170,6 +170,24 @@ void kvp_pc_remove_listener(kvp_prefix_cache *pc, kvp_pc_event_fn fn, void *ctx)
         }
 }
 
+kvp_status pc_follow(kvp_prefix_cache **followed, kvp_prefix_cache *pc, int32_t bs, kvp_pc_event_fn fn, void *ctx,
+                     const char *what)
+{
+    if (pc == NULL) return KVP_ERR(KVP_EINVAL, "%s: no cache to follow", what);
+    if (pc->bs != bs) return KVP_ERR(KVP_EINVAL, "%s of %d-token blocks cannot follow a cache of %d-token blocks", what, bs, pc->bs);
+    if (*followed) return KVP_ERR(KVP_EINVAL, "%s already follows a cache", what);
+    KVP_TRY(kvp_pc_add_listener(pc, fn, ctx));
+    *followed = pc;
+    return KVP_OK;
+}
+
+void pc_unfollow(kvp_prefix_cache **followed, kvp_pc_event_fn fn, void *ctx)
+{
+    if (*followed == NULL) return;
+    kvp_pc_remove_listener(*followed, fn, ctx);
+    *followed = NULL;
+}
+
 void pc_emit(const kvp_prefix_cache *pc, const kvp_pc_event *ev)
 {
     for (int i = 0; i < pc->nlisteners; i++) pc->listeners[i].fn(pc->listeners[i].ctx, ev);

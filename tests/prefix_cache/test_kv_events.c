@@ -150,10 +150,14 @@ Test(kv_events, errors)
     cr_assert_not_null(full);
     cr_assert_eq(kvp_kve_create(full, 4, &ev), KVP_OK);
     cr_assert_eq(kvp_kve_attach(ev, pc), KVP_EINVAL, "block sizes differ");
+    cr_assert(strstr(kvp_error_message(), "kv events of 4-token blocks cannot follow a cache of 2-token blocks"), "%s",
+              kvp_error_message());
+    cr_assert_eq(kvp_kve_attach(ev, NULL), KVP_EINVAL);
     kvp_kve_close(ev);
     cr_assert_eq(kvp_kve_create(full, 2, &ev), KVP_OK);
     cr_assert_eq(kvp_kve_attach(ev, pc), KVP_OK);
     cr_assert_eq(kvp_kve_attach(ev, pc), KVP_EINVAL, "one cache at a time");
+    cr_assert(strstr(kvp_error_message(), "kv events already follows a cache"), "%s", kvp_error_message());
     cr_assert_eq(kvp_kve_flush(ev, 0), KVP_OK, "no events: nothing is written");
     int32_t t[5] = {1, 2, 3, 4, 5}, b[2];
     cr_assert_eq(kvp_pool_alloc(pool, 2, b), KVP_OK);

@@ -257,6 +257,10 @@ Test(ledger, histograms_and_bad_arguments)
     cr_assert_eq(kvp_pool_create(4, 4, &pool), KVP_OK);
     cr_assert_eq(kvp_pc_create(KVP_PC_RADIX, KVP_EVICT_LRU, pool, 4, &pc), KVP_OK);
     cr_assert_eq(kvp_ledger_attach(lg, pc), KVP_EINVAL, "block sizes differ");
+    cr_assert(strstr(kvp_error_message(), "a miss ledger of 2-token blocks cannot follow a cache of 4-token blocks"),
+              "%s", kvp_error_message());
+    cr_assert_eq(kvp_ledger_attach(lg, NULL), KVP_EINVAL);
+    kvp_ledger_detach(lg); /* following nothing: a no-op */
     kvp_pc_destroy(pc);
     kvp_pool_destroy(pool);
     kvp_ledger_destroy(lg);
