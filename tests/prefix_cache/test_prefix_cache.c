@@ -352,6 +352,16 @@ static int32_t evict1(fixture *f)
     return gone;
 }
 
+/* Evicts one block at a time: the victims must be order[0..n), in that order. */
+static void victims(fixture *f, const int32_t *order, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const int32_t got = evict1(f);
+        cr_assert_eq(got, order[i], "victim %d is block %d, block %d expected", i, got, order[i]);
+    }
+}
+#define VICTIMS(f, ...) victims((f), (const int32_t[]){__VA_ARGS__}, (int)(sizeof((int32_t[]){__VA_ARGS__}) / sizeof(int32_t)))
+
 Test(prefix_cache, radix_node_splits)
 {
     fixture f = mk(KVP_PC_RADIX, KVP_EVICT_LRU, 32, 2);
@@ -540,9 +550,7 @@ Test(prefix_cache, policy_orders)
             fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_LRU, 8, 2);
             abc(&f, NULL, NULL, NULL, id, t);
             cr_assert_eq(hits(&f, t[0], 3, NULL), 1);
-            cr_assert_eq(evict1(&f), id[1]);
-            cr_assert_eq(evict1(&f), id[2]);
-            cr_assert_eq(evict1(&f), id[0]);
+            VICTIMS(&f, id[1], id[2], id[0]);
             rm(&f);
         }
         { /* lfu: A 3 accesses, C 2, B 1 */
@@ -551,18 +559,14 @@ Test(prefix_cache, policy_orders)
             hits(&f, t[0], 3, NULL);
             hits(&f, t[0], 3, NULL);
             hits(&f, t[2], 3, NULL);
-            cr_assert_eq(evict1(&f), id[1]);
-            cr_assert_eq(evict1(&f), id[2]);
-            cr_assert_eq(evict1(&f), id[0]);
+            VICTIMS(&f, id[1], id[2], id[0]);
             rm(&f);
         }
         { /* fifo: access does not matter */
             fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_FIFO, 8, 2);
             abc(&f, NULL, NULL, NULL, id, t);
             hits(&f, t[0], 3, NULL);
-            cr_assert_eq(evict1(&f), id[0]);
-            cr_assert_eq(evict1(&f), id[1]);
-            cr_assert_eq(evict1(&f), id[2]);
+            VICTIMS(&f, id[0], id[1], id[2]);
             rm(&f);
         }
         { /* priority: A pinned at 5 (sticky after a priority-0 access), C 1, B 0 and most recent */
@@ -571,9 +575,7 @@ Test(prefix_cache, policy_orders)
             abc(&f, &p5, NULL, &p1, id, t);
             hits(&f, t[0], 3, NULL);
             hits(&f, t[1], 3, NULL);
-            cr_assert_eq(evict1(&f), id[1]);
-            cr_assert_eq(evict1(&f), id[2]);
-            cr_assert_eq(evict1(&f), id[0]);
+            VICTIMS(&f, id[1], id[2], id[0]);
             rm(&f);
         }
         { /* belady: next uses A 10, B 3, C never */
@@ -583,9 +585,7 @@ Test(prefix_cache, policy_orders)
             abc(&f, &ha, &hb, &hc, id, t);
             int32_t hit[2], nh;
             cr_assert_eq(kvp_pc_match(f.pc, t[0], 3, NULL, 0, hit, 2, &nh), KVP_EINVAL, "belady needs next uses");
-            cr_assert_eq(evict1(&f), id[2]);
-            cr_assert_eq(evict1(&f), id[0]);
-            cr_assert_eq(evict1(&f), id[1]);
+            VICTIMS(&f, id[2], id[0], id[1]);
             rm(&f);
         }
     }
@@ -623,8 +623,7 @@ Test(prefix_cache, chain_evicts_tail_first)
         put(&f, t, 7, 3, NULL, id);
         cr_assert_eq(evict1(&f), id[2]);
         cr_assert_eq(hits(&f, t, 7, NULL), 2);
-        cr_assert_eq(evict1(&f), id[1]);
-        cr_assert_eq(evict1(&f), id[0]);
+        VICTIMS(&f, id[1], id[0]);
         rm(&f);
     }
 }
@@ -709,6 +708,18 @@ static void same(const state *a, const state *b, int64_t n)
     cr_assert_eq(a->free, b->free, "failure %lld changed the pool", (long long)n);
 }
 
+/* After an operation run with kvp_alloc_fail_at(n): 1 when it failed, which must be KVP_ENOMEM with the cache, its
+ * stats and the pool left as `before`; 0 when it succeeded. */
+static int failed_unchanged(const fixture *f, kvp_status st, const state *before, int64_t n)
+{
+    if (st == KVP_OK) return 0;
+    cr_assert_eq(st, KVP_ENOMEM, "%s", kvp_error_detail());
+    state after = grab(f);
+    same(before, &after, n);
+    free(after.s.v);
+    return 1;
+}
+
 Test(prefix_cache, allocation_failures_change_nothing)
 {
     for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++)
@@ -753,15 +764,8 @@ Test(prefix_cache, allocation_failures_change_nothing)
                 }
                 int64_t made = kvp_alloc_count();
                 kvp_alloc_fail_at(0);
-                if (st != KVP_OK) {
-                    cr_assert_eq(st, KVP_ENOMEM, "%s", kvp_error_detail());
-                    failures++;
-                    state after = grab(&f);
-                    same(&before, &after, n);
-                    free(after.s.v);
-                } else if (op == 0) {
-                    cr_assert_eq(kvp_pc_unlock(f.pc, hit, nh), KVP_OK);
-                }
+                if (failed_unchanged(&f, st, &before, n)) failures++;
+                else if (op == 0) cr_assert_eq(kvp_pc_unlock(f.pc, hit, nh), KVP_OK);
                 cr_assert_eq(kvp_pc_check(f.pc), KVP_OK, "%s", kvp_error_detail());
                 free(before.s.v);
                 cr_assert_eq(kvp_pool_release(f.pool, b, 4), KVP_OK);
@@ -852,9 +856,7 @@ Test(prefix_cache, slru_order)
         cr_assert_eq(hits(&f, t[0], 3, NULL), 1);
         put(&f, t[1], 3, 1, NULL, &id[1]);
         put(&f, t[2], 3, 1, NULL, &id[2]);
-        cr_assert_eq(evict1(&f), id[1]);
-        cr_assert_eq(evict1(&f), id[2]);
-        cr_assert_eq(evict1(&f), id[0]);
+        VICTIMS(&f, id[1], id[2], id[0]);
         rm(&f);
     }
 }
@@ -874,8 +876,7 @@ Test(prefix_cache, arc_order)
         cr_assert_eq(evict1(&f), idb, "T1 over its target: its LRU block");
         put(&f, b, 3, 1, NULL, &idb);
         cr_assert_eq(evict1(&f), ida, "after B's ghost hit, T1 (X) is within its target: T2's LRU");
-        cr_assert_eq(evict1(&f), idb);
-        cr_assert_eq(evict1(&f), idx);
+        VICTIMS(&f, idb, idx);
         rm(&f);
         /* the same without the ghost hit: X, T1's LRU, goes before A */
         f = mk((kvp_pc_kind)kind, KVP_EVICT_ARC, 8, 2);
@@ -883,9 +884,7 @@ Test(prefix_cache, arc_order)
         put(&f, a, 3, 1, NULL, &ida);
         cr_assert_eq(hits(&f, a, 3, NULL), 1);
         put(&f, b, 3, 1, NULL, &idb);
-        cr_assert_eq(evict1(&f), idx);
-        cr_assert_eq(evict1(&f), idb);
-        cr_assert_eq(evict1(&f), ida);
+        VICTIMS(&f, idx, idb, ida);
         rm(&f);
     }
 }
@@ -902,14 +901,11 @@ Test(prefix_cache, cost_order)
         put(&f, xy, 5, 2, NULL, ids);
         put(&f, z, 3, 1, NULL, &idz);
         if (kind == KVP_PC_RADIX) {
-            cr_assert_eq(evict1(&f), idz);
-            cr_assert_eq(evict1(&f), ids[1]);
-            cr_assert_eq(evict1(&f), ids[0]);
+            VICTIMS(&f, idz, ids[1], ids[0]);
         } else {
             cr_assert_eq(evict1(&f), ids[0], "hash: X first, though Y stays cached and unreachable");
             cr_assert_eq(hits(&f, xy, 5, NULL), 0);
-            cr_assert_eq(evict1(&f), idz);
-            cr_assert_eq(evict1(&f), ids[1]);
+            VICTIMS(&f, idz, ids[1]);
         }
         rm(&f);
     }
@@ -917,9 +913,7 @@ Test(prefix_cache, cost_order)
     put(&f, xy, 5, 2, NULL, ids);
     put(&f, z, 3, 1, NULL, &idz);
     for (int i = 0; i < 4; i++) cr_assert_eq(hits(&f, z, 3, NULL), 1);
-    cr_assert_eq(evict1(&f), ids[1]);
-    cr_assert_eq(evict1(&f), ids[0]);
-    cr_assert_eq(evict1(&f), idz);
+    VICTIMS(&f, ids[1], ids[0], idz);
     rm(&f);
 }
 
@@ -936,15 +930,9 @@ Test(prefix_cache, size_order)
         cr_assert_eq(hits(&f, l, 7, NULL), 3);
         put(&f, s, 3, 1, NULL, &ida);
         if (kind == KVP_PC_RADIX) {
-            cr_assert_eq(evict1(&f), ids[2]);
-            cr_assert_eq(evict1(&f), ids[1]);
-            cr_assert_eq(evict1(&f), ida);
-            cr_assert_eq(evict1(&f), ids[0]);
+            VICTIMS(&f, ids[2], ids[1], ida, ids[0]);
         } else {
-            cr_assert_eq(evict1(&f), ida);
-            cr_assert_eq(evict1(&f), ids[2]);
-            cr_assert_eq(evict1(&f), ids[1]);
-            cr_assert_eq(evict1(&f), ids[0]);
+            VICTIMS(&f, ida, ids[2], ids[1], ids[0]);
         }
         rm(&f);
     }
@@ -973,12 +961,8 @@ Test(prefix_cache, arc_allocation_failures_change_nothing)
             kvp_status st = kvp_pc_insert(f.pc, x, 81, b, 40, NULL, 0, NULL);
             int64_t made = kvp_alloc_count();
             kvp_alloc_fail_at(0);
-            if (st != KVP_OK) {
-                cr_assert_eq(st, KVP_ENOMEM, "%s", kvp_error_detail());
+            if (failed_unchanged(&f, st, &before, n)) {
                 failures++;
-                state after = grab(&f);
-                same(&before, &after, n);
-                free(after.s.v);
             } else {
                 int64_t k0 = kvp_alloc_count();
                 cr_assert_eq(kvp_pc_evict(f.pc, 30, NULL), KVP_OK);
