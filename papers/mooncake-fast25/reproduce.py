@@ -18,11 +18,12 @@ import argparse
 import csv
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from claims import Claims, Kvpage, add_arguments, write_csv  # noqa: E402 (papers/claims.py)
 TRACES = os.path.join(HERE, "..", "..", "..", "shared", "data", "traces", "mooncake")
 SYNTH = os.path.join(TRACES, "synthetic_trace.jsonl")
 BLOCK = 512
@@ -33,26 +34,14 @@ POLICIES = ["lru", "lfu", "belady"]
 DEVICE, HOSTS = 2000, [8000, 32000]  # a small device cache and host tiers behind it (blocks)
 
 
-class Runner:
-    def __init__(self, kvpage):
-        self.kvpage = kvpage
-        self.runs = 0
-
+class Runner(Kvpage):
     def prefix(self, trace, args):
         """bench prefix over the trace as a sweep: (rows, curve rows)."""
         with tempfile.TemporaryDirectory() as d:
-            cmd = [self.kvpage, "bench", "prefix", "--trace", "mooncake:" + trace, "--block-size", str(BLOCK), *args,
-                   "--sweep", "--out", d, "--name", "s", "--no-plot", "--format", "json"]
-            try:
-                p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            except OSError as e:
-                sys.exit("reproduce: cannot run %s: %s" % (self.kvpage, e.strerror))
-            if p.returncode != 0:
-                sys.exit("reproduce: %s failed (%d): %s" % (" ".join(cmd), p.returncode, p.stderr.strip()[-500:]))
-            self.runs += 1
+            out = self.json(["bench", "prefix", "--trace", "mooncake:" + trace, "--block-size", str(BLOCK), *args,
+                             "--sweep", "--out", d, "--name", "s", "--no-plot", "--format", "json"])
             rows = list(csv.DictReader(open(os.path.join(d, "s.csv"))))
-            curve = json.loads(p.stdout) if "--curve" in args else []
-        return rows, curve
+        return rows, out if "--curve" in args else []
 
 
 def trace_stats(path):
@@ -80,33 +69,18 @@ def trace_stats(path):
             "repeated_blocks": rep / blocks, "repeated_tokens": rep_tok / tok}
 
 
-def write_csv(out, name, header, rows):
-    with open(os.path.join(out, name + ".csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-
-
 def num(row, k):
     return float(row[k])
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kvpage", default="build/kvpage", help="the kvpage program (default build/kvpage)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where the CSV files go")
+    add_arguments(ap, HERE, "mooncake_fast25.png")
     ap.add_argument("--trace", action="append", default=[], help="another Mooncake-format trace (repeatable)")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a claim's measurement is outside its band")
-    ap.add_argument("--compare", metavar="CLAIMS_CSV",
-                    help="exit 1 unless the claims measured now are those of this file, each within 1 %%")
-    ap.add_argument("--plot", action="store_true", help="also draw OUT/mooncake_fast25.png (matplotlib)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     r = Runner(a.kvpage)
-    claims = []
-
-    def claim(text, where, published, measured, lo, hi):
-        claims.append((text, where, published, measured, lo, hi))
+    claim = Claims()
 
     # --- the trace itself, against its release README
     st = trace_stats(SYNTH)
@@ -185,35 +159,7 @@ def main():
         claim("write-back - write-through total hit rate, host %d blocks (points)" % host, "(ours)", ">= 0",
               100 * (tot[host, "write_back"] - tot[host, "write_through"]), 0.0, 100.0)
 
-    rows_c = [[t, f, p, m, lo, hi, lo <= m <= hi] for t, f, p, m, lo, hi in claims]
-    write_csv(a.out, "claims", ["claim", "figure", "published", "measured", "band_lo", "band_hi", "within"],
-              [row[:3] + ["%.4g" % x for x in row[3:6]] + row[6:] for row in rows_c])
-    print("| claim | paper | published | kvpage | band | |")
-    print("|---|---|---|---|---|---|")
-    for t, f, p, m, lo, hi, within in rows_c:
-        print("| %s | %s | %s | %.4g | %.3g-%s | %s |" % (t, f, p, m, lo, "inf" if hi == float("inf") else "%.3g" % hi,
-                                                      "ok" if within else "OUTSIDE"))
-    bad = sum(not row[6] for row in rows_c)
-    print("reproduce: %d kvpage runs, %d of %d claims within their bands" % (r.runs, len(claims) - bad, len(claims)),
-          file=sys.stderr)
-    if a.plot:
-        plot(a.out)
-    stale = compare(a.compare, claims) if a.compare else 0
-    return 1 if (a.check and bad) or stale else 0
-
-
-def compare(path, claims):
-    """Differences between the claims measured now and those of a claims.csv, one line each on stderr."""
-    with open(path, newline="") as f:
-        old = {row["claim"]: float(row["measured"]) for row in csv.DictReader(f)}
-    now = {t: m for t, f, p, m, lo, hi in claims}
-    diffs = ["%s: measured %.4g here, %.4g in %s" % (t, now[t], old[t], path)
-             for t in now if t in old and abs(now[t] - old[t]) > 0.01 * abs(old[t]) + 1e-9]
-    diffs += ["%s: not in %s" % (t, path) for t in now if t not in old]
-    diffs += ["%s: in %s, not measured" % (t, path) for t in old if t not in now]
-    for d in diffs:
-        print("reproduce: " + d, file=sys.stderr)
-    return len(diffs)
+    return claim.finish(a, r.runs, fmt="%.4g", plot=lambda: plot(a.out))
 
 
 def plot(out):

@@ -15,12 +15,12 @@ Usage: papers/sglang-neurips24/reproduce.py [--kvpage build/kvpage] [--out DIR] 
 """
 import argparse
 import csv
-import json
 import os
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from claims import Claims, Kvpage, add_arguments, write_csv  # noqa: E402 (papers/claims.py)
 SHARED = os.path.join(HERE, "..", "..", "..", "shared")
 MODEL = os.path.join(SHARED, "data", "configs", "Meta-Llama-3.1-8B.json")
 # 4 GiB of KV memory: 32,768 token slots of 128 KiB (Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 x bf16),
@@ -36,53 +36,23 @@ WORKLOADS = [  # (name, generator spec): the paper's shared-prefix shapes
 ]
 
 
-class Runner:
-    def __init__(self, kvpage):
-        self.kvpage = kvpage
-        self.runs = 0
-
-    def run(self, args):
-        cmd = [self.kvpage, *args]
-        try:
-            p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        except OSError as e:
-            sys.exit("reproduce: cannot run %s: %s" % (self.kvpage, e.strerror))
-        if p.returncode != 0:
-            sys.exit("reproduce: %s failed (%d): %s" % (" ".join(cmd), p.returncode, p.stderr.strip()[-500:]))
-        self.runs += 1
-        return json.loads(p.stdout)
-
+class Runner(Kvpage):
     def simulate(self, spec, sched, cache):
-        return self.run(["simulate", *SETUP, "--workload", spec, "--sched", sched, "--cache", cache, "--json"])
+        return self.json(["simulate", *SETUP, "--workload", spec, "--sched", sched, "--cache", cache, "--json"])
 
     def prefix(self, spec, evict, capacity):
-        rows = self.run(["bench", "prefix", "--workload", spec, "--block-size", str(BLOCK), "--evict", evict,
-                         "--capacity", str(capacity), "--json"])
+        rows = self.json(["bench", "prefix", "--workload", spec, "--block-size", str(BLOCK), "--evict", evict,
+                          "--capacity", str(capacity), "--json"])
         return rows[0]
-
-
-def write_csv(out, name, header, rows):
-    with open(os.path.join(out, name + ".csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kvpage", default="build/kvpage", help="the kvpage program (default build/kvpage)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where the CSV files go")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a claim's measurement is outside its band")
-    ap.add_argument("--compare", metavar="CLAIMS_CSV",
-                    help="exit 1 unless the claims measured now are those of this file, each within 1 %%")
-    ap.add_argument("--plot", action="store_true", help="also draw OUT/sglang_neurips24.png (matplotlib)")
+    add_arguments(ap, HERE, "sglang_neurips24.png")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     r = Runner(a.kvpage)
-    claims = []
-
-    def claim(text, where, published, measured, lo, hi):
-        claims.append((text, where, published, measured, lo, hi))
+    claim = Claims()
 
     rows_hit, rows_serve = [], []
     frac, gains_lpm, gains_cache = {}, {}, {}
@@ -123,35 +93,7 @@ def main():
     write_csv(a.out, "serving", ["workload", "sched", "cache", "throughput_tok_s", "prefix_hit_rate", "preemptions",
                                  "ttft_p50_s", "sim_duration_s"], rows_serve)
 
-    rows = [[t, f, p, m, lo, hi, lo <= m <= hi] for t, f, p, m, lo, hi in claims]
-    write_csv(a.out, "claims", ["claim", "figure", "published", "measured", "band_lo", "band_hi", "within"],
-              [row[:3] + ["%.4g" % x for x in row[3:6]] + row[6:] for row in rows])
-    print("| claim | paper | published | kvpage | band | |")
-    print("|---|---|---|---|---|---|")
-    for t, f, p, m, lo, hi, within in rows:
-        print("| %s | %s | %s | %.3g | %.3g-%s | %s |" % (t, f, p, m, lo, "inf" if hi == float("inf") else "%.3g" % hi,
-                                                      "ok" if within else "OUTSIDE"))
-    bad = sum(not row[6] for row in rows)
-    print("reproduce: %d kvpage runs, %d of %d claims within their bands" % (r.runs, len(claims) - bad, len(claims)),
-          file=sys.stderr)
-    if a.plot:
-        plot(a.out)
-    stale = compare(a.compare, claims) if a.compare else 0
-    return 1 if (a.check and bad) or stale else 0
-
-
-def compare(path, claims):
-    """Differences between the claims measured now and those of a claims.csv, one line each on stderr."""
-    with open(path, newline="") as f:
-        old = {row["claim"]: float(row["measured"]) for row in csv.DictReader(f)}
-    now = {t: m for t, f, p, m, lo, hi in claims}
-    diffs = ["%s: measured %.4g here, %.4g in %s" % (t, now[t], old[t], path)
-             for t in now if t in old and abs(now[t] - old[t]) > 0.01 * abs(old[t])]
-    diffs += ["%s: not in %s" % (t, path) for t in now if t not in old]
-    diffs += ["%s: in %s, not measured" % (t, path) for t in old if t not in now]
-    for d in diffs:
-        print("reproduce: " + d, file=sys.stderr)
-    return len(diffs)
+    return claim.finish(a, r.runs, plot=lambda: plot(a.out))
 
 
 def plot(out):
