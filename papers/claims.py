@@ -5,7 +5,8 @@ A claim is one statement of a paper beside what kvpage measured: (claim, figure,
 band_hi). A reproduction collects them (Claims), then Claims.finish writes OUT/claims.csv, prints the table on
 stdout (a row ends in "| ok |" or "| OUTSIDE |") and a summary on stderr, and returns the exit status: 1 under
 --check when a measurement is outside its band, or under --compare when the claims measured now are not those of
-a committed claims.csv (each within 1 %, the same claims); 2 when that file cannot be read.
+a committed claims.csv (each within 1 %, the same claims); 2 when that file cannot be read, or --plot finds no
+matplotlib.
 
 As a command, `papers/claims.py MEASURED_CSV COMMITTED_CSV` makes the --compare test between two claims files
 (a fresh OUT/claims.csv and the committed results/claims.csv): one line per difference on stderr, exit 1 when
@@ -106,15 +107,20 @@ class Claims:
         bad = sum(not row[6] for row in rows)
         print("reproduce: %d kvpage runs, %d of %d claims within their bands%s" % (runs, len(rows) - bad, len(rows), note),
               file=sys.stderr)
+        plot_failed = 0
         if a.plot and plot:
-            plot()
+            try:
+                plot()
+            except ImportError as e:
+                print("reproduce: --plot: %s (pip install matplotlib)" % e, file=sys.stderr)
+                plot_failed = 1
         stale = 0
         if old is not None:
             diffs = differences({t: m for t, f, p, m, lo, hi in self.rows}, old, a.compare)
             for d in diffs:
                 print("reproduce: " + d, file=sys.stderr)
             stale = len(diffs)
-        return 1 if (a.check and bad) or stale else 0
+        return 1 if (a.check and bad) or stale else 2 if plot_failed else 0
 
 
 def main():

@@ -1,6 +1,6 @@
 /* tests/papers/test_claims.c — papers/claims.py, the claims table every reproduction shares: the comparison of
  * two claims files (a value moved by more than 1 %, a claim missing on either side, an unreadable file), and
- * Claims.finish's table, claims.csv and exit status under --check and --compare. */
+ * Claims.finish's table, claims.csv and exit status under --check, --compare and a --plot that fails. */
 #include "cli_testutil.h"
 
 /* A claims.csv holding `rows` (lines after the header) in a fresh temporary file; its path in path[32]. */
@@ -65,7 +65,7 @@ static int finish(const char *dir, const char *opts, char **out, char **err)
              "python3 -c 'import argparse, sys; sys.path.insert(0, \"papers\"); import claims; "
              "ap = argparse.ArgumentParser(); claims.add_arguments(ap, \".\", \"x.png\"); a = ap.parse_args(sys.argv[1:]); "
              "c = claims.Claims(); c(\"inside\", \"Fig. 1\", 3, 2.5, 2, 3); c(\"outside\", \"Fig. 2\", \"> 1\", 0.5, 1, float(\"inf\")); "
-             "sys.exit(c.finish(a, 7, note=\" (a note)\"))' --out %s %s",
+             "sys.exit(c.finish(a, 7, note=\" (a note)\", plot=lambda: __import__(\"kvp_no_such_module\")))' --out %s %s",
              dir, opts);
     return kvp_test_sh(cmd, out, err);
 }
@@ -81,6 +81,10 @@ Test(claims, finish_writes_the_table_and_fails_a_check_outside_its_band)
     free(out);
     free(err);
     cr_assert_eq(finish(dir, "--check", &out, &err), 1, "%s", err);
+    free(out);
+    free(err);
+    cr_assert_eq(finish(dir, "--plot", &out, &err), 2, "a plot that cannot be drawn: %s", err);
+    cr_assert(strstr(err, "--plot: No module named 'kvp_no_such_module' (pip install matplotlib)") != NULL, "%s", err);
     free(out);
     free(err);
 
