@@ -16,6 +16,15 @@
  * Workload pins (e.g. a system prompt) are inserted first with their priority.
  * belady gets, for every block of every access, the index of the next request whose matchable prefix holds
  * it (kvp_pc_next_use over pins + requests).
+ *
+ * Every replay follows its cache with a miss ledger (prefix_cache/ledger.h): each request's missed prompt tokens
+ * in exactly one class (cold, evicted, last_token, partial, host; preempted is 0: a replay preempts nothing), so
+ * that hit_tokens + host_hit_tokens + the classes = prompt_tokens, and the health histograms, on a clock that is
+ * the replay position (access a, pins included, happens at time a: ages are in requests). With kv_events, the
+ * cache's events go to that file (kvp_prefix_replay_ex) in vLLM's schema (prefix_cache/kv_events.h), one batch per access at ts = a.
+ *
+ * kvp_prefix_curve feeds the same accesses to a one-pass LRU curve (prefix_cache/lru_curve.h): its hit tokens at
+ * capacity C equal kvp_prefix_replay's with lru, radix or hash, no host tier, at every C (see there why).
  */
 #ifndef KVP_BENCH_BENCH_PREFIX_H
 #define KVP_BENCH_BENCH_PREFIX_H
@@ -24,6 +33,8 @@
 
 #include "common/status.h"
 #include "prefix_cache/host_cache.h"
+#include "prefix_cache/ledger.h"
+#include "prefix_cache/lru_curve.h"
 #include "prefix_cache/prefix_cache.h"
 #include "runtime/workload/workload.h"
 
@@ -35,6 +46,11 @@ typedef struct {
     int64_t host_capacity; /* blocks of the host tier; 0 = none */
     kvp_hc_write_policy host_policy;
 } kvp_prefix_replay_cfg;
+
+/* What a replay writes besides its result (kvp_prefix_replay_ex). */
+typedef struct {
+    const char *kv_events; /* the cache's KV events (JSON lines) to this file; NULL: none */
+} kvp_prefix_replay_out;
 
 typedef struct {
     int64_t requests, prompt_tokens, hit_tokens;
@@ -51,11 +67,19 @@ typedef struct {
     double wall_s;          /* whole replay (next-use precomputation included) */
     double cache_s;         /* wall time inside kvp_pc_match + kvp_pc_insert only */
     double cache_cpu_s;     /* thread CPU time inside them (robust on a shared machine) */
+    kvp_ledger_stats miss;  /* the miss classes and health histograms (times in replay positions) */
 } kvp_prefix_replay_result;
 
 /* KVP_EINVAL for a bad configuration (capacity < 0, a pool that would exceed INT32_MAX - 1 blocks); the
  * cache's own errors otherwise. The workload is borrowed. */
 kvp_status kvp_prefix_replay(const kvp_workload *w, const kvp_prefix_replay_cfg *cfg, kvp_prefix_replay_result *out);
+/* The same, writing what `files` asks for (may be NULL); KVP_EIO naming a file that cannot be written. */
+kvp_status kvp_prefix_replay_ex(const kvp_workload *w, const kvp_prefix_replay_cfg *cfg, const kvp_prefix_replay_out *files,
+                                kvp_prefix_replay_result *out);
+
+/* The one-pass LRU curve of the replay's accesses at this block size (finished; *out owned by the caller,
+ * kvp_lruc_destroy). KVP_EINVAL, KVP_ENOMEM. */
+kvp_status kvp_prefix_curve(const kvp_workload *w, int32_t block_size, kvp_lru_curve **out);
 
 /* The command itself, kvp_bench_prefix, is declared in bench/bench.h. */
 

@@ -12,6 +12,12 @@
       y is not a number are skipped, and on a log axis points <= 0 too. Points are joined in x order, or in
       row order with --in-order (a latency-throughput curve: throughput falls back past saturation);
       --annotate writes that column's value beside each point of the last line.
+  plot.py prefix CSV PNG [--curve CURVE_CSV] [--tokens] [--title T]
+      `kvpage bench prefix` sweeps: total_hit_rate against capacity, one line per series, each with its own
+      marker and line style (radix and hash often coincide: both stay visible); capacity in blocks, as
+      --capacity takes it (--tokens: capacity_tokens, for --capacity-tokens sweeps). Unbounded rows
+      (capacity 0) are labelled horizontal lines, not points. The gap to Belady at the same capacity
+      (belady_hit_rate) is shaded under it. --curve adds the one-pass LRU curve (every capacity) as a thin line.
 """
 import argparse
 import csv
@@ -109,9 +115,79 @@ def lines(a, rows):
     fig.savefig(a.png, dpi=130)
 
 
+MARKERS = "osD^vP*Xh<>"
+STYLES = ["-", "--", "-.", ":"]
+
+
+def prefix(a, rows):
+    for c in ("series", "capacity", "total_hit_rate", "belady_hit_rate"):
+        if c not in rows[0]:
+            sys.exit(f"plot.py prefix: no column '{c}' in {a.csv}")
+    xcol = "capacity_tokens" if a.tokens else "capacity"
+    series, unbounded = {}, {}
+    for r in rows:
+        x, y, b = num(r[xcol]), num(r["total_hit_rate"]), num(r["belady_hit_rate"])
+        if num(r["capacity"]) == 0:
+            unbounded.setdefault(round(y, 6), []).append(r["series"])
+        elif x > 0 and y == y:
+            series.setdefault(r["series"], []).append((x, y, b))
+    curves = {}
+    if a.curve:
+        for r in read_rows(a.curve):
+            x = num(r["capacity_tokens" if a.tokens else "capacity"])
+            if num(r["capacity"]) > 0 and x > 0:
+                curves.setdefault(r["series"], []).append((x, num(r["hit_rate"])))
+    if not series and not curves:
+        sys.exit(f"plot.py prefix: no bounded rows in {a.csv}")
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    xs = [p[0] for pts in series.values() for p in pts] + [p[0] for pts in curves.values() for p in pts]
+    for i, (name, pts) in enumerate(series.items()):
+        pts.sort()
+        x, y, b = [p[0] for p in pts], [p[1] for p in pts], [p[2] for p in pts]
+        col = colors[i % len(colors)]
+        ax.plot(x, y, STYLES[i % len(STYLES)], marker=MARKERS[i % len(MARKERS)], color=col, label=name,
+                markersize=7 - 4 * (i % 2), markerfacecolor="none" if i % 2 == 0 else col, linewidth=1.2)
+    # regret: per cache (and block size / host tier), the band from the best online policy up to belady
+    groups = {}
+    for name, pts in series.items():
+        parts = name.split("/")
+        if len(parts) < 2 or parts[1] == "belady":
+            continue
+        g = groups.setdefault("/".join([parts[0]] + parts[2:]), {})
+        for x, y, b in pts:
+            best, bel = g.get(x, (-1.0, b))
+            g[x] = (max(best, y), bel)
+    for k, (gname, g) in enumerate(sorted(groups.items())):
+        xs_g = sorted(g)
+        lo, hi = [g[x][0] for x in xs_g], [g[x][1] for x in xs_g]
+        if len(xs_g) > 1 and any(h > l for l, h in zip(lo, hi)):
+            ax.fill_between(xs_g, lo, hi, color=colors[(k + 3) % len(colors)], alpha=0.13, linewidth=0,
+                            label=f"{gname}: gap of the best policy to Belady")
+    for name, pts in curves.items():
+        pts.sort()
+        ax.step([p[0] for p in pts], [p[1] for p in pts], where="post", color="black", linewidth=0.8, alpha=0.8,
+                label=name + " (one pass, every capacity)")
+    for j, (y, names) in enumerate(sorted(unbounded.items())):
+        ax.axhline(y, color="gray", linestyle=STYLES[(j + 1) % len(STYLES)], linewidth=0.9)
+        label = "unbounded" + ("" if len(unbounded) == 1 else " (" + ", ".join(sorted(set(names))) + ")")
+        ax.annotate(f"{label}: {100 * y:.1f} %", (min(xs) if xs else 1, y), textcoords="offset points",
+                    xytext=(2, 3), fontsize=7, color="dimgray")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("cache capacity (tokens)" if a.tokens else "cache capacity (blocks)")
+    ax.set_ylabel("prefix hit rate (share of prompt tokens)")
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2 if len(series) + len(curves) > 6 else 1)
+    title = a.title or ""
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(a.png, dpi=130)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("kind", choices=["stacked", "lines"])
+    p.add_argument("kind", choices=["stacked", "lines", "prefix"])
     p.add_argument("csv")
     p.add_argument("png")
     p.add_argument("--label")
@@ -127,11 +203,15 @@ def main():
     p.add_argument("--title")
     p.add_argument("--xlabel")
     p.add_argument("--ylabel")
+    p.add_argument("--curve")
+    p.add_argument("--tokens", action="store_true")
     a = p.parse_args()
     rows = read_rows(a.csv)
     if not rows:
         sys.exit(f"plot.py: {a.csv} has no rows")
-    if a.kind == "stacked":
+    if a.kind == "prefix":
+        prefix(a, rows)
+    elif a.kind == "stacked":
         if not a.label or not a.stack:
             sys.exit("plot.py stacked: --label and --stack are required")
         stacked(a, rows)

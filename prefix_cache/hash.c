@@ -17,6 +17,7 @@
 
 #include "common/alloc.h"
 #include "prefix_cache/pc_internal.h"
+#include "prefix_cache/policies/policy.h"
 
 #define ENT(i) (&pc->ents[(i)])
 #define IN_USE (-2)
@@ -39,9 +40,16 @@ static void hash_chain(kvp_prefix_cache *pc, const int32_t *tokens, int32_t nb, 
     for (int32_t i = 0; i < nb && i < PREFETCH; i++) pc_map_prefetch(&pc->map, pc->scr_h[i]);
 }
 
+/* The policy's view of an entry: one block at depth + 1. */
+static pc_unit ent_unit(const kvp_prefix_cache *pc, const pc_entry *e)
+{
+    return (pc_unit){e->next_use, e->depth + 1, 1, pc->bs, &e->hash};
+}
+
 static pc_key ent_key(const kvp_prefix_cache *pc, const pc_entry *e)
 {
-    return pc_policy_key(pc, &e->m, e->next_use, e->depth + 1);
+    const pc_unit u = ent_unit(pc, e);
+    return pc_unit_key(pc, &e->m, &u);
 }
 
 kvp_status pc_hash_init(kvp_prefix_cache *pc)
@@ -54,16 +62,19 @@ void pc_hash_fini(kvp_prefix_cache *pc)
     kvp_free(pc->ents);
     kvp_free(pc->scr_h);
     kvp_free(pc->scr_e);
+    kvp_free(pc->scr_new);
 }
 
 static void touch_entry(kvp_prefix_cache *pc, int32_t u, const kvp_pc_hint *hint, int lock)
 {
     pc_entry *e = ENT(u);
-    pc_touch(pc, &e->m, hint);
-    if (pc->policy == KVP_EVICT_BELADY) e->next_use = hint->next_use[e->depth];
+    if (pc_uses_next_use(pc)) e->next_use = hint->next_use[e->depth];
+    const pc_unit uv = ent_unit(pc, e);
+    const int old_seg = pc_touch(pc, &e->m, &uv, hint);
     if (lock && e->lock++ == 0) pc->st.evictable_blocks--;
-    /* Lazy heap: only a lower key must be recorded, and only belady's key can go down on an access. */
-    if (pc->policy == KVP_EVICT_BELADY) pc_heap_lower(&pc->heap, u, ent_key(pc, e));
+    if (e->m.seg != old_seg && e->lock == 0) pc_requeue(pc, u, &e->m, ent_key(pc, e));
+    /* Lazy heap: only a lower key must be recorded, and only next-use keys can go down on an access. */
+    if (pc_uses_next_use(pc)) pc_heap_lower(pc_heap_of(pc, &e->m), u, ent_key(pc, e));
 }
 
 kvp_status pc_hash_match(kvp_prefix_cache *pc, const int32_t *tokens, int32_t maxb, const kvp_pc_hint *hint, int lock,
@@ -96,7 +107,8 @@ kvp_status pc_hash_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int
 {
     uint64_t extra = hint ? hint->extra_key : 0;
     if (kvp_grow((void **)&pc->scr_h, &pc->scr_h_cap, (size_t)n_blocks, sizeof *pc->scr_h) != KVP_OK ||
-        kvp_grow((void **)&pc->scr_e, &pc->scr_e_cap, (size_t)n_blocks, sizeof *pc->scr_e) != KVP_OK)
+        kvp_grow((void **)&pc->scr_e, &pc->scr_e_cap, (size_t)n_blocks, sizeof *pc->scr_e) != KVP_OK ||
+        kvp_grow((void **)&pc->scr_new, &pc->scr_new_cap, (size_t)n_blocks, sizeof *pc->scr_new) != KVP_OK)
         return KVP_ERR(KVP_ENOMEM, "out of memory inserting %d blocks", n_blocks);
     int32_t nnew = 0, i;
     kvp_status st = KVP_OK;
@@ -125,10 +137,12 @@ kvp_status pc_hash_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int
     size_t need = (size_t)pc->ents_used + (size_t)nnew;
     if (need > pc->ents_cap && kvp_grow((void **)&pc->ents, &pc->ents_cap, need, sizeof *pc->ents) != KVP_OK)
         return KVP_ERR(KVP_ENOMEM, "out of memory growing the hash cache to %zu entries", need);
-    KVP_TRY(pc_heap_reserve(&pc->heap, pc->ents_cap));
+    KVP_TRY(pc_heaps_reserve(pc, pc->ents_cap));
     KVP_TRY(pc_map_reserve(&pc->map, (size_t)nnew));
+    KVP_TRY(pc_policy_reserve(pc, nnew));
 
     for (i = 0; i < n_blocks; i++) {
+        pc->scr_new[i] = pc->scr_e[i] < 0;
         if (pc->scr_e[i] < 0) {
             int32_t u;
             if (pc->ent_free >= 0) {
@@ -152,14 +166,31 @@ kvp_status pc_hash_insert(kvp_prefix_cache *pc, const int32_t *tokens, const int
             pc->st.cached_blocks++;
             pc->st.evictable_blocks++;
             pc->st.nodes++;
-            pc->heap.pos[u] = -1;
+            pc->seg_blocks[0]++;
+            for (int s = 0; s < pc->nseg; s++) pc->heaps[s].pos[u] = -1;
             pc->scr_e[i] = u;
             touch_entry(pc, u, hint, lock);
-            if (e->lock == 0) pc_heap_push(&pc->heap, u, ent_key(pc, e));
+            if (e->lock == 0) pc_requeue(pc, u, &e->m, ent_key(pc, e));
         } else {
             touch_entry(pc, pc->scr_e[i], hint, lock);
         }
         if (cached_out) cached_out[i] = ENT(pc->scr_e[i])->block;
+    }
+    /* listeners: one STORED per run of positions that were not cached */
+    for (i = 0; pc_listening(pc) && i < n_blocks; i++) {
+        if (!pc->scr_new[i]) continue;
+        int32_t j = i;
+        while (j < n_blocks && pc->scr_new[j]) j++;
+        const kvp_pc_event ev = {.kind = KVP_PC_EV_STORED,
+                                 .n = j - i,
+                                 .hashes = pc->scr_h + i,
+                                 .blocks = blocks + i,
+                                 .depth = i,
+                                 .parent_hash = i == 0 ? 0 : pc->scr_h[i - 1],
+                                 .tokens = tokens + (size_t)i * pc->bs,
+                                 .extra_key = extra};
+        pc_emit(pc, &ev);
+        i = j;
     }
     return KVP_OK;
 }
@@ -179,25 +210,34 @@ kvp_status pc_hash_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t n
     }
     for (int32_t i = 0; i < n; i++) {
         int32_t u = pc->block_unit[blocks[i]];
-        if (ENT(u)->lock == 0 && !pc_heap_has(&pc->heap, u)) pc_heap_push(&pc->heap, u, ent_key(pc, ENT(u)));
+        if (ENT(u)->lock == 0) pc_requeue(pc, u, &ENT(u)->m, ent_key(pc, ENT(u)));
     }
     return KVP_OK;
 }
 
-/* pc_heap_settle's view of an entry: unlocked entries are evictable. */
-static pc_key evict_key(const kvp_prefix_cache *pc, int32_t u, int *evictable)
+/* The lazy heaps' view of an entry: unlocked entries are evictable. */
+static pc_key evict_key(const kvp_prefix_cache *pc, int32_t u, int *evictable, int *seg)
 {
     const pc_entry *e = ENT(u);
     *evictable = e->lock == 0;
+    *seg = e->m.seg;
     return ent_key(pc, e);
 }
 
 void pc_hash_evict_one(kvp_prefix_cache *pc, int32_t *freed)
 {
-    const int32_t u = pc_heap_settle(pc, &pc->heap, evict_key);
+    int seg;
+    const int32_t u = pc_pick_victim(pc, evict_key, &seg);
     pc_entry *e = ENT(u);
     if (pc->on_evict) pc->on_evict(pc->on_evict_ctx, e->hash, e->block);
-    pc_heap_remove(&pc->heap, u);
+    pc_policy_evicted(pc, &e->m, e->hash);
+    if (pc_listening(pc)) {
+        const kvp_pc_event ev = {.kind = KVP_PC_EV_REMOVED, .n = 1, .hashes = &e->hash, .blocks = &e->block, .flush = pc->flushing};
+        pc_emit(pc, &ev);
+    }
+    for (int s = 0; s < pc->nseg; s++)
+        if (pc_heap_has(&pc->heaps[s], u)) pc_heap_remove(&pc->heaps[s], u);
+    pc->seg_blocks[e->m.seg]--;
     pc_map_del(&pc->map, e->hash, u);
     pc->block_unit[e->block] = -1;
     kvp_pool_decref(pc->pool, e->block);
@@ -212,11 +252,12 @@ void pc_hash_evict_one(kvp_prefix_cache *pc, int32_t *freed)
 
 kvp_status pc_hash_check(const kvp_prefix_cache *pc)
 {
-    int64_t used = 0, evictable = 0;
+    int64_t used = 0, evictable = 0, in_seg[PC_MAX_SEGS] = {0};
     for (int32_t u = 0; u < pc->ents_used; u++) {
         const pc_entry *e = ENT(u);
         if (e->free_next != IN_USE) {
-            if (pc_heap_has(&pc->heap, u)) return KVP_ERR(KVP_ESTATE, "hash: free entry %d is in the heap", u);
+            for (int s = 0; s < pc->nseg; s++)
+                if (pc_heap_has(&pc->heaps[s], u)) return KVP_ERR(KVP_ESTATE, "hash: free entry %d is in heap %d", u, s);
             continue;
         }
         used++;
@@ -224,10 +265,13 @@ kvp_status pc_hash_check(const kvp_prefix_cache *pc)
             return KVP_ERR(KVP_ESTATE, "hash: entry %d's block %d is not indexed to it", u, e->block);
         if (e->lock < 0) return KVP_ERR(KVP_ESTATE, "hash: entry %d has lock %d", u, e->lock);
         if (find(pc, e->hash) != u) return KVP_ERR(KVP_ESTATE, "hash: entry %d not found by its hash (or duplicated)", u);
+        if (e->m.seg < 0 || e->m.seg >= pc->nseg) return KVP_ERR(KVP_ESTATE, "hash: entry %d in segment %d", u, e->m.seg);
+        in_seg[e->m.seg]++;
         if (e->lock == 0) evictable++;
         if (e->lock == 0) {
-            if (!pc_heap_has(&pc->heap, u)) return KVP_ERR(KVP_ESTATE, "hash: unlocked entry %d is not in the heap", u);
-            if (pc_key_cmp(pc_heap_key(&pc->heap, u), ent_key(pc, e)) > 0)
+            const pc_heap *h = &pc->heaps[e->m.seg];
+            if (!pc_heap_has(h, u)) return KVP_ERR(KVP_ESTATE, "hash: unlocked entry %d is not in the heap", u);
+            if (pc_key_cmp(pc_heap_key(h, u), ent_key(pc, e)) > 0)
                 return KVP_ERR(KVP_ESTATE, "hash: entry %d heap key is above its policy key", u);
         }
     }
@@ -237,6 +281,10 @@ kvp_status pc_hash_check(const kvp_prefix_cache *pc)
     if (evictable != pc->st.evictable_blocks)
         return KVP_ERR(KVP_ESTATE, "hash: %lld unlocked entries, evictable counter %lld", (long long)evictable,
                        (long long)pc->st.evictable_blocks);
+    for (int s = 0; s < pc->nseg; s++)
+        if (in_seg[s] != pc->seg_blocks[s])
+            return KVP_ERR(KVP_ESTATE, "hash: segment %d holds %lld blocks, counter %lld", s, (long long)in_seg[s],
+                           (long long)pc->seg_blocks[s]);
     return KVP_OK;
 }
 

@@ -116,16 +116,18 @@ void pc_heap_lower(pc_heap *h, int32_t unit, pc_key k)
     sift_up(h, i);
 }
 
-int32_t pc_heap_settle(const kvp_prefix_cache *pc, pc_heap *h, pc_key (*key)(const kvp_prefix_cache *pc, int32_t unit, int *evictable))
+int32_t pc_heap_settle(kvp_prefix_cache *pc, int seg, pc_unit_key_fn key)
 {
-    for (;;) {
+    pc_heap *h = &pc->heaps[seg];
+    while (h->n > 0) {
         const int32_t u = pc_heap_top(h);
-        int evictable;
-        const pc_key k = key(pc, u, &evictable);
-        if (!evictable) pc_heap_remove(h, u);
+        int evictable, s;
+        const pc_key k = key(pc, u, &evictable, &s);
+        if (!evictable || s != seg) pc_heap_remove(h, u);
         else if (pc_key_cmp(pc_heap_key(h, u), k) < 0) pc_heap_update(h, u, k);
         else return u;
     }
+    return -1;
 }
 
 int pc_heap_broken(const pc_heap *h)

@@ -1,15 +1,31 @@
-/* prefix_cache/prefix_cache.c — the public interface: argument checks, dispatch to radix.c / hash.c,
- * policy keys, statistics, eviction loop, belady next-use precomputation. Contract in prefix_cache.h. */
+/* prefix_cache/prefix_cache.c — the public interface: argument checks, dispatch to radix.c / hash.c, the
+ * policy table (policies/list.h) and the generic side of every policy (access metadata, segments, heaps),
+ * listeners, statistics, eviction loop, belady next-use precomputation. Contract in prefix_cache.h. */
 #include "prefix_cache/prefix_cache.h"
 
+#include <stdio.h>
 #include <string.h>
 #include <xxhash.h>
 
 #include "common/alloc.h"
 #include "prefix_cache/pc_internal.h"
+#include "prefix_cache/policies/policy.h"
 
 static const char *const kind_names[] = {"none", "radix", "hash"};
-static const char *const policy_names[] = {"lru", "lfu", "fifo", "priority", "belady"};
+
+#define KVP_PC_POLICY(ID, name) extern const pc_policy pc_policy_##name;
+#include "prefix_cache/policies/list.h"
+#undef KVP_PC_POLICY
+static const pc_policy *const k_policies[KVP_EVICT_POLICIES] = {
+#define KVP_PC_POLICY(ID, name) [KVP_EVICT_##ID] = &pc_policy_##name,
+#include "prefix_cache/policies/list.h"
+#undef KVP_PC_POLICY
+};
+
+const pc_policy *pc_policy_of(kvp_evict_policy p)
+{
+    return (unsigned)p < KVP_EVICT_POLICIES ? k_policies[p] : NULL;
+}
 
 kvp_status kvp_pc_kind_parse(const char *s, kvp_pc_kind *out)
 {
@@ -23,13 +39,16 @@ kvp_status kvp_pc_kind_parse(const char *s, kvp_pc_kind *out)
 
 kvp_status kvp_evict_policy_parse(const char *s, kvp_evict_policy *out)
 {
-    for (int i = 0; s && i < 5; i++)
-        if (strcmp(s, policy_names[i]) == 0) {
+    for (int i = 0; s && i < KVP_EVICT_POLICIES; i++)
+        if (strcmp(s, k_policies[i]->name) == 0) {
             *out = (kvp_evict_policy)i;
             return KVP_OK;
         }
-    return KVP_ERR(KVP_EINVAL, "unknown eviction policy '%s' (expected lru, lfu, fifo, priority or belady)",
-                   s ? s : "(null)");
+    char names[256] = "";
+    for (int i = 0, off = 0; i < KVP_EVICT_POLICIES && off < (int)sizeof names; i++)
+        off += snprintf(names + off, sizeof names - (size_t)off, "%s%s", i == 0 ? "" : i + 1 == KVP_EVICT_POLICIES ? " or " : ", ",
+                        k_policies[i]->name);
+    return KVP_ERR(KVP_EINVAL, "unknown eviction policy '%s' (expected %s)", s ? s : "(null)", names);
 }
 
 const char *kvp_pc_kind_name(kvp_pc_kind k)
@@ -39,7 +58,12 @@ const char *kvp_pc_kind_name(kvp_pc_kind k)
 
 const char *kvp_evict_policy_name(kvp_evict_policy p)
 {
-    return (unsigned)p < 5 ? policy_names[p] : "?";
+    return (unsigned)p < KVP_EVICT_POLICIES ? k_policies[p]->name : "?";
+}
+
+const char *kvp_evict_policy_summary(kvp_evict_policy p)
+{
+    return (unsigned)p < KVP_EVICT_POLICIES ? k_policies[p]->summary : "?";
 }
 
 uint64_t kvp_pc_block_hash(uint64_t prev, const int32_t *block_tokens, int32_t block_size, uint64_t extra_key)
@@ -58,24 +82,115 @@ void kvp_pc_chain_hashes(const int32_t *tokens, int32_t n_blocks, int32_t block_
         out[i] = h = kvp_pc_block_hash(h, tokens + (size_t)i * block_size, block_size, i == 0 ? extra_key : 0);
 }
 
-pc_key pc_policy_key(const kvp_prefix_cache *pc, const pc_meta *m, int64_t next_use, int32_t depth)
+/* ---- the generic side of every policy ------------------------------------------------------------ */
+
+pc_key pc_unit_key(const kvp_prefix_cache *pc, const pc_meta *m, const pc_unit *u)
 {
-    switch (pc->policy) {
-    case KVP_EVICT_LFU: return (pc_key){m->freq, m->last_access, -(int64_t)depth};
-    case KVP_EVICT_FIFO: return (pc_key){m->insert_time, -(int64_t)depth, m->last_access};
-    case KVP_EVICT_PRIORITY: return (pc_key){m->priority, m->last_access, -(int64_t)depth};
-    case KVP_EVICT_BELADY: return (pc_key){-next_use, -(int64_t)depth, m->last_access};
-    case KVP_EVICT_LRU:
-    default: return (pc_key){m->last_access, -(int64_t)depth, 0};
-    }
+    return pc->pol->key(m, u);
 }
 
-void pc_touch(kvp_prefix_cache *pc, pc_meta *m, const kvp_pc_hint *hint)
+int pc_touch(kvp_prefix_cache *pc, pc_meta *m, const pc_unit *u, const kvp_pc_hint *hint)
 {
+    const int old = m->seg, is_new = m->freq == 0;
     m->last_access = pc->clock;
     m->freq++;
     int32_t p = hint ? hint->priority : 0;
     if (p > m->priority) m->priority = p;
+    if (pc->pol->access) pc->pol->access(pc, m, u, is_new);
+    if (m->seg != old) {
+        pc->seg_blocks[old] -= u->nblocks;
+        pc->seg_blocks[m->seg] += u->nblocks;
+    }
+    return old;
+}
+
+void pc_requeue(kvp_prefix_cache *pc, int32_t unit, const pc_meta *m, pc_key k)
+{
+    pc_heap *h = pc_heap_of(pc, m);
+    if (!pc_heap_has(h, unit)) pc_heap_push(h, unit, k);
+}
+
+kvp_status pc_heaps_reserve(kvp_prefix_cache *pc, size_t units)
+{
+    for (int s = 0; s < pc->nseg; s++) KVP_TRY(pc_heap_reserve(&pc->heaps[s], units));
+    return KVP_OK;
+}
+
+int32_t pc_pick_victim(kvp_prefix_cache *pc, pc_unit_key_fn key, int *seg_out)
+{
+    const int first = pc->pol->victim_seg ? pc->pol->victim_seg(pc) : 0;
+    for (int i = 0; i < pc->nseg; i++) {
+        const int s = (first + i) % pc->nseg;
+        const int32_t u = pc_heap_settle(pc, s, key);
+        if (u >= 0) {
+            *seg_out = s;
+            return u;
+        }
+    }
+    return -1;
+}
+
+void pc_policy_evicted(kvp_prefix_cache *pc, const pc_meta *m, uint64_t hash)
+{
+    if (!pc->flushing && pc->pol->evicted) pc->pol->evicted(pc, m, hash);
+}
+
+kvp_status pc_policy_reserve(kvp_prefix_cache *pc, int64_t n_new)
+{
+    return pc->pol->reserve ? pc->pol->reserve(pc, n_new) : KVP_OK;
+}
+
+int pc_uses_next_use(const kvp_prefix_cache *pc)
+{
+    return (pc->pol->flags & PC_POLICY_NEXT_USE) != 0;
+}
+
+/* ---- listeners ----------------------------------------------------------------------------------- */
+
+kvp_status kvp_pc_add_listener(kvp_prefix_cache *pc, kvp_pc_event_fn fn, void *ctx)
+{
+    if (pc == NULL || fn == NULL) return KVP_ERR(KVP_EINVAL, "kvp_pc_add_listener: NULL cache or function");
+    for (int i = 0; i < pc->nlisteners; i++)
+        if (pc->listeners[i].fn == fn && pc->listeners[i].ctx == ctx)
+            return KVP_ERR(KVP_EINVAL, "kvp_pc_add_listener: that listener is already there");
+    if (pc->nlisteners == KVP_PC_MAX_LISTENERS)
+        return KVP_ERR(KVP_EINVAL, "kvp_pc_add_listener: at most %d listeners", KVP_PC_MAX_LISTENERS);
+    pc->listeners[pc->nlisteners].fn = fn;
+    pc->listeners[pc->nlisteners++].ctx = ctx;
+    return KVP_OK;
+}
+
+void kvp_pc_remove_listener(kvp_prefix_cache *pc, kvp_pc_event_fn fn, void *ctx)
+{
+    for (int i = 0; pc && i < pc->nlisteners; i++)
+        if (pc->listeners[i].fn == fn && pc->listeners[i].ctx == ctx) {
+            memmove(&pc->listeners[i], &pc->listeners[i + 1], (size_t)(pc->nlisteners - i - 1) * sizeof pc->listeners[0]);
+            pc->nlisteners--;
+            return;
+        }
+}
+
+kvp_status pc_follow(kvp_prefix_cache **followed, kvp_prefix_cache *pc, int32_t bs, kvp_pc_event_fn fn, void *ctx,
+                     const char *what)
+{
+    if (pc == NULL) return KVP_ERR(KVP_EINVAL, "%s: no cache to follow", what);
+    if (pc->bs != bs) return KVP_ERR(KVP_EINVAL, "%s of %d-token blocks cannot follow a cache of %d-token blocks", what, bs, pc->bs);
+    if (*followed) return KVP_ERR(KVP_EINVAL, "%s already follows a cache", what);
+    KVP_TRY(kvp_pc_add_listener(pc, fn, ctx));
+    *followed = pc;
+    return KVP_OK;
+}
+
+void pc_unfollow(kvp_prefix_cache **followed, kvp_pc_event_fn fn, void *ctx)
+{
+    if (*followed == NULL) return;
+    kvp_pc_remove_listener(*followed, fn, ctx);
+    *followed = NULL;
+}
+
+void pc_emit(const kvp_prefix_cache *pc, const kvp_pc_event *ev)
+{
+    for (int i = 0; i < pc->nlisteners; i++) pc->listeners[i].fn(pc->listeners[i].ctx, ev);
 }
 
 kvp_status kvp_pc_create(kvp_pc_kind kind, kvp_evict_policy policy, kvp_block_pool *pool, int32_t block_size,
@@ -83,7 +198,7 @@ kvp_status kvp_pc_create(kvp_pc_kind kind, kvp_evict_policy policy, kvp_block_po
 {
     if (out == NULL || pool == NULL) return KVP_ERR(KVP_EINVAL, "kvp_pc_create: NULL pool or out");
     if ((unsigned)kind > KVP_PC_HASH) return KVP_ERR(KVP_EINVAL, "kvp_pc_create: bad cache kind %d", (int)kind);
-    if ((unsigned)policy > KVP_EVICT_BELADY) return KVP_ERR(KVP_EINVAL, "kvp_pc_create: bad policy %d", (int)policy);
+    if ((unsigned)policy >= KVP_EVICT_POLICIES) return KVP_ERR(KVP_EINVAL, "kvp_pc_create: bad policy %d", (int)policy);
     if (block_size < 1 || block_size != kvp_pool_block_size(pool))
         return KVP_ERR(KVP_EINVAL, "kvp_pc_create: block_size %d differs from the pool's %d", block_size,
                        kvp_pool_block_size(pool));
@@ -91,6 +206,8 @@ kvp_status kvp_pc_create(kvp_pc_kind kind, kvp_evict_policy policy, kvp_block_po
     if (pc == NULL) return KVP_ERR(KVP_ENOMEM, "out of memory creating a prefix cache");
     pc->kind = kind;
     pc->policy = policy;
+    pc->pol = k_policies[policy];
+    pc->nseg = pc->pol->nseg;
     pc->pool = pool;
     pc->bs = block_size;
     pc->nblock_ids = kvp_pool_num_blocks(pool);
@@ -100,8 +217,9 @@ kvp_status kvp_pc_create(kvp_pc_kind kind, kvp_evict_policy policy, kvp_block_po
     if (pc->block_unit == NULL) st = KVP_ERR(KVP_ENOMEM, "out of memory creating a prefix cache");
     else {
         for (int32_t i = 0; i < pc->nblock_ids; i++) pc->block_unit[i] = -1;
-        if (kind == KVP_PC_RADIX) st = pc_radix_init(pc);
-        else if (kind == KVP_PC_HASH) st = pc_hash_init(pc);
+        if (kind != KVP_PC_NONE && pc->pol->init) st = pc->pol->init(pc);
+        if (st == KVP_OK && kind == KVP_PC_RADIX) st = pc_radix_init(pc);
+        else if (st == KVP_OK && kind == KVP_PC_HASH) st = pc_hash_init(pc);
     }
     if (st != KVP_OK) {
         kvp_pc_destroy(pc);
@@ -119,7 +237,8 @@ void kvp_pc_destroy(kvp_prefix_cache *pc)
             if (pc->block_unit[b] >= 0) kvp_pool_decref(pc->pool, b);
     if (pc->kind == KVP_PC_RADIX) pc_radix_fini(pc);
     if (pc->kind == KVP_PC_HASH) pc_hash_fini(pc);
-    pc_heap_fini(&pc->heap);
+    if (pc->pol->fini) pc->pol->fini(pc);
+    for (int s = 0; s < PC_MAX_SEGS; s++) pc_heap_fini(&pc->heaps[s]);
     pc_map_fini(&pc->map);
     kvp_free(pc->block_unit);
     kvp_free(pc);
@@ -142,8 +261,8 @@ int32_t kvp_pc_block_size(const kvp_prefix_cache *pc)
 
 static kvp_status check_hint(const kvp_prefix_cache *pc, const kvp_pc_hint *hint, int32_t nb, const char *fn)
 {
-    if (pc->policy == KVP_EVICT_BELADY && pc->kind != KVP_PC_NONE && nb > 0 && (hint == NULL || hint->next_use == NULL))
-        return KVP_ERR(KVP_EINVAL, "%s: the belady policy needs hint->next_use on every access", fn);
+    if (pc_uses_next_use(pc) && pc->kind != KVP_PC_NONE && nb > 0 && (hint == NULL || hint->next_use == NULL))
+        return KVP_ERR(KVP_EINVAL, "%s: the %s policy needs hint->next_use on every access", fn, pc->pol->name);
     return KVP_OK;
 }
 
@@ -250,11 +369,21 @@ void kvp_pc_flush(kvp_prefix_cache *pc, int64_t *n_evicted)
 {
     const kvp_pc_evict_fn hook = pc->on_evict;
     int64_t n = 0;
+    const int all = pc->st.evictable_blocks > 0 && pc->st.evictable_blocks == pc->st.cached_blocks;
+    const int nl = pc->nlisteners;
+    if (all) {
+        const kvp_pc_event ev = {.kind = KVP_PC_EV_CLEARED};
+        pc_emit(pc, &ev);
+        pc->nlisteners = 0; /* one CLEARED, not a REMOVED per block */
+    }
     pc->on_evict = NULL;
+    pc->flushing = 1;
     for (int32_t freed = 0; pc->kind != KVP_PC_NONE && pc->st.evictable_blocks > 0; n++) {
         if (pc->kind == KVP_PC_RADIX) pc_radix_evict_one(pc, &freed);
         else pc_hash_evict_one(pc, &freed);
     }
+    pc->flushing = 0;
+    pc->nlisteners = nl;
     pc->on_evict = hook;
     if (n_evicted) *n_evicted = n;
 }
@@ -311,7 +440,17 @@ kvp_status kvp_pc_check(const kvp_prefix_cache *pc)
     if (marked != pc->st.cached_blocks)
         return KVP_ERR(KVP_ESTATE, "%lld blocks marked cached, counter says %lld", (long long)marked,
                        (long long)pc->st.cached_blocks);
-    if (pc_heap_broken(&pc->heap)) return KVP_ERR(KVP_ESTATE, "eviction heap order or positions broken");
+    for (int sg = 0; sg < PC_MAX_SEGS; sg++)
+        if (pc_heap_broken(&pc->heaps[sg]) || (sg >= pc->nseg && pc->heaps[sg].n > 0))
+            return KVP_ERR(KVP_ESTATE, "eviction heap %d: order or positions broken", sg);
+    int64_t in_segs = 0;
+    for (int sg = 0; sg < pc->nseg; sg++) {
+        if (pc->seg_blocks[sg] < 0) return KVP_ERR(KVP_ESTATE, "segment %d holds %lld blocks", sg, (long long)pc->seg_blocks[sg]);
+        in_segs += pc->seg_blocks[sg];
+    }
+    if (in_segs != pc->st.cached_blocks)
+        return KVP_ERR(KVP_ESTATE, "segments hold %lld blocks, %lld cached", (long long)in_segs, (long long)pc->st.cached_blocks);
+    if (pc->kind != KVP_PC_NONE && pc->pol->check) KVP_TRY(pc->pol->check(pc));
     if (pc->kind == KVP_PC_RADIX) return pc_radix_check(pc);
     if (pc->kind == KVP_PC_HASH) return pc_hash_check(pc);
     return pc->st.cached_blocks == 0 ? KVP_OK : KVP_ERR(KVP_ESTATE, "cache 'none' holds blocks");

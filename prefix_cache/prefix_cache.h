@@ -29,7 +29,9 @@
  *   - Only full blocks are cached (tokens beyond n_tokens / block_size * block_size are ignored).
  *   - A match never covers a prompt's last token (it must be computed to produce logits, as in vLLM):
  *     match considers at most (n_tokens - 1) / block_size blocks.
- *   - Eviction policy (kvp_evict_policy) orders the evictable units (radix: leaves; hash: blocks):
+ *   - Eviction policy (kvp_evict_policy) orders the evictable units (radix: leaves; hash: blocks); each policy
+ *     is one file under policies/ (policies/policy.h is the interface, prefix_cache/README.md says how to add
+ *     one):
  *       lru       least recently accessed first (default)
  *       lfu       fewest accesses first, ties by lru
  *       fifo      first inserted first
@@ -38,6 +40,15 @@
  *                 is pinned: it is evicted only after every lower-priority block
  *       belady    the offline optimum: the block whose next use is furthest in the future first; needs
  *                 kvp_pc_hint.next_use on every access (see kvp_pc_next_use)
+ *       slru      segmented lru (SGLang's): units never accessed again since cached first, then the others,
+ *                 each segment in lru order
+ *       arc       adaptive replacement cache: lru over units used once and over units reused, the first
+ *                 segment's target size adapted from ghost lists of evicted hashes
+ *       cost      smallest frequency x squared prefix length (the recompute cost of the block's position,
+ *                 vllm#23641) first, ties by lru
+ *       size      fewest accesses per cached token first (hits per token, sglang#30300; per radix node, so
+ *                 for hash the order is lfu's), ties by lru
+ *     An "access" is a match that hits the unit or an insert that reaches it.
  *   - Every call that fails leaves the cache and the pool exactly as they were (allocations are made
  *     before anything is changed).
  *
@@ -62,20 +73,23 @@
 
 typedef enum { KVP_PC_NONE = 0, KVP_PC_RADIX, KVP_PC_HASH } kvp_pc_kind;
 
+/* KVP_EVICT_LRU = 0, LFU, FIFO, PRIORITY, BELADY, SLRU, ARC, COST, SIZE (policies/list.h), then
+ * KVP_EVICT_POLICIES, their number. */
 typedef enum {
-    KVP_EVICT_LRU = 0,
-    KVP_EVICT_LFU,
-    KVP_EVICT_FIFO,
-    KVP_EVICT_PRIORITY,
-    KVP_EVICT_BELADY,
+#define KVP_PC_POLICY(ID, name) KVP_EVICT_##ID,
+#include "prefix_cache/policies/list.h"
+#undef KVP_PC_POLICY
+    KVP_EVICT_POLICIES
 } kvp_evict_policy;
 
-/* "radix" | "hash" | "none" and "lru" | "lfu" | "fifo" | "priority" | "belady"; KVP_EINVAL naming the
- * value otherwise. The _name functions return a static string ("?" for an unknown value). */
+/* "radix" | "hash" | "none" and a policy's name ("lru", "lfu", ..., kvp_evict_policy_name); KVP_EINVAL naming
+ * the value and listing the choices otherwise. The _name functions return a static string ("?" for an unknown
+ * value); kvp_evict_policy_summary one line saying what the policy evicts first. */
 kvp_status kvp_pc_kind_parse(const char *s, kvp_pc_kind *out);
 kvp_status kvp_evict_policy_parse(const char *s, kvp_evict_policy *out);
 const char *kvp_pc_kind_name(kvp_pc_kind k);
 const char *kvp_evict_policy_name(kvp_evict_policy p);
+const char *kvp_evict_policy_summary(kvp_evict_policy p);
 
 /* "Never used again" for kvp_pc_hint.next_use. */
 #define KVP_PC_NEVER INT64_MAX
@@ -157,9 +171,37 @@ kvp_status kvp_pc_evict_until_free(kvp_prefix_cache *pc, int32_t need);
 typedef void (*kvp_pc_evict_fn)(void *ctx, uint64_t chain_hash, int32_t block);
 void kvp_pc_set_evict_hook(kvp_prefix_cache *pc, kvp_pc_evict_fn fn, void *ctx);
 
+/* Listeners: what enters and leaves the cache, for KV events (kv_events.h: vLLM's BlockStored, BlockRemoved,
+ * AllBlocksCleared) and the miss ledger (ledger.h). fn(ctx, ev) is called
+ *   KVP_PC_EV_STORED   once per run of consecutive blocks an insert adds (radix: the new node; hash: each run of
+ *                      positions that were not cached), after they are cached;
+ *   KVP_PC_EV_REMOVED  once per block that eviction or a flush drops (flush = 1 for a flush), before its
+ *                      cache reference goes;
+ *   KVP_PC_EV_CLEARED  once when a flush drops everything (nothing was locked), instead of one REMOVED per block.
+ * Pointers in ev are borrowed for the call. fn must not call back into the cache. At most KVP_PC_MAX_LISTENERS
+ * listeners (KVP_EINVAL beyond; the same fn and ctx twice is KVP_EINVAL too); removing one that is not there
+ * is a no-op. */
+#define KVP_PC_MAX_LISTENERS 4
+typedef enum { KVP_PC_EV_STORED = 0, KVP_PC_EV_REMOVED, KVP_PC_EV_CLEARED } kvp_pc_event_kind;
+typedef struct {
+    kvp_pc_event_kind kind;
+    int32_t n;              /* blocks (0 for CLEARED) */
+    const uint64_t *hashes; /* [n] the chain hash of each block (kvp_pc_chain_hashes) */
+    const int32_t *blocks;  /* [n] their block ids */
+    int32_t depth;          /* STORED: position of hashes[0] in its chain (0 = a first block) */
+    uint64_t parent_hash;   /* STORED: the chain hash of the block before hashes[0]; 0 when depth == 0 */
+    const int32_t *tokens;  /* STORED: [n * block_size] the blocks' tokens */
+    uint64_t extra_key;     /* STORED: the access's extra key (salt of the first block) */
+    int flush;              /* REMOVED: dropped by kvp_pc_flush, not by eviction */
+} kvp_pc_event;
+typedef void (*kvp_pc_event_fn)(void *ctx, const kvp_pc_event *ev);
+kvp_status kvp_pc_add_listener(kvp_prefix_cache *pc, kvp_pc_event_fn fn, void *ctx);
+void kvp_pc_remove_listener(kvp_prefix_cache *pc, kvp_pc_event_fn fn, void *ctx);
+
 /* Drops every evictable block (radix: round after round, a trimmed leaf's parent becoming one), as a reset
- * does: locked blocks stay. Not eviction under pressure: the hook is not called (nothing to write back).
- * *n_evicted (may be NULL) = the blocks dropped. */
+ * does: locked blocks stay. Not eviction under pressure: the hook is not called (nothing to write back), and
+ * policies keep no trace of the dropped blocks (arc's ghosts). Listeners get one REMOVED (flush = 1) per block,
+ * or one CLEARED when nothing stays. *n_evicted (may be NULL) = the blocks dropped. */
 void kvp_pc_flush(kvp_prefix_cache *pc, int64_t *n_evicted);
 
 int64_t kvp_pc_num_cached(const kvp_prefix_cache *pc);

@@ -18,6 +18,7 @@
 
 #include "common/alloc.h"
 #include "prefix_cache/pc_internal.h"
+#include "prefix_cache/policies/policy.h"
 
 #define NODE(i) (&pc->nodes[(i)])
 #define IN_USE (-2)
@@ -47,9 +48,16 @@ static int32_t find_child(const kvp_prefix_cache *pc, int32_t parent, const int3
     return -1;
 }
 
+/* The policy's view of a node: its last block (the one eviction trims) and its size. */
+static pc_unit node_unit(const kvp_prefix_cache *pc, const pc_node *n)
+{
+    return (pc_unit){n->next_use ? n->next_use[n->nblocks - 1] : 0, n->depth_end, n->nblocks, pc->bs, n->hashes};
+}
+
 static pc_key node_key(const kvp_prefix_cache *pc, const pc_node *n)
 {
-    return pc_policy_key(pc, &n->m, n->next_use ? n->next_use[n->nblocks - 1] : 0, n->depth_end);
+    const pc_unit u = node_unit(pc, n);
+    return pc_unit_key(pc, &n->m, &u);
 }
 
 /* out[0..nb) = the chain hashes of the blocks tokens[0..nb*bs) of a node under parent p (which continue
@@ -69,7 +77,7 @@ static kvp_status reserve_nodes(kvp_prefix_cache *pc, int32_t k)
     size_t need = (size_t)pc->nodes_used + (size_t)k;
     if (need > pc->nodes_cap && kvp_grow((void **)&pc->nodes, &pc->nodes_cap, need, sizeof *pc->nodes) != KVP_OK)
         return KVP_ERR(KVP_ENOMEM, "out of memory growing the radix tree to %zu nodes", need);
-    return pc_heap_reserve(&pc->heap, pc->nodes_cap);
+    return pc_heaps_reserve(pc, pc->nodes_cap);
 }
 
 static int32_t take_node(kvp_prefix_cache *pc)
@@ -84,7 +92,7 @@ static int32_t take_node(kvp_prefix_cache *pc)
     memset(NODE(u), 0, sizeof(pc_node));
     NODE(u)->free_next = IN_USE;
     NODE(u)->parent = NODE(u)->first_child = NODE(u)->next_sib = NODE(u)->prev_sib = -1;
-    pc->heap.pos[u] = -1;
+    for (int s = 0; s < pc->nseg; s++) pc->heaps[s].pos[u] = -1;
     return u;
 }
 
@@ -109,9 +117,8 @@ static kvp_status arrays_alloc(const kvp_prefix_cache *pc, int32_t nb, node_arra
     a->blocks = kvp_malloc((size_t)nb * sizeof *a->blocks);
     a->tokens = kvp_malloc((size_t)nb * (size_t)pc->bs * sizeof *a->tokens);
     a->hashes = kvp_malloc((size_t)nb * sizeof *a->hashes);
-    if (pc->policy == KVP_EVICT_BELADY) a->next_use = kvp_malloc((size_t)nb * sizeof *a->next_use);
-    if (a->blocks == NULL || a->tokens == NULL || a->hashes == NULL ||
-        (pc->policy == KVP_EVICT_BELADY && a->next_use == NULL)) {
+    if (pc_uses_next_use(pc)) a->next_use = kvp_malloc((size_t)nb * sizeof *a->next_use);
+    if (a->blocks == NULL || a->tokens == NULL || a->hashes == NULL || (pc_uses_next_use(pc) && a->next_use == NULL)) {
         arrays_free(a);
         return KVP_ERR(KVP_ENOMEM, "out of memory for a radix node of %d blocks", nb);
     }
@@ -249,12 +256,14 @@ static void touch_path(kvp_prefix_cache *pc, int32_t last, const kvp_pc_hint *hi
         pc_node *n = NODE(u);
         int32_t start = n->depth_end - n->nblocks;
         if (out) memcpy(out + start, n->blocks, (size_t)n->nblocks * sizeof *out);
-        pc_touch(pc, &n->m, hint);
         if (n->next_use)
             memcpy(n->next_use, hint->next_use + start, (size_t)n->nblocks * sizeof *n->next_use);
+        const pc_unit uv = node_unit(pc, n);
+        const int old_seg = pc_touch(pc, &n->m, &uv, hint);
         if (lock && n->lock++ == 0) pc->st.evictable_blocks -= n->nblocks;
-        /* Lazy heap: only a lower key must be recorded, and only belady's key can go down on an access. */
-        if (pc->policy == KVP_EVICT_BELADY) pc_heap_lower(&pc->heap, u, node_key(pc, n));
+        if (n->m.seg != old_seg && n->lock == 0 && n->nchildren == 0) pc_requeue(pc, u, &n->m, node_key(pc, n));
+        /* Lazy heap: only a lower key must be recorded, and only next-use keys can go down on an access. */
+        if (pc_uses_next_use(pc)) pc_heap_lower(pc_heap_of(pc, &n->m), u, node_key(pc, n));
     }
 }
 
@@ -304,6 +313,7 @@ kvp_status pc_radix_insert(kvp_prefix_cache *pc, const int32_t *tokens, const in
 
     node_arrays am = {0}, an = {0};
     st = reserve_nodes(pc, (w.split >= 0) + (nnew > 0));
+    if (st == KVP_OK) st = pc_policy_reserve(pc, nnew);
     if (st == KVP_OK) st = pc_map_reserve(&pc->map, 2);
     if (st == KVP_OK && w.split >= 0) st = arrays_alloc(pc, w.split_k, &am);
     if (st == KVP_OK && nnew > 0) st = arrays_alloc(pc, nnew, &an);
@@ -342,10 +352,23 @@ kvp_status pc_radix_insert(kvp_prefix_cache *pc, const int32_t *tokens, const in
         pc->st.inserted_blocks += nnew;
         pc->st.cached_blocks += nnew;
         pc->st.evictable_blocks += nnew;
+        pc->seg_blocks[N->m.seg] += nnew;
         last = u;
     }
     touch_path(pc, last, hint, lock, cached_out);
-    if (nnew > 0 && NODE(last)->lock == 0) pc_heap_push(&pc->heap, last, node_key(pc, NODE(last)));
+    if (nnew > 0 && NODE(last)->lock == 0) pc_requeue(pc, last, &NODE(last)->m, node_key(pc, NODE(last)));
+    if (nnew > 0 && pc_listening(pc)) {
+        const pc_node *N = NODE(last);
+        const kvp_pc_event ev = {.kind = KVP_PC_EV_STORED,
+                                 .n = nnew,
+                                 .hashes = N->hashes,
+                                 .blocks = N->blocks,
+                                 .depth = w.got,
+                                 .parent_hash = p == 0 ? 0 : NODE(p)->hashes[NODE(p)->nblocks - 1],
+                                 .tokens = N->tokens,
+                                 .extra_key = extra};
+        pc_emit(pc, &ev);
+    }
     return KVP_OK;
 }
 
@@ -369,7 +392,7 @@ kvp_status pc_radix_unlock(kvp_prefix_cache *pc, const int32_t *blocks, int32_t 
         pc_node *x = NODE(u);
         if (--x->lock == 0) {
             pc->st.evictable_blocks += x->nblocks;
-            if (x->nchildren == 0 && !pc_heap_has(&pc->heap, u)) pc_heap_push(&pc->heap, u, node_key(pc, x));
+            if (x->nchildren == 0) pc_requeue(pc, u, &x->m, node_key(pc, x));
         }
     }
     return KVP_OK;
@@ -379,11 +402,11 @@ static void remove_node(kvp_prefix_cache *pc, int32_t u)
 {
     pc_node *x = NODE(u);
     int32_t p = x->parent;
-    if (pc_heap_has(&pc->heap, u)) pc_heap_remove(&pc->heap, u);
+    for (int s = 0; s < pc->nseg; s++)
+        if (pc_heap_has(&pc->heaps[s], u)) pc_heap_remove(&pc->heaps[s], u);
     pc_map_del(&pc->map, x->mapkey, u);
     unlink_child(pc, u);
-    if (p != 0 && NODE(p)->nchildren == 0 && NODE(p)->lock == 0 && !pc_heap_has(&pc->heap, p))
-        pc_heap_push(&pc->heap, p, node_key(pc, NODE(p)));
+    if (p != 0 && NODE(p)->nchildren == 0 && NODE(p)->lock == 0) pc_requeue(pc, p, &NODE(p)->m, node_key(pc, NODE(p)));
     kvp_free(x->blocks);
     kvp_free(x->tokens);
     kvp_free(x->hashes);
@@ -396,20 +419,28 @@ static void remove_node(kvp_prefix_cache *pc, int32_t u)
     pc->st.nodes--;
 }
 
-/* pc_heap_settle's view of a node: only unlocked leaves are evictable. */
-static pc_key evict_key(const kvp_prefix_cache *pc, int32_t u, int *evictable)
+/* The lazy heaps' view of a node: only unlocked leaves are evictable. */
+static pc_key evict_key(const kvp_prefix_cache *pc, int32_t u, int *evictable, int *seg)
 {
     const pc_node *x = NODE(u);
     *evictable = x->lock == 0 && x->nchildren == 0;
+    *seg = x->m.seg;
     return node_key(pc, x);
 }
 
 void pc_radix_evict_one(kvp_prefix_cache *pc, int32_t *freed)
 {
-    const int32_t u = pc_heap_settle(pc, &pc->heap, evict_key);
+    int s;
+    const int32_t u = pc_pick_victim(pc, evict_key, &s);
     pc_node *x = NODE(u);
     int32_t b = x->blocks[--x->nblocks];
-    if (pc->on_evict) pc->on_evict(pc->on_evict_ctx, x->hashes[x->nblocks], b);
+    const uint64_t h = x->hashes[x->nblocks];
+    if (pc->on_evict) pc->on_evict(pc->on_evict_ctx, h, b);
+    pc_policy_evicted(pc, &x->m, h);
+    if (pc_listening(pc)) {
+        const kvp_pc_event ev = {.kind = KVP_PC_EV_REMOVED, .n = 1, .hashes = &h, .blocks = &b, .flush = pc->flushing};
+        pc_emit(pc, &ev);
+    }
     x->depth_end--;
     pc->block_unit[b] = -1;
     kvp_pool_decref(pc->pool, b);
@@ -417,8 +448,9 @@ void pc_radix_evict_one(kvp_prefix_cache *pc, int32_t *freed)
     pc->st.evicted_blocks++;
     pc->st.cached_blocks--;
     pc->st.evictable_blocks--;
+    pc->seg_blocks[x->m.seg]--;
     if (x->nblocks == 0) remove_node(pc, u);
-    else pc_heap_update(&pc->heap, u, node_key(pc, x));
+    else pc_heap_update(&pc->heaps[s], u, node_key(pc, x));
 }
 
 /* ---- checks and visits ---------------------------------------------------------------------------- */
@@ -427,11 +459,12 @@ kvp_status pc_radix_check(const kvp_prefix_cache *pc)
 {
     if (pc->nodes_used < 1 || NODE(0)->free_next != IN_USE || NODE(0)->parent != -1 || NODE(0)->nblocks != 0)
         return KVP_ERR(KVP_ESTATE, "radix: bad root");
-    int64_t used = 0, children = 0, cached = 0, evictable = 0;
+    int64_t used = 0, children = 0, cached = 0, evictable = 0, in_seg[PC_MAX_SEGS] = {0};
     for (int32_t u = 0; u < pc->nodes_used; u++) {
         const pc_node *x = NODE(u);
         if (x->free_next != IN_USE) {
-            if (pc_heap_has(&pc->heap, u)) return KVP_ERR(KVP_ESTATE, "radix: free node %d is in the heap", u);
+            for (int s = 0; s < pc->nseg; s++)
+                if (pc_heap_has(&pc->heaps[s], u)) return KVP_ERR(KVP_ESTATE, "radix: free node %d is in heap %d", u, s);
             continue;
         }
         used++;
@@ -455,13 +488,15 @@ kvp_status pc_radix_check(const kvp_prefix_cache *pc)
                            p->depth_end, x->nblocks);
         if (x->lock < child_locks)
             return KVP_ERR(KVP_ESTATE, "radix: node %d lock %d < its children's %lld", u, x->lock, (long long)child_locks);
-        if ((pc->policy == KVP_EVICT_BELADY) != (x->next_use != NULL))
+        if (pc_uses_next_use(pc) != (x->next_use != NULL))
             return KVP_ERR(KVP_ESTATE, "radix: node %d next_use array presence wrong", u);
         for (int32_t j = 0; j < x->nblocks; j++)
             if (pc->block_unit[x->blocks[j]] != u)
                 return KVP_ERR(KVP_ESTATE, "radix: block %d of node %d indexed to node %d", x->blocks[j], u,
                                pc->block_unit[x->blocks[j]]);
         cached += x->nblocks;
+        if (x->m.seg < 0 || x->m.seg >= pc->nseg) return KVP_ERR(KVP_ESTATE, "radix: node %d in segment %d", u, x->m.seg);
+        in_seg[x->m.seg] += x->nblocks;
         if (x->lock == 0) evictable += x->nblocks;
         if (x->parent != 0 && x->extra_key != 0) return KVP_ERR(KVP_ESTATE, "radix: inner node %d has an extra key", u);
         uint64_t h = x->parent == 0 ? 0 : p->hashes[p->nblocks - 1];
@@ -474,12 +509,18 @@ kvp_status pc_radix_check(const kvp_prefix_cache *pc)
         if (find_child(pc, x->parent, x->tokens, x->extra_key) != u)
             return KVP_ERR(KVP_ESTATE, "radix: node %d is not found from its parent (missing or duplicate first block)", u);
         if (x->nchildren == 0 && x->lock == 0) {
-            if (!pc_heap_has(&pc->heap, u)) return KVP_ERR(KVP_ESTATE, "radix: evictable leaf %d is not in the heap", u);
-            if (pc_key_cmp(pc_heap_key(&pc->heap, u), node_key(pc, x)) > 0)
+            const pc_heap *h = &pc->heaps[x->m.seg];
+            if (!pc_heap_has(h, u)) return KVP_ERR(KVP_ESTATE, "radix: evictable leaf %d is not in the heap", u);
+            if (pc_key_cmp(pc_heap_key(h, u), node_key(pc, x)) > 0)
                 return KVP_ERR(KVP_ESTATE, "radix: node %d heap key is above its policy key", u);
         }
     }
-    if (pc_heap_has(&pc->heap, 0)) return KVP_ERR(KVP_ESTATE, "radix: the root is in the heap");
+    for (int s = 0; s < pc->nseg; s++) {
+        if (pc_heap_has(&pc->heaps[s], 0)) return KVP_ERR(KVP_ESTATE, "radix: the root is in heap %d", s);
+        if (in_seg[s] != pc->seg_blocks[s])
+            return KVP_ERR(KVP_ESTATE, "radix: segment %d holds %lld blocks, counter %lld", s, (long long)in_seg[s],
+                           (long long)pc->seg_blocks[s]);
+    }
     if (children != used - 1) return KVP_ERR(KVP_ESTATE, "radix: %lld nodes but %lld child links", (long long)used, (long long)children);
     if ((int64_t)pc->map.n != used - 1) return KVP_ERR(KVP_ESTATE, "radix: map holds %zu keys for %lld nodes", pc->map.n, (long long)used - 1);
     if (cached != pc->st.cached_blocks) return KVP_ERR(KVP_ESTATE, "radix: tree holds %lld blocks, counter %lld", (long long)cached, (long long)pc->st.cached_blocks);

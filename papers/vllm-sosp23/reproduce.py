@@ -18,10 +18,11 @@ import json
 import math
 import os
 import random
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from claims import Claims, Kvpage, add_arguments, write_csv  # noqa: E402 (papers/claims.py)
 SHARED = os.path.join(HERE, "..", "..", "..", "shared")
 OPT13B = os.path.join(SHARED, "data", "configs", "derived", "opt-13b.json")
 LLAMA13B = os.path.join(HERE, "configs", "llama-13b.json")
@@ -34,23 +35,7 @@ ALLOCS = ["orca-max", "orca-pow2", "orca-oracle", "paged"]
 NAMES = {"orca-max": "Orca (Max)", "orca-pow2": "Orca (Pow2)", "orca-oracle": "Orca (Oracle)", "paged": "vLLM"}
 
 
-class Runner:
-    def __init__(self, kvpage):
-        self.kvpage = kvpage
-        self.runs = 0
-
-    def run(self, args, stdin=None):
-        """kvpage ARGS (its stdout; exits with its error when it fails)."""
-        cmd = [self.kvpage, *args]
-        try:
-            p = subprocess.run(cmd, input=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        except OSError as e:
-            sys.exit("reproduce: cannot run %s: %s" % (self.kvpage, e.strerror))
-        if p.returncode != 0:
-            sys.exit("reproduce: %s failed (%d): %s" % (" ".join(cmd), p.returncode, p.stderr.strip()[-500:]))
-        self.runs += 1
-        return p.stdout
-
+class Runner(Kvpage):
     def simulate(self, model, workload, rate, alloc="paged", extra=()):
         """workload: a generator spec, or "trace:PATH" (a Mooncake JSONL file)."""
         src = ["--trace", workload[6:]] if workload.startswith("trace:") else ["--workload", workload]
@@ -127,34 +112,18 @@ def story_prompts(r, n, seed=1):
     return list(zip(texts, outs))
 
 
-def write_csv(out, name, header, rows):
-    with open(os.path.join(out, name + ".csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--kvpage", default="build/kvpage", help="the kvpage program (default build/kvpage)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"), help="where the CSV files go")
-    ap.add_argument("--check", action="store_true", help="exit 1 when a claim's measurement is outside its band")
-    ap.add_argument("--compare", metavar="CLAIMS_CSV",
-                    help="exit 1 unless the claims measured now are those of this file (a committed claims.csv), "
-                         "each within 1 %%")
+    add_arguments(ap, HERE, "vllm_sosp23.png")
     ap.add_argument("--latency-factor", type=float, default=2.0,
                     help="a rate is sustained while the normalized latency stays within this factor of its "
                          "light-load value (default 2)")
-    ap.add_argument("--plot", action="store_true", help="also draw OUT/vllm_sosp23.png (matplotlib)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
     r = Runner(a.kvpage)
     n_sg, n_al, n_px = 1000, 2000, 2000
     sharegpt, alpaca = "sharegpt:n=%d" % n_sg, "alpaca:n=%d" % n_al
-    claims = []  # (claim, figure, published, measured, lo, hi)
-
-    def claim(text, fig, published, measured, lo, hi):
-        claims.append((text, fig, published, measured, lo, hi))
+    claim = Claims()
 
     # --- Fig. 2 and Fig. 13: every request queued at once, so each allocator runs the largest batch its
     # memory allows: the share of KV memory holding token states, and the mean batch.
@@ -304,35 +273,7 @@ def main():
         claim("memory saving, %s, width 6 / width 2 (x)" % mode, "Fig. 15", round(pubs[2] / pubs[0], 2),
               save[mode, 6] / save[mode, 2], 1.0, float("inf"))
 
-    rows = [[t, f, p, m, lo, hi, lo <= m <= hi] for t, f, p, m, lo, hi in claims]
-    write_csv(a.out, "claims", ["claim", "figure", "published", "measured", "band_lo", "band_hi", "within"],
-              [row[:3] + ["%.4g" % x for x in row[3:6]] + row[6:] for row in rows])
-    print("| claim | paper | published | kvpage | band | |")
-    print("|---|---|---|---|---|---|")
-    for t, f, p, m, lo, hi, within in rows:
-        print("| %s | %s | %s | %.3g | %.3g-%s | %s |" % (t, f, p, m, lo, "inf" if hi == float("inf") else "%.3g" % hi,
-                                                      "ok" if within else "OUTSIDE"))
-    bad = sum(not row[6] for row in rows)
-    print("reproduce: %d kvpage runs, %d of %d claims within their bands (latency factor %g)"
-          % (r.runs, len(claims) - bad, len(claims), a.latency_factor), file=sys.stderr)
-    if a.plot:
-        plot(a.out, sat)
-    stale = compare(a.compare, claims) if a.compare else 0
-    return 1 if (a.check and bad) or stale else 0
-
-
-def compare(path, claims):
-    """Differences between the claims measured now and those of a claims.csv, one line each on stderr."""
-    with open(path, newline="") as f:
-        old = {row["claim"]: float(row["measured"]) for row in csv.DictReader(f)}
-    now = {t: m for t, f, p, m, lo, hi in claims}
-    diffs = ["%s: measured %.4g here, %.4g in %s" % (t, now[t], old[t], path)
-             for t in now if t in old and abs(now[t] - old[t]) > 0.01 * abs(old[t])]
-    diffs += ["%s: not in %s" % (t, path) for t in now if t not in old]
-    diffs += ["%s: in %s, not measured" % (t, path) for t in old if t not in now]
-    for d in diffs:
-        print("reproduce: " + d, file=sys.stderr)
-    return len(diffs)
+    return claim.finish(a, r.runs, note=" (latency factor %g)" % a.latency_factor, plot=lambda: plot(a.out, sat))
 
 
 def plot(out, sat):

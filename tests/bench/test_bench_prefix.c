@@ -1,6 +1,8 @@
 /* Tests of `kvpage bench prefix` and its replay: radix == hash when unbounded, the Mooncake synthetic trace's
  * hit rate against the trace's own repeat rate, belady >= every online policy at bounded capacities, none = 0,
- * requests larger than the cache, and the command line (exit codes, --json keys, bad trace lines). */
+ * requests larger than the cache, and the command line (exit codes, --json keys, bad trace lines); the one-pass
+ * LRU curve against replays on every workload, the miss classes' sums and brute-force cold counts, the KV events
+ * against the replay's cache, the regret, --curve and --health columns. */
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -344,4 +346,232 @@ Test(bench_prefix, chat_answers_are_cached_and_found_by_the_next_turn)
         cr_assert_geq(opt.hit_tokens, lru.hit_tokens, "capacity %lld", (long long)cap);
     }
     kvp_workload_destroy(w);
+}
+
+/* ---- the one-pass curve, the miss classes, KV events, regret ----------------------------------------------- */
+
+#include "prefix_cache/kv_events_testutil.h"
+
+static const char *const k_workloads[] = {"system:n=150,prefix=512,suffix=128,share=0.7", "chat:conversations=20,turns=5",
+                                          "fewshot:n=150,tasks=6,examples=4,example=96",
+                                          "branch:n=150,depth=3,fanout=3,segment=64",
+                                          "mooncake:../shared/data/traces/mooncake/arxiv_trace_first20.jsonl", "mooncake:" SYNTH};
+#define NWORK ((int)(sizeof k_workloads / sizeof k_workloads[0]))
+static int32_t work_bs(int i) { return i == 5 ? 512 : i == 4 ? 64 : 16; }
+
+/* The curve equals an lru replay of radix and of hash at every capacity tried: 12 per workload, from 1 block
+ * (below the largest request, which then does not fit) to past the unbounded peak. */
+Test(bench_prefix, the_one_pass_curve_equals_lru_replays_at_every_capacity)
+{
+    for (int wi = 0; wi < NWORK; wi++) {
+        kvp_workload *w;
+        cr_assert_eq(kvp_workload_load(k_workloads[wi], 0, &w), KVP_OK, "%s", kvp_error_detail());
+        const int32_t bs = work_bs(wi);
+        kvp_lru_curve *c;
+        cr_assert_eq(kvp_prefix_curve(w, bs, &c), KVP_OK, "%s", kvp_error_detail());
+        cr_assert(kvp_lruc_exact(c), "%s: its pins repeat nothing", k_workloads[wi]);
+        kvp_prefix_replay_result u = replay(w, KVP_PC_RADIX, KVP_EVICT_LRU, bs, 0);
+        cr_assert_eq(kvp_lruc_hit_tokens(c, 0), u.hit_tokens, "%s unbounded", k_workloads[wi]);
+        cr_assert_eq(kvp_lruc_lookup_tokens(c), u.prompt_tokens);
+        const int64_t peak = u.peak_cached_blocks, big = kvp_lruc_max_access_blocks(c);
+        int64_t caps[12] = {1, 2, big / 2 > 0 ? big / 2 : 3, big, big + 1};
+        for (int i = 5; i < 12; i++) caps[i] = 1 + (int64_t)((double)peak * (i - 4) / 7.0 * ((i % 2) ? 0.9 : 1.05));
+        int short_seen = 0;
+        for (int i = 0; i < 12; i++)
+            for (int k = KVP_PC_RADIX; k <= KVP_PC_HASH; k++) {
+                if (wi == 5 && k == KVP_PC_HASH && i % 4) continue; /* the large trace: hash at 3 of them */
+                kvp_prefix_replay_result r = replay(w, (kvp_pc_kind)k, KVP_EVICT_LRU, bs, caps[i]);
+                short_seen |= r.short_requests > 0;
+                cr_assert_eq(kvp_lruc_hit_tokens(c, caps[i]), r.hit_tokens, "%s %s capacity %lld: curve %lld, replay %lld",
+                             k_workloads[wi], kvp_pc_kind_name((kvp_pc_kind)k), (long long)caps[i],
+                             (long long)kvp_lruc_hit_tokens(c, caps[i]), (long long)r.hit_tokens);
+            }
+        cr_assert(short_seen, "%s: the smallest capacities must not fit the largest request", k_workloads[wi]);
+        kvp_lruc_destroy(c);
+        kvp_workload_destroy(w);
+    }
+}
+
+/* The longest prefix of request i's prompt that an earlier access (pins included) computed: its prompt and its
+ * known answer but the last token, as the replay caches them. Brute force, sharing nothing with the ledger. */
+static int32_t seen_before(const kvp_workload *w, int64_t i)
+{
+    const kvp_request *r = &w->reqs[i];
+    int32_t best = 0;
+    for (int64_t j = -w->n_pins; j < i; j++) {
+        const kvp_request *q = j < 0 ? &w->pins[j + w->n_pins] : &w->reqs[j];
+        const int32_t nk = q->prompt_len + (q->output_tokens && q->output_len > 1 ? q->output_len - 1 : 0);
+        int32_t l = 0;
+        while (l < r->prompt_len && l < nk && r->tokens[l] == (l < q->prompt_len ? q->tokens[l] : q->output_tokens[l - q->prompt_len]))
+            l++;
+        if (l > best) best = l;
+    }
+    return best;
+}
+
+static int64_t sum_classes(const kvp_prefix_replay_result *r)
+{
+    int64_t s = r->hit_tokens + r->host_hit_tokens;
+    for (int c = 0; c < KVP_MISS_CLASSES; c++) s += r->miss.miss_tokens[c];
+    return s;
+}
+
+/* Every missed token in exactly one class, on every workload, cache, several policies, capacities and host tiers:
+ * the sums hold; cold and partial depend only on what was computed (equal everywhere, and cold equals the brute
+ * force); an unbounded cache has no evicted or host misses; and what a bounded cache lost to evictions is what
+ * the unbounded one hit. */
+Test(bench_prefix, every_missed_token_is_in_exactly_one_class_on_every_workload)
+{
+    const kvp_evict_policy pols[] = {KVP_EVICT_LRU, KVP_EVICT_ARC, KVP_EVICT_COST, KVP_EVICT_BELADY};
+    for (int wi = 0; wi < NWORK; wi++) {
+        kvp_workload *w;
+        cr_assert_eq(kvp_workload_load(k_workloads[wi], 0, &w), KVP_OK, "%s", kvp_error_detail());
+        const int32_t bs = work_bs(wi);
+        const kvp_prefix_replay_result u = replay(w, KVP_PC_RADIX, KVP_EVICT_LRU, bs, 0);
+        const int64_t *um = u.miss.miss_tokens;
+        cr_assert_eq(um[KVP_MISS_EVICTED] + um[KVP_MISS_HOST] + um[KVP_MISS_PREEMPTED], 0, "%s", k_workloads[wi]);
+        cr_assert_eq(sum_classes(&u), u.prompt_tokens);
+        cr_assert_gt(um[KVP_MISS_COLD], 0);
+        if (wi < 5) { /* brute force on the small workloads */
+            int64_t cold = 0;
+            for (int64_t i = 0; i < w->n; i++) cold += w->reqs[i].prompt_len - seen_before(w, i);
+            cr_assert_eq(um[KVP_MISS_COLD], cold, "%s: cold %lld, brute force %lld", k_workloads[wi],
+                         (long long)um[KVP_MISS_COLD], (long long)cold);
+        }
+        const int64_t caps[2] = {u.peak_cached_blocks / 8 + 1, u.peak_cached_blocks / 3 + 1};
+        for (int k = KVP_PC_RADIX; k <= KVP_PC_HASH; k++)
+            for (size_t p = 0; p < sizeof pols / sizeof pols[0]; p++)
+                for (int ci = 0; ci < 2; ci++)
+                    for (int host = 0; host < 3; host++) {
+                        if (wi == 5 && (p % 2 || host == 2 || (p > 0 && k == KVP_PC_HASH) || (host && ci == 0)))
+                            continue; /* the large trace: fewer runs */
+                        kvp_prefix_replay_cfg cfg = {(kvp_pc_kind)k, pols[p], bs, caps[ci], host ? caps[1] : 0,
+                                                     host == 2 ? KVP_HC_WRITE_BACK : KVP_HC_WRITE_THROUGH};
+                        kvp_prefix_replay_result r;
+                        cr_assert_eq(kvp_prefix_replay(w, &cfg, &r), KVP_OK, "%s", kvp_error_detail());
+                        const int64_t *m = r.miss.miss_tokens;
+                        const char *what = k_workloads[wi];
+                        cr_assert_eq(sum_classes(&r), r.prompt_tokens, "%s %s/%s cap %lld host %d: classes + hits != prompt",
+                                     what, kvp_pc_kind_name(cfg.kind), kvp_evict_policy_name(cfg.policy),
+                                     (long long)cfg.capacity, host);
+                        cr_assert_eq(r.miss.hit_tokens, r.hit_tokens);
+                        cr_assert_eq(r.miss.host_hit_tokens, r.host_hit_tokens);
+                        cr_assert_eq(r.miss.prompt_tokens, r.prompt_tokens);
+                        cr_assert_eq(m[KVP_MISS_PREEMPTED], 0, "a replay preempts nothing");
+                        cr_assert_eq(m[KVP_MISS_COLD], um[KVP_MISS_COLD], "%s: cold depends on the capacity", what);
+                        cr_assert_eq(m[KVP_MISS_PARTIAL], um[KVP_MISS_PARTIAL], "%s: partial depends on the capacity", what);
+                        cr_assert_eq(r.hit_tokens + r.host_hit_tokens + m[KVP_MISS_EVICTED] + m[KVP_MISS_HOST] + m[KVP_MISS_LAST_TOKEN],
+                                     u.hit_tokens + um[KVP_MISS_LAST_TOKEN], "%s: the lost hits are the evicted ones", what);
+                        if (host == 0) cr_assert_eq(m[KVP_MISS_HOST], 0);
+                        cr_assert_gt(r.evicted_blocks, 0, "%s: a bounded cache evicts", what);
+                        cr_assert_eq(r.miss.lifetime.n, r.evicted_blocks, "one lifetime per evicted block");
+                    }
+        kvp_workload_destroy(w);
+    }
+}
+
+/* --kv-events: the file rebuilds the cache the replay ends with (inserted - evicted blocks, by its row). */
+Test(bench_prefix, kv_events_rebuild_the_replays_cache)
+{
+    static char out[1 << 16], err[4096];
+    for (int k = 0; k < 2; k++) {
+        char path[] = "/tmp/kvp_bp_kve_XXXXXX";
+        int fd = mkstemp(path);
+        cr_assert_geq(fd, 0);
+        close(fd);
+        char args[512];
+        snprintf(args, sizeof args, "--workload chat:conversations=12,turns=4 --cache %s --evict arc --capacity 150 "
+                                    "--kv-events %s --json", k ? "hash" : "radix", path);
+        cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+        cJSON *j;
+        cr_assert_eq(kvp_json_parse(out, strlen(out), "stdout", &j), KVP_OK, "%s", out);
+        const cJSON *row = cJSON_GetArrayItem(j, 0);
+        const int64_t held = (int64_t)kvp_test_num(row, "inserted_blocks") - (int64_t)kvp_test_num(row, "evicted_blocks");
+        FILE *f = fopen(path, "r");
+        cr_assert_not_null(f);
+        kv_index ix = {.bs = 16};
+        int lines = kv_ix_apply_file(&ix, f);
+        fclose(f);
+        cr_assert_gt(lines, 40);
+        cr_assert_gt(ix.removed, 0);
+        cr_assert_eq(ix.n, held, "the events rebuild %lld blocks, the replay ends with %lld", (long long)ix.n, (long long)held);
+        free(ix.v);
+        cJSON_Delete(j);
+        unlink(path);
+    }
+    cr_assert_eq(run("--workload chat:conversations=4 --capacity 50,60 --kv-events /tmp/x.jsonl", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--kv-events follows one cache"), "%s", err);
+    cr_assert_eq(run("--workload chat:conversations=4 --kv-events /nonexistent/dir/e.jsonl", out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "/nonexistent/dir/e.jsonl"), "%s", err);
+}
+
+/* The new fields and options on the command line: the miss classes and regret columns, --curve rows, --health. */
+Test(bench_prefix, cli_curve_health_regret_and_miss_fields)
+{
+    static char out[1 << 20], err[4096];
+    char health[] = "/tmp/kvp_bp_health_XXXXXX";
+    int fd = mkstemp(health);
+    close(fd);
+    char args[512];
+    snprintf(args, sizeof args, "--workload fewshot:n=120,tasks=8 --evict lru,slru,belady --capacity 200,0 --cache hash "
+                                "--sweep --out /tmp --name kvp_bp_cli --no-plot --health %s --json", health);
+    cr_assert_eq(run(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cJSON *j;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "stdout", &j), KVP_OK, "%s", out);
+    cr_assert_eq(cJSON_GetArraySize(j), 6);
+    double lru40 = -1, bel40 = -1; /* at 200 blocks */
+    for (int i = 0; i < 6; i++) {
+        const cJSON *row = cJSON_GetArrayItem(j, i);
+        double sum = kvp_test_num(row, "hit_tokens") + kvp_test_num(row, "host_hit_tokens");
+        for (int c = 0; c < KVP_MISS_CLASSES; c++) {
+            char key[48];
+            snprintf(key, sizeof key, "miss_%s_tokens", kvp_miss_class_name((kvp_miss_class)c));
+            sum += kvp_test_num(row, key);
+        }
+        cr_assert_eq(sum, kvp_test_num(row, "prompt_tokens"), "row %d: classes + hits != prompt tokens", i);
+        const char *ev = cJSON_GetObjectItem(row, "evict")->valuestring;
+        const double cap = kvp_test_num(row, "capacity"), rb = kvp_test_num(row, "regret_belady");
+        cr_assert_geq(rb, -1e-12, "row %d: an online policy above belady", i);
+        cr_assert_float_eq(kvp_test_num(row, "regret_unbounded"), kvp_test_num(row, "unbounded_hit_rate") - kvp_test_num(row, "total_hit_rate"), 1e-12);
+        if (strcmp(ev, "belady") == 0 || cap == 0) cr_assert_float_eq(rb, 0, 1e-12);
+        if (cap == 200 && strcmp(ev, "lru") == 0) lru40 = kvp_test_num(row, "total_hit_rate");
+        if (cap == 200 && strcmp(ev, "belady") == 0) bel40 = kvp_test_num(row, "total_hit_rate");
+        cr_assert(cJSON_IsNumber(cJSON_GetObjectItem(row, "lifetime_p50")) && cJSON_IsNumber(cJSON_GetObjectItem(row, "reuse_gap_p50")));
+    }
+    cr_assert(lru40 >= 0 && bel40 > lru40, "belady beats lru at 200 blocks: %g vs %g", bel40, lru40);
+    cJSON_Delete(j);
+    FILE *f = fopen(health, "r");
+    cr_assert_not_null(f);
+    char *text = kvp_test_read_all(f);
+    fclose(f);
+    cr_assert_eq(kvp_json_parse(text, strlen(text), health, &j), KVP_OK, "%s", text);
+    cr_assert_eq(cJSON_GetArraySize(j), 6);
+    const cJSON *h = cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "kv_block_lifetime");
+    cr_assert(h && cJSON_GetArraySize(cJSON_GetObjectItem(h, "counts")) == KVP_HIST_BUCKETS && kvp_test_num(h, "count") > 0);
+    cr_assert_str_eq(cJSON_GetObjectItem(cJSON_GetArrayItem(j, 0), "unit")->valuestring, "requests");
+    cJSON_Delete(j);
+    free(text);
+    unlink(health);
+    unlink("/tmp/kvp_bp_cli.csv");
+    /* --curve: rows of capacity and hit_rate; --curve-points 0: every step, non-decreasing, then unbounded */
+    cr_assert_eq(run("--workload chat:conversations=10,turns=3 --curve --curve-points 0 --json", out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "stdout", &j), KVP_OK, "%s", out);
+    const int n = cJSON_GetArraySize(j);
+    cr_assert_gt(n, 10);
+    double prev = -1;
+    for (int i = 0; i < n; i++) {
+        const cJSON *row = cJSON_GetArrayItem(j, i);
+        const double hr = kvp_test_num(row, "hit_rate"), cap = kvp_test_num(row, "capacity");
+        cr_assert(i == n - 1 ? cap == 0 : cap >= 1, "row %d capacity %g", i, cap);
+        cr_assert_gt(hr, prev - (i == n - 1 ? 1 : 0), "a step of the curve must rise");
+        prev = hr;
+        cr_assert_eq(kvp_test_num(row, "exact"), 1);
+    }
+    kvp_workload *w;
+    cr_assert_eq(kvp_workload_generate("chat:conversations=10,turns=3", &w), KVP_OK);
+    kvp_prefix_replay_result u = replay(w, KVP_PC_RADIX, KVP_EVICT_LRU, 16, 0);
+    cr_assert_float_eq(kvp_test_num(cJSON_GetArrayItem(j, n - 1), "hit_rate"), u.hit_rate, 1e-12);
+    kvp_workload_destroy(w);
+    cJSON_Delete(j);
+    cr_assert_eq(run("--workload chat --curve-points -3", out, sizeof out, err, sizeof err), 2);
 }

@@ -352,6 +352,16 @@ static int32_t evict1(fixture *f)
     return gone;
 }
 
+/* Evicts one block at a time: the victims must be order[0..n), in that order. */
+static void victims(fixture *f, const int32_t *order, int n)
+{
+    for (int i = 0; i < n; i++) {
+        const int32_t got = evict1(f);
+        cr_assert_eq(got, order[i], "victim %d is block %d, block %d expected", i, got, order[i]);
+    }
+}
+#define VICTIMS(f, ...) victims((f), (const int32_t[]){__VA_ARGS__}, (int)(sizeof((int32_t[]){__VA_ARGS__}) / sizeof(int32_t)))
+
 Test(prefix_cache, radix_node_splits)
 {
     fixture f = mk(KVP_PC_RADIX, KVP_EVICT_LRU, 32, 2);
@@ -540,9 +550,7 @@ Test(prefix_cache, policy_orders)
             fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_LRU, 8, 2);
             abc(&f, NULL, NULL, NULL, id, t);
             cr_assert_eq(hits(&f, t[0], 3, NULL), 1);
-            cr_assert_eq(evict1(&f), id[1]);
-            cr_assert_eq(evict1(&f), id[2]);
-            cr_assert_eq(evict1(&f), id[0]);
+            VICTIMS(&f, id[1], id[2], id[0]);
             rm(&f);
         }
         { /* lfu: A 3 accesses, C 2, B 1 */
@@ -551,18 +559,14 @@ Test(prefix_cache, policy_orders)
             hits(&f, t[0], 3, NULL);
             hits(&f, t[0], 3, NULL);
             hits(&f, t[2], 3, NULL);
-            cr_assert_eq(evict1(&f), id[1]);
-            cr_assert_eq(evict1(&f), id[2]);
-            cr_assert_eq(evict1(&f), id[0]);
+            VICTIMS(&f, id[1], id[2], id[0]);
             rm(&f);
         }
         { /* fifo: access does not matter */
             fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_FIFO, 8, 2);
             abc(&f, NULL, NULL, NULL, id, t);
             hits(&f, t[0], 3, NULL);
-            cr_assert_eq(evict1(&f), id[0]);
-            cr_assert_eq(evict1(&f), id[1]);
-            cr_assert_eq(evict1(&f), id[2]);
+            VICTIMS(&f, id[0], id[1], id[2]);
             rm(&f);
         }
         { /* priority: A pinned at 5 (sticky after a priority-0 access), C 1, B 0 and most recent */
@@ -571,9 +575,7 @@ Test(prefix_cache, policy_orders)
             abc(&f, &p5, NULL, &p1, id, t);
             hits(&f, t[0], 3, NULL);
             hits(&f, t[1], 3, NULL);
-            cr_assert_eq(evict1(&f), id[1]);
-            cr_assert_eq(evict1(&f), id[2]);
-            cr_assert_eq(evict1(&f), id[0]);
+            VICTIMS(&f, id[1], id[2], id[0]);
             rm(&f);
         }
         { /* belady: next uses A 10, B 3, C never */
@@ -583,9 +585,7 @@ Test(prefix_cache, policy_orders)
             abc(&f, &ha, &hb, &hc, id, t);
             int32_t hit[2], nh;
             cr_assert_eq(kvp_pc_match(f.pc, t[0], 3, NULL, 0, hit, 2, &nh), KVP_EINVAL, "belady needs next uses");
-            cr_assert_eq(evict1(&f), id[2]);
-            cr_assert_eq(evict1(&f), id[0]);
-            cr_assert_eq(evict1(&f), id[1]);
+            VICTIMS(&f, id[2], id[0], id[1]);
             rm(&f);
         }
     }
@@ -623,8 +623,7 @@ Test(prefix_cache, chain_evicts_tail_first)
         put(&f, t, 7, 3, NULL, id);
         cr_assert_eq(evict1(&f), id[2]);
         cr_assert_eq(hits(&f, t, 7, NULL), 2);
-        cr_assert_eq(evict1(&f), id[1]);
-        cr_assert_eq(evict1(&f), id[0]);
+        VICTIMS(&f, id[1], id[0]);
         rm(&f);
     }
 }
@@ -709,6 +708,18 @@ static void same(const state *a, const state *b, int64_t n)
     cr_assert_eq(a->free, b->free, "failure %lld changed the pool", (long long)n);
 }
 
+/* After an operation run with kvp_alloc_fail_at(n): 1 when it failed, which must be KVP_ENOMEM with the cache, its
+ * stats and the pool left as `before`; 0 when it succeeded. */
+static int failed_unchanged(const fixture *f, kvp_status st, const state *before, int64_t n)
+{
+    if (st == KVP_OK) return 0;
+    cr_assert_eq(st, KVP_ENOMEM, "%s", kvp_error_detail());
+    state after = grab(f);
+    same(before, &after, n);
+    free(after.s.v);
+    return 1;
+}
+
 Test(prefix_cache, allocation_failures_change_nothing)
 {
     for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++)
@@ -753,15 +764,8 @@ Test(prefix_cache, allocation_failures_change_nothing)
                 }
                 int64_t made = kvp_alloc_count();
                 kvp_alloc_fail_at(0);
-                if (st != KVP_OK) {
-                    cr_assert_eq(st, KVP_ENOMEM, "%s", kvp_error_detail());
-                    failures++;
-                    state after = grab(&f);
-                    same(&before, &after, n);
-                    free(after.s.v);
-                } else if (op == 0) {
-                    cr_assert_eq(kvp_pc_unlock(f.pc, hit, nh), KVP_OK);
-                }
+                if (failed_unchanged(&f, st, &before, n)) failures++;
+                else if (op == 0) cr_assert_eq(kvp_pc_unlock(f.pc, hit, nh), KVP_OK);
                 cr_assert_eq(kvp_pc_check(f.pc), KVP_OK, "%s", kvp_error_detail());
                 free(before.s.v);
                 cr_assert_eq(kvp_pool_release(f.pool, b, 4), KVP_OK);
@@ -815,4 +819,161 @@ Test(prefix_cache, next_use)
     cr_assert_eq(n2[0], 3);
     cr_assert_eq(n2[1], KVP_PC_NEVER);
     cr_assert_eq(n3[1], KVP_PC_NEVER);
+}
+
+/* ---- the policies added behind policies/policy.h: slru, arc, cost, size ------------------------------ */
+
+Test(prefix_cache, new_policies_match_the_model_bounded)
+{
+    for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++)
+        for (int pol = KVP_EVICT_SLRU; pol < KVP_EVICT_POLICIES; pol++)
+            for (uint64_t seed = 1; seed <= 2; seed++)
+                run_random((kvp_pc_kind)kind, (kvp_evict_policy)pol, 40, seed * 13 + (uint64_t)pol, 300, NULL);
+}
+
+Test(prefix_cache, every_policy_parses_and_names_itself)
+{
+    for (int p = 0; p < KVP_EVICT_POLICIES; p++) {
+        kvp_evict_policy q;
+        cr_assert_eq(kvp_evict_policy_parse(kvp_evict_policy_name((kvp_evict_policy)p), &q), KVP_OK);
+        cr_assert_eq(q, p);
+        cr_assert_gt(strlen(kvp_evict_policy_summary((kvp_evict_policy)p)), 10);
+    }
+    kvp_evict_policy q;
+    cr_assert_eq(kvp_evict_policy_parse("mru", &q), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "'mru'") && strstr(kvp_error_message(), "arc"), "%s", kvp_error_message());
+    cr_assert_str_eq(kvp_evict_policy_name(KVP_EVICT_POLICIES), "?");
+}
+
+/* slru: A cached and reused (protected) before B and C were cached once: LRU would evict A first (oldest),
+ * segmented LRU evicts the never-reused B and C first, in LRU order. */
+Test(prefix_cache, slru_order)
+{
+    for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++) {
+        int32_t t[3][3] = {{1, 1, 0}, {2, 2, 0}, {3, 3, 0}}, id[3];
+        fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_SLRU, 8, 2);
+        put(&f, t[0], 3, 1, NULL, &id[0]);
+        cr_assert_eq(hits(&f, t[0], 3, NULL), 1);
+        put(&f, t[1], 3, 1, NULL, &id[1]);
+        put(&f, t[2], 3, 1, NULL, &id[2]);
+        VICTIMS(&f, id[1], id[2], id[0]);
+        rm(&f);
+    }
+}
+
+/* arc: B and X cached once (T1), A cached and reused (T2). The first victim is T1's LRU, B (T1 is over its
+ * target p = 0). B cached again hits its ghost: p rises to 1 and B starts in T2. T1 then holds X alone, not more
+ * than p, so the victims come from T2 (A, then B) although X is the oldest block: plain LRU would take X. */
+Test(prefix_cache, arc_order)
+{
+    for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++) {
+        int32_t b[3] = {2, 2, 0}, x[3] = {5, 5, 0}, a[3] = {1, 1, 0}, idb, idx, ida;
+        fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_ARC, 8, 2);
+        put(&f, b, 3, 1, NULL, &idb);
+        put(&f, x, 3, 1, NULL, &idx);
+        put(&f, a, 3, 1, NULL, &ida);
+        cr_assert_eq(hits(&f, a, 3, NULL), 1);
+        cr_assert_eq(evict1(&f), idb, "T1 over its target: its LRU block");
+        put(&f, b, 3, 1, NULL, &idb);
+        cr_assert_eq(evict1(&f), ida, "after B's ghost hit, T1 (X) is within its target: T2's LRU");
+        VICTIMS(&f, idb, idx);
+        rm(&f);
+        /* the same without the ghost hit: X, T1's LRU, goes before A */
+        f = mk((kvp_pc_kind)kind, KVP_EVICT_ARC, 8, 2);
+        put(&f, x, 3, 1, NULL, &idx);
+        put(&f, a, 3, 1, NULL, &ida);
+        cr_assert_eq(hits(&f, a, 3, NULL), 1);
+        put(&f, b, 3, 1, NULL, &idb);
+        VICTIMS(&f, idx, idb, ida);
+        rm(&f);
+    }
+}
+
+/* cost: a two-block chain [X Y] cached before a one-block [Z], each used once. LRU evicts Y, X, Z. Cost keeps
+ * the block whose prefix is longest: freq x depth^2 is 4 for Y, 1 for X and Z. Radix evicts leaves only: Z, Y,
+ * then X. Hash may evict any block: X (key 1, older than Z) first, orphaning Y, then Z, then Y. With Z used
+ * five times (key 5 > 4), radix evicts Y and X before Z. */
+Test(prefix_cache, cost_order)
+{
+    int32_t xy[5] = {1, 1, 2, 2, 0}, z[3] = {3, 3, 0}, ids[2], idz;
+    for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++) {
+        fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_COST, 8, 2);
+        put(&f, xy, 5, 2, NULL, ids);
+        put(&f, z, 3, 1, NULL, &idz);
+        if (kind == KVP_PC_RADIX) {
+            VICTIMS(&f, idz, ids[1], ids[0]);
+        } else {
+            cr_assert_eq(evict1(&f), ids[0], "hash: X first, though Y stays cached and unreachable");
+            cr_assert_eq(hits(&f, xy, 5, NULL), 0);
+            VICTIMS(&f, idz, ids[1]);
+        }
+        rm(&f);
+    }
+    fixture f = mk(KVP_PC_RADIX, KVP_EVICT_COST, 8, 2);
+    put(&f, xy, 5, 2, NULL, ids);
+    put(&f, z, 3, 1, NULL, &idz);
+    for (int i = 0; i < 4; i++) cr_assert_eq(hits(&f, z, 3, NULL), 1);
+    VICTIMS(&f, ids[1], ids[0], idz);
+    rm(&f);
+}
+
+/* size (hits per token): a three-block prompt L = [A1 A2 A3], used twice, then a one-block S used once.
+ * Radix: L's node holds 6 tokens, 2 accesses (0.33 per token) against S's 0.5: L's tail goes first; then L holds
+ * 4 tokens (0.5, tied with S, and older): A2; then 2 tokens (1.0): S, then A1. LRU would evict A3, A2, A1, S.
+ * Hash: every unit is one block, so the order is LFU's: S (1 access), then A3, A2, A1. */
+Test(prefix_cache, size_order)
+{
+    int32_t l[7] = {1, 1, 2, 2, 3, 3, 0}, s[3] = {4, 4, 0}, ids[3], ida;
+    for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++) {
+        fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_SIZE, 8, 2);
+        put(&f, l, 7, 3, NULL, ids);
+        cr_assert_eq(hits(&f, l, 7, NULL), 3);
+        put(&f, s, 3, 1, NULL, &ida);
+        if (kind == KVP_PC_RADIX) {
+            VICTIMS(&f, ids[2], ids[1], ida, ids[0]);
+        } else {
+            VICTIMS(&f, ida, ids[2], ids[1], ids[0]);
+        }
+        rm(&f);
+    }
+}
+
+/* arc reserves its ghost lists at insert time: a failing allocation there changes nothing, and evictions that
+ * follow never allocate. */
+Test(prefix_cache, arc_allocation_failures_change_nothing)
+{
+    for (int kind = KVP_PC_RADIX; kind <= KVP_PC_HASH; kind++) {
+        int64_t failures = 0;
+        for (int64_t n = 1;; n++) {
+            fixture f = mk((kvp_pc_kind)kind, KVP_EVICT_ARC, 256, 2);
+            for (int32_t i = 0; i < 40; i++) { /* enough inserts and evictions that the ghost lists grow */
+                int32_t u[] = {100 + i, 1, 7, 7, 0};
+                put(&f, u, 5, 2, NULL, NULL);
+                if (i % 2) evict1(&f);
+            }
+            state before = grab(&f);
+            int32_t b[40];
+            cr_assert_eq(kvp_pool_alloc(f.pool, 40, b), KVP_OK);
+            before.free -= 40;
+            int32_t x[81];
+            for (int32_t j = 0; j < 81; j++) x[j] = 9000 + j;
+            kvp_alloc_fail_at(n);
+            kvp_status st = kvp_pc_insert(f.pc, x, 81, b, 40, NULL, 0, NULL);
+            int64_t made = kvp_alloc_count();
+            kvp_alloc_fail_at(0);
+            if (failed_unchanged(&f, st, &before, n)) {
+                failures++;
+            } else {
+                int64_t k0 = kvp_alloc_count();
+                cr_assert_eq(kvp_pc_evict(f.pc, 30, NULL), KVP_OK);
+                cr_assert_eq(kvp_alloc_count(), k0, "eviction allocated");
+            }
+            cr_assert_eq(kvp_pc_check(f.pc), KVP_OK, "%s", kvp_error_detail());
+            free(before.s.v);
+            cr_assert_eq(kvp_pool_release(f.pool, b, 40), KVP_OK);
+            rm(&f);
+            if (made < n) break;
+        }
+        cr_assert_gt(failures, 0, "kind %d: the insert must allocate", kind);
+    }
 }
