@@ -19,6 +19,7 @@ static const struct option engine_long[] = {
     {"speculative-config", required_argument, 0, KVP_EO_SPEC},
     {"kv-offloading-size", required_argument, 0, KVP_EO_OFFLOAD},
     {"kv-offloading-policy", required_argument, 0, KVP_EO_OFFPOL},
+    {"kv-events", required_argument, 0, KVP_EO_KVEVENTS},
 };
 enum { N_ENGINE = sizeof engine_long / sizeof engine_long[0] };
 _Static_assert(N_ENGINE == KVP_EO_END - KVP_EO_BLOCK, "one table entry per engine option");
@@ -69,6 +70,10 @@ int kvp_engine_opt(kvp_engine_opts *o, int c, const char *arg, kvp_status *st)
         *st = kvp_hc_write_policy_parse(arg, &e->host_write_policy);
         o->offload_policy_given = true;
         break;
+    case KVP_EO_KVEVENTS:
+        e->kv_events = arg;
+        *st = arg[0] ? KVP_OK : KVP_ERR(KVP_EINVAL, "needs a file name");
+        break;
     default: return 0;
     }
     return 1;
@@ -78,6 +83,9 @@ kvp_status kvp_engine_opts_check(const kvp_engine_opts *o)
 {
     if (o->offload_policy_given && o->offload_bytes <= 0)
         return KVP_ERR(KVP_EINVAL, "--kv-offloading-policy needs a host tier (--kv-offloading-size)");
+    if (o->cfg->kv_events && o->cfg->cache == KVP_PC_NONE)
+        return KVP_ERR(KVP_EINVAL, "--kv-events are the prefix cache's: it needs a prefix cache (give --cache radix or "
+                                   "hash)");
     if (o->offload_bytes > 0 && o->cfg->cache == KVP_PC_NONE)
         return KVP_ERR(KVP_EINVAL, "--kv-offloading-size is a tier of the prefix cache: it needs a prefix cache (give --cache radix or hash)");
     return KVP_OK;
@@ -97,6 +105,8 @@ void kvp_engine_opts_usage(FILE *f, const kvp_engine_config *d)
             "  --kv-offloading-policy P  write_through (default: every cached block, in the background),\n"
             "                            write_back (each block the prefix cache evicts, before it is reused) or\n"
             "                            write_through_selective (a block once a prompt found it cached)\n"
+            "  --kv-events FILE          the prefix cache's KV events, vLLM's schema (BlockStored, BlockRemoved,\n"
+            "                            AllBlocksCleared), one JSON batch a step, for testing routers on replays\n"
             "  --sched POLICY            fcfs | lpm (SGLang's longest prefix match) | priority (default %s)\n"
             "  --preempt MODE            recompute | swap (default %s): what a preempted sequence gives up\n"
             "  --swap-space BYTES        host memory for swapped sequences (with --preempt swap; default: as much\n"

@@ -4,7 +4,7 @@
  *   --block-size N  --cache radix|hash|none  --evict POLICY  --sched fcfs|lpm|priority
  *   --preempt recompute|swap  --swap-space BYTES  --watermark-blocks N  --max-num-seqs N
  *   --max-batched-tokens N  --no-chunked-prefill  --speculative-config JSON
- *   --kv-offloading-size BYTES  --kv-offloading-policy P
+ *   --kv-offloading-size BYTES  --kv-offloading-policy P  --kv-events FILE
  *
  * A command builds its getopt table from its own options and the engine's (kvp_engine_opts_table), passes
  * every option id to kvp_engine_opt first, and prints kvp_engine_opts_usage in its --help. The defaults are
@@ -25,7 +25,7 @@
 /* Option ids (getopt_long's val), above every command's own. */
 enum {
     KVP_EO_BLOCK = 0x1000, KVP_EO_CACHE, KVP_EO_EVICT, KVP_EO_SCHED, KVP_EO_PREEMPT, KVP_EO_SWAP, KVP_EO_WATERMARK,
-    KVP_EO_SEQS, KVP_EO_BATCH, KVP_EO_NOCHUNK, KVP_EO_SPEC, KVP_EO_OFFLOAD, KVP_EO_OFFPOL, KVP_EO_END
+    KVP_EO_SEQS, KVP_EO_BATCH, KVP_EO_NOCHUNK, KVP_EO_SPEC, KVP_EO_OFFLOAD, KVP_EO_OFFPOL, KVP_EO_KVEVENTS, KVP_EO_END
 };
 
 typedef struct {

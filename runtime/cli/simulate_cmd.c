@@ -498,6 +498,26 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     if (!cpu) cJSON_AddNumberToObject(o, "host_store_backlog_max_s", ss.store_backlog_max_s);
     if (!cpu) cJSON_AddNumberToObject(o, "host_store_sync_s", ss.sync_store_s);
     cJSON_AddNumberToObject(o, "evicted_blocks", (double)m.evicted_blocks);
+    if (ec.cache != KVP_PC_NONE) { /* why prompt tokens missed, and the cache's health (prefix_cache/ledger.h) */
+        char key[64];
+        for (int c = 0; c < KVP_MISS_CLASSES; c++) {
+            snprintf(key, sizeof key, "miss_%s_tokens", kvp_miss_class_name((kvp_miss_class)c));
+            cJSON_AddNumberToObject(o, key, (double)m.miss_tokens[c]);
+        }
+        const struct {
+            const char *name;
+            const kvp_hist *h;
+        } hs[] = {{"kv_block_lifetime", &m.block_lifetime}, {"kv_block_idle_before_evict", &m.block_idle_before_evict},
+                  {"kv_block_reuse_gap", &m.block_reuse_gap}};
+        for (size_t i = 0; i < sizeof hs / sizeof hs[0]; i++) {
+            snprintf(key, sizeof key, "%s_p50_s", hs[i].name);
+            cJSON_AddNumberToObject(o, key, kvp_hist_quantile(hs[i].h, 0.5));
+            snprintf(key, sizeof key, "%s_p99_s", hs[i].name);
+            cJSON_AddNumberToObject(o, key, kvp_hist_quantile(hs[i].h, 0.99));
+            snprintf(key, sizeof key, "%s_count", hs[i].name);
+            cJSON_AddNumberToObject(o, key, (double)hs[i].h->n);
+        }
+    }
     cJSON_AddNumberToObject(o, "kv_token_states", m.kv_token_states);
     cJSON_AddNumberToObject(o, "kv_reserved", m.kv_reserved);
     cJSON_AddNumberToObject(o, "kv_internal_frag", m.kv_internal_frag);
@@ -546,6 +566,12 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
                "on readmission)\n", m.mean_running, (long long)m.max_running, (long long)m.preemptions,
                (long long)m.swap_outs, (long long)m.readmit_hit_tokens);
         printf("prefix hit rate    %.2f %%\n", m.prefix_hit_rate * 100);
+        if (ec.cache != KVP_PC_NONE) {
+            printf("prompt misses      ");
+            for (int c = 0; c < KVP_MISS_CLASSES; c++)
+                printf("%s%s %lld", c ? ", " : "", kvp_miss_class_name((kvp_miss_class)c), (long long)m.miss_tokens[c]);
+            printf(" tokens\n");
+        }
         if (ec.host_cache_slots > 0)
             printf("host tier          %lld tokens, %s: %.2f %% of prompt tokens loaded from it; %lld blocks loaded, "
                    "%lld stored\n", (long long)ec.host_cache_slots, kvp_hc_write_policy_name(ec.host_write_policy),

@@ -518,6 +518,7 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
         KVP_TRY(sch_arrivals(e));
     }
     e->step_finished = 0;
+    kvm_step_begin(e);
     KVP_TRY(sch_schedule(e));
     inf.num_preempted = e->step_preempted;
     if (e->sched_n == 0) {
@@ -550,6 +551,7 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
     e->batch_tokens_sum += ntok;
     if (e->rq_n > e->max_running) e->max_running = e->rq_n;
     KVP_TRY(out_step(e, &res));
+    KVP_TRY(kvm_step_end(e));
     inf.time_s = e->now;
     inf.step_s = dt;
     inf.num_scheduled = e->sched_n;
@@ -697,6 +699,12 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
     m->host_stored_blocks = e->host_stored_blocks;
     m->evicted_blocks = kvm_evicted_blocks(e);
     m->cow_copies = e->cow_copies;
+    kvp_ledger_stats ls;
+    kvm_ledger_stats(e, &ls);
+    memcpy(m->miss_tokens, ls.miss_tokens, sizeof m->miss_tokens);
+    m->block_lifetime = ls.lifetime;
+    m->block_idle_before_evict = ls.idle_before_evict;
+    m->block_reuse_gap = ls.reuse_gap;
     m->spec_drafts = e->spec_drafts;
     m->spec_draft_tokens = e->spec_draft_tokens;
     m->spec_accepted_tokens = e->spec_accepted_tokens;

@@ -51,6 +51,7 @@
 #include "blockmgr/contiguous.h"
 #include "common/status.h"
 #include "prefix_cache/host_cache.h"
+#include "prefix_cache/ledger.h"
 #include "prefix_cache/prefix_cache.h"
 #include "runtime/engine/executor.h"
 #include "runtime/engine/request.h"
@@ -113,6 +114,8 @@ typedef struct {
     kvp_spec_config spec;
     bool keep_outputs;          /* keep finished requests' samples until kvp_engine_release (sessions) */
     bool wall_clock;            /* time is wall time since creation (an online session), not the sum of step times */
+    const char *kv_events;      /* a file for the prefix cache's KV events in vLLM's schema (JSON lines, one batch
+                                   a step; prefix_cache/kv_events.h), or NULL */
     bool check_every_step;      /* run every invariant walker after each step (tests; slow) */
     kvp_step_fn on_step;        /* NULL: none */
     void *on_step_ctx;
@@ -166,6 +169,11 @@ typedef struct {
     int64_t host_loaded_blocks, host_stored_blocks; /* host-tier moves, readmissions included */
     int64_t evicted_blocks;
     int64_t cow_copies;         /* copy-on-write block copies */
+    /* Why prompt tokens missed the prefix cache (prefix_cache/ledger.h; with a cache): at first admissions
+     * prefix hits + host hits + every class but preempted = admitted_prompt_tokens; preempted: what readmissions
+     * computed again. And the cache's health in engine seconds. */
+    int64_t miss_tokens[KVP_MISS_CLASSES];
+    kvp_hist block_lifetime, block_idle_before_evict, block_reuse_gap;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens; /* steps that proposed, proposed, kept */
     /* Time-averaged shares of the KV memory (sum to 1): */
     double kv_token_states, kv_reserved, kv_internal_frag, kv_external_frag, kv_cached, kv_free;

@@ -118,6 +118,10 @@ struct kvp_engine {
     int64_t *load_step;   /* [tier slots] the step whose batch loads from the slot (-1: none yet) */
     kvp_status write_back_st;
     int64_t flushed_blocks; /* cached blocks dropped by the end-of-run check or a reset (not evictions) */
+    kvp_ledger *ledger;   /* why prompt tokens missed, the cache's health (with a prefix cache) */
+    kvp_ledger_stats ledger_final; /* taken before the end-of-run flush */
+    bool ledger_final_taken;
+    struct kvp_kv_events *kve; /* --kv-events, or NULL */
 
     /* records */
     req_t *reqs;
@@ -226,7 +230,11 @@ void kvm_unmatch(kvp_engine *e, int32_t n_hit); /* unlocks the scratch hits of a
 kvp_status kvm_make_room(kvp_engine *e, int32_t need);
 /* Allocates s's table: the scratch hits, then n_load tier blocks (loaded this step), then fresh blocks up
  * to n_tokens; the hits stay locked for s. Contiguous: the reservation plus n_tokens used. */
-kvp_status kvm_admit(kvp_engine *e, seq_t *s, int32_t n_hit, int32_t n_load, int32_t n_tokens);
+kvp_status kvm_admit(kvp_engine *e, seq_t *s, int32_t n_hit, int32_t n_load, int32_t n_tokens, bool readmission);
+/* The step's clock for the ledger (start of a step) and its KV events (end of a step). */
+void kvm_step_begin(kvp_engine *e);
+kvp_status kvm_step_end(kvp_engine *e);
+void kvm_ledger_stats(const kvp_engine *e, kvp_ledger_stats *out);
 bool kvm_can_reserve(const kvp_engine *e, const seq_t *s);
 kvp_status kvm_append_needed(const kvp_engine *e, const seq_t *s, int32_t k, int32_t *need);
 kvp_status kvm_append(kvp_engine *e, seq_t *s, int32_t k);

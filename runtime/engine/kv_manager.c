@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "prefix_cache/kv_events.h"
 #include "runtime/engine/engine_internal.h"
 
 /* The swap space's host blocks (with swap preemption; block_size >= 1): the first host ids. */
@@ -51,6 +52,7 @@ static void write_back(void *ctx, uint64_t hash, int32_t block)
         return;
     e->write_back_st = push_move(&e->tier_store, &e->n_store, &e->store_cap, block, e->hc_base + slot);
     e->host_stored_blocks++;
+    kvp_ledger_host_stored(e->ledger, &hash, 1);
 }
 
 int64_t kvm_blocks_for(const kvp_engine *e, int64_t len) { return (len + e->cfg.block_size - 1) / e->cfg.block_size; }
@@ -77,7 +79,15 @@ kvp_status kvm_create(kvp_engine *e)
                         .max_seq_len = c->max_model_len, .watermark_blocks = c->watermark_blocks};
     e->num_blocks = (int32_t)nb;
     KVP_TRY(kvp_bm_create(&bc, &e->bm));
-    if (c->cache != KVP_PC_NONE) KVP_TRY(kvp_pc_create(c->cache, c->evict, kvp_bm_pool(e->bm), c->block_size, &e->pc));
+    if (c->cache != KVP_PC_NONE) {
+        KVP_TRY(kvp_pc_create(c->cache, c->evict, kvp_bm_pool(e->bm), c->block_size, &e->pc));
+        KVP_TRY(kvp_ledger_create(c->block_size, 4 * nb, &e->ledger));
+        KVP_TRY(kvp_ledger_attach(e->ledger, e->pc));
+        if (c->kv_events) {
+            KVP_TRY(kvp_kve_open(c->kv_events, c->block_size, &e->kve));
+            KVP_TRY(kvp_kve_attach(e->kve, e->pc));
+        }
+    }
     e->hc_base = swap_blocks(c);
     const int32_t tier = (int32_t)(c->host_cache_slots / c->block_size);
     if (tier == 0) return KVP_OK;
@@ -91,6 +101,8 @@ kvp_status kvm_create(kvp_engine *e)
 
 void kvm_destroy(kvp_engine *e)
 {
+    if (e->kve && kvp_kve_close(e->kve) != KVP_OK) kvp_error_clear(); /* a write error was reported at its step */
+    kvp_ledger_destroy(e->ledger);
     kvp_pc_destroy(e->pc); /* before the block manager: it holds references on its pool */
     kvp_hc_destroy(e->hc);
     kvp_bm_destroy(e->bm);
@@ -167,7 +179,7 @@ kvp_status kvm_make_room(kvp_engine *e, int32_t need)
 
 bool kvm_can_reserve(const kvp_engine *e, const seq_t *s) { return kvp_contig_can_reserve(e->arena, s->reserve_len); }
 
-kvp_status kvm_admit(kvp_engine *e, seq_t *s, int32_t n_hit, int32_t n_load, int32_t n_tokens)
+kvp_status kvm_admit(kvp_engine *e, seq_t *s, int32_t n_hit, int32_t n_load, int32_t n_tokens, bool readmission)
 {
     if (!paged(e)) {
         const req_t *r = RQ_(e, s);
@@ -190,6 +202,13 @@ kvp_status kvm_admit(kvp_engine *e, seq_t *s, int32_t n_hit, int32_t n_load, int
     s->hit = hits;
     s->n_hit = n_hit;
     s->seen_hit = n_hit;
+    if (e->ledger) { /* why the rest missed, before the blocks it computes are cached */
+        const int32_t n = total_known(e, s);
+        const int32_t *toks;
+        st = kvm_known_tokens(e, s, n, &toks);
+        if (st == KVP_OK) st = kvp_ledger_lookup(e->ledger, toks, n, 0, n_hit, n_load, readmission, NULL);
+        if (st != KVP_OK) return st;
+    }
     if (n_load == 0) return KVP_OK;
     kvp_bm_table_view v;
     st = kvp_bm_table(e->bm, s->bm_id, &v);
@@ -225,6 +244,7 @@ static kvp_status host_store(kvp_engine *e, const seq_t *s, const int32_t *block
         KVP_TRY(push_move(&e->tier_store, &e->n_store, &e->store_cap, blocks[i], e->hc_base + e->hslots[i]));
         e->host_stored_blocks++;
     }
+    kvp_ledger_host_stored(e->ledger, e->hashes, n_full);
     return KVP_OK;
 }
 
@@ -238,6 +258,7 @@ kvp_status kvm_cache_computed(kvp_engine *e, seq_t *s)
     KVP_TRY(kvp_bm_table(e->bm, s->bm_id, &v));
     kvp_pc_hint hint = {.priority = RQ_(e, s)->req->priority};
     KVP_TRY(kvp_pc_insert(e->pc, toks, s->num_computed, v.blocks, n_full, &hint, 0, NULL));
+    KVP_TRY(kvp_ledger_computed(e->ledger, toks, s->num_computed, 0));
     const int32_t n_store = e->hc ? kvp_hc_blocks_to_store(e->cfg.host_write_policy, n_full, s->seen_hit) : 0;
     return n_store > 0 ? host_store(e, s, v.blocks, n_store) : KVP_OK;
 }
@@ -362,6 +383,10 @@ kvp_status kvm_check_empty(kvp_engine *e)
     if (e->pc && kvp_pc_num_evictable(e->pc) != kvp_pc_num_cached(e->pc))
         return KVP_ERR(KVP_ESTATE, "after the run %lld cached blocks are still locked",
                        (long long)(kvp_pc_num_cached(e->pc) - kvp_pc_num_evictable(e->pc)));
+    if (e->ledger) { /* before the flush: the blocks still cached are no lifetimes */
+        kvp_ledger_get_stats(e->ledger, &e->ledger_final);
+        e->ledger_final_taken = true;
+    }
     if (e->pc && kvp_pc_num_cached(e->pc) > 0) {
         e->flushed_blocks += kvp_pc_num_cached(e->pc);
         kvp_pc_flush(e->pc, NULL); /* every block (none is locked): the run is over, nothing to write back */
@@ -398,4 +423,18 @@ int64_t kvm_evicted_blocks(const kvp_engine *e)
 int64_t kvm_capacity_slots(const kvp_engine *e)
 {
     return paged(e) ? (int64_t)e->num_blocks * e->cfg.block_size : e->cfg.kv_slots;
+}
+
+void kvm_step_begin(kvp_engine *e)
+{
+    if (e->ledger) kvp_ledger_set_time(e->ledger, e->now);
+}
+
+kvp_status kvm_step_end(kvp_engine *e) { return e->kve ? kvp_kve_flush(e->kve, e->now) : KVP_OK; }
+
+void kvm_ledger_stats(const kvp_engine *e, kvp_ledger_stats *out)
+{
+    if (e->ledger_final_taken) *out = e->ledger_final;
+    else if (e->ledger) kvp_ledger_get_stats(e->ledger, out);
+    else memset(out, 0, sizeof *out);
 }

@@ -409,7 +409,7 @@ static kvp_status try_admit(kvp_engine *e, seq_t *s, int32_t *budget, bool *ok)
     if (!paged(e)) {
         int32_t k = total < *budget ? total : *budget;
         if ((!e->cfg.chunked_prefill && k < total) || k <= 0 || !kvm_can_reserve(e, s)) return KVP_OK;
-        KVP_TRY(kvm_admit(e, s, 0, 0, k));
+        KVP_TRY(kvm_admit(e, s, 0, 0, k, false));
         s->num_computed = 0;
         s->sched_new = k;
         *budget -= k;
@@ -431,7 +431,7 @@ static kvp_status try_admit(kvp_engine *e, seq_t *s, int32_t *budget, bool *ok)
         }
         fits = kvm_free_blocks(e) >= need + e->cfg.watermark_blocks;
     }
-    kvp_status st = fits ? kvm_admit(e, s, n_hit, n_load, hit_tok + k) : KVP_OK;
+    kvp_status st = fits ? kvm_admit(e, s, n_hit, n_load, hit_tok + k, r->admitted_once) : KVP_OK;
     if (!fits || st != KVP_OK) {
         kvm_unmatch(e, n_hit);
         return st;

@@ -71,6 +71,12 @@ static kvp_engine_metrics run_checked(const kvp_workload *w, kvp_alloc_kind allo
     cr_assert_gt(m.throughput_tok_s, 0);
     cr_assert_leq(m.ttft_p50_s, m.ttft_p99_s);
     cr_assert_leq(m.tpot_p50_s, m.tpot_p99_s);
+    int64_t missed = 0;
+    for (int c = 0; c < KVP_MISS_CLASSES; c++) missed += c == KVP_MISS_PREEMPTED ? 0 : m.miss_tokens[c];
+    if (cache != KVP_PC_NONE)
+        cr_assert_eq(m.prefix_hit_tokens + m.host_hit_tokens + missed, m.admitted_prompt_tokens,
+                     "hits %lld + host %lld + misses %lld of %lld prompt tokens", (long long)m.prefix_hit_tokens,
+                     (long long)m.host_hit_tokens, (long long)missed, (long long)m.admitted_prompt_tokens);
     return m;
 }
 
@@ -125,6 +131,51 @@ Test(simulate, prefix_workload_with_radix_and_hash_caches)
     kvp_engine_metrics roomy = run_checked(w, KVP_ALLOC_PAGED, KVP_PC_RADIX, KVP_PREEMPT_RECOMPUTE, true, 40000LL * 819200);
     cr_assert_eq(roomy.evicted_blocks, 0);
     kvp_workload_destroy(w);
+}
+
+/* Every prompt token of a first admission is a hit, a host-tier hit, or a miss of exactly one class (the
+ * preempted class counts what readmissions compute again, outside the prompt tokens), on every prefix workload, with and without a host tier, in memory small enough to evict and preempt; a block's
+ * lifetime, idle time and reuse gap are measured in engine seconds. */
+Test(simulate, miss_classes_and_hits_add_up_to_the_prompt_tokens)
+{
+    static const char *const specs[] = {"system:n=60,prefix=512,suffix=64,rate=50,output=32,seed=2",
+                                        "chat:conversations=8,turns=4,rate=20,seed=3",
+                                        "fewshot:n=60,tasks=4,rate=50,seed=4", "branch:n=60,depth=3,fanout=3,rate=50,seed=5"};
+    kvp_model_config cfg;
+    load(OPT13B, &cfg);
+    const kvp_gpu_profile *gpu;
+    cr_assert_eq(kvp_gpu_profile_find("A100-40G", &gpu), KVP_OK);
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        for (int tier = 0; tier < 2; tier++) {
+            kvp_workload *w;
+            cr_assert_eq(kvp_workload_generate(specs[i], &w), KVP_OK, "%s", kvp_error_detail());
+            kvp_engine_config ec;
+            kvp_engine_config_default(&ec);
+            ec.cache = KVP_PC_RADIX;
+            ec.max_model_len = 4096;
+            ec.max_batched_tokens = 1024;
+            kvp_sim_hw hw;
+            kvp_sim_hw_default(&hw);
+            hw.kv_mem_bytes = 1500LL * 819200;
+            hw.offload_bytes = tier ? 3000LL * 819200 : 0;
+            kvp_cost_model cm;
+            kvp_sim_memory mem;
+            cr_assert_eq(kvp_sim_prepare(&cfg, gpu, &hw, &ec, &cm, &mem), KVP_OK, "%s", kvp_error_detail());
+            kvp_engine_metrics m;
+            cr_assert_eq(kvp_simulate(&ec, &cm, w, NULL, NULL, &m, NULL), KVP_OK, "%s: %s", specs[i], kvp_error_detail());
+            int64_t missed = 0;
+            for (int c = 0; c < KVP_MISS_CLASSES; c++) missed += c == KVP_MISS_PREEMPTED ? 0 : m.miss_tokens[c];
+            cr_assert_eq(m.prefix_hit_tokens + m.host_hit_tokens + missed, m.admitted_prompt_tokens,
+                         "%s, tier %d: hits %lld + host %lld + misses %lld of %lld prompt tokens", specs[i], tier,
+                         (long long)m.prefix_hit_tokens, (long long)m.host_hit_tokens, (long long)missed,
+                         (long long)m.admitted_prompt_tokens);
+            cr_assert_gt(m.miss_tokens[KVP_MISS_COLD], 0, "%s: every workload starts cold", specs[i]);
+            cr_assert_gt(m.prefix_hit_tokens, 0, "%s: the prefixes were meant to hit", specs[i]);
+            cr_assert_gt(m.evicted_blocks, 0, "%s: the memory was meant to evict", specs[i]);
+            cr_assert_gt(m.block_lifetime.n, 0, "%s", specs[i]);
+            cr_assert_gt(m.block_lifetime.sum, 0, "%s: lifetimes in engine seconds", specs[i]);
+            kvp_workload_destroy(w);
+        }
 }
 
 Test(simulate, synthetic_lengths_match_the_paper_means)
@@ -651,4 +702,82 @@ Test(simulate_cli, requests_and_steps_out_rows_agree_with_the_summary)
     cr_assert(strstr(err, "is a directory"), "%s", err);
     cr_assert_eq(out[0], '\0');
     rmdir(dir);
+}
+
+static int cmp_u64(const void *a, const void *b)
+{
+    const uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* --kv-events: the engine's cache as vLLM's KV events, one batch a step with consecutive sequence numbers.
+ * Replayed into an index of hashes, every BlockRemoved removes a block stored before, the evictions are
+ * the run's evicted blocks, and the end-of-run flush clears what is left. */
+Test(simulate_cli, kv_events_replay_into_the_cache)
+{
+    static char out[1 << 16], err[4096];
+    char path[] = "/tmp/kvp_events_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    char args[512];
+    snprintf(args, sizeof args, "simulate --model " LLAMA8B " --workload chat:conversations=10,turns=3 --cache radix "
+             "--kv-mem 512MB --json --kv-events %s", path);
+    cr_assert_eq(kvp_test_cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cJSON *o;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f);
+    size_t cap = 1 << 16, n = 0;
+    uint64_t *held = calloc(cap, sizeof *held); /* sorted */
+    static char line[1 << 22];
+    long long seq = -1, removed = 0, stored = 0, cleared = 0;
+    while (fgets(line, sizeof line, f)) {
+        cJSON *b;
+        cr_assert_eq(kvp_json_parse(line, strlen(line), "an event batch", &b), KVP_OK, "%.200s", line);
+        cr_assert_eq((long long)cJSON_GetObjectItem(b, "seq")->valuedouble, seq + 1, "sequence numbers in order");
+        seq++;
+        /* the hashes as the text has them (64-bit integers: a JSON number in a double would round them) */
+        for (const char *p = strstr(line, "\"type\":"); p; p = strstr(p + 1, "\"type\":")) {
+            const int clear = strncmp(p, "\"type\":\"AllBlocksCleared\"", strlen("\"type\":\"AllBlocksCleared\"")) == 0;
+            const int store = strncmp(p, "\"type\":\"BlockStored\"", strlen("\"type\":\"BlockStored\"")) == 0;
+            if (clear) {
+                n = 0;
+                cleared++;
+                continue;
+            }
+            cr_assert(store || strncmp(p, "\"type\":\"BlockRemoved\"", strlen("\"type\":\"BlockRemoved\"")) == 0, "%.40s", p);
+            const char *q = strstr(p, "\"block_hashes\":[");
+            cr_assert_not_null(q);
+            for (q += strlen("\"block_hashes\":["); *q != ']';) {
+                char *end;
+                const uint64_t x = strtoull(q, &end, 10);
+                cr_assert(end > q, "a hash: %.20s", q);
+                q = *end == ',' ? end + 1 : end;
+                uint64_t *at = bsearch(&x, held, n, sizeof *held, cmp_u64);
+                if (store) {
+                    cr_assert_null(at, "a block stored twice without its removal");
+                    cr_assert_lt(n, cap);
+                    held[n++] = x;
+                    qsort(held, n, sizeof *held, cmp_u64);
+                    stored++;
+                } else {
+                    cr_assert_not_null(at, "a removal of a block never stored");
+                    memmove(at, at + 1, (size_t)(held + n - at - 1) * sizeof *held);
+                    n--;
+                    removed++;
+                }
+            }
+        }
+        cJSON_Delete(b);
+    }
+    fclose(f);
+    unlink(path);
+    cr_assert_gt(stored, 0);
+    cr_assert_eq(removed, (long long)kvp_test_num(o, "evicted_blocks"), "%lld removals, %g evictions", removed,
+                 kvp_test_num(o, "evicted_blocks"));
+    cr_assert_gt(removed, 0, "512 MB was meant to evict");
+    cr_assert(cleared >= 1 && n == 0, "the end of the run empties the cache (%lld blocks left)", (long long)n);
+    free(held);
+    cJSON_Delete(o);
 }
