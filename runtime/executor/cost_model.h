@@ -13,7 +13,7 @@
  *   t_memory  = bytes / tp / (mem_bw x bw_efficiency)      (KV heads replicated when tp > kv_heads: the
  *                                                           KV term uses ceil(kv_heads/tp)/kv_heads)
  *   t_comm    = 2 x layers x (2 (tp-1)/tp x new_tokens x hidden x act_bytes / link_bw + allreduce_latency)
- *                                                          (ring all-reduces after attention and MLP; 0 at tp 1)
+ *                                                          (ring all-reduces after attention, MLP; 0 at tp 1)
  *   step time = max(t_compute, t_memory) + t_comm + step_overhead
  *
  * Assumptions: a step is compute- or memory-bound as a whole; peaks are the datasheet's, scaled by the
