@@ -5,6 +5,11 @@
  * being aligned and holes sorted) can only be the hole just before or just after it. A free adds at most
  * one hole, so room for nholes + nreqs + 1 holes is kept (secured when a request is admitted, counting the
  * splits a buddy reservation makes) and kvp_contig_free never allocates (it cannot fail for a known id).
+ *
+ * Buddy placement, as the paper's Orca emulation allocated: the arena is cut into power-of-two top-level
+ * blocks, largest first (capacity 14648 = 8192 + 4096 + 2048 + 256 + 32 + 16 + 8); a reservation takes
+ * the smallest free block that fits, split in halves down to its rounded size, and a freed block merges
+ * with its buddy (offset XOR size) while that one is free and the same size.
  */
 #include "blockmgr/contiguous.h"
 

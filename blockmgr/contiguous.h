@@ -1,32 +1,21 @@
-/* blockmgr/contiguous.h — contiguous per-request KV reservation (the Orca baselines) in one linear arena of
- * slots, placed first-fit or by a buddy allocator, with the same accounting as the paged manager
- * (accounting.h).
+/* blockmgr/contiguous.h — contiguous per-request KV reservations (the Orca baselines) in one linear arena
+ * of slots, placed first-fit or by a buddy allocator, with the paged manager's accounting (accounting.h).
  *
- *   arena (capacity slots)
  *   +--------+------+------------+---------+--------------+------+
  *   | req 3  | hole | req 8      |  hole   | req 1        | hole |
  *   |uuuurrri|      |uuuuuuurrrii|         |uuurrrrrrriiii|      |      u used, r reserved, i internal frag
  *   +--------+------+------------+---------+--------------+------+
  *   ^0                                                            ^capacity
  *
- * Each request reserves a contiguous run of slots at admission (kvp_contig_reserve), produces tokens into
- * it (kvp_contig_grow), and releases it when done (kvp_contig_free). The reservation length comes from the
- * policy, as the PagedAttention paper defines its Orca baselines (section 6.1):
- *   Orca-Max:    max_model_len
- *   Orca-Pow2:   the prompt plus the next power of two >= the output length ("over-reserves the space for
- *                outputs by at most 2x": 25 output tokens reserve 32), capped at max_model_len
- *   Orca-Oracle: exactly prompt + output
- * (kvp_contig_reserve_len computes it). Placement:
- *   first-fit  the lowest-addressed hole that is large enough; a freed run merges with neighbouring holes.
- *   buddy      the run is rounded up to a power-of-two block of a binary buddy allocator (the allocator the
- *              paper's Orca emulation used); the arena is cut into power-of-two top-level blocks, largest
- *              first (capacity 14648 = 8192 + 4096 + 2048 + 256 + 32 + 16 + 8), the smallest free block
- *              that fits is split in halves down to the size, and a freed block merges with its buddy
- *              (offset XOR size) while that one is free and the same size. The rounding (block - run) is
- *              allocator fragmentation: the accounting reports it with external fragmentation.
- * Request ids are int64_t chosen by the caller; lookup is O(1); reserve and free are O(holes).
+ * A request reserves a run at admission (kvp_contig_reserve), produces tokens into it (kvp_contig_grow) and
+ * frees it. Its length, as the PagedAttention paper defines the baselines (section 6.1): Orca-Max
+ * max_model_len; Orca-Pow2 the prompt plus the next power of two >= the output (25 reserve 32), at most
+ * max_model_len; Orca-Oracle prompt + output. First-fit takes the lowest hole that fits and merges freed
+ * runs with their neighbours. Buddy rounds a run up to a power-of-two block, within power-of-two top-level
+ * blocks (largest first); the rounding counts as external fragmentation.
  *
- * Every failing call returns a status with a detail and leaves the arena unchanged. Not thread-safe.
+ * Request ids are the caller's int64_t; lookup is O(1), reserve and free O(holes). A failed call returns a
+ * status with a detail and leaves the arena unchanged. One owner at a time.
  */
 #ifndef KVP_BLOCKMGR_CONTIGUOUS_H
 #define KVP_BLOCKMGR_CONTIGUOUS_H
@@ -43,12 +32,11 @@ typedef enum {
     KVP_CONTIG_ORACLE,  /* Orca-Oracle */
 } kvp_contig_policy;
 
-/* "max" | "pow2" | "oracle" -> policy (KVP_EINVAL naming the value otherwise); and back. */
+/* "max" | "pow2" | "oracle" (else KVP_EINVAL naming it), and back. */
 kvp_status kvp_contig_policy_parse(const char *s, kvp_contig_policy *out);
 const char *kvp_contig_policy_name(kvp_contig_policy p);
 
-/* Reservation length for a request of prompt_len >= 0 prompt and output_len >= 1 output tokens,
- * 1 <= prompt_len + output_len <= max_model_len, else KVP_EINVAL. */
+/* The policy's length; KVP_EINVAL unless prompt_len >= 0, output_len >= 1, the sum <= max_model_len. */
 kvp_status kvp_contig_reserve_len(kvp_contig_policy p, int64_t max_model_len, int64_t prompt_len, int64_t output_len,
                                   int64_t *out);
 
@@ -57,52 +45,44 @@ typedef enum {
     KVP_CONTIG_BUDDY,
 } kvp_contig_placement;
 
-/* "first-fit" | "buddy" -> placement (KVP_EINVAL naming the value otherwise); and back. */
+/* "first-fit" | "buddy" (else KVP_EINVAL naming it), and back. */
 kvp_status kvp_contig_placement_parse(const char *s, kvp_contig_placement *out);
 const char *kvp_contig_placement_name(kvp_contig_placement p);
 
 typedef struct kvp_contig kvp_contig;
 
-/* An arena of capacity >= 1 slots, all free. *out owned by the caller (kvp_contig_destroy). */
+/* capacity >= 1 slots, all free. *out is the caller's. */
 kvp_status kvp_contig_create(int64_t capacity, kvp_contig_placement placement, kvp_contig **out);
 void kvp_contig_destroy(kvp_contig *c); /* NULL is a no-op */
 
-/* Reserves reserve_len >= 1 contiguous slots for request req_id (placed as the arena places). final_len is the expected final
- * length (used only by the accounting to split reserved from internal fragmentation; <= 0 means unknown,
- * i.e. the whole reservation counts as reserved). *offset_out (may be NULL) receives the first slot.
- * KVP_ESTATE if req_id exists, KVP_EINVAL for reserve_len < 1 or above kvp_contig_max_reserve,
- * KVP_ENOBLOCKS when no hole is large enough (external fragmentation or a full arena), KVP_ENOMEM. */
+/* reserve_len slots for req_id, the first into *offset_out (may be NULL). final_len, the expected final
+ * length, only splits reserved from internal_frag (<= 0: unknown, all reserved). KVP_ESTATE if req_id
+ * exists, KVP_EINVAL outside [1, kvp_contig_max_reserve], KVP_ENOBLOCKS when no hole fits, KVP_ENOMEM. */
 kvp_status kvp_contig_reserve(kvp_contig *c, int64_t req_id, int64_t reserve_len, int64_t final_len,
                               int64_t *offset_out);
-/* True when a reservation of len slots would be placed now. */
-bool kvp_contig_can_reserve(const kvp_contig *c, int64_t len);
-/* The longest reservation an empty arena can hold: capacity (first-fit), the largest top-level block (buddy). */
+bool kvp_contig_can_reserve(const kvp_contig *c, int64_t len); /* it would be placed now */
+/* What an empty arena can hold: capacity (first-fit), the largest top-level block (buddy). */
 int64_t kvp_contig_max_reserve(const kvp_contig *c);
 
-/* The request produced n >= 0 more tokens (prompt at admission, then one per decode step): used += n.
- * KVP_ENOTFOUND, KVP_EINVAL when used would exceed the reservation (the request outgrew it). */
+/* used += n >= 0 (the prompt, then a token a step). KVP_ENOTFOUND; KVP_EINVAL past the reservation. */
 kvp_status kvp_contig_grow(kvp_contig *c, int64_t req_id, int64_t n);
-/* Releases the reservation; KVP_ENOTFOUND for an unknown (or already freed) id. */
-kvp_status kvp_contig_free(kvp_contig *c, int64_t req_id);
+kvp_status kvp_contig_free(kvp_contig *c, int64_t req_id); /* KVP_ENOTFOUND */
 
-/* Reading a request: offset, reservation length and used slots (any pointer may be NULL). KVP_ENOTFOUND. */
+/* Any pointer may be NULL. KVP_ENOTFOUND. */
 kvp_status kvp_contig_get(const kvp_contig *c, int64_t req_id, int64_t *offset, int64_t *reserve_len,
                           int64_t *used);
 int32_t kvp_contig_num_reqs(const kvp_contig *c);
 int32_t kvp_contig_num_holes(const kvp_contig *c);
 int64_t kvp_contig_largest_hole(const kvp_contig *c);
-/* Slots taken by reservations, rounding included (0 when every reservation is back). */
-int64_t kvp_contig_taken(const kvp_contig *c);
+int64_t kvp_contig_taken(const kvp_contig *c); /* slots reserved, buddy rounding included */
 
-/* Accounting (accounting.h). pending_len is the reservation the next waiting request needs (<= 0: none);
- * free slots in holes smaller than its placement (buddy: its power-of-two block) are external_frag, and so
- * is the buddy rounding of every placed reservation. O(holes). */
+/* O(holes). pending_len: the next waiting request's reservation (<= 0: none); free slots in holes it
+ * cannot use (buddy: smaller than its block) are external_frag. */
 void kvp_contig_account(const kvp_contig *c, int64_t pending_len, kvp_kv_accounting *out);
 
-/* Invariant walker: holes sorted, non-overlapping, inside the arena, and merged (first-fit: never adjacent;
- * buddy: power-of-two sized, aligned, inside one top-level block, never beside a free buddy of their size);
- * reservations (buddy: their blocks) and holes tile the arena exactly; used <= reservation for each; the id
- * map finds every request; the accounting identity holds. KVP_OK or KVP_ESTATE naming the first violation. */
+/* Invariant walker: holes sorted, disjoint, merged (first-fit: never adjacent; buddy: aligned powers of two
+ * in one top-level block, never beside a free buddy); holes and reservations tile the arena; used <=
+ * reservation; the id map finds every request; the identity holds. KVP_ESTATE names the first violation. */
 kvp_status kvp_contig_check(const kvp_contig *c);
 
 #endif

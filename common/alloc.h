@@ -1,13 +1,7 @@
-/* common/alloc.h — host allocation through jemalloc, with a failure-injection hook for tests.
- *
- * kvp_malloc/kvp_calloc/kvp_realloc/kvp_aligned_alloc return NULL on failure (never abort); memory from
- * them is released with kvp_free (NULL is a no-op). Zero-byte requests return a unique non-NULL pointer.
- * In the sanitizer build the C library's allocator (ASan's) is used instead of jemalloc.
- *
- * Failure injection (tests only): kvp_alloc_fail_at(n) makes the n-th allocation from now fail (n >= 1),
- * and only that one; kvp_alloc_fail_at(0) disables it. kvp_alloc_count() counts allocations since the
- * last kvp_alloc_fail_at call, so a test can run an operation once to learn how many allocations it makes,
- * then fail each of them in turn:
+/* common/alloc.h — host allocation through jemalloc (the C library's, ASan's, in the sanitizer build). The
+ * allocators return NULL on failure, never abort; kvp_free releases (NULL: no-op); 0 bytes give a unique
+ * pointer. Tests inject failures: kvp_alloc_fail_at(n >= 1) fails the n-th allocation from now, only it
+ * (0: off), and kvp_alloc_count() counts allocations since, so a test can fail each one in turn:
  *
  *     for (int64_t n = 1;; n++) { kvp_alloc_fail_at(n); st = op(); if (kvp_alloc_count() < n) break; ... }
  */
@@ -27,15 +21,12 @@ void kvp_free(void *p);
 
 void kvp_alloc_fail_at(int64_t n);
 int64_t kvp_alloc_count(void);
-/* Number of injected failures so far (since process start). */
-int64_t kvp_alloc_failures(void);
+int64_t kvp_alloc_failures(void); /* injected since the process started */
 
-/* KVP_EINVAL naming `what` when `bytes` exceed this machine's physical memory (a size that could only end
- * with the OOM killer); KVP_OK otherwise, or when the machine does not say its memory size. */
+/* KVP_EINVAL naming `what` when bytes exceed physical memory (the OOM killer's size); KVP_OK if unknown. */
 kvp_status kvp_check_fits_in_memory(double bytes, const char *what);
 
-/* Grow an array to hold at least `need` elements of `elem` bytes (capacity doubles). KVP_ENOMEM on
- * failure with *arr and *cap unchanged. */
+/* *arr holds >= need elements of elem bytes (capacity doubles). KVP_ENOMEM: *arr, *cap unchanged. */
 kvp_status kvp_grow(void **arr, size_t *cap, size_t need, size_t elem);
 
 #endif

@@ -1,17 +1,7 @@
-/* common/cli.h — conventions shared by every `kvpage` subcommand.
- *
- * Exit codes: 0 success; 2 bad input (unknown option, bad value, unreadable or malformed file,
- * impossible sizes); 1 any other failure (out of memory, a device error).
- * Errors are one line on stderr: "kvpage CMD: error: CAUSE". Data goes to stdout.
- *
- * Option parsing uses getopt_long with a leading ':' in the optstring and kvp_cli_getopt_error() for the
- * '?' and ':' cases:
- *
- *     optind = 0;  // full re-initialisation (glibc) before parsing a subcommand's argv
- *     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) switch (c) {
- *         ...
- *         default: return kvp_cli_getopt_error("plan", c, argv);
- *     }
+/* common/cli.h — conventions of every `kvpage` subcommand: data to stdout; an error is one line on stderr,
+ * "kvpage CMD: error: CAUSE"; exit 0 on success, 2 on bad input (an option, a value, an unreadable or
+ * malformed file, impossible sizes), 1 on any other failure. Options: getopt_long with a leading ':' in the
+ * optstring, `optind = 0` (glibc's full reset) first, `default: return kvp_cli_getopt_error(cmd, c, argv);`.
  */
 #ifndef KVP_COMMON_CLI_H
 #define KVP_COMMON_CLI_H
@@ -20,11 +10,9 @@
 
 enum { KVP_EXIT_OK = 0, KVP_EXIT_FAIL = 1, KVP_EXIT_USAGE = 2 };
 
-/* Prints the current error detail for a failed status; returns the exit code for it. */
-int kvp_cli_fail(const char *cmd, kvp_status st);
+int kvp_cli_fail(const char *cmd, kvp_status st); /* prints st's detail message; returns st's exit code */
 /* Prints "kvpage CMD: error: ..." and a hint to use --help; returns KVP_EXIT_USAGE. */
 int kvp_cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* For getopt_long's '?' (unknown option) and ':' (missing value); returns KVP_EXIT_USAGE. */
-int kvp_cli_getopt_error(const char *cmd, int c, char *const argv[]);
+int kvp_cli_getopt_error(const char *cmd, int c, char *const argv[]); /* getopt's '?' and ':'; as above */
 
 #endif

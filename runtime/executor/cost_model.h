@@ -1,16 +1,11 @@
-/* runtime/executor/cost_model.h — the roofline cost model behind the `sim` executor: how long one engine step takes
- * for a model on a GPU, without running the model.
- *
- * The model (all figures per step, whole model, then divided across `tp` ranks):
+/* runtime/executor/cost_model.h — the roofline cost model behind the `sim` executor: how long one engine
+ * step of a model takes on a GPU, without running the model. Per step, whole model:
  *
  *   FLOPs  = matmul_flops_per_token x new_tokens        (2 x active non-embedding parameters per token)
  *          + lm_head_flops_per_seq  x sampled_seqs      (logits only where a token is sampled)
- *          + attn_flops_per_pair    x attn_pairs        (QK^T and PV: 2 x layers x q_heads x (d_qk + d_v)
- *                                                        per (query token, key token) pair, causal; with a
- *                                                        sliding window, the window_share of it counts only
- *                                                        the last `window` keys of each query)
- *   bytes  = weight_bytes                               (every weight read once per step; MoE: the experts
- *                                                        a batch of that many tokens touches, see below)
+ *          + attn_flops_per_pair    x attn_pairs        (QK^T and PV per (query, key) pair, causal; the
+ *                                                        window_share of it counts the last `window` keys)
+ *   bytes  = weight_bytes                               (each read once; MoE: the experts the batch touches)
  *          + kv_bytes_per_token x (kv_read_tokens + new_tokens)   (read the context, write the new tokens;
  *                                                        window_share of it reads at most `window` tokens)
  *
@@ -18,21 +13,14 @@
  *   t_memory  = bytes / tp / (mem_bw x bw_efficiency)      (KV heads replicated when tp > kv_heads: the
  *                                                           KV term uses ceil(kv_heads/tp)/kv_heads)
  *   t_comm    = 2 x layers x (2 (tp-1)/tp x new_tokens x hidden x act_bytes / link_bw + allreduce_latency)
- *                                                          (ring all-reduce after attention and after the
- *                                                           MLP; 0 when tp = 1)
+ *                                                          (ring all-reduces after attention, MLP; 0 at tp 1)
  *   step time = max(t_compute, t_memory) + t_comm + step_overhead
  *
- * Assumptions (stated because they decide what the numbers mean):
- *   - A step is either compute-bound or memory-bound as a whole (roofline), never both added.
- *   - Peak figures are datasheet peaks; the efficiency factors (default 1.0) scale them down.
- *   - Attention reads the whole context of every sequence once per step (paged kernels, no reuse across
- *     sequences); layers with a sliding window (window_share of the KV bytes and attention FLOPs: the share
- *     of such layers, e.g. half of Gemma-2's) read only the window. The KV memory still holds every token
- *     (blocks that left the window are not released).
- *   - MoE weight reads: a batch of T tokens with top-k routing touches min(E, T x k) of the E experts of each
- *     MoE layer (uniform routing, no collisions counted: an upper bound on experts touched).
- *   - No pipeline parallelism, no speculative decoding, no CPU/GPU overlap: step_overhead is a fixed cost
- *     (scheduler, kernel launches, sampling) added to every step.
+ * Assumptions: a step is compute- or memory-bound as a whole; peaks are the datasheet's, scaled by the
+ * efficiencies; attention reads every sequence's context once a step (no reuse across sequences), sliding
+ * layers only their window, though the KV memory keeps every token; T tokens with top-k routing touch
+ * min(E, T x k) of a layer's E experts (an upper bound); no pipeline parallelism, speculation or CPU/GPU
+ * overlap: step_overhead (scheduler, launches, sampling) is added to every step.
  */
 #ifndef KVP_RUNTIME_COST_MODEL_H
 #define KVP_RUNTIME_COST_MODEL_H
@@ -43,8 +31,7 @@
 #include "runtime/executor/gpu_profile.h"
 #include "runtime/loader/model_config.h"
 
-/* Everything the step-time formula needs, in plain numbers (whole model, before tensor parallelism).
- * Filled by kvp_cost_model_from_config, or by hand (tests). */
+/* The formula's numbers, whole model before tensor parallelism: from kvp_cost_model_from_config, or tests. */
 typedef struct {
     int32_t num_layers;
     int32_t hidden_size;
@@ -76,8 +63,7 @@ typedef struct {
 #define KVP_COST_DEFAULT_OVERHEAD_S 0.5e-3
 #define KVP_COST_DEFAULT_ALLREDUCE_LATENCY_S 10e-6
 
-/* Summary of one step's batch: set window (the cost model's, 0 for none), then kvp_step_shape_add every
- * scheduled sequence. */
+/* One step's batch: set window (the model's, or 0), then kvp_step_shape_add each scheduled sequence. */
 typedef struct {
     int64_t window;         /* sliding window the _win sums cap at (0: they equal the full sums) */
     int64_t new_tokens;     /* tokens computed this step (prefill chunk lengths + 1 per decode) */
@@ -89,23 +75,20 @@ typedef struct {
     int32_t sampled_seqs;   /* sequences that produce a token this step */
 } kvp_step_shape;
 
-/* The parts of one step's time (seconds). */
+/* Seconds. */
 typedef struct {
     double compute_s, memory_s, comm_s, overhead_s, total_s;
     double flops, bytes; /* whole model, all ranks */
 } kvp_step_cost;
 
-/* Derives the numbers from a model config and a GPU profile. dtype_bytes: bytes per weight and per KV
- * element (2 for bf16/fp16). Defaults for efficiencies/overheads. KVP_EINVAL on tp < 1, dtype_bytes < 1 or a
- * config with zero layers/heads. *out is written only on success. */
+/* dtype_bytes per weight and KV element; default efficiencies and overheads. KVP_EINVAL for tp < 1,
+ * dtype_bytes < 1, a config without layers or heads; *out only written on success. */
 kvp_status kvp_cost_model_from_config(const kvp_model_config *cfg, const kvp_gpu_profile *gpu, int32_t tp,
                                       int32_t dtype_bytes, kvp_cost_model *out);
 
-/* Checks the numbers of a hand-filled model (positive, efficiencies in (0, 1]); KVP_EINVAL naming the field. */
+/* A hand-filled model: positive, efficiencies in (0, 1]; else KVP_EINVAL naming the field. */
 kvp_status kvp_cost_model_validate(const kvp_cost_model *cm);
 
-/* Adds one sequence: `context` tokens already cached, `new_tokens` computed now, `sampled` 1 when it yields
- * a token (decode step, or the chunk that completes the prompt). */
 /* sum of min(v, w) for v = lo .. hi (1 <= lo, w <= 0: no cap) */
 static inline double kvp_sum_capped(int64_t lo, int64_t hi, int64_t w)
 {
@@ -115,6 +98,7 @@ static inline double kvp_sum_capped(int64_t lo, int64_t hi, int64_t w)
     return 0.5 * (double)(lo + w) * (double)(w - lo + 1) + (double)w * (double)(hi - w);
 }
 
+/* One sequence: `context` tokens cached, `new_tokens` computed now, `sampled` 1 when it yields a token. */
 static inline void kvp_step_shape_add(kvp_step_shape *s, int64_t context, int64_t new_tokens, int sampled)
 {
     s->new_tokens += new_tokens;
@@ -127,16 +111,13 @@ static inline void kvp_step_shape_add(kvp_step_shape *s, int64_t context, int64_
     s->sampled_seqs += sampled ? 1 : 0;
 }
 
-/* Step time of a batch in seconds (> 0 for a non-empty batch; overhead only for an empty one). `detail` may
- * be NULL. A shape whose window differs from the model's (e.g. 0) counts whole contexts in every layer.
- * Pure function: no state, no wall clock. */
+/* Seconds (> 0; only the overhead for an empty batch), a pure function; detail may be NULL. A shape whose
+ * window differs from the model's (0, say) counts whole contexts in every layer. */
 double kvp_cost_step_time(const kvp_cost_model *cm, const kvp_step_shape *shape, kvp_step_cost *detail);
 
-/* Weight bytes ONE rank streams in a step that touches every expert (dense weights + all experts; the
- * untied embedding table is not counted: only its looked-up rows are read). For the memory a rank must
- * hold, use the planner (runtime/planner/planner.h), which counts every parameter. */
+/* Weight bytes ONE rank streams in a step touching every expert, the untied embedding table not counted
+ * (only looked-up rows are read); the memory a rank holds is the planner's (planner/planner.h). */
 double kvp_cost_weight_bytes_per_rank(const kvp_cost_model *cm);
-/* KV bytes per token held by ONE rank. */
-double kvp_cost_kv_bytes_per_token_per_rank(const kvp_cost_model *cm);
+double kvp_cost_kv_bytes_per_token_per_rank(const kvp_cost_model *cm); /* held by ONE rank */
 
 #endif

@@ -1,32 +1,25 @@
-/* runtime/executor/sim_executor.h — the `sim` executor: no weights, the step time comes from the roofline cost
- * model (runtime/executor/cost_model.h), plus the time of swap moves over PCIe. Sampled tokens are deterministic
- * fake ids (never a real model's output).
+/* runtime/executor/sim_executor.h — the `sim` executor: no weights; a step takes the roofline cost model's
+ * time (cost_model.h) plus its moves; sampled tokens are deterministic fake ids.
  *
- * Swap moves: (n_swap_out + n_swap_in) x block_size x kv_bytes_per_token_per_rank / pcie_bw, added to the
- * step (no overlap with compute). Copy-on-write copies: 2 x the same bytes / mem_bw (read + write).
- * Host-tier moves of the prefix cache (kvp_exec_offload), over the same PCIe link: loads (host -> device)
- * are added to the step (the batch reads what they bring); stores (device -> host, the link's other
- * direction) run in the background across steps, as vLLM's and SGLang's offloading do on their own stream,
- * and never delay a step. That is optimistic in one way: a real runtime keeps a block from being reused
- * until its store is done, and this model does not; store_backlog_max_s says how far behind the stores
- * fell (a backlog that keeps growing means the link cannot keep up with write-through). Write-back stores
- * (offload.sync_stores) copy blocks just evicted, which this step may reuse: they are added to the step,
- * before its loads, as SGLang's write_back waits for them (sync_store_s sums them).
- */
+ * Swaps and host-tier loads cross PCIe (blocks x block_size x kv_bytes_per_token_per_rank / pcie_bw) and are
+ * added to the step; copy-on-write copies cost twice those bytes over mem_bw. Host-tier stores run in the
+ * background across steps, as vLLM's and SGLang's offloading stream does, never delaying a step: optimistic,
+ * since a real runtime keeps a block until its store is done (store_backlog_max_s shows how far they fell
+ * behind). Write-back stores (offload.sync_stores) copy blocks just evicted, which the step may reuse: they
+ * are added to it, before its loads, as SGLang's write_back waits. */
 #ifndef KVP_RUNTIME_SIM_EXECUTOR_H
 #define KVP_RUNTIME_SIM_EXECUTOR_H
 
 #include "runtime/executor/cost_model.h"
 #include "runtime/engine/executor.h"
 
-/* PCIe Gen4 x16, one direction, achievable (about 25 GB/s). */
+/* PCIe Gen4 x16, one direction, achievable. */
 #define KVP_SIM_DEFAULT_PCIE_BW 25e9
 
-/* Copies *cm; pcie_bw <= 0 takes the default. KVP_EINVAL when the model fails kvp_cost_model_validate,
- * KVP_ENOMEM. The executor owns its context: release with kvp_executor_destroy. */
+/* Copies *cm; pcie_bw <= 0: the default. KVP_EINVAL (kvp_cost_model_validate), KVP_ENOMEM. */
 kvp_status kvp_sim_executor_create(const kvp_cost_model *cm, double pcie_bw, kvp_executor *out);
 
-/* Steps and accumulated time parts (seconds) of a sim executor, for reports. */
+/* Seconds, summed over the executor's steps. */
 typedef struct {
     int64_t steps;
     double compute_bound_s; /* time of steps where compute dominated */

@@ -1,9 +1,6 @@
-/* runtime/loader/tensor.h — a borrowed view of one weight tensor inside a loaded file (GGUF or safetensors),
- * and its conversion to f32.
- *
- * Shapes are row-major, outermost first, for both loaders: a Llama q_proj is [out_features, in_features]
- * whether it came from safetensors ([out, in] as stored) or GGUF (whose ne[] lists the innermost dim first;
- * the GGUF loader reverses it). `data` points into the loader's memory map: valid while the loader lives.
+/* runtime/loader/tensor.h — a borrowed view of one weight tensor in a loaded GGUF or safetensors file, and
+ * its conversion to f32. Shapes are row-major, outermost first, from both loaders (a q_proj is [out, in];
+ * the GGUF loader reverses ne[]). `data` points into the loader's map: valid while the loader lives.
  */
 #ifndef KVP_RUNTIME_TENSOR_H
 #define KVP_RUNTIME_TENSOR_H
@@ -13,9 +10,8 @@
 
 #include "common/status.h"
 
-/* Element types. The quantized ones are ggml's block formats, converted exactly as ggml-quants.c's
- * dequantize_row_* does (the same floats, bit for bit). A block holds `block` consecutive elements of a row,
- * so a row must be a multiple of it; fields are little endian, d/m/dmin are f16, nothing is aligned.
+/* The quantized types are ggml's blocks, converted bit for bit as ggml-quants.c's dequantize_row_*: a block
+ * holds `block` consecutive elements of a row (a multiple of it); little endian, d/m/dmin f16, unaligned.
  *
  *   type  ggml block bytes  layout                                   value of an element (q: its quant)
  *   Q4_0    2    32   18    d | qs[16]                               d*(q-8)
@@ -29,9 +25,8 @@
  *   Q5_K   13   256  176    d | dmin | scales[12] | qh[32] | qs[128] (d*sc)*q - dmin*mn      32 per scale
  *   Q6_K   14   256  210    ql[128] | qh[64] | int8 scales[16] | d   (d*sc)*(q-32)           16 per scale
  *
- * In Q4_0..Q5_1, element i < 16 takes the low nibble of qs[i] and element i + 16 its high nibble; the 5th
- * bit of element i is bit i of qh. Where the K types keep each element's bits, and how their 6-bit scales
- * are packed, is drawn in tensor.c. */
+ * Q4_0..Q5_1: element i < 16 is qs[i]'s low nibble, i + 16 its high one; bit 5 of element i is bit i of qh.
+ * The K types' bit and 6-bit scale packing is drawn in tensor.c. */
 typedef enum {
     KVP_WT_F32 = 0,
     KVP_WT_F16,
@@ -62,23 +57,17 @@ typedef struct {
     const void *data; /* borrowed, inside the file map; not necessarily aligned beyond 1 byte */
 } kvp_tensor_view;
 
-/* "F32", "F16", "BF16", "Q8_0", "Q4_K", ...; "?" for a value outside the enum. */
-const char *kvp_wtype_name(kvp_wtype dt);
-/* Elements a block holds: 1 (F32, F16, BF16), 32 (Q4_0..Q8_0) or 256 (the K types); 0 outside the enum. */
-int32_t kvp_wtype_block(kvp_wtype dt);
-/* The type GGUF tags with ggml type id `ggml_type`: 1 and *dt set, or 0 (*dt untouched) when unsupported. */
+const char *kvp_wtype_name(kvp_wtype dt); /* "F32", "Q4_K", ...; "?" outside the enum */
+int32_t kvp_wtype_block(kvp_wtype dt); /* 1 (F32, F16, BF16), 32, 256 (K types); 0 outside the enum */
+/* GGUF's ggml type id -> 1 and *dt, or 0 (*dt untouched) when unsupported. */
 int kvp_wtype_from_ggml(uint32_t ggml_type, kvp_wtype *dt);
-/* Bytes that `numel` elements take in dtype dt (numel must be a multiple of the block); 0 on overflow or a
- * bad count. */
+/* Bytes of numel elements (a multiple of the block); 0 on overflow or a bad count. */
 size_t kvp_wtype_nbytes(kvp_wtype dt, int64_t numel);
 
-/* Converts the whole tensor to f32 into out[numel] (caller-owned). Never fails for a view made by a
- * loader (sizes were checked at open). */
+/* out[numel], the caller's. Never fails for a loader's view (checked at open). */
 void kvp_tensor_to_f32(const kvp_tensor_view *t, float *out);
 
-/* f32 -> f16 / bf16 bits, round to nearest even (for tests that write weight files). The attention module
- * has its own KV-cache conversions (attention/paged_kv.h); these are separate to keep runtime loaders
- * independent of it. */
+/* f32 -> f16 / bf16 bits, nearest even, for tests that write weight files (loader/ needs no attention/). */
 uint16_t kvp_wt_f32_to_f16(float f);
 uint16_t kvp_wt_f32_to_bf16(float f);
 

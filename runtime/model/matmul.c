@@ -1,4 +1,8 @@
-/* runtime/model/matmul.c — y = x W^T: the batch-invariant kernel (8 and 16 lanes) and OpenBLAS (the parts: model_internal.h). */
+/* runtime/model/matmul.c — y = x W^T: the batch-invariant kernel (8 and 16 lanes) and OpenBLAS (the parts: model_internal.h).
+ *
+ * The invariant kernel is the default because OpenBLAS's sgemm rounds a row differently depending on the
+ * batch size and on its thread split. Both lane widths give the same bits: one fused multiply-add chain per
+ * output, in k order; 16 lanes do twice the multiply-adds a cycle when the weights are reused across rows. */
 #include "runtime/model/model_internal.h"
 
 #include <cblas.h>

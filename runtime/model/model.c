@@ -176,6 +176,8 @@ kvp_status kvp_model_load_ex(const char *path, kvp_comm *comm, kvp_weight_type w
     if (weights == KVP_WEIGHT_AUTO) m->wtype = mdl_held_type(m);
     kvp_gguf_close(g);
     kvp_st_close(s);
+    /* One thread by default: OpenMP threads spinning on an oversubscribed machine cost far more than they
+     * bring to small batches. */
     kvp_model_set_threads(m, 1);
     /* The invariant matmul (the default) never calls BLAS, but OpenBLAS's threads, started as it loads,
      * spin-yield for ~100 ms: on 2 cores they took one from the forward pass's threads (the first 64-sequence

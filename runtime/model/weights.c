@@ -211,7 +211,9 @@ static void q8_block(const float *w, int64_t in_f, int64_t o0, int64_t out_f, in
     }
 }
 
-/* The held type `auto` gives a tensor stored as wt (see kvp_weight_type). */
+/* The held type `auto` gives a tensor stored as wt (see kvp_weight_type). GGUF's other quantized types
+ * (Q4_0 .. Q6_K) are held as q8_0, the held type closest to their size: its rounding, about 1/254 of a
+ * block's largest weight, is small beside theirs. */
 static kvp_weight_type held_as_stored(kvp_wtype wt)
 {
     switch (wt) {

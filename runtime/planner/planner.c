@@ -1,3 +1,12 @@
+/* runtime/planner/planner.c — the memory planner (planner.h).
+ *
+ * Why the whole-model KV figures are tp x the per-rank ones, replicas counted: that is the GPU memory the
+ * KV cache takes, and it keeps the two columns consistent (whole-model budget / whole-model KV per sequence
+ * = per-rank budget / per-rank KV per sequence = the concurrent sequences). For example
+ *
+ *     Llama-3.1-8B (8 KV heads), tp 16:  rank r holds KV head r/2   ->  kv_replicas = 2
+ *     per rank: 16 KiB per token          whole model: 16 x 16 KiB = 256 KiB = 2 x the 128 KiB of one copy
+ */
 #include "runtime/planner/planner.h"
 
 #include "parallel/shard.h"

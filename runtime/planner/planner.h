@@ -13,25 +13,12 @@
  *   train_bytes          = 16 x params (mixed-precision AdamW: 2 weights + 2 grads + 4 master + 4 m + 4 v)
  *   lora_train_bytes     = bytes-per-weight x params + 16 x LoRA params (rank r adapters on q, k, v, o)
  *
- * Tensor parallelism (Megatron): each rank holds 1/tp of the weights (norms replicated) and
- * max(1, kv_heads / tp) KV heads; when tp > kv_heads each KV head is replicated on tp / kv_heads ranks (as
- * vLLM does), and an MLA latent cache is replicated on every rank (kv_replicas = tp).
- * Two columns: per rank, and the whole model = all tp ranks together. The whole-model KV figures (per
- * token, per sequence, all sequences, block) are tp x the per-rank ones, so they count every replica:
- *
- *     Llama-3.1-8B (8 KV heads), tp 16:  rank r holds KV head r/2   ->  kv_replicas = 2
- *     per rank: 16 KiB per token          whole model: 16 x 16 KiB = 256 KiB = 2 x the 128 KiB of one copy
- *
- * That is the GPU memory the KV cache takes, and it keeps the columns consistent: whole-model budget /
- * whole-model KV per sequence = per-rank budget / per-rank KV per sequence = the concurrent sequences.
- * Without replication (tp <= kv_heads) the whole-model figures are the seed article's formulas above; the
- * size of one copy is kv_bytes_per_token / kv_replicas. Weights are split, not replicated: the whole-model
- * weights are params x bytes, per rank 1/tp of that. The activation reserve, unless given, is an estimate
- * documented in planner.c.
- *
- * Sizes that do not fit in int64_t (huge --seq-len, --num-seqs, --block-size, --reserve, --lora-rank)
- * are KVP_EINVAL naming the option, never wrapped values; the config loader bounds the model's fields and
- * parameter count (runtime/loader/model_config.h).
+ * Tensor parallelism (Megatron): a rank holds 1/tp of the weights (norms replicated) and max(1, kv_heads /
+ * tp) KV heads; with tp > kv_heads each KV head is on tp / kv_heads ranks (as vLLM does), and an MLA latent
+ * cache on all (kv_replicas = tp). The whole-model column's KV figures are tp x the per-rank ones, every
+ * replica counted (planner.c says why); one copy is kv_bytes_per_token / kv_replicas. The activation reserve,
+ * unless given, is an estimate (planner.c). Sizes past int64_t are KVP_EINVAL naming the option, never
+ * wrapped; the config loader bounds the model's fields (loader/model_config.h).
  */
 #ifndef KVP_RUNTIME_PLANNER_H
 #define KVP_RUNTIME_PLANNER_H
@@ -40,7 +27,7 @@
 
 #include "runtime/loader/model_config.h"
 
-/* Bytes per element of "fp32", "bf16", "fp16", "fp8", "int8"; KVP_EINVAL naming the unknown name. */
+/* "fp32", "bf16", "fp16", "fp8", "int8"; else KVP_EINVAL naming it. */
 kvp_status kvp_dtype_bytes(const char *name, double *bytes);
 
 typedef struct {
@@ -58,7 +45,6 @@ typedef struct {
     int32_t lora_rank;          /* for lora_train_bytes */
 } kvp_plan_params;
 
-/* Figures for one tensor-parallel rank or for the whole model. */
 typedef struct {
     int64_t weights_bytes;
     int64_t kv_bytes_per_token;
@@ -73,8 +59,7 @@ typedef struct {
 
 typedef struct {
     int64_t params;
-    kvp_plan_figures total;    /* whole model (all ranks together, KV replicas included); blocks/seqs as one
-                                * rank sees them */
+    kvp_plan_figures total;    /* all ranks, KV replicas included; blocks and seqs as one rank sees them */
     kvp_plan_figures per_rank;
     int32_t kv_replicas;       /* ranks holding a copy of each KV head (MLA: tp); 1 when tp <= kv_heads */
     int64_t train_bytes;
@@ -82,18 +67,16 @@ typedef struct {
     int64_t lora_train_bytes;
 } kvp_plan;
 
-/* Fills defaults: util 0.9, bf16 weights and KV, block 16, seq_len = max_position_embeddings (or 4096),
- * 1 sequence, tp 1, no prefix, estimated reserve, 2048 batched tokens, LoRA rank 16. */
+/* util 0.9, bf16 weights and KV, block 16, seq_len the model's context (or 4096), 1 sequence, tp 1, no
+ * prefix, estimated reserve, 2048 batched tokens, LoRA rank 16. */
 void kvp_plan_params_default(const kvp_model_config *cfg, kvp_plan_params *p);
 
-/* KVP_EINVAL for impossible parameters (tp not dividing the heads, prefix longer than a sequence, sizes
- * <= 0, util outside (0,1], bytes per element outside (0, 8]) and for figures over 2^63 bytes (the detail
- * names the option); the plan is still computed when the weights do not fit (budget < 0). *out is written
- * only on success. */
+/* KVP_EINVAL naming the option for impossible parameters (tp not dividing the heads, a prefix longer than
+ * a sequence, sizes <= 0, util outside (0,1], element bytes outside (0, 8]) or figures over 2^63 bytes;
+ * *out only written on success. Weights that do not fit give a plan with a negative budget. */
 kvp_status kvp_plan_compute(const kvp_model_config *cfg, const kvp_plan_params *p, kvp_plan *out);
 
-/* KV bytes one sequence of n tokens stores (windows honoured), one copy of the whole model's KV (tp 1);
- * INT64_MAX when that is over 2^63. */
+/* One copy's (tp 1) KV bytes for a sequence of n tokens, windows honoured; INT64_MAX past 2^63. */
 int64_t kvp_plan_kv_bytes_for_tokens(const kvp_model_config *cfg, int64_t n, double kv_bytes);
 
 #endif

@@ -1,4 +1,37 @@
-/* runtime/text/chat.c — built-in chat templates (see chat.h). */
+/* runtime/text/chat.c — built-in chat templates (see chat.h). What each one renders, from its model's template:
+ *
+ *   llama2   Llama-2-chat:  <s>[INST] <<SYS>>\n{system}\n<</SYS>>\n\n{user} [/INST] {assistant} </s><s>[INST] ...
+ *            (contents stripped of surrounding whitespace; roles alternate user/assistant after one system)
+ *   mistral  Mistral-7B-Instruct v0.1:  <s>[INST] {user} [/INST]{assistant}</s>[INST] ...  (no system role)
+ *   mistral-v3  mistralai's "v3" (Mistral-Large-Instruct-2407):  <s>[INST] {user}[/INST] {assistant, stripped}</s>
+ *            [INST] ...; a system message goes before the last message when that is the user's: "{system}\n\n{user}"
+ *   mistral-v3-tekken  mistralai's "v3-tekken" (Mistral-Nemo-Instruct-2407):  as v3 without the spaces and with the
+ *            answer as it is:  <s>[INST]{user}[/INST]{assistant}</s>[INST]...
+ *   mistral-v7  mistralai's "v7" (Mistral-Large-Instruct-2411):  <s>[SYSTEM_PROMPT] {system}[/SYSTEM_PROMPT][INST]
+ *            {user}[/INST] {assistant}</s>... (every message in order; [INST], [SYSTEM_PROMPT] are control tokens)
+ *            (none of the mistral templates writes a generation prompt: the prompt ends at [/INST])
+ *   mistral-small-3  mistralai's "v7-tekken" (Mistral-Small-3.1-24B-Instruct-2503):  <s>[SYSTEM_PROMPT]{system, or
+ *            the model's default one with today's date}[/SYSTEM_PROMPT][INST]{user}[/INST]{assistant}</s>...
+ *   qwen3-thinking  Qwen3-4B-Thinking-2507: ChatML; an answer's "<think>..</think>" reasoning is dropped before the
+ *            last user message and rewritten "<think>\n{reasoning}\n</think>\n\n{answer}" after it; the generation
+ *            prompt is "<|im_start|>assistant\n<think>\n"
+ *   deepseek-r1  DeepSeek-R1-Distill-*: <s>{system}<｜User｜>{user}<｜Assistant｜>{answer after its </think>}
+ *            <｜end▁of▁sentence｜>...; the generation prompt is <｜Assistant｜>
+ *   zephyr   Zephyr / TinyLlama-chat:  <|system|>\n{system}</s>\n<|user|>\n{user}</s>\n<|assistant|>\n
+ *   llama3   Llama-3-Instruct:  <|begin_of_text|><|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>...
+ *            (contents stripped)
+ *   llama3.1 Llama-3.1-Instruct: the same after a system message that opens "Cutting Knowledge Date:
+ *            December 2023\nToday Date: 26 Jul 2024\n\n" and holds the conversation's system message
+ *   llama3.2 Llama-3.2/3.3-Instruct: as llama3.1 with today's date ("%d %b %Y", as their templates'
+ *            strftime_now writes it)
+ *   chatml   ChatML (Qwen3, and others):  <|im_start|>{role}\n{content}<|im_end|>\n...
+ *   qwen2    ChatML with Qwen2-Instruct's default system message ("You are a helpful assistant.")
+ *   qwen2.5  ChatML with Qwen2.5-Instruct's ("You are Qwen, created by Alibaba Cloud. You are a helpful assistant.")
+ *   gemma    Gemma and Gemma 2 (-it):  <bos><start_of_turn>user\n{user}<end_of_turn>\n<start_of_turn>model\n{assistant}
+ *            <end_of_turn>\n...  (contents stripped; no system message; the prompt ends "<start_of_turn>model\n")
+ *   gemma3   Gemma 3 (-it): the same, a first system message going, as it is, before the first turn's content:
+ *            "{system}\n\n{user}"
+ */
 #include "runtime/text/chat.h"
 
 #include <stdio.h>

@@ -1,11 +1,7 @@
-/* runtime/text/reasoning.h — an answer's reasoning apart from its content, as vLLM's deepseek_r1 reasoning parser
- * splits it (serve --reasoning-parser deepseek_r1): the text up to the first "</think>" is the reasoning (a
- * leading "<think>", which a model writes when its prompt did not open the thought, left out), what follows it
- * the content; while no "</think>" has come, all of it is reasoning.
- *
- * Streamed, kvp_reasoning_next gives the parts of the text that came since its last call and holds back the
- * bytes that could still become that leading "<think>" or a "</think>": its pieces, joined, are
- * kvp_reasoning_split's parts of the whole text.
+/* runtime/text/reasoning.h — an answer's reasoning apart from its content, as vLLM's deepseek_r1 parser
+ * splits it (serve --reasoning-parser deepseek_r1): up to the first "</think>" is reasoning (less a leading
+ * "<think>"), after it content; with no "</think>" yet, all is reasoning. Streamed, kvp_reasoning_next holds
+ * back bytes that could still become "<think>" or "</think>": its pieces, joined, are the split's parts.
  */
 #ifndef KVP_RUNTIME_REASONING_H
 #define KVP_RUNTIME_REASONING_H
@@ -22,12 +18,10 @@ typedef struct {
     int phase;   /* 0: whether it opens with "<think>" is not known yet; 1: in the reasoning; 2: in the content */
 } kvp_reasoning_stream; /* zeroed: before the first byte */
 
-/* The parts of the whole text[0, len). */
-kvp_reasoning_parts kvp_reasoning_split(const char *text, size_t len);
+kvp_reasoning_parts kvp_reasoning_split(const char *text, size_t len); /* of the whole text */
 
-/* The new parts of text[0, len), a longer (or equal) prefix of the same text at each call, ending on a whole
- * UTF-8 character; last: the text is complete (nothing is held back). content is non-NULL once past
- * "</think>" (its new bytes, maybe none). */
+/* The new parts of text[0, len), a prefix of the same text no shorter at each call, ending on a whole UTF-8
+ * character; last: complete, nothing held back. content is non-NULL once past "</think>" (maybe empty). */
 kvp_reasoning_parts kvp_reasoning_next(kvp_reasoning_stream *s, const char *text, size_t len, int last);
 
 #endif

@@ -4,6 +4,18 @@
  * Lookup of a byte string -> id is an open-addressing hash table (xxHash) over the pieces that may match
  * text (normal and user-defined pieces). Encoding merges with a linked list of symbols and a heap of
  * candidate pairs (O(n log n)), picking the same pair at every step as run.c's quadratic scan.
+ *
+ * Sentencepiece encoding, as llama2.c run.c and llama.cpp's SPM tokenizer: a dummy-prefix space when the
+ * text is not empty, one piece per UTF-8 code point (or its bytes as <0xNN> pieces when the code point is
+ * not in the vocabulary), then repeatedly merge the adjacent pair whose concatenation is a vocabulary piece
+ * with the highest score (the leftmost on ties; scores of -1e30 and below, or NaN, never merge) until no
+ * pair merges. Control, unknown and byte pieces never match text.
+ *
+ * Byte-level encoding, as Hugging Face's tokenizers: the text is split into pre-tokens by the model's
+ * regexes in turn (PCRE2 with Unicode properties, each splitting what the ones before it left into matches
+ * and gaps); each pre-token's bytes are one symbol each, and the adjacent pair with the lowest rank in the
+ * merge list merges first (the leftmost on ties) until none does; with ignore_merges (Llama-3) a pre-token
+ * that is itself a piece is that piece.
  */
 #include "runtime/text/tokenizer_internal.h"
 

@@ -1,35 +1,16 @@
-/* runtime/text/tokenizer.h — the two tokenizer families of Llama-family checkpoints:
+/* runtime/text/tokenizer.h — the two tokenizer families of Llama-family checkpoints, encoding as their
+ * references do (the algorithms: tokenizer.c), in O(n log n) of the text length:
+ *   sentencepiece BPE with scores and byte fallback, as llama2.c and llama.cpp (Llama-2, Mistral, TinyLlama;
+ *     GGUF "llama", llama2.c files, tokenizer.json of that kind, its merge list standing in for scores);
+ *   GPT-2 byte-level BPE by merge rank, as Hugging Face's tokenizers (Llama-3, Qwen2/2.5/3, GPT-2; GGUF
+ *     "gpt2", tokenizer.json with a ByteLevel pre-tokenizer).
+ * User-defined pieces (HF's non-special added tokens) are cut out of the text first, control pieces (BOS,
+ * <|im_start|>, ...) only with KVP_TOK_PARSE_SPECIAL (as vLLM and llama.cpp's server treat a prompt); each
+ * run of text between them is encoded on its own. GGUF's U+2581 ("▁") is stored as a plain space.
  *
- * - sentencepiece-style BPE with scores and byte fallback (Llama-2, Mistral, TinyLlama; GGUF model "llama",
- *   llama2.c tokenizer files, and Hugging Face tokenizer.json files of that kind, whose merge list stands in
- *   for the scores);
- * - GPT-2 byte-level BPE with a merge list (Llama-3, Qwen2/2.5/3, GPT-2; GGUF model "gpt2" and Hugging Face
- *   tokenizer.json with a ByteLevel pre-tokenizer).
- *
- * Sentencepiece encoding follows llama2.c run.c (and llama.cpp's SPM tokenizer): a dummy-prefix space when
- * the text is not empty, one piece per UTF-8 code point (or its bytes as <0xNN> pieces when the code point
- * is not in the vocabulary), then repeatedly merge the adjacent pair whose concatenation is a vocabulary
- * piece with the highest score (the leftmost on ties; scores of -1e30 and below, or NaN, never merge) until
- * no pair merges. Control, unknown and byte pieces never match text. GGUF pieces spell spaces as U+2581
- * ("▁"); they are stored with plain spaces.
- *
- * Byte-level encoding follows Hugging Face's tokenizers: the text is split into pre-tokens by the model's
- * regexes in turn (Llama-3's, Qwen2's, GPT-2's, DeepSeek's, ...; run by PCRE2 with Unicode properties, each
- * splitting what the ones before it left into matches and gaps), each pre-token's bytes are
- * one symbol each, and the adjacent pair with the lowest rank in the merge list merges first (the leftmost
- * on ties) until none does; with ignore_merges (Llama-3) a pre-token that is itself a piece is that piece.
- * Both merge loops are O(n log n) in the text length (a heap of candidate pairs).
- *
- * Special pieces: user-defined pieces (Hugging Face's non-special added tokens) are always cut out of the
- * text first, as llama.cpp and Hugging Face do; control pieces (BOS, <|im_start|>, ...) only with
- * KVP_TOK_PARSE_SPECIAL (what vLLM's tokenizer call and llama.cpp's server do for a prompt). Each run of
- * text between them is encoded on its own.
- *
- * Decoding: a piece is the bytes it stands for; in sentencepiece vocabularies a piece that follows BOS drops
- * its leading space and <0xNN> pieces are the raw byte; control pieces (BOS, EOS, ...) decode to nothing.
- *
- * Ownership: kvp_tok_* loaders return an owned handle (kvp_tok_destroy; NULL is a no-op). The tokenizer is
- * immutable after loading: concurrent encode/decode calls are safe.
+ * Decoding: a piece is the bytes it stands for; <0xNN> is that byte; control pieces are nothing; in
+ * sentencepiece vocabularies a piece after BOS drops its leading space. Loaders return an owned handle
+ * (kvp_tok_destroy), immutable after loading: concurrent encode and decode calls are safe.
  */
 #ifndef KVP_RUNTIME_TOKENIZER_H
 #define KVP_RUNTIME_TOKENIZER_H
@@ -45,68 +26,59 @@ typedef struct kvp_tokenizer kvp_tokenizer;
 typedef enum { KVP_TOK_NORMAL = 1, KVP_TOK_UNKNOWN = 2, KVP_TOK_CONTROL = 3, KVP_TOK_USER = 4,
                KVP_TOK_UNUSED = 5, KVP_TOK_BYTE = 6 } kvp_tok_type;
 
-/* From GGUF metadata tokenizer.ggml.{model, tokens, scores, token_type, merges, pre, bos/eos_token_id,
- * add_bos_token, add_space_prefix}: model "llama" (sentencepiece) or "gpt2" (byte-level BPE, with `pre`
- * one of default/gpt-2/mpt, llama-bpe/llama3/llama-v3, qwen2, starcoder/refact/command-r, falcon,
- * deepseek-coder, deepseek-llm; absent means gpt-2). KVP_EUNSUPPORTED for another model or pre-tokenizer; KVP_EPARSE naming the file and the key otherwise, e.g. a bos/eos_token_id outside the
- * token list (-1 and 0xFFFFFFFF mean "none") or a merge of pieces not in the list. */
+/* From GGUF tokenizer.ggml.{model, tokens, scores, token_type, merges, pre, bos/eos_token_id, add_bos_token,
+ * add_space_prefix}: model "llama", or "gpt2" with pre default/gpt-2/mpt (or absent), llama-bpe/llama3/
+ * llama-v3, qwen2, starcoder/refact/command-r, falcon, deepseek-coder or deepseek-llm; else KVP_EUNSUPPORTED.
+ * KVP_EPARSE names the file and key (a bos/eos_token_id outside the list, -1 and 0xFFFFFFFF meaning none;
+ * a merge of unknown pieces). */
 kvp_status kvp_tok_from_gguf(const kvp_gguf *g, kvp_tokenizer **out);
-/* A Hugging Face tokenizer.json (model "BPE": byte-level with Split (regex), Digits and ByteLevel steps, or
- * sentencepiece-like with byte_fallback and a "▁" normalizer or Metaspace pre-tokenizer), with BOS from its
- * post-processor and bos/eos_token from tokenizer_config.json beside it when there is one. KVP_EUNSUPPORTED
- * naming what is not supported (a Unigram or WordPiece model, another pre-tokenizer); KVP_EPARSE naming the
- * file and the field. */
+/* A tokenizer.json of model "BPE", byte-level (Split, Digits, ByteLevel) or sentencepiece-like
+ * (byte_fallback, a "▁" normalizer or Metaspace), BOS from its post-processor and bos/eos_token from a
+ * tokenizer_config.json beside it. KVP_EUNSUPPORTED naming the rest (Unigram, WordPiece, other
+ * pre-tokenizers); KVP_EPARSE naming file and field. */
 kvp_status kvp_tok_from_hf_json(const char *path, kvp_tokenizer **out);
-/* A llama2.c tokenizer file (int32 max_token_length, then per token: f32 score, int32 len, bytes).
- * vocab_size > 0: exactly that many tokens are read; 0: every token up to the end of the file.
- * BOS = 1, EOS = 2 (llama2.c convention). Errors name the file and the token index. */
+/* A llama2.c file (int32 max_token_length, then per token f32 score, int32 len, bytes): vocab_size tokens
+ * (0: to the end), BOS 1, EOS 2. Errors name the file and the token index. */
 kvp_status kvp_tok_load_llama2c(const char *path, int32_t vocab_size, kvp_tokenizer **out);
-void kvp_tok_destroy(kvp_tokenizer *t);
+void kvp_tok_destroy(kvp_tokenizer *t); /* NULL: no-op */
 
 int32_t kvp_tok_vocab_size(const kvp_tokenizer *t);
 int kvp_tok_adds_bos(const kvp_tokenizer *t); /* 1 when the model's prompts start with BOS */
 int32_t kvp_tok_bos(const kvp_tokenizer *t); /* -1 when none */
 int32_t kvp_tok_eos(const kvp_tokenizer *t); /* -1 when none */
-/* The piece of a token (spaces as ' ', NUL-terminated) and its length; NULL for an id out of range. */
+/* A token's piece, NUL-terminated, and its length; NULL for an id out of range. Valid while t is. */
 const char *kvp_tok_piece(const kvp_tokenizer *t, int32_t id, size_t *len);
 float kvp_tok_score(const kvp_tokenizer *t, int32_t id);
-/* The control, user-defined or unknown piece spelled exactly `text` ("<|im_end|>"), or -1. */
-int32_t kvp_tok_special_id(const kvp_tokenizer *t, const char *text);
+int32_t kvp_tok_special_id(const kvp_tokenizer *t, const char *text); /* "<|im_end|>" -> its id, or -1 */
 kvp_tok_type kvp_tok_type_of(const kvp_tokenizer *t, int32_t id);
 
 enum {
     KVP_TOK_ADD_BOS = 1,       /* BOS first, when the tokenizer has one and its model adds it */
     KVP_TOK_PARSE_SPECIAL = 2, /* control pieces written in the text are those tokens */
 };
-/* Encodes text[0..len) (any bytes; invalid UTF-8 falls back to bytes). *ids (owned by the caller, kvp_free)
- * receives *n ids. KVP_EINVAL if a byte has no piece that covers it; KVP_ENOMEM. */
+/* text[0..len), any bytes (invalid UTF-8 as bytes), into *n ids (*ids the caller's, kvp_free). KVP_EINVAL
+ * if a byte has no piece covering it; KVP_ENOMEM. */
 kvp_status kvp_tok_encode_ex(const kvp_tokenizer *t, const char *text, size_t len, unsigned flags, int32_t **ids,
                              int32_t *n);
-/* kvp_tok_encode_ex with KVP_TOK_ADD_BOS when add_bos, never parsing control pieces. */
 kvp_status kvp_tok_encode(const kvp_tokenizer *t, const char *text, size_t len, int add_bos, int32_t **ids,
-                          int32_t *n);
+                          int32_t *n); /* flags: KVP_TOK_ADD_BOS if add_bos */
 
-/* The bytes of token `id` as it follows token `prev` (-1 at the start): writes at most 4 + max piece
- * length bytes into buf (size cap) and returns the count, or -1 for an id out of range or a buffer too small.
- * No NUL is added. */
+/* The bytes of `id` after `prev` (-1 at the start) into buf[0..cap), at most 4 + the longest piece, no NUL;
+ * returns how many, or -1 (id out of range, buf too small). */
 int kvp_tok_decode_piece(const kvp_tokenizer *t, int32_t prev, int32_t id, char *buf, size_t cap);
-/* Decodes ids[0..n) (prev of ids[0] is `prev`) into a NUL-terminated string owned by the caller
- * (kvp_free); a <0x00> byte token adds nothing (it would end the string). KVP_EINVAL naming the first id
- * out of range; KVP_ENOMEM. */
+/* ids[0..n) after `prev` into a NUL-terminated string, the caller's (kvp_free); <0x00> adds nothing.
+ * KVP_EINVAL naming the first id out of range; KVP_ENOMEM. */
 kvp_status kvp_tok_decode(const kvp_tokenizer *t, int32_t prev, const int32_t *ids, int32_t n, char **text);
 
-/* The tokenizer at path: a GGUF file (by its magic), a Hugging Face tokenizer.json, a llama2.c tokenizer file
- * (vocab_size as for kvp_tok_load_llama2c), or a folder (or the folder of a .safetensors file): its
- * tokenizer.json, else tokenizer.bin or tok*.bin in it or in ../llama2c beside it. KVP_EINVAL when a folder
- * has none. */
+/* A GGUF (by its magic), a tokenizer.json, a llama2.c file (vocab_size as above), or a folder (or a
+ * .safetensors file's): its tokenizer.json, else tokenizer.bin or tok*.bin in it or in ../llama2c beside
+ * it. KVP_EINVAL when a folder has none. */
 kvp_status kvp_tok_load(const char *path, int32_t vocab_size, kvp_tokenizer **out);
 
 struct kvp_model;
-/* The tokenizer of model m loaded from model_path: tok_path when given (a tokenizer.json, a GGUF or a
- * llama2.c tokenizer.bin), else the GGUF's own, else for an HF folder its tokenizer.json, or tokenizer.bin
- * or tok*.bin in the folder or in ../llama2c beside it. A vocabulary shorter than the model's (embedding rows
- * padded past the last token, as Qwen's are) is padded with unused ids that decode to nothing. KVP_EINVAL
- * when none is found or its vocabulary is longer than the model's. */
+/* Model m's (loaded from model_path): tok_path if given, else the GGUF's own, else as kvp_tok_load on the
+ * folder. A vocabulary shorter than the model's (padded embeddings, as Qwen's) gets unused ids that decode
+ * to nothing. KVP_EINVAL when none is found or it is longer than the model's. */
 kvp_status kvp_tok_for_model(const struct kvp_model *m, const char *model_path, const char *tok_path,
                              kvp_tokenizer **out);
 

@@ -1,5 +1,10 @@
 /* runtime/workload/workload_synth.c — Azure CSV reader, ShareGPT/Alpaca-like generators, cut and rate helpers
- * (contracts in workload_synth.h). */
+ * (contracts in workload_synth.h).
+ *
+ * The length distributions are ASSUMED: the PagedAttention paper reports only the means. They are
+ * log-normal, rounded to the nearest integer >= 1, with mu = ln(mean) - sigma^2 / 2 so that the untruncated
+ * mean is the target; ShareGPT gets the higher variance, as the paper says. Redrawing pairs longer than
+ * max_total moves the sharegpt means by under 2 % at 2048. */
 #include "runtime/workload/workload_synth.h"
 
 #include <errno.h>
