@@ -4,6 +4,7 @@
  * the same requests sent one at a time. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <math.h>
 #include <criterion/criterion.h>
 #include <pthread.h>
 #include <signal.h>
@@ -205,16 +206,32 @@ static double cached_of(const cJSON *j)
                                "cached_tokens")->valuedouble;
 }
 
-/* A metric's value from /metrics. */
+/* The value of sample `name` in a /metrics page: a metric whose only label is model_name, or with `name`
+ * ending in its labels ('x{finished_reason="stop"'); NAN when absent. */
+static double metric_in(const char *page, const char *name)
+{
+    const size_t n = strlen(name);
+    const int labelled = strchr(name, '{') != NULL;
+    for (const char *p = strstr(page, name); p; p = strstr(p + 1, name)) {
+        if (p != page && p[-1] != '\n') continue;
+        const char *q = p + n, *eol = strchr(q, '\n');
+        if (!labelled) {
+            if (*q == ' ') return atof(q + 1);
+            if (strncmp(q, "{model_name=", 12) != 0) continue;
+        }
+        const char *close = strchr(q, '}');
+        if (close && (!eol || close < eol)) return atof(close + 2);
+    }
+    return NAN;
+}
+
+/* A metric's value from /metrics (it must be there). */
 static double metric(const server *s, const char *name)
 {
     char *resp;
     cr_assert_eq(http(s, "GET", "/metrics", NULL, &resp), 200);
-    char key[128];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *p = strstr(resp, key);
-    cr_assert_not_null(p, "no metric %s in %s", name, resp);
-    double v = atof(p + strlen(key));
+    const double v = metric_in(resp, name);
+    cr_assert(!isnan(v), "no metric %s in %s", name, resp);
     free(resp);
     return v;
 }
@@ -238,9 +255,10 @@ static double histogram(const server *s, const char *name, double *sum)
     double prev = 0, le_prev = 0, inf = -1;
     int nb = 0;
     for (const char *p = strstr(resp, key); p; p = strstr(p + 1, key), nb++) {
-        const char *le = p + strlen(key), *end = strchr(le, '"');
+        const char *le = p + strlen(key), *end = strchr(le, '"'), *close = strchr(le, '}');
         cr_assert_not_null(end);
-        const double v = atof(end + 3); /* past "} " */
+        cr_assert_not_null(close);
+        const double v = atof(close + 2); /* past "} " */
         cr_assert_geq(v, prev, "%s: bucket %d has %g, fewer than the one before (%g)", name, nb, v, prev);
         prev = v;
         if (strncmp(le, "+Inf", 4) == 0) {
@@ -251,14 +269,14 @@ static double histogram(const server *s, const char *name, double *sum)
         }
     }
     cr_assert_eq(nb, 23, "%s: %d buckets", name, nb);
-    snprintf(key, sizeof key, "\n%s_sum ", name);
+    snprintf(key, sizeof key, "\n%s_sum{", name);
     const char *ps = strstr(resp, key);
     cr_assert_not_null(ps, "%s: no _sum", name);
-    *sum = atof(ps + strlen(key));
-    snprintf(key, sizeof key, "\n%s_count ", name);
+    *sum = atof(strchr(ps, '}') + 2);
+    snprintf(key, sizeof key, "\n%s_count{", name);
     const char *pc = strstr(resp, key);
     cr_assert_not_null(pc, "%s: no _count", name);
-    const double count = atof(pc + strlen(key));
+    const double count = atof(strchr(pc, '}') + 2);
     cr_assert_eq(inf, count, "%s: +Inf bucket %g vs count %g", name, inf, count);
     free(resp);
     return count;
@@ -307,7 +325,7 @@ Test(serve, endpoints_and_the_golden_story)
     for (int i = 0; i < 3; i++) cr_assert_str_eq(choice_text(j, i), text + strlen(prompt), "prompt %d", i);
     cJSON_Delete(j);
     cJSON_Delete(gold);
-    cr_assert_eq(metric(&s, "kvpage_generation_tokens_total"), 5 * ngen);
+    cr_assert_eq(metric(&s, "kvpage:generation_tokens_total"), 5 * ngen);
     stop(&s);
 }
 
@@ -371,24 +389,24 @@ Test(serve, concurrent_clients_share_batches_and_get_their_solo_answers)
     const double t0 = now_s();
     solo_answers(&s, solo);
     expect_concurrent_answers(&s, solo);
-    const double steps0 = metric(&s, "kvpage_engine_steps_total");
+    const double steps0 = metric(&s, "kvpage:engine_steps_total");
     char all[1024] = "{\"max_tokens\":48,\"temperature\":0,\"prompt\":[";
     for (int i = 0; i < NP; i++) snprintf(all + strlen(all), sizeof all - strlen(all), "%s\"%s\"", i ? "," : "", prompts[i]);
     strcat(all, "]}");
     cJSON *j = complete(&s, all, 200);
     for (int i = 0; i < NP; i++) cr_assert_str_eq(choice_text(j, i), choice_text(solo[i], 0), "prompt %d of one request", i);
     cJSON_Delete(j);
-    const double steps = metric(&s, "kvpage_engine_steps_total") - steps0;
+    const double steps = metric(&s, "kvpage:engine_steps_total") - steps0;
     cr_assert(steps >= 48 && steps <= 50, "6 prompts x 48 tokens in one request took %g steps", steps);
-    cr_assert_eq(metric(&s, "kvpage_engine_requests_finished_total"), 3 * NP);
-    cr_assert_eq(metric(&s, "kvpage_sequences_running"), 0);
+    cr_assert_eq(metric(&s, "kvpage:engine_requests_finished_total"), 3 * NP);
+    cr_assert_eq(metric(&s, "kvpage:num_sequences_running"), 0);
     /* every finished prompt observed once in seconds: its first token no later than its last, its last within
      * the test's time; each answered 48 tokens, so each has a time per output token */
     const double wall = now_s() - t0;
     double ttft, tpot, e2e;
-    cr_assert_eq(histogram(&s, "kvpage_time_to_first_token_seconds", &ttft), 3 * NP);
-    cr_assert_eq(histogram(&s, "kvpage_e2e_request_latency_seconds", &e2e), 3 * NP);
-    cr_assert_eq(histogram(&s, "kvpage_time_per_output_token_seconds", &tpot), 3 * NP);
+    cr_assert_eq(histogram(&s, "kvpage:time_to_first_token_seconds", &ttft), 3 * NP);
+    cr_assert_eq(histogram(&s, "kvpage:e2e_request_latency_seconds", &e2e), 3 * NP);
+    cr_assert_eq(histogram(&s, "kvpage:request_time_per_output_token_seconds", &tpot), 3 * NP);
     cr_assert(ttft > 0 && ttft <= e2e && e2e <= 3 * NP * wall, "ttft %g s, e2e %g s, %d prompts in %g s", ttft, e2e,
               3 * NP, wall);
     for (int i = 0; i < NP; i++)
@@ -407,7 +425,7 @@ Test(serve, seeded_samples_repeat)
     cJSON *a = complete(&s, body, 200), *b = complete(&s, body, 200);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(a, "choices")), 3);
     for (int i = 0; i < 3; i++) cr_assert_str_eq(choice_text(a, i), choice_text(b, i), "choice %d", i);
-    cr_assert_gt(metric(&s, "kvpage_prefix_cache_hits_total"), 0, "the second request found the first's prompt");
+    cr_assert_gt(metric(&s, "kvpage:prefix_cache_hits_total"), 0, "the second request found the first's prompt");
     /* usage.prompt_tokens_details.cached_tokens: none for the first, the full blocks of 4 the cache served (all
      * the hits) for the second, short of its whole prompt */
     const cJSON *ua = cJSON_GetObjectItem(a, "usage"), *ub = cJSON_GetObjectItem(b, "usage");
@@ -415,7 +433,7 @@ Test(serve, seeded_samples_repeat)
     const int cb = cJSON_GetObjectItem(cJSON_GetObjectItem(ub, "prompt_tokens_details"), "cached_tokens")->valueint;
     const int pt = cJSON_GetObjectItem(ub, "prompt_tokens")->valueint;
     cr_assert_eq(ca, 0);
-    cr_assert_eq(cb, metric(&s, "kvpage_prefix_cache_hits_total"));
+    cr_assert_eq(cb, metric(&s, "kvpage:prefix_cache_hits_total"));
     cr_assert(cb % 4 == 0 && cb > 0 && cb < pt, "%d of %d prompt tokens cached", cb, pt);
     cJSON_Delete(a);
     cJSON_Delete(b);
@@ -574,7 +592,7 @@ Test(serve, stops_cleanly_with_a_request_in_flight)
     long_call c = {&s, NULL, 0};
     pthread_t tid;
     cr_assert_eq(pthread_create(&tid, NULL, long_main, &c), 0);
-    for (int i = 0; i < 500 && metric(&s, "kvpage_engine_requests_total") < 1; i++) usleep(10 * 1000);
+    for (int i = 0; i < 500 && metric(&s, "kvpage:engine_requests_total") < 1; i++) usleep(10 * 1000);
     stop(&s);
     pthread_join(tid, NULL);
     cr_assert(c.code == 503 || c.code == 200, "the request in flight got %d: %s", c.code, c.resp);
@@ -644,7 +662,7 @@ Test(serve, streamed_answers_add_up_to_the_whole_ones)
                              "{\"prompt\":\"hi\",\"max_tokens\":40,\"temperature\":1000,\"n\":8,\"seed\":0%s}",
                              "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"n\":4,\"seed\":4,\"stop\":[\" the\",\"ed \"]%s}"};
     const int nc[5] = {1, 4, 8, 8, 4};
-    const double gen0 = metric(&s, "kvpage_generation_tokens_total");
+    const double gen0 = metric(&s, "kvpage:generation_tokens_total");
     double gen = 0;
     for (int k = 0; k < 5; k++) {
         char body[256], *resp;
@@ -663,7 +681,7 @@ Test(serve, streamed_answers_add_up_to_the_whole_ones)
         free(resp);
         cJSON_Delete(whole);
     }
-    cr_assert_eq(metric(&s, "kvpage_generation_tokens_total") - gen0, gen, "streamed tokens are counted too");
+    cr_assert_eq(metric(&s, "kvpage:generation_tokens_total") - gen0, gen, "streamed tokens are counted too");
     stop(&s);
 }
 
@@ -722,12 +740,12 @@ Test(serve, tokens_stream_while_the_request_runs_and_a_client_that_leaves_cancel
     char buf[8192];
     int fd = stream_first_word(&s, buf, sizeof buf);
     cr_assert(strstr(buf, "text/event-stream"), "%s", buf);
-    cr_assert_geq(metric(&s, "kvpage_sequences_running"), 1, "the first words came only after the whole answer");
+    cr_assert_geq(metric(&s, "kvpage:num_sequences_running"), 1, "the first words came only after the whole answer");
     close(fd); /* gone mid-stream */
-    for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
-    cr_assert_eq(metric(&s, "kvpage_engine_requests_finished_total"), 1);
-    cr_assert_eq(metric(&s, "kvpage_requests_cancelled_total"), 1);
-    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
+    for (int i = 0; i < 2400 && metric(&s, "kvpage:engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
+    cr_assert_eq(metric(&s, "kvpage:engine_requests_finished_total"), 1);
+    cr_assert_eq(metric(&s, "kvpage:requests_cancelled_total"), 1);
+    cr_assert_lt(metric(&s, "kvpage:computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
     cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
     stop(&s);
@@ -771,12 +789,12 @@ Test(serve, a_waiting_client_that_leaves_cancels_its_request)
 {
     server s = start("--num-blocks 256");
     int fd = send_raw(&s, LONG_REQUEST(""));
-    for (int i = 0; i < 500 && metric(&s, "kvpage_computed_tokens_total") < 20; i++) usleep(10 * 1000);
+    for (int i = 0; i < 500 && metric(&s, "kvpage:computed_tokens_total") < 20; i++) usleep(10 * 1000);
     close(fd);
-    for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
-    cr_assert_eq(metric(&s, "kvpage_requests_cancelled_total"), 1);
-    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
-    cr_assert_eq(metric(&s, "kvpage_sequences_running"), 0);
+    for (int i = 0; i < 2400 && metric(&s, "kvpage:engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
+    cr_assert_eq(metric(&s, "kvpage:requests_cancelled_total"), 1);
+    cr_assert_lt(metric(&s, "kvpage:computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
+    cr_assert_eq(metric(&s, "kvpage:num_sequences_running"), 0);
     cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
     stop(&s);
@@ -924,10 +942,10 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     cJSON_Delete(whole);
     char buf[8192];
     close(stream_first_word(&two, buf, sizeof buf));
-    for (int i = 0; i < 2400 && metric(&two, "kvpage_requests_cancelled_total") < 1; i++) usleep(50 * 1000);
-    for (int i = 0; i < 2400 && metric(&two, "kvpage_sequences_running") > 0; i++) usleep(50 * 1000);
-    cr_assert_eq(metric(&two, "kvpage_requests_cancelled_total"), 1);
-    cr_assert_eq(metric(&two, "kvpage_sequences_running"), 0);
+    for (int i = 0; i < 2400 && metric(&two, "kvpage:requests_cancelled_total") < 1; i++) usleep(50 * 1000);
+    for (int i = 0; i < 2400 && metric(&two, "kvpage:num_sequences_running") > 0; i++) usleep(50 * 1000);
+    cr_assert_eq(metric(&two, "kvpage:requests_cancelled_total"), 1);
+    cr_assert_eq(metric(&two, "kvpage:num_sequences_running"), 0);
     /* a reset of the prefix cache reaches the other rank: a 40-token prompt found cached is computed again on
      * both (the ranks' final check compares the tokens they computed) */
     strcpy(body, "{\"prompt\":[1");
@@ -941,7 +959,7 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     }
     j = complete(&two, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
-    cr_assert_gt(metric(&two, "kvpage_spec_decode_num_accepted_tokens_total"), 0);
+    cr_assert_gt(metric(&two, "kvpage:spec_decode_num_accepted_tokens_total"), 0);
     stop(&two);
     stop(&one);
 }
@@ -1274,7 +1292,7 @@ Test(serve, chat_template_of_the_model)
     snprintf(extra, sizeof extra, "--num-blocks 64 --model %s/hf", dir);
     s = start(extra);
     out = (char *)tu_read_all(s.outpath, &(size_t){0});
-    cr_assert(strstr(out, "\"chat_template\":\t\"zephyr\""), "%s", out);
+    cr_assert(strstr(out, "\"chat_template\":\"zephyr\""), "%s", out);
     free(out);
     cJSON *j = chat(&s, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3}", 200);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 1);
@@ -1534,8 +1552,8 @@ static void host_tier_brings_a_prompt_back(kvp_hc_write_policy policy)
     cr_assert_eq(cached_of(j), 0);
     cJSON_Delete(j);
     j = complete(&s, a, 200);
-    const double host = metric(&s, "kvpage_host_cache_hits_total"), dev = metric(&s, "kvpage_prefix_cache_hits_total");
-    const double stored = metric(&s, "kvpage_host_cache_stored_blocks_total");
+    const double host = metric(&s, "kvpage:host_cache_hits_total"), dev = metric(&s, "kvpage:prefix_cache_hits_total");
+    const double stored = metric(&s, "kvpage:host_cache_stored_blocks_total");
     cr_assert_str_eq(choice_text(j, 0), choice_text(first, 0));
     if (policy == KVP_HC_WRITE_THROUGH_SELECTIVE) {
         cr_assert_eq(host, 0, "A's evicted blocks were never reused: not in the tier");
@@ -1546,7 +1564,7 @@ static void host_tier_brings_a_prompt_back(kvp_hc_write_policy policy)
         cr_assert_eq(cached_of(j), 64, "A's 4 full blocks, from the host tier");
         cr_assert_geq(host, 16, "B's blocks took some of A's");
         cr_assert_eq(dev + host, 64, "the device kept the rest");
-        cr_assert_eq(metric(&s, "kvpage_host_cache_loaded_blocks_total"), host / 16);
+        cr_assert_eq(metric(&s, "kvpage:host_cache_loaded_blocks_total"), host / 16);
         if (policy == KVP_HC_WRITE_BACK) cr_assert(stored >= host / 16 && stored < 8, "the evicted blocks only: %g", stored);
         else cr_assert_eq(stored, 8, "A's 4 full blocks and B's");
     }
@@ -1707,7 +1725,7 @@ Test(serve, byte_level_tokenizer_and_chatml)
     snprintf(extra, sizeof extra, "--num-blocks 256 --model %s", dir);
     server s = start(extra);
     char *out = (char *)tu_read_all(s.outpath, &(size_t){0});
-    cr_assert(strstr(out, "\"chat_template\":\t\"qwen2.5\""), "%s", out);
+    cr_assert(strstr(out, "\"chat_template\":\"qwen2.5\""), "%s", out);
     free(out);
     kvp_tokenizer *tok;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -1832,11 +1850,11 @@ Test(serve, speculation_changes_no_answer)
         cJSON_Delete(b);
     }
     cr_assert_gt(stopped, 0, "a stop string should end a choice");
-    const double kept = metric(&spec, "kvpage_spec_decode_num_accepted_tokens_total");
+    const double kept = metric(&spec, "kvpage:spec_decode_num_accepted_tokens_total");
     cr_assert_gt(kept, 0);
-    cr_assert_gt(metric(&spec, "kvpage_spec_decode_num_draft_tokens_total"), kept);
-    cr_assert_gt(metric(&spec, "kvpage_spec_decode_num_drafts_total"), 0);
-    cr_assert_eq(metric(&plain, "kvpage_spec_decode_num_draft_tokens_total"), 0);
+    cr_assert_gt(metric(&spec, "kvpage:spec_decode_num_draft_tokens_total"), kept);
+    cr_assert_gt(metric(&spec, "kvpage:spec_decode_num_drafts_total"), 0);
+    cr_assert_eq(metric(&plain, "kvpage:spec_decode_num_draft_tokens_total"), 0);
     stop(&spec);
     stop(&plain);
 }
