@@ -290,9 +290,10 @@ static void *srv_engine_main(void *arg)
         }
         if (st != KVP_OK) { /* the session is unusable: answer what it held, start a new one */
             char err[512];
-            snprintf(err, sizeof err, "the engine failed: %s", kvp_error_message());
+            const int oom = st == KVP_ENOMEM; /* 503: the server has no room now, it is no fault of the request */
+            snprintf(err, sizeof err, "%sthe engine failed: %s", oom ? "out of memory: " : "", kvp_error_message());
             KVP_LOG_E("serve: %s", err);
-            fail_in_flight(sv, 500, err);
+            fail_in_flight(sv, oom ? 503 : 500, err);
             kvp_session_destroy(sv->s);
             sv->s = NULL;
             sv->last_computed = 0;

@@ -725,3 +725,47 @@ Test(serve_production, kv_events_are_written_while_serving)
     free(text);
     unlink(path);
 }
+
+/* ---------------------------------------------------------------- out of memory */
+
+/* VmPeak of process pid in kB. */
+static long vm_peak_kb(pid_t pid)
+{
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    cr_assert_not_null(f, "%s", path);
+    long kb = -1;
+    while (fgets(line, sizeof line, f))
+        if (sscanf(line, "VmPeak: %ld", &kb) == 1) break;
+    fclose(f);
+    return kb;
+}
+
+/* An answer the server has no memory for (its address space capped 100 MB above what it needs to serve small
+ * requests) is 503 saying so, and the next request is answered. */
+Test(serve_production, out_of_memory_is_503_and_the_server_goes_on)
+{
+#if defined(__SANITIZE_ADDRESS__)
+    cr_skip_test("an address-space limit and AddressSanitizer's shadow memory do not mix");
+#endif
+    const char *opts = "--num-blocks 4096 --max-response-bytes 100GB --max-request-tokens 100000000";
+    const char *small = "{\"prompt\":\"Once\",\"max_tokens\":5,\"temperature\":0}";
+    server s = start(opts);
+    cJSON_Delete(complete(&s, small, 200));
+    const long peak = vm_peak_kb(s.serving);
+    stop(&s);
+    char prefix[160];
+    snprintf(prefix, sizeof prefix, "sh -c 'ulimit -v %ld && exec \"$0\" \"$@\"'", peak + 100 * 1024);
+    s = start_with(prefix, opts);
+    char *resp;
+    const int code = http(&s, "POST", "/v1/completions",
+                          "{\"prompt\":\"Once\",\"max_tokens\":200,\"n\":256,\"logprobs\":20,\"ignore_eos\":true}", &resp);
+    cr_assert_eq(code, 503, "an answer of ~27 MB under a limit of %ld kB: %d", peak + 100 * 1024, code);
+    char *m = error_of(resp);
+    cr_assert(strstr(m, "out of memory"), "%s", m);
+    free(m);
+    free(resp);
+    cJSON_Delete(complete(&s, small, 200));
+    stop(&s);
+}
