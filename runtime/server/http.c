@@ -246,12 +246,21 @@ static enum MHD_Result handle(void *cls, struct MHD_Connection *c, const char *u
         *con_cls = b;
         b->arrival = srv_now();
         conn_set(sv, c, CONN_READING);
-        const srv_conn *x = conn_of(c);
-        if (x && x->refused) {
+        srv_conn *x = conn_of(c);
+        if (x && x->refused) { /* one 503, and the connection closes after it */
             b->too_big = 1; /* its body is not read */
-            char msg[160];
-            snprintf(msg, sizeof msg, "too many connections: all %d (--max-connections) are busy", (int)sv->o.max_conns);
-            return srv_reply_error(sv, c, 503, msg);
+            x->refused = 0;
+            char msg[256];
+            snprintf(msg, sizeof msg, "{\"error\":{\"message\":\"too many connections: all %d (--max-connections) are "
+                                      "busy\",\"type\":\"server_error\",\"code\":503}}", (int)sv->o.max_conns);
+            struct MHD_Response *r = MHD_create_response_from_buffer(strlen(msg), msg, MHD_RESPMEM_MUST_COPY);
+            if (!r) return MHD_NO;
+            MHD_add_response_header(r, "Content-Type", "application/json");
+            MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+            srv_count_answer(sv, 503);
+            const enum MHD_Result ret = MHD_queue_response(c, 503, r);
+            MHD_destroy_response(r);
+            return ret;
         }
         /* a body announced larger than we take: answered now, not after reading (and dropping) all of it */
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);

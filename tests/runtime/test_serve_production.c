@@ -99,6 +99,40 @@ Test(serve_production, idle_connections_past_the_limit_do_not_lock_health_out)
     stop(&s);
 }
 
+/* Every connection busy (waiting on the engine) at --max-connections: a new one is answered 503 naming the
+ * limit, not left waiting; the busy ones are not cut. */
+Test(serve_production, a_connection_past_the_limit_of_busy_ones_gets_503)
+{
+    server s = start("--num-blocks 4096 --max-connections 2");
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2000,\"n\":16,\"ignore_eos\":true,\"seed\":3}";
+    char req[512];
+    snprintf(req, sizeof req, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s", strlen(body), body);
+    int busy[2];
+    for (int i = 0; i < 2; i++) {
+        busy[i] = connect_to(&s);
+        cr_assert_eq(send(busy[i], req, strlen(req), MSG_NOSIGNAL), (ssize_t)strlen(req));
+    }
+    usleep(300 * 1000);
+    char *resp;
+    const int code = http(&s, "GET", "/health", NULL, &resp);
+    cr_assert_eq(code, 503, "%d: %s", code, resp);
+    char *m = error_of(resp);
+    cr_assert(strstr(m, "--max-connections"), "%s", m);
+    free(m);
+    free(resp);
+    for (int i = 0; i < 2; i++) cr_assert_lt(seconds_until_closed(busy[i], 0.05), 0, "busy connection %d was cut", i);
+    for (int i = 0; i < 2; i++) close(busy[i]); /* they cancel their requests */
+    for (int i = 0; i < 100; i++) {
+        if (http_try(&s, "GET", "/health", NULL, &resp) == 200) break;
+        free(resp);
+        resp = NULL;
+        usleep(50 * 1000);
+    }
+    cr_assert_not_null(resp, "/health never came back");
+    free(resp);
+    stop(&s);
+}
+
 /* A connection that sends nothing is closed after --idle-timeout; one that sends its head a byte at a time
  * (slow loris) after --header-timeout, although bytes keep coming. */
 Test(serve_production, idle_and_slow_connections_time_out)
