@@ -502,6 +502,11 @@ Test(serve_cli, bad_command_lines)
         {"--model " S260_GGUF " --kv-offloading-size 1MiB --kv-offloading-policy never --port 0", "'never'"},
         {"--model " S260_GGUF " --max-model-len 4096 --port 0", "max_model_len 4096 exceeds the context of"},
         {"--model " S260_GGUF " --generation-config hf --port 0", "--generation-config: 'hf' is neither auto nor vllm"},
+        {"--model " S260_GGUF " --idle-timeout 0 --port 0", "--idle-timeout: '0' is not a number of seconds"},
+        {"--model " S260_GGUF " --header-timeout soon --port 0", "--header-timeout: 'soon' is not a number of seconds"},
+        {"--model " S260_GGUF " --max-request-tokens 0 --port 0", "--max-request-tokens"},
+        {"--model " S260_GGUF " --max-response-bytes lots --port 0", "--max-response-bytes"},
+        {"--model " S260_GGUF " --metrics-names prom --port 0", "--metrics-names: 'prom' is neither vllm nor kvpage"},
     };
     kvp_test_cli_rejects("serve", cases, sizeof cases / sizeof cases[0]);
 }
