@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Reproduces the RadixAttention results of the SGLang paper (Zheng et al., "SGLang: Efficient Execution of
 Structured Language Model Programs", NeurIPS 2024) with kvpage: the prefix-cache hit rates of its shared-prefix
 workloads (few-shot, multi-turn chat, tree-of-thought-style branching), Belady's bound at the same memory, the hit

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Reproduces the memory-management results of the PagedAttention paper (Kwon et al., "Efficient Memory
 Management for Large Language Model Serving with PagedAttention", SOSP 2023) with `kvpage simulate`: the real
 scheduler, block manager and prefix cache, with the model's execution replaced by the roofline cost model
