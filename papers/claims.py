@@ -46,6 +46,21 @@ class Kvpage:
         return json.loads(self.run(args, stdin))
 
 
+def model_name(config):
+    """A model as its config.json names it ("_name_or_path", e.g. facebook/opt-13b), else the file's stem: for
+    plot titles."""
+    try:
+        with open(config) as f:
+            name = json.load(f).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name or os.path.splitext(os.path.basename(config))[0]
+
+
+# Distinct (marker, line style) pairs, so that lines which coincide stay visible.
+STYLES = [("o", "-"), ("s", "--"), ("D", "-."), ("^", ":"), ("v", (0, (5, 1, 1, 1)))]
+
+
 def write_csv(out, name, header, rows):
     """OUT/<name>.csv with a header line."""
     with open(os.path.join(out, name + ".csv"), "w", newline="") as f:
