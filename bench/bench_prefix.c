@@ -659,16 +659,28 @@ static void json_str(FILE *f, const char *v)
     fputc('"', f);
 }
 
+/* Width of curve column k in a default table: its header, at least 10. */
+static int curve_width(int k)
+{
+    const int n = (int)strlen(CURVE_FIELDS[k]);
+    return n > 10 ? n : 10;
+}
+
 static kvp_status write_curves(FILE *f, kvp_format fmt, const kvp_workload *w, const curve_item *items, int n, int multi_bs,
                                const char *path)
 {
     const char *machine = kvp_machine_string(), *commit = kvp_git_commit();
-    if (fmt == KVP_FMT_WIDE) fmt = KVP_FMT_TABLE; /* the curve's table has every column */
+    /* A table shows the curve's own columns in 100 characters (wide: every column, as wide as its header) */
+    static const int brief[NCURVE] = {[3] = 1, [4] = 1, [5] = 1, [9] = 1, [10] = 1, [11] = 1, [14] = 1};
+    const int wide = fmt == KVP_FMT_WIDE, nbrief = 7;
+    if (wide) fmt = KVP_FMT_TABLE;
     if (fmt == KVP_FMT_JSON) fputs("[", f);
     else {
-        for (int k = 0; k < NCURVE; k++) fprintf(f, fmt == KVP_FMT_CSV ? "%s," : "%s  ", CURVE_FIELDS[k]);
+        for (int k = 0; k < NCURVE; k++) {
+            if (fmt == KVP_FMT_CSV) fprintf(f, "%s,", CURVE_FIELDS[k]);
+            else if (wide || brief[k]) fprintf(f, "%*s  ", wide ? 0 : curve_width(k), CURVE_FIELDS[k]);
+        }
         fputs(fmt == KVP_FMT_CSV ? "machine,commit\n" : "\n", f);
-        /* (table columns are as wide as their header: the values are shorter but for the workload and series) */
     }
     int64_t rows = 0;
     for (int i = 0; i < n; i++) {
@@ -717,8 +729,8 @@ static kvp_status write_curves(FILE *f, kvp_format fmt, const kvp_workload *w, c
                     if (fmt == KVP_FMT_CSV) {
                         if (k) fputc(',', f);
                         csv_str(f, v[k]);
-                    } else {
-                        fprintf(f, "%*s  ", (int)strlen(CURVE_FIELDS[k]), v[k]);
+                    } else if (wide || brief[k]) {
+                        fprintf(f, "%*s  ", wide ? (int)strlen(CURVE_FIELDS[k]) : curve_width(k), v[k]);
                     }
                 }
                 fputc('\n', f);
@@ -727,6 +739,8 @@ static kvp_status write_curves(FILE *f, kvp_format fmt, const kvp_workload *w, c
         }
     }
     if (fmt == KVP_FMT_JSON) fputs("\n]\n", f);
+    if (fmt == KVP_FMT_TABLE && !wide)
+        fprintf(f, "# %d of %d columns shown; all of them: --wide, or --format csv|json\n", nbrief, NCURVE);
     if (fmt == KVP_FMT_TABLE) fprintf(f, "# machine: %s; commit %s\n", machine, commit);
     if (fflush(f) != 0 || ferror(f)) return KVP_ERR(KVP_EIO, "writing the curve to %s failed: %s", path, strerror(errno));
     return KVP_OK;
