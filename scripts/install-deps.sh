@@ -12,7 +12,7 @@ pkgs=(
   build-essential cmake pkg-config
   libcjson-dev libjemalloc-dev libcriterion-dev libopenblas-dev
   libopenmpi-dev openmpi-bin libxxhash-dev libmicrohttpd-dev libpcre2-dev libcurl4-openssl-dev
-  python3 python3-matplotlib
+  python3 python3-matplotlib curl
 )
 
 missing=()
