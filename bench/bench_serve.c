@@ -556,6 +556,13 @@ static int parse_metrics(const char *text, msample *m)
         size_t off;
     } known[] = {
         {"kvpage_sequences_running", offsetof(msample, running)},
+        {"kvpage:num_requests_running", offsetof(msample, running)},
+        {"kvpage:num_requests_waiting", offsetof(msample, waiting)},
+        {"kvpage:kv_cache_usage_perc", offsetof(msample, kv_usage)},
+        {"kvpage:num_preemptions_total", offsetof(msample, preemptions)},
+        {"kvpage:spec_decode_num_drafts_total", offsetof(msample, drafts)},
+        {"kvpage:spec_decode_num_draft_tokens_total", offsetof(msample, draft_tokens)},
+        {"kvpage:spec_decode_num_accepted_tokens_total", offsetof(msample, accepted)},
         {"vllm:num_requests_running", offsetof(msample, running)},
         {"kvpage_requests_waiting", offsetof(msample, waiting)},
         {"vllm:num_requests_waiting", offsetof(msample, waiting)},
