@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -62,6 +63,7 @@ static server start_with(const char *prefix, const char *extra)
     s.pid = fork();
     cr_assert_geq(s.pid, 0);
     if (s.pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* a test killed by its timeout takes its server with it */
         execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
         _exit(127);
     }
