@@ -124,6 +124,9 @@ typedef struct {
     histo ttft, ttft_engine, itl, tpot, e2e, queue, inference, prefill, decode; /* latencies */
     histo prompt_len, gen_len, max_gen_len, params_n, params_max_tokens, prefill_computed, preempts, iteration;
 } srv_metrics_state;
+
+/* The server: the model and its tokenizer, the options, the engine thread's session and queues, the open
+ * connections, the metrics. One for the process (rank 0). */
 typedef struct {
     kvp_model *m;
     kvp_tokenizer *tok;
@@ -164,6 +167,8 @@ typedef struct {
     uint64_t next_seed, next_id;
     time_t started;
 } server;
+
+/* One HTTP request on its connection (libmicrohttpd's con_cls): its body as read, and its job once queued. */
 typedef struct {
     char *buf;
     size_t len;
