@@ -165,17 +165,18 @@ static void usage(FILE *f)
                "  --reps N            timed launches per row (default 20)\n"
                "  --format F          table | csv | json (default table)\n"
                "  --json              same as --format json\n"
+               "  --wide              a table with every column (same as --format wide)\n"
                "  -h, --help          this help\n");
 }
 
 int kvp_bench_attention_cuda(int argc, char **argv)
 {
-    enum { O_BATCH = 256, O_CTX, O_DTYPE, O_BS, O_REPS, O_FORMAT, O_JSON };
+    enum { O_BATCH = 256, O_CTX, O_DTYPE, O_BS, O_REPS, O_FORMAT, O_JSON, O_WIDE };
     static const struct option opts[] = {
         {"batch", required_argument, 0, O_BATCH}, {"ctx", required_argument, 0, O_CTX},
         {"dtype", required_argument, 0, O_DTYPE}, {"block-sizes", required_argument, 0, O_BS},
         {"reps", required_argument, 0, O_REPS},   {"format", required_argument, 0, O_FORMAT},
-        {"json", no_argument, 0, O_JSON},         {"help", no_argument, 0, 'h'},
+        {"json", no_argument, 0, O_JSON}, {"wide", no_argument, 0, O_WIDE},         {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     int32_t batch = 32, ctx = 4096, reps = 20, bs[16] = {1, 16, 64};
@@ -197,6 +198,7 @@ int kvp_bench_attention_cuda(int argc, char **argv)
         case O_REPS: st = kvp_parse_i32(optarg, 1, 100000, &reps); break;
         case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
         case O_JSON: fmt = KVP_FMT_JSON; break;
+        case O_WIDE: fmt = KVP_FMT_WIDE; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error("bench attention-cuda", c, argv);
         }
@@ -220,7 +222,10 @@ int kvp_bench_attention_cuda(int argc, char **argv)
     cuda_case cc = {batch, ctx, 32, 8, 128, reps, dtype};
     kvp_report *rep = NULL;
     double copy = 0, contig_ms = 0;
+    static const char *const brief[] = {"layout", "dtype", "block_size", "batch", "ctx", "time_ms", "kv_gbps",
+                                        "paged_over_contig", "validated"};
     if ((st = kvp_report_create(fields, (int)(sizeof fields / sizeof fields[0]), &rep)) != KVP_OK ||
+        (st = kvp_report_set_brief(rep, brief, (int)(sizeof brief / sizeof brief[0]))) != KVP_OK ||
         (st = copy_bandwidth((size_t)1 << 30, &copy)) != KVP_OK)
         goto done;
     double kv_bytes = 2.0 * batch * ctx * cc.kv_heads * cc.head_dim * (double)kvp_dtype_size(dtype);

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Reference RoPE frequencies for tests/runtime/test_model_rope.c (rope_frequencies_match_the_reference).
 
 Written from the published definitions, not from kvpage's C: YaRN as in the paper (Peng et al. 2023,

@@ -14,6 +14,17 @@
 
 static const char *const CMD = "serve";
 
+/* A timeout: seconds in (0, 86400]. */
+static kvp_status parse_seconds(const char *s, double *out)
+{
+    char *end;
+    const double v = strtod(s, &end);
+    if (end == s || *end || !(v > 0 && v <= 86400))
+        return KVP_ERR(KVP_EINVAL, "'%s' is not a number of seconds in (0, 86400]", s);
+    *out = v;
+    return KVP_OK;
+}
+
 static void usage(FILE *f)
 {
     fprintf(f,
@@ -75,7 +86,17 @@ static void usage(FILE *f)
             "  --threads N               CPU threads (default 1)\n"
             "  --matmul invariant|blas   as for generate (default invariant)\n"
             "  --weight-dtype T          as for generate: auto (default), f32, f16, bf16 or q8_0\n"
-            "  --max-connections N       open connections at most (default 4096)\n"
+            "  --max-connections N       open connections at most (default 4096): one more closes the idle one\n"
+            "                            waiting longest, or is answered 503 when every one is busy\n"
+            "  --idle-timeout S          a connection on which no byte moves for S seconds while a request is read\n"
+            "                            or between requests is closed (default 5, uvicorn's keep-alive)\n"
+            "  --header-timeout S        a request's head and body must arrive within S seconds of the connection's\n"
+            "                            opening or its previous answer (default 10). A connection waiting on the\n"
+            "                            engine or streaming has neither timeout\n"
+            "  --max-request-tokens N    a request's sequences (prompts x n) x max_tokens at most (default 1048576)\n"
+            "  --max-response-bytes B    an answer's size at most, estimated from the request (default 128MiB)\n"
+            "  --metrics-names vllm|kvpage  /metrics names: vllm:NAME as vLLM's, or kvpage:NAME (default; the\n"
+            "                            same names and meanings)\n"
             "  --stream-interval N       a stream's new text is sent every N engine steps (its first at once,\n"
             "                            its last at the end; SGLang's): fewer events and wake-ups, higher\n"
             "                            throughput, burstier tokens (default 1)\n"
@@ -95,7 +116,7 @@ int kvp_cmd_serve(int argc, char **argv)
 {
     enum { O_TOK = 256, O_HOST, O_PORT, O_NAME, O_KVMEM, O_NB, O_DT, O_THREADS, O_MATMUL, O_CONNS, O_TP, O_JSON, O_CHAT,
            O_WDTYPE, O_REASON, O_STREAMIV,
-           O_MAXLEN, O_GENCFG };
+           O_MAXLEN, O_GENCFG, O_IDLE, O_HEADER, O_MAXREQ, O_MAXRESP, O_MNAMES };
     static const struct option own[] = {
         {"model", required_argument, 0, 'm'},        {"tokenizer", required_argument, 0, O_TOK},
         {"host", required_argument, 0, O_HOST},      {"port", required_argument, 0, O_PORT},
@@ -105,7 +126,10 @@ int kvp_cmd_serve(int argc, char **argv)
         {"threads", required_argument, 0, O_THREADS}, {"matmul", required_argument, 0, O_MATMUL},
         {"max-connections", required_argument, 0, O_CONNS}, {"tp", required_argument, 0, O_TP},
         {"stream-interval", required_argument, 0, O_STREAMIV}, {"json", no_argument, 0, O_JSON},            {"help", no_argument, 0, 'h'},
-        {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON}};
+        {"chat-template", required_argument, 0, O_CHAT}, {"reasoning-parser", required_argument, 0, O_REASON},
+        {"idle-timeout", required_argument, 0, O_IDLE}, {"header-timeout", required_argument, 0, O_HEADER},
+        {"max-request-tokens", required_argument, 0, O_MAXREQ}, {"max-response-bytes", required_argument, 0, O_MAXRESP},
+        {"metrics-names", required_argument, 0, O_MNAMES}};
     struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + 1];
     kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts, (int)(sizeof opts / sizeof opts[0]));
     kvp_server_opts o;
@@ -149,6 +173,14 @@ int kvp_cmd_serve(int argc, char **argv)
         case O_CONNS: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.max_conns); break;
         case O_STREAMIV: st = kvp_parse_i32(optarg, 1, 1 << 20, &o.stream_interval); break;
         case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &o.tp); break;
+        case O_IDLE: st = parse_seconds(optarg, &o.idle_timeout_s); break;
+        case O_HEADER: st = parse_seconds(optarg, &o.header_timeout_s); break;
+        case O_MAXREQ: st = kvp_parse_i64(optarg, 1, INT64_MAX / 2, &o.max_request_tokens); break;
+        case O_MAXRESP: st = kvp_parse_bytes(optarg, &o.max_response_bytes); break;
+        case O_MNAMES:
+            if (!strcmp(optarg, "vllm") || !strcmp(optarg, "kvpage")) o.metrics_vllm = !strcmp(optarg, "vllm");
+            else st = KVP_ERR(KVP_EINVAL, "'%s' is neither vllm nor kvpage", optarg);
+            break;
         case O_JSON: o.json = 1; break;
         case O_REASON:
             o.reasoning = strcmp(optarg, "deepseek_r1") == 0;

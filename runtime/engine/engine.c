@@ -539,6 +539,9 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
     step_memory(e);
     kvp_exec_result res = {0};
     const double t0 = e->cfg.wall_clock ? wall_now(e) : 0;
+#ifndef NDEBUG /* debug builds: the batch addresses only the pools the engine owns */
+    KVP_TRY(kvp_exec_batch_check(&batch, e->num_blocks, (int32_t)kvp_engine_host_blocks(&e->cfg)));
+#endif
     KVP_TRY(e->ex->step(e->ex->ctx, &batch, &res));
     kvm_step_done(e);
     if (!(res.time_s > 0) || !isfinite(res.time_s))

@@ -113,7 +113,9 @@ static void add_job(server *sv, job *j)
     char err[512] = "";
     pthread_mutex_lock(&sv->mu);
     const int gone = j->cancelled;
+    sv->mx.queued_prompts -= j->n;
     pthread_mutex_unlock(&sv->mu);
+    j->t_added = srv_now();
     kvp_status st = gone ? KVP_OK : kvp_grow((void **)&sv->live, &sv->cap_live, (size_t)sv->nlive + 1, sizeof *sv->live);
     if (!gone && st == KVP_OK && j->reset_cache) st = sess_reset_cache(sv, &j->evicted);
     if (!gone && st == KVP_OK)
@@ -288,11 +290,13 @@ static void *srv_engine_main(void *arg)
         }
         if (st != KVP_OK) { /* the session is unusable: answer what it held, start a new one */
             char err[512];
-            snprintf(err, sizeof err, "the engine failed: %s", kvp_error_message());
+            const int oom = st == KVP_ENOMEM; /* 503: the server has no room now, it is no fault of the request */
+            snprintf(err, sizeof err, "%sthe engine failed: %s", oom ? "out of memory: " : "", kvp_error_message());
             KVP_LOG_E("serve: %s", err);
-            fail_in_flight(sv, 500, err);
+            fail_in_flight(sv, oom ? 503 : 500, err);
             kvp_session_destroy(sv->s);
             sv->s = NULL;
+            sv->last_computed = 0;
             if (kvp_cpu_session_create(sv->m, &sv->cfg, &sv->s) != KVP_OK) {
                 KVP_LOG_E("serve: cannot start a new session: %s", kvp_error_message());
                 pthread_mutex_lock(&sv->mu);
@@ -305,7 +309,7 @@ static void *srv_engine_main(void *arg)
         pthread_mutex_lock(&sv->mu); /* before any answer: a client that reads /metrics next sees this step */
         sv->nwake = 0;
         track_progress(sv);
-        kvp_session_stats_get(sv->s, &sv->stats);
+        srv_metrics_step(sv);
         pthread_mutex_unlock(&sv->mu);
         /* resumed after the unlock, not into a lock the engine still holds; a suspended connection stays
          * open, and no one else resumes these (their jobs' flags are cleared) */
@@ -317,16 +321,12 @@ static void *srv_engine_main(void *arg)
             const prompt_ref *o = res.user;
             job *j = o->j;
             pthread_mutex_lock(&sv->mu);
-            srv_histo_add(&sv->ttft, res.ttft_s);
-            srv_histo_add(&sv->e2e, res.finish_s);
-            int32_t most = 0; /* tokens of the prompt's longest sample: tpot needs two or more */
-            for (int32_t k = 0; k < res.n_samples; k++) most = res.n_tokens[k] > most ? res.n_tokens[k] : most;
-            if (most > 1) srv_histo_add(&sv->tpot, res.tpot_s);
             j->res[o->i] = res;
             if (j->eplp) keep_prompt_logprobs(j, o->i, &res.prompt_logprobs);
             for (int32_t k = 0; j->ch && k < res.n_samples; k++) /* what no step showed (a failed decode) */
                 track_choice(sv, j, o->i * j->nsamples + k, res.tokens[k], res.n_tokens[k],
                              res.logprobs ? &res.logprobs[k] : NULL);
+            srv_metrics_finished(sv, j, o->i, &res);
             if (--j->remaining == 0) srv_job_finish(sv, j, 0, NULL);
             pthread_mutex_unlock(&sv->mu);
         }
@@ -352,9 +352,12 @@ enum MHD_Result srv_enqueue(server *sv, struct MHD_Connection *c, body *b, job *
     pthread_mutex_lock(&sv->mu);
     const uint64_t id = sv->next_id++;
     j->refs = 2; /* the engine's (released by job_finish) and the handler's or the response's */
+    j->t_arrival = b->arrival;
+    j->t_queued = srv_now();
     if (sv->stop) {
         srv_job_finish(sv, j, 503, "the server is shutting down");
     } else {
+        sv->mx.queued_prompts += j->n;
         if (sv->tail) sv->tail->next = j;
         else sv->head = j;
         sv->tail = j;
@@ -413,6 +416,7 @@ static int serve(const kvp_server_opts *o, const kvp_session_config *cfg, kvp_co
     sv.reasoning = o->reasoning;
     sv.stream_interval = o->stream_interval;
     sv.cfg = *cfg;
+    sv.o = *o;
     sampling_defaults(&sv, o->generation_config);
     kvp_status st = kvp_tok_for_model(sv.m, o->model, o->tokenizer, &sv.tok);
     int jinja = 0;
@@ -423,6 +427,10 @@ static int serve(const kvp_server_opts *o, const kvp_session_config *cfg, kvp_co
         KVP_LOG_W("serve: the model's chat template is none of the built-in ones (see --help): chat requests get "
                   "400 unless --chat-template names one");
     if (st == KVP_OK) st = kvp_cpu_session_create(sv.m, &sv.cfg, &sv.s);
+    if (st == KVP_OK) {
+        srv_metrics_init(&sv);
+        srv_metrics_step(&sv); /* the pool's size before any step */
+    }
     if (o->name) {
         snprintf(sv.name, sizeof sv.name, "%s", o->name);
     } else {
@@ -441,6 +449,7 @@ static int serve(const kvp_server_opts *o, const kvp_session_config *cfg, kvp_co
         return kvp_cli_fail(CMD, st);
     }
     pthread_mutex_init(&sv.mu, NULL);
+    pthread_mutex_init(&sv.cmu, NULL);
     pthread_cond_init(&sv.wake, NULL);
     const int rc = srv_http_run(&sv, o, &addr);
     kvp_session_destroy(sv.s); /* with --tp: its executor tells the other ranks to stop */
@@ -448,6 +457,7 @@ static int serve(const kvp_server_opts *o, const kvp_session_config *cfg, kvp_co
     kvp_free(sv.wake_list);
     pthread_cond_destroy(&sv.wake);
     pthread_mutex_destroy(&sv.mu);
+    pthread_mutex_destroy(&sv.cmu);
     kvp_tok_destroy(sv.tok);
     return rc;
 }
@@ -513,5 +523,7 @@ void kvp_server_opts_default(kvp_server_opts *o)
 {
     *o = (kvp_server_opts){.generation_config = 1, .host = "127.0.0.1", .port = 8000, .threads = 1,
                            .kv_mem = (int64_t)512 << 20, .max_conns = 4096, .tp = 1, .stream_interval = 1,
-                           .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO, .kv_auto = 1};
+                           .matmul = KVP_MATMUL_INVARIANT, .weight_dtype = KVP_WEIGHT_AUTO, .kv_auto = 1,
+                           .idle_timeout_s = 5, .header_timeout_s = 10, .max_request_tokens = (int64_t)1 << 20,
+                           .max_response_bytes = (int64_t)128 << 20};
 }

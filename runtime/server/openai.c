@@ -41,8 +41,28 @@ static int get_num(const cJSON *req, const char *k, double def, double lo, doubl
 /* Rejects an option this server does not implement when it asks for something (rather than ignoring it). */
 static int unsupported(const cJSON *req, char *err, size_t cap)
 {
-    static const char *const keys[] = {"suffix"};
+    /* OpenAI's and vLLM's options that need what this server does not have (tool calling, structured output,
+     * beam search, multimodal input, prompt logprobs, token filters) */
+    static const char *const keys[] = {
+        "suffix", "tools", "functions", "function_call", "response_format", "guided_json", "guided_regex",
+        "guided_choice", "guided_grammar", "guided_whitespace_pattern", "guided_decoding_backend", "structured_outputs",
+        "prompt_logprobs", "use_beam_search", "bad_words", "allowed_token_ids", "truncate_prompt_tokens",
+        "logits_processors", "prediction", "audio", "prompt_embeds", "mm_processor_kwargs", "multi_modal_data",
+        "lora_request", "kv_transfer_params", "vllm_xargs"};
+    const cJSON *tc = cJSON_GetObjectItemCaseSensitive(req, "tool_choice"); /* "none" (and "auto": no tools) is none */
+    if (tc && !cJSON_IsNull(tc) &&
+        !(cJSON_IsString(tc) && (strcmp(tc->valuestring, "none") == 0 || strcmp(tc->valuestring, "auto") == 0)))
+        return snprintf(err, cap, "\"tool_choice\" is not supported by this server: it has no tool calling "
+                                  "(\"none\" and \"auto\" without tools are accepted)"), 1;
+    const cJSON *rf = cJSON_GetObjectItemCaseSensitive(req, "response_format"), *rt = cJSON_GetObjectItemCaseSensitive(rf, "type");
+    if (rf && !cJSON_IsNull(rf) && cJSON_IsString(rt) && strcmp(rt->valuestring, "text") == 0 && cJSON_GetArraySize(rf) == 1)
+        rf = NULL; /* {"type": "text"}: plain text, what it gives anyway */
+    const cJSON *mo = cJSON_GetObjectItemCaseSensitive(req, "modalities");
+    if (mo && !cJSON_IsNull(mo) &&
+        !(cJSON_IsArray(mo) && cJSON_GetArraySize(mo) == 1 && cJSON_IsString(mo->child) && !strcmp(mo->child->valuestring, "text")))
+        return snprintf(err, cap, "\"modalities\" other than [\"text\"] are not supported by this server"), 1;
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++) {
+        if (!strcmp(keys[i], "response_format") && !rf) continue;
         const cJSON *v = cJSON_GetObjectItemCaseSensitive(req, keys[i]);
         if (!v || cJSON_IsNull(v) || cJSON_IsFalse(v) || (cJSON_IsNumber(v) && v->valuedouble == 0) ||
             ((cJSON_IsArray(v) || cJSON_IsObject(v)) && cJSON_GetArraySize(v) == 0) ||
@@ -74,9 +94,11 @@ static int get_stop(const cJSON *req, int32_t vocab, job *j, char *err, size_t c
             return snprintf(err, cap, "\"stop\" must be a string or an array of at most %d strings", MAX_STOP), 400;
         for (const cJSON *x = one ? st : st->child; x; x = one ? NULL : x->next) {
             const size_t len = cJSON_IsString(x) ? strlen(x->valuestring) : 0;
+            if (len > 0 && srv_has_nul(x->valuestring))
+                return snprintf(err, cap, "\"stop\" item %d has a NUL character (\\u0000), which no text can hold", j->nstop), 400;
             if (len < 1 || len > MAX_STOP_LEN)
                 return snprintf(err, cap, "\"stop\" item %d is not a string of 1 to %d bytes", j->nstop, MAX_STOP_LEN), 400;
-            if (!(j->stop[j->nstop] = kvp_malloc(len + 1))) return snprintf(err, cap, "out of memory"), 500;
+            if (!(j->stop[j->nstop] = kvp_malloc(len + 1))) return snprintf(err, cap, "out of memory: the server has no room for this request now"), 503;
             memcpy(j->stop[j->nstop], x->valuestring, len + 1);
             j->stop_len[j->nstop++] = len;
             j->stop_max = len > j->stop_max ? len : j->stop_max;
@@ -98,12 +120,6 @@ static int get_stop(const cJSON *req, int32_t vocab, job *j, char *err, size_t c
     j->ignore_eos = get_bool(req, "ignore_eos", err, cap);
     j->include_stop = get_bool(req, "include_stop_str_in_output", err, cap);
     return j->ignore_eos < 0 || j->include_stop < 0 ? 400 : 0;
-}
-
-static char *dup_str(const char *t)
-{
-    char *d = kvp_malloc(strlen(t) + 1);
-    return d ? strcpy(d, t) : NULL;
 }
 
 /* OpenAI's "logit_bias": {"token id": bias in [-100, 100], ...}. 0, or 400 with err. */
@@ -142,6 +158,36 @@ static int get_stream_options(const cJSON *req, job *j, char *err, size_t cap)
     return j->include_usage < 0 || j->continuous_usage < 0 ? 400 : 0;
 }
 
+/* s without the body check's NUL marks (C0 80: a NUL decodes to nothing, as <0x00> does), a copy. */
+static char *dup_no_nul(const char *s)
+{
+    char *d = kvp_malloc(strlen(s) + 1), *w = d;
+    if (!d) return NULL;
+    for (const char *r = s; *r;) {
+        if ((unsigned char)r[0] == 0xC0 && (unsigned char)r[1] == 0x80) r += 2;
+        else *w++ = *r++;
+    }
+    *w = '\0';
+    return d;
+}
+
+/* Tokenizes a client's text, its escaped NULs (kept as C0 80 by the body's check) as NUL bytes, as vLLM's
+ * tokenizer sees "\u0000": kvp_tok_encode_ex's errors. */
+static kvp_status encode_text(const server *sv, const char *s, unsigned flags, int32_t **ids, int32_t *n)
+{
+    if (!srv_has_nul(s)) return kvp_tok_encode_ex(sv->tok, s, strlen(s), flags, ids, n);
+    char *t = kvp_malloc(strlen(s) + 1);
+    if (!t) return KVP_ERR(KVP_ENOMEM, "out of memory: the server has no room for this request now");
+    size_t len = 0;
+    for (const char *r = s; *r;) {
+        if ((unsigned char)r[0] == 0xC0 && (unsigned char)r[1] == 0x80) t[len++] = '\0', r += 2;
+        else t[len++] = *r++;
+    }
+    const kvp_status st = kvp_tok_encode_ex(sv->tok, t, len, flags, ids, n);
+    kvp_free(t);
+    return st;
+}
+
 /* The prompts of a completion request ("prompt": a string, an array of token ids, or an array of either),
  * tokenized into j->enc[], j->reqs[].prompt / n_prompt and j->n; with echo their text too. 0, or the HTTP
  * error with err. */
@@ -164,7 +210,7 @@ static int read_prompts(server *sv, const cJSON *req, job *j, char *err, size_t 
             if (len < 1 || len >= maxlen)
                 return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
             j->enc[i] = kvp_malloc((size_t)len * sizeof(int32_t));
-            if (!j->enc[i]) return snprintf(err, cap, "out of memory"), 500;
+            if (!j->enc[i]) return snprintf(err, cap, "out of memory: the server has no room for this request now"), 503;
             j->n = i + 1;
             int32_t t = 0;
             const cJSON *y;
@@ -175,17 +221,16 @@ static int read_prompts(server *sv, const cJSON *req, job *j, char *err, size_t 
                 j->enc[i][t++] = (int32_t)v;
             }
         } else if (cJSON_IsString(x)) {
-            if (kvp_tok_encode_ex(sv->tok, x->valuestring, strlen(x->valuestring), KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL,
-                                  &j->enc[i], &len) != KVP_OK)
-                return snprintf(err, cap, "prompt %d: %s", i, kvp_error_message()), 400;
+            const kvp_status est = encode_text(sv, x->valuestring, KVP_TOK_ADD_BOS | KVP_TOK_PARSE_SPECIAL, &j->enc[i], &len);
+            if (est != KVP_OK) return snprintf(err, cap, "prompt %d: %s", i, kvp_error_message()), est == KVP_ENOMEM ? 503 : 400;
             j->n = i + 1;
             if (len >= maxlen) return snprintf(err, cap, "prompt %d is %d tokens, the model's context is %d", i, len, maxlen), 400;
         } else {
             return snprintf(err, cap, "\"prompt\" item %d is not a string or an array of token ids", i), 400;
         }
         if (j->echo && (cJSON_IsArray(x) ? kvp_tok_decode(sv->tok, -1, j->enc[i], len, &j->ptext[i]) != KVP_OK
-                                         : !(j->ptext[i] = dup_str(x->valuestring))))
-            return snprintf(err, cap, "out of memory"), 500;
+                                         : !(j->ptext[i] = dup_no_nul(x->valuestring))))
+            return snprintf(err, cap, "out of memory: the server has no room for this request now"), 503;
         j->reqs[i].prompt = j->enc[i];
         j->reqs[i].n_prompt = len;
     }
@@ -207,11 +252,16 @@ static int render_messages(server *sv, const cJSON *req, int32_t **ids, int32_t 
     if (n < 1 || n > 1024) return snprintf(err, cap, "\"messages\" must be an array of 1 to 1024 messages"), 400;
     kvp_chat_msg *m = kvp_calloc((size_t)n, sizeof *m);
     char **joined = kvp_calloc((size_t)n, sizeof *joined);
-    int code = m && joined ? 0 : (snprintf(err, cap, "out of memory"), 500);
+    int code = m && joined ? 0 : (snprintf(err, cap, "out of memory: the server has no room for this request now"), 503);
     int32_t i = 0;
     for (const cJSON *x = ms->child; !code && x; x = x->next, i++) {
         const cJSON *role = cJSON_GetObjectItemCaseSensitive(x, "role"), *content = cJSON_GetObjectItemCaseSensitive(x, "content");
         m[i].role = cJSON_IsString(role) ? role->valuestring : NULL;
+        if (cJSON_IsString(content) && srv_has_nul(content->valuestring)) {
+            code = (snprintf(err, cap, "message %d: a NUL character (\\u0000) in \"content\" is not supported (a "
+                                       "completion's prompt may have one)", i), 400);
+            break;
+        }
         if (cJSON_IsString(content)) {
             m[i].content = content->valuestring;
             continue;
@@ -220,6 +270,11 @@ static int render_messages(server *sv, const cJSON *req, int32_t **ids, int32_t 
         const cJSON *part;
         cJSON_ArrayForEach(part, content) {
             const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type"), *t = cJSON_GetObjectItemCaseSensitive(part, "text");
+            if (cJSON_IsString(t) && srv_has_nul(t->valuestring)) {
+                code = (snprintf(err, cap, "message %d: a NUL character (\\u0000) in \"content\" is not supported (a "
+                                           "completion's prompt may have one)", i), 400);
+                break;
+            }
             if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") != 0 || !cJSON_IsString(t)) {
                 code = (snprintf(err, cap, "message %d: only text content parts are supported", i), 400);
                 break;
@@ -232,7 +287,7 @@ static int render_messages(server *sv, const cJSON *req, int32_t **ids, int32_t 
             break;
         }
         if (!(joined[i] = kvp_malloc(len + 1))) {
-            code = (snprintf(err, cap, "out of memory"), 500);
+            code = (snprintf(err, cap, "out of memory: the server has no room for this request now"), 503);
             break;
         }
         joined[i][0] = '\0';
@@ -261,6 +316,49 @@ static int read_messages(server *sv, const cJSON *req, job *j, char *err, size_t
     if (len >= maxlen) return snprintf(err, cap, "the conversation is %d tokens, the model's context is %d", len, maxlen), 400;
     j->reqs[0].prompt = j->enc[0];
     j->reqs[0].n_prompt = len;
+    return 0;
+}
+
+/* A request's ceilings, once its prompts and max_tokens are known: vLLM's context check (an explicit max_tokens
+ * past the context is 400, as in vLLM and OpenAI; a default one is cut to the room left), --max-num-seqs
+ * (the samples of one prompt run at once), --max-request-tokens (sequences x max_tokens) and
+ * --max-response-bytes (the answer's size, estimated). 0, or 400 with err naming the limit. */
+static int check_limits(const server *sv, const cJSON *req, const job *j, int32_t n, int64_t max_tokens, char *err,
+                        size_t cap)
+{
+    const kvp_server_opts *o = &sv->o;
+    const cJSON *mt = cJSON_GetObjectItemCaseSensitive(req, "max_tokens");
+    const cJSON *mct = j->chat ? cJSON_GetObjectItemCaseSensitive(req, "max_completion_tokens") : NULL;
+    const int given = (mt && !cJSON_IsNull(mt)) || (mct && !cJSON_IsNull(mct));
+    const int32_t ctx = kvp_model_max_len(sv->m);
+    int64_t prompt_tokens = 0;
+    for (int32_t i = 0; i < j->n; i++) {
+        const int64_t p = j->reqs[i].n_prompt;
+        prompt_tokens += p;
+        if (given && p + max_tokens > ctx)
+            return snprintf(err, cap, "This model's maximum context length is %d tokens. However, you requested %lld "
+                                      "tokens (%lld in the %s, %lld in the completion). Please reduce the length of the "
+                                      "%s or completion.", ctx, (long long)(p + max_tokens), (long long)p,
+                            j->chat ? "messages" : "prompt", (long long)max_tokens, j->chat ? "messages" : "prompt"), 400;
+    }
+    if (n > sv->cfg.engine.max_num_seqs)
+        return snprintf(err, cap, "\"n\" is %d: more samples than --max-num-seqs (%d) can run at once", n,
+                        (int)sv->cfg.engine.max_num_seqs), 400;
+    const int64_t seqs = (int64_t)j->n * n, work = seqs * (max_tokens > 0 ? max_tokens : 1);
+    if (work > o->max_request_tokens)
+        return snprintf(err, cap, "the request asks for %lld sequences (prompts x n) x %lld tokens (max_tokens) = %lld, "
+                                  "above the ceiling of one request, --max-request-tokens %lld", (long long)seqs,
+                        (long long)max_tokens, (long long)work, (long long)o->max_request_tokens), 400;
+    /* bytes a token adds to the answer: its text, with logprobs the token and its alternatives (the chat form
+     * has bytes arrays), return_token_ids its id, a stream an event per token */
+    const int64_t k = j->logprobs >= 0 ? j->logprobs + 1 : 0;
+    const int64_t per_token = 16 + k * (j->chat ? 100 : 56) + (j->return_ids ? 12 : 0) + (j->stream ? 160 : 0);
+    const int64_t bytes = seqs * 512 + (seqs * max_tokens + (j->echo ? prompt_tokens * n : 0)) * per_token;
+    if (bytes > o->max_response_bytes)
+        return snprintf(err, cap, "the answer could reach about %lld bytes (%lld choices x %lld tokens x ~%lld bytes a "
+                                  "token%s), above the ceiling of one answer, --max-response-bytes %lld", (long long)bytes,
+                        (long long)seqs, (long long)max_tokens, (long long)per_token, k ? " with its logprobs" : "",
+                        (long long)o->max_response_bytes), 400;
     return 0;
 }
 
@@ -339,6 +437,7 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     }
     if (j->stream && j->n * (int32_t)n > MAX_STREAM)
         return snprintf(err, cap, "a streamed request has at most %d choices (prompts x n)", MAX_STREAM), 400;
+    if ((code = check_limits(sv, req, j, (int32_t)n, (int64_t)max_tokens, err, cap))) return code;
     uint64_t base_seed;
     pthread_mutex_lock(&sv->mu);
     base_seed = seed >= 0 ? (uint64_t)seed : sv->next_seed++ * 1000003u; /* no seed: a new one per request */
@@ -365,10 +464,10 @@ static int build_job(server *sv, const cJSON *req, job *j, char *err, size_t cap
     }
     if (j->stream || j->nstop > 0) { /* the engine keeps these choices' text */
         j->ch = kvp_calloc((size_t)j->n * (size_t)j->nsamples, sizeof *j->ch);
-        if (!j->ch) return snprintf(err, cap, "out of memory"), 500;
+        if (!j->ch) return snprintf(err, cap, "out of memory: the server has no room for this request now"), 503;
     }
     if (j->stream && j->echo && j->logprobs >= 0 && !(j->eplp = kvp_calloc((size_t)j->n, sizeof *j->eplp)))
-        return snprintf(err, cap, "out of memory"), 500;
+        return snprintf(err, cap, "out of memory: the server has no room for this request now"), 503;
     return 0;
 }
 
@@ -383,17 +482,6 @@ static void job_tokens(const job *j, int64_t *p, int64_t *g)
             *g += j->finished ? (k < j->res[i].n_samples ? j->res[i].n_tokens[k] : 0)
                               : j->ch ? j->ch[i * j->nsamples + k].t.ntok : 0;
     }
-}
-
-/* Adds an answered job's prompt and generated tokens to the metrics. */
-void srv_count_tokens(server *sv, const job *j)
-{
-    int64_t p, g;
-    job_tokens(j, &p, &g);
-    pthread_mutex_lock(&sv->mu);
-    sv->prompt_tokens += p;
-    sv->completion_tokens += g;
-    pthread_mutex_unlock(&sv->mu);
 }
 
 /* A completion object's head (the whole answer's, or a streamed event's): id, object, created, model. */
@@ -618,7 +706,6 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
         }
     }
     cJSON_AddItemToObject(o, "usage", srv_usage_json(j));
-    srv_count_tokens(sv, j);
     return o;
 }
 
@@ -627,7 +714,7 @@ static cJSON *completion_json(server *sv, const job *j, uint64_t id)
 enum MHD_Result srv_reset_cache(server *sv, struct MHD_Connection *c, body *b)
 {
     job *j = kvp_calloc(1, sizeof *j);
-    if (!j) return srv_reply_error(sv, c, 500, "out of memory");
+    if (!j) return srv_reply_error(sv, c, 503, "out of memory: the server has no room for this request now");
     j->reset_cache = 1;
     return srv_enqueue(sv, c, b, j, NULL);
 }
@@ -641,7 +728,7 @@ enum MHD_Result srv_completions(server *sv, struct MHD_Connection *c, body *b, i
     job *j = kvp_calloc(1, sizeof *j);
     if (!j) {
         cJSON_Delete(req);
-        return srv_reply_error(sv, c, 500, "out of memory");
+        return srv_reply_error(sv, c, 503, "out of memory: the server has no room for this request now");
     }
     char err[512] = "";
     j->chat = chat;
@@ -654,7 +741,7 @@ enum MHD_Result srv_completions(server *sv, struct MHD_Connection *c, body *b, i
     stream_ctx *x = j->stream ? kvp_calloc(1, sizeof *x) : NULL;
     if (j->stream && !x) {
         srv_job_free(j);
-        return srv_reply_error(sv, c, 500, "out of memory");
+        return srv_reply_error(sv, c, 503, "out of memory: the server has no room for this request now");
     }
     return srv_enqueue(sv, c, b, j, x);
 }
@@ -683,7 +770,7 @@ enum MHD_Result srv_completion_answer(server *sv, struct MHD_Connection *c, body
         ret = srv_reply_json(sv, c, 200, o);
     } else {
         cJSON *o = completion_json(sv, j, b->id);
-        ret = o ? srv_reply_json(sv, c, 200, o) : srv_reply_error(sv, c, 500, "cannot decode the generated tokens");
+        ret = o ? srv_reply_json(sv, c, 200, o) : srv_reply_error(sv, c, 503, "out of memory building the answer: the server has no room for it now");
     }
     pthread_mutex_lock(&sv->mu);
     srv_job_release(j);
@@ -708,7 +795,7 @@ enum MHD_Result srv_models(server *sv, struct MHD_Connection *c)
 
 /* vLLM's POST /tokenize: {"prompt": TEXT, "add_special_tokens": true} or {"messages": [...],
  * "add_generation_prompt": true} (the chat template's prompt) -> {"count", "max_model_len", "tokens"}. */
-enum MHD_Result srv_tokenize(server *sv, struct MHD_Connection *c, const body *b)
+enum MHD_Result srv_tokenize(server *sv, struct MHD_Connection *c, body *b)
 {
     enum MHD_Result ret = MHD_NO;
     cJSON *req = srv_body_object(sv, c, b, &ret);
@@ -725,8 +812,7 @@ enum MHD_Result srv_tokenize(server *sv, struct MHD_Connection *c, const body *b
         const cJSON *sp = cJSON_GetObjectItemCaseSensitive(req, "add_special_tokens"); /* default true */
         const int bos = !sp || cJSON_IsNull(sp) ? 1 : get_bool(req, "add_special_tokens", err, sizeof err);
         if (bos < 0) code = 400;
-        else if (kvp_tok_encode_ex(sv->tok, p->valuestring, strlen(p->valuestring),
-                                   (bos ? KVP_TOK_ADD_BOS : 0) | KVP_TOK_PARSE_SPECIAL, &ids, &n) != KVP_OK)
+        else if (encode_text(sv, p->valuestring, (bos ? KVP_TOK_ADD_BOS : 0) | KVP_TOK_PARSE_SPECIAL, &ids, &n) != KVP_OK)
             code = (snprintf(err, sizeof err, "%s", kvp_error_message()), 400);
     }
     cJSON_Delete(req);
@@ -744,7 +830,7 @@ enum MHD_Result srv_tokenize(server *sv, struct MHD_Connection *c, const body *b
 }
 
 /* vLLM's POST /detokenize: {"tokens": [TOKEN_ID, ...]} -> {"prompt": TEXT}. */
-enum MHD_Result srv_detokenize(server *sv, struct MHD_Connection *c, const body *b)
+enum MHD_Result srv_detokenize(server *sv, struct MHD_Connection *c, body *b)
 {
     enum MHD_Result ret = MHD_NO;
     cJSON *req = srv_body_object(sv, c, b, &ret);
@@ -765,7 +851,7 @@ enum MHD_Result srv_detokenize(server *sv, struct MHD_Connection *c, const body 
     cJSON_Delete(req);
     const int oom = !err[0] && ((n > 0 && !ids) || kvp_tok_decode(sv->tok, -1, ids, n, &text) != KVP_OK);
     kvp_free(ids);
-    if (err[0] || oom) return srv_reply_error(sv, c, err[0] ? 400 : 500, err[0] ? err : "out of memory");
+    if (err[0] || oom) return srv_reply_error(sv, c, err[0] ? 400 : 503, err[0] ? err : "out of memory: the server has no room for this request now");
     cJSON *o = cJSON_CreateObject();
     kvp_json_add_text(o, "prompt", text);
     kvp_free(text);

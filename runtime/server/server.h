@@ -39,6 +39,14 @@ typedef struct {
     int reasoning;                  /* --reasoning-parser deepseek_r1 */
     int32_t stream_interval;        /* a stream's text every N engine steps */
     int generation_config;          /* 1: the model's sampling defaults; 0: vLLM's */
+    int metrics_vllm;               /* /metrics names: 1 "vllm:...", 0 "kvpage:..." (the same names otherwise) */
+    /* Connections (http.c). A connection waiting on the engine or streaming is exempt from both timeouts. */
+    double idle_timeout_s;          /* no byte moved for this long while reading a request or between two: closed */
+    double header_timeout_s;        /* a request's head and body must arrive within this of its connection's
+                                       opening or of the previous answer */
+    /* Ceilings per request (openai.c): a request above one gets 400 naming it. */
+    int64_t max_request_tokens;     /* sequences (prompts x n) x max_tokens */
+    int64_t max_response_bytes;     /* the answer's size, estimated before running and checked when built */
 } kvp_server_opts;
 
 /* vLLM's and this server's defaults: 127.0.0.1:8000, 1 thread, 512 MiB of KV cache, 4096 connections, ... */

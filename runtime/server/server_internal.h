@@ -96,15 +96,34 @@ typedef struct job {
     choice *ch; /* [n * nsamples] for a streamed job or one with stop strings, else NULL */
     int woken;    /* stream: its first text was released (engine thread, under mu) */
     int32_t held; /* stream: steps with new text since then (resumed every --stream-interval of them) */
+    double t_arrival, t_queued, t_added; /* monotonic seconds: its head read, queued for the engine, added to it */
 } job;
 
-/* A Prometheus histogram of seconds over the bounds srv_lat_le (then +Inf): n[i] observations in bucket i
- * (not cumulative), their sum. Bounds from 100 us (a token of a tiny model on the CPU) to 1000 s. */
-enum { NLAT = 22 };
+/* A Prometheus histogram over the nb rising bounds le (then +Inf): n[i] observations in bucket i (not
+ * cumulative), their sum. */
+enum { NLAT = 22, SRV_MAX_BOUNDS = 40 };
 typedef struct {
-    int64_t n[NLAT + 1];
+    const double *le; /* [nb] borrowed: static, or the server's */
+    int nb;
+    int64_t n[SRV_MAX_BOUNDS + 1];
     double sum;
 } histo;
+
+/* What /metrics shows (under mu): the engine's counts after the last step, and per finished request (one
+ * prompt of an HTTP request, with its n samples) the histograms of vLLM's names. Times in seconds. */
+typedef struct {
+    kvp_session_stats stats;
+    int64_t held_blocks, cached_blocks; /* KV blocks sequences hold; blocks only the prefix cache holds */
+    int have_ledger;
+    kvp_ledger_stats ledger;            /* the prefix cache's miss classes and block health */
+    int64_t queued_prompts;             /* prompts parsed and queued, not yet given to the engine */
+    int64_t answered[3];                /* HTTP answers: 2xx, 4xx, 5xx */
+    int64_t cancelled;                  /* requests whose client left before the answer */
+    int64_t prompt_tokens, generation_tokens; /* of finished requests */
+    int64_t success[3];                 /* finished samples by reason: stop, length, abort */
+    histo ttft, ttft_engine, itl, tpot, e2e, queue, inference, prefill, decode; /* latencies */
+    histo prompt_len, gen_len, max_gen_len, params_n, params_max_tokens, prefill_computed, preempts, iteration;
+} srv_metrics_state;
 typedef struct {
     kvp_model *m;
     kvp_tokenizer *tok;
@@ -112,6 +131,10 @@ typedef struct {
     int reasoning; /* --reasoning-parser deepseek_r1: chat answers split at </think> (runtime/text/reasoning.h) */
     int32_t stream_interval; /* --stream-interval: a stream is resumed every N steps that extend it */
     char name[256];
+    kvp_server_opts o;   /* the options it was started with (limits, timeouts, metric names) */
+    const char *mprefix; /* metric names' prefix: "kvpage:" or "vllm:" */
+    double tok_le[SRV_MAX_BOUNDS]; /* token-count histograms' bounds: 1, 2, 5, 10, ... up to the context */
+    int tok_nb;
     kvp_session_config cfg;
     kvp_sampling_defaults dflt; /* what a request leaves out: the model's generation_config.json, else vLLM's */
     pthread_mutex_t mu;
@@ -130,12 +153,14 @@ typedef struct {
     size_t cap_wake;
     int32_t nwake;
     double last_scan; /* engine thread: when it last looked for clients gone (monotonic seconds) */
+    /* connections (http.c, under cmu): every open one, to close idle ones at the limit, past the header
+     * timeout and at shutdown */
+    pthread_mutex_t cmu;
+    struct srv_conn *conns;
+    int32_t nconns, nclosing; /* open; of them, shut down by the server and not closed yet */
+    int64_t last_computed; /* engine thread: computed tokens after the step before (iteration_tokens) */
     /* under mu */
-    kvp_session_stats stats;
-    int64_t answered[3]; /* 2xx, 4xx, 5xx */
-    int64_t cancelled;   /* requests whose client left before the answer */
-    int64_t prompt_tokens, completion_tokens;
-    histo ttft, tpot, e2e; /* per finished prompt, from the engine's taking it (kvp_session_result's times) */
+    srv_metrics_state mx;
     uint64_t next_seed, next_id;
     time_t started;
 } server;
@@ -145,6 +170,7 @@ typedef struct {
     int too_big;
     struct job *j; /* a completion waiting (suspended) for its answer: the handler's reference */
     uint64_t id;
+    double arrival;  /* monotonic seconds when its head was read */
 } body;
 
 /* A streamed response: what the reader has sent per choice, and the bytes it has ready to send. */
@@ -186,11 +212,12 @@ enum MHD_Result srv_reply_json(server *sv, struct MHD_Connection *c, unsigned co
 enum MHD_Result srv_reply_error(server *sv, struct MHD_Connection *c, unsigned code, const char *msg);
 enum MHD_Result srv_reply_too_big(server *sv, struct MHD_Connection *c);
 /* The body as a JSON object, or NULL with the 4xx answer queued in *ret. */
-cJSON *srv_body_object(server *sv, struct MHD_Connection *c, const body *b, enum MHD_Result *ret);
+cJSON *srv_body_object(server *sv, struct MHD_Connection *c, body *b, enum MHD_Result *ret);
+/* A client string with its escaped NULs (kept as C0 80 by the body's check): 1 when it has one. */
+int srv_has_nul(const char *s);
 int srv_http_run(server *sv, const kvp_server_opts *o, const struct sockaddr_in *addr);
 
 /* ---- openai.c */
-void srv_count_tokens(server *sv, const job *j);
 cJSON *srv_completion_head(const server *sv, const job *j, uint64_t id, time_t created);
 void srv_add_finish(cJSON *o, const job *j, int32_t c);
 cJSON *srv_lp_new(int chat);
@@ -201,8 +228,8 @@ void srv_add_text_n(cJSON *obj, const char *key, const char *s, size_t n);
 enum MHD_Result srv_completions(server *sv, struct MHD_Connection *c, body *b, int chat);
 enum MHD_Result srv_completion_answer(server *sv, struct MHD_Connection *c, body *b);
 enum MHD_Result srv_models(server *sv, struct MHD_Connection *c);
-enum MHD_Result srv_tokenize(server *sv, struct MHD_Connection *c, const body *b);
-enum MHD_Result srv_detokenize(server *sv, struct MHD_Connection *c, const body *b);
+enum MHD_Result srv_tokenize(server *sv, struct MHD_Connection *c, body *b);
+enum MHD_Result srv_detokenize(server *sv, struct MHD_Connection *c, body *b);
 enum MHD_Result srv_reset_cache(server *sv, struct MHD_Connection *c, body *b);
 
 /* ---- stream.c */
@@ -212,7 +239,15 @@ enum MHD_Result srv_stream_reply(struct MHD_Connection *c, stream_ctx *x);
 
 /* ---- metrics.c */
 extern const double srv_lat_le[NLAT];
+void srv_histo_init(histo *h, const double *le, int nb);
 void srv_histo_add(histo *h, double x);
+void srv_histo_add_n(histo *h, double x, int64_t count); /* count observations of x */
+void srv_metrics_init(server *sv);                      /* the histograms' bounds; caller holds nothing */
+/* After a step (engine thread, caller holds mu): the engine's counts, KV use, ledger, tokens of the step. */
+void srv_metrics_step(server *sv);
+/* A finished session request r of job j, prompt i (engine thread, caller holds mu). */
+void srv_metrics_finished(server *sv, const struct job *j, int32_t i, const kvp_session_result *r);
+double srv_now(void); /* monotonic seconds */
 enum MHD_Result srv_metrics(server *sv, struct MHD_Connection *c);
 
 #endif

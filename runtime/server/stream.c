@@ -34,7 +34,7 @@ void srv_cancel_job(server *sv, job *j)
     if (j->cancelled || j->finished) return;
     j->cancelled = 1;
     sv->cancels++;
-    sv->cancelled++;
+    sv->mx.cancelled++;
     pthread_cond_signal(&sv->wake);
 }
 
@@ -187,7 +187,8 @@ static int stream_fill(stream_ctx *x)
     } else if (j->finished) {
         if (j->status) { /* OpenAI's error object as the last event */
             cJSON *o = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(o, "error");
-            cJSON_AddStringToObject(e, "message", j->err);
+            kvp_json_add_text(e, "message", j->err);
+            cJSON_AddStringToObject(e, "type", j->status < 500 ? "invalid_request_error" : "server_error");
             cJSON_AddNumberToObject(e, "code", j->status);
             out_event(x, o);
         } else {
@@ -215,7 +216,6 @@ static int stream_fill(stream_ctx *x)
         }
     if (x->done) { /* counted when it ends: an error event makes it an error */
         srv_count_answer(sv, j->status ? (unsigned)j->status : 200);
-        if (!j->status) srv_count_tokens(sv, j);
     }
     return !gone;
 }
