@@ -46,15 +46,16 @@ kvp_status kvp_dtype_parse(const char *s, kvp_dtype *out)
     static const struct {
         const char *name;
         kvp_dtype t;
-    } names[] = {{"f32", KVP_DTYPE_F32},   {"float32", KVP_DTYPE_F32},  {"f16", KVP_DTYPE_F16},
-                 {"float16", KVP_DTYPE_F16}, {"bf16", KVP_DTYPE_BF16}, {"bfloat16", KVP_DTYPE_BF16},
-                 {"fp8", KVP_DTYPE_FP8_E4M3}, {"fp8_e4m3", KVP_DTYPE_FP8_E4M3}};
+    } names[] = {{"f32", KVP_DTYPE_F32},        {"fp32", KVP_DTYPE_F32},  {"float32", KVP_DTYPE_F32},
+                 {"f16", KVP_DTYPE_F16},        {"fp16", KVP_DTYPE_F16},  {"float16", KVP_DTYPE_F16},
+                 {"bf16", KVP_DTYPE_BF16},      {"bfloat16", KVP_DTYPE_BF16}, {"fp8", KVP_DTYPE_FP8_E4M3},
+                 {"fp8_e4m3", KVP_DTYPE_FP8_E4M3}};
     for (size_t i = 0; s != NULL && i < sizeof names / sizeof names[0]; i++)
         if (strcmp(s, names[i].name) == 0) {
             *out = names[i].t;
             return KVP_OK;
         }
-    return KVP_ERR(KVP_EINVAL, "unknown dtype '%s' (use f32, f16, bf16 or fp8)", s ? s : "(null)");
+    return KVP_ERR(KVP_EINVAL, "unknown dtype '%s' (use f32, f16, bf16 or fp8; fp32 and fp16 also)", s ? s : "(null)");
 }
 
 uint16_t kvp_f32_to_f16(float x)

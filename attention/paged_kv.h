@@ -59,7 +59,8 @@ typedef enum {
 size_t kvp_dtype_size(kvp_dtype t);
 /* "f32", "f16", "bf16", "fp8"; "?" for an invalid dtype. */
 const char *kvp_dtype_name(kvp_dtype t);
-/* Accepts the names above (and "fp8_e4m3", "float32", "float16", "bfloat16"); KVP_EINVAL naming s otherwise. */
+/* Accepts the names above and their aliases "fp32", "fp16" (the planner's), "float32", "float16", "bfloat16",
+ * "fp8_e4m3"; KVP_EINVAL naming s otherwise. kvp_dtype_name gives the canonical spelling back. */
 kvp_status kvp_dtype_parse(const char *s, kvp_dtype *out);
 
 /* Scalar conversions, all round-to-nearest-even. f32->f16 overflows to infinity (IEEE); f32->fp8 saturates

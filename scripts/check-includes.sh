@@ -8,19 +8,62 @@
 #      needs a symbol another defines depends on it), e.g. a dispatcher that calls radix.c while radix.c
 #      calls back into it. Libraries that still have such cycles are listed in KNOWN_CALL_CYCLES.
 # Prints every violation with the file and the include (or the cycle) and exits 1 if there is one, else 0.
-# Usage: scripts/check-includes.sh [--objects BUILD_DIR]   (run from anywhere; CTest runs both forms)
+# Usage: scripts/check-includes.sh [--objects BUILD_DIR] [--root DIR] | --self-test
+#   (run from anywhere; CTest runs all three: the tree, its built libraries, and the self-test, which makes a
+#   small tree for each rule, checks that the rule fails it, and that a tree without violations passes)
 set -euo pipefail
 
+self=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-cd "$root"
 objects=""
+self_test=0
 while [ $# -gt 0 ]; do
   case "$1" in
-    --objects) objects=${2:?--objects needs the build folder}; shift 2 ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --objects) objects=$(cd "${2:?--objects needs the build folder}" && pwd); shift 2 ;;
+    --root) root=$(cd "${2:?--root needs a folder}" && pwd); shift 2 ;;
+    --self-test) self_test=1; shift ;;
+    -h|--help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check-includes: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
+
+if [ $self_test = 1 ]; then
+  t=$(mktemp -d)
+  trap 'rm -rf "$t"' EXIT
+  # tree NAME 'file:include ...': a tree under $t/NAME whose files include what is listed
+  tree() {
+    local d=$t/$1; shift
+    mkdir -p "$d/common" "$d/blockmgr" "$d/attention" "$d/parallel" "$d/prefix_cache" "$d/bench" "$d/runtime"
+    echo '/* ok */' > "$d/common/status.h"
+    for spec in "$@"; do
+      local f=${spec%%:*} h=${spec#*:}
+      mkdir -p "$d/$(dirname "$f")"
+      [ -f "$d/$h" ] || { mkdir -p "$d/$(dirname "$h")"; echo '/* leaf */' > "$d/$h"; }
+      echo "#include \"$h\"" >> "$d/$f"
+    done
+    echo "$d"
+  }
+  bad=0
+  expect() { # expect WANT_RC 'what the output must say' DIR
+    local out rc=0
+    out=$("$self" --root "$3" 2>&1) || rc=$?
+    if [ "$rc" != "$1" ] || ! grep -q -- "$2" <<< "$out"; then
+      echo "check-includes self-test: $3: exit $rc (want $1), output lacks '$2':"; echo "$out" | sed 's/^/  /'; bad=1
+    fi
+  }
+  expect 0 "check-includes: ok" "$(tree clean runtime/model/forward.c:runtime/loader/gguf.h \
+    runtime/cli/main.c:bench/bench.h bench/bench.c:runtime/planner/planner.h prefix_cache/radix.c:blockmgr/pool.h)"
+  expect 1 "include cycle among headers" "$(tree hcycle common/a.h:common/b.h common/b.h:common/a.h)"
+  expect 1 "attention/paged_kv.c includes attention/attention.h" \
+    "$(tree ucycle attention/attention.h:attention/paged_kv.h attention/paged_kv.c:attention/attention.h)"
+  expect 1 "runtime/model -> runtime/executor points up" "$(tree up runtime/model/m.c:runtime/executor/e.h)"
+  expect 1 "runtime/server -> runtime/planner points sideways" "$(tree side runtime/server/s.c:runtime/planner/p.h)"
+  expect 1 "runtime/engine -> runtime/text is ruled out" "$(tree ruled runtime/engine/e.c:runtime/text/t.h)"
+  expect 1 "has no layer" "$(tree nolayer runtime/newroom/x.c:common/status.h)"
+  [ $bad = 0 ] && echo "check-includes self-test: ok (every rule fails its tree, the clean tree passes)"
+  exit $bad
+fi
+cd "$root"
 
 # Layers from the bottom up (docs/architecture.md, "Layers"). A file may include its own module and the
 # modules of lower levels only; modules of one level do not include each other.

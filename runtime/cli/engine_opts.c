@@ -110,7 +110,7 @@ void kvp_engine_opts_usage(FILE *f, const kvp_engine_config *d)
             "  --sched POLICY            fcfs | lpm (SGLang's longest prefix match) | priority (default %s)\n"
             "  --preempt MODE            recompute | swap (default %s): what a preempted sequence gives up\n"
             "  --swap-space BYTES        host memory for swapped sequences (with --preempt swap; default: as much\n"
-            "                            as the KV cache, 4GiB per GPU for the sim executor)\n"
+            "                            as the KV cache, for every command and executor)\n"
             "  --watermark-blocks N      free blocks kept back at admission (default %d; simulate: 1 %% of them)\n"
             "  --max-num-seqs N          running sequences at most, samples and beams included (default %d)\n"
             "  --max-batched-tokens N    token budget of a step (default %d)\n"

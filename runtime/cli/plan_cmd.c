@@ -24,13 +24,14 @@ static void usage(FILE *f)
     fprintf(f,
             "  --gpu-mem BYTES        GPU memory instead of a profile (80GiB, 141GB, ...)\n"
             "  --gpu-util F           fraction of GPU memory the runtime may use (default 0.9)\n"
-            "  --weight-dtype T       fp32|bf16|fp16|fp8|int8 (default bf16)\n"
-            "  --kv-dtype T           fp32|bf16|fp16|fp8|int8 (default bf16)\n"
+            "  --weight-dtype T       f32|f16|bf16|fp8|int8 (default bf16; fp32 and fp16 also, as aliases)\n"
+            "  --kv-dtype T           f32|f16|bf16|fp8|int8 (default bf16; fp32 and fp16 also)\n"
             "  --block-size N         tokens per KV block (default 16)\n"
             "  --seq-len N            tokens cached per sequence (default: the model's context,\n"
             "                         max_position_embeddings stretched by rope_scaling as vLLM derives it)\n"
             "  --num-seqs N           sequences for the total KV figure (default 1)\n"
-            "  --shared-prefix N      tokens of a prefix shared by all sequences, stored once (default 0)\n"
+            "  --shared-prefix N      tokens of a prefix shared by all sequences, stored once (default 0); its\n"
+            "                         full blocks count once in the concurrent sequences too\n"
             "  --tp N                 tensor-parallel ranks (default 1); the whole-model column sums the ranks,\n"
             "                         copies of KV heads replicated when tp > KV heads (or of an MLA cache) included\n"
             "  --reserve BYTES        activation reserve per GPU (default: an estimate, see planner.c)\n"
@@ -66,14 +67,21 @@ static const char *human(double b, char *buf, size_t n)
     return buf;
 }
 
-static void print_table(const kvp_model_config *c, const char *gpu, const kvp_plan_params *p, const kvp_plan *r, int train)
+/* The canonical spellings of the weight and KV dtypes (kvp_plan_dtype_parse). */
+typedef struct {
+    const char *weights, *kv;
+} dtype_names;
+
+static void print_table(const kvp_model_config *c, const char *gpu, const kvp_plan_params *p, const kvp_plan *r,
+                        const dtype_names *dt, int train)
 {
     char a[32], b[32];
     printf("model        %s, %d layers, %d q heads / %d kv heads x %d, hidden %d%s%s\n", c->model_type, c->num_layers,
            c->num_q_heads, c->num_kv_heads, c->head_dim, c->hidden_size, c->kv_lora_rank ? ", MLA latent cache" : "",
            c->num_experts ? ", MoE" : "");
     printf("gpu          %s, %s x %.2f usable, tp %d\n", gpu, human((double)p->gpu_mem_bytes, a, sizeof a), p->gpu_util, p->tp);
-    printf("parameters   %lld\n\n", (long long)r->params);
+    printf("parameters   %lld\n", (long long)r->params);
+    printf("dtypes       weights %s, KV %s\n\n", dt->weights, dt->kv);
     printf("%-22s %18s %14s %18s %14s\n", "", "whole model", "", "per rank", "");
     /* whole model = all ranks together, replicas included (planner.h) */
     const struct { const char *name; int64_t t, k; } rows[] = {
@@ -96,7 +104,12 @@ static void print_table(const kvp_model_config *c, const char *gpu, const kvp_pl
     printf("\nseq len %lld, %lld sequences, shared prefix %lld, block size %d\n", (long long)p->seq_len,
            (long long)p->num_seqs, (long long)p->shared_prefix, p->block_size);
     printf("KV blocks that fit     %lld\n", (long long)r->total.num_blocks);
-    printf("concurrent sequences   %lld (at %lld tokens each)\n", (long long)r->total.max_concurrent_seqs, (long long)p->seq_len);
+    if (p->shared_prefix / p->block_size > 0)
+        printf("concurrent sequences   %lld (at %lld tokens each, the full blocks of the %lld-token prefix stored "
+               "once)\n", (long long)r->total.max_concurrent_seqs, (long long)p->seq_len, (long long)p->shared_prefix);
+    else
+        printf("concurrent sequences   %lld (at %lld tokens each)\n", (long long)r->total.max_concurrent_seqs,
+               (long long)p->seq_len);
     if (r->per_rank.kv_budget_bytes <= 0)
         printf("WARNING: the weights and activation reserve exceed the usable GPU memory by %s per rank\n",
                human((double)-r->per_rank.kv_budget_bytes, a, sizeof a));
@@ -108,9 +121,12 @@ static void print_table(const kvp_model_config *c, const char *gpu, const kvp_pl
     }
 }
 
-static cJSON *plan_json(const kvp_model_config *c, const char *gpu, const kvp_plan_params *p, const kvp_plan *r, int train)
+static cJSON *plan_json(const kvp_model_config *c, const char *gpu, const kvp_plan_params *p, const kvp_plan *r,
+                        const dtype_names *dt, int train)
 {
     cJSON *o = figures_json(&r->total);
+    cJSON_AddStringToObject(o, "weight_dtype", dt->weights);
+    cJSON_AddStringToObject(o, "kv_dtype", dt->kv);
     cJSON_AddStringToObject(o, "model_type", c->model_type);
     cJSON_AddStringToObject(o, "gpu", gpu);
     cJSON_AddNumberToObject(o, "gpu_mem_bytes", (double)p->gpu_mem_bytes);
@@ -153,6 +169,7 @@ int kvp_cmd_plan(int argc, char **argv)
     int64_t gpu_mem = 0, seq = 0, nseq = 0, prefix = -1, reserve = -1;
     int32_t bs = 0, tp = 0, mbt = 0, lora = 0;
     double util = 0, wbytes = 2, kvbytes = 2;
+    dtype_names dt = {"bf16", "bf16"};
     int json = 0, train = 0, ch, li = -1;
     kvp_status st = KVP_OK;
     optind = 0;
@@ -165,8 +182,8 @@ int kvp_cmd_plan(int argc, char **argv)
             if (st == KVP_OK && gpu_mem <= 0) st = KVP_ERR(KVP_EINVAL, "must be positive");
             break;
         case O_UTIL: st = kvp_parse_f64(optarg, 1e-6, 1.0, &util); break;
-        case O_WDT: st = kvp_dtype_bytes(optarg, &wbytes); break;
-        case O_KVDT: st = kvp_dtype_bytes(optarg, &kvbytes); break;
+        case O_WDT: st = kvp_plan_dtype_parse(optarg, &dt.weights, &wbytes); break;
+        case O_KVDT: st = kvp_plan_dtype_parse(optarg, &dt.kv, &kvbytes); break;
         case O_BS: st = kvp_parse_i32(optarg, 1, 1 << 20, &bs); break;
         case O_SEQ: st = kvp_parse_i64(optarg, 1, 1LL << 40, &seq); break;
         case O_NSEQ: st = kvp_parse_i64(optarg, 1, 1LL << 40, &nseq); break;
@@ -217,12 +234,12 @@ int kvp_cmd_plan(int argc, char **argv)
     if (st != KVP_OK) return kvp_cli_fail("plan", st);
 
     if (json) {
-        cJSON *o = plan_json(&cfg, gpu_name, &p, &plan, train);
+        cJSON *o = plan_json(&cfg, gpu_name, &p, &plan, &dt, train);
         st = o ? kvp_json_print(stdout, o) : KVP_ERR(KVP_ENOMEM, "out of memory");
         cJSON_Delete(o);
         if (st != KVP_OK) return kvp_cli_fail("plan", st);
     } else {
-        print_table(&cfg, gpu_name, &p, &plan, train);
+        print_table(&cfg, gpu_name, &p, &plan, &dt, train);
     }
     return KVP_EXIT_OK;
 }

@@ -63,7 +63,7 @@ static void usage(FILE *f)
             "                            cpu: the KV cache's size (default 1GiB)\n"
             "  --threads N               cpu: threads (default 1)\n"
             "  --kv-dtype T              cpu: KV element type auto (default: the model's dtype), f32, f16, bf16\n"
-            "                            or fp8\n"
+            "                            or fp8 (fp32 and fp16 also)\n"
             "memory management:\n"
             "  --alloc KIND              paged | orca-max | orca-pow2 | orca-oracle (default paged)\n"
             "  --arena PLACEMENT         buddy | first-fit: where the orca-* baselines place reservations\n"
@@ -406,7 +406,8 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     kvp_workload *w = NULL;
     if (st == KVP_OK) st = kvp_sim_load_workload(trace, spec, num_req, duration, rate, ec.max_model_len, n_samples, &w);
     kvp_engine_metrics m;
-    char wname[64] = "";
+    kvp_sim_rejections rej = {0};
+    char wname[64] = "", why[512] = "";
     out_file rf = {0}, sf = {0};
     kvp_req_result *per_req = NULL; /* every sequence's results: --requests-out, and requests of n samples */
     group_latency gl = {0};
@@ -424,7 +425,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         kvp_progress_bar_init(&bar, "simulate");
         if (!cpu) st = kvp_sim_executor_create(&cm, 0, &ex);
         if (st == KVP_OK)
-            st = kvp_simulate_on(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req);
+            st = kvp_simulate_run(&ec, &ex, w, kvp_progress_bar_fn, &bar, &m, per_req, &rej);
         kvp_progress_bar_end(&bar);
         snprintf(wname, sizeof wname, "%s", w->name);
     }
@@ -460,6 +461,8 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     cJSON_AddStringToObject(o, "cache", kvp_pc_kind_name(ec.cache));
     cJSON_AddStringToObject(o, "sched", kvp_sched_policy_name(ec.sched));
     cJSON_AddStringToObject(o, "preempt", kvp_preempt_mode_name(ec.preempt));
+    const int64_t swap_tokens = ec.preempt == KVP_PREEMPT_SWAP ? ec.host_slots / ec.block_size * ec.block_size : 0;
+    cJSON_AddNumberToObject(o, "swap_tokens", (double)swap_tokens); /* whole blocks, as the engine uses them */
     cJSON_AddNumberToObject(o, "kv_capacity_tokens", (double)m.kv_capacity_slots);
     cJSON_AddNumberToObject(o, "kv_bytes_per_token", mem.kv_bytes_per_token);
     cJSON_AddNumberToObject(o, "kv_mem_bytes", mem.kv_bytes);
@@ -468,6 +471,12 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     cJSON_AddNumberToObject(o, "requests", (double)m.requests);
     cJSON_AddNumberToObject(o, "finished", (double)m.finished);
     cJSON_AddNumberToObject(o, "rejected", (double)m.rejected);
+    /* why, by reason (runtime/planner/simulate.h), and in words */
+    kvp_sim_rejections_summary(&rej, why, sizeof why);
+    cJSON_AddNumberToObject(o, "rejected_kv", (double)rej.kv);
+    cJSON_AddNumberToObject(o, "rejected_context", (double)rej.context);
+    cJSON_AddNumberToObject(o, "rejected_other", (double)rej.other);
+    cJSON_AddStringToObject(o, "rejected_reason", why);
     cJSON_AddNumberToObject(o, "steps", (double)m.steps);
     cJSON_AddNumberToObject(o, "sim_duration_s", m.sim_duration_s);
     cJSON_AddNumberToObject(o, "throughput_tok_s", m.throughput_tok_s);
@@ -539,6 +548,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     } else {
         printf("workload           %s (%lld %s, %lld finished, %lld rejected)\n", wname, (long long)m.requests,
                n_samples > 1 ? "sequences" : "requests", (long long)m.finished, (long long)m.rejected);
+        if (m.rejected > 0) printf("rejected           %s\n", why);
         if (n_samples > 1) printf("parallel samples   %d per request\n", (int)n_samples);
         if (cpu)
             printf("model / cpu        %s on %d thread%s; KV %.3g GB of %s = %lld tokens of %.0f bytes\n", model,
@@ -553,8 +563,10 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         char alloc[64];
         if (ec.alloc == KVP_ALLOC_PAGED) snprintf(alloc, sizeof alloc, "paged, block %d", (int)ec.block_size);
         else snprintf(alloc, sizeof alloc, "%s in a %s arena", kvp_alloc_kind_name(ec.alloc), kvp_contig_placement_name(ec.arena));
-        printf("memory manager     %s, cache %s, sched %s, preempt %s\n", alloc, kvp_pc_kind_name(ec.cache),
-               kvp_sched_policy_name(ec.sched), kvp_preempt_mode_name(ec.preempt));
+        char swap[64] = "";
+        if (swap_tokens > 0) snprintf(swap, sizeof swap, " (host pool %lld tokens)", (long long)swap_tokens);
+        printf("memory manager     %s, cache %s, sched %s, preempt %s%s\n", alloc, kvp_pc_kind_name(ec.cache),
+               kvp_sched_policy_name(ec.sched), kvp_preempt_mode_name(ec.preempt), swap);
         printf("%s %.2f s in %lld steps%s (wall %.2f s)\n", cpu ? "time              " : "simulated time    ",
                m.sim_duration_s, (long long)m.steps, cpu ? ", each step's time measured" : "", wall);
         printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f %s/s", m.throughput_tok_s, m.total_tok_s,

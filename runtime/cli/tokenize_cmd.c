@@ -16,16 +16,19 @@ enum { MAX_TEXTS = 4096 };
 
 static void usage(FILE *f)
 {
-    fprintf(f, "usage: kvpage tokenize --tokenizer PATH [--text TEXT ...] [options]\n\n"
+    fprintf(f, "usage: kvpage tokenize --tokenizer PATH [--text TEXT ...] [options]\n"
+               "       kvpage tokenize --tokenizer PATH --decode IDS\n\n"
                "Encodes each text with a model's tokenizer and prints its token ids, one line per text (ids separated\n"
-               "by spaces); without --text, each line of stdin is a text.\n\n"
+               "by spaces); without --text, each line of stdin is a text. With --decode, prints the text of ids.\n\n"
                "  --tokenizer PATH   a GGUF model file, a Hugging Face folder or tokenizer.json, or a llama2.c\n"
                "                     tokenizer.bin (what generate and serve read for --model / --tokenizer)\n"
                "  --text TEXT        a text (repeatable; may hold newlines)\n"
                "  --no-bos           no BOS, even when the model's prompts start with one\n"
                "  --special          control tokens written in the text (<s>, <|im_start|>) are those tokens, as\n"
                "                     generate and serve read prompts\n"
-               "  --decode           each text is token ids (separated by spaces or commas): print their text\n"
+               "  --decode [IDS]     decode: the ids after it (--decode 1 403 407, --decode \"1,403,407\" or\n"
+               "                     --decode=1,403,407) are one text's, each --text or line of stdin another's\n"
+               "                     (ids separated by spaces or commas)\n"
                "  --json             one object per text: {\"text\", \"ids\", \"pieces\"}\n"
                "  -h, --help         this help\n");
 }
@@ -89,10 +92,11 @@ int kvp_cmd_tokenize(int argc, char **argv)
     enum { O_TOK = 256, O_TEXT, O_NO_BOS, O_SPECIAL, O_DECODE, O_JSON };
     static const struct option opts[] = {{"tokenizer", required_argument, 0, O_TOK}, {"text", required_argument, 0, O_TEXT},
                                          {"no-bos", no_argument, 0, O_NO_BOS},       {"special", no_argument, 0, O_SPECIAL},
-                                         {"decode", no_argument, 0, O_DECODE},       {"json", no_argument, 0, O_JSON},
+                                         {"decode", optional_argument, 0, O_DECODE}, {"json", no_argument, 0, O_JSON},
                                          {"help", no_argument, 0, 'h'},              {0, 0, 0, 0}};
     const char *path = NULL, *texts[MAX_TEXTS];
     int ntexts = 0, decode = 0, json = 0, c;
+    char *ids_arg = NULL; /* --decode's ids (its value and the arguments after the options), one text */
     unsigned flags = KVP_TOK_ADD_BOS;
     optind = 0;
     while ((c = getopt_long(argc, argv, ":h", opts, NULL)) != -1) {
@@ -104,17 +108,35 @@ int kvp_cmd_tokenize(int argc, char **argv)
             break;
         case O_NO_BOS: flags &= ~(unsigned)KVP_TOK_ADD_BOS; break;
         case O_SPECIAL: flags |= KVP_TOK_PARSE_SPECIAL; break;
-        case O_DECODE: decode = 1; break;
+        case O_DECODE:
+            decode = 1;
+            if (optarg && ntexts == MAX_TEXTS) return kvp_cli_usage_error(CMD, "at most %d texts", MAX_TEXTS);
+            if (optarg) texts[ntexts++] = optarg;
+            break;
         case O_JSON: json = 1; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(CMD, c, argv);
         }
     }
-    if (optind < argc) return kvp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
+    if (optind < argc && !decode)
+        return kvp_cli_usage_error(CMD, "unexpected argument '%s' (a text goes in --text; ids after --decode)",
+                                   argv[optind]);
     if (!path) return kvp_cli_usage_error(CMD, "--tokenizer PATH is required");
+    if (optind < argc) { /* --decode 1 403 407: the arguments left are one text's ids */
+        size_t len = 1;
+        for (int i = optind; i < argc; i++) len += strlen(argv[i]) + 1;
+        if (ntexts == MAX_TEXTS) return kvp_cli_usage_error(CMD, "at most %d texts", MAX_TEXTS);
+        if ((ids_arg = kvp_malloc(len)) == NULL) return kvp_cli_fail(CMD, KVP_ERR(KVP_ENOMEM, "out of memory"));
+        ids_arg[0] = '\0';
+        for (int i = optind; i < argc; i++) strcat(strcat(ids_arg, i > optind ? " " : ""), argv[i]);
+        texts[ntexts++] = ids_arg;
+    }
     kvp_tokenizer *t;
     kvp_status st = kvp_tok_load(path, 0, &t);
-    if (st != KVP_OK) return kvp_cli_fail(CMD, st);
+    if (st != KVP_OK) {
+        kvp_free(ids_arg);
+        return kvp_cli_fail(CMD, st);
+    }
     for (int i = 0; st == KVP_OK && i < ntexts; i++) st = one(t, texts[i], flags, decode, json);
     if (ntexts == 0) { /* stdin, a text a line */
         char *line = NULL;
@@ -127,5 +149,6 @@ int kvp_cmd_tokenize(int argc, char **argv)
         free(line);
     }
     kvp_tok_destroy(t);
+    kvp_free(ids_arg);
     return st == KVP_OK ? KVP_EXIT_OK : kvp_cli_fail(CMD, st);
 }

@@ -108,7 +108,11 @@ kvp_status kvp_weight_type_parse(const char *s, kvp_weight_type *out)
             *out = (kvp_weight_type)i;
             return KVP_OK;
         }
-    return KVP_ERR(KVP_EINVAL, "unknown weight type '%s' (f32, f16, bf16, q8_0 or auto)", s);
+    /* the planner's spellings (and PyTorch's) of the same types */
+    if (strcmp(s, "fp32") == 0 || strcmp(s, "float32") == 0) return *out = KVP_WEIGHT_F32, KVP_OK;
+    if (strcmp(s, "fp16") == 0 || strcmp(s, "float16") == 0) return *out = KVP_WEIGHT_F16, KVP_OK;
+    if (strcmp(s, "bfloat16") == 0) return *out = KVP_WEIGHT_BF16, KVP_OK;
+    return KVP_ERR(KVP_EINVAL, "unknown weight type '%s' (f32, f16, bf16, q8_0 or auto; fp32 and fp16 also)", s);
 }
 
 const char *kvp_weight_type_name(kvp_weight_type t)
@@ -213,7 +217,7 @@ kvp_status kvp_kv_dtype_parse(const char *s, kvp_dtype *out, int *is_auto)
     *is_auto = strcmp(s, "auto") == 0;
     if (*is_auto) return KVP_OK;
     if (kvp_dtype_parse(s, out) == KVP_OK) return KVP_OK;
-    return KVP_ERR(KVP_EINVAL, "unknown KV cache dtype '%s' (use auto, f32, f16, bf16 or fp8)", s);
+    return KVP_ERR(KVP_EINVAL, "unknown KV cache dtype '%s' (use auto, f32, f16, bf16 or fp8; fp32 and fp16 also)", s);
 }
 
 int kvp_model_is_eos(const kvp_model *m, int32_t id)

@@ -48,7 +48,8 @@ kvp_status kvp_model_load_tp(const char *path, kvp_comm *comm, kvp_model **out);
  * as stored (F32, F16, BF16, Q8_0 exactly, as vLLM's dtype "auto"), other GGUF quantizations as q8_0.
  * Embeddings and norms stay f32. kvp_model_weight_type: the type asked, or auto's if one (else AUTO). */
 typedef enum { KVP_WEIGHT_F32 = 0, KVP_WEIGHT_F16, KVP_WEIGHT_BF16, KVP_WEIGHT_Q8_0, KVP_WEIGHT_AUTO } kvp_weight_type;
-/* "f32" | "f16" | "bf16" | "q8_0" | "auto" (else KVP_EINVAL naming the choices). */
+/* "f32" | "f16" | "bf16" | "q8_0" | "auto", or the aliases "fp32", "fp16", "float32", "float16", "bfloat16" (else
+ * KVP_EINVAL naming the choices); kvp_weight_type_name gives the canonical spelling. */
 kvp_status kvp_weight_type_parse(const char *s, kvp_weight_type *out);
 const char *kvp_weight_type_name(kvp_weight_type t);
 /* kvp_model_load_tp with the matrices held as `weights`. */

@@ -14,18 +14,25 @@
 #include <math.h>
 #include <string.h>
 
-kvp_status kvp_dtype_bytes(const char *name, double *bytes)
+kvp_status kvp_plan_dtype_parse(const char *name, const char **canonical, double *bytes)
 {
-    static const struct { const char *name; double bytes; } dtypes[] = {
-        {"fp32", 4}, {"f32", 4}, {"bf16", 2}, {"fp16", 2}, {"f16", 2}, {"fp8", 1}, {"int8", 1},
+    /* the spellings of generate and the KV cache (attention/paged_kv.h) first: those are the canonical ones */
+    static const struct { const char *name, *canonical; double bytes; } dtypes[] = {
+        {"f32", "f32", 4},  {"fp32", "f32", 4}, {"float32", "f32", 4}, {"f16", "f16", 2},
+        {"fp16", "f16", 2}, {"float16", "f16", 2}, {"bf16", "bf16", 2}, {"bfloat16", "bf16", 2},
+        {"fp8", "fp8", 1},  {"fp8_e4m3", "fp8", 1}, {"int8", "int8", 1},
     };
-    for (size_t i = 0; i < sizeof dtypes / sizeof dtypes[0]; i++)
+    for (size_t i = 0; name && i < sizeof dtypes / sizeof dtypes[0]; i++)
         if (strcmp(name, dtypes[i].name) == 0) {
+            if (canonical) *canonical = dtypes[i].canonical;
             *bytes = dtypes[i].bytes;
             return KVP_OK;
         }
-    return KVP_ERR(KVP_EINVAL, "unknown dtype '%s' (use fp32, bf16, fp16, fp8 or int8)", name);
+    return KVP_ERR(KVP_EINVAL, "unknown dtype '%s' (use f32, f16, bf16, fp8 or int8; fp32 and fp16 also)",
+                   name ? name : "(null)");
 }
+
+kvp_status kvp_dtype_bytes(const char *name, double *bytes) { return kvp_plan_dtype_parse(name, NULL, bytes); }
 
 void kvp_plan_params_default(const kvp_model_config *cfg, kvp_plan_params *p)
 {
@@ -136,6 +143,24 @@ static double lora_params(const kvp_model_config *c, int32_t r)
     return (double)c->num_layers * r * ((h + q) + 2 * (h + kv) + (o + h));
 }
 
+/* Bytes of the blocks one sequence shares with the others (one rank): the shared prefix's full blocks (a
+ * partial last block is each sequence's own, as vLLM's prefix caching and copy-on-write keep it) in every layer
+ * that still holds them at seq_len tokens (a sliding layer keeps those its window reaches). */
+static double shared_bytes(const kvp_model_config *c, const kvp_plan_params *p, int32_t tp)
+{
+    const int64_t bs = p->block_size, full = p->shared_prefix / bs * bs;
+    double sum = 0;
+    for (int32_t l = 0; full > 0 && l < c->num_layers; l++) {
+        int64_t kept = full;
+        if (c->sliding_window > 0 && c->layer_is_sliding[l] && p->seq_len > c->sliding_window) {
+            const int64_t start = (p->seq_len - c->sliding_window) / bs * bs; /* the window's first block */
+            kept = full > start ? full - start : 0;
+        }
+        sum += (double)kept * (double)kv_elems(c, l, tp) * p->kv_bytes;
+    }
+    return sum;
+}
+
 static kvp_status budget(const kvp_model_config *c, const kvp_plan_params *p, kvp_plan_figures *f, int32_t tp)
 {
     int64_t usable = (int64_t)((double)p->gpu_mem_bytes * p->gpu_util);
@@ -151,7 +176,12 @@ static kvp_status budget(const kvp_model_config *c, const kvp_plan_params *p, kv
     int64_t paged_seq = 0;
     KVP_TRY(f64_bytes(kv_bytes_for(c, p->seq_len, p->kv_bytes, tp, p->block_size), "--seq-len", p->seq_len,
                       "the KV cache of one sequence in whole blocks", &paged_seq));
-    f->max_concurrent_seqs = paged_seq > 0 ? f->kv_budget_bytes / paged_seq : 0;
+    /* the first sequence takes its whole blocks; each further one all but the shared ones, and at least a
+     * block of its own (the token it writes next) */
+    int64_t own = paged_seq - (int64_t)llround(shared_bytes(c, p, tp)); /* shared <= paged_seq */
+    if (own < f->block_bytes) own = f->block_bytes;
+    f->max_concurrent_seqs = paged_seq <= 0 || own <= 0 || f->kv_budget_bytes < paged_seq
+                                 ? 0 : 1 + (f->kv_budget_bytes - paged_seq) / own;
     return KVP_OK;
 }
 

@@ -9,7 +9,9 @@
  *   kv_budget            = gpu_mem x gpu_util - weights - activation reserve   (per tensor-parallel rank)
  *   num_blocks           = floor(kv_budget / block_bytes of one rank)
  *   max_concurrent_seqs  = floor(kv_budget / paged bytes of one sequence), a sequence taking whole blocks
- *                          in each layer (sliding layers only the blocks of their window)
+ *                          in each layer (sliding layers only the blocks of their window); with a shared
+ *                          prefix 1 + floor((kv_budget - paged) / (paged - the prefix's full blocks)), as
+ *                          kv_bytes_total stores the prefix once
  *   train_bytes          = 16 x params (mixed-precision AdamW: 2 weights + 2 grads + 4 master + 4 m + 4 v)
  *   lora_train_bytes     = bytes-per-weight x params + 16 x LoRA params (rank r adapters on q, k, v, o)
  *
@@ -27,7 +29,11 @@
 
 #include "runtime/loader/model_config.h"
 
-/* "fp32", "bf16", "fp16", "fp8", "int8"; else KVP_EINVAL naming it. */
+/* Bytes per element of a dtype named as everywhere else in kvpage: "f32", "f16", "bf16", "fp8", "int8", or the
+ * aliases "fp32", "fp16", "float32", "float16", "bfloat16", "fp8_e4m3"; *canonical (may be NULL) the first
+ * spelling (a static string). KVP_EINVAL naming it otherwise, nothing written. */
+kvp_status kvp_plan_dtype_parse(const char *name, const char **canonical, double *bytes);
+/* kvp_plan_dtype_parse without the name. */
 kvp_status kvp_dtype_bytes(const char *name, double *bytes);
 
 typedef struct {

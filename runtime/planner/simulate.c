@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "common/timer.h"
 #include "runtime/planner/planner.h"
@@ -15,7 +16,7 @@ void kvp_sim_hw_default(kvp_sim_hw *hw)
     hw->gpu_util = 0.9;
     hw->dtype_bytes = 2;
     hw->kv_mem_bytes = 0;
-    hw->swap_bytes = 4LL << 30;
+    hw->swap_bytes = -1; /* as much as the KV memory */
     hw->offload_bytes = 0;
     hw->activation_bytes = -1;
 }
@@ -56,7 +57,9 @@ kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *g
                            hw->gpu_util * 100, (double)gpu->mem_bytes / 1e9, -m.kv_bytes / 1e9);
     }
     m.kv_slots = (int64_t)floor(m.kv_bytes / m.kv_bytes_per_token);
-    m.host_slots = hw->swap_bytes > 0 ? (int64_t)floor((double)hw->swap_bytes / m.kv_bytes_per_token) : 0;
+    m.host_slots = hw->swap_bytes < 0   ? m.kv_slots
+                   : hw->swap_bytes > 0 ? (int64_t)floor((double)hw->swap_bytes / m.kv_bytes_per_token)
+                                        : 0;
     m.host_cache_slots = hw->offload_bytes > 0 ? (int64_t)floor((double)hw->offload_bytes / m.kv_bytes_per_token) : 0;
     if (m.kv_slots < 1)
         return KVP_ERR(KVP_EINVAL, "KV memory of %.3f GB holds no token (%.0f bytes each)", m.kv_bytes / 1e9,
@@ -72,16 +75,113 @@ kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *g
     return KVP_OK;
 }
 
-kvp_status kvp_simulate_on(const kvp_engine_config *ecfg, kvp_executor *ex, const kvp_workload *w,
-                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req)
+/* Sorts the rejected requests of e (a finished run of w) by reason: the engine's own test (kvp_engine_fits)
+ * gives the words, the request's lengths the figures. */
+static kvp_status rejections(const kvp_engine *e, const kvp_engine_config *ecfg, const kvp_workload *w,
+                             kvp_sim_rejections *rej)
+{
+    memset(rej, 0, sizeof *rej);
+    rej->max_model_len = ecfg->max_model_len;
+    if (ecfg->alloc == KVP_ALLOC_PAGED)
+        rej->kv_tokens = (ecfg->kv_slots / ecfg->block_size - ecfg->watermark_blocks) * ecfg->block_size;
+    for (int64_t i = 0; i < w->n; i++) {
+        kvp_req_result r;
+        KVP_TRY(kvp_engine_request(e, i, &r));
+        if (r.state != KVP_REQ_REJECTED) continue;
+        rej->n++;
+        const kvp_request *q = &w->reqs[i];
+        const bool beams = q->out && q->out->beam_width > 1;
+        const int32_t group = !q->out ? 1 : beams ? q->out->beam_width : q->out->n;
+        const kvp_status why = kvp_engine_fits(e, r.prompt_len, r.output_len, group, beams);
+        const int64_t len = (int64_t)r.prompt_len + r.output_len;
+        if (r.prompt_len >= ecfg->max_model_len) {
+            rej->context++;
+            if (r.prompt_len > rej->longest_prompt) rej->longest_prompt = r.prompt_len;
+        } else if (why == KVP_ENOBLOCKS) {
+            if (rej->kv++ == 0) snprintf(rej->kv_reason, sizeof rej->kv_reason, "%s", kvp_error_message());
+            if (len > rej->longest_tokens) rej->longest_tokens = len;
+        } else {
+            if (rej->other++ == 0)
+                snprintf(rej->other_reason, sizeof rej->other_reason, "%s",
+                         why != KVP_OK ? kvp_error_message() : "the engine found it could never run");
+        }
+        kvp_error_clear();
+    }
+    return KVP_OK;
+}
+
+kvp_status kvp_simulate_run(const kvp_engine_config *ecfg, kvp_executor *ex, const kvp_workload *w,
+                            kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req,
+                            kvp_sim_rejections *rej)
 {
     kvp_engine *e = NULL;
     kvp_status st = kvp_engine_create(ecfg, ex, &e);
     if (st == KVP_OK) st = kvp_engine_run(e, w->reqs, w->n, progress, pctx);
     if (st == KVP_OK) st = kvp_engine_metrics_get(e, m);
     for (int64_t i = 0; per_req && st == KVP_OK && i < w->n; i++) st = kvp_engine_request(e, i, &per_req[i]);
+    if (st == KVP_OK && rej) st = rejections(e, ecfg, w, rej);
     kvp_engine_destroy(e);
     return st;
+}
+
+kvp_status kvp_simulate_on(const kvp_engine_config *ecfg, kvp_executor *ex, const kvp_workload *w,
+                           kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req)
+{
+    return kvp_simulate_run(ecfg, ex, w, progress, pctx, m, per_req, NULL);
+}
+
+/* v with thousands separators (12,345) into buf. */
+static const char *grouped(int64_t v, char *buf, size_t cap)
+{
+    char raw[32];
+    const int n = snprintf(raw, sizeof raw, "%lld", (long long)(v < 0 ? -v : v));
+    size_t o = 0;
+    if (v < 0 && o + 1 < cap) buf[o++] = '-';
+    for (int i = 0; i < n && o + 1 < cap; i++) {
+        buf[o++] = raw[i];
+        if ((n - 1 - i) % 3 == 0 && i < n - 1 && o + 1 < cap) buf[o++] = ',';
+    }
+    buf[o] = '\0';
+    return buf;
+}
+
+void kvp_sim_rejections_summary(const kvp_sim_rejections *r, char *buf, size_t cap)
+{
+    char a[32], b[32], c[32];
+    size_t o = 0;
+    if (cap == 0) return;
+    buf[0] = '\0';
+#define PUT(...) (o += (size_t)snprintf(buf + (o < cap ? o : cap - 1), o < cap ? cap - o : 1, __VA_ARGS__))
+    if (r->n == 0) {
+        PUT("none");
+        return;
+    }
+    PUT("%lld: ", (long long)r->n);
+    const char *sep = "";
+    /* a reason's count is written only when there are several reasons: "51 whose prompt ..." */
+    if (r->kv > 0) {
+        const char *cnt = r->kv < r->n ? grouped(r->kv, a, sizeof a) : "", *sp = r->kv < r->n ? " whose " : "";
+        if (r->kv_tokens > 0)
+            PUT("%s%s%sprompt + max_tokens exceed the KV cache (%s%s tokens > %s)", sep, cnt, sp,
+                r->kv > 1 ? "the longest " : "", grouped(r->longest_tokens, b, sizeof b),
+                grouped(r->kv_tokens, c, sizeof c));
+        else
+            PUT("%s%s%s%s", sep, cnt, r->kv < r->n ? " " : "", r->kv_reason);
+        sep = "; ";
+    }
+    if (r->context > 0) {
+        const int several = r->context < r->n;
+        PUT("%s%s%s%s max_model_len (%s%s tokens >= %s)", sep, several ? grouped(r->context, a, sizeof a) : "",
+            several ? " whose prompt reaches" : r->context > 1 ? "prompts reach" : "prompt reaches", "",
+            r->context > 1 ? "the longest " : "", grouped(r->longest_prompt, b, sizeof b),
+            grouped(r->max_model_len, c, sizeof c));
+        sep = "; ";
+    }
+    if (r->other > 0 && r->other < r->n)
+        PUT("%s%s with another reason (%s)", sep, grouped(r->other, a, sizeof a), r->other_reason);
+    else if (r->other > 0)
+        PUT("%s", r->other_reason);
+#undef PUT
 }
 
 kvp_status kvp_simulate(const kvp_engine_config *ecfg, const kvp_cost_model *cm, const kvp_workload *w,

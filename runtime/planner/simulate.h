@@ -24,7 +24,8 @@ typedef struct {
     double gpu_util;           /* (0, 1], default 0.9 */
     int32_t dtype_bytes;       /* weights and KV elements, default 2 (bf16) */
     int64_t kv_mem_bytes;      /* > 0: KV memory per rank given directly (skips the planner's budget) */
-    int64_t swap_bytes;        /* host swap space per rank, default 4 GiB (used with preempt = swap) */
+    int64_t swap_bytes;        /* host swap space per rank (used with preempt = swap); default -1: as much as
+                                  the KV memory, as generate, serve and --executor cpu size it */
     int64_t offload_bytes;     /* host tier of the prefix cache per rank (engine host_cache_slots), default 0 */
     int64_t activation_bytes;  /* < 0: the planner's estimate */
 } kvp_sim_hw;
@@ -52,9 +53,34 @@ int32_t kvp_sim_default_max_model_len(const kvp_model_config *cfg);
 kvp_status kvp_sim_prepare(const kvp_model_config *cfg, const kvp_gpu_profile *gpu, const kvp_sim_hw *hw,
                            kvp_engine_config *ecfg, kvp_cost_model *cm, kvp_sim_memory *mem);
 
-/* Runs w through a fresh engine on executor ex (borrowed); *m receives the metrics, and per_req (NULL: not
- * wanted) w->n per-request results in arrival order (kvp_engine_request). progress may be NULL. The
- * end-of-run leak check of kvp_engine_run applies (KVP_ESTATE on a leak). */
+/* Why the requests of a run were rejected (the engine rejects a request that can never run:
+ * kvp_engine_fits), by reason. */
+typedef struct {
+    int64_t n;                 /* rejected requests (kvp_engine_metrics.rejected) */
+    int64_t context;           /* a prompt of max_model_len tokens or more: no room to generate */
+    int64_t kv;                /* prompt + max_tokens (clamped to max_model_len) more than the KV cache holds */
+    int64_t other;             /* more samples or beams than max_num_seqs, or than a step's tokens */
+    int32_t max_model_len;
+    int64_t longest_prompt;    /* the longest prompt among the `context` ones (tokens) */
+    int64_t longest_tokens;    /* the longest prompt + max_tokens among the `kv` ones (tokens) */
+    int64_t kv_tokens;         /* paged: what one sequence may hold, (KV blocks - watermark) x block size; 0 for
+                                  the contiguous baselines, whose reason is in kv_reason */
+    char kv_reason[160];       /* the engine's words for the first `kv` one */
+    char other_reason[160];    /* and for the first `other` one */
+} kvp_sim_rejections;
+
+/* One line for a summary, e.g. "3: prompt + max_tokens exceed the KV cache (12,345 tokens > 8,192)", the
+ * reasons separated by "; "; "none" when nothing was rejected. Into buf[0, cap), always terminated. */
+void kvp_sim_rejections_summary(const kvp_sim_rejections *r, char *buf, size_t cap);
+
+/* Runs w through a fresh engine on executor ex (borrowed); *m receives the metrics, per_req (NULL: not
+ * wanted) w->n per-request results in arrival order (kvp_engine_request), and *rej (NULL: not wanted) why the
+ * rejected ones were. progress may be NULL. The end-of-run leak check of kvp_engine_run applies (KVP_ESTATE on
+ * a leak). */
+kvp_status kvp_simulate_run(const kvp_engine_config *ecfg, kvp_executor *ex, const kvp_workload *w,
+                            kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req,
+                            kvp_sim_rejections *rej);
+/* kvp_simulate_run without the rejections. */
 kvp_status kvp_simulate_on(const kvp_engine_config *ecfg, kvp_executor *ex, const kvp_workload *w,
                            kvp_progress_fn progress, void *pctx, kvp_engine_metrics *m, kvp_req_result *per_req);
 /* The same on a sim executor made from cm. */

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "attention/paged_kv.h"
 #include "runtime/planner/planner.h"
 
 #include "cli_testutil.h"
@@ -331,4 +332,98 @@ Test(planner, cli_option_errors_name_the_option)
     };
 #undef L8B
     kvp_test_cli_rejects("plan", cases, sizeof cases / sizeof cases[0]);
+}
+
+/* One dtype spelling everywhere: plan's fp32 / fp16 and generate's f32 / f16 are aliases of one another in the
+ * planner, the KV cache and the weights, and plan reports the canonical one (f32, f16). */
+Test(planner, dtype_spellings_are_aliases_with_one_canonical_name)
+{
+    static const struct {
+        const char *name, *canonical;
+        double bytes;
+    } cases[] = {{"f32", "f32", 4}, {"fp32", "f32", 4}, {"f16", "f16", 2}, {"fp16", "f16", 2},
+                 {"bf16", "bf16", 2}, {"fp8", "fp8", 1}, {"int8", "int8", 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *canon = NULL;
+        double b = 0;
+        cr_assert_eq(kvp_plan_dtype_parse(cases[i].name, &canon, &b), KVP_OK, "%s", cases[i].name);
+        cr_assert_str_eq(canon, cases[i].canonical, "%s", cases[i].name);
+        cr_assert_eq(b, cases[i].bytes, "%s", cases[i].name);
+    }
+    cr_assert_eq(kvp_plan_dtype_parse("fp4", NULL, &(double){0}), KVP_EINVAL);
+    cr_assert(strstr(kvp_error_message(), "'fp4'") && strstr(kvp_error_message(), "f16") &&
+              strstr(kvp_error_message(), "fp16"), "%s", kvp_error_message());
+    kvp_dtype a, b;
+    cr_assert_eq(kvp_dtype_parse("fp16", &a), KVP_OK);
+    cr_assert_eq(kvp_dtype_parse("f16", &b), KVP_OK);
+    cr_assert(a == KVP_DTYPE_F16 && b == KVP_DTYPE_F16);
+    cr_assert_eq(kvp_dtype_parse("fp32", &a), KVP_OK);
+    cr_assert_eq(a, KVP_DTYPE_F32);
+    cr_assert_str_eq(kvp_dtype_name(a), "f32");
+    /* the command lines: the same plan whichever spelling, the canonical name in it */
+    static char x[1 << 14], y[1 << 14], err[4096];
+    cr_assert_eq(kvp_test_cli("plan --config ../shared/data/configs/Meta-Llama-3.1-8B.json --kv-dtype fp16 "
+                              "--weight-dtype fp32 --json", x, sizeof x, err, sizeof err), 0, "%s", err);
+    cr_assert_eq(kvp_test_cli("plan --config ../shared/data/configs/Meta-Llama-3.1-8B.json --kv-dtype f16 "
+                              "--weight-dtype f32 --json", y, sizeof y, err, sizeof err), 0, "%s", err);
+    cr_assert_str_eq(x, y);
+    cr_assert(strstr(x, "\"kv_dtype\":\t\"f16\"") && strstr(x, "\"weight_dtype\":\t\"f32\""), "%s", x);
+    cr_assert_eq(kvp_test_cli("plan --config ../shared/data/configs/Meta-Llama-3.1-8B.json --kv-dtype fp16", x,
+                              sizeof x, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(x, "weights bf16, KV f16"), "%s", x);
+    /* generate and simulate read the KV and weight types through the same parsers */
+    cr_assert_eq(kvp_test_cli("simulate --executor cpu --model ../shared/models/stories260K/stories260K.gguf "
+                              "--workload system:n=2,prefix=16,suffix=8,output=4 --rate inf --kv-dtype fp16 --json",
+                              x, sizeof x, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(x, "\"kv_dtype\":\t\"f16\""), "%s", x);
+    cr_assert_eq(kvp_test_cli("generate --model ../shared/models/stories260K/stories260K.gguf --prompt Once "
+                              "--max-tokens 4 --kv-dtype fp16 --weight-dtype fp32 --json", x, sizeof x, err, sizeof err),
+                 0, "%s", err);
+    cr_assert(strstr(x, "\"kv_dtype\":\t\"f16\"") && strstr(x, "\"weight_dtype\":\t\"f32\""), "%s", x);
+}
+
+/* With a shared prefix the concurrent sequences are those whose KV, the prefix's full blocks stored once, fits
+ * the budget, as "KV for all sequences" counts them: N sequences fit, N + 1 do not (lengths in whole blocks, so
+ * that paged and exact figures agree), and more than without the prefix. */
+Test(planner, shared_prefix_counts_once_in_the_concurrent_sequences)
+{
+    kvp_model_config c;
+    cr_assert_eq(kvp_model_config_load("../shared/data/configs/Meta-Llama-3.1-8B.json", &c), KVP_OK, "%s",
+                 kvp_error_detail());
+    const int64_t prefixes[] = {0, 1024, 16384, 32000};
+    int64_t ns[4];
+    for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) {
+        kvp_plan_params p;
+        kvp_plan_params_default(&c, &p);
+        p.gpu_mem_bytes = 80 * GiB;
+        p.seq_len = 32768;
+        p.shared_prefix = prefixes[i];
+        const kvp_plan r = plan(&c, &p);
+        const int64_t n = r.per_rank.max_concurrent_seqs;
+        ns[i] = n;
+        cr_assert(i == 0 || n >= ns[i - 1], "prefix %lld: %lld concurrent sequences, fewer than %lld with a shorter one",
+                  (long long)prefixes[i], (long long)n, (long long)ns[i - 1]);
+        p.num_seqs = n;
+        cr_assert_leq(plan(&c, &p).per_rank.kv_bytes_total, r.per_rank.kv_budget_bytes, "prefix %lld: %lld sequences",
+                      (long long)prefixes[i], (long long)n);
+        p.num_seqs = n + 1;
+        cr_assert_gt(plan(&c, &p).per_rank.kv_bytes_total, r.per_rank.kv_budget_bytes, "prefix %lld: %lld sequences",
+                     (long long)prefixes[i], (long long)n + 1);
+    }
+    cr_assert(ns[2] > ns[0] && ns[3] > ns[2], "half the sequence shared: %lld sequences, none shared %lld",
+              (long long)ns[2], (long long)ns[0]);
+    /* a partial last block of the prefix is each sequence's own: 1,032 shared tokens share 64 blocks, as 1,024 do */
+    kvp_plan_params p;
+    kvp_plan_params_default(&c, &p);
+    p.gpu_mem_bytes = 80 * GiB;
+    p.seq_len = 32768;
+    p.shared_prefix = 1024;
+    const int64_t whole = plan(&c, &p).per_rank.max_concurrent_seqs;
+    p.shared_prefix = 1032;
+    cr_assert_eq(plan(&c, &p).per_rank.max_concurrent_seqs, whole);
+    /* the table says so */
+    static char out[1 << 14], err[4096];
+    cr_assert_eq(kvp_test_cli("plan --config ../shared/data/configs/Meta-Llama-3.1-8B.json --seq-len 32768 "
+                              "--shared-prefix 16384 --num-seqs 30", out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(out, "prefix stored once"), "%s", out);
 }

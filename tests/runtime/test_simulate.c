@@ -809,3 +809,103 @@ Test(simulate_cli, kv_events_replay_into_the_cache)
     free(held);
     cJSON_Delete(o);
 }
+
+/* The summary says why requests were rejected: the reasons add up to the rejected count, each reason's count is
+ * the requests of the trace it fits (prompts of max_model_len or more; the others longer than the KV cache),
+ * and the words name the figures. */
+Test(simulate_cli, rejections_say_why)
+{
+    static char out[1 << 16], err[8192];
+    const char *args = "simulate --model " LLAMA8B " --gpu H100-SXM --kv-mem 64MB --trace " AZURE_CONV
+                       " --num-requests 200 --max-model-len 1024 --json";
+    cr_assert_eq(kvp_test_cli(args, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cJSON *o;
+    cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
+    const double rejected = cJSON_GetObjectItem(o, "rejected")->valuedouble;
+    const double kv = cJSON_GetObjectItem(o, "rejected_kv")->valuedouble;
+    const double context = cJSON_GetObjectItem(o, "rejected_context")->valuedouble;
+    const double other = cJSON_GetObjectItem(o, "rejected_other")->valuedouble;
+    const double cap = cJSON_GetObjectItem(o, "kv_capacity_tokens")->valuedouble;
+    cr_assert_eq(kv + context + other, rejected);
+    /* the trace's own lengths: prompts of 1,024 tokens or more, and prompt + output (clamped) over the cache */
+    kvp_workload *w;
+    cr_assert_eq(kvp_sim_load_workload(AZURE_CONV, NULL, 200, 0, 0, 1024, 1, &w), KVP_OK, "%s", kvp_error_detail());
+    int64_t want_context = 0, want_kv = 0;
+    for (int64_t i = 0; i < w->n; i++) {
+        const int64_t p = w->reqs[i].prompt_len, len = p + w->reqs[i].output_len;
+        if (p >= 1024) want_context++;
+        else if ((len < 1024 ? len : 1024) > cap) want_kv++;
+    }
+    kvp_workload_destroy(w);
+    cr_assert(want_context > 0 && want_kv > 0, "the case should reject for both reasons: %lld, %lld",
+              (long long)want_context, (long long)want_kv);
+    cr_assert_eq(context, (double)want_context);
+    cr_assert_eq(kv, (double)want_kv);
+    const char *why = cJSON_GetObjectItem(o, "rejected_reason")->valuestring;
+    char cap_s[64];
+    snprintf(cap_s, sizeof cap_s, "> %d)", (int)cap); /* under 1,000: no separator */
+    cr_assert(strstr(why, "prompt + max_tokens exceed the KV cache") && strstr(why, cap_s) &&
+              strstr(why, "max_model_len (the longest") && strstr(why, ">= 1,024)"), "%s", why);
+    cJSON_Delete(o);
+    /* the text summary has the same line */
+    const char *text = "simulate --model " LLAMA8B " --gpu H100-SXM --kv-mem 64MB --trace " AZURE_CONV
+                       " --num-requests 200 --max-model-len 1024";
+    cr_assert_eq(kvp_test_cli(text, out, sizeof out, err, sizeof err), 0, "%s", err);
+    cr_assert(strstr(out, "rejected           ") && strstr(out, why), "%s", out);
+}
+
+/* kvp_sim_rejections_summary's words, for one reason and for several. */
+Test(simulate, rejection_summary_words)
+{
+    char buf[512];
+    kvp_sim_rejections r = {.n = 3, .kv = 3, .longest_tokens = 12345, .kv_tokens = 8192, .max_model_len = 4096};
+    kvp_sim_rejections_summary(&r, buf, sizeof buf);
+    cr_assert_str_eq(buf, "3: prompt + max_tokens exceed the KV cache (the longest 12,345 tokens > 8,192)");
+    r = (kvp_sim_rejections){.n = 1, .context = 1, .longest_prompt = 5000, .max_model_len = 4096};
+    kvp_sim_rejections_summary(&r, buf, sizeof buf);
+    cr_assert_str_eq(buf, "1: prompt reaches max_model_len (5,000 tokens >= 4,096)");
+    r = (kvp_sim_rejections){.n = 4, .kv = 1, .context = 2, .other = 1, .longest_tokens = 9000, .kv_tokens = 8192,
+                             .longest_prompt = 1234567, .max_model_len = 4096};
+    snprintf(r.other_reason, sizeof r.other_reason, "8 samples are more than max_num_seqs (4) can run at once");
+    kvp_sim_rejections_summary(&r, buf, sizeof buf);
+    cr_assert_str_eq(buf, "4: 1 whose prompt + max_tokens exceed the KV cache (9,000 tokens > 8,192); 2 whose prompt "
+                          "reaches max_model_len (the longest 1,234,567 tokens >= 4,096); 1 with another reason (8 "
+                          "samples are more than max_num_seqs (4) can run at once)");
+    r = (kvp_sim_rejections){0};
+    kvp_sim_rejections_summary(&r, buf, sizeof buf);
+    cr_assert_str_eq(buf, "none");
+    kvp_sim_rejections_summary(&(kvp_sim_rejections){.n = 2, .kv = 2, .longest_tokens = 99999, .kv_tokens = 10},
+                               buf, 20); /* cut, still terminated */
+    cr_assert_eq(strlen(buf), 19u);
+}
+
+/* --preempt swap sizes the host pool as the KV cache unless --swap-space says otherwise, on both executors;
+ * without swap preemption there is none. */
+Test(simulate_cli, swap_space_defaults_to_the_kv_cache)
+{
+    static const struct {
+        const char *args;
+        int64_t swap; /* -1: as the cache; 0: none; else the bytes --swap-space gives */
+    } cases[] = {
+        {"--model " LLAMA8B " --gpu H100-SXM --kv-mem 1GB --preempt swap", -1},
+        {"--model " LLAMA8B " --gpu H100-SXM --kv-mem 1GB --preempt swap --swap-space 64MB", 64000000},
+        {"--model " LLAMA8B " --gpu H100-SXM --kv-mem 1GB", 0},
+        {"--executor cpu --model " S260_GGUF " --kv-mem 4MB --preempt swap", -1},
+        {"--executor cpu --model " S260_GGUF " --kv-mem 4MB --preempt swap --swap-space 1MB", 1000000},
+    };
+    static char out[1 << 16], err[8192], args[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "simulate %s --workload system:n=4,prefix=32,suffix=8,output=8 --rate inf --json",
+                 cases[i].args);
+        cr_assert_eq(kvp_test_cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", args, err);
+        cJSON *o;
+        cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
+        const double swap = cJSON_GetObjectItem(o, "swap_tokens")->valuedouble;
+        const double cap = cJSON_GetObjectItem(o, "kv_capacity_tokens")->valuedouble;
+        const double bpt = cJSON_GetObjectItem(o, "kv_bytes_per_token")->valuedouble;
+        const int64_t bs = (int64_t)cJSON_GetObjectItem(o, "block_size")->valuedouble;
+        const double want = cases[i].swap < 0 ? cap : (double)((int64_t)((double)cases[i].swap / bpt) / bs * bs);
+        cr_assert_eq(swap, want, "%s: a host pool of %g tokens, not %g (the cache: %g)", args, swap, want, cap);
+        cJSON_Delete(o);
+    }
+}

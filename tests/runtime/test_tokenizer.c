@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
+#include "cli_testutil.h"
 #include "common/json.h"
 #include "model_testutil.h"
 #include "runtime/text/tokenizer.h"
@@ -596,4 +597,33 @@ Test(tokenizer, encode_survives_every_allocation_failure)
     encode_ctx c = {t, "Once upon a time, there was a little girl named Lily."};
     tu_every_alloc_failure("encode", encode_for_alloc, kvp_free, &c, 0);
     kvp_tok_destroy(t);
+}
+
+/* `tokenize --decode IDS` as documented: the ids after the option (one argument or several, or --decode=IDS)
+ * are one text's; --decode --text IDS still works, and ids without --decode are an error. */
+Test(tokenize_cli, decode_takes_the_ids_after_it)
+{
+    static const char *const forms[] = {
+        "--decode 1 403 407 261 378", "--decode '1 403 407 261 378'", "--decode=1,403,407,261,378",
+        "--decode --text '1 403 407 261 378'", "--text '1, 403, 407, 261, 378' --decode",
+    };
+    for (size_t i = 0; i < sizeof forms / sizeof forms[0]; i++) {
+        char cmd[512], *out, *err;
+        snprintf(cmd, sizeof cmd, "%s tokenize --tokenizer " S260_GGUF " %s", kvp_test_bin(), forms[i]);
+        cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "%s: %s", cmd, err);
+        cr_assert_str_eq(out, "Once upon a time\n", "%s", cmd);
+        free(out);
+        free(err);
+    }
+    char cmd[512], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s tokenize --tokenizer " S260_GGUF " 1 403", kvp_test_bin());
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", out);
+    cr_assert(strstr(err, "unexpected argument '1'") && strstr(err, "--decode"), "%s", err);
+    free(out);
+    free(err);
+    snprintf(cmd, sizeof cmd, "%s tokenize --tokenizer " S260_GGUF " --decode 1 512", kvp_test_bin());
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", out);
+    cr_assert(strstr(err, "'512' is not a token id"), "%s", err);
+    free(out);
+    free(err);
 }
