@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
@@ -250,6 +251,36 @@ static kvp_status write_step(void *ctx, const kvp_engine *e, const kvp_step_info
             (int)kvp_engine_num_swapped(e), (long long)a.token_states, (long long)a.reserved, (long long)a.internal_frag,
             (long long)a.external_frag, (long long)a.cached, (long long)a.free);
     return ferror(f) ? KVP_ERR(KVP_EIO, "--steps-out: cannot write") : KVP_OK;
+}
+
+enum { SUMMARY_COLS = 100, SUMMARY_INDENT = 19 }; /* the summary fits 100 columns; values start at column 19 */
+
+/* One line of the summary: LABEL padded to 19 columns, then the text, wrapped at spaces so that no line is
+ * longer than 100 characters, continuation lines indented under the text (a word too long for a line, as a
+ * long model path, stays whole on its own line). */
+static void summary_line(const char *label, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void summary_line(const char *label, const char *fmt, ...)
+{
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    int col = printf("%-*s ", SUMMARY_INDENT - 1, label);
+    const int start = col;
+    for (const char *p = text; *p;) {
+        size_t sp = strspn(p, " "), w = strcspn(p + sp, " ");
+        if (col > start && col + (int)(sp + w) > SUMMARY_COLS) { /* break here: the spaces become the break */
+            printf("\n%*s", SUMMARY_INDENT, "");
+            col = SUMMARY_INDENT;
+            sp = 0;
+            p += strspn(p, " ");
+        }
+        fwrite(p, 1, sp + w, stdout);
+        col += (int)(sp + w);
+        p += sp + w;
+    }
+    putchar('\n');
 }
 
 static int simulate(int argc, char **argv, kvp_comm **comm)
@@ -546,64 +577,68 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     if (json) {
         kvp_json_print(stdout, o);
     } else {
-        printf("workload           %s (%lld %s, %lld finished, %lld rejected)\n", wname, (long long)m.requests,
-               n_samples > 1 ? "sequences" : "requests", (long long)m.finished, (long long)m.rejected);
-        if (m.rejected > 0) printf("rejected           %s\n", why);
-        if (n_samples > 1) printf("parallel samples   %d per request\n", (int)n_samples);
+        summary_line("workload", "%s (%lld %s, %lld finished, %lld rejected)", wname, (long long)m.requests,
+                     n_samples > 1 ? "sequences" : "requests", (long long)m.finished, (long long)m.rejected);
+        if (m.rejected > 0) summary_line("rejected", "%s", why);
+        if (n_samples > 1) summary_line("parallel samples", "%d per request", (int)n_samples);
         if (cpu)
-            printf("model / cpu        %s on %d thread%s; KV %.3g GB of %s = %lld tokens of %.0f bytes\n", model,
-                   threads, threads > 1 ? "s" : "", mem.kv_bytes / 1e9, kvp_dtype_name(kv_dtype),
-                   (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
+            summary_line("model / cpu", "%s on %d thread%s; KV %.3g GB of %s = %lld tokens of %.0f bytes", model,
+                         threads, threads > 1 ? "s" : "", mem.kv_bytes / 1e9, kvp_dtype_name(kv_dtype),
+                         (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
         else
-            printf("model / gpu        %s on %d x %s; KV %.2f GB = %lld tokens of %.0f bytes\n", model, (int)hw.tp,
-                   gpu->name, mem.kv_bytes / 1e9, (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
+            summary_line("model / gpu", "%s on %d x %s; KV %.2f GB = %lld tokens of %.0f bytes", model, (int)hw.tp,
+                         gpu->name, mem.kv_bytes / 1e9, (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
         if (!cpu && hw.tp > 1)
-            printf("communication      %.1f %% of step time in all-reduces (%.3f s of %.3f s)\n", 100 * comm_share,
-                   ss.comm_s, ss.total_s);
+            summary_line("communication", "%.1f %% of step time in all-reduces (%.3f s of %.3f s)", 100 * comm_share,
+                         ss.comm_s, ss.total_s);
         char alloc[64];
         if (ec.alloc == KVP_ALLOC_PAGED) snprintf(alloc, sizeof alloc, "paged, block %d", (int)ec.block_size);
         else snprintf(alloc, sizeof alloc, "%s in a %s arena", kvp_alloc_kind_name(ec.alloc), kvp_contig_placement_name(ec.arena));
         char swap[64] = "";
         if (swap_tokens > 0) snprintf(swap, sizeof swap, " (host pool %lld tokens)", (long long)swap_tokens);
-        printf("memory manager     %s, cache %s, sched %s, preempt %s%s\n", alloc, kvp_pc_kind_name(ec.cache),
-               kvp_sched_policy_name(ec.sched), kvp_preempt_mode_name(ec.preempt), swap);
-        printf("%s %.2f s in %lld steps%s (wall %.2f s)\n", cpu ? "time              " : "simulated time    ",
-               m.sim_duration_s, (long long)m.steps, cpu ? ", each step's time measured" : "", wall);
-        printf("throughput         %.1f output tok/s, %.1f total tok/s, %.3f %s/s", m.throughput_tok_s, m.total_tok_s,
-               m.req_per_s, n_samples > 1 ? "sequences" : "req");
+        summary_line("memory manager", "%s, cache %s, sched %s, preempt %s%s", alloc, kvp_pc_kind_name(ec.cache),
+                     kvp_sched_policy_name(ec.sched), kvp_preempt_mode_name(ec.preempt), swap);
+        summary_line(cpu ? "time" : "simulated time", "%.2f s in %lld steps%s (wall %.2f s)", m.sim_duration_s,
+                     (long long)m.steps, cpu ? ", each step's time measured" : "", wall);
         /* a request's samples have its lengths: they finish or are rejected together */
-        if (n_samples > 1) printf(" (%.3f requests/s)", m.req_per_s / n_samples);
-        printf("\n");
-        printf("TTFT p50 / p99     %.4f / %.4f s%s\n", m.ttft_p50_s, m.ttft_p99_s, n_samples > 1 ? " (sequences)" : "");
+        char req_rate[48] = "";
+        if (n_samples > 1) snprintf(req_rate, sizeof req_rate, " (%.3f requests/s)", m.req_per_s / n_samples);
+        summary_line("throughput", "%.1f output tok/s, %.1f total tok/s, %.3f %s/s%s", m.throughput_tok_s,
+                     m.total_tok_s, m.req_per_s, n_samples > 1 ? "sequences" : "req", req_rate);
+        summary_line("TTFT p50 / p99", "%.4f / %.4f s%s", m.ttft_p50_s, m.ttft_p99_s,
+                     n_samples > 1 ? " (sequences)" : "");
         if (n_samples > 1) {
             char label[32];
             snprintf(label, sizeof label, "requests of %d", (int)n_samples);
-            printf("%-19sTTFT p50 / p99 %.4f / %.4f s (first sample), E2E p50 / p99 %.4f / %.4f s (last)\n", label,
-                   gl.ttft_p50, gl.ttft_p99, gl.e2e_p50, gl.e2e_p99);
+            summary_line(label, "TTFT p50 / p99 %.4f / %.4f s (first sample), E2E p50 / p99 %.4f / %.4f s (last)",
+                         gl.ttft_p50, gl.ttft_p99, gl.e2e_p50, gl.e2e_p99);
         }
-        printf("TPOT p50 / p99     %.5f / %.5f s\n", m.tpot_p50_s, m.tpot_p99_s);
-        printf("normalized latency %.5f s/token (mean of end-to-end latency / output tokens)\n", m.norm_latency_s);
-        printf("running            mean %.2f, max %lld; preemptions %lld (swap-outs %lld; %lld tokens found cached "
-               "on readmission)\n", m.mean_running, (long long)m.max_running, (long long)m.preemptions,
-               (long long)m.swap_outs, (long long)m.readmit_hit_tokens);
-        printf("prefix hit rate    %.2f %%\n", m.prefix_hit_rate * 100);
+        summary_line("TPOT p50 / p99", "%.5f / %.5f s", m.tpot_p50_s, m.tpot_p99_s);
+        summary_line("normalized latency", "%.5f s/token (mean of end-to-end latency / output tokens)",
+                     m.norm_latency_s);
+        summary_line("running", "mean %.2f, max %lld; preemptions %lld (swap-outs %lld; %lld tokens found cached on "
+                     "readmission)", m.mean_running, (long long)m.max_running, (long long)m.preemptions,
+                     (long long)m.swap_outs, (long long)m.readmit_hit_tokens);
+        summary_line("prefix hit rate", "%.2f %%", m.prefix_hit_rate * 100);
         if (ec.cache != KVP_PC_NONE) {
-            printf("prompt misses      ");
-            for (int c = 0; c < KVP_MISS_CLASSES; c++)
-                printf("%s%s %lld", c ? ", " : "", kvp_miss_class_name((kvp_miss_class)c), (long long)m.miss_tokens[c]);
-            printf(" tokens\n");
+            char misses[512];
+            size_t off = 0;
+            for (int c = 0; c < KVP_MISS_CLASSES && off < sizeof misses; c++)
+                off += (size_t)snprintf(misses + off, sizeof misses - off, "%s%s %lld", c ? ", " : "",
+                                      kvp_miss_class_name((kvp_miss_class)c), (long long)m.miss_tokens[c]);
+            summary_line("prompt misses", "%s tokens", misses);
         }
         if (ec.host_cache_slots > 0)
-            printf("host tier          %lld tokens, %s: %.2f %% of prompt tokens loaded from it; %lld blocks loaded, "
-                   "%lld stored\n", (long long)ec.host_cache_slots, kvp_hc_write_policy_name(ec.host_write_policy),
-                   m.prefix_host_hit_rate * 100, (long long)m.host_loaded_blocks, (long long)m.host_stored_blocks);
-        printf("KV memory (time-averaged share): tokens %.1f %%, reserved %.1f %%, internal frag %.1f %%, "
-               "external frag %.1f %%, cached %.1f %%, free %.1f %%; tokens / memory in use %.1f %%\n",
-               m.kv_token_states * 100, m.kv_reserved * 100, m.kv_internal_frag * 100, m.kv_external_frag * 100,
-               m.kv_cached * 100, m.kv_free * 100, m.kv_util_in_use * 100);
+            summary_line("host tier", "%lld tokens, %s: %.2f %% of prompt tokens loaded from it; %lld blocks loaded, "
+                         "%lld stored", (long long)ec.host_cache_slots, kvp_hc_write_policy_name(ec.host_write_policy),
+                         m.prefix_host_hit_rate * 100, (long long)m.host_loaded_blocks, (long long)m.host_stored_blocks);
+        summary_line("KV memory", "time-averaged share: tokens %.1f %%, reserved %.1f %%, internal frag %.1f %%, "
+                     "external frag %.1f %%, cached %.1f %%, free %.1f %%; tokens / memory in use %.1f %%",
+                     m.kv_token_states * 100, m.kv_reserved * 100, m.kv_internal_frag * 100, m.kv_external_frag * 100,
+                     m.kv_cached * 100, m.kv_free * 100, m.kv_util_in_use * 100);
         if (m.kv_shared_savings > 0)
-            printf("sharing saved      %.3g %% of the KV capacity (time-averaged slots not stored twice)\n",
-                   m.kv_shared_savings * 100);
+            summary_line("sharing saved", "%.3g %% of the KV capacity (time-averaged slots not stored twice)",
+                         m.kv_shared_savings * 100);
     }
     cJSON_Delete(o);
     return KVP_EXIT_OK;

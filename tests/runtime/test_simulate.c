@@ -810,6 +810,22 @@ Test(simulate_cli, kv_events_replay_into_the_cache)
     cJSON_Delete(o);
 }
 
+/* The summary's wrapped lines joined again: a newline and the 19 spaces of a continuation become one space. */
+static void unwrap(char *s)
+{
+    static const char cont[] = "\n                   ";
+    char *w = s;
+    for (const char *r = s; *r;) {
+        if (strncmp(r, cont, sizeof cont - 1) == 0) {
+            *w++ = ' ';
+            r += sizeof cont - 1;
+        } else {
+            *w++ = *r++;
+        }
+    }
+    *w = 0;
+}
+
 /* The summary says why requests were rejected: the reasons add up to the rejected count, each reason's count is
  * the requests of the trace it fits (prompts of max_model_len or more; the others longer than the KV cache),
  * and the words name the figures. */
@@ -851,7 +867,39 @@ Test(simulate_cli, rejections_say_why)
     const char *text = "simulate --model " LLAMA8B " --gpu H100-SXM --kv-mem 64MB --trace " AZURE_CONV
                        " --num-requests 200 --max-model-len 1024";
     cr_assert_eq(kvp_test_cli(text, out, sizeof out, err, sizeof err), 0, "%s", err);
+    unwrap(out);
     cr_assert(strstr(out, "rejected           ") && strstr(out, why), "%s", out);
+}
+
+/* The text summary fits 100 columns, its long lines (the rejections, the model, the KV memory's shares, n
+ * samples, the host tier, tensor parallelism) wrapped under their values, and says what --json says. */
+Test(simulate_cli, summary_fits_100_columns)
+{
+    static const char *const cases[] = {
+        "--model " LLAMA8B " --gpu H100-SXM --kv-mem 64MB --trace " AZURE_CONV " --num-requests 200 --max-model-len 1024",
+        "--model " LLAMA8B " --gpu H200 --tp 2 --workload chat:conversations=10 --cache radix --kv-mem 256MB "
+        "--kv-offloading-size 1GiB --preempt swap --n 3",
+        "--executor cpu --model " S260_GGUF " --workload system:n=8,prefix=64,suffix=8,output=8 --rate inf "
+        "--cache radix --kv-mem 1MB --preempt swap",
+    };
+    static char out[1 << 16], err[8192], args[1024];
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(args, sizeof args, "simulate %s", cases[i]);
+        cr_assert_eq(kvp_test_cli(args, out, sizeof out, err, sizeof err), 0, "%s: %s", args, err);
+        int lines = 0, wrapped = 0;
+        for (const char *p = out; *p;) {
+            const size_t n = strcspn(p, "\n");
+            cr_assert_leq(n, 100u, "%s: a line of %zu characters: %.*s", args, n, (int)n, p);
+            lines++;
+            if (n > 19 && strspn(p, " ") == 19) wrapped++;
+            p += n + (p[n] == '\n');
+        }
+        cr_assert_gt(lines, 8, "%s: %s", args, out);
+        cr_assert_gt(wrapped, 0, "%s: the KV memory line at least is longer than 100 columns: %s", args, out);
+        unwrap(out);
+        cr_assert(strstr(out, "KV memory          time-averaged share: tokens ") &&
+                  strstr(out, "; tokens / memory in use "), "%s", out);
+    }
 }
 
 /* kvp_sim_rejections_summary's words, for one reason and for several. */
