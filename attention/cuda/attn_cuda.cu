@@ -6,6 +6,8 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "attention/cuda/attn_cuda.h"
 
@@ -276,7 +278,18 @@ extern "C" kvp_status kvp_attn_decode_cuda(const kvp_paged_kv *kv, const float *
     return cuda_err(e, what);
 }
 
-int kvp_attn_cuda::prefill_rows_per_cta(int, int D) { return D <= 64 ? 64 : D <= 128 ? 32 : 16; }
+int kvp_attn_cuda::prefill_rows_per_cta(int tensor_cores, int D) { return tensor_cores || D <= 64 ? 64 : D <= 128 ? 32 : 16; }
+
+extern "C" int kvp_attn_cuda_prefill_tensor_cores(kvp_dtype dtype, int32_t head_dim)
+{
+    static int simt = -1; /* KVPAGE_CUDA_PREFILL=simt: the CUDA-core kernel everywhere (a comparison, or a fallback) */
+    if (simt < 0) {
+        const char *e = getenv("KVPAGE_CUDA_PREFILL");
+        simt = e != nullptr && strcmp(e, "simt") == 0;
+    }
+    return KVP_CUDA_NATIVE && !simt && dtype != KVP_DTYPE_F32 && (unsigned)dtype < KVP_DTYPE_COUNT && head_dim % 16 == 0 &&
+           kvp_attn_supported(dtype, head_dim);
+}
 
 extern "C" kvp_status kvp_attn_prefill_cuda(const kvp_paged_kv *kv, const float *q, const int32_t *qo_indptr,
                                             int32_t num_q_tokens, float *out, const kvp_attn_params *p, void *stream)
@@ -296,8 +309,9 @@ extern "C" kvp_status kvp_attn_prefill_cuda(const kvp_paged_kv *kv, const float 
     a.group = a.hq / kv->num_kv_heads;
     a.window_left = p->window_left;
     scales(kv, p, &a.qscale, &a.oscale, &a.cap);
+    a.tensor_cores = kvp_attn_cuda_prefill_tensor_cores(kv->dtype, kv->head_dim);
     /* each sequence has ceil(n_q * G / BQ) tiles <= n_q * G / BQ + 1 */
-    const int bq = prefill_rows_per_cta(kv->dtype, kv->head_dim);
+    const int bq = prefill_rows_per_cta(a.tensor_cores, kv->head_dim);
     const long tiles = ((long)num_q_tokens * a.group + bq - 1) / bq + kv->num_seqs;
     if (tiles > 2147483647L || kv->num_kv_heads > 65535)
         return KVP_ERR(KVP_EINVAL, "%s: %ld query tiles x %d KV heads is over the grid's limits", what, tiles,

@@ -54,6 +54,12 @@ kvp_status kvp_attn_decode_cuda(const kvp_paged_kv *kv, const float *q, float *o
 kvp_status kvp_attn_prefill_cuda(const kvp_paged_kv *kv, const float *q, const int32_t *qo_indptr,
                                  int32_t num_q_tokens, float *out, const kvp_attn_params *p, void *stream);
 
+/* 1 when kvp_attn_prefill_cuda runs on tensor cores for this pair (nvcc builds; f16, bf16 and fp8 pools with
+ * head_dim a multiple of 16: wmma with Q and P rounded to 16 bits, about 1e-3 (f16, fp8) or 1e-2 (bf16) of the
+ * output's scale from the CPU kernel); 0 for the CUDA-core kernel (f32 pools, head_dim 8, the emulator, or the
+ * environment variable KVPAGE_CUDA_PREFILL=simt), which agrees with the CPU to f32 rounding. */
+int kvp_attn_cuda_prefill_tensor_cores(kvp_dtype dtype, int32_t head_dim);
+
 /* ---- copy_blocks: block_pairs (n, 2) int32 {src, dst} on the device, every pair in every one of num_layers
  * layers (descriptors with the same dtype, sizes and strides; their pools differ) in ONE launch: grid
  * (n, num_layers), threads over (head, token, 16- or 8-byte chunk). Same rules on pairs as the CPU. */

@@ -38,6 +38,7 @@ struct prefill_args {
     float *out;               /* (num_q_tokens, hq, D) */
     float *lse;               /* (num_q_tokens, hq) or NULL */
     int hq, group, window_left;
+    int tensor_cores; /* nvcc builds, f16/bf16/fp8 pools, head_dim a multiple of 16: the wmma kernel */
     float qscale, oscale, cap;
 };
 
@@ -50,8 +51,11 @@ cudaError_t launch_prefill_f32(const prefill_args &a, int tiles_bound, cudaStrea
 cudaError_t launch_prefill_f16(const prefill_args &a, int tiles_bound, cudaStream_t st);
 cudaError_t launch_prefill_bf16(const prefill_args &a, int tiles_bound, cudaStream_t st);
 cudaError_t launch_prefill_fp8(const prefill_args &a, int tiles_bound, cudaStream_t st);
+cudaError_t launch_prefill_tc_f16(const prefill_args &a, int tiles_bound, cudaStream_t st);
+cudaError_t launch_prefill_tc_bf16(const prefill_args &a, int tiles_bound, cudaStream_t st);
+cudaError_t launch_prefill_tc_fp8(const prefill_args &a, int tiles_bound, cudaStream_t st);
 /* Query rows per prefill CTA for head_dim D (the grid bound needs it). */
-int prefill_rows_per_cta(int dtype, int D);
+int prefill_rows_per_cta(int tensor_cores, int D);
 
 /* ---- 8 consecutive elements (offset a multiple of 8: 16-byte loads for 16-bit types, 8 for fp8, 32 for f32) */
 template <int DT> __device__ __forceinline__ void load8(const void *pool, int64_t off, float (&x)[8]);

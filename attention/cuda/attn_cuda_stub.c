@@ -6,6 +6,7 @@
 
 int kvp_attn_cuda_device_count(void) { return 0; }
 int kvp_attn_cuda_emulated(void) { return 0; }
+int kvp_attn_cuda_prefill_tensor_cores(kvp_dtype dtype, int32_t head_dim) { return (void)dtype, (void)head_dim, 0; }
 
 kvp_status kvp_attn_append_kv_cuda(const kvp_paged_kv *kv, const float *k, const float *v,
                                    const int64_t *slot_mapping, int32_t num_tokens, void *stream)

@@ -1,14 +1,20 @@
 /* attention/cuda/attn_kernels.cuh — paged decode and prefill kernels, templates over (dtype, head_dim),
- * instantiated once per dtype by attention/cuda/attn_<dtype>.cu (four files that nvcc builds in parallel).
+ * instantiated once per dtype and op by attention/cuda/attn_{decode,prefill,prefill_tc}_<dtype>.cu.
  * References: kvp_attn_decode_cpu / kvp_attn_prefill_cpu (attention/attn_cpu.c) and the float64 dense
  * references (attention/attn_ref.c); tests/attention/test_attn_cuda.c checks these kernels against both.
  *
- * Before including: KVP_ATTN_DT (a kvp_dtype value) and KVP_ATTN_NAME (the dtype's name: f32, f16, ...).
+ * Before including: KVP_ATTN_DT (a kvp_dtype value), KVP_ATTN_NAME (the dtype's name: f32, f16, ...), and
+ * one of KVP_ATTN_DECODE, KVP_ATTN_PREFILL, KVP_ATTN_PREFILL_TC: which launcher the file defines (eleven files
+ * that nvcc builds in parallel).
  *
  * Scores are in log2 units (q pre-scaled by sm_scale * log2(e)), softmax is online (attention/attn_hd.h),
  * every K/V element is converted to f32 once, when its tile is staged.
  */
 #include "attention/cuda/attn_cuda_internal.h"
+
+#if KVP_CUDA_NATIVE
+#include <mma.h>
+#endif
 
 namespace kvp_attn_cuda {
 namespace {
@@ -35,7 +41,7 @@ template <int D> struct decode_shape {
     static constexpr int BUF = TT * KROW > NS * kGMax * D ? TT * KROW : NS * kGMax * D;
 };
 
-template <int D> __global__ void __launch_bounds__(kThreads) decode_kernel(decode_args a)
+template <int D> __global__ void __launch_bounds__(kThreads, 1) decode_kernel(decode_args a)
 {
     using S_ = decode_shape<D>;
     constexpr int TT = S_::TT, NC = S_::NC, NS = S_::NS, KROW = S_::KROW;
@@ -94,7 +100,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) decode_kernel(decod
                 const float4 *kr = reinterpret_cast<const float4 *>(buf + t * KROW);
                 const float4 *qr = reinterpret_cast<const float4 *>(qs + g * D);
                 float d0 = 0.0f, d1 = 0.0f;
-#pragma unroll
+#pragma unroll 4
                 for (int d = 0; d < D / 4; d += 2) {
                     const float4 k0 = kr[d], q0 = qr[d];
                     d0 += q0.x * k0.x + q0.y * k0.y + q0.z * k0.z + q0.w * k0.w;
@@ -201,7 +207,7 @@ template <int D> struct prefill_shape {
     static constexpr int U = (BQ * NC + kThreads - 1) / kThreads; /* (row, chunk) pairs per thread */
 };
 
-template <int D> __global__ void __launch_bounds__(kThreads) prefill_kernel(prefill_args a)
+template <int D> __global__ void __launch_bounds__(kThreads, 1) prefill_kernel(prefill_args a)
 {
     using P_ = prefill_shape<D>;
     constexpr int BQ = P_::BQ, BK = P_::BK, NC = P_::NC, ROW = P_::ROW, U = P_::U;
@@ -270,7 +276,7 @@ template <int D> __global__ void __launch_bounds__(kThreads) prefill_kernel(pref
                 const float4 *kr = reinterpret_cast<const float4 *>(ks + j * ROW);
                 const float4 *qr = reinterpret_cast<const float4 *>(qs + r * ROW);
                 float d0 = 0.0f;
-#pragma unroll
+#pragma unroll 4
                 for (int d = 0; d < D / 4; d++) {
                     const float4 k4 = kr[d], q4 = qr[d];
                     d0 += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
@@ -333,6 +339,188 @@ template <int D> __global__ void __launch_bounds__(kThreads) prefill_kernel(pref
     }
 }
 
+#if KVP_CUDA_NATIVE && defined(KVP_ATTN_PREFILL_TC)
+/* ---------------------------------------------------------------- prefill on tensor cores (nvcc builds)
+ *
+ * The same schedule as prefill_kernel, with the two matrix products on tensor cores (nvcuda::wmma 16x16x16,
+ * f16 or bf16 inputs, f32 accumulation) and the output accumulator in shared memory:
+ *
+ *   Qs[BQ][D], Ks[BK][D], Vs[BK][D]   T = half (f16 and fp8 pools: an fp8 code is an exact f16) or bf16
+ *   S = Qs Ks^T            warp w: rows 16w..16w+15, all BK columns               -> f32 smem
+ *   softmax, masks         one thread per row; it also rescales its row of Oacc by alpha; P -> T smem
+ *   Oacc += P Vs           warp w: its 16 rows, all D columns (accumulators loaded from and stored to Oacc)
+ *
+ * Q and P are rounded to T (the CPU keeps them in f32): results agree with the CPU kernel to about 1e-3 (f16)
+ * and 1e-2 (bf16) of the output's scale. The emulator has no wmma: it runs prefill_kernel (SIMT) instead. */
+template <int D> struct tc_shape {
+    static constexpr int BQ = 64, BK = D <= 128 ? 64 : 32;
+    static constexpr int LDT = D + 8;  /* Qs, Ks, Vs row stride (T elements) */
+    static constexpr int LDS = BK + 4; /* S row stride (floats) */
+    static constexpr int LDP = BK + 8; /* P row stride (T elements) */
+    static constexpr int LDO = D + 4;  /* Oacc row stride (floats) */
+    static constexpr size_t q_off = 0, k_off = q_off + sizeof(uint16_t) * BQ * LDT, v_off = k_off + sizeof(uint16_t) * BK * LDT,
+                            s_off = v_off + sizeof(uint16_t) * BK * LDT, p_off = s_off + sizeof(float) * BQ * LDS,
+                            o_off = p_off + sizeof(uint16_t) * BQ * LDP, bytes = o_off + sizeof(float) * BQ * LDO;
+};
+
+template <class T> __device__ __forceinline__ T to_t(float x);
+template <> __device__ __forceinline__ __half to_t<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 to_t<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+
+/* 8 pool elements as T bits (16-bit pools: copied; fp8: code -> the f16 of value * 2^-8) */
+__device__ __forceinline__ uint4 load8_bits(const void *pool, int64_t off, int fp8)
+{
+    if (!fp8) return *reinterpret_cast<const uint4 *>(static_cast<const uint16_t *>(pool) + off);
+    const uint2 u = *reinterpret_cast<const uint2 *>(static_cast<const uint8_t *>(pool) + off);
+    unsigned w[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const unsigned word = i < 2 ? u.x : u.y, c0 = (word >> (16 * (i & 1))) & 0xffu, c1 = (word >> (16 * (i & 1) + 8)) & 0xffu;
+        const unsigned h0 = ((c0 & 0x80u) << 8) | ((c0 & 0x7fu) << 7) | ((c0 & 0x7fu) == 0x7fu ? 0x7e00u : 0u);
+        const unsigned h1 = ((c1 & 0x80u) << 8) | ((c1 & 0x7fu) << 7) | ((c1 & 0x7fu) == 0x7fu ? 0x7e00u : 0u);
+        w[i] = h0 | h1 << 16;
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+template <int D, class T> __global__ void __launch_bounds__(kThreads, 1) prefill_tc_kernel(prefill_args a)
+{
+    using namespace nvcuda;
+    using S_ = tc_shape<D>;
+    constexpr int BQ = S_::BQ, BK = S_::BK, LDT = S_::LDT, LDS = S_::LDS, LDP = S_::LDP, LDO = S_::LDO, NC = D / 8;
+    KVP_EXTERN_SHARED(unsigned char, smem);
+    T *qs = reinterpret_cast<T *>(smem + S_::q_off), *ks = reinterpret_cast<T *>(smem + S_::k_off);
+    T *vs = reinterpret_cast<T *>(smem + S_::v_off), *ps = reinterpret_cast<T *>(smem + S_::p_off);
+    float *sc = reinterpret_cast<float *>(smem + S_::s_off), *oacc = reinterpret_cast<float *>(smem + S_::o_off);
+    KVP_SHARED(int64_t, off, BK);
+    KVP_SHARED(float, sm_m, BQ);
+    KVP_SHARED(float, sm_l, BQ);
+    KVP_SHARED(int, where, 2);
+
+    const kvp_paged_kv &kv = a.kv;
+    const int tid = threadIdx.x, warp = tid / 32, kvh = blockIdx.y, G = a.group, fp8 = kv.dtype == KVP_DTYPE_FP8_E4M3;
+    if (tid == 0) {
+        int left = (int)blockIdx.x, seq = -1, r0 = 0;
+        for (int s = 0; s < kv.num_seqs; s++) {
+            const int rows = (a.qo_indptr[s + 1] - a.qo_indptr[s]) * G, tiles = (rows + BQ - 1) / BQ;
+            if (left < tiles) {
+                seq = s, r0 = left * BQ;
+                break;
+            }
+            left -= tiles;
+        }
+        where[0] = seq, where[1] = r0;
+    }
+    __syncthreads();
+    const int s = where[0], r0 = where[1];
+    if (s < 0) return;
+    const int q0 = a.qo_indptr[s], nq = a.qo_indptr[s + 1] - q0, L = kvp_paged_kv_seq_len(&kv, s);
+    const int rows = nq * G - r0 < BQ ? nq * G - r0 : BQ;
+    for (int i = tid; i < BQ * D; i += kThreads) {
+        const int r = i / D, d = i % D, rr = r0 + r;
+        qs[r * LDT + d] = to_t<T>(r < rows ? a.q[((int64_t)(q0 + rr / G) * a.hq + kvh * G + rr % G) * D + d] * a.qscale : 0.0f);
+    }
+    for (int i = tid; i < BQ * D; i += kThreads) oacc[(i / D) * LDO + i % D] = 0.0f;
+    if (tid < BQ) sm_m[tid] = -INFINITY, sm_l[tid] = 0.0f;
+    const int first_pos = L - nq + r0 / G, last_pos = L - nq + (r0 + rows - 1) / G;
+    const int klo = kvp_hd_window_lo(first_pos, a.window_left), khi = last_pos + 1;
+    __syncthreads();
+    for (int j0 = klo; j0 < khi; j0 += BK) {
+        const int n = khi - j0 < BK ? khi - j0 : BK;
+        if (tid < n) off[tid] = kvp_paged_kv_token_offset(&kv, s, kvh, j0 + tid);
+        __syncthreads();
+        for (int i = tid; i < 2 * BK * NC; i += kThreads) {
+            const int which = i / (BK * NC), t = i % (BK * NC) / NC, cc = i % NC;
+            const uint4 bits = t < n ? load8_bits(which ? kv.v : kv.k, off[t] + 8 * cc, fp8) : make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>((which ? vs : ks) + t * LDT + 8 * cc) = bits;
+        }
+        __syncthreads();
+        for (int kb = 0; kb < BK / 16; kb++) { /* S = Q K^T, this warp's 16 rows */
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::fill_fragment(acc, 0.0f);
+            for (int kd = 0; kd < D / 16; kd++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> fb;
+                wmma::load_matrix_sync(fa, qs + warp * 16 * LDT + kd * 16, LDT);
+                wmma::load_matrix_sync(fb, ks + kb * 16 * LDT + kd * 16, LDT);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(sc + warp * 16 * LDS + kb * 16, acc, LDS, wmma::mem_row_major);
+        }
+        __syncthreads();
+        if (tid < BQ) { /* row tid: masks, online softmax, P, and Oacc *= alpha */
+            const int r = tid, pos = L - nq + (r0 + r) / G, lo = kvp_hd_window_lo(pos, a.window_left);
+            float mx = -INFINITY;
+            for (int j = 0; j < BK; j++) {
+                const int key = j0 + j;
+                float x = sc[r * LDS + j];
+                if (a.cap > 0.0f) x = a.cap * tanhf(x / a.cap);
+                x = r < rows && j < n && key >= lo && key <= pos ? x : -INFINITY;
+                sc[r * LDS + j] = x;
+                mx = fmaxf(mx, x);
+            }
+            kvp_softmax_state st = {sm_m[r], sm_l[r]};
+            float mn;
+            const float alpha = kvp_hd_softmax_update(&st, mx, &mn);
+            float sum = 0.0f;
+            for (int j = 0; j < BK; j++) {
+                const float p = mn == -INFINITY ? 0.0f : exp2f(sc[r * LDS + j] - mn);
+                const T pt = to_t<T>(p);
+                ps[r * LDP + j] = pt;
+                sum += p;
+            }
+            sm_m[r] = st.m, sm_l[r] = st.l + sum;
+            if (alpha != 1.0f)
+                for (int d = 0; d < D; d++) oacc[r * LDO + d] *= alpha;
+        }
+        __syncthreads();
+        for (int db = 0; db < D / 16; db++) { /* Oacc += P V, this warp's 16 rows */
+            wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc;
+            wmma::load_matrix_sync(acc, oacc + warp * 16 * LDO + db * 16, LDO, wmma::mem_row_major);
+            for (int kb = 0; kb < BK / 16; kb++) {
+                wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> fa;
+                wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> fb;
+                wmma::load_matrix_sync(fa, ps + warp * 16 * LDP + kb * 16, LDP);
+                wmma::load_matrix_sync(fb, vs + kb * 16 * LDT + db * 16, LDT);
+                wmma::mma_sync(acc, fa, fb, acc);
+            }
+            wmma::store_matrix_sync(oacc + warp * 16 * LDO + db * 16, acc, LDO, wmma::mem_row_major);
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < rows * D; i += kThreads) {
+        const int r = i / D, d = i % D, rr = r0 + r;
+        const int64_t row = (int64_t)(q0 + rr / G) * a.hq + kvh * G + rr % G;
+        const float l = sm_l[r];
+        a.out[row * D + d] = l > 0.0f ? oacc[r * LDO + d] * a.oscale / l : 0.0f;
+        if (d == 0 && a.lse) {
+            const kvp_softmax_state st = {sm_m[r], l};
+            a.lse[row] = kvp_hd_softmax_lse2(st) * 0.6931471805599453f;
+        }
+    }
+}
+
+template <int D> cudaError_t prefill_tc(const prefill_args &a, int tiles, cudaStream_t st)
+{
+    constexpr int BQ = tc_shape<D>::BQ;
+    const int tc_tiles = tiles; /* the bound was computed for SIMT's BQ <= 64: still an upper bound */
+    (void)BQ;
+    const size_t bytes = tc_shape<D>::bytes;
+    if (DT == KVP_DTYPE_BF16) {
+        auto *k = prefill_tc_kernel<D, __nv_bfloat16>;
+        cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        if (e != cudaSuccess) return e;
+        KVP_LAUNCH(k, dim3((unsigned)tc_tiles, (unsigned)a.kv.num_kv_heads), kThreads, bytes, st, a);
+    } else {
+        auto *k = prefill_tc_kernel<D, __half>;
+        cudaError_t e = cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes);
+        if (e != cudaSuccess) return e;
+        KVP_LAUNCH(k, dim3((unsigned)tc_tiles, (unsigned)a.kv.num_kv_heads), kThreads, bytes, st, a);
+    }
+    return cudaGetLastError();
+}
+#endif
+
 template <int D> cudaError_t decode_one(const decode_args &a, dim3 grid, cudaStream_t st)
 {
     auto *k = decode_kernel<D>;
@@ -364,18 +552,47 @@ template <int D> cudaError_t prefill_one(const prefill_args &a, int tiles, cudaS
     default: return cudaErrorInvalidValue;                              \
     }
 
+#ifdef KVP_ATTN_DECODE
 cudaError_t KVP_CAT(launch_decode_, KVP_ATTN_NAME)(const decode_args &a, dim3 grid, cudaStream_t st)
 {
 #define KVP_CALL(d) decode_one<d>(a, grid, st)
     KVP_HEAD_DIM_SWITCH(a.kv.head_dim, KVP_CALL)
 #undef KVP_CALL
 }
+#endif
 
+#ifdef KVP_ATTN_PREFILL
 cudaError_t KVP_CAT(launch_prefill_, KVP_ATTN_NAME)(const prefill_args &a, int tiles, cudaStream_t st)
 {
+#if KVP_ATTN_DT != KVP_DTYPE_F32
+    if (a.tensor_cores) return KVP_CAT(launch_prefill_tc_, KVP_ATTN_NAME)(a, tiles, st);
+#endif
 #define KVP_CALL(d) prefill_one<d>(a, tiles, st)
     KVP_HEAD_DIM_SWITCH(a.kv.head_dim, KVP_CALL)
 #undef KVP_CALL
 }
+#endif
+
+#ifdef KVP_ATTN_PREFILL_TC
+/* head_dim a multiple of 16 (the caller checked: kvp_attn_cuda_prefill_tensor_cores) */
+cudaError_t KVP_CAT(launch_prefill_tc_, KVP_ATTN_NAME)(const prefill_args &a, int tiles, cudaStream_t st)
+{
+#if KVP_CUDA_NATIVE
+    switch (a.kv.head_dim) {
+    case 16: return prefill_tc<16>(a, tiles, st);
+    case 32: return prefill_tc<32>(a, tiles, st);
+    case 64: return prefill_tc<64>(a, tiles, st);
+    case 80: return prefill_tc<80>(a, tiles, st);
+    case 96: return prefill_tc<96>(a, tiles, st);
+    case 128: return prefill_tc<128>(a, tiles, st);
+    case 256: return prefill_tc<256>(a, tiles, st);
+    default: return cudaErrorInvalidValue;
+    }
+#else
+    (void)a, (void)tiles, (void)st;
+    return cudaErrorNotSupported; /* the emulator has no wmma: tensor_cores is never set there */
+#endif
+}
+#endif
 
 } // namespace kvp_attn_cuda

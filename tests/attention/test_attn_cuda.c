@@ -178,10 +178,13 @@ static void check_attend(cache_t *c, int32_t G, kvp_attn_params p, const int32_t
     CK(cudaDeviceSynchronize());
     to_host(o_gpu, d_o, sizeof(float) * qn);
     to_host(l_gpu, d_l, sizeof(float) * ln);
-    expect_close(o_gpu, o_cpu, qn, 2e-4, "out vs CPU", name);
-    expect_close(o_gpu, o_ref, qn, 5e-4, "out vs float64 reference", name);
-    expect_close(l_gpu, l_cpu, ln, 2e-4, "lse vs CPU", name);
-    expect_close(l_gpu, l_ref, ln, 5e-4, "lse vs float64 reference", name);
+    /* tensor-core prefill rounds Q and P to 16 bits (attention/cuda/attn_cuda.h); everything else is f32 */
+    const int tc = nq && kvp_attn_cuda_prefill_tensor_cores(c->h.dtype, D);
+    const double tol = tc ? (c->h.dtype == KVP_DTYPE_BF16 ? 3e-2 : 4e-3) : 2e-4;
+    expect_close(o_gpu, o_cpu, qn, tol, "out vs CPU", name);
+    expect_close(o_gpu, o_ref, qn, tol + 3e-4, "out vs float64 reference", name);
+    expect_close(l_gpu, l_cpu, ln, tol, "lse vs CPU", name);
+    expect_close(l_gpu, l_ref, ln, tol + 3e-4, "lse vs float64 reference", name);
     CK(cudaFree(d_q));
     CK(cudaFree(d_o));
     CK(cudaFree(d_l));
