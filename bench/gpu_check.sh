@@ -43,8 +43,11 @@ say "machine: $MACHINE; commit $COMMIT; nvcc $("$NVCC" --version | tail -1)"
 
 # ---- 1. build (objects in parallel)
 INC="-I. -Itests -I$CUDA/include"
-CFLAGS="-O2 -std=c11 -D_GNU_SOURCE -fopenmp -march=x86-64-v3 -Wall -Wextra -Werror $INC"
-NVFLAGS="-O3 -std=c++17 -arch=sm_$ARCH -lineinfo -D_GNU_SOURCE --Werror all-warnings -Xcompiler=-Wall,-Wextra,-Werror,-fopenmp $INC"
+# Warnings are not errors here (this machine's compilers may differ from CI's, where the -Werror gates run).
+MARCH=-march=x86-64-v3
+gcc $MARCH -E -x c /dev/null >/dev/null 2>&1 || MARCH="-mavx2 -mfma -mf16c"
+CFLAGS="-O2 -std=c11 -D_GNU_SOURCE -fopenmp $MARCH -Wall -Wextra $INC"
+NVFLAGS="-O3 -std=c++17 -arch=sm_$ARCH -lineinfo -D_GNU_SOURCE -Xcompiler=-Wall,-Wextra $INC"
 NCCL_INC=$(ls -d "$CUDA"/include/nccl.h /usr/include/nccl.h 2>/dev/null | head -1)
 pids=()
 build() { # out, compiler command...
@@ -55,7 +58,7 @@ build() { # out, compiler command...
 }
 for f in attention/cuda/attn_prefill_tc_{f16,bf16,fp8}.cu attention/cuda/attn_prefill_{f16,bf16,fp8,f32}.cu attention/cuda/attn_decode_{f16,bf16,fp8,f32}.cu \
          attention/cuda/attn_cuda.cu; do
-  build "$(basename "$f" .cu).o" "$NVCC" $NVFLAGS -Xptxas -warn-spills "$f"
+  build "$(basename "$f" .cu).o" "$NVCC" $NVFLAGS -Xptxas -warn-spills "$f" # spills: a warning, in the log
 done
 build test_emulator.o "$NVCC" $NVFLAGS -DKVP_TEST_STANDALONE=1 tests/cuda/test_emulator.cu
 for f in common/status.c common/alloc.c common/cpu.c common/timer.c attention/attn_cpu.c attention/attn_ref.c \
@@ -100,7 +103,7 @@ RES[spills]=$([ $? = 0 ] && echo "none (head_dim >= 64)" || echo "SPILLS (see cu
 suite() { # name, binary, args...
   local name=$1 bin=$2 out
   shift 2
-  out=$(timeout 150 "$bin" "$@" 2>&1)
+  out=$(timeout 120 "$bin" "$@" 2>&1)
   local rc=$?
   echo "$out" >>"$LOG"
   local syn
