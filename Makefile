@@ -23,7 +23,7 @@ run: build
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j 1
 	$(MAKE) build-asan
-	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j 1 -LE cuda
+	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --output-on-failure -j 1 -LE "cuda|docs|plot"
 
 build-asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug -DKVPAGE_SANITIZE=ON -DKVPAGE_CUDA=OFF $(CMAKE_FLAGS)

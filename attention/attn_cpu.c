@@ -28,8 +28,7 @@
 
 enum { TILE = 256, MAXROWS = 32, MAXD = 256 }; /* TILE: the longest tile (and the stride of S) */
 
-static const int32_t k_head_dims[] = {8, 16, 32, 64, 80, 96, 128, 256};
-#define NUM_HEAD_DIMS ((int)(sizeof k_head_dims / sizeof k_head_dims[0]))
+#define NUM_HEAD_DIMS KVP_NUM_HEAD_DIMS /* the dispatch tables' second index: kvp_paged_kv_head_dim_index */
 
 static atomic_int g_threads;
 
@@ -91,12 +90,7 @@ kvp_attn_params kvp_attn_default_params(int32_t num_q_heads)
     return p;
 }
 
-static int head_dim_index(int32_t head_dim)
-{
-    for (int i = 0; i < NUM_HEAD_DIMS; i++)
-        if (k_head_dims[i] == head_dim) return i;
-    return -1;
-}
+static int head_dim_index(int32_t head_dim) { return kvp_paged_kv_head_dim_index(head_dim); }
 
 int kvp_attn_supported(kvp_dtype dtype, int32_t head_dim)
 {
@@ -595,7 +589,7 @@ KVP_PASSES16_ALL(KVP_DTYPE_BF16, bf16)
 KVP_PASSES16_ALL(KVP_DTYPE_FP8_E4M3, fp8)
 #pragma GCC pop_options
 
-/* Indexed like k_head_dims. */
+/* Indexed like kvp_paged_kv_head_dim_index. */
 #define KVP_PASSES16_ROW(P, TN) {P##_##TN##_8, P##_##TN##_16, P##_##TN##_32, P##_##TN##_64, P##_##TN##_80, P##_##TN##_96, \
                                  P##_##TN##_128, P##_##TN##_256}
 static const scores16_fn k_scores16[KVP_DTYPE_COUNT][NUM_HEAD_DIMS] = {

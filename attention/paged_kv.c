@@ -5,8 +5,15 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "attention/attention.h"
 #include "common/alloc.h"
+
+int kvp_paged_kv_head_dim_index(int32_t head_dim)
+{
+    static const int32_t dims[KVP_NUM_HEAD_DIMS] = {8, 16, 32, 64, 80, 96, 128, 256};
+    for (int i = 0; i < KVP_NUM_HEAD_DIMS; i++)
+        if (dims[i] == head_dim) return i;
+    return -1;
+}
 
 kvp_status kvp_paged_kv_init(kvp_paged_kv *kv, kvp_dtype dtype, int32_t num_blocks, int32_t num_kv_heads,
                              int32_t block_size, int32_t head_dim)
@@ -18,7 +25,7 @@ kvp_status kvp_paged_kv_init(kvp_paged_kv *kv, kvp_dtype dtype, int32_t num_bloc
                        "paged_kv_init: sizes must be >= 1 (num_blocks %d, num_kv_heads %d, block_size %d, "
                        "head_dim %d)",
                        num_blocks, num_kv_heads, block_size, head_dim);
-    if (!kvp_attn_supported(dtype, head_dim))
+    if (kvp_paged_kv_head_dim_index(head_dim) < 0)
         return KVP_ERR(KVP_EUNSUPPORTED, "paged_kv_init: head_dim %d with dtype %s is not supported", head_dim,
                        kvp_dtype_name(dtype));
     kvp_paged_kv d = {0};

@@ -92,9 +92,14 @@ typedef struct kvp_paged_kv {
     const int32_t *kv_last_page_len; /* (num_seqs) */
 } kvp_paged_kv;
 
+/* The head dimensions the attention kernels handle (8, 16, 32, 64, 80, 96, 128, 256), with every dtype: the
+ * index of head_dim among them (the kernels' dispatch tables follow this order), or -1 for one they do not. */
+#define KVP_NUM_HEAD_DIMS 8
+int kvp_paged_kv_head_dim_index(int32_t head_dim);
+
 /* Fills *kv for contiguous HND pools (strides from the sizes), scales 1, no page table. Pointers k and v
  * may be NULL (set later, e.g. per layer, or by kvp_paged_kv_alloc_pools). KVP_EINVAL on sizes < 1 or an
- * invalid dtype; KVP_EUNSUPPORTED for a head_dim no kernel handles (see kvp_attn_supported). */
+ * invalid dtype; KVP_EUNSUPPORTED for a head_dim no kernel handles (kvp_paged_kv_head_dim_index). */
 kvp_status kvp_paged_kv_init(kvp_paged_kv *kv, kvp_dtype dtype, int32_t num_blocks, int32_t num_kv_heads,
                              int32_t block_size, int32_t head_dim);
 /* Sets the page table (borrowed). No validation here: kernels validate it (kvp_paged_kv_check). */

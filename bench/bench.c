@@ -1,12 +1,14 @@
 #include "bench/bench.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/cli.h"
+#include "common/json.h"
 
 /* One row per `kvpage bench KIND`; each kind's function lives in bench/bench_KIND.c. */
 static const struct {
@@ -28,6 +30,46 @@ static void usage(FILE *f)
 {
     fprintf(f, "usage: kvpage bench KIND [options]   (kvpage bench KIND --help for its options)\n\nkinds:\n");
     for (int i = 0; kinds[i].name; i++) fprintf(f, "  %-14s %s\n", kinds[i].name, kinds[i].summary);
+}
+
+const char *kvp_bench_default_out(void)
+{
+    static char dir[PATH_MAX + 16];
+    if (dir[0]) return dir;
+    char exe[PATH_MAX];
+    ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    char *slash = len > 0 ? (exe[len] = '\0', strrchr(exe, '/')) : NULL;
+    if (slash == NULL) snprintf(dir, sizeof dir, "results");
+    else {
+        *slash = '\0';
+        snprintf(dir, sizeof dir, "%s/results", exe);
+    }
+    return dir;
+}
+
+void kvp_bench_model_name(const char *config_path, char *out, size_t n)
+{
+    char path[PATH_MAX];
+    snprintf(path, sizeof path, "%s", config_path);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) snprintf(path, sizeof path, "%s/config.json", config_path);
+    cJSON *cfg = NULL;
+    const char *name = NULL;
+    if (kvp_json_parse_file(path, &cfg) == KVP_OK && cJSON_IsObject(cfg)) {
+        const cJSON *v = cJSON_GetObjectItemCaseSensitive(cfg, "_name_or_path");
+        if (cJSON_IsString(v) && v->valuestring[0]) name = v->valuestring;
+    }
+    if (name) snprintf(out, n, "%s", name);
+    else { /* .../NAME.json, or .../NAME/config.json */
+        char *end = path + strlen(path);
+        while (end > path && end[-1] == '/') *--end = '\0';
+        if (end - path > 12 && strcmp(end - 12, "/config.json") == 0) *(end -= 12) = '\0';
+        else if (end - path > 5 && strcmp(end - 5, ".json") == 0) *(end -= 5) = '\0';
+        else if (end - path > 5 && strcmp(end - 5, ".gguf") == 0) *(end -= 5) = '\0';
+        const char *slash = strrchr(path, '/');
+        snprintf(out, n, "%s", slash ? slash + 1 : path);
+    }
+    cJSON_Delete(cfg);
 }
 
 kvp_status kvp_bench_out_dir(const char *opt, const char *dir)

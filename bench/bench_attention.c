@@ -45,6 +45,9 @@ static const char *const k_fields[] = {"kernel",  "layout",   "dtype",     "bloc
                                        "time_ms", "cpu_ms", "kv_bytes", "kv_gbps",   "copy_gbps",  "pct_copy_bw", "read_gbps", "pct_read_bw", "gflops",
                                        "paged_over_contig", "paged_over_contig_cpu", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
+/* the default table's columns (--wide: all) */
+static const char *const k_brief[] = {"kernel", "layout", "dtype", "block_size", "batch", "ctx", "time_ms", "kv_gbps", "paged_over_contig", "validated"};
+
 
 typedef struct {
     const char *kernel; /* "decode" | "prefill" */
@@ -465,9 +468,11 @@ static void usage(FILE *f)
             "  --reps N           interleaved rounds (timed runs per layout), minimum taken (default 5;\n"
             "                     prefill at most 3)\n"
             "  --case N           run only the N-th configuration of the sweep (1-based)\n"
-            "  --format FMT       table | csv | json on stdout (default table)\n"
+            "  --format FMT       table | csv | json on stdout (default table, 100 columns wide)\n"
+            "  --wide             a table with every column (same as --format wide)\n"
             "  --json             same as --format json\n"
-            "  --out-dir DIR      also write DIR/attention.csv and DIR/attention.json (default bench/results)\n"
+            "  --out-dir DIR      also write DIR/attention.csv and DIR/attention.json (default: results/\n"
+            "                     beside the program, build/results; --out is the same option)\n"
             "  --no-write         do not write result files\n"
             "  -h, --help         this help\n");
 }
@@ -479,8 +484,9 @@ int kvp_bench_attention(int argc, char **argv)
                                          {"json", no_argument, NULL, 'j'},      {"out-dir", required_argument, NULL, 'o'},
                                          {"no-write", no_argument, NULL, 'n'},  {"help", no_argument, NULL, 'h'},
                                          {"case", required_argument, NULL, 'c'}, {"lanes", required_argument, NULL, 'l'},
+                                         {"wide", no_argument, NULL, 'W'},     {"out", required_argument, NULL, 'o'},
                                          {NULL, 0, NULL, 0}};
-    const char *cmd = "bench attention", *out_dir = "bench/results";
+    const char *cmd = "bench attention", *out_dir = kvp_bench_default_out();
     bopts o = {.threads = 0, .reps = 5, .lanes = {0}, .nlanes = 1};
     kvp_format fmt = KVP_FMT_TABLE;
     int write = 1, c, only = 0;
@@ -500,6 +506,7 @@ int kvp_bench_attention(int argc, char **argv)
             if (kvp_format_parse(optarg, &fmt) != KVP_OK) return kvp_cli_usage_error(cmd, "--format: %s", kvp_error_message());
             break;
         case 'j': fmt = KVP_FMT_JSON; break;
+        case 'W': fmt = KVP_FMT_WIDE; break;
         case 'c':
             if (kvp_parse_i32(optarg, 1, 1000, &v32) != KVP_OK) return kvp_cli_usage_error(cmd, "--case: %s", kvp_error_message());
             only = v32;
@@ -525,15 +532,14 @@ int kvp_bench_attention(int argc, char **argv)
         }
     if (optind < argc) return kvp_cli_usage_error(cmd, "unexpected argument '%s'", argv[optind]);
     if (write) {
-        struct stat sb;
-        if (stat(out_dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
-            return kvp_cli_usage_error(cmd, "--out-dir: '%s' is not a directory", out_dir);
+        if (kvp_bench_out_dir("--out-dir", out_dir) != KVP_OK) return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
     }
     kvp_attn_set_threads(o.threads);
     o.threads = kvp_attn_get_threads();
     if (o.quick && o.reps > 2) o.reps = 2;
 
     kvp_status st = kvp_report_create(k_fields, NFIELDS, &o.rep);
+    if (st == KVP_OK) st = kvp_report_set_brief(o.rep, k_brief, (int)(sizeof k_brief / sizeof k_brief[0]));
     if (st != KVP_OK) return kvp_cli_fail(cmd, st);
     const size_t copy_bytes = (size_t)(o.quick ? 64 : 512) << 20;
     o.cn = copy_bytes;

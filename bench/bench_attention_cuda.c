@@ -27,6 +27,7 @@ static void usage(FILE *f)
                "  --no-decode, --no-prefill\n"
                "  --reps N       timed launches per row (default 20)\n"
                "  --format F     table | csv | json (default table); --json: same as --format json\n"
+               "  --wide         a table with every column (same as --format wide)\n"
                "  -h, --help     this help\n");
 }
 
@@ -55,12 +56,13 @@ static kvp_status add_row(const kvp_acb_row *r, void *c)
 
 int kvp_bench_attention_cuda(int argc, char **argv)
 {
-    enum { O_DTYPES = 256, O_QUICK, O_NODEC, O_NOPRE, O_REPS, O_FORMAT, O_JSON };
+    enum { O_DTYPES = 256, O_QUICK, O_NODEC, O_NOPRE, O_REPS, O_FORMAT, O_JSON, O_WIDE };
     static const struct option opts[] = {
         {"dtypes", required_argument, 0, O_DTYPES}, {"quick", no_argument, 0, O_QUICK},
         {"no-decode", no_argument, 0, O_NODEC},     {"no-prefill", no_argument, 0, O_NOPRE},
         {"reps", required_argument, 0, O_REPS},     {"format", required_argument, 0, O_FORMAT},
-        {"json", no_argument, 0, O_JSON},           {"help", no_argument, 0, 'h'},
+        {"json", no_argument, 0, O_JSON},           {"wide", no_argument, 0, O_WIDE},
+        {"help", no_argument, 0, 'h'},
         {0, 0, 0, 0},
     };
     kvp_acb_opts o = kvp_acb_default_opts();
@@ -85,6 +87,7 @@ int kvp_bench_attention_cuda(int argc, char **argv)
         case O_REPS: st = kvp_parse_i32(optarg, 1, 100000, &o.reps); break;
         case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
         case O_JSON: fmt = KVP_FMT_JSON; break;
+        case O_WIDE: fmt = KVP_FMT_WIDE; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error("bench attention-cuda", c, argv);
         }
@@ -101,7 +104,10 @@ int kvp_bench_attention_cuda(int argc, char **argv)
     const char *fields[64];
     fields[0] = NULL;
     for (int i = 0; i < kvp_acb_num_fields; i++) fields[i] = kvp_acb_fields[i].name;
-    if ((st = kvp_report_create(fields, kvp_acb_num_fields, &cx.rep)) == KVP_OK) {
+    static const char *const brief[] = {"op", "layout", "dtype", "block_size", "batch", "ctx", "time_ms", "kv_gbps",
+                                        "pct_copy_bw", "paged_over_contig", "tflops", "validated"};
+    if ((st = kvp_report_create(fields, kvp_acb_num_fields, &cx.rep)) == KVP_OK &&
+        (st = kvp_report_set_brief(cx.rep, brief, (int)(sizeof brief / sizeof brief[0]))) == KVP_OK) {
         kvp_status run = kvp_acb_run(&o, add_row, &cx);
         st = kvp_report_print(cx.rep, stdout, fmt);
         if (run != KVP_OK) st = run;

@@ -286,6 +286,7 @@ static void usage(FILE *f)
             "  --quick          16x smaller batches (smoke tests; figures are less stable)\n"
             "  --format F       table | csv | json (default table)\n"
             "  --json           same as --format json\n"
+            "  --wide           a table with every column (same as --format wide)\n"
             "  -h, --help       this help\n");
 }
 
@@ -294,7 +295,7 @@ int kvp_bench_blockmgr(int argc, char **argv)
     static const struct option lo[] = {{"block-size", required_argument, NULL, 'b'}, {"reps", required_argument, NULL, 'r'},
                                        {"seed", required_argument, NULL, 's'},       {"format", required_argument, NULL, 'f'},
                                        {"json", no_argument, NULL, 'j'},             {"help", no_argument, NULL, 'h'},
-                                       {"quick", no_argument, NULL, 'q'},
+                                       {"quick", no_argument, NULL, 'q'},             {"wide", no_argument, NULL, 'W'},
                                        {NULL, 0, NULL, 0}};
     const char *cmd = "bench blockmgr";
     opts_t o = {.bs = 16, .reps = 11, .seed = 1};
@@ -320,6 +321,7 @@ int kvp_bench_blockmgr(int argc, char **argv)
             if (kvp_format_parse(optarg, &fmt) != KVP_OK) return kvp_cli_usage_error(cmd, "--format: %s", kvp_error_message());
             break;
         case 'j': fmt = KVP_FMT_JSON; break;
+        case 'W': fmt = KVP_FMT_WIDE; break;
         case 'q': o.shift = 4; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
@@ -368,7 +370,10 @@ int kvp_bench_blockmgr(int argc, char **argv)
     static const char *const fields[] = {"case", "block_size", "reps", "ops_per_rep", "median_ns", "min_ns", "max_ns",
                                          "ops_per_s", "target_ns", "meets_target", "validated"};
     kvp_report *rep;
+    static const char *const brief[] = {"case", "median_ns", "min_ns", "max_ns", "ops_per_s", "target_ns", "meets_target",
+                                        "validated"};
     st = kvp_report_create(fields, (int)(sizeof fields / sizeof *fields), &rep);
+    if (st == KVP_OK) st = kvp_report_set_brief(rep, brief, (int)(sizeof brief / sizeof *brief));
     for (int i = 0; i < NCASE && st == KVP_OK; i++) {
         cJSON *row;
         st = kvp_report_row(rep, &row);

@@ -38,6 +38,9 @@ static const char *const k_fields[] = {"model",        "mode",         "sequence
                                        "tokens_per_cpu_s", "speedup_vs_single", "kv_read_gbps", "steps",
                                        "spec_acceptance", "attention", "validated"};
 #define NFIELDS ((int)(sizeof k_fields / sizeof k_fields[0]))
+/* the default table's columns (--wide: all) */
+static const char *const k_brief[] = {"mode", "sequences", "threads", "kv_dtype", "weight_dtype", "tokens_per_s", "speedup_vs_single", "validated"};
+
 
 static void usage(FILE *f)
 {
@@ -65,7 +68,9 @@ static void usage(FILE *f)
                "                        rest of the step, the ceiling no attention kernel could pass\n"
                "  --reps N              rounds of (single, batched), fastest round reported (default 3)\n"
                "  --golden PATH         golden.json to validate against (default: golden.json beside the model)\n"
-               "  --format table|csv|json  (default table)\n"
+               "  --format table|csv|json  (default table, 100 columns wide)\n"
+               "  --json                same as --format json\n"
+               "  --wide                a table with every column (same as --format wide)\n"
                "  -h, --help            this help\n");
 }
 
@@ -178,6 +183,7 @@ int kvp_bench_generate(int argc, char **argv)
                                          {"temperature", required_argument, 0, 'T'},
                                          {"speculative-config", required_argument, 0, 'S'},
                                          {"skip-attention", no_argument, 0, 'A'},
+                                         {"json", no_argument, 0, 'j'},           {"wide", no_argument, 0, 'W'},
                                          {"help", no_argument, 0, 'h'},
                                          {0, 0, 0, 0}};
     int c, li = 0;
@@ -203,6 +209,8 @@ int kvp_bench_generate(int argc, char **argv)
         case 'S': st = kvp_spec_parse(optarg, &sp.engine.spec); break;
         case 'A': skip_attn = 1; break;
         case 'f': st = kvp_format_parse(optarg, &fmt); break;
+        case 'j': fmt = KVP_FMT_JSON; break;
+        case 'W': fmt = KVP_FMT_WIDE; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
         }
@@ -226,8 +234,10 @@ int kvp_bench_generate(int argc, char **argv)
     sp.engine.block_size = bs;
     sp.kv_dtype = kv_dtype;
     sp.engine.stop_at_eos = 0; /* every sequence generates max_tokens */
-    kvp_report *rep;
-    if ((st = kvp_report_create(k_fields, NFIELDS, &rep)) != KVP_OK) {
+    kvp_report *rep = NULL;
+    if ((st = kvp_report_create(k_fields, NFIELDS, &rep)) != KVP_OK ||
+        (st = kvp_report_set_brief(rep, k_brief, (int)(sizeof k_brief / sizeof k_brief[0]))) != KVP_OK) {
+        kvp_report_destroy(rep);
         kvp_model_destroy(m);
         return kvp_cli_fail(cmd, st);
     }

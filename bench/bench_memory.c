@@ -11,7 +11,8 @@
  * baselines run in a buddy arena, as the paper's emulation of Orca did, and again in a first-fit arena
  * (rows "-ff"): the buddy's power-of-two rounding is most of their external fragmentation.
  *
- * Output: the table on stdout (--format), and OUT/memory.csv, OUT/memory.json, OUT/memory.png.
+ * Output: the table on stdout (--format; by default the shares, the batch and rejections in 100 columns,
+ * --wide every field), and OUT/memory.csv, OUT/memory.json, OUT/memory.png (OUT: --out, else build/results).
  */
 #include <getopt.h>
 #include <math.h>
@@ -57,14 +58,17 @@ static void usage(FILE *f)
             "  --max-num-seqs N      (default 256)\n"
             "  --chunked-prefill     mix prefill chunks with decodes (default: vLLM v0 prefill-only steps)\n"
             "  --tp N                (default 1)\n"
-            "  --format F            table | csv | json on stdout (default table)\n"
-            "  --out DIR             where memory.csv/json/png go (default bench/results)\n"
+            "  --format F            table | wide | csv | json on stdout (default table: the main columns in\n"
+            "                        100 characters; wide, csv and json: every column)\n"
+            "  --wide                same as --format wide        --json  same as --format json\n"
+            "  --out DIR             where memory.csv/json/png go (default: results/ beside the program,\n"
+            "                        build/results; --out bench/results updates the committed figures)\n"
             "  --no-plot             skip the PNG\n"
             "  -h, --help\n");
 }
 
 enum { O_MODEL = 256, O_GPU, O_KVMEM, O_WORKLOAD, O_TRACE, O_NUMREQ, O_RATE, O_BS, O_ALLOCS, O_MAXLEN,
-       O_MAXSEQS, O_CHUNK, O_TP, O_FORMAT, O_OUT, O_NOPLOT, O_ARENA };
+       O_MAXSEQS, O_CHUNK, O_TP, O_FORMAT, O_OUT, O_NOPLOT, O_ARENA, O_WIDE, O_JSON };
 
 static double r4(double x) { return round(x * 1e4) / 1e4; }
 
@@ -92,11 +96,12 @@ int kvp_bench_memory(int argc, char **argv)
         {"tp", required_argument, NULL, O_TP},         {"format", required_argument, NULL, O_FORMAT},
         {"out", required_argument, NULL, O_OUT},       {"no-plot", no_argument, NULL, O_NOPLOT},
         {"arena", required_argument, NULL, O_ARENA},   {"help", no_argument, NULL, 'h'},
+        {"wide", no_argument, NULL, O_WIDE},           {"json", no_argument, NULL, O_JSON},
         {NULL, 0, NULL, 0},
     };
     const char *cmd = "bench memory";
     const char *model = "../shared/data/configs/derived/opt-13b.json", *gpu_name = "A100-40G";
-    const char *spec = NULL, *trace = NULL, *allocs = "orca-max,orca-pow2,orca-oracle,paged", *outdir = "bench/results";
+    const char *spec = NULL, *trace = NULL, *allocs = "orca-max,orca-pow2,orca-oracle,paged", *outdir = kvp_bench_default_out();
     const char *arena_list = "buddy,first-fit";
     int64_t kv_mem = 12000000000LL, num_req = 1000;
     double rate = INFINITY;
@@ -133,6 +138,8 @@ int kvp_bench_memory(int argc, char **argv)
         case O_CHUNK: ec.chunked_prefill = true; break;
         case O_TP: st = kvp_parse_i32(optarg, 1, 1024, &hw.tp); break;
         case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
+        case O_WIDE: fmt = KVP_FMT_WIDE; break;
+        case O_JSON: fmt = KVP_FMT_JSON; break;
         case O_OUT: outdir = optarg; break;
         case O_NOPLOT: plot = 0; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
@@ -169,8 +176,12 @@ int kvp_bench_memory(int argc, char **argv)
         "util_in_use", "mean_running", "max_running", "throughput_tok_s", "req_per_s", "preemptions",
         "sim_duration_s", "requests", "finished", "rejected", "kv_capacity_tokens", "kv_bytes_per_token", "workload", "model", "gpu",
         "wall_s", "validated"};
+    static const char *const brief[] = {"label", "token_states", "reserved", "internal_frag", "external_frag",
+                                        "free", "mean_running", "rejected"};
     kvp_report *rep = NULL;
-    if ((st = kvp_report_create(fields, (int)(sizeof fields / sizeof fields[0]), &rep)) != KVP_OK) {
+    if ((st = kvp_report_create(fields, (int)(sizeof fields / sizeof fields[0]), &rep)) != KVP_OK ||
+        (st = kvp_report_set_brief(rep, brief, (int)(sizeof brief / sizeof brief[0]))) != KVP_OK) {
+        kvp_report_destroy(rep);
         kvp_workload_destroy(w);
         return kvp_cli_fail(cmd, st);
     }
@@ -279,8 +290,9 @@ int kvp_bench_memory(int argc, char **argv)
                 fprintf(stderr, "bench memory: mean running requests paged-16 / orca-oracle = %.2f / %.2f = %.2fx\n",
                         paged16_running, oracle_running, paged16_running / oracle_running);
             if (plot) {
-                char title[256];
-                snprintf(title, sizeof title, "KV memory by strategy: %s, %s, %s", cfg.model_type, gpu->name, w->name);
+                char title[512], name[256];
+                kvp_bench_model_name(model, name, sizeof name);
+                snprintf(title, sizeof title, "KV memory by strategy: %s, %s, %s", name, gpu->name, w->name);
                 const char *args[] = {"stacked", csv, png, "--label", "label", "--stack",
                                       "token_states,reserved,internal_frag,external_frag,free",
                                       "--line", "mean_running", "--title", title, NULL};

@@ -307,6 +307,9 @@ static const char *const FIELDS[] = {"workload",      "cache",          "evict",
                                      "idle_before_evict_p50", "reuse_gap_p50", "belady_hit_rate", "unbounded_hit_rate",
                                      "regret_belady", "regret_unbounded"};
 #define NFIELDS ((int)(sizeof FIELDS / sizeof FIELDS[0]))
+/* the default table's columns (--wide: all) */
+static const char *const BRIEF[] = {"cache", "evict", "block_size", "capacity", "hit_rate", "total_hit_rate", "belady_hit_rate", "evicted_blocks"};
+
 
 /* The one-pass curve's rows (--curve). */
 static const char *const CURVE_FIELDS[] = {"workload", "cache", "evict", "block_size", "capacity", "capacity_tokens", "series",
@@ -361,9 +364,10 @@ static void usage(FILE *f)
             "                          histograms of every row, as JSON (times in replay positions)\n"
             "  --sweep                 write OUT/NAME.csv and OUT/NAME.png (total hit rate against capacity, one line\n"
             "                          per cache/policy, the gap to Belady shaded); implied by more than one combination\n"
-            "  --out DIR               output folder of a sweep (default bench/results)\n"
+            "  --out DIR               output folder of a sweep (default: results/ beside the program, build/results)\n"
             "  --name NAME             file stem of a sweep (default prefix_<workload>)\n"
-            "  --format table|csv|json data on stdout (default table)   --json  same as --format json\n"
+            "  --format table|csv|json data on stdout (default table, 100 columns wide)   --json  same as --format json\n"
+            "  --wide                  a table with every column (same as --format wide)\n"
             "  --no-plot               skip the PNG\n"
             "  -h, --help              this help\n"
             "\n"
@@ -655,15 +659,28 @@ static void json_str(FILE *f, const char *v)
     fputc('"', f);
 }
 
+/* Width of curve column k in a default table: its header, at least 10. */
+static int curve_width(int k)
+{
+    const int n = (int)strlen(CURVE_FIELDS[k]);
+    return n > 10 ? n : 10;
+}
+
 static kvp_status write_curves(FILE *f, kvp_format fmt, const kvp_workload *w, const curve_item *items, int n, int multi_bs,
                                const char *path)
 {
     const char *machine = kvp_machine_string(), *commit = kvp_git_commit();
+    /* A table shows the curve's own columns in 100 characters (wide: every column, as wide as its header) */
+    static const int brief[NCURVE] = {[3] = 1, [4] = 1, [5] = 1, [9] = 1, [10] = 1, [11] = 1, [14] = 1};
+    const int wide = fmt == KVP_FMT_WIDE, nbrief = 7;
+    if (wide) fmt = KVP_FMT_TABLE;
     if (fmt == KVP_FMT_JSON) fputs("[", f);
     else {
-        for (int k = 0; k < NCURVE; k++) fprintf(f, fmt == KVP_FMT_CSV ? "%s," : "%s  ", CURVE_FIELDS[k]);
+        for (int k = 0; k < NCURVE; k++) {
+            if (fmt == KVP_FMT_CSV) fprintf(f, "%s,", CURVE_FIELDS[k]);
+            else if (wide || brief[k]) fprintf(f, "%*s  ", wide ? 0 : curve_width(k), CURVE_FIELDS[k]);
+        }
         fputs(fmt == KVP_FMT_CSV ? "machine,commit\n" : "\n", f);
-        /* (table columns are as wide as their header: the values are shorter but for the workload and series) */
     }
     int64_t rows = 0;
     for (int i = 0; i < n; i++) {
@@ -712,8 +729,8 @@ static kvp_status write_curves(FILE *f, kvp_format fmt, const kvp_workload *w, c
                     if (fmt == KVP_FMT_CSV) {
                         if (k) fputc(',', f);
                         csv_str(f, v[k]);
-                    } else {
-                        fprintf(f, "%*s  ", (int)strlen(CURVE_FIELDS[k]), v[k]);
+                    } else if (wide || brief[k]) {
+                        fprintf(f, "%*s  ", wide ? (int)strlen(CURVE_FIELDS[k]) : curve_width(k), v[k]);
                     }
                 }
                 fputc('\n', f);
@@ -722,6 +739,8 @@ static kvp_status write_curves(FILE *f, kvp_format fmt, const kvp_workload *w, c
         }
     }
     if (fmt == KVP_FMT_JSON) fputs("\n]\n", f);
+    if (fmt == KVP_FMT_TABLE && !wide)
+        fprintf(f, "# %d of %d columns shown; all of them: --wide, or --format csv|json\n", nbrief, NCURVE);
     if (fmt == KVP_FMT_TABLE) fprintf(f, "# machine: %s; commit %s\n", machine, commit);
     if (fflush(f) != 0 || ferror(f)) return KVP_ERR(KVP_EIO, "writing the curve to %s failed: %s", path, strerror(errno));
     return KVP_OK;
@@ -741,12 +760,12 @@ int kvp_bench_prefix(int argc, char **argv)
         {"no-plot", no_argument, NULL, 'P'},      {"help", no_argument, NULL, 'h'},
         {"curve", no_argument, NULL, 'K'},        {"curve-points", required_argument, NULL, 'k'},
         {"kv-events", required_argument, NULL, 'E'}, {"health", required_argument, NULL, 'Y'},
-        {"no-regret", no_argument, NULL, 'R'},
+        {"no-regret", no_argument, NULL, 'R'}, {"wide", no_argument, NULL, 'X'},
         {NULL, 0, NULL, 0},
     };
     const char *trace = NULL, *spec = NULL, *cache_s = "radix", *evict_s = "lru", *bs_s = "16", *cap_s = NULL, *host_s = "0",
                *hpol_s = "write_through", *kv_events = NULL, *health = NULL;
-    const char *outdir = "bench/results", *name = NULL;
+    const char *outdir = kvp_bench_default_out(), *name = NULL;
     int skip_bad = 0, sweep = 0, plot = 1, cap_tokens = 0, curve = 0, regret = 1, c;
     int64_t curve_points = 200;
     kvp_format fmt = KVP_FMT_TABLE;
@@ -771,6 +790,7 @@ int kvp_bench_prefix(int argc, char **argv)
         case 'o': outdir = optarg; break;
         case 'n': name = optarg; break;
         case 'j': fmt = KVP_FMT_JSON; break;
+        case 'X': fmt = KVP_FMT_WIDE; break;
         case 'P': plot = 0; break;
         case 'K': curve = 1; break;
         case 'k':
@@ -861,6 +881,7 @@ int kvp_bench_prefix(int argc, char **argv)
     memo mm = {0};
     cJSON *hj = health ? cJSON_CreateArray() : NULL;
     st = kvp_report_create(FIELDS, NFIELDS, &rep);
+    if (st == KVP_OK) st = kvp_report_set_brief(rep, BRIEF, (int)(sizeof BRIEF / sizeof BRIEF[0]));
     if (st == KVP_OK && health && hj == NULL) st = KVP_ERR(KVP_ENOMEM, "out of memory for --health");
     for (int ib = 0; ib < nbs && st == KVP_OK; ib++) {
         int64_t cl[MAXL];

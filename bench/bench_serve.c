@@ -103,6 +103,7 @@ static void usage(FILE *f)
             "                            TTFT, TPOT, end to end, chunks, state (completed, failed, skipped)\n"
             "  --format table|csv|json   (default table)\n"
             "  --json                    same as --format json\n"
+            "  --wide                    a table with every column (same as --format wide)\n"
             "  -h, --help                this help\n\n"
             "Requests longer than the server's max_model_len (prompt + output) are skipped and counted.\n"
             "Exit status: 0 when every request sent completed, 1 when some failed, 2 on bad input.\n");
@@ -555,6 +556,13 @@ static int parse_metrics(const char *text, msample *m)
         size_t off;
     } known[] = {
         {"kvpage_sequences_running", offsetof(msample, running)},
+        {"kvpage:num_requests_running", offsetof(msample, running)},
+        {"kvpage:num_requests_waiting", offsetof(msample, waiting)},
+        {"kvpage:kv_cache_usage_perc", offsetof(msample, kv_usage)},
+        {"kvpage:num_preemptions_total", offsetof(msample, preemptions)},
+        {"kvpage:spec_decode_num_drafts_total", offsetof(msample, drafts)},
+        {"kvpage:spec_decode_num_draft_tokens_total", offsetof(msample, draft_tokens)},
+        {"kvpage:spec_decode_num_accepted_tokens_total", offsetof(msample, accepted)},
         {"vllm:num_requests_running", offsetof(msample, running)},
         {"kvpage_requests_waiting", offsetof(msample, waiting)},
         {"vllm:num_requests_waiting", offsetof(msample, waiting)},
@@ -1152,7 +1160,7 @@ static kvp_status parse_rate_item(const char *s, void *out) { return kvp_parse_r
 
 enum {
     O_MODEL = 256, O_URL, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_MAXCONC, O_TIMEOUT, O_REQOUT, O_FORMAT,
-    O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT, O_ENDPOINT, O_PLOT, O_ANSWERS
+    O_JSON, O_MINTERVAL, O_MOUT, O_GOODPUT, O_ENDPOINT, O_PLOT, O_ANSWERS, O_WIDE
 };
 
 /* The rows of rep (one per rate) as the latency-throughput curve in PNG png. */
@@ -1186,7 +1194,7 @@ int kvp_bench_serve(int argc, char **argv)
         {"rate", required_argument, NULL, O_RATE},         {"num-requests", required_argument, NULL, O_NUMREQ},
         {"duration", required_argument, NULL, O_DURATION}, {"max-concurrency", required_argument, NULL, O_MAXCONC},
         {"timeout", required_argument, NULL, O_TIMEOUT},   {"requests-out", required_argument, NULL, O_REQOUT},
-        {"format", required_argument, NULL, O_FORMAT},     {"json", no_argument, NULL, O_JSON},
+        {"format", required_argument, NULL, O_FORMAT},     {"json", no_argument, NULL, O_JSON}, {"wide", no_argument, NULL, O_WIDE},
         {"metrics-interval", required_argument, NULL, O_MINTERVAL}, {"metrics-out", required_argument, NULL, O_MOUT},
         {"goodput", required_argument, NULL, O_GOODPUT},   {"endpoint", required_argument, NULL, O_ENDPOINT},
         {"plot", required_argument, NULL, O_PLOT},         {"answers", required_argument, NULL, O_ANSWERS},
@@ -1229,6 +1237,7 @@ int kvp_bench_serve(int argc, char **argv)
             break;
         case O_FORMAT: st = kvp_format_parse(optarg, &fmt); break;
         case O_JSON: fmt = KVP_FMT_JSON; break;
+        case O_WIDE: fmt = KVP_FMT_WIDE; break;
         case 'h': usage(stdout); return KVP_EXIT_OK;
         default: return kvp_cli_getopt_error(cmd, c, argv);
         }
@@ -1277,14 +1286,17 @@ int kvp_bench_serve(int argc, char **argv)
     }
     kvp_report *rep = NULL;
     int64_t failed = 0;
+    static const char *const brief[] = {"rate", "completed", "failed", "output_tok_s", "ttft_p50_ms", "tpot_p50_ms",
+                                        "e2e_p50_ms", "prefix_hit_rate"};
     st = kvp_report_create(k_fields, NFIELDS, &rep);
+    if (st == KVP_OK) st = kvp_report_set_brief(rep, brief, (int)(sizeof brief / sizeof brief[0]));
     for (int k = 0; k < nrates && st == KVP_OK; k++) { /* each rate on a fresh server (unless --url) */
         int64_t f = 0;
         st = one_rate(&o, rates[k], k > 0, rep, &f);
         failed += f;
     }
     if (st == KVP_OK) {
-        if (fmt == KVP_FMT_TABLE && nrates == 1) print_vertical(cJSON_GetArrayItem(kvp_report_rows(rep), 0));
+        if ((fmt == KVP_FMT_TABLE || fmt == KVP_FMT_WIDE) && nrates == 1) print_vertical(cJSON_GetArrayItem(kvp_report_rows(rep), 0));
         else st = kvp_report_print(rep, stdout, fmt);
     }
     if (st == KVP_OK && plot) {

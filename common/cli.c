@@ -18,6 +18,12 @@ int kvp_cli_fail(const char *cmd, kvp_status st)
     case KVP_EUNSUPPORTED:
     case KVP_ENOTFOUND:
     case KVP_ENOBLOCKS:
+    /* the machine cannot run what was asked: no device, a bad rank count, a collective that failed or timed out */
+    case KVP_ENODEVICE:
+    case KVP_ECUDA:
+    case KVP_ENCCL:
+    case KVP_EMPI:
+    case KVP_ETIMEDOUT:
         return KVP_EXIT_USAGE;
     default:
         return KVP_EXIT_FAIL;

@@ -1,6 +1,7 @@
 /* common/cli.h — conventions of every `kvpage` subcommand: data to stdout; an error is one line on stderr,
  * "kvpage CMD: error: CAUSE"; exit 0 on success, 2 on bad input (an option, a value, an unreadable or
- * malformed file, impossible sizes), 1 on any other failure. Options: getopt_long with a leading ':' in the
+ * malformed file, impossible sizes) and on what the machine cannot run (no device, a bad rank count, a failed
+ * or timed-out collective), 1 on any other failure. Options: getopt_long with a leading ':' in the
  * optstring, `optind = 0` (glibc's full reset) first, `default: return kvp_cli_getopt_error(cmd, c, argv);`.
  */
 #ifndef KVP_COMMON_CLI_H

@@ -40,5 +40,6 @@ void kvp_log(kvp_log_level l, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(line + n, sizeof line - (size_t)n, fmt, ap);
     va_end(ap);
+    fflush(stdout); /* data written so far goes first: a log line never lands inside a table row */
     fprintf(stderr, "%s\n", line); /* one write per line so threads do not interleave */
 }

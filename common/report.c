@@ -1,6 +1,7 @@
 #include "common/report.h"
 
 #include <errno.h>
+#include <stdbool.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -12,6 +13,8 @@
 struct kvp_report {
     int nfields;
     char **fields;
+    int nbrief; /* 0: every column is brief */
+    int *brief; /* indices into fields, in table order */
     cJSON *rows; /* array of objects */
 };
 
@@ -48,7 +51,8 @@ kvp_status kvp_format_parse(const char *s, kvp_format *out)
     if (strcmp(s, "table") == 0) *out = KVP_FMT_TABLE;
     else if (strcmp(s, "csv") == 0) *out = KVP_FMT_CSV;
     else if (strcmp(s, "json") == 0) *out = KVP_FMT_JSON;
-    else return KVP_ERR(KVP_EINVAL, "unknown format '%s' (use table, csv or json)", s);
+    else if (strcmp(s, "wide") == 0) *out = KVP_FMT_WIDE;
+    else return KVP_ERR(KVP_EINVAL, "unknown format '%s' (use table, wide, csv or json)", s);
     return KVP_OK;
 }
 
@@ -57,6 +61,7 @@ void kvp_report_destroy(kvp_report *r)
     if (r == NULL) return;
     for (int i = 0; i < r->nfields; i++) kvp_free(r->fields[i]);
     kvp_free(r->fields);
+    kvp_free(r->brief);
     cJSON_Delete(r->rows);
     kvp_free(r);
 }
@@ -96,6 +101,25 @@ kvp_status kvp_report_row(kvp_report *r, cJSON **row)
 }
 
 int kvp_report_num_rows(const kvp_report *r) { return cJSON_GetArraySize(r->rows); }
+
+kvp_status kvp_report_set_brief(kvp_report *r, const char *const *fields, int n)
+{
+    int *idx = kvp_calloc((size_t)(n > 0 ? n : 1), sizeof *idx);
+    if (idx == NULL) return KVP_ERR(KVP_ENOMEM, "out of memory choosing a table's columns");
+    for (int i = 0; i < n; i++) {
+        idx[i] = -1;
+        for (int j = 0; j < r->nfields - 2; j++)
+            if (strcmp(fields[i], r->fields[j]) == 0) idx[i] = j;
+        if (idx[i] < 0) {
+            kvp_free(idx);
+            return KVP_ERR(KVP_EINVAL, "no column '%s' in this report", fields[i]);
+        }
+    }
+    kvp_free(r->brief);
+    r->brief = idx;
+    r->nbrief = n;
+    return KVP_OK;
+}
 const cJSON *kvp_report_rows(const kvp_report *r) { return r->rows; }
 
 /* One cell as text: numbers without trailing zeros, booleans as true/false, absent as "". */
@@ -129,7 +153,11 @@ static void csv_escape(FILE *f, const char *s)
 kvp_status kvp_report_print(const kvp_report *r, FILE *f, kvp_format fmt)
 {
     char buf[512];
-    if (fmt == KVP_FMT_JSON) return kvp_json_print(f, r->rows);
+    if (fmt == KVP_FMT_JSON) {
+        kvp_status st = kvp_json_print(f, r->rows);
+        fflush(f);
+        return st;
+    }
     if (fmt == KVP_FMT_CSV) {
         for (int i = 0; i < r->nfields; i++) {
             if (i) fputc(',', f);
@@ -146,33 +174,54 @@ kvp_status kvp_report_print(const kvp_report *r, FILE *f, kvp_format fmt)
             }
             fputc('\n', f);
         }
+        fflush(f);
         return ferror(f) ? KVP_ERR(KVP_EIO, "cannot write CSV") : KVP_OK;
     }
     /* Table for people: machine and commit are the same on every row, so they go in a footer. */
-    int ncol = r->nfields - 2;
-    size_t *w = kvp_calloc((size_t)ncol + 1, sizeof *w);
-    if (w == NULL) return KVP_ERR(KVP_ENOMEM, "out of memory printing a table");
+    int nall = r->nfields - 2, ncol = 0;
+    size_t *w = kvp_calloc((size_t)nall + 1, sizeof *w);
+    int *col = kvp_calloc((size_t)nall + 1, sizeof *col);
+    if (w == NULL || col == NULL) {
+        kvp_free(w);
+        kvp_free(col);
+        return KVP_ERR(KVP_ENOMEM, "out of memory printing a table");
+    }
+    const bool brief = fmt != KVP_FMT_WIDE && r->nbrief > 0;
+    for (int i = 0; i < (brief ? r->nbrief : nall); i++) col[ncol++] = brief ? r->brief[i] : i;
     const cJSON *row;
-    for (int i = 0; i < ncol; i++) w[i] = strlen(r->fields[i]);
-    cJSON_ArrayForEach(row, r->rows)
-    {
-        for (int i = 0; i < ncol; i++) {
-            cell(row, r->fields[i], buf, sizeof buf);
+    for (int i = 0; i < ncol; i++) {
+        w[i] = strlen(r->fields[col[i]]);
+        cJSON_ArrayForEach(row, r->rows)
+        {
+            cell(row, r->fields[col[i]], buf, sizeof buf);
             if (strlen(buf) > w[i]) w[i] = strlen(buf);
         }
     }
-    for (int i = 0; i < ncol; i++) fprintf(f, "%s%*s", i ? "  " : "", (int)w[i], r->fields[i]);
+    if (fmt != KVP_FMT_WIDE) { /* keep the columns that fit, left to right (at least one) */
+        size_t line = 0;
+        int fit = 0;
+        while (fit < ncol && (fit == 0 || line + 2 + w[fit] <= KVP_TABLE_WIDTH)) {
+            line += (fit ? 2 : 0) + w[fit];
+            fit++;
+        }
+        ncol = fit;
+    }
+    for (int i = 0; i < ncol; i++) fprintf(f, "%s%*s", i ? "  " : "", (int)w[i], r->fields[col[i]]);
     fputc('\n', f);
     cJSON_ArrayForEach(row, r->rows)
     {
         for (int i = 0; i < ncol; i++) {
-            cell(row, r->fields[i], buf, sizeof buf);
+            cell(row, r->fields[col[i]], buf, sizeof buf);
             fprintf(f, "%s%*s", i ? "  " : "", (int)w[i], buf);
         }
         fputc('\n', f);
     }
+    if (ncol < nall)
+        fprintf(f, "# %d of %d columns shown; all of them: --wide, or --format csv|json\n", ncol, nall);
     fprintf(f, "# machine: %s; commit: %s\n", kvp_machine_string(), kvp_git_commit());
     kvp_free(w);
+    kvp_free(col);
+    fflush(f);
     return ferror(f) ? KVP_ERR(KVP_EIO, "cannot write table") : KVP_OK;
 }
 

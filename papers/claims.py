@@ -1,5 +1,6 @@
-#!/usr/bin/env python3
-"""What every reproduction in papers/ shares: running kvpage, writing results/*.csv, and the claims table.
+#!/usr/bin/python3
+"""What every reproduction in papers/ shares: running kvpage, writing its CSV files (build/results/<paper>/, or
+--out), and the claims table.
 
 A claim is one statement of a paper beside what kvpage measured: (claim, figure, published, measured, band_lo,
 band_hi). A reproduction collects them (Claims), then Claims.finish writes OUT/claims.csv, prints the table on
@@ -45,6 +46,21 @@ class Kvpage:
         return json.loads(self.run(args, stdin))
 
 
+def model_name(config):
+    """A model as its config.json names it ("_name_or_path", e.g. facebook/opt-13b), else the file's stem: for
+    plot titles."""
+    try:
+        with open(config) as f:
+            name = json.load(f).get("_name_or_path")
+    except (OSError, ValueError, AttributeError):
+        name = None
+    return name or os.path.splitext(os.path.basename(config))[0]
+
+
+# Distinct (marker, line style) pairs, so that lines which coincide stay visible.
+STYLES = [("o", "-"), ("s", "--"), ("D", "-."), ("^", ":"), ("v", (0, (5, 1, 1, 1)))]
+
+
 def write_csv(out, name, header, rows):
     """OUT/<name>.csv with a header line."""
     with open(os.path.join(out, name + ".csv"), "w", newline="") as f:
@@ -53,10 +69,23 @@ def write_csv(out, name, header, rows):
         w.writerows(rows)
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def default_out(here):
+    """Where a reproduction writes without --out: build/results/<paper>/ under the project root, so a run never
+    changes the committed papers/<paper>/results/ unless asked (--out papers/<paper>/results)."""
+    return os.path.join(ROOT, "build", "results", os.path.basename(os.path.normpath(here)))
+
+
 def add_arguments(ap, here, png):
-    """The options every reproduce.py has: --kvpage, --out (default HERE/results), --check, --compare, --plot."""
+    """The options every reproduce.py has: --kvpage, --out (default build/results/<paper>), --check, --compare,
+    --plot."""
     ap.add_argument("--kvpage", default="build/kvpage", help="the kvpage program (default build/kvpage)")
-    ap.add_argument("--out", default=os.path.join(here, "results"), help="where the CSV files go")
+    ap.add_argument("--out", default=default_out(here),
+                    help="where the CSV files go (default build/results/%s; --out %s updates the committed "
+                         "results)" % (os.path.basename(os.path.normpath(here)),
+                                       os.path.relpath(os.path.join(here, "results"), ROOT)))
     ap.add_argument("--check", action="store_true", help="exit 1 when a claim's measurement is outside its band")
     ap.add_argument("--compare", metavar="CLAIMS_CSV",
                     help="exit 1 unless the claims measured now are those of this file (a committed claims.csv), "

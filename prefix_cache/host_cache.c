@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "prefix_cache/pc_internal.h"
+#include "prefix_cache/prefix_cache_internal.h"
 
 /* Slots are linked into one list: held slots from the least (head) to the most (tail) recently used, or
  * the free stack (free_head, through next[]). */

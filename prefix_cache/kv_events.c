@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "prefix_cache/pc_internal.h"
+#include "prefix_cache/prefix_cache_internal.h"
 
 struct kvp_kv_events {
     FILE *f;

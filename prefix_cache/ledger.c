@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "prefix_cache/pc_internal.h"
+#include "prefix_cache/prefix_cache_internal.h"
 
 enum {
     R_FULL = 1,        /* a full block (else a partial tail) */

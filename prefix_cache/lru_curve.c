@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "prefix_cache/pc_internal.h"
+#include "prefix_cache/prefix_cache_internal.h"
 
 struct kvp_lru_curve {
     int32_t bs;

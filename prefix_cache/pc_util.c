@@ -1,8 +1,8 @@
-/* prefix_cache/pc_util.c — the eviction heap and the key multimap (see pc_internal.h). */
+/* prefix_cache/pc_util.c — the eviction heap and the key multimap (see prefix_cache_internal.h). */
 #include <string.h>
 
 #include "common/alloc.h"
-#include "prefix_cache/pc_internal.h"
+#include "prefix_cache/prefix_cache_internal.h"
 
 /* ---- heap ---------------------------------------------------------------------------------------- */
 

@@ -17,7 +17,7 @@
 #include <string.h>
 
 #include "common/alloc.h"
-#include "prefix_cache/pc_internal.h"
+#include "prefix_cache/prefix_cache_internal.h"
 #include "prefix_cache/policies/policy.h"
 
 #define NODE(i) (&pc->nodes[(i)])

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The prefix cache's host tier (--kv-offloading-size / --host-capacity), into bench/results/ (or OUT_DIR):
+# The prefix cache's host tier (--kv-offloading-size / --host-capacity), into build/results/ (or OUT_DIR;
+# bench/results updates the committed figures):
 #   prefix_host_mooncake.csv  bench prefix: the Mooncake synthetic trace, blocks of 512 tokens, device caches of
 #                             2,000 / 4,000 / 8,000 blocks with no host tier and host tiers of 8,000 and 32,000,
 #                             each written through, written back and written through selectively
@@ -12,7 +13,7 @@
 # Usage: scripts/bench-offload.sh [KVPAGE_BIN] [OUT_DIR]
 set -eu
 bin=${1:-build/kvpage}
-out=${2:-bench/results}
+out=${2:-build/results}; mkdir -p "$out"
 cfg=../shared/data/configs/Meta-Llama-3.1-8B.json
 mooncake=../shared/data/traces/mooncake/synthetic_trace.jsonl
 

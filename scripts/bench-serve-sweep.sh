@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The `kvpage bench serve` runs the README quotes, on stories260K with 2 threads, into one CSV
-# (default bench/results/serve.csv): 300 ShareGPT-like requests at 50 and 100 requests/s and all at once,
+# (default build/results/serve.csv; bench/results/serve.csv updates the committed one): 300 ShareGPT-like
+# requests at 50 and 100 requests/s and all at once,
 # all at once again with --stream-interval 4 and 16; 40 four-turn chats with the prefix cache and without, and
 # with the cache and the server's own answers in the next turns (--answers server); the same chats through
 # /v1/chat/completions and zephyr's template, with the workload's answers and the server's.
@@ -10,7 +11,7 @@
 # Usage: scripts/bench-serve-sweep.sh [KVPAGE_BIN] [OUT_CSV]
 set -eu
 bin=${1:-build/kvpage}
-out=${2:-bench/results/serve.csv}
+out=${2:-build/results/serve.csv}; mkdir -p "$(dirname "$out")"
 model=../shared/models/stories260K/stories260K.gguf
 sharegpt="--workload sharegpt:n=300"
 chat="--workload chat:conversations=40,turns=4,system=256,user=64,assistant=96,vocab=512 --rate 40"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # n-gram speculative decoding against plain decoding, greedy, into one CSV (default
-# bench/results/generate_spec.csv): stories260K (256 tokens a sequence, 1 and 64 sequences) off, with 2 and 4
+# build/results/generate_spec.csv; bench/results/generate_spec.csv updates the committed one): stories260K
+# (256 tokens a sequence, 1 and 64 sequences) off, with 2 and 4
 # draft tokens, and with 4 and disable_by_batch_size 8 (the batch of 64 then does not speculate); a synthetic
 # 23.5M-parameter model (scripts/synth-model.py, written to /tmp when missing; 64 tokens, 1 and 16 sequences)
 # off, and with 4 and 8. Its random weights repeat a token, so nearly every draft is kept: the bound of what
@@ -8,7 +9,7 @@
 # Usage: scripts/bench-spec.sh [KVPAGE_BIN] [OUT_CSV]
 set -eu
 bin=${1:-build/kvpage}
-out=${2:-bench/results/generate_spec.csv}
+out=${2:-build/results/generate_spec.csv}; mkdir -p "$(dirname "$out")"
 synth=/tmp/kvp-synth-23.5M
 [ -f "$synth/model.safetensors" ] || python3 "$(dirname "$0")/synth-model.py" "$synth"
 tmp=$(mktemp)

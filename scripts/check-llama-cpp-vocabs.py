@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Checks kvpage's tokenizer on real model vocabularies against Hugging Face's encodings.
 
 llama.cpp keeps vocabulary-only GGUF files of real models (models/ggml-vocab-*.gguf: Llama-3's, Qwen2's, Qwen3.5's,

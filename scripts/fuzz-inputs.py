@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Feeds kvpage mutated inputs and reports every crash, hang and sanitizer report.
 
 Eight targets, each a mutation of a known-good input, run through the sanitizer build (build-asan, made by

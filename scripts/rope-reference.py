@@ -1,5 +1,5 @@
-#!/usr/bin/env python3
-"""Reference RoPE frequencies for tests/runtime/test_model.c (rope_frequencies_match_the_reference).
+#!/usr/bin/python3
+"""Reference RoPE frequencies for tests/runtime/test_model_rope.c (rope_frequencies_match_the_reference).
 
 Written from the published definitions, not from kvpage's C: YaRN as in the paper (Peng et al. 2023,
 arXiv:2309.00071, section 3) and as Hugging Face transformers' _compute_yarn_parameters states it (the

@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Writes a Llama-architecture model with random weights as a Hugging Face folder (config.json +
 model.safetensors, F32) plus the stories260K tokenizer, for timing models larger than stories260K:
 

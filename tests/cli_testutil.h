@@ -75,6 +75,14 @@ static inline const char *kvp_test_bin(void)
     return b;
 }
 
+/* $KVPAGE_PYTHON, the interpreter the project's Python scripts run on (CMake's KVPAGE_PYTHON, default
+ * /usr/bin/python3: scripts/install-deps.sh installs python3-matplotlib for it). */
+static inline const char *kvp_test_python(void)
+{
+    const char *p = getenv("KVPAGE_PYTHON");
+    return p && p[0] ? p : "/usr/bin/python3";
+}
+
 /* All of f, malloc'ed and NUL-terminated. */
 static inline char *kvp_test_read_all(FILE *f)
 {

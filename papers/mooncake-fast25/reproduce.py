@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Reproduces the prefix-cache results of the Mooncake paper (Qin et al., "Mooncake: Trading More Storage for Less
 Computation — A KVCache-centric Architecture for Serving LLM Chatbot", FAST 2025) on its released traces: the hit
 rates under the cache capacities its Table 1 reports (1,000, 10,000, 50,000 blocks of 512 tokens, and unbounded),

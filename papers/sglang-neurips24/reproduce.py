@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Reproduces the RadixAttention results of the SGLang paper (Zheng et al., "SGLang: Efficient Execution of
 Structured Language Model Programs", NeurIPS 2024) with kvpage: the prefix-cache hit rates of its shared-prefix
 workloads (few-shot, multi-turn chat, tree-of-thought-style branching), Belady's bound at the same memory, the hit
@@ -20,7 +20,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from claims import Claims, Kvpage, add_arguments, write_csv  # noqa: E402 (papers/claims.py)
+from claims import Claims, Kvpage, add_arguments, model_name, write_csv  # noqa: E402 (papers/claims.py)
 SHARED = os.path.join(HERE, "..", "..", "..", "shared")
 MODEL = os.path.join(SHARED, "data", "configs", "Meta-Llama-3.1-8B.json")
 # 4 GiB of KV memory: 32,768 token slots of 128 KiB (Llama-3.1-8B: 32 layers x 8 KV heads x 128 x 2 x bf16),
@@ -120,8 +120,8 @@ def plot(out):
         vals = [float(next(x["throughput_tok_s"] for x in srv if x["workload"] == n and x["sched"] == s
                            and x["cache"] == c)) for n in names]
         ax[1].bar([i + (k - 1) * 0.25 for i in range(len(names))], vals, 0.25, label="%s, %s" % (s.upper(), c))
-    ax[1].set(xticks=range(len(names)), xticklabels=names, ylabel="output tokens/s (simulated A100)",
-              title="throughput: the cache, and LPM over FCFS")
+    ax[1].set(xticks=range(len(names)), xticklabels=names, ylabel="output tokens/s (simulated A100-40G)",
+              title="throughput of %s: the cache, and LPM over FCFS" % model_name(MODEL))
     ax[1].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "sglang_neurips24.png"), dpi=90)

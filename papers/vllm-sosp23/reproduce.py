@@ -1,4 +1,4 @@
-#!/usr/bin/env python3
+#!/usr/bin/python3
 """Reproduces the memory-management results of the PagedAttention paper (Kwon et al., "Efficient Memory
 Management for Large Language Model Serving with PagedAttention", SOSP 2023) with `kvpage simulate`: the real
 scheduler, block manager and prefix cache, with the model's execution replaced by the roofline cost model
@@ -22,7 +22,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from claims import Claims, Kvpage, add_arguments, write_csv  # noqa: E402 (papers/claims.py)
+from claims import STYLES, Claims, Kvpage, add_arguments, model_name, write_csv  # noqa: E402 (papers/claims.py)
 SHARED = os.path.join(HERE, "..", "..", "..", "shared")
 OPT13B = os.path.join(SHARED, "data", "configs", "derived", "opt-13b.json")
 LLAMA13B = os.path.join(HERE, "configs", "llama-13b.json")
@@ -283,24 +283,27 @@ def plot(out, sat):
     sweep = list(csv.DictReader(open(os.path.join(out, "rate_sweep.csv"))))
     bsz = list(csv.DictReader(open(os.path.join(out, "block_size.csv"))))
     fig, ax = plt.subplots(2, 4, figsize=(20, 8))
+    opt = model_name(OPT13B)
     for i, wl in enumerate(("sharegpt", "alpaca")):
-        for al in ALLOCS:
+        for k, al in enumerate(ALLOCS):
             pts = [(float(x["rate"]), float(x["norm_latency_s"])) for x in sweep if x["workload"] == wl and x["alloc"] == al]
-            ax[i][0].plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=NAMES[al])
-        ax[i][0].set(title="Fig. 12: OPT-13B, %s" % wl, xlabel="request rate (req/s)",
+            ax[i][0].plot([p[0] for p in pts], [p[1] for p in pts], marker=STYLES[k][0], ls=STYLES[k][1], ms=4,
+                          mfc="none" if k % 2 else None, label=NAMES[al])
+        ax[i][0].set(title="Fig. 12: %s, %s" % (opt, wl), xlabel="request rate (req/s)",
                      ylabel="normalized latency (s/token)", ylim=(0, 1))
         ax[i][0].legend()
         ax[i][1].bar([NAMES[al] for al in ALLOCS], [sat[wl, al]["mean_running"] for al in ALLOCS])
-        ax[i][1].set(title="Fig. 13: mean batched requests, %s" % wl)
+        ax[i][1].set(title="Fig. 13: mean batched requests, %s, %s" % (opt, wl))
         pts = [(int(x["block_size"]), float(x["norm_latency_s"])) for x in bsz if x["workload"] == wl]
         ax[i][2].plot([p[0] for p in pts], [p[1] for p in pts], "o-")
-        ax[i][2].set(title="Fig. 18b: block size, %s" % wl, xscale="log", xlabel="block size (tokens)",
+        ax[i][2].set(title="Fig. 18b: block size, %s, %s" % (opt, wl), xscale="log", xlabel="block size (tokens)",
                      ylabel="normalized latency (s/token)")
     par = list(csv.DictReader(open(os.path.join(out, "parallel_sampling.csv"))))
-    for al, name in list(NAMES.items()) + [("paged-unshared", "vLLM, prompt not shared")]:
+    for k, (al, name) in enumerate(list(NAMES.items()) + [("paged-unshared", "vLLM, prompt not shared")]):
         pts = [(int(x["n"]), float(x["req_per_s"])) for x in par if x["alloc"] == al]
-        ax[0][3].plot([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=name)
-    ax[0][3].set(title="Fig. 14a: parallel sampling, alpaca", xlabel="samples per request (n)",
+        ax[0][3].plot([p[0] for p in pts], [p[1] for p in pts], marker=STYLES[k][0], ls=STYLES[k][1], ms=5,
+                      mfc="none" if k % 2 else None, label=name)
+    ax[0][3].set(title="Fig. 14a: parallel sampling, %s, alpaca" % opt, xlabel="samples per request (n)",
                  ylabel="sustained request rate (req/s)", yscale="log")
     ax[0][3].legend()
     shr = list(csv.DictReader(open(os.path.join(out, "sharing.csv"))))

@@ -13,13 +13,13 @@
  *   insert about to add n blocks      -> reserve(n) ----> (optional: room for the policy's own state; the only
  *                                                          hook that may fail, KVP_ENOMEM, before any change)
  *
- * Contract of key(): a function of the unit's metadata (pc_meta) and shape (pc_unit) only. The eviction heap is
- * lazy (pc_internal.h): a unit's key may rise at any time (an access, a radix trim or split) without the cache
- * telling the heap, but it must never fall, except for policies flagged PC_POLICY_NEXT_USE, whose keys the caches
- * lower eagerly after every access. A policy whose ranking needs global state (a fraction of the cache, an
- * adaptive target) expresses it through segments: units of each segment (pc_meta.seg, set by access()) sit in
- * their own heap, key() orders a segment, and victim_seg() says which segment gives the next victim (the other
- * one when it holds nothing evictable).
+ * Contract of key(): a function of the unit's metadata (pc_meta) and shape (pc_unit) only. The eviction heap is lazy
+ * (prefix_cache_internal.h): a unit's key may rise at any time (an access, a radix trim or split) without the cache
+ * telling the heap, but it must never fall, except for policies flagged PC_POLICY_NEXT_USE, whose keys the caches lower
+ * eagerly after every access. A policy whose ranking needs global state (a fraction of the cache, an adaptive target)
+ * expresses it through segments: units of each segment (pc_meta.seg, set by access()) sit in their own heap, key()
+ * orders a segment, and victim_seg() says which segment gives the next victim (the other one when it holds nothing
+ * evictable).
  *
  * Radix units are nodes: a run of blocks sharing one access history; eviction trims the node's LAST block, so
  * pc_unit describes that block (depth, next use) and the node's size (nblocks). Hash units are single blocks.
@@ -31,7 +31,7 @@
 
 #include <stdint.h>
 
-#include "prefix_cache/pc_internal.h"
+#include "prefix_cache/prefix_cache_internal.h"
 
 /* The shape of a unit, for key() and access(). */
 typedef struct pc_unit_s {

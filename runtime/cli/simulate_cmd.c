@@ -52,10 +52,12 @@ static void usage(FILE *f)
             "                            file or a Hugging Face folder with weights); prompt token ids are hashed\n"
             "                            into the model's vocabulary (equal ids stay equal)\n"
             "  --model CONFIG            Hugging Face config.json (sim), a model (cpu)\n"
-            "  --gpu NAME                A100-40G | A100-80G | H100-SXM | H200 (default H200; sim)\n"
-            "  --tp N                    tensor-parallel GPUs (default 1); cpu: N MPI ranks, each holding 1/N of\n"
-            "                            the model and of the KV cache (run as `mpirun -np N kvpage simulate ...`;\n"
-            "                            rank 0's scheduler clock drives every rank; --kv-mem is per rank)\n"
+            "  --gpu NAME                A100-40G | A100-80G | A100-80G-PCIe | H100-SXM | H100-PCIe | H200\n"
+            "                            (default H200; sim)\n"
+            "  --tp N                    tensor-parallel GPUs (default 1; sim reports the all-reduce share of step\n"
+            "                            time); cpu: N MPI ranks, each holding 1/N of the model and of the KV cache\n"
+            "                            (run as `mpirun -np N kvpage simulate ...`; rank 0 schedules and\n"
+            "                            broadcasts each step's plan; --kv-mem is per rank)\n"
             "  --gpu-util F              share of GPU memory the runtime may use (default 0.9; sim)\n"
             "  --kv-mem BYTES            KV memory per GPU instead of what is left after weights (e.g. 12GB);\n"
             "                            cpu: the KV cache's size (default 1GiB)\n"
@@ -497,6 +499,10 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     cJSON_AddStringToObject(o, "host_write_policy", kvp_hc_write_policy_name(ec.host_write_policy));
     if (!cpu) cJSON_AddNumberToObject(o, "host_store_backlog_max_s", ss.store_backlog_max_s);
     if (!cpu) cJSON_AddNumberToObject(o, "host_store_sync_s", ss.sync_store_s);
+    /* the tensor-parallel all-reduces' share of the executor's step time (0 at --tp 1) */
+    const double comm_share = ss.total_s > 0 ? ss.comm_s / ss.total_s : 0;
+    if (!cpu) cJSON_AddNumberToObject(o, "comm_s", ss.comm_s);
+    if (!cpu) cJSON_AddNumberToObject(o, "comm_share", comm_share);
     cJSON_AddNumberToObject(o, "evicted_blocks", (double)m.evicted_blocks);
     if (ec.cache != KVP_PC_NONE) { /* why prompt tokens missed, and the cache's health (prefix_cache/ledger.h) */
         char key[64];
@@ -541,6 +547,9 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         else
             printf("model / gpu        %s on %d x %s; KV %.2f GB = %lld tokens of %.0f bytes\n", model, (int)hw.tp,
                    gpu->name, mem.kv_bytes / 1e9, (long long)m.kv_capacity_slots, mem.kv_bytes_per_token);
+        if (!cpu && hw.tp > 1)
+            printf("communication      %.1f %% of step time in all-reduces (%.3f s of %.3f s)\n", 100 * comm_share,
+                   ss.comm_s, ss.total_s);
         char alloc[64];
         if (ec.alloc == KVP_ALLOC_PAGED) snprintf(alloc, sizeof alloc, "paged, block %d", (int)ec.block_size);
         else snprintf(alloc, sizeof alloc, "%s in a %s arena", kvp_alloc_kind_name(ec.alloc), kvp_contig_placement_name(ec.arena));

@@ -539,6 +539,9 @@ kvp_status kvp_engine_step(kvp_engine *e, kvp_step_info *info)
     step_memory(e);
     kvp_exec_result res = {0};
     const double t0 = e->cfg.wall_clock ? wall_now(e) : 0;
+#ifndef NDEBUG /* debug builds: the batch addresses only the pools the engine owns */
+    KVP_TRY(kvp_exec_batch_check(&batch, e->num_blocks, (int32_t)kvp_engine_host_blocks(&e->cfg)));
+#endif
     KVP_TRY(e->ex->step(e->ex->ctx, &batch, &res));
     kvm_step_done(e);
     if (!(res.time_s > 0) || !isfinite(res.time_s))
@@ -742,6 +745,13 @@ kvp_status kvp_engine_metrics_get(const kvp_engine *e, kvp_engine_metrics *m)
 
 void kvp_engine_account(const kvp_engine *e, kvp_kv_accounting *a) { kvm_account(e, a); }
 
+kvp_status kvp_engine_ledger_stats(const kvp_engine *e, kvp_ledger_stats *out)
+{
+    if (!e->ledger) return KVP_ENOTFOUND;
+    kvm_ledger_stats(e, out);
+    return KVP_OK;
+}
+
 /* ---------------------------------------------------------------- checks and getters */
 
 kvp_status kvp_engine_check(const kvp_engine *e)
@@ -817,11 +827,13 @@ void kvp_engine_counts_get(const kvp_engine *e, kvp_engine_counts *o)
 {
     int64_t readmit = 0;
     for (int64_t i = 0; i < e->wq_n; i++) readmit += RQ_(e, S_(e, e->wq[e->wq_head + i]))->admitted_once;
+    int64_t running_reqs = 0; /* a request's sequences rank together: adjacent in rq */
+    for (int32_t i = 0; i < e->rq_n; i++) running_reqs += i == 0 || S_(e, e->rq[i])->req != S_(e, e->rq[i - 1])->req;
     *o = (kvp_engine_counts){.requests = e->req_base + e->n_reqs, .finished = e->finished, .rejected = e->rejected,
                              .aborted = e->aborted,
                              .waiting_requests = e->req_base + e->n_reqs - e->admitted_reqs - e->rejected -
                                                  e->aborted_unadmitted,
-                             .running_seqs = e->rq_n, .waiting_seqs = e->wq_n, .swapped_seqs = e->sq_n,
+                             .running_seqs = e->rq_n, .running_requests = running_reqs, .waiting_seqs = e->wq_n, .swapped_seqs = e->sq_n,
                              .readmit_seqs = readmit, .request_records = e->n_reqs,
                              .seq_records = e->n_slots - e->n_free_slots, .steps = e->steps,
                              .computed_tokens = e->computed_tokens, .prefix_hit_tokens = e->hit_tokens_first,

@@ -240,6 +240,7 @@ typedef struct {
     int64_t requests, finished, rejected, aborted;
     int64_t waiting_requests;      /* added, not admitted yet (nor aborted, nor rejected) */
     int64_t running_seqs, waiting_seqs, swapped_seqs, readmit_seqs; /* readmit: waiting after a preemption */
+    int64_t running_requests;      /* requests with a running sequence */
     int64_t request_records, seq_records; /* records held now: requests not released, and their sequences */
     int64_t steps, computed_tokens, prefix_hit_tokens, admitted_prompt_tokens, preemptions;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
@@ -248,6 +249,9 @@ typedef struct {
     int32_t num_blocks, free_blocks;
 } kvp_engine_counts;
 void kvp_engine_counts_get(const kvp_engine *e, kvp_engine_counts *out);
+/* The prefix cache's miss ledger so far (miss classes, block lifetimes; prefix_cache/ledger.h), O(1): a server's
+ * every step. KVP_ENOTFOUND, with no message, without a prefix cache. */
+kvp_status kvp_engine_ledger_stats(const kvp_engine *e, kvp_ledger_stats *out);
 
 /* Per-request results (tests, reports): request index i (order of addition). */
 typedef enum { KVP_REQ_PENDING = 0, KVP_REQ_WAITING, KVP_REQ_RUNNING, KVP_REQ_SWAPPED, KVP_REQ_FINISHED, KVP_REQ_REJECTED } kvp_req_state;

@@ -96,6 +96,13 @@ typedef struct {
     int (*threads)(void *ctx);
 } kvp_executor;
 
+/* Checks that a batch addresses only a KV pool of num_blocks device blocks and num_host_blocks host
+ * blocks: every block-table entry, slot, page index and move in range, a block table covering each
+ * sequence's context and new tokens, counts and CSR offsets consistent with the sequences. Cost O(tokens +
+ * blocks). A follower rank runs it on every plan it receives; the engine on every batch in debug builds.
+ * KVP_EPARSE naming the first field out of range. */
+kvp_status kvp_exec_batch_check(const kvp_exec_batch *b, int32_t num_blocks, int32_t num_host_blocks);
+
 /* Releases the executor's context (NULL-safe; a zeroed executor is a no-op). */
 static inline void kvp_executor_destroy(kvp_executor *ex)
 {

@@ -302,6 +302,8 @@ static kvp_status collect(const kvp_session *s, int32_t id, kvp_session_result *
     out->ttft_s = first - rr.arrival_s;
     out->tpot_s = maxgen > 1 ? (rr.finish_s - first) / (maxgen - 1) : 0.0;
     out->finish_s = rr.finish_s - rr.arrival_s;
+    out->queue_s = (rr.admit_s >= 0 ? rr.admit_s : rr.finish_s) - rr.arrival_s;
+    out->preemptions = rr.preemptions;
     return KVP_OK;
 }
 
@@ -372,7 +374,7 @@ void kvp_session_stats_get(const kvp_session *s, kvp_session_stats *out)
     *out = (kvp_session_stats){.requests = c.requests, .finished = c.finished, .waiting = c.waiting_requests,
                                .aborted = c.aborted, .request_records = (int32_t)c.request_records,
                                .seq_records = (int32_t)c.seq_records, .running_seqs = c.running_seqs,
-                               .preempted_seqs = c.readmit_seqs + c.swapped_seqs, .steps = c.steps,
+                               .running_requests = c.running_requests, .preempted_seqs = c.readmit_seqs + c.swapped_seqs, .steps = c.steps,
                                .computed_tokens = c.computed_tokens, .prefix_hit_tokens = c.prefix_hit_tokens,
                                .preemptions = c.preemptions, .admitted_prompt_tokens = c.admitted_prompt_tokens,
                                .spec_drafts = c.spec_drafts, .spec_draft_tokens = c.spec_draft_tokens,

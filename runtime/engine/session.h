@@ -82,6 +82,8 @@ typedef struct {
     double ttft_s;        /* from its add to the first generated token */
     double tpot_s;        /* mean time per generated token after the first (0 when <= 1 token) */
     double finish_s;
+    double queue_s;       /* from its add to its first admission (finish_s when it never ran) */
+    int32_t preemptions;  /* of all its sequences */
 } kvp_session_result;
 void kvp_session_results_free(kvp_session_result *results, int32_t n);
 
@@ -125,6 +127,7 @@ typedef struct {
     int64_t aborted;
     int32_t request_records, seq_records;  /* records held now (bounded for a server) */
     int64_t running_seqs, preempted_seqs;  /* now: running, and waiting again after a preemption or swapped */
+    int64_t running_requests;              /* now: requests with a running sequence */
     int64_t steps, computed_tokens, prefix_hit_tokens, preemptions, admitted_prompt_tokens;
     int64_t spec_drafts, spec_draft_tokens, spec_accepted_tokens;
     int32_t num_blocks, free_blocks;       /* free: neither held by a sequence nor cached */

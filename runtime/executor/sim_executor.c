@@ -37,6 +37,7 @@ static kvp_status sim_step(void *vctx, const kvp_exec_batch *b, kvp_exec_result 
     c->store_backlog_s = c->store_backlog_s > t ? c->store_backlog_s - t : 0; /* drained while the step runs */
     if (c->store_backlog_s > c->stats.store_backlog_max_s) c->stats.store_backlog_max_s = c->store_backlog_s;
     c->stats.steps++;
+    c->stats.total_s += t;
     if (cost.compute_s >= cost.memory_s) c->stats.compute_bound_s += cost.compute_s;
     else c->stats.memory_bound_s += cost.memory_s;
     c->stats.comm_s += cost.comm_s;

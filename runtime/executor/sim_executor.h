@@ -22,6 +22,7 @@ kvp_status kvp_sim_executor_create(const kvp_cost_model *cm, double pcie_bw, kvp
 /* Seconds, summed over the executor's steps. */
 typedef struct {
     int64_t steps;
+    double total_s;         /* every step's time, all terms */
     double compute_bound_s; /* time of steps where compute dominated */
     double memory_bound_s;
     double comm_s, overhead_s, swap_s;

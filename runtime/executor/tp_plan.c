@@ -236,6 +236,7 @@ kvp_status kvp_tp_follow(kvp_comm *comm, kvp_status (*make)(void *ctx, const kvp
     size_t cap = 0, scap = 0;
     kvp_exec_seq *seqs = NULL;
     kvp_executor ex = {0};
+    kvp_tp_shape shape = {0};
     int64_t done = 0;
     kvp_status st = KVP_OK;
     for (int quit = 0; st == KVP_OK && !quit;) {
@@ -250,12 +251,14 @@ kvp_status kvp_tp_follow(kvp_comm *comm, kvp_status (*make)(void *ctx, const kvp
         int64_t h[H_N_];
         memcpy(h, take(&r, sizeof h), sizeof h);
         if (h[H_TYPE] == MSG_INIT && !ex.step) {
-            const kvp_tp_shape shape = {(int32_t)h[H_N], (int32_t)h[H_BS], (int32_t)h[H_TOKS], (int32_t)h[H_TABLES]};
+            shape = (kvp_tp_shape){(int32_t)h[H_N], (int32_t)h[H_BS], (int32_t)h[H_TOKS], (int32_t)h[H_TABLES]};
             st = make(ctx, &shape, &ex);
         } else if (h[H_TYPE] == MSG_STEP && ex.step) {
             kvp_exec_batch b;
             kvp_exec_result res = {0};
             st = read_step(&r, h, &seqs, &scap, &b);
+            /* rank 0's block ids must fit this rank's pool: a plan that does not is refused, never run */
+            if (st == KVP_OK) st = kvp_exec_batch_check(&b, shape.num_blocks, shape.num_host_blocks);
             if (st == KVP_OK) st = ex.step(ex.ctx, &b, &res);
             done++;
         } else if (h[H_TYPE] == MSG_QUIT) {

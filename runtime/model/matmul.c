@@ -221,7 +221,7 @@ static void mm_row_panels(float *restrict y, const float *restrict x, const mat_
 /* The row tiles on 16-lane vectors (AVX-512F, chosen at run time where the CPU has it): one panel row is one
  * vector, so a tile of R rows over two panels keeps 2R accumulators (R up to 12). Every output goes through the
  * same fused multiply-add chain in k order as on 8 lanes: the results are the same bits
- * (tests/runtime/test_model.c compares the two). Single rows keep the 8-lane kernel: a row's chains wait on the
+ * (tests/runtime/test_model_forward.c compares the two). Single rows keep the 8-lane kernel: a row's chains wait on the
  * multiply-add latency, and two 8-lane chains per panel keep twice as many going as one 16-lane chain. */
 #ifdef KVP_BUILD_AVX512
 #pragma GCC push_options

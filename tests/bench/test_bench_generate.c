@@ -199,8 +199,8 @@ Test(bench_generate, synthetic_model_runs, .timeout = 120)
     char dir[] = "/tmp/kvp_synth_XXXXXX";
     cr_assert_not_null(mkdtemp(dir));
     char cmd[512];
-    snprintf(cmd, sizeof cmd, "python3 scripts/synth-model.py %s --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 2>/dev/null",
-             dir);
+    snprintf(cmd, sizeof cmd, "%s scripts/synth-model.py %s --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ffn 96 2>/dev/null",
+             kvp_test_python(), dir);
     cr_assert_eq(system(cmd), 0, "%s", cmd);
     static char out[1 << 14], err[1 << 14];
     snprintf(cmd, sizeof cmd, "bench generate --model %s --batch 3 --max-tokens 5 --reps 1 --format json", dir);
@@ -217,7 +217,7 @@ Test(bench_generate, synthetic_model_runs, .timeout = 120)
         cr_assert_eq(kvp_test_num(r, "generated"), kvp_test_num(r, "sequences") * 5);
     }
     cJSON_Delete(o);
-    snprintf(cmd, sizeof cmd, "python3 scripts/synth-model.py %s --hidden 60 --heads 8 2>/dev/null", dir);
+    snprintf(cmd, sizeof cmd, "%s scripts/synth-model.py %s --hidden 60 --heads 8 2>/dev/null", kvp_test_python(), dir);
     cr_assert_neq(system(cmd), 0, "hidden 60 is not a multiple of 8 heads");
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     cr_assert_eq(system(cmd), 0);

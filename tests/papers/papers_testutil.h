@@ -23,8 +23,8 @@ static inline void kvp_paper_check(const char *paper, int n_claims)
     fclose(f);
 
     char *out, *err;
-    snprintf(cmd, sizeof cmd, "python3 papers/%s/reproduce.py --kvpage %s --out %s --check --compare %s", paper,
-             kvp_test_bin(), dir, bad);
+    snprintf(cmd, sizeof cmd, "%s papers/%s/reproduce.py --kvpage %s --out %s --check --compare %s", kvp_test_python(),
+             paper, kvp_test_bin(), dir, bad);
     int rc = kvp_test_sh(cmd, &out, &err);
     int rows = 0;
     for (const char *p = out; (p = strstr(p, " | ok |")) != NULL; p++) rows++;
@@ -37,7 +37,8 @@ static inline void kvp_paper_check(const char *paper, int n_claims)
     free(err);
     unlink(bad);
 
-    snprintf(cmd, sizeof cmd, "python3 papers/claims.py %s/claims.csv papers/%s/results/claims.csv", dir, paper);
+    snprintf(cmd, sizeof cmd, "%s papers/claims.py %s/claims.csv papers/%s/results/claims.csv", kvp_test_python(), dir,
+             paper);
     rc = kvp_test_sh(cmd, &out, &err);
     cr_assert_eq(rc, 0, "%s: the committed results/claims.csv is not what the code measures (rerun reproduce.py and "
                  "commit results/):\n%s", paper, err);
@@ -50,7 +51,8 @@ static inline void kvp_paper_check(const char *paper, int n_claims)
 static inline void kvp_paper_missing_kvpage(const char *paper)
 {
     char cmd[512], *out, *err;
-    snprintf(cmd, sizeof cmd, "python3 papers/%s/reproduce.py --kvpage /nonexistent/kvpage --out /tmp", paper);
+    snprintf(cmd, sizeof cmd, "%s papers/%s/reproduce.py --kvpage /nonexistent/kvpage --out /tmp", kvp_test_python(),
+             paper);
     cr_assert_eq(kvp_test_sh(cmd, &out, &err), 1, "%s", err);
     cr_assert(strstr(err, "cannot run /nonexistent/kvpage") != NULL, "%s", err);
     free(out);

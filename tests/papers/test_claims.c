@@ -18,7 +18,7 @@ static void claims_file(char path[32], const char *rows)
 static int compare(const char *a, const char *b, char **err)
 {
     char cmd[256], *out;
-    snprintf(cmd, sizeof cmd, "python3 papers/claims.py %s %s", a, b);
+    snprintf(cmd, sizeof cmd, "%s papers/claims.py %s %s", kvp_test_python(), a, b);
     int rc = kvp_test_sh(cmd, &out, err);
     free(out);
     return rc;
@@ -62,11 +62,11 @@ static int finish(const char *dir, const char *opts, char **out, char **err)
 {
     char cmd[1024];
     snprintf(cmd, sizeof cmd,
-             "python3 -c 'import argparse, sys; sys.path.insert(0, \"papers\"); import claims; "
+             "%s -c 'import argparse, sys; sys.path.insert(0, \"papers\"); import claims; "
              "ap = argparse.ArgumentParser(); claims.add_arguments(ap, \".\", \"x.png\"); a = ap.parse_args(sys.argv[1:]); "
              "c = claims.Claims(); c(\"inside\", \"Fig. 1\", 3, 2.5, 2, 3); c(\"outside\", \"Fig. 2\", \"> 1\", 0.5, 1, float(\"inf\")); "
              "sys.exit(c.finish(a, 7, note=\" (a note)\", plot=lambda: __import__(\"kvp_no_such_module\")))' --out %s %s",
-             dir, opts);
+             kvp_test_python(), dir, opts);
     return kvp_test_sh(cmd, out, err);
 }
 

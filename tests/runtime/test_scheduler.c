@@ -1127,3 +1127,54 @@ Test(scheduler, a_parallel_sample_without_its_request_is_refused)
     }
     kvp_workload_destroy(w);
 }
+
+/* kvp_exec_batch_check, which a follower rank runs on every plan it receives (and the engine on every
+ * batch in debug builds): a well-formed batch over 8 device and 4 host blocks of 4 tokens passes; each
+ * field put out of range, one at a time, is refused. */
+Test(exec_check, a_batch_out_of_its_pools_is_refused)
+{
+    enum { NB = 8, NH = 4, BS = 4 };
+    int32_t t0[2] = {5, 6}, t1[1] = {7};
+    int32_t bt0[2] = {3, 1}, bt1[2] = {0, 7};
+    kvp_exec_seq seqs[2] = {{.req_id = 1, .context_len = 3, .num_new = 2, .sample = 1, .tokens = t0, .block_table = bt0, .num_blocks = 2},
+                            {.req_id = 2, .context_len = 5, .num_new = 1, .sample = 1, .tokens = t1, .block_table = bt1, .num_blocks = 2}};
+    int32_t pos[3] = {3, 4, 5}, qo[3] = {0, 2, 3}, kvi[3] = {0, 2, 4}, kvx[4] = {3, 1, 0, 7}, last[2] = {1, 2};
+    int64_t slots[3] = {3 * BS + 3, 1 * BS + 0, 7 * BS + 1};
+    uint8_t all[2] = {0, 0};
+    kvp_block_copy so[1] = {{2, 3}}, si[1] = {{1, 4}}, cp[1] = {{5, 6}}, st[1] = {{6, 0}}, ld[1] = {{2, 2}};
+    const kvp_exec_batch good = {
+        .seqs = seqs, .n = 2, .block_size = BS,
+        .ops = {.swap_out = so, .n_swap_out = 1, .swap_in = si, .n_swap_in = 1, .copies = cp, .n_copies = 1},
+        .offload = {.store = st, .n_store = 1, .load = ld, .n_load = 1},
+        .flat = {.num_tokens = 3, .tokens = (int32_t[]){5, 6, 7}, .positions = pos, .slot_mapping = slots,
+                 .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = kvx, .kv_last_page_len = last, .all_logits = all,
+                 .num_rows = 2}};
+    cr_assert_eq(kvp_exec_batch_check(&good, NB, NH), KVP_OK, "%s", kvp_error_detail());
+    /* a smaller pool than the plan's block ids */
+    cr_assert_eq(kvp_exec_batch_check(&good, 7, NH), KVP_EPARSE);
+    cr_assert_eq(kvp_exec_batch_check(&good, NB, 2), KVP_EPARSE); /* the load reads host block 2 */
+
+    kvp_exec_batch b;
+#define REFUSED(mutate, restore)                                                                                    \
+    do {                                                                                                            \
+        b = good;                                                                                                   \
+        mutate;                                                                                                     \
+        cr_assert_eq(kvp_exec_batch_check(&b, NB, NH), KVP_EPARSE, "accepted: %s", #mutate);                        \
+        restore;                                                                                                    \
+        cr_assert_eq(kvp_exec_batch_check(&good, NB, NH), KVP_OK, "not restored: %s", #restore);                    \
+    } while (0)
+    REFUSED(bt1[1] = NB, bt1[1] = 7);                         /* a block-table entry past the pool */
+    REFUSED(bt0[0] = -1, bt0[0] = 3);
+    REFUSED(seqs[1].num_blocks = 1, seqs[1].num_blocks = 2); /* 6 tokens in one block of 4 */
+    REFUSED(seqs[0].num_new = 0, seqs[0].num_new = 2);
+    REFUSED(so[0].dst = NH, so[0].dst = 3);                  /* swap-out into a host block that is not there */
+    REFUSED(si[0].src = NH, si[0].src = 1);
+    REFUSED(cp[0].dst = NB, cp[0].dst = 6);
+    REFUSED(st[0].dst = -1, st[0].dst = 0);
+    REFUSED(ld[0].dst = NB, ld[0].dst = 2);
+    REFUSED(slots[2] = NB * BS, slots[2] = 7 * BS + 1);     /* a token written past the pool */
+    REFUSED(kvx[3] = NB, kvx[3] = 7);
+    REFUSED(last[0] = 2, last[0] = 1);                       /* pages that do not cover the tokens */
+    REFUSED(qo[1] = 1, qo[1] = 2);
+#undef REFUSED
+}

@@ -2,267 +2,7 @@
  * over loopback (a plain socket client), then stop it with SIGTERM and require exit status 0 (under the
  * sanitizer build that includes LeakSanitizer's check). Answers are checked against golden.json and against
  * the same requests sent one at a time. */
-#include <arpa/inet.h>
-#include <errno.h>
-#include <criterion/criterion.h>
-#include <pthread.h>
-#include <signal.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <sys/wait.h>
-#include <time.h>
-#include <unistd.h>
-
-#include "cli_testutil.h"
-#include "common/json.h"
-#include "model_testutil.h"
-#include "prefix_cache/host_cache.h"
-#include "runtime/text/chat.h"
-#include "runtime/text/tokenizer.h"
-
-typedef struct {
-    pid_t pid;      /* the child: kvpage, or mpirun */
-    pid_t serving;  /* the process that serves (rank 0 under mpirun): the one to signal */
-    int port;
-    int num_blocks;  /* of its --json line */
-    char kv_dtype[8];
-    char errpath[64], outpath[64];
-} server;
-
-/* Every process that starts MPI runs without LeakSanitizer's exit check (as in test_tp_mpi.c). */
-#define MPIRUN "env ASAN_OPTIONS=detect_leaks=0 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 mpirun --oversubscribe"
-
-static void temp_path(char *path, size_t cap, const char *what)
-{
-    snprintf(path, cap, "/tmp/kvp_serve_%s_XXXXXX", what);
-    int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
-    close(fd);
-}
-
-/* Starts `PREFIX kvpage serve --model GGUF --port 0 --json EXTRA` (PREFIX: "", or mpirun) and waits (up to
- * 120 s) for its --json line: the port, and the pid to signal. */
-static server start_with(const char *prefix, const char *extra)
-{
-    tu_require_shared();
-    server s = {0};
-    temp_path(s.errpath, sizeof s.errpath, "err");
-    temp_path(s.outpath, sizeof s.outpath, "out");
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "exec %s %s serve --model %s --port 0 --json %s >%s 2>%s", prefix, kvp_test_bin(),
-             S260_GGUF, extra, s.outpath, s.errpath);
-    s.pid = fork();
-    cr_assert_geq(s.pid, 0);
-    if (s.pid == 0) {
-        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
-        _exit(127);
-    }
-    for (int i = 0; i < 1200 && s.port == 0; i++) {
-        size_t len;
-        char *out = (char *)tu_read_all(s.outpath, &len);
-        out[len] = '\0';
-        cJSON *j = strchr(out, '\n') ? cJSON_Parse(out) : NULL;
-        if (j) {
-            cr_assert_eq(sscanf(cJSON_GetObjectItem(j, "url")->valuestring, "http://127.0.0.1:%d", &s.port), 1, "%s", out);
-            s.serving = (pid_t)cJSON_GetObjectItem(j, "pid")->valuedouble;
-            s.num_blocks = cJSON_GetObjectItem(j, "num_blocks")->valueint;
-            snprintf(s.kv_dtype, sizeof s.kv_dtype, "%s", cJSON_GetObjectItem(j, "kv_dtype")->valuestring);
-            if (!strstr(extra, "--weight-dtype")) /* the default, auto, holds stories260K's f32 matrices in f32 */
-                cr_assert_str_eq(cJSON_GetObjectItem(j, "weight_dtype")->valuestring, "f32", "%s", out);
-            cJSON_Delete(j);
-        }
-        free(out);
-        int st;
-        if (s.port == 0 && waitpid(s.pid, &st, WNOHANG) == s.pid) {
-            char *err = (char *)tu_read_all(s.errpath, &len);
-            err[len] = '\0';
-            cr_assert_fail("the server exited: %s", err);
-        }
-        if (s.port == 0) usleep(100 * 1000);
-    }
-    cr_assert_gt(s.port, 0, "the server did not start listening");
-    return s;
-}
-
-static server start(const char *extra) { return start_with("", extra); }
-
-/* SIGTERM to the serving process, then the child's exit status must be 0. */
-static void stop(server *s)
-{
-    cr_assert_eq(kill(s->serving, SIGTERM), 0);
-    int st;
-    cr_assert_eq(waitpid(s->pid, &st, 0), s->pid);
-    size_t len;
-    char *err = (char *)tu_read_all(s->errpath, &len);
-    err[len] = '\0';
-    const int ok = WIFEXITED(st) && WEXITSTATUS(st) == 0;
-    if (!ok) fprintf(stderr, "server ended with status %d: %s\n", st, err);
-    free(err);
-    cr_assert(ok, "the server did not exit 0");
-    unlink(s->errpath);
-    unlink(s->outpath);
-}
-
-/* One HTTP/1.1 exchange: the status code and the body in *resp (malloc'ed), or -1 and *resp NULL when the
- * exchange fails. No asserts: client threads call it too. */
-static int http_try(const server *s, const char *method, const char *path, const char *body, char **resp)
-{
-    *resp = NULL;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    int rc;
-    while ((rc = connect(fd, (struct sockaddr *)&a, sizeof a)) != 0 && errno == EINTR) {}
-    size_t blen = body ? strlen(body) : 0;
-    char head[512];
-    int hl = snprintf(head, sizeof head,
-                      "%s %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                      "Connection: close\r\n\r\n", method, path, blen);
-    if (rc != 0 || send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl) {
-        close(fd);
-        return -1;
-    }
-    for (size_t at = 0; at < blen;) {
-        ssize_t k = send(fd, body + at, blen - at, MSG_NOSIGNAL);
-        if (k <= 0) break; /* the server may answer (413) and close before reading it all */
-        at += (size_t)k;
-    }
-    char *all = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (cap - len < 4096 && !(all = realloc(all, cap = cap ? 2 * cap : 1 << 16))) break;
-        ssize_t k = recv(fd, all + len, cap - len - 1, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        len += (size_t)k;
-    }
-    close(fd);
-    int code = -1;
-    if (all) {
-        all[len] = '\0';
-        char *b = strstr(all, "\r\n\r\n");
-        if (sscanf(all, "HTTP/1.1 %d", &code) == 1 && b) {
-            *b = '\0';
-            int chunked = strcasestr(all, "\r\nTransfer-Encoding: chunked") != NULL;
-            b += 4;
-            if (chunked) { /* size in hex, CRLF, data, CRLF; size 0 ends */
-                char *w = b;
-                for (const char *r = b;;) {
-                    char *end;
-                    unsigned long n = strtoul(r, &end, 16);
-                    if (end == r || strncmp(end, "\r\n", 2) != 0 || n == 0) break;
-                    memmove(w, end + 2, n);
-                    w += n;
-                    r = end + 2 + n + 2;
-                }
-                *w = '\0';
-            }
-            *resp = strdup(b);
-        } else {
-            code = -1;
-        }
-    }
-    free(all);
-    return *resp ? code : -1;
-}
-
-static int http(const server *s, const char *method, const char *path, const char *body, char **resp)
-{
-    int code = http_try(s, method, path, body, resp);
-    cr_assert_geq(code, 0, "%s %s: no HTTP answer from port %d", method, path, s->port);
-    return code;
-}
-
-/* POST path with body; the code must be want; returns the parsed answer. */
-static cJSON *post_json(const server *s, const char *path, const char *body, int want)
-{
-    char *resp;
-    int code = http(s, "POST", path, body, &resp);
-    cr_assert_eq(code, want, "%s -> %d: %s", body, code, resp);
-    cJSON *j;
-    cr_assert_eq(kvp_json_parse(resp, strlen(resp), "response", &j), KVP_OK, "%s", resp);
-    free(resp);
-    return j;
-}
-
-static cJSON *complete(const server *s, const char *body, int want) { return post_json(s, "/v1/completions", body, want); }
-static cJSON *chat(const server *s, const char *body, int want) { return post_json(s, "/v1/chat/completions", body, want); }
-
-static const char *choice_text(const cJSON *j, int i)
-{
-    const cJSON *c = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "choices"), i);
-    cr_assert_not_null(c, "no choice %d", i);
-    return cJSON_GetObjectItem(c, "text")->valuestring;
-}
-
-/* The prompt tokens the prefix cache served (usage.prompt_tokens_details.cached_tokens). */
-static double cached_of(const cJSON *j)
-{
-    return cJSON_GetObjectItem(cJSON_GetObjectItem(cJSON_GetObjectItem(j, "usage"), "prompt_tokens_details"),
-                               "cached_tokens")->valuedouble;
-}
-
-/* A metric's value from /metrics. */
-static double metric(const server *s, const char *name)
-{
-    char *resp;
-    cr_assert_eq(http(s, "GET", "/metrics", NULL, &resp), 200);
-    char key[128];
-    snprintf(key, sizeof key, "\n%s ", name);
-    const char *p = strstr(resp, key);
-    cr_assert_not_null(p, "no metric %s in %s", name, resp);
-    double v = atof(p + strlen(key));
-    free(resp);
-    return v;
-}
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-/* Histogram `name` of /metrics, checked: 23 buckets (le 1e-4 .. 1000, then +Inf), cumulative counts that never
- * decrease, +Inf equal to _count. Returns _count; *sum gets _sum. */
-static double histogram(const server *s, const char *name, double *sum)
-{
-    char *resp, key[160];
-    cr_assert_eq(http(s, "GET", "/metrics", NULL, &resp), 200);
-    snprintf(key, sizeof key, "# TYPE %s histogram\n", name);
-    cr_assert_not_null(strstr(resp, key), "no histogram %s in %s", name, resp);
-    snprintf(key, sizeof key, "\n%s_bucket{le=\"", name);
-    double prev = 0, le_prev = 0, inf = -1;
-    int nb = 0;
-    for (const char *p = strstr(resp, key); p; p = strstr(p + 1, key), nb++) {
-        const char *le = p + strlen(key), *end = strchr(le, '"');
-        cr_assert_not_null(end);
-        const double v = atof(end + 3); /* past "} " */
-        cr_assert_geq(v, prev, "%s: bucket %d has %g, fewer than the one before (%g)", name, nb, v, prev);
-        prev = v;
-        if (strncmp(le, "+Inf", 4) == 0) {
-            inf = v;
-        } else {
-            cr_assert_gt(atof(le), le_prev, "%s: bucket bounds must rise", name);
-            le_prev = atof(le);
-        }
-    }
-    cr_assert_eq(nb, 23, "%s: %d buckets", name, nb);
-    snprintf(key, sizeof key, "\n%s_sum ", name);
-    const char *ps = strstr(resp, key);
-    cr_assert_not_null(ps, "%s: no _sum", name);
-    *sum = atof(ps + strlen(key));
-    snprintf(key, sizeof key, "\n%s_count ", name);
-    const char *pc = strstr(resp, key);
-    cr_assert_not_null(pc, "%s: no _count", name);
-    const double count = atof(pc + strlen(key));
-    cr_assert_eq(inf, count, "%s: +Inf bucket %g vs count %g", name, inf, count);
-    free(resp);
-    return count;
-}
+#include "serve_testutil.h"
 
 Test(serve, endpoints_and_the_golden_story)
 {
@@ -307,7 +47,7 @@ Test(serve, endpoints_and_the_golden_story)
     for (int i = 0; i < 3; i++) cr_assert_str_eq(choice_text(j, i), text + strlen(prompt), "prompt %d", i);
     cJSON_Delete(j);
     cJSON_Delete(gold);
-    cr_assert_eq(metric(&s, "kvpage_generation_tokens_total"), 5 * ngen);
+    cr_assert_eq(metric(&s, "kvpage:generation_tokens_total"), 5 * ngen);
     stop(&s);
 }
 
@@ -371,24 +111,24 @@ Test(serve, concurrent_clients_share_batches_and_get_their_solo_answers)
     const double t0 = now_s();
     solo_answers(&s, solo);
     expect_concurrent_answers(&s, solo);
-    const double steps0 = metric(&s, "kvpage_engine_steps_total");
+    const double steps0 = metric(&s, "kvpage:engine_steps_total");
     char all[1024] = "{\"max_tokens\":48,\"temperature\":0,\"prompt\":[";
     for (int i = 0; i < NP; i++) snprintf(all + strlen(all), sizeof all - strlen(all), "%s\"%s\"", i ? "," : "", prompts[i]);
     strcat(all, "]}");
     cJSON *j = complete(&s, all, 200);
     for (int i = 0; i < NP; i++) cr_assert_str_eq(choice_text(j, i), choice_text(solo[i], 0), "prompt %d of one request", i);
     cJSON_Delete(j);
-    const double steps = metric(&s, "kvpage_engine_steps_total") - steps0;
+    const double steps = metric(&s, "kvpage:engine_steps_total") - steps0;
     cr_assert(steps >= 48 && steps <= 50, "6 prompts x 48 tokens in one request took %g steps", steps);
-    cr_assert_eq(metric(&s, "kvpage_engine_requests_finished_total"), 3 * NP);
-    cr_assert_eq(metric(&s, "kvpage_sequences_running"), 0);
+    cr_assert_eq(metric(&s, "kvpage:engine_requests_finished_total"), 3 * NP);
+    cr_assert_eq(metric(&s, "kvpage:num_sequences_running"), 0);
     /* every finished prompt observed once in seconds: its first token no later than its last, its last within
      * the test's time; each answered 48 tokens, so each has a time per output token */
     const double wall = now_s() - t0;
     double ttft, tpot, e2e;
-    cr_assert_eq(histogram(&s, "kvpage_time_to_first_token_seconds", &ttft), 3 * NP);
-    cr_assert_eq(histogram(&s, "kvpage_e2e_request_latency_seconds", &e2e), 3 * NP);
-    cr_assert_eq(histogram(&s, "kvpage_time_per_output_token_seconds", &tpot), 3 * NP);
+    cr_assert_eq(histogram(&s, "kvpage:time_to_first_token_seconds", &ttft), 3 * NP);
+    cr_assert_eq(histogram(&s, "kvpage:e2e_request_latency_seconds", &e2e), 3 * NP);
+    cr_assert_eq(histogram(&s, "kvpage:request_time_per_output_token_seconds", &tpot), 3 * NP);
     cr_assert(ttft > 0 && ttft <= e2e && e2e <= 3 * NP * wall, "ttft %g s, e2e %g s, %d prompts in %g s", ttft, e2e,
               3 * NP, wall);
     for (int i = 0; i < NP; i++)
@@ -407,7 +147,7 @@ Test(serve, seeded_samples_repeat)
     cJSON *a = complete(&s, body, 200), *b = complete(&s, body, 200);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(a, "choices")), 3);
     for (int i = 0; i < 3; i++) cr_assert_str_eq(choice_text(a, i), choice_text(b, i), "choice %d", i);
-    cr_assert_gt(metric(&s, "kvpage_prefix_cache_hits_total"), 0, "the second request found the first's prompt");
+    cr_assert_gt(metric(&s, "kvpage:prefix_cache_hits_total"), 0, "the second request found the first's prompt");
     /* usage.prompt_tokens_details.cached_tokens: none for the first, the full blocks of 4 the cache served (all
      * the hits) for the second, short of its whole prompt */
     const cJSON *ua = cJSON_GetObjectItem(a, "usage"), *ub = cJSON_GetObjectItem(b, "usage");
@@ -415,7 +155,7 @@ Test(serve, seeded_samples_repeat)
     const int cb = cJSON_GetObjectItem(cJSON_GetObjectItem(ub, "prompt_tokens_details"), "cached_tokens")->valueint;
     const int pt = cJSON_GetObjectItem(ub, "prompt_tokens")->valueint;
     cr_assert_eq(ca, 0);
-    cr_assert_eq(cb, metric(&s, "kvpage_prefix_cache_hits_total"));
+    cr_assert_eq(cb, metric(&s, "kvpage:prefix_cache_hits_total"));
     cr_assert(cb % 4 == 0 && cb > 0 && cb < pt, "%d of %d prompt tokens cached", cb, pt);
     cJSON_Delete(a);
     cJSON_Delete(b);
@@ -574,7 +314,7 @@ Test(serve, stops_cleanly_with_a_request_in_flight)
     long_call c = {&s, NULL, 0};
     pthread_t tid;
     cr_assert_eq(pthread_create(&tid, NULL, long_main, &c), 0);
-    for (int i = 0; i < 500 && metric(&s, "kvpage_engine_requests_total") < 1; i++) usleep(10 * 1000);
+    for (int i = 0; i < 500 && metric(&s, "kvpage:engine_requests_total") < 1; i++) usleep(10 * 1000);
     stop(&s);
     pthread_join(tid, NULL);
     cr_assert(c.code == 503 || c.code == 200, "the request in flight got %d: %s", c.code, c.resp);
@@ -644,7 +384,7 @@ Test(serve, streamed_answers_add_up_to_the_whole_ones)
                              "{\"prompt\":\"hi\",\"max_tokens\":40,\"temperature\":1000,\"n\":8,\"seed\":0%s}",
                              "{\"prompt\":\"Once upon a time\",\"max_tokens\":40,\"n\":4,\"seed\":4,\"stop\":[\" the\",\"ed \"]%s}"};
     const int nc[5] = {1, 4, 8, 8, 4};
-    const double gen0 = metric(&s, "kvpage_generation_tokens_total");
+    const double gen0 = metric(&s, "kvpage:generation_tokens_total");
     double gen = 0;
     for (int k = 0; k < 5; k++) {
         char body[256], *resp;
@@ -663,7 +403,7 @@ Test(serve, streamed_answers_add_up_to_the_whole_ones)
         free(resp);
         cJSON_Delete(whole);
     }
-    cr_assert_eq(metric(&s, "kvpage_generation_tokens_total") - gen0, gen, "streamed tokens are counted too");
+    cr_assert_eq(metric(&s, "kvpage:generation_tokens_total") - gen0, gen, "streamed tokens are counted too");
     stop(&s);
 }
 
@@ -722,12 +462,12 @@ Test(serve, tokens_stream_while_the_request_runs_and_a_client_that_leaves_cancel
     char buf[8192];
     int fd = stream_first_word(&s, buf, sizeof buf);
     cr_assert(strstr(buf, "text/event-stream"), "%s", buf);
-    cr_assert_geq(metric(&s, "kvpage_sequences_running"), 1, "the first words came only after the whole answer");
+    cr_assert_geq(metric(&s, "kvpage:num_sequences_running"), 1, "the first words came only after the whole answer");
     close(fd); /* gone mid-stream */
-    for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
-    cr_assert_eq(metric(&s, "kvpage_engine_requests_finished_total"), 1);
-    cr_assert_eq(metric(&s, "kvpage_requests_cancelled_total"), 1);
-    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
+    for (int i = 0; i < 2400 && metric(&s, "kvpage:engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
+    cr_assert_eq(metric(&s, "kvpage:engine_requests_finished_total"), 1);
+    cr_assert_eq(metric(&s, "kvpage:requests_cancelled_total"), 1);
+    cr_assert_lt(metric(&s, "kvpage:computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
     cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
     stop(&s);
@@ -762,6 +502,11 @@ Test(serve_cli, bad_command_lines)
         {"--model " S260_GGUF " --kv-offloading-size 1MiB --kv-offloading-policy never --port 0", "'never'"},
         {"--model " S260_GGUF " --max-model-len 4096 --port 0", "max_model_len 4096 exceeds the context of"},
         {"--model " S260_GGUF " --generation-config hf --port 0", "--generation-config: 'hf' is neither auto nor vllm"},
+        {"--model " S260_GGUF " --idle-timeout 0 --port 0", "--idle-timeout: '0' is not a number of seconds"},
+        {"--model " S260_GGUF " --header-timeout soon --port 0", "--header-timeout: 'soon' is not a number of seconds"},
+        {"--model " S260_GGUF " --max-request-tokens 0 --port 0", "--max-request-tokens"},
+        {"--model " S260_GGUF " --max-response-bytes lots --port 0", "--max-response-bytes"},
+        {"--model " S260_GGUF " --metrics-names prom --port 0", "--metrics-names: 'prom' is neither vllm nor kvpage"},
     };
     kvp_test_cli_rejects("serve", cases, sizeof cases / sizeof cases[0]);
 }
@@ -771,12 +516,12 @@ Test(serve, a_waiting_client_that_leaves_cancels_its_request)
 {
     server s = start("--num-blocks 256");
     int fd = send_raw(&s, LONG_REQUEST(""));
-    for (int i = 0; i < 500 && metric(&s, "kvpage_computed_tokens_total") < 20; i++) usleep(10 * 1000);
+    for (int i = 0; i < 500 && metric(&s, "kvpage:computed_tokens_total") < 20; i++) usleep(10 * 1000);
     close(fd);
-    for (int i = 0; i < 2400 && metric(&s, "kvpage_engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
-    cr_assert_eq(metric(&s, "kvpage_requests_cancelled_total"), 1);
-    cr_assert_lt(metric(&s, "kvpage_computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
-    cr_assert_eq(metric(&s, "kvpage_sequences_running"), 0);
+    for (int i = 0; i < 2400 && metric(&s, "kvpage:engine_requests_finished_total") < 1; i++) usleep(50 * 1000);
+    cr_assert_eq(metric(&s, "kvpage:requests_cancelled_total"), 1);
+    cr_assert_lt(metric(&s, "kvpage:computed_tokens_total"), LONG_TOKENS * 3 / 4, "the engine went on after its client left");
+    cr_assert_eq(metric(&s, "kvpage:num_sequences_running"), 0);
     cJSON *j = complete(&s, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
     stop(&s);
@@ -924,10 +669,10 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     cJSON_Delete(whole);
     char buf[8192];
     close(stream_first_word(&two, buf, sizeof buf));
-    for (int i = 0; i < 2400 && metric(&two, "kvpage_requests_cancelled_total") < 1; i++) usleep(50 * 1000);
-    for (int i = 0; i < 2400 && metric(&two, "kvpage_sequences_running") > 0; i++) usleep(50 * 1000);
-    cr_assert_eq(metric(&two, "kvpage_requests_cancelled_total"), 1);
-    cr_assert_eq(metric(&two, "kvpage_sequences_running"), 0);
+    for (int i = 0; i < 2400 && metric(&two, "kvpage:requests_cancelled_total") < 1; i++) usleep(50 * 1000);
+    for (int i = 0; i < 2400 && metric(&two, "kvpage:num_sequences_running") > 0; i++) usleep(50 * 1000);
+    cr_assert_eq(metric(&two, "kvpage:requests_cancelled_total"), 1);
+    cr_assert_eq(metric(&two, "kvpage:num_sequences_running"), 0);
     /* a reset of the prefix cache reaches the other rank: a 40-token prompt found cached is computed again on
      * both (the ranks' final check compares the tokens they computed) */
     strcpy(body, "{\"prompt\":[1");
@@ -941,7 +686,7 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     }
     j = complete(&two, "{\"prompt\":\"Once\",\"max_tokens\":3,\"temperature\":0}", 200);
     cJSON_Delete(j);
-    cr_assert_gt(metric(&two, "kvpage_spec_decode_num_accepted_tokens_total"), 0);
+    cr_assert_gt(metric(&two, "kvpage:spec_decode_num_accepted_tokens_total"), 0);
     stop(&two);
     stop(&one);
 }
@@ -1274,7 +1019,7 @@ Test(serve, chat_template_of_the_model)
     snprintf(extra, sizeof extra, "--num-blocks 64 --model %s/hf", dir);
     s = start(extra);
     out = (char *)tu_read_all(s.outpath, &(size_t){0});
-    cr_assert(strstr(out, "\"chat_template\":\t\"zephyr\""), "%s", out);
+    cr_assert(strstr(out, "\"chat_template\":\"zephyr\""), "%s", out);
     free(out);
     cJSON *j = chat(&s, "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"max_tokens\":3}", 200);
     cr_assert_eq(cJSON_GetArraySize(cJSON_GetObjectItem(j, "choices")), 1);
@@ -1534,8 +1279,8 @@ static void host_tier_brings_a_prompt_back(kvp_hc_write_policy policy)
     cr_assert_eq(cached_of(j), 0);
     cJSON_Delete(j);
     j = complete(&s, a, 200);
-    const double host = metric(&s, "kvpage_host_cache_hits_total"), dev = metric(&s, "kvpage_prefix_cache_hits_total");
-    const double stored = metric(&s, "kvpage_host_cache_stored_blocks_total");
+    const double host = metric(&s, "kvpage:host_cache_hits_total"), dev = metric(&s, "kvpage:prefix_cache_hits_total");
+    const double stored = metric(&s, "kvpage:host_cache_stored_blocks_total");
     cr_assert_str_eq(choice_text(j, 0), choice_text(first, 0));
     if (policy == KVP_HC_WRITE_THROUGH_SELECTIVE) {
         cr_assert_eq(host, 0, "A's evicted blocks were never reused: not in the tier");
@@ -1546,7 +1291,7 @@ static void host_tier_brings_a_prompt_back(kvp_hc_write_policy policy)
         cr_assert_eq(cached_of(j), 64, "A's 4 full blocks, from the host tier");
         cr_assert_geq(host, 16, "B's blocks took some of A's");
         cr_assert_eq(dev + host, 64, "the device kept the rest");
-        cr_assert_eq(metric(&s, "kvpage_host_cache_loaded_blocks_total"), host / 16);
+        cr_assert_eq(metric(&s, "kvpage:host_cache_loaded_blocks_total"), host / 16);
         if (policy == KVP_HC_WRITE_BACK) cr_assert(stored >= host / 16 && stored < 8, "the evicted blocks only: %g", stored);
         else cr_assert_eq(stored, 8, "A's 4 full blocks and B's");
     }
@@ -1707,7 +1452,7 @@ Test(serve, byte_level_tokenizer_and_chatml)
     snprintf(extra, sizeof extra, "--num-blocks 256 --model %s", dir);
     server s = start(extra);
     char *out = (char *)tu_read_all(s.outpath, &(size_t){0});
-    cr_assert(strstr(out, "\"chat_template\":\t\"qwen2.5\""), "%s", out);
+    cr_assert(strstr(out, "\"chat_template\":\"qwen2.5\""), "%s", out);
     free(out);
     kvp_tokenizer *tok;
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
@@ -1832,11 +1577,11 @@ Test(serve, speculation_changes_no_answer)
         cJSON_Delete(b);
     }
     cr_assert_gt(stopped, 0, "a stop string should end a choice");
-    const double kept = metric(&spec, "kvpage_spec_decode_num_accepted_tokens_total");
+    const double kept = metric(&spec, "kvpage:spec_decode_num_accepted_tokens_total");
     cr_assert_gt(kept, 0);
-    cr_assert_gt(metric(&spec, "kvpage_spec_decode_num_draft_tokens_total"), kept);
-    cr_assert_gt(metric(&spec, "kvpage_spec_decode_num_drafts_total"), 0);
-    cr_assert_eq(metric(&plain, "kvpage_spec_decode_num_draft_tokens_total"), 0);
+    cr_assert_gt(metric(&spec, "kvpage:spec_decode_num_draft_tokens_total"), kept);
+    cr_assert_gt(metric(&spec, "kvpage:spec_decode_num_drafts_total"), 0);
+    cr_assert_eq(metric(&plain, "kvpage:spec_decode_num_draft_tokens_total"), 0);
     stop(&spec);
     stop(&plain);
 }

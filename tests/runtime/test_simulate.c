@@ -363,6 +363,34 @@ Test(simulate_cli, json_has_every_documented_key)
     cJSON_Delete(o);
 }
 
+/* The all-reduce share of step time: none on one GPU; on four its time is the cost model's comm term and a
+ * share strictly between 0 and 1, and it grows with the rank count (each rank computes less, the ring moves
+ * 2 (N - 1) / N of the activations). */
+Test(simulate_cli, tensor_parallel_reports_the_communication_share)
+{
+    static char out[1 << 16];
+    double share[3];
+    const char *runs[] = {"--tp 1", "--tp 2", "--tp 4"};
+    for (int i = 0; i < 3; i++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "simulate --model " LLAMA8B " --gpu h200 %s --trace " AZURE_CONV " --num-requests 100 --json",
+                 runs[i]);
+        int rc = kvp_test_cli(cmd, out, sizeof out, NULL, 0);
+        cr_assert_eq(rc, 0, "%s: %s", cmd, out);
+        cJSON *o;
+        cr_assert_eq(kvp_json_parse(out, strlen(out), "simulate output", &o), KVP_OK, "%s", out);
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "comm_share");
+        const cJSON *s = cJSON_GetObjectItemCaseSensitive(o, "comm_s");
+        cr_assert(cJSON_IsNumber(c) && cJSON_IsNumber(s), "%s: no comm_share / comm_s", cmd);
+        share[i] = c->valuedouble;
+        if (i == 0) cr_assert_eq(s->valuedouble, 0, "one GPU has no all-reduce");
+        else cr_assert(share[i] > 0 && share[i] < 1, "%s: share %g", cmd, share[i]);
+        cJSON_Delete(o);
+    }
+    cr_assert_eq(share[0], 0);
+    cr_assert_lt(share[1], share[2], "tp 2 %g vs tp 4 %g", share[1], share[2]);
+}
+
 /* A chat whose history does not stay in 2 GB of KV memory: a host tier brings back what the device cache
  * lost. Device and host hits together reach the hit rate of a KV memory that keeps everything, written
  * through or back; write-back copies fewer blocks, on the steps' time. Written through selectively, the

@@ -1,8 +1,9 @@
-/* prefix_cache/pc_internal.h — private parts shared by the radix and hash caches and the eviction policies
- * (policies/policy.h): the eviction heaps, the multimap from 64-bit keys to unit indices, and the cache struct.
- * Not for use outside prefix_cache/. */
-#ifndef KVP_PREFIX_CACHE_PC_INTERNAL_H
-#define KVP_PREFIX_CACHE_PC_INTERNAL_H
+/* prefix_cache/prefix_cache_internal.h — private parts shared by the radix and hash caches and the eviction
+ * policies (policies/policy.h): the eviction heaps and the multimap from 64-bit keys to unit indices (pc_util.c),
+ * the cache struct, the generic side of the policies (pc_unit.c) and the kinds' halves (radix.c, hash.c), which
+ * the dispatcher (prefix_cache.c) calls. Not for use outside prefix_cache/. */
+#ifndef KVP_PREFIX_CACHE_PREFIX_CACHE_INTERNAL_H
+#define KVP_PREFIX_CACHE_PREFIX_CACHE_INTERNAL_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -147,7 +148,7 @@ struct kvp_prefix_cache {
     size_t scr_h_cap, scr_e_cap, scr_new_cap;
 };
 
-/* prefix_cache.c */
+/* pc_unit.c (the generic side of the policies, shared by prefix_cache.c, radix.c and hash.c) */
 struct pc_unit_s;
 /* The unit's true policy key. */
 pc_key pc_unit_key(const kvp_prefix_cache *pc, const pc_meta *m, const struct pc_unit_s *u);
