@@ -9,12 +9,7 @@
 extern "C" {
 #include "common/status.h"
 }
-#if __has_include("common/cuda/kvp_cuda.h")
 #include "common/cuda/kvp_cuda.h"
-#else /* before the emulator's header: nvcc only, the launch written out */
-#include <cuda_runtime.h>
-#define KVP_LAUNCH(kernel, grid, block, shmem, stream, ...) kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__)
-#endif
 
 #include <math.h>
 #include <stdio.h>

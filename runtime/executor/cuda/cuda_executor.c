@@ -1,10 +1,11 @@
-/* runtime/executor/cuda_executor.c — the engine's cuda executor: the memory split, the step pack, CUDA-graph
+/* runtime/executor/cuda/cuda_executor.c — the engine's cuda executor: the memory split, the step pack, CUDA-graph
  * buckets, device weights and the forward pass driven from the host (contract: cuda_executor.h; kernels:
  * cuda/cuda_dev.h). */
 #include "runtime/executor/cuda_executor.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/alloc.h"
@@ -15,8 +16,9 @@
 #include "runtime/executor/cuda/cuda_dev.h"
 #include "runtime/model/model_export.h"
 
-/* The emulated device's memory: the emulator's kernels run in host memory, which other work shares. */
-enum { EMU_DEVICE_BYTES = 1 << 30 };
+/* The emulated device's memory unless KVPAGE_EMU_DEVICE_MEM sets the emulator's: its "device" is host memory,
+ * which other work shares (the emulator's own default is 8 GiB). */
+enum { EMU_DEVICE_BYTES = 256 << 20 };
 
 kvp_cuda_options kvp_cuda_options_default(void)
 {
@@ -790,9 +792,9 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
     kvp_status st = kvp_cudev_open(opts->device, &c->dev, &c->dinfo);
     int64_t free0 = 0, total = 0;
     if (st == KVP_OK) st = kvp_cudev_mem_info(c->dev, &free0, &total);
-    if (st == KVP_OK && c->dinfo.emulated) { /* host memory stands in for the device's */
+    if (st == KVP_OK && c->dinfo.emulated && !getenv("KVPAGE_EMU_DEVICE_MEM") && total > EMU_DEVICE_BYTES) {
+        free0 -= total - EMU_DEVICE_BYTES;
         total = EMU_DEVICE_BYTES;
-        free0 = EMU_DEVICE_BYTES;
     }
     kvp_dtype wdt = opts->weights;
     if (wdt == KVP_DTYPE_COUNT) wdt = m && kvp_model_weight_type(m) == KVP_WEIGHT_F32 ? KVP_DTYPE_F32 : KVP_DTYPE_BF16;
@@ -811,12 +813,15 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
         const int32_t need = c->n_buckets ? c->buckets[c->n_buckets - 1] : 1;
         st = profile(c, max_tokens > need ? max_tokens : need, max_seqs, &peak);
     }
-    const kvp_model_config *mc = c->cm ? &c->cm->cfg : cfg;
+    if (st != KVP_OK) {
+        destroy(c);
+        return st;
+    }
+    const kvp_model_config *mc = &c->cm->cfg;
     const int64_t layers = mc->num_layers;
     c->block_bytes_pool = (size_t)mc->num_kv_heads * (size_t)block_size * (size_t)mc->head_dim * kvp_dtype_size(kv_dtype);
     kvp_cuda_mem_split split;
-    if (st == KVP_OK)
-        st = kvp_cuda_split(total, free0, opts->gpu_memory_utilization, c->cm->weight_bytes, peak,
+    st = kvp_cuda_split(total, free0, opts->gpu_memory_utilization, c->cm->weight_bytes, peak,
                             (int64_t)c->block_bytes_pool * 2 * layers, opts->kv_cache_memory, &split);
     if (st == KVP_OK && num_blocks > split.num_blocks)
         st = KVP_ERR(KVP_EINVAL, "cuda executor: %d KV blocks asked, the device's split holds %d (%lld bytes)",
