@@ -53,6 +53,14 @@ static kvp_status launched(const char *what)
     return e == cudaSuccess ? KVP_OK : cuda_fail(e, what);
 }
 
+/* Threads of the row kernels (one block a token): wide enough for a GPU's rows of a few thousand, narrow
+ * under the emulator, whose cost grows with every thread of a block (each one a fiber). */
+#ifdef KVPAGE_CUDA_EMU
+enum { ROW_THREADS = 32, FLAT_THREADS = 32 };
+#else
+enum { ROW_THREADS = 256, FLAT_THREADS = 256 };
+#endif
+
 static unsigned blocks_for(int64_t n, int per)
 {
     int64_t b = (n + per - 1) / per;
@@ -234,7 +242,7 @@ __device__ __forceinline__ float warp_sum(float v)
 
 /* ---------------------------------------------------------------- small kernels */
 
-/* grid: (T), block: 128 threads over H */
+/* grid: (T), block: 32 threads over H */
 __global__ void embed_kernel(float *x, const void *embed, kvp_dtype wdt, const int32_t *tokens, int64_t H, float scale)
 {
     const int64_t t = blockIdx.x, row = tokens[t];
@@ -245,7 +253,7 @@ extern "C" kvp_status kvp_cudev_embed(kvp_cudev *d, float *d_x, const void *d_em
                                       const int32_t *d_tokens, int64_t T, int64_t H, float scale)
 {
     if (T < 1) return KVP_OK;
-    KVP_LAUNCH(embed_kernel, dim3((unsigned)T), dim3(128), 0, d->compute, d_x, d_embed, wdt, d_tokens, H, scale);
+    KVP_LAUNCH(embed_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_x, d_embed, wdt, d_tokens, H, scale);
     return launched("embed");
 }
 
@@ -275,7 +283,7 @@ extern "C" kvp_status kvp_cudev_rmsnorm(kvp_cudev *d, float *d_out, int64_t out_
     return launched("rmsnorm");
 }
 
-/* grid: (T), block: 128 */
+/* grid: (T), block: ROW_THREADS */
 __global__ void bias_kernel(float *x, int64_t ts, const float *b, int64_t n)
 {
     for (int64_t i = threadIdx.x; i < n; i += blockDim.x) x[blockIdx.x * ts + i] += b[i];
@@ -284,7 +292,7 @@ __global__ void bias_kernel(float *x, int64_t ts, const float *b, int64_t n)
 extern "C" kvp_status kvp_cudev_bias(kvp_cudev *d, float *d_x, int64_t tstride, const float *d_b, int64_t T, int64_t n)
 {
     if (T < 1) return KVP_OK;
-    KVP_LAUNCH(bias_kernel, dim3((unsigned)T), dim3(128), 0, d->compute, d_x, tstride, d_b, n);
+    KVP_LAUNCH(bias_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_x, tstride, d_b, n);
     return launched("bias");
 }
 
@@ -298,11 +306,11 @@ __global__ void add_kernel(float *x, const float *y, int64_t n)
 extern "C" kvp_status kvp_cudev_add(kvp_cudev *d, float *d_x, const float *d_y, int64_t n)
 {
     if (n < 1) return KVP_OK;
-    KVP_LAUNCH(add_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, d->compute, d_x, d_y, n);
+    KVP_LAUNCH(add_kernel, dim3(blocks_for(n, FLAT_THREADS)), dim3(FLAT_THREADS), 0, d->compute, d_x, d_y, n);
     return launched("add");
 }
 
-/* grid: (T), block: 64 threads over (head, pair) */
+/* grid: (T), block: ROW_THREADS over (head, pair) */
 __global__ void rope_kernel(float *v, int64_t ts, int64_t nheads, int64_t hd, int64_t rot, int style, const float *cs)
 {
     const int64_t t = blockIdx.x, half = rot / 2;
@@ -321,11 +329,11 @@ extern "C" kvp_status kvp_cudev_rope(kvp_cudev *d, float *d_v, int64_t tstride, 
                                      int64_t rot, int style, const float *d_cs)
 {
     if (T < 1 || rot < 2) return KVP_OK;
-    KVP_LAUNCH(rope_kernel, dim3((unsigned)T), dim3(64), 0, d->compute, d_v, tstride, nheads, hd, rot, style, d_cs);
+    KVP_LAUNCH(rope_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_v, tstride, nheads, hd, rot, style, d_cs);
     return launched("rope");
 }
 
-/* grid: (T), block: 128 */
+/* grid: (T), block: ROW_THREADS */
 __global__ void glu_kernel(int act, float *out, const float *g, const float *u, int64_t ts, int64_t n)
 {
     const int64_t t = blockIdx.x;
@@ -343,7 +351,7 @@ extern "C" kvp_status kvp_cudev_glu(kvp_cudev *d, int act, float *d_out, const f
                                     int64_t tstride, int64_t T, int64_t n)
 {
     if (T < 1) return KVP_OK;
-    KVP_LAUNCH(glu_kernel, dim3((unsigned)T), dim3(128), 0, d->compute, act, d_out, d_g, d_u, tstride, n);
+    KVP_LAUNCH(glu_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, act, d_out, d_g, d_u, tstride, n);
     return launched("glu");
 }
 
@@ -356,13 +364,13 @@ __global__ void softcap_kernel(float *x, int64_t n, float cap)
 extern "C" kvp_status kvp_cudev_softcap(kvp_cudev *d, float *d_x, int64_t n, float cap)
 {
     if (n < 1 || !(cap > 0)) return KVP_OK;
-    KVP_LAUNCH(softcap_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, d->compute, d_x, n, cap);
+    KVP_LAUNCH(softcap_kernel, dim3(blocks_for(n, FLAT_THREADS)), dim3(FLAT_THREADS), 0, d->compute, d_x, n, cap);
     return launched("softcap");
 }
 
 /* ---------------------------------------------------------------- paged KV */
 
-/* grid: (T), block: 128 threads over (kv head, dim). Block ids widened to 64 bits before the strides. */
+/* grid: (T), block: ROW_THREADS over (kv head, dim). Block ids widened to 64 bits before the strides. */
 __global__ void append_kernel(kvp_cudev_pool p, const float *k, const float *v, int64_t ts, const int64_t *slots)
 {
     const int64_t t = blockIdx.x, slot = slots[t];
@@ -391,7 +399,7 @@ extern "C" kvp_status kvp_cudev_append_kv(kvp_cudev *d, const kvp_cudev_pool *p,
 {
     KVP_TRY(check_pool(p, "append_kv"));
     if (T < 1) return KVP_OK;
-    KVP_LAUNCH(append_kernel, dim3((unsigned)T), dim3(128), 0, d->compute, *p, d_k, d_v, tstride, d_slots);
+    KVP_LAUNCH(append_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, *p, d_k, d_v, tstride, d_slots);
     return launched("append_kv");
 }
 
@@ -487,20 +495,20 @@ __global__ void fill_kernel(void *p, kvp_dtype dt, int64_t n, float value)
 extern "C" kvp_status kvp_cudev_random(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, uint64_t seed, float scale)
 {
     if (n < 1) return KVP_OK;
-    KVP_LAUNCH(random_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, d->compute, d_p, dt, n, seed, scale);
+    KVP_LAUNCH(random_kernel, dim3(blocks_for(n, FLAT_THREADS)), dim3(FLAT_THREADS), 0, d->compute, d_p, dt, n, seed, scale);
     return launched("random weights");
 }
 
 extern "C" kvp_status kvp_cudev_fill(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, float value)
 {
     if (n < 1) return KVP_OK;
-    KVP_LAUNCH(fill_kernel, dim3(blocks_for(n, 256)), dim3(256), 0, d->compute, d_p, dt, n, value);
+    KVP_LAUNCH(fill_kernel, dim3(blocks_for(n, FLAT_THREADS)), dim3(FLAT_THREADS), 0, d->compute, d_p, dt, n, value);
     return launched("fill");
 }
 
 /* ---------------------------------------------------------------- GEMM */
 
-/* grid: (T), block: 128: x rows rounded to bf16, packed (T, K) */
+/* grid: (T), block: ROW_THREADS: x rows rounded to bf16, packed (T, K) */
 __global__ void to_bf16_kernel(__nv_bfloat16 *out, const float *x, int64_t ldx, int64_t K)
 {
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) out[blockIdx.x * K + i] = __float2bfloat16_rn(x[blockIdx.x * ldx + i]);
@@ -515,7 +523,7 @@ extern "C" kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, cons
     const void *x = d_x;
     int64_t lx = ldx;
     if (wdt == KVP_DTYPE_BF16) {
-        KVP_LAUNCH(to_bf16_kernel, dim3((unsigned)T), dim3(128), 0, d->compute, (__nv_bfloat16 *)d_scratch, d_x, ldx, K);
+        KVP_LAUNCH(to_bf16_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, (__nv_bfloat16 *)d_scratch, d_x, ldx, K);
         KVP_TRY(launched("gemm: x to bf16"));
         x = d_scratch;
         lx = K;
