@@ -89,10 +89,8 @@ int32_t kvp_cuda_graph_buckets(int32_t max_num_seqs, int32_t *out)
 {
     const int32_t cap = max_num_seqs < 512 ? max_num_seqs : 512;
     int32_t n = 0;
-    for (int32_t b = 1; b <= 4 && n < KVP_CUDA_MAX_BUCKETS; b *= 2)
-        if (b <= cap || n == 0) out[n++] = b;
-    for (int32_t b = 8; b <= 512 && n < KVP_CUDA_MAX_BUCKETS; b += 8) {
-        if (out[n - 1] >= cap) break;
+    for (int32_t b = 1; b <= 512 && n < KVP_CUDA_MAX_BUCKETS; b = b < 8 ? (b == 4 ? 8 : 2 * b) : b + 8) {
+        if (n > 0 && out[n - 1] >= cap) break; /* the largest covers max_num_seqs */
         out[n++] = b;
     }
     return n;
