@@ -444,3 +444,51 @@ Test(cuda_exec, generate_command_on_the_device, .timeout = 600)
     cr_assert_gt(cJSON_GetObjectItem(cu, "activations_bytes")->valuedouble, 0);
     cJSON_Delete(out);
 }
+
+/* --random-weights: a config's shape with seeded bf16 weights made on the device, driven by the engine: the
+ * same seed gives the same greedy tokens, another seed others; logits are finite. */
+static void random_run(uint64_t seed, int32_t *out, int32_t n)
+{
+    kvp_model_config cfg;
+    cr_assert_eq(kvp_model_config_load(S260 "/hf/config.json", &cfg), KVP_OK, "%s", kvp_error_detail());
+    kvp_cuda_options o = kvp_cuda_options_default();
+    o.random_seed = seed;
+    o.kv_cache_memory = 1 << 20;
+    kvp_executor ex;
+    kvp_cuda_info info;
+    cr_assert_eq(kvp_cuda_executor_create(NULL, &cfg, &o, 0, 16, 0, KVP_DTYPE_BF16, 64, 4, &ex, &info), KVP_OK, "%s",
+                 kvp_error_detail());
+    cr_assert_eq(info.weights, KVP_DTYPE_BF16);
+    cr_assert_eq(info.split.weights, (int64_t)(kvp_model_num_params(&cfg) * 2) + 2 * 64 * 11, "bf16 matrices and "
+                 "f32 norms: %lld bytes", (long long)info.split.weights);
+    kvp_session_config sc = kvp_session_config_default();
+    sc.engine.block_size = 16;
+    sc.engine.stop_at_eos = false;
+    sc.engine.max_batched_tokens = 64;
+    sc.engine.max_num_seqs = 4;
+    sc.num_blocks = info.split.num_blocks;
+    sc.vocab = (int32_t)cfg.vocab_size;
+    sc.engine.max_model_len = 512;
+    kvp_session *s;
+    cr_assert_eq(kvp_session_create(&sc, ex, &s), KVP_OK, "%s", kvp_error_detail());
+    const int32_t prompt[5] = {1, 403, 407, 261, 378};
+    kvp_session_request r = {.prompt = prompt, .n_prompt = 5, .max_tokens = n, .sampler = kvp_sampler_default(), .n = 1};
+    kvp_session_result res;
+    cr_assert_eq(kvp_session_run(s, &r, 1, &res, NULL, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(res.n_tokens[0], n);
+    memcpy(out, res.tokens[0], (size_t)n * sizeof(int32_t));
+    kvp_session_results_free(&res, 1);
+    kvp_session_destroy(s);
+}
+
+Test(cuda_exec, random_weights_on_the_device, .timeout = 600)
+{
+    open_dev();
+    close_dev();
+    int32_t a[8], b[8], c[8];
+    random_run(7, a, 8);
+    random_run(7, b, 8);
+    random_run(8, c, 8);
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "the same seed gave other tokens");
+    cr_assert_neq(memcmp(a, c, sizeof a), 0, "another seed gave the same 8 tokens");
+}
