@@ -9,7 +9,7 @@
 #include <string.h>
 
 #include "attention/attention.h"
-#include "attention/attn_cuda.h"
+#include "attention/cuda/attn_cuda.h"
 #include "bench/bench.h"
 #include "common/alloc.h"
 #include "common/cli.h"

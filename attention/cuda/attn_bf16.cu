@@ -1,0 +1,4 @@
+/* attention/cuda/attn_bf16.cu — the decode and prefill kernels for bf16 KV pools (attention/cuda/attn_kernels.cuh). */
+#define KVP_ATTN_DT KVP_DTYPE_BF16
+#define KVP_ATTN_NAME bf16
+#include "attention/cuda/attn_kernels.cuh"

@@ -1,0 +1,4 @@
+/* attention/cuda/attn_f16.cu — the decode and prefill kernels for f16 KV pools (attention/cuda/attn_kernels.cuh). */
+#define KVP_ATTN_DT KVP_DTYPE_F16
+#define KVP_ATTN_NAME f16
+#include "attention/cuda/attn_kernels.cuh"

@@ -1,0 +1,4 @@
+/* attention/cuda/attn_f32.cu — the decode and prefill kernels for f32 KV pools (attention/cuda/attn_kernels.cuh). */
+#define KVP_ATTN_DT KVP_DTYPE_F32
+#define KVP_ATTN_NAME f32
+#include "attention/cuda/attn_kernels.cuh"

@@ -1,0 +1,4 @@
+/* attention/cuda/attn_fp8.cu — the decode and prefill kernels for fp8 KV pools (attention/cuda/attn_kernels.cuh). */
+#define KVP_ATTN_DT KVP_DTYPE_FP8_E4M3
+#define KVP_ATTN_NAME fp8
+#include "attention/cuda/attn_kernels.cuh"
