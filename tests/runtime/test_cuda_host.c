@@ -253,3 +253,24 @@ Test(cuda_host, generate_command_line)
     cr_assert_eq(kvp_test_cli("generate --help", out, sizeof out, err, sizeof err), 0);
     cr_assert(strstr(out, "--gpu-memory-utilization") && strstr(out, "--kv-cache-memory") && strstr(out, "--device"));
 }
+
+Test(cuda_host, simulate_command_line)
+{
+    char out[1 << 14], err[4096];
+    const char *cfg = "--model ../shared/models/stories260K/hf/config.json --workload sharegpt:n=2 --rate inf";
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "simulate --executor cuda --random-weights %s --kv-cache-memory 1MiB --json", cfg);
+    int rc = kvp_test_cli(cmd, out, sizeof out, err, sizeof err);
+    cr_assert(rc >= 0, "kvpage crashed (%s)", err);
+    if (rc != 0) cr_assert(strstr(err, "cuda executor: no CUDA device"), "%s", err);
+    else cr_assert(strstr(out, "\"executor\": \"cuda\"") || strstr(out, "\"executor\":\"cuda\""), "%s", out);
+    snprintf(cmd, sizeof cmd, "simulate --executor cpu --random-weights %s", cfg);
+    cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--random-weights builds the model on the device"), "%s", err);
+    snprintf(cmd, sizeof cmd, "simulate %s --kv-cache-memory 1GiB", cfg);
+    cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--kv-cache-memory applies to --device cuda only"), "%s", err);
+    snprintf(cmd, sizeof cmd, "simulate --executor tpu %s", cfg);
+    cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "use sim, cpu or cuda"), "%s", err);
+}
