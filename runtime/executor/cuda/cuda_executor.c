@@ -891,7 +891,8 @@ kvp_status kvp_cuda_session_create(kvp_model *m, const kvp_cuda_options *opts, c
     if (host > INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "generate: %lld host blocks are too many", (long long)host);
     kvp_executor ex;
     kvp_cuda_info ci;
-    const int32_t max_tokens = c.engine.max_batched_tokens > 0 ? c.engine.max_batched_tokens : 2048;
+    int32_t max_tokens = c.engine.max_batched_tokens > 0 ? c.engine.max_batched_tokens : 2048;
+    if (!c.engine.chunked_prefill && max_tokens < c.engine.max_model_len) max_tokens = c.engine.max_model_len;
     const int32_t max_seqs = c.engine.max_num_seqs > 0 ? c.engine.max_num_seqs : 256;
     KVP_TRY(kvp_cuda_executor_create(m, NULL, opts, c.num_blocks, c.engine.block_size, (int32_t)host, c.kv_dtype,
                                      max_tokens, max_seqs, &ex, &ci));
