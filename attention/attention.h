@@ -61,6 +61,12 @@ kvp_attn_params kvp_attn_default_params(int32_t num_q_heads);
  * dtype of kvp_dtype. */
 int kvp_attn_supported(kvp_dtype dtype, int32_t head_dim);
 
+/* The checks of decode and prefill parameters that the CPU and CUDA kernels share: dtype/head_dim supported
+ * (KVP_EUNSUPPORTED), num_q_heads a positive multiple of num_kv_heads, sm_scale finite and >= 0,
+ * window_left >= -1, logits_soft_cap finite and >= 0, kv_chunk_size >= 0 (KVP_EINVAL naming `what`).
+ * Reads only kv's scalar fields. */
+kvp_status kvp_attn_check_params(const kvp_paged_kv *kv, const kvp_attn_params *p, const char *what);
+
 /* Threads used by the *_cpu kernels: n >= 1, or 0 for the number of online CPUs (the default). Process-wide. */
 void kvp_attn_set_threads(int n);
 int kvp_attn_get_threads(void);

@@ -897,18 +897,8 @@ static kvp_status attend(const kvp_paged_kv *kv, const float *q, const int32_t *
 {
     KVP_TRY(kvp_paged_kv_check(kv, 1));
     if (q == NULL || out == NULL || p == NULL) return KVP_ERR(KVP_EINVAL, "%s: q, out or params is NULL", what);
+    KVP_TRY(kvp_attn_check_params(kv, p, what)); /* shared with the CUDA kernels */
     const int32_t D = kv->head_dim, hkv = kv->num_kv_heads, hq = p->num_q_heads;
-    if (!kvp_attn_supported(kv->dtype, D))
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: head_dim %d with dtype %s is not supported (head_dim 8, 16, 32, 64, "
-                       "80, 96, 128 or 256)", what, D, kvp_dtype_name(kv->dtype));
-    if (hq < 1 || hq % hkv != 0)
-        return KVP_ERR(KVP_EINVAL, "%s: num_q_heads %d is not a positive multiple of num_kv_heads %d", what, hq, hkv);
-    if (!(p->sm_scale >= 0.0f) || isinf(p->sm_scale))
-        return KVP_ERR(KVP_EINVAL, "%s: sm_scale %g must be finite and >= 0", what, (double)p->sm_scale);
-    if (p->window_left < -1) return KVP_ERR(KVP_EINVAL, "%s: window_left %d < -1", what, p->window_left);
-    if (!(p->logits_soft_cap >= 0.0f) || isinf(p->logits_soft_cap))
-        return KVP_ERR(KVP_EINVAL, "%s: logits_soft_cap %g must be finite and >= 0", what, (double)p->logits_soft_cap);
-    if (p->kv_chunk_size < 0) return KVP_ERR(KVP_EINVAL, "%s: kv_chunk_size %d < 0", what, p->kv_chunk_size);
     if (qo_indptr && kv->num_seqs > 0 && qo_indptr[0] != 0)
         return KVP_ERR(KVP_EINVAL, "%s: qo_indptr[0] = %d, must be 0", what, qo_indptr[0]);
     const int32_t group = hq / hkv;

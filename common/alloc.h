@@ -13,6 +13,10 @@
 
 #include "common/status.h"
 
+#ifdef __cplusplus
+extern "C" { /* C++: the CUDA files (attention/cuda/, the CUDA emulator) */
+#endif
+
 void *kvp_malloc(size_t n);
 void *kvp_calloc(size_t count, size_t size); /* zeroed; NULL when count*size overflows */
 void *kvp_realloc(void *p, size_t n);        /* on failure p is untouched and still owned by the caller */
@@ -28,5 +32,9 @@ kvp_status kvp_check_fits_in_memory(double bytes, const char *what);
 
 /* *arr holds >= need elements of elem bytes (capacity doubles). KVP_ENOMEM: *arr, *cap unchanged. */
 kvp_status kvp_grow(void **arr, size_t *cap, size_t need, size_t elem);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

@@ -7,6 +7,10 @@
 #ifndef KVP_COMMON_STATUS_H
 #define KVP_COMMON_STATUS_H
 
+#ifdef __cplusplus
+extern "C" { /* C++: the CUDA files (attention/cuda/, the CUDA emulator) */
+#endif
+
 typedef enum {
     KVP_OK = 0,
     KVP_EINVAL,        /* an argument is out of range or inconsistent */
@@ -45,5 +49,9 @@ void kvp_error_clear(void);
         kvp_status kvp_try_s_ = (expr);                                                            \
         if (kvp_try_s_ != KVP_OK) return kvp_try_s_;                                               \
     } while (0)
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

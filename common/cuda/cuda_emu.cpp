@@ -891,6 +891,13 @@ cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitc
     return cudaSuccess;
 }
 
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              enum cudaMemcpyKind kind, cudaStream_t s)
+{
+    if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+}
+
 cudaError_t cudaMemset(void *p, int value, size_t n)
 {
     if (n == 0) return cudaSuccess;

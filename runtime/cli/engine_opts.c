@@ -122,3 +122,69 @@ void kvp_engine_opts_usage(FILE *f, const kvp_engine_config *d)
             d->block_size, kvp_pc_kind_name(d->cache), kvp_evict_policy_name(d->evict), kvp_sched_policy_name(d->sched),
             kvp_preempt_mode_name(d->preempt), d->watermark_blocks, d->max_num_seqs, d->max_batched_tokens);
 }
+
+/* ---------------------------------------------------------------- device options */
+
+static const struct option device_long[] = {
+    {"device", required_argument, 0, KVP_DO_DEVICE},
+    {"gpu-memory-utilization", required_argument, 0, KVP_DO_GPU_UTIL},
+    {"kv-cache-memory", required_argument, 0, KVP_DO_KV_MEM},
+    {"enforce-eager", no_argument, 0, KVP_DO_EAGER},
+};
+enum { N_DEVICE = sizeof device_long / sizeof device_long[0] };
+_Static_assert(N_DEVICE == KVP_DO_END - KVP_DO_DEVICE, "one table entry per device option");
+
+void kvp_device_opts_init(kvp_device_opts *o)
+{
+    *o = (kvp_device_opts){.cu = kvp_cuda_options_default()};
+}
+
+int kvp_device_opts_append(struct option *table, int n, int cap)
+{
+    if (n + N_DEVICE + 1 > cap) return 0;
+    memcpy(table + n, device_long, sizeof device_long);
+    table[n + N_DEVICE] = (struct option){0, 0, 0, 0};
+    return n + N_DEVICE;
+}
+
+int kvp_device_opt(kvp_device_opts *o, int c, const char *arg, kvp_status *st)
+{
+    switch (c) {
+    case KVP_DO_DEVICE: *st = kvp_device_parse(arg, &o->cuda, &o->cu.device); break;
+    case KVP_DO_GPU_UTIL:
+        *st = kvp_parse_f64(arg, 0.0, 1.0, &o->cu.gpu_memory_utilization);
+        if (*st == KVP_OK && !(o->cu.gpu_memory_utilization > 0)) *st = KVP_ERR(KVP_EINVAL, "must be in (0, 1]");
+        o->cuda_only = "--gpu-memory-utilization";
+        break;
+    case KVP_DO_KV_MEM:
+        *st = kvp_parse_bytes(arg, &o->cu.kv_cache_memory);
+        if (*st == KVP_OK && o->cu.kv_cache_memory <= 0) *st = KVP_ERR(KVP_EINVAL, "must be > 0");
+        o->cuda_only = "--kv-cache-memory";
+        break;
+    case KVP_DO_EAGER:
+        o->cu.enforce_eager = 1;
+        o->cuda_only = "--enforce-eager";
+        *st = KVP_OK;
+        break;
+    default: return 0;
+    }
+    return 1;
+}
+
+kvp_status kvp_device_opts_check(const kvp_device_opts *o)
+{
+    if (!o->cuda && o->cuda_only) return KVP_ERR(KVP_EINVAL, "%s applies to --device cuda only", o->cuda_only);
+    return KVP_OK;
+}
+
+void kvp_device_opts_usage(FILE *f)
+{
+    fprintf(f,
+            "device:\n"
+            "  --device D                cpu (default) | cuda | cuda:N: the cuda executor runs the model on GPU N\n"
+            "                            (weights converted at load: f32 checkpoints stay f32, others become bf16)\n"
+            "  --gpu-memory-utilization F  share of the GPU's memory to use (default 0.9): weights, the activation\n"
+            "                            peak of a profiling pass at the largest batch, and KV blocks in the rest\n"
+            "  --kv-cache-memory BYTES   the KV pools' size instead of what the split leaves (vLLM's option)\n"
+            "  --enforce-eager           no CUDA-graph batch buckets for decode steps\n");
+}

@@ -21,6 +21,7 @@
 
 #include "common/status.h"
 #include "runtime/engine/engine.h"
+#include "runtime/executor/cuda_executor.h"
 
 /* Option ids (getopt_long's val), above every command's own. */
 enum {
@@ -51,5 +52,26 @@ kvp_status kvp_engine_opts_check(const kvp_engine_opts *o);
 
 /* The engine options' part of a --help, with the command's defaults (those of o->cfg before parsing). */
 void kvp_engine_opts_usage(FILE *f, const kvp_engine_config *defaults);
+
+/* ---- the device options of generate and simulate (serve may adopt them):
+ *   --device cpu|cuda[:N]  --gpu-memory-utilization F  --kv-cache-memory BYTES  --enforce-eager
+ * The last three apply to the cuda executor only (kvp_device_opts_check says so otherwise). */
+enum { KVP_DO_DEVICE = 0x1100, KVP_DO_GPU_UTIL, KVP_DO_KV_MEM, KVP_DO_EAGER, KVP_DO_END };
+
+typedef struct {
+    int cuda;              /* 1: --device cuda[:N] */
+    kvp_cuda_options cu;   /* index, utilization, KV memory, eager */
+    const char *cuda_only; /* a cuda-only option given, for the error without --device cuda */
+} kvp_device_opts;
+
+void kvp_device_opts_init(kvp_device_opts *o);
+/* Appends the device options to a table of n entries (terminated after them); cap as kvp_engine_opts_table's
+ * (KVP_DO_END - KVP_DO_DEVICE more). Returns the entries written, 0 when cap is too small. */
+int kvp_device_opts_append(struct option *table, int n, int cap);
+/* As kvp_engine_opt, for the device options. */
+int kvp_device_opt(kvp_device_opts *o, int c, const char *arg, kvp_status *st);
+/* KVP_EINVAL naming a cuda-only option given without --device cuda. */
+kvp_status kvp_device_opts_check(const kvp_device_opts *o);
+void kvp_device_opts_usage(FILE *f);
 
 #endif

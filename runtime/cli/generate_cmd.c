@@ -1,4 +1,4 @@
-/* `kvpage generate` — run a real model on the CPU executor: prompts -> tokens -> continuous batching over the
+/* `kvpage generate` — run a real model on the CPU executor (or, with --device cuda, the cuda executor): prompts -> tokens -> continuous batching over the
  * paged KV cache (runtime/engine/session.h) -> text. Text to stdout (or one JSON object with --json); logs to stderr. */
 #include <getopt.h>
 #include <math.h>
@@ -15,6 +15,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/cli/engine_opts.h"
 #include "runtime/executor/cpu_executor.h"
+#include "runtime/executor/cuda_executor.h"
 #include "runtime/model/model.h"
 #include "runtime/text/stop_text.h"
 #include "runtime/text/tokenizer.h"
@@ -90,6 +91,7 @@ static void usage(FILE *f)
             "  -h, --help              this help\n\n");
     const kvp_session_config d = kvp_session_config_default();
     kvp_engine_opts_usage(f, &d.engine);
+    kvp_device_opts_usage(f);
 }
 
 typedef struct {
@@ -223,6 +225,7 @@ typedef struct {
     const char *system;         /* a system message before each prompt, or NULL */
     kvp_session_config cfg;     /* the session's defaults, with the engine options (engine_opts.h) */
     kvp_engine_opts eo;
+    kvp_device_opts dev; /* --device cuda and its options */
 } gen_opts;
 
 static cJSON *ids_json(const int32_t *ids, int32_t n)
@@ -429,7 +432,15 @@ static int run(gen_opts *o)
         if ((st = kvp_cpu_follow(m, NULL)) != KVP_OK) rc = kvp_cli_fail(CMD, st);
         goto out;
     }
-    if ((st = kvp_cpu_generate(m, &cfg, reqs, n, res, &stats, stops.t ? track_stops : NULL, &stops)) != KVP_OK) {
+    kvp_cuda_info cuda_info;
+    if (o->dev.cuda) {
+        st = kvp_cuda_generate(m, &o->dev.cu, &cfg, reqs, n, res, &stats, stops.t ? track_stops : NULL, &stops,
+                               &cuda_info);
+        if (st == KVP_OK) kvp_cuda_info_log(&cuda_info);
+    } else {
+        st = kvp_cpu_generate(m, &cfg, reqs, n, res, &stats, stops.t ? track_stops : NULL, &stops);
+    }
+    if (st != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         goto out;
     }
@@ -540,6 +551,8 @@ static int run(gen_opts *o)
         cJSON_AddNumberToObject(t, "tp", o->tp);
         cJSON_AddStringToObject(t, "matmul", kvp_matmul_kind_name(o->matmul));
         cJSON_AddStringToObject(t, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(m)));
+        cJSON_AddStringToObject(t, "device", o->dev.cuda ? "cuda" : "cpu");
+        if (o->dev.cuda) kvp_cuda_info_json(&cuda_info, t);
         st = kvp_json_print(stdout, root);
         cJSON_Delete(root);
         if (st != KVP_OK) rc = kvp_cli_fail(CMD, st);
@@ -597,8 +610,10 @@ int kvp_cmd_generate(int argc, char **argv)
         {"stop", required_argument, 0, O_STOP},       {"chat", no_argument, 0, O_CHAT},
         {"chat-template", required_argument, 0, O_CHAT_TEMPLATE}, {"system", required_argument, 0, O_SYSTEM},
         {"help", no_argument, 0, 'h'}};
-    struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + 1];
-    kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts, (int)(sizeof opts / sizeof opts[0]));
+    struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + KVP_DO_END - KVP_DO_DEVICE + 1];
+    kvp_device_opts_append(opts, kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts,
+                                                       (int)(sizeof opts / sizeof opts[0])),
+                           (int)(sizeof opts / sizeof opts[0]));
     gen_opts o;
     memset(&o, 0, sizeof o);
     o.max_tokens = 64;
@@ -613,6 +628,7 @@ int kvp_cmd_generate(int argc, char **argv)
     o.logprobs = -1;
     o.cfg = kvp_session_config_default();
     kvp_engine_opts_init(&o.eo, &o.cfg.engine);
+    kvp_device_opts_init(&o.dev);
     int c, rc = KVP_EXIT_OK;
     kvp_status st = KVP_OK;
     optind = 0;
@@ -620,7 +636,7 @@ int kvp_cmd_generate(int argc, char **argv)
     while ((c = getopt_long(argc, argv, ":m:p:h", opts, &li)) != -1) {
         int64_t v;
         double d;
-        if (kvp_engine_opt(&o.eo, c, optarg, &st)) {
+        if (kvp_engine_opt(&o.eo, c, optarg, &st) || kvp_device_opt(&o.dev, c, optarg, &st)) {
             if (st != KVP_OK) {
                 rc = kvp_cli_usage_error(CMD, "--%s: %s", opts[li].name, kvp_error_message());
                 goto done;
@@ -691,8 +707,13 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_cli_usage_error(CMD, "--model is required");
         goto done;
     }
-    if ((st = kvp_engine_opts_check(&o.eo)) != KVP_OK) {
+    if ((st = kvp_engine_opts_check(&o.eo)) != KVP_OK || (st = kvp_device_opts_check(&o.dev)) != KVP_OK) {
         rc = kvp_cli_usage_error(CMD, "%s", kvp_error_message());
+        goto done;
+    }
+    if (o.dev.cuda && o.tp > 1) {
+        rc = kvp_cli_usage_error(CMD, "--tp %d with --device cuda: tensor parallelism of the cuda executor is not "
+                                      "built yet (--tp runs on the cpu executor)", o.tp);
         goto done;
     }
     if (o.cfg.engine.sched == KVP_SCHED_PRIORITY) {

@@ -20,6 +20,7 @@
 #include "runtime/cli/engine_opts.h"
 #include "parallel/comm.h"
 #include "runtime/executor/cpu_executor.h"
+#include "runtime/executor/cuda_executor.h"
 #include "runtime/planner/simulate.h"
 #include "runtime/executor/sim_executor.h"
 #include "runtime/workload/workload_synth.h"
@@ -52,6 +53,11 @@ static void usage(FILE *f)
             "  --executor sim|cpu        sim: the cost model (default); cpu: run the model (--model is then a GGUF\n"
             "                            file or a Hugging Face folder with weights); prompt token ids are hashed\n"
             "                            into the model's vocabulary (equal ids stay equal)\n"
+            "  --executor cuda           the model on an NVIDIA GPU (runtime/executor/cuda_executor.h): KV blocks\n"
+            "                            from the device's memory split (--gpu-memory-utilization, --kv-cache-memory\n"
+            "                            or --kv-mem), --device cuda:N picks the GPU\n"
+            "  --random-weights          with --executor cuda: --model is a config.json, its shape built with seeded\n"
+            "                            random bf16 weights on the device (timing real shapes without a checkpoint)\n"
             "  --model CONFIG            Hugging Face config.json (sim), a model (cpu)\n"
             "  --gpu NAME                A100-40G | A100-80G | A100-80G-PCIe | H100-SXM | H100-PCIe | H200\n"
             "                            (default H200; sim)\n"
@@ -84,11 +90,12 @@ static void usage(FILE *f)
     kvp_engine_config d;
     kvp_engine_config_default(&d);
     kvp_engine_opts_usage(f, &d);
+    kvp_device_opts_usage(f);
 }
 
 enum {
     O_MODEL = 256, O_GPU, O_TRACE, O_WORKLOAD, O_RATE, O_NUMREQ, O_DURATION, O_ALLOC, O_TP, O_MAXLEN, O_JSON,
-    O_GPUUTIL, O_KVMEM, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT, O_N,
+    O_GPUUTIL, O_KVMEM, O_CHECK, O_ARENA, O_EXECUTOR, O_THREADS, O_KVDTYPE, O_REQOUT, O_STEPOUT, O_N, O_RANDOM,
 };
 
 enum { CPU_MEM_DEFAULT = 1 << 30 }; /* KV cache and swap space of the cpu executor when not given */
@@ -134,6 +141,51 @@ static kvp_status cpu_prepare(const char *path, int threads, kvp_dtype *dtp, int
                                      host + tier > 0 ? "--kv-mem plus --swap-space and --kv-offloading-size" : "--kv-mem"));
     if (comm && kvp_comm_rank(comm) != 0) return KVP_OK; /* it executes rank 0's plans (kvp_cpu_follow) */
     return kvp_cpu_executor_create_tp(*lm, (int32_t)blocks, bs, (int32_t)kvp_engine_host_blocks(ec), dt, ex);
+}
+
+/* The cuda executor: the model at path (or, with random, a config.json's shape with seeded random bf16
+ * weights made on the device), KV blocks from the device's memory split (--kv-mem: the KV pools' bytes, as
+ * --kv-cache-memory), host pools for swap and the host tier from their bytes; fills ec as cpu_prepare does. */
+static kvp_status cuda_prepare(const char *path, int random, const kvp_cuda_options *co, kvp_dtype *dtp, int kv_auto,
+                               const kvp_sim_hw *hw, int max_len_set, kvp_engine_config *ec, kvp_model **lm,
+                               kvp_model_config *cfg, kvp_executor *ex, kvp_sim_memory *mem, kvp_cuda_info *info)
+{
+    int32_t ctx;
+    if (random) {
+        KVP_TRY(kvp_model_config_load(path, cfg));
+        const int64_t c = kvp_model_config_context(cfg);
+        ctx = c > 0 && c < INT32_MAX ? (int32_t)c : 4096;
+        if (kv_auto) *dtp = KVP_DTYPE_BF16;
+    } else {
+        KVP_TRY(kvp_model_load(path, lm));
+        *cfg = *kvp_model_cfg(*lm);
+        ctx = kvp_model_max_len(*lm);
+        if (kv_auto) *dtp = kvp_model_kv_dtype_auto(*lm);
+    }
+    if (!max_len_set) ec->max_model_len = ctx;
+    else if (ec->max_model_len > ctx)
+        return KVP_ERR(KVP_EINVAL, "--max-model-len %d exceeds the context of %s (%d tokens)", (int)ec->max_model_len,
+                       path, (int)ctx);
+    const int32_t bs = ec->block_size;
+    memset(mem, 0, sizeof *mem);
+    mem->kv_bytes_per_token = (double)kvp_model_kv_elems_per_token(cfg) * (double)kvp_dtype_size(*dtp);
+    const double per_block = mem->kv_bytes_per_token * bs;
+    const int64_t host = ec->preempt == KVP_PREEMPT_SWAP ? (int64_t)((double)hw->swap_bytes / per_block) : 0;
+    const int64_t tier = (int64_t)((double)hw->offload_bytes / per_block);
+    if (host + tier > INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "--swap-space / --kv-offloading-size: too many blocks");
+    kvp_cuda_options o = *co;
+    if (hw->kv_mem_bytes > 0) o.kv_cache_memory = hw->kv_mem_bytes;
+    const int32_t max_tokens = ec->chunked_prefill || ec->max_batched_tokens >= ec->max_model_len
+                                   ? ec->max_batched_tokens : ec->max_model_len;
+    KVP_TRY(kvp_cuda_executor_create(*lm, random ? cfg : NULL, &o, 0, bs, (int32_t)(host + tier), *dtp, max_tokens,
+                                     ec->max_num_seqs, ex, info));
+    ec->kv_slots = mem->kv_slots = (int64_t)info->split.num_blocks * bs;
+    ec->host_slots = mem->host_slots = host * bs;
+    ec->host_cache_slots = mem->host_cache_slots = tier * bs;
+    mem->kv_bytes = (double)ec->kv_slots * mem->kv_bytes_per_token;
+    mem->weight_bytes = (double)info->split.weights;
+    kvp_cuda_info_log(info);
+    return KVP_OK;
 }
 
 /* --requests-out / --steps-out: rows go to PATH.tmp, created before the run (a path that cannot be written
@@ -307,10 +359,18 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         {"kv-dtype", required_argument, NULL, O_KVDTYPE},
         {"requests-out", required_argument, NULL, O_REQOUT},
         {"steps-out", required_argument, NULL, O_STEPOUT},
+        {"random-weights", no_argument, NULL, O_RANDOM},
         {"help", no_argument, NULL, 'h'},
     };
-    struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + 1];
-    kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts, (int)(sizeof opts / sizeof opts[0]));
+    struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + KVP_DO_END - KVP_DO_DEVICE + 1];
+    kvp_device_opts_append(opts, kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts,
+                                                       (int)(sizeof opts / sizeof opts[0])),
+                           (int)(sizeof opts / sizeof opts[0]));
+    kvp_device_opts dev;
+    kvp_device_opts_init(&dev);
+    int cuda = 0, random = 0;
+    kvp_cuda_info cuda_info;
+    memset(&cuda_info, 0, sizeof cuda_info);
     const char *cmd = "simulate", *model = NULL, *gpu_name = "H200", *trace = NULL, *spec = NULL, *req_out = NULL,
                *step_out = NULL;
     double rate = 0, duration = 0;
@@ -331,7 +391,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     kvp_engine_opts eo;
     kvp_engine_opts_init(&eo, &ec);
     while ((c = getopt_long(argc, argv, ":h", opts, &li)) != -1) {
-        if (kvp_engine_opt(&eo, c, optarg, &st)) {
+        if (kvp_engine_opt(&eo, c, optarg, &st) || kvp_device_opt(&dev, c, optarg, &st)) {
             if (st != KVP_OK) return kvp_cli_usage_error(cmd, "--%s: %s", opts[li].name, kvp_error_message());
             continue;
         }
@@ -368,9 +428,11 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         case O_JSON: json = 1; break;
         case O_CHECK: ec.check_every_step = true; break;
         case O_EXECUTOR:
-            if (strcmp(optarg, "cpu") == 0 || strcmp(optarg, "sim") == 0) cpu = optarg[0] == 'c';
-            else st = KVP_ERR(KVP_EINVAL, "unknown executor '%s' (use sim or cpu)", optarg);
+            if (strcmp(optarg, "cpu") == 0 || strcmp(optarg, "sim") == 0 || strcmp(optarg, "cuda") == 0)
+                cpu = optarg[0] == 'c', cuda = optarg[1] == 'u'; /* cuda runs a real model too: cpu's paths */
+            else st = KVP_ERR(KVP_EINVAL, "unknown executor '%s' (use sim, cpu or cuda)", optarg);
             break;
+        case O_RANDOM: random = 1; break;
         case O_THREADS:
             st = kvp_parse_i32(optarg, 1, 1024, &threads);
             cpu_only = "--threads";
@@ -392,6 +454,16 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     if (cpu && sim_only) return kvp_cli_usage_error(cmd, "%s applies to --executor sim only", sim_only);
     if (!cpu && cpu_only) return kvp_cli_usage_error(cmd, "%s applies to --executor cpu only", cpu_only);
     if ((st = kvp_engine_opts_check(&eo)) != KVP_OK) return kvp_cli_usage_error(cmd, "%s", kvp_error_message());
+    if (cuda) dev.cuda = 1; /* --executor cuda: the device options apply (--device cuda:N picks the GPU) */
+    if ((st = kvp_device_opts_check(&dev)) != KVP_OK)
+        return kvp_cli_usage_error(cmd, "%s (simulate: --executor cuda)", kvp_error_message());
+    if (random && !cuda)
+        return kvp_cli_usage_error(cmd, "--random-weights builds the model on the device: it needs --executor cuda (the "
+                                        "cpu executor runs weights from a file)");
+    if (cuda && hw.tp > 1)
+        return kvp_cli_usage_error(cmd, "--tp %d with --executor cuda: tensor parallelism of the cuda executor is not "
+                                        "built yet", hw.tp);
+    if (cuda && threads != 1) return kvp_cli_usage_error(cmd, "--threads applies to --executor cpu only");
     hw.offload_bytes = eo.offload_bytes;
     if (eo.swap_bytes >= 0) hw.swap_bytes = eo.swap_bytes;
     if (cpu && ec.alloc != KVP_ALLOC_PAGED)
@@ -410,7 +482,11 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(*comm);
         if (st != KVP_OK) return kvp_cli_fail(cmd, st);
     }
-    if (cpu) {
+    if (cuda) {
+        if (eo.swap_bytes < 0) hw.swap_bytes = hw.kv_mem_bytes > 0 ? hw.kv_mem_bytes : CPU_MEM_DEFAULT;
+        st = cuda_prepare(model, random, &dev.cu, &kv_dtype, kv_auto, &hw, max_len_set, &ec, &lm, &cfg, &ex, &mem,
+                          &cuda_info);
+    } else if (cpu) {
         if (eo.swap_bytes < 0) hw.swap_bytes = hw.kv_mem_bytes > 0 ? hw.kv_mem_bytes : CPU_MEM_DEFAULT; /* as the cache */
         st = cpu_prepare(model, threads, &kv_dtype, kv_auto, &hw, max_len_set, *comm, &ec, &lm, &ex, &mem);
         if (st == KVP_OK && *comm && kvp_comm_rank(*comm) != 0) { /* rank 0 alone schedules */
@@ -477,8 +553,12 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     if (o == NULL) return kvp_cli_fail(cmd, KVP_ERR(KVP_ENOMEM, "out of memory"));
     cJSON_AddStringToObject(o, "workload", wname);
     cJSON_AddStringToObject(o, "model", cfg.model_type);
-    cJSON_AddStringToObject(o, "executor", cpu ? "cpu" : "sim");
-    if (cpu) {
+    cJSON_AddStringToObject(o, "executor", cuda ? "cuda" : cpu ? "cpu" : "sim");
+    if (cuda) {
+        cJSON_AddStringToObject(o, "kv_dtype", kvp_dtype_name(kv_dtype));
+        cJSON_AddBoolToObject(o, "random_weights", random);
+        kvp_cuda_info_json(&cuda_info, o);
+    } else if (cpu) {
         cJSON_AddNumberToObject(o, "threads", threads);
         cJSON_AddStringToObject(o, "kv_dtype", kvp_dtype_name(kv_dtype));
     } else {

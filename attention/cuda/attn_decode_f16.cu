@@ -1,0 +1,5 @@
+/* attention/cuda/attn_decode_f16.cu — the decode kernels for f16 KV pools (attention/cuda/attn_kernels.cuh). */
+#define KVP_ATTN_DT KVP_DTYPE_F16
+#define KVP_ATTN_NAME f16
+#define KVP_ATTN_DECODE 1
+#include "attention/cuda/attn_kernels.cuh"

@@ -1,0 +1,5 @@
+/* attention/cuda/attn_prefill_tc_bf16.cu — the tensor-core prefill kernels for bf16 KV pools (attention/cuda/attn_kernels.cuh). */
+#define KVP_ATTN_DT KVP_DTYPE_BF16
+#define KVP_ATTN_NAME bf16
+#define KVP_ATTN_PREFILL_TC 1
+#include "attention/cuda/attn_kernels.cuh"

@@ -1,0 +1,561 @@
+/* runtime/executor/cuda/cuda_dev.cu — the cuda executor's device layer: CUDA runtime wrappers, the small
+ * kernels of the forward pass and the GEMM interface (contract: cuda_dev.h). Built by kvp_cuda_library: nvcc
+ * for sm_80 and sm_90, or the host C++ compiler against the project's CPU emulator of CUDA (KVPAGE_CUDA_EMU),
+ * where cuBLAS is replaced by a CPU loop behind the same kvp_cudev_gemm. No inline PTX.
+ *
+ * The kernels are plain: one warp per row for reductions (RMSNorm, attention scores), grid-stride loops for
+ * element-wise ops. Each mirrors a CPU op named in cuda_dev.h and is checked against it.
+ */
+extern "C" {
+#include "common/status.h"
+}
+#include "common/cuda/kvp_cuda.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#ifndef KVPAGE_CUDA_EMU
+#include <cublas_v2.h>
+#endif
+
+#include "runtime/executor/cuda/cuda_dev.h"
+
+/* KVP_ACT_* of runtime/loader/model_config.h (not included: a C header of the loader). */
+enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
+
+struct kvp_cudev {
+    int index;
+    cudaStream_t compute, copy;
+#ifndef KVPAGE_CUDA_EMU
+    cublasHandle_t blas;
+#endif
+};
+
+static kvp_status cuda_fail(cudaError_t e, const char *what)
+{
+    (void)cudaGetLastError(); /* clear the sticky launch error */
+    return KVP_ERR(KVP_ECUDA, "cuda executor: %s: %s", what, cudaGetErrorString(e));
+}
+#define CU_TRY(call, what)                                      \
+    do {                                                        \
+        cudaError_t e_ = (call);                                \
+        if (e_ != cudaSuccess) return cuda_fail(e_, (what));    \
+    } while (0)
+
+static kvp_status launched(const char *what)
+{
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? KVP_OK : cuda_fail(e, what);
+}
+
+/* Threads of the row kernels (one block a token): wide enough for a GPU's rows of a few thousand, narrow
+ * under the emulator, whose cost grows with every thread of a block (each one a fiber). */
+#ifdef KVPAGE_CUDA_EMU
+enum { ROW_THREADS = 32, FLAT_THREADS = 32 };
+#else
+enum { ROW_THREADS = 256, FLAT_THREADS = 256 };
+#endif
+
+static unsigned blocks_for(int64_t n, int per)
+{
+    int64_t b = (n + per - 1) / per;
+    return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+/* ---------------------------------------------------------------- runtime */
+
+extern "C" kvp_status kvp_cudev_count(int *n)
+{
+    *n = 0;
+    cudaError_t e = cudaGetDeviceCount(n);
+    if (e != cudaSuccess) {
+        *n = 0;
+        (void)cudaGetLastError();
+        return KVP_ERR(KVP_ENODEVICE, "cuda executor: no CUDA device (cudaGetDeviceCount: %s)", cudaGetErrorString(e));
+    }
+    if (*n < 1) return KVP_ERR(KVP_ENODEVICE, "cuda executor: no CUDA device (cudaGetDeviceCount found none)");
+    return KVP_OK;
+}
+
+extern "C" kvp_status kvp_cudev_open(int index, kvp_cudev **out, kvp_cudev_info *info)
+{
+    int n;
+    KVP_TRY(kvp_cudev_count(&n));
+    if (index < 0 || index >= n)
+        return KVP_ERR(KVP_ENODEVICE, "cuda executor: no device cuda:%d (this machine has %d)", index, n);
+    CU_TRY(cudaSetDevice(index), "cudaSetDevice");
+    cudaDeviceProp prop;
+    CU_TRY(cudaGetDeviceProperties(&prop, index), "cudaGetDeviceProperties");
+    kvp_cudev *d = (kvp_cudev *)calloc(1, sizeof *d);
+    if (!d) return KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
+    d->index = index;
+    cudaError_t e = cudaStreamCreate(&d->compute);
+    if (e == cudaSuccess) e = cudaStreamCreate(&d->copy);
+    if (e != cudaSuccess) {
+        free(d);
+        return cuda_fail(e, "cudaStreamCreate");
+    }
+#ifndef KVPAGE_CUDA_EMU
+    cublasStatus_t bs = cublasCreate(&d->blas);
+    if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(d->blas, d->compute);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        cudaStreamDestroy(d->compute);
+        cudaStreamDestroy(d->copy);
+        free(d);
+        return KVP_ERR(KVP_ECUDA, "cuda executor: cublasCreate: status %d", (int)bs);
+    }
+#endif
+    memset(info, 0, sizeof *info);
+    snprintf(info->name, sizeof info->name, "%s", prop.name);
+    info->total_bytes = (int64_t)prop.totalGlobalMem;
+    info->cc_major = prop.major;
+    info->cc_minor = prop.minor;
+#ifdef KVPAGE_CUDA_EMU
+    info->emulated = 1;
+#else
+    info->cublas = 1;
+#endif
+    *out = d;
+    return KVP_OK;
+}
+
+extern "C" void kvp_cudev_close(kvp_cudev *d)
+{
+    if (!d) return;
+#ifndef KVPAGE_CUDA_EMU
+    cublasDestroy(d->blas);
+#endif
+    cudaStreamDestroy(d->compute);
+    cudaStreamDestroy(d->copy);
+    free(d);
+}
+
+extern "C" kvp_status kvp_cudev_mem_info(kvp_cudev *d, int64_t *free_bytes, int64_t *total_bytes)
+{
+    (void)d;
+    size_t f = 0, t = 0;
+    CU_TRY(cudaMemGetInfo(&f, &t), "cudaMemGetInfo");
+    *free_bytes = (int64_t)f;
+    *total_bytes = (int64_t)t;
+    return KVP_OK;
+}
+
+extern "C" kvp_status kvp_cudev_malloc(kvp_cudev *d, void **d_p, size_t bytes, const char *what)
+{
+    (void)d;
+    *d_p = NULL;
+    if (bytes == 0) return KVP_OK;
+    cudaError_t e = cudaMalloc(d_p, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *d_p = NULL;
+        return KVP_ERR(e == cudaErrorMemoryAllocation ? KVP_ENOMEM : KVP_ECUDA,
+                       "cuda executor: cudaMalloc of %zu bytes for %s: %s", bytes, what, cudaGetErrorString(e));
+    }
+    return KVP_OK;
+}
+
+extern "C" void kvp_cudev_free(kvp_cudev *d, void *d_p)
+{
+    (void)d;
+    if (d_p) cudaFree(d_p);
+}
+
+extern "C" kvp_status kvp_cudev_host_alloc(kvp_cudev *d, void **h_p, size_t bytes, const char *what)
+{
+    (void)d;
+    *h_p = NULL;
+    if (bytes == 0) return KVP_OK;
+    cudaError_t e = cudaHostAlloc(h_p, bytes, cudaHostAllocDefault);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *h_p = NULL;
+        return KVP_ERR(KVP_ENOMEM, "cuda executor: cudaHostAlloc of %zu bytes for %s: %s", bytes, what,
+                       cudaGetErrorString(e));
+    }
+    return KVP_OK;
+}
+
+extern "C" void kvp_cudev_host_free(kvp_cudev *d, void *h_p)
+{
+    (void)d;
+    if (h_p) cudaFreeHost(h_p);
+}
+
+extern "C" kvp_status kvp_cudev_memset(kvp_cudev *d, void *d_p, int byte, size_t bytes)
+{
+    CU_TRY(cudaMemsetAsync(d_p, byte, bytes, d->compute), "cudaMemsetAsync");
+    return KVP_OK;
+}
+
+static cudaMemcpyKind kind_of(int kind)
+{
+    return kind == 0 ? cudaMemcpyHostToDevice : kind == 1 ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice;
+}
+
+extern "C" kvp_status kvp_cudev_copy(kvp_cudev *d, void *dst, const void *src, size_t bytes, int kind)
+{
+    if (bytes == 0) return KVP_OK;
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, kind_of(kind), d->compute), "cudaMemcpyAsync");
+    return KVP_OK;
+}
+
+extern "C" kvp_status kvp_cudev_copy_async(kvp_cudev *d, void *dst, const void *src, size_t bytes, int kind)
+{
+    if (bytes == 0) return KVP_OK;
+    CU_TRY(cudaMemcpyAsync(dst, src, bytes, kind_of(kind), d->copy), "cudaMemcpyAsync (copy stream)");
+    return KVP_OK;
+}
+
+extern "C" kvp_status kvp_cudev_sync(kvp_cudev *d, int copy_stream)
+{
+    CU_TRY(cudaStreamSynchronize(copy_stream ? d->copy : d->compute), "cudaStreamSynchronize");
+    return KVP_OK;
+}
+
+/* ---------------------------------------------------------------- element types */
+
+__device__ __forceinline__ float load_el(const void *p, kvp_dtype dt, int64_t i)
+{
+    if (dt == KVP_DTYPE_F32) return ((const float *)p)[i];
+    if (dt == KVP_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+    return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
+}
+
+__device__ __forceinline__ void store_el(void *p, kvp_dtype dt, int64_t i, float x)
+{
+    if (dt == KVP_DTYPE_F32) ((float *)p)[i] = x;
+    else if (dt == KVP_DTYPE_F16) ((__half *)p)[i] = __float2half_rn(x);
+    else ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
+    return v;
+}
+
+/* ---------------------------------------------------------------- small kernels */
+
+/* grid: (T), block: 32 threads over H */
+__global__ void embed_kernel(float *x, const void *embed, kvp_dtype wdt, const int32_t *tokens, int64_t H, float scale)
+{
+    const int64_t t = blockIdx.x, row = tokens[t];
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) x[t * H + i] = load_el(embed, wdt, row * H + i) * scale;
+}
+
+extern "C" kvp_status kvp_cudev_embed(kvp_cudev *d, float *d_x, const void *d_embed, kvp_dtype wdt,
+                                      const int32_t *d_tokens, int64_t T, int64_t H, float scale)
+{
+    if (T < 1) return KVP_OK;
+    KVP_LAUNCH(embed_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_x, d_embed, wdt, d_tokens, H, scale);
+    return launched("embed");
+}
+
+/* grid: (rows), block: 32 (one warp a row). Each lane sums its elements in order, then the warp's butterfly. */
+__global__ void rmsnorm_kernel(float *out, int64_t out_ts, const float *x, int64_t x_ts, const float *w, int64_t group,
+                               int64_t n, float eps, const int32_t *src_row)
+{
+    const int64_t r = blockIdx.x, t = r / group, h = r % group;
+    const int64_t st = src_row ? src_row[t] : t;
+    const float *xr = x + st * x_ts + h * n;
+    float *o = out + t * out_ts + h * n;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += 32) ss += xr[i] * xr[i];
+    ss = warp_sum(ss);
+    const float inv = 1.0f / sqrtf(ss / (float)n + eps);
+    __syncwarp();
+    for (int64_t i = threadIdx.x; i < n; i += 32) o[i] = w[i] * (inv * xr[i]);
+}
+
+extern "C" kvp_status kvp_cudev_rmsnorm(kvp_cudev *d, float *d_out, int64_t out_tstride, const float *d_x,
+                                        int64_t x_tstride, const float *d_w, int64_t T, int64_t group, int64_t n,
+                                        float eps, const int32_t *d_src_row)
+{
+    if (T < 1) return KVP_OK;
+    KVP_LAUNCH(rmsnorm_kernel, dim3((unsigned)(T * group)), dim3(32), 0, d->compute, d_out, out_tstride, d_x,
+               x_tstride, d_w, group, n, eps, d_src_row);
+    return launched("rmsnorm");
+}
+
+/* grid: (T), block: ROW_THREADS */
+__global__ void bias_kernel(float *x, int64_t ts, const float *b, int64_t n)
+{
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) x[blockIdx.x * ts + i] += b[i];
+}
+
+extern "C" kvp_status kvp_cudev_bias(kvp_cudev *d, float *d_x, int64_t tstride, const float *d_b, int64_t T, int64_t n)
+{
+    if (T < 1) return KVP_OK;
+    KVP_LAUNCH(bias_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_x, tstride, d_b, n);
+    return launched("bias");
+}
+
+/* grid-stride over n, 256 threads a block */
+__global__ void add_kernel(float *x, const float *y, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] += y[i];
+}
+
+extern "C" kvp_status kvp_cudev_add(kvp_cudev *d, float *d_x, const float *d_y, int64_t n)
+{
+    if (n < 1) return KVP_OK;
+    KVP_LAUNCH(add_kernel, dim3(blocks_for(n, FLAT_THREADS)), dim3(FLAT_THREADS), 0, d->compute, d_x, d_y, n);
+    return launched("add");
+}
+
+/* grid: (T), block: ROW_THREADS over (head, pair) */
+__global__ void rope_kernel(float *v, int64_t ts, int64_t nheads, int64_t hd, int64_t rot, int style, const float *cs)
+{
+    const int64_t t = blockIdx.x, half = rot / 2;
+    const float *c = cs + t * rot;
+    for (int64_t j = threadIdx.x; j < nheads * half; j += blockDim.x) {
+        const int64_t h = j / half, i = j % half;
+        float *p = v + t * ts + h * hd;
+        const int64_t a = style == 0 ? 2 * i : i, b = style == 0 ? 2 * i + 1 : i + half;
+        const float co = c[2 * i], si = c[2 * i + 1], x0 = p[a], x1 = p[b];
+        p[a] = x0 * co - x1 * si;
+        p[b] = x0 * si + x1 * co;
+    }
+}
+
+extern "C" kvp_status kvp_cudev_rope(kvp_cudev *d, float *d_v, int64_t tstride, int64_t T, int64_t nheads, int64_t hd,
+                                     int64_t rot, int style, const float *d_cs)
+{
+    if (T < 1 || rot < 2) return KVP_OK;
+    KVP_LAUNCH(rope_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_v, tstride, nheads, hd, rot, style, d_cs);
+    return launched("rope");
+}
+
+/* grid: (T), block: ROW_THREADS */
+__global__ void glu_kernel(int act, float *out, const float *g, const float *u, int64_t ts, int64_t n)
+{
+    const int64_t t = blockIdx.x;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float a = g[t * ts + i], b = u[t * ts + i];
+        float r;
+        if (act == ACT_SILU) r = a / (1.0f + expf(-a)) * b;
+        else if (act == ACT_GELU_TANH) r = a / (1.0f + expf(a * (-1.5957691216f - 0.0713548163f * (a * a)))) * b;
+        else r = 0.5f * a * (1.0f + erff(a * 0.70710678118654752f)) * b;
+        out[t * n + i] = r;
+    }
+}
+
+extern "C" kvp_status kvp_cudev_glu(kvp_cudev *d, int act, float *d_out, const float *d_g, const float *d_u,
+                                    int64_t tstride, int64_t T, int64_t n)
+{
+    if (T < 1) return KVP_OK;
+    KVP_LAUNCH(glu_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, act, d_out, d_g, d_u, tstride, n);
+    return launched("glu");
+}
+
+__global__ void softcap_kernel(float *x, int64_t n, float cap)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        x[i] = cap * tanhf(x[i] / cap);
+}
+
+extern "C" kvp_status kvp_cudev_softcap(kvp_cudev *d, float *d_x, int64_t n, float cap)
+{
+    if (n < 1 || !(cap > 0)) return KVP_OK;
+    KVP_LAUNCH(softcap_kernel, dim3(blocks_for(n, FLAT_THREADS)), dim3(FLAT_THREADS), 0, d->compute, d_x, n, cap);
+    return launched("softcap");
+}
+
+/* ---------------------------------------------------------------- paged KV */
+
+/* grid: (T), block: ROW_THREADS over (kv head, dim). Block ids widened to 64 bits before the strides. */
+__global__ void append_kernel(kvp_cudev_pool p, const float *k, const float *v, int64_t ts, const int64_t *slots)
+{
+    const int64_t t = blockIdx.x, slot = slots[t];
+    if (slot < 0) return;
+    const int64_t blk = slot / p.block_size, off = slot % p.block_size, hd = p.hd;
+    for (int64_t j = threadIdx.x; j < (int64_t)p.nkv * hd; j += blockDim.x) {
+        const int64_t h = j / hd, e = j % hd;
+        const int64_t at = ((blk * p.nkv + h) * p.block_size + off) * hd + e;
+        store_el(p.k, p.dtype, at, k[t * ts + j]);
+        store_el(p.v, p.dtype, at, v[t * ts + j]);
+    }
+}
+
+static kvp_status check_pool(const kvp_cudev_pool *p, const char *what)
+{
+    if (p->dtype != KVP_DTYPE_F32 && p->dtype != KVP_DTYPE_F16 && p->dtype != KVP_DTYPE_BF16)
+        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: %s: KV dtype %d (f32, f16 and bf16 are supported)", what,
+                       (int)p->dtype);
+    if (p->hd < 1 || p->hd > 512 || p->block_size < 1)
+        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: %s: head_dim %d, block size %d", what, p->hd, p->block_size);
+    return KVP_OK;
+}
+
+extern "C" kvp_status kvp_cudev_append_kv(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_k, const float *d_v,
+                                          int64_t tstride, const int64_t *d_slots, int64_t T)
+{
+    KVP_TRY(check_pool(p, "append_kv"));
+    if (T < 1) return KVP_OK;
+    KVP_LAUNCH(append_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, *p, d_k, d_v, tstride, d_slots);
+    return launched("append_kv");
+}
+
+enum { ATT_MAX_PER_LANE = 16 }; /* head_dim <= 512 */
+
+/* grid: (T, nq), block: 32 (one warp per query row and head). Keys in order with the online softmax (as the CPU
+ * decode kernel without split-KV); lane l holds output dims l, l + 32, ... */
+__global__ void attention_kernel(kvp_cudev_pool p, const float *q, int64_t q_ts, float *out, int64_t nq,
+                                 const int32_t *kv_begin, const int32_t *len, const int32_t *kv_indices,
+                                 int32_t window_left, float sm_scale, float cap)
+{
+    const int64_t t = blockIdx.x, h = blockIdx.y, hd = p.hd, bs = p.block_size;
+    const int64_t kvh = h / (nq / p.nkv);
+    const float *qr = q + t * q_ts + h * hd;
+    const int32_t L = len[t], *pages = kv_indices + kv_begin[t];
+    const int32_t lo = window_left >= 0 && L - 1 - window_left > 0 ? L - 1 - window_left : 0;
+    float acc[ATT_MAX_PER_LANE];
+    const int lane = threadIdx.x;
+    for (int i = 0; i < ATT_MAX_PER_LANE; i++) acc[i] = 0.0f;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int32_t j = lo; j < L; j++) {
+        const int64_t base = (((int64_t)pages[j / bs] * p.nkv + kvh) * bs + j % bs) * hd;
+        float s = 0.0f;
+        for (int64_t e = lane; e < hd; e += 32) s += qr[e] * load_el(p.k, p.dtype, base + e);
+        s = warp_sum(s) * sm_scale;
+        if (cap > 0) s = cap * tanhf(s / cap);
+        const float nm = s > mx ? s : mx, corr = expf(mx - nm), w = expf(s - nm);
+        sum = sum * corr + w;
+        for (int64_t e = lane, i = 0; e < hd; e += 32, i++) acc[i] = acc[i] * corr + w * load_el(p.v, p.dtype, base + e);
+        mx = nm;
+    }
+    float *o = out + (t * nq + h) * hd;
+    for (int64_t e = lane, i = 0; e < hd; e += 32, i++) o[e] = acc[i] / sum;
+}
+
+extern "C" kvp_status kvp_cudev_attention(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_q, int64_t q_tstride,
+                                          float *d_out, int64_t T, int64_t nq, const int32_t *d_kv_begin,
+                                          const int32_t *d_len, const int32_t *d_kv_indices, int32_t window_left,
+                                          float sm_scale, float cap)
+{
+    KVP_TRY(check_pool(p, "attention"));
+    if (nq < 1 || nq % p->nkv)
+        return KVP_ERR(KVP_EINVAL, "cuda executor: attention: %lld query heads over %d KV heads", (long long)nq, p->nkv);
+    if (T < 1) return KVP_OK;
+    KVP_LAUNCH(attention_kernel, dim3((unsigned)T, (unsigned)nq), dim3(32), 0, d->compute, *p, d_q, q_tstride, d_out,
+               nq, d_kv_begin, d_len, d_kv_indices, window_left, sm_scale, cap);
+    return launched("attention");
+}
+
+/* grid: (n_pairs, n_pools), block: 256 threads over the block's 4-byte words */
+__global__ void copy_blocks_kernel(void *const *pools, size_t words, const int32_t *pairs)
+{
+    uint32_t *pool = (uint32_t *)pools[blockIdx.y];
+    const int64_t src = pairs[2 * blockIdx.x], dst = pairs[2 * blockIdx.x + 1];
+    for (size_t i = threadIdx.x; i < words; i += blockDim.x) pool[dst * words + i] = pool[src * words + i];
+}
+
+extern "C" kvp_status kvp_cudev_copy_blocks(kvp_cudev *d, void *const *d_pools, int32_t n_pools, size_t block_bytes,
+                                            const int32_t *d_pairs, int32_t n_pairs)
+{
+    if (n_pairs < 1 || n_pools < 1) return KVP_OK;
+    if (block_bytes % 4) return KVP_ERR(KVP_EINVAL, "cuda executor: copy_blocks: %zu-byte blocks", block_bytes);
+    KVP_LAUNCH(copy_blocks_kernel, dim3((unsigned)n_pairs, (unsigned)n_pools), dim3(256), 0, d->compute, d_pools,
+               block_bytes / 4, d_pairs);
+    return launched("copy_blocks");
+}
+
+/* ---------------------------------------------------------------- random weights */
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t x)
+{
+    x += 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    return x ^ (x >> 31);
+}
+
+__global__ void random_kernel(void *p, kvp_dtype dt, int64_t n, uint64_t seed, float scale)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+        const uint64_t r = splitmix64(seed ^ splitmix64((uint64_t)i));
+        const float u = (float)(r >> 40) * (1.0f / 16777216.0f); /* [0, 1) */
+        store_el(p, dt, i, (2.0f * u - 1.0f) * scale);
+    }
+}
+
+__global__ void fill_kernel(void *p, kvp_dtype dt, int64_t n, float value)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+        store_el(p, dt, i, value);
+}
+
+extern "C" kvp_status kvp_cudev_random(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, uint64_t seed, float scale)
+{
+    if (n < 1) return KVP_OK;
+    KVP_LAUNCH(random_kernel, dim3(blocks_for(n, FLAT_THREADS)), dim3(FLAT_THREADS), 0, d->compute, d_p, dt, n, seed, scale);
+    return launched("random weights");
+}
+
+extern "C" kvp_status kvp_cudev_fill(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, float value)
+{
+    if (n < 1) return KVP_OK;
+    KVP_LAUNCH(fill_kernel, dim3(blocks_for(n, FLAT_THREADS)), dim3(FLAT_THREADS), 0, d->compute, d_p, dt, n, value);
+    return launched("fill");
+}
+
+/* ---------------------------------------------------------------- GEMM */
+
+/* grid: (T), block: ROW_THREADS: x rows rounded to bf16, packed (T, K) */
+__global__ void to_bf16_kernel(__nv_bfloat16 *out, const float *x, int64_t ldx, int64_t K)
+{
+    for (int64_t i = threadIdx.x; i < K; i += blockDim.x) out[blockIdx.x * K + i] = __float2bfloat16_rn(x[blockIdx.x * ldx + i]);
+}
+
+extern "C" kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_x, int64_t ldx,
+                                     const void *d_w, kvp_dtype wdt, int64_t T, int64_t N, int64_t K, void *d_scratch)
+{
+    if (T < 1 || N < 1) return KVP_OK;
+    if (wdt != KVP_DTYPE_F32 && wdt != KVP_DTYPE_BF16)
+        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: gemm: weights of dtype %d (f32 or bf16)", (int)wdt);
+    const void *x = d_x;
+    int64_t lx = ldx;
+    if (wdt == KVP_DTYPE_BF16) {
+        KVP_LAUNCH(to_bf16_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, (__nv_bfloat16 *)d_scratch, d_x, ldx, K);
+        KVP_TRY(launched("gemm: x to bf16"));
+        x = d_scratch;
+        lx = K;
+    }
+#ifdef KVPAGE_CUDA_EMU
+    /* The CPU stand-in for cuBLAS: device memory is host memory under the emulator. Waits for the stream so
+     * the kernels before it have written x. */
+    KVP_TRY(kvp_cudev_sync(d, 0));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t o = 0; o < N; o++) {
+            float s = 0.0f;
+            if (wdt == KVP_DTYPE_F32) {
+                const float *w = (const float *)d_w + o * K, *xr = (const float *)x + t * lx;
+                for (int64_t k = 0; k < K; k++) s += xr[k] * w[k];
+            } else {
+                const __nv_bfloat16 *w = (const __nv_bfloat16 *)d_w + o * K, *xr = (const __nv_bfloat16 *)x + t * lx;
+                for (int64_t k = 0; k < K; k++) s += __bfloat162float(xr[k]) * __bfloat162float(w[k]);
+            }
+            d_y[t * ldy + o] = s;
+        }
+    return KVP_OK;
+#else
+    /* Row-major y (T, N) is column-major y^T (N, T) = W (N, K) x^T: W's row-major storage is W^T column-major
+     * (K, N), taken transposed. */
+    const float alpha = 1.0f, beta = 0.0f;
+    const cudaDataType_t ab = wdt == KVP_DTYPE_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasStatus_t s = cublasGemmEx(d->blas, CUBLAS_OP_T, CUBLAS_OP_N, (int)N, (int)T, (int)K, &alpha, d_w, ab, (int)K,
+                                    x, ab, (int)lx, &beta, d_y, CUDA_R_32F, (int)ldy, CUBLAS_COMPUTE_32F,
+                                    CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS)
+        return KVP_ERR(KVP_ECUDA, "cuda executor: cublasGemmEx (%lld x %lld x %lld): status %d", (long long)T,
+                       (long long)N, (long long)K, (int)s);
+    return KVP_OK;
+#endif
+}

@@ -1,0 +1,127 @@
+/* runtime/executor/cuda/cuda_dev.h — the device layer of the cuda executor: the CUDA runtime calls it needs,
+ * the small kernels of the forward pass and the GEMM interface, as a C API over one opened device.
+ *
+ *   cuda_executor.c (C, host)  --calls-->  kvp_cudev_* (this header)
+ *                                             |  nvcc build: cuda_dev.cu on the GPU, GEMMs through cuBLAS
+ *                                             |  emulated build (KVPAGE_CUDA_EMU): the same cuda_dev.cu on
+ *                                             |  the project's CPU emulator of CUDA, GEMMs on a CPU loop
+ *                                             +  no CUDA at all: cuda_dev_none.c, every call KVP_ENODEVICE
+ *
+ * Pointers named d_* are device pointers; h_* host pointers (pinned when from kvp_cudev_host_alloc). Every
+ * kernel runs on the device's compute stream, in call order; kvp_cudev_copy_async uses the copy stream (swaps,
+ * host-tier moves) and kvp_cudev_sync(d, 1) waits for it. Launch errors come back as KVP_ECUDA with CUDA's
+ * own text. Element types of weights and KV pools are kvp_dtype values (attention/paged_kv.h): weights f32 or
+ * bf16, KV f32, f16 or bf16.
+ *
+ * Every kernel has a CPU reference: the op of runtime/model/ops.c, rope.c and forward.c it mirrors, named beside
+ * each launcher; tests/runtime/test_cuda_kernels.c checks them against it.
+ */
+#ifndef KVP_RUNTIME_EXECUTOR_CUDA_CUDA_DEV_H
+#define KVP_RUNTIME_EXECUTOR_CUDA_CUDA_DEV_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "attention/paged_kv.h"
+#include "common/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kvp_cudev kvp_cudev;
+
+typedef struct {
+    char name[256];
+    int64_t total_bytes; /* device memory */
+    int cc_major, cc_minor;
+    int emulated;        /* 1: the CPU emulator of CUDA (KVPAGE_CUDA_EMU) */
+    int cublas;          /* 1: GEMMs through cuBLAS; 0: the CPU stand-in */
+} kvp_cudev_info;
+
+/* Devices usable by this process; KVP_ENODEVICE with cudaGetDeviceCount's error text when there are none
+ * (no driver, no GPU) or when built without CUDA. */
+kvp_status kvp_cudev_count(int *n);
+/* Opens device `index`: sets it current, creates the compute and copy streams and the GEMM handle. */
+kvp_status kvp_cudev_open(int index, kvp_cudev **out, kvp_cudev_info *info);
+void kvp_cudev_close(kvp_cudev *d); /* NULL: no-op; frees nothing allocated with kvp_cudev_malloc */
+
+kvp_status kvp_cudev_mem_info(kvp_cudev *d, int64_t *free_bytes, int64_t *total_bytes);
+/* d_p on the device; `what` names it in the KVP_ENOMEM message. */
+kvp_status kvp_cudev_malloc(kvp_cudev *d, void **d_p, size_t bytes, const char *what);
+void kvp_cudev_free(kvp_cudev *d, void *d_p);
+kvp_status kvp_cudev_host_alloc(kvp_cudev *d, void **h_p, size_t bytes, const char *what); /* pinned */
+void kvp_cudev_host_free(kvp_cudev *d, void *h_p);
+kvp_status kvp_cudev_memset(kvp_cudev *d, void *d_p, int byte, size_t bytes);
+/* Copies on the compute stream (kind: 0 host->device, 1 device->host, 2 device->device). */
+kvp_status kvp_cudev_copy(kvp_cudev *d, void *dst, const void *src, size_t bytes, int kind);
+/* The same on the copy stream (swaps and host-tier moves). */
+kvp_status kvp_cudev_copy_async(kvp_cudev *d, void *dst, const void *src, size_t bytes, int kind);
+kvp_status kvp_cudev_sync(kvp_cudev *d, int copy_stream); /* waits for the compute (0) or copy (1) stream */
+
+/* ---- kernels (reference beside each) */
+
+/* x[t, :] = embed[tokens[t], :] * scale; embed (V, H) of wdt. Ref: forward.c's gather and gemma's sqrt(H). */
+kvp_status kvp_cudev_embed(kvp_cudev *d, float *d_x, const void *d_embed, kvp_dtype wdt, const int32_t *d_tokens,
+                           int64_t T, int64_t H, float scale);
+/* Row r of rows: t = r / group, h = r % group; x_r = x + t * tstride + h * n (the same for out; src_row
+ * non-NULL reads x's token src_row[t] instead of t). out_r = w * x_r / sqrt(mean(x_r^2) + eps).
+ * Ref: ops.c mdl_rmsnorm (per token, or per head of a token with group = heads). */
+kvp_status kvp_cudev_rmsnorm(kvp_cudev *d, float *d_out, int64_t out_tstride, const float *d_x, int64_t x_tstride,
+                             const float *d_w, int64_t T, int64_t group, int64_t n, float eps,
+                             const int32_t *d_src_row);
+/* x[t, i] += b[i] for i < n, rows at tstride. Ref: forward.c's bias loops. */
+kvp_status kvp_cudev_bias(kvp_cudev *d, float *d_x, int64_t tstride, const float *d_b, int64_t T, int64_t n);
+/* x[i] += y[i], n values. Ref: forward.c's residual adds. */
+kvp_status kvp_cudev_add(kvp_cudev *d, float *d_x, const float *d_y, int64_t n);
+/* RoPE of nheads heads of hd at v + t * tstride: pairs (style 0, (2i, 2i+1)) or halves (style 1, (i, i + rot/2))
+ * of the first rot dimensions by cs (T, rot): cos, sin interleaved. Ref: rope.c mdl_rope. */
+kvp_status kvp_cudev_rope(kvp_cudev *d, float *d_v, int64_t tstride, int64_t T, int64_t nheads, int64_t hd,
+                          int64_t rot, int style, const float *d_cs);
+/* out[t, i] = act(g[t, i]) * u[t, i], g and u rows at tstride, out (T, n). act: KVP_ACT_* (loader/model_config.h).
+ * Ref: ops.c mdl_glu. */
+kvp_status kvp_cudev_glu(kvp_cudev *d, int act, float *d_out, const float *d_g, const float *d_u, int64_t tstride,
+                         int64_t T, int64_t n);
+/* x = cap * tanh(x / cap), n values (cap > 0). Ref: ops.c mdl_softcap. */
+kvp_status kvp_cudev_softcap(kvp_cudev *d, float *d_x, int64_t n, float cap);
+
+/* The paged pools of one layer: (num_blocks, nkv, block_size, hd) of dtype each. */
+typedef struct {
+    void *k, *v;
+    kvp_dtype dtype;
+    int32_t num_blocks, nkv, block_size, hd;
+} kvp_cudev_pool;
+
+/* Writes k, v rows (T tokens, nkv * hd each, at tstride) to slot_mapping[t] (-1: skipped), rounded to the
+ * pool's dtype. Ref: attention/ kvp_attn_append_kv_cpu. */
+kvp_status kvp_cudev_append_kv(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_k, const float *d_v,
+                               int64_t tstride, const int64_t *d_slots, int64_t T);
+/* Attention of T query rows (nq heads of hd at q + t * q_tstride) over the pool: row t attends to its
+ * sequence's first len[t] tokens, pages kv_indices[kv_begin[t] ..] (the batch-invariant per-row form of
+ * forward.c: a row's result does not depend on the batch), keys [len - 1 - window_left, len) with a window
+ * (window_left >= 0), scores scaled by sm_scale, soft-capped by cap (> 0). out (T, nq * hd).
+ * Ref: attention/ kvp_attn_decode_cpu over forward.c's expanded page table. */
+kvp_status kvp_cudev_attention(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_q, int64_t q_tstride,
+                               float *d_out, int64_t T, int64_t nq, const int32_t *d_kv_begin, const int32_t *d_len,
+                               const int32_t *d_kv_indices, int32_t window_left, float sm_scale, float cap);
+/* Copy-on-write: block pairs[2i + 1] := pairs[2i] in every layer's K and V, all in one launch.
+ * d_pools: (2 * layers) device pointers (K then V of each layer) of pool bytes block_bytes per block. */
+kvp_status kvp_cudev_copy_blocks(kvp_cudev *d, void *const *d_pools, int32_t n_pools, size_t block_bytes,
+                                 const int32_t *d_pairs, int32_t n_pairs);
+/* n values of dt at d_p, uniform in [-scale, scale) from a counter hash of (seed, index): the same values on
+ * every device and in the emulator. */
+kvp_status kvp_cudev_random(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, uint64_t seed, float scale);
+/* n values of dt at d_p set to value (norm weights of a random model). */
+kvp_status kvp_cudev_fill(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, float value);
+
+/* ---- GEMM: y (T, N) at ldy = x (T, K) at ldx times W^T, W (N, K) row-major of wdt (f32 or bf16), f32
+ * accumulation. With bf16 weights x is first rounded to bf16 into d_scratch (T * K * 2 bytes; the caller's).
+ * nvcc: cublasGemmEx (CUBLAS_COMPUTE_32F); emulated: a CPU loop summing k in order. Ref: matmul.c. */
+kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_x, int64_t ldx, const void *d_w,
+                          kvp_dtype wdt, int64_t T, int64_t N, int64_t K, void *d_scratch);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,88 @@
+/* runtime/model/model_export.c — a loaded model's tensors in plain layouts (contract: model_export.h). */
+#include "runtime/model/model_export.h"
+
+#include <math.h>
+
+#include "runtime/model/model_internal.h"
+
+kvp_status kvp_model_export_check(const kvp_model *m)
+{
+    if (m->tp.tp > 1)
+        return KVP_ERR(KVP_EUNSUPPORTED, "%s: a model split over %d ranks cannot be exported (tensor parallelism of "
+                                         "the cuda executor is not built yet)", m->path, m->tp.tp);
+    for (int32_t l = 0; l < m->cfg.num_layers; l++)
+        if (m->layers[l].n_experts)
+            return KVP_ERR(KVP_EUNSUPPORTED, "%s: layer %d is a mixture of experts: the cuda executor runs dense FFNs "
+                                             "only (mixtral and qwen3_moe run on the cpu executor)", m->path, l);
+    return KVP_OK;
+}
+
+/* The panel matrix of (layer, id), or NULL. */
+static const mat_w *mat_of(const kvp_model *m, int32_t layer, kvp_mat_id id)
+{
+    if (id == KVP_MAT_LM_HEAD) return &m->lm_head;
+    if (layer < 0 || layer >= m->cfg.num_layers || id < KVP_MAT_Q || id > KVP_MAT_DOWN) return NULL;
+    const layer_w *w = &m->layers[layer];
+    const mat_w *all[] = {&w->wq, &w->wk, &w->wv, &w->wo, &w->w_gate, &w->w_up, &w->w_down};
+    return all[id];
+}
+
+void kvp_model_matrix_shape(const kvp_model *m, int32_t layer, kvp_mat_id id, int64_t *N, int64_t *K)
+{
+    const mat_w *w = mat_of(m, layer, id);
+    *N = w ? w->N : 0;
+    *K = w ? w->K : 0;
+}
+
+/* W[o][k] as f32 from the panels (model_internal.h's layouts). */
+static float mat_at(const mat_w *w, int64_t o, int64_t k)
+{
+    const unsigned char *pan = (const unsigned char *)w->p + (size_t)(o / KVP_MM_PANEL) * mdl_panel_bytes(w->dt, w->K);
+    const int64_t j = o % KVP_MM_PANEL;
+    if (w->dt == KVP_WEIGHT_Q8_0) {
+        const unsigned char *blk = pan + (k / KVP_Q8_BLOCK) * KVP_Q8_BLOCK_BYTES;
+        const int8_t q = ((const int8_t *)(blk + KVP_MM_PANEL * sizeof(float)))[(k % KVP_Q8_BLOCK) * KVP_MM_PANEL + j];
+        return ((const float *)blk)[j] * (float)q;
+    }
+    if (w->dt == KVP_WEIGHT_F32) return ((const float *)pan)[k * KVP_MM_PANEL + j];
+    const uint16_t h = ((const uint16_t *)pan)[k * KVP_MM_PANEL + j];
+    return w->dt == KVP_WEIGHT_F16 ? kvp_f16_to_f32(h) : kvp_bf16_to_f32(h);
+}
+
+kvp_status kvp_model_matrix_f32(const kvp_model *m, int32_t layer, kvp_mat_id id, float *out)
+{
+    const mat_w *w = mat_of(m, layer, id);
+    if (!w || !w->p) return KVP_ERR(KVP_EINVAL, "model export: no matrix %d in layer %d", (int)id, layer);
+    for (int64_t o = 0; o < w->N; o++)
+        for (int64_t k = 0; k < w->K; k++) out[o * w->K + k] = mat_at(w, o, k);
+    return KVP_OK;
+}
+
+kvp_status kvp_model_layer_vecs_of(const kvp_model *m, int32_t layer, kvp_model_layer_vecs *out)
+{
+    if (layer < 0 || layer >= m->cfg.num_layers) return KVP_ERR(KVP_EINVAL, "model export: no layer %d", layer);
+    const layer_w *w = &m->layers[layer];
+    *out = (kvp_model_layer_vecs){.attn_norm = w->attn_norm, .ffn_norm = w->ffn_norm, .q_norm = w->q_norm,
+                                  .k_norm = w->k_norm, .post_attn_norm = w->post_attn_norm,
+                                  .post_ffn_norm = w->post_ffn_norm, .bq = w->bq, .bk = w->bk, .bv = w->bv,
+                                  .bo = w->bo, .window_left = w->window_left, .n_experts = w->n_experts};
+    return KVP_OK;
+}
+
+const float *kvp_model_embed_f32(const kvp_model *m) { return m->embed; }
+const float *kvp_model_out_norm_f32(const kvp_model *m) { return m->out_norm; }
+
+void kvp_model_rope_of(const kvp_model *m, kvp_model_rope *out)
+{
+    *out = (kvp_model_rope){.inv_freq = m->inv_freq, .inv_freq_local = m->inv_freq_local, .scale = m->rope_scale,
+                            .rot = m->rot, .style = m->rope};
+}
+
+void kvp_model_rope_angles(const double *inv_freq, int32_t rot, double scale, int32_t pos, float *cs)
+{
+    for (int32_t i = 0; i < rot / 2; i++) { /* as mdl_rope_angles (rope.c) */
+        const double a = (double)pos * inv_freq[i];
+        cs[2 * i] = (float)(cos(a) * scale);
+        cs[2 * i + 1] = (float)(sin(a) * scale);
+    }
+}

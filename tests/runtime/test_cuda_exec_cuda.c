@@ -1,0 +1,526 @@
+/* The cuda executor's device side (runtime/executor/cuda_executor.h, cuda/cuda_dev.h): every kernel against
+ * the CPU op it mirrors, and the stories260K golden stories token for token through the executor and through
+ * `kvpage generate --device cuda` (kvp_cmd_generate). Built twice by kvp_cuda_test: runtime_test_cuda_exec_emu
+ * on the CPU emulator of CUDA (CI), runtime_test_cuda_exec natively (skipped without a device). */
+#include "common/kvp_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "attention/attention.h"
+#include "common/alloc.h"
+#include "common/json.h"
+#include "runtime/cli/commands.h"
+#include "runtime/executor/cuda/cuda_dev.h"
+#include "runtime/executor/cuda_executor.h"
+#include "runtime/model/model_export.h"
+#include "runtime/model/model_internal.h"
+
+#define S260 "../shared/models/stories260K"
+
+static kvp_cudev *dev;
+
+/* Opens device 0, or skips the test where there is none (a native build on a machine without a GPU). */
+static void open_dev(void)
+{
+    int n;
+    if (kvp_cudev_count(&n) != KVP_OK) cr_skip_test("%s", kvp_error_message());
+    kvp_cudev_info info;
+    cr_assert_eq(kvp_cudev_open(0, &dev, &info), KVP_OK, "%s", kvp_error_detail());
+}
+
+static void close_dev(void)
+{
+    kvp_cudev_close(dev);
+    dev = NULL;
+}
+
+static void *up(const void *h, size_t bytes)
+{
+    void *d;
+    cr_assert_eq(kvp_cudev_malloc(dev, &d, bytes, "test"), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_cudev_copy(dev, d, h, bytes, 0), KVP_OK);
+    return d;
+}
+
+static void down(void *h, const void *d, size_t bytes)
+{
+    cr_assert_eq(kvp_cudev_copy(dev, h, d, bytes, 1), KVP_OK);
+    cr_assert_eq(kvp_cudev_sync(dev, 0), KVP_OK, "%s", kvp_error_detail());
+}
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void) /* [-1, 1) */
+{
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
+}
+
+static void fill(float *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) x[i] = frand();
+}
+
+static void close_to(const float *got, const float *want, int64_t n, double tol, const char *what)
+{
+    for (int64_t i = 0; i < n; i++)
+        cr_assert(fabs((double)got[i] - want[i]) <= tol * (1 + fabs((double)want[i])), "%s[%lld]: %.7g, want %.7g",
+                  what, (long long)i, got[i], want[i]);
+}
+
+Test(cuda_exec_kernels, rmsnorm_per_token_per_head_and_gathered)
+{
+    open_dev();
+    enum { T = 5, H = 72, G = 3 };
+    float x[T * H], w[H], out[T * H], want[T * H];
+    fill(x, T * H);
+    fill(w, H);
+    float *dx = up(x, sizeof x), *dw = up(w, sizeof w), *dout = up(x, sizeof x);
+    cr_assert_eq(kvp_cudev_rmsnorm(dev, dout, H, dx, H, dw, T, 1, H, 1e-5f, NULL), KVP_OK);
+    down(out, dout, sizeof out);
+    for (int t = 0; t < T; t++) mdl_rmsnorm(want + t * H, x + t * H, w, H, 1e-5);
+    close_to(out, want, T * H, 1e-5, "rmsnorm");
+    /* per head (qwen3's q_norm): G heads of H / G at a token stride of H, in place */
+    float *dy = up(x, sizeof x);
+    cr_assert_eq(kvp_cudev_rmsnorm(dev, dy, H, dy, H, dw, T, G, H / G, 1e-6f, NULL), KVP_OK);
+    down(out, dy, sizeof out);
+    for (int t = 0; t < T; t++)
+        for (int g = 0; g < G; g++) mdl_rmsnorm(want + t * H + g * (H / G), x + t * H + g * (H / G), w, H / G, 1e-6);
+    close_to(out, want, T * H, 1e-5, "rmsnorm per head");
+    /* the final norm gathers the logits rows */
+    const int32_t rows[2] = {4, 1};
+    int32_t *drows = up(rows, sizeof rows);
+    cr_assert_eq(kvp_cudev_rmsnorm(dev, dout, H, dx, H, dw, 2, 1, H, 1e-5f, drows), KVP_OK);
+    down(out, dout, 2 * H * sizeof(float));
+    mdl_rmsnorm(want, x + 4 * H, w, H, 1e-5);
+    mdl_rmsnorm(want + H, x + 1 * H, w, H, 1e-5);
+    close_to(out, want, 2 * H, 1e-5, "rmsnorm gathered");
+    kvp_cudev_free(dev, dx), kvp_cudev_free(dev, dw), kvp_cudev_free(dev, dout), kvp_cudev_free(dev, dy);
+    kvp_cudev_free(dev, drows);
+    close_dev();
+}
+
+/* RoPE of both styles, partial rotary (rot < head_dim), at a token stride wider than the heads. */
+Test(cuda_exec_kernels, rope_pairs_halves_partial)
+{
+    open_dev();
+    enum { T = 3, NH = 4, HD = 16, TS = NH * HD + 8 };
+    for (int style = 0; style < 2; style++)
+        for (int rot = 8; rot <= HD; rot += 8) {
+            float v[T * TS], cs[T * HD], out[T * TS], want[T * TS];
+            fill(v, T * TS);
+            double inv[HD / 2];
+            for (int i = 0; i < rot / 2; i++) inv[i] = 1.0 / pow(10000.0, 2.0 * i / rot);
+            for (int t = 0; t < T; t++) kvp_model_rope_angles(inv, rot, 0.9, 7 * t + 3, cs + t * rot);
+            float *dv = up(v, sizeof v), *dcs = up(cs, sizeof cs);
+            cr_assert_eq(kvp_cudev_rope(dev, dv, TS, T, NH, HD, rot, style, dcs), KVP_OK);
+            down(out, dv, sizeof out);
+            kvp_model m;
+            memset(&m, 0, sizeof m);
+            m.cfg.head_dim = HD;
+            m.rot = rot;
+            m.rope = style == 0 ? KVP_ROPE_PAIRS : KVP_ROPE_HALF;
+            memcpy(want, v, sizeof v);
+            for (int t = 0; t < T; t++) mdl_rope(&m, want + t * TS, NH, cs + t * rot);
+            close_to(out, want, T * TS, 1e-6, style ? "rope halves" : "rope pairs");
+            kvp_cudev_free(dev, dv), kvp_cudev_free(dev, dcs);
+        }
+    close_dev();
+}
+
+Test(cuda_exec_kernels, glu_softcap_add_bias)
+{
+    open_dev();
+    enum { T = 3, N = 37 };
+    float gu[T * 2 * N], out[T * N], want[T * N];
+    fill(gu, T * 2 * N);
+    for (int i = 0; i < T * 2 * N; i++) gu[i] *= 4;
+    float *dgu = up(gu, sizeof gu), *dout = up(out, sizeof out);
+    for (int act = KVP_ACT_SILU; act <= KVP_ACT_GELU; act++) {
+        cr_assert_eq(kvp_cudev_glu(dev, act, dout, dgu, dgu + N, 2 * N, T, N), KVP_OK);
+        down(out, dout, sizeof out);
+        for (int t = 0; t < T; t++) {
+            float g[N], u[N];
+            memcpy(g, gu + t * 2 * N, sizeof g);
+            memcpy(u, gu + t * 2 * N + N, sizeof u);
+            mdl_glu(act, g, u, N);
+            memcpy(want + t * N, g, sizeof g);
+        }
+        close_to(out, want, T * N, 2e-6, "glu");
+    }
+    memcpy(want, out, sizeof out);
+    mdl_softcap(want, T * N, 3.0);
+    cr_assert_eq(kvp_cudev_softcap(dev, dout, T * N, 3.0f), KVP_OK);
+    float capped[T * N];
+    down(capped, dout, sizeof capped);
+    close_to(capped, want, T * N, 1e-6, "softcap");
+    float b[N];
+    fill(b, N);
+    float *db = up(b, sizeof b);
+    cr_assert_eq(kvp_cudev_bias(dev, dgu, 2 * N, db, T, N), KVP_OK);
+    cr_assert_eq(kvp_cudev_add(dev, dgu + N, dgu, N), KVP_OK); /* row 0: u += g + b */
+    float back[T * 2 * N];
+    down(back, dgu, sizeof back);
+    for (int t = 0; t < T; t++)
+        for (int i = 0; i < N; i++) cr_assert_float_eq(back[t * 2 * N + i], gu[t * 2 * N + i] + b[i], 1e-6);
+    for (int i = 0; i < N; i++) cr_assert_float_eq(back[N + i], gu[N + i] + gu[i] + b[i], 1e-6);
+    kvp_cudev_free(dev, dgu), kvp_cudev_free(dev, dout), kvp_cudev_free(dev, db);
+    close_dev();
+}
+
+/* y = x W^T with f32 and bf16 weights, x read at a row stride wider than K, against a double loop over the
+ * same (rounded) values. */
+Test(cuda_exec_kernels, gemm_f32_and_bf16)
+{
+    open_dev();
+    enum { T = 4, N = 19, K = 33, LDX = 40 };
+    float x[T * LDX], w[N * K], y[T * N];
+    fill(x, T * LDX);
+    fill(w, N * K);
+    uint16_t wb[N * K];
+    for (int i = 0; i < N * K; i++) wb[i] = kvp_f32_to_bf16(w[i]);
+    void *scratch;
+    cr_assert_eq(kvp_cudev_malloc(dev, &scratch, T * K * 2, "scratch"), KVP_OK);
+    float *dx = up(x, sizeof x), *dy = up(y, sizeof y);
+    void *dw = up(w, sizeof w), *dwb = up(wb, sizeof wb);
+    for (int bf = 0; bf < 2; bf++) {
+        cr_assert_eq(kvp_cudev_gemm(dev, dy, N, dx, LDX, bf ? dwb : dw, bf ? KVP_DTYPE_BF16 : KVP_DTYPE_F32, T, N, K,
+                                    scratch),
+                     KVP_OK, "%s", kvp_error_detail());
+        down(y, dy, sizeof y);
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < N; o++) {
+                double s = 0;
+                for (int k = 0; k < K; k++) {
+                    const float xv = bf ? kvp_bf16_to_f32(kvp_f32_to_bf16(x[t * LDX + k])) : x[t * LDX + k];
+                    s += (double)xv * (bf ? kvp_bf16_to_f32(wb[o * K + k]) : w[o * K + k]);
+                }
+                cr_assert(fabs(y[t * N + o] - s) <= 1e-5 * (1 + fabs(s)), "%s y[%d][%d] = %g, want %g",
+                          bf ? "bf16" : "f32", t, o, y[t * N + o], s);
+            }
+    }
+    cr_assert_eq(kvp_cudev_gemm(dev, dy, N, dx, LDX, dw, KVP_DTYPE_F16, T, N, K, scratch), KVP_EUNSUPPORTED);
+    kvp_cudev_free(dev, dx), kvp_cudev_free(dev, dy), kvp_cudev_free(dev, dw), kvp_cudev_free(dev, dwb);
+    kvp_cudev_free(dev, scratch);
+    close_dev();
+}
+
+/* append_kv through a slot mapping (-1 skipped) and the per-row attention over a random page table against
+ * kvp_attn_append_kv_cpu and kvp_attn_decode_cpu, GQA 2, f32 and f16 pools, a window and a soft cap; unused
+ * slots hold NaN on both sides (a kernel that reads one fails). */
+Test(cuda_exec_kernels, append_and_attention_match_the_cpu_kernels)
+{
+    open_dev();
+    enum { NB = 9, NKV = 2, NQ = 4, BS = 3, HD = 8, L = 11, PAGES = (L + BS - 1) / BS };
+    const int32_t pages[PAGES] = {7, 2, 5, 0};
+    for (int dt = 0; dt < 2; dt++)
+        for (int variant = 0; variant < 3; variant++) {
+            const kvp_dtype kd = dt ? KVP_DTYPE_F16 : KVP_DTYPE_F32;
+            const size_t es = kvp_dtype_size(kd), pool = (size_t)NB * NKV * BS * HD * es;
+            /* CPU side */
+            kvp_paged_kv cpu;
+            cr_assert_eq(kvp_paged_kv_init(&cpu, kd, NB, NKV, BS, HD), KVP_OK, "%s", kvp_error_detail());
+            cr_assert_eq(kvp_paged_kv_alloc_pools(&cpu), KVP_OK);
+            memset(cpu.k, 0xFF, pool), memset(cpu.v, 0xFF, pool);
+            float k[L * NKV * HD], v[L * NKV * HD], q[L * NQ * HD];
+            fill(k, L * NKV * HD), fill(v, L * NKV * HD), fill(q, L * NQ * HD);
+            int64_t slots[L];
+            for (int t = 0; t < L; t++) slots[t] = (int64_t)pages[t / BS] * BS + t % BS;
+            cr_assert_eq(kvp_attn_append_kv_cpu(&cpu, k, v, slots, L), KVP_OK);
+            /* device side */
+            void *dk, *dv;
+            cr_assert_eq(kvp_cudev_malloc(dev, &dk, pool, "k"), KVP_OK);
+            cr_assert_eq(kvp_cudev_malloc(dev, &dv, pool, "v"), KVP_OK);
+            cr_assert_eq(kvp_cudev_memset(dev, dk, 0xFF, pool), KVP_OK);
+            cr_assert_eq(kvp_cudev_memset(dev, dv, 0xFF, pool), KVP_OK);
+            kvp_cudev_pool p = {.k = dk, .v = dv, .dtype = kd, .num_blocks = NB, .nkv = NKV, .block_size = BS, .hd = HD};
+            int64_t dslots_h[L + 1];
+            memcpy(dslots_h, slots, sizeof slots);
+            dslots_h[L] = -1; /* a padding row: written nowhere */
+            float kk[(L + 1) * NKV * HD], vv[(L + 1) * NKV * HD];
+            memcpy(kk, k, sizeof k), memcpy(vv, v, sizeof v);
+            for (int i = 0; i < NKV * HD; i++) kk[L * NKV * HD + i] = vv[L * NKV * HD + i] = 1e30f;
+            float *dkk = up(kk, sizeof kk), *dvv = up(vv, sizeof vv);
+            int64_t *ds = up(dslots_h, sizeof dslots_h);
+            cr_assert_eq(kvp_cudev_append_kv(dev, &p, dkk, dvv, NKV * HD, ds, L + 1), KVP_OK);
+            unsigned char *back = kvp_malloc(pool);
+            down(back, dk, pool);
+            cr_assert_eq(memcmp(back, cpu.k, pool), 0, "the K pools differ");
+            down(back, dv, pool);
+            cr_assert_eq(memcmp(back, cpu.v, pool), 0, "the V pools differ");
+            kvp_free(back);
+            /* attention of every row over its prefix (the expanded page table of forward.c) */
+            kvp_attn_params ap = kvp_attn_default_params(NQ);
+            ap.kv_chunk_size = 1 << 30;
+            if (variant == 1) ap.window_left = 3;
+            if (variant == 2) ap.logits_soft_cap = 1.5f, ap.sm_scale = 0.7f;
+            int32_t x_indptr[L + 1], x_indices[L * PAGES], x_last[L], kv_begin[L], len[L];
+            int at = 0;
+            for (int t = 0; t < L; t++) {
+                x_indptr[t] = at;
+                for (int i = 0; i <= t / BS; i++) x_indices[at++] = pages[i];
+                x_last[t] = t % BS + 1;
+                kv_begin[t] = 0;
+                len[t] = t + 1;
+            }
+            x_indptr[L] = at;
+            kvp_paged_kv_set_pages(&cpu, L, x_indptr, x_indices, x_last);
+            float want[L * NQ * HD], got[L * NQ * HD];
+            cr_assert_eq(kvp_attn_decode_cpu(&cpu, q, want, &ap), KVP_OK, "%s", kvp_error_detail());
+            float *dq = up(q, sizeof q), *dout = up(got, sizeof got);
+            int32_t *dbeg = up(kv_begin, sizeof kv_begin), *dlen = up(len, sizeof len), *didx = up(pages, sizeof pages);
+            const float sm = ap.sm_scale > 0 ? ap.sm_scale : 1.0f / sqrtf((float)HD);
+            cr_assert_eq(kvp_cudev_attention(dev, &p, dq, NQ * HD, dout, L, NQ, dbeg, dlen, didx, ap.window_left, sm,
+                                             ap.logits_soft_cap),
+                         KVP_OK, "%s", kvp_error_detail());
+            down(got, dout, sizeof got);
+            close_to(got, want, L * NQ * HD, 2e-5, "attention");
+            void *ps[] = {dk, dv, dkk, dvv, ds, dq, dout, dbeg, dlen, didx};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(dev, ps[i]);
+            kvp_paged_kv_free_pools(&cpu);
+        }
+    close_dev();
+}
+
+/* Copy-on-write pairs over every pool in one launch. */
+Test(cuda_exec_kernels, copy_blocks_all_layers_one_launch)
+{
+    open_dev();
+    enum { NP = 4, NB = 6, W = 10 };
+    float h[NP][NB * W];
+    void *d[NP];
+    for (int p = 0; p < NP; p++) {
+        fill(h[p], NB * W);
+        d[p] = up(h[p], sizeof h[p]);
+    }
+    void **dp = up(d, sizeof d);
+    const int32_t pairs[4] = {1, 4, 5, 0};
+    int32_t *dpairs = up(pairs, sizeof pairs);
+    cr_assert_eq(kvp_cudev_copy_blocks(dev, dp, NP, W * sizeof(float), dpairs, 2), KVP_OK);
+    for (int p = 0; p < NP; p++) {
+        float got[NB * W];
+        down(got, d[p], sizeof got);
+        for (int b = 0; b < NB; b++)
+            for (int i = 0; i < W; i++) {
+                const int src = b == 4 ? 1 : b == 0 ? 5 : b;
+                cr_assert_eq(got[b * W + i], h[p][src * W + i], "pool %d block %d", p, b);
+            }
+        kvp_cudev_free(dev, d[p]);
+    }
+    kvp_cudev_free(dev, dp), kvp_cudev_free(dev, dpairs);
+    close_dev();
+}
+
+/* ---------------------------------------------------------------- the golden stories */
+
+typedef struct {
+    kvp_session_request reqs[4];
+    int32_t prompt[4][64], want[4][512], nwant[4];
+    int n;
+} golden;
+
+static void golden_load(golden *g)
+{
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260 "/golden.json", &gold), KVP_OK, "%s (../shared must be present)",
+                 kvp_error_detail());
+    g->n = 0;
+    const cJSON *c;
+    cJSON_ArrayForEach(c, cJSON_GetObjectItem(gold, "cases"))
+    {
+        int32_t np = 0, nw = 0;
+        const cJSON *x;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "prompt_tokens")) g->prompt[g->n][np++] = x->valueint;
+        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "tokens_after_bos")) g->want[g->n][nw++] = x->valueint;
+        g->nwant[g->n] = nw - (np - 1);
+        memmove(g->want[g->n], g->want[g->n] + np - 1, sizeof(int32_t) * (size_t)g->nwant[g->n]);
+        g->reqs[g->n] = (kvp_session_request){.prompt = g->prompt[g->n], .n_prompt = np,
+                                              .max_tokens = g->nwant[g->n], .sampler = kvp_sampler_default(), .n = 1};
+        g->n++;
+    }
+    cJSON_Delete(gold);
+    cr_assert_eq(g->n, 2);
+}
+
+/* The stories from case `first` on at once, block size bs, with CUDA-graph buckets or eagerly; every token
+ * as golden.json's. */
+static void golden_run(kvp_model *m, int first, int32_t bs, int eager, int32_t max_tokens)
+{
+    golden g;
+    golden_load(&g);
+    memmove(g.reqs, g.reqs + first, sizeof g.reqs[0] * (size_t)(g.n - first));
+    memmove(g.want, g.want + first, sizeof g.want[0] * (size_t)(g.n - first));
+    memmove(g.nwant, g.nwant + first, sizeof g.nwant[0] * (size_t)(g.n - first));
+    g.n -= first;
+    kvp_session_config cfg = kvp_session_config_default();
+    cfg.engine.block_size = bs;
+    cfg.engine.max_batched_tokens = max_tokens;
+    cfg.engine.max_num_seqs = 8;
+    cfg.kv_dtype = KVP_DTYPE_F32;
+    cfg.engine.stop_at_eos = false;
+    kvp_cuda_options o = kvp_cuda_options_default();
+    o.enforce_eager = eager;
+    o.kv_cache_memory = 4 << 20;
+    kvp_session_result res[4];
+    kvp_cuda_info info;
+    cr_assert_eq(kvp_cuda_generate(m, &o, &cfg, g.reqs, g.n, res, NULL, NULL, NULL, &info), KVP_OK, "%s",
+                 kvp_error_detail());
+    cr_assert_eq(info.weights, KVP_DTYPE_F32, "an f32 checkpoint stays f32 on the device");
+    cr_assert_eq(info.graph_buckets > 0, !eager);
+    cr_assert_eq(info.split.kv, 4 << 20);
+    cr_assert_eq(info.split.num_blocks, (4 << 20) / info.split.block_bytes);
+    for (int i = 0; i < g.n; i++) {
+        cr_assert_eq(res[i].n_tokens[0], g.nwant[i], "story %d: %d tokens, want %d", i, res[i].n_tokens[0], g.nwant[i]);
+        for (int j = 0; j < g.nwant[i]; j++)
+            cr_assert_eq(res[i].tokens[0][j], g.want[i][j], "bs %d eager %d story %d token %d: %d, want %d", bs, eager, i,
+                         j, res[i].tokens[0][j], g.want[i][j]);
+    }
+    kvp_session_results_free(res, g.n);
+}
+
+Test(cuda_exec, golden_stories_token_for_token, .timeout = 600)
+{
+    open_dev();
+    close_dev();
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(S260 "/stories260K.gguf", &m), KVP_OK, "%s", kvp_error_detail());
+    golden_run(m, 0, 16, 0, 64); /* both stories; decode steps padded to their bucket */
+    golden_run(m, 1, 3, 1, 2);   /* the short one eagerly, a block size that splits pages everywhere, the
+                                    prompt in chunks of 2 */
+    kvp_model_destroy(m);
+}
+
+/* The Hugging Face layout (rotate-half RoPE) gives the same (short) story. */
+Test(cuda_exec, golden_story_from_safetensors, .timeout = 600)
+{
+    open_dev();
+    close_dev();
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(S260 "/hf", &m), KVP_OK, "%s", kvp_error_detail());
+    golden_run(m, 1, 16, 0, 2048);
+    kvp_model_destroy(m);
+}
+
+/* `kvpage generate --device cuda --json`: the golden story's 60 tokens after "Once upon a time", and the
+ * memory split in the JSON. */
+Test(cuda_exec, generate_command_on_the_device, .timeout = 600)
+{
+    open_dev();
+    close_dev();
+    golden g;
+    golden_load(&g);
+    char path[] = "/tmp/kvp_cuda_generate_XXXXXX";
+    const int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    char *argv[] = {"generate", "--model", S260 "/stories260K.gguf", "--prompt", "Once upon a time", "--max-tokens",
+                    "60", "--ignore-eos", "--device", "cuda", "--kv-cache-memory", "2MiB", "--json", NULL};
+    fflush(stdout);
+    const int saved = dup(1);
+    dup2(fd, 1);
+    const int rc = kvp_cmd_generate(13, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    close(fd);
+    cr_assert_eq(rc, 0, "kvpage generate --device cuda failed: %s", kvp_error_message());
+    cJSON *out;
+    cr_assert_eq(kvp_json_parse_file(path, &out), KVP_OK, "%s", kvp_error_detail());
+    unlink(path);
+    const cJSON *s = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(out, "requests"), 0),
+                                                            "samples"), 0);
+    const cJSON *toks = cJSON_GetObjectItem(s, "tokens");
+    cr_assert(cJSON_IsArray(toks), "no tokens in the JSON");
+    const int ngen = g.nwant[1]; /* golden's second case: "Once upon a time", then 60 tokens */
+    cr_assert_eq(cJSON_GetArraySize(toks), ngen, "%d tokens, want %d", cJSON_GetArraySize(toks), ngen);
+    for (int j = 0; j < ngen; j++)
+        cr_assert_eq(cJSON_GetArrayItem(toks, j)->valueint, g.want[1][j], "token %d", j);
+    const cJSON *cu = cJSON_GetObjectItem(cJSON_GetObjectItem(out, "totals"), "cuda");
+    cr_assert(cJSON_IsObject(cu), "no memory split in the JSON");
+    cr_assert_eq(cJSON_GetObjectItem(cu, "kv_bytes")->valuedouble, 2 << 20);
+    cr_assert_gt(cJSON_GetObjectItem(cu, "weights_bytes")->valuedouble, 0);
+    cr_assert_gt(cJSON_GetObjectItem(cu, "activations_bytes")->valuedouble, 0);
+    cJSON_Delete(out);
+}
+
+/* --random-weights: a config's shape with seeded bf16 weights made on the device, driven by the engine: the
+ * same seed gives the same greedy tokens and logits, another seed other logits (the tokens may agree: with a
+ * tied random embedding the residual stream keeps the last token the likeliest); logits are finite. */
+static void random_run(uint64_t seed, int32_t *out, int32_t n)
+{
+    kvp_model_config cfg;
+    cr_assert_eq(kvp_model_config_load(S260 "/hf/config.json", &cfg), KVP_OK, "%s", kvp_error_detail());
+    kvp_cuda_options o = kvp_cuda_options_default();
+    o.random_seed = seed;
+    o.kv_cache_memory = 1 << 20;
+    kvp_executor ex;
+    kvp_cuda_info info;
+    cr_assert_eq(kvp_cuda_executor_create(NULL, &cfg, &o, 0, 16, 0, KVP_DTYPE_BF16, 64, 4, &ex, &info), KVP_OK, "%s",
+                 kvp_error_detail());
+    cr_assert_eq(info.weights, KVP_DTYPE_BF16);
+    cr_assert_eq(info.split.weights, (int64_t)(kvp_model_num_params(&cfg) * 2) + 2 * 64 * 11, "bf16 matrices and "
+                 "f32 norms: %lld bytes", (long long)info.split.weights);
+    kvp_session_config sc = kvp_session_config_default();
+    sc.engine.block_size = 16;
+    sc.engine.stop_at_eos = false;
+    sc.engine.max_batched_tokens = 64;
+    sc.engine.max_num_seqs = 4;
+    sc.num_blocks = info.split.num_blocks;
+    sc.vocab = (int32_t)cfg.vocab_size;
+    sc.engine.max_model_len = 512;
+    kvp_session *s;
+    cr_assert_eq(kvp_session_create(&sc, ex, &s), KVP_OK, "%s", kvp_error_detail());
+    const int32_t prompt[5] = {1, 403, 407, 261, 378};
+    kvp_session_request r = {.prompt = prompt, .n_prompt = 5, .max_tokens = n, .sampler = kvp_sampler_default(), .n = 1};
+    kvp_session_result res;
+    cr_assert_eq(kvp_session_run(s, &r, 1, &res, NULL, NULL, NULL), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(res.n_tokens[0], n);
+    memcpy(out, res.tokens[0], (size_t)n * sizeof(int32_t));
+    kvp_session_results_free(&res, 1);
+    kvp_session_destroy(s);
+}
+
+/* The logits of one 5-token prefill step straight through the executor (vocab 512, all finite). */
+static void random_logits(uint64_t seed, float *out)
+{
+    kvp_model_config cfg;
+    cr_assert_eq(kvp_model_config_load(S260 "/hf/config.json", &cfg), KVP_OK, "%s", kvp_error_detail());
+    kvp_cuda_options o = kvp_cuda_options_default();
+    o.random_seed = seed;
+    o.kv_cache_memory = 1 << 20;
+    kvp_executor ex;
+    cr_assert_eq(kvp_cuda_executor_create(NULL, &cfg, &o, 0, 16, 0, KVP_DTYPE_BF16, 64, 4, &ex, NULL), KVP_OK, "%s",
+                 kvp_error_detail());
+    const int32_t tok[5] = {1, 403, 407, 261, 378}, pos[5] = {0, 1, 2, 3, 4}, qo[2] = {0, 5}, kvi[2] = {0, 1};
+    const int32_t idx[1] = {3}, last[1] = {5};
+    const int64_t slot[5] = {48, 49, 50, 51, 52};
+    kvp_exec_seq seq = {.num_new = 5, .sample = 1, .tokens = tok};
+    kvp_exec_batch b = {.seqs = &seq, .n = 1, .block_size = 16,
+                        .flat = {.num_tokens = 5, .tokens = tok, .positions = pos, .slot_mapping = slot,
+                                 .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = idx, .kv_last_page_len = last,
+                                 .num_rows = 1}};
+    kvp_exec_result r;
+    cr_assert_eq(ex.step(ex.ctx, &b, &r), KVP_OK, "%s", kvp_error_detail());
+    cr_assert(r.logits && r.vocab == 512);
+    for (int i = 0; i < 512; i++) cr_assert(isfinite(r.logits[i]), "logit %d is %g", i, r.logits[i]);
+    memcpy(out, r.logits, 512 * sizeof(float));
+    kvp_executor_destroy(&ex);
+}
+
+Test(cuda_exec, random_weights_on_the_device, .timeout = 600)
+{
+    open_dev();
+    close_dev();
+    int32_t a[8], b[8];
+    random_run(7, a, 8);
+    random_run(7, b, 8);
+    cr_assert_eq(memcmp(a, b, sizeof a), 0, "the same seed gave other tokens");
+    static float la[512], lb[512], lc[512];
+    random_logits(7, la);
+    random_logits(7, lb);
+    random_logits(8, lc);
+    cr_assert_eq(memcmp(la, lb, sizeof la), 0, "the same seed gave other logits");
+    cr_assert_neq(memcmp(la, lc, sizeof la), 0, "another seed gave the same logits");
+}
