@@ -92,11 +92,6 @@ kvp_attn_params kvp_attn_default_params(int32_t num_q_heads)
 
 static int head_dim_index(int32_t head_dim) { return kvp_paged_kv_head_dim_index(head_dim); }
 
-int kvp_attn_supported(kvp_dtype dtype, int32_t head_dim)
-{
-    return (unsigned)dtype < KVP_DTYPE_COUNT && head_dim_index(head_dim) >= 0;
-}
-
 /* One work item. part < 0: rows are written straight to out; else partial results go to rows
  * part .. part + rows-1 of the workspace (chunk c of a split at part_base + c * rows). */
 typedef struct {

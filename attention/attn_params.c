@@ -1,7 +1,12 @@
-/* attention/attn_params.c — the parameter check shared by the CPU and CUDA kernels (decode and prefill). */
+/* attention/attn_params.c — the parameter checks shared by the CPU and CUDA kernels (decode and prefill). */
 #include <math.h>
 
 #include "attention/attention.h"
+
+int kvp_attn_supported(kvp_dtype dtype, int32_t head_dim)
+{
+    return (unsigned)dtype < KVP_DTYPE_COUNT && kvp_paged_kv_head_dim_index(head_dim) >= 0;
+}
 
 kvp_status kvp_attn_check_params(const kvp_paged_kv *kv, const kvp_attn_params *p, const char *what)
 {

@@ -145,10 +145,11 @@ Test(bench_attention, lane_list_rows_per_setting_and_ratios_within_setting)
 Test(bench_attention, cuda_bad_input_exits_2_before_touching_a_device)
 {
     static const kvp_cli_case cases[] = {
-        {"--dtype fp8", "fp8"}, {"--block-sizes 4,x", "'x'"}, {"--reps 0", "out of range"}, {"--bogus", "unknown option"},
+        {"--dtypes f64", "unknown dtype 'f64'"}, {"--dtypes f16,int4", "int4"}, {"--reps 0", "out of range"},
+        {"--bogus", "unknown option"},
     };
     kvp_test_cli_rejects("bench attention-cuda", cases, sizeof cases / sizeof cases[0]);
     static char err[4096];
     cr_expect_eq(kvp_test_cli("bench attention-cuda --help", err, sizeof err, NULL, 0), 0);
-    cr_expect(strstr(err, "--block-sizes") != NULL);
+    cr_expect(strstr(err, "--dtypes") != NULL);
 }
