@@ -2,7 +2,7 @@
  * of CUDA: no device, every call KVP_ENODEVICE (contract: cuda_dev.h). */
 #include "runtime/executor/cuda/cuda_dev.h"
 
-#define NO_DEVICE KVP_ERR(KVP_ENODEVICE, "cuda executor: no CUDA device (this build has no CUDA: configure with a CUDA toolkit, or with the emulator)")
+#define NO_DEVICE KVP_ERR(KVP_ENODEVICE, "cuda executor: no CUDA device (this kvpage was built without nvcc: configure with a CUDA toolkit)")
 
 kvp_status kvp_cudev_count(int *n)
 {
