@@ -103,6 +103,18 @@ typedef struct {
  * KVP_EPARSE naming the first field out of range. */
 kvp_status kvp_exec_batch_check(const kvp_exec_batch *b, int32_t num_blocks, int32_t num_host_blocks);
 
+/* Runs a batch's host-side block moves in the order above (offload stores, swap-outs, swap-ins, offload
+ * loads) through move(ctx, moves, n, to_host); stops at the first error. Copy-on-write pairs are not moves. */
+static inline kvp_status kvp_exec_batch_moves(const kvp_exec_batch *b, void *ctx,
+                                              kvp_status (*move)(void *ctx, const kvp_block_copy *m, int32_t n, int to_host))
+{
+    kvp_status st = move(ctx, b->offload.store, b->offload.n_store, 1);
+    if (st == KVP_OK) st = move(ctx, b->ops.swap_out, b->ops.n_swap_out, 1);
+    if (st == KVP_OK) st = move(ctx, b->ops.swap_in, b->ops.n_swap_in, 0);
+    if (st == KVP_OK) st = move(ctx, b->offload.load, b->offload.n_load, 0);
+    return st;
+}
+
 /* Releases the executor's context (NULL-safe; a zeroed executor is a no-op). */
 static inline void kvp_executor_destroy(kvp_executor *ex)
 {

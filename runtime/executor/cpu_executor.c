@@ -44,8 +44,9 @@ static kvp_status pairs_of(cpu_ctx *c, const kvp_block_copy *moves, int32_t n)
 }
 
 /* Moves between device and host pools, layer by layer. */
-static kvp_status move_blocks(cpu_ctx *c, const kvp_block_copy *moves, int32_t n, int to_host)
+static kvp_status move_blocks(void *ctx, const kvp_block_copy *moves, int32_t n, int to_host)
 {
+    cpu_ctx *c = ctx;
     if (n == 0) return KVP_OK;
     if (!c->host) return KVP_ERR(KVP_EUNSUPPORTED, "cpu executor: a move to or from the host, but no host blocks were given");
     KVP_TRY(pairs_of(c, moves, n));
@@ -68,10 +69,7 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
     if (b->n > 0 && b->block_size != c->block_size)
         return KVP_ERR(KVP_EINVAL, "cpu executor: block size %d, the engine uses %d (or contiguous allocation)",
                        c->block_size, b->block_size);
-    KVP_TRY(move_blocks(c, b->offload.store, b->offload.n_store, 1));
-    KVP_TRY(move_blocks(c, b->ops.swap_out, b->ops.n_swap_out, 1));
-    KVP_TRY(move_blocks(c, b->ops.swap_in, b->ops.n_swap_in, 0));
-    KVP_TRY(move_blocks(c, b->offload.load, b->offload.n_load, 0));
+    KVP_TRY(kvp_exec_batch_moves(b, c, move_blocks));
     if (b->ops.n_copies > 0) {
         KVP_TRY(pairs_of(c, b->ops.copies, b->ops.n_copies));
         KVP_TRY(kvp_kv_cache_copy_blocks(c->kv, c->pairs, b->ops.n_copies));

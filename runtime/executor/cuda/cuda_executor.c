@@ -605,8 +605,9 @@ static kvp_status host_grow(cu_ctx *c, void **p, size_t *cap, size_t need, const
 }
 
 /* Block moves between device pools and host pools, on the copy stream, layer by layer. */
-static kvp_status move_blocks(cu_ctx *c, const kvp_block_copy *mv, int32_t n, int to_host)
+static kvp_status move_blocks(void *ctx, const kvp_block_copy *mv, int32_t n, int to_host)
 {
+    cu_ctx *c = ctx;
     if (n == 0) return KVP_OK;
     if (!c->host_all)
         return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: a move to or from the host, but no host blocks were given");
@@ -633,10 +634,7 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
     if (b->n > 0 && b->block_size != c->block_size)
         return KVP_ERR(KVP_EINVAL, "cuda executor: block size %d, the engine uses %d (or contiguous allocation)",
                        c->block_size, b->block_size);
-    KVP_TRY(move_blocks(c, b->offload.store, b->offload.n_store, 1));
-    KVP_TRY(move_blocks(c, b->ops.swap_out, b->ops.n_swap_out, 1));
-    KVP_TRY(move_blocks(c, b->ops.swap_in, b->ops.n_swap_in, 0));
-    KVP_TRY(move_blocks(c, b->offload.load, b->offload.n_load, 0));
+    KVP_TRY(kvp_exec_batch_moves(b, c, move_blocks));
     KVP_TRY(kvp_cudev_sync(c->dev, 1)); /* loads fill blocks this step reads; stores finish before reuse */
     out->logits = NULL;
     out->vocab = (int32_t)c->cm->cfg.vocab_size;
