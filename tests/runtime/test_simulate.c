@@ -857,7 +857,8 @@ Test(simulate_cli, rejections_say_why)
               (long long)want_context, (long long)want_kv);
     cr_assert_eq(context, (double)want_context);
     cr_assert_eq(kv, (double)want_kv);
-    const char *why = cJSON_GetObjectItem(o, "rejected_reason")->valuestring;
+    static char why[1024]; /* kept past cJSON_Delete for the text summary's check */
+    snprintf(why, sizeof why, "%s", cJSON_GetObjectItem(o, "rejected_reason")->valuestring);
     char cap_s[64];
     snprintf(cap_s, sizeof cap_s, "> %d)", (int)cap); /* under 1,000: no separator */
     cr_assert(strstr(why, "prompt + max_tokens exceed the KV cache") && strstr(why, cap_s) &&
