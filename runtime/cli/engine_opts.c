@@ -130,6 +130,7 @@ static const struct option device_long[] = {
     {"gpu-memory-utilization", required_argument, 0, KVP_DO_GPU_UTIL},
     {"kv-cache-memory", required_argument, 0, KVP_DO_KV_MEM},
     {"enforce-eager", no_argument, 0, KVP_DO_EAGER},
+    {"cuda-attention", required_argument, 0, KVP_DO_CUDA_ATTN},
 };
 enum { N_DEVICE = sizeof device_long / sizeof device_long[0] };
 _Static_assert(N_DEVICE == KVP_DO_END - KVP_DO_DEVICE, "one table entry per device option");
@@ -166,6 +167,12 @@ int kvp_device_opt(kvp_device_opts *o, int c, const char *arg, kvp_status *st)
         o->cuda_only = "--enforce-eager";
         *st = KVP_OK;
         break;
+    case KVP_DO_CUDA_ATTN:
+        if (strcmp(arg, "paged") == 0) o->cu.attention = KVP_CUDA_ATTN_PAGED, *st = KVP_OK;
+        else if (strcmp(arg, "rowwise") == 0) o->cu.attention = KVP_CUDA_ATTN_ROWWISE, *st = KVP_OK;
+        else *st = KVP_ERR(KVP_EINVAL, "'%s' is not paged or rowwise", arg);
+        o->cuda_only = "--cuda-attention";
+        break;
     default: return 0;
     }
     return 1;
@@ -186,5 +193,8 @@ void kvp_device_opts_usage(FILE *f)
             "  --gpu-memory-utilization F  share of the GPU's memory to use (default 0.9): weights, the activation\n"
             "                            peak of a profiling pass at the largest batch, and KV blocks in the rest\n"
             "  --kv-cache-memory BYTES   the KV pools' size instead of what the split leaves (vLLM's option)\n"
-            "  --enforce-eager           no CUDA-graph batch buckets for decode steps\n");
+            "  --enforce-eager           no CUDA-graph batch buckets for decode steps\n"
+            "  --cuda-attention A        paged (default): attention/cuda's split-KV decode and FlashAttention-2\n"
+            "                            prefill kernels; rowwise: one warp per query row, the same result for a\n"
+            "                            row in any batch (the CPU's batch-invariant form), slower\n");
 }

@@ -33,6 +33,13 @@
 #include "runtime/loader/model_config.h"
 #include "runtime/model/model.h"
 
+/* Attention on the device: attention/cuda's paged kernels (split-KV decode at a fixed chunk, FlashAttention-2
+ * prefill), or the executor's own per-row kernel (one warp per query row and head: a row's result does not
+ * depend on the batch, nor on whether the step is a decode or a mixed one). Paged falls back to rowwise for a
+ * head dimension attention/cuda has no kernel for (kvp_cudev_paged_supported). */
+typedef enum { KVP_CUDA_ATTN_PAGED = 0, KVP_CUDA_ATTN_ROWWISE = 1 } kvp_cuda_attention;
+enum { KVP_CUDA_DECODE_CHUNK = 256 }; /* split-KV chunk of decode steps (tokens) */
+
 /* The options of --device cuda (engine_opts.h parses them). */
 typedef struct {
     int device;                    /* N of cuda:N */
@@ -42,6 +49,7 @@ typedef struct {
     kvp_dtype weights;             /* KVP_DTYPE_F32 or KVP_DTYPE_BF16 on the device; KVP_DTYPE_COUNT: auto
                                       (f32 for an f32 checkpoint, else bf16) */
     uint64_t random_seed;          /* --random-weights: the seed */
+    kvp_cuda_attention attention;  /* --cuda-attention */
 } kvp_cuda_options;
 
 kvp_cuda_options kvp_cuda_options_default(void);
@@ -82,10 +90,14 @@ int32_t kvp_cuda_graph_bucket(const int32_t *buckets, int32_t n_buckets, int32_t
  *   tokens     int32 [T]      (0 for padding rows)
  *   kv_begin   int32 [T]      row t's pages start at kv_indices[kv_begin[t]] (its sequence's)
  *   len        int32 [T]      keys row t attends to: its position in the sequence + 1
- *   kv_indices int32 [P]      the CSR page table's indices (+ one block for padding rows)
+ *   kv_indices int32 [P]      the CSR page table's indices, then one page per padding row (or one spare)
  *   rows       int32 [S]      token row of each logits row
  *   cs, csl    f32 [T, rot]   RoPE cos/sin of each row's position (csl: sliding layers, when they differ)
  *   pairs      int32 [2 C]    copy-on-write (src, dst) pairs
+ *   seq_indptr int32 [N + 1]  per sequence, for attention/cuda's kernels: its pages start at kv_indices[..]
+ *   seq_last   int32 [N]      tokens in its last page
+ *   seq_qo     int32 [N + 1]  its first row (rows qo[s] .. qo[s + 1] are its last tokens)
+ * N = the batch's sequences + one one-row sequence per padding row (on the extra page).
  */
 typedef struct {
     int32_t T;     /* rows computed: the batch's tokens plus padding */
@@ -95,7 +107,10 @@ typedef struct {
     int32_t C;     /* copy-on-write pairs */
     int32_t rot;
     int local;     /* csl present */
+    int32_t N;     /* sequences, padding rows included */
+    int decode;    /* 1: every sequence has one row */
     size_t off_slots, off_tokens, off_kv_begin, off_len, off_indices, off_rows, off_cs, off_csl, off_pairs;
+    size_t off_seq_indptr, off_seq_last, off_seq_qo;
     size_t bytes;
 } kvp_cuda_pack_layout;
 
@@ -130,6 +145,7 @@ typedef struct {
     kvp_cuda_mem_split split;
     kvp_dtype weights;
     int32_t graph_buckets; /* 0 with --enforce-eager */
+    kvp_cuda_attention attention; /* what runs (paged falls back to rowwise for an unsupported head_dim) */
 } kvp_cuda_info;
 
 /* The executor over model m (borrowed; NULL with random weights: cfg then gives the shape and it owns its

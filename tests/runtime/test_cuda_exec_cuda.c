@@ -285,6 +285,84 @@ Test(cuda_exec_kernels, append_and_attention_match_the_cpu_kernels)
     close_dev();
 }
 
+/* attention/cuda's paged kernels behind the executor (kvp_cudev_paged_attention) against its rowwise kernel
+ * (itself checked against the CPU above): a mixed step (a prefill chunk, two decodes; prefill kernel), a decode
+ * step with a padding sequence (split-KV decode kernel), q read from a wider fused QKV row; f32, f16 and bf16
+ * pools, plain, a window, soft cap with sm_scale. */
+Test(cuda_exec_kernels, paged_kernels_match_the_rowwise_kernel)
+{
+    open_dev();
+    enum { NB = 12, NKV = 2, NQ = 4, BS = 4, HD = 8, QTS = NQ * HD + 2 * NKV * HD, NS = 3, T = 6 };
+    /* seq 0: 9 cached + 4 new (13 tokens: pages 3 1 8 0); seq 1: 6 tokens, decode (pages 5 2); seq 2: 1 token,
+     * decode (page 9) */
+    const int32_t indices[8] = {3, 1, 8, 0, 5, 2, 9, 11}; /* 11: the padding sequence's page */
+    const int32_t lens[NS] = {13, 6, 1}, nq_of[NS] = {4, 1, 1};
+    for (int dt = 0; dt < 3; dt++)
+        for (int variant = 0; variant < 3; variant++) {
+            const kvp_dtype kd = dt == 0 ? KVP_DTYPE_F32 : dt == 1 ? KVP_DTYPE_F16 : KVP_DTYPE_BF16;
+            cr_assert(kvp_cudev_paged_supported(kd, HD));
+            const size_t pool = (size_t)NB * NKV * BS * HD * kvp_dtype_size(kd);
+            void *dk, *dv;
+            cr_assert_eq(kvp_cudev_malloc(dev, &dk, pool, "k"), KVP_OK);
+            cr_assert_eq(kvp_cudev_malloc(dev, &dv, pool, "v"), KVP_OK);
+            /* every slot of the pools random (written through append: slot = block * BS + offset) */
+            enum { SLOTS = NB * BS };
+            float *kvh = kvp_malloc(sizeof(float) * SLOTS * NKV * HD * 2);
+            fill(kvh, (int64_t)SLOTS * NKV * HD * 2);
+            int64_t slots[SLOTS];
+            for (int i = 0; i < SLOTS; i++) slots[i] = i;
+            float *dkv = up(kvh, sizeof(float) * SLOTS * NKV * HD * 2);
+            int64_t *dsl = up(slots, sizeof slots);
+            kvp_cudev_pool p = {.k = dk, .v = dv, .dtype = kd, .num_blocks = NB, .nkv = NKV, .block_size = BS, .hd = HD};
+            cr_assert_eq(kvp_cudev_append_kv(dev, &p, dkv, dkv + NKV * HD, 2 * NKV * HD, dsl, SLOTS), KVP_OK);
+            float q[(T + 1) * QTS]; /* + the padding row's */
+            fill(q, (T + 1) * QTS);
+            float *dq = up(q, sizeof q);
+            const int32_t window = variant == 1 ? 3 : -1;
+            const float sm = variant == 2 ? 0.7f : 1.0f / sqrtf((float)HD), cap = variant == 2 ? 1.5f : 0.0f;
+            for (int decode = 0; decode < 2; decode++) {
+                /* mixed: the three sequences (6 rows); decode: sequences 1 and 2 and a padding sequence (3 rows) */
+                const int first = decode ? 1 : 0, nseq = decode ? 3 : NS, rows = decode ? 3 : T;
+                int32_t indptr[4], last[3], qo[4], kv_begin[T], len[T];
+                const int32_t page0[NS] = {0, 4, 6};
+                int r = 0;
+                for (int s = 0; s < nseq; s++) {
+                    const int real = first + s < NS, seq = first + s;
+                    indptr[s] = real ? page0[seq] : 7;
+                    const int32_t L = real ? lens[seq] : 1, nqs = real ? nq_of[seq] : 1;
+                    last[s] = (L - 1) % BS + 1;
+                    qo[s] = r;
+                    for (int i = 0; i < nqs; i++, r++) kv_begin[r] = indptr[s], len[r] = L - nqs + i + 1;
+                }
+                indptr[nseq] = decode ? 8 : 7;
+                qo[nseq] = r;
+                cr_assert_eq(r, rows);
+                int32_t *di = up(indices, sizeof indices), *dp = up(indptr, sizeof indptr), *dl = up(last, sizeof last);
+                int32_t *dqo = up(qo, sizeof qo), *db = up(kv_begin, sizeof kv_begin), *dn = up(len, sizeof len);
+                float want[T * NQ * HD], got[T * NQ * HD];
+                memset(want, 0, sizeof want), memset(got, 0, sizeof got);
+                float *dw = up(want, sizeof want), *dg = up(got, sizeof got), *dqc = up(got, sizeof got);
+                const float *qrows = dq + (decode ? nq_of[0] * QTS : 0); /* decode: from sequence 1's row */
+                cr_assert_eq(kvp_cudev_attention(dev, &p, qrows, QTS, dw, rows, NQ, db, dn, di, window, sm, cap), KVP_OK,
+                             "%s", kvp_error_detail());
+                const kvp_cudev_pages pg = {.nseq = nseq, .decode = decode, .chunk = 2, .d_indptr = dp, .d_indices = di,
+                                            .d_last = dl, .d_qo = dqo};
+                cr_assert_eq(kvp_cudev_paged_attention(dev, &p, qrows, QTS, dqc, dg, rows, NQ, &pg, window, sm, cap),
+                             KVP_OK, "%s", kvp_error_detail());
+                down(want, dw, sizeof want);
+                down(got, dg, sizeof got);
+                close_to(got, want, (int64_t)rows * NQ * HD, 2e-5, decode ? "paged decode" : "paged prefill");
+                void *ps[] = {di, dp, dl, dqo, db, dn, dw, dg, dqc};
+                for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(dev, ps[i]);
+            }
+            void *ps[] = {dk, dv, dkv, dsl, dq};
+            for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(dev, ps[i]);
+            kvp_free(kvh);
+        }
+    cr_assert(!kvp_cudev_paged_supported(KVP_DTYPE_F32, 12), "head_dim 12 has no attention/cuda kernel");
+    close_dev();
+}
+
 /* Copy-on-write pairs over every pool in one launch. */
 Test(cuda_exec_kernels, copy_blocks_all_layers_one_launch)
 {
@@ -345,9 +423,9 @@ static void golden_load(golden *g)
     cr_assert_eq(g->n, 2);
 }
 
-/* The stories from case `first` on at once, block size bs, with CUDA-graph buckets or eagerly; every token
- * as golden.json's. */
-static void golden_run(kvp_model *m, int first, int32_t bs, int eager, int32_t max_tokens)
+/* The stories from case `first` on at once, block size bs, with CUDA-graph buckets or eagerly, attention att;
+ * every token as golden.json's. */
+static void golden_run(kvp_model *m, int first, int32_t bs, int eager, int32_t max_tokens, kvp_cuda_attention att)
 {
     golden g;
     golden_load(&g);
@@ -364,12 +442,14 @@ static void golden_run(kvp_model *m, int first, int32_t bs, int eager, int32_t m
     kvp_cuda_options o = kvp_cuda_options_default();
     o.enforce_eager = eager;
     o.kv_cache_memory = 4 << 20;
+    o.attention = att;
     kvp_session_result res[4];
     kvp_cuda_info info;
     cr_assert_eq(kvp_cuda_generate(m, &o, &cfg, g.reqs, g.n, res, NULL, NULL, NULL, &info), KVP_OK, "%s",
                  kvp_error_detail());
     cr_assert_eq(info.weights, KVP_DTYPE_F32, "an f32 checkpoint stays f32 on the device");
     cr_assert_eq(info.graph_buckets > 0, !eager);
+    cr_assert_eq(info.attention, att, "head_dim 8 has attention/cuda kernels");
     cr_assert_eq(info.split.kv, 4 << 20);
     cr_assert_eq(info.split.num_blocks, (4 << 20) / info.split.block_bytes);
     for (int i = 0; i < g.n; i++) {
@@ -387,9 +467,11 @@ Test(cuda_exec, golden_stories_token_for_token, .timeout = 600)
     close_dev();
     kvp_model *m;
     cr_assert_eq(kvp_model_load(S260 "/stories260K.gguf", &m), KVP_OK, "%s", kvp_error_detail());
-    golden_run(m, 0, 16, 0, 64); /* both stories; decode steps padded to their bucket */
-    golden_run(m, 1, 3, 1, 2);   /* the short one eagerly, a block size that splits pages everywhere, the
-                                    prompt in chunks of 2 */
+    /* both stories; decode steps padded to their bucket; attention/cuda's kernels */
+    golden_run(m, 0, 16, 0, 64, KVP_CUDA_ATTN_PAGED);
+    /* the short one eagerly, a block size that splits pages everywhere, the prompt in chunks of 2, the rowwise
+       kernel */
+    golden_run(m, 1, 3, 1, 2, KVP_CUDA_ATTN_ROWWISE);
     kvp_model_destroy(m);
 }
 
@@ -400,7 +482,7 @@ Test(cuda_exec, golden_story_from_safetensors, .timeout = 600)
     close_dev();
     kvp_model *m;
     cr_assert_eq(kvp_model_load(S260 "/hf", &m), KVP_OK, "%s", kvp_error_detail());
-    golden_run(m, 1, 16, 0, 2048);
+    golden_run(m, 1, 16, 0, 2048, KVP_CUDA_ATTN_PAGED);
     kvp_model_destroy(m);
 }
 
@@ -416,11 +498,12 @@ Test(cuda_exec, generate_command_on_the_device, .timeout = 600)
     const int fd = mkstemp(path);
     cr_assert_geq(fd, 0);
     char *argv[] = {"generate", "--model", S260 "/stories260K.gguf", "--prompt", "Once upon a time", "--max-tokens",
-                    "60", "--ignore-eos", "--device", "cuda", "--kv-cache-memory", "2MiB", "--json", NULL};
+                    "60", "--ignore-eos", "--device", "cuda", "--kv-cache-memory", "2MiB", "--cuda-attention",
+                    "rowwise", "--json", NULL};
     fflush(stdout);
     const int saved = dup(1);
     dup2(fd, 1);
-    const int rc = kvp_cmd_generate(13, argv);
+    const int rc = kvp_cmd_generate(15, argv);
     fflush(stdout);
     dup2(saved, 1);
     close(saved);
@@ -442,6 +525,7 @@ Test(cuda_exec, generate_command_on_the_device, .timeout = 600)
     cr_assert_eq(cJSON_GetObjectItem(cu, "kv_bytes")->valuedouble, 2 << 20);
     cr_assert_gt(cJSON_GetObjectItem(cu, "weights_bytes")->valuedouble, 0);
     cr_assert_gt(cJSON_GetObjectItem(cu, "activations_bytes")->valuedouble, 0);
+    cr_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(cu, "attention")), "rowwise");
     cJSON_Delete(out);
 }
 

@@ -122,14 +122,14 @@ Test(cuda_host, step_pack_layout_and_contents)
                                     .rope_scale = 1.0, .rot = 8};
     kvp_cuda_pack_layout l;
     cr_assert_eq(kvp_cuda_pack_plan(&x.b, &pm, 8, &l), KVP_OK, "%s", kvp_error_message());
-    cr_assert(l.T == 8 && l.T_real == 4 && l.S == 4 && l.P == 5 && l.C == 1 && !l.local);
+    cr_assert(l.T == 8 && l.T_real == 4 && l.S == 4 && l.P == 8 && l.C == 1 && !l.local && l.N == 6 && !l.decode);
     const size_t offs[] = {l.off_slots, l.off_tokens, l.off_kv_begin, l.off_len, l.off_indices, l.off_rows, l.off_cs,
-                           l.off_pairs};
+                           l.off_pairs, l.off_seq_indptr, l.off_seq_last, l.off_seq_qo};
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
         cr_assert_eq(offs[i] % 16, 0, "section %zu is not 16-byte aligned", i);
         if (i) cr_assert_gt(offs[i], offs[i - 1]);
     }
-    cr_assert_geq(l.bytes, l.off_pairs + 2 * sizeof(int32_t));
+    cr_assert_geq(l.bytes, l.off_seq_qo + (size_t)(l.N + 1) * sizeof(int32_t));
     unsigned char *buf = calloc(1, l.bytes);
     kvp_cuda_pack_fill(&x.b, &pm, &l, buf);
     const int64_t *slots = (const int64_t *)(buf + l.off_slots);
@@ -149,13 +149,23 @@ Test(cuda_host, step_pack_layout_and_contents)
             cr_assert_float_eq(cs[t * 8 + 2 * i + 1], (float)sin(x.pos[t] * inv[i]), 1e-7);
         }
     }
-    for (int t = 4; t < 8; t++) { /* padding rows: no KV written, one key read from the extra page */
+    for (int t = 4; t < 8; t++) { /* padding rows: no KV written, one key read from an extra page each */
         cr_assert_eq(slots[t], -1);
         cr_assert_eq(tokens[t], 0);
         cr_assert_eq(len[t], 1);
-        cr_assert_eq(beg[t], l.P - 1);
+        cr_assert_eq(beg[t], t);
     }
-    cr_assert(idx[0] == 6 && idx[1] == 3 && idx[2] == 2 && idx[3] == 1 && idx[4] == 0);
+    cr_assert(idx[0] == 6 && idx[1] == 3 && idx[2] == 2 && idx[3] == 1);
+    for (int i = 4; i < 8; i++) cr_assert_eq(idx[i], 0);
+    /* per sequence (attention/cuda's page table): the two sequences, then one one-row sequence per padding row */
+    const int32_t *sp = (const int32_t *)(buf + l.off_seq_indptr), *sl = (const int32_t *)(buf + l.off_seq_last);
+    const int32_t *sq = (const int32_t *)(buf + l.off_seq_qo);
+    const int32_t want_sp[7] = {0, 2, 4, 5, 6, 7, 8}, want_sl[6] = {1, 2, 1, 1, 1, 1}, want_sq[7] = {0, 3, 4, 5, 6, 7, 8};
+    for (int s = 0; s <= 6; s++) {
+        cr_assert_eq(sp[s], want_sp[s], "seq_indptr[%d] %d, want %d", s, sp[s], want_sp[s]);
+        cr_assert_eq(sq[s], want_sq[s], "seq_qo[%d] %d, want %d", s, sq[s], want_sq[s]);
+        if (s < 6) cr_assert_eq(sl[s], want_sl[s], "seq_last[%d] %d, want %d", s, sl[s], want_sl[s]);
+    }
     cr_assert(pairs[0] == 3 && pairs[1] == 7);
     free(buf);
     /* only the last row's logits without all_logits */
@@ -242,6 +252,12 @@ Test(cuda_host, generate_command_line)
     snprintf(cmd, sizeof cmd, "generate %s --prompt Once --enforce-eager", model);
     cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
     cr_assert(strstr(err, "--enforce-eager applies to --device cuda only"), "%s", err);
+    snprintf(cmd, sizeof cmd, "generate %s --prompt Once --cuda-attention rowwise", model);
+    cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--cuda-attention applies to --device cuda only"), "%s", err);
+    snprintf(cmd, sizeof cmd, "generate %s --prompt Once --device cuda --cuda-attention flash", model);
+    cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "'flash' is not paged or rowwise"), "%s", err);
     snprintf(cmd, sizeof cmd, "generate %s --prompt Once --device tpu", model);
     cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
     cr_assert(strstr(err, "unknown device 'tpu'"), "%s", err);

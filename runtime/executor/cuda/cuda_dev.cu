@@ -23,6 +23,7 @@ extern "C" {
 #include <cublas_v2.h>
 #endif
 
+#include "attention/cuda/attn_cuda.h"
 #include "runtime/executor/cuda/cuda_dev.h"
 
 /* KVP_ACT_* of runtime/loader/model_config.h (not included: a C header of the loader). */
@@ -447,6 +448,41 @@ extern "C" kvp_status kvp_cudev_attention(kvp_cudev *d, const kvp_cudev_pool *p,
     KVP_LAUNCH(attention_kernel, dim3((unsigned)T, (unsigned)nq), dim3(32), 0, d->compute, *p, d_q, q_tstride, d_out,
                nq, d_kv_begin, d_len, d_kv_indices, window_left, sm_scale, cap);
     return launched("attention");
+}
+
+extern "C" int kvp_cudev_paged_supported(kvp_dtype dtype, int32_t hd)
+{
+    return (dtype == KVP_DTYPE_F32 || dtype == KVP_DTYPE_F16 || dtype == KVP_DTYPE_BF16) && kvp_attn_supported(dtype, hd);
+}
+
+extern "C" kvp_status kvp_cudev_paged_attention(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_q,
+                                                int64_t q_tstride, float *d_qc, float *d_out, int64_t T, int64_t nq,
+                                                const kvp_cudev_pages *pg, int32_t window_left, float sm_scale,
+                                                float cap)
+{
+    KVP_TRY(check_pool(p, "paged attention"));
+    if (!kvp_cudev_paged_supported(p->dtype, p->hd))
+        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: paged attention: no attention/cuda kernel for head_dim %d", p->hd);
+    if (T < 1 || pg->nseq < 1) return KVP_OK;
+    const size_t row = (size_t)(nq * p->hd) * sizeof(float);
+    CU_TRY(cudaMemcpy2DAsync(d_qc, row, d_q, (size_t)q_tstride * sizeof(float), row, (size_t)T, cudaMemcpyDeviceToDevice,
+                             d->compute),
+           "paged attention: packing q");
+    kvp_paged_kv kv;
+    memset(&kv, 0, sizeof kv);
+    kv.k = p->k, kv.v = p->v, kv.dtype = p->dtype, kv.k_scale = 1.0f, kv.v_scale = 1.0f;
+    kv.num_blocks = p->num_blocks, kv.num_kv_heads = p->nkv, kv.block_size = p->block_size, kv.head_dim = p->hd;
+    kv.stride_token = p->hd;
+    kv.stride_head = (int64_t)p->block_size * p->hd;
+    kv.stride_block = (int64_t)p->nkv * kv.stride_head;
+    kv.num_seqs = pg->nseq, kv.kv_indptr = pg->d_indptr, kv.kv_indices = pg->d_indices, kv.kv_last_page_len = pg->d_last;
+    kvp_attn_params ap = kvp_attn_default_params((int32_t)nq);
+    ap.sm_scale = sm_scale, ap.window_left = window_left, ap.logits_soft_cap = cap > 0 ? cap : 0.0f;
+    if (pg->decode) {
+        ap.kv_chunk_size = pg->chunk;
+        return kvp_attn_decode_cuda(&kv, d_qc, d_out, &ap, d->compute);
+    }
+    return kvp_attn_prefill_cuda(&kv, d_qc, pg->d_qo, (int32_t)T, d_out, &ap, d->compute);
 }
 
 /* grid: (n_pairs, n_pools), block: 256 threads over the block's 4-byte words */

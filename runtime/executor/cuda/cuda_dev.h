@@ -104,6 +104,25 @@ kvp_status kvp_cudev_append_kv(kvp_cudev *d, const kvp_cudev_pool *p, const floa
 kvp_status kvp_cudev_attention(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_q, int64_t q_tstride,
                                float *d_out, int64_t T, int64_t nq, const int32_t *d_kv_begin, const int32_t *d_len,
                                const int32_t *d_kv_indices, int32_t window_left, float sm_scale, float cap);
+/* The paged-attention kernels of attention/cuda/ (attn_cuda.h) over one layer's pool, for nseq sequences:
+ * sequence s owns query rows qo[s] .. qo[s + 1] (its last qo[s + 1] - qo[s] tokens, causal), pages
+ * indices[indptr[s] .. indptr[s + 1]], the last holding last[s] tokens (all device arrays). q rows (T of
+ * nq * hd floats at q_tstride, the fused QKV output) are first packed into d_qc (T, nq * hd) with one 2-D copy;
+ * out (T, nq * hd). decode != 0 (every sequence one row): kvp_attn_decode_cuda, split-KV at a fixed chunk of
+ * chunk tokens (a row's result then depends on its own sequence only, not on the batch); else
+ * kvp_attn_prefill_cuda (FlashAttention-2 tiles, tensor cores for 16-bit pools on a GPU).
+ * KVP_EUNSUPPORTED when attention/cuda has no kernel for the pool's dtype and head_dim (kvp_attn_supported).
+ * Ref: attention/ kvp_attn_decode_cpu, kvp_attn_prefill_cpu (the kernels' own tests), and
+ * kvp_cudev_attention above (the executor's tests compare the two). */
+typedef struct {
+    int32_t nseq, decode, chunk;
+    const int32_t *d_indptr, *d_indices, *d_last, *d_qo; /* (nseq + 1), (indptr[nseq]), (nseq), (nseq + 1) */
+} kvp_cudev_pages;
+kvp_status kvp_cudev_paged_attention(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_q, int64_t q_tstride,
+                                     float *d_qc, float *d_out, int64_t T, int64_t nq, const kvp_cudev_pages *pg,
+                                     int32_t window_left, float sm_scale, float cap);
+/* 1 when kvp_cudev_paged_attention has kernels for this pool dtype and head dimension. */
+int kvp_cudev_paged_supported(kvp_dtype dtype, int32_t hd);
 /* Copy-on-write: block pairs[2i + 1] := pairs[2i] in every layer's K and V, all in one launch.
  * d_pools: (2 * layers) device pointers (K then V of each layer) of pool bytes block_bytes per block. */
 kvp_status kvp_cudev_copy_blocks(kvp_cudev *d, void *const *d_pools, int32_t n_pools, size_t block_bytes,

@@ -122,6 +122,18 @@ kvp_status kvp_cudev_attention(kvp_cudev *d, const kvp_cudev_pool *p, const floa
     return NO_DEVICE;
 }
 
+kvp_status kvp_cudev_paged_attention(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_q, int64_t q_tstride, float *d_qc, float *d_out, int64_t T, int64_t nq, const kvp_cudev_pages *pg, int32_t window_left, float sm_scale, float cap)
+{
+    (void)d, (void)p, (void)d_q, (void)q_tstride, (void)d_qc, (void)d_out, (void)T, (void)nq, (void)pg, (void)window_left, (void)sm_scale, (void)cap;
+    return NO_DEVICE;
+}
+
+int kvp_cudev_paged_supported(kvp_dtype dtype, int32_t hd)
+{
+    (void)dtype, (void)hd;
+    return 0;
+}
+
 kvp_status kvp_cudev_copy_blocks(kvp_cudev *d, void *const *d_pools, int32_t n_pools, size_t block_bytes, const int32_t *d_pairs, int32_t n_pairs)
 {
     (void)d, (void)d_pools, (void)n_pools, (void)block_bytes, (void)d_pairs, (void)n_pairs;

@@ -23,7 +23,8 @@ enum { EMU_DEVICE_BYTES = 256 << 20 };
 kvp_cuda_options kvp_cuda_options_default(void)
 {
     return (kvp_cuda_options){.device = 0, .gpu_memory_utilization = 0.9, .kv_cache_memory = -1,
-                              .enforce_eager = 0, .weights = KVP_DTYPE_COUNT, .random_seed = 0};
+                              .enforce_eager = 0, .weights = KVP_DTYPE_COUNT, .random_seed = 0,
+                              .attention = KVP_CUDA_ATTN_PAGED};
 }
 
 kvp_status kvp_device_parse(const char *s, int *cuda, int *index)
@@ -126,7 +127,7 @@ kvp_status kvp_cuda_pack_plan(const kvp_exec_batch *b, const kvp_cuda_pack_model
                            (long long)f->slot_mapping[t], t);
     }
     if (f->kv_indptr[0] != 0) return KVP_ERR(KVP_EINVAL, "cuda executor: kv_indptr must start at 0");
-    int32_t rows = 0;
+    int32_t rows = 0, decode = 1;
     for (int32_t s = 0; s < b->n; s++) {
         const int32_t nqs = f->qo_indptr[s + 1] - f->qo_indptr[s], pages = f->kv_indptr[s + 1] - f->kv_indptr[s];
         if (nqs < 1) return KVP_ERR(KVP_EINVAL, "cuda executor: sequence %d has no new token", s);
@@ -141,12 +142,14 @@ kvp_status kvp_cuda_pack_plan(const kvp_exec_batch *b, const kvp_cuda_pack_model
                 return KVP_ERR(KVP_EINVAL, "cuda executor: sequence %d uses block %d outside the cache", s,
                                f->kv_indices[i]);
         rows += f->all_logits && f->all_logits[s] ? nqs : 1;
+        decode &= nqs == 1;
     }
     if (T_pad != 0 && T_pad < f->num_tokens)
         return KVP_ERR(KVP_EINVAL, "cuda executor: padding to %d rows, below the batch's %d", T_pad, f->num_tokens);
     kvp_cuda_pack_layout l = {.T = T_pad ? T_pad : f->num_tokens, .T_real = f->num_tokens, .S = rows,
-                              .P = f->kv_indptr[b->n] + 1, .C = b->ops.n_copies, .rot = pm->rot,
-                              .local = pm->inv_freq_local != NULL};
+                              .P = f->kv_indptr[b->n] + (T_pad > f->num_tokens ? T_pad - f->num_tokens : 1), .C = b->ops.n_copies, .rot = pm->rot,
+                              .local = pm->inv_freq_local != NULL, .decode = decode};
+    l.N = b->n + (l.T - l.T_real);
     size_t at = 0;
     l.off_slots = at, at = align16(at + (size_t)l.T * sizeof(int64_t));
     l.off_tokens = at, at = align16(at + (size_t)l.T * sizeof(int32_t));
@@ -157,6 +160,9 @@ kvp_status kvp_cuda_pack_plan(const kvp_exec_batch *b, const kvp_cuda_pack_model
     l.off_cs = at, at = align16(at + (size_t)l.T * (size_t)l.rot * sizeof(float));
     l.off_csl = at, at = align16(at + (l.local ? (size_t)l.T * (size_t)l.rot * sizeof(float) : 0));
     l.off_pairs = at, at = align16(at + 2 * (size_t)l.C * sizeof(int32_t));
+    l.off_seq_indptr = at, at = align16(at + (size_t)(l.N + 1) * sizeof(int32_t));
+    l.off_seq_last = at, at = align16(at + (size_t)l.N * sizeof(int32_t));
+    l.off_seq_qo = at, at = align16(at + (size_t)(l.N + 1) * sizeof(int32_t));
     l.bytes = at;
     *lay = l;
     return KVP_OK;
@@ -172,8 +178,9 @@ void kvp_cuda_pack_fill(const kvp_exec_batch *b, const kvp_cuda_pack_model *pm, 
     int32_t *len = (int32_t *)(base + l->off_len), *indices = (int32_t *)(base + l->off_indices);
     int32_t *rows = (int32_t *)(base + l->off_rows), *pairs = (int32_t *)(base + l->off_pairs);
     float *cs = (float *)(base + l->off_cs), *csl = (float *)(base + l->off_csl);
-    memcpy(indices, f->kv_indices, (size_t)(l->P - 1) * sizeof(int32_t));
-    indices[l->P - 1] = 0; /* the page padding rows read (their results are dropped) */
+    const int32_t P0 = f->kv_indptr[b->n]; /* pages of the batch; then one page per padding row (or one spare) */
+    memcpy(indices, f->kv_indices, (size_t)P0 * sizeof(int32_t));
+    for (int32_t i = P0; i < l->P; i++) indices[i] = 0; /* the pages padding rows read (results dropped) */
     int32_t r = 0;
     for (int32_t s = 0; s < b->n; s++) {
         const int32_t q0 = f->qo_indptr[s], nqs = f->qo_indptr[s + 1] - q0, pages = f->kv_indptr[s + 1] - f->kv_indptr[s];
@@ -190,7 +197,7 @@ void kvp_cuda_pack_fill(const kvp_exec_batch *b, const kvp_cuda_pack_model *pm, 
         slots[t] = real ? f->slot_mapping[t] : -1;
         tokens[t] = real ? f->tokens[t] : 0;
         if (!real) {
-            kv_begin[t] = l->P - 1;
+            kv_begin[t] = P0 + (t - l->T_real);
             len[t] = 1;
         }
         const int32_t pos = real ? f->positions[t] : 0;
@@ -201,6 +208,20 @@ void kvp_cuda_pack_fill(const kvp_exec_batch *b, const kvp_cuda_pack_model *pm, 
         pairs[2 * i] = b->ops.copies[i].src;
         pairs[2 * i + 1] = b->ops.copies[i].dst;
     }
+    int32_t *sp = (int32_t *)(base + l->off_seq_indptr), *sl = (int32_t *)(base + l->off_seq_last);
+    int32_t *sq = (int32_t *)(base + l->off_seq_qo);
+    for (int32_t s = 0; s < b->n; s++) {
+        sp[s] = f->kv_indptr[s];
+        sl[s] = f->kv_last_page_len[s];
+        sq[s] = f->qo_indptr[s];
+    }
+    for (int32_t s = b->n; s < l->N; s++) { /* padding row T_real + (s - n): one key of its own extra page */
+        sp[s] = P0 + (s - b->n);
+        sl[s] = 1;
+        sq[s] = l->T_real + (s - b->n);
+    }
+    sp[l->N] = P0 + (l->N - b->n);
+    sq[l->N] = l->T;
 }
 
 /* ---------------------------------------------------------------- the device model */
@@ -452,6 +473,7 @@ static kvp_status cu_model_random(kvp_cudev *d, const kvp_model_config *cfg, uin
 
 typedef struct {
     float *x, *h, *qkv, *o, *gu, *act, *fin, *logits; /* device activations */
+    float *qc;                                        /* (T, QD) q packed for the paged kernels, or NULL */
     void *scratch;                                    /* bf16 GEMM input */
     void *pack;                                       /* the step pack on the device */
     int64_t T, S;                                     /* rows they hold */
@@ -479,12 +501,13 @@ typedef struct {
     size_t h_logits_cap;
     int32_t buckets[KVP_CUDA_MAX_BUCKETS], n_buckets;
     int profiling;            /* 1: the profiling pass (no KV, no attention) */
+    int paged;                /* 1: attention/cuda's kernels (kvp_cuda_attention) */
 } cu_ctx;
 
 static void ws_free(cu_ctx *c)
 {
     cu_ws *w = &c->ws;
-    void *ps[] = {w->x, w->h, w->qkv, w->o, w->gu, w->act, w->fin, w->logits, w->scratch, w->pack};
+    void *ps[] = {w->x, w->h, w->qkv, w->o, w->gu, w->act, w->fin, w->logits, w->scratch, w->pack, w->qc};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(c->dev, ps[i]);
     memset(w, 0, sizeof *w);
 }
@@ -514,6 +537,7 @@ static kvp_status ws_alloc(cu_ctx *c, int64_t T, int64_t S, int64_t *bytes)
     WS(w->fin, S * H, 4);
     WS(w->logits, S * V, 4);
     WS(w->scratch, T * Kmax, 2);
+    if (c->paged) WS(w->qc, T * QD, 4);
 #undef WS
     w->T = T;
     w->S = S;
@@ -539,6 +563,10 @@ static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay)
     const int32_t *len = (const int32_t *)(pk + lay->off_len), *indices = (const int32_t *)(pk + lay->off_indices);
     const int32_t *rows = (const int32_t *)(pk + lay->off_rows);
     const float *cs = (const float *)(pk + lay->off_cs), *csl = lay->local ? (const float *)(pk + lay->off_csl) : cs;
+    const kvp_cudev_pages pages = {.nseq = lay->N, .decode = lay->decode, .chunk = KVP_CUDA_DECODE_CHUNK,
+                                   .d_indptr = (const int32_t *)(pk + lay->off_seq_indptr), .d_indices = indices,
+                                   .d_last = (const int32_t *)(pk + lay->off_seq_last),
+                                   .d_qo = (const int32_t *)(pk + lay->off_seq_qo)};
     const float emb_scale = m->family == KVP_FAMILY_GEMMA2 ? sqrtf((float)H) : 1.0f;
     const float sm_scale = m->query_pre_attn_scalar > 0 ? (float)(1.0 / sqrt(m->query_pre_attn_scalar))
                                                         : (float)(1.0 / sqrt((double)hd));
@@ -558,8 +586,12 @@ static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay)
         KVP_TRY(kvp_cudev_rope(d, k, QKV, T, nkv, hd, cm->rot, cm->rope_style, lcs));
         if (!c->profiling) {
             KVP_TRY(kvp_cudev_append_kv(d, &c->pools[l], k, v, QKV, slots, T));
-            KVP_TRY(kvp_cudev_attention(d, &c->pools[l], q, QKV, w->o, T, nq, kv_begin, len, indices, L->window_left,
-                                        sm_scale, (float)m->attn_logit_softcapping));
+            if (c->paged)
+                KVP_TRY(kvp_cudev_paged_attention(d, &c->pools[l], q, QKV, w->qc, w->o, T, nq, &pages, L->window_left,
+                                                  sm_scale, (float)m->attn_logit_softcapping));
+            else
+                KVP_TRY(kvp_cudev_attention(d, &c->pools[l], q, QKV, w->o, T, nq, kv_begin, len, indices,
+                                            L->window_left, sm_scale, (float)m->attn_logit_softcapping));
         }
         KVP_TRY(kvp_cudev_gemm(d, w->h, H, w->o, QD, L->wo, cm->wdt, T, H, QD, w->scratch));
         if (L->bo) KVP_TRY(kvp_cudev_bias(d, w->h, H, L->bo, T, H));
@@ -768,6 +800,10 @@ static kvp_status profile(cu_ctx *c, int32_t max_tokens, int32_t max_seqs, int64
     KVP_TRY(kvp_cudev_mem_info(c->dev, &f1, &total));
     const int64_t measured = f0 - f1;
     *peak = measured > ws_bytes + (int64_t)lay.bytes ? measured : ws_bytes + (int64_t)lay.bytes;
+    if (c->paged) { /* split-KV decode's stream-ordered workspace (attn_cuda.h), which the pass does not run */
+        const kvp_model_config *mc = &c->cm->cfg;
+        *peak += (int64_t)max_seqs * 32 * mc->num_q_heads * (mc->head_dim + 1) * (int64_t)sizeof(float);
+    }
     return KVP_OK;
 }
 
@@ -805,6 +841,10 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
     c->num_host_blocks = num_host_blocks;
     int64_t peak = 0;
     if (st == KVP_OK) {
+        c->paged = opts->attention == KVP_CUDA_ATTN_PAGED && kvp_cudev_paged_supported(kv_dtype, c->cm->cfg.head_dim);
+        if (opts->attention == KVP_CUDA_ATTN_PAGED && !c->paged)
+            KVP_LOG_I("cuda executor: no attention/cuda kernel for head_dim %d: attention runs rowwise",
+                      c->cm->cfg.head_dim);
         c->n_buckets = opts->enforce_eager ? 0 : kvp_cuda_graph_buckets(max_seqs, c->buckets);
         const int32_t need = c->n_buckets ? c->buckets[c->n_buckets - 1] : 1;
         st = profile(c, max_tokens > need ? max_tokens : need, max_seqs, &peak);
@@ -856,7 +896,8 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
         return st;
     }
     c->info = (kvp_cuda_info){.emulated = c->dinfo.emulated, .cublas = c->dinfo.cublas, .split = split,
-                              .weights = wdt, .graph_buckets = c->n_buckets};
+                              .weights = wdt, .graph_buckets = c->n_buckets,
+                              .attention = c->paged ? KVP_CUDA_ATTN_PAGED : KVP_CUDA_ATTN_ROWWISE};
     snprintf(c->info.device_name, sizeof c->info.device_name, "%s", c->dinfo.name);
     if (info) *info = c->info;
     *out = (kvp_executor){.name = "cuda", .ctx = c, .flat = 1, .step = step, .destroy = destroy};
@@ -921,9 +962,10 @@ void kvp_cuda_info_log(const kvp_cuda_info *i)
 {
     const kvp_cuda_mem_split *s = &i->split;
     const double G = 1024.0 * 1024 * 1024;
-    KVP_LOG_I("cuda executor: %s%s, GEMMs %s, weights %s, CUDA-graph buckets %d", i->device_name,
+    KVP_LOG_I("cuda executor: %s%s, GEMMs %s, weights %s, attention %s, CUDA-graph buckets %d", i->device_name,
                  i->emulated ? " (the CPU emulator of CUDA)" : "", i->cublas ? "cuBLAS" : "the CPU stand-in",
-                 kvp_dtype_name(i->weights), i->graph_buckets);
+                 kvp_dtype_name(i->weights), i->attention == KVP_CUDA_ATTN_PAGED ? "paged" : "rowwise",
+                 i->graph_buckets);
     KVP_LOG_I("cuda executor: memory %.2f GiB total, %.2f free; budget %.2f (utilization %.2f); weights %.3f GiB, "
                  "activations %.3f GiB, KV %.3f GiB%s = %d blocks of %lld bytes",
                  s->total / G, s->free_at_start / G, s->budget / G, s->utilization, s->weights / G, s->activations / G,
@@ -940,6 +982,7 @@ void kvp_cuda_info_json(const kvp_cuda_info *i, struct cJSON *obj)
     cJSON_AddStringToObject(o, "gemm", i->cublas ? "cublas" : "cpu_stand_in");
     cJSON_AddStringToObject(o, "weights_dtype", kvp_dtype_name(i->weights));
     cJSON_AddNumberToObject(o, "graph_buckets", i->graph_buckets);
+    cJSON_AddStringToObject(o, "attention", i->attention == KVP_CUDA_ATTN_PAGED ? "paged" : "rowwise");
     cJSON_AddNumberToObject(o, "total_bytes", (double)s->total);
     cJSON_AddNumberToObject(o, "free_at_start_bytes", (double)s->free_at_start);
     cJSON_AddNumberToObject(o, "gpu_memory_utilization", s->utilization);
