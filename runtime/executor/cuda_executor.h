@@ -152,7 +152,7 @@ typedef struct {
  * random model), opts, the engine's block size, KV dtype, steps of at most max_tokens tokens and max_seqs
  * sequences, num_host_blocks for swap and the host tier. num_blocks: 0 from the split, else that many (at
  * most the split's). info (may be NULL) receives the split. KVP_ENODEVICE ("cuda executor: no CUDA
- * device (cudaGetDeviceCount: ...)"), KVP_EUNSUPPORTED (MoE, tp > 1, fp8 KV), KVP_EINVAL, KVP_ENOMEM. */
+ * device (cudaGetDeviceCount: ...)"), KVP_EUNSUPPORTED (MoE, tp > 1), KVP_EINVAL, KVP_ENOMEM. */
 kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, const kvp_cuda_options *opts,
                                     int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
                                     kvp_dtype kv_dtype, int32_t max_tokens, int32_t max_seqs, kvp_executor *out,

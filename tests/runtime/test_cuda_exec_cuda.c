@@ -209,16 +209,16 @@ Test(cuda_exec_kernels, gemm_f32_and_bf16)
 }
 
 /* append_kv through a slot mapping (-1 skipped) and the per-row attention over a random page table against
- * kvp_attn_append_kv_cpu and kvp_attn_decode_cpu, GQA 2, f32 and f16 pools, a window and a soft cap; unused
+ * kvp_attn_append_kv_cpu and kvp_attn_decode_cpu, GQA 2, f32, f16 and fp8 pools, a window and a soft cap; unused
  * slots hold NaN on both sides (a kernel that reads one fails). */
 Test(cuda_exec_kernels, append_and_attention_match_the_cpu_kernels)
 {
     open_dev();
     enum { NB = 9, NKV = 2, NQ = 4, BS = 3, HD = 8, L = 11, PAGES = (L + BS - 1) / BS };
     const int32_t pages[PAGES] = {7, 2, 5, 0};
-    for (int dt = 0; dt < 2; dt++)
+    for (int dt = 0; dt < 3; dt++)
         for (int variant = 0; variant < 3; variant++) {
-            const kvp_dtype kd = dt ? KVP_DTYPE_F16 : KVP_DTYPE_F32;
+            const kvp_dtype kd = dt == 2 ? KVP_DTYPE_FP8_E4M3 : dt ? KVP_DTYPE_F16 : KVP_DTYPE_F32;
             const size_t es = kvp_dtype_size(kd), pool = (size_t)NB * NKV * BS * HD * es;
             /* CPU side */
             kvp_paged_kv cpu;
@@ -287,8 +287,8 @@ Test(cuda_exec_kernels, append_and_attention_match_the_cpu_kernels)
 
 /* attention/cuda's paged kernels behind the executor (kvp_cudev_paged_attention) against its rowwise kernel
  * (itself checked against the CPU above): a mixed step (a prefill chunk, two decodes; prefill kernel), a decode
- * step with a padding sequence (split-KV decode kernel), q read from a wider fused QKV row; f32, f16 and bf16
- * pools, plain, a window, soft cap with sm_scale. */
+ * step with a padding sequence (split-KV decode kernel), q read from a wider fused QKV row; f32, f16, bf16 and
+ * fp8 pools, plain, a window, soft cap with sm_scale. */
 Test(cuda_exec_kernels, paged_kernels_match_the_rowwise_kernel)
 {
     open_dev();
@@ -297,9 +297,10 @@ Test(cuda_exec_kernels, paged_kernels_match_the_rowwise_kernel)
      * decode (page 9) */
     const int32_t indices[8] = {3, 1, 8, 0, 5, 2, 9, 11}; /* 11: the padding sequence's page */
     const int32_t lens[NS] = {13, 6, 1}, nq_of[NS] = {4, 1, 1};
-    for (int dt = 0; dt < 3; dt++)
+    for (int dt = 0; dt < 4; dt++)
         for (int variant = 0; variant < 3; variant++) {
-            const kvp_dtype kd = dt == 0 ? KVP_DTYPE_F32 : dt == 1 ? KVP_DTYPE_F16 : KVP_DTYPE_BF16;
+            const kvp_dtype kd = dt == 0 ? KVP_DTYPE_F32 : dt == 1 ? KVP_DTYPE_F16 : dt == 2 ? KVP_DTYPE_BF16
+                                                                                               : KVP_DTYPE_FP8_E4M3;
             cr_assert(kvp_cudev_paged_supported(kd, HD));
             const size_t pool = (size_t)NB * NKV * BS * HD * kvp_dtype_size(kd);
             void *dk, *dv;

@@ -23,6 +23,7 @@ extern "C" {
 #include <cublas_v2.h>
 #endif
 
+#include "attention/attn_hd.h"
 #include "attention/cuda/attn_cuda.h"
 #include "runtime/executor/cuda/cuda_dev.h"
 
@@ -225,6 +226,7 @@ __device__ __forceinline__ float load_el(const void *p, kvp_dtype dt, int64_t i)
 {
     if (dt == KVP_DTYPE_F32) return ((const float *)p)[i];
     if (dt == KVP_DTYPE_F16) return __half2float(((const __half *)p)[i]);
+    if (dt == KVP_DTYPE_FP8_E4M3) return kvp_hd_fp8e4m3_to_f32(((const uint8_t *)p)[i]); /* scale 1, as the CPU's */
     return __bfloat162float(((const __nv_bfloat16 *)p)[i]);
 }
 
@@ -232,6 +234,7 @@ __device__ __forceinline__ void store_el(void *p, kvp_dtype dt, int64_t i, float
 {
     if (dt == KVP_DTYPE_F32) ((float *)p)[i] = x;
     else if (dt == KVP_DTYPE_F16) ((__half *)p)[i] = __float2half_rn(x);
+    else if (dt == KVP_DTYPE_FP8_E4M3) ((uint8_t *)p)[i] = kvp_hd_f32_to_fp8e4m3(x); /* attention/dtype.c's rounding */
     else ((__nv_bfloat16 *)p)[i] = __float2bfloat16_rn(x);
 }
 
@@ -387,8 +390,9 @@ __global__ void append_kernel(kvp_cudev_pool p, const float *k, const float *v, 
 
 static kvp_status check_pool(const kvp_cudev_pool *p, const char *what)
 {
-    if (p->dtype != KVP_DTYPE_F32 && p->dtype != KVP_DTYPE_F16 && p->dtype != KVP_DTYPE_BF16)
-        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: %s: KV dtype %d (f32, f16 and bf16 are supported)", what,
+    if (p->dtype != KVP_DTYPE_F32 && p->dtype != KVP_DTYPE_F16 && p->dtype != KVP_DTYPE_BF16 &&
+        p->dtype != KVP_DTYPE_FP8_E4M3)
+        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: %s: KV dtype %d (f32, f16, bf16 and fp8 are supported)", what,
                        (int)p->dtype);
     if (p->hd < 1 || p->hd > 512 || p->block_size < 1)
         return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: %s: head_dim %d, block size %d", what, p->hd, p->block_size);
@@ -452,7 +456,7 @@ extern "C" kvp_status kvp_cudev_attention(kvp_cudev *d, const kvp_cudev_pool *p,
 
 extern "C" int kvp_cudev_paged_supported(kvp_dtype dtype, int32_t hd)
 {
-    return (dtype == KVP_DTYPE_F32 || dtype == KVP_DTYPE_F16 || dtype == KVP_DTYPE_BF16) && kvp_attn_supported(dtype, hd);
+    return (unsigned)dtype < KVP_DTYPE_COUNT && kvp_attn_supported(dtype, hd);
 }
 
 extern "C" kvp_status kvp_cudev_paged_attention(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_q,

@@ -11,7 +11,7 @@
  * kernel runs on the device's compute stream, in call order; kvp_cudev_copy_async uses the copy stream (swaps,
  * host-tier moves) and kvp_cudev_sync(d, 1) waits for it. Launch errors come back as KVP_ECUDA with CUDA's
  * own text. Element types of weights and KV pools are kvp_dtype values (attention/paged_kv.h): weights f32 or
- * bf16, KV f32, f16 or bf16.
+ * bf16, KV f32, f16, bf16 or fp8 (e4m3, scale 1, as the CPU cache).
  *
  * Every kernel has a CPU reference: the op of runtime/model/ops.c, rope.c and forward.c it mirrors, named beside
  * each launcher; tests/runtime/test_cuda_kernels.c checks them against it.

@@ -816,9 +816,8 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
     if (block_size < 1 || num_blocks < 0 || num_host_blocks < 0 || max_tokens < 1 || max_seqs < 1)
         return KVP_ERR(KVP_EINVAL, "cuda executor: block size %d, %d blocks, %d host blocks, %d tokens, %d sequences",
                        block_size, num_blocks, num_host_blocks, max_tokens, max_seqs);
-    if (kv_dtype != KVP_DTYPE_F32 && kv_dtype != KVP_DTYPE_F16 && kv_dtype != KVP_DTYPE_BF16)
-        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: --kv-dtype %s (f32, f16 and bf16 run on the device)",
-                       kvp_dtype_name(kv_dtype));
+    if ((unsigned)kv_dtype >= KVP_DTYPE_COUNT)
+        return KVP_ERR(KVP_EINVAL, "cuda executor: KV dtype %d", (int)kv_dtype);
     cu_ctx *c = kvp_calloc(1, sizeof *c);
     if (!c) return KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
     kvp_status st = kvp_cudev_open(opts->device, &c->dev, &c->dinfo);
