@@ -145,3 +145,21 @@ kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_
     (void)d, (void)d_y, (void)ldy, (void)d_x, (void)ldx, (void)d_w, (void)wdt, (void)T, (void)N, (void)K, (void)d_scratch;
     return NO_DEVICE;
 }
+
+kvp_status kvp_cudev_capture_begin(kvp_cudev *d)
+{
+    (void)d;
+    return NO_DEVICE;
+}
+kvp_status kvp_cudev_capture_end(kvp_cudev *d, kvp_cudev_graph **g)
+{
+    (void)d;
+    if (g) *g = NULL;
+    return NO_DEVICE;
+}
+kvp_status kvp_cudev_graph_launch(kvp_cudev *d, kvp_cudev_graph *g)
+{
+    (void)d, (void)g;
+    return NO_DEVICE;
+}
+void kvp_cudev_graph_destroy(kvp_cudev *d, kvp_cudev_graph *g) { (void)d, (void)g; }
