@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <thread>
+
 #define CK(call) cr_assert_eq((call), cudaSuccess, "%s: %s", #call, cudaGetErrorString(cudaGetLastError()))
 
 template <class T> static T *dalloc(size_t n)
@@ -648,6 +650,46 @@ Test(cuda_emu, capture_refuses_what_cuda_refuses)
     d2h(h, d, 64);
     for (int i = 0; i < 64; i++) cr_assert_eq(h[i], 5);
     CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(st));
+    CK(cudaFree(d));
+}
+
+// The capture mode decides whose unsafe calls are refused: ThreadLocal only the capturing thread's, Global
+// every thread's; a capture not begun Relaxed ends only in the thread that began it.
+Test(cuda_emu, capture_modes_scope_unsafe_calls)
+{
+    KVP_REQUIRE_DEVICE();
+    int *d = dalloc<int>(64), h[64];
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaStreamCaptureStatus cs;
+    cudaError_t other = cudaErrorUnknown;
+
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    std::thread([&] { other = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost); }).join();
+    cr_assert_eq(other, cudaSuccess, "ThreadLocal refused another thread's copy: %s", cudaGetErrorName(other));
+    CK(cudaStreamIsCapturing(st, &cs));
+    cr_assert_eq(cs, cudaStreamCaptureStatusActive);
+    cudaGraph_t g = nullptr;
+    std::thread([&] { other = cudaStreamEndCapture(st, &g); }).join();
+    cr_assert_eq(other, cudaErrorStreamCaptureWrongThread, "%s", cudaGetErrorName(other));
+    cr_assert_eq(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+    end_invalidated(st, "cudaMemcpy in the ThreadLocal capture's thread");
+
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    std::thread([&] {
+        other = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+        (void)cudaGetLastError();
+    }).join();
+    cr_assert_eq(other, cudaErrorStreamCaptureUnsupported, "%s", cudaGetErrorName(other));
+    end_invalidated(st, "another thread's cudaMemcpy during a Global capture");
+
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    std::thread([&] { other = cudaStreamEndCapture(st, &g); }).join();
+    cr_assert_eq(other, cudaSuccess, "a Relaxed capture ends in any thread: %s", cudaGetErrorName(other));
+    cr_assert_not_null(g);
     CK(cudaGraphDestroy(g));
     CK(cudaStreamDestroy(st));
     CK(cudaFree(d));
