@@ -41,7 +41,7 @@ typedef struct {
     int device;                    /* N of cuda:N */
     double gpu_memory_utilization; /* (0, 1], default 0.9 */
     int64_t kv_cache_memory;       /* bytes of KV pools; -1: from the split */
-    int enforce_eager;             /* 1: no CUDA-graph buckets */
+    int enforce_eager;             /* 1: no CUDA-graph buckets, no graphs */
     kvp_dtype weights;             /* KVP_DTYPE_F32 or KVP_DTYPE_BF16 on the device; KVP_DTYPE_COUNT: auto
                                       (f32 for an f32 checkpoint, else bf16) */
     uint64_t random_seed;          /* --random-weights: the seed */
