@@ -52,9 +52,14 @@ typedef struct {
                               rounding for any value) */
     float *lse;            /* optional output (num_q_tokens, num_q_heads): natural log of sum exp(scaled
                               scores), -inf for a row with no key; borrowed, may be NULL */
+    void *split_workspace; /* CUDA decode only: a device buffer of split_workspace_bytes (at least
+                              kvp_attn_decode_cuda_workspace_bytes) for the split-KV partials; NULL: allocated
+                              with cudaMallocAsync on the stream (a graph capture then records memory nodes) */
+    size_t split_workspace_bytes;
 } kvp_attn_params;
 
-/* num_q_heads as given, sm_scale 0, window_left -1, logits_soft_cap 0, kv_chunk_size 0, lse NULL. */
+/* num_q_heads as given, sm_scale 0, window_left -1, logits_soft_cap 0, kv_chunk_size 0, lse and
+ * split_workspace NULL. */
 kvp_attn_params kvp_attn_default_params(int32_t num_q_heads);
 
 /* Nonzero when the CPU kernels handle this pair. head_dim in {8, 16, 32, 64, 80, 96, 128, 256} and every

@@ -204,6 +204,12 @@ extern "C" int kvp_attn_cuda_device_count(void)
 
 extern "C" int kvp_attn_cuda_emulated(void) { return kvp_cuda_emulated(); }
 
+extern "C" size_t kvp_attn_decode_cuda_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim)
+{
+    if (num_seqs < 0 || num_q_heads < 0 || head_dim < 0) return 0;
+    return (size_t)num_seqs * kMaxSplits * (size_t)num_q_heads * (size_t)(head_dim + 1) * sizeof(float);
+}
+
 extern "C" kvp_status kvp_attn_append_kv_cuda(const kvp_paged_kv *kv, const float *k, const float *v,
                                               const int64_t *slot_mapping, int32_t num_tokens, void *stream)
 {
@@ -254,10 +260,19 @@ extern "C" kvp_status kvp_attn_decode_cuda(const kvp_paged_kv *kv, const float *
     void *ws = nullptr;
     (void)cudaGetLastError();
     if (splits > 1) {
-        const size_t rows = (size_t)kv->num_seqs * splits * a.hq;
-        cudaError_t e = cudaMallocAsync(&ws, rows * (size_t)(kv->head_dim + 1) * sizeof(float), st);
-        if (e != cudaSuccess) return cuda_err(e, "decode_cuda: split-KV workspace");
-        a.part_o = static_cast<float *>(ws);
+        const size_t rows = (size_t)kv->num_seqs * splits * a.hq, need = rows * (size_t)(kv->head_dim + 1) * sizeof(float);
+        float *part = nullptr;
+        if (p->split_workspace != nullptr) {
+            if (p->split_workspace_bytes < need)
+                return KVP_ERR(KVP_EINVAL, "%s: split_workspace of %zu bytes, %zu needed", what, p->split_workspace_bytes,
+                               need);
+            part = static_cast<float *>(p->split_workspace);
+        } else {
+            cudaError_t e = cudaMallocAsync(&ws, need, st);
+            if (e != cudaSuccess) return cuda_err(e, "decode_cuda: split-KV workspace");
+            part = static_cast<float *>(ws);
+        }
+        a.part_o = part;
         a.part_lse = a.part_o + rows * kv->head_dim;
     }
     const dim3 grid((unsigned)kv->num_seqs, (unsigned)(kv->num_kv_heads * a.ngroups), (unsigned)splits);

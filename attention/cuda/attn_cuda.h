@@ -44,9 +44,13 @@ kvp_status kvp_attn_append_kv_cuda(const kvp_paged_kv *kv, const float *k, const
  * one CTA per (sequence, KV head, up to 8 of its G query heads, KV split), so each K/V byte is read once per
  * split for all those heads. splits: p->kv_chunk_size > 0 -> up to 32 splits of at least that many tokens;
  * 0 -> automatic (more than one only when the grid would not fill the GPU: flash-decoding), merged by
- * log-sum-exp in a second kernel. Workspace: cudaMallocAsync on the stream. */
+ * log-sum-exp in a second kernel. Workspace: p->split_workspace when given (KVP_EINVAL when smaller than
+ * kvp_attn_decode_cuda_workspace_bytes), else cudaMallocAsync on the stream. */
 kvp_status kvp_attn_decode_cuda(const kvp_paged_kv *kv, const float *q, float *out, const kvp_attn_params *p,
                                 void *stream);
+/* Bytes of the split-KV workspace decode of num_seqs sequences may need (p->split_workspace): the partial
+ * outputs and log-sum-exps of up to 32 splits per (sequence, query head). A host function; 0 without CUDA. */
+size_t kvp_attn_decode_cuda_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim);
 
 /* ---- prefill: as kvp_attn_prefill_cpu; num_q_tokens = qo_indptr[num_seqs] (the rows of q and out; the host
  * cannot read the device's qo_indptr). Grid: (query-row tiles, num_kv_heads), 128 threads; a row is a (query

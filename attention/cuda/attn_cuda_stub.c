@@ -6,6 +6,11 @@
 
 int kvp_attn_cuda_device_count(void) { return 0; }
 int kvp_attn_cuda_emulated(void) { return 0; }
+size_t kvp_attn_decode_cuda_workspace_bytes(int32_t num_seqs, int32_t num_q_heads, int32_t head_dim)
+{
+    (void)num_seqs, (void)num_q_heads, (void)head_dim;
+    return 0;
+}
 int kvp_attn_cuda_prefill_tensor_cores(kvp_dtype dtype, int32_t head_dim) { return (void)dtype, (void)head_dim, 0; }
 
 kvp_status kvp_attn_append_kv_cuda(const kvp_paged_kv *kv, const float *k, const float *v,

@@ -32,20 +32,57 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
+namespace kvp_emu {
+// One node of a captured graph. Kernel nodes own their parameters' copy (shared by the graphs and executable
+// graphs made from one capture); copy and memset nodes hold pointers only, read when the node runs.
+enum node_kind { NODE_KERNEL, NODE_MEMCPY, NODE_MEMSET, NODE_EVENT };
+struct node_t {
+    node_kind kind = NODE_KERNEL;
+    const char *name = nullptr;
+    const void *func = nullptr;
+    dim3 grid, block;
+    size_t shmem = 0;
+    body_fn body = nullptr;
+    std::shared_ptr<void> ctx;
+    void *dst = nullptr;
+    const void *src = nullptr;
+    size_t n = 0;
+    cudaMemcpyKind copy_kind = cudaMemcpyDefault;
+    int value = 0;
+    cudaEvent_t event = nullptr;
+};
+} // namespace kvp_emu
+
 struct CUstream_st {
     unsigned magic;
+    unsigned flags;
+    // capture state, under mem().mu
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    std::thread::id thread;               // the thread that began the capture
+    std::vector<kvp_emu::node_t> nodes;   // recorded so far, in issue order
 };
 struct CUevent_st {
     unsigned magic;
     bool recorded;
     double t; // seconds, CLOCK_MONOTONIC
+    bool captured; // last recorded inside a capture
+};
+struct CUgraph_st {
+    unsigned magic;
+    std::vector<kvp_emu::node_t> nodes;
+};
+struct CUgraphExec_st {
+    unsigned magic;
+    std::vector<kvp_emu::node_t> nodes;
 };
 
 namespace kvp_emu {
 
 namespace {
 
-constexpr unsigned kStreamMagic = 0x5354524du, kEventMagic = 0x45564e54u;
+constexpr unsigned kStreamMagic = 0x5354524du, kEventMagic = 0x45564e54u, kGraphMagic = 0x47524150u,
+                   kExecMagic = 0x47455845u;
 constexpr size_t kStaticShared = 48u << 10;   // static __shared__ per block, as nvcc allows
 constexpr size_t kDefaultDynamic = 48u << 10; // dynamic shared memory without cudaFuncSetAttribute
 constexpr size_t kMaxDynamic = 227u << 10;    // sm_90's opt-in limit per block
@@ -452,7 +489,7 @@ struct mem_t {
     std::mutex mu;
     std::map<uintptr_t, size_t> dev;  // device allocations: start -> bytes
     std::set<uintptr_t> host;         // pinned host allocations
-    std::set<const void *> streams, events;
+    std::set<const void *> streams, events, graphs, execs;
     std::map<const void *, int> max_dyn; // cudaFuncAttributeMaxDynamicSharedMemorySize per kernel
     size_t used = 0;
 };
@@ -478,6 +515,73 @@ bool in_device(const void *p, size_t n)
     if (it == m.dev.begin()) return false;
     --it;
     return a >= it->first && a + n <= it->first + it->second;
+}
+
+bool is_legacy(cudaStream_t s) { return s == nullptr || s == cudaStreamLegacy; }
+
+std::atomic<int> g_captures{0}; // streams capturing now (a quick test before the lock)
+
+// A registered stream, or nullptr (lock held).
+CUstream_st *find_stream(cudaStream_t s)
+{
+    if (is_legacy(s) || s == cudaStreamPerThread) return nullptr;
+    return mem().streams.count(s) ? s : nullptr;
+}
+
+// A "potentially unsafe" call (a synchronous copy or memset, cudaDeviceSynchronize, cudaFree): while a capture
+// begun in Global mode (any thread) or in ThreadLocal mode (this thread) is open, CUDA refuses it and
+// invalidates that capture.
+cudaError_t unsafe_call()
+{
+    if (g_captures.load() == 0) return cudaSuccess;
+    std::lock_guard<std::mutex> g(mem().mu);
+    bool hit = false;
+    for (const void *p : mem().streams) {
+        CUstream_st *s = const_cast<CUstream_st *>(static_cast<const CUstream_st *>(p));
+        if (s->cap == cudaStreamCaptureStatusNone) continue;
+        if (s->mode == cudaStreamCaptureModeGlobal ||
+            (s->mode == cudaStreamCaptureModeThreadLocal && s->thread == std::this_thread::get_id())) {
+            s->cap = cudaStreamCaptureStatusInvalidated;
+            hit = true;
+        }
+    }
+    return hit ? cudaErrorStreamCaptureUnsupported : cudaSuccess;
+}
+
+// Work on the legacy stream, which would wait for every blocking stream: refused while one of them captures
+// (and that capture is invalidated).
+cudaError_t legacy_call(cudaStream_t st)
+{
+    if (!is_legacy(st) || g_captures.load() == 0) return cudaSuccess;
+    std::lock_guard<std::mutex> g(mem().mu);
+    bool hit = false;
+    for (const void *p : mem().streams) {
+        CUstream_st *s = const_cast<CUstream_st *>(static_cast<const CUstream_st *>(p));
+        if (s->cap == cudaStreamCaptureStatusNone || (s->flags & cudaStreamNonBlocking)) continue;
+        s->cap = cudaStreamCaptureStatusInvalidated;
+        hit = true;
+    }
+    return hit ? cudaErrorStreamCaptureImplicit : cudaSuccess;
+}
+
+// Records node nd on stream st when st is capturing (true; *out: the call's result), else false (run it now).
+// check: the call's own validation; a failed one invalidates the capture, as on CUDA.
+bool record_node(cudaStream_t st, node_t &&nd, cudaError_t check, cudaError_t *out)
+{
+    if (g_captures.load() == 0) return false;
+    std::lock_guard<std::mutex> g(mem().mu);
+    CUstream_st *s = find_stream(st);
+    if (s == nullptr || s->cap == cudaStreamCaptureStatusNone) return false;
+    if (s->cap == cudaStreamCaptureStatusInvalidated) *out = cudaErrorStreamCaptureInvalidated;
+    else if (check != cudaSuccess) {
+        s->cap = cudaStreamCaptureStatusInvalidated;
+        *out = check;
+    } else {
+        if (nd.kind == NODE_EVENT) nd.event->captured = true;
+        s->nodes.push_back(std::move(nd));
+        *out = cudaSuccess;
+    }
+    return true;
 }
 
 bool stream_ok(cudaStream_t s)
@@ -576,34 +680,33 @@ void *shared_dynamic()
     return tl_blk->dyn.data();
 }
 
-void launch(const char *name, const void *func, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
-            body_fn body, void *ctx)
+namespace {
+
+// The launch's configuration as CUDA checks it.
+cudaError_t check_launch(const char *name, const void *func, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream)
 {
     const unsigned long long threads = (unsigned long long)block.x * block.y * block.z;
     if (threads == 0 || threads > (unsigned)kMaxThreads || block.x > 1024 || block.y > 1024 || block.z > 64 ||
-        grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535) {
-        set_error(cudaErrorInvalidConfiguration);
-        return;
-    }
+        grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.x > 2147483647u || grid.y > 65535 || grid.z > 65535)
+        return cudaErrorInvalidConfiguration;
     size_t limit = kDefaultDynamic;
     {
         std::lock_guard<std::mutex> g(mem().mu);
         auto it = mem().max_dyn.find(func);
         if (it != mem().max_dyn.end()) limit = (size_t)it->second;
     }
-    if (shmem > limit) {
-        set_error(cudaErrorInvalidValue);
-        return;
-    }
-    if (!stream_ok(stream)) {
-        set_error(cudaErrorInvalidResourceHandle);
-        return;
-    }
+    if (shmem > limit) return cudaErrorInvalidValue;
+    if (!stream_ok(stream)) return cudaErrorInvalidResourceHandle;
     if (tl_blk != nullptr) {
         fprintf(stderr, "kvpage CUDA emulator: kernel %s launched from device code (not emulated)\n", name);
-        set_error(cudaErrorNotSupported);
-        return;
+        return cudaErrorNotSupported;
     }
+    return cudaSuccess;
+}
+
+// Runs a checked launch to completion; cudaErrorLaunchFailure (and a message) when a block failed.
+cudaError_t run_launch(const char *name, dim3 grid, dim3 block, size_t shmem, body_fn body, void *ctx)
+{
     grid_job j;
     j.name = name;
     j.body = body;
@@ -618,8 +721,46 @@ void launch(const char *name, const void *func, dim3 grid, dim3 block, size_t sh
     }
     if (j.failed) {
         fprintf(stderr, "kvpage CUDA emulator: kernel %s failed: %s\n", name, j.why.c_str());
-        set_error(cudaErrorLaunchFailure);
+        return cudaErrorLaunchFailure;
     }
+    return cudaSuccess;
+}
+
+} // namespace
+
+void launch(const char *name, const void *func, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
+            body_fn body, void *ctx)
+{
+    cudaError_t e = check_launch(name, func, grid, block, shmem, stream);
+    if (e == cudaSuccess) e = legacy_call(stream);
+    if (e == cudaSuccess) e = run_launch(name, grid, block, shmem, body, ctx);
+    set_error(e);
+}
+
+bool capturing(cudaStream_t stream)
+{
+    if (g_captures.load() == 0) return false;
+    std::lock_guard<std::mutex> g(mem().mu);
+    CUstream_st *s = find_stream(stream);
+    return s != nullptr && s->cap != cudaStreamCaptureStatusNone;
+}
+
+void record_launch(const char *name, const void *func, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
+                   body_fn body, void *ctx, void (*free_ctx)(void *))
+{
+    node_t nd;
+    nd.kind = NODE_KERNEL;
+    nd.name = name;
+    nd.func = func;
+    nd.grid = grid;
+    nd.block = block;
+    nd.shmem = shmem;
+    nd.body = body;
+    nd.ctx = std::shared_ptr<void>(ctx, free_ctx);
+    const cudaError_t check = check_launch(name, func, grid, block, shmem, stream);
+    cudaError_t e;
+    if (record_node(stream, node_t(nd), check, &e)) set_error(e);
+    else launch(name, func, grid, block, shmem, stream, body, ctx); // the capture ended meanwhile
 }
 
 } // namespace kvp_emu
@@ -653,6 +794,12 @@ const char *cudaGetErrorName(cudaError_t e)
     case cudaErrorNotReady: return "cudaErrorNotReady";
     case cudaErrorNoDevice: return "cudaErrorNoDevice";
     case cudaErrorInvalidMemcpyDirection: return "cudaErrorInvalidMemcpyDirection";
+    case cudaErrorIllegalState: return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported: return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated: return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit: return "cudaErrorStreamCaptureImplicit";
+    case cudaErrorStreamCaptureWrongThread: return "cudaErrorStreamCaptureWrongThread";
+    case cudaErrorCapturedEvent: return "cudaErrorCapturedEvent";
     default: return "cudaErrorUnknown";
     }
 }
@@ -671,6 +818,14 @@ const char *cudaGetErrorString(cudaError_t e)
     case cudaErrorNotReady: return "device not ready";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
     case cudaErrorInvalidMemcpyDirection: return "invalid copy direction for memcpy";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+        return "operation would make the legacy stream depend on a capturing blocking stream";
+    case cudaErrorStreamCaptureWrongThread:
+        return "attempt to terminate a thread-local capture sequence from another thread";
+    case cudaErrorCapturedEvent: return "operation not permitted on an event last recorded in a capturing stream";
     default: return "unknown error";
     }
 }
@@ -692,7 +847,12 @@ cudaError_t cudaGetDevice(int *device)
 }
 
 cudaError_t cudaDeviceReset(void) { return cudaSuccess; }
-cudaError_t cudaDeviceSynchronize(void) { return cudaSuccess; }
+cudaError_t cudaDeviceSynchronize(void)
+{
+    cudaError_t e = unsafe_call();
+    if (e == cudaSuccess) e = legacy_call(nullptr);
+    return ret(e);
+}
 
 cudaError_t cudaDriverGetVersion(int *v)
 {
@@ -782,6 +942,7 @@ cudaError_t cudaMalloc(void **p, size_t n)
 cudaError_t cudaFree(void *p)
 {
     if (p == nullptr) return cudaSuccess;
+    if (cudaError_t e = unsafe_call()) return ret(e); // cudaFree synchronizes the device
     auto &m = mem();
     std::lock_guard<std::mutex> g(m.mu);
     auto it = m.dev.find((uintptr_t)p);
@@ -795,12 +956,20 @@ cudaError_t cudaFree(void *p)
 cudaError_t cudaMallocAsync(void **p, size_t n, cudaStream_t s)
 {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    if (capturing(s)) {
+        fprintf(stderr, "kvpage CUDA emulator: cudaMallocAsync during stream capture (memory nodes) is not emulated\n");
+        return ret(cudaErrorNotSupported);
+    }
     return cudaMalloc(p, n);
 }
 
 cudaError_t cudaFreeAsync(void *p, cudaStream_t s)
 {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    if (capturing(s)) {
+        fprintf(stderr, "kvpage CUDA emulator: cudaFreeAsync during stream capture (memory nodes) is not emulated\n");
+        return ret(cudaErrorNotSupported);
+    }
     return cudaFree(p);
 }
 
@@ -830,6 +999,7 @@ cudaError_t cudaMallocHost(void **p, size_t n) { return cudaHostAlloc(p, n, 0); 
 cudaError_t cudaFreeHost(void *p)
 {
     if (p == nullptr) return cudaSuccess;
+    if (cudaError_t e = unsafe_call()) return ret(e);
     std::lock_guard<std::mutex> g(mem().mu);
     if (mem().host.erase((uintptr_t)p) == 0) return ret(cudaErrorInvalidValue);
     free(p);
@@ -866,18 +1036,47 @@ static cudaError_t check_copy(void *dst, const void *src, size_t n, enum cudaMem
     }
 }
 
-cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+static cudaError_t copy_now(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
 {
     cudaError_t e = check_copy(dst, src, n, kind);
-    if (e != cudaSuccess) return ret(e);
+    if (e != cudaSuccess) return e;
     if (n) memmove(dst, src, n);
     return cudaSuccess;
+}
+
+static cudaError_t check_set(void *p, size_t n)
+{
+    if (n == 0) return cudaSuccess;
+    std::lock_guard<std::mutex> g(mem().mu);
+    return in_device(p, n) ? cudaSuccess : cudaErrorInvalidValue;
+}
+
+static cudaError_t set_now(void *p, int value, size_t n)
+{
+    cudaError_t e = check_set(p, n);
+    if (e == cudaSuccess && n) std::memset(p, value, n);
+    return e;
+}
+
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind)
+{
+    cudaError_t e = unsafe_call();
+    if (e == cudaSuccess) e = legacy_call(nullptr);
+    if (e == cudaSuccess) e = copy_now(dst, src, n, kind);
+    return ret(e);
 }
 
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, enum cudaMemcpyKind kind, cudaStream_t s)
 {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
-    return cudaMemcpy(dst, src, n, kind);
+    node_t nd;
+    nd.kind = NODE_MEMCPY;
+    nd.dst = dst, nd.src = src, nd.n = n, nd.copy_kind = kind;
+    cudaError_t e;
+    if (record_node(s, std::move(nd), check_copy(dst, src, n, kind), &e)) return ret(e);
+    e = legacy_call(s);
+    if (e == cudaSuccess) e = copy_now(dst, src, n, kind);
+    return ret(e);
 }
 
 cudaError_t cudaMemcpy2D(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
@@ -895,31 +1094,41 @@ cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t 
                               enum cudaMemcpyKind kind, cudaStream_t s)
 {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
-    return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+    if (width > dpitch || width > spitch) return ret(cudaErrorInvalidValue);
+    for (size_t r = 0; r < height; r++) { // one copy (or copy node) a row
+        cudaError_t e = cudaMemcpyAsync((char *)dst + r * dpitch, (const char *)src + r * spitch, width, kind, s);
+        if (e != cudaSuccess) return e;
+    }
+    return cudaSuccess;
 }
 
 cudaError_t cudaMemset(void *p, int value, size_t n)
 {
-    if (n == 0) return cudaSuccess;
-    {
-        std::lock_guard<std::mutex> g(mem().mu);
-        if (!in_device(p, n)) return ret(cudaErrorInvalidValue);
-    }
-    std::memset(p, value, n);
-    return cudaSuccess;
+    cudaError_t e = unsafe_call();
+    if (e == cudaSuccess) e = legacy_call(nullptr);
+    if (e == cudaSuccess) e = set_now(p, value, n);
+    return ret(e);
 }
 
 cudaError_t cudaMemsetAsync(void *p, int value, size_t n, cudaStream_t s)
 {
     if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
-    return cudaMemset(p, value, n);
+    node_t nd;
+    nd.kind = NODE_MEMSET;
+    nd.dst = p, nd.n = n, nd.value = value;
+    cudaError_t e;
+    if (record_node(s, std::move(nd), check_set(p, n), &e)) return ret(e);
+    e = legacy_call(s);
+    if (e == cudaSuccess) e = set_now(p, value, n);
+    return ret(e);
 }
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned int flags)
 {
-    (void)flags;
     if (s == nullptr) return ret(cudaErrorInvalidValue);
-    auto *q = new CUstream_st{kStreamMagic};
+    auto *q = new CUstream_st();
+    q->magic = kStreamMagic;
+    q->flags = flags;
     std::lock_guard<std::mutex> g(mem().mu);
     mem().streams.insert(q);
     *s = q;
@@ -932,17 +1141,39 @@ cudaError_t cudaStreamDestroy(cudaStream_t s)
 {
     std::lock_guard<std::mutex> g(mem().mu);
     if (s == nullptr || mem().streams.erase(s) == 0) return ret(cudaErrorInvalidResourceHandle);
+    if (s->cap != cudaStreamCaptureStatusNone) g_captures--; // the capture ends with its stream
     delete s;
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamSynchronize(cudaStream_t s) { return stream_ok(s) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaStreamSynchronize(cudaStream_t s)
+{
+    if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    if (g_captures.load() > 0) {
+        std::lock_guard<std::mutex> g(mem().mu);
+        CUstream_st *q = find_stream(s);
+        if (q != nullptr && q->cap != cudaStreamCaptureStatusNone) { // its work is recorded, never run: any mode
+            q->cap = cudaStreamCaptureStatusInvalidated;
+            return ret(cudaErrorStreamCaptureUnsupported);
+        }
+    }
+    return ret(legacy_call(s));
+}
 cudaError_t cudaStreamQuery(cudaStream_t s) { return cudaStreamSynchronize(s); }
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned int flags)
 {
     (void)flags;
     if (!stream_ok(s) || !event_ok(e)) return ret(cudaErrorInvalidResourceHandle);
+    if (e->captured) { // a join into a capture from another stream: CUDA forks the capture; not emulated
+        std::lock_guard<std::mutex> g(mem().mu);
+        CUstream_st *q = find_stream(s);
+        if (q == nullptr || q->cap == cudaStreamCaptureStatusNone) {
+            fprintf(stderr, "kvpage CUDA emulator: a stream waits for an event recorded in a capture (fork/join across "
+                            "streams is not emulated)\n");
+            return ret(cudaErrorNotSupported);
+        }
+    }
     return cudaSuccess;
 }
 
@@ -950,7 +1181,7 @@ cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned int flags)
 {
     (void)flags;
     if (e == nullptr) return ret(cudaErrorInvalidValue);
-    auto *q = new CUevent_st{kEventMagic, false, 0.0};
+    auto *q = new CUevent_st{kEventMagic, false, 0.0, false};
     std::lock_guard<std::mutex> g(mem().mu);
     mem().events.insert(q);
     *e = q;
@@ -970,19 +1201,166 @@ cudaError_t cudaEventDestroy(cudaEvent_t e)
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s)
 {
     if (!event_ok(e) || !stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    node_t nd;
+    nd.kind = NODE_EVENT;
+    nd.event = e;
+    cudaError_t err;
+    if (record_node(s, std::move(nd), cudaSuccess, &err)) return ret(err);
+    if ((err = legacy_call(s)) != cudaSuccess) return ret(err);
     e->recorded = true;
+    e->captured = false;
     e->t = now_s();
     return cudaSuccess;
 }
 
-cudaError_t cudaEventSynchronize(cudaEvent_t e) { return event_ok(e) ? cudaSuccess : ret(cudaErrorInvalidResourceHandle); }
+cudaError_t cudaEventSynchronize(cudaEvent_t e)
+{
+    if (!event_ok(e)) return ret(cudaErrorInvalidResourceHandle);
+    return e->captured ? ret(cudaErrorCapturedEvent) : cudaSuccess;
+}
 cudaError_t cudaEventQuery(cudaEvent_t e) { return cudaEventSynchronize(e); }
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b)
 {
     if (ms == nullptr) return ret(cudaErrorInvalidValue);
     if (!event_ok(a) || !event_ok(b) || !a->recorded || !b->recorded) return ret(cudaErrorInvalidResourceHandle);
+    if (a->captured || b->captured) return ret(cudaErrorCapturedEvent);
     *ms = (float)((b->t - a->t) * 1e3);
+    return cudaSuccess;
+}
+
+// ---------------------------------------------------------------- stream capture and graphs
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode)
+{
+    if (mode != cudaStreamCaptureModeGlobal && mode != cudaStreamCaptureModeThreadLocal &&
+        mode != cudaStreamCaptureModeRelaxed)
+        return ret(cudaErrorInvalidValue);
+    if (is_legacy(s)) return ret(cudaErrorStreamCaptureUnsupported);
+    if (s == cudaStreamPerThread) {
+        fprintf(stderr, "kvpage CUDA emulator: capture on cudaStreamPerThread is not emulated (use a created stream)\n");
+        return ret(cudaErrorNotSupported);
+    }
+    std::lock_guard<std::mutex> g(mem().mu);
+    CUstream_st *q = find_stream(s);
+    if (q == nullptr) return ret(cudaErrorInvalidResourceHandle);
+    if (q->cap != cudaStreamCaptureStatusNone) return ret(cudaErrorIllegalState);
+    q->cap = cudaStreamCaptureStatusActive;
+    q->mode = mode;
+    q->thread = std::this_thread::get_id();
+    q->nodes.clear();
+    g_captures++;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamIsCapturing(cudaStream_t s, enum cudaStreamCaptureStatus *status)
+{
+    if (status == nullptr) return ret(cudaErrorInvalidValue);
+    if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    std::lock_guard<std::mutex> g(mem().mu);
+    if (is_legacy(s)) { // the null stream while a blocking stream captures: an error, nothing invalidated
+        for (const void *p : mem().streams) {
+            const CUstream_st *q = static_cast<const CUstream_st *>(p);
+            if (q->cap != cudaStreamCaptureStatusNone && !(q->flags & cudaStreamNonBlocking))
+                return ret(cudaErrorStreamCaptureImplicit);
+        }
+        *status = cudaStreamCaptureStatusNone;
+        return cudaSuccess;
+    }
+    CUstream_st *q = find_stream(s);
+    *status = q ? q->cap : cudaStreamCaptureStatusNone;
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph)
+{
+    if (graph == nullptr) return ret(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> g(mem().mu);
+    CUstream_st *q = find_stream(s);
+    if (q == nullptr || q->cap == cudaStreamCaptureStatusNone) return ret(cudaErrorIllegalState);
+    if (q->mode != cudaStreamCaptureModeRelaxed && q->thread != std::this_thread::get_id())
+        return ret(cudaErrorStreamCaptureWrongThread);
+    const bool invalid = q->cap == cudaStreamCaptureStatusInvalidated;
+    q->cap = cudaStreamCaptureStatusNone;
+    g_captures--;
+    std::vector<node_t> nodes;
+    nodes.swap(q->nodes);
+    if (invalid) {
+        *graph = nullptr;
+        return ret(cudaErrorStreamCaptureInvalidated);
+    }
+    auto *gr = new CUgraph_st();
+    gr->magic = kGraphMagic;
+    gr->nodes = std::move(nodes);
+    mem().graphs.insert(gr);
+    *graph = gr;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags)
+{
+    (void)flags; // upload, auto-free and device-launch flags change nothing here
+    if (exec == nullptr) return ret(cudaErrorInvalidValue);
+    std::lock_guard<std::mutex> g(mem().mu);
+    if (graph == nullptr || mem().graphs.count(graph) == 0) return ret(cudaErrorInvalidValue);
+    auto *x = new CUgraphExec_st();
+    x->magic = kExecMagic;
+    x->nodes = graph->nodes; // kernel parameters shared, not copied: both are immutable
+    mem().execs.insert(x);
+    *exec = x;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphInstantiateWithFlags(cudaGraphExec_t *exec, cudaGraph_t graph, unsigned long long flags)
+{
+    return cudaGraphInstantiate(exec, graph, flags);
+}
+
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s)
+{
+    std::vector<node_t> nodes;
+    {
+        std::lock_guard<std::mutex> g(mem().mu);
+        if (exec == nullptr || mem().execs.count(exec) == 0) return ret(cudaErrorInvalidValue);
+        nodes = exec->nodes; // the exec may be destroyed while it runs (from another thread)
+    }
+    if (!stream_ok(s)) return ret(cudaErrorInvalidResourceHandle);
+    if (capturing(s)) { // a graph launched into a capture: its nodes join the capture, in order
+        for (node_t &nd : nodes) {
+            cudaError_t e;
+            if (record_node(s, std::move(nd), cudaSuccess, &e) && e != cudaSuccess) return ret(e);
+        }
+        return cudaSuccess;
+    }
+    if (cudaError_t e = legacy_call(s)) return ret(e);
+    for (const node_t &nd : nodes) {
+        cudaError_t e = cudaSuccess;
+        switch (nd.kind) {
+        case NODE_KERNEL: e = run_launch(nd.name, nd.grid, nd.block, nd.shmem, nd.body, nd.ctx.get()); break;
+        case NODE_MEMCPY: e = copy_now(nd.dst, nd.src, nd.n, nd.copy_kind); break;
+        case NODE_MEMSET: e = set_now(nd.dst, nd.value, nd.n); break;
+        case NODE_EVENT:
+            if (event_ok(nd.event)) nd.event->recorded = true, nd.event->captured = false, nd.event->t = now_s();
+            break;
+        }
+        if (e != cudaSuccess) return ret(e); // the later nodes do not run
+    }
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec)
+{
+    std::lock_guard<std::mutex> g(mem().mu);
+    if (exec == nullptr || mem().execs.erase(exec) == 0) return ret(cudaErrorInvalidValue);
+    delete exec;
+    return cudaSuccess;
+}
+
+cudaError_t cudaGraphDestroy(cudaGraph_t graph)
+{
+    std::lock_guard<std::mutex> g(mem().mu);
+    if (graph == nullptr || mem().graphs.erase(graph) == 0) return ret(cudaErrorInvalidValue);
+    delete graph;
     return cudaSuccess;
 }
 

@@ -34,7 +34,31 @@
  *     KVPAGE_EMU_DEVICE_MEM bytes (default 8 GiB; suffixes K, M, G) minus what is allocated; cudaMemcpy
  *     checks that its device side lies inside one allocation. Launches, copies and memsets run to completion
  *     before the call returns (every stream is synchronous); events record the host clock.
- * Limits: no asm, textures, cooperative groups, clusters, graphs or managed memory; timings are meaningless;
+ *   - Stream capture (CUDA graphs), on streams made by cudaStreamCreate(WithFlags):
+ *
+ *       cudaStreamBeginCapture(s, mode)        s records instead of running:
+ *         KVP_LAUNCH(k, ..., s, args...)  ->   kernel node: grid, block, shared bytes and a copy of args taken
+ *         cudaMemcpyAsync / cudaMemsetAsync    now (as CUDA copies kernel parameters); copy and memset nodes
+ *         (also cudaMemcpy2DAsync, a graph      keep their pointers: the bytes are read when the node runs
+ *          launched into s, cudaEventRecord)
+ *       cudaStreamEndCapture(s, &graph)    ->  the nodes in issue order (a chain: one stream, no fork/join)
+ *       cudaGraphInstantiate(&exec, graph, flags); cudaGraphLaunch(exec, s2): runs the nodes in order, now
+ *
+ *     What CUDA refuses during a capture fails here too and invalidates the capture (cudaStreamIsCapturing
+ *     says cudaStreamCaptureStatusInvalidated; later work on s fails with cudaErrorStreamCaptureInvalidated,
+ *     and cudaStreamEndCapture returns that error and a NULL graph): synchronizing or querying the capturing
+ *     stream (cudaErrorStreamCaptureUnsupported, any mode); the "potentially unsafe" calls cudaMemcpy,
+ *     cudaMemset, cudaMemcpy2D, cudaDeviceSynchronize, cudaFree, cudaFreeHost while a Global capture is open
+ *     in any thread or a ThreadLocal one in this thread (cudaErrorStreamCaptureUnsupported; Relaxed allows
+ *     them); work on the legacy stream while a blocking stream captures (cudaErrorStreamCaptureImplicit); a
+ *     bad launch configuration or copy on the capturing stream (its own error). cudaMalloc and cudaHostAlloc
+ *     are allowed. Beginning a capture on the legacy stream fails with cudaErrorStreamCaptureUnsupported, on a
+ *     capturing stream with cudaErrorIllegalState; ending one from another thread (not Relaxed) with
+ *     cudaErrorStreamCaptureWrongThread; cudaEventQuery/Synchronize of an event recorded in a capture with
+ *     cudaErrorCapturedEvent.
+ * Limits: no asm, textures, cooperative groups, clusters or managed memory; graphs only by stream capture on
+ * one stream (no cudaGraphAdd*Node, no fork/join across streams through events, no cudaMallocAsync nodes,
+ * no capture on cudaStreamPerThread, no graph update); timings are meaningless;
  * floating-point results may differ from a GPU's in the last bits (no fused multiply-add contraction
  * guarantees, host libm instead of CUDA's device math).
  */
@@ -120,6 +144,15 @@ template <class F, class Tuple> struct launch_ctx {
     Tuple args;
 };
 
+/* Stream capture (cuda_emu.cpp): whether `stream` is capturing, so that a launch on it is recorded. */
+bool capturing(cudaStream_t stream);
+/* Records a launch into the capture of `stream` (or runs it, when the capture ended meanwhile). ctx is the
+ * graph's from here on: free_ctx(ctx) deletes it when the last graph holding it is destroyed, or at once. */
+void record_launch(const char *name, const void *func, dim3 grid, dim3 block, size_t shmem, cudaStream_t stream,
+                   body_fn body, void *ctx, void (*free_ctx)(void *));
+
+template <class C> void free_launch_ctx(void *c) { delete static_cast<C *>(c); }
+
 template <class F, class Tuple> void run_body(void *c)
 {
     auto *ctx = static_cast<launch_ctx<F, Tuple> *>(c);
@@ -132,7 +165,14 @@ void launch_kernel(const char *name, void (*func)(P...), dim3 grid, dim3 block, 
                    A &&...args)
 {
     using tuple_t = std::tuple<typename std::decay<P>::type...>;
-    launch_ctx<void (*)(P...), tuple_t> ctx{func, tuple_t(std::forward<A>(args)...)};
+    using ctx_t = launch_ctx<void (*)(P...), tuple_t>;
+    if (capturing(stream)) { /* the parameters are copied now; the graph's replays read this copy */
+        record_launch(name, reinterpret_cast<const void *>(func), grid, block, shmem, stream,
+                      &run_body<void (*)(P...), tuple_t>, new ctx_t{func, tuple_t(std::forward<A>(args)...)},
+                      &free_launch_ctx<ctx_t>);
+        return;
+    }
+    ctx_t ctx{func, tuple_t(std::forward<A>(args)...)};
     launch(name, reinterpret_cast<const void *>(func), grid, block, shmem, stream, &run_body<void (*)(P...), tuple_t>,
            &ctx);
 }

@@ -193,7 +193,7 @@ void kvp_device_opts_usage(FILE *f)
             "  --gpu-memory-utilization F  share of the GPU's memory to use (default 0.9): weights, the activation\n"
             "                            peak of a profiling pass at the largest batch, and KV blocks in the rest\n"
             "  --kv-cache-memory BYTES   the KV pools' size instead of what the split leaves (vLLM's option)\n"
-            "  --enforce-eager           no CUDA-graph batch buckets for decode steps\n"
+            "  --enforce-eager           no CUDA graphs (nor their batch buckets) for decode steps\n"
             "  --cuda-attention A        paged (default): attention/cuda's split-KV decode and FlashAttention-2\n"
             "                            prefill kernels; rowwise: one warp per query row, the same result for a\n"
             "                            row in any batch (the CPU's batch-invariant form), slower\n");

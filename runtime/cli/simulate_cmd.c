@@ -543,6 +543,7 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
     double wall = kvp_now_s() - t0;
     kvp_sim_stats ss;
     kvp_sim_executor_stats(&ex, &ss); /* zeros for the cpu executor */
+    if (cuda && st == KVP_OK && kvp_cuda_executor_info(&ex, &cuda_info) == KVP_OK) kvp_cuda_info_log(&cuda_info);
     kvp_free(per_req);
     kvp_workload_destroy(w);
     kvp_executor_destroy(&ex);

@@ -15,7 +15,10 @@
  * host pools), copy-on-write (one launch), then the forward pass on the compute stream over the step's pack
  * (kvp_cuda_pack: every array the kernels read, laid out in one pinned buffer and uploaded with one copy).
  * Decode steps are padded to a CUDA-graph bucket (kvp_cuda_graph_bucket; --enforce-eager: none): rows added
- * write no KV (slot -1) and return no logits. What runs where, and what has not run on a GPU: docs/cuda-executor.md.
+ * write no KV (slot -1) and return no logits. The forward pass of a bucket is captured as a CUDA graph on its
+ * first step and replayed on every later step of that bucket: the pack's sections up to the page indices lie
+ * at offsets that depend only on the bucket's row count, so one graph serves every batch of the bucket.
+ * What runs where, and what has not run on a GPU: docs/cuda-executor.md.
  *
  * Builds: nvcc (KVPAGE_CUDA=ON with a CUDA toolkit) runs on the GPU; the emulated build runs the same kernels
  * on the project's CPU emulator of CUDA; without either, creating the executor fails with KVP_ENODEVICE.
@@ -45,7 +48,7 @@ typedef struct {
     int device;                    /* N of cuda:N */
     double gpu_memory_utilization; /* (0, 1], default 0.9 */
     int64_t kv_cache_memory;       /* bytes of KV pools; -1: from the split */
-    int enforce_eager;             /* 1: no CUDA-graph buckets */
+    int enforce_eager;             /* 1: no CUDA-graph buckets, no graphs */
     kvp_dtype weights;             /* KVP_DTYPE_F32 or KVP_DTYPE_BF16 on the device; KVP_DTYPE_COUNT: auto
                                       (f32 for an f32 checkpoint, else bf16) */
     uint64_t random_seed;          /* --random-weights: the seed */
@@ -84,20 +87,23 @@ int32_t kvp_cuda_graph_buckets(int32_t max_num_seqs, int32_t *out);
 /* The smallest bucket >= n, or -1 (run eagerly: n above every bucket, or no buckets). */
 int32_t kvp_cuda_graph_bucket(const int32_t *buckets, int32_t n_buckets, int32_t n);
 
-/* ---- the step pack: every array the kernels read, one buffer, one upload. Sections, 16-byte aligned:
+/* ---- the step pack: every array the kernels read, one buffer, one upload. Sections, 16-byte aligned, in
+ * this order: every offset up to kv_indices depends on T (and rot) only, so a graph captured for a T-row
+ * pack reads any later T-row pack correctly:
  *
  *   slots      int64 [T]      slot mapping (-1 for padding rows)
  *   tokens     int32 [T]      (0 for padding rows)
  *   kv_begin   int32 [T]      row t's pages start at kv_indices[kv_begin[t]] (its sequence's)
  *   len        int32 [T]      keys row t attends to: its position in the sequence + 1
- *   kv_indices int32 [P]      the CSR page table's indices, then one page per padding row (or one spare)
- *   rows       int32 [S]      token row of each logits row
+ *   rows       int32 [T]      token row of each logits row (S of them; rows S.. T-1 hold their own index)
  *   cs, csl    f32 [T, rot]   RoPE cos/sin of each row's position (csl: sliding layers, when they differ)
+ *   seq_indptr int32 [T + 1]  per sequence (N + 1 used), for attention/cuda's kernels: where its pages start
+ *                             in kv_indices
+ *   seq_last   int32 [T]      tokens in its last page (N used)
+ *   seq_qo     int32 [T + 1]  its first row (rows qo[s] .. qo[s + 1] are its last tokens; N + 1 used)
+ *   kv_indices int32 [P]      the CSR page table's indices, then one page per padding row (or one spare)
  *   pairs      int32 [2 C]    copy-on-write (src, dst) pairs
- *   seq_indptr int32 [N + 1]  per sequence, for attention/cuda's kernels: its pages start at kv_indices[..]
- *   seq_last   int32 [N]      tokens in its last page
- *   seq_qo     int32 [N + 1]  its first row (rows qo[s] .. qo[s + 1] are its last tokens)
- * N = the batch's sequences + one one-row sequence per padding row (on the extra page).
+ * N = the batch's sequences + one one-row sequence per padding row (each on a page of its own).
  */
 typedef struct {
     int32_t T;     /* rows computed: the batch's tokens plus padding */
@@ -107,10 +113,10 @@ typedef struct {
     int32_t C;     /* copy-on-write pairs */
     int32_t rot;
     int local;     /* csl present */
-    int32_t N;     /* sequences, padding rows included */
+    int32_t N;     /* sequences, padding rows included (<= T) */
     int decode;    /* 1: every sequence has one row */
-    size_t off_slots, off_tokens, off_kv_begin, off_len, off_indices, off_rows, off_cs, off_csl, off_pairs;
-    size_t off_seq_indptr, off_seq_last, off_seq_qo;
+    size_t off_slots, off_tokens, off_kv_begin, off_len, off_rows, off_cs, off_csl, off_seq_indptr, off_seq_last,
+        off_seq_qo, off_indices, off_pairs;
     size_t bytes;
 } kvp_cuda_pack_layout;
 
@@ -146,6 +152,10 @@ typedef struct {
     kvp_dtype weights;
     int32_t graph_buckets; /* 0 with --enforce-eager */
     kvp_cuda_attention attention; /* what runs (paged falls back to rowwise for an unsupported head_dim) */
+    /* CUDA graphs so far (kvp_cuda_executor_info; 0 at creation): */
+    int32_t graphs_captured; /* captures (one per bucket used; again after the step pack's buffer grew) */
+    int64_t graph_replays;   /* decode steps run by launching a captured graph (a capture's own step too) */
+    double graph_capture_s;  /* host time spent capturing and instantiating */
 } kvp_cuda_info;
 
 /* The executor over model m (borrowed; NULL with random weights: cfg then gives the shape and it owns its
@@ -158,17 +168,21 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
                                     kvp_dtype kv_dtype, int32_t max_tokens, int32_t max_seqs, kvp_executor *out,
                                     kvp_cuda_info *info);
 
+/* The info of a cuda executor now (its graph counts included); KVP_EINVAL for another executor. */
+kvp_status kvp_cuda_executor_info(const kvp_executor *ex, kvp_cuda_info *out);
+
 /* kvp_cpu_session_create's twin: a session on a new cuda executor over m; cfg->num_blocks 0: the split's. */
 kvp_status kvp_cuda_session_create(kvp_model *m, const kvp_cuda_options *opts, const kvp_session_config *cfg,
                                    kvp_session **out, kvp_cuda_info *info);
 
-/* kvp_cpu_generate's twin. */
+/* kvp_cpu_generate's twin; info receives the executor's info after the run (graph counts included). */
 kvp_status kvp_cuda_generate(kvp_model *m, const kvp_cuda_options *opts, const kvp_session_config *cfg,
                              const kvp_session_request *reqs, int32_t n, kvp_session_result *results,
                              kvp_run_stats *stats, void (*on_step)(void *ctx, kvp_session *s), void *ctx,
                              kvp_cuda_info *info);
 
-/* Prints the split (stderr lines "cuda executor: ...") and adds it to a JSON object as "cuda" (may be NULL). */
+/* Prints the split and the graph counts (stderr lines "cuda executor: ...") and adds them to a JSON object as
+ * "cuda" (obj may be NULL). */
 struct cJSON;
 void kvp_cuda_info_log(const kvp_cuda_info *info);
 void kvp_cuda_info_json(const kvp_cuda_info *info, struct cJSON *obj);

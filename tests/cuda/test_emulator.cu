@@ -9,6 +9,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <thread>
+
 #define CK(call) cr_assert_eq((call), cudaSuccess, "%s: %s", #call, cudaGetErrorString(cudaGetLastError()))
 
 template <class T> static T *dalloc(size_t n)
@@ -440,4 +442,255 @@ Test(cuda_emu, memory_streams_events)
     CK(cudaStreamDestroy(st));
     CK(cudaFree(d));
     cr_assert_str_eq(cudaGetErrorString(cudaSuccess), "no error");
+}
+
+// ---- CUDA graphs by stream capture
+
+// out[i] = a * in[i] + b
+__global__ void axpb_kernel(int *out, const int *in, int a, int b, int n)
+{
+    const int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) out[i] = a * in[i] + b;
+}
+
+__global__ void add_kernel(int *x, int v, int n)
+{
+    const int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) x[i] += v;
+}
+
+__global__ void mul_kernel(int *x, int v, int n)
+{
+    const int i = (int)(blockIdx.x * blockDim.x + threadIdx.x);
+    if (i < n) x[i] *= v;
+}
+
+// A launch on a capturing stream runs nothing; replays use the parameters as they were at capture (the host
+// variable changed after it does not matter) and device memory as it is at replay.
+Test(cuda_emu, graph_replays_captured_parameters)
+{
+    KVP_REQUIRE_DEVICE();
+    const int n = 100;
+    int *in = dalloc<int>(n), *out = dalloc<int>(n), h[100], back[100];
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    cudaStreamCaptureStatus cs = cudaStreamCaptureStatusActive;
+    CK(cudaStreamIsCapturing(st, &cs));
+    cr_assert_eq(cs, cudaStreamCaptureStatusNone);
+    int a = 3;
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    CK(cudaStreamIsCapturing(st, &cs));
+    cr_assert_eq(cs, cudaStreamCaptureStatusActive);
+    auto *k = axpb_kernel;
+    KVP_LAUNCH(k, 2, 64, 0, st, out, (const int *)in, a, 7, n);
+    CK(cudaGetLastError());
+    a = 100; // after the capture: the graph keeps 3
+    cudaGraph_t g = nullptr;
+    CK(cudaStreamEndCapture(st, &g));
+    cr_assert_not_null(g);
+    CK(cudaStreamIsCapturing(st, &cs));
+    cr_assert_eq(cs, cudaStreamCaptureStatusNone);
+    d2h(back, out, n);
+    for (int i = 0; i < n; i++) cr_assert_eq(back[i], 0, "the captured launch ran at capture: out[%d] = %d", i, back[i]);
+    cudaGraphExec_t x = nullptr;
+    CK(cudaGraphInstantiate(&x, g, 0));
+    CK(cudaGraphDestroy(g)); // the executable graph stands alone
+    for (int round = 0; round < 2; round++) {
+        for (int i = 0; i < n; i++) h[i] = round == 0 ? i : 1000 - 7 * i;
+        CK(cudaMemcpy(in, h, sizeof h, cudaMemcpyHostToDevice));
+        CK(cudaGraphLaunch(x, st));
+        CK(cudaStreamSynchronize(st));
+        d2h(back, out, n);
+        for (int i = 0; i < n; i++)
+            cr_assert_eq(back[i], 3 * h[i] + 7, "round %d: out[%d] = %d, want %d (a = %d at capture)", round, i, back[i],
+                         3 * h[i] + 7, 3);
+    }
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaStreamDestroy(st));
+    CK(cudaFree(in));
+    CK(cudaFree(out));
+}
+
+// Nodes run in issue order: a copy from pinned host memory (read at replay), +1, x2, a memset, copies back.
+Test(cuda_emu, graph_runs_copies_memsets_kernels_in_order)
+{
+    KVP_REQUIRE_DEVICE();
+    const int n = 50;
+    int *hin, *hout, *d = dalloc<int>(n);
+    unsigned char *hbytes, *dbytes;
+    CK(cudaHostAlloc((void **)&hin, n * sizeof(int), cudaHostAllocDefault));
+    CK(cudaHostAlloc((void **)&hout, n * sizeof(int), cudaHostAllocDefault));
+    CK(cudaHostAlloc((void **)&hbytes, 64, cudaHostAllocDefault));
+    CK(cudaMalloc((void **)&dbytes, 64));
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    CK(cudaMemcpyAsync(d, hin, n * sizeof(int), cudaMemcpyHostToDevice, st));
+    auto *add = add_kernel;
+    auto *mul = mul_kernel;
+    KVP_LAUNCH(add, 1, 64, 0, st, d, 1, n);
+    KVP_LAUNCH(mul, 1, 64, 0, st, d, 2, n);
+    CK(cudaMemsetAsync(dbytes + 8, 0x5a, 40, st));
+    CK(cudaMemcpyAsync(hout, d, n * sizeof(int), cudaMemcpyDeviceToHost, st));
+    CK(cudaMemcpyAsync(hbytes, dbytes, 64, cudaMemcpyDeviceToHost, st));
+    CK(cudaGetLastError());
+    cudaGraph_t g;
+    CK(cudaStreamEndCapture(st, &g));
+    cudaGraphExec_t x;
+    CK(cudaGraphInstantiate(&x, g, 0));
+    for (int round = 0; round < 3; round++) {
+        for (int i = 0; i < n; i++) hin[i] = 5 * i - 40 + round, hout[i] = -1;
+        memset(hbytes, 0, 64);
+        CK(cudaMemset(dbytes, 0x11, 64));
+        CK(cudaGraphLaunch(x, st));
+        CK(cudaStreamSynchronize(st));
+        for (int i = 0; i < n; i++)
+            cr_assert_eq(hout[i], (hin[i] + 1) * 2, "round %d: [%d] = %d, want (x + 1) * 2 = %d", round, i, hout[i],
+                         (hin[i] + 1) * 2);
+        for (int i = 0; i < 64; i++)
+            cr_assert_eq(hbytes[i], i >= 8 && i < 48 ? 0x5a : 0x11, "round %d: byte %d = %#x", round, i, hbytes[i]);
+    }
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(st));
+    CK(cudaFreeHost(hin));
+    CK(cudaFreeHost(hout));
+    CK(cudaFreeHost(hbytes));
+    CK(cudaFree(dbytes));
+    CK(cudaFree(d));
+}
+
+// Ends a capture that must have been invalidated: the error, no graph, and the stream usable again.
+static void end_invalidated(cudaStream_t st, const char *what)
+{
+    cudaStreamCaptureStatus cs;
+    CK(cudaStreamIsCapturing(st, &cs));
+    cr_assert_eq(cs, cudaStreamCaptureStatusInvalidated, "%s: the capture is not invalidated (%d)", what, (int)cs);
+    cudaGraph_t g = (cudaGraph_t)&cs;
+    cr_assert_eq(cudaStreamEndCapture(st, &g), cudaErrorStreamCaptureInvalidated, "%s", what);
+    cr_assert_null(g, "%s: a graph from an invalidated capture", what);
+    (void)cudaGetLastError();
+    CK(cudaStreamIsCapturing(st, &cs));
+    cr_assert_eq(cs, cudaStreamCaptureStatusNone);
+}
+
+// What CUDA refuses during a capture, refused with CUDA's errors; what it allows, allowed.
+Test(cuda_emu, capture_refuses_what_cuda_refuses)
+{
+    KVP_REQUIRE_DEVICE();
+    int *d = dalloc<int>(64), h[64] = {0};
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaGraph_t g;
+    cr_assert_eq(cudaStreamEndCapture(st, &g), cudaErrorIllegalState, "ending a capture never begun");
+    (void)cudaGetLastError();
+    cr_assert_eq(cudaStreamBeginCapture(cudaStreamLegacy, cudaStreamCaptureModeGlobal), cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+
+    // allowed: cudaMalloc; refused: a second begin, synchronizing the capturing stream (any mode)
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    cr_assert_eq(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal), cudaErrorIllegalState);
+    (void)cudaGetLastError();
+    void *p = nullptr;
+    CK(cudaMalloc(&p, 256));
+    cudaStreamCaptureStatus cs;
+    CK(cudaStreamIsCapturing(st, &cs));
+    cr_assert_eq(cs, cudaStreamCaptureStatusActive, "cudaMalloc invalidated the capture");
+    cr_assert_eq(cudaStreamSynchronize(st), cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+    auto *add = add_kernel;
+    KVP_LAUNCH(add, 1, 64, 0, st, d, 1, 64);
+    cr_assert_eq(cudaGetLastError(), cudaErrorStreamCaptureInvalidated, "work on an invalidated capture");
+    end_invalidated(st, "cudaStreamSynchronize");
+    CK(cudaFree(p));
+
+    // Global: a synchronous copy and cudaDeviceSynchronize are refused
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    cr_assert_eq(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+    end_invalidated(st, "cudaMemcpy in a Global capture");
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    cr_assert_eq(cudaDeviceSynchronize(), cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+    end_invalidated(st, "cudaDeviceSynchronize in a Global capture");
+
+    // Relaxed: the synchronous copy is allowed (a non-blocking stream captures: the legacy stream does not wait for it)
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    CK(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost));
+    CK(cudaStreamIsCapturing(st, &cs));
+    cr_assert_eq(cs, cudaStreamCaptureStatusActive);
+    CK(cudaStreamEndCapture(st, &g));
+    CK(cudaGraphDestroy(g));
+
+    // a bad launch configuration on the capturing stream fails and invalidates the capture
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    KVP_LAUNCH(add, 1, 2048, 0, st, d, 1, 64);
+    cr_assert_eq(cudaGetLastError(), cudaErrorInvalidConfiguration);
+    end_invalidated(st, "a bad launch configuration");
+
+    // a blocking stream capturing: work on the legacy stream would depend on it
+    cudaStream_t blocking;
+    CK(cudaStreamCreate(&blocking));
+    CK(cudaStreamBeginCapture(blocking, cudaStreamCaptureModeRelaxed));
+    cr_assert_eq(cudaMemsetAsync(d, 0, sizeof h, (cudaStream_t)0), cudaErrorStreamCaptureImplicit);
+    (void)cudaGetLastError();
+    end_invalidated(blocking, "legacy-stream work during a blocking stream's capture");
+    CK(cudaStreamDestroy(blocking));
+
+    // the graph of a valid capture after all that still runs
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    KVP_LAUNCH(add, 1, 64, 0, st, d, 5, 64);
+    CK(cudaGetLastError());
+    CK(cudaStreamEndCapture(st, &g));
+    cudaGraphExec_t x;
+    CK(cudaGraphInstantiate(&x, g, 0));
+    CK(cudaMemset(d, 0, sizeof h));
+    CK(cudaGraphLaunch(x, st));
+    CK(cudaStreamSynchronize(st));
+    d2h(h, d, 64);
+    for (int i = 0; i < 64; i++) cr_assert_eq(h[i], 5);
+    CK(cudaGraphExecDestroy(x));
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(st));
+    CK(cudaFree(d));
+}
+
+// The capture mode decides whose unsafe calls are refused: ThreadLocal only the capturing thread's, Global
+// every thread's; a capture not begun Relaxed ends only in the thread that began it.
+Test(cuda_emu, capture_modes_scope_unsafe_calls)
+{
+    KVP_REQUIRE_DEVICE();
+    int *d = dalloc<int>(64), h[64];
+    cudaStream_t st;
+    CK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    cudaStreamCaptureStatus cs;
+    cudaError_t other = cudaErrorUnknown;
+
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+    std::thread([&] { other = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost); }).join();
+    cr_assert_eq(other, cudaSuccess, "ThreadLocal refused another thread's copy: %s", cudaGetErrorName(other));
+    CK(cudaStreamIsCapturing(st, &cs));
+    cr_assert_eq(cs, cudaStreamCaptureStatusActive);
+    cudaGraph_t g = nullptr;
+    std::thread([&] { other = cudaStreamEndCapture(st, &g); }).join();
+    cr_assert_eq(other, cudaErrorStreamCaptureWrongThread, "%s", cudaGetErrorName(other));
+    cr_assert_eq(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost), cudaErrorStreamCaptureUnsupported);
+    (void)cudaGetLastError();
+    end_invalidated(st, "cudaMemcpy in the ThreadLocal capture's thread");
+
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+    std::thread([&] {
+        other = cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost);
+        (void)cudaGetLastError();
+    }).join();
+    cr_assert_eq(other, cudaErrorStreamCaptureUnsupported, "%s", cudaGetErrorName(other));
+    end_invalidated(st, "another thread's cudaMemcpy during a Global capture");
+
+    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeRelaxed));
+    std::thread([&] { other = cudaStreamEndCapture(st, &g); }).join();
+    cr_assert_eq(other, cudaSuccess, "a Relaxed capture ends in any thread: %s", cudaGetErrorName(other));
+    cr_assert_not_null(g);
+    CK(cudaGraphDestroy(g));
+    CK(cudaStreamDestroy(st));
+    CK(cudaFree(d));
 }

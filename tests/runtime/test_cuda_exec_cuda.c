@@ -451,6 +451,10 @@ static void golden_run(kvp_model *m, int first, int32_t bs, int eager, int32_t m
     cr_assert_eq(info.weights, KVP_DTYPE_F32, "an f32 checkpoint stays f32 on the device");
     cr_assert_eq(info.graph_buckets > 0, !eager);
     cr_assert_eq(info.attention, att, "head_dim 8 has attention/cuda kernels");
+    if (eager) cr_assert(info.graphs_captured == 0 && info.graph_replays == 0, "--enforce-eager captured graphs");
+    else /* the decode steps: bucket 2 (both stories), bucket 1 (one alone) */
+        cr_assert(info.graphs_captured >= g.n && info.graph_replays > 2 * info.graphs_captured,
+                  "%d graphs captured, %lld replays", info.graphs_captured, (long long)info.graph_replays);
     cr_assert_eq(info.split.kv, 4 << 20);
     cr_assert_eq(info.split.num_blocks, (4 << 20) / info.split.block_bytes);
     for (int i = 0; i < g.n; i++) {
@@ -484,6 +488,99 @@ Test(cuda_exec, golden_story_from_safetensors, .timeout = 600)
     kvp_model *m;
     cr_assert_eq(kvp_model_load(S260 "/hf", &m), KVP_OK, "%s", kvp_error_detail());
     golden_run(m, 1, 16, 0, 2048, KVP_CUDA_ATTN_PAGED);
+    kvp_model_destroy(m);
+}
+
+/* ---------------------------------------------------------------- CUDA graphs against eager steps */
+
+enum { GBS = 16 };
+static const int32_t g_blocks[4][4] = {{7, 2, 30, 11}, {5, 19, 1, 24}, {33, 8, 14, 3}, {9, 27, 0, 16}};
+
+/* One step of sequences which[0..n) (n_new[i] new tokens each, ids tok, flat) over their cached ctx_len
+ * tokens and the pages of g_blocks, through ex; the one logits row of each sequence into out (n x vocab). */
+static void gstep(kvp_executor *ex, const int32_t *which, const int32_t *n_new, int n, const int32_t *tok,
+                  const int32_t *ctx_len, float *out, int32_t vocab)
+{
+    kvp_exec_seq seqs[4];
+    int32_t pos[64], qo[5] = {0}, kvi[5] = {0}, idx[16], last[4];
+    int64_t slot[64];
+    int t = 0, p = 0;
+    for (int i = 0; i < n; i++) {
+        const int s = which[i], c = ctx_len[s], L = c + n_new[i], pages = (L + GBS - 1) / GBS;
+        seqs[i] = (kvp_exec_seq){.req_id = s, .context_len = c, .num_new = n_new[i], .sample = 1, .tokens = tok + t,
+                                 .block_table = g_blocks[s], .num_blocks = pages};
+        for (int j = 0; j < n_new[i]; j++, t++) {
+            pos[t] = c + j;
+            slot[t] = (int64_t)g_blocks[s][pos[t] / GBS] * GBS + pos[t] % GBS;
+        }
+        for (int g = 0; g < pages; g++) idx[p++] = g_blocks[s][g];
+        qo[i + 1] = t;
+        kvi[i + 1] = p;
+        last[i] = L - GBS * (pages - 1);
+    }
+    kvp_exec_batch b = {.seqs = seqs, .n = n, .block_size = GBS,
+                        .flat = {.num_tokens = t, .tokens = tok, .positions = pos, .slot_mapping = slot, .qo_indptr = qo,
+                                 .kv_indptr = kvi, .kv_indices = idx, .kv_last_page_len = last, .num_rows = n}};
+    kvp_exec_result r;
+    cr_assert_eq(ex->step(ex->ctx, &b, &r), KVP_OK, "%s", kvp_error_detail());
+    cr_assert(r.logits && r.vocab == vocab);
+    memcpy(out, r.logits, (size_t)n * (size_t)vocab * sizeof(float));
+}
+
+/* Decode steps replayed from a bucket's graph give the eager executor's logits bit for bit, for different
+ * batches of one bucket (other sequences, positions, pages and order; a padded and a full one), and the
+ * replay reads each step's pack (its rows differ from the capture's). --enforce-eager captures nothing. */
+Test(cuda_exec, graph_replays_match_eager_logits, .timeout = 600)
+{
+    open_dev();
+    close_dev();
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(S260 "/stories260K.gguf", &m), KVP_OK, "%s", kvp_error_detail());
+    const int32_t V = (int32_t)kvp_model_cfg(m)->vocab_size;
+    kvp_executor ex[2]; /* [0] graphs, [1] --enforce-eager */
+    kvp_cuda_info info[2];
+    for (int e = 0; e < 2; e++) {
+        kvp_cuda_options o = kvp_cuda_options_default();
+        o.enforce_eager = e;
+        o.kv_cache_memory = 1 << 20;
+        cr_assert_eq(kvp_cuda_executor_create(m, NULL, &o, 0, GBS, 0, KVP_DTYPE_F32, 64, 4, &ex[e], &info[e]), KVP_OK,
+                     "%s", kvp_error_detail());
+        cr_assert_geq(info[e].split.num_blocks, 34);
+    }
+    cr_assert(info[0].graph_buckets == 3 && info[1].graph_buckets == 0, "buckets 1, 2, 4 for 4 sequences");
+    static float lg[2][4 * 512], prev[4 * 512];
+    cr_assert_leq(V, 512);
+    int32_t ctx_len[4] = {0, 0, 0, 0}, tok[64];
+    /* the prompts at once (eager on both), then decode steps of buckets 4 (capture), 4, 2 (capture), 4 */
+    const int32_t all[4] = {0, 1, 2, 3}, plen[4] = {5, 9, 3, 17};
+    for (int t = 0; t < 34; t++) tok[t] = (7 * t + 3) % V;
+    static const struct {
+        int n;
+        int32_t which[4];
+    } steps[] = {{4, {0, 1, 2, 3}}, {3, {0, 1, 2}}, {3, {3, 0, 1}}, {2, {2, 3}}, {4, {1, 3, 2, 0}}};
+    for (int k = 0; k < 5; k++) {
+        const int n = steps[k].n;
+        const int32_t *which = k ? steps[k].which : all;
+        int32_t n_new[4] = {1, 1, 1, 1};
+        if (k == 0) memcpy(n_new, plen, sizeof n_new);
+        else
+            for (int i = 0; i < n; i++) tok[i] = (101 + 13 * which[i] + 29 * k) % V;
+        for (int e = 0; e < 2; e++) gstep(&ex[e], which, n_new, n, tok, ctx_len, lg[e], V);
+        for (int i = 0; i < n * V; i++)
+            cr_assert(lg[0][i] == lg[1][i] || (lg[0][i] != lg[0][i] && lg[1][i] != lg[1][i]),
+                      "step %d row %d logit %d: graph %.9g, eager %.9g", k, i / V, i % V, lg[0][i], lg[1][i]);
+        for (int i = 0; i < n * V; i++) cr_assert(isfinite(lg[0][i]), "step %d: logit %d is %g", k, i, lg[0][i]);
+        if (k == 2) /* the replay of step 1's graph computed this batch, not the captured one */
+            cr_assert_neq(memcmp(lg[0], prev, (size_t)V * sizeof(float)), 0, "step 2 repeats step 1's first row");
+        memcpy(prev, lg[0], sizeof prev);
+        for (int i = 0; i < n; i++) ctx_len[which[i]] += n_new[i];
+    }
+    for (int e = 0; e < 2; e++) cr_assert_eq(kvp_cuda_executor_info(&ex[e], &info[e]), KVP_OK);
+    cr_assert(info[0].graphs_captured == 2 && info[0].graph_replays == 4, "%d graphs captured, %lld replays",
+              info[0].graphs_captured, (long long)info[0].graph_replays);
+    cr_assert(info[0].graph_capture_s > 0);
+    cr_assert(info[1].graphs_captured == 0 && info[1].graph_replays == 0, "--enforce-eager captured graphs");
+    for (int e = 0; e < 2; e++) kvp_executor_destroy(&ex[e]);
     kvp_model_destroy(m);
 }
 
@@ -527,6 +624,8 @@ Test(cuda_exec, generate_command_on_the_device, .timeout = 600)
     cr_assert_gt(cJSON_GetObjectItem(cu, "weights_bytes")->valuedouble, 0);
     cr_assert_gt(cJSON_GetObjectItem(cu, "activations_bytes")->valuedouble, 0);
     cr_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(cu, "attention")), "rowwise");
+    cr_assert_eq(cJSON_GetObjectItem(cu, "graphs_captured")->valuedouble, 1, "one sequence: bucket 1's graph");
+    cr_assert_eq(cJSON_GetObjectItem(cu, "graph_replays")->valuedouble, ngen - 1, "every decode step replayed");
     cJSON_Delete(out);
 }
 

@@ -123,13 +123,13 @@ Test(cuda_host, step_pack_layout_and_contents)
     kvp_cuda_pack_layout l;
     cr_assert_eq(kvp_cuda_pack_plan(&x.b, &pm, 8, &l), KVP_OK, "%s", kvp_error_message());
     cr_assert(l.T == 8 && l.T_real == 4 && l.S == 4 && l.P == 8 && l.C == 1 && !l.local && l.N == 6 && !l.decode);
-    const size_t offs[] = {l.off_slots, l.off_tokens, l.off_kv_begin, l.off_len, l.off_indices, l.off_rows, l.off_cs,
-                           l.off_pairs, l.off_seq_indptr, l.off_seq_last, l.off_seq_qo};
+    const size_t offs[] = {l.off_slots, l.off_tokens, l.off_kv_begin, l.off_len, l.off_rows, l.off_cs,
+                           l.off_seq_indptr, l.off_seq_last, l.off_seq_qo, l.off_indices, l.off_pairs};
     for (size_t i = 0; i < sizeof offs / sizeof offs[0]; i++) {
         cr_assert_eq(offs[i] % 16, 0, "section %zu is not 16-byte aligned", i);
         if (i) cr_assert_gt(offs[i], offs[i - 1]);
     }
-    cr_assert_geq(l.bytes, l.off_seq_qo + (size_t)(l.N + 1) * sizeof(int32_t));
+    cr_assert_geq(l.bytes, l.off_pairs + 2 * sizeof(int32_t));
     unsigned char *buf = calloc(1, l.bytes);
     kvp_cuda_pack_fill(&x.b, &pm, &l, buf);
     const int64_t *slots = (const int64_t *)(buf + l.off_slots);
@@ -150,6 +150,7 @@ Test(cuda_host, step_pack_layout_and_contents)
         }
     }
     for (int t = 4; t < 8; t++) { /* padding rows: no KV written, one key read from an extra page each */
+        cr_assert_eq(rows[t], t, "row %d past the logits rows names itself", t);
         cr_assert_eq(slots[t], -1);
         cr_assert_eq(tokens[t], 0);
         cr_assert_eq(len[t], 1);
@@ -177,6 +178,40 @@ Test(cuda_host, step_pack_layout_and_contents)
     rows = (const int32_t *)(buf + l.off_rows);
     cr_assert(rows[0] == 2 && rows[1] == 3);
     free(buf);
+}
+
+/* Two different batches padded to one bucket put every section the forward pass reads (up to and with the
+ * page indices' start) at the same offsets, so one captured graph reads either; only the copy pairs (read
+ * outside the graph) move with the page count. */
+Test(cuda_host, step_pack_layout_is_the_buckets)
+{
+    batch2 x;
+    batch2_make(&x);
+    double inv[4] = {1.0, 0.1, 0.01, 0.001};
+    const kvp_cuda_pack_model pm = {.vocab = 64, .max_len = 100, .num_blocks = 8, .block_size = 4, .inv_freq = inv,
+                                    .rope_scale = 1.0, .rot = 8};
+    kvp_cuda_pack_layout a, b;
+    cr_assert_eq(kvp_cuda_pack_plan(&x.b, &pm, 8, &a), KVP_OK, "%s", kvp_error_message());
+    /* three decode rows: 1, 3 and 2 pages (9, 12 and 5 cached tokens incl. the new one), no copies */
+    const int32_t tok[3] = {5, 6, 7}, pos[3] = {3, 11, 4}, qo[4] = {0, 1, 2, 3}, kvi[4] = {0, 1, 4, 6};
+    const int32_t idx[6] = {7, 0, 1, 2, 5, 6}, last[3] = {4, 4, 1};
+    const int64_t slot[3] = {31, 11, 24};
+    kvp_exec_seq seqs[3];
+    for (int i = 0; i < 3; i++)
+        seqs[i] = (kvp_exec_seq){.context_len = pos[i], .num_new = 1, .sample = 1, .tokens = tok + i};
+    kvp_exec_batch d = {.seqs = seqs, .n = 3, .block_size = 4,
+                        .flat = {.num_tokens = 3, .tokens = tok, .positions = pos, .slot_mapping = slot, .qo_indptr = qo,
+                                 .kv_indptr = kvi, .kv_indices = idx, .kv_last_page_len = last, .num_rows = 3}};
+    cr_assert_eq(kvp_cuda_pack_plan(&d, &pm, 8, &b), KVP_OK, "%s", kvp_error_message());
+    cr_assert(a.P != b.P && a.S != b.S && a.C != b.C, "the two batches must differ in pages, logits rows, copies");
+    cr_assert(a.T == b.T && a.off_slots == b.off_slots && a.off_tokens == b.off_tokens &&
+              a.off_kv_begin == b.off_kv_begin && a.off_len == b.off_len && a.off_rows == b.off_rows &&
+              a.off_cs == b.off_cs && a.off_csl == b.off_csl && a.off_seq_indptr == b.off_seq_indptr &&
+              a.off_seq_last == b.off_seq_last && a.off_seq_qo == b.off_seq_qo && a.off_indices == b.off_indices);
+    cr_assert(b.decode && b.N == 8, "a decode bucket: one sequence per row, padding included");
+    /* and at another bucket, other offsets */
+    cr_assert_eq(kvp_cuda_pack_plan(&d, &pm, 4, &b), KVP_OK);
+    cr_assert_neq(a.off_indices, b.off_indices);
 }
 
 /* What the kernels cannot read safely is refused before anything is written, naming the row or sequence. */
@@ -235,8 +270,8 @@ Test(cuda_host, executor_without_a_device_reports_it)
     st = kvp_cuda_executor_create(m, NULL, &o, 0, 16, 0, KVP_DTYPE_F32, 64, 4, &ex, &info);
     cr_assert_eq(st, KVP_ENODEVICE, "no cuda:9 here");
     o.device = 0;
-    cr_assert_eq(kvp_cuda_executor_create(m, NULL, &o, 0, 16, 0, KVP_DTYPE_FP8_E4M3, 64, 4, &ex, &info),
-                 KVP_EUNSUPPORTED);
+    cr_assert_eq(kvp_cuda_executor_create(m, NULL, &o, 0, 16, 0, KVP_DTYPE_COUNT, 64, 4, &ex, &info), KVP_EINVAL,
+                 "not a KV dtype");
     kvp_model_destroy(m);
 }
 

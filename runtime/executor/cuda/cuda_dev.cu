@@ -1,7 +1,8 @@
 /* runtime/executor/cuda/cuda_dev.cu — the cuda executor's device layer: CUDA runtime wrappers, the small
  * kernels of the forward pass and the GEMM interface (contract: cuda_dev.h). Built by kvp_cuda_library: nvcc
  * for sm_80 and sm_90, or the host C++ compiler against the project's CPU emulator of CUDA (KVPAGE_CUDA_EMU),
- * where cuBLAS is replaced by a CPU loop behind the same kvp_cudev_gemm. No inline PTX.
+ * where cuBLAS is replaced by a plain kernel behind the same kvp_cudev_gemm (a kernel, so that a graph
+ * capture records it as it records cuBLAS's). No inline PTX.
  *
  * The kernels are plain: one warp per row for reductions (RMSNorm, attention scores), grid-stride loops for
  * element-wise ops. Each mirrors a CPU op named in cuda_dev.h and is checked against it.
@@ -35,7 +36,12 @@ struct kvp_cudev {
     cudaStream_t compute, copy;
 #ifndef KVPAGE_CUDA_EMU
     cublasHandle_t blas;
+    void *blas_ws; /* cuBLAS's workspace, fixed for the device's life: a captured GEMM keeps using it */
 #endif
+};
+
+struct kvp_cudev_graph {
+    cudaGraphExec_t exec;
 };
 
 static kvp_status cuda_fail(cudaError_t e, const char *what)
@@ -103,13 +109,25 @@ extern "C" kvp_status kvp_cudev_open(int index, kvp_cudev **out, kvp_cudev_info 
         return cuda_fail(e, "cudaStreamCreate");
     }
 #ifndef KVPAGE_CUDA_EMU
-    cublasStatus_t bs = cublasCreate(&d->blas);
-    if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(d->blas, d->compute);
-    if (bs != CUBLAS_STATUS_SUCCESS) {
+    /* cuBLAS allocates a workspace of its own on first use unless given one; in a graph capture that would be
+     * an allocation outside the graph, so it gets a fixed one (cuBLAS's advice: 32 MiB on Hopper, 4 MiB before). */
+    const size_t ws_bytes = prop.major >= 9 ? (size_t)32 << 20 : (size_t)4 << 20;
+    e = cudaMalloc(&d->blas_ws, ws_bytes);
+    if (e != cudaSuccess) {
         cudaStreamDestroy(d->compute);
         cudaStreamDestroy(d->copy);
         free(d);
-        return KVP_ERR(KVP_ECUDA, "cuda executor: cublasCreate: status %d", (int)bs);
+        return cuda_fail(e, "cudaMalloc of cuBLAS's workspace");
+    }
+    cublasStatus_t bs = cublasCreate(&d->blas);
+    if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetStream(d->blas, d->compute);
+    if (bs == CUBLAS_STATUS_SUCCESS) bs = cublasSetWorkspace(d->blas, d->blas_ws, ws_bytes);
+    if (bs != CUBLAS_STATUS_SUCCESS) {
+        cudaFree(d->blas_ws);
+        cudaStreamDestroy(d->compute);
+        cudaStreamDestroy(d->copy);
+        free(d);
+        return KVP_ERR(KVP_ECUDA, "cuda executor: cublasCreate/SetStream/SetWorkspace: status %d", (int)bs);
     }
 #endif
     memset(info, 0, sizeof *info);
@@ -131,6 +149,7 @@ extern "C" void kvp_cudev_close(kvp_cudev *d)
     if (!d) return;
 #ifndef KVPAGE_CUDA_EMU
     cublasDestroy(d->blas);
+    cudaFree(d->blas_ws);
 #endif
     cudaStreamDestroy(d->compute);
     cudaStreamDestroy(d->copy);
@@ -459,6 +478,11 @@ extern "C" int kvp_cudev_paged_supported(kvp_dtype dtype, int32_t hd)
     return (unsigned)dtype < KVP_DTYPE_COUNT && kvp_attn_supported(dtype, hd);
 }
 
+extern "C" size_t kvp_cudev_paged_workspace_bytes(int32_t nseq, int32_t nq, int32_t hd)
+{
+    return kvp_attn_decode_cuda_workspace_bytes(nseq, nq, hd);
+}
+
 extern "C" kvp_status kvp_cudev_paged_attention(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_q,
                                                 int64_t q_tstride, float *d_qc, float *d_out, int64_t T, int64_t nq,
                                                 const kvp_cudev_pages *pg, int32_t window_left, float sm_scale,
@@ -484,6 +508,7 @@ extern "C" kvp_status kvp_cudev_paged_attention(kvp_cudev *d, const kvp_cudev_po
     ap.sm_scale = sm_scale, ap.window_left = window_left, ap.logits_soft_cap = cap > 0 ? cap : 0.0f;
     if (pg->decode) {
         ap.kv_chunk_size = pg->chunk;
+        ap.split_workspace = pg->d_split_ws, ap.split_workspace_bytes = pg->split_ws_bytes;
         return kvp_attn_decode_cuda(&kv, d_qc, d_out, &ap, d->compute);
     }
     return kvp_attn_prefill_cuda(&kv, d_qc, pg->d_qo, (int32_t)T, d_out, &ap, d->compute);
@@ -554,6 +579,27 @@ __global__ void to_bf16_kernel(__nv_bfloat16 *out, const float *x, int64_t ldx, 
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) out[blockIdx.x * K + i] = __float2bfloat16_rn(x[blockIdx.x * ldx + i]);
 }
 
+#ifdef KVPAGE_CUDA_EMU
+/* grid: (T), block: 32; thread j computes outputs j, j + 32, ... of row t, summing k in order (the CPU loop the
+ * emulated build always had). x is f32 or, with bf16 weights, the bf16 copy. */
+__global__ void gemm_emu_kernel(float *y, int64_t ldy, const void *x, int64_t ldx, const void *w, kvp_dtype wdt,
+                                int64_t N, int64_t K)
+{
+    const int64_t t = blockIdx.x;
+    for (int64_t o = threadIdx.x; o < N; o += blockDim.x) {
+        float s = 0.0f;
+        if (wdt == KVP_DTYPE_F32) {
+            const float *wr = (const float *)w + o * K, *xr = (const float *)x + t * ldx;
+            for (int64_t k = 0; k < K; k++) s += xr[k] * wr[k];
+        } else {
+            const __nv_bfloat16 *wr = (const __nv_bfloat16 *)w + o * K, *xr = (const __nv_bfloat16 *)x + t * ldx;
+            for (int64_t k = 0; k < K; k++) s += __bfloat162float(xr[k]) * __bfloat162float(wr[k]);
+        }
+        y[t * ldy + o] = s;
+    }
+}
+#endif
+
 extern "C" kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_x, int64_t ldx,
                                      const void *d_w, kvp_dtype wdt, int64_t T, int64_t N, int64_t K, void *d_scratch)
 {
@@ -569,22 +615,10 @@ extern "C" kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, cons
         lx = K;
     }
 #ifdef KVPAGE_CUDA_EMU
-    /* The CPU stand-in for cuBLAS: device memory is host memory under the emulator. Waits for the stream so
-     * the kernels before it have written x. */
-    KVP_TRY(kvp_cudev_sync(d, 0));
-    for (int64_t t = 0; t < T; t++)
-        for (int64_t o = 0; o < N; o++) {
-            float s = 0.0f;
-            if (wdt == KVP_DTYPE_F32) {
-                const float *w = (const float *)d_w + o * K, *xr = (const float *)x + t * lx;
-                for (int64_t k = 0; k < K; k++) s += xr[k] * w[k];
-            } else {
-                const __nv_bfloat16 *w = (const __nv_bfloat16 *)d_w + o * K, *xr = (const __nv_bfloat16 *)x + t * lx;
-                for (int64_t k = 0; k < K; k++) s += __bfloat162float(xr[k]) * __bfloat162float(w[k]);
-            }
-            d_y[t * ldy + o] = s;
-        }
-    return KVP_OK;
+    /* The stand-in for cuBLAS: a kernel on the compute stream (in order after the kernels that wrote x, and
+     * recorded by a capture like any launch). */
+    KVP_LAUNCH(gemm_emu_kernel, dim3((unsigned)T), dim3(32), 0, d->compute, d_y, ldy, x, lx, d_w, wdt, N, K);
+    return launched("gemm");
 #else
     /* Row-major y (T, N) is column-major y^T (N, T) = W (N, K) x^T: W's row-major storage is W^T column-major
      * (K, N), taken transposed. */
@@ -598,4 +632,53 @@ extern "C" kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, cons
                        (long long)N, (long long)K, (int)s);
     return KVP_OK;
 #endif
+}
+
+/* ---------------------------------------------------------------- CUDA graphs */
+
+extern "C" kvp_status kvp_cudev_capture_begin(kvp_cudev *d)
+{
+    CU_TRY(cudaStreamBeginCapture(d->compute, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+    return KVP_OK;
+}
+
+extern "C" kvp_status kvp_cudev_capture_end(kvp_cudev *d, kvp_cudev_graph **out)
+{
+    if (out) *out = NULL;
+    cudaGraph_t g = NULL;
+    cudaError_t e = cudaStreamEndCapture(d->compute, &g);
+    if (e != cudaSuccess) {
+        if (g) cudaGraphDestroy(g);
+        return cuda_fail(e, "cudaStreamEndCapture (a call in the forward pass cannot be captured)");
+    }
+    if (!out) {
+        cudaGraphDestroy(g);
+        return KVP_OK;
+    }
+    cudaGraphExec_t x = NULL;
+    e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g); /* the executable graph does not need it */
+    if (e != cudaSuccess) return cuda_fail(e, "cudaGraphInstantiate");
+    kvp_cudev_graph *r = (kvp_cudev_graph *)calloc(1, sizeof *r);
+    if (!r) {
+        cudaGraphExecDestroy(x);
+        return KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
+    }
+    r->exec = x;
+    *out = r;
+    return KVP_OK;
+}
+
+extern "C" kvp_status kvp_cudev_graph_launch(kvp_cudev *d, kvp_cudev_graph *g)
+{
+    CU_TRY(cudaGraphLaunch(g->exec, d->compute), "cudaGraphLaunch");
+    return KVP_OK;
+}
+
+extern "C" void kvp_cudev_graph_destroy(kvp_cudev *d, kvp_cudev_graph *g)
+{
+    (void)d;
+    if (!g) return;
+    cudaGraphExecDestroy(g->exec);
+    free(g);
 }

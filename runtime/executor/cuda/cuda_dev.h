@@ -117,12 +117,16 @@ kvp_status kvp_cudev_attention(kvp_cudev *d, const kvp_cudev_pool *p, const floa
 typedef struct {
     int32_t nseq, decode, chunk;
     const int32_t *d_indptr, *d_indices, *d_last, *d_qo; /* (nseq + 1), (indptr[nseq]), (nseq), (nseq + 1) */
+    void *d_split_ws;      /* decode's split-KV workspace (kvp_cudev_paged_workspace_bytes; NULL: stream-ordered */
+    size_t split_ws_bytes; /* allocation, which a graph capture cannot hold on the emulator) */
 } kvp_cudev_pages;
 kvp_status kvp_cudev_paged_attention(kvp_cudev *d, const kvp_cudev_pool *p, const float *d_q, int64_t q_tstride,
                                      float *d_qc, float *d_out, int64_t T, int64_t nq, const kvp_cudev_pages *pg,
                                      int32_t window_left, float sm_scale, float cap);
 /* 1 when kvp_cudev_paged_attention has kernels for this pool dtype and head dimension. */
 int kvp_cudev_paged_supported(kvp_dtype dtype, int32_t hd);
+/* Bytes of decode's split-KV workspace for nseq sequences of nq heads of hd. */
+size_t kvp_cudev_paged_workspace_bytes(int32_t nseq, int32_t nq, int32_t hd);
 /* Copy-on-write: block pairs[2i + 1] := pairs[2i] in every layer's K and V, all in one launch.
  * d_pools: (2 * layers) device pointers (K then V of each layer) of pool bytes block_bytes per block. */
 kvp_status kvp_cudev_copy_blocks(kvp_cudev *d, void *const *d_pools, int32_t n_pools, size_t block_bytes,
@@ -135,9 +139,29 @@ kvp_status kvp_cudev_fill(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, floa
 
 /* ---- GEMM: y (T, N) at ldy = x (T, K) at ldx times W^T, W (N, K) row-major of wdt (f32 or bf16), f32
  * accumulation. With bf16 weights x is first rounded to bf16 into d_scratch (T * K * 2 bytes; the caller's).
- * nvcc: cublasGemmEx (CUBLAS_COMPUTE_32F); emulated: a CPU loop summing k in order. Ref: matmul.c. */
+ * nvcc: cublasGemmEx (CUBLAS_COMPUTE_32F) with the fixed workspace given at open (cublasSetWorkspace), so it
+ * can be captured; emulated: a kernel of one thread per output summing k in order. Ref: matmul.c. */
 kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_x, int64_t ldx, const void *d_w,
                           kvp_dtype wdt, int64_t T, int64_t N, int64_t K, void *d_scratch);
+
+/* ---- CUDA graphs of the compute stream.
+ *
+ *   kvp_cudev_capture_begin(d)          the compute stream records instead of running (ThreadLocal mode:
+ *     kernels, copies, memsets, GEMMs     a synchronizing call of this thread fails and spoils the capture)
+ *   kvp_cudev_capture_end(d, &g)        the recorded work as an executable graph (g NULL: dropped)
+ *   kvp_cudev_graph_launch(d, g) ...    runs it on the compute stream, as often as wanted
+ *
+ * A graph replays the kernels with the arguments they had at capture (pointers, sizes, scalars) and reads
+ * device memory as it is at replay: what varies from one launch to the next must be in device buffers
+ * written before the launch. Between begin and end nothing may wait for the device (kvp_cudev_sync) or
+ * read a device value on the host. The graph is the caller's until kvp_cudev_graph_destroy (NULL: no-op). */
+typedef struct kvp_cudev_graph kvp_cudev_graph;
+kvp_status kvp_cudev_capture_begin(kvp_cudev *d);
+/* Always ends the capture (the stream records no more, also when capture failed); g non-NULL receives the
+ * instantiated graph. KVP_ECUDA naming the refused call's error when the capture was invalidated. */
+kvp_status kvp_cudev_capture_end(kvp_cudev *d, kvp_cudev_graph **g);
+kvp_status kvp_cudev_graph_launch(kvp_cudev *d, kvp_cudev_graph *g);
+void kvp_cudev_graph_destroy(kvp_cudev *d, kvp_cudev_graph *g);
 
 #ifdef __cplusplus
 }

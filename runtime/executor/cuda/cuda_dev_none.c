@@ -134,6 +134,12 @@ int kvp_cudev_paged_supported(kvp_dtype dtype, int32_t hd)
     return 0;
 }
 
+size_t kvp_cudev_paged_workspace_bytes(int32_t nseq, int32_t nq, int32_t hd)
+{
+    (void)nseq, (void)nq, (void)hd;
+    return 0;
+}
+
 kvp_status kvp_cudev_copy_blocks(kvp_cudev *d, void *const *d_pools, int32_t n_pools, size_t block_bytes, const int32_t *d_pairs, int32_t n_pairs)
 {
     (void)d, (void)d_pools, (void)n_pools, (void)block_bytes, (void)d_pairs, (void)n_pairs;
@@ -157,3 +163,21 @@ kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_
     (void)d, (void)d_y, (void)ldy, (void)d_x, (void)ldx, (void)d_w, (void)wdt, (void)T, (void)N, (void)K, (void)d_scratch;
     return NO_DEVICE;
 }
+
+kvp_status kvp_cudev_capture_begin(kvp_cudev *d)
+{
+    (void)d;
+    return NO_DEVICE;
+}
+kvp_status kvp_cudev_capture_end(kvp_cudev *d, kvp_cudev_graph **g)
+{
+    (void)d;
+    if (g) *g = NULL;
+    return NO_DEVICE;
+}
+kvp_status kvp_cudev_graph_launch(kvp_cudev *d, kvp_cudev_graph *g)
+{
+    (void)d, (void)g;
+    return NO_DEVICE;
+}
+void kvp_cudev_graph_destroy(kvp_cudev *d, kvp_cudev_graph *g) { (void)d, (void)g; }

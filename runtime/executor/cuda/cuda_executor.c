@@ -147,22 +147,24 @@ kvp_status kvp_cuda_pack_plan(const kvp_exec_batch *b, const kvp_cuda_pack_model
     if (T_pad != 0 && T_pad < f->num_tokens)
         return KVP_ERR(KVP_EINVAL, "cuda executor: padding to %d rows, below the batch's %d", T_pad, f->num_tokens);
     kvp_cuda_pack_layout l = {.T = T_pad ? T_pad : f->num_tokens, .T_real = f->num_tokens, .S = rows,
-                              .P = f->kv_indptr[b->n] + (T_pad > f->num_tokens ? T_pad - f->num_tokens : 1), .C = b->ops.n_copies, .rot = pm->rot,
+                              .P = f->kv_indptr[b->n] + (T_pad > f->num_tokens ? T_pad - f->num_tokens : 1),
+                              .C = b->ops.n_copies, .rot = pm->rot,
                               .local = pm->inv_freq_local != NULL, .decode = decode};
     l.N = b->n + (l.T - l.T_real);
     size_t at = 0;
+    /* T-sized sections first: their offsets, and kv_indices', depend on T and rot only (a graph's pack) */
     l.off_slots = at, at = align16(at + (size_t)l.T * sizeof(int64_t));
     l.off_tokens = at, at = align16(at + (size_t)l.T * sizeof(int32_t));
     l.off_kv_begin = at, at = align16(at + (size_t)l.T * sizeof(int32_t));
     l.off_len = at, at = align16(at + (size_t)l.T * sizeof(int32_t));
-    l.off_indices = at, at = align16(at + (size_t)l.P * sizeof(int32_t));
-    l.off_rows = at, at = align16(at + (size_t)l.S * sizeof(int32_t));
+    l.off_rows = at, at = align16(at + (size_t)l.T * sizeof(int32_t));
     l.off_cs = at, at = align16(at + (size_t)l.T * (size_t)l.rot * sizeof(float));
     l.off_csl = at, at = align16(at + (l.local ? (size_t)l.T * (size_t)l.rot * sizeof(float) : 0));
+    l.off_seq_indptr = at, at = align16(at + (size_t)(l.T + 1) * sizeof(int32_t)); /* N <= T */
+    l.off_seq_last = at, at = align16(at + (size_t)l.T * sizeof(int32_t));
+    l.off_seq_qo = at, at = align16(at + (size_t)(l.T + 1) * sizeof(int32_t));
+    l.off_indices = at, at = align16(at + (size_t)l.P * sizeof(int32_t));
     l.off_pairs = at, at = align16(at + 2 * (size_t)l.C * sizeof(int32_t));
-    l.off_seq_indptr = at, at = align16(at + (size_t)(l.N + 1) * sizeof(int32_t));
-    l.off_seq_last = at, at = align16(at + (size_t)l.N * sizeof(int32_t));
-    l.off_seq_qo = at, at = align16(at + (size_t)(l.N + 1) * sizeof(int32_t));
     l.bytes = at;
     *lay = l;
     return KVP_OK;
@@ -192,6 +194,7 @@ void kvp_cuda_pack_fill(const kvp_exec_batch *b, const kvp_cuda_pack_model *pm, 
         const int every = f->all_logits && f->all_logits[s];
         for (int32_t t = every ? q0 : q0 + nqs - 1; t < q0 + nqs; t++) rows[r++] = t;
     }
+    for (; r < l->T; r++) rows[r] = r; /* a bucket's LM head runs over all T rows; these are dropped */
     for (int32_t t = 0; t < l->T; t++) {
         const int real = t < l->T_real;
         slots[t] = real ? f->slot_mapping[t] : -1;
@@ -474,6 +477,8 @@ static kvp_status cu_model_random(kvp_cudev *d, const kvp_model_config *cfg, uin
 typedef struct {
     float *x, *h, *qkv, *o, *gu, *act, *fin, *logits; /* device activations */
     float *qc;                                        /* (T, QD) q packed for the paged kernels, or NULL */
+    void *split;                                      /* decode's split-KV workspace (paged), split_bytes */
+    size_t split_bytes;
     void *scratch;                                    /* bf16 GEMM input */
     void *pack;                                       /* the step pack on the device */
     int64_t T, S;                                     /* rows they hold */
@@ -500,6 +505,12 @@ typedef struct {
     float *h_logits;          /* pinned (rows, vocab) */
     size_t h_logits_cap;
     int32_t buckets[KVP_CUDA_MAX_BUCKETS], n_buckets;
+    /* CUDA graphs: graphs[i] replays the forward pass of a buckets[i]-row step over the pack at graph_pack
+     * (captured with layout graph_lay[i]); all are dropped when the pack's device buffer moves. */
+    kvp_cudev_graph *graphs[KVP_CUDA_MAX_BUCKETS];
+    kvp_cuda_pack_layout graph_lay[KVP_CUDA_MAX_BUCKETS];
+    uint8_t graph_failed[KVP_CUDA_MAX_BUCKETS]; /* 1: its capture failed; the bucket runs eagerly */
+    void *graph_pack;
     int profiling;            /* 1: the profiling pass (no KV, no attention) */
     int paged;                /* 1: attention/cuda's kernels (kvp_cuda_attention) */
 } cu_ctx;
@@ -507,7 +518,7 @@ typedef struct {
 static void ws_free(cu_ctx *c)
 {
     cu_ws *w = &c->ws;
-    void *ps[] = {w->x, w->h, w->qkv, w->o, w->gu, w->act, w->fin, w->logits, w->scratch, w->pack, w->qc};
+    void *ps[] = {w->x, w->h, w->qkv, w->o, w->gu, w->act, w->fin, w->logits, w->scratch, w->pack, w->qc, w->split};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(c->dev, ps[i]);
     memset(w, 0, sizeof *w);
 }
@@ -537,7 +548,12 @@ static kvp_status ws_alloc(cu_ctx *c, int64_t T, int64_t S, int64_t *bytes)
     WS(w->fin, S * H, 4);
     WS(w->logits, S * V, 4);
     WS(w->scratch, T * Kmax, 2);
-    if (c->paged) WS(w->qc, T * QD, 4);
+    if (c->paged) {
+        WS(w->qc, T * QD, 4);
+        /* a decode step has at most S sequences (max_num_seqs, or the largest graph bucket) */
+        w->split_bytes = kvp_cudev_paged_workspace_bytes((int32_t)S, (int32_t)m->num_q_heads, (int32_t)hd);
+        WS(w->split, w->split_bytes, 1);
+    }
 #undef WS
     w->T = T;
     w->S = S;
@@ -546,8 +562,11 @@ static kvp_status ws_alloc(cu_ctx *c, int64_t T, int64_t S, int64_t *bytes)
     return st;
 }
 
-/* One step's forward pass over the pack on the device (laid out as lay). */
-static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay)
+/* One step's forward pass over the pack on the device (laid out as lay). bucket 0: the LM head over the S
+ * logits rows (in chunks of ws.S), each chunk copied to h_logits, then the stream is waited for. bucket 1 (a
+ * decode step padded to its graph bucket): the LM head over all T rows at once into ws.logits, nothing
+ * copied back, nothing waited for, no host read of a device value: the whole call can be captured. */
+static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay, int bucket)
 {
     kvp_cudev *d = c->dev;
     const kvp_cuda_model *cm = c->cm;
@@ -566,7 +585,8 @@ static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay)
     const kvp_cudev_pages pages = {.nseq = lay->N, .decode = lay->decode, .chunk = KVP_CUDA_DECODE_CHUNK,
                                    .d_indptr = (const int32_t *)(pk + lay->off_seq_indptr), .d_indices = indices,
                                    .d_last = (const int32_t *)(pk + lay->off_seq_last),
-                                   .d_qo = (const int32_t *)(pk + lay->off_seq_qo)};
+                                   .d_qo = (const int32_t *)(pk + lay->off_seq_qo), .d_split_ws = w->split,
+                                   .split_ws_bytes = w->split_bytes};
     const float emb_scale = m->family == KVP_FAMILY_GEMMA2 ? sqrtf((float)H) : 1.0f;
     const float sm_scale = m->query_pre_attn_scalar > 0 ? (float)(1.0 / sqrt(m->query_pre_attn_scalar))
                                                         : (float)(1.0 / sqrt((double)hd));
@@ -604,6 +624,14 @@ static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay)
         if (L->post_ffn_norm) KVP_TRY(kvp_cudev_rmsnorm(d, w->h, H, w->h, H, L->post_ffn_norm, T, 1, H, eps, NULL));
         KVP_TRY(kvp_cudev_add(d, w->x, w->h, T * H));
     }
+    if (bucket) {
+        if (lay->T > w->S)
+            return KVP_ERR(KVP_EINVAL, "cuda executor: a %d-row bucket above the %lld logits rows sized", lay->T,
+                           (long long)w->S);
+        KVP_TRY(kvp_cudev_rmsnorm(d, w->fin, H, w->x, H, cm->out_norm, T, 1, H, eps, rows));
+        KVP_TRY(kvp_cudev_gemm(d, w->logits, V, w->fin, H, cm->lm_head, cm->wdt, T, V, H, w->scratch));
+        return kvp_cudev_softcap(d, w->logits, T * V, (float)m->final_logit_softcapping);
+    }
     /* The LM head over the logits rows, w->S at a time, each chunk copied back to the host. */
     for (int32_t r0 = 0; r0 < lay->S; r0 += (int32_t)w->S) {
         const int64_t n = lay->S - r0 < w->S ? lay->S - r0 : w->S;
@@ -633,6 +661,60 @@ static kvp_status host_grow(cu_ctx *c, void **p, size_t *cap, size_t need, const
     kvp_cudev_host_free(c->dev, *p);
     *p = n;
     *cap = need;
+    return KVP_OK;
+}
+
+static void graphs_drop(cu_ctx *c)
+{
+    for (int32_t i = 0; i < KVP_CUDA_MAX_BUCKETS; i++) {
+        kvp_cudev_graph_destroy(c->dev, c->graphs[i]);
+        c->graphs[i] = NULL;
+    }
+    c->graph_pack = NULL;
+}
+
+/* Whether two packs put every section the forward pass reads at the same place. */
+static int same_graph_layout(const kvp_cuda_pack_layout *a, const kvp_cuda_pack_layout *b)
+{
+    return a->T == b->T && a->rot == b->rot && a->local == b->local && a->off_slots == b->off_slots &&
+           a->off_tokens == b->off_tokens && a->off_kv_begin == b->off_kv_begin && a->off_len == b->off_len &&
+           a->off_rows == b->off_rows && a->off_cs == b->off_cs && a->off_csl == b->off_csl &&
+           a->off_indices == b->off_indices && a->N == b->N && a->decode == b->decode &&
+           a->off_seq_indptr == b->off_seq_indptr && a->off_seq_last == b->off_seq_last && a->off_seq_qo == b->off_seq_qo;
+}
+
+/* The forward pass of a decode step padded to bucket buckets[bi], its pack already uploaded: the bucket's
+ * graph, captured now on first use (ws.pack must not move between capture and replay), then launched. A
+ * capture that fails (a call the device refuses to capture) leaves a warning and the bucket eager: the
+ * captured work never ran, so the step runs it now. */
+static kvp_status bucket_forward(cu_ctx *c, int32_t bi, const kvp_cuda_pack_layout *lay)
+{
+    if (c->graph_pack != c->ws.pack) { /* the pack's buffer grew: every graph points into the old one */
+        graphs_drop(c);
+        c->graph_pack = c->ws.pack;
+    }
+    if (c->graph_failed[bi]) return forward(c, lay, 1);
+    if (!c->graphs[bi]) {
+        const double t0 = kvp_now_s();
+        kvp_status st = kvp_cudev_capture_begin(c->dev);
+        if (st == KVP_OK) {
+            st = forward(c, lay, 1);
+            const kvp_status se = kvp_cudev_capture_end(c->dev, st == KVP_OK ? &c->graphs[bi] : NULL);
+            if (st == KVP_OK) st = se;
+        }
+        if (st != KVP_OK) {
+            KVP_LOG_W("cuda executor: the CUDA graph of the %d-row bucket was not captured (%s); its steps run "
+                      "eagerly", lay->T, kvp_error_message());
+            c->graph_failed[bi] = 1;
+            return forward(c, lay, 1);
+        }
+        c->graph_lay[bi] = *lay;
+        c->info.graphs_captured++;
+        c->info.graph_capture_s += kvp_now_s() - t0;
+    } else if (!same_graph_layout(&c->graph_lay[bi], lay))
+        return KVP_ERR(KVP_EINVAL, "cuda executor: internal error: a %d-row pack laid out unlike its graph's", lay->T);
+    KVP_TRY(kvp_cudev_graph_launch(c->dev, c->graphs[bi]));
+    c->info.graph_replays++;
     return KVP_OK;
 }
 
@@ -682,10 +764,12 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
     /* A pure decode step runs at its CUDA-graph bucket's size. */
     int decode = b->n > 0;
     for (int32_t i = 0; i < b->n && decode; i++) decode = b->seqs[i].num_new == 1 && !b->seqs[i].all_logits;
-    int32_t T_pad = 0;
+    int32_t T_pad = 0, bi = -1;
     if (decode && c->n_buckets) {
         const int32_t bk = kvp_cuda_graph_bucket(c->buckets, c->n_buckets, b->flat.num_tokens);
-        T_pad = bk > 0 && bk <= c->ws.T ? bk : 0;
+        T_pad = bk > 0 && bk <= c->ws.T && bk <= c->ws.S ? bk : 0;
+        for (int32_t i = 0; T_pad && i < c->n_buckets; i++)
+            if (c->buckets[i] == T_pad) bi = i;
     }
     if (b->n == 0 && b->ops.n_copies == 0) goto done;
     const kvp_cuda_pack_model pm = pack_model(c);
@@ -702,12 +786,14 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
         lay.bytes = align16(2 * (size_t)lay.C * sizeof(int32_t));
     }
     KVP_TRY(host_grow(c, &c->h_pack, &c->h_pack_cap, lay.bytes, "the step pack"));
-    if (lay.bytes > c->ws.pack_cap) {
+    if (lay.bytes > c->ws.pack_cap) { /* doubling: each move costs the captured graphs */
+        const size_t cap = lay.bytes > 2 * c->ws.pack_cap ? lay.bytes : 2 * c->ws.pack_cap;
+        graphs_drop(c);
         kvp_cudev_free(c->dev, c->ws.pack);
         c->ws.pack = NULL;
         c->ws.pack_cap = 0;
-        KVP_TRY(kvp_cudev_malloc(c->dev, &c->ws.pack, lay.bytes, "the step pack"));
-        c->ws.pack_cap = lay.bytes;
+        KVP_TRY(kvp_cudev_malloc(c->dev, &c->ws.pack, cap, "the step pack"));
+        c->ws.pack_cap = cap;
     }
     if (b->n > 0) {
         kvp_cuda_pack_fill(b, &pm, &lay, c->h_pack);
@@ -728,7 +814,14 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
     }
     KVP_TRY(host_grow(c, (void **)&c->h_logits, &c->h_logits_cap,
                       (size_t)lay.S * (size_t)c->cm->cfg.vocab_size * sizeof(float), "the logits"));
-    KVP_TRY(forward(c, &lay));
+    if (bi >= 0) { /* the bucket's graph; the real rows' logits come back */
+        const int64_t V = c->cm->cfg.vocab_size;
+        KVP_TRY(bucket_forward(c, bi, &lay));
+        KVP_TRY(kvp_cudev_copy(c->dev, c->h_logits, c->ws.logits, (size_t)lay.S * (size_t)V * sizeof(float), 1));
+        KVP_TRY(kvp_cudev_sync(c->dev, 0));
+    } else {
+        KVP_TRY(forward(c, &lay, 0));
+    }
     out->logits = c->h_logits;
 done:
     out->time_s = kvp_now_s() - t0 + 1e-9;
@@ -739,6 +832,7 @@ static void destroy(void *ctx)
 {
     cu_ctx *c = ctx;
     if (!c) return;
+    graphs_drop(c);
     ws_free(c);
     kvp_cudev_free(c->dev, c->kv_all);
     kvp_cudev_free(c->dev, c->d_pool_ptrs);
@@ -757,7 +851,8 @@ static kvp_status profile(cu_ctx *c, int32_t max_tokens, int32_t max_seqs, int64
 {
     int64_t f0, f1, total, ws_bytes;
     KVP_TRY(kvp_cudev_mem_info(c->dev, &f0, &total));
-    const int64_t S = max_seqs < max_tokens ? max_seqs : max_tokens;
+    int64_t S = max_seqs < max_tokens ? max_seqs : max_tokens;
+    if (c->n_buckets && S < c->buckets[c->n_buckets - 1]) S = c->buckets[c->n_buckets - 1]; /* a bucket's LM head */
     KVP_TRY(ws_alloc(c, max_tokens, S < 1 ? 1 : S, &ws_bytes));
     kvp_exec_seq seq = {.num_new = max_tokens, .sample = 1, .all_logits = 1};
     int32_t *tok = kvp_calloc((size_t)max_tokens * 4 + 8, sizeof(int32_t));
@@ -792,7 +887,7 @@ static kvp_status profile(cu_ctx *c, int32_t max_tokens, int32_t max_seqs, int64
         st = kvp_cudev_copy(c->dev, c->ws.pack, c->h_pack, lay.bytes, 0);
     }
     c->profiling = 1;
-    if (st == KVP_OK) st = forward(c, &lay);
+    if (st == KVP_OK) st = forward(c, &lay, 0);
     c->profiling = 0;
     kvp_free(tok);
     kvp_free(slot);
@@ -800,10 +895,6 @@ static kvp_status profile(cu_ctx *c, int32_t max_tokens, int32_t max_seqs, int64
     KVP_TRY(kvp_cudev_mem_info(c->dev, &f1, &total));
     const int64_t measured = f0 - f1;
     *peak = measured > ws_bytes + (int64_t)lay.bytes ? measured : ws_bytes + (int64_t)lay.bytes;
-    if (c->paged) { /* split-KV decode's stream-ordered workspace (attn_cuda.h), which the pass does not run */
-        const kvp_model_config *mc = &c->cm->cfg;
-        *peak += (int64_t)max_seqs * 32 * mc->num_q_heads * (mc->head_dim + 1) * (int64_t)sizeof(float);
-    }
     return KVP_OK;
 }
 
@@ -903,8 +994,16 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
     return KVP_OK;
 }
 
-kvp_status kvp_cuda_session_create(kvp_model *m, const kvp_cuda_options *opts, const kvp_session_config *cfg,
-                                   kvp_session **out, kvp_cuda_info *info)
+kvp_status kvp_cuda_executor_info(const kvp_executor *ex, kvp_cuda_info *out)
+{
+    if (!ex || !ex->ctx || ex->step != step) return KVP_ERR(KVP_EINVAL, "not a cuda executor");
+    *out = ((const cu_ctx *)ex->ctx)->info;
+    return KVP_OK;
+}
+
+/* kvp_cuda_session_create, also giving the executor's context (for its info after a run). */
+static kvp_status cuda_session_create(kvp_model *m, const kvp_cuda_options *opts, const kvp_session_config *cfg,
+                                      kvp_session **out, kvp_cuda_info *info, cu_ctx **ctx)
 {
     if (!m || !opts || !cfg || !out) return KVP_ERR(KVP_EINVAL, "generate: NULL argument");
     kvp_session_config c = *cfg;
@@ -936,9 +1035,16 @@ kvp_status kvp_cuda_session_create(kvp_model *m, const kvp_cuda_options *opts, c
                                      max_tokens, max_seqs, &ex, &ci));
     c.num_blocks = ci.split.num_blocks;
     if (info) *info = ci;
+    if (ctx) *ctx = ex.ctx;
     kvp_status st = kvp_session_create(&c, ex, out);
     if (st != KVP_OK) kvp_executor_destroy(&ex);
     return st;
+}
+
+kvp_status kvp_cuda_session_create(kvp_model *m, const kvp_cuda_options *opts, const kvp_session_config *cfg,
+                                   kvp_session **out, kvp_cuda_info *info)
+{
+    return cuda_session_create(m, opts, cfg, out, info, NULL);
 }
 
 kvp_status kvp_cuda_generate(kvp_model *m, const kvp_cuda_options *opts, const kvp_session_config *cfg,
@@ -949,10 +1055,11 @@ kvp_status kvp_cuda_generate(kvp_model *m, const kvp_cuda_options *opts, const k
     if (!m || !cfg || n < 1 || !reqs || !results) return KVP_ERR(KVP_EINVAL, "generate: NULL argument or no request");
     kvp_session *s;
     kvp_cuda_info ci;
-    KVP_TRY(kvp_cuda_session_create(m, opts, cfg, &s, &ci));
+    cu_ctx *c;
+    KVP_TRY(cuda_session_create(m, opts, cfg, &s, &ci, &c));
     kvp_status st = kvp_session_run(s, reqs, n, results, stats, on_step, ctx);
     if (st == KVP_OK && stats) stats->kv_pool_bytes = ci.split.block_bytes * ci.split.num_blocks;
-    if (info) *info = ci;
+    if (info) *info = c->info; /* the session still holds the executor */
     kvp_session_destroy(s);
     return st;
 }
@@ -969,6 +1076,9 @@ void kvp_cuda_info_log(const kvp_cuda_info *i)
                  "activations %.3f GiB, KV %.3f GiB%s = %d blocks of %lld bytes",
                  s->total / G, s->free_at_start / G, s->budget / G, s->utilization, s->weights / G, s->activations / G,
                  s->kv / G, s->kv_given ? " (--kv-cache-memory)" : "", s->num_blocks, (long long)s->block_bytes);
+    if (i->graph_buckets > 0)
+        KVP_LOG_I("cuda executor: CUDA graphs: %d captured in %.3f s, %lld decode steps replayed", i->graphs_captured,
+                  i->graph_capture_s, (long long)i->graph_replays);
 }
 
 void kvp_cuda_info_json(const kvp_cuda_info *i, struct cJSON *obj)
@@ -982,6 +1092,9 @@ void kvp_cuda_info_json(const kvp_cuda_info *i, struct cJSON *obj)
     cJSON_AddStringToObject(o, "weights_dtype", kvp_dtype_name(i->weights));
     cJSON_AddNumberToObject(o, "graph_buckets", i->graph_buckets);
     cJSON_AddStringToObject(o, "attention", i->attention == KVP_CUDA_ATTN_PAGED ? "paged" : "rowwise");
+    cJSON_AddNumberToObject(o, "graphs_captured", i->graphs_captured);
+    cJSON_AddNumberToObject(o, "graph_replays", (double)i->graph_replays);
+    cJSON_AddNumberToObject(o, "graph_capture_s", i->graph_capture_s);
     cJSON_AddNumberToObject(o, "total_bytes", (double)s->total);
     cJSON_AddNumberToObject(o, "free_at_start_bytes", (double)s->free_at_start);
     cJSON_AddNumberToObject(o, "gpu_memory_utilization", s->utilization);
