@@ -54,6 +54,10 @@ typedef struct {
 
 kvp_cuda_options kvp_cuda_options_default(void);
 
+/* CUDA devices this process sees; KVP_ENODEVICE naming why there are none ("cuda executor: no CUDA device
+ * (...)"), as kvp_cuda_executor_create would fail. */
+kvp_status kvp_cuda_devices(int *n);
+
 /* "cpu" (*cuda = 0), "cuda" or "cuda:N" (*cuda = 1, *index = N); else KVP_EINVAL naming s. */
 kvp_status kvp_device_parse(const char *s, int *cuda, int *index);
 

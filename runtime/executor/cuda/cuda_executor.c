@@ -29,6 +29,8 @@ kvp_cuda_options kvp_cuda_options_default(void)
                               .enforce_eager = 0, .weights = KVP_DTYPE_COUNT, .random_seed = 0};
 }
 
+kvp_status kvp_cuda_devices(int *n) { return kvp_cudev_count(n); }
+
 kvp_status kvp_device_parse(const char *s, int *cuda, int *index)
 {
     if (!strcmp(s, "cpu")) {
