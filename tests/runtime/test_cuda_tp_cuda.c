@@ -2,9 +2,10 @@
  * ranks, each a thread of this process with its own executor, summing and gathering through the nccl
  * communicator on the fake NCCL (tests/parallel/fake_nccl.h) over the CPU emulator of CUDA, whose device
  * memory the fake is told to accept (fake_nccl_foreign). Rank 0 steps the executor (or runs the engine) and
- * broadcasts each plan; rank 1 follows (kvp_cuda_follow). Checked: the logits rows of a prefill step and
- * decode steps against one rank's within 1e-5, the golden greedy tokens, half the KV bytes per rank, the
- * collectives NCCL saw, and the splits and communicators that are refused.
+ * broadcasts each plan; the others follow (kvp_cuda_follow). Checked: the logits rows of a prefill step and
+ * decode steps against one rank's within 1e-5 at tp 2, 4 and 8 (8: each KV head on two ranks), the golden
+ * greedy tokens, each rank's share of the KV bytes, the collectives NCCL saw, and the splits and communicators
+ * that are refused.
  *
  * The fake NCCL works on host memory, so the suite runs on the emulator only (runtime_test_cuda_tp_emu);
  * the native build skips it (a GPU's tensor parallelism needs the real NCCL and several GPUs). */
@@ -26,8 +27,9 @@
 
 #define S260 "../shared/models/stories260K"
 #define GGUF S260 "/stories260K.gguf"
+#define HF S260 "/hf"
 
-enum { BS = 4, NBLOCKS = 12, MAX_TOKENS = 16, MAX_SEQS = 4, STEPS = 4, VOCAB = 512, ROWS = 8, LAYERS = 5 };
+enum { BS = 4, NBLOCKS = 12, MAX_TOKENS = 16, MAX_SEQS = 4, STEPS = 4, VOCAB = 512, ROWS = 8, LAYERS = 5, MAXR = 8 };
 
 /* Skips the suite unless the device layer is the emulator (the only one the fake NCCL can share memory with). */
 static void require_emulator(void)
@@ -136,6 +138,7 @@ static kvp_status run_steps(kvp_executor *ex, float logits[STEPS][ROWS * VOCAB],
 
 typedef struct {
     kvp_comm *comm;
+    const char *path;
     int golden;                  /* 0: hand-made steps; 1: the engine on the golden prompts */
     const kvp_session_request *reqs;
     int32_t nreq;
@@ -154,7 +157,7 @@ static void *rank_main(void *arg)
     rank_job *j = arg;
     kvp_model *m = NULL;
     const kvp_cuda_options o = opts_for_test();
-    j->st = kvp_model_load_tp(GGUF, j->comm, &m);
+    j->st = kvp_model_load_tp(j->path, j->comm, &m);
     if (j->st == KVP_OK && j->comm && kvp_comm_rank(j->comm) > 0) {
         j->st = kvp_cuda_follow(m, &o, &j->followed);
     } else if (j->st == KVP_OK && j->golden) {
@@ -185,13 +188,14 @@ static void *rank_main(void *arg)
 }
 
 /* tp ranks over nccl communicators on the fake (tp 1: no communicator, the whole model on one executor). */
-static void run_ranks(int tp, rank_job *jobs, int golden, const kvp_session_request *reqs, int32_t nreq)
+static void run_ranks(int tp, const char *path, rank_job *jobs, int golden, const kvp_session_request *reqs,
+                      int32_t nreq)
 {
-    kvp_comm *comms[2] = {NULL, NULL};
+    kvp_comm *comms[MAXR] = {NULL};
     if (tp > 1) cr_assert_eq(kvp_comm_nccl_threads_create(tp, NULL, comms), KVP_OK, "%s", kvp_error_detail());
-    pthread_t tid[2];
+    pthread_t tid[MAXR];
     for (int r = 0; r < tp; r++) {
-        jobs[r] = (rank_job){.comm = comms[r], .golden = golden, .reqs = reqs, .nreq = nreq};
+        jobs[r] = (rank_job){.comm = comms[r], .path = path, .golden = golden, .reqs = reqs, .nreq = nreq};
         cr_assert_eq(pthread_create(&tid[r], NULL, rank_main, &jobs[r]), 0);
     }
     for (int r = 0; r < tp; r++) pthread_join(tid[r], NULL);
@@ -199,46 +203,66 @@ static void run_ranks(int tp, rank_job *jobs, int golden, const kvp_session_requ
     for (int r = 0; r < tp; r++) cr_assert_eq(jobs[r].st, KVP_OK, "tp %d rank %d: %s", tp, r, jobs[r].err);
 }
 
-Test(cuda_tp, two_ranks_give_one_ranks_logits_over_the_fake_nccl, .timeout = 600)
+/* tp ranks against one (one[0]) on the file at path: the logits rows within 1e-5, the same greedy tokens,
+ * every follower through every plan, the collectives NCCL saw, each rank's share of the KV cache. */
+static void check_split(int tp, const char *path, const rank_job *one)
 {
-    require_emulator();
-    fake_on(2);
-    static rank_job one[1], two[2];
-    run_ranks(1, one, 0, NULL, 0);
+    static rank_job jobs[MAXR];
     const int ar0 = fake_nccl_count("ncclAllReduce", 0), ag0 = fake_nccl_count("ncclAllGather", 0);
-    run_ranks(2, two, 0, NULL, 0);
+    const int arl = fake_nccl_count("ncclAllReduce", tp - 1);
+    run_ranks(tp, path, jobs, 0, NULL, 0);
     double worst = 0;
     for (int s = 0; s < STEPS; s++) {
-        cr_assert_eq(two[0].rows[s], one[0].rows[s]);
-        for (int64_t i = 0; i < (int64_t)one[0].rows[s] * VOCAB; i++) {
-            const double d = fabs((double)two[0].logits[s][i] - one[0].logits[s][i]);
-            cr_assert(isfinite(two[0].logits[s][i]), "step %d logit %lld is %g", s, (long long)i, two[0].logits[s][i]);
+        cr_assert_eq(jobs[0].rows[s], one->rows[s]);
+        for (int64_t i = 0; i < (int64_t)one->rows[s] * VOCAB; i++) {
+            const double d = fabs((double)jobs[0].logits[s][i] - one->logits[s][i]);
+            cr_assert(isfinite(jobs[0].logits[s][i]), "tp %d step %d logit %lld is %g", tp, s, (long long)i,
+                      jobs[0].logits[s][i]);
             worst = d > worst ? d : worst;
         }
         for (int i = 0; i < 2; i++)
-            cr_assert_eq(two[0].tokens[s][i], one[0].tokens[s][i], "step %d sequence %d: greedy %d, one rank %d", s, i,
-                         two[0].tokens[s][i], one[0].tokens[s][i]);
+            cr_assert_eq(jobs[0].tokens[s][i], one->tokens[s][i], "tp %d step %d sequence %d: greedy %d, one rank %d",
+                         tp, s, i, jobs[0].tokens[s][i], one->tokens[s][i]);
     }
-    fprintf(stderr, "cuda_tp: tp 2 against tp 1, %d steps (%d + 3 x 2 logits rows): max |diff| %.3g\n", STEPS,
-            one[0].rows[0], worst);
-    cr_assert(worst <= 1e-5, "tp 2 logits differ from one rank's by %.3g", worst);
-    /* the story goes on as on one rank: "Once upon a time" -> ",", "there", "was" (golden.json) */
+    fprintf(stderr, "cuda_tp: %s, tp %d against tp 1, %d steps (%d + %d x 2 logits rows): max |diff| %.3g\n", path, tp,
+            STEPS, one->rows[0], STEPS - 1, worst);
+    cr_assert(worst <= 1e-5, "%s: tp %d logits differ from one rank's by %.3g", path, tp, worst);
+    for (int r = 1; r < tp; r++)
+        cr_assert_eq(jobs[r].followed, STEPS, "tp %d rank %d ran %lld of %d plans", tp, r, (long long)jobs[r].followed,
+                     STEPS);
+    /* every step through NCCL: the embedding and 2 per layer summed, the LM head's slices gathered (the LM
+     * head runs max_num_seqs rows at a time) */
+    int chunks = 0;
+    for (int s = 0; s < STEPS; s++) chunks += (one->rows[s] + MAX_SEQS - 1) / MAX_SEQS;
+    cr_assert_eq(fake_nccl_count("ncclAllReduce", 0) - ar0, STEPS * (1 + 2 * LAYERS), "tp %d: %d all-reduces", tp,
+                 fake_nccl_count("ncclAllReduce", 0) - ar0);
+    cr_assert_eq(fake_nccl_count("ncclAllReduce", tp - 1) - arl, STEPS * (1 + 2 * LAYERS));
+    cr_assert_eq(fake_nccl_count("ncclAllGather", 0) - ag0, chunks, "tp %d: %d all-gathers, %d LM head chunks", tp,
+                 fake_nccl_count("ncclAllGather", 0) - ag0, chunks);
+    /* 4 KV heads: 4 / tp of them per rank, one (replicated) past 4 ranks */
+    const int64_t share = tp <= 4 ? tp : 4;
+    cr_assert_eq(jobs[0].info.split.block_bytes * share, one->info.split.block_bytes, "tp %d", tp);
+    cr_assert_lt(jobs[tp - 1].info.split.weights, one->info.split.weights, "a rank holds its shard, not the model");
+    cr_assert_eq(fake_nccl_misuses(), 0, "%s", fake_nccl_last_misuse());
+}
+
+Test(cuda_tp, two_four_and_eight_ranks_give_one_ranks_logits_over_the_fake_nccl, .timeout = 600)
+{
+    require_emulator();
+    fake_on(MAXR);
+    static rank_job one[1], one_hf[1];
+    run_ranks(1, GGUF, one, 0, NULL, 0);
+    cr_assert_eq(fake_nccl_count("ncclAllReduce", -1) + fake_nccl_count("ncclAllGather", -1), 0,
+                 "one rank made collectives");
+    /* the story goes on as golden.json's: "Once upon a time" -> ",", "there"; BOS -> "Once" */
     cr_assert_eq(one[0].tokens[0][0], 432);
     cr_assert_eq(one[0].tokens[1][0], 383);
-    cr_assert_eq(two[1].followed, STEPS, "rank 1 ran %lld of %d plans", (long long)two[1].followed, STEPS);
-    /* every step through NCCL: the embedding and 2 per layer summed, the LM head's slices gathered */
-    cr_assert_eq(ar0, 0, "one rank made collectives");
-    cr_assert_eq(fake_nccl_count("ncclAllReduce", 0), STEPS * (1 + 2 * LAYERS), "%d all-reduces",
-                 fake_nccl_count("ncclAllReduce", 0));
-    cr_assert_eq(fake_nccl_count("ncclAllReduce", 1), STEPS * (1 + 2 * LAYERS));
-    int chunks = 0; /* the LM head runs max_num_seqs rows at a time */
-    for (int s = 0; s < STEPS; s++) chunks += (one[0].rows[s] + MAX_SEQS - 1) / MAX_SEQS;
-    cr_assert_eq(fake_nccl_count("ncclAllGather", 0) - ag0, chunks, "%d all-gathers, %d LM head chunks",
-                 fake_nccl_count("ncclAllGather", 0) - ag0, chunks);
-    /* half of the 4 KV heads on each rank: half the bytes of a block */
-    cr_assert_eq(two[0].info.split.block_bytes * 2, one[0].info.split.block_bytes);
-    cr_assert_lt(two[0].info.split.weights, one[0].info.split.weights, "a rank holds its shard, not the model");
-    cr_assert_eq(fake_nccl_misuses(), 0, "%s", fake_nccl_last_misuse());
+    cr_assert_eq(one[0].tokens[0][1], 403);
+    check_split(2, GGUF, one);
+    check_split(4, GGUF, one);
+    check_split(8, GGUF, one); /* one query head a rank, each KV head on two ranks */
+    run_ranks(1, HF, one_hf, 0, NULL, 0); /* the Hugging Face layout: rotate-half RoPE, its own loader path */
+    check_split(2, HF, one_hf);
     kvp_nccl_api_set(NULL);
 }
 
@@ -271,7 +295,7 @@ Test(cuda_tp, two_ranks_tell_the_golden_stories_through_the_engine, .timeout = 6
     cJSON_Delete(gold);
     cr_assert_eq(n, 2);
     static rank_job two[2];
-    run_ranks(2, two, 1, reqs, 2);
+    run_ranks(2, GGUF, two, 1, reqs, 2);
     for (int i = 0; i < 2; i++) {
         cr_assert_eq(two[0].res[i].n_tokens[0], NGEN);
         for (int t = 0; t < NGEN; t++)
