@@ -1,5 +1,5 @@
-/* Tensor parallelism inside the cuda executor (runtime/executor/cuda_executor.h): stories260K split over two
- * ranks, each a thread of this process with its own executor, summing and gathering through the nccl
+/* Tensor parallelism inside the cuda executor (runtime/executor/cuda_executor.h): stories260K split over 2, 4
+ * and 8 ranks, each a thread of this process with its own executor, summing and gathering through the nccl
  * communicator on the fake NCCL (tests/parallel/fake_nccl.h) over the CPU emulator of CUDA, whose device
  * memory the fake is told to accept (fake_nccl_foreign). Rank 0 steps the executor (or runs the engine) and
  * broadcasts each plan; the others follow (kvp_cuda_follow). Checked: the logits rows of a prefill step and
@@ -43,7 +43,7 @@ static void require_emulator(void)
     if (!info.emulated) cr_skip_test("the fake NCCL shares memory with the CUDA emulator only (this is %s)", info.name);
 }
 
-/* Two fake GPUs, nccl communicators created from now on on the fake, the emulator's memory accepted. */
+/* ndev fake GPUs, nccl communicators created from now on on the fake, the emulator's memory accepted. */
 static void fake_on(int ndev)
 {
     fake_nccl_reset(ndev);
