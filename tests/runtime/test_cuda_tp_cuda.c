@@ -139,10 +139,12 @@ static kvp_status run_steps(kvp_executor *ex, float logits[STEPS][ROWS * VOCAB],
 typedef struct {
     kvp_comm *comm;
     const char *path;
-    int golden;                  /* 0: hand-made steps; 1: the engine on the golden prompts */
+    int golden;                  /* 0: hand-made steps; 1: the engine on the golden prompts; 2: the same in a
+                                    cache too small for both, preempting by swap */
     const kvp_session_request *reqs;
     int32_t nreq;
     kvp_session_result res[2];
+    kvp_run_stats stats;
     float logits[STEPS][ROWS * VOCAB];
     int32_t rows[STEPS], tokens[STEPS][2];
     kvp_cuda_info info;
@@ -167,7 +169,12 @@ static void *rank_main(void *arg)
         cfg.engine.max_num_seqs = MAX_SEQS;
         cfg.engine.stop_at_eos = false;
         cfg.kv_dtype = KVP_DTYPE_F32;
-        j->st = kvp_cuda_generate(m, &o, &cfg, j->reqs, j->nreq, j->res, NULL, NULL, NULL, &j->info);
+        if (j->golden == 2) { /* 6 + 5 blocks wanted, 7 there: one story waits in host memory */
+            cfg.num_blocks = 7;
+            cfg.engine.preempt = KVP_PREEMPT_SWAP;
+            cfg.swap_blocks = 8;
+        }
+        j->st = kvp_cuda_generate(m, &o, &cfg, j->reqs, j->nreq, j->res, &j->stats, NULL, NULL, &j->info);
     } else if (j->st == KVP_OK) {
         kvp_executor ex;
         j->st = kvp_cuda_executor_create(m, NULL, &o, NBLOCKS, BS, 0, KVP_DTYPE_F32, MAX_TOKENS, MAX_SEQS, &ex, &j->info);
@@ -266,7 +273,7 @@ Test(cuda_tp, two_four_and_eight_ranks_give_one_ranks_logits_over_the_fake_nccl,
     kvp_nccl_api_set(NULL);
 }
 
-Test(cuda_tp, two_ranks_tell_the_golden_stories_through_the_engine, .timeout = 600)
+Test(cuda_tp, two_ranks_tell_the_golden_stories_through_the_engine_also_swapping, .timeout = 600)
 {
     require_emulator();
     fake_on(2);
@@ -295,15 +302,19 @@ Test(cuda_tp, two_ranks_tell_the_golden_stories_through_the_engine, .timeout = 6
     cJSON_Delete(gold);
     cr_assert_eq(n, 2);
     static rank_job two[2];
-    run_ranks(2, GGUF, two, 1, reqs, 2);
-    for (int i = 0; i < 2; i++) {
-        cr_assert_eq(two[0].res[i].n_tokens[0], NGEN);
-        for (int t = 0; t < NGEN; t++)
-            cr_assert_eq(two[0].res[i].tokens[0][t], want[i][t], "story %d token %d: %d, golden %d", i, t,
-                         two[0].res[i].tokens[0][t], want[i][t]);
+    for (int mode = 1; mode <= 2; mode++) { /* a cache for both; then one too small, swapping a story out */
+        run_ranks(2, GGUF, two, mode, reqs, 2);
+        for (int i = 0; i < 2; i++) {
+            cr_assert_eq(two[0].res[i].n_tokens[0], NGEN);
+            for (int t = 0; t < NGEN; t++)
+                cr_assert_eq(two[0].res[i].tokens[0][t], want[i][t], "mode %d story %d token %d: %d, golden %d", mode,
+                             i, t, two[0].res[i].tokens[0][t], want[i][t]);
+        }
+        cr_assert_eq(two[1].followed, two[0].stats.steps, "rank 1 ran %lld of rank 0's %lld plans",
+                     (long long)two[1].followed, (long long)two[0].stats.steps);
+        if (mode == 2) cr_assert_gt(two[0].stats.preemptions, 0, "7 blocks held both stories");
+        kvp_session_results_free(two[0].res, 2);
     }
-    cr_assert_gt(two[1].followed, NGEN - 1, "rank 1 ran %lld plans", (long long)two[1].followed);
-    kvp_session_results_free(two[0].res, 2);
     kvp_nccl_api_set(NULL);
 }
 
