@@ -301,7 +301,10 @@ Test(cuda_tp, two_ranks_tell_the_golden_stories_through_the_engine_also_swapping
     }
     cJSON_Delete(gold);
     cr_assert_eq(n, 2);
-    static rank_job two[2];
+    /* one rank's cumulative log-probabilities: the tokens of this small model survive errors the
+     * log-probabilities show */
+    static rank_job one[1], two[2];
+    run_ranks(1, GGUF, one, 1, reqs, 2);
     for (int mode = 1; mode <= 2; mode++) { /* a cache for both; then one too small, swapping a story out */
         run_ranks(2, GGUF, two, mode, reqs, 2);
         for (int i = 0; i < 2; i++) {
@@ -312,9 +315,15 @@ Test(cuda_tp, two_ranks_tell_the_golden_stories_through_the_engine_also_swapping
         }
         cr_assert_eq(two[1].followed, two[0].stats.steps, "rank 1 ran %lld of rank 0's %lld plans",
                      (long long)two[1].followed, (long long)two[0].stats.steps);
+        for (int i = 0; i < 2; i++) {
+            const double a = one[0].res[i].logprob[0], b = two[0].res[i].logprob[0];
+            cr_assert(a < 0 && fabs(a - b) <= 1e-5 * fabs(a), "mode %d story %d: log-probability %.9g, one rank %.9g",
+                      mode, i, b, a);
+        }
         if (mode == 2) cr_assert_gt(two[0].stats.preemptions, 0, "7 blocks held both stories");
         kvp_session_results_free(two[0].res, 2);
     }
+    kvp_session_results_free(one[0].res, 2);
     kvp_nccl_api_set(NULL);
 }
 
