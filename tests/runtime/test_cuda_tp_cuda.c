@@ -327,6 +327,37 @@ Test(cuda_tp, two_ranks_tell_the_golden_stories_through_the_engine_also_swapping
     kvp_nccl_api_set(NULL);
 }
 
+/* Three seeded samples of one prompt share its blocks and copy the last on write: each rank copies its heads'
+ * part; the samples' tokens and log-probabilities are one rank's. */
+Test(cuda_tp, two_ranks_sample_in_parallel_with_copy_on_write, .timeout = 600)
+{
+    require_emulator();
+    fake_on(2);
+    kvp_session_request r = {.prompt = prompt0, .n_prompt = 5, .max_tokens = 10, .n = 3,
+                             .sampler = kvp_sampler_default()};
+    r.sampler.temperature = 1.0;
+    r.sampler.seed = 7;
+    static rank_job one[1], two[2];
+    run_ranks(1, GGUF, one, 1, &r, 1);
+    run_ranks(2, GGUF, two, 1, &r, 1);
+    cr_assert_gt(two[0].stats.cow_copies, 0, "the samples shared no partly filled block");
+    cr_assert_eq(two[0].stats.cow_copies, one[0].stats.cow_copies);
+    int differ = 0;
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(two[0].res[0].n_tokens[k], one[0].res[0].n_tokens[k]);
+        for (int t = 0; t < one[0].res[0].n_tokens[k]; t++) {
+            cr_assert_eq(two[0].res[0].tokens[k][t], one[0].res[0].tokens[k][t], "sample %d token %d", k, t);
+            differ |= k > 0 && one[0].res[0].tokens[k][t] != one[0].res[0].tokens[0][t];
+        }
+        const double a = one[0].res[0].logprob[k], b = two[0].res[0].logprob[k];
+        cr_assert(a < 0 && fabs(a - b) <= 1e-5 * fabs(a), "sample %d: log-probability %.9g, one rank %.9g", k, b, a);
+    }
+    cr_assert(differ, "the three samples are one story: the seeds do not sample");
+    kvp_session_results_free(one[0].res, 1);
+    kvp_session_results_free(two[0].res, 1);
+    kvp_nccl_api_set(NULL);
+}
+
 /* Splits the heads do not allow, a communicator without device memory, and the roles of the ranks. */
 Test(cuda_tp, bad_splits_and_communicators_are_refused)
 {
