@@ -29,6 +29,7 @@
 #endif
 #endif
 #ifdef KVP_EMU_ASAN
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #endif
 
@@ -170,7 +171,15 @@ struct block_t {
     ~block_t()
     {
         for (int i = 0; i < kMaxThreads; i++)
-            if (fibers[i].stack) munmap(fibers[i].stack, stack_size + (size_t)getpagesize());
+            if (fibers[i].stack) {
+#ifdef KVP_EMU_ASAN
+                /* ASan keeps the redzones of the frames a fiber left on its stack (an abandoned fiber's, say)
+                 * past munmap: a later mapping at the same address (a model file) would read as a stack
+                 * overflow. This OS thread's fibers end here. */
+                __asan_unpoison_memory_region(fibers[i].stack + getpagesize(), stack_size);
+#endif
+                munmap(fibers[i].stack, stack_size + (size_t)getpagesize());
+            }
     }
 };
 

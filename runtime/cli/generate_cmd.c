@@ -75,7 +75,8 @@ static void usage(FILE *f)
             "                          most that)\n"
             "  --threads N             CPU threads (default 1)\n"
             "  --tp N                  tensor parallelism over N MPI ranks (default 1): run it as\n"
-            "                          `mpirun -np N kvpage generate --tp N ...`; each rank holds 1/N of the heads,\n"
+            "                          `mpirun -np N kvpage generate --tp N ...` (with --device cuda: one GPU per\n"
+            "                          rank, its index on its node, NCCL between them); each rank holds 1/N of the heads,\n"
             "                          of the MLP and of the vocabulary, and 1/N of the KV cache; rank 0 prints\n"
             "  --matmul invariant|blas invariant: batch-invariant kernels, the same greedy tokens in any batch\n"
             "                          (default); blas: OpenBLAS sgemm and tiled prefill attention\n"
@@ -308,7 +309,15 @@ static int run(gen_opts *o)
     int rc = KVP_EXIT_OK;
     kvp_status st;
     double t_load = kvp_now_s();
-    st = o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
+    /* --device cuda --tp N: each rank its node's GPU of its index, NCCL over the MPI world (its host plane
+     * carries the plans); no device here is said before any rank waits for another */
+    int ndev = 0;
+    const int nccl = o->dev.cuda && o->tp > 1;
+    st = nccl ? kvp_cuda_devices(&ndev) : KVP_OK;
+    if (st == KVP_OK)
+        st = nccl ? kvp_comm_nccl_mpi_create(o->tp, -1, &comm)
+                  : o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
+    if (st == KVP_OK && nccl) o->dev.cu.device = kvp_comm_device(comm);
     if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
     if (st == KVP_OK) st = kvp_model_load_ex(o->model, comm, o->weight_dtype, &m);
     if (st != KVP_OK) {
@@ -429,7 +438,8 @@ static int run(gen_opts *o)
         fflush(stdout);
     }
     if (kvp_comm_rank(comm) != 0) { /* rank 0 alone schedules: the others execute its plans */
-        if ((st = kvp_cpu_follow(m, NULL)) != KVP_OK) rc = kvp_cli_fail(CMD, st);
+        st = o->dev.cuda ? kvp_cuda_follow(m, &o->dev.cu, NULL) : kvp_cpu_follow(m, NULL);
+        if (st != KVP_OK) rc = kvp_cli_fail(CMD, st);
         goto out;
     }
     kvp_cuda_info cuda_info;
@@ -711,9 +721,9 @@ int kvp_cmd_generate(int argc, char **argv)
         rc = kvp_cli_usage_error(CMD, "%s", kvp_error_message());
         goto done;
     }
-    if (o.dev.cuda && o.tp > 1) {
-        rc = kvp_cli_usage_error(CMD, "--tp %d with --device cuda: tensor parallelism of the cuda executor is not "
-                                      "built yet (--tp runs on the cpu executor)", o.tp);
+    if (o.dev.cuda && o.tp > 1 && o.dev.cu.device != 0) {
+        rc = kvp_cli_usage_error(CMD, "--device cuda:%d with --tp %d: each rank takes the GPU of its index on its "
+                                      "node (choose them with CUDA_VISIBLE_DEVICES)", o.dev.cu.device, o.tp);
         goto done;
     }
     if (o.cfg.engine.sched == KVP_SCHED_PRIORITY) {

@@ -461,8 +461,9 @@ static int simulate(int argc, char **argv, kvp_comm **comm)
         return kvp_cli_usage_error(cmd, "--random-weights builds the model on the device: it needs --executor cuda (the "
                                         "cpu executor runs weights from a file)");
     if (cuda && hw.tp > 1)
-        return kvp_cli_usage_error(cmd, "--tp %d with --executor cuda: tensor parallelism of the cuda executor is not "
-                                        "built yet", hw.tp);
+        return kvp_cli_usage_error(cmd, "--tp %d with --executor cuda: simulate runs the cuda executor on one GPU "
+                                        "(tensor parallelism on GPUs: mpirun -np N kvpage generate --device cuda --tp N)",
+                                   hw.tp);
     if (cuda && threads != 1) return kvp_cli_usage_error(cmd, "--threads applies to --executor cpu only");
     hw.offload_bytes = eo.offload_bytes;
     if (eo.swap_bytes >= 0) hw.swap_bytes = eo.swap_bytes;

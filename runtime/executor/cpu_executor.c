@@ -162,7 +162,7 @@ kvp_status kvp_cpu_executor_create_tp(kvp_model *m, int32_t num_blocks, int32_t 
         *out = ex;
         return KVP_OK;
     }
-    const kvp_tp_shape shape = {num_blocks, block_size, num_host_blocks, (int32_t)kv_dtype};
+    const kvp_tp_shape shape = {num_blocks, block_size, num_host_blocks, (int32_t)kv_dtype, 0, 0};
     return kvp_tp_leader_create(comm, &shape, ex, out);
 }
 

@@ -20,6 +20,14 @@
  * at offsets that depend only on the bucket's row count, so one graph serves every batch of the bucket.
  * What runs where, and what has not run on a GPU: docs/cuda-executor.md.
  *
+ * Tensor parallelism (a model from kvp_model_load_tp over an nccl communicator, one GPU per rank): each rank
+ * holds the shard the loader sliced (parallel/shard.h: column-parallel fused QKV and gate/up, row-parallel
+ * o_proj and down, a vocab-parallel embedding and LM head) and a KV pool of its KV heads only, with rank 0's
+ * block ids. The forward pass sums (f32 all-reduce) the embedding and each row-parallel GEMM's output, and
+ * all-gathers the LM head's slices, through NCCL on the compute stream. Rank 0 runs the engine and its
+ * executor broadcasts each step's plan over the communicator's host plane (tp_plan.h); the other ranks run
+ * kvp_cuda_follow. Rank 0's step returns the full logits rows.
+ *
  * Builds: nvcc (KVPAGE_CUDA=ON with a CUDA toolkit) runs on the GPU; the emulated build runs the same kernels
  * on the project's CPU emulator of CUDA; without either, creating the executor fails with KVP_ENODEVICE.
  * The host-side functions below (parsing, split, buckets, pack) need no device.
@@ -56,6 +64,10 @@ typedef struct {
 } kvp_cuda_options;
 
 kvp_cuda_options kvp_cuda_options_default(void);
+
+/* CUDA devices this process sees; KVP_ENODEVICE naming why there are none ("cuda executor: no CUDA device
+ * (...)"), as kvp_cuda_executor_create would fail. */
+kvp_status kvp_cuda_devices(int *n);
 
 /* "cpu" (*cuda = 0), "cuda" or "cuda:N" (*cuda = 1, *index = N); else KVP_EINVAL naming s. */
 kvp_status kvp_device_parse(const char *s, int *cuda, int *index);
@@ -161,8 +173,12 @@ typedef struct {
 /* The executor over model m (borrowed; NULL with random weights: cfg then gives the shape and it owns its
  * random model), opts, the engine's block size, KV dtype, steps of at most max_tokens tokens and max_seqs
  * sequences, num_host_blocks for swap and the host tier. num_blocks: 0 from the split, else that many (at
- * most the split's). info (may be NULL) receives the split. KVP_ENODEVICE ("cuda executor: no CUDA
- * device (cudaGetDeviceCount: ...)"), KVP_EUNSUPPORTED (MoE, tp > 1), KVP_EINVAL, KVP_ENOMEM. */
+ * most the split's). info (may be NULL) receives the split. A model split over tp > 1 ranks makes this
+ * rank's executor (every rank must then step together): its communicator (kvp_model_comm, borrowed, outliving
+ * the executor) must be an nccl one on opts->device, and its stream becomes the executor's compute stream
+ * until the executor is destroyed. KVP_ENODEVICE ("cuda executor: no CUDA device (cudaGetDeviceCount:
+ * ...)"), KVP_EUNSUPPORTED (MoE), KVP_EINVAL (also: a host communicator, a model split for another rank count,
+ * another device than the communicator's, not a KV dtype), KVP_ENOMEM. */
 kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, const kvp_cuda_options *opts,
                                     int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
                                     kvp_dtype kv_dtype, int32_t max_tokens, int32_t max_seqs, kvp_executor *out,
@@ -171,9 +187,16 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
 /* The info of a cuda executor now (its graph counts included); KVP_EINVAL for another executor. */
 kvp_status kvp_cuda_executor_info(const kvp_executor *ex, kvp_cuda_info *out);
 
-/* kvp_cpu_session_create's twin: a session on a new cuda executor over m; cfg->num_blocks 0: the split's. */
+/* kvp_cpu_session_create's twin: a session on a new cuda executor over m; cfg->num_blocks 0: the split's. With
+ * a model split over several ranks, rank 0's (the others: KVP_ESTATE), whose executor sends each step's plan
+ * to the followers (kvp_tp_leader_create over kvp_comm_host of the model's communicator). */
 kvp_status kvp_cuda_session_create(kvp_model *m, const kvp_cuda_options *opts, const kvp_session_config *cfg,
                                    kvp_session **out, kvp_cuda_info *info);
+
+/* Ranks > 0 of a model split over several ranks: a cuda executor over m with opts (borrowed) and rank 0's KV
+ * shape and step limits, running rank 0's plans until it quits (kvp_tp_follow). *steps (may be NULL): plans
+ * run. KVP_EINVAL on rank 0 or without a communicator; the executor's and the communicator's errors. */
+kvp_status kvp_cuda_follow(kvp_model *m, const kvp_cuda_options *opts, int64_t *steps);
 
 /* kvp_cpu_generate's twin; info receives the executor's info after the run (graph counts included). */
 kvp_status kvp_cuda_generate(kvp_model *m, const kvp_cuda_options *opts, const kvp_session_config *cfg,

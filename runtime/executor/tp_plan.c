@@ -2,6 +2,7 @@
  *
  * A message: int64 length, then that many bytes: a header of H_N int64s, then the arrays it counts, each
  * padded to 8 bytes:
+ *   INIT  the header alone: blocks, block size, host blocks, KV dtype, max tokens and sequences of a step
  *   STEP  seqs (n x {req_id, context_len, num_new, sample, all_logits, num_blocks, has_tokens}), their token ids,
  *         their block tables, the flat batch when the executor takes one, the block moves
  */
@@ -164,7 +165,8 @@ kvp_status kvp_tp_leader_create(kvp_comm *comm, const kvp_tp_shape *shape, kvp_e
     L->comm = comm;
     L->inner = inner;
     const int64_t h[H_N_] = {[H_TYPE] = MSG_INIT, [H_N] = shape->num_blocks, [H_BS] = shape->block_size,
-                             [H_TOKS] = shape->num_host_blocks, [H_TABLES] = shape->kv_dtype};
+                             [H_TOKS] = shape->num_host_blocks, [H_TABLES] = shape->kv_dtype,
+                             [H_FLAT] = shape->max_tokens, [H_FTOK] = shape->max_seqs};
     kvp_status st = send_header(comm, &L->w, h);
     if (st != KVP_OK) {
         kvp_executor_destroy(&L->inner);
@@ -251,7 +253,8 @@ kvp_status kvp_tp_follow(kvp_comm *comm, kvp_status (*make)(void *ctx, const kvp
         int64_t h[H_N_];
         memcpy(h, take(&r, sizeof h), sizeof h);
         if (h[H_TYPE] == MSG_INIT && !ex.step) {
-            shape = (kvp_tp_shape){(int32_t)h[H_N], (int32_t)h[H_BS], (int32_t)h[H_TOKS], (int32_t)h[H_TABLES]};
+            shape = (kvp_tp_shape){(int32_t)h[H_N], (int32_t)h[H_BS], (int32_t)h[H_TOKS], (int32_t)h[H_TABLES],
+                                   (int32_t)h[H_FLAT], (int32_t)h[H_FTOK]};
             st = make(ctx, &shape, &ex);
         } else if (h[H_TYPE] == MSG_STEP && ex.step) {
             kvp_exec_batch b;

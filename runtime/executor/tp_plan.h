@@ -14,10 +14,13 @@
 #include "parallel/comm.h"
 #include "runtime/engine/executor.h"
 
-/* The leader's KV cache shape, which a follower's executor holds. */
+/* The leader's KV cache shape, which a follower's executor holds, and the step limits its buffers were sized
+ * for (the cuda executor pads decode steps to buckets that depend on them, and every rank must pad alike so
+ * that its collectives have the leader's sizes; 0: not given, the cpu executor's). */
 typedef struct {
     int32_t num_blocks, block_size, num_host_blocks;
     int32_t kv_dtype; /* a kvp_dtype */
+    int32_t max_tokens, max_seqs;
 } kvp_tp_shape;
 
 /* Rank 0's executor over inner (owned from now, even on failure): INIT now, STEP before each of inner's

@@ -7,15 +7,14 @@
 
 kvp_status kvp_model_export_check(const kvp_model *m)
 {
-    if (m->tp.tp > 1)
-        return KVP_ERR(KVP_EUNSUPPORTED, "%s: a model split over %d ranks cannot be exported (tensor parallelism of "
-                                         "the cuda executor is not built yet)", m->path, m->tp.tp);
     for (int32_t l = 0; l < m->cfg.num_layers; l++)
         if (m->layers[l].n_experts)
             return KVP_ERR(KVP_EUNSUPPORTED, "%s: layer %d is a mixture of experts: the cuda executor runs dense FFNs "
                                              "only (mixtral and qwen3_moe run on the cpu executor)", m->path, l);
     return KVP_OK;
 }
+
+void kvp_model_shard(const kvp_model *m, kvp_tp_shard *out) { *out = m->tp; }
 
 /* The panel matrix of (layer, id), or NULL. */
 static const mat_w *mat_of(const kvp_model *m, int32_t layer, kvp_mat_id id)

@@ -6,8 +6,13 @@
  *   vectors (norms, biases): the model's own f32 arrays, borrowed for the model's life
  *
  * Gemma's RMSNorm multiplies by 1 + w: the loader folds the 1 into the weight (weights.c), so an exported norm
- * is applied as out = w * x / rms(x) for every family. Only one rank (tp 1) and dense FFNs are exported:
- * KVP_EUNSUPPORTED otherwise, naming what is missing.
+ * is applied as out = w * x / rms(x) for every family. Only dense FFNs are exported (KVP_EUNSUPPORTED
+ * otherwise, naming the layer).
+ *
+ * A model loaded for tensor parallelism (kvp_model_load_tp) exports the rank's shard as the loader sliced it
+ * (parallel/shard.h, kvp_model_shard): Q, K, V, gate and up are its rows, O and down its columns, the
+ * embedding and the LM head its vocabulary rows, biases of Q, K and V its part; norms and o_proj's bias whole.
+ * The shapes below are the shard's.
  */
 #ifndef KVP_RUNTIME_MODEL_MODEL_EXPORT_H
 #define KVP_RUNTIME_MODEL_MODEL_EXPORT_H
@@ -15,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/status.h"
+#include "parallel/shard.h"
 #include "runtime/model/model.h"
 
 typedef enum {
@@ -41,8 +47,10 @@ typedef struct {
     kvp_rope_style style; /* pairs (2i, 2i+1) or halves (i, i + rot/2) */
 } kvp_model_rope;
 
-/* KVP_OK when the model can be exported (tp 1, dense FFN in every layer), else KVP_EUNSUPPORTED naming why. */
+/* KVP_OK when the model can be exported (a dense FFN in every layer), else KVP_EUNSUPPORTED naming why. */
 kvp_status kvp_model_export_check(const kvp_model *m);
+/* The rank's shard: which heads, intermediate units and vocabulary rows it holds (all of them at tp 1). */
+void kvp_model_shard(const kvp_model *m, kvp_tp_shard *out);
 /* Shape of matrix id (layer ignored for the LM head); *N, *K. */
 void kvp_model_matrix_shape(const kvp_model *m, int32_t layer, kvp_mat_id id, int64_t *N, int64_t *K);
 /* W into out (N * K floats, row-major). KVP_EINVAL for a layer or id out of range. */

@@ -44,7 +44,8 @@ struct item { /* queued on a stream */
 struct stream {
     int dev;
     item *head, *tail;
-    stream *next; /* user streams */
+    void *foreign; /* the other runtime's stream this one stands for (fake_nccl_foreign), or NULL */
+    stream *next;  /* user streams */
 };
 
 struct kvp_nccl_comm_impl {
@@ -93,6 +94,8 @@ static char *logbuf;
 static size_t loglen, logcap;
 static uint64_t id_counter;
 static _Thread_local int cur_dev = 0;
+static int (*foreign_is_device)(const void *p, size_t n); /* fake_nccl_foreign's */
+static alloc_rec foreign_rec;                            /* what find_alloc returns for its memory */
 static _Thread_local char last_error[512];
 
 /* ---- bookkeeping ------------------------------------------------------------------------------------- */
@@ -163,8 +166,14 @@ static stream *find_stream(void *s, int dev)
 {
     if (!s) return dev >= 0 && dev < MAXDEV ? &dflt[dev] : NULL;
     for (stream *u = user_streams; u; u = u->next)
-        if (u == s) return u;
-    return NULL;
+        if (u == s || (u->foreign && u->foreign == s)) return u;
+    if (!foreign_is_device || dev < 0 || dev >= MAXDEV) return NULL;
+    /* another runtime's stream: from now on a queue of its own on this device */
+    stream *f = calloc(1, sizeof *f);
+    if (!f) abort();
+    *f = (stream){.dev = dev, .foreign = s, .next = user_streams};
+    user_streams = f;
+    return f;
 }
 
 /* The allocation holding [p, p + n) on dev. */
@@ -173,6 +182,7 @@ static alloc_rec *find_alloc(const void *p, size_t n, int dev)
     for (alloc_rec *a = allocs; a; a = a->next)
         if ((const char *)p >= a->p && (const char *)p + n <= a->p + a->n && (n > 0 || (const char *)p < a->p + a->n))
             return a->dev == dev ? a : NULL;
+    if (foreign_is_device && foreign_is_device(p, n ? n : 1)) return &foreign_rec;
     return NULL;
 }
 
@@ -818,6 +828,7 @@ void fake_nccl_reset(int device_count)
         free(a);
     }
     nallocs = 0;
+    foreign_is_device = NULL;
     misuses = 0;
     misuse_msg[0] = '\0';
     free(logbuf);
@@ -898,6 +909,13 @@ int fake_nccl_live_comms(void)
 
 int fake_nccl_misuses(void) { return misuses; }
 const char *fake_nccl_last_misuse(void) { return misuse_msg; }
+
+void fake_nccl_foreign(int (*is_device)(const void *p, size_t n))
+{
+    pthread_mutex_lock(&mu);
+    foreign_is_device = is_device;
+    pthread_mutex_unlock(&mu);
+}
 
 void *fake_nccl_stream_create(int device)
 {

@@ -64,6 +64,15 @@ int fake_nccl_live_comms(void);      /* communicators neither destroyed nor abor
 int fake_nccl_misuses(void);         /* destroy with queued work, free/destroy of unknown handles */
 const char *fake_nccl_last_misuse(void);
 
+/* Lets the fake's collectives and copies work on another CUDA runtime's memory and streams: the project's CPU
+ * emulator of CUDA (common/cuda/), whose device memory is host memory and whose streams run each call to
+ * completion before it returns. is_device(p, n) says whether [p, p + n) is that runtime's device memory; the
+ * fake accepts it on every fake device (the emulator has one device for every rank). A stream handle the fake
+ * did not make becomes, the first time a call names it, a fake stream of that call's device: its collectives
+ * queue there as on the fake's own streams, after the emulator's work, which has already run. NULL (and
+ * fake_nccl_reset) turns it off. */
+void fake_nccl_foreign(int (*is_device)(const void *p, size_t n));
+
 /* A non-default stream on device (the fake's cudaStream_t); destroyed by reset or fake_nccl_stream_destroy. */
 void *fake_nccl_stream_create(int device);
 void fake_nccl_stream_destroy(void *stream);

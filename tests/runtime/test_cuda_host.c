@@ -298,9 +298,14 @@ Test(cuda_host, generate_command_line)
     cr_assert(strstr(err, "unknown device 'tpu'"), "%s", err);
     snprintf(cmd, sizeof cmd, "generate %s --prompt Once --device cuda --gpu-memory-utilization 1.5", model);
     cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
+    /* tensor parallelism on the device: without a GPU (or outside mpirun) a clear refusal, exit 2 */
     snprintf(cmd, sizeof cmd, "generate %s --prompt Once --device cuda --tp 2", model);
+    cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2, "%s", err);
+    cr_assert(strstr(err, "cuda executor: no CUDA device") || strstr(err, "tensor parallelism over 2 ranks, but this "
+              "MPI job has 1"), "%s", err);
+    snprintf(cmd, sizeof cmd, "generate %s --prompt Once --device cuda:1 --tp 2", model);
     cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
-    cr_assert(strstr(err, "tensor parallelism of the cuda executor"), "%s", err);
+    cr_assert(strstr(err, "each rank takes the GPU of its index on its node"), "%s", err);
     cr_assert_eq(kvp_test_cli("generate --help", out, sizeof out, err, sizeof err), 0);
     cr_assert(strstr(out, "--gpu-memory-utilization") && strstr(out, "--kv-cache-memory") && strstr(out, "--device"));
 }

@@ -239,6 +239,26 @@ extern "C" kvp_status kvp_cudev_sync(kvp_cudev *d, int copy_stream)
     return KVP_OK;
 }
 
+extern "C" kvp_status kvp_cudev_copy_2d(kvp_cudev *d, void *dst, size_t dpitch, const void *src, size_t spitch,
+                                        size_t width, size_t height, int kind)
+{
+    if (width == 0 || height == 0) return KVP_OK;
+    CU_TRY(cudaMemcpy2DAsync(dst, dpitch, src, spitch, width, height, kind_of(kind), d->compute), "cudaMemcpy2DAsync");
+    return KVP_OK;
+}
+
+extern "C" void *kvp_cudev_stream(kvp_cudev *d) { return (void *)d->compute; }
+
+extern "C" int kvp_cudev_is_device(const void *p, size_t bytes)
+{
+    cudaPointerAttributes a, b;
+    const char *last = (const char *)p + (bytes ? bytes - 1 : 0);
+    const int ok = p && cudaPointerGetAttributes(&a, p) == cudaSuccess && a.type == cudaMemoryTypeDevice &&
+                   cudaPointerGetAttributes(&b, last) == cudaSuccess && b.type == cudaMemoryTypeDevice;
+    (void)cudaGetLastError();
+    return ok;
+}
+
 /* ---------------------------------------------------------------- element types */
 
 __device__ __forceinline__ float load_el(const void *p, kvp_dtype dt, int64_t i)
@@ -265,18 +285,21 @@ __device__ __forceinline__ float warp_sum(float v)
 
 /* ---------------------------------------------------------------- small kernels */
 
-/* grid: (T), block: 32 threads over H */
-__global__ void embed_kernel(float *x, const void *embed, kvp_dtype wdt, const int32_t *tokens, int64_t H, float scale)
+/* grid: (T), block: 32 threads over H; rows outside [v0, v0 + nv) are another rank's: zeros */
+__global__ void embed_kernel(float *x, const void *embed, kvp_dtype wdt, const int32_t *tokens, int64_t H, float scale,
+                             int64_t v0, int64_t nv)
 {
-    const int64_t t = blockIdx.x, row = tokens[t];
-    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) x[t * H + i] = load_el(embed, wdt, row * H + i) * scale;
+    const int64_t t = blockIdx.x, row = (int64_t)tokens[t] - v0;
+    const bool mine = row >= 0 && row < nv;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) x[t * H + i] = mine ? load_el(embed, wdt, row * H + i) * scale : 0.0f;
 }
 
 extern "C" kvp_status kvp_cudev_embed(kvp_cudev *d, float *d_x, const void *d_embed, kvp_dtype wdt,
-                                      const int32_t *d_tokens, int64_t T, int64_t H, float scale)
+                                      const int32_t *d_tokens, int64_t T, int64_t H, float scale, int64_t v0, int64_t nv)
 {
     if (T < 1) return KVP_OK;
-    KVP_LAUNCH(embed_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_x, d_embed, wdt, d_tokens, H, scale);
+    KVP_LAUNCH(embed_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_x, d_embed, wdt, d_tokens, H, scale,
+               v0, nv);
     return launched("embed");
 }
 
@@ -587,15 +610,18 @@ __global__ void gemm_emu_kernel(float *y, int64_t ldy, const void *x, int64_t ld
 {
     const int64_t t = blockIdx.x;
     for (int64_t o = threadIdx.x; o < N; o += blockDim.x) {
-        float s = 0.0f;
+        /* k in order in double, rounded once: cuBLAS's f32 accumulation order is its own, so the stand-in
+         * models none, and a sum this close to exact lets a test that splits K (the row-parallel GEMMs of
+         * tensor parallelism) see the split, not the stand-in's rounding */
+        double s = 0.0;
         if (wdt == KVP_DTYPE_F32) {
             const float *wr = (const float *)w + o * K, *xr = (const float *)x + t * ldx;
-            for (int64_t k = 0; k < K; k++) s += xr[k] * wr[k];
+            for (int64_t k = 0; k < K; k++) s += (double)xr[k] * wr[k];
         } else {
             const __nv_bfloat16 *wr = (const __nv_bfloat16 *)w + o * K, *xr = (const __nv_bfloat16 *)x + t * ldx;
-            for (int64_t k = 0; k < K; k++) s += __bfloat162float(xr[k]) * __bfloat162float(wr[k]);
+            for (int64_t k = 0; k < K; k++) s += (double)__bfloat162float(xr[k]) * __bfloat162float(wr[k]);
         }
-        y[t * ldy + o] = s;
+        y[t * ldy + o] = (float)s;
     }
 }
 #endif

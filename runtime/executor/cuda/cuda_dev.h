@@ -58,12 +58,24 @@ kvp_status kvp_cudev_copy(kvp_cudev *d, void *dst, const void *src, size_t bytes
 /* The same on the copy stream (swaps and host-tier moves). */
 kvp_status kvp_cudev_copy_async(kvp_cudev *d, void *dst, const void *src, size_t bytes, int kind);
 kvp_status kvp_cudev_sync(kvp_cudev *d, int copy_stream); /* waits for the compute (0) or copy (1) stream */
+/* height rows of width bytes from src (rows spitch bytes apart) to dst (dpitch apart), on the compute stream
+ * (kind as kvp_cudev_copy): the gathered slices of a vocab-parallel LM head into the logits rows. */
+kvp_status kvp_cudev_copy_2d(kvp_cudev *d, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                             size_t height, int kind);
+/* The compute stream (a cudaStream_t) for work another library enqueues in order with the kernels: the
+ * executor's NCCL collectives (parallel/comm.h kvp_comm_set_stream). Valid while d is open. */
+void *kvp_cudev_stream(kvp_cudev *d);
+/* 1 when [p, p + bytes) lies in this CUDA runtime's device memory (cudaPointerGetAttributes at both ends);
+ * tests use it to tell another emulation of the runtime which memory is the device's. */
+int kvp_cudev_is_device(const void *p, size_t bytes);
 
 /* ---- kernels (reference beside each) */
 
-/* x[t, :] = embed[tokens[t], :] * scale; embed (V, H) of wdt. Ref: forward.c's gather and gemma's sqrt(H). */
+/* x[t, :] = embed[tokens[t] - v0, :] * scale for the vocabulary rows [v0, v0 + nv) that embed (nv, H) of wdt
+ * holds, zeros for the others (a vocab-parallel rank's part of the sum over ranks; v0 0, nv V: all of them).
+ * Ref: forward.c's gather (the same rule per rank) and gemma's sqrt(H). */
 kvp_status kvp_cudev_embed(kvp_cudev *d, float *d_x, const void *d_embed, kvp_dtype wdt, const int32_t *d_tokens,
-                           int64_t T, int64_t H, float scale);
+                           int64_t T, int64_t H, float scale, int64_t v0, int64_t nv);
 /* Row r of rows: t = r / group, h = r % group; x_r = x + t * tstride + h * n (the same for out; src_row
  * non-NULL reads x's token src_row[t] instead of t). out_r = w * x_r / sqrt(mean(x_r^2) + eps).
  * Ref: ops.c mdl_rmsnorm (per token, or per head of a token with group = heads). */
@@ -140,7 +152,8 @@ kvp_status kvp_cudev_fill(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, floa
 /* ---- GEMM: y (T, N) at ldy = x (T, K) at ldx times W^T, W (N, K) row-major of wdt (f32 or bf16), f32
  * accumulation. With bf16 weights x is first rounded to bf16 into d_scratch (T * K * 2 bytes; the caller's).
  * nvcc: cublasGemmEx (CUBLAS_COMPUTE_32F) with the fixed workspace given at open (cublasSetWorkspace), so it
- * can be captured; emulated: a kernel of one thread per output summing k in order. Ref: matmul.c. */
+ * can be captured; emulated: a kernel of one thread per output summing k in order in double, rounded once.
+ * Ref: matmul.c. */
 kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_x, int64_t ldx, const void *d_w,
                           kvp_dtype wdt, int64_t T, int64_t N, int64_t K, void *d_scratch);
 

@@ -68,9 +68,28 @@ kvp_status kvp_cudev_sync(kvp_cudev *d, int copy_stream)
     return NO_DEVICE;
 }
 
-kvp_status kvp_cudev_embed(kvp_cudev *d, float *d_x, const void *d_embed, kvp_dtype wdt, const int32_t *d_tokens, int64_t T, int64_t H, float scale)
+kvp_status kvp_cudev_copy_2d(kvp_cudev *d, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
+                             size_t height, int kind)
 {
-    (void)d, (void)d_x, (void)d_embed, (void)wdt, (void)d_tokens, (void)T, (void)H, (void)scale;
+    (void)d, (void)dst, (void)dpitch, (void)src, (void)spitch, (void)width, (void)height, (void)kind;
+    return NO_DEVICE;
+}
+
+void *kvp_cudev_stream(kvp_cudev *d)
+{
+    (void)d;
+    return NULL;
+}
+
+int kvp_cudev_is_device(const void *p, size_t bytes)
+{
+    (void)p, (void)bytes;
+    return 0;
+}
+
+kvp_status kvp_cudev_embed(kvp_cudev *d, float *d_x, const void *d_embed, kvp_dtype wdt, const int32_t *d_tokens, int64_t T, int64_t H, float scale, int64_t v0, int64_t nv)
+{
+    (void)d, (void)d_x, (void)d_embed, (void)wdt, (void)d_tokens, (void)T, (void)H, (void)scale, (void)v0, (void)nv;
     return NO_DEVICE;
 }
 

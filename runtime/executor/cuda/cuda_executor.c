@@ -13,7 +13,10 @@
 #include "common/log.h"
 #include "common/parse.h"
 #include "common/timer.h"
+#include "parallel/comm.h"
+#include "parallel/shard.h"
 #include "runtime/executor/cuda/cuda_dev.h"
+#include "runtime/executor/tp_plan.h"
 #include "runtime/model/model_export.h"
 
 /* The emulated device's memory unless KVPAGE_EMU_DEVICE_MEM sets the emulator's: its "device" is host memory,
@@ -26,6 +29,8 @@ kvp_cuda_options kvp_cuda_options_default(void)
                               .enforce_eager = 0, .weights = KVP_DTYPE_COUNT, .random_seed = 0,
                               .attention = KVP_CUDA_ATTN_PAGED};
 }
+
+kvp_status kvp_cuda_devices(int *n) { return kvp_cudev_count(n); }
 
 kvp_status kvp_device_parse(const char *s, int *cuda, int *index)
 {
@@ -229,11 +234,13 @@ void kvp_cuda_pack_fill(const kvp_exec_batch *b, const kvp_cuda_pack_model *pm, 
 
 /* ---------------------------------------------------------------- the device model */
 
+/* Shapes below are one rank's (parallel/shard.h; the whole model at tp 1): QD = nq hd and KD = nkv hd of its
+ * query and KV heads, FF its intermediate units, nv its vocabulary rows. */
 typedef struct {
-    void *wqkv;   /* (QD + 2 KD, H) of wdt: Q, K and V fused, as one GEMM */
-    void *wo;     /* (H, QD) */
-    void *wgu;    /* (2 FF, H): gate then up, fused */
-    void *wdown;  /* (H, FF) */
+    void *wqkv;   /* (QD + 2 KD, H) of wdt: Q, K and V fused, as one GEMM (column-parallel) */
+    void *wo;     /* (H, QD) (row-parallel: the ranks' products are summed) */
+    void *wgu;    /* (2 FF, H): gate then up, fused (column-parallel) */
+    void *wdown;  /* (H, FF) (row-parallel) */
     float *bqkv;  /* (QD + 2 KD) or NULL */
     float *bo;    /* (H) or NULL */
     float *attn_norm, *ffn_norm, *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
@@ -242,10 +249,11 @@ typedef struct {
 
 struct kvp_cuda_model {
     kvp_model_config cfg;
+    kvp_tp_shard tp;    /* this rank's heads, units and vocabulary rows, as the loader sliced them */
     kvp_cudev *dev;     /* borrowed */
     kvp_dtype wdt;      /* of the matrices and the embedding */
-    void *embed;        /* (V, H) */
-    void *lm_head;      /* (V, H); == embed when tied */
+    void *embed;        /* (nv, H): vocabulary rows tp.v0 .. (vocab-parallel) */
+    void *lm_head;      /* (nv, H); == embed when tied */
     float *out_norm;    /* (H) */
     cu_layer *layers;   /* (num_layers), host array of device pointers */
     double *inv_freq, *inv_freq_local; /* (rot / 2), host */
@@ -360,13 +368,15 @@ static kvp_status cu_model_upload(kvp_cudev *d, kvp_model *m, kvp_dtype wdt, kvp
     kvp_cuda_model *cm = kvp_calloc(1, sizeof *cm);
     if (!cm) return KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
     cm->cfg = *kvp_model_cfg(m);
+    kvp_model_shard(m, &cm->tp);
     cm->dev = d;
     cm->wdt = wdt;
     cm->rope_style = kvp_model_rope_style(m) == KVP_ROPE_PAIRS ? 0 : 1;
     cm->max_len = kvp_model_max_len(m);
     const kvp_model_config *c = &cm->cfg;
-    const int64_t H = c->hidden_size, hd = c->head_dim, QD = c->num_q_heads * hd, KD = c->num_kv_heads * hd;
-    const int64_t V = c->vocab_size;
+    /* the shard the loader holds (parallel/shard.h): its matrices are already this rank's rows and columns */
+    const int64_t H = c->hidden_size, hd = c->head_dim, QD = (int64_t)cm->tp.nq * hd, KD = (int64_t)cm->tp.nkv * hd;
+    const int64_t V = cm->tp.nv;
     kvp_model_rope r;
     kvp_model_rope_of(m, &r);
     kvp_status st = rope_tables(cm, r.inv_freq, r.inv_freq_local, r.scale, r.rot);
@@ -422,6 +432,8 @@ static kvp_status cu_model_random(kvp_cudev *d, const kvp_model_config *cfg, uin
     const kvp_model_config *c = &cm->cfg;
     const int64_t H = c->hidden_size, hd = c->head_dim, QD = c->num_q_heads * hd, KD = c->num_kv_heads * hd;
     const int64_t V = c->vocab_size, FF = c->intermediate_size;
+    cm->tp = (kvp_tp_shard){.tp = 1, .nq = c->num_q_heads, .nkv = c->num_kv_heads, .kv_replicas = 1, .nff = FF,
+                            .nv = V, .vpad = V}; /* one rank holds everything */
     const int64_t ctx = kvp_model_config_context(c);
     cm->max_len = ctx > 0 && ctx < INT32_MAX ? (int32_t)ctx : 4096;
     const int32_t rot = kvp_rotary_dim(c);
@@ -479,6 +491,7 @@ typedef struct {
     float *qc;                                        /* (T, QD) q packed for the paged kernels, or NULL */
     void *split;                                      /* decode's split-KV workspace (paged), split_bytes */
     size_t split_bytes;
+    float *gather;                                    /* tp > 1: (tp, S, vpad) the ranks' logits slices */
     void *scratch;                                    /* bf16 GEMM input */
     void *pack;                                       /* the step pack on the device */
     int64_t T, S;                                     /* rows they hold */
@@ -506,19 +519,23 @@ typedef struct {
     size_t h_logits_cap;
     int32_t buckets[KVP_CUDA_MAX_BUCKETS], n_buckets;
     /* CUDA graphs: graphs[i] replays the forward pass of a buckets[i]-row step over the pack at graph_pack
-     * (captured with layout graph_lay[i]); all are dropped when the pack's device buffer moves. */
+     * (captured with layout graph_lay[i]); all are dropped when the pack's device buffer moves. tp > 1 runs
+     * eagerly (its collectives go through the communicator, which a capture here does not record). */
     kvp_cudev_graph *graphs[KVP_CUDA_MAX_BUCKETS];
     kvp_cuda_pack_layout graph_lay[KVP_CUDA_MAX_BUCKETS];
     uint8_t graph_failed[KVP_CUDA_MAX_BUCKETS]; /* 1: its capture failed; the bucket runs eagerly */
     void *graph_pack;
-    int profiling;            /* 1: the profiling pass (no KV, no attention) */
+    int profiling;            /* 1: the profiling pass (no KV, no attention, no collectives) */
     int paged;                /* 1: attention/cuda's kernels (kvp_cuda_attention) */
+    kvp_comm *comm;           /* tp > 1: the model's nccl communicator (borrowed); else NULL */
+    int tp, rank;
 } cu_ctx;
 
 static void ws_free(cu_ctx *c)
 {
     cu_ws *w = &c->ws;
-    void *ps[] = {w->x, w->h, w->qkv, w->o, w->gu, w->act, w->fin, w->logits, w->scratch, w->pack, w->qc, w->split};
+    void *ps[] = {w->x,       w->h,       w->qkv,  w->o,  w->gu,   w->act, w->fin,
+                  w->logits,  w->gather,  w->scratch, w->pack, w->qc, w->split};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(c->dev, ps[i]);
     memset(w, 0, sizeof *w);
 }
@@ -527,8 +544,9 @@ static void ws_free(cu_ctx *c)
 static kvp_status ws_alloc(cu_ctx *c, int64_t T, int64_t S, int64_t *bytes)
 {
     const kvp_model_config *m = &c->cm->cfg;
-    const int64_t H = m->hidden_size, hd = m->head_dim, QD = m->num_q_heads * hd, KD = m->num_kv_heads * hd;
-    const int64_t FF = m->intermediate_size, V = m->vocab_size;
+    const kvp_tp_shard *sh = &c->cm->tp;
+    const int64_t H = m->hidden_size, hd = m->head_dim, QD = sh->nq * hd, KD = sh->nkv * hd;
+    const int64_t FF = sh->nff, V = c->tp > 1 ? sh->vpad : m->vocab_size; /* a logits row's stride */
     int64_t Kmax = H > QD ? H : QD;
     Kmax = Kmax > FF ? Kmax : FF;
     cu_ws *w = &c->ws;
@@ -547,6 +565,7 @@ static kvp_status ws_alloc(cu_ctx *c, int64_t T, int64_t S, int64_t *bytes)
     WS(w->act, T * FF, 4);
     WS(w->fin, S * H, 4);
     WS(w->logits, S * V, 4);
+    if (c->tp > 1) WS(w->gather, c->tp * S * V, 4);
     WS(w->scratch, T * Kmax, 2);
     if (c->paged) {
         WS(w->qc, T * QD, 4);
@@ -562,17 +581,43 @@ static kvp_status ws_alloc(cu_ctx *c, int64_t T, int64_t S, int64_t *bytes)
     return st;
 }
 
-/* One step's forward pass over the pack on the device (laid out as lay). bucket 0: the LM head over the S
- * logits rows (in chunks of ws.S), each chunk copied to h_logits, then the stream is waited for. bucket 1 (a
- * decode step padded to its graph bucket): the LM head over all T rows at once into ws.logits, nothing
- * copied back, nothing waited for, no host read of a device value: the whole call can be captured. */
+/* Sums the ranks' partial results (T, H) on the compute stream, in order with the kernels: after the embedding
+ * and after each row-parallel GEMM. Nothing at tp 1, nor in the profiling pass (each rank profiles alone at
+ * start-up, before the others have an executor). */
+static kvp_status tp_sum(cu_ctx *c, float *d_x, int64_t n)
+{
+    return c->tp > 1 && !c->profiling ? kvp_comm_all_reduce_sum_f32(c->comm, d_x, n) : KVP_OK;
+}
+
+/* The logits rows r0 .. r0 + n of a vocab-parallel LM head: every rank's (n, vpad) slice is gathered, and
+ * rank 0 copies slice k into columns [k vpad, k vpad + nv_k) of the host rows (the last slice may be short). */
+static kvp_status tp_logits(cu_ctx *c, int32_t r0, int64_t n)
+{
+    const int64_t V = c->cm->cfg.vocab_size, vp = c->cm->tp.vpad;
+    KVP_TRY(kvp_comm_all_gather_f32(c->comm, c->ws.logits, n * vp, c->ws.gather));
+    for (int32_t k = 0; c->rank == 0 && k < c->tp; k++) {
+        const int64_t v0 = k * vp, nv = V - v0 < vp ? V - v0 : vp;
+        if (nv > 0)
+            KVP_TRY(kvp_cudev_copy_2d(c->dev, c->h_logits + (size_t)r0 * (size_t)V + (size_t)v0, (size_t)V * sizeof(float),
+                                      c->ws.gather + (size_t)k * (size_t)(n * vp), (size_t)vp * sizeof(float),
+                                      (size_t)nv * sizeof(float), (size_t)n, 1));
+    }
+    return KVP_OK;
+}
+
+/* One step's forward pass over the pack on the device (laid out as lay), on this rank's shard. bucket 0: the
+ * LM head over the S logits rows (in chunks of ws.S), each chunk copied to h_logits, then the stream is waited
+ * for. bucket 1 (a decode step padded to its graph bucket; tp 1 only): the LM head over all T rows at once into
+ * ws.logits, nothing copied back, nothing waited for, no host read of a device value: the whole call can be
+ * captured. */
 static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay, int bucket)
 {
     kvp_cudev *d = c->dev;
     const kvp_cuda_model *cm = c->cm;
     const kvp_model_config *m = &cm->cfg;
-    const int64_t H = m->hidden_size, hd = m->head_dim, nq = m->num_q_heads, nkv = m->num_kv_heads;
-    const int64_t QD = nq * hd, KD = nkv * hd, QKV = QD + 2 * KD, FF = m->intermediate_size, V = m->vocab_size;
+    const int64_t H = m->hidden_size, hd = m->head_dim, nq = cm->tp.nq, nkv = cm->tp.nkv;
+    const int64_t QD = nq * hd, KD = nkv * hd, QKV = QD + 2 * KD, FF = cm->tp.nff, V = m->vocab_size;
+    const int64_t NV = cm->tp.nv, LD = c->tp > 1 ? cm->tp.vpad : V; /* LM head rows held; a logits row's stride */
     const int64_t T = lay->T;
     const float eps = (float)m->rms_norm_eps;
     cu_ws *w = &c->ws;
@@ -590,7 +635,8 @@ static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay, int bucket
     const float emb_scale = m->family == KVP_FAMILY_GEMMA2 ? sqrtf((float)H) : 1.0f;
     const float sm_scale = m->query_pre_attn_scalar > 0 ? (float)(1.0 / sqrt(m->query_pre_attn_scalar))
                                                         : (float)(1.0 / sqrt((double)hd));
-    KVP_TRY(kvp_cudev_embed(d, w->x, cm->embed, cm->wdt, tokens, T, H, emb_scale));
+    KVP_TRY(kvp_cudev_embed(d, w->x, cm->embed, cm->wdt, tokens, T, H, emb_scale, cm->tp.v0, NV));
+    KVP_TRY(tp_sum(c, w->x, T * H)); /* vocab-parallel embedding: one rank holds each row */
     for (int32_t l = 0; l < m->num_layers; l++) {
         const cu_layer *L = &cm->layers[l];
         float *q = w->qkv, *k = w->qkv + QD, *v = w->qkv + QD + KD;
@@ -614,6 +660,7 @@ static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay, int bucket
                                             L->window_left, sm_scale, (float)m->attn_logit_softcapping));
         }
         KVP_TRY(kvp_cudev_gemm(d, w->h, H, w->o, QD, L->wo, cm->wdt, T, H, QD, w->scratch));
+        KVP_TRY(tp_sum(c, w->h, T * H));
         if (L->bo) KVP_TRY(kvp_cudev_bias(d, w->h, H, L->bo, T, H));
         if (L->post_attn_norm) KVP_TRY(kvp_cudev_rmsnorm(d, w->h, H, w->h, H, L->post_attn_norm, T, 1, H, eps, NULL));
         KVP_TRY(kvp_cudev_add(d, w->x, w->h, T * H));
@@ -621,10 +668,12 @@ static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay, int bucket
         KVP_TRY(kvp_cudev_gemm(d, w->gu, 2 * FF, w->h, H, L->wgu, cm->wdt, T, 2 * FF, H, w->scratch));
         KVP_TRY(kvp_cudev_glu(d, m->ffn_act, w->act, w->gu, w->gu + FF, 2 * FF, T, FF));
         KVP_TRY(kvp_cudev_gemm(d, w->h, H, w->act, FF, L->wdown, cm->wdt, T, H, FF, w->scratch));
+        KVP_TRY(tp_sum(c, w->h, T * H));
         if (L->post_ffn_norm) KVP_TRY(kvp_cudev_rmsnorm(d, w->h, H, w->h, H, L->post_ffn_norm, T, 1, H, eps, NULL));
         KVP_TRY(kvp_cudev_add(d, w->x, w->h, T * H));
     }
     if (bucket) {
+        if (c->tp > 1) return KVP_ERR(KVP_EINVAL, "cuda executor: internal error: a graph bucket at tp %d", c->tp);
         if (lay->T > w->S)
             return KVP_ERR(KVP_EINVAL, "cuda executor: a %d-row bucket above the %lld logits rows sized", lay->T,
                            (long long)w->S);
@@ -636,11 +685,13 @@ static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay, int bucket
     for (int32_t r0 = 0; r0 < lay->S; r0 += (int32_t)w->S) {
         const int64_t n = lay->S - r0 < w->S ? lay->S - r0 : w->S;
         KVP_TRY(kvp_cudev_rmsnorm(d, w->fin, H, w->x, H, cm->out_norm, n, 1, H, eps, rows + r0));
-        KVP_TRY(kvp_cudev_gemm(d, w->logits, V, w->fin, H, cm->lm_head, cm->wdt, n, V, H, w->scratch));
-        KVP_TRY(kvp_cudev_softcap(d, w->logits, n * V, (float)m->final_logit_softcapping));
-        if (!c->profiling)
-            KVP_TRY(kvp_cudev_copy(d, c->h_logits + (size_t)r0 * (size_t)V, w->logits, (size_t)(n * V) * sizeof(float), 1));
+        KVP_TRY(kvp_cudev_gemm(d, w->logits, LD, w->fin, H, cm->lm_head, cm->wdt, n, NV, H, w->scratch));
+        KVP_TRY(kvp_cudev_softcap(d, w->logits, n * LD, (float)m->final_logit_softcapping));
+        if (c->profiling) continue;
+        if (c->tp > 1) KVP_TRY(tp_logits(c, r0, n));
+        else KVP_TRY(kvp_cudev_copy(d, c->h_logits + (size_t)r0 * (size_t)V, w->logits, (size_t)(n * V) * sizeof(float), 1));
     }
+    if (c->tp > 1 && !c->profiling) KVP_TRY(kvp_comm_wait(c->comm)); /* NCCL's errors and deadline first */
     return kvp_cudev_sync(d, 0);
 }
 
@@ -768,7 +819,7 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
     if (decode && c->n_buckets) {
         const int32_t bk = kvp_cuda_graph_bucket(c->buckets, c->n_buckets, b->flat.num_tokens);
         T_pad = bk > 0 && bk <= c->ws.T && bk <= c->ws.S ? bk : 0;
-        for (int32_t i = 0; T_pad && i < c->n_buckets; i++)
+        for (int32_t i = 0; T_pad && c->tp == 1 && i < c->n_buckets; i++) /* tp > 1: padded, eager */
             if (c->buckets[i] == T_pad) bi = i;
     }
     if (b->n == 0 && b->ops.n_copies == 0) goto done;
@@ -833,6 +884,7 @@ static void destroy(void *ctx)
     cu_ctx *c = ctx;
     if (!c) return;
     graphs_drop(c);
+    if (c->comm && kvp_comm_set_stream(c->comm, NULL, 1) != KVP_OK) kvp_error_clear(); /* the stream goes next */
     ws_free(c);
     kvp_cudev_free(c->dev, c->kv_all);
     kvp_cudev_free(c->dev, c->d_pool_ptrs);
@@ -909,9 +961,33 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
                        block_size, num_blocks, num_host_blocks, max_tokens, max_seqs);
     if ((unsigned)kv_dtype >= KVP_DTYPE_COUNT)
         return KVP_ERR(KVP_EINVAL, "cuda executor: KV dtype %d", (int)kv_dtype);
+    /* Tensor parallelism: the model's shard and communicator (kvp_model_load_tp); every rank runs the same
+     * forward pass on its heads and sums through NCCL on the compute stream. */
+    kvp_comm *comm = m ? kvp_model_comm(m) : NULL;
+    const int tp = comm ? kvp_comm_size(comm) : 1;
+    if (tp > 1) {
+        kvp_tp_shard sh;
+        kvp_model_shard(m, &sh);
+        if (sh.tp != tp)
+            return KVP_ERR(KVP_EINVAL, "cuda executor: the model was split over %d ranks, its communicator has %d", sh.tp, tp);
+        if (kvp_comm_memory(comm) != KVP_COMM_MEM_DEVICE)
+            return KVP_ERR(KVP_EINVAL, "cuda executor: tensor parallelism over %d ranks needs an nccl communicator (its "
+                                       "collectives work in device memory), not a '%s' one", tp, kvp_comm_backend(comm));
+    }
     cu_ctx *c = kvp_calloc(1, sizeof *c);
     if (!c) return KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
+    c->tp = tp;
+    c->rank = comm ? kvp_comm_rank(comm) : 0;
     kvp_status st = kvp_cudev_open(opts->device, &c->dev, &c->dinfo);
+    /* a GPU's NCCL rank and its executor share the device; the emulator has one device for every rank */
+    if (st == KVP_OK && tp > 1 && !c->dinfo.emulated && kvp_comm_device(comm) != opts->device)
+        st = KVP_ERR(KVP_EINVAL, "cuda executor: rank %d's communicator is on CUDA device %d, the executor on %d",
+                     c->rank, kvp_comm_device(comm), opts->device);
+    /* Collectives go on the compute stream after the kernels before them. On a GPU they return once enqueued
+     * (kvp_comm_wait at the end of the pass reports them); the emulator runs kernels on the host as they are
+     * launched, so there each collective must have completed before the next kernel reads its result. */
+    if (st == KVP_OK && tp > 1) st = kvp_comm_set_stream(comm, kvp_cudev_stream(c->dev), c->dinfo.emulated);
+    if (st == KVP_OK && tp > 1) c->comm = comm;
     int64_t free0 = 0, total = 0;
     if (st == KVP_OK) st = kvp_cudev_mem_info(c->dev, &free0, &total);
     if (st == KVP_OK && c->dinfo.emulated && !getenv("KVPAGE_EMU_DEVICE_MEM") && total > EMU_DEVICE_BYTES) {
@@ -945,7 +1021,8 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
     }
     const kvp_model_config *mc = &c->cm->cfg;
     const int64_t layers = mc->num_layers;
-    c->block_bytes_pool = (size_t)mc->num_kv_heads * (size_t)block_size * (size_t)mc->head_dim * kvp_dtype_size(kv_dtype);
+    /* this rank's KV heads only (replicated when tp exceeds the KV heads); rank 0's block ids on every rank */
+    c->block_bytes_pool = (size_t)c->cm->tp.nkv * (size_t)block_size * (size_t)mc->head_dim * kvp_dtype_size(kv_dtype);
     kvp_cuda_mem_split split;
     st = kvp_cuda_split(total, free0, opts->gpu_memory_utilization, c->cm->weight_bytes, peak,
                             (int64_t)c->block_bytes_pool * 2 * layers, opts->kv_cache_memory, &split);
@@ -967,7 +1044,7 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
             c->pools[l] = (kvp_cudev_pool){.k = (char *)c->kv_all + (size_t)(2 * l) * c->pool_bytes,
                                            .v = (char *)c->kv_all + (size_t)(2 * l + 1) * c->pool_bytes,
                                            .dtype = kv_dtype, .num_blocks = c->num_blocks,
-                                           .nkv = mc->num_kv_heads, .block_size = block_size, .hd = mc->head_dim};
+                                           .nkv = c->cm->tp.nkv, .block_size = block_size, .hd = mc->head_dim};
             ptrs[2 * l] = c->pools[l].k;
             ptrs[2 * l + 1] = c->pools[l].v;
         }
@@ -1031,11 +1108,21 @@ static kvp_status cuda_session_create(kvp_model *m, const kvp_cuda_options *opts
     int32_t max_tokens = c.engine.max_batched_tokens > 0 ? c.engine.max_batched_tokens : 2048;
     if (!c.engine.chunked_prefill && max_tokens < c.engine.max_model_len) max_tokens = c.engine.max_model_len;
     const int32_t max_seqs = c.engine.max_num_seqs > 0 ? c.engine.max_num_seqs : 256;
+    kvp_comm *comm = kvp_model_comm(m);
+    const int tp = comm ? kvp_comm_size(comm) : 1;
+    if (tp > 1 && kvp_comm_rank(comm) != 0)
+        return KVP_ERR(KVP_ESTATE, "tensor parallelism: rank %d executes rank 0's plans (kvp_cuda_follow)",
+                       kvp_comm_rank(comm));
     KVP_TRY(kvp_cuda_executor_create(m, NULL, opts, c.num_blocks, c.engine.block_size, (int32_t)host, c.kv_dtype,
                                      max_tokens, max_seqs, &ex, &ci));
+    if (ctx) *ctx = ex.ctx; /* the cuda executor's own, before a leader wraps it */
     c.num_blocks = ci.split.num_blocks;
+    if (tp > 1) { /* rank 0 schedules; its plans go over the host plane to the followers' executors */
+        const kvp_tp_shape shape = {c.num_blocks, c.engine.block_size, (int32_t)host, (int32_t)c.kv_dtype, max_tokens,
+                                    max_seqs};
+        KVP_TRY(kvp_tp_leader_create(kvp_comm_host(comm), &shape, ex, &ex));
+    }
     if (info) *info = ci;
-    if (ctx) *ctx = ex.ctx;
     kvp_status st = kvp_session_create(&c, ex, out);
     if (st != KVP_OK) kvp_executor_destroy(&ex);
     return st;
@@ -1045,6 +1132,29 @@ kvp_status kvp_cuda_session_create(kvp_model *m, const kvp_cuda_options *opts, c
                                    kvp_session **out, kvp_cuda_info *info)
 {
     return cuda_session_create(m, opts, cfg, out, info, NULL);
+}
+
+typedef struct {
+    kvp_model *m;
+    const kvp_cuda_options *opts;
+} follow_ctx;
+
+static kvp_status make_follower(void *ctx, const kvp_tp_shape *sh, kvp_executor *ex)
+{
+    const follow_ctx *f = ctx;
+    if (sh->max_tokens < 1 || sh->max_seqs < 1)
+        return KVP_ERR(KVP_EPARSE, "tensor parallelism: rank 0's plan gives no step limits (is its executor the cuda one?)");
+    return kvp_cuda_executor_create(f->m, NULL, f->opts, sh->num_blocks, sh->block_size, sh->num_host_blocks,
+                                    (kvp_dtype)sh->kv_dtype, sh->max_tokens, sh->max_seqs, ex, NULL);
+}
+
+kvp_status kvp_cuda_follow(kvp_model *m, const kvp_cuda_options *opts, int64_t *steps)
+{
+    kvp_comm *comm = m ? kvp_model_comm(m) : NULL;
+    if (!opts || !comm || kvp_comm_size(comm) < 2 || kvp_comm_rank(comm) == 0)
+        return KVP_ERR(KVP_EINVAL, "tensor parallelism: only ranks but 0 of several follow rank 0's plans");
+    follow_ctx f = {m, opts};
+    return kvp_tp_follow(kvp_comm_host(comm), make_follower, &f, steps);
 }
 
 kvp_status kvp_cuda_generate(kvp_model *m, const kvp_cuda_options *opts, const kvp_session_config *cfg,
