@@ -138,7 +138,9 @@ typedef struct {
     const char *mprefix; /* metric names' prefix: "kvpage:" or "vllm:" */
     double tok_le[SRV_MAX_BOUNDS]; /* token-count histograms' bounds: 1, 2, 5, 10, ... up to the context */
     int tok_nb;
-    kvp_session_config cfg;
+    kvp_session_config cfg; /* with --device cuda, num_blocks is the split's once the session exists */
+    int32_t cuda_blocks_asked; /* --device cuda: the num_blocks asked for (0: the split's), for a new session */
+    kvp_cuda_info cuda_info;   /* --device cuda: the device and its memory split */
     kvp_sampling_defaults dflt; /* what a request leaves out: the model's generation_config.json, else vLLM's */
     pthread_mutex_t mu;
     pthread_cond_t wake;
