@@ -81,7 +81,7 @@ static child serve_start(const char *extra)
         int st;
         if (!c.start && waitpid(c.pid, &st, WNOHANG) == c.pid) {
             char *e = slurp(c.err);
-            cr_assert_fail("the server (%s) exited with status %d: %s", extra, st, e ? e : "");
+            cr_assert(0, "the server (%s) exited with status %d: %s", extra, st, e ? e : "");
         }
         if (!c.start) usleep(100 * 1000);
     }
