@@ -97,14 +97,29 @@ def main():
     P, N = a.prompt_len, a.new_tokens
     max_len = P + N
 
+    # The call's keywords across transformers versions, the first that binds kept: 4.x wants cache_position for
+    # the static cache and takes logits_to_keep from 4.50 (num_logits_to_keep before); 5.x computes the cache
+    # position itself and renames past_key_values to cache.
+    variants = [("past_key_values", True, "logits_to_keep"), ("past_key_values", False, "logits_to_keep"),
+                ("cache", False, "logits_to_keep"), ("past_key_values", True, "num_logits_to_keep")]
+    chosen = []
+
     def forward(ids, cache, pos):
-        # position_ids for every version; cache_position where the static cache wants it (4.x; 5.x computes it)
-        kw = dict(input_ids=ids, past_key_values=cache, position_ids=pos[None].expand(ids.shape[0], -1),
-                  cache_position=pos, use_cache=True)
-        try:
-            return model(**kw, logits_to_keep=1).logits
-        except TypeError:  # transformers < 4.50
-            return model(**kw, num_logits_to_keep=1).logits
+        last = None
+        for v in (chosen or variants):
+            kw = {v[0]: cache, "input_ids": ids, "position_ids": pos[None].expand(ids.shape[0], -1),
+                  "use_cache": True, v[2]: 1}
+            if v[1]:
+                kw["cache_position"] = pos
+            try:
+                out = model(**kw).logits
+            except TypeError as e:  # a keyword this version lacks
+                last = e
+                continue
+            if not chosen:
+                chosen.append(v)
+            return out
+        raise last
 
     def run(B):
         g = torch.Generator(device=dev).manual_seed(a.seed + B)
