@@ -7,7 +7,8 @@
 #      the standalone kernel benchmark (no cJSON), kvp-nccl-smoke, and the kernels' resource report; then starts
 #      building the kvpage program for step 6 in the background (CMake, KVPAGE_CUDA=ON; it needs the project's
 #      libraries: cJSON, xxHash, OpenBLAS, libmicrohttpd, PCRE2, libcurl, jemalloc; KVPAGE_BIN=PATH gives a
-#      kvpage built elsewhere instead);
+#      kvpage built elsewhere instead, KVPAGE_BUNDLE=FILE.tar.xz one packed with its libraries by
+#      bench/gpu_bundle.sh);
 #   2. runs the suites natively (tests/cuda/test_emulator.cu: the emulator's semantics on real hardware;
 #      tests/attention/test_attn_cuda.c: every kernel against the CPU kernels and float64 references) and fails
 #      when a suite fails, skips anything, or runs nothing;
@@ -72,6 +73,11 @@ KV_PID=
 # kvpage with nvcc, in the background (nice: the GPU steps meanwhile time the device, not the host); the build
 # is bounded, and timeout ends the whole tree of make and nvcc with it.
 kvpage_build_start() {
+  if [ -z "$KV" ] && [ -n "${KVPAGE_BUNDLE:-}" ]; then # bench/gpu_bundle.sh's: kvpage with its libraries
+    rm -rf "$B/bundle" && mkdir -p "$B/bundle" && tar -C "$B/bundle" -xJf "$KVPAGE_BUNDLE" >>"$LOG" 2>&1 ||
+      say "cannot unpack KVPAGE_BUNDLE=$KVPAGE_BUNDLE"
+    KV=$B/bundle/kvpage/kvpage
+  fi
   [ -n "$KV" ] && return
   KV=$B/kvpage/kvpage
   (
@@ -96,10 +102,17 @@ kvpage_ready() {
       return
     fi
   fi
+  # the program itself: a bundle's wrapper (bench/gpu_bundle.sh) runs bin/kvpage with lib/ first
+  local elf=$KV libs=${LD_LIBRARY_PATH:-}
+  if [ -x "$(dirname "$KV")/bin/kvpage" ]; then
+    elf=$(dirname "$KV")/bin/kvpage libs=$(dirname "$KV")/lib:${CUDA:-/usr/local/cuda}/lib64:$libs
+  fi
   if [ ! -x "$KV" ]; then
     WHY="no kvpage at $KV"
-  elif [ $DRY = 0 ] && ! ldd "$KV" 2>/dev/null | grep -q libcublas; then
+  elif [ $DRY = 0 ] && ! LD_LIBRARY_PATH=$libs ldd "$elf" 2>/dev/null | grep -q libcublas; then
     WHY="$KV was built without nvcc (it links the no-device layer: no cuBLAS)"
+  elif LD_LIBRARY_PATH=$libs ldd "$elf" 2>/dev/null | grep -q 'not found'; then
+    WHY="$KV misses libraries here: $(LD_LIBRARY_PATH=$libs ldd "$elf" | grep 'not found' | tr -s ' \t\n' ' ' | cut -c1-160)"
   fi
 }
 E2E_END=0
@@ -208,7 +221,8 @@ e2e_table() {
 }
 
 if [ $DRY = 1 ]; then # no GPU, no nvcc: step 6 with stand-ins
-  KV=${KVPAGE_BIN:-build/kvpage}
+  [ -z "$KV" ] && [ -n "${KVPAGE_BUNDLE:-}" ] && kvpage_build_start # unpacks the bundle
+  KV=${KV:-build/kvpage}
   MACHINE="dry run (no GPU): $(nproc) x $(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
   COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet HEAD 2>/dev/null || echo "-dirty")
   GPU=
