@@ -36,15 +36,19 @@ static void sess_abort(server *sv, int32_t id) { (void)kvp_session_abort(sv->s, 
 static kvp_status sess_reset_cache(server *sv, int64_t *evicted) { return kvp_session_reset_prefix_cache(sv->s, evicted); }
 
 /* A new session on the executor the server was started with: the cpu executor, or (--device cuda) a cuda
- * executor whose memory split gives the KV blocks (sv->cfg.num_blocks is set to them, for the start line and
- * /metrics; a later session asks again for what the options asked, not for the first split's count). */
-static kvp_status sess_create(server *sv)
+ * executor whose memory split gives the KV blocks, *num_blocks (sv->cfg.num_blocks for the cpu executor; the
+ * caller stores it in sv->cfg for the start line and /metrics). A later session asks again for what the
+ * options asked, not for the first split's count. */
+static kvp_status sess_create(server *sv, int32_t *num_blocks)
 {
+    *num_blocks = sv->cfg.num_blocks;
     if (!sv->o.cuda) return kvp_cpu_session_create(sv->m, &sv->cfg, &sv->s);
     kvp_session_config c = sv->cfg;
     c.num_blocks = sv->cuda_blocks_asked;
-    KVP_TRY(kvp_cuda_session_create(sv->m, &sv->o.cu, &c, &sv->s, &sv->cuda_info));
-    sv->cfg.num_blocks = sv->cuda_info.split.num_blocks;
+    kvp_cuda_info info;
+    KVP_TRY(kvp_cuda_session_create(sv->m, &sv->o.cu, &c, &sv->s, &info));
+    *num_blocks = info.split.num_blocks;
+    if (!sv->cuda_info.split.num_blocks) sv->cuda_info = info; /* the start line's: the first session's split */
     return KVP_OK;
 }
 
@@ -311,13 +315,15 @@ static void *srv_engine_main(void *arg)
             kvp_session_destroy(sv->s);
             sv->s = NULL;
             sv->last_computed = 0;
-            if (sess_create(sv) != KVP_OK) {
+            int32_t nb;
+            if (sess_create(sv, &nb) != KVP_OK) {
                 KVP_LOG_E("serve: cannot start a new session: %s", kvp_error_message());
                 pthread_mutex_lock(&sv->mu);
                 sv->stop = 1;
                 pthread_mutex_unlock(&sv->mu);
                 break;
             }
+            sv->cfg.num_blocks = nb; /* /metrics shows it after the next step (srv_metrics_step) */
             continue;
         }
         pthread_mutex_lock(&sv->mu); /* before any answer: a client that reads /metrics next sees this step */
@@ -441,7 +447,7 @@ static int serve(const kvp_server_opts *o, const kvp_session_config *cfg, kvp_co
     if (st == KVP_OK && jinja && sv.chat == KVP_CHAT_NONE)
         KVP_LOG_W("serve: the model's chat template is none of the built-in ones (see --help): chat requests get "
                   "400 unless --chat-template names one");
-    if (st == KVP_OK) st = sess_create(&sv);
+    if (st == KVP_OK) st = sess_create(&sv, &sv.cfg.num_blocks); /* no other thread yet */
     if (st == KVP_OK && o->cuda) kvp_cuda_info_log(&sv.cuda_info); /* the memory split, at KVPAGE_LOG=info */
     if (st == KVP_OK) {
         srv_metrics_init(&sv);
