@@ -9,6 +9,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/cli/engine_opts.h"
 #include "runtime/executor/cpu_executor.h"
+#include "runtime/executor/cuda_executor.h"
 #include "runtime/server/server.h"
 #include "runtime/text/chat.h"
 
@@ -72,8 +73,9 @@ static void usage(FILE *f)
             "                            leading <think> left out) is its message's reasoning_content, the rest its\n"
             "                            content (null while no </think> came); streamed as such deltas. For\n"
             "                            DeepSeek-R1 distills and Qwen3-Thinking-2507, whose prompts open the thought\n"
-            "  --kv-mem BYTES            KV cache size (default 512MiB), or --num-blocks N\n"
-            "  --num-blocks N            KV blocks (overrides --kv-mem)\n"
+            "  --kv-mem BYTES            KV cache size (default 512MiB), or --num-blocks N (cpu executor; with\n"
+            "                            --device cuda the device's memory split sizes it)\n"
+            "  --num-blocks N            KV blocks (overrides --kv-mem; with --device cuda at most the split's)\n"
             "  --kv-dtype T              auto (default: the model's dtype, as for generate), f32, f16, bf16\n"
             "                            or fp8\n"
             "  --max-model-len N         prompt + generated tokens at most (vLLM's; default: the model's\n"
@@ -104,12 +106,16 @@ static void usage(FILE *f)
             "                            `mpirun -np N kvpage serve --tp N ...`; rank 0 serves HTTP and schedules,\n"
             "                            every rank holds 1/N of the heads and of the KV cache (--kv-mem is per rank)\n"
             "  --json                    print the listening address, the model, the KV blocks, the chat template,\n"
-            "                            the held weight type and the pid (with --tp: rank 0's, the one to signal)\n"
-            "                            as one JSON object on stdout\n"
+            "                            the held weight type, the device (with --device cuda: \"cuda\", the memory\n"
+            "                            split) and the pid (with --tp: rank 0's, the one to signal) as one JSON\n"
+            "                            object on stdout\n"
             "  -h, --help                this help\n\n"
             "Stops on SIGINT or SIGTERM: requests in flight get 503, then the process exits 0.\n\n");
     kvp_session_config d = kvp_session_config_default();
     kvp_engine_opts_usage(f, &d.engine);
+    kvp_device_opts_usage(f);
+    fprintf(f, "  With --device cuda the engine's session runs on the cuda executor (docs/cuda-executor.md); a\n"
+               "  build or machine without a device fails at start-up (exit 2), before listening.\n");
 }
 
 int kvp_cmd_serve(int argc, char **argv)
@@ -130,8 +136,10 @@ int kvp_cmd_serve(int argc, char **argv)
         {"idle-timeout", required_argument, 0, O_IDLE}, {"header-timeout", required_argument, 0, O_HEADER},
         {"max-request-tokens", required_argument, 0, O_MAXREQ}, {"max-response-bytes", required_argument, 0, O_MAXRESP},
         {"metrics-names", required_argument, 0, O_MNAMES}};
-    struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + 1];
-    kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts, (int)(sizeof opts / sizeof opts[0]));
+    struct option opts[sizeof own / sizeof own[0] + KVP_EO_END - KVP_EO_BLOCK + KVP_DO_END - KVP_DO_DEVICE + 1];
+    kvp_device_opts_append(opts, kvp_engine_opts_table(own, (int)(sizeof own / sizeof own[0]), opts,
+                                                       (int)(sizeof opts / sizeof opts[0])),
+                           (int)(sizeof opts / sizeof opts[0]));
     kvp_server_opts o;
     kvp_server_opts_default(&o);
     kvp_session_config cfg = kvp_session_config_default();
@@ -141,8 +149,11 @@ int kvp_cmd_serve(int argc, char **argv)
     optind = 0;
     kvp_engine_opts eo;
     kvp_engine_opts_init(&eo, &cfg.engine);
+    kvp_device_opts dev; /* --device cuda and its options */
+    kvp_device_opts_init(&dev);
+    int kv_mem_given = 0;
     while ((c = getopt_long(argc, argv, ":m:h", opts, &li)) != -1) {
-        if (kvp_engine_opt(&eo, c, optarg, &st)) {
+        if (kvp_engine_opt(&eo, c, optarg, &st) || kvp_device_opt(&dev, c, optarg, &st)) {
             if (st != KVP_OK) return kvp_cli_usage_error(CMD, "--%s: %s", opts[li].name, kvp_error_message());
             li = -1;
             continue;
@@ -159,7 +170,7 @@ int kvp_cmd_serve(int argc, char **argv)
             o.chat_template = optarg;
             break;
         }
-        case O_KVMEM: st = kvp_parse_bytes(optarg, &o.kv_mem); break;
+        case O_KVMEM: st = kvp_parse_bytes(optarg, &o.kv_mem), kv_mem_given = 1; break;
         case O_NB: st = kvp_parse_i32(optarg, 1, INT32_MAX / 2, &cfg.num_blocks); break;
         case O_DT: st = kvp_kv_dtype_parse(optarg, &cfg.kv_dtype, &o.kv_auto); break;
         case O_WDTYPE: st = kvp_weight_type_parse(optarg, &o.weight_dtype); break;
@@ -195,7 +206,16 @@ int kvp_cmd_serve(int argc, char **argv)
     }
     if (optind < argc) return kvp_cli_usage_error(CMD, "unexpected argument '%s'", argv[optind]);
     if (!o.model) return kvp_cli_usage_error(CMD, "--model is required");
-    if ((st = kvp_engine_opts_check(&eo)) != KVP_OK) return kvp_cli_usage_error(CMD, "%s", kvp_error_message());
+    if ((st = kvp_engine_opts_check(&eo)) != KVP_OK || (st = kvp_device_opts_check(&dev)) != KVP_OK)
+        return kvp_cli_usage_error(CMD, "%s", kvp_error_message());
+    if (dev.cuda && o.tp > 1)
+        return kvp_cli_usage_error(CMD, "--tp %d with --device cuda: tensor parallelism of the cuda executor is not "
+                                        "built yet (--tp runs on the cpu executor)", o.tp);
+    if (dev.cuda && kv_mem_given)
+        return kvp_cli_usage_error(CMD, "--kv-mem sizes the cpu executor's cache: with --device cuda the memory split "
+                                        "does (--gpu-memory-utilization, --kv-cache-memory BYTES or --num-blocks N)");
+    o.cuda = dev.cuda;
+    o.cu = dev.cu;
     o.offload_bytes = eo.offload_bytes;
     o.swap_bytes = eo.swap_bytes;
     if (o.name && (!o.name[0] || strlen(o.name) >= 256))

@@ -20,6 +20,7 @@
 #include "common/cli.h"
 #include "parallel/comm.h"
 #include "runtime/executor/cpu_executor.h"
+#include "runtime/executor/cuda_executor.h"
 
 /* ---------------------------------------------------------------- tensor parallelism
  *
@@ -33,6 +34,23 @@ static void sess_stop(server *sv, int32_t id, int32_t k, int32_t n_keep) { (void
 static void sess_abort(server *sv, int32_t id) { (void)kvp_session_abort(sv->s, id); }
 
 static kvp_status sess_reset_cache(server *sv, int64_t *evicted) { return kvp_session_reset_prefix_cache(sv->s, evicted); }
+
+/* A new session on the executor the server was started with: the cpu executor, or (--device cuda) a cuda
+ * executor whose memory split gives the KV blocks, *num_blocks (sv->cfg.num_blocks for the cpu executor; the
+ * caller stores it in sv->cfg for the start line and /metrics). A later session asks again for what the
+ * options asked, not for the first split's count. */
+static kvp_status sess_create(server *sv, int32_t *num_blocks)
+{
+    *num_blocks = sv->cfg.num_blocks;
+    if (!sv->o.cuda) return kvp_cpu_session_create(sv->m, &sv->cfg, &sv->s);
+    kvp_session_config c = sv->cfg;
+    c.num_blocks = sv->cuda_blocks_asked;
+    kvp_cuda_info info;
+    KVP_TRY(kvp_cuda_session_create(sv->m, &sv->o.cu, &c, &sv->s, &info));
+    *num_blocks = info.split.num_blocks;
+    if (!sv->cuda_info.split.num_blocks) sv->cuda_info = info; /* the start line's: the first session's split */
+    return KVP_OK;
+}
 
 /* ---------------------------------------------------------------- engine thread */
 
@@ -297,13 +315,15 @@ static void *srv_engine_main(void *arg)
             kvp_session_destroy(sv->s);
             sv->s = NULL;
             sv->last_computed = 0;
-            if (kvp_cpu_session_create(sv->m, &sv->cfg, &sv->s) != KVP_OK) {
+            int32_t nb;
+            if (sess_create(sv, &nb) != KVP_OK) {
                 KVP_LOG_E("serve: cannot start a new session: %s", kvp_error_message());
                 pthread_mutex_lock(&sv->mu);
                 sv->stop = 1;
                 pthread_mutex_unlock(&sv->mu);
                 break;
             }
+            sv->cfg.num_blocks = nb; /* /metrics shows it after the next step (srv_metrics_step) */
             continue;
         }
         pthread_mutex_lock(&sv->mu); /* before any answer: a client that reads /metrics next sees this step */
@@ -416,6 +436,7 @@ static int serve(const kvp_server_opts *o, const kvp_session_config *cfg, kvp_co
     sv.reasoning = o->reasoning;
     sv.stream_interval = o->stream_interval;
     sv.cfg = *cfg;
+    sv.cuda_blocks_asked = cfg->num_blocks;
     sv.o = *o;
     sampling_defaults(&sv, o->generation_config);
     kvp_status st = kvp_tok_for_model(sv.m, o->model, o->tokenizer, &sv.tok);
@@ -426,7 +447,8 @@ static int serve(const kvp_server_opts *o, const kvp_session_config *cfg, kvp_co
     if (st == KVP_OK && jinja && sv.chat == KVP_CHAT_NONE)
         KVP_LOG_W("serve: the model's chat template is none of the built-in ones (see --help): chat requests get "
                   "400 unless --chat-template names one");
-    if (st == KVP_OK) st = kvp_cpu_session_create(sv.m, &sv.cfg, &sv.s);
+    if (st == KVP_OK) st = sess_create(&sv, &sv.cfg.num_blocks); /* no other thread yet */
+    if (st == KVP_OK && o->cuda) kvp_cuda_info_log(&sv.cuda_info); /* the memory split, at KVPAGE_LOG=info */
     if (st == KVP_OK) {
         srv_metrics_init(&sv);
         srv_metrics_step(&sv); /* the pool's size before any step */
@@ -476,11 +498,13 @@ int kvp_server_run(const kvp_server_opts *o, kvp_session_config cfg)
         if (o->kv_auto) cfg.kv_dtype = kvp_model_kv_dtype_auto(m);
         st = kvp_model_set_max_len(m, o->max_model_len);
     }
-    /* this rank's bytes per block: the same on every rank */
-    if (st == KVP_OK && cfg.num_blocks == 0)
+    /* this rank's bytes per block: the same on every rank (cuda: the device's split sizes the pool) */
+    if (st == KVP_OK && cfg.num_blocks == 0 && !o->cuda)
         st = kvp_kv_blocks_in(m, cfg.kv_dtype, cfg.engine.block_size, o->kv_mem, "--kv-mem", &cfg.num_blocks);
+    /* swap space as large as the cache by default; -1 when only the cuda split knows that size (the cuda
+     * executor then asks for --swap-space) */
     if (st == KVP_OK && cfg.engine.preempt == KVP_PREEMPT_SWAP)
-        st = o->swap_bytes < 0 ? (cfg.swap_blocks = cfg.num_blocks, KVP_OK)
+        st = o->swap_bytes < 0 ? (cfg.swap_blocks = cfg.num_blocks > 0 ? cfg.num_blocks : -1, KVP_OK)
                                : kvp_kv_blocks_in(m, cfg.kv_dtype, cfg.engine.block_size, o->swap_bytes, "--swap-space",
                                                   &cfg.swap_blocks);
     if (st == KVP_OK && o->offload_bytes > 0)

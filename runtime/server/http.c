@@ -379,6 +379,15 @@ int srv_http_run(server *sv, const kvp_server_opts *o, const struct sockaddr_in 
             const int port = info ? info->port : o->port;
             fprintf(stderr, "kvpage serve: listening on http://%s:%d (model %s, %d KV blocks of %d tokens)\n", o->host,
                     port, sv->name, sv->cfg.num_blocks, sv->cfg.engine.block_size);
+            if (o->cuda) { /* the memory split, always (kvp_cuda_info_log's lines are info-level) */
+                const kvp_cuda_mem_split *ms = &sv->cuda_info.split;
+                const double G = 1024.0 * 1024 * 1024;
+                fprintf(stderr, "kvpage serve: cuda:%d %s%s: %.2f GiB, budget %.2f GiB (utilization %.2f) = weights "
+                                "%.3f + activations %.3f + KV %.3f GiB%s (%d blocks of %lld bytes)\n", o->cu.device,
+                        sv->cuda_info.device_name, sv->cuda_info.emulated ? " (the CPU emulator of CUDA)" : "",
+                        ms->total / G, ms->budget / G, ms->utilization, ms->weights / G, ms->activations / G, ms->kv / G,
+                        ms->kv_given ? " (--kv-cache-memory)" : "", ms->num_blocks, (long long)ms->block_bytes);
+            }
             if (o->json) {
                 char url[64];
                 snprintf(url, sizeof url, "http://%s:%d", o->host, port);
@@ -390,6 +399,8 @@ int srv_http_run(server *sv, const kvp_server_opts *o, const struct sockaddr_in 
                 cJSON_AddStringToObject(j, "chat_template", kvp_chat_template_name(sv->chat));
                 cJSON_AddStringToObject(j, "weight_dtype", kvp_weight_type_name(kvp_model_weight_type(sv->m)));
                 cJSON_AddStringToObject(j, "kv_dtype", kvp_dtype_name(sv->cfg.kv_dtype));
+                cJSON_AddStringToObject(j, "device", o->cuda ? "cuda" : "cpu");
+                if (o->cuda) kvp_cuda_info_json(&sv->cuda_info, j); /* "cuda": the device and its memory split */
                 cJSON *ds = cJSON_AddObjectToObject(j, "default_sampling");
                 cJSON_AddNumberToObject(ds, "temperature", sv->dflt.temperature);
                 cJSON_AddNumberToObject(ds, "top_p", sv->dflt.top_p);

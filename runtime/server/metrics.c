@@ -76,6 +76,7 @@ void srv_metrics_init(server *sv)
 void srv_metrics_step(server *sv)
 {
     srv_metrics_state *m = &sv->mx;
+    m->num_blocks = sv->cfg.num_blocks; /* the engine thread's: a new cuda session may get another split */
     kvp_session_stats_get(sv->s, &m->stats);
     const kvp_engine *e = kvp_session_engine(sv->s);
     kvp_kv_accounting a;
@@ -294,7 +295,7 @@ enum MHD_Result srv_metrics(server *sv, struct MHD_Connection *c)
              "block_size=\"%d\",cache_dtype=\"%s\",enable_prefix_caching=\"%s\",num_gpu_blocks=\"%d\","
              "num_cpu_blocks=\"%d\",prefix_cache=\"%s\",eviction=\"%s\"",
              (int)ec->block_size, kvp_dtype_name(sv->cfg.kv_dtype), ec->cache != KVP_PC_NONE ? "True" : "False",
-             (int)sv->cfg.num_blocks, (int)(sv->cfg.host_cache_blocks + sv->cfg.swap_blocks), kvp_pc_kind_name(ec->cache),
+             (int)m->num_blocks, (int)(sv->cfg.host_cache_blocks + sv->cfg.swap_blocks), kvp_pc_kind_name(ec->cache),
              kvp_evict_policy_name(ec->evict));
     sample(&p, "cache_config_info", lab, 1);
     counter(&p, "spec_decode_num_drafts_total", "Speculation: steps of a sample that proposed drafts.",

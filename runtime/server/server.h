@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "runtime/engine/session.h"
+#include "runtime/executor/cuda_executor.h"
 #include "runtime/model/model.h"
 
 typedef struct {
@@ -40,6 +41,10 @@ typedef struct {
     int32_t stream_interval;        /* a stream's text every N engine steps */
     int generation_config;          /* 1: the model's sampling defaults; 0: vLLM's */
     int metrics_vllm;               /* /metrics names: 1 "vllm:...", 0 "kvpage:..." (the same names otherwise) */
+    /* --device cuda[:N]: the engine's session runs on the cuda executor (runtime/executor/cuda_executor.h),
+     * its KV blocks from the device's memory split (kv_mem does not apply); 0: the cpu executor */
+    int cuda;
+    kvp_cuda_options cu;            /* the device, --gpu-memory-utilization, --kv-cache-memory, --enforce-eager */
     /* Connections (http.c). A connection waiting on the engine or streaming is exempt from both timeouts. */
     double idle_timeout_s;          /* no byte moved for this long while reading a request or between two: closed */
     double header_timeout_s;        /* a request's head and body must arrive within this of its connection's
@@ -53,8 +58,9 @@ typedef struct {
 void kvp_server_opts_default(kvp_server_opts *o);
 
 /* Loads the model on every rank (tp > 1: under mpirun) and serves it until SIGINT or SIGTERM; rank 0 serves
- * HTTP and schedules, the others follow its steps. Errors are printed ("kvpage serve: error: ..."). Returns
- * the process exit code (common/cli.h). */
+ * HTTP and schedules, the others follow its steps. With o->cuda (tp 1 only) the session is a cuda executor's:
+ * a build or machine without a device fails here, before listening, with KVP_ENODEVICE's message and exit 2.
+ * Errors are printed ("kvpage serve: error: ..."). Returns the process exit code (common/cli.h). */
 int kvp_server_run(const kvp_server_opts *o, kvp_session_config cfg);
 
 #endif

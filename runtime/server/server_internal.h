@@ -113,6 +113,7 @@ typedef struct {
  * prompt of an HTTP request, with its n samples) the histograms of vLLM's names. Times in seconds. */
 typedef struct {
     kvp_session_stats stats;
+    int32_t num_blocks;                 /* the KV pool's blocks (with --device cuda: its session's split) */
     int64_t held_blocks, cached_blocks; /* KV blocks sequences hold; blocks only the prefix cache holds */
     int have_ledger;
     kvp_ledger_stats ledger;            /* the prefix cache's miss classes and block health */
@@ -138,7 +139,10 @@ typedef struct {
     const char *mprefix; /* metric names' prefix: "kvpage:" or "vllm:" */
     double tok_le[SRV_MAX_BOUNDS]; /* token-count histograms' bounds: 1, 2, 5, 10, ... up to the context */
     int tok_nb;
-    kvp_session_config cfg;
+    kvp_session_config cfg; /* with --device cuda, num_blocks is the split's once the session exists (the
+                               engine thread writes it; /metrics reads mx.num_blocks) */
+    int32_t cuda_blocks_asked; /* --device cuda: the num_blocks asked for (0: the split's), for a new session */
+    kvp_cuda_info cuda_info;   /* --device cuda: the device and its memory split */
     kvp_sampling_defaults dflt; /* what a request leaves out: the model's generation_config.json, else vLLM's */
     pthread_mutex_t mu;
     pthread_cond_t wake;

@@ -215,9 +215,109 @@ Test(serve_production, the_json_start_line_is_one_line)
     cr_assert_eq(strchr(out, '\n'), out + len - 1, "more than one line: %s", out);
     cJSON *j = cJSON_Parse(out);
     cr_assert_not_null(j, "%s", out);
+    const cJSON *dev = cJSON_GetObjectItem(j, "device");
+    cr_assert(cJSON_IsString(dev) && !strcmp(dev->valuestring, "cpu"), "%s", out);
+    cr_assert_null(cJSON_GetObjectItem(j, "cuda"), "a cpu server has no memory split: %s", out);
     cJSON_Delete(j);
     free(out);
     stop(&s);
+}
+
+/* ---------------------------------------------------------------- --device cuda */
+
+/* `serve --device cuda`: where kvpage has no device (a build without nvcc links the no-device layer, or no
+ * driver) it fails before listening, at once, with the executor's message, exit 2 and no start line; where it
+ * has one it serves, and the start line and /metrics give the memory split's KV blocks. Never a crash or a
+ * hang (the loop gives it 120 s). */
+Test(serve_production, device_cuda_fails_at_start_up_without_a_device)
+{
+    tu_require_shared();
+    server s = {0};
+    temp_path(s.errpath, sizeof s.errpath, "err");
+    temp_path(s.outpath, sizeof s.outpath, "out");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "exec %s serve --model %s --port 0 --json --device cuda --kv-cache-memory 4MiB >%s 2>%s",
+             kvp_test_bin(), S260_GGUF, s.outpath, s.errpath);
+    const double t0 = now_s();
+    s.pid = fork();
+    cr_assert_geq(s.pid, 0);
+    if (s.pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        execl("/bin/sh", "sh", "-c", cmd, (char *)NULL);
+        _exit(127);
+    }
+    int st = 0, exited = 0;
+    size_t len;
+    char *out = NULL;
+    for (int i = 0; i < 1200 && !exited; i++) {
+        if (waitpid(s.pid, &st, WNOHANG) == s.pid) {
+            exited = 1;
+            break;
+        }
+        free(out);
+        out = (char *)tu_read_all(s.outpath, &len);
+        out[len] = '\0';
+        if (strchr(out, '\n')) break; /* it serves: a device is there */
+        usleep(100 * 1000);
+    }
+    char *err = (char *)tu_read_all(s.errpath, &len);
+    err[len] = '\0';
+    if (exited) {
+        cr_assert(WIFEXITED(st), "kvpage serve --device cuda did not exit normally (status %d): %s", st, err);
+        cr_assert_eq(WEXITSTATUS(st), 2, "exit %d: %s", WEXITSTATUS(st), err);
+        cr_assert(strstr(err, "kvpage serve: error: cuda executor: no CUDA device"), "%s", err);
+        cr_assert(len > 0 && strchr(err, '\n') == err + len - 1, "not one line: %s", err);
+        cr_assert_lt(now_s() - t0, 60, "it took %.1f s to fail", now_s() - t0);
+        free(out);
+        out = (char *)tu_read_all(s.outpath, &len);
+        cr_assert_eq(len, 0, "a start line was printed: %.*s", (int)len, out);
+        unlink(s.errpath);
+        unlink(s.outpath);
+    } else {
+        cr_assert(out && strchr(out, '\n'), "neither an exit nor a start line in 120 s: %s", err);
+        cJSON *j = cJSON_Parse(out);
+        cr_assert_not_null(j, "%s", out);
+        cr_assert_str_eq(cJSON_GetObjectItem(j, "device")->valuestring, "cuda", "%s", out);
+        const cJSON *cu = cJSON_GetObjectItem(j, "cuda");
+        cr_assert(cJSON_IsObject(cu), "%s", out);
+        const int nb = cJSON_GetObjectItem(j, "num_blocks")->valueint;
+        cr_assert_eq(cJSON_GetObjectItem(cu, "num_blocks")->valueint, nb, "%s", out);
+        cr_assert(cJSON_IsTrue(cJSON_GetObjectItem(cu, "kv_cache_memory_given")), "%s", out);
+        cr_assert(sscanf(cJSON_GetObjectItem(j, "url")->valuestring, "http://127.0.0.1:%d", &s.port) == 1, "%s", out);
+        s.serving = (pid_t)cJSON_GetObjectItem(j, "pid")->valuedouble;
+        cJSON_Delete(j);
+        char *resp, want[64];
+        cr_assert_eq(http(&s, "GET", "/metrics", NULL, &resp), 200);
+        snprintf(want, sizeof want, "num_gpu_blocks=\"%d\"", nb);
+        cr_assert(strstr(resp, want), "/metrics has no %s", want);
+        free(resp);
+        stop(&s);
+    }
+    free(out);
+    free(err);
+}
+
+/* The device options are serve's as generate's: refused by name where they do not apply. */
+Test(serve_production, device_options_are_checked_before_loading)
+{
+    char out[1 << 15], err[4096], cmd[1024];
+    const struct {
+        const char *args, *says;
+    } cases[] = {
+        {"--enforce-eager", "--enforce-eager applies to --device cuda only"},
+        {"--gpu-memory-utilization 0.5", "--gpu-memory-utilization applies to --device cuda only"},
+        {"--device tpu", "unknown device 'tpu'"},
+        {"--device cuda --gpu-memory-utilization 1.5", "--gpu-memory-utilization"},
+        {"--device cuda --kv-mem 64MiB", "--kv-mem sizes the cpu executor's cache"},
+        {"--device cuda --tp 2", "tensor parallelism of the cuda executor"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        snprintf(cmd, sizeof cmd, "serve --model /nonexistent.gguf --port 0 %s", cases[i].args);
+        cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2, "%s: %s", cases[i].args, err);
+        cr_assert(strstr(err, cases[i].says), "%s: %s", cases[i].args, err);
+    }
+    cr_assert_eq(kvp_test_cli("serve --help", out, sizeof out, err, sizeof err), 0);
+    cr_assert(strstr(out, "--device D") && strstr(out, "--kv-cache-memory") && strstr(out, "--enforce-eager"), "%s", out);
 }
 
 /* ---------------------------------------------------------------- limits of one request */
