@@ -162,10 +162,21 @@ Test(serve_production, idle_and_slow_connections_time_out)
 Test(serve_production, a_request_waiting_on_the_engine_outlives_the_idle_timeout)
 {
     server s = start("--num-blocks 4096 --idle-timeout 1 --header-timeout 1");
-    const double t0 = now_s();
-    char *resp;
-    const int code = http(&s, "POST", "/v1/completions",
-                          "{\"prompt\":\"Once\",\"max_tokens\":2000,\"n\":16,\"temperature\":1,\"ignore_eos\":true,\"seed\":1}", &resp);
+    /* a probe of 4 x 100 tokens measures this build's speed (a sanitizer build is ~50x slower), then the
+       request asks for about 3 s of tokens: well past the 1 s idle timeout, never minutes */
+    char *resp, body[256];
+    double t0 = now_s();
+    cr_assert_eq(http(&s, "POST", "/v1/completions",
+                      "{\"prompt\":\"Once\",\"max_tokens\":100,\"n\":4,\"temperature\":1,\"ignore_eos\":true,\"seed\":1}",
+                      &resp), 200, "%s", resp);
+    free(resp);
+    const double rate = 400.0 / (now_s() - t0 + 1e-3); /* tokens per second */
+    int per_seq = (int)(rate * 3.0 / 16);
+    per_seq = per_seq < 20 ? 20 : per_seq > 2000 ? 2000 : per_seq;
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"Once\",\"max_tokens\":%d,\"n\":16,\"temperature\":1,\"ignore_eos\":true,\"seed\":1}", per_seq);
+    t0 = now_s();
+    const int code = http(&s, "POST", "/v1/completions", body, &resp);
     cr_assert_eq(code, 200, "%s", resp);
     free(resp);
     const double took = now_s() - t0;
