@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "cli_testutil.h"
+#include "http_testutil.h"
 #include "common/json.h"
 #include "model_testutil.h"
 #include "prefix_cache/host_cache.h"
@@ -113,68 +114,10 @@ static void stop(server *s)
     unlink(s->outpath);
 }
 
-/* One HTTP/1.1 exchange: the status code and the body in *resp (malloc'ed), or -1 and *resp NULL when the
- * exchange fails. No asserts: client threads call it too. */
+/* One HTTP/1.1 exchange (http_testutil.h); no asserts: client threads call it too. */
 static int http_try(const server *s, const char *method, const char *path, const char *body, char **resp)
 {
-    *resp = NULL;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0) return -1;
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    int rc;
-    while ((rc = connect(fd, (struct sockaddr *)&a, sizeof a)) != 0 && errno == EINTR) {}
-    size_t blen = body ? strlen(body) : 0;
-    char head[512];
-    int hl = snprintf(head, sizeof head,
-                      "%s %s HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-                      "Connection: close\r\n\r\n", method, path, blen);
-    if (rc != 0 || send(fd, head, (size_t)hl, MSG_NOSIGNAL) != hl) {
-        close(fd);
-        return -1;
-    }
-    for (size_t at = 0; at < blen;) {
-        ssize_t k = send(fd, body + at, blen - at, MSG_NOSIGNAL);
-        if (k <= 0) break; /* the server may answer (413) and close before reading it all */
-        at += (size_t)k;
-    }
-    char *all = NULL;
-    size_t len = 0, cap = 0;
-    for (;;) {
-        if (cap - len < 4096 && !(all = realloc(all, cap = cap ? 2 * cap : 1 << 16))) break;
-        ssize_t k = recv(fd, all + len, cap - len - 1, 0);
-        if (k < 0 && errno == EINTR) continue;
-        if (k <= 0) break;
-        len += (size_t)k;
-    }
-    close(fd);
-    int code = -1;
-    if (all) {
-        all[len] = '\0';
-        char *b = strstr(all, "\r\n\r\n");
-        if (sscanf(all, "HTTP/1.1 %d", &code) == 1 && b) {
-            *b = '\0';
-            int chunked = strcasestr(all, "\r\nTransfer-Encoding: chunked") != NULL;
-            b += 4;
-            if (chunked) { /* size in hex, CRLF, data, CRLF; size 0 ends */
-                char *w = b;
-                for (const char *r = b;;) {
-                    char *end;
-                    unsigned long n = strtoul(r, &end, 16);
-                    if (end == r || strncmp(end, "\r\n", 2) != 0 || n == 0) break;
-                    memmove(w, end + 2, n);
-                    w += n;
-                    r = end + 2 + n + 2;
-                }
-                *w = '\0';
-            }
-            *resp = strdup(b);
-        } else {
-            code = -1;
-        }
-    }
-    free(all);
-    return *resp ? code : -1;
+    return tu_http(s->port, method, path, body, body ? strlen(body) : 0, resp);
 }
 
 static int http(const server *s, const char *method, const char *path, const char *body, char **resp)

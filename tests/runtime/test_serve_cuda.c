@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "common/json.h"
+#include "http_testutil.h"
 #include "runtime/cli/commands.h"
 #include "runtime/executor/cuda/cuda_dev.h"
 
@@ -107,33 +108,8 @@ static void serve_stop(child *c)
 /* One HTTP/1.1 exchange with c: the status; the body in *resp (malloc'ed). */
 static int http(const child *c, const char *method, const char *path, const char *body, char **resp)
 {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    cr_assert_geq(fd, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)c->port)};
-    inet_pton(AF_INET, "127.0.0.1", &a.sin_addr);
-    cr_assert_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0, "connect: %s", strerror(errno));
-    char head[512];
-    const size_t blen = body ? strlen(body) : 0;
-    const int hl = snprintf(head, sizeof head, "%s %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                            "Content-Length: %zu\r\nConnection: close\r\n\r\n", method, path, blen);
-    cr_assert_eq(send(fd, head, (size_t)hl, MSG_NOSIGNAL), hl);
-    if (blen) cr_assert_eq(send(fd, body, blen, MSG_NOSIGNAL), (ssize_t)blen);
-    size_t cap = 1 << 20, len = 0;
-    char *all = malloc(cap);
-    cr_assert_not_null(all);
-    for (ssize_t k; (k = recv(fd, all + len, cap - 1 - len, 0)) != 0;) {
-        if (k < 0 && errno == EINTR) continue;
-        cr_assert_gt(k, 0, "recv: %s", strerror(errno));
-        len += (size_t)k;
-    }
-    close(fd);
-    all[len] = '\0';
-    int code = -1;
-    cr_assert_eq(sscanf(all, "HTTP/1.1 %d", &code), 1, "no answer: %s", all);
-    const char *b = strstr(all, "\r\n\r\n");
-    cr_assert_not_null(b);
-    *resp = strdup(b + 4);
-    free(all);
+    const int code = tu_http(c->port, method, path, body, body ? strlen(body) : 0, resp);
+    cr_assert_geq(code, 0, "%s %s: no HTTP answer from port %d", method, path, c->port);
     return code;
 }
 

@@ -52,23 +52,8 @@ static char *error_of(const char *resp)
 /* POST path with body of blen bytes (any bytes); the status and the answer in *resp. */
 static int post_bytes(const server *s, const char *path, const char *body, size_t blen, char **resp)
 {
-    char head[256];
-    snprintf(head, sizeof head, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %zu\r\n"
-             "Connection: close\r\n\r\n", path, blen);
-    int fd = connect_to(s);
-    cr_assert_eq(send(fd, head, strlen(head), MSG_NOSIGNAL), (ssize_t)strlen(head));
-    cr_assert_eq(send(fd, body, blen, MSG_NOSIGNAL), (ssize_t)blen);
-    char *all = malloc(1 << 20);
-    size_t len = 0;
-    for (ssize_t k; (k = recv(fd, all + len, (1 << 20) - 1 - len, 0)) > 0;) len += (size_t)k;
-    close(fd);
-    all[len] = '\0';
-    int code = -1;
-    cr_assert_eq(sscanf(all, "HTTP/1.1 %d", &code), 1, "no answer: %s", all);
-    const char *b = strstr(all, "\r\n\r\n");
-    cr_assert_not_null(b);
-    *resp = strdup(b + 4);
-    free(all);
+    const int code = tu_http(s->port, "POST", path, body, blen, resp);
+    cr_assert_geq(code, 0, "POST %s: no HTTP answer", path);
     return code;
 }
 
