@@ -5,8 +5,9 @@
 #
 #   kvpage/bin/kvpage   the program (build it with nvcc: cmake -DKVPAGE_CUDA=ON, then --target kvpage)
 #   kvpage/lib/         every library `ldd` resolves for it, except the C library's own, libgcc_s, libstdc++
-#                       and CUDA's (libcuda, libcudart, libcublas, libcublasLt: the GPU machine's driver and
-#                       toolkit give those, of the same CUDA major version)
+#                       and CUDA's (libcuda, libcudart, libcublas, libcublasLt, libnccl: the GPU machine's
+#                       driver, toolkit and NCCL give those, of the same CUDA major version; libnccl alone is
+#                       some 200 MB, over what a device call carries)
 #   kvpage/kvpage       a wrapper: LD_LIBRARY_PATH=lib (then the toolkit's lib64) and exec bin/kvpage
 #
 # On the GPU machine: KVPAGE_BUNDLE=that.tar.xz bench/gpu_check.sh (it unpacks it and runs kvpage/kvpage), or
@@ -30,7 +31,7 @@ trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$TMP/kvpage/bin" "$TMP/kvpage/lib" "$(dirname "$OUTF")"
 cp "$KV" "$TMP/kvpage/bin/kvpage"
 ldd "$KV" | awk '$2 == "=>" && $3 ~ /^\// { print $3 }' |
-  grep -v -E '/(libc|libm|libpthread|libdl|librt|libresolv|libutil|ld-linux[^/]*|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt)\.so' |
+  grep -v -E '/(libc|libm|libpthread|libdl|librt|libresolv|libutil|ld-linux[^/]*|libgcc_s|libstdc\+\+|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so' |
   while read -r lib; do cp -L "$lib" "$TMP/kvpage/lib/"; done
 cat >"$TMP/kvpage/kvpage" <<'EOF'
 #!/bin/sh
