@@ -104,7 +104,8 @@ static void usage(FILE *f)
             "                            throughput, burstier tokens (default 1)\n"
             "  --tp N                    tensor parallelism over N MPI ranks (default 1): run it as\n"
             "                            `mpirun -np N kvpage serve --tp N ...`; rank 0 serves HTTP and schedules,\n"
-            "                            every rank holds 1/N of the heads and of the KV cache (--kv-mem is per rank)\n"
+            "                            every rank holds 1/N of the heads and of the KV cache (--kv-mem is per rank);\n"
+            "                            with --device cuda one GPU per rank (its index on its node) and NCCL\n"
             "  --json                    print the listening address, the model, the KV blocks, the chat template,\n"
             "                            the held weight type, the device (with --device cuda: \"cuda\", the memory\n"
             "                            split) and the pid (with --tp: rank 0's, the one to signal) as one JSON\n"
@@ -208,9 +209,9 @@ int kvp_cmd_serve(int argc, char **argv)
     if (!o.model) return kvp_cli_usage_error(CMD, "--model is required");
     if ((st = kvp_engine_opts_check(&eo)) != KVP_OK || (st = kvp_device_opts_check(&dev)) != KVP_OK)
         return kvp_cli_usage_error(CMD, "%s", kvp_error_message());
-    if (dev.cuda && o.tp > 1)
-        return kvp_cli_usage_error(CMD, "--tp %d with --device cuda: tensor parallelism of the cuda executor is not "
-                                        "built yet (--tp runs on the cpu executor)", o.tp);
+    if (dev.cuda && o.tp > 1 && dev.cu.device != 0)
+        return kvp_cli_usage_error(CMD, "--device cuda:%d with --tp %d: each rank takes the GPU of its index on its "
+                                        "node (choose them with CUDA_VISIBLE_DEVICES)", dev.cu.device, o.tp);
     if (dev.cuda && kv_mem_given)
         return kvp_cli_usage_error(CMD, "--kv-mem sizes the cpu executor's cache: with --device cuda the memory split "
                                         "does (--gpu-memory-utilization, --kv-cache-memory BYTES or --num-blocks N)");

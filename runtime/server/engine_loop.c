@@ -25,7 +25,8 @@
 /* ---------------------------------------------------------------- tensor parallelism
  *
  * With --tp N, rank 0 runs the server and its engine; its executor broadcasts every step's plan and the other
- * ranks only execute it (kvp_cpu_follow; runtime/executor/tp_plan.h) until rank 0's session ends. */
+ * ranks only execute it (kvp_cpu_follow, or kvp_cuda_follow with --device cuda; runtime/executor/tp_plan.h)
+ * until rank 0's session ends. */
 
 static kvp_status sess_add(server *sv, const kvp_session_request *r, int32_t *id) { return kvp_session_add(sv->s, r, id); }
 
@@ -489,7 +490,17 @@ int kvp_server_run(const kvp_server_opts *o, kvp_session_config cfg)
 {
     kvp_comm *comm = NULL;
     kvp_model *m = NULL;
-    kvp_status st = o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
+    kvp_server_opts ro = *o;
+    /* --device cuda --tp N: each rank its node's GPU of its index, NCCL over the MPI world (its host plane
+     * carries the plans); no device is said before any rank waits for another (as generate's) */
+    const int nccl = o->cuda && o->tp > 1;
+    int ndev = 0;
+    kvp_status st = nccl ? kvp_cuda_devices(&ndev) : KVP_OK;
+    if (st == KVP_OK)
+        st = nccl ? kvp_comm_nccl_mpi_create(o->tp, -1, &comm)
+                  : o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
+    if (st == KVP_OK && nccl) ro.cu.device = kvp_comm_device(comm);
+    o = &ro;
     if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
     if (st == KVP_OK) st = kvp_model_load_ex(o->model, comm, o->weight_dtype, &m);
     if (st == KVP_OK) {
@@ -518,7 +529,7 @@ int kvp_server_run(const kvp_server_opts *o, kvp_session_config cfg)
     } else { /* mpirun passes SIGTERM to every rank: rank 0 stops the others when it stops */
         signal(SIGINT, SIG_IGN);
         signal(SIGTERM, SIG_IGN);
-        st = kvp_cpu_follow(m, NULL);
+        st = o->cuda ? kvp_cuda_follow(m, &o->cu, NULL) : kvp_cpu_follow(m, NULL);
         rc = st == KVP_OK ? KVP_EXIT_OK : kvp_cli_fail(CMD, st);
     }
     kvp_model_destroy(m);

@@ -58,8 +58,10 @@ typedef struct {
 void kvp_server_opts_default(kvp_server_opts *o);
 
 /* Loads the model on every rank (tp > 1: under mpirun) and serves it until SIGINT or SIGTERM; rank 0 serves
- * HTTP and schedules, the others follow its steps. With o->cuda (tp 1 only) the session is a cuda executor's:
- * a build or machine without a device fails here, before listening, with KVP_ENODEVICE's message and exit 2.
+ * HTTP and schedules, the others follow its steps. With o->cuda the session is a cuda executor's (tp > 1: one
+ * GPU per rank, NCCL over the MPI world, the followers run kvp_cuda_follow): a build or machine without a
+ * device fails here, before listening and before any rank waits for another, with KVP_ENODEVICE's message
+ * and exit 2.
  * Errors are printed ("kvpage serve: error: ..."). Returns the process exit code (common/cli.h). */
 int kvp_server_run(const kvp_server_opts *o, kvp_session_config cfg);
 

@@ -310,6 +310,22 @@ Test(cuda_host, generate_command_line)
     cr_assert(strstr(out, "--gpu-memory-utilization") && strstr(out, "--kv-cache-memory") && strstr(out, "--device"));
 }
 
+/* serve --device cuda --tp N: one GPU per rank under mpirun; here (no device, or no N-rank job) exit 2 with the
+ * reason, never a wait for ranks that do not exist. */
+Test(cuda_host, serve_tensor_parallel_command_line)
+{
+    char out[1 << 14], err[4096];
+    const char *model = "--model ../shared/models/stories260K/stories260K.gguf";
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "serve %s --port 0 --device cuda --tp 2", model);
+    int rc = kvp_test_cli(cmd, out, sizeof out, err, sizeof err);
+    cr_assert_eq(rc, 2, "exit %d: %s", rc, err);
+    cr_assert(strstr(err, "no CUDA device") || strstr(err, "rank"), "%s", err);
+    snprintf(cmd, sizeof cmd, "serve %s --port 0 --device cuda:1 --tp 2", model);
+    cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "each rank takes the GPU of its index"), "%s", err);
+}
+
 Test(cuda_host, simulate_command_line)
 {
     char out[1 << 14], err[4096];
