@@ -305,7 +305,7 @@ Test(serve_production, device_options_are_checked_before_loading)
         {"--device tpu", "unknown device 'tpu'"},
         {"--device cuda --gpu-memory-utilization 1.5", "--gpu-memory-utilization"},
         {"--device cuda --kv-mem 64MiB", "--kv-mem sizes the cpu executor's cache"},
-        {"--device cuda --tp 2", "tensor parallelism of the cuda executor"},
+        {"--device cuda:1 --tp 2", "each rank takes the GPU of its index on its node"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         snprintf(cmd, sizeof cmd, "serve --model /nonexistent.gguf --port 0 %s", cases[i].args);
