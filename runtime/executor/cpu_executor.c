@@ -124,28 +124,37 @@ kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t blo
     return KVP_OK;
 }
 
+kvp_status kvp_exec_session_config(const kvp_model *m, const kvp_session_config *cfg, int32_t *eos,
+                                   kvp_session_config *c, int32_t *host_blocks)
+{
+    *c = *cfg;
+    const kvp_model_config *mc = kvp_model_cfg(m);
+    for (int32_t i = 0; i < mc->n_eos; i++) eos[i] = (int32_t)mc->eos_token_ids[i];
+    c->engine.eos_ids = eos;
+    c->engine.n_eos = mc->n_eos;
+    c->engine.max_model_len = kvp_model_max_len(m);
+    c->vocab = (int32_t)mc->vocab_size;
+    if (c->swap_blocks < 0) c->swap_blocks = c->engine.preempt == KVP_PREEMPT_SWAP ? c->num_blocks : 0;
+    kvp_engine_config ec = c->engine;
+    ec.host_slots = (int64_t)c->swap_blocks * ec.block_size;
+    ec.host_cache_slots = (int64_t)c->host_cache_blocks * ec.block_size;
+    const int64_t host = kvp_engine_host_blocks(&ec);
+    if (host > INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "generate: %lld host blocks are too many", (long long)host);
+    *host_blocks = (int32_t)host;
+    return KVP_OK;
+}
+
 kvp_status kvp_cpu_session_create(kvp_model *m, const kvp_session_config *cfg, kvp_session **out)
 {
     if (!m || !cfg || !out) return KVP_ERR(KVP_EINVAL, "generate: NULL argument");
-    kvp_session_config c = *cfg;
-    const kvp_model_config *mc = kvp_model_cfg(m);
-    int32_t eos[KVP_MAX_EOS_IDS];
-    for (int32_t i = 0; i < mc->n_eos; i++) eos[i] = (int32_t)mc->eos_token_ids[i];
-    c.engine.eos_ids = eos;
-    c.engine.n_eos = mc->n_eos;
-    c.engine.max_model_len = kvp_model_max_len(m);
-    c.vocab = (int32_t)mc->vocab_size;
-    if (c.num_blocks < 1 || c.engine.block_size < 1)
-        return KVP_ERR(KVP_EINVAL, "generate: num_blocks (%d) and block_size (%d) must be >= 1", c.num_blocks,
-                       c.engine.block_size);
-    if (c.swap_blocks < 0) c.swap_blocks = c.engine.preempt == KVP_PREEMPT_SWAP ? c.num_blocks : 0;
-    kvp_engine_config ec = c.engine;
-    ec.host_slots = (int64_t)c.swap_blocks * ec.block_size;
-    ec.host_cache_slots = (int64_t)c.host_cache_blocks * ec.block_size;
-    const int64_t host = kvp_engine_host_blocks(&ec);
-    if (host > INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "generate: %lld host blocks are too many", (long long)host);
+    if (cfg->num_blocks < 1 || cfg->engine.block_size < 1)
+        return KVP_ERR(KVP_EINVAL, "generate: num_blocks (%d) and block_size (%d) must be >= 1", cfg->num_blocks,
+                       cfg->engine.block_size);
+    kvp_session_config c;
+    int32_t eos[KVP_MAX_EOS_IDS], host = 0;
+    KVP_TRY(kvp_exec_session_config(m, cfg, eos, &c, &host));
     kvp_executor ex;
-    KVP_TRY(kvp_cpu_executor_create_tp(m, c.num_blocks, c.engine.block_size, (int32_t)host, c.kv_dtype, &ex));
+    KVP_TRY(kvp_cpu_executor_create_tp(m, c.num_blocks, c.engine.block_size, host, c.kv_dtype, &ex));
     return kvp_session_create(&c, ex, out);
 }
 

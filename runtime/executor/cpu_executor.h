@@ -25,6 +25,13 @@ kvp_status kvp_cpu_executor_create(kvp_model *m, int32_t num_blocks, int32_t blo
  * others run kvp_cpu_follow. */
 kvp_status kvp_cpu_session_create(kvp_model *m, const kvp_session_config *cfg, kvp_session **out);
 
+/* What every executor's session takes of its model: *c = *cfg with the model's EOS ids (copied into eos,
+ * KVP_MAX_EOS_IDS entries, which must outlive the session's creation), context and vocabulary, swap_blocks < 0
+ * made the cache's size under --preempt swap (else 0); *host_blocks the engine's host pool (swap and host
+ * tier, kvp_engine_host_blocks). KVP_EINVAL for more host blocks than INT32_MAX / 2. */
+kvp_status kvp_exec_session_config(const kvp_model *m, const kvp_session_config *cfg, int32_t *eos,
+                                   kvp_session_config *c, int32_t *host_blocks);
+
 /* With several ranks, rank 0's executor broadcasting each step's plan; else kvp_cpu_executor_create's. */
 kvp_status kvp_cpu_executor_create_tp(kvp_model *m, int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
                                       kvp_dtype kv_dtype, kvp_executor *out);

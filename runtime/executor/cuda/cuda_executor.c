@@ -15,6 +15,7 @@
 #include "common/timer.h"
 #include "parallel/comm.h"
 #include "parallel/shard.h"
+#include "runtime/executor/cpu_executor.h" /* kvp_exec_session_config */
 #include "runtime/executor/cuda/cuda_dev.h"
 #include "runtime/executor/tp_plan.h"
 #include "runtime/model/model_export.h"
@@ -1083,26 +1084,15 @@ static kvp_status cuda_session_create(kvp_model *m, const kvp_cuda_options *opts
                                       kvp_session **out, kvp_cuda_info *info, cu_ctx **ctx)
 {
     if (!m || !opts || !cfg || !out) return KVP_ERR(KVP_EINVAL, "generate: NULL argument");
-    kvp_session_config c = *cfg;
-    const kvp_model_config *mc = kvp_model_cfg(m);
-    int32_t eos[KVP_MAX_EOS_IDS];
-    for (int32_t i = 0; i < mc->n_eos; i++) eos[i] = (int32_t)mc->eos_token_ids[i];
-    c.engine.eos_ids = eos;
-    c.engine.n_eos = mc->n_eos;
-    c.engine.max_model_len = kvp_model_max_len(m);
-    c.vocab = (int32_t)mc->vocab_size;
-    if (c.num_blocks < 0 || c.engine.block_size < 1)
-        return KVP_ERR(KVP_EINVAL, "generate: num_blocks (%d) must be >= 0 and block_size (%d) >= 1", c.num_blocks,
-                       c.engine.block_size);
-    if (c.swap_blocks < 0 && c.engine.preempt == KVP_PREEMPT_SWAP && c.num_blocks == 0)
+    if (cfg->num_blocks < 0 || cfg->engine.block_size < 1)
+        return KVP_ERR(KVP_EINVAL, "generate: num_blocks (%d) must be >= 0 and block_size (%d) >= 1", cfg->num_blocks,
+                       cfg->engine.block_size);
+    if (cfg->swap_blocks < 0 && cfg->engine.preempt == KVP_PREEMPT_SWAP && cfg->num_blocks == 0)
         return KVP_ERR(KVP_EINVAL, "--preempt swap on the cuda executor: give --swap-space (the KV cache's size is "
                                    "known only after the memory split)");
-    if (c.swap_blocks < 0) c.swap_blocks = c.engine.preempt == KVP_PREEMPT_SWAP ? c.num_blocks : 0;
-    kvp_engine_config ec = c.engine;
-    ec.host_slots = (int64_t)c.swap_blocks * ec.block_size;
-    ec.host_cache_slots = (int64_t)c.host_cache_blocks * ec.block_size;
-    const int64_t host = kvp_engine_host_blocks(&ec);
-    if (host > INT32_MAX / 2) return KVP_ERR(KVP_EINVAL, "generate: %lld host blocks are too many", (long long)host);
+    kvp_session_config c;
+    int32_t eos[KVP_MAX_EOS_IDS], host = 0;
+    KVP_TRY(kvp_exec_session_config(m, cfg, eos, &c, &host));
     kvp_executor ex;
     kvp_cuda_info ci;
     int32_t max_tokens = c.engine.max_batched_tokens > 0 ? c.engine.max_batched_tokens : 2048;
@@ -1113,12 +1103,12 @@ static kvp_status cuda_session_create(kvp_model *m, const kvp_cuda_options *opts
     if (tp > 1 && kvp_comm_rank(comm) != 0)
         return KVP_ERR(KVP_ESTATE, "tensor parallelism: rank %d executes rank 0's plans (kvp_cuda_follow)",
                        kvp_comm_rank(comm));
-    KVP_TRY(kvp_cuda_executor_create(m, NULL, opts, c.num_blocks, c.engine.block_size, (int32_t)host, c.kv_dtype,
+    KVP_TRY(kvp_cuda_executor_create(m, NULL, opts, c.num_blocks, c.engine.block_size, host, c.kv_dtype,
                                      max_tokens, max_seqs, &ex, &ci));
     if (ctx) *ctx = ex.ctx; /* the cuda executor's own, before a leader wraps it */
     c.num_blocks = ci.split.num_blocks;
     if (tp > 1) { /* rank 0 schedules; its plans go over the host plane to the followers' executors */
-        const kvp_tp_shape shape = {c.num_blocks, c.engine.block_size, (int32_t)host, (int32_t)c.kv_dtype, max_tokens,
+        const kvp_tp_shape shape = {c.num_blocks, c.engine.block_size, host, (int32_t)c.kv_dtype, max_tokens,
                                     max_seqs};
         KVP_TRY(kvp_tp_leader_create(kvp_comm_host(comm), &shape, ex, &ex));
     }
