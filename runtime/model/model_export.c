@@ -33,27 +33,12 @@ void kvp_model_matrix_shape(const kvp_model *m, int32_t layer, kvp_mat_id id, in
     *K = w ? w->K : 0;
 }
 
-/* W[o][k] as f32 from the panels (model_internal.h's layouts). */
-static float mat_at(const mat_w *w, int64_t o, int64_t k)
-{
-    const unsigned char *pan = (const unsigned char *)w->p + (size_t)(o / KVP_MM_PANEL) * mdl_panel_bytes(w->dt, w->K);
-    const int64_t j = o % KVP_MM_PANEL;
-    if (w->dt == KVP_WEIGHT_Q8_0) {
-        const unsigned char *blk = pan + (k / KVP_Q8_BLOCK) * KVP_Q8_BLOCK_BYTES;
-        const int8_t q = ((const int8_t *)(blk + KVP_MM_PANEL * sizeof(float)))[(k % KVP_Q8_BLOCK) * KVP_MM_PANEL + j];
-        return ((const float *)blk)[j] * (float)q;
-    }
-    if (w->dt == KVP_WEIGHT_F32) return ((const float *)pan)[k * KVP_MM_PANEL + j];
-    const uint16_t h = ((const uint16_t *)pan)[k * KVP_MM_PANEL + j];
-    return w->dt == KVP_WEIGHT_F16 ? kvp_f16_to_f32(h) : kvp_bf16_to_f32(h);
-}
-
 kvp_status kvp_model_matrix_f32(const kvp_model *m, int32_t layer, kvp_mat_id id, float *out)
 {
     const mat_w *w = mat_of(m, layer, id);
     if (!w || !w->p) return KVP_ERR(KVP_EINVAL, "model export: no matrix %d in layer %d", (int)id, layer);
     for (int64_t o = 0; o < w->N; o++)
-        for (int64_t k = 0; k < w->K; k++) out[o * w->K + k] = mat_at(w, o, k);
+        for (int64_t k = 0; k < w->K; k++) out[o * w->K + k] = mdl_mat_at(w, o, k);
     return KVP_OK;
 }
 

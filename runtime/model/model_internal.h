@@ -165,6 +165,7 @@ typedef struct {
 /* ---- functions one part defines for another (the file that defines each says what it does) */
 void mdl_pool_destroy(worker_pool *wp);
 size_t mdl_panel_bytes(kvp_weight_type dt, int64_t K);
+float mdl_mat_at(const mat_w *w, int64_t o, int64_t k);
 kvp_status mdl_mat_need_t(mat_w *w);
 int64_t mdl_layer_nmats(const layer_w *w);
 mat_w *mdl_layer_mat(layer_w *w, int64_t i);

@@ -269,8 +269,8 @@ static kvp_status load_mat(const source *src, const char *name, int64_t out_full
     return mat_of(&v, name, o0, no, i0, ni, dt, out);
 }
 
-/* W[o][k] as f32. */
-static float mat_at(const mat_w *w, int64_t o, int64_t k)
+/* W[o][k] as f32, read from the panels (the layouts above). */
+float mdl_mat_at(const mat_w *w, int64_t o, int64_t k)
 {
     const unsigned char *pan = (const unsigned char *)w->p + (size_t)(o / KVP_MM_PANEL) * mdl_panel_bytes(w->dt, w->K);
     const int64_t j = o % KVP_MM_PANEL;
@@ -300,7 +300,7 @@ kvp_status mdl_mat_need_t(mat_w *w)
                            (long long)w->N, (long long)w->K);
     for (int64_t k = 0; k < w->K; k++)
         for (int64_t o = 0; o < w->N; o++)
-            t[k * w->N + o] = mat_at(w, o, k);
+            t[k * w->N + o] = mdl_mat_at(w, o, k);
     w->t = t;
     return KVP_OK;
 }
