@@ -13,6 +13,7 @@
 #include "attention/attention.h"
 #include "common/alloc.h"
 #include "common/json.h"
+#include "golden_testutil.h"
 #include "runtime/cli/commands.h"
 #include "runtime/executor/cuda/cuda_dev.h"
 #include "runtime/executor/cuda_executor.h"
@@ -395,41 +396,13 @@ Test(cuda_exec_kernels, copy_blocks_all_layers_one_launch)
 
 /* ---------------------------------------------------------------- the golden stories */
 
-typedef struct {
-    kvp_session_request reqs[4];
-    int32_t prompt[4][64], want[4][512], nwant[4];
-    int n;
-} golden;
-
-static void golden_load(golden *g)
-{
-    cJSON *gold;
-    cr_assert_eq(kvp_json_parse_file(S260 "/golden.json", &gold), KVP_OK, "%s (../shared must be present)",
-                 kvp_error_detail());
-    g->n = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(gold, "cases"))
-    {
-        int32_t np = 0, nw = 0;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "prompt_tokens")) g->prompt[g->n][np++] = x->valueint;
-        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "tokens_after_bos")) g->want[g->n][nw++] = x->valueint;
-        g->nwant[g->n] = nw - (np - 1);
-        memmove(g->want[g->n], g->want[g->n] + np - 1, sizeof(int32_t) * (size_t)g->nwant[g->n]);
-        g->reqs[g->n] = (kvp_session_request){.prompt = g->prompt[g->n], .n_prompt = np,
-                                              .max_tokens = g->nwant[g->n], .sampler = kvp_sampler_default(), .n = 1};
-        g->n++;
-    }
-    cJSON_Delete(gold);
-    cr_assert_eq(g->n, 2);
-}
-
 /* The stories from case `first` on at once, block size bs, with CUDA-graph buckets or eagerly, attention att;
  * every token as golden.json's. */
 static void golden_run(kvp_model *m, int first, int32_t bs, int eager, int32_t max_tokens, kvp_cuda_attention att)
 {
-    golden g;
-    golden_load(&g);
+    tu_golden g;
+    tu_golden_load(&g);
+    cr_assert_eq(g.n, 2, "golden.json's two stories");
     memmove(g.reqs, g.reqs + first, sizeof g.reqs[0] * (size_t)(g.n - first));
     memmove(g.want, g.want + first, sizeof g.want[0] * (size_t)(g.n - first));
     memmove(g.nwant, g.nwant + first, sizeof g.nwant[0] * (size_t)(g.n - first));
@@ -590,8 +563,9 @@ Test(cuda_exec, generate_command_on_the_device, .timeout = 600)
 {
     open_dev();
     close_dev();
-    golden g;
-    golden_load(&g);
+    tu_golden g;
+    tu_golden_load(&g);
+    cr_assert_eq(g.n, 2, "golden.json's two stories");
     char path[] = "/tmp/kvp_cuda_generate_XXXXXX";
     const int fd = mkstemp(path);
     cr_assert_geq(fd, 0);

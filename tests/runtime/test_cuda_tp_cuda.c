@@ -18,6 +18,7 @@
 
 #include "common/json.h"
 #include "fake_nccl.h"
+#include "golden_testutil.h"
 #include "parallel/comm.h"
 #include "parallel/nccl_api.h"
 #include "runtime/executor/cuda/cuda_dev.h"
@@ -277,30 +278,17 @@ Test(cuda_tp, two_ranks_tell_the_golden_stories_through_the_engine_also_swapping
 {
     require_emulator();
     fake_on(2);
-    cJSON *gold;
-    cr_assert_eq(kvp_json_parse_file(S260 "/golden.json", &gold), KVP_OK, "%s", kvp_error_detail());
-    static int32_t prompt[2][8], want[2][32];
-    kvp_session_request reqs[2];
+    static tu_golden g;
+    tu_golden_load(&g);
+    cr_assert_eq(g.n, 2);
     enum { NGEN = 16 };
-    int n = 0;
-    const cJSON *c;
-    cJSON_ArrayForEach(c, cJSON_GetObjectItem(gold, "cases"))
-    {
-        cr_assert_lt(n, 2);
-        int32_t np = 0, k = 0;
-        const cJSON *x;
-        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "prompt_tokens")) prompt[n][np++] = x->valueint;
-        cJSON_ArrayForEach(x, cJSON_GetObjectItem(c, "tokens_after_bos"))
-        {
-            if (k >= np - 1 && k < np - 1 + NGEN) want[n][k - (np - 1)] = x->valueint;
-            k++;
-        }
-        reqs[n] = (kvp_session_request){.prompt = prompt[n], .n_prompt = np, .max_tokens = NGEN,
-                                        .sampler = kvp_sampler_default(), .n = 1};
-        n++;
+    kvp_session_request reqs[2];
+    int32_t (*want)[512] = g.want; /* each story's first NGEN tokens are the ones checked */
+    for (int i = 0; i < 2; i++) {
+        cr_assert_geq(g.nwant[i], NGEN);
+        reqs[i] = g.reqs[i];
+        reqs[i].max_tokens = NGEN;
     }
-    cJSON_Delete(gold);
-    cr_assert_eq(n, 2);
     /* one rank's cumulative log-probabilities: the tokens of this small model survive errors the
      * log-probabilities show */
     static rank_job one[1], two[2];
