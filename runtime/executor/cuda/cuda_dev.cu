@@ -516,9 +516,7 @@ extern "C" kvp_status kvp_cudev_paged_attention(kvp_cudev *d, const kvp_cudev_po
         return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: paged attention: no attention/cuda kernel for head_dim %d", p->hd);
     if (T < 1 || pg->nseq < 1) return KVP_OK;
     const size_t row = (size_t)(nq * p->hd) * sizeof(float);
-    CU_TRY(cudaMemcpy2DAsync(d_qc, row, d_q, (size_t)q_tstride * sizeof(float), row, (size_t)T, cudaMemcpyDeviceToDevice,
-                             d->compute),
-           "paged attention: packing q");
+    KVP_TRY(kvp_cudev_copy_2d(d, d_qc, row, d_q, (size_t)q_tstride * sizeof(float), row, (size_t)T, 2)); /* q packed */
     kvp_paged_kv kv;
     memset(&kv, 0, sizeof kv);
     kv.k = p->k, kv.v = p->v, kv.dtype = p->dtype, kv.k_scale = 1.0f, kv.v_scale = 1.0f;

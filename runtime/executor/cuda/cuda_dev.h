@@ -59,7 +59,8 @@ kvp_status kvp_cudev_copy(kvp_cudev *d, void *dst, const void *src, size_t bytes
 kvp_status kvp_cudev_copy_async(kvp_cudev *d, void *dst, const void *src, size_t bytes, int kind);
 kvp_status kvp_cudev_sync(kvp_cudev *d, int copy_stream); /* waits for the compute (0) or copy (1) stream */
 /* height rows of width bytes from src (rows spitch bytes apart) to dst (dpitch apart), on the compute stream
- * (kind as kvp_cudev_copy): the gathered slices of a vocab-parallel LM head into the logits rows. */
+ * (kind as kvp_cudev_copy): the gathered slices of a vocab-parallel LM head into the logits rows; q out of the
+ * fused QKV rows for the paged kernels. */
 kvp_status kvp_cudev_copy_2d(kvp_cudev *d, void *dst, size_t dpitch, const void *src, size_t spitch, size_t width,
                              size_t height, int kind);
 /* The compute stream (a cudaStream_t) for work another library enqueues in order with the kernels: the
