@@ -3,7 +3,7 @@
 #ifndef KVP_TESTS_FUZZ_TESTUTIL_H
 #define KVP_TESTS_FUZZ_TESTUTIL_H
 
-#include <criterion/criterion.h>
+#include "common/kvp_test.h"
 #include <stdint.h>
 #include <string.h>
 

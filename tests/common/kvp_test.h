@@ -5,11 +5,12 @@
  * Without KVP_TEST_STANDALONE this is <criterion/criterion.h>. With it, one test file (one translation unit)
  * gets: Test(suite, name) (extra Criterion options are ignored), cr_assert, cr_assert_not, cr_assert_eq/neq/
  * lt/leq/gt/geq, cr_assert_null/not_null, cr_assert_float_eq, cr_assert_str_eq, cr_expect (= cr_assert),
- * cr_fail, cr_skip_test, cr_log_info/warn/error; and a main() that runs every test in order (or those whose
- * "suite/name" matches --filter GLOB), prints [PASS]/[FAIL]/[SKIP] lines and then
+ * cr_fail (= cr_assert_fail), cr_skip_test, cr_log_info/warn/error; and a main() that runs every test in order
+ * (or those whose "suite/name" matches --filter GLOB), prints [PASS]/[FAIL]/[SKIP] lines and then
  *     [====] Synthesis: Tested: T | Passing: P | Failing: F | Skipped: S
  * and exits 1 when a test failed, 77 when every test skipped (CTest's SKIP_RETURN_CODE), 0 otherwise.
- * A failed assertion ends its test (longjmp); a crash ends the program.
+ * A failed assertion ends its test (longjmp); a crash ends the program. Helpers that assert (tests/runtime/
+ * *_testutil.c) include this header too; a standalone suite compiles them into its own file with #include.
  */
 #ifndef KVP_TESTS_COMMON_KVP_TEST_H
 #define KVP_TESTS_COMMON_KVP_TEST_H
@@ -84,6 +85,7 @@ static void kvp_test_end(int result, const char *tag, const char *file, int line
 #define cr_assert_float_eq(a, b, eps, ...) cr_assert(fabs((double)(a) - (double)(b)) <= (double)(eps), __VA_ARGS__)
 #define cr_assert_str_eq(a, b, ...) cr_assert(strcmp((a), (b)) == 0, __VA_ARGS__)
 #define cr_fail(...) kvp_test_end(1, "Failed", __FILE__, __LINE__, NULL, "" __VA_ARGS__)
+#define cr_assert_fail cr_fail
 #define cr_skip_test(...) kvp_test_end(2, "Skipped", __FILE__, __LINE__, NULL, "" __VA_ARGS__)
 #define cr_log_info(...) (fprintf(stderr, __VA_ARGS__), fputc('\n', stderr))
 #define cr_log_warn cr_log_info

@@ -1,7 +1,7 @@
 /* tests/runtime/checkpoint_testutil.c — see checkpoint_testutil.h. */
 #include "checkpoint_testutil.h"
 
-#include <criterion/criterion.h>
+#include "common/kvp_test.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

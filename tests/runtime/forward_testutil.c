@@ -1,7 +1,7 @@
 /* tests/runtime/forward_testutil.c — see forward_testutil.h. */
 #include "forward_testutil.h"
 
-#include <criterion/criterion.h>
+#include "common/kvp_test.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -3,7 +3,7 @@
 #ifndef KVP_TESTS_RUNTIME_MODEL_TESTUTIL_H
 #define KVP_TESTS_RUNTIME_MODEL_TESTUTIL_H
 
-#include <criterion/criterion.h>
+#include "common/kvp_test.h"
 #include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>

@@ -1,7 +1,7 @@
 /* tests/runtime/reference_testutil.c — see reference_testutil.h. */
 #include "reference_testutil.h"
 
-#include <criterion/criterion.h>
+#include "common/kvp_test.h"
 #include <math.h>
 #include <string.h>
 
