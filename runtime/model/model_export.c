@@ -7,10 +7,12 @@
 
 kvp_status kvp_model_export_check(const kvp_model *m)
 {
-    for (int32_t l = 0; l < m->cfg.num_layers; l++)
-        if (m->layers[l].n_experts)
-            return KVP_ERR(KVP_EUNSUPPORTED, "%s: layer %d is a mixture of experts: the cuda executor runs dense FFNs "
-                                             "only (mixtral and qwen3_moe run on the cpu executor)", m->path, l);
+    for (int32_t l = 0; l < m->cfg.num_layers; l++) {
+        const layer_w *w = &m->layers[l];
+        if (w->n_experts && (m->cfg.num_shared_experts > 0 || !w->router || !w->experts))
+            return KVP_ERR(KVP_EUNSUPPORTED, "%s: layer %d is a mixture of experts with shared experts: only routed "
+                                             "experts (mixtral, qwen3_moe) are exported", m->path, l);
+    }
     return KVP_OK;
 }
 
@@ -26,6 +28,14 @@ static const mat_w *mat_of(const kvp_model *m, int32_t layer, kvp_mat_id id)
     return all[id];
 }
 
+/* w's values, row-major f32 (N, K). */
+static kvp_status widen(const mat_w *w, float *out)
+{
+    for (int64_t o = 0; o < w->N; o++)
+        for (int64_t k = 0; k < w->K; k++) out[o * w->K + k] = mdl_mat_at(w, o, k);
+    return KVP_OK;
+}
+
 void kvp_model_matrix_shape(const kvp_model *m, int32_t layer, kvp_mat_id id, int64_t *N, int64_t *K)
 {
     const mat_w *w = mat_of(m, layer, id);
@@ -37,9 +47,35 @@ kvp_status kvp_model_matrix_f32(const kvp_model *m, int32_t layer, kvp_mat_id id
 {
     const mat_w *w = mat_of(m, layer, id);
     if (!w || !w->p) return KVP_ERR(KVP_EINVAL, "model export: no matrix %d in layer %d", (int)id, layer);
-    for (int64_t o = 0; o < w->N; o++)
-        for (int64_t k = 0; k < w->K; k++) out[o * w->K + k] = mdl_mat_at(w, o, k);
-    return KVP_OK;
+    return widen(w, out);
+}
+
+const float *kvp_model_router_f32(const kvp_model *m, int32_t layer)
+{
+    return layer >= 0 && layer < m->cfg.num_layers ? m->layers[layer].router : NULL;
+}
+
+/* Expert e's panel matrix id of MoE layer `layer`, or NULL. */
+static const mat_w *expert_of(const kvp_model *m, int32_t layer, int32_t e, kvp_mat_id id)
+{
+    if (layer < 0 || layer >= m->cfg.num_layers || id < KVP_MAT_GATE || id > KVP_MAT_DOWN) return NULL;
+    const layer_w *w = &m->layers[layer];
+    return e >= 0 && e < w->n_experts && w->experts ? &w->experts[3 * e + (id - KVP_MAT_GATE)] : NULL;
+}
+
+void kvp_model_expert_matrix_shape(const kvp_model *m, int32_t layer, int32_t e, kvp_mat_id id, int64_t *N,
+                                   int64_t *K)
+{
+    const mat_w *w = expert_of(m, layer, e, id);
+    *N = w ? w->N : 0;
+    *K = w ? w->K : 0;
+}
+
+kvp_status kvp_model_expert_matrix_f32(const kvp_model *m, int32_t layer, int32_t e, kvp_mat_id id, float *out)
+{
+    const mat_w *w = expert_of(m, layer, e, id);
+    if (!w || !w->p) return KVP_ERR(KVP_EINVAL, "model export: no expert %d matrix %d in layer %d", e, (int)id, layer);
+    return widen(w, out);
 }
 
 kvp_status kvp_model_layer_vecs_of(const kvp_model *m, int32_t layer, kvp_model_layer_vecs *out)

@@ -6,12 +6,17 @@
  *   vectors (norms, biases): the model's own f32 arrays, borrowed for the model's life
  *
  * Gemma's RMSNorm multiplies by 1 + w: the loader folds the 1 into the weight (weights.c), so an exported norm
- * is applied as out = w * x / rms(x) for every family. Only dense FFNs are exported (KVP_EUNSUPPORTED
- * otherwise, naming the layer).
+ * is applied as out = w * x / rms(x) for every family.
+ *
+ * A mixture-of-experts layer (mixtral, qwen3_moe: n_experts > 0 in its vectors) has no dense FFN matrices:
+ * its router (E, H) is an f32 array (borrowed, replicated over ranks) and expert e's gate and up [MF, H] and
+ * down [H, MF] come out one at a time (MF: the rank's units of every expert). MoE with shared experts or a
+ * latent KV cache (deepseek) is not exported (KVP_EUNSUPPORTED, naming the layer).
  *
  * A model loaded for tensor parallelism (kvp_model_load_tp) exports the rank's shard as the loader sliced it
  * (parallel/shard.h, kvp_model_shard): Q, K, V, gate and up are its rows, O and down its columns, the
- * embedding and the LM head its vocabulary rows, biases of Q, K and V its part; norms and o_proj's bias whole.
+ * embedding and the LM head its vocabulary rows, biases of Q, K and V its part; norms and o_proj's bias whole;
+ * each expert's gate and up its rows, its down its columns (the units of parallel/shard split every expert).
  * The shapes below are the shard's.
  */
 #ifndef KVP_RUNTIME_MODEL_MODEL_EXPORT_H
@@ -47,7 +52,7 @@ typedef struct {
     kvp_rope_style style; /* pairs (2i, 2i+1) or halves (i, i + rot/2) */
 } kvp_model_rope;
 
-/* KVP_OK when the model can be exported (a dense FFN in every layer), else KVP_EUNSUPPORTED naming why. */
+/* KVP_OK when the model can be exported (dense or routed-expert FFNs), else KVP_EUNSUPPORTED naming why. */
 kvp_status kvp_model_export_check(const kvp_model *m);
 /* The rank's shard: which heads, intermediate units and vocabulary rows it holds (all of them at tp 1). */
 void kvp_model_shard(const kvp_model *m, kvp_tp_shard *out);
@@ -55,6 +60,13 @@ void kvp_model_shard(const kvp_model *m, kvp_tp_shard *out);
 void kvp_model_matrix_shape(const kvp_model *m, int32_t layer, kvp_mat_id id, int64_t *N, int64_t *K);
 /* W into out (N * K floats, row-major). KVP_EINVAL for a layer or id out of range. */
 kvp_status kvp_model_matrix_f32(const kvp_model *m, int32_t layer, kvp_mat_id id, float *out);
+/* Layer l's router (E, H) f32, borrowed; NULL for a dense layer. */
+const float *kvp_model_router_f32(const kvp_model *m, int32_t layer);
+/* Shape and values of expert e's id (KVP_MAT_GATE, _UP or _DOWN) in MoE layer l, as the matrices above:
+ * 0 x 0 and KVP_EINVAL for a dense layer, an expert or id out of range. */
+void kvp_model_expert_matrix_shape(const kvp_model *m, int32_t layer, int32_t e, kvp_mat_id id, int64_t *N,
+                                   int64_t *K);
+kvp_status kvp_model_expert_matrix_f32(const kvp_model *m, int32_t layer, int32_t e, kvp_mat_id id, float *out);
 kvp_status kvp_model_layer_vecs_of(const kvp_model *m, int32_t layer, kvp_model_layer_vecs *out);
 const float *kvp_model_embed_f32(const kvp_model *m);    /* (vocab, hidden), borrowed */
 const float *kvp_model_out_norm_f32(const kvp_model *m); /* (hidden), borrowed */
