@@ -5,7 +5,7 @@
  * broadcasts each plan; the others follow (kvp_cuda_follow). Checked: the logits rows of a prefill step and
  * decode steps against one rank's within 1e-5 at tp 2, 4 and 8 (8: each KV head on two ranks), the golden
  * greedy tokens, each rank's share of the KV bytes, the collectives NCCL saw, and the splits and communicators
- * that are refused.
+ * that are refused; the same for a qwen3_moe checkpoint, its experts' units split over 2 ranks.
  *
  * The fake NCCL works on host memory, so the suite runs on the emulator only (runtime_test_cuda_tp_emu);
  * the native build skips it (a GPU's tensor parallelism needs the real NCCL and several GPUs). */
@@ -25,6 +25,9 @@
 #include "runtime/executor/cuda_executor.h"
 #include "runtime/executor/tp_plan.h"
 #include "runtime/model/model.h"
+
+/* tu_moe_model's checkpoint writer, compiled in (the standalone runner of kvp_test.h is one file) */
+#include "checkpoint_testutil.c"
 
 #define S260 "../shared/models/stories260K"
 #define GGUF S260 "/stories260K.gguf"
@@ -271,6 +274,21 @@ Test(cuda_tp, two_four_and_eight_ranks_give_one_ranks_logits_over_the_fake_nccl,
     check_split(8, GGUF, one); /* one query head a rank, each KV head on two ranks */
     run_ranks(1, HF, one_hf, 0, NULL, 0); /* the Hugging Face layout: rotate-half RoPE, its own loader path */
     check_split(2, HF, one_hf);
+    kvp_nccl_api_set(NULL);
+}
+
+/* qwen3_moe (top 3 of 6 experts of 96 units, q/k norms, a dense layer 2) over 2 ranks: each rank routes every
+ * row with the whole router and runs its 48 units of every expert; the all-reduce after the FFN sums them into
+ * one rank's logits (within 1e-5) and greedy tokens. */
+Test(cuda_tp, moe_experts_split_over_two_ranks_give_one_ranks_logits, .timeout = 600)
+{
+    require_emulator();
+    fake_on(2);
+    static char path[1100];
+    snprintf(path, sizeof path, "%s", tu_moe_model(&(moe_spec){.qwen = 1, .experts = 6, .k = 3, .mf = 96, .dense2 = 1}));
+    static rank_job one[1];
+    run_ranks(1, path, one, 0, NULL, 0);
+    check_split(2, path, one);
     kvp_nccl_api_set(NULL);
 }
 

@@ -658,6 +658,227 @@ extern "C" kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, cons
 #endif
 }
 
+/* ---------------------------------------------------------------- mixture of experts */
+
+/* Columns of a grouped-GEMM block and the K chunk staged in shared memory; the emulator sums in double (as its
+ * GEMM stand-in does), a GPU in f32. */
+#ifdef KVPAGE_CUDA_EMU
+enum { MOE_BN = 32, ALIGN_THREADS = 32 };
+typedef double moe_acc;
+#else
+enum { MOE_BN = 128, ALIGN_THREADS = 256 };
+typedef float moe_acc;
+#endif
+enum { MOE_TILE = KVP_CUDEV_MOE_TILE, MOE_KC = 32 };
+
+/* Tiles T rows of k picks can need at most: every expert in use may leave one tile part-full. */
+static int64_t moe_max_tiles(int64_t T, int64_t E, int64_t k)
+{
+    const int64_t n = T * k, used = E < n ? E : n;
+    return (n + used * (MOE_TILE - 1) + MOE_TILE - 1) / MOE_TILE;
+}
+
+/* The workspace's sections, 256-byte aligned, in this order. */
+typedef struct {
+    size_t logits, pick, wt, slot, tile_expert, n_tiles, sorted, gu, act, y, bytes;
+} moe_layout;
+
+static moe_layout moe_layout_of(int64_t T, int64_t H, int64_t E, int64_t k, int64_t MF)
+{
+    const int64_t tiles = moe_max_tiles(T, E, k), slots = tiles * MOE_TILE;
+    moe_layout l;
+    size_t at = 0;
+#define SECTION(f, bytes) l.f = at, at = (at + (size_t)(bytes) + 255) & ~(size_t)255
+    SECTION(logits, T * E * 4);
+    SECTION(pick, T * k * 4);
+    SECTION(wt, T * k * 4);
+    SECTION(slot, T * k * 4);
+    SECTION(tile_expert, tiles * 4);
+    SECTION(n_tiles, 4);
+    SECTION(sorted, slots * 4);
+    SECTION(gu, slots * 2 * MF * 4);
+    SECTION(act, slots * MF * 4);
+    SECTION(y, slots * H * 4);
+#undef SECTION
+    l.bytes = at;
+    return l;
+}
+
+extern "C" size_t kvp_cudev_moe_workspace_bytes(int64_t T, int64_t H, int64_t E, int64_t k, int64_t MF)
+{
+    return T < 1 ? 0 : moe_layout_of(T, H, E, k, MF).bytes;
+}
+
+/* grid: (T / 32), block: 32, a thread a row. The CPU's routing (forward.c moe_ffn) step by step: the softmax's
+ * max and sum in double over the f32 logits, the j-th pick the largest logit not yet taken, weights rounded to
+ * f32 and renormalized by their double sum; then the picks sorted by expert (the order the CPU adds them). */
+__global__ void moe_route_kernel(const float *logits, int64_t T, int E, int k, int norm, int32_t *pick, float *wt)
+{
+    const int64_t t = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= T) return;
+    const float *r = logits + t * E;
+    double mx = -INFINITY, sum = 0, chosen = 0;
+    for (int e = 0; e < E; e++) mx = r[e] > mx ? r[e] : mx;
+    for (int e = 0; e < E; e++) sum += exp((double)r[e] - mx);
+    uint32_t taken[KVP_CUDEV_MOE_MAX_E / 32] = {0};
+    int32_t p[KVP_CUDEV_MOE_MAX_K];
+    float w[KVP_CUDEV_MOE_MAX_K];
+    for (int j = 0; j < k; j++) {
+        int best = -1;
+        for (int e = 0; e < E; e++)
+            if (!(taken[e >> 5] >> (e & 31) & 1u) && (best < 0 || r[e] > r[best])) best = e;
+        taken[best >> 5] |= 1u << (best & 31);
+        p[j] = best;
+        w[j] = (float)(exp((double)r[best] - mx) / sum);
+        chosen += w[j];
+    }
+    for (int j = 0; norm && j < k; j++) w[j] = (float)(w[j] / chosen);
+    for (int j = 1; j < k; j++) /* insertion sort by expert: k is small */
+        for (int i = j; i > 0 && p[i - 1] > p[i]; i--) {
+            const int32_t tp = p[i];
+            const float tw = w[i];
+            p[i] = p[i - 1], w[i] = w[i - 1];
+            p[i - 1] = tp, w[i - 1] = tw;
+        }
+    for (int j = 0; j < k; j++) {
+        pick[t * k + j] = p[j];
+        wt[t * k + j] = w[j];
+    }
+}
+
+/* grid: 1, block: ALIGN_THREADS. Counts the n = T k picks per expert, gives expert e the tiles after those of
+ * experts below it, and each pick q a slot of its expert's tiles: sorted[slot] = its row, slot_of[q] = slot.
+ * Slots past an expert's picks hold -1. Which slot a pick gets within its expert varies from run to run; no
+ * result depends on it (a GEMM row is computed alone, and combine reads by pick). */
+__global__ void moe_align_kernel(const int32_t *pick, int64_t n, int k, int E, int64_t slots, int32_t *tile_expert,
+                                 int32_t *n_tiles, int32_t *sorted, int32_t *slot_of)
+{
+    KVP_SHARED(int, cnt, KVP_CUDEV_MOE_MAX_E);
+    KVP_SHARED(int, cur, KVP_CUDEV_MOE_MAX_E);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+    for (int64_t s = threadIdx.x; s < slots; s += blockDim.x) sorted[s] = -1;
+    __syncthreads();
+    for (int64_t q = threadIdx.x; q < n; q += blockDim.x) atomicAdd(&cnt[pick[q]], 1);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int tiles = 0;
+        for (int e = 0; e < E; e++) {
+            cur[e] = tiles * MOE_TILE;
+            for (int i = 0; i < (cnt[e] + MOE_TILE - 1) / MOE_TILE; i++) tile_expert[tiles++] = e;
+        }
+        *n_tiles = tiles;
+    }
+    __syncthreads();
+    for (int64_t q = threadIdx.x; q < n; q += blockDim.x) {
+        const int s = atomicAdd(&cur[pick[q]], 1);
+        sorted[s] = (int32_t)(q / k);
+        slot_of[q] = s;
+    }
+}
+
+/* grid: (max tiles, N / MOE_BN), block: MOE_BN. Tile i (< *n_tiles) is rows [i TILE, (i + 1) TILE) of the
+ * sorted order, all of expert tile_expert[i]; thread j computes column blockIdx.y MOE_BN + j of them over W =
+ * w + e N K (N, K), K in chunks of MOE_KC staged in shared memory (x rows and W rows, loaded along K). The x row
+ * of slot s: gather non-NULL: row gather[s] (-1: zeros), else row s. k in order per output (the emulator's
+ * sum in double then matches its kvp_cudev_gemm). */
+__global__ void moe_gemm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *gather,
+                                const void *w, kvp_dtype wdt, const int32_t *tile_expert, const int32_t *n_tiles,
+                                int64_t N, int64_t K)
+{
+    const int64_t tile = blockIdx.x;
+    if (tile >= *n_tiles) return;
+    const int64_t e = tile_expert[tile], n0 = (int64_t)blockIdx.y * MOE_BN, col = n0 + threadIdx.x;
+    const int bf = wdt == KVP_DTYPE_BF16;
+    KVP_SHARED(float, xs, MOE_TILE * MOE_KC);
+    KVP_SHARED(float, ws, MOE_BN * (MOE_KC + 1)); /* padded: a column of threads reads rows a bank apart */
+    moe_acc acc[MOE_TILE];
+    for (int r = 0; r < MOE_TILE; r++) acc[r] = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += MOE_KC) {
+        const int64_t kc = K - k0 < (int64_t)MOE_KC ? K - k0 : (int64_t)MOE_KC;
+        for (int i = threadIdx.x; i < MOE_TILE * MOE_KC; i += blockDim.x) {
+            const int r = i / MOE_KC, kk = i % MOE_KC;
+            const int64_t s = tile * MOE_TILE + r, src = gather ? gather[s] : s;
+            float v = kk < kc && src >= 0 ? x[src * ldx + k0 + kk] : 0.0f;
+            if (bf) v = __bfloat162float(__float2bfloat16_rn(v));
+            xs[i] = v;
+        }
+        for (int i = threadIdx.x; i < MOE_BN * MOE_KC; i += blockDim.x) {
+            const int r = i / MOE_KC, kk = i % MOE_KC;
+            const int64_t nrow = n0 + r;
+            ws[r * (MOE_KC + 1) + kk] = nrow < N && kk < kc ? load_el(w, wdt, (e * N + nrow) * K + k0 + kk) : 0.0f;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < kc; kk++) {
+            const moe_acc wv = ws[threadIdx.x * (MOE_KC + 1) + kk];
+            for (int r = 0; r < MOE_TILE; r++) acc[r] += (moe_acc)xs[r * MOE_KC + kk] * wv;
+        }
+        __syncthreads();
+    }
+    if (col < N)
+        for (int r = 0; r < MOE_TILE; r++) y[(tile * MOE_TILE + r) * ldy + col] = (float)acc[r];
+}
+
+/* grid: (max tiles), block: ROW_THREADS over the tile's rows: act = SiLU(gate) * up (glu_kernel's SiLU). */
+__global__ void moe_glu_kernel(float *act, const float *gu, const int32_t *n_tiles, int64_t MF)
+{
+    if ((int64_t)blockIdx.x >= *n_tiles) return;
+    for (int64_t s = (int64_t)blockIdx.x * MOE_TILE; s < ((int64_t)blockIdx.x + 1) * MOE_TILE; s++)
+        for (int64_t i = threadIdx.x; i < MF; i += blockDim.x) {
+            const float a = gu[s * 2 * MF + i], b = gu[s * 2 * MF + MF + i];
+            act[s * MF + i] = a / (1.0f + expf(-a)) * b;
+        }
+}
+
+/* grid: (T), block: ROW_THREADS: out[t] = sum over t's picks (in expert order) of weight * y[slot]. */
+__global__ void moe_combine_kernel(float *out, const float *y, const int32_t *slot_of, const float *wt, int k,
+                                   int64_t H)
+{
+    const int64_t t = blockIdx.x;
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
+        float o = 0.0f;
+        for (int j = 0; j < k; j++) o += wt[t * k + j] * y[(int64_t)slot_of[t * k + j] * H + i];
+        out[t * H + i] = o;
+    }
+}
+
+extern "C" kvp_status kvp_cudev_moe_ffn(kvp_cudev *d, float *d_out, const float *d_x, const float *d_router,
+                                        const void *d_wgu, const void *d_wdown, kvp_dtype wdt, int64_t T, int64_t H,
+                                        int64_t E, int64_t k, int64_t MF, int norm_topk, void *d_ws, size_t ws_bytes)
+{
+    if (T < 1) return KVP_OK;
+    if (E > KVP_CUDEV_MOE_MAX_E || k > KVP_CUDEV_MOE_MAX_K || k < 1 || k > E)
+        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: %lld experts, %lld per token (at most %d and %d, k <= E)",
+                       (long long)E, (long long)k, (int)KVP_CUDEV_MOE_MAX_E, (int)KVP_CUDEV_MOE_MAX_K);
+    if (wdt != KVP_DTYPE_F32 && wdt != KVP_DTYPE_BF16)
+        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: experts of dtype %d (f32 or bf16)", (int)wdt);
+    const moe_layout l = moe_layout_of(T, H, E, k, MF);
+    if (ws_bytes < l.bytes)
+        return KVP_ERR(KVP_EINVAL, "cuda executor: MoE workspace of %zu bytes, %zu needed", ws_bytes, l.bytes);
+    char *b = (char *)d_ws;
+    float *logits = (float *)(b + l.logits), *wt = (float *)(b + l.wt), *gu = (float *)(b + l.gu);
+    float *act = (float *)(b + l.act), *y = (float *)(b + l.y);
+    int32_t *pick = (int32_t *)(b + l.pick), *slot = (int32_t *)(b + l.slot), *sorted = (int32_t *)(b + l.sorted);
+    int32_t *tile_expert = (int32_t *)(b + l.tile_expert), *n_tiles = (int32_t *)(b + l.n_tiles);
+    const int64_t tiles = moe_max_tiles(T, E, k);
+    KVP_TRY(kvp_cudev_gemm(d, logits, E, d_x, H, d_router, KVP_DTYPE_F32, T, E, H, NULL));
+    KVP_LAUNCH(moe_route_kernel, dim3(blocks_for(T, 32)), dim3(32), 0, d->compute, logits, T, (int)E, (int)k,
+               norm_topk, pick, wt);
+    KVP_TRY(launched("moe route"));
+    KVP_LAUNCH(moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), 0, d->compute, pick, T * k, (int)k, (int)E,
+               tiles * MOE_TILE, tile_expert, n_tiles, sorted, slot);
+    KVP_TRY(launched("moe align"));
+    KVP_LAUNCH(moe_gemm_kernel, dim3((unsigned)tiles, blocks_for(2 * MF, MOE_BN)), dim3(MOE_BN), 0, d->compute, gu,
+               2 * MF, d_x, H, sorted, d_wgu, wdt, tile_expert, n_tiles, 2 * MF, H);
+    KVP_TRY(launched("moe gate/up"));
+    KVP_LAUNCH(moe_glu_kernel, dim3((unsigned)tiles), dim3(ROW_THREADS), 0, d->compute, act, gu, n_tiles, MF);
+    KVP_TRY(launched("moe glu"));
+    KVP_LAUNCH(moe_gemm_kernel, dim3((unsigned)tiles, blocks_for(H, MOE_BN)), dim3(MOE_BN), 0, d->compute, y, H,
+               act, MF, (const int32_t *)NULL, d_wdown, wdt, tile_expert, n_tiles, H, MF);
+    KVP_TRY(launched("moe down"));
+    KVP_LAUNCH(moe_combine_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_out, y, slot, wt, (int)k, H);
+    return launched("moe combine");
+}
+
 /* ---------------------------------------------------------------- CUDA graphs */
 
 extern "C" kvp_status kvp_cudev_capture_begin(kvp_cudev *d)

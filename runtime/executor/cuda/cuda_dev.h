@@ -158,6 +158,30 @@ kvp_status kvp_cudev_fill(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, floa
 kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_x, int64_t ldx, const void *d_w,
                           kvp_dtype wdt, int64_t T, int64_t N, int64_t K, void *d_scratch);
 
+/* ---- mixture of experts (mixtral, qwen3_moe): one MoE FFN over T rows.
+ *
+ *   logits (T, E) = x (T, H) router^T            router (E, H) f32, through kvp_cudev_gemm
+ *   route     per row: softmax in double, the k largest (ties: the lower expert), weights renormalized to
+ *             sum 1 when norm_topk; the k picks kept in expert order
+ *   align     one block counts the picks per expert and lays them out in tiles of KVP_CUDEV_MOE_TILE rows,
+ *             each tile one expert's (its last tile padded); tile_expert and the tile count stay on the device
+ *   gate/up   grouped GEMM over the tiles: gu (slots, 2 MF) = x[row of slot] wgu[e]^T, then SiLU(g) * u
+ *   down      grouped GEMM: y (slots, MF -> H) = act wdown[e]^T
+ *   combine   out[t] = sum over t's picks, in expert order, of weight * y[slot]
+ *
+ * wgu (E, 2 MF, H): expert e's gate rows, then its up rows; wdown (E, H, MF); of wdt (f32 or bf16: x is
+ * rounded to bf16 on load, as kvp_cudev_gemm does). The grouped GEMMs are launched over the worst case of
+ * tiles for T rows (blocks past the count in use return at once), so nothing is read back to the host and
+ * a decode step's graph captures the layer whole. d_out may be d_x. d_ws: kvp_cudev_moe_workspace_bytes(T, H,
+ * E, k, MF) bytes.
+ * KVP_EUNSUPPORTED for E > KVP_CUDEV_MOE_MAX_E, k > KVP_CUDEV_MOE_MAX_K or k > E.
+ * Ref: forward.c moe_ffn (the same routing in the same arithmetic, experts added from expert 0 up). */
+enum { KVP_CUDEV_MOE_TILE = 16, KVP_CUDEV_MOE_MAX_E = 1024, KVP_CUDEV_MOE_MAX_K = 32 };
+kvp_status kvp_cudev_moe_ffn(kvp_cudev *d, float *d_out, const float *d_x, const float *d_router, const void *d_wgu,
+                             const void *d_wdown, kvp_dtype wdt, int64_t T, int64_t H, int64_t E, int64_t k,
+                             int64_t MF, int norm_topk, void *d_ws, size_t ws_bytes);
+size_t kvp_cudev_moe_workspace_bytes(int64_t T, int64_t H, int64_t E, int64_t k, int64_t MF);
+
 /* ---- CUDA graphs of the compute stream.
  *
  *   kvp_cudev_capture_begin(d)          the compute stream records instead of running (ThreadLocal mode:

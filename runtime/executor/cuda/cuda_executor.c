@@ -236,12 +236,15 @@ void kvp_cuda_pack_fill(const kvp_exec_batch *b, const kvp_cuda_pack_model *pm, 
 /* ---------------------------------------------------------------- the device model */
 
 /* Shapes below are one rank's (parallel/shard.h; the whole model at tp 1): QD = nq hd and KD = nkv hd of its
- * query and KV heads, FF its intermediate units, nv its vocabulary rows. */
+ * query and KV heads, FF its intermediate units, MF its units of every expert, nv its vocabulary rows. */
 typedef struct {
     void *wqkv;   /* (QD + 2 KD, H) of wdt: Q, K and V fused, as one GEMM (column-parallel) */
     void *wo;     /* (H, QD) (row-parallel: the ranks' products are summed) */
-    void *wgu;    /* (2 FF, H): gate then up, fused (column-parallel) */
+    void *wgu;    /* (2 FF, H): gate then up, fused (column-parallel); NULL in an MoE layer */
     void *wdown;  /* (H, FF) (row-parallel) */
+    float *router; /* (E, H) f32, replicated: an MoE layer's router; NULL: a dense FFN */
+    void *wgu_e;  /* (E, 2 MF, H): expert e's gate then up rows (column-parallel, as wgu) */
+    void *wdown_e; /* (E, H, MF) (row-parallel, as wdown) */
     float *bqkv;  /* (QD + 2 KD) or NULL */
     float *bo;    /* (H) or NULL */
     float *attn_norm, *ffn_norm, *q_norm, *k_norm, *post_attn_norm, *post_ffn_norm;
@@ -260,6 +263,8 @@ struct kvp_cuda_model {
     double *inv_freq, *inv_freq_local; /* (rot / 2), host */
     double rope_scale;
     int32_t rot, rope_style, max_len;
+    int32_t n_experts;  /* E of the MoE layers; 0: every layer dense */
+    int64_t moe_mf;     /* MF */
     int64_t weight_bytes;
 };
 
@@ -269,8 +274,9 @@ static void cu_model_free(kvp_cuda_model *cm)
     kvp_cudev *d = cm->dev;
     for (int32_t l = 0; cm->layers && l < cm->cfg.num_layers; l++) {
         cu_layer *w = &cm->layers[l];
-        void *ps[] = {w->wqkv, w->wo, w->wgu, w->wdown, w->bqkv, w->bo, w->attn_norm, w->ffn_norm, w->q_norm,
-                      w->k_norm, w->post_attn_norm, w->post_ffn_norm};
+        void *ps[] = {w->wqkv,      w->wo,        w->wgu,       w->wdown,         w->router,
+                      w->wgu_e,     w->wdown_e,   w->bqkv,      w->bo,            w->attn_norm,
+                      w->ffn_norm,  w->q_norm,    w->k_norm,    w->post_attn_norm, w->post_ffn_norm};
         for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(d, ps[i]);
     }
     if (cm->lm_head != cm->embed) kvp_cudev_free(d, cm->lm_head);
@@ -282,12 +288,10 @@ static void cu_model_free(kvp_cuda_model *cm)
     kvp_free(cm);
 }
 
-/* A device buffer of n elements of dt from f32 host values (rounded to nearest even for bf16). */
-static kvp_status upload_as(kvp_cuda_model *cm, void **dst, const float *src, int64_t n, kvp_dtype dt, const char *what)
+/* n elements of dt at device address dst from f32 host values (rounded to nearest even for bf16). */
+static kvp_status copy_as(kvp_cuda_model *cm, void *dst, const float *src, int64_t n, kvp_dtype dt, const char *what)
 {
-    const size_t es = dt == KVP_DTYPE_F32 ? 4 : 2, bytes = (size_t)n * es;
-    KVP_TRY(kvp_cudev_malloc(cm->dev, dst, bytes, what));
-    cm->weight_bytes += (int64_t)bytes;
+    const size_t bytes = (size_t)n * (dt == KVP_DTYPE_F32 ? 4 : 2);
     const void *host = src;
     uint16_t *tmp = NULL;
     if (dt == KVP_DTYPE_BF16) {
@@ -295,10 +299,19 @@ static kvp_status upload_as(kvp_cuda_model *cm, void **dst, const float *src, in
         for (int64_t i = 0; i < n; i++) tmp[i] = kvp_f32_to_bf16(src[i]);
         host = tmp;
     }
-    kvp_status st = kvp_cudev_copy(cm->dev, *dst, host, bytes, 0);
+    kvp_status st = kvp_cudev_copy(cm->dev, dst, host, bytes, 0);
     if (st == KVP_OK) st = kvp_cudev_sync(cm->dev, 0); /* tmp is freed next */
     kvp_free(tmp);
     return st;
+}
+
+/* A device buffer of n elements of dt (counted as weights) from f32 host values. */
+static kvp_status upload_as(kvp_cuda_model *cm, void **dst, const float *src, int64_t n, kvp_dtype dt, const char *what)
+{
+    const size_t bytes = (size_t)n * (dt == KVP_DTYPE_F32 ? 4 : 2);
+    KVP_TRY(kvp_cudev_malloc(cm->dev, dst, bytes, what));
+    cm->weight_bytes += (int64_t)bytes;
+    return copy_as(cm, *dst, src, n, dt, what);
 }
 
 /* An f32 vector, or NULL for none. */
@@ -331,6 +344,53 @@ static kvp_status upload_stacked(kvp_cuda_model *cm, const kvp_model *m, int32_t
     if (st == KVP_OK) st = upload_as(cm, dst, buf, rows * K, cm->wdt, what);
     kvp_free(buf);
     return st;
+}
+
+/* MoE layer l's E experts stacked as wgu_e and wdown_e, one expert through the host at a time; *mf: MF. */
+static kvp_status upload_experts(kvp_cuda_model *cm, const kvp_model *m, int32_t l, int32_t E, cu_layer *w,
+                                 int64_t *mf)
+{
+    int64_t MF, H, n, k;
+    kvp_model_expert_matrix_shape(m, l, 0, KVP_MAT_GATE, &MF, &H);
+    const size_t es = cm->wdt == KVP_DTYPE_F32 ? 4 : 2, one = (size_t)(MF * H);
+    KVP_TRY(kvp_cudev_malloc(cm->dev, &w->wgu_e, (size_t)E * 2 * one * es, "the experts' gate/up"));
+    KVP_TRY(kvp_cudev_malloc(cm->dev, &w->wdown_e, (size_t)E * one * es, "the experts' down"));
+    cm->weight_bytes += (int64_t)((size_t)E * 3 * one * es);
+    float *buf = kvp_malloc(2 * one * sizeof(float));
+    if (!buf) return KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory for the experts of layer %d", l);
+    kvp_status st = KVP_OK;
+    for (int32_t e = 0; e < E && st == KVP_OK; e++) {
+        for (kvp_mat_id id = KVP_MAT_GATE; id <= KVP_MAT_DOWN && st == KVP_OK; id++) {
+            kvp_model_expert_matrix_shape(m, l, e, id, &n, &k);
+            const int down = id == KVP_MAT_DOWN;
+            if (n != (down ? H : MF) || k != (down ? MF : H))
+                st = KVP_ERR(KVP_EINVAL, "cuda executor: expert %d of layer %d is %lld x %lld, not %lld x %lld", e, l,
+                             (long long)n, (long long)k, (long long)(down ? H : MF), (long long)(down ? MF : H));
+        }
+        if (st == KVP_OK) st = kvp_model_expert_matrix_f32(m, l, e, KVP_MAT_GATE, buf);
+        if (st == KVP_OK) st = kvp_model_expert_matrix_f32(m, l, e, KVP_MAT_UP, buf + one);
+        char *gu = (char *)w->wgu_e + (size_t)e * 2 * one * es, *dn = (char *)w->wdown_e + (size_t)e * one * es;
+        if (st == KVP_OK) st = copy_as(cm, gu, buf, 2 * (int64_t)one, cm->wdt, "the experts' gate/up");
+        if (st == KVP_OK) st = kvp_model_expert_matrix_f32(m, l, e, KVP_MAT_DOWN, buf);
+        if (st == KVP_OK) st = copy_as(cm, dn, buf, (int64_t)one, cm->wdt, "the experts' down");
+    }
+    kvp_free(buf);
+    *mf = MF;
+    return st;
+}
+
+/* The MoE shapes the device layer routes (kvp_cudev_moe_ffn), else KVP_EUNSUPPORTED naming the limit. */
+static kvp_status moe_supported(const kvp_model_config *c)
+{
+    if (c->num_experts < 1) return KVP_OK;
+    if (c->num_shared_experts > 0 || c->family == KVP_FAMILY_DEEPSEEK)
+        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: shared experts and MLA (deepseek) are not on the device");
+    if (c->num_experts > KVP_CUDEV_MOE_MAX_E || c->num_experts_per_tok > KVP_CUDEV_MOE_MAX_K ||
+        c->num_experts_per_tok < 1 || c->num_experts_per_tok > c->num_experts)
+        return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: %d experts, %d per token: the device routes at most %d "
+                                         "experts and %d per token", c->num_experts, c->num_experts_per_tok,
+                       (int)KVP_CUDEV_MOE_MAX_E, (int)KVP_CUDEV_MOE_MAX_K);
+    return KVP_OK;
 }
 
 /* Two optional bias vectors concatenated with zeros where one is missing; NULL when all are. */
@@ -366,6 +426,7 @@ static kvp_status rope_tables(kvp_cuda_model *cm, const double *inv, const doubl
 static kvp_status cu_model_upload(kvp_cudev *d, kvp_model *m, kvp_dtype wdt, kvp_cuda_model **out)
 {
     KVP_TRY(kvp_model_export_check(m));
+    KVP_TRY(moe_supported(kvp_model_cfg(m)));
     kvp_cuda_model *cm = kvp_calloc(1, sizeof *cm);
     if (!cm) return KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
     cm->cfg = *kvp_model_cfg(m);
@@ -398,8 +459,14 @@ static kvp_status cu_model_upload(kvp_cudev *d, kvp_model *m, kvp_dtype wdt, kvp
         st = kvp_model_layer_vecs_of(m, l, &v);
         if (st == KVP_OK) st = upload_stacked(cm, m, l, qkv, 3, &w->wqkv, "the QKV projection");
         if (st == KVP_OK) st = upload_stacked(cm, m, l, o, 1, &w->wo, "o_proj");
-        if (st == KVP_OK) st = upload_stacked(cm, m, l, gu, 2, &w->wgu, "gate/up");
-        if (st == KVP_OK) st = upload_stacked(cm, m, l, dn, 1, &w->wdown, "down");
+        if (st == KVP_OK && v.n_experts) {
+            cm->n_experts = v.n_experts;
+            st = upload_vec(cm, &w->router, kvp_model_router_f32(m, l), (int64_t)v.n_experts * H, "the router");
+            if (st == KVP_OK) st = upload_experts(cm, m, l, v.n_experts, w, &cm->moe_mf);
+        } else {
+            if (st == KVP_OK) st = upload_stacked(cm, m, l, gu, 2, &w->wgu, "gate/up");
+            if (st == KVP_OK) st = upload_stacked(cm, m, l, dn, 1, &w->wdown, "down");
+        }
         if (st == KVP_OK) st = upload_bqkv(cm, &v, QD, KD, &w->bqkv);
         if (st == KVP_OK) st = upload_vec(cm, &w->bo, v.bo, H, "o_proj's bias");
         if (st == KVP_OK) st = upload_vec(cm, &w->attn_norm, v.attn_norm, H, "a norm");
@@ -419,11 +486,14 @@ static kvp_status cu_model_upload(kvp_cudev *d, kvp_model *m, kvp_dtype wdt, kvp
 }
 
 /* Seeded random bf16 weights of cfg's shape, made on the device: matrices uniform in +-1/sqrt(inputs) (a
- * variance that keeps activations of order 1 through the layers), norms 1, no biases. */
+ * variance that keeps activations of order 1 through the layers), norms 1, no biases; an MoE layer's router
+ * f32 of the same spread, its experts as its matrices. */
 static kvp_status cu_model_random(kvp_cudev *d, const kvp_model_config *cfg, uint64_t seed, kvp_cuda_model **out)
 {
-    if (cfg->num_experts > 0)
-        return KVP_ERR(KVP_EUNSUPPORTED, "--random-weights: mixture-of-experts shapes are not supported on the device");
+    if (cfg->family == KVP_FAMILY_OPT || cfg->kv_lora_rank > 0)
+        return KVP_ERR(KVP_EUNSUPPORTED, "--random-weights: %s: learned positions (opt) and MLA (deepseek) are not "
+                                         "on the device", cfg->model_type);
+    KVP_TRY(moe_supported(cfg));
     kvp_cuda_model *cm = kvp_calloc(1, sizeof *cm);
     if (!cm) return KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
     cm->cfg = *cfg;
@@ -432,7 +502,9 @@ static kvp_status cu_model_random(kvp_cudev *d, const kvp_model_config *cfg, uin
     cm->rope_style = 1; /* Hugging Face's rotate-half */
     const kvp_model_config *c = &cm->cfg;
     const int64_t H = c->hidden_size, hd = c->head_dim, QD = c->num_q_heads * hd, KD = c->num_kv_heads * hd;
-    const int64_t V = c->vocab_size, FF = c->intermediate_size;
+    const int64_t V = c->vocab_size, FF = c->intermediate_size, E = c->num_experts, MF = c->moe_intermediate_size;
+    cm->n_experts = c->num_experts;
+    cm->moe_mf = MF;
     cm->tp = (kvp_tp_shard){.tp = 1, .nq = c->num_q_heads, .nkv = c->num_kv_heads, .kv_replicas = 1, .nff = FF,
                             .nv = V, .vpad = V}; /* one rank holds everything */
     const int64_t ctx = kvp_model_config_context(c);
@@ -447,13 +519,15 @@ static kvp_status cu_model_random(kvp_cudev *d, const kvp_model_config *cfg, uin
     if (st == KVP_OK && !(cm->layers = kvp_calloc((size_t)c->num_layers, sizeof *cm->layers)))
         st = KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
     uint64_t tensor = 0;
-#define RAND_MAT(ptr, n, in, what)                                                                                   \
+#define RAND_AS(ptr, n, in, dt, what)                                                                                \
     do {                                                                                                             \
-        if (st == KVP_OK) st = kvp_cudev_malloc(d, (void **)&(ptr), (size_t)(n) * 2, what);                          \
-        if (st == KVP_OK) st = kvp_cudev_random(d, (ptr), KVP_DTYPE_BF16, (n), seed * 1000003u + tensor++,           \
+        const size_t es_ = (dt) == KVP_DTYPE_F32 ? 4 : 2;                                                            \
+        if (st == KVP_OK) st = kvp_cudev_malloc(d, (void **)&(ptr), (size_t)(n) * es_, what);                        \
+        if (st == KVP_OK) st = kvp_cudev_random(d, (ptr), (dt), (n), seed * 1000003u + tensor++,                     \
                                                 (float)(1.0 / sqrt((double)(in))));                                  \
-        cm->weight_bytes += (int64_t)(n) * 2;                                                                        \
+        cm->weight_bytes += (int64_t)(n) * (int64_t)es_;                                                             \
     } while (0)
+#define RAND_MAT(ptr, n, in, what) RAND_AS(ptr, n, in, KVP_DTYPE_BF16, what)
 #define ONES(ptr, n)                                                                                                 \
     do {                                                                                                             \
         if (st == KVP_OK) st = kvp_cudev_malloc(d, (void **)&(ptr), (size_t)(n) * 4, "a norm");                      \
@@ -469,12 +543,19 @@ static kvp_status cu_model_random(kvp_cudev *d, const kvp_model_config *cfg, uin
         w->window_left = -1;
         RAND_MAT(w->wqkv, (QD + 2 * KD) * H, H, "the QKV projection");
         RAND_MAT(w->wo, H * QD, QD, "o_proj");
-        RAND_MAT(w->wgu, 2 * FF * H, H, "gate/up");
-        RAND_MAT(w->wdown, H * FF, FF, "down");
+        if (E > 0 && c->layer_is_moe[l]) {
+            RAND_AS(w->router, E * H, H, KVP_DTYPE_F32, "the router");
+            RAND_MAT(w->wgu_e, E * 2 * MF * H, H, "the experts' gate/up");
+            RAND_MAT(w->wdown_e, E * H * MF, MF, "the experts' down");
+        } else {
+            RAND_MAT(w->wgu, 2 * FF * H, H, "gate/up");
+            RAND_MAT(w->wdown, H * FF, FF, "down");
+        }
         ONES(w->attn_norm, H);
         ONES(w->ffn_norm, H);
     }
 #undef RAND_MAT
+#undef RAND_AS
 #undef ONES
     if (st == KVP_OK) st = kvp_cudev_sync(d, 0);
     if (st != KVP_OK) {
@@ -495,6 +576,8 @@ typedef struct {
     float *gather;                                    /* tp > 1: (tp, S, vpad) the ranks' logits slices */
     void *scratch;                                    /* bf16 GEMM input */
     void *pack;                                       /* the step pack on the device */
+    void *moe;                                        /* kvp_cudev_moe_ffn's workspace, moe_bytes (MoE models) */
+    size_t moe_bytes;
     int64_t T, S;                                     /* rows they hold */
     size_t pack_cap;
 } cu_ws;
@@ -536,7 +619,7 @@ static void ws_free(cu_ctx *c)
 {
     cu_ws *w = &c->ws;
     void *ps[] = {w->x,       w->h,       w->qkv,  w->o,  w->gu,   w->act, w->fin,
-                  w->logits,  w->gather,  w->scratch, w->pack, w->qc, w->split};
+                  w->logits,  w->gather,  w->scratch, w->pack, w->qc, w->split, w->moe};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(c->dev, ps[i]);
     memset(w, 0, sizeof *w);
 }
@@ -573,6 +656,10 @@ static kvp_status ws_alloc(cu_ctx *c, int64_t T, int64_t S, int64_t *bytes)
         /* a decode step has at most S sequences (max_num_seqs, or the largest graph bucket) */
         w->split_bytes = kvp_cudev_paged_workspace_bytes((int32_t)S, (int32_t)m->num_q_heads, (int32_t)hd);
         WS(w->split, w->split_bytes, 1);
+    }
+    if (c->cm->n_experts) {
+        w->moe_bytes = kvp_cudev_moe_workspace_bytes(T, H, c->cm->n_experts, m->num_experts_per_tok, c->cm->moe_mf);
+        WS(w->moe, w->moe_bytes, 1);
     }
 #undef WS
     w->T = T;
@@ -666,9 +753,14 @@ static kvp_status forward(cu_ctx *c, const kvp_cuda_pack_layout *lay, int bucket
         if (L->post_attn_norm) KVP_TRY(kvp_cudev_rmsnorm(d, w->h, H, w->h, H, L->post_attn_norm, T, 1, H, eps, NULL));
         KVP_TRY(kvp_cudev_add(d, w->x, w->h, T * H));
         KVP_TRY(kvp_cudev_rmsnorm(d, w->h, H, w->x, H, L->ffn_norm, T, 1, H, eps, NULL));
-        KVP_TRY(kvp_cudev_gemm(d, w->gu, 2 * FF, w->h, H, L->wgu, cm->wdt, T, 2 * FF, H, w->scratch));
-        KVP_TRY(kvp_cudev_glu(d, m->ffn_act, w->act, w->gu, w->gu + FF, 2 * FF, T, FF));
-        KVP_TRY(kvp_cudev_gemm(d, w->h, H, w->act, FF, L->wdown, cm->wdt, T, H, FF, w->scratch));
+        if (L->router) {
+            KVP_TRY(kvp_cudev_moe_ffn(d, w->h, w->h, L->router, L->wgu_e, L->wdown_e, cm->wdt, T, H, cm->n_experts,
+                                      m->num_experts_per_tok, cm->moe_mf, m->moe_norm_topk, w->moe, w->moe_bytes));
+        } else {
+            KVP_TRY(kvp_cudev_gemm(d, w->gu, 2 * FF, w->h, H, L->wgu, cm->wdt, T, 2 * FF, H, w->scratch));
+            KVP_TRY(kvp_cudev_glu(d, m->ffn_act, w->act, w->gu, w->gu + FF, 2 * FF, T, FF));
+            KVP_TRY(kvp_cudev_gemm(d, w->h, H, w->act, FF, L->wdown, cm->wdt, T, H, FF, w->scratch));
+        }
         KVP_TRY(tp_sum(c, w->h, T * H));
         if (L->post_ffn_norm) KVP_TRY(kvp_cudev_rmsnorm(d, w->h, H, w->h, H, L->post_ffn_norm, T, 1, H, eps, NULL));
         KVP_TRY(kvp_cudev_add(d, w->x, w->h, T * H));
