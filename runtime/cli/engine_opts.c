@@ -131,6 +131,7 @@ static const struct option device_long[] = {
     {"kv-cache-memory", required_argument, 0, KVP_DO_KV_MEM},
     {"enforce-eager", no_argument, 0, KVP_DO_EAGER},
     {"cuda-attention", required_argument, 0, KVP_DO_CUDA_ATTN},
+    {"deterministic", no_argument, 0, KVP_DO_DETERMINISTIC},
 };
 enum { N_DEVICE = sizeof device_long / sizeof device_long[0] };
 _Static_assert(N_DEVICE == KVP_DO_END - KVP_DO_DEVICE, "one table entry per device option");
@@ -167,6 +168,11 @@ int kvp_device_opt(kvp_device_opts *o, int c, const char *arg, kvp_status *st)
         o->cuda_only = "--enforce-eager";
         *st = KVP_OK;
         break;
+    case KVP_DO_DETERMINISTIC:
+        o->cu.deterministic = 1;
+        o->cuda_only = "--deterministic";
+        *st = KVP_OK;
+        break;
     case KVP_DO_CUDA_ATTN:
         if (strcmp(arg, "paged") == 0) o->cu.attention = KVP_CUDA_ATTN_PAGED, *st = KVP_OK;
         else if (strcmp(arg, "rowwise") == 0) o->cu.attention = KVP_CUDA_ATTN_ROWWISE, *st = KVP_OK;
@@ -196,5 +202,8 @@ void kvp_device_opts_usage(FILE *f)
             "  --enforce-eager           no CUDA graphs (nor their batch buckets) for decode steps\n"
             "  --cuda-attention A        paged (default): attention/cuda's split-KV decode and FlashAttention-2\n"
             "                            prefill kernels; rowwise: one warp per query row, the same result for a\n"
-            "                            row in any batch (the CPU's batch-invariant form), slower\n");
+            "                            row in any batch (the CPU's batch-invariant form), slower\n"
+            "  --deterministic           batch-invariant results on the GPU: GEMMs by a tiled kernel that sums each\n"
+            "                            output in one order (not cuBLAS), rowwise attention; a row's logits do not\n"
+            "                            depend on what else is in the batch (slower: no tensor cores)\n");
 }

@@ -54,10 +54,11 @@ kvp_status kvp_engine_opts_check(const kvp_engine_opts *o);
 void kvp_engine_opts_usage(FILE *f, const kvp_engine_config *defaults);
 
 /* ---- the device options of generate and simulate (serve may adopt them):
- *   --device cpu|cuda[:N]  --gpu-memory-utilization F  --kv-cache-memory BYTES  --enforce-eager
+ *   --device cpu|cuda[:N]  --gpu-memory-utilization F  --kv-cache-memory BYTES  --enforce-eager  --deterministic
  *   --cuda-attention paged|rowwise
- * The last three apply to the cuda executor only (kvp_device_opts_check says so otherwise). */
-enum { KVP_DO_DEVICE = 0x1100, KVP_DO_GPU_UTIL, KVP_DO_KV_MEM, KVP_DO_EAGER, KVP_DO_CUDA_ATTN, KVP_DO_END };
+ * All but --device apply to the cuda executor only (kvp_device_opts_check says so otherwise). */
+enum { KVP_DO_DEVICE = 0x1100, KVP_DO_GPU_UTIL, KVP_DO_KV_MEM, KVP_DO_EAGER, KVP_DO_CUDA_ATTN, KVP_DO_DETERMINISTIC,
+       KVP_DO_END };
 
 typedef struct {
     int cuda;              /* 1: --device cuda[:N] */

@@ -61,6 +61,9 @@ typedef struct {
                                       (f32 for an f32 checkpoint, else bf16) */
     uint64_t random_seed;          /* --random-weights: the seed */
     kvp_cuda_attention attention;  /* --cuda-attention */
+    int deterministic;             /* 1 (--deterministic): GEMMs by the tiled kernel (kvp_cudev_set_invariant_gemm)
+                                      and rowwise attention, so a row's logits do not depend on the batch (tp 1;
+                                      NCCL's sums may depend on the message size) */
 } kvp_cuda_options;
 
 kvp_cuda_options kvp_cuda_options_default(void);
@@ -164,6 +167,7 @@ typedef struct {
     kvp_dtype weights;
     int32_t graph_buckets; /* 0 with --enforce-eager */
     kvp_cuda_attention attention; /* what runs (paged falls back to rowwise for an unsupported head_dim) */
+    int deterministic;            /* --deterministic: tiled batch-invariant GEMMs, rowwise attention */
     /* CUDA graphs so far (kvp_cuda_executor_info; 0 at creation): */
     int32_t graphs_captured; /* captures (one per bucket used; again after the step pack's buffer grew) */
     int64_t graph_replays;   /* decode steps run by launching a captured graph (a capture's own step too) */

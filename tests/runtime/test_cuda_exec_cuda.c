@@ -209,6 +209,70 @@ Test(cuda_exec_kernels, gemm_f32_and_bf16)
     close_dev();
 }
 
+/* The tiled GEMM of --deterministic (kvp_cudev_set_invariant_gemm): 37 rows (two full tiles and a partial
+ * one; N past a block's columns, K past a chunk), f32 and bf16 weights, y at a stride wider than N, within
+ * 1e-5 of the double loop; the same rows alone, and in reverse order, give the same bits (batch invariance:
+ * what cuBLAS does not promise); under the emulator the default stand-in's bits too. Rows of y past T are not
+ * written. */
+Test(cuda_exec_kernels, tiled_gemm_is_batch_invariant)
+{
+    int n;
+    if (kvp_cudev_count(&n) != KVP_OK) cr_skip_test("%s", kvp_error_message());
+    kvp_cudev_info info;
+    cr_assert_eq(kvp_cudev_open(0, &dev, &info), KVP_OK, "%s", kvp_error_detail());
+    enum { T = 37, N = 150, K = 70, LDX = 72, LDY = 152 };
+    static float x[T * LDX], xr[T * LDX], w[N * K], y[(T + 1) * LDY], y1[LDY], yr[T * LDY], ys[T * LDY];
+    static uint16_t wb[N * K];
+    fill(x, T * LDX);
+    fill(w, N * K);
+    for (int i = 0; i < N * K; i++) wb[i] = kvp_f32_to_bf16(w[i]);
+    for (int t = 0; t < T; t++) memcpy(xr + t * LDX, x + (T - 1 - t) * LDX, sizeof(float) * LDX);
+    void *scratch;
+    cr_assert_eq(kvp_cudev_malloc(dev, &scratch, T * K * 2, "scratch"), KVP_OK);
+    float *dx = up(x, sizeof x), *dxr = up(xr, sizeof xr), *dy = up(y, sizeof y);
+    void *dw = up(w, sizeof w), *dwb = up(wb, sizeof wb);
+    for (int bf = 0; bf < 2; bf++) {
+        const void *W = bf ? dwb : dw;
+        const kvp_dtype wd = bf ? KVP_DTYPE_BF16 : KVP_DTYPE_F32;
+        kvp_cudev_set_invariant_gemm(dev, 0);
+        cr_assert_eq(kvp_cudev_gemm(dev, dy, LDY, dx, LDX, W, wd, T, N, K, scratch), KVP_OK, "%s", kvp_error_detail());
+        down(ys, dy, sizeof ys);
+        kvp_cudev_set_invariant_gemm(dev, 1);
+        cr_assert_eq(kvp_cudev_memset(dev, dy, 0xFF, sizeof y), KVP_OK);
+        cr_assert_eq(kvp_cudev_gemm(dev, dy, LDY, dx, LDX, W, wd, T, N, K, NULL), KVP_OK, "%s", kvp_error_detail());
+        down(y, dy, sizeof y);
+        for (int i = 0; i < LDY; i++) {
+            uint32_t u;
+            memcpy(&u, &y[T * LDY + i], 4);
+            cr_assert_eq(u, 0xFFFFFFFFu, "row %d of y written", T);
+        }
+        for (int t = 0; t < T; t++)
+            for (int o = 0; o < N; o++) {
+                double s = 0;
+                for (int k = 0; k < K; k++) {
+                    const float xv = bf ? kvp_bf16_to_f32(kvp_f32_to_bf16(x[t * LDX + k])) : x[t * LDX + k];
+                    s += (double)xv * (bf ? kvp_bf16_to_f32(wb[o * K + k]) : w[o * K + k]);
+                }
+                cr_assert(fabs(y[t * LDY + o] - s) <= 1e-5 * (1 + fabs(s)), "%s y[%d][%d] = %g, want %g",
+                          bf ? "bf16" : "f32", t, o, y[t * LDY + o], s);
+                if (info.emulated) cr_assert_eq(y[t * LDY + o], ys[t * LDY + o], "the emulator's stand-in differs");
+            }
+        for (int t = 0; t < T; t += 5) { /* one row alone */
+            cr_assert_eq(kvp_cudev_gemm(dev, dy, LDY, dx + t * LDX, LDX, W, wd, 1, N, K, NULL), KVP_OK);
+            down(y1, dy, sizeof y1);
+            cr_assert_eq(memcmp(y1, y + t * LDY, sizeof(float) * N), 0, "%s row %d alone differs", bf ? "bf16" : "f32", t);
+        }
+        cr_assert_eq(kvp_cudev_gemm(dev, dy, LDY, dxr, LDX, W, wd, T, N, K, NULL), KVP_OK);
+        down(yr, dy, sizeof yr);
+        for (int t = 0; t < T; t++)
+            cr_assert_eq(memcmp(yr + t * LDY, y + (T - 1 - t) * LDY, sizeof(float) * N), 0, "%s row %d reversed differs",
+                         bf ? "bf16" : "f32", t);
+    }
+    kvp_cudev_free(dev, dx), kvp_cudev_free(dev, dxr), kvp_cudev_free(dev, dy), kvp_cudev_free(dev, dw);
+    kvp_cudev_free(dev, dwb), kvp_cudev_free(dev, scratch);
+    close_dev();
+}
+
 /* append_kv through a slot mapping (-1 skipped) and the per-row attention over a random page table against
  * kvp_attn_append_kv_cpu and kvp_attn_decode_cpu, GQA 2, f32, f16 and fp8 pools, a window and a soft cap; unused
  * slots hold NaN on both sides (a kernel that reads one fails). */
@@ -553,6 +617,50 @@ Test(cuda_exec, graph_replays_match_eager_logits, .timeout = 600)
               info[0].graphs_captured, (long long)info[0].graph_replays);
     cr_assert(info[0].graph_capture_s > 0);
     cr_assert(info[1].graphs_captured == 0 && info[1].graph_replays == 0, "--enforce-eager captured graphs");
+    for (int e = 0; e < 2; e++) kvp_executor_destroy(&ex[e]);
+    kvp_model_destroy(m);
+}
+
+/* --deterministic: tiled GEMMs and rowwise attention (also when paged is asked for); sequence 0's logits
+ * alone (a 5-token prefill, then decode steps of bucket 1) and in a batch of four (all prompts in one step,
+ * then decode steps of bucket 4 with sequence 0 in the second row) are the same bits. On the emulator every
+ * path is batch-invariant; on a GPU only this one is (cuBLAS picks GEMM algorithms by shape). */
+Test(cuda_exec, deterministic_rows_do_not_depend_on_the_batch, .timeout = 600)
+{
+    open_dev();
+    close_dev();
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(S260 "/stories260K.gguf", &m), KVP_OK, "%s", kvp_error_detail());
+    const int32_t V = (int32_t)kvp_model_cfg(m)->vocab_size;
+    kvp_executor ex[2]; /* [0] sequence 0 alone, [1] in a batch of four */
+    kvp_cuda_info info;
+    for (int e = 0; e < 2; e++) {
+        kvp_cuda_options o = kvp_cuda_options_default();
+        o.deterministic = 1;
+        o.kv_cache_memory = 1 << 20;
+        cr_assert_eq(kvp_cuda_executor_create(m, NULL, &o, 0, GBS, 0, KVP_DTYPE_F32, 64, 4, &ex[e], &info), KVP_OK,
+                     "%s", kvp_error_detail());
+        cr_assert(info.deterministic && info.attention == KVP_CUDA_ATTN_ROWWISE && info.graph_buckets == 3);
+    }
+    static float lg[2][4 * 512];
+    int32_t ctx[2][4] = {{0}}, tok[64];
+    const int32_t all[4] = {0, 1, 2, 3}, later[4] = {3, 0, 1, 2}, plen[4] = {5, 9, 3, 17}, one[1] = {0};
+    for (int k = 0; k < 4; k++) {
+        int32_t n_new[4] = {1, 1, 1, 1};
+        if (k == 0) memcpy(n_new, plen, sizeof n_new);
+        for (int t = 0; t < 34; t++) tok[t] = (7 * t + 3 + 31 * k) % V;
+        gstep(&ex[0], one, n_new, 1, tok, ctx[0], lg[0], V);
+        int32_t btok[64];
+        if (k == 0) memcpy(btok, tok, sizeof btok); /* sequence 0's prompt first, as alone */
+        else
+            for (int i = 0; i < 4; i++) btok[i] = later[i] == 0 ? tok[0] : (11 * later[i] + k) % V;
+        gstep(&ex[1], k ? later : all, n_new, 4, btok, ctx[1], lg[1], V);
+        const float *row0 = lg[1] + (k ? 1 : 0) * V;
+        cr_assert_eq(memcmp(lg[0], row0, (size_t)V * sizeof(float)), 0, "step %d: sequence 0's logits depend on the batch",
+                     k);
+        ctx[0][0] += n_new[0];
+        for (int i = 0; i < 4; i++) ctx[1][i] += n_new[i];
+    }
     for (int e = 0; e < 2; e++) kvp_executor_destroy(&ex[e]);
     kvp_model_destroy(m);
 }

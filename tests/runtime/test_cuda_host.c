@@ -290,6 +290,9 @@ Test(cuda_host, generate_command_line)
     snprintf(cmd, sizeof cmd, "generate %s --prompt Once --cuda-attention rowwise", model);
     cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
     cr_assert(strstr(err, "--cuda-attention applies to --device cuda only"), "%s", err);
+    snprintf(cmd, sizeof cmd, "generate %s --prompt Once --deterministic", model);
+    cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
+    cr_assert(strstr(err, "--deterministic applies to --device cuda only"), "%s", err);
     snprintf(cmd, sizeof cmd, "generate %s --prompt Once --device cuda --cuda-attention flash", model);
     cr_assert_eq(kvp_test_cli(cmd, out, sizeof out, err, sizeof err), 2);
     cr_assert(strstr(err, "'flash' is not paged or rowwise"), "%s", err);

@@ -33,6 +33,7 @@ enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
 
 struct kvp_cudev {
     int index;
+    int invariant; /* kvp_cudev_set_invariant_gemm */
     cudaStream_t compute, copy;
 #ifndef KVPAGE_CUDA_EMU
     cublasHandle_t blas;
@@ -600,6 +601,61 @@ __global__ void to_bf16_kernel(__nv_bfloat16 *out, const float *x, int64_t ldx, 
     for (int64_t i = threadIdx.x; i < K; i += blockDim.x) out[blockIdx.x * K + i] = __float2bfloat16_rn(x[blockIdx.x * ldx + i]);
 }
 
+/* The tiled GEMM (group_gemm_kernel): columns of a block, rows of a tile, the K chunk staged in shared memory;
+ * the emulator sums in double (as its stand-in for cuBLAS does), a GPU in f32. */
+#ifdef KVPAGE_CUDA_EMU
+enum { GEMM_BN = 32 };
+typedef double tiled_acc;
+#else
+enum { GEMM_BN = 128 };
+typedef float tiled_acc;
+#endif
+enum { GEMM_TILE = KVP_CUDEV_MOE_TILE, GEMM_KC = 32 };
+
+/* grid: (tiles, N / GEMM_BN), block: GEMM_BN. The tiled GEMM of the MoE layer and of --deterministic: tile i
+ * (< *n_tiles when given) is rows [i TILE, (i + 1) TILE) of y (rows past M skipped), all of expert
+ * tile_expert[i] (NULL: 0); thread j computes column blockIdx.y GEMM_BN + j of them over W = w + e N K (N, K),
+ * K in chunks of GEMM_KC staged in shared memory (x rows and W rows, loaded along K). The x row of row s:
+ * gather non-NULL: row gather[s] (-1: zeros), else row s. Each output sums k in order in one thread, the same
+ * arithmetic in any tile and for any M: a row's result does not depend on the batch (and the emulator's sum in
+ * double equals its kvp_cudev_gemm stand-in's). */
+__global__ void group_gemm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *gather,
+                                  int64_t M, const void *w, kvp_dtype wdt, const int32_t *tile_expert,
+                                  const int32_t *n_tiles, int64_t N, int64_t K)
+{
+    const int64_t tile = blockIdx.x;
+    if (n_tiles && tile >= *n_tiles) return;
+    const int64_t e = tile_expert ? tile_expert[tile] : 0, n0 = (int64_t)blockIdx.y * GEMM_BN, col = n0 + threadIdx.x;
+    const int bf = wdt == KVP_DTYPE_BF16;
+    KVP_SHARED(float, xs, GEMM_TILE * GEMM_KC);
+    KVP_SHARED(float, ws, GEMM_BN * (GEMM_KC + 1)); /* padded: a column of threads reads rows a bank apart */
+    tiled_acc acc[GEMM_TILE];
+    for (int r = 0; r < GEMM_TILE; r++) acc[r] = 0;
+    for (int64_t k0 = 0; k0 < K; k0 += GEMM_KC) {
+        const int64_t kc = K - k0 < (int64_t)GEMM_KC ? K - k0 : (int64_t)GEMM_KC;
+        for (int i = threadIdx.x; i < GEMM_TILE * GEMM_KC; i += blockDim.x) {
+            const int r = i / GEMM_KC, kk = i % GEMM_KC;
+            const int64_t s = tile * GEMM_TILE + r, src = s >= M ? -1 : gather ? gather[s] : s;
+            float v = kk < kc && src >= 0 ? x[src * ldx + k0 + kk] : 0.0f;
+            if (bf) v = __bfloat162float(__float2bfloat16_rn(v));
+            xs[i] = v;
+        }
+        for (int i = threadIdx.x; i < GEMM_BN * GEMM_KC; i += blockDim.x) {
+            const int r = i / GEMM_KC, kk = i % GEMM_KC;
+            const int64_t nrow = n0 + r;
+            ws[r * (GEMM_KC + 1) + kk] = nrow < N && kk < kc ? load_el(w, wdt, (e * N + nrow) * K + k0 + kk) : 0.0f;
+        }
+        __syncthreads();
+        for (int kk = 0; kk < kc; kk++) {
+            const tiled_acc wv = ws[threadIdx.x * (GEMM_KC + 1) + kk];
+            for (int r = 0; r < GEMM_TILE; r++) acc[r] += (tiled_acc)xs[r * GEMM_KC + kk] * wv;
+        }
+        __syncthreads();
+    }
+    for (int r = 0; col < N && r < GEMM_TILE && tile * GEMM_TILE + r < M; r++)
+        y[(tile * GEMM_TILE + r) * ldy + col] = (float)acc[r];
+}
+
 #ifdef KVPAGE_CUDA_EMU
 /* grid: (T), block: 32; thread j computes outputs j, j + 32, ... of row t, summing k in order (the CPU loop the
  * emulated build always had). x is f32 or, with bf16 weights, the bf16 copy. */
@@ -624,12 +680,20 @@ __global__ void gemm_emu_kernel(float *y, int64_t ldy, const void *x, int64_t ld
 }
 #endif
 
+extern "C" void kvp_cudev_set_invariant_gemm(kvp_cudev *d, int on) { d->invariant = on != 0; }
+
 extern "C" kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_x, int64_t ldx,
                                      const void *d_w, kvp_dtype wdt, int64_t T, int64_t N, int64_t K, void *d_scratch)
 {
     if (T < 1 || N < 1) return KVP_OK;
     if (wdt != KVP_DTYPE_F32 && wdt != KVP_DTYPE_BF16)
         return KVP_ERR(KVP_EUNSUPPORTED, "cuda executor: gemm: weights of dtype %d (f32 or bf16)", (int)wdt);
+    if (d->invariant) { /* the tiled kernel rounds x to bf16 as it loads it */
+        const int64_t tiles = (T + GEMM_TILE - 1) / GEMM_TILE;
+        KVP_LAUNCH(group_gemm_kernel, dim3((unsigned)tiles, blocks_for(N, GEMM_BN)), dim3(GEMM_BN), 0, d->compute, d_y,
+                   ldy, d_x, ldx, (const int32_t *)NULL, T, d_w, wdt, (const int32_t *)NULL, (const int32_t *)NULL, N, K);
+        return launched("gemm (tiled)");
+    }
     const void *x = d_x;
     int64_t lx = ldx;
     if (wdt == KVP_DTYPE_BF16) {
@@ -660,16 +724,12 @@ extern "C" kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, cons
 
 /* ---------------------------------------------------------------- mixture of experts */
 
-/* Columns of a grouped-GEMM block and the K chunk staged in shared memory; the emulator sums in double (as its
- * GEMM stand-in does), a GPU in f32. */
 #ifdef KVPAGE_CUDA_EMU
-enum { MOE_BN = 32, ALIGN_THREADS = 32 };
-typedef double moe_acc;
+enum { ALIGN_THREADS = 32 };
 #else
-enum { MOE_BN = 128, ALIGN_THREADS = 256 };
-typedef float moe_acc;
+enum { ALIGN_THREADS = 256 };
 #endif
-enum { MOE_TILE = KVP_CUDEV_MOE_TILE, MOE_KC = 32 };
+enum { MOE_TILE = GEMM_TILE };
 
 /* Tiles T rows of k picks can need at most: every expert in use may leave one tile part-full. */
 static int64_t moe_max_tiles(int64_t T, int64_t E, int64_t k)
@@ -776,48 +836,6 @@ __global__ void moe_align_kernel(const int32_t *pick, int64_t n, int k, int E, i
     }
 }
 
-/* grid: (max tiles, N / MOE_BN), block: MOE_BN. Tile i (< *n_tiles) is rows [i TILE, (i + 1) TILE) of the
- * sorted order, all of expert tile_expert[i]; thread j computes column blockIdx.y MOE_BN + j of them over W =
- * w + e N K (N, K), K in chunks of MOE_KC staged in shared memory (x rows and W rows, loaded along K). The x row
- * of slot s: gather non-NULL: row gather[s] (-1: zeros), else row s. k in order per output (the emulator's
- * sum in double then matches its kvp_cudev_gemm). */
-__global__ void moe_gemm_kernel(float *y, int64_t ldy, const float *x, int64_t ldx, const int32_t *gather,
-                                const void *w, kvp_dtype wdt, const int32_t *tile_expert, const int32_t *n_tiles,
-                                int64_t N, int64_t K)
-{
-    const int64_t tile = blockIdx.x;
-    if (tile >= *n_tiles) return;
-    const int64_t e = tile_expert[tile], n0 = (int64_t)blockIdx.y * MOE_BN, col = n0 + threadIdx.x;
-    const int bf = wdt == KVP_DTYPE_BF16;
-    KVP_SHARED(float, xs, MOE_TILE * MOE_KC);
-    KVP_SHARED(float, ws, MOE_BN * (MOE_KC + 1)); /* padded: a column of threads reads rows a bank apart */
-    moe_acc acc[MOE_TILE];
-    for (int r = 0; r < MOE_TILE; r++) acc[r] = 0;
-    for (int64_t k0 = 0; k0 < K; k0 += MOE_KC) {
-        const int64_t kc = K - k0 < (int64_t)MOE_KC ? K - k0 : (int64_t)MOE_KC;
-        for (int i = threadIdx.x; i < MOE_TILE * MOE_KC; i += blockDim.x) {
-            const int r = i / MOE_KC, kk = i % MOE_KC;
-            const int64_t s = tile * MOE_TILE + r, src = gather ? gather[s] : s;
-            float v = kk < kc && src >= 0 ? x[src * ldx + k0 + kk] : 0.0f;
-            if (bf) v = __bfloat162float(__float2bfloat16_rn(v));
-            xs[i] = v;
-        }
-        for (int i = threadIdx.x; i < MOE_BN * MOE_KC; i += blockDim.x) {
-            const int r = i / MOE_KC, kk = i % MOE_KC;
-            const int64_t nrow = n0 + r;
-            ws[r * (MOE_KC + 1) + kk] = nrow < N && kk < kc ? load_el(w, wdt, (e * N + nrow) * K + k0 + kk) : 0.0f;
-        }
-        __syncthreads();
-        for (int kk = 0; kk < kc; kk++) {
-            const moe_acc wv = ws[threadIdx.x * (MOE_KC + 1) + kk];
-            for (int r = 0; r < MOE_TILE; r++) acc[r] += (moe_acc)xs[r * MOE_KC + kk] * wv;
-        }
-        __syncthreads();
-    }
-    if (col < N)
-        for (int r = 0; r < MOE_TILE; r++) y[(tile * MOE_TILE + r) * ldy + col] = (float)acc[r];
-}
-
 /* grid: (max tiles), block: ROW_THREADS over the tile's rows: act = SiLU(gate) * up (glu_kernel's SiLU). */
 __global__ void moe_glu_kernel(float *act, const float *gu, const int32_t *n_tiles, int64_t MF)
 {
@@ -867,13 +885,13 @@ extern "C" kvp_status kvp_cudev_moe_ffn(kvp_cudev *d, float *d_out, const float 
     KVP_LAUNCH(moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), 0, d->compute, pick, T * k, (int)k, (int)E,
                tiles * MOE_TILE, tile_expert, n_tiles, sorted, slot);
     KVP_TRY(launched("moe align"));
-    KVP_LAUNCH(moe_gemm_kernel, dim3((unsigned)tiles, blocks_for(2 * MF, MOE_BN)), dim3(MOE_BN), 0, d->compute, gu,
-               2 * MF, d_x, H, sorted, d_wgu, wdt, tile_expert, n_tiles, 2 * MF, H);
+    KVP_LAUNCH(group_gemm_kernel, dim3((unsigned)tiles, blocks_for(2 * MF, GEMM_BN)), dim3(GEMM_BN), 0, d->compute, gu,
+               2 * MF, d_x, H, sorted, tiles * MOE_TILE, d_wgu, wdt, tile_expert, n_tiles, 2 * MF, H);
     KVP_TRY(launched("moe gate/up"));
     KVP_LAUNCH(moe_glu_kernel, dim3((unsigned)tiles), dim3(ROW_THREADS), 0, d->compute, act, gu, n_tiles, MF);
     KVP_TRY(launched("moe glu"));
-    KVP_LAUNCH(moe_gemm_kernel, dim3((unsigned)tiles, blocks_for(H, MOE_BN)), dim3(MOE_BN), 0, d->compute, y, H,
-               act, MF, (const int32_t *)NULL, d_wdown, wdt, tile_expert, n_tiles, H, MF);
+    KVP_LAUNCH(group_gemm_kernel, dim3((unsigned)tiles, blocks_for(H, GEMM_BN)), dim3(GEMM_BN), 0, d->compute, y, H,
+               act, MF, (const int32_t *)NULL, tiles * MOE_TILE, d_wdown, wdt, tile_expert, n_tiles, H, MF);
     KVP_TRY(launched("moe down"));
     KVP_LAUNCH(moe_combine_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_out, y, slot, wt, (int)k, H);
     return launched("moe combine");

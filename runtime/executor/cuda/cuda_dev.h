@@ -157,6 +157,12 @@ kvp_status kvp_cudev_fill(kvp_cudev *d, void *d_p, kvp_dtype dt, int64_t n, floa
  * Ref: matmul.c. */
 kvp_status kvp_cudev_gemm(kvp_cudev *d, float *d_y, int64_t ldy, const float *d_x, int64_t ldx, const void *d_w,
                           kvp_dtype wdt, int64_t T, int64_t N, int64_t K, void *d_scratch);
+/* From now on d's GEMMs (on: 1) run the project's tiled kernel instead (the MoE layer's grouped GEMM with one
+ * expert: tiles of KVP_CUDEV_MOE_TILE rows, each output summed over k in order by one thread), whose result for
+ * a row does not depend on T nor on the row's place in the batch: batch-invariant, as the CPU's matmul (the
+ * executor's --deterministic). No tensor cores; f32 FMA on a GPU; under the emulator the sum in double, equal
+ * to the stand-in's bit for bit. d_scratch is then unused. */
+void kvp_cudev_set_invariant_gemm(kvp_cudev *d, int on);
 
 /* ---- mixture of experts (mixtral, qwen3_moe): one MoE FFN over T rows.
  *

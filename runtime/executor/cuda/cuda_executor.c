@@ -1100,8 +1100,12 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
     c->num_host_blocks = num_host_blocks;
     int64_t peak = 0;
     if (st == KVP_OK) {
-        c->paged = opts->attention == KVP_CUDA_ATTN_PAGED && kvp_cudev_paged_supported(kv_dtype, c->cm->cfg.head_dim);
-        if (opts->attention == KVP_CUDA_ATTN_PAGED && !c->paged)
+        c->paged = opts->attention == KVP_CUDA_ATTN_PAGED && kvp_cudev_paged_supported(kv_dtype, c->cm->cfg.head_dim) &&
+                   !opts->deterministic;
+        kvp_cudev_set_invariant_gemm(c->dev, opts->deterministic);
+        if (opts->deterministic)
+            KVP_LOG_I("cuda executor: --deterministic: tiled batch-invariant GEMMs, rowwise attention");
+        else if (opts->attention == KVP_CUDA_ATTN_PAGED && !c->paged)
             KVP_LOG_I("cuda executor: no attention/cuda kernel for head_dim %d: attention runs rowwise",
                       c->cm->cfg.head_dim);
         c->n_buckets = opts->enforce_eager ? 0 : kvp_cuda_graph_buckets(max_seqs, c->buckets);
@@ -1157,7 +1161,8 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
     }
     c->info = (kvp_cuda_info){.emulated = c->dinfo.emulated, .cublas = c->dinfo.cublas, .split = split,
                               .weights = wdt, .graph_buckets = c->n_buckets,
-                              .attention = c->paged ? KVP_CUDA_ATTN_PAGED : KVP_CUDA_ATTN_ROWWISE};
+                              .attention = c->paged ? KVP_CUDA_ATTN_PAGED : KVP_CUDA_ATTN_ROWWISE,
+                              .deterministic = opts->deterministic != 0};
     snprintf(c->info.device_name, sizeof c->info.device_name, "%s", c->dinfo.name);
     if (info) *info = c->info;
     *out = (kvp_executor){.name = "cuda", .ctx = c, .flat = 1, .step = step, .destroy = destroy};
@@ -1261,7 +1266,8 @@ void kvp_cuda_info_log(const kvp_cuda_info *i)
     const kvp_cuda_mem_split *s = &i->split;
     const double G = 1024.0 * 1024 * 1024;
     KVP_LOG_I("cuda executor: %s%s, GEMMs %s, weights %s, attention %s, CUDA-graph buckets %d", i->device_name,
-                 i->emulated ? " (the CPU emulator of CUDA)" : "", i->cublas ? "cuBLAS" : "the CPU stand-in",
+                 i->emulated ? " (the CPU emulator of CUDA)" : "",
+                 i->deterministic ? "tiled (batch-invariant)" : i->cublas ? "cuBLAS" : "the CPU stand-in",
                  kvp_dtype_name(i->weights), i->attention == KVP_CUDA_ATTN_PAGED ? "paged" : "rowwise",
                  i->graph_buckets);
     KVP_LOG_I("cuda executor: memory %.2f GiB total, %.2f free; budget %.2f (utilization %.2f); weights %.3f GiB, "
@@ -1280,7 +1286,8 @@ void kvp_cuda_info_json(const kvp_cuda_info *i, struct cJSON *obj)
     const kvp_cuda_mem_split *s = &i->split;
     cJSON_AddStringToObject(o, "device", i->device_name);
     cJSON_AddBoolToObject(o, "emulated", i->emulated);
-    cJSON_AddStringToObject(o, "gemm", i->cublas ? "cublas" : "cpu_stand_in");
+    cJSON_AddStringToObject(o, "gemm", i->deterministic ? "tiled" : i->cublas ? "cublas" : "cpu_stand_in");
+    cJSON_AddBoolToObject(o, "deterministic", i->deterministic);
     cJSON_AddStringToObject(o, "weights_dtype", kvp_dtype_name(i->weights));
     cJSON_AddNumberToObject(o, "graph_buckets", i->graph_buckets);
     cJSON_AddStringToObject(o, "attention", i->attention == KVP_CUDA_ATTN_PAGED ? "paged" : "rowwise");
