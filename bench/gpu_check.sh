@@ -16,10 +16,12 @@
 #   4. the kernel benchmark (--quick: the issue's target rows), then the PyTorch SDPA peer (bench/sdpa_peer.py);
 #   5. the 1-rank NCCL smoke (kvp-nccl-smoke --json) where NCCL is found;
 #   6. end to end, within E2E_BUDGET seconds (default 240, the build's wait not counted): stories260K's golden
-#      story token for token through `kvpage generate --device cuda` (graph buckets and --enforce-eager);
+#      story token for token through `kvpage generate --device cuda` (graph buckets and --enforce-eager); the
+#      cuda executor's suites natively (runtime_test_cuda_exec, runtime_test_cuda_moe, built beside kvpage);
 #      a Llama-3.1-8B-shaped model with random bf16 weights (`kvpage simulate --executor cuda
 #      --random-weights`, ../shared/data/configs/Meta-Llama-3.1-8B.json) at batch 1, 16, 64, 256 with
-#      1,024-token prompts and 64 new tokens, graphs on and --enforce-eager, and a 4,096-token prefill; the same
+#      1,024-token prompts and 64 new tokens, graphs on and --enforce-eager (and --deterministic at batch 1 and
+#      16), a 4,096-token prefill, and a Qwen3-30B-A3B-shaped MoE at batch 1 and 16 (no peer); the same
 #      shape through Hugging Face transformers + PyTorch (bench/hf_peer.py) as the peer; then
 #      bench/gpu_e2e.py's table (e2e_<machine>.csv) and ratios: the 8B memory split, batch-64 decode over
 #      transformers', single-stream decode over its bandwidth bound, the 4,096-token prefill over the bf16 peak
@@ -62,8 +64,10 @@ if [ -z "$SHARED" ]; then
   if [ -d shared/models/stories260K ]; then SHARED=shared; else SHARED=../shared; fi
 fi
 CFG8B=$SHARED/data/configs/Meta-Llama-3.1-8B.json
+CFGMOE=$SHARED/data/configs/Qwen3-30B-A3B.json
 S260=$SHARED/models/stories260K
 E2E_BATCHES="1 16 64 256"
+SUITES="runtime_test_cuda_exec runtime_test_cuda_moe" # the cuda executor's suites, natively in step 6
 E2E_PROMPT=1024
 E2E_NEW=64
 
@@ -83,7 +87,9 @@ kvpage_build_start() {
   (
     command -v cmake >/dev/null || { echo "no cmake on this machine"; exit 1; }
     timeout 90 nice -n 10 cmake -S . -B "$B/kvpage" -DCMAKE_BUILD_TYPE=Release -DKVPAGE_CUDA=ON -DKVPAGE_WERROR=OFF &&
-      timeout 420 nice -n 10 cmake --build "$B/kvpage" --target kvpage -j "$(nproc)"
+      timeout 420 nice -n 10 cmake --build "$B/kvpage" --target kvpage -j "$(nproc)" || exit
+    # the executor's native suites (standalone runner), for step 6; kvpage stands without them
+    timeout 240 nice -n 10 cmake --build "$B/kvpage" --target $SUITES -j "$(nproc)" >"$B/suites_build.log" 2>&1 || true
   ) >"$B/kvpage_build.log" 2>&1 &
   KV_PID=$!
 }
@@ -170,8 +176,37 @@ e2e() {
       fi
     done
     say "golden stories done ($(elapsed) s)"
+    # the executor's suites on the device (kernels against the CPU ops, MoE against float64, --deterministic's
+    # invariance, graphs against eager), from a folder whose ../shared is $SHARED (they read ../shared/...)
+    local s bin
+    mkdir -p "$B/suites/root" && ln -sfn "$(cd "$SHARED" && pwd)" "$B/suites/shared"
+    for s in $SUITES; do
+      bin=$(cd "$(dirname "$KV")" 2>/dev/null && pwd)/tests/$s
+      if [ $DRY = 1 ]; then
+        RES[$s]="not run (dry run: no device)"
+      elif [ ! -x "$bin" ] && [ "$KV" != "$B/kvpage/kvpage" ]; then
+        RES[$s]="not run (no suites beside $KV: they are built with kvpage here only)"
+      elif [ ! -x "$bin" ]; then
+        RES[$s]="FAIL: not built ($(grep -m1 -E 'error|Error' "$B/suites_build.log" 2>/dev/null | cut -c1-120))"
+        status=1
+      else
+        run_bounded "$s" 90 sh -c "cd '$B/suites/root' && exec '$bin'"
+        local rc=$? syn
+        syn=$(grep -m1 'Synthesis' "$E2E/$s.json" | sed 's/.*Synthesis: //')
+        if [ $rc = 0 ] && echo "$syn" | grep -q 'Failing: 0 | Skipped: 0'; then
+          RES[$s]="ok: $syn"
+        else
+          RES[$s]="FAIL (rc $rc): ${syn:-$(last_err "$s")}; $(grep -m1 '^\[----\]' "$E2E/$s.json" | cut -c1-160)"
+          status=1
+        fi
+      fi
+    done
+    say "native executor suites done ($(elapsed) s)"
     # the 8B shape: most telling runs first, so that a short budget still gives the ratios
-    local runs="1:graphs 64:graphs prefill hf 16:graphs 256:graphs 1:eager 64:eager 16:eager 256:eager" r b mode
+    # (--deterministic and the MoE at batch 16, not 64: their tiled GEMMs have no tensor cores, and 64 prompts of
+    # 1,024 tokens would take minutes to prefill)
+    local runs="1:graphs 64:graphs prefill hf 1:eager 64:eager 16:graphs 1:det 16:det moe1:graphs moe16:graphs
+                256:graphs 16:eager 256:eager" r b mode cfg name
     for r in $runs; do
       if [ "$r" = hf ]; then
         run_bounded hf_peer 200 python3 bench/hf_peer.py --config "$CFG8B" --batch "${E2E_BATCHES// /,}" \
@@ -191,23 +226,28 @@ e2e() {
       fi
       # no chunked prefill: every prompt computed (8 a step) before the batch decodes together, so that N - 1
       # steps decode all B sequences (chunked, the first ones would finish before the last ones start)
-      b=${r%%:*} mode=${r##*:}
+      # det: --deterministic (tiled GEMMs, rowwise attention); moe<B>: the Qwen3-30B-A3B shape
+      b=${r%%:*} mode=${r##*:} cfg=$CFG8B name=
+      case $b in moe*) b=${b#moe} cfg=$CFGMOE name=sim_moe_b${b}_$mode ;; esac
+      name=${name:-sim_b${b}_$mode}
       [ -f "$E2E/trace_b$b.jsonl" ] ||
         python3 bench/gpu_e2e.py trace "$E2E/trace_b$b.jsonl" --requests "$b" --prompt-len $E2E_PROMPT --new-tokens $E2E_NEW
       eager_gen=
       [ "$mode" = eager ] && [ $DRY = 0 ] && eager_gen=--enforce-eager
+      [ "$mode" = det ] && [ $DRY = 0 ] && eager_gen=--deterministic
       # shellcheck disable=SC2086
-      run_bounded "sim_b${b}_$mode" 120 "$KV" simulate $exec_sim $eager_gen --model "$CFG8B" \
+      run_bounded "$name" 120 "$KV" simulate $exec_sim $eager_gen --model "$cfg" \
         --trace "$E2E/trace_b$b.jsonl" --rate inf --cache none --max-num-seqs "$b" --max-batched-tokens 8192 \
         --no-chunked-prefill --max-model-len 8192 --json \
-        --steps-out "$E2E/sim_b${b}_$mode.steps.csv" || { [ $? = 124 ] || status=1; }
-      say "8B-shaped batch $b ($mode) done ($(elapsed) s)"
+        --steps-out "$E2E/$name.steps.csv" || { [ $? = 124 ] || status=1; }
+      say "$(basename "$cfg" .json)-shaped batch $b ($mode) done ($(elapsed) s)"
     done
   fi
   local copy=
   [ -s "$OUTD/attention_cuda.csv" ] && copy=$(awk -F, 'NR == 1 { for (i = 1; i <= NF; i++) if ($i == "copy_gbps") c = i; next }
                                                     c && $c + 0 > 0 { print $c; exit }' "$OUTD/attention_cuda.csv")
   python3 bench/gpu_e2e.py report --dir "$E2E" --out "${RES[e2e_csv]}" --config "$CFG8B" --batches "${E2E_BATCHES// /,}" \
+    --moe-config "$CFGMOE" \
     --prompt-len $E2E_PROMPT --new-tokens $E2E_NEW --engine $engine --machine "$MACHINE" --commit "$COMMIT" \
     --peak-tflops "${KVP_PEAK_TFLOPS:-989}" ${copy:+--copy-gbps "$copy"} >"$E2E/report.txt" 2>&1 ||
     echo "FAIL: bench/gpu_e2e.py report failed" >>"$E2E/report.txt"
@@ -215,7 +255,9 @@ e2e() {
 }
 e2e_table() {
   printf '%-16s %s\n' "kvpage" "${RES[kvpage]:-not run}" "golden (graphs)" "${RES[golden_graphs]:-not run}" \
-    "golden (eager)" "${RES[golden_eager]:-not run}" "transformers" "${RES[hf]:-not run}" "e2e table" "${RES[e2e_csv]}"
+    "golden (eager)" "${RES[golden_eager]:-not run}" "cuda_exec suite" "${RES[runtime_test_cuda_exec]:-not run}" \
+    "cuda_moe suite" "${RES[runtime_test_cuda_moe]:-not run}" "transformers" "${RES[hf]:-not run}" \
+    "e2e table" "${RES[e2e_csv]}"
   echo
   cat "$E2E/report.txt" 2>/dev/null
 }

@@ -8,13 +8,17 @@
       `kvpage generate --json`'s first sample against golden.json's "Once upon a time" case, token for token;
       prints "N/N tokens" and exits 0, or the first difference and exits 1.
   gpu_e2e.py report --dir DIR --out CSV [--copy-gbps X] [--peak-tflops F] [--machine M] [--commit C]
-      reads DIR/sim_b<B>_<graphs|eager>.{json,steps.csv}, DIR/prefill4096.{json,steps.csv} and DIR/hf_peer.json (JSON lines),
+      reads DIR/sim_b<B>_<graphs|eager>.{json,steps.csv} (the 8B shape; sim_b<B>_det: with --deterministic, at
+      --det-batches; sim_moe_b<B>_graphs: the --moe-config shape, at --moe-batches), DIR/prefill4096.{json,steps.csv}
+      and DIR/hf_peer.json (JSON lines),
       writes one CSV row per run (kvpage: prefill tok/s = prompt tokens over the time of the steps that computed
       prompt tokens; decode tok/s = tokens over the time of the steps where all B sequences decode one token
       each; transformers: hf_peer.py's), then prints the memory split of the 8B shape and the ratios:
         batch-64 decode, kvpage over transformers;
         single-stream decode over its bandwidth bound: copy bandwidth / (weight bytes + KV bytes read per token);
-        4,096-token prefill over the bf16 tensor-core peak: (2 x matmul weights + attention) FLOPs per second.
+        4,096-token prefill over the bf16 tensor-core peak: (2 x matmul weights + attention) FLOPs per second;
+      and what --deterministic costs (its decode tok/s over the graphs run's) and the MoE shape's decode tok/s
+      (no peer runs it: a figure, not a ratio).
       A run that is missing or failed is a row with status FAIL and its reason (DIR/<run>.err's last line).
 """
 import argparse
@@ -87,25 +91,32 @@ def fmt(x, nd=1):
     return "" if x is None else f"{x:.{nd}f}"
 
 
+def model_of(path):
+    return os.path.basename(path).removesuffix(".json") if path else ""
+
+
 def cmd_report(a):
     d = a.dir
     rows, split, res = [], None, {}
-    for B in a.batches:
-        for mode in ("graphs", "eager"):
-            name = f"sim_b{B}_{mode}"
-            row = {"machine": a.machine, "commit": a.commit, "engine": a.engine, "mode": mode, "batch": B,
-                   "prompt_len": a.prompt_len, "new_tokens": a.new_tokens}
-            try:
-                js, pre, dec, nd, _ = kvpage_run(d, name)
-                if nd == 0:
-                    raise ValueError("no step decoded the whole batch")
-                row.update(prefill_tok_s=fmt(pre), decode_tok_s=fmt(dec), decode_steps=nd, status="ok")
-                res[(B, mode)] = (js, pre, dec)
-                if split is None and isinstance(js.get("cuda"), dict):
-                    split = js["cuda"]
-            except (OSError, ValueError, KeyError) as e:
-                row.update(status=f"FAIL: {err_of(d, name) if isinstance(e, OSError) else e}")
-            rows.append(row)
+    m8b, mmoe = model_of(a.config), model_of(a.moe_config)
+    runs = [(B, mode, f"sim_b{B}_{mode}", m8b) for B in a.batches for mode in ("graphs", "eager")]
+    runs += [(B, "det", f"sim_b{B}_det", m8b) for B in a.det_batches]
+    runs += [(B, "moe", f"sim_moe_b{B}_graphs", mmoe) for B in (a.moe_batches if a.moe_config else [])]
+    for B, mode, name, model in runs:
+        row = {"machine": a.machine, "commit": a.commit, "engine": a.engine, "model": model,
+               "mode": {"det": "deterministic", "moe": "graphs"}.get(mode, mode), "batch": B, "prompt_len": a.prompt_len,
+               "new_tokens": a.new_tokens}
+        try:
+            js, pre, dec, nd, _ = kvpage_run(d, name)
+            if nd == 0:
+                raise ValueError("no step decoded the whole batch")
+            row.update(prefill_tok_s=fmt(pre), decode_tok_s=fmt(dec), decode_steps=nd, status="ok")
+            res[(B, mode)] = (js, pre, dec)
+            if split is None and mode != "moe" and isinstance(js.get("cuda"), dict):
+                split = js["cuda"]
+        except (OSError, ValueError, KeyError) as e:
+            row.update(status=f"FAIL: {err_of(d, name) if isinstance(e, OSError) else e}")
+        rows.append(row)
     hf = {}
     try:
         for ln in open(os.path.join(d, "hf_peer.json")):
@@ -117,8 +128,8 @@ def cmd_report(a):
         pass
     for B in a.batches:
         j = hf.get(B)
-        row = {"machine": a.machine, "commit": a.commit, "engine": "transformers", "mode": "eager", "batch": B,
-               "prompt_len": a.prompt_len, "new_tokens": a.new_tokens}
+        row = {"machine": a.machine, "commit": a.commit, "engine": "transformers", "model": m8b, "mode": "eager",
+               "batch": B, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens}
         if j and "error" not in j:
             row.update(prefill_tok_s=fmt(j["prefill_tok_s"]), decode_tok_s=fmt(j["decode_tok_s"]),
                        decode_steps=a.new_tokens - 1, status=f"ok (transformers {j.get('transformers')})")
@@ -131,14 +142,14 @@ def cmd_report(a):
         if fastest is None or fastest["batch_tokens"] != 4096:
             raise ValueError("no step computed 4,096 prompt tokens")
         pre4k = (js, fastest)
-        rows.append({"machine": a.machine, "commit": a.commit, "engine": a.engine, "mode": "graphs", "batch": 1,
-                     "prompt_len": 4096, "new_tokens": 2, "prefill_tok_s": fmt(4096 / fastest["step_s"]),
+        rows.append({"machine": a.machine, "commit": a.commit, "engine": a.engine, "model": m8b, "mode": "graphs",
+                     "batch": 1, "prompt_len": 4096, "new_tokens": 2, "prefill_tok_s": fmt(4096 / fastest["step_s"]),
                      "status": "ok (fastest of the 4,096-token prefill steps)"})
     except (OSError, ValueError, KeyError) as e:
-        rows.append({"machine": a.machine, "commit": a.commit, "engine": a.engine, "mode": "graphs", "batch": 1,
-                     "prompt_len": 4096, "new_tokens": 2,
+        rows.append({"machine": a.machine, "commit": a.commit, "engine": a.engine, "model": m8b, "mode": "graphs",
+                     "batch": 1, "prompt_len": 4096, "new_tokens": 2,
                      "status": f"FAIL: {err_of(d, 'prefill4096') if isinstance(e, OSError) else e}"})
-    fields = ["machine", "commit", "engine", "mode", "batch", "prompt_len", "new_tokens", "prefill_tok_s",
+    fields = ["machine", "commit", "engine", "model", "mode", "batch", "prompt_len", "new_tokens", "prefill_tok_s",
               "decode_tok_s", "decode_steps", "status"]
     with open(a.out, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields)
@@ -146,10 +157,11 @@ def cmd_report(a):
         for r in rows:
             w.writerow(r)
 
-    print(f"{'engine':<18} {'mode':<7} {'batch':>5} {'prompt':>6} {'prefill tok/s':>14} {'decode tok/s':>13}  status")
+    print(f"{'engine':<18} {'model':<20} {'mode':<13} {'batch':>5} {'prompt':>6} {'prefill tok/s':>14} "
+          f"{'decode tok/s':>13}  status")
     for r in rows:
-        print(f"{r['engine']:<18} {r['mode']:<7} {r['batch']:>5} {r['prompt_len']:>6} {r.get('prefill_tok_s', ''):>14} "
-              f"{r.get('decode_tok_s', ''):>13}  {r['status']}")
+        print(f"{r['engine']:<18} {r['model'][:20]:<20} {r['mode']:<13} {r['batch']:>5} {r['prompt_len']:>6} "
+              f"{r.get('prefill_tok_s', ''):>14} {r.get('decode_tok_s', ''):>13}  {r['status']}")
     G = 1024 ** 3
     if split:
         print(f"memory split of the 8B shape ({split.get('device', '?')}): total {split['total_bytes'] / G:.2f} GiB, "
@@ -178,6 +190,18 @@ def cmd_report(a):
     else:
         print("single-stream decode / bandwidth bound: FAIL (" + ("no batch-1 decode" if not (k1 and k1[2]) else
                                                                "no copy bandwidth measured") + ")")
+    for B in a.det_batches:
+        kd, kg = res.get((B, "det")), res.get((B, "graphs"))
+        if kd and kd[2] and kg and kg[2]:
+            print(f"--deterministic decode cost, batch {B}: {kd[2]:.1f} / {kg[2]:.1f} tok/s = {kd[2] / kg[2]:.2f}x of "
+                  f"cuBLAS's")
+        else:
+            print(f"--deterministic decode cost, batch {B}: FAIL (no " + ("--deterministic" if not (kd and kd[2])
+                                                                         else "graphs") + " decode)")
+    if a.moe_config:
+        got = [f"batch {B} {res[(B, 'moe')][2]:.1f}" for B in a.moe_batches if res.get((B, "moe")) and res[(B, "moe")][2]]
+        print(f"{mmoe}-shaped decode (random weights, graphs; no peer): " +
+              (", ".join(got) + " tok/s" if got else "FAIL (no run decoded)"))
     if pre4k:
         js, st = pre4k
         try:
@@ -215,6 +239,9 @@ def main():
     r.add_argument("--out", required=True)
     r.add_argument("--config", required=True, help="the 8B config.json (for the prefill FLOPs)")
     r.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
+    r.add_argument("--det-batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
+    r.add_argument("--moe-config", default=None, help="the MoE config.json of the sim_moe runs")
+    r.add_argument("--moe-batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
     r.add_argument("--prompt-len", type=int, default=1024)
     r.add_argument("--new-tokens", type=int, default=64)
     r.add_argument("--copy-gbps", type=float, default=None, help="device copy bandwidth, bytes read + written")
