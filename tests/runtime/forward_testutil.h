@@ -15,7 +15,8 @@
 kvp_model *tu_load(const char *path);
 
 /* Runs a prompt then greedy decoding on one sequence whose blocks are a shuffled set of the cache's blocks.
- * out[0..steps-np) receives the generated tokens. Prefill in chunks of `chunk` tokens (0: all at once). */
+ * out[0..steps-np] receives the generated tokens (steps - np + 1: the last one after the final step). Prefill
+ * in chunks of `chunk` tokens (0: all at once). */
 void tu_greedy_one(kvp_model *m, int32_t bs, const int32_t *prompt, int32_t np, int32_t steps, int32_t chunk,
                    int32_t *out);
 
