@@ -15,8 +15,9 @@
  * host pools), copy-on-write (one launch), then the forward pass on the compute stream over the step's pack
  * (kvp_cuda_pack: every array the kernels read, laid out in one pinned buffer and uploaded with one copy).
  * Decode steps are padded to a CUDA-graph bucket (kvp_cuda_graph_bucket; --enforce-eager: none): rows added
- * write no KV (slot -1) and return no logits. The forward pass of a bucket is captured as a CUDA graph on its
- * first step and replayed on every later step of that bucket: the pack's sections up to the page indices lie
+ * write no KV (slot -1) and return no logits. The forward pass of every bucket is captured as a CUDA graph when
+ * the executor is made (vLLM's start-up capture) and replayed on every step of that bucket: the pack's sections
+ * up to the page indices lie
  * at offsets that depend only on the bucket's row count, so one graph serves every batch of the bucket.
  * What runs where, and what has not run on a GPU: docs/cuda-executor.md.
  *
@@ -169,7 +170,7 @@ typedef struct {
     kvp_cuda_attention attention; /* what runs (paged falls back to rowwise for an unsupported head_dim) */
     int deterministic;            /* --deterministic: tiled batch-invariant GEMMs, rowwise attention */
     /* CUDA graphs so far (kvp_cuda_executor_info; 0 at creation): */
-    int32_t graphs_captured; /* captures (one per bucket used; again after the step pack's buffer grew) */
+    int32_t graphs_captured; /* captures (every bucket at creation; again after the step pack's buffer moved) */
     int64_t graph_replays;   /* decode steps run by launching a captured graph (a capture's own step too) */
     double graph_capture_s;  /* host time spent capturing and instantiating */
 } kvp_cuda_info;

@@ -489,8 +489,8 @@ static void golden_run(kvp_model *m, int first, int32_t bs, int eager, int32_t m
     cr_assert_eq(info.graph_buckets > 0, !eager);
     cr_assert_eq(info.attention, att, "head_dim 8 has attention/cuda kernels");
     if (eager) cr_assert(info.graphs_captured == 0 && info.graph_replays == 0, "--enforce-eager captured graphs");
-    else /* the decode steps: bucket 2 (both stories), bucket 1 (one alone) */
-        cr_assert(info.graphs_captured >= g.n && info.graph_replays > 2 * info.graphs_captured,
+    else /* every bucket's graph at start-up (1, 2, 4, 8), replayed by the decode steps */
+        cr_assert(info.graphs_captured == info.graph_buckets && info.graph_replays > 2 * info.graphs_captured,
                   "%d graphs captured, %lld replays", info.graphs_captured, (long long)info.graph_replays);
     cr_assert_eq(info.split.kv, 4 << 20);
     cr_assert_eq(info.split.num_blocks, (4 << 20) / info.split.block_bytes);
@@ -588,7 +588,10 @@ Test(cuda_exec, graph_replays_match_eager_logits, .timeout = 600)
     static float lg[2][4 * 512], prev[4 * 512];
     cr_assert_leq(V, 512);
     int32_t ctx_len[4] = {0, 0, 0, 0}, tok[64];
-    /* the prompts at once (eager on both), then decode steps of buckets 4 (capture), 4, 2 (capture), 4 */
+    /* every bucket captured at start-up, nothing replayed yet */
+    cr_assert(info[0].graphs_captured == 3 && info[0].graph_replays == 0, "%d graphs at start-up",
+              info[0].graphs_captured);
+    /* the prompts at once (eager on both), then decode steps of buckets 4, 4, 2, 4 */
     const int32_t all[4] = {0, 1, 2, 3}, plen[4] = {5, 9, 3, 17};
     for (int t = 0; t < 34; t++) tok[t] = (7 * t + 3) % V;
     static const struct {
@@ -613,10 +616,102 @@ Test(cuda_exec, graph_replays_match_eager_logits, .timeout = 600)
         for (int i = 0; i < n; i++) ctx_len[which[i]] += n_new[i];
     }
     for (int e = 0; e < 2; e++) cr_assert_eq(kvp_cuda_executor_info(&ex[e], &info[e]), KVP_OK);
-    cr_assert(info[0].graphs_captured == 2 && info[0].graph_replays == 4, "%d graphs captured, %lld replays",
+    cr_assert(info[0].graphs_captured == 3 && info[0].graph_replays == 4, "%d graphs captured, %lld replays",
               info[0].graphs_captured, (long long)info[0].graph_replays);
     cr_assert(info[0].graph_capture_s > 0);
     cr_assert(info[1].graphs_captured == 0 && info[1].graph_replays == 0, "--enforce-eager captured graphs");
+    for (int e = 0; e < 2; e++) kvp_executor_destroy(&ex[e]);
+    kvp_model_destroy(m);
+}
+
+/* One decode step through ex: sequence i (i < n) has pages pages[i][0 .. np[i]), the last holding last[i]
+ * tokens, the last of them its new token tok[i]. The logits rows into out. */
+static void page_step(kvp_executor *ex, int n, const int32_t pages[4][32], const int32_t *np, const int32_t *last,
+                      const int32_t *tok, float *out, int32_t vocab)
+{
+    kvp_exec_seq seqs[4];
+    int32_t pos[4], qo[5] = {0}, kvi[5] = {0}, idx[128], P = 0;
+    int64_t slot[4];
+    for (int i = 0; i < n; i++) {
+        const int32_t L = GBS * (np[i] - 1) + last[i];
+        seqs[i] = (kvp_exec_seq){.req_id = i, .context_len = L - 1, .num_new = 1, .sample = 1, .tokens = tok + i,
+                                 .block_table = pages[i], .num_blocks = np[i]};
+        pos[i] = L - 1;
+        slot[i] = (int64_t)pages[i][np[i] - 1] * GBS + last[i] - 1;
+        for (int g = 0; g < np[i]; g++) idx[P++] = pages[i][g];
+        qo[i + 1] = i + 1;
+        kvi[i + 1] = P;
+    }
+    kvp_exec_batch b = {.seqs = seqs, .n = n, .block_size = GBS,
+                        .flat = {.num_tokens = n, .tokens = tok, .positions = pos, .slot_mapping = slot,
+                                 .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = idx, .kv_last_page_len = last,
+                                 .num_rows = n}};
+    kvp_exec_result r;
+    cr_assert_eq(ex->step(ex->ctx, &b, &r), KVP_OK, "%s", kvp_error_detail());
+    memcpy(out, r.logits, (size_t)n * (size_t)vocab * sizeof(float));
+}
+
+/* With steps of at most 4 tokens, a decode step of 4 sequences over 30 pages each (29 of them one shared full
+ * block) holds more page indices than the pack sized at start-up: its buffer moves, every graph is dropped, the step's bucket is captured
+ * again and its replay gives the eager executor's logits bit for bit; the next step of another bucket is
+ * captured again too. */
+Test(cuda_exec, graphs_survive_the_pack_moving, .timeout = 600)
+{
+    open_dev();
+    close_dev();
+    kvp_model *m;
+    cr_assert_eq(kvp_model_load(S260 "/stories260K.gguf", &m), KVP_OK, "%s", kvp_error_detail());
+    const int32_t V = (int32_t)kvp_model_cfg(m)->vocab_size;
+    kvp_executor ex[2]; /* [0] graphs, [1] --enforce-eager */
+    kvp_cuda_info info[2];
+    for (int e = 0; e < 2; e++) {
+        kvp_cuda_options o = kvp_cuda_options_default();
+        o.enforce_eager = e;
+        o.kv_cache_memory = 1 << 20;
+        cr_assert_eq(kvp_cuda_executor_create(m, NULL, &o, 0, GBS, 0, KVP_DTYPE_F32, 4, 4, &ex[e], &info[e]), KVP_OK,
+                     "%s", kvp_error_detail());
+    }
+    cr_assert_eq(info[0].graphs_captured, 3);
+    cr_assert_gt(30 * 4 * 4, 4 * info[0].split.num_blocks + 8 * 4 + 16, "the step must outgrow the pack");
+    /* block 5 full: a 16-token prompt in chunks of 4 (steps of at most 4 tokens: the pack stays small) */
+    static float lg[2][4 * 512];
+    const int32_t block5[1] = {5};
+    int32_t prompt[GBS];
+    for (int t = 0; t < GBS; t++) prompt[t] = (5 * t + 1) % V;
+    for (int e = 0; e < 2; e++)
+        for (int c = 0; c < GBS; c += 4) {
+            kvp_exec_seq seq = {.context_len = c, .num_new = 4, .sample = 1, .tokens = prompt + c,
+                                .block_table = block5, .num_blocks = 1};
+            int32_t pos[4], qo[2] = {0, 4}, kvi[2] = {0, 1}, lastp[1] = {c + 4};
+            int64_t slot[4];
+            for (int t = 0; t < 4; t++) pos[t] = c + t, slot[t] = 5 * GBS + c + t;
+            kvp_exec_batch b = {.seqs = &seq, .n = 1, .block_size = GBS,
+                                .flat = {.num_tokens = 4, .tokens = prompt + c, .positions = pos, .slot_mapping = slot,
+                                         .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = block5,
+                                         .kv_last_page_len = lastp, .num_rows = 1}};
+            kvp_exec_result r;
+            cr_assert_eq(ex[e].step(ex[e].ctx, &b, &r), KVP_OK, "%s", kvp_error_detail());
+        }
+    /* 4 sequences: 29 x block 5, then a block of their own whose first slot takes the new token */
+    int32_t pages[4][32], np[4] = {30, 30, 30, 30}, last[4] = {1, 1, 1, 1}, tok[4] = {17, 99, 203, 311};
+    for (int i = 0; i < 4; i++) {
+        for (int g = 0; g < 29; g++) pages[i][g] = 5;
+        pages[i][29] = 10 + i;
+    }
+    for (int e = 0; e < 2; e++) page_step(&ex[e], 4, pages, np, last, tok, lg[e], V);
+    for (int i = 0; i < 4 * V; i++)
+        cr_assert(lg[0][i] == lg[1][i] && isfinite(lg[0][i]), "row %d logit %d: graph %.9g, eager %.9g", i / V, i % V,
+                  lg[0][i], lg[1][i]);
+    cr_assert_eq(kvp_cuda_executor_info(&ex[0], &info[0]), KVP_OK);
+    cr_assert(info[0].graphs_captured == 4 && info[0].graph_replays == 1, "%d graphs captured, %lld replays",
+              info[0].graphs_captured, (long long)info[0].graph_replays);
+    /* then a step of bucket 1 (its graph was dropped with the others): captured again, the same logits */
+    last[0] = 2, tok[0] = 42;
+    for (int e = 0; e < 2; e++) page_step(&ex[e], 1, pages, np, last, tok, lg[e], V);
+    cr_assert_eq(memcmp(lg[0], lg[1], (size_t)V * sizeof(float)), 0, "bucket 1's new graph differs from eager");
+    cr_assert_eq(kvp_cuda_executor_info(&ex[0], &info[0]), KVP_OK);
+    cr_assert(info[0].graphs_captured == 5 && info[0].graph_replays == 2, "%d graphs captured, %lld replays",
+              info[0].graphs_captured, (long long)info[0].graph_replays);
     for (int e = 0; e < 2; e++) kvp_executor_destroy(&ex[e]);
     kvp_model_destroy(m);
 }
@@ -706,7 +801,8 @@ Test(cuda_exec, generate_command_on_the_device, .timeout = 600)
     cr_assert_gt(cJSON_GetObjectItem(cu, "weights_bytes")->valuedouble, 0);
     cr_assert_gt(cJSON_GetObjectItem(cu, "activations_bytes")->valuedouble, 0);
     cr_assert_str_eq(cJSON_GetStringValue(cJSON_GetObjectItem(cu, "attention")), "rowwise");
-    cr_assert_eq(cJSON_GetObjectItem(cu, "graphs_captured")->valuedouble, 1, "one sequence: bucket 1's graph");
+    cr_assert_eq(cJSON_GetObjectItem(cu, "graphs_captured")->valuedouble,
+                 cJSON_GetObjectItem(cu, "graph_buckets")->valuedouble, "every bucket's graph at start-up");
     cr_assert_eq(cJSON_GetObjectItem(cu, "graph_replays")->valuedouble, ngen - 1, "every decode step replayed");
     cJSON_Delete(out);
 }

@@ -827,39 +827,93 @@ static int same_graph_layout(const kvp_cuda_pack_layout *a, const kvp_cuda_pack_
            a->off_seq_indptr == b->off_seq_indptr && a->off_seq_last == b->off_seq_last && a->off_seq_qo == b->off_seq_qo;
 }
 
+/* Records bucket bi's forward pass over the pack laid out as lay into graphs[bi] (nothing runs). A capture
+ * that fails (a call the device refuses to capture) leaves a warning and the bucket eager (graph_failed). */
+static void capture_bucket(cu_ctx *c, int32_t bi, const kvp_cuda_pack_layout *lay)
+{
+    const double t0 = kvp_now_s();
+    kvp_status st = kvp_cudev_capture_begin(c->dev);
+    if (st == KVP_OK) {
+        st = forward(c, lay, 1);
+        const kvp_status se = kvp_cudev_capture_end(c->dev, st == KVP_OK ? &c->graphs[bi] : NULL);
+        if (st == KVP_OK) st = se;
+    }
+    if (st != KVP_OK) {
+        KVP_LOG_W("cuda executor: the CUDA graph of the %d-row bucket was not captured (%s); its steps run eagerly",
+                  lay->T, kvp_error_message());
+        kvp_error_clear();
+        c->graph_failed[bi] = 1;
+        return;
+    }
+    c->graph_lay[bi] = *lay;
+    c->info.graphs_captured++;
+    c->info.graph_capture_s += kvp_now_s() - t0;
+}
+
 /* The forward pass of a decode step padded to bucket buckets[bi], its pack already uploaded: the bucket's
- * graph, captured now on first use (ws.pack must not move between capture and replay), then launched. A
- * capture that fails (a call the device refuses to capture) leaves a warning and the bucket eager: the
- * captured work never ran, so the step runs it now. */
+ * graph (captured at start-up, capture_all; again on first use after the pack's buffer moved, since a graph
+ * holds the pack's address), launched. A bucket whose capture failed runs eagerly: the captured work never
+ * ran, so the step runs it now. */
 static kvp_status bucket_forward(cu_ctx *c, int32_t bi, const kvp_cuda_pack_layout *lay)
 {
     if (c->graph_pack != c->ws.pack) { /* the pack's buffer grew: every graph points into the old one */
         graphs_drop(c);
         c->graph_pack = c->ws.pack;
     }
+    if (!c->graphs[bi] && !c->graph_failed[bi]) capture_bucket(c, bi, lay);
     if (c->graph_failed[bi]) return forward(c, lay, 1);
-    if (!c->graphs[bi]) {
-        const double t0 = kvp_now_s();
-        kvp_status st = kvp_cudev_capture_begin(c->dev);
-        if (st == KVP_OK) {
-            st = forward(c, lay, 1);
-            const kvp_status se = kvp_cudev_capture_end(c->dev, st == KVP_OK ? &c->graphs[bi] : NULL);
-            if (st == KVP_OK) st = se;
-        }
-        if (st != KVP_OK) {
-            KVP_LOG_W("cuda executor: the CUDA graph of the %d-row bucket was not captured (%s); its steps run "
-                      "eagerly", lay->T, kvp_error_message());
-            c->graph_failed[bi] = 1;
-            return forward(c, lay, 1);
-        }
-        c->graph_lay[bi] = *lay;
-        c->info.graphs_captured++;
-        c->info.graph_capture_s += kvp_now_s() - t0;
-    } else if (!same_graph_layout(&c->graph_lay[bi], lay))
+    if (!same_graph_layout(&c->graph_lay[bi], lay))
         return KVP_ERR(KVP_EINVAL, "cuda executor: internal error: a %d-row pack laid out unlike its graph's", lay->T);
     KVP_TRY(kvp_cudev_graph_launch(c->dev, c->graphs[bi]));
     c->info.graph_replays++;
     return KVP_OK;
+}
+
+/* Every bucket's graph at start-up, as vLLM captures them (none at tp > 1): bucket i's over a pack laid out as
+ * a decode step of buckets[i] sequences lays it out (the offsets a graph reads depend on the row count only;
+ * nothing runs, so the pack's contents do not matter), in a pack buffer sized for the largest bucket with every
+ * block and max_seqs copies in it, so that steps rarely move it (a move drops the graphs; each is captured again
+ * on its bucket's next step). A failed capture leaves its bucket eager; only allocations fail the call. */
+static kvp_status capture_all(cu_ctx *c, int32_t max_seqs)
+{
+    if (!c->n_buckets || c->tp > 1) return KVP_OK;
+    const int32_t Tm = c->buckets[c->n_buckets - 1];
+    kvp_exec_seq *seqs = kvp_calloc((size_t)Tm, sizeof *seqs);
+    int32_t *ints = kvp_calloc((size_t)Tm * 6 + 2, sizeof(int32_t)); /* tok, pos, idx, last, qo, kvi */
+    int64_t *slot = kvp_calloc((size_t)Tm, sizeof(int64_t));
+    kvp_status st = seqs && ints && slot ? KVP_OK : KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
+    int32_t *tok = ints, *pos = tok + Tm, *idx = pos + Tm, *last = idx + Tm, *qo = last + Tm, *kvi = qo + Tm + 1;
+    for (int32_t s = 0; st == KVP_OK && s <= Tm; s++) { /* sequence s: token 0 at position 0 in block 0 */
+        qo[s] = kvi[s] = s;
+        if (s == Tm) break;
+        last[s] = 1;
+        seqs[s] = (kvp_exec_seq){.req_id = s, .num_new = 1, .sample = 1, .tokens = tok + s, .block_table = idx + s,
+                                 .num_blocks = 1};
+    }
+    const kvp_cuda_pack_model pm = pack_model(c);
+    for (int32_t bi = c->n_buckets - 1; st == KVP_OK && bi >= 0; bi--) { /* the largest first: it sizes the pack */
+        const int32_t n = c->buckets[bi];
+        kvp_exec_batch b = {.seqs = seqs, .n = n, .block_size = c->block_size,
+                            .flat = {.num_tokens = n, .tokens = tok, .positions = pos, .slot_mapping = slot,
+                                     .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = idx, .kv_last_page_len = last,
+                                     .num_rows = n}};
+        kvp_cuda_pack_layout lay;
+        st = kvp_cuda_pack_plan(&b, &pm, n, &lay);
+        const size_t cap = lay.bytes + align16((size_t)c->num_blocks * 4) + align16((size_t)max_seqs * 8);
+        if (st == KVP_OK && bi == c->n_buckets - 1 && cap > c->ws.pack_cap) {
+            kvp_cudev_free(c->dev, c->ws.pack);
+            c->ws.pack = NULL;
+            c->ws.pack_cap = 0;
+            st = kvp_cudev_malloc(c->dev, &c->ws.pack, cap, "the step pack");
+            if (st == KVP_OK) c->ws.pack_cap = cap;
+        }
+        c->graph_pack = c->ws.pack;
+        if (st == KVP_OK) capture_bucket(c, bi, &lay);
+    }
+    kvp_free(seqs);
+    kvp_free(ints);
+    kvp_free(slot);
+    return st;
 }
 
 /* Block moves between device pools and host pools, on the copy stream, layer by layer. */
@@ -1164,6 +1218,10 @@ kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, c
                               .attention = c->paged ? KVP_CUDA_ATTN_PAGED : KVP_CUDA_ATTN_ROWWISE,
                               .deterministic = opts->deterministic != 0};
     snprintf(c->info.device_name, sizeof c->info.device_name, "%s", c->dinfo.name);
+    if ((st = capture_all(c, max_seqs)) != KVP_OK) {
+        destroy(c);
+        return st;
+    }
     if (info) *info = c->info;
     *out = (kvp_executor){.name = "cuda", .ctx = c, .flat = 1, .step = step, .destroy = destroy};
     return KVP_OK;
