@@ -3,10 +3,10 @@
 #ifndef KVP_TESTS_FUZZ_TESTUTIL_H
 #define KVP_TESTS_FUZZ_TESTUTIL_H
 
-#include "common/kvp_test.h"
 #include <stdint.h>
 #include <string.h>
 
+#include "common/kvp_test.h"
 #include "common/status.h"
 
 static inline uint64_t fz_next(uint64_t *x) /* xorshift64 */

@@ -1,11 +1,11 @@
 /* tests/runtime/checkpoint_testutil.c — see checkpoint_testutil.h. */
 #include "checkpoint_testutil.h"
 
-#include "common/kvp_test.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/kvp_test.h"
 #include "runtime/loader/gguf.h"
 #include "runtime/model/model.h"
 

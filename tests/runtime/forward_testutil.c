@@ -1,12 +1,12 @@
 /* tests/runtime/forward_testutil.c — see forward_testutil.h. */
 #include "forward_testutil.h"
 
-#include "common/kvp_test.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "common/json.h"
+#include "common/kvp_test.h"
 #include "model_testutil.h"
 
 kvp_model *tu_load(const char *path)

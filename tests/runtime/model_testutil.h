@@ -3,7 +3,6 @@
 #ifndef KVP_TESTS_RUNTIME_MODEL_TESTUTIL_H
 #define KVP_TESTS_RUNTIME_MODEL_TESTUTIL_H
 
-#include "common/kvp_test.h"
 #include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -13,6 +12,7 @@
 
 #include "common/alloc.h"
 #include "common/json.h"
+#include "common/kvp_test.h"
 #include "common/status.h"
 #include "fuzz_testutil.h"
 #include "golden_testutil.h" /* S260_DIR, tu_golden */

@@ -1,9 +1,11 @@
 /* tests/runtime/reference_testutil.c — see reference_testutil.h. */
 #include "reference_testutil.h"
 
-#include "common/kvp_test.h"
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "common/kvp_test.h"
 
 void ref_rmsnorm(double *y, const double *x, const float *w, int n)
 {
@@ -122,6 +124,18 @@ void ref_moe_logits(const ck_tensor *t, int nt, const moe_spec *sp, const int32_
         ref_rmsnorm(h[p], x[p], ck_find(t, nt, "model.norm.weight"), 64);
         ref_mv(logits + p * 512, ck_find(t, nt, "model.embed_tokens.weight"), h[p], 512, 64);
     }
+}
+
+void ref_moe_spec_logits(const moe_spec *sp, const int32_t *tok, int P, double *logits)
+{
+    static ck_tensor t[512];
+    moe_spec hf = *sp;
+    hf.gguf = 0;
+    const int nt = tu_moe_tensors(&hf, t);
+    unsigned distinct;
+    ref_moe_logits(t, nt, &hf, tok, P, logits, &distinct);
+    for (int j = 0; j < nt; j++) free(t[j].f);
+    cr_assert_eq(__builtin_popcount(distinct), sp->experts, "every one of the %d experts should be chosen", sp->experts);
 }
 
 /* x (n) normalized and scaled by 1 + w, as gemma's RMSNorm (w as HF stores it) */

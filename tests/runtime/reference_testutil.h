@@ -23,6 +23,10 @@ void ref_swiglu(double *y, const ck_tensor *t, int nt, const char *const names[3
 void ref_moe_logits(const ck_tensor *t, int nt, const moe_spec *sp, const int32_t *tok, int P, double *logits,
                     unsigned *distinct);
 
+/* ref_moe_logits of the HF checkpoint sp describes (sp->gguf ignored: the same weights), asserting that the prompt
+ * routes to every expert (a case that leaves one out checks less) */
+void ref_moe_spec_logits(const moe_spec *sp, const int32_t *tok, int P, double *logits);
+
 /* x (n) normalized and scaled by 1 + w, as gemma's RMSNorm (w as HF stores it) */
 void ref_gemma_norm(double *y, const double *x, const float *w, int n);
 

@@ -534,23 +534,24 @@ enum { GBS = 16 };
 static const int32_t g_blocks[4][4] = {{7, 2, 30, 11}, {5, 19, 1, 24}, {33, 8, 14, 3}, {9, 27, 0, 16}};
 
 /* One step of sequences which[0..n) (n_new[i] new tokens each, ids tok, flat) over their cached ctx_len
- * tokens and the pages of g_blocks, through ex; the one logits row of each sequence into out (n x vocab). */
-static void gstep(kvp_executor *ex, const int32_t *which, const int32_t *n_new, int n, const int32_t *tok,
-                  const int32_t *ctx_len, float *out, int32_t vocab)
+ * tokens and the pages of tables[s] (32 at most), through ex; the one logits row of each sequence into out
+ * (n x vocab). */
+static void gstep_tables(kvp_executor *ex, const int32_t *which, const int32_t *n_new, int n, const int32_t *tok,
+                         const int32_t *ctx_len, const int32_t *const *tables, float *out, int32_t vocab)
 {
     kvp_exec_seq seqs[4];
-    int32_t pos[64], qo[5] = {0}, kvi[5] = {0}, idx[16], last[4];
+    int32_t pos[64], qo[5] = {0}, kvi[5] = {0}, idx[128], last[4];
     int64_t slot[64];
     int t = 0, p = 0;
     for (int i = 0; i < n; i++) {
         const int s = which[i], c = ctx_len[s], L = c + n_new[i], pages = (L + GBS - 1) / GBS;
         seqs[i] = (kvp_exec_seq){.req_id = s, .context_len = c, .num_new = n_new[i], .sample = 1, .tokens = tok + t,
-                                 .block_table = g_blocks[s], .num_blocks = pages};
+                                 .block_table = tables[s], .num_blocks = pages};
         for (int j = 0; j < n_new[i]; j++, t++) {
             pos[t] = c + j;
-            slot[t] = (int64_t)g_blocks[s][pos[t] / GBS] * GBS + pos[t] % GBS;
+            slot[t] = (int64_t)tables[s][pos[t] / GBS] * GBS + pos[t] % GBS;
         }
-        for (int g = 0; g < pages; g++) idx[p++] = g_blocks[s][g];
+        for (int g = 0; g < pages; g++) idx[p++] = tables[s][g];
         qo[i + 1] = t;
         kvi[i + 1] = p;
         last[i] = L - GBS * (pages - 1);
@@ -562,6 +563,27 @@ static void gstep(kvp_executor *ex, const int32_t *which, const int32_t *n_new, 
     cr_assert_eq(ex->step(ex->ctx, &b, &r), KVP_OK, "%s", kvp_error_detail());
     cr_assert(r.logits && r.vocab == vocab);
     memcpy(out, r.logits, (size_t)n * (size_t)vocab * sizeof(float));
+}
+
+/* gstep_tables over the pages of g_blocks. */
+static void gstep(kvp_executor *ex, const int32_t *which, const int32_t *n_new, int n, const int32_t *tok,
+                  const int32_t *ctx_len, float *out, int32_t vocab)
+{
+    const int32_t *const tables[4] = {g_blocks[0], g_blocks[1], g_blocks[2], g_blocks[3]};
+    gstep_tables(ex, which, n_new, n, tok, ctx_len, tables, out, vocab);
+}
+
+/* A graph executor (ex[0]) and an --enforce-eager one (ex[1]) over m: 1 MiB of KV, steps of max_tokens tokens,
+ * 4 sequences. */
+static void graph_and_eager(kvp_model *m, int32_t max_tokens, kvp_executor ex[2], kvp_cuda_info info[2])
+{
+    for (int e = 0; e < 2; e++) {
+        kvp_cuda_options o = kvp_cuda_options_default();
+        o.enforce_eager = e;
+        o.kv_cache_memory = 1 << 20;
+        cr_assert_eq(kvp_cuda_executor_create(m, NULL, &o, 0, GBS, 0, KVP_DTYPE_F32, max_tokens, 4, &ex[e], &info[e]),
+                     KVP_OK, "%s", kvp_error_detail());
+    }
 }
 
 /* Decode steps replayed from a bucket's graph give the eager executor's logits bit for bit, for different
@@ -576,14 +598,8 @@ Test(cuda_exec, graph_replays_match_eager_logits, .timeout = 600)
     const int32_t V = (int32_t)kvp_model_cfg(m)->vocab_size;
     kvp_executor ex[2]; /* [0] graphs, [1] --enforce-eager */
     kvp_cuda_info info[2];
-    for (int e = 0; e < 2; e++) {
-        kvp_cuda_options o = kvp_cuda_options_default();
-        o.enforce_eager = e;
-        o.kv_cache_memory = 1 << 20;
-        cr_assert_eq(kvp_cuda_executor_create(m, NULL, &o, 0, GBS, 0, KVP_DTYPE_F32, 64, 4, &ex[e], &info[e]), KVP_OK,
-                     "%s", kvp_error_detail());
-        cr_assert_geq(info[e].split.num_blocks, 34);
-    }
+    graph_and_eager(m, 64, ex, info);
+    for (int e = 0; e < 2; e++) cr_assert_geq(info[e].split.num_blocks, 34);
     cr_assert(info[0].graph_buckets == 3 && info[1].graph_buckets == 0, "buckets 1, 2, 4 for 4 sequences");
     static float lg[2][4 * 512], prev[4 * 512];
     cr_assert_leq(V, 512);
@@ -624,37 +640,10 @@ Test(cuda_exec, graph_replays_match_eager_logits, .timeout = 600)
     kvp_model_destroy(m);
 }
 
-/* One decode step through ex: sequence i (i < n) has pages pages[i][0 .. np[i]), the last holding last[i]
- * tokens, the last of them its new token tok[i]. The logits rows into out. */
-static void page_step(kvp_executor *ex, int n, const int32_t pages[4][32], const int32_t *np, const int32_t *last,
-                      const int32_t *tok, float *out, int32_t vocab)
-{
-    kvp_exec_seq seqs[4];
-    int32_t pos[4], qo[5] = {0}, kvi[5] = {0}, idx[128], P = 0;
-    int64_t slot[4];
-    for (int i = 0; i < n; i++) {
-        const int32_t L = GBS * (np[i] - 1) + last[i];
-        seqs[i] = (kvp_exec_seq){.req_id = i, .context_len = L - 1, .num_new = 1, .sample = 1, .tokens = tok + i,
-                                 .block_table = pages[i], .num_blocks = np[i]};
-        pos[i] = L - 1;
-        slot[i] = (int64_t)pages[i][np[i] - 1] * GBS + last[i] - 1;
-        for (int g = 0; g < np[i]; g++) idx[P++] = pages[i][g];
-        qo[i + 1] = i + 1;
-        kvi[i + 1] = P;
-    }
-    kvp_exec_batch b = {.seqs = seqs, .n = n, .block_size = GBS,
-                        .flat = {.num_tokens = n, .tokens = tok, .positions = pos, .slot_mapping = slot,
-                                 .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = idx, .kv_last_page_len = last,
-                                 .num_rows = n}};
-    kvp_exec_result r;
-    cr_assert_eq(ex->step(ex->ctx, &b, &r), KVP_OK, "%s", kvp_error_detail());
-    memcpy(out, r.logits, (size_t)n * (size_t)vocab * sizeof(float));
-}
-
 /* With steps of at most 4 tokens, a decode step of 4 sequences over 30 pages each (29 of them one shared full
- * block) holds more page indices than the pack sized at start-up: its buffer moves, every graph is dropped, the step's bucket is captured
- * again and its replay gives the eager executor's logits bit for bit; the next step of another bucket is
- * captured again too. */
+ * block) holds more page indices than the pack sized at start-up: its buffer moves, every graph is dropped,
+ * the step's bucket is captured again and its replay gives the eager executor's logits bit for bit; the next
+ * step of another bucket is captured again too. */
 Test(cuda_exec, graphs_survive_the_pack_moving, .timeout = 600)
 {
     open_dev();
@@ -664,50 +653,37 @@ Test(cuda_exec, graphs_survive_the_pack_moving, .timeout = 600)
     const int32_t V = (int32_t)kvp_model_cfg(m)->vocab_size;
     kvp_executor ex[2]; /* [0] graphs, [1] --enforce-eager */
     kvp_cuda_info info[2];
-    for (int e = 0; e < 2; e++) {
-        kvp_cuda_options o = kvp_cuda_options_default();
-        o.enforce_eager = e;
-        o.kv_cache_memory = 1 << 20;
-        cr_assert_eq(kvp_cuda_executor_create(m, NULL, &o, 0, GBS, 0, KVP_DTYPE_F32, 4, 4, &ex[e], &info[e]), KVP_OK,
-                     "%s", kvp_error_detail());
-    }
+    graph_and_eager(m, 4, ex, info);
     cr_assert_eq(info[0].graphs_captured, 3);
     cr_assert_gt(30 * 4 * 4, 4 * info[0].split.num_blocks + 8 * 4 + 16, "the step must outgrow the pack");
-    /* block 5 full: a 16-token prompt in chunks of 4 (steps of at most 4 tokens: the pack stays small) */
-    static float lg[2][4 * 512];
-    const int32_t block5[1] = {5};
-    int32_t prompt[GBS];
-    for (int t = 0; t < GBS; t++) prompt[t] = (5 * t + 1) % V;
-    for (int e = 0; e < 2; e++)
-        for (int c = 0; c < GBS; c += 4) {
-            kvp_exec_seq seq = {.context_len = c, .num_new = 4, .sample = 1, .tokens = prompt + c,
-                                .block_table = block5, .num_blocks = 1};
-            int32_t pos[4], qo[2] = {0, 4}, kvi[2] = {0, 1}, lastp[1] = {c + 4};
-            int64_t slot[4];
-            for (int t = 0; t < 4; t++) pos[t] = c + t, slot[t] = 5 * GBS + c + t;
-            kvp_exec_batch b = {.seqs = &seq, .n = 1, .block_size = GBS,
-                                .flat = {.num_tokens = 4, .tokens = prompt + c, .positions = pos, .slot_mapping = slot,
-                                         .qo_indptr = qo, .kv_indptr = kvi, .kv_indices = block5,
-                                         .kv_last_page_len = lastp, .num_rows = 1}};
-            kvp_exec_result r;
-            cr_assert_eq(ex[e].step(ex[e].ctx, &b, &r), KVP_OK, "%s", kvp_error_detail());
-        }
-    /* 4 sequences: 29 x block 5, then a block of their own whose first slot takes the new token */
-    int32_t pages[4][32], np[4] = {30, 30, 30, 30}, last[4] = {1, 1, 1, 1}, tok[4] = {17, 99, 203, 311};
+    /* sequence 0: 29 x block 5, then block 10; 1, 2, 3: the same 29, then blocks 11, 12, 13 */
+    static int32_t pages[4][32];
     for (int i = 0; i < 4; i++) {
         for (int g = 0; g < 29; g++) pages[i][g] = 5;
         pages[i][29] = 10 + i;
     }
-    for (int e = 0; e < 2; e++) page_step(&ex[e], 4, pages, np, last, tok, lg[e], V);
+    const int32_t *const tables[4] = {pages[0], pages[1], pages[2], pages[3]};
+    static float lg[2][4 * 512];
+    const int32_t all[4] = {0, 1, 2, 3}, four[4] = {4, 4, 4, 4}, one[4] = {1, 1, 1, 1};
+    int32_t tok[16], ctx[4];
+    /* block 5 full: sequence 0's 16-token prompt in chunks of 4 (eager on both) */
+    for (int c = 0; c < GBS; c += 4) {
+        for (int t = 0; t < 4; t++) tok[t] = (5 * (c + t) + 1) % V;
+        ctx[0] = c;
+        for (int e = 0; e < 2; e++) gstep_tables(&ex[e], all, four, 1, tok, ctx, tables, lg[e], V);
+    }
+    /* 4 sequences decode after 464 tokens each (block 5 29 times): 120 page indices */
+    for (int i = 0; i < 4; i++) ctx[i] = 29 * GBS, tok[i] = 17 + 90 * i;
+    for (int e = 0; e < 2; e++) gstep_tables(&ex[e], all, one, 4, tok, ctx, tables, lg[e], V);
     for (int i = 0; i < 4 * V; i++)
         cr_assert(lg[0][i] == lg[1][i] && isfinite(lg[0][i]), "row %d logit %d: graph %.9g, eager %.9g", i / V, i % V,
                   lg[0][i], lg[1][i]);
     cr_assert_eq(kvp_cuda_executor_info(&ex[0], &info[0]), KVP_OK);
     cr_assert(info[0].graphs_captured == 4 && info[0].graph_replays == 1, "%d graphs captured, %lld replays",
               info[0].graphs_captured, (long long)info[0].graph_replays);
-    /* then a step of bucket 1 (its graph was dropped with the others): captured again, the same logits */
-    last[0] = 2, tok[0] = 42;
-    for (int e = 0; e < 2; e++) page_step(&ex[e], 1, pages, np, last, tok, lg[e], V);
+    /* then sequence 0 alone, bucket 1 (its graph was dropped with the others): captured again, the same logits */
+    ctx[0] = 29 * GBS + 1, tok[0] = 42;
+    for (int e = 0; e < 2; e++) gstep_tables(&ex[e], all, one, 1, tok, ctx, tables, lg[e], V);
     cr_assert_eq(memcmp(lg[0], lg[1], (size_t)V * sizeof(float)), 0, "bucket 1's new graph differs from eager");
     cr_assert_eq(kvp_cuda_executor_info(&ex[0], &info[0]), KVP_OK);
     cr_assert(info[0].graphs_captured == 5 && info[0].graph_replays == 2, "%d graphs captured, %lld replays",

@@ -318,18 +318,11 @@ Test(cuda_moe, checkpoints_match_the_float64_reference_and_the_cpu_tokens, .time
         {.qwen = 1, .experts = 6, .k = 3, .mf = 96, .dense2 = 1},
         {.gguf = 1, .qwen = 1, .norm_topk = 1, .experts = 6, .k = 3, .mf = 96},
     };
-    static ck_tensor t[512];
     const int32_t toks[5] = {1, 403, 407, 261, 378};
     static double want[5 * 512];
     static float got[5 * 512];
     for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
-        moe_spec hf = specs[i];
-        hf.gguf = 0;
-        const int nt = tu_moe_tensors(&hf, t);
-        unsigned distinct;
-        ref_moe_logits(t, nt, &hf, toks, 5, want, &distinct);
-        for (int j = 0; j < nt; j++) free(t[j].f);
-        cr_assert_eq(__builtin_popcount(distinct), specs[i].experts, "case %zu: every expert should be chosen", i);
+        ref_moe_spec_logits(&specs[i], toks, 5, want);
         kvp_model *m = tu_load(tu_moe_model(&specs[i]));
         exec_prompt5(m, toks, got);
         double worst = 0;
