@@ -23,14 +23,14 @@
 #include "reference_testutil.c"
 
 static kvp_cudev *dev;
+static kvp_cudev_info dev_info;
 
 /* Opens device 0, or skips the test where there is none (a native build on a machine without a GPU). */
 static void moe_open(void)
 {
     int n;
     if (kvp_cudev_count(&n) != KVP_OK) cr_skip_test("%s", kvp_error_message());
-    kvp_cudev_info info;
-    cr_assert_eq(kvp_cudev_open(0, &dev, &info), KVP_OK, "%s", kvp_error_detail());
+    cr_assert_eq(kvp_cudev_open(0, &dev, &dev_info), KVP_OK, "%s", kvp_error_detail());
 }
 
 static void moe_close(void)
@@ -116,9 +116,10 @@ static void ref_layer(const float *x, const float *R, const float *gu, const flo
     }
 }
 
-/* T rows through kvp_cudev_moe_ffn with E experts, k per row, f32 or bf16 experts, against ref_layer. tie:
- * every router row the same (all logits equal: experts 0 .. k-1 must win). Returns the experts chosen as a bit
- * set. */
+/* T rows through kvp_cudev_moe_ffn with E experts, k per row, f32 or bf16 experts, against ref_layer, both
+ * ways: the default (per-expert GEMMs from T k >= 16 E on, else the grouped tiled kernel) and the tiled kernel
+ * forced (kvp_cudev_set_invariant_gemm), which under the emulator give the same bits. tie: every router row the
+ * same (all logits equal: experts 0 .. k-1 must win). Returns the experts chosen as a bit set. */
 static unsigned layer_case(int T, int E, int k, int norm, int bf, int tie)
 {
     static float x[MMAXT * MH], R[MMAXE * MH], gu[MMAXE * 2 * MMF * MH], dn[MMAXE * MH * MMF], got[MMAXT * MH];
@@ -141,10 +142,17 @@ static unsigned layer_case(int T, int E, int k, int norm, int bf, int tie)
     cr_assert_eq(kvp_cudev_memset(dev, dws, 0xFF, ws), KVP_OK); /* nothing may read what it did not write */
     float *dout;
     cr_assert_eq(kvp_cudev_malloc(dev, (void **)&dout, sizeof(float) * (size_t)(T * MH), "out"), KVP_OK);
-    cr_assert_eq(kvp_cudev_moe_ffn(dev, dout, dx, dR, dgu, ddn, bf ? KVP_DTYPE_BF16 : KVP_DTYPE_F32, T, MH, E, k, MMF,
-                                   norm, dws, ws),
-                 KVP_OK, "%s", kvp_error_detail());
-    moe_down(got, dout, sizeof(float) * (size_t)(T * MH));
+    static float tiled[MMAXT * MH];
+    for (int inv = 1; inv >= 0; inv--) { /* tiled into `tiled`, then the default into got */
+        kvp_cudev_set_invariant_gemm(dev, inv);
+        cr_assert_eq(kvp_cudev_moe_ffn(dev, dout, dx, dR, dgu, ddn, bf ? KVP_DTYPE_BF16 : KVP_DTYPE_F32, T, MH, E, k,
+                                       MMF, norm, dws, ws),
+                     KVP_OK, "%s", kvp_error_detail());
+        moe_down(inv ? tiled : got, dout, sizeof(float) * (size_t)(T * MH));
+    }
+    if (dev_info.emulated)
+        cr_assert_eq(memcmp(tiled, got, sizeof(float) * (size_t)(T * MH)), 0, "T %d E %d k %d: the two ways differ", T,
+                     E, k);
     unsigned chosen = 0;
     const double tol = bf ? 2e-3 : 1e-5;
     for (int t = 0; t < T; t++) {
@@ -155,17 +163,21 @@ static unsigned layer_case(int T, int E, int k, int norm, int bf, int tie)
         if (tie)
             for (int j = 0; j < k; j++) cr_assert_eq(picks[j], j, "a tie goes to the lower expert");
         for (int i = 0; i < MH; i++)
-            cr_assert(fabs(got[t * MH + i] - want[i]) <= tol * (1 + fabs(want[i])),
-                      "T %d E %d k %d norm %d bf %d tie %d row %d [%d]: %.7g, want %.7g", T, E, k, norm, bf, tie, t, i,
-                      got[t * MH + i], want[i]);
+            for (int w = 0; w < 2; w++) {
+                const float g = (w ? tiled : got)[t * MH + i];
+                cr_assert(fabs(g - want[i]) <= tol * (1 + fabs(want[i])),
+                          "%s: T %d E %d k %d norm %d bf %d tie %d row %d [%d]: %.7g, want %.7g", w ? "tiled" : "default",
+                          T, E, k, norm, bf, tie, t, i, g, want[i]);
+            }
     }
     void *ps[] = {dx, dR, dgu, ddn, dws, dout};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(dev, ps[i]);
     return chosen;
 }
 
-/* Decode-sized and prefill-sized batches (70 rows of top 2 of 4: about 35 rows an expert, three tiles each),
- * renormalized or not, f32 and bf16 experts, and a router that cannot tell the experts apart. */
+/* Decode-sized and prefill-sized batches (70 rows of top 2 of 4: about 35 rows an expert, three tiles each, and
+ * the per-expert GEMMs by default), renormalized or not, f32 and bf16 experts, and a router that cannot tell
+ * the experts apart. */
 Test(cuda_moe, layer_matches_a_float64_reference, .timeout = 600)
 {
     moe_open();
@@ -308,7 +320,7 @@ static void exec_greedy(kvp_model *m, const int32_t *prompt, int32_t np, int32_t
  * norm_topk_prob, q/k norms, a dense layer 2), from HF folders and GGUFs: the executor's logits within 1e-4 of
  * the float64 reference (the CPU model's bar, test_model_moe.c), and the CPU model's 24 greedy tokens, with
  * graphs and eagerly. */
-Test(cuda_moe, checkpoints_match_the_float64_reference_and_the_cpu_tokens, .timeout = 900)
+Test(cuda_moe, checkpoints_match_the_float64_reference_and_the_cpu_tokens, .timeout = 600)
 {
     moe_open();
     moe_close();

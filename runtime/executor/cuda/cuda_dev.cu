@@ -740,7 +740,7 @@ static int64_t moe_max_tiles(int64_t T, int64_t E, int64_t k)
 
 /* The workspace's sections, 256-byte aligned, in this order. */
 typedef struct {
-    size_t logits, pick, wt, slot, tile_expert, n_tiles, sorted, gu, act, y, bytes;
+    size_t logits, pick, wt, slot, tile_expert, n_tiles, counts, sorted, gu, act, y, scratch, bytes;
 } moe_layout;
 
 static moe_layout moe_layout_of(int64_t T, int64_t H, int64_t E, int64_t k, int64_t MF)
@@ -755,10 +755,12 @@ static moe_layout moe_layout_of(int64_t T, int64_t H, int64_t E, int64_t k, int6
     SECTION(slot, T * k * 4);
     SECTION(tile_expert, tiles * 4);
     SECTION(n_tiles, 4);
+    SECTION(counts, E * 4);
     SECTION(sorted, slots * 4);
     SECTION(gu, slots * 2 * MF * 4);
     SECTION(act, slots * MF * 4);
-    SECTION(y, slots * H * 4);
+    SECTION(y, slots * H * 4); /* also the gathered x of the per-expert GEMMs (read before y is written) */
+    SECTION(scratch, slots * (H > MF ? H : MF) * 2); /* their bf16 inputs */
 #undef SECTION
     l.bytes = at;
     return l;
@@ -806,12 +808,12 @@ __global__ void moe_route_kernel(const float *logits, int64_t T, int E, int k, i
     }
 }
 
-/* grid: 1, block: ALIGN_THREADS. Counts the n = T k picks per expert, gives expert e the tiles after those of
- * experts below it, and each pick q a slot of its expert's tiles: sorted[slot] = its row, slot_of[q] = slot.
+/* grid: 1, block: ALIGN_THREADS. Counts the n = T k picks per expert (counts[e]), gives expert e the tiles after
+ * those of experts below it, and each pick q a slot of its expert's tiles: sorted[slot] = its row, slot_of[q] = slot.
  * Slots past an expert's picks hold -1. Which slot a pick gets within its expert varies from run to run; no
  * result depends on it (a GEMM row is computed alone, and combine reads by pick). */
 __global__ void moe_align_kernel(const int32_t *pick, int64_t n, int k, int E, int64_t slots, int32_t *tile_expert,
-                                 int32_t *n_tiles, int32_t *sorted, int32_t *slot_of)
+                                 int32_t *n_tiles, int32_t *counts, int32_t *sorted, int32_t *slot_of)
 {
     KVP_SHARED(int, cnt, KVP_CUDEV_MOE_MAX_E);
     KVP_SHARED(int, cur, KVP_CUDEV_MOE_MAX_E);
@@ -824,6 +826,7 @@ __global__ void moe_align_kernel(const int32_t *pick, int64_t n, int k, int E, i
         int tiles = 0;
         for (int e = 0; e < E; e++) {
             cur[e] = tiles * MOE_TILE;
+            counts[e] = cnt[e];
             for (int i = 0; i < (cnt[e] + MOE_TILE - 1) / MOE_TILE; i++) tile_expert[tiles++] = e;
         }
         *n_tiles = tiles;
@@ -834,6 +837,14 @@ __global__ void moe_align_kernel(const int32_t *pick, int64_t n, int k, int E, i
         sorted[s] = (int32_t)(q / k);
         slot_of[q] = s;
     }
+}
+
+/* grid: (max tiles), block: ROW_THREADS: xs[s] = x[sorted[s]] over the tiles in use (zeros for -1). */
+__global__ void moe_gather_kernel(float *xs, const float *x, const int32_t *sorted, const int32_t *n_tiles, int64_t H)
+{
+    if ((int64_t)blockIdx.x >= *n_tiles) return;
+    for (int64_t s = (int64_t)blockIdx.x * MOE_TILE; s < ((int64_t)blockIdx.x + 1) * MOE_TILE; s++)
+        for (int64_t i = threadIdx.x; i < H; i += blockDim.x) xs[s * H + i] = sorted[s] >= 0 ? x[sorted[s] * H + i] : 0.0f;
 }
 
 /* grid: (max tiles), block: ROW_THREADS over the tile's rows: act = SiLU(gate) * up (glu_kernel's SiLU). */
@@ -877,14 +888,41 @@ extern "C" kvp_status kvp_cudev_moe_ffn(kvp_cudev *d, float *d_out, const float 
     float *act = (float *)(b + l.act), *y = (float *)(b + l.y);
     int32_t *pick = (int32_t *)(b + l.pick), *slot = (int32_t *)(b + l.slot), *sorted = (int32_t *)(b + l.sorted);
     int32_t *tile_expert = (int32_t *)(b + l.tile_expert), *n_tiles = (int32_t *)(b + l.n_tiles);
+    int32_t *counts = (int32_t *)(b + l.counts);
     const int64_t tiles = moe_max_tiles(T, E, k);
+    /* Many rows an expert (a prefill) and no capture: the experts' GEMMs one by one through kvp_cudev_gemm
+     * (cuBLAS's tensor cores on a GPU), after reading the counts back; else the grouped tiled kernel, which reads
+     * them on the device (decode steps, graphs, --deterministic). */
+    cudaStreamCaptureStatus cap = cudaStreamCaptureStatusNone;
+    CU_TRY(cudaStreamIsCapturing(d->compute, &cap), "cudaStreamIsCapturing");
+    const int per_expert = !d->invariant && cap == cudaStreamCaptureStatusNone && T * k >= (int64_t)MOE_TILE * E;
     KVP_TRY(kvp_cudev_gemm(d, logits, E, d_x, H, d_router, KVP_DTYPE_F32, T, E, H, NULL));
     KVP_LAUNCH(moe_route_kernel, dim3(blocks_for(T, 32)), dim3(32), 0, d->compute, logits, T, (int)E, (int)k,
                norm_topk, pick, wt);
     KVP_TRY(launched("moe route"));
     KVP_LAUNCH(moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), 0, d->compute, pick, T * k, (int)k, (int)E,
-               tiles * MOE_TILE, tile_expert, n_tiles, sorted, slot);
+               tiles * MOE_TILE, tile_expert, n_tiles, counts, sorted, slot);
     KVP_TRY(launched("moe align"));
+    if (per_expert) {
+        int32_t cnt[KVP_CUDEV_MOE_MAX_E];
+        KVP_TRY(kvp_cudev_copy(d, cnt, counts, (size_t)E * sizeof(int32_t), 1));
+        KVP_TRY(kvp_cudev_sync(d, 0));
+        float *xs = y; /* consumed by gate/up before down writes y */
+        void *scr = b + l.scratch;
+        const size_t es = wdt == KVP_DTYPE_F32 ? 4 : 2;
+        KVP_LAUNCH(moe_gather_kernel, dim3((unsigned)tiles), dim3(ROW_THREADS), 0, d->compute, xs, d_x, sorted, n_tiles, H);
+        KVP_TRY(launched("moe gather"));
+        for (int64_t e = 0, row = 0; e < E; row += (cnt[e] + MOE_TILE - 1) / MOE_TILE * MOE_TILE, e++)
+            KVP_TRY(kvp_cudev_gemm(d, gu + row * 2 * MF, 2 * MF, xs + row * H, H, (const char *)d_wgu + e * 2 * MF * H * es,
+                                   wdt, cnt[e], 2 * MF, H, scr));
+        KVP_LAUNCH(moe_glu_kernel, dim3((unsigned)tiles), dim3(ROW_THREADS), 0, d->compute, act, gu, n_tiles, MF);
+        KVP_TRY(launched("moe glu"));
+        for (int64_t e = 0, row = 0; e < E; row += (cnt[e] + MOE_TILE - 1) / MOE_TILE * MOE_TILE, e++)
+            KVP_TRY(kvp_cudev_gemm(d, y + row * H, H, act + row * MF, MF, (const char *)d_wdown + e * H * MF * es, wdt,
+                                   cnt[e], H, MF, scr));
+        KVP_LAUNCH(moe_combine_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_out, y, slot, wt, (int)k, H);
+        return launched("moe combine");
+    }
     KVP_LAUNCH(group_gemm_kernel, dim3((unsigned)tiles, blocks_for(2 * MF, GEMM_BN)), dim3(GEMM_BN), 0, d->compute, gu,
                2 * MF, d_x, H, sorted, tiles * MOE_TILE, d_wgu, wdt, tile_expert, n_tiles, 2 * MF, H);
     KVP_TRY(launched("moe gate/up"));

@@ -178,7 +178,10 @@ void kvp_cudev_set_invariant_gemm(kvp_cudev *d, int on);
  * wgu (E, 2 MF, H): expert e's gate rows, then its up rows; wdown (E, H, MF); of wdt (f32 or bf16: x is
  * rounded to bf16 on load, as kvp_cudev_gemm does). The grouped GEMMs are launched over the worst case of
  * tiles for T rows (blocks past the count in use return at once), so nothing is read back to the host and
- * a decode step's graph captures the layer whole. d_out may be d_x. d_ws: kvp_cudev_moe_workspace_bytes(T, H,
+ * a decode step's graph captures the layer whole. A step of many rows an expert (T k >= 16 E, a prefill),
+ * outside a capture and without kvp_cudev_set_invariant_gemm, instead reads the counts back (one small copy
+ * and a wait), gathers x into expert order and runs each expert's gate/up and down through kvp_cudev_gemm
+ * (cuBLAS's tensor cores on a GPU; under the emulator the same sums as the tiled kernel, bit for bit). d_out may be d_x. d_ws: kvp_cudev_moe_workspace_bytes(T, H,
  * E, k, MF) bytes.
  * KVP_EUNSUPPORTED for E > KVP_CUDEV_MOE_MAX_E, k > KVP_CUDEV_MOE_MAX_K or k > E.
  * Ref: forward.c moe_ffn (the same routing in the same arithmetic, experts added from expert 0 up). */
