@@ -241,7 +241,7 @@ def main():
     r.add_argument("--batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16, 64, 256])
     r.add_argument("--det-batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
     r.add_argument("--moe-config", default=None, help="the MoE config.json of the sim_moe runs")
-    r.add_argument("--moe-batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 16])
+    r.add_argument("--moe-batches", type=lambda s: [int(x) for x in s.split(",")], default=[1, 64])
     r.add_argument("--prompt-len", type=int, default=1024)
     r.add_argument("--new-tokens", type=int, default=64)
     r.add_argument("--copy-gbps", type=float, default=None, help="device copy bandwidth, bytes read + written")
