@@ -60,7 +60,9 @@ kvp_status kvp_comm_nccl_threads_create(int n, const int *devices, kvp_comm **co
 void kvp_comm_destroy(kvp_comm *c); /* NULL: no-op */
 
 /* Main path only, never library code: exits every rank of an MPI job (after ncclCommAbort) with `code`,
- * so none waits on a failed one. Returns at once for single and threads. */
+ * so none waits on a failed one. Returns at once for single and threads; threads (and nccl over threads)
+ * breaks the group first: every rank's pending and later collective returns KVP_ESTATE, so the other
+ * threads do not wait on a rank that gave up. */
 void kvp_comm_abort(kvp_comm *c, int code);
 kvp_status kvp_comm_quiet_other_ranks(const kvp_comm *c); /* main path: stdout of ranks > 0 to /dev/null */
 

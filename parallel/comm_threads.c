@@ -8,7 +8,9 @@
  * Only the first barrier of a collective has a deadline: a rank that passed it is inside the same
  * collective as every other rank and only memcpys, so the later ones cannot wait on a rank that stopped;
  * and no rank leaves a collective while another may still read its buffer. A rank whose deadline passes
- * marks the group broken: the ranks waiting with it and every later collective return at once.
+ * marks the group broken: the ranks waiting with it and every later collective return at once. So does
+ * kvp_comm_abort (a rank that gives up), and a broadcast_idle (a follower waiting for its leader's next plan)
+ * waits without a deadline.
  */
 #include <errno.h>
 #include <math.h>
@@ -26,7 +28,8 @@ typedef struct {
     pthread_cond_t cv;     /* on CLOCK_MONOTONIC */
     int n, arrived;
     uint64_t gen;          /* barriers completed */
-    int broken;            /* a rank timed out */
+    int broken;            /* a rank timed out or aborted */
+    char why[320];         /* "" (timed out), or the aborting rank's error ("rank R gave up: ...") */
     atomic_int refs;       /* communicators still alive */
     const void *ptr[KVP_COMM_MAX_THREADS];
     float *sum;            /* the all-reduce result, grown by rank 0 before the ranks publish */
@@ -34,14 +37,23 @@ typedef struct {
     kvp_status sum_st;     /* rank 0's growth failed: every rank returns it */
 } thread_group;
 
+/* The error of a collective on a broken group (g->mu held). */
+static kvp_status broken_error(kvp_comm *c, const char *what)
+{
+    const thread_group *g = c->impl;
+    if (!g->why[0]) return KVP_ERR(KVP_ESTATE, "threads %s on rank %d: another rank timed out", what, c->rank);
+    return KVP_ERR(KVP_ESTATE, "threads %s on rank %d: %s", what, c->rank, g->why);
+}
+
 /* Waits until every rank has arrived. timed: give up at the communicator's deadline (and break the group). */
 static kvp_status wait_all(kvp_comm *c, const char *what, int timed)
 {
     thread_group *g = c->impl;
     pthread_mutex_lock(&g->mu);
     if (g->broken) {
+        const kvp_status st = broken_error(c, what);
         pthread_mutex_unlock(&g->mu);
-        return KVP_ERR(KVP_ESTATE, "threads %s on rank %d: another rank timed out", what, c->rank);
+        return st;
     }
     const uint64_t gen = g->gen;
     if (++g->arrived == g->n) {
@@ -74,7 +86,7 @@ static kvp_status wait_all(kvp_comm *c, const char *what, int timed)
         pthread_cond_broadcast(&g->cv);
         st = kvp_comm_timeout_error(c, what, detail);
     } else if (g->gen == gen) {
-        st = KVP_ERR(KVP_ESTATE, "threads %s on rank %d: another rank timed out", what, c->rank);
+        st = broken_error(c, what);
     }
     pthread_mutex_unlock(&g->mu);
     return st;
@@ -135,13 +147,37 @@ static kvp_status threads_all_gather(kvp_comm *c, const void *send, int64_t byte
     return wait_all(c, "all_gather", 0);
 }
 
-static kvp_status threads_broadcast(kvp_comm *c, void *buf, int64_t bytes, int root)
+/* timed: the first barrier has the communicator's deadline (broadcast), or none (broadcast_idle). */
+static kvp_status broadcast_of(kvp_comm *c, void *buf, int64_t bytes, int root, int timed)
 {
     thread_group *g = c->impl;
     if (c->rank == root) g->ptr[root] = buf;
-    KVP_TRY(wait_all(c, "broadcast", 1));
+    KVP_TRY(wait_all(c, "broadcast", timed));
     if (c->rank != root && bytes > 0) memcpy(buf, g->ptr[root], (size_t)bytes);
     return wait_all(c, "broadcast", 0);
+}
+
+static kvp_status threads_broadcast(kvp_comm *c, void *buf, int64_t bytes, int root)
+{
+    return broadcast_of(c, buf, bytes, root, 1);
+}
+
+static kvp_status threads_broadcast_idle(kvp_comm *c, void *buf, int64_t bytes, int root)
+{
+    return broadcast_of(c, buf, bytes, root, 0);
+}
+
+/* Breaks the group: the ranks waiting in a collective, and every later one, return KVP_ESTATE naming this
+ * rank's last error (kvp_error_message: why it gives up). */
+static void threads_abort(kvp_comm *c, int code)
+{
+    (void)code;
+    thread_group *g = c->impl;
+    pthread_mutex_lock(&g->mu);
+    if (!g->broken) snprintf(g->why, sizeof g->why, "rank %d gave up: %s", c->rank, kvp_error_message());
+    g->broken = 1;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
 }
 
 static kvp_status threads_barrier(kvp_comm *c) { return wait_all(c, "barrier", 1); }
@@ -163,7 +199,9 @@ static const kvp_comm_ops threads_ops = {
     .all_reduce = threads_all_reduce,
     .all_gather = threads_all_gather,
     .broadcast = threads_broadcast,
+    .broadcast_idle = threads_broadcast_idle,
     .barrier = threads_barrier,
+    .abort = threads_abort,
     .destroy = threads_destroy,
 };
 

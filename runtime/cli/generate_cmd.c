@@ -16,6 +16,7 @@
 #include "runtime/cli/engine_opts.h"
 #include "runtime/executor/cpu_executor.h"
 #include "runtime/executor/cuda_executor.h"
+#include "runtime/executor/tp_threads.h"
 #include "runtime/model/model.h"
 #include "runtime/text/stop_text.h"
 #include "runtime/text/tokenizer.h"
@@ -74,9 +75,10 @@ static void usage(FILE *f)
             "  --max-model-len N       prompt + generated tokens at most (vLLM's; default: the model's context, at\n"
             "                          most that)\n"
             "  --threads N             CPU threads (default 1)\n"
-            "  --tp N                  tensor parallelism over N MPI ranks (default 1): run it as\n"
-            "                          `mpirun -np N kvpage generate --tp N ...` (with --device cuda: one GPU per\n"
-            "                          rank, its index on its node, NCCL between them); each rank holds 1/N of the heads,\n"
+            "  --tp N                  tensor parallelism over N ranks (default 1): threads of this process (with\n"
+            "                          --device cuda: GPUs 0 .. N-1, NCCL between them), or under\n"
+            "                          `mpirun -np N kvpage generate --tp N ...` a process a rank (with --device cuda:\n"
+            "                          one GPU per rank, its index on its node); each rank holds 1/N of the heads,\n"
             "                          of the MLP and of the vocabulary, and 1/N of the KV cache; rank 0 prints\n"
             "  --matmul invariant|blas invariant: batch-invariant kernels, the same greedy tokens in any batch\n"
             "                          (default); blas: OpenBLAS sgemm and tiled prefill attention\n"
@@ -296,6 +298,14 @@ static void track_stops(void *ctx, kvp_session *s)
     if (x->stream) stream_text(x, x->t[0].ready);
 }
 
+/* Waits for the in-process ranks (none: rc). A follower's failure becomes the exit code and the one error line
+ * when rank 0 succeeded (rank 0's own error names an aborting follower's: comm.h, kvp_comm_abort). */
+static int join_followers(kvp_tp_threads *t, int rc)
+{
+    const kvp_status st = kvp_tp_threads_join(t);
+    return st == KVP_OK || rc != KVP_EXIT_OK ? rc : kvp_cli_fail(CMD, st);
+}
+
 static int run(gen_opts *o)
 {
     kvp_model *m = NULL;
@@ -309,20 +319,29 @@ static int run(gen_opts *o)
     int rc = KVP_EXIT_OK;
     kvp_status st;
     double t_load = kvp_now_s();
-    /* --device cuda --tp N: each rank its node's GPU of its index, NCCL over the MPI world (its host plane
-     * carries the plans); no device here is said before any rank waits for another */
+    /* --tp N under mpirun: a process a rank (--device cuda: each rank its node's GPU of its index, NCCL over the
+     * MPI world, whose host plane carries the plans); else ranks 1 .. N-1 are threads of this process
+     * (tp_threads.h). No device here is said before any rank waits for another. */
     int ndev = 0;
-    const int nccl = o->dev.cuda && o->tp > 1;
+    const int nccl = o->dev.cuda && o->tp > 1, in_process = o->tp > 1 && !kvp_tp_under_launcher();
+    kvp_tp_threads *followers = NULL;
     st = nccl ? kvp_cuda_devices(&ndev) : KVP_OK;
-    if (st == KVP_OK)
+    if (st == KVP_OK && in_process) {
+        const kvp_tp_threads_spec spec = {.path = o->model, .weights = o->weight_dtype, .max_len = o->max_model_len,
+                                          .threads = o->threads, .matmul = o->matmul, .cuda = o->dev.cuda,
+                                          .cu = o->dev.cu};
+        st = kvp_tp_threads_start(o->tp, &spec, &comm, &followers);
+    } else if (st == KVP_OK) {
         st = nccl ? kvp_comm_nccl_mpi_create(o->tp, -1, &comm)
                   : o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
+    }
     if (st == KVP_OK && nccl) o->dev.cu.device = kvp_comm_device(comm);
     if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
     if (st == KVP_OK) st = kvp_model_load_ex(o->model, comm, o->weight_dtype, &m);
     if (st != KVP_OK) {
         rc = kvp_cli_fail(CMD, st);
         if (comm) kvp_comm_abort(comm, rc);
+        rc = join_followers(followers, rc);
         kvp_comm_destroy(comm);
         return rc;
     }
@@ -591,6 +610,7 @@ out:
     kvp_model_destroy(m);
     /* a rank that fails alone would leave the others waiting in a collective: end the whole job */
     if (rc != KVP_EXIT_OK) kvp_comm_abort(comm, rc);
+    rc = join_followers(followers, rc);
     kvp_comm_destroy(comm);
     return rc;
 }

@@ -21,6 +21,7 @@
 #include "parallel/comm.h"
 #include "runtime/executor/cpu_executor.h"
 #include "runtime/executor/cuda_executor.h"
+#include "runtime/executor/tp_threads.h"
 
 /* ---------------------------------------------------------------- tensor parallelism
  *
@@ -491,14 +492,21 @@ int kvp_server_run(const kvp_server_opts *o, kvp_session_config cfg)
     kvp_comm *comm = NULL;
     kvp_model *m = NULL;
     kvp_server_opts ro = *o;
-    /* --device cuda --tp N: each rank its node's GPU of its index, NCCL over the MPI world (its host plane
-     * carries the plans); no device is said before any rank waits for another (as generate's) */
-    const int nccl = o->cuda && o->tp > 1;
+    /* --tp N under mpirun: a process a rank (--device cuda: each rank its node's GPU of its index, NCCL over the
+     * MPI world, whose host plane carries the plans); else ranks 1 .. N-1 are threads of this process
+     * (tp_threads.h). No device is said before any rank waits for another (as generate's). */
+    const int nccl = o->cuda && o->tp > 1, in_process = o->tp > 1 && !kvp_tp_under_launcher();
     int ndev = 0;
+    kvp_tp_threads *followers = NULL;
     kvp_status st = nccl ? kvp_cuda_devices(&ndev) : KVP_OK;
-    if (st == KVP_OK)
+    if (st == KVP_OK && in_process) {
+        const kvp_tp_threads_spec spec = {.path = o->model, .weights = o->weight_dtype, .max_len = o->max_model_len,
+                                          .threads = o->threads, .matmul = o->matmul, .cuda = o->cuda, .cu = o->cu};
+        st = kvp_tp_threads_start(o->tp, &spec, &comm, &followers);
+    } else if (st == KVP_OK) {
         st = nccl ? kvp_comm_nccl_mpi_create(o->tp, -1, &comm)
                   : o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
+    }
     if (st == KVP_OK && nccl) ro.cu.device = kvp_comm_device(comm);
     o = &ro;
     if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
@@ -534,6 +542,9 @@ int kvp_server_run(const kvp_server_opts *o, kvp_session_config cfg)
     }
     kvp_model_destroy(m);
     if (rc != KVP_EXIT_OK && comm) kvp_comm_abort(comm, rc); /* a rank that fails alone ends the whole job */
+    /* the in-process ranks: a follower's failure is the one error line when rank 0 succeeded (rank 0's own
+     * error names an aborting follower's) */
+    if ((st = kvp_tp_threads_join(followers)) != KVP_OK && rc == KVP_EXIT_OK) rc = kvp_cli_fail(CMD, st);
     kvp_comm_destroy(comm);
     return rc;
 }

@@ -2,12 +2,17 @@
  * over 2, 4 and 8 rank threads: rank 0 runs the engine and broadcasts each step's plan, the others execute
  * it on their shards (runtime/executor/tp_plan.h). Same checks as the MPI test (golden tokens, 1/tp of the KV
  * cache per rank), plus what one process allows: log-probabilities against one rank, every follower ran
- * rank 0's steps, and every allocation failure of a shard's load (the sanitizer build checks for leaks). */
+ * rank 0's steps, and every allocation failure of a shard's load (the sanitizer build checks for leaks); a
+ * rank that aborts ends the others' waits; and `kvpage generate --tp N` without mpirun (rank threads). */
 #include <criterion/criterion.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
+#include "cli_testutil.h"
+#include "common/json.h"
 #include "parallel/comm.h"
 #include "runtime/executor/cpu_executor.h"
 #include "runtime/model/model.h"
@@ -183,4 +188,82 @@ Test(tp_threads, a_split_that_does_not_divide_the_heads_is_refused)
     cr_assert(strstr(kvp_error_message(), "stories260K.gguf: cannot split the model over 3 ranks"), "%s",
               kvp_error_message());
     for (int r = 0; r < 3; r++) kvp_comm_destroy(c[r]);
+}
+
+/* kvp_comm_abort on a threads communicator breaks the group: rank 0, waiting for a plan (broadcast_idle, no
+ * deadline), returns KVP_ESTATE naming rank 1 and why it gave up; later collectives fail the same way. */
+typedef struct {
+    kvp_comm *c;
+    kvp_status st;
+    char err[512];
+} abort_job;
+
+static void *wait_plan(void *arg)
+{
+    abort_job *j = arg;
+    int64_t word = 0;
+    j->st = kvp_comm_broadcast_idle(j->c, &word, sizeof word, 0);
+    snprintf(j->err, sizeof j->err, "%s", kvp_error_message());
+    return NULL;
+}
+
+Test(comm, threads_abort_ends_the_other_ranks_waits_naming_why)
+{
+    kvp_comm *c[3];
+    cr_assert_eq(kvp_comm_threads_create(3, c), KVP_OK);
+    abort_job j[2] = {{.c = c[0]}, {.c = c[2]}};
+    pthread_t tid[2];
+    for (int i = 0; i < 2; i++) cr_assert_eq(pthread_create(&tid[i], NULL, wait_plan, &j[i]), 0);
+    (void)KVP_ERR(KVP_ENOMEM, "rank 1: out of device memory for its KV pools");
+    kvp_comm_abort(c[1], 1);
+    for (int i = 0; i < 2; i++) {
+        pthread_join(tid[i], NULL);
+        cr_assert_eq(j[i].st, KVP_ESTATE);
+        cr_assert(strstr(j[i].err, "rank 1 gave up: rank 1: out of device memory"), "%s", j[i].err);
+    }
+    cr_assert_eq(kvp_comm_barrier(c[0]), KVP_ESTATE);
+    for (int r = 0; r < 3; r++) kvp_comm_destroy(c[r]);
+}
+
+/* --tp N without mpirun: ranks 1 .. N-1 are threads of the one process (runtime/executor/tp_threads.h): the
+ * golden story at tp 2 and 4 through `kvpage generate`, 1/tp of the KV cache a rank, and a split the heads do
+ * not allow is one error line naming it (every rank fails alike; rank 0 says so once). */
+Test(tp_threads, generate_tp_without_mpirun_runs_the_ranks_as_threads)
+{
+    tu_require_shared();
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 0);
+    const cJSON *want = cJSON_GetObjectItem(c0, "tokens_after_bos");
+    double bytes1 = 0;
+    for (int tp = 1; tp <= 4; tp *= 2) {
+        char cmd[1024], *out, *err;
+        snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --max-tokens %d --ignore-eos --tp %d --json",
+                 kvp_test_bin(), S260_GGUF, cJSON_GetArraySize(want), tp);
+        cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "`%s`: %s", cmd, err);
+        cJSON *j;
+        cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
+        const cJSON *toks = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens");
+        cr_assert_eq(cJSON_GetArraySize(toks), cJSON_GetArraySize(want));
+        for (int t = 0; t < cJSON_GetArraySize(want); t++)
+            cr_assert_eq(cJSON_GetArrayItem(toks, t)->valueint, cJSON_GetArrayItem(want, t)->valueint, "tp %d token %d",
+                         tp, t);
+        const cJSON *tot = cJSON_GetObjectItem(j, "totals");
+        cr_assert_eq(cJSON_GetObjectItem(tot, "tp")->valueint, tp);
+        const double pool = cJSON_GetObjectItem(tot, "kv_pool_bytes")->valuedouble;
+        if (tp == 1) bytes1 = pool;
+        else cr_assert_float_eq(pool, bytes1 / tp, 0.5, "tp %d: %g KV bytes a rank", tp, pool);
+        cJSON_Delete(j);
+        free(out);
+        free(err);
+    }
+    cJSON_Delete(gold);
+    char cmd[1024], *out, *err;
+    snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt hi --tp 3", kvp_test_bin(), S260_GGUF);
+    cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", err);
+    cr_assert(strstr(err, "cannot split the model over 3 ranks"), "%s", err);
+    const char *nl = strchr(err, '\n');
+    cr_assert(nl && nl[1] == '\0', "not one error line: %s", err);
+    free(out);
+    free(err);
 }

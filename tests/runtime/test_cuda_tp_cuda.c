@@ -5,7 +5,8 @@
  * broadcasts each plan; the others follow (kvp_cuda_follow). Checked: the logits rows of a prefill step and
  * decode steps against one rank's within 1e-5 at tp 2, 4 and 8 (8: each KV head on two ranks), the golden
  * greedy tokens, each rank's share of the KV bytes, the collectives NCCL saw, and the splits and communicators
- * that are refused; the same for a qwen3_moe checkpoint, its experts' units split over 2 ranks.
+ * that are refused; the same for a qwen3_moe checkpoint, its experts' units split over 2 ranks; and
+ * `kvpage generate --device cuda --tp 2` without mpirun (rank 1 a thread of the process).
  *
  * The fake NCCL works on host memory, so the suite runs on the emulator only (runtime_test_cuda_tp_emu);
  * the native build skips it (a GPU's tensor parallelism needs the real NCCL and several GPUs). */
@@ -15,12 +16,14 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/json.h"
 #include "fake_nccl.h"
 #include "golden_testutil.h"
 #include "parallel/comm.h"
 #include "parallel/nccl_api.h"
+#include "runtime/cli/commands.h"
 #include "runtime/executor/cuda/cuda_dev.h"
 #include "runtime/executor/cuda_executor.h"
 #include "runtime/executor/tp_plan.h"
@@ -397,5 +400,45 @@ Test(cuda_tp, bad_splits_and_communicators_are_refused)
     kvp_model_destroy(m);
     kvp_comm_destroy(c[0]);
     kvp_comm_destroy(c[1]);
+    kvp_nccl_api_set(NULL);
+}
+
+/* `kvpage generate --device cuda --tp 2` without mpirun (kvp_cmd_generate, runtime/executor/tp_threads.h): rank 1
+ * a thread of this process with its own executor, NCCL (the fake) between the two; the golden story's first
+ * 16 tokens, two ranks in the JSON, NCCL's all-reduces seen on rank 1 too. */
+Test(cuda_tp, generate_tp_2_on_the_device_without_mpirun, .timeout = 600)
+{
+    require_emulator();
+    fake_on(2);
+    tu_golden g;
+    tu_golden_load(&g);
+    const int ar1 = fake_nccl_count("ncclAllReduce", 1);
+    char path[] = "/tmp/kvp_cuda_tp_generate_XXXXXX";
+    const int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    char *argv[] = {"generate", "--model", GGUF, "--prompt", "Once upon a time", "--max-tokens", "16", "--ignore-eos",
+                    "--device", "cuda", "--tp", "2", "--kv-cache-memory", "1MiB", "--json", NULL};
+    fflush(stdout);
+    const int saved = dup(1);
+    dup2(fd, 1);
+    const int rc = kvp_cmd_generate(15, argv);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    close(fd);
+    cr_assert_eq(rc, 0, "kvpage generate --device cuda --tp 2 failed: %s", kvp_error_message());
+    cJSON *out;
+    cr_assert_eq(kvp_json_parse_file(path, &out), KVP_OK, "%s", kvp_error_detail());
+    unlink(path);
+    const cJSON *s = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(out, "requests"), 0),
+                                                            "samples"), 0);
+    const cJSON *toks = cJSON_GetObjectItem(s, "tokens");
+    cr_assert_eq(cJSON_GetArraySize(toks), 16);
+    for (int j = 0; j < 16; j++)
+        cr_assert_eq(cJSON_GetArrayItem(toks, j)->valueint, g.want[1][j], "token %d", j); /* "Once upon a time" */
+    cr_assert_eq(cJSON_GetObjectItem(cJSON_GetObjectItem(out, "totals"), "tp")->valueint, 2);
+    cJSON_Delete(out);
+    cr_assert_gt(fake_nccl_count("ncclAllReduce", 1) - ar1, 16 * (1 + 2 * LAYERS) - 1, "rank 1 summed every step");
+    cr_assert_eq(fake_nccl_misuses(), 0, "%s", fake_nccl_last_misuse());
     kvp_nccl_api_set(NULL);
 }

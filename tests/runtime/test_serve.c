@@ -623,6 +623,37 @@ Test(serve, many_idle_connections_do_not_lock_clients_out)
     stop(&s);
 }
 
+/* golden.json's second story, greedy, through s. */
+static void expect_golden_story(server *s)
+{
+    cJSON *gold;
+    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
+    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
+    const char *prompt = cJSON_GetObjectItem(c1, "prompt")->valuestring, *text = cJSON_GetObjectItem(c1, "text")->valuestring;
+    const int np = cJSON_GetArraySize(cJSON_GetObjectItem(c1, "prompt_tokens"));
+    char body[512];
+    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0}", prompt,
+             cJSON_GetArraySize(cJSON_GetObjectItem(c1, "tokens_after_bos")) - (np - 1));
+    cJSON *j = complete(s, body, 200);
+    cr_assert_str_eq(choice_text(j, 0), text + strlen(prompt));
+    cJSON_Delete(j);
+    cJSON_Delete(gold);
+}
+
+/* --tp 2 without mpirun: rank 1 is a thread of the server's process (runtime/executor/tp_threads.h). The golden
+ * story, six concurrent clients answered as by one process, and SIGTERM stops both ranks (exit 0). */
+Test(serve_tp, two_rank_threads_answer_as_one_process)
+{
+    server one = start("--num-blocks 512"), two = start("--tp 2 --num-blocks 512");
+    expect_golden_story(&two);
+    cJSON *solo[NP];
+    solo_answers(&one, solo);
+    expect_concurrent_answers(&two, solo);
+    for (int i = 0; i < NP; i++) cJSON_Delete(solo[i]);
+    stop(&two);
+    stop(&one);
+}
+
 /* --tp 2 under mpirun: rank 0 serves and schedules, rank 1 follows its operations step for step. The golden
  * story; six concurrent clients get the answers one process gives; samples cut by stop strings stream as
  * they answer whole; a client that leaves cancels its stream. SIGTERM to rank 0 stops both ranks, which
@@ -633,18 +664,9 @@ Test(serve_tp, two_ranks_answer_as_one_process)
     /* speculating too: its stops (cut inside a step) and drafts must keep the ranks together */
     server two = start_with(MPIRUN " -np 2", "--tp 2 --num-blocks 512 --speculative-config "
                             "'{\"method\":\"ngram\",\"num_speculative_tokens\":4,\"prompt_lookup_max\":3,\"prompt_lookup_min\":1}'");
-    cJSON *gold;
-    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
-    const cJSON *c1 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 1);
-    const char *prompt = cJSON_GetObjectItem(c1, "prompt")->valuestring, *text = cJSON_GetObjectItem(c1, "text")->valuestring;
-    const int np = cJSON_GetArraySize(cJSON_GetObjectItem(c1, "prompt_tokens"));
+    expect_golden_story(&two);
     char body[512];
-    snprintf(body, sizeof body, "{\"prompt\":\"%s\",\"max_tokens\":%d,\"temperature\":0}", prompt,
-             cJSON_GetArraySize(cJSON_GetObjectItem(c1, "tokens_after_bos")) - (np - 1));
-    cJSON *j = complete(&two, body, 200);
-    cr_assert_str_eq(choice_text(j, 0), text + strlen(prompt));
-    cJSON_Delete(j);
-    cJSON_Delete(gold);
+    cJSON *j;
     cJSON *solo[NP];
     solo_answers(&one, solo);
     expect_concurrent_answers(&two, solo);

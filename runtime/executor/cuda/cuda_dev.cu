@@ -78,6 +78,15 @@ static unsigned blocks_for(int64_t n, int per)
 
 /* ---------------------------------------------------------------- runtime */
 
+extern "C" int kvp_cudev_emulated(void)
+{
+#ifdef KVPAGE_CUDA_EMU
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 extern "C" kvp_status kvp_cudev_count(int *n)
 {
     *n = 0;

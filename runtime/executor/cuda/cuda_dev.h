@@ -42,6 +42,8 @@ typedef struct {
 /* Devices usable by this process; KVP_ENODEVICE with cudaGetDeviceCount's error text when there are none
  * (no driver, no GPU) or when built without CUDA. */
 kvp_status kvp_cudev_count(int *n);
+/* 1 in the emulated build (one device, which every rank of a test shares), else 0. */
+int kvp_cudev_emulated(void);
 /* Opens device `index`: sets it current, creates the compute and copy streams and the GEMM handle. */
 kvp_status kvp_cudev_open(int index, kvp_cudev **out, kvp_cudev_info *info);
 void kvp_cudev_close(kvp_cudev *d); /* NULL: no-op; frees nothing allocated with kvp_cudev_malloc */

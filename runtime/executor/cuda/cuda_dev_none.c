@@ -4,6 +4,8 @@
 
 #define NO_DEVICE KVP_ERR(KVP_ENODEVICE, "cuda executor: no CUDA device (this kvpage was built without nvcc: configure with a CUDA toolkit)")
 
+int kvp_cudev_emulated(void) { return 0; }
+
 kvp_status kvp_cudev_count(int *n)
 {
     *n = 0;
