@@ -355,7 +355,8 @@ Test(cuda_moe, checkpoints_match_the_float64_reference_and_the_cpu_tokens, .time
 }
 
 /* --random-weights of a mixtral config (4 experts of 172 units, top 2): bf16 experts and an f32 router made on
- * the device, counted in the weights; the same seed gives the same logits, finite. */
+ * the device, counted in the weights; the same seed gives the same logits, finite; shapes the device does not
+ * run are refused. */
 static void random_moe_logits(const kvp_model_config *cfg, uint64_t seed, float *out)
 {
     kvp_cuda_options o = kvp_cuda_options_default();
@@ -388,10 +389,18 @@ Test(cuda_moe, random_weights_of_a_mixtral_shape, .timeout = 600)
     random_moe_logits(&cfg, 7, b);
     cr_assert_eq(memcmp(a, b, sizeof a), 0, "the same seed gave other logits");
     for (int i = 0; i < 5 * 512; i++) cr_assert(isfinite(a[i]), "logit %d is %g", i, a[i]);
-    cfg.num_experts_per_tok = 40;
     kvp_cuda_options o = kvp_cuda_options_default();
     o.kv_cache_memory = 1 << 20;
     kvp_executor ex;
-    cr_assert_eq(kvp_cuda_executor_create(NULL, &cfg, &o, 0, 16, 0, KVP_DTYPE_BF16, 64, 4, &ex, NULL), KVP_EUNSUPPORTED);
-    cr_assert(strstr(kvp_error_message(), "per token"), "%s", kvp_error_message());
+    /* top 40 of 4; shared experts (deepseek); OPT's learned positions: refused, naming why */
+    kvp_model_config bad[3] = {cfg, cfg, cfg};
+    bad[0].num_experts_per_tok = 40;
+    bad[1].num_shared_experts = 1;
+    bad[2].family = KVP_FAMILY_OPT, bad[2].num_experts = 0;
+    const char *why[3] = {"per token", "shared experts", "learned positions"};
+    for (int i = 0; i < 3; i++) {
+        cr_assert_eq(kvp_cuda_executor_create(NULL, &bad[i], &o, 0, 16, 0, KVP_DTYPE_BF16, 64, 4, &ex, NULL),
+                     KVP_EUNSUPPORTED, "case %d", i);
+        cr_assert(strstr(kvp_error_message(), why[i]), "%s", kvp_error_message());
+    }
 }
