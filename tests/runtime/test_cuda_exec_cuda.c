@@ -8,13 +8,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "attention/attention.h"
 #include "common/alloc.h"
 #include "common/json.h"
+#include "generate_testutil.h"
 #include "golden_testutil.h"
-#include "runtime/cli/commands.h"
 #include "runtime/executor/cuda/cuda_dev.h"
 #include "runtime/executor/cuda_executor.h"
 #include "runtime/model/model_export.h"
@@ -745,28 +744,11 @@ Test(cuda_exec, generate_command_on_the_device, .timeout = 600)
     tu_golden g;
     tu_golden_load(&g);
     cr_assert_eq(g.n, 2, "golden.json's two stories");
-    char path[] = "/tmp/kvp_cuda_generate_XXXXXX";
-    const int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
     char *argv[] = {"generate", "--model", S260 "/stories260K.gguf", "--prompt", "Once upon a time", "--max-tokens",
                     "60", "--ignore-eos", "--device", "cuda", "--kv-cache-memory", "2MiB", "--cuda-attention",
                     "rowwise", "--json", NULL};
-    fflush(stdout);
-    const int saved = dup(1);
-    dup2(fd, 1);
-    const int rc = kvp_cmd_generate(15, argv);
-    fflush(stdout);
-    dup2(saved, 1);
-    close(saved);
-    close(fd);
-    cr_assert_eq(rc, 0, "kvpage generate --device cuda failed: %s", kvp_error_message());
-    cJSON *out;
-    cr_assert_eq(kvp_json_parse_file(path, &out), KVP_OK, "%s", kvp_error_detail());
-    unlink(path);
-    const cJSON *s = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(out, "requests"), 0),
-                                                            "samples"), 0);
-    const cJSON *toks = cJSON_GetObjectItem(s, "tokens");
-    cr_assert(cJSON_IsArray(toks), "no tokens in the JSON");
+    const cJSON *toks;
+    cJSON *out = tu_generate_json(15, argv, &toks);
     const int ngen = g.nwant[1]; /* golden's second case: "Once upon a time", then 60 tokens */
     cr_assert_eq(cJSON_GetArraySize(toks), ngen, "%d tokens, want %d", cJSON_GetArraySize(toks), ngen);
     for (int j = 0; j < ngen; j++)

@@ -16,14 +16,13 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "common/json.h"
 #include "fake_nccl.h"
 #include "golden_testutil.h"
 #include "parallel/comm.h"
 #include "parallel/nccl_api.h"
-#include "runtime/cli/commands.h"
+#include "generate_testutil.h"
 #include "runtime/executor/cuda/cuda_dev.h"
 #include "runtime/executor/cuda_executor.h"
 #include "runtime/executor/tp_plan.h"
@@ -413,26 +412,10 @@ Test(cuda_tp, generate_tp_2_on_the_device_without_mpirun, .timeout = 600)
     tu_golden g;
     tu_golden_load(&g);
     const int ar1 = fake_nccl_count("ncclAllReduce", 1);
-    char path[] = "/tmp/kvp_cuda_tp_generate_XXXXXX";
-    const int fd = mkstemp(path);
-    cr_assert_geq(fd, 0);
     char *argv[] = {"generate", "--model", GGUF, "--prompt", "Once upon a time", "--max-tokens", "16", "--ignore-eos",
                     "--device", "cuda", "--tp", "2", "--kv-cache-memory", "1MiB", "--json", NULL};
-    fflush(stdout);
-    const int saved = dup(1);
-    dup2(fd, 1);
-    const int rc = kvp_cmd_generate(15, argv);
-    fflush(stdout);
-    dup2(saved, 1);
-    close(saved);
-    close(fd);
-    cr_assert_eq(rc, 0, "kvpage generate --device cuda --tp 2 failed: %s", kvp_error_message());
-    cJSON *out;
-    cr_assert_eq(kvp_json_parse_file(path, &out), KVP_OK, "%s", kvp_error_detail());
-    unlink(path);
-    const cJSON *s = cJSON_GetArrayItem(cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(out, "requests"), 0),
-                                                            "samples"), 0);
-    const cJSON *toks = cJSON_GetObjectItem(s, "tokens");
+    const cJSON *toks;
+    cJSON *out = tu_generate_json(15, argv, &toks);
     cr_assert_eq(cJSON_GetArraySize(toks), 16);
     for (int j = 0; j < 16; j++)
         cr_assert_eq(cJSON_GetArrayItem(toks, j)->valueint, g.want[1][j], "token %d", j); /* "Once upon a time" */
