@@ -182,7 +182,8 @@ typedef struct {
  * rank's executor (every rank must then step together): its communicator (kvp_model_comm, borrowed, outliving
  * the executor) must be an nccl one on opts->device, and its stream becomes the executor's compute stream
  * until the executor is destroyed. KVP_ENODEVICE ("cuda executor: no CUDA device (cudaGetDeviceCount:
- * ...)"), KVP_EUNSUPPORTED (MoE), KVP_EINVAL (also: a host communicator, a model split for another rank count,
+ * ...)"), KVP_EUNSUPPORTED (more than 1,024 experts or 32 a token, shared experts, MLA, learned
+ * positions), KVP_EINVAL (also: a host communicator, a model split for another rank count,
  * another device than the communicator's, not a KV dtype), KVP_ENOMEM. */
 kvp_status kvp_cuda_executor_create(kvp_model *m, const kvp_model_config *cfg, const kvp_cuda_options *opts,
                                     int32_t num_blocks, int32_t block_size, int32_t num_host_blocks,
