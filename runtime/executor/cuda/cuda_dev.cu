@@ -879,6 +879,32 @@ __global__ void moe_combine_kernel(float *out, const float *y, const int32_t *sl
     }
 }
 
+/* How a step's MoE rows lie in tiles, and which way its expert GEMMs run. */
+typedef struct {
+    int per_expert;                        /* 1: each expert's rows through kvp_cudev_gemm; 0: the grouped kernel */
+    const int32_t *cnt;                    /* per_expert: the rows of each expert (host) */
+    int64_t E, tiles;                      /* experts; the worst-case tile count (the grouped kernel's grid) */
+    const int32_t *tile_expert, *n_tiles;  /* device */
+    void *scratch;                         /* per_expert: kvp_cudev_gemm's bf16 input */
+} moe_tiles;
+
+/* y (slots, N) = x[row of slot] W_e^T for every slot of expert e's tiles, W (E, N, K) of wdt. gather: the grouped
+ * kernel's row of x per slot (NULL: x is in slot order, as per-expert GEMMs need it). */
+static kvp_status moe_project(kvp_cudev *d, const moe_tiles *t, float *y, int64_t N, const float *x, int64_t K,
+                              const int32_t *gather, const void *w, kvp_dtype wdt)
+{
+    const size_t wbytes = (size_t)(N * K) * (wdt == KVP_DTYPE_F32 ? 4 : 2); /* one expert's */
+    if (t->per_expert) {
+        for (int64_t e = 0, row = 0; e < t->E; row += (t->cnt[e] + MOE_TILE - 1) / MOE_TILE * MOE_TILE, e++)
+            KVP_TRY(kvp_cudev_gemm(d, y + row * N, N, x + row * K, K, (const char *)w + (size_t)e * wbytes, wdt,
+                                   t->cnt[e], N, K, t->scratch));
+        return KVP_OK;
+    }
+    KVP_LAUNCH(group_gemm_kernel, dim3((unsigned)t->tiles, blocks_for(N, GEMM_BN)), dim3(GEMM_BN), 0, d->compute, y,
+               N, x, K, gather, t->tiles * MOE_TILE, w, wdt, t->tile_expert, t->n_tiles, N, K);
+    return launched("moe expert GEMM");
+}
+
 extern "C" kvp_status kvp_cudev_moe_ffn(kvp_cudev *d, float *d_out, const float *d_x, const float *d_router,
                                         const void *d_wgu, const void *d_wdown, kvp_dtype wdt, int64_t T, int64_t H,
                                         int64_t E, int64_t k, int64_t MF, int norm_topk, void *d_ws, size_t ws_bytes)
@@ -912,34 +938,20 @@ extern "C" kvp_status kvp_cudev_moe_ffn(kvp_cudev *d, float *d_out, const float 
     KVP_LAUNCH(moe_align_kernel, dim3(1), dim3(ALIGN_THREADS), 0, d->compute, pick, T * k, (int)k, (int)E,
                tiles * MOE_TILE, tile_expert, n_tiles, counts, sorted, slot);
     KVP_TRY(launched("moe align"));
+    int32_t cnt[KVP_CUDEV_MOE_MAX_E];
+    float *xs = y; /* per expert: x in expert order, consumed by gate/up before down writes y */
     if (per_expert) {
-        int32_t cnt[KVP_CUDEV_MOE_MAX_E];
         KVP_TRY(kvp_cudev_copy(d, cnt, counts, (size_t)E * sizeof(int32_t), 1));
         KVP_TRY(kvp_cudev_sync(d, 0));
-        float *xs = y; /* consumed by gate/up before down writes y */
-        void *scr = b + l.scratch;
-        const size_t es = wdt == KVP_DTYPE_F32 ? 4 : 2;
         KVP_LAUNCH(moe_gather_kernel, dim3((unsigned)tiles), dim3(ROW_THREADS), 0, d->compute, xs, d_x, sorted, n_tiles, H);
         KVP_TRY(launched("moe gather"));
-        for (int64_t e = 0, row = 0; e < E; row += (cnt[e] + MOE_TILE - 1) / MOE_TILE * MOE_TILE, e++)
-            KVP_TRY(kvp_cudev_gemm(d, gu + row * 2 * MF, 2 * MF, xs + row * H, H, (const char *)d_wgu + e * 2 * MF * H * es,
-                                   wdt, cnt[e], 2 * MF, H, scr));
-        KVP_LAUNCH(moe_glu_kernel, dim3((unsigned)tiles), dim3(ROW_THREADS), 0, d->compute, act, gu, n_tiles, MF);
-        KVP_TRY(launched("moe glu"));
-        for (int64_t e = 0, row = 0; e < E; row += (cnt[e] + MOE_TILE - 1) / MOE_TILE * MOE_TILE, e++)
-            KVP_TRY(kvp_cudev_gemm(d, y + row * H, H, act + row * MF, MF, (const char *)d_wdown + e * H * MF * es, wdt,
-                                   cnt[e], H, MF, scr));
-        KVP_LAUNCH(moe_combine_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_out, y, slot, wt, (int)k, H);
-        return launched("moe combine");
     }
-    KVP_LAUNCH(group_gemm_kernel, dim3((unsigned)tiles, blocks_for(2 * MF, GEMM_BN)), dim3(GEMM_BN), 0, d->compute, gu,
-               2 * MF, d_x, H, sorted, tiles * MOE_TILE, d_wgu, wdt, tile_expert, n_tiles, 2 * MF, H);
-    KVP_TRY(launched("moe gate/up"));
+    const moe_tiles mt = {.per_expert = per_expert, .cnt = cnt, .E = E, .tiles = tiles, .tile_expert = tile_expert,
+                          .n_tiles = n_tiles, .scratch = b + l.scratch};
+    KVP_TRY(moe_project(d, &mt, gu, 2 * MF, per_expert ? xs : d_x, H, per_expert ? NULL : sorted, d_wgu, wdt));
     KVP_LAUNCH(moe_glu_kernel, dim3((unsigned)tiles), dim3(ROW_THREADS), 0, d->compute, act, gu, n_tiles, MF);
     KVP_TRY(launched("moe glu"));
-    KVP_LAUNCH(group_gemm_kernel, dim3((unsigned)tiles, blocks_for(H, GEMM_BN)), dim3(GEMM_BN), 0, d->compute, y, H,
-               act, MF, (const int32_t *)NULL, tiles * MOE_TILE, d_wdown, wdt, tile_expert, n_tiles, H, MF);
-    KVP_TRY(launched("moe down"));
+    KVP_TRY(moe_project(d, &mt, y, H, act, MF, NULL, d_wdown, wdt));
     KVP_LAUNCH(moe_combine_kernel, dim3((unsigned)T), dim3(ROW_THREADS), 0, d->compute, d_out, y, slot, wt, (int)k, H);
     return launched("moe combine");
 }
