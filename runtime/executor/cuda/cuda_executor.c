@@ -827,6 +827,20 @@ static int same_graph_layout(const kvp_cuda_pack_layout *a, const kvp_cuda_pack_
            a->off_seq_indptr == b->off_seq_indptr && a->off_seq_last == b->off_seq_last && a->off_seq_qo == b->off_seq_qo;
 }
 
+/* The step pack's device buffer at least `need` bytes: a new buffer of `cap` >= need bytes when it must grow,
+ * dropping every captured graph (each points into the old one; bucket_forward captures again). */
+static kvp_status pack_reserve(cu_ctx *c, size_t need, size_t cap)
+{
+    if (need <= c->ws.pack_cap) return KVP_OK;
+    graphs_drop(c);
+    kvp_cudev_free(c->dev, c->ws.pack);
+    c->ws.pack = NULL;
+    c->ws.pack_cap = 0;
+    KVP_TRY(kvp_cudev_malloc(c->dev, &c->ws.pack, cap, "the step pack"));
+    c->ws.pack_cap = cap;
+    return KVP_OK;
+}
+
 /* Records bucket bi's forward pass over the pack laid out as lay into graphs[bi] (nothing runs). A capture
  * that fails (a call the device refuses to capture) leaves a warning and the bucket eager (graph_failed). */
 static void capture_bucket(cu_ctx *c, int32_t bi, const kvp_cuda_pack_layout *lay)
@@ -883,9 +897,8 @@ static kvp_status capture_all(cu_ctx *c, int32_t max_seqs)
     int64_t *slot = kvp_calloc((size_t)Tm, sizeof(int64_t));
     kvp_status st = seqs && ints && slot ? KVP_OK : KVP_ERR(KVP_ENOMEM, "cuda executor: out of memory");
     int32_t *tok = ints, *pos = tok + Tm, *idx = pos + Tm, *last = idx + Tm, *qo = last + Tm, *kvi = qo + Tm + 1;
-    for (int32_t s = 0; st == KVP_OK && s <= Tm; s++) { /* sequence s: token 0 at position 0 in block 0 */
-        qo[s] = kvi[s] = s;
-        if (s == Tm) break;
+    for (int32_t s = 0; st == KVP_OK && s <= Tm; s++) qo[s] = kvi[s] = s;
+    for (int32_t s = 0; st == KVP_OK && s < Tm; s++) { /* sequence s: token 0 at position 0 in block 0 */
         last[s] = 1;
         seqs[s] = (kvp_exec_seq){.req_id = s, .num_new = 1, .sample = 1, .tokens = tok + s, .block_table = idx + s,
                                  .num_blocks = 1};
@@ -900,13 +913,7 @@ static kvp_status capture_all(cu_ctx *c, int32_t max_seqs)
         kvp_cuda_pack_layout lay;
         st = kvp_cuda_pack_plan(&b, &pm, n, &lay);
         const size_t cap = lay.bytes + align16((size_t)c->num_blocks * 4) + align16((size_t)max_seqs * 8);
-        if (st == KVP_OK && bi == c->n_buckets - 1 && cap > c->ws.pack_cap) {
-            kvp_cudev_free(c->dev, c->ws.pack);
-            c->ws.pack = NULL;
-            c->ws.pack_cap = 0;
-            st = kvp_cudev_malloc(c->dev, &c->ws.pack, cap, "the step pack");
-            if (st == KVP_OK) c->ws.pack_cap = cap;
-        }
+        if (st == KVP_OK && bi == c->n_buckets - 1) st = pack_reserve(c, cap, cap);
         c->graph_pack = c->ws.pack;
         if (st == KVP_OK) capture_bucket(c, bi, &lay);
     }
@@ -984,15 +991,8 @@ static kvp_status step(void *ctx, const kvp_exec_batch *b, kvp_exec_result *out)
         lay.bytes = align16(2 * (size_t)lay.C * sizeof(int32_t));
     }
     KVP_TRY(host_grow(c, &c->h_pack, &c->h_pack_cap, lay.bytes, "the step pack"));
-    if (lay.bytes > c->ws.pack_cap) { /* doubling: each move costs the captured graphs */
-        const size_t cap = lay.bytes > 2 * c->ws.pack_cap ? lay.bytes : 2 * c->ws.pack_cap;
-        graphs_drop(c);
-        kvp_cudev_free(c->dev, c->ws.pack);
-        c->ws.pack = NULL;
-        c->ws.pack_cap = 0;
-        KVP_TRY(kvp_cudev_malloc(c->dev, &c->ws.pack, cap, "the step pack"));
-        c->ws.pack_cap = cap;
-    }
+    /* doubling: each move costs the captured graphs */
+    KVP_TRY(pack_reserve(c, lay.bytes, lay.bytes > 2 * c->ws.pack_cap ? lay.bytes : 2 * c->ws.pack_cap));
     if (b->n > 0) {
         kvp_cuda_pack_fill(b, &pm, &lay, c->h_pack);
     } else {
@@ -1079,9 +1079,8 @@ static kvp_status profile(cu_ctx *c, int32_t max_tokens, int32_t max_seqs, int64
     kvp_cuda_pack_layout lay;
     kvp_status st = kvp_cuda_pack_plan(&b, &pm, 0, &lay);
     if (st == KVP_OK) st = host_grow(c, &c->h_pack, &c->h_pack_cap, lay.bytes, "the step pack");
-    if (st == KVP_OK) st = kvp_cudev_malloc(c->dev, &c->ws.pack, lay.bytes, "the step pack");
+    if (st == KVP_OK) st = pack_reserve(c, lay.bytes, lay.bytes);
     if (st == KVP_OK) {
-        c->ws.pack_cap = lay.bytes;
         kvp_cuda_pack_fill(&b, &pm, &lay, c->h_pack);
         st = kvp_cudev_copy(c->dev, c->ws.pack, c->h_pack, lay.bytes, 0);
     }
