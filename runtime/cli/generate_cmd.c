@@ -319,23 +319,13 @@ static int run(gen_opts *o)
     int rc = KVP_EXIT_OK;
     kvp_status st;
     double t_load = kvp_now_s();
-    /* --tp N under mpirun: a process a rank (--device cuda: each rank its node's GPU of its index, NCCL over the
-     * MPI world, whose host plane carries the plans); else ranks 1 .. N-1 are threads of this process
-     * (tp_threads.h). No device here is said before any rank waits for another. */
-    int ndev = 0;
-    const int nccl = o->dev.cuda && o->tp > 1, in_process = o->tp > 1 && !kvp_tp_under_launcher();
+    /* --tp N: ranks 1 .. N-1 threads of this process, or under mpirun a process a rank (tp_threads.h); with
+     * --device cuda rank r's GPU is its communicator's */
     kvp_tp_threads *followers = NULL;
-    st = nccl ? kvp_cuda_devices(&ndev) : KVP_OK;
-    if (st == KVP_OK && in_process) {
-        const kvp_tp_threads_spec spec = {.path = o->model, .weights = o->weight_dtype, .max_len = o->max_model_len,
-                                          .threads = o->threads, .matmul = o->matmul, .cuda = o->dev.cuda,
-                                          .cu = o->dev.cu};
-        st = kvp_tp_threads_start(o->tp, &spec, &comm, &followers);
-    } else if (st == KVP_OK) {
-        st = nccl ? kvp_comm_nccl_mpi_create(o->tp, -1, &comm)
-                  : o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
-    }
-    if (st == KVP_OK && nccl) o->dev.cu.device = kvp_comm_device(comm);
+    const kvp_tp_threads_spec spec = {.path = o->model, .weights = o->weight_dtype, .max_len = o->max_model_len,
+                                      .threads = o->threads, .matmul = o->matmul, .cuda = o->dev.cuda, .cu = o->dev.cu};
+    st = kvp_tp_comm_create(o->tp, &spec, &comm, &followers);
+    if (st == KVP_OK && o->dev.cuda && o->tp > 1) o->dev.cu.device = kvp_comm_device(comm);
     if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
     if (st == KVP_OK) st = kvp_model_load_ex(o->model, comm, o->weight_dtype, &m);
     if (st != KVP_OK) {

@@ -110,3 +110,14 @@ int kvp_tp_under_launcher(void)
 {
     return getenv("OMPI_COMM_WORLD_SIZE") || getenv("PMI_SIZE") || getenv("PMIX_RANK");
 }
+
+kvp_status kvp_tp_comm_create(int n, const kvp_tp_threads_spec *spec, kvp_comm **comm, kvp_tp_threads **followers)
+{
+    *comm = NULL;
+    *followers = NULL;
+    if (n <= 1) return kvp_comm_single_create(comm);
+    int ndev = 0;
+    if (spec->cuda) KVP_TRY(kvp_cuda_devices(&ndev));
+    if (!kvp_tp_under_launcher()) return kvp_tp_threads_start(n, spec, comm, followers);
+    return spec->cuda ? kvp_comm_nccl_mpi_create(n, -1, comm) : kvp_comm_mpi_create(n, comm);
+}

@@ -51,4 +51,10 @@ kvp_status kvp_tp_threads_join(kvp_tp_threads *t);
  * means one process a rank. */
 int kvp_tp_under_launcher(void);
 
+/* The communicator of a command's --tp n, what generate and serve share: n 1, single; under a launcher the MPI
+ * world (spec->cuda: nccl over it, each rank its node's GPU of its index), *followers NULL; else rank 0's of
+ * kvp_tp_threads_start, its followers in *followers. With spec->cuda and n > 1 a missing device is said first,
+ * before any rank waits for another. */
+kvp_status kvp_tp_comm_create(int n, const kvp_tp_threads_spec *spec, kvp_comm **comm, kvp_tp_threads **followers);
+
 #endif

@@ -492,22 +492,12 @@ int kvp_server_run(const kvp_server_opts *o, kvp_session_config cfg)
     kvp_comm *comm = NULL;
     kvp_model *m = NULL;
     kvp_server_opts ro = *o;
-    /* --tp N under mpirun: a process a rank (--device cuda: each rank its node's GPU of its index, NCCL over the
-     * MPI world, whose host plane carries the plans); else ranks 1 .. N-1 are threads of this process
-     * (tp_threads.h). No device is said before any rank waits for another (as generate's). */
-    const int nccl = o->cuda && o->tp > 1, in_process = o->tp > 1 && !kvp_tp_under_launcher();
-    int ndev = 0;
+    /* --tp N: as generate's (tp_threads.h, kvp_tp_comm_create) */
     kvp_tp_threads *followers = NULL;
-    kvp_status st = nccl ? kvp_cuda_devices(&ndev) : KVP_OK;
-    if (st == KVP_OK && in_process) {
-        const kvp_tp_threads_spec spec = {.path = o->model, .weights = o->weight_dtype, .max_len = o->max_model_len,
-                                          .threads = o->threads, .matmul = o->matmul, .cuda = o->cuda, .cu = o->cu};
-        st = kvp_tp_threads_start(o->tp, &spec, &comm, &followers);
-    } else if (st == KVP_OK) {
-        st = nccl ? kvp_comm_nccl_mpi_create(o->tp, -1, &comm)
-                  : o->tp > 1 ? kvp_comm_mpi_create(o->tp, &comm) : kvp_comm_single_create(&comm);
-    }
-    if (st == KVP_OK && nccl) ro.cu.device = kvp_comm_device(comm);
+    const kvp_tp_threads_spec spec = {.path = o->model, .weights = o->weight_dtype, .max_len = o->max_model_len,
+                                      .threads = o->threads, .matmul = o->matmul, .cuda = o->cuda, .cu = o->cu};
+    kvp_status st = kvp_tp_comm_create(o->tp, &spec, &comm, &followers);
+    if (st == KVP_OK && o->cuda && o->tp > 1) ro.cu.device = kvp_comm_device(comm);
     o = &ro;
     if (st == KVP_OK) st = kvp_comm_quiet_other_ranks(comm);
     if (st == KVP_OK) st = kvp_model_load_ex(o->model, comm, o->weight_dtype, &m);
