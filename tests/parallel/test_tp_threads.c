@@ -231,23 +231,20 @@ Test(comm, threads_abort_ends_the_other_ranks_waits_naming_why)
 Test(tp_threads, generate_tp_without_mpirun_runs_the_ranks_as_threads)
 {
     tu_require_shared();
-    cJSON *gold;
-    cr_assert_eq(kvp_json_parse_file(S260_GOLDEN, &gold), KVP_OK);
-    const cJSON *c0 = cJSON_GetArrayItem(cJSON_GetObjectItem(gold, "cases"), 0);
-    const cJSON *want = cJSON_GetObjectItem(c0, "tokens_after_bos");
+    tu_golden g; /* case 0: BOS alone */
+    tu_golden_load(&g);
     double bytes1 = 0;
     for (int tp = 1; tp <= 4; tp *= 2) {
         char cmd[1024], *out, *err;
         snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt '' --max-tokens %d --ignore-eos --tp %d --json",
-                 kvp_test_bin(), S260_GGUF, cJSON_GetArraySize(want), tp);
+                 kvp_test_bin(), S260_GGUF, g.nwant[0], tp);
         cr_assert_eq(kvp_test_sh(cmd, &out, &err), 0, "`%s`: %s", cmd, err);
         cJSON *j;
         cr_assert_eq(kvp_json_parse(out, strlen(out), "generate output", &j), KVP_OK, "%s", out);
         const cJSON *toks = cJSON_GetObjectItem(cJSON_GetArrayItem(cJSON_GetObjectItem(j, "requests"), 0), "tokens");
-        cr_assert_eq(cJSON_GetArraySize(toks), cJSON_GetArraySize(want));
-        for (int t = 0; t < cJSON_GetArraySize(want); t++)
-            cr_assert_eq(cJSON_GetArrayItem(toks, t)->valueint, cJSON_GetArrayItem(want, t)->valueint, "tp %d token %d",
-                         tp, t);
+        cr_assert_eq(cJSON_GetArraySize(toks), g.nwant[0]);
+        for (int t = 0; t < g.nwant[0]; t++)
+            cr_assert_eq(cJSON_GetArrayItem(toks, t)->valueint, g.want[0][t], "tp %d token %d", tp, t);
         const cJSON *tot = cJSON_GetObjectItem(j, "totals");
         cr_assert_eq(cJSON_GetObjectItem(tot, "tp")->valueint, tp);
         const double pool = cJSON_GetObjectItem(tot, "kv_pool_bytes")->valuedouble;
@@ -257,7 +254,6 @@ Test(tp_threads, generate_tp_without_mpirun_runs_the_ranks_as_threads)
         free(out);
         free(err);
     }
-    cJSON_Delete(gold);
     char cmd[1024], *out, *err;
     snprintf(cmd, sizeof cmd, "%s generate --model %s --prompt hi --tp 3", kvp_test_bin(), S260_GGUF);
     cr_assert_eq(kvp_test_sh(cmd, &out, &err), 2, "%s", err);
