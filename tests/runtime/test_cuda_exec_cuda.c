@@ -12,6 +12,7 @@
 #include "attention/attention.h"
 #include "common/alloc.h"
 #include "common/json.h"
+#include "cuda_testutil.h"
 #include "generate_testutil.h"
 #include "golden_testutil.h"
 #include "runtime/executor/cuda/cuda_dev.h"
@@ -21,43 +22,6 @@
 
 #define S260 "../shared/models/stories260K"
 
-static kvp_cudev *dev;
-
-/* Opens device 0, or skips the test where there is none (a native build on a machine without a GPU). */
-static void open_dev(void)
-{
-    int n;
-    if (kvp_cudev_count(&n) != KVP_OK) cr_skip_test("%s", kvp_error_message());
-    kvp_cudev_info info;
-    cr_assert_eq(kvp_cudev_open(0, &dev, &info), KVP_OK, "%s", kvp_error_detail());
-}
-
-static void close_dev(void)
-{
-    kvp_cudev_close(dev);
-    dev = NULL;
-}
-
-static void *up(const void *h, size_t bytes)
-{
-    void *d;
-    cr_assert_eq(kvp_cudev_malloc(dev, &d, bytes, "test"), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_cudev_copy(dev, d, h, bytes, 0), KVP_OK);
-    return d;
-}
-
-static void down(void *h, const void *d, size_t bytes)
-{
-    cr_assert_eq(kvp_cudev_copy(dev, h, d, bytes, 1), KVP_OK);
-    cr_assert_eq(kvp_cudev_sync(dev, 0), KVP_OK, "%s", kvp_error_detail());
-}
-
-static uint64_t rng = 88172645463325252ull;
-static float frand(void) /* [-1, 1) */
-{
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)((rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
 
 static void fill(float *x, int64_t n)
 {
@@ -215,10 +179,7 @@ Test(cuda_exec_kernels, gemm_f32_and_bf16)
  * written. */
 Test(cuda_exec_kernels, tiled_gemm_is_batch_invariant)
 {
-    int n;
-    if (kvp_cudev_count(&n) != KVP_OK) cr_skip_test("%s", kvp_error_message());
-    kvp_cudev_info info;
-    cr_assert_eq(kvp_cudev_open(0, &dev, &info), KVP_OK, "%s", kvp_error_detail());
+    open_dev();
     enum { T = 37, N = 150, K = 70, LDX = 72, LDY = 152 };
     static float x[T * LDX], xr[T * LDX], w[N * K], y[(T + 1) * LDY], y1[LDY], yr[T * LDY], ys[T * LDY];
     static uint16_t wb[N * K];
@@ -254,7 +215,7 @@ Test(cuda_exec_kernels, tiled_gemm_is_batch_invariant)
                 }
                 cr_assert(fabs(y[t * LDY + o] - s) <= 1e-5 * (1 + fabs(s)), "%s y[%d][%d] = %g, want %g",
                           bf ? "bf16" : "f32", t, o, y[t * LDY + o], s);
-                if (info.emulated) cr_assert_eq(y[t * LDY + o], ys[t * LDY + o], "the emulator's stand-in differs");
+                if (dev_info.emulated) cr_assert_eq(y[t * LDY + o], ys[t * LDY + o], "the emulator's stand-in differs");
             }
         for (int t = 0; t < T; t += 5) { /* one row alone */
             cr_assert_eq(kvp_cudev_gemm(dev, dy, LDY, dx + t * LDX, LDX, W, wd, 1, N, K, NULL), KVP_OK);

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "attention/paged_kv.h"
+#include "cuda_testutil.h"
 #include "runtime/executor/cuda/cuda_dev.h"
 #include "runtime/executor/cuda_executor.h"
 
@@ -21,44 +22,6 @@
 #include "checkpoint_testutil.c"
 #include "forward_testutil.c"
 #include "reference_testutil.c"
-
-static kvp_cudev *dev;
-static kvp_cudev_info dev_info;
-
-/* Opens device 0, or skips the test where there is none (a native build on a machine without a GPU). */
-static void moe_open(void)
-{
-    int n;
-    if (kvp_cudev_count(&n) != KVP_OK) cr_skip_test("%s", kvp_error_message());
-    cr_assert_eq(kvp_cudev_open(0, &dev, &dev_info), KVP_OK, "%s", kvp_error_detail());
-}
-
-static void moe_close(void)
-{
-    kvp_cudev_close(dev);
-    dev = NULL;
-}
-
-static void *moe_up(const void *h, size_t bytes)
-{
-    void *d;
-    cr_assert_eq(kvp_cudev_malloc(dev, &d, bytes, "test"), KVP_OK, "%s", kvp_error_detail());
-    cr_assert_eq(kvp_cudev_copy(dev, d, h, bytes, 0), KVP_OK);
-    return d;
-}
-
-static void moe_down(void *h, const void *d, size_t bytes)
-{
-    cr_assert_eq(kvp_cudev_copy(dev, h, d, bytes, 1), KVP_OK);
-    cr_assert_eq(kvp_cudev_sync(dev, 0), KVP_OK, "%s", kvp_error_detail());
-}
-
-static uint64_t moe_rng = 0x2545F4914F6CDD1Dull;
-static float moe_rand(void) /* [-1, 1) */
-{
-    moe_rng ^= moe_rng << 13, moe_rng ^= moe_rng >> 7, moe_rng ^= moe_rng << 17;
-    return (float)((moe_rng >> 40) * (1.0 / 8388608.0)) - 1.0f;
-}
 
 static float bf16_round(float x) { return kvp_bf16_to_f32(kvp_f32_to_bf16(x)); }
 
@@ -124,19 +87,19 @@ static unsigned layer_case(int T, int E, int k, int norm, int bf, int tie)
 {
     static float x[MMAXT * MH], R[MMAXE * MH], gu[MMAXE * 2 * MMF * MH], dn[MMAXE * MH * MMF], got[MMAXT * MH];
     static uint16_t gub[MMAXE * 2 * MMF * MH], dnb[MMAXE * MH * MMF];
-    for (int i = 0; i < T * MH; i++) x[i] = moe_rand();
-    for (int i = 0; i < E * MH; i++) R[i] = tie ? 0.3f * moe_rand() : moe_rand();
+    for (int i = 0; i < T * MH; i++) x[i] = frand();
+    for (int i = 0; i < E * MH; i++) R[i] = tie ? 0.3f * frand() : frand();
     for (int e = 1; tie && e < E; e++) memcpy(R + e * MH, R, sizeof(float) * MH);
-    for (int i = 0; i < E * 2 * MMF * MH; i++) gu[i] = 0.4f * moe_rand();
-    for (int i = 0; i < E * MH * MMF; i++) dn[i] = 0.4f * moe_rand();
+    for (int i = 0; i < E * 2 * MMF * MH; i++) gu[i] = 0.4f * frand();
+    for (int i = 0; i < E * MH * MMF; i++) dn[i] = 0.4f * frand();
     if (bf) { /* the reference gets the rounded weights */
         for (int i = 0; i < E * 2 * MMF * MH; i++) gu[i] = bf16_round(gu[i]), gub[i] = kvp_f32_to_bf16(gu[i]);
         for (int i = 0; i < E * MH * MMF; i++) dn[i] = bf16_round(dn[i]), dnb[i] = kvp_f32_to_bf16(dn[i]);
     }
     const size_t es = bf ? 2 : 4, ws = kvp_cudev_moe_workspace_bytes(T, MH, E, k, MMF);
-    float *dx = moe_up(x, sizeof(float) * (size_t)(T * MH)), *dR = moe_up(R, sizeof(float) * (size_t)(E * MH));
-    void *dgu = moe_up(bf ? (void *)gub : (void *)gu, es * (size_t)(E * 2 * MMF * MH));
-    void *ddn = moe_up(bf ? (void *)dnb : (void *)dn, es * (size_t)(E * MH * MMF));
+    float *dx = up(x, sizeof(float) * (size_t)(T * MH)), *dR = up(R, sizeof(float) * (size_t)(E * MH));
+    void *dgu = up(bf ? (void *)gub : (void *)gu, es * (size_t)(E * 2 * MMF * MH));
+    void *ddn = up(bf ? (void *)dnb : (void *)dn, es * (size_t)(E * MH * MMF));
     void *dws;
     cr_assert_eq(kvp_cudev_malloc(dev, &dws, ws, "ws"), KVP_OK);
     cr_assert_eq(kvp_cudev_memset(dev, dws, 0xFF, ws), KVP_OK); /* nothing may read what it did not write */
@@ -148,7 +111,7 @@ static unsigned layer_case(int T, int E, int k, int norm, int bf, int tie)
         cr_assert_eq(kvp_cudev_moe_ffn(dev, dout, dx, dR, dgu, ddn, bf ? KVP_DTYPE_BF16 : KVP_DTYPE_F32, T, MH, E, k,
                                        MMF, norm, dws, ws),
                      KVP_OK, "%s", kvp_error_detail());
-        moe_down(inv ? tiled : got, dout, sizeof(float) * (size_t)(T * MH));
+        down(inv ? tiled : got, dout, sizeof(float) * (size_t)(T * MH));
     }
     if (dev_info.emulated)
         cr_assert_eq(memcmp(tiled, got, sizeof(float) * (size_t)(T * MH)), 0, "T %d E %d k %d: the two ways differ", T,
@@ -180,7 +143,7 @@ static unsigned layer_case(int T, int E, int k, int norm, int bf, int tie)
  * the experts apart. */
 Test(cuda_moe, layer_matches_a_float64_reference, .timeout = 600)
 {
-    moe_open();
+    open_dev();
     static const struct {
         int T, E, k, norm, bf, tie;
     } cases[] = {{1, 4, 2, 1, 0, 0},  {5, 6, 3, 0, 0, 0},  {37, 6, 3, 1, 0, 0}, {70, 4, 2, 1, 0, 0},
@@ -190,13 +153,13 @@ Test(cuda_moe, layer_matches_a_float64_reference, .timeout = 600)
         if (cases[i].T >= 23 && !cases[i].tie)
             cr_assert_eq(chosen, (1u << cases[i].E) - 1, "case %zu: every expert should be chosen", i);
     }
-    moe_close();
+    close_dev();
 }
 
 /* The limits are named, and a workspace too small is refused (nothing launched past it). */
 Test(cuda_moe, unsupported_shapes_and_short_workspace_are_refused)
 {
-    moe_open();
+    open_dev();
     void *dws;
     const size_t ws = kvp_cudev_moe_workspace_bytes(4, MH, 4, 2, MMF);
     cr_assert_eq(kvp_cudev_malloc(dev, &dws, ws, "ws"), KVP_OK);
@@ -210,7 +173,7 @@ Test(cuda_moe, unsupported_shapes_and_short_workspace_are_refused)
     cr_assert(strstr(kvp_error_message(), "workspace"), "%s", kvp_error_message());
     cr_assert_eq(kvp_cudev_moe_workspace_bytes(0, MH, 4, 2, MMF), 0);
     kvp_cudev_free(dev, dws);
-    moe_close();
+    close_dev();
 }
 
 /* The layer captured into a graph (nothing runs), then replayed over other inputs written into the same
@@ -218,24 +181,24 @@ Test(cuda_moe, unsupported_shapes_and_short_workspace_are_refused)
  * recomputed on the device at every replay; the grouped GEMMs read the tile count there). */
 Test(cuda_moe, graph_replay_matches_eager, .timeout = 600)
 {
-    moe_open();
+    open_dev();
     enum { T = 9, E = 6, K = 3 };
     static float x[3][T * MH], R[E * MH], gu[E * 2 * MMF * MH], dn[E * MH * MMF], eager[3][T * MH], got[T * MH];
-    for (int i = 0; i < E * MH; i++) R[i] = moe_rand();
-    for (int i = 0; i < E * 2 * MMF * MH; i++) gu[i] = 0.4f * moe_rand();
-    for (int i = 0; i < E * MH * MMF; i++) dn[i] = 0.4f * moe_rand();
+    for (int i = 0; i < E * MH; i++) R[i] = frand();
+    for (int i = 0; i < E * 2 * MMF * MH; i++) gu[i] = 0.4f * frand();
+    for (int i = 0; i < E * MH * MMF; i++) dn[i] = 0.4f * frand();
     for (int v = 0; v < 3; v++)
-        for (int i = 0; i < T * MH; i++) x[v][i] = moe_rand();
+        for (int i = 0; i < T * MH; i++) x[v][i] = frand();
     const size_t ws = kvp_cudev_moe_workspace_bytes(T, MH, E, K, MMF);
-    float *dx = moe_up(x[0], sizeof x[0]), *dR = moe_up(R, sizeof R), *dout;
-    void *dgu = moe_up(gu, sizeof gu), *ddn = moe_up(dn, sizeof dn), *dws;
+    float *dx = up(x[0], sizeof x[0]), *dR = up(R, sizeof R), *dout;
+    void *dgu = up(gu, sizeof gu), *ddn = up(dn, sizeof dn), *dws;
     cr_assert_eq(kvp_cudev_malloc(dev, &dws, ws, "ws"), KVP_OK);
     cr_assert_eq(kvp_cudev_malloc(dev, (void **)&dout, sizeof got, "out"), KVP_OK);
     for (int v = 0; v < 3; v++) {
         cr_assert_eq(kvp_cudev_copy(dev, dx, x[v], sizeof x[v], 0), KVP_OK);
         cr_assert_eq(kvp_cudev_moe_ffn(dev, dout, dx, dR, dgu, ddn, KVP_DTYPE_F32, T, MH, E, K, MMF, 1, dws, ws), KVP_OK,
                      "%s", kvp_error_detail());
-        moe_down(eager[v], dout, sizeof got);
+        down(eager[v], dout, sizeof got);
     }
     cr_assert_neq(memcmp(eager[0], eager[1], sizeof got), 0);
     cr_assert_eq(kvp_cudev_memset(dev, dout, 0, sizeof got), KVP_OK);
@@ -244,18 +207,18 @@ Test(cuda_moe, graph_replay_matches_eager, .timeout = 600)
     cr_assert_eq(kvp_cudev_moe_ffn(dev, dout, dx, dR, dgu, ddn, KVP_DTYPE_F32, T, MH, E, K, MMF, 1, dws, ws), KVP_OK,
                  "%s", kvp_error_detail());
     cr_assert_eq(kvp_cudev_capture_end(dev, &g), KVP_OK, "%s", kvp_error_detail());
-    moe_down(got, dout, sizeof got);
+    down(got, dout, sizeof got);
     for (int i = 0; i < T * MH; i++) cr_assert_eq(got[i], 0.0f, "the capture ran the layer");
     for (int v = 1; v >= 0; v--) { /* x[2] is in the buffer: replay over x[1], then x[0] */
         cr_assert_eq(kvp_cudev_copy(dev, dx, x[v], sizeof x[v], 0), KVP_OK);
         cr_assert_eq(kvp_cudev_graph_launch(dev, g), KVP_OK, "%s", kvp_error_detail());
-        moe_down(got, dout, sizeof got);
+        down(got, dout, sizeof got);
         cr_assert_eq(memcmp(got, eager[v], sizeof got), 0, "replay over input %d differs from its eager run", v);
     }
     kvp_cudev_graph_destroy(dev, g);
     void *ps[] = {dx, dR, dgu, ddn, dws, dout};
     for (size_t i = 0; i < sizeof ps / sizeof ps[0]; i++) kvp_cudev_free(dev, ps[i]);
-    moe_close();
+    close_dev();
 }
 
 /* ---------------------------------------------------------------- MoE checkpoints through the executor */
@@ -322,8 +285,8 @@ static void exec_greedy(kvp_model *m, const int32_t *prompt, int32_t np, int32_t
  * graphs and eagerly. */
 Test(cuda_moe, checkpoints_match_the_float64_reference_and_the_cpu_tokens, .timeout = 600)
 {
-    moe_open();
-    moe_close();
+    open_dev();
+    close_dev();
     const moe_spec specs[] = {
         {.experts = 4, .k = 2, .mf = 172},
         {.gguf = 1, .experts = 4, .k = 2, .mf = 172},
@@ -377,8 +340,8 @@ static void random_moe_logits(const kvp_model_config *cfg, uint64_t seed, float 
 
 Test(cuda_moe, random_weights_of_a_mixtral_shape, .timeout = 600)
 {
-    moe_open();
-    moe_close();
+    open_dev();
+    close_dev();
     kvp_model_config cfg;
     char path[1100];
     snprintf(path, sizeof path, "%s/config.json", tu_moe_model(&(moe_spec){.experts = 4, .k = 2, .mf = 172}));
